@@ -1,0 +1,283 @@
+//! Scenario tests of the admission cycle, taken from the gang-scheduling seed.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::sm::{
+    AllocId, AllocSpec, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskStatus,
+};
+
+fn node_res(gpus: u32) -> Resources {
+    Resources { gpus, vram_mb: 80_000, mem_mb: 512_000, cpus: 64 }
+}
+
+fn task_res(gpus: u32) -> Resources {
+    Resources { gpus, vram_mb: if gpus > 0 { 40_000 } else { 0 }, mem_mb: 8_000, cpus: 4 }
+}
+
+struct Cluster {
+    s: State,
+    now: u64,
+}
+
+impl Cluster {
+    /// Nodes n0, n1, … with the given GPU counts.
+    fn new(gpus: &[u32]) -> Cluster {
+        let mut c = Cluster { s: State::default(), now: 1_000 };
+        for (i, &g) in gpus.iter().enumerate() {
+            c.apply(Command::RegisterNode {
+                node: NodeId::new(format!("n{i}")),
+                resources: node_res(g),
+                labels: BTreeMap::new(),
+            });
+        }
+        c
+    }
+
+    fn apply(&mut self, cmd: Command) -> Vec<Event> {
+        match self.s.apply(&cmd, &ApplyCtx { time_ms: self.now }) {
+            Outcome::Accepted(ev) => ev,
+            Outcome::Rejected(r) => panic!("{cmd:?} rejected: {r}"),
+        }
+    }
+
+    fn submit_with(&mut self, gang: u32, gpus: u32, f: impl FnOnce(&mut AllocSpec)) -> AllocId {
+        let mut spec = AllocSpec::new("u", gang, task_res(gpus), vec!["run".into()]);
+        f(&mut spec);
+        match self.apply(Command::Submit { spec })[..] {
+            [Event::Submitted { alloc, .. }] => alloc,
+            _ => unreachable!(),
+        }
+    }
+
+    fn submit(&mut self, gang: u32, gpus: u32) -> AllocId {
+        self.submit_with(gang, gpus, |_| {})
+    }
+
+    /// Plans one pass and applies it; every planned command must be accepted.
+    fn pass(&mut self, cfg: &AdmissionConfig) -> AdmissionPlan {
+        let plan = plan_admission(&self.s, self.now, cfg);
+        for cmd in &plan.commands {
+            self.apply(cmd.clone());
+        }
+        self.s.check_invariants().unwrap();
+        plan
+    }
+
+    fn nodes_of(&self, id: AllocId) -> Vec<String> {
+        self.s.alloc(id).unwrap().tasks.iter().map(|t| self.s.node(t.node.unwrap()).id.to_string()).collect()
+    }
+
+    fn status(&self, id: AllocId) -> AllocStatus {
+        self.s.alloc(id).unwrap().status
+    }
+
+    fn start_all(&mut self, id: AllocId) {
+        let a = self.s.alloc(id).unwrap().clone();
+        for t in &a.tasks {
+            let node = self.s.node(t.node.unwrap()).id.clone();
+            self.apply(Command::StartTask { alloc: id, task: t.index, node, epoch: t.reservation_epoch });
+        }
+    }
+}
+
+fn default_cfg() -> AdmissionConfig {
+    AdmissionConfig::default()
+}
+
+/// The seed's example: four free nodes, gang A of 3 and gang B of 4. Placing
+/// A first would starve B; largest-first places B.
+#[test]
+fn largest_gang_first_avoids_starving_the_big_gang() {
+    let mut c = Cluster::new(&[8, 8, 8, 8]);
+    let a = c.submit(3, 8);
+    let b = c.submit(4, 8);
+    let plan = c.pass(&default_cfg());
+    assert_eq!(plan.stats.gangs_placed, 1);
+    assert_eq!(c.status(b), AllocStatus::Reserved);
+    assert_eq!(c.status(a), AllocStatus::Queued);
+    // FIFO would have placed A and left B waiting.
+    let mut f = Cluster::new(&[8, 8, 8, 8]);
+    let a = f.submit(3, 8);
+    let b = f.submit(4, 8);
+    f.pass(&AdmissionConfig { order: Order::Fifo, ..default_cfg() });
+    assert_eq!((f.status(a), f.status(b)), (AllocStatus::Reserved, AllocStatus::Queued));
+}
+
+#[test]
+fn ties_go_to_class_then_priority_then_submit_time() {
+    let mut c = Cluster::new(&[8]);
+    let early = c.submit(1, 8);
+    c.now += 1;
+    let late_high_priority = c.submit_with(1, 8, |s| s.priority = 5);
+    c.now += 1;
+    let high_class = c.submit_with(1, 8, |s| s.preemption_class = 3);
+    let order: Vec<AllocId> = c.s.queue().map(|k| k.alloc).collect();
+    assert_eq!(order, vec![high_class, late_high_priority, early]);
+    c.pass(&default_cfg());
+    assert_eq!(c.status(high_class), AllocStatus::Reserved);
+}
+
+#[test]
+fn each_placed_gang_is_subtracted_before_the_next() {
+    let mut c = Cluster::new(&[8, 8]);
+    let ids: Vec<AllocId> = (0..5).map(|_| c.submit(2, 4)).collect();
+    let plan = c.pass(&default_cfg());
+    assert_eq!(plan.stats.gangs_placed, 2, "two 2x4-GPU gangs fill two 8-GPU nodes");
+    assert_eq!(plan.stats.tasks_placed, 4);
+    let placed = ids.iter().filter(|&&id| c.status(id) == AllocStatus::Reserved).count();
+    assert_eq!(placed, 2);
+}
+
+#[test]
+fn reserved_capacity_is_not_double_promised_across_passes() {
+    let mut c = Cluster::new(&[8]);
+    let first = c.submit(1, 8);
+    c.pass(&default_cfg());
+    assert_eq!(c.status(first), AllocStatus::Reserved); // not yet claimed
+    let second = c.submit(1, 1);
+    c.now += 10_000;
+    let plan = c.pass(&default_cfg());
+    assert!(plan.commands.is_empty(), "the reserved node is full: {plan:?}");
+    assert_eq!(c.status(second), AllocStatus::Queued);
+}
+
+#[test]
+fn a_gang_is_placed_on_distinct_nodes() {
+    let mut c = Cluster::new(&[8, 8, 8]);
+    let id = c.submit(3, 1);
+    c.pass(&default_cfg());
+    let mut nodes = c.nodes_of(id);
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3);
+}
+
+#[test]
+fn a_gang_larger_than_the_cluster_waits_without_blocking_others() {
+    let mut c = Cluster::new(&[8, 8]);
+    let huge = c.submit(3, 1);
+    let small = c.submit(1, 1);
+    c.pass(&default_cfg());
+    assert_eq!((c.status(huge), c.status(small)), (AllocStatus::Queued, AllocStatus::Reserved));
+}
+
+#[test]
+fn best_fit_prefers_the_node_with_the_fewest_free_gpus() {
+    let mut c = Cluster::new(&[8, 8, 8]);
+    let filler = c.submit(1, 6);
+    c.pass(&default_cfg());
+    let filler_node = c.nodes_of(filler)[0].clone();
+    let small = c.submit(1, 2);
+    c.pass(&default_cfg());
+    assert_eq!(c.nodes_of(small), vec![filler_node], "the 2-GPU task fills the partly used node");
+}
+
+#[test]
+fn node_memory_cpu_and_vram_limits_are_respected() {
+    let mut c = Cluster::new(&[8, 8]);
+    let big_vram = c.submit_with(1, 1, |s| s.resources.vram_mb = 100_000);
+    let big_mem = c.submit_with(1, 1, |s| s.resources.mem_mb = 600_000);
+    let many_cpus = c.submit_with(1, 1, |s| s.resources.cpus = 40);
+    c.pass(&default_cfg());
+    assert_eq!(c.status(big_vram), AllocStatus::Queued);
+    assert_eq!(c.status(big_mem), AllocStatus::Queued);
+    assert_eq!(c.status(many_cpus), AllocStatus::Reserved);
+    let again = c.submit_with(1, 1, |s| s.resources.cpus = 40);
+    c.pass(&default_cfg());
+    assert_ne!(c.nodes_of(again), c.nodes_of(many_cpus), "40 + 40 CPUs do not fit on one 64-CPU node");
+}
+
+/// A reservation unclaimed for 30 s is rolled back, and the gang is placed
+/// again in the same pass.
+#[test]
+fn a_stale_reservation_rolls_back_and_is_replaced_in_the_same_pass() {
+    let mut c = Cluster::new(&[8, 8]);
+    let id = c.submit(2, 8);
+    c.pass(&default_cfg());
+    assert_eq!(c.s.alloc(id).unwrap().reservation_epoch, 1);
+    c.now += 29_999;
+    assert!(c.pass(&default_cfg()).commands.is_empty(), "not stale yet");
+    c.now += 1;
+    let plan = c.pass(&default_cfg());
+    assert_eq!(plan.stats.rollbacks, 1);
+    assert_eq!(plan.stats.gangs_placed, 1);
+    assert!(matches!(plan.commands[0], Command::RollbackGang { alloc, epoch: 1 } if alloc == id));
+    assert!(matches!(plan.commands[1], Command::ReserveGang { alloc, epoch: 2, .. } if alloc == id));
+    assert_eq!(c.status(id), AllocStatus::Reserved);
+    assert_eq!(c.s.alloc(id).unwrap().reservation_epoch, 2);
+}
+
+/// The capacity a stale reservation held is offered to the queue in the
+/// same pass, in admission order.
+#[test]
+fn capacity_freed_by_a_rollback_goes_to_the_best_queued_gang() {
+    let mut c = Cluster::new(&[8, 8]);
+    let small = c.submit(1, 8);
+    c.pass(&default_cfg()); // small holds n0
+    let big = c.submit(2, 8); // needs both nodes
+    c.pass(&default_cfg());
+    assert_eq!(c.status(big), AllocStatus::Queued);
+    c.now += 30_000;
+    c.pass(&default_cfg());
+    assert_eq!(c.status(big), AllocStatus::Reserved, "largest first takes the freed node");
+    assert_eq!(c.status(small), AllocStatus::Queued);
+}
+
+#[test]
+fn a_claimed_gang_is_never_rolled_back() {
+    let mut c = Cluster::new(&[8, 8]);
+    let id = c.submit(2, 8);
+    c.pass(&default_cfg());
+    c.start_all(id);
+    c.now += 3_600_000;
+    assert!(c.pass(&default_cfg()).commands.is_empty());
+    assert_eq!(c.status(id), AllocStatus::Running);
+}
+
+#[test]
+fn a_partly_claimed_stale_gang_is_left_for_teardown() {
+    let mut c = Cluster::new(&[8, 8]);
+    let id = c.submit(2, 8);
+    c.pass(&default_cfg());
+    let t0 = c.s.alloc(id).unwrap().tasks[0].clone();
+    let node = c.s.node(t0.node.unwrap()).id.clone();
+    c.apply(Command::StartTask { alloc: id, task: 0, node, epoch: t0.reservation_epoch });
+    c.now += 60_000;
+    let plan = c.pass(&default_cfg());
+    assert!(plan.commands.is_empty(), "RollbackGang would be refused: {plan:?}");
+    assert_eq!(c.s.alloc(id).unwrap().tasks[1].status, TaskStatus::Reserved);
+}
+
+#[test]
+fn fifo_stops_at_the_first_gang_that_does_not_fit() {
+    let mut c = Cluster::new(&[8, 8]);
+    let big = c.submit(3, 8);
+    let small = c.submit(1, 1);
+    let plan = c.pass(&AdmissionConfig { order: Order::Fifo, ..default_cfg() });
+    assert!(plan.commands.is_empty());
+    assert_eq!((c.status(big), c.status(small)), (AllocStatus::Queued, AllocStatus::Queued));
+}
+
+#[test]
+fn cpu_only_tasks_prefer_nodes_without_free_gpus() {
+    let mut c = Cluster::new(&[0, 8]);
+    let cpu = c.submit(1, 0);
+    c.pass(&default_cfg());
+    assert_eq!(c.nodes_of(cpu), vec!["n0".to_string()]);
+}
+
+#[test]
+fn a_plan_made_from_a_stale_view_is_rejected_whole_by_apply() {
+    let mut c = Cluster::new(&[8]);
+    let a = c.submit(1, 8);
+    let b = c.submit(1, 8);
+    let plan = plan_admission(&c.s, c.now, &default_cfg());
+    assert_eq!(plan.stats.gangs_placed, 1);
+    // Meanwhile another plan (e.g. from an older leader) placed the other gang.
+    let other = if matches!(plan.commands[0], Command::ReserveGang { alloc, .. } if alloc == a) { b } else { a };
+    c.apply(Command::ReserveGang { alloc: other, epoch: 1, nodes: vec![NodeId::new("n0")] });
+    let out = c.s.apply(&plan.commands[0], &ApplyCtx { time_ms: c.now });
+    assert!(matches!(out, Outcome::Rejected(crate::sm::Rejection::InsufficientCapacity { .. })), "{out:?}");
+    c.s.check_invariants().unwrap();
+}

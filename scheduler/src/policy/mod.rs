@@ -1,0 +1,10 @@
+//! Pure decisions: functions from a read-only [`crate::sm::State`] and `now`
+//! to the commands the leader should propose. No clock, randomness, I/O or
+//! async; `apply` re-checks everything they propose.
+
+mod admission;
+
+#[cfg(test)]
+mod admission_test;
+
+pub use admission::{AdmissionConfig, AdmissionPlan, Order, PassStats, plan_admission};

@@ -1,0 +1,103 @@
+//! Commands: every state change the log can carry.
+//!
+//! Commands are imperative (`ReserveGang`), built by the leader's loops (from
+//! pure policies) or by the API edge, and re-validated in `apply`, which may
+//! reject any of them deterministically.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{AllocId, AllocSpec, NodeId, Resources, TaskIndex};
+
+/// One state transition, as carried in a Raft log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Add a node, or update the resources and labels of a known one.
+    RegisterNode {
+        /// The node's name.
+        node: NodeId,
+        /// What it has.
+        resources: Resources,
+        /// Its labels.
+        labels: BTreeMap<String, String>,
+    },
+    /// Add an allocation; every task starts blocked.
+    Submit {
+        /// What the user asked for.
+        spec: AllocSpec,
+    },
+    /// Place a whole gang: task `i` on `nodes[i]`, under reservation `epoch`,
+    /// which must be exactly one past the allocation's current epoch.
+    ReserveGang {
+        /// The allocation.
+        alloc: AllocId,
+        /// The new reservation epoch.
+        epoch: u64,
+        /// One distinct ready node per task, by task index.
+        nodes: Vec<NodeId>,
+    },
+    /// Return an unclaimed reservation to the queue.
+    RollbackGang {
+        /// The allocation.
+        alloc: AllocId,
+        /// The reservation being rolled back (must be current).
+        epoch: u64,
+    },
+    /// A node's agent claims its reserved task and starts it.
+    StartTask {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The claiming node (must be the one reserved).
+        node: NodeId,
+        /// The reservation epoch the agent was told (must be current).
+        epoch: u64,
+    },
+    /// A task's process exited successfully.
+    FinishTask {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The reservation epoch of the attempt.
+        epoch: u64,
+    },
+    /// A task's process failed.
+    FailTask {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The reservation epoch of the attempt.
+        epoch: u64,
+        /// The exit code, if the process exited with one.
+        exit_code: Option<i32>,
+    },
+    /// Cancel an allocation and every unfinished task of it.
+    CancelAllocation {
+        /// The allocation.
+        alloc: AllocId,
+    },
+}
+
+impl Command {
+    /// A short name for logs and metrics labels.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::RegisterNode { .. } => "register_node",
+            Command::Submit { .. } => "submit",
+            Command::ReserveGang { .. } => "reserve_gang",
+            Command::RollbackGang { .. } => "rollback_gang",
+            Command::StartTask { .. } => "start_task",
+            Command::FinishTask { .. } => "finish_task",
+            Command::FailTask { .. } => "fail_task",
+            Command::CancelAllocation { .. } => "cancel_allocation",
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Events and outcomes: what `apply` reports back.
+//!
+//! Events are past tense. The shell derives metrics, logs, agent pushes and
+//! watch streams from them; the state machine itself emits nothing.
+
+use serde::{Deserialize, Serialize};
+
+use super::rejection::Rejection;
+use super::types::{AllocId, NodeId, TaskIndex};
+
+/// Something that happened while applying a command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// A node joined (`updated == false`) or re-registered.
+    NodeRegistered {
+        /// The node.
+        node: NodeId,
+        /// Whether it was already known.
+        updated: bool,
+    },
+    /// An allocation was created, or a retried submit found it again.
+    Submitted {
+        /// The allocation.
+        alloc: AllocId,
+        /// Whether this was a retry of an earlier submit with the same key.
+        duplicate: bool,
+    },
+    /// A gang was placed.
+    GangReserved {
+        /// The allocation.
+        alloc: AllocId,
+        /// The new reservation epoch.
+        epoch: u64,
+        /// Task `i` went to `nodes[i]`.
+        nodes: Vec<NodeId>,
+    },
+    /// An unclaimed reservation went back to the queue.
+    GangRolledBack {
+        /// The allocation.
+        alloc: AllocId,
+        /// The rolled-back epoch.
+        epoch: u64,
+    },
+    /// A task was claimed and started.
+    TaskStarted {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// Where.
+        node: NodeId,
+        /// Its attempt number (1 for the first).
+        attempt: u32,
+    },
+    /// A task exited successfully.
+    TaskFinished {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+    },
+    /// A task failed. `charged` says whether the attempt counted against the
+    /// retry budget (a bystander of a sibling's failure is refunded).
+    TaskFailed {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// Its exit code.
+        exit_code: Option<i32>,
+        /// Whether the attempt was charged.
+        charged: bool,
+    },
+    /// A task failed while siblings run: the gang waits for them to exit.
+    GangTearingDown {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task whose failure started it.
+        trigger: TaskIndex,
+    },
+    /// The whole gang is blocked again and eligible for admission.
+    GangRequeued {
+        /// The allocation.
+        alloc: AllocId,
+    },
+    /// Every task finished.
+    AllocationDone {
+        /// The allocation.
+        alloc: AllocId,
+    },
+    /// The allocation failed for good.
+    AllocationFailed {
+        /// The allocation.
+        alloc: AllocId,
+        /// Why, in words.
+        reason: String,
+    },
+    /// The allocation was cancelled; `running` tasks must be stopped.
+    AllocationCancelled {
+        /// The allocation.
+        alloc: AllocId,
+        /// The tasks that were running or reserved, with their nodes.
+        stopped: Vec<(TaskIndex, NodeId)>,
+    },
+}
+
+/// The result of applying one command: accepted with its events, or rejected
+/// (and nothing changed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The command took effect.
+    Accepted(Vec<Event>),
+    /// The command was refused; the state is untouched.
+    Rejected(Rejection),
+}
+
+impl Outcome {
+    /// Whether the command took effect.
+    pub fn is_accepted(&self) -> bool {
+        matches!(self, Outcome::Accepted(_))
+    }
+
+    /// The events, empty when rejected.
+    pub fn events(&self) -> &[Event] {
+        match self {
+            Outcome::Accepted(events) => events,
+            Outcome::Rejected(_) => &[],
+        }
+    }
+
+    /// The rejection, if any.
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match self {
+            Outcome::Accepted(_) => None,
+            Outcome::Rejected(r) => Some(r),
+        }
+    }
+}

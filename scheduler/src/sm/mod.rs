@@ -1,0 +1,38 @@
+//! The deterministic state machine.
+//!
+//! `sm` owns the replicated state and the one function that changes it:
+//! [`State::apply`]`(&Command, &ApplyCtx) -> Outcome`. It is pure: no clock
+//! (time is the entry's `time_ms`, and never goes back), no randomness, no
+//! I/O, no async, and no hash-ordered iteration (every map is a `BTreeMap`).
+//! Replicas that apply the same commands in the same order hold the same
+//! state and report the same [`StateDigest`].
+//!
+//! ```text
+//!   leader loops ── policy::plan(&State, now) ──▶ Vec<Command>
+//!   API edge ─────── validate ─────────────────▶ Command
+//!                                                  │ Raft log entry (time_ms, batch)
+//!                                                  ▼
+//!                             State::apply ──▶ Outcome { Accepted(events) | Rejected }
+//! ```
+
+mod command;
+mod event;
+mod rejection;
+mod snapshot;
+mod state;
+mod types;
+mod validate;
+
+#[cfg(test)]
+mod state_test;
+
+pub use command::Command;
+pub use event::{Event, Outcome};
+pub use rejection::Rejection;
+pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
+pub use state::{ApplyCtx, QueueKey, State};
+pub use types::{
+    AllocId, AllocSpec, AllocStatus, Allocation, CheckpointMode, Node, NodeId, NodeSlot, NodeStatus, Resources, Task,
+    TaskIndex, TaskStatus, Usage, fits,
+};
+pub use validate::{Limits, MAX_PREEMPTION_CLASS, validate_node, validate_spec};

@@ -1,0 +1,154 @@
+//! Deterministic rejections: the typed reasons `apply` refuses a command.
+//!
+//! A rejection is part of the outcome, replicated like any other result. It is
+//! never a panic and never leaves the state half-changed.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::types::{AllocId, AllocStatus, NodeId, TaskIndex, TaskStatus};
+
+/// Why a command was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum Rejection {
+    /// A field of a submitted allocation is out of range or malformed.
+    #[error("invalid allocation: {field}: {reason}")]
+    InvalidSpec {
+        /// The offending field, as named in the API.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A field of a node registration is out of range or malformed.
+    #[error("invalid node: {field}: {reason}")]
+    InvalidNode {
+        /// The offending field.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No such node.
+    #[error("unknown node {0}")]
+    UnknownNode(NodeId),
+    /// No such allocation.
+    #[error("unknown allocation {0}")]
+    UnknownAllocation(AllocId),
+    /// The allocation has no task with that index.
+    #[error("allocation {alloc} has no task {task}")]
+    UnknownTask {
+        /// The allocation.
+        alloc: AllocId,
+        /// The index asked for.
+        task: TaskIndex,
+    },
+    /// The same owner and idempotency key were used for a different spec.
+    #[error("idempotency key {key:?} already names allocation {alloc} with a different spec")]
+    IdempotencyConflict {
+        /// The key.
+        key: String,
+        /// The allocation it names.
+        alloc: AllocId,
+    },
+    /// Only a gang whose tasks are all blocked can be reserved.
+    #[error("allocation {alloc} is {status:?}, not queued")]
+    NotQueued {
+        /// The allocation.
+        alloc: AllocId,
+        /// Its status.
+        status: AllocStatus,
+    },
+    /// A reservation or rollback named an epoch that is not the expected one:
+    /// the plan it came from is stale.
+    #[error("allocation {alloc}: reservation epoch {got} is stale (expected {expected})")]
+    StaleReservationEpoch {
+        /// The allocation.
+        alloc: AllocId,
+        /// The epoch required.
+        expected: u64,
+        /// The epoch given.
+        got: u64,
+    },
+    /// A reservation must name exactly one node per task.
+    #[error("allocation {alloc}: {got} nodes given for a gang of {expected}")]
+    WrongNodeCount {
+        /// The allocation.
+        alloc: AllocId,
+        /// The gang size.
+        expected: u32,
+        /// The nodes given.
+        got: u32,
+    },
+    /// A gang's tasks must go on distinct nodes.
+    #[error("node {0} named twice in one reservation")]
+    NodeRepeated(NodeId),
+    /// The node does not take new reservations.
+    #[error("node {0} is not ready")]
+    NodeNotReady(NodeId),
+    /// The node lacks free capacity for the task.
+    #[error("node {node} cannot fit task {task} of allocation {alloc}")]
+    InsufficientCapacity {
+        /// The node.
+        node: NodeId,
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+    },
+    /// A re-registration would leave the node with less than its tasks hold.
+    #[error("node {0} cannot shrink below the capacity its tasks hold")]
+    ShrinkBelowUsage(NodeId),
+    /// The task is not in the status the command needs.
+    #[error("allocation {alloc} task {task} is {status:?}, expected {expected:?}")]
+    WrongTaskStatus {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// Its status.
+        status: TaskStatus,
+        /// The status required.
+        expected: TaskStatus,
+    },
+    /// A node spoke about a task that is not placed on it.
+    #[error("allocation {alloc} task {task} is not placed on node {node}")]
+    WrongNode {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The node that spoke.
+        node: NodeId,
+    },
+    /// A claim or report carried an old reservation epoch.
+    #[error("allocation {alloc} task {task}: epoch {got} is stale (current {current})")]
+    StaleTaskEpoch {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The current epoch.
+        current: u64,
+        /// The epoch given.
+        got: u64,
+    },
+    /// Only a reservation no task has claimed yet can be rolled back whole.
+    #[error("allocation {alloc}: a task has started; the reservation cannot be rolled back")]
+    GangPartlyStarted {
+        /// The allocation.
+        alloc: AllocId,
+    },
+    /// Nothing is reserved to roll back.
+    #[error("allocation {alloc} holds no reservation")]
+    NothingReserved {
+        /// The allocation.
+        alloc: AllocId,
+    },
+    /// The allocation already reached a terminal status.
+    #[error("allocation {alloc} is already {status:?}")]
+    AlreadyTerminal {
+        /// The allocation.
+        alloc: AllocId,
+        /// Its status.
+        status: AllocStatus,
+    },
+}

@@ -1,0 +1,700 @@
+//! The replicated state and its one entry point, [`State::apply`].
+//!
+//! ```text
+//!            Submit                 ReserveGang              StartTask
+//!   (none) ─────────▶ Blocked ──────────────────▶ Reserved ───────────▶ Running
+//!                       ▲  ▲   RollbackGang (no task    │                 │ │
+//!                       │  └──────── started yet) ◀─────┘      FinishTask │ │ FailTask
+//!                       │                                                 ▼ │
+//!                       │            retries left, whole gang settled   Done│
+//!                       └───────────────────────────────────────────────────┘
+//!                                   out of retries / a sibling Done ─▶ Failed
+//!   CancelAllocation: every unfinished task ─▶ Cancelled
+//! ```
+//!
+//! Every handler checks everything before it changes anything, so a rejected
+//! command leaves the state exactly as it was. Derived indexes (node lookup,
+//! free-capacity index, queue, reservations) are kept in step with every
+//! change and rebuilt after a snapshot is decoded; they are not part of the
+//! snapshot or the digest.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::Command;
+use super::event::{Event, Outcome};
+use super::rejection::Rejection;
+use super::types::{
+    AllocId, AllocSpec, AllocStatus, Allocation, Node, NodeId, NodeSlot, NodeStatus, Resources, Task, TaskIndex,
+    TaskStatus, Usage, fits,
+};
+use super::validate::{Limits, validate_node, validate_spec};
+
+/// What `apply` may know besides the command: the entry's leader-stamped time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApplyCtx {
+    /// The leader's wall clock when it proposed the entry, in ms since the epoch.
+    pub time_ms: u64,
+}
+
+/// The admission order of a queued gang: largest first, then higher class,
+/// then higher priority, then earlier submit, then lower id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueKey {
+    /// Gang size, descending.
+    pub gang_size: Reverse<u32>,
+    /// Preemption class, descending.
+    pub class: Reverse<u8>,
+    /// Priority, descending.
+    pub priority: Reverse<i32>,
+    /// Submit time, ascending.
+    pub submit_time_ms: u64,
+    /// Id, ascending (the final tie-break).
+    pub alloc: AllocId,
+}
+
+impl QueueKey {
+    /// The key of an allocation.
+    pub fn of(a: &Allocation) -> QueueKey {
+        QueueKey {
+            gang_size: Reverse(a.spec.gang_size),
+            class: Reverse(a.spec.preemption_class),
+            priority: Reverse(a.spec.priority),
+            submit_time_ms: a.submit_time_ms,
+            alloc: a.id,
+        }
+    }
+}
+
+/// Lookups derived from the replicated fields; never serialized.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Indexes {
+    node_by_id: BTreeMap<NodeId, NodeSlot>,
+    /// Ready nodes by (free GPUs, slot): the capacity index admission walks.
+    free_gpus: BTreeSet<(u32, NodeSlot)>,
+    /// Queued allocations in admission order.
+    queue: BTreeSet<QueueKey>,
+    /// Queued allocations in submit order.
+    queue_fifo: BTreeSet<AllocId>,
+    /// Allocations holding at least one unclaimed reservation.
+    reserved: BTreeSet<AllocId>,
+}
+
+/// The whole replicated state of the scheduler.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    limits: Limits,
+    now_ms: u64,
+    next_alloc_id: AllocId,
+    nodes: Vec<Node>,
+    allocs: BTreeMap<AllocId, Allocation>,
+    idempotency: BTreeMap<(String, String), AllocId>,
+    #[serde(skip)]
+    index: Indexes,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State::new(Limits::default())
+    }
+}
+
+type Applied = Result<Vec<Event>, Rejection>;
+
+impl State {
+    /// An empty state with these limits.
+    pub fn new(limits: Limits) -> State {
+        State {
+            limits,
+            now_ms: 0,
+            next_alloc_id: 1,
+            nodes: Vec::new(),
+            allocs: BTreeMap::new(),
+            idempotency: BTreeMap::new(),
+            index: Indexes::default(),
+        }
+    }
+
+    // ----- reads ---------------------------------------------------------
+
+    /// The validation limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The state's clock: the latest entry time applied (never goes back).
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Every node, in slot order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The node in `slot`.
+    pub fn node(&self, slot: NodeSlot) -> &Node {
+        &self.nodes[slot.0 as usize]
+    }
+
+    /// The slot of the node named `id`.
+    pub fn node_slot(&self, id: &NodeId) -> Option<NodeSlot> {
+        self.index.node_by_id.get(id).copied()
+    }
+
+    /// One allocation.
+    pub fn alloc(&self, id: AllocId) -> Option<&Allocation> {
+        self.allocs.get(&id)
+    }
+
+    /// Every allocation, by id.
+    pub fn allocs(&self) -> &BTreeMap<AllocId, Allocation> {
+        &self.allocs
+    }
+
+    /// Queued allocations in admission order (largest gang first).
+    pub fn queue(&self) -> impl DoubleEndedIterator<Item = &QueueKey> + '_ {
+        self.index.queue.iter()
+    }
+
+    /// How many allocations are queued.
+    pub fn queue_len(&self) -> usize {
+        self.index.queue.len()
+    }
+
+    /// Queued allocations in submit order.
+    pub fn queue_fifo(&self) -> impl Iterator<Item = AllocId> + '_ {
+        self.index.queue_fifo.iter().copied()
+    }
+
+    /// Allocations holding an unclaimed reservation.
+    pub fn reserved_allocs(&self) -> impl Iterator<Item = AllocId> + '_ {
+        self.index.reserved.iter().copied()
+    }
+
+    /// Ready nodes ordered by (free GPUs, slot).
+    pub fn free_gpu_index(&self) -> &BTreeSet<(u32, NodeSlot)> {
+        &self.index.free_gpus
+    }
+
+    // ----- the entry point -----------------------------------------------
+
+    /// Applies one command. Never panics on bad input: a command that does not
+    /// fit the state is rejected and changes nothing (the clock excepted).
+    pub fn apply(&mut self, cmd: &Command, ctx: &ApplyCtx) -> Outcome {
+        self.now_ms = self.now_ms.max(ctx.time_ms);
+        let result = match cmd {
+            Command::RegisterNode { node, resources, labels } => self.register_node(node, resources, labels),
+            Command::Submit { spec } => self.submit(spec),
+            Command::ReserveGang { alloc, epoch, nodes } => self.reserve_gang(*alloc, *epoch, nodes),
+            Command::RollbackGang { alloc, epoch } => self.rollback_gang(*alloc, *epoch),
+            Command::StartTask { alloc, task, node, epoch } => self.start_task(*alloc, *task, node, *epoch),
+            Command::FinishTask { alloc, task, node, epoch } => self.finish_task(*alloc, *task, node, *epoch),
+            Command::FailTask { alloc, task, node, epoch, exit_code } => {
+                self.fail_task(*alloc, *task, node, *epoch, *exit_code)
+            }
+            Command::CancelAllocation { alloc } => self.cancel(*alloc),
+        };
+        match result {
+            Ok(events) => Outcome::Accepted(events),
+            Err(rejection) => Outcome::Rejected(rejection),
+        }
+    }
+
+    // ----- handlers --------------------------------------------------------
+
+    fn register_node(&mut self, id: &NodeId, resources: &Resources, labels: &BTreeMap<String, String>) -> Applied {
+        validate_node(id, resources, labels, &self.limits)?;
+        if let Some(slot) = self.node_slot(id) {
+            let used = self.node(slot).used;
+            if !Usage::of(resources).covers(&used) {
+                return Err(Rejection::ShrinkBelowUsage(id.clone()));
+            }
+            self.unindex_node(slot);
+            let node = &mut self.nodes[slot.0 as usize];
+            node.resources = *resources;
+            node.labels = labels.clone();
+            self.index_node(slot);
+            return Ok(vec![Event::NodeRegistered { node: id.clone(), updated: true }]);
+        }
+        let slot = NodeSlot(u32::try_from(self.nodes.len()).expect("fewer than 2^32 nodes"));
+        self.nodes.push(Node {
+            id: id.clone(),
+            slot,
+            resources: *resources,
+            labels: labels.clone(),
+            status: NodeStatus::Ready,
+            used: Usage::default(),
+            registered_at_ms: self.now_ms,
+        });
+        self.index.node_by_id.insert(id.clone(), slot);
+        self.index_node(slot);
+        Ok(vec![Event::NodeRegistered { node: id.clone(), updated: false }])
+    }
+
+    fn submit(&mut self, spec: &AllocSpec) -> Applied {
+        validate_spec(spec, &self.limits)?;
+        if let Some(key) = &spec.idempotency_key {
+            if let Some(&existing) = self.idempotency.get(&(spec.owner.clone(), key.clone())) {
+                if self.allocs[&existing].spec == *spec {
+                    return Ok(vec![Event::Submitted { alloc: existing, duplicate: true }]);
+                }
+                return Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing });
+            }
+        }
+        let id = self.next_alloc_id;
+        self.next_alloc_id += 1;
+        let tasks = (0..spec.gang_size)
+            .map(|index| Task {
+                index,
+                status: TaskStatus::Blocked,
+                node: None,
+                attempts: 0,
+                reservation_epoch: 0,
+                reserved_at_ms: None,
+                started_at_ms: None,
+                finished_at_ms: None,
+                exit_code: None,
+            })
+            .collect();
+        self.allocs.insert(
+            id,
+            Allocation {
+                id,
+                spec: spec.clone(),
+                submit_time_ms: self.now_ms,
+                status: AllocStatus::Queued,
+                reservation_epoch: 0,
+                first_reserved_at_ms: None,
+                finished_at_ms: None,
+                tasks,
+            },
+        );
+        if let Some(key) = &spec.idempotency_key {
+            self.idempotency.insert((spec.owner.clone(), key.clone()), id);
+        }
+        self.reindex_alloc(id);
+        Ok(vec![Event::Submitted { alloc: id, duplicate: false }])
+    }
+
+    fn reserve_gang(&mut self, id: AllocId, epoch: u64, nodes: &[NodeId]) -> Applied {
+        let a = self.live_alloc(id)?;
+        if !a.is_queued() {
+            return Err(Rejection::NotQueued { alloc: id, status: a.status });
+        }
+        if epoch != a.reservation_epoch + 1 {
+            return Err(Rejection::StaleReservationEpoch { alloc: id, expected: a.reservation_epoch + 1, got: epoch });
+        }
+        if nodes.len() != a.spec.gang_size as usize {
+            return Err(Rejection::WrongNodeCount {
+                alloc: id,
+                expected: a.spec.gang_size,
+                got: u32::try_from(nodes.len()).unwrap_or(u32::MAX),
+            });
+        }
+        let need = a.spec.resources;
+        let mut slots = Vec::with_capacity(nodes.len());
+        let mut seen = BTreeSet::new();
+        for (task, node_id) in nodes.iter().enumerate() {
+            let slot = self.node_slot(node_id).ok_or_else(|| Rejection::UnknownNode(node_id.clone()))?;
+            if !seen.insert(slot) {
+                return Err(Rejection::NodeRepeated(node_id.clone()));
+            }
+            let node = self.node(slot);
+            if node.status != NodeStatus::Ready {
+                return Err(Rejection::NodeNotReady(node_id.clone()));
+            }
+            if !fits(&need, &node.resources, &node.free()) {
+                return Err(Rejection::InsufficientCapacity {
+                    node: node_id.clone(),
+                    alloc: id,
+                    task: task as TaskIndex,
+                });
+            }
+            slots.push(slot);
+        }
+        let now = self.now_ms;
+        let usage = Usage::of(&need);
+        for &slot in &slots {
+            self.occupy(slot, &usage);
+        }
+        let a = self.allocs.get_mut(&id).expect("checked above");
+        a.reservation_epoch = epoch;
+        a.first_reserved_at_ms.get_or_insert(now);
+        for (task, slot) in a.tasks.iter_mut().zip(&slots) {
+            task.status = TaskStatus::Reserved;
+            task.node = Some(*slot);
+            task.reservation_epoch = epoch;
+            task.reserved_at_ms = Some(now);
+            task.started_at_ms = None;
+        }
+        self.refresh(id);
+        Ok(vec![Event::GangReserved { alloc: id, epoch, nodes: nodes.to_vec() }])
+    }
+
+    fn rollback_gang(&mut self, id: AllocId, epoch: u64) -> Applied {
+        let a = self.live_alloc(id)?;
+        if epoch != a.reservation_epoch {
+            return Err(Rejection::StaleReservationEpoch { alloc: id, expected: a.reservation_epoch, got: epoch });
+        }
+        if a.has_running() {
+            return Err(Rejection::GangPartlyStarted { alloc: id });
+        }
+        if !a.has_reserved() {
+            return Err(Rejection::NothingReserved { alloc: id });
+        }
+        let released: Vec<(TaskIndex, NodeSlot)> = a
+            .tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Reserved)
+            .map(|t| (t.index, t.node.expect("a reserved task has a node")))
+            .collect();
+        let usage = Usage::of(&a.spec.resources);
+        for &(task, slot) in &released {
+            self.release(slot, &usage);
+            let t = &mut self.allocs.get_mut(&id).expect("checked above").tasks[task as usize];
+            t.status = TaskStatus::Blocked;
+            t.node = None;
+            t.reserved_at_ms = None;
+        }
+        let mut events = vec![Event::GangRolledBack { alloc: id, epoch }];
+        events.extend(self.settle(id));
+        Ok(events)
+    }
+
+    fn start_task(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
+        self.check_report(id, task, node, epoch, TaskStatus::Reserved)?;
+        let now = self.now_ms;
+        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        t.status = TaskStatus::Running;
+        t.attempts += 1;
+        t.started_at_ms = Some(now);
+        t.exit_code = None;
+        let attempt = t.attempts;
+        self.refresh(id);
+        Ok(vec![Event::TaskStarted { alloc: id, task, node: node.clone(), attempt }])
+    }
+
+    fn finish_task(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
+        let slot = self.check_report(id, task, node, epoch, TaskStatus::Running)?;
+        self.leave_node(id, task, slot, TaskStatus::Done, Some(0));
+        let mut events = vec![Event::TaskFinished { alloc: id, task }];
+        events.extend(self.settle(id));
+        Ok(events)
+    }
+
+    /// The seed's FailGang with its retry budget. The failed task returns to
+    /// blocked; reserved siblings are released to blocked; running siblings
+    /// are left to exit on their own (active teardown comes with the
+    /// preemption issues), and while they do the gang is `TearingDown`. A
+    /// sibling that fails during a teardown is a bystander: its attempt is
+    /// refunded so only the trigger's real failures count. Once nothing runs,
+    /// `settle` requeues the gang or fails it.
+    fn fail_task(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        exit_code: Option<i32>,
+    ) -> Applied {
+        let slot = self.check_report(id, task, node, epoch, TaskStatus::Running)?;
+        let bystander = self.allocs[&id].status == AllocStatus::TearingDown;
+        self.leave_node(id, task, slot, TaskStatus::Blocked, exit_code);
+        let mut events = Vec::new();
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let t = &mut a.tasks[task as usize];
+        t.node = None;
+        if bystander {
+            t.attempts = t.attempts.saturating_sub(1);
+        }
+        events.push(Event::TaskFailed { alloc: id, task, exit_code, charged: !bystander });
+        if !bystander {
+            let reserved: Vec<(TaskIndex, NodeSlot)> = a
+                .tasks
+                .iter()
+                .filter(|t| t.status == TaskStatus::Reserved)
+                .map(|t| (t.index, t.node.expect("a reserved task has a node")))
+                .collect();
+            let usage = Usage::of(&a.spec.resources);
+            let siblings_running = a.has_running();
+            for (sibling, sibling_slot) in reserved {
+                self.release(sibling_slot, &usage);
+                let s = &mut self.allocs.get_mut(&id).expect("checked").tasks[sibling as usize];
+                s.status = TaskStatus::Blocked;
+                s.node = None;
+                s.reserved_at_ms = None;
+            }
+            if siblings_running {
+                events.push(Event::GangTearingDown { alloc: id, trigger: task });
+            }
+        }
+        events.extend(self.settle(id));
+        Ok(events)
+    }
+
+    fn cancel(&mut self, id: AllocId) -> Applied {
+        let a = self.live_alloc(id)?;
+        let usage = Usage::of(&a.spec.resources);
+        let held: Vec<(TaskIndex, NodeSlot)> = a
+            .tasks
+            .iter()
+            .filter(|t| t.status.holds_capacity())
+            .map(|t| (t.index, t.node.expect("a placed task has a node")))
+            .collect();
+        let mut stopped = Vec::with_capacity(held.len());
+        for &(task, slot) in &held {
+            self.release(slot, &usage);
+            stopped.push((task, self.node(slot).id.clone()));
+        }
+        let now = self.now_ms;
+        let a = self.allocs.get_mut(&id).expect("checked");
+        for t in a.tasks.iter_mut().filter(|t| !t.status.is_terminal()) {
+            if t.status == TaskStatus::Running {
+                t.finished_at_ms = Some(now);
+            }
+            t.status = TaskStatus::Cancelled;
+        }
+        a.status = AllocStatus::Cancelled;
+        a.finished_at_ms = Some(now);
+        self.reindex_alloc(id);
+        Ok(vec![Event::AllocationCancelled { alloc: id, stopped }])
+    }
+
+    // ----- shared checks and moves --------------------------------------
+
+    fn live_alloc(&self, id: AllocId) -> Result<&Allocation, Rejection> {
+        let a = self.allocs.get(&id).ok_or(Rejection::UnknownAllocation(id))?;
+        if a.status.is_terminal() {
+            return Err(Rejection::AlreadyTerminal { alloc: id, status: a.status });
+        }
+        Ok(a)
+    }
+
+    /// Checks a node's claim or report about one task: the task exists, is
+    /// placed on that node, under the current epoch, in the expected status.
+    fn check_report(
+        &self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        expected: TaskStatus,
+    ) -> Result<NodeSlot, Rejection> {
+        let a = self.live_alloc(id)?;
+        let t = a.tasks.get(task as usize).ok_or(Rejection::UnknownTask { alloc: id, task })?;
+        let slot = self.node_slot(node).ok_or_else(|| Rejection::UnknownNode(node.clone()))?;
+        let wrong_status = Rejection::WrongTaskStatus { alloc: id, task, status: t.status, expected };
+        match t.node {
+            None => return Err(wrong_status),
+            Some(placed) if placed != slot => return Err(Rejection::WrongNode { alloc: id, task, node: node.clone() }),
+            Some(_) => {}
+        }
+        if t.reservation_epoch != epoch {
+            return Err(Rejection::StaleTaskEpoch { alloc: id, task, current: t.reservation_epoch, got: epoch });
+        }
+        if t.status != expected {
+            return Err(wrong_status);
+        }
+        Ok(slot)
+    }
+
+    /// Moves a running task off its node into `status`.
+    fn leave_node(&mut self, id: AllocId, task: TaskIndex, slot: NodeSlot, status: TaskStatus, exit_code: Option<i32>) {
+        let now = self.now_ms;
+        let usage = Usage::of(&self.allocs[&id].spec.resources);
+        self.release(slot, &usage);
+        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        t.status = status;
+        t.finished_at_ms = Some(now);
+        t.exit_code = exit_code;
+        t.reserved_at_ms = None;
+    }
+
+    /// Decides a gang's fate once nothing of it runs or waits to be claimed:
+    /// all done ⇒ done; otherwise, if any task finished or any blocked task
+    /// used up its retries ⇒ failed (the seed's completion rule); else the
+    /// whole gang is queued again.
+    fn settle(&mut self, id: AllocId) -> Vec<Event> {
+        let now = self.now_ms;
+        let before = self.allocs[&id].status;
+        self.refresh(id);
+        let a = self.allocs.get_mut(&id).expect("settle of a known allocation");
+        let mut events = Vec::new();
+        if a.tasks.iter().all(|t| t.status == TaskStatus::Done) {
+            a.status = AllocStatus::Done;
+            a.finished_at_ms = Some(now);
+            events.push(Event::AllocationDone { alloc: id });
+        } else if a.status == AllocStatus::Queued {
+            // Nothing runs or waits: blocked (and maybe done) tasks only.
+            let done = a.tasks.iter().find(|t| t.status == TaskStatus::Done).map(|t| t.index);
+            let exhausted = a
+                .tasks
+                .iter()
+                .find(|t| t.status == TaskStatus::Blocked && t.attempts >= a.spec.max_retries)
+                .map(|t| t.index);
+            let reason = match (done, exhausted) {
+                (Some(task), _) => Some(format!("task {task} finished before its gang could be restarted whole")),
+                (None, Some(task)) => Some(format!("task {task} failed {} times", a.spec.max_retries)),
+                (None, None) => None,
+            };
+            if let Some(reason) = reason {
+                for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Blocked) {
+                    t.status = TaskStatus::Failed;
+                }
+                a.status = AllocStatus::Failed;
+                a.finished_at_ms = Some(now);
+                events.push(Event::AllocationFailed { alloc: id, reason });
+            } else if before != AllocStatus::Queued {
+                events.push(Event::GangRequeued { alloc: id });
+            }
+        }
+        self.reindex_alloc(id);
+        events
+    }
+
+    /// Re-derives a live allocation's status from its tasks.
+    fn refresh(&mut self, id: AllocId) {
+        let a = self.allocs.get_mut(&id).expect("refresh of a known allocation");
+        if a.status.is_terminal() {
+            return;
+        }
+        let count = |s: TaskStatus| a.tasks.iter().filter(|t| t.status == s).count();
+        let (blocked, reserved, running) =
+            (count(TaskStatus::Blocked), count(TaskStatus::Reserved), count(TaskStatus::Running));
+        a.status = if blocked > 0 && running > 0 {
+            AllocStatus::TearingDown
+        } else if blocked > 0 && reserved == 0 {
+            AllocStatus::Queued
+        } else if reserved > 0 {
+            AllocStatus::Reserved
+        } else {
+            AllocStatus::Running
+        };
+        self.reindex_alloc(id);
+    }
+
+    fn reindex_alloc(&mut self, id: AllocId) {
+        let a = &self.allocs[&id];
+        let key = QueueKey::of(a);
+        if a.is_queued() {
+            self.index.queue.insert(key);
+            self.index.queue_fifo.insert(id);
+        } else {
+            self.index.queue.remove(&key);
+            self.index.queue_fifo.remove(&id);
+        }
+        if !a.status.is_terminal() && a.has_reserved() {
+            self.index.reserved.insert(id);
+        } else {
+            self.index.reserved.remove(&id);
+        }
+    }
+
+    fn index_node(&mut self, slot: NodeSlot) {
+        let node = &self.nodes[slot.0 as usize];
+        if node.status == NodeStatus::Ready {
+            self.index.free_gpus.insert((node.free().gpus, slot));
+        }
+    }
+
+    fn unindex_node(&mut self, slot: NodeSlot) {
+        let node = &self.nodes[slot.0 as usize];
+        self.index.free_gpus.remove(&(node.free().gpus, slot));
+    }
+
+    fn occupy(&mut self, slot: NodeSlot, usage: &Usage) {
+        self.unindex_node(slot);
+        let node = &mut self.nodes[slot.0 as usize];
+        node.used = node.used.plus(usage);
+        assert!(Usage::of(&node.resources).covers(&node.used), "node {} over-committed", node.id);
+        self.index_node(slot);
+    }
+
+    fn release(&mut self, slot: NodeSlot, usage: &Usage) {
+        self.unindex_node(slot);
+        let node = &mut self.nodes[slot.0 as usize];
+        assert!(node.used.covers(usage), "node {} releases more than it holds", node.id);
+        node.used = node.used.minus(usage);
+        self.index_node(slot);
+    }
+
+    /// Moves the clock as applying an entry stamped `time_ms` would.
+    #[cfg(test)]
+    pub(crate) fn advance_clock(&mut self, time_ms: u64) {
+        self.now_ms = self.now_ms.max(time_ms);
+    }
+
+    /// Rebuilds every derived index from the replicated fields (after decode).
+    pub(crate) fn rebuild_indexes(&mut self) {
+        self.index = Indexes::default();
+        for slot in 0..self.nodes.len() {
+            let slot = NodeSlot(slot as u32);
+            self.index.node_by_id.insert(self.node(slot).id.clone(), slot);
+            self.index_node(slot);
+        }
+        let ids: Vec<AllocId> = self.allocs.keys().copied().collect();
+        for id in ids {
+            self.reindex_alloc(id);
+        }
+    }
+
+    /// Checks every invariant of the state; `Err` names the first one broken.
+    /// Tests and the simulator call this; a broken invariant is a bug.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut used = vec![Usage::default(); self.nodes.len()];
+        for a in self.allocs.values() {
+            let has = |s: TaskStatus| a.tasks.iter().any(|t| t.status == s);
+            if has(TaskStatus::Blocked) && has(TaskStatus::Reserved) {
+                return Err(format!("allocation {} is partly reserved", a.id));
+            }
+            if has(TaskStatus::Blocked) && has(TaskStatus::Running) && a.status != AllocStatus::TearingDown {
+                return Err(format!("allocation {} is partly running outside a teardown", a.id));
+            }
+            if a.tasks.len() != a.spec.gang_size as usize {
+                return Err(format!(
+                    "allocation {} has {} tasks for a gang of {}",
+                    a.id,
+                    a.tasks.len(),
+                    a.spec.gang_size
+                ));
+            }
+            let mut nodes = BTreeSet::new();
+            for t in &a.tasks {
+                match (t.status.holds_capacity(), t.node) {
+                    (true, Some(slot)) => {
+                        if !nodes.insert(slot) {
+                            return Err(format!("allocation {} has two tasks on one node", a.id));
+                        }
+                        let u = &mut used[slot.0 as usize];
+                        *u = u.plus(&Usage::of(&a.spec.resources));
+                    }
+                    (true, None) => return Err(format!("allocation {} task {} is placed nowhere", a.id, t.index)),
+                    (false, _) => {}
+                }
+                if a.status.is_terminal() && t.status.holds_capacity() {
+                    return Err(format!("terminal allocation {} still holds capacity", a.id));
+                }
+            }
+            if a.is_queued() != self.index.queue.contains(&QueueKey::of(a)) {
+                return Err(format!("queue index out of step for allocation {}", a.id));
+            }
+        }
+        for (node, used) in self.nodes.iter().zip(&used) {
+            if node.used != *used {
+                return Err(format!("node {} records {:?} used but its tasks hold {:?}", node.id, node.used, used));
+            }
+            if !Usage::of(&node.resources).covers(used) {
+                return Err(format!("node {} is over-committed", node.id));
+            }
+        }
+        let mut fresh = self.clone();
+        fresh.rebuild_indexes();
+        if fresh.index != self.index {
+            return Err("derived indexes differ from a rebuild".to_string());
+        }
+        Ok(())
+    }
+}

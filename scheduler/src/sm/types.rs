@@ -1,0 +1,324 @@
+//! The nouns of the state machine: nodes, allocations, tasks and their statuses.
+//!
+//! Everything here is plain data. Transitions live in `state.rs`; validation of
+//! user input lives in `validate.rs`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// An allocation's id, assigned by the state machine in log order (1, 2, 3, …).
+pub type AllocId = u64;
+
+/// A task's index inside its gang (0 ..= gang_size - 1).
+pub type TaskIndex = u32;
+
+/// A node's operator-facing name (the agent registers with it).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeId(pub String);
+
+impl NodeId {
+    /// Builds a node id from anything string-like.
+    pub fn new(id: impl Into<String>) -> Self {
+        NodeId(id.into())
+    }
+
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A node's dense position in [`crate::sm::State`]'s node table, assigned in
+/// registration order and never reused. Tasks refer to nodes by slot so that
+/// placement does not hash or compare strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NodeSlot(pub u32);
+
+/// Resources, on a node (what it has) or on a task (what it needs).
+///
+/// `gpus`, `mem_mb` and `cpus` are consumed: the tasks placed on a node may
+/// not add up to more than the node has. `vram_mb` is memory **per GPU**: on a
+/// node, what each of its GPUs has; on a task, the least each of its GPUs must
+/// have. It is a constraint, not a consumable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Resources {
+    /// Whole GPUs.
+    pub gpus: u32,
+    /// Memory per GPU, in MiB.
+    pub vram_mb: u64,
+    /// Host memory, in MiB.
+    pub mem_mb: u64,
+    /// CPU cores.
+    pub cpus: u32,
+}
+
+/// The consumable part of [`Resources`]: what is in use on a node, or free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Usage {
+    /// Whole GPUs.
+    pub gpus: u32,
+    /// Host memory, in MiB.
+    pub mem_mb: u64,
+    /// CPU cores.
+    pub cpus: u32,
+}
+
+impl Usage {
+    /// What a task of these resources consumes.
+    pub fn of(r: &Resources) -> Usage {
+        Usage { gpus: r.gpus, mem_mb: r.mem_mb, cpus: r.cpus }
+    }
+
+    /// Whether `need` fits inside `self` (read as free capacity).
+    pub fn covers(&self, need: &Usage) -> bool {
+        self.gpus >= need.gpus && self.mem_mb >= need.mem_mb && self.cpus >= need.cpus
+    }
+
+    /// `self + other`, saturating (capacity never wraps).
+    pub fn plus(&self, other: &Usage) -> Usage {
+        Usage {
+            gpus: self.gpus.saturating_add(other.gpus),
+            mem_mb: self.mem_mb.saturating_add(other.mem_mb),
+            cpus: self.cpus.saturating_add(other.cpus),
+        }
+    }
+
+    /// `self - other`, saturating at zero.
+    pub fn minus(&self, other: &Usage) -> Usage {
+        Usage {
+            gpus: self.gpus.saturating_sub(other.gpus),
+            mem_mb: self.mem_mb.saturating_sub(other.mem_mb),
+            cpus: self.cpus.saturating_sub(other.cpus),
+        }
+    }
+}
+
+/// Whether a task of resources `need` may go on a node of resources `node`
+/// whose free consumables are `free`.
+pub fn fits(need: &Resources, node: &Resources, free: &Usage) -> bool {
+    free.covers(&Usage::of(need)) && (need.gpus == 0 || node.vram_mb >= need.vram_mb)
+}
+
+/// A node's lifecycle status. Only `Ready` nodes take new reservations.
+///
+/// Draining, lost and the stop states arrive with the node-lifecycle and
+/// watchdog issues; the enum is where they go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum NodeStatus {
+    /// Registered and accepting reservations.
+    Ready,
+}
+
+/// A node as the state machine knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// The operator-facing name.
+    pub id: NodeId,
+    /// Its position in the node table.
+    pub slot: NodeSlot,
+    /// What it has.
+    pub resources: Resources,
+    /// Free-form labels (pool, rack, GPU model); selectors come later.
+    pub labels: BTreeMap<String, String>,
+    /// Lifecycle status.
+    pub status: NodeStatus,
+    /// Consumables held by reserved and running tasks.
+    pub used: Usage,
+    /// When it first registered (entry time).
+    pub registered_at_ms: u64,
+}
+
+impl Node {
+    /// Consumables not held by any reserved or running task.
+    pub fn free(&self) -> Usage {
+        Usage::of(&self.resources).minus(&self.used)
+    }
+}
+
+/// How an allocation saves and restores its progress when preempted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum CheckpointMode {
+    /// The scheduler asks for a checkpoint before preempting.
+    Auto,
+    /// The task checkpoints on its own schedule; the scheduler only signals.
+    Manual,
+    /// The task cannot checkpoint; preemption loses its progress.
+    None,
+}
+
+/// What a user submits: one gang of `gang_size` identical tasks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocSpec {
+    /// Who submitted it (user or service account).
+    pub owner: String,
+    /// N: how many tasks must be placed together (1 for a plain job).
+    pub gang_size: u32,
+    /// What each task needs.
+    pub resources: Resources,
+    /// 0 (first to be preempted) ..= 10 (never preempted).
+    pub preemption_class: u8,
+    /// Tie-breaker within a class: higher goes first.
+    pub priority: i32,
+    /// How progress survives preemption.
+    pub checkpoint: CheckpointMode,
+    /// The wall-clock budget of one attempt, in seconds.
+    pub walltime_s: u64,
+    /// How many failed attempts a task may accumulate before its gang fails
+    /// (the seed's `MaxRetries`: 3 means the third real failure is terminal).
+    pub max_retries: u32,
+    /// argv of each task's process.
+    pub command: Vec<String>,
+    /// Extra environment of each task's process.
+    pub env: BTreeMap<String, String>,
+    /// A retried submit with the same owner and key returns the same allocation.
+    pub idempotency_key: Option<String>,
+}
+
+impl AllocSpec {
+    /// A spec with the defaults users get when they leave fields out: class 0,
+    /// priority 0, checkpoint `Auto`, one hour of walltime, 3 retries, no env,
+    /// no idempotency key.
+    pub fn new(owner: impl Into<String>, gang_size: u32, resources: Resources, command: Vec<String>) -> AllocSpec {
+        AllocSpec {
+            owner: owner.into(),
+            gang_size,
+            resources,
+            preemption_class: 0,
+            priority: 0,
+            checkpoint: CheckpointMode::Auto,
+            walltime_s: 3600,
+            max_retries: 3,
+            command,
+            env: BTreeMap::new(),
+            idempotency_key: None,
+        }
+    }
+}
+
+/// A task's status. The preemption statuses (preempting, preempted,
+/// suspended) arrive with the teardown and preemption issues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TaskStatus {
+    /// Waiting for its gang to be placed.
+    Blocked,
+    /// Placed on a node by a reservation; not yet claimed.
+    Reserved,
+    /// Claimed by its node's agent; its process runs.
+    Running,
+    /// Exited successfully.
+    Done,
+    /// Out of retries, or its gang failed.
+    Failed,
+    /// Cancelled by a user or operator.
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// Whether the task holds capacity on a node.
+    pub fn holds_capacity(self) -> bool {
+        matches!(self, TaskStatus::Reserved | TaskStatus::Running)
+    }
+
+    /// Whether the task will never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Done | TaskStatus::Failed | TaskStatus::Cancelled)
+    }
+}
+
+/// One member of a gang.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Its index in the gang.
+    pub index: TaskIndex,
+    /// Its status.
+    pub status: TaskStatus,
+    /// The node it is reserved on or runs on.
+    pub node: Option<NodeSlot>,
+    /// Claims charged against the retry budget (refunded when the task was
+    /// only a bystander of a sibling's failure).
+    pub attempts: u32,
+    /// The reservation epoch it was placed under (0: never placed).
+    pub reservation_epoch: u64,
+    /// When its current reservation was made.
+    pub reserved_at_ms: Option<u64>,
+    /// When its current attempt started.
+    pub started_at_ms: Option<u64>,
+    /// When it last left `Running`.
+    pub finished_at_ms: Option<u64>,
+    /// The exit code of its last attempt, if it exited with one.
+    pub exit_code: Option<i32>,
+}
+
+/// An allocation's status, derived from its tasks after every transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum AllocStatus {
+    /// Every task is blocked: waiting for admission.
+    Queued,
+    /// Placed; some tasks not yet claimed.
+    Reserved,
+    /// Every unfinished task runs.
+    Running,
+    /// A task failed while siblings still run; the gang returns to the queue
+    /// (or fails) once they have exited.
+    TearingDown,
+    /// Every task exited successfully.
+    Done,
+    /// Out of retries, or could not be restarted whole.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl AllocStatus {
+    /// Whether the allocation will never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, AllocStatus::Done | AllocStatus::Failed | AllocStatus::Cancelled)
+    }
+}
+
+/// An allocation and its gang of tasks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    /// Its id.
+    pub id: AllocId,
+    /// What was submitted.
+    pub spec: AllocSpec,
+    /// Entry time of the submit. Never reset by a requeue.
+    pub submit_time_ms: u64,
+    /// Status, derived from the tasks (or terminal).
+    pub status: AllocStatus,
+    /// The epoch of the latest reservation (0: never reserved).
+    pub reservation_epoch: u64,
+    /// When the gang was first reserved.
+    pub first_reserved_at_ms: Option<u64>,
+    /// When the allocation reached a terminal status.
+    pub finished_at_ms: Option<u64>,
+    /// The gang's tasks, by index.
+    pub tasks: Vec<Task>,
+}
+
+impl Allocation {
+    /// Whether every task is blocked and the allocation is not terminal:
+    /// the only shape admission may place.
+    pub fn is_queued(&self) -> bool {
+        self.status == AllocStatus::Queued
+    }
+
+    /// Whether any task is reserved but not yet claimed.
+    pub fn has_reserved(&self) -> bool {
+        self.tasks.iter().any(|t| t.status == TaskStatus::Reserved)
+    }
+
+    /// Whether any task has started in the current reservation.
+    pub fn has_running(&self) -> bool {
+        self.tasks.iter().any(|t| t.status == TaskStatus::Running)
+    }
+}

@@ -1,0 +1,189 @@
+//! Validation of user input, shared by the API edge and `apply`.
+//!
+//! Each check names the field as the API spells it, so the gRPC edge can turn
+//! a rejection straight into `INVALID_ARGUMENT` with that field.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::rejection::Rejection;
+use super::types::{AllocSpec, NodeId, Resources};
+
+/// The highest preemption class (never preempted).
+pub const MAX_PREEMPTION_CLASS: u8 = 10;
+
+/// Size limits on submitted allocations. Part of the replicated state, so
+/// every replica validates against the same numbers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Largest gang.
+    pub max_gang_size: u32,
+    /// Most GPUs one task may ask for.
+    pub max_task_gpus: u32,
+    /// Longest walltime, in seconds.
+    pub max_walltime_s: u64,
+    /// Largest `max_retries`.
+    pub max_retries: u32,
+    /// Most bytes of argv, all arguments together.
+    pub max_command_bytes: usize,
+    /// Most bytes of environment, keys and values together.
+    pub max_env_bytes: usize,
+    /// Longest owner, idempotency key, node id, label key or value.
+    pub max_name_bytes: usize,
+    /// Most labels on a node.
+    pub max_labels: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_gang_size: 4096,
+            max_task_gpus: 64,
+            max_walltime_s: 30 * 24 * 3600,
+            max_retries: 100,
+            max_command_bytes: 64 * 1024,
+            max_env_bytes: 64 * 1024,
+            max_name_bytes: 256,
+            max_labels: 64,
+        }
+    }
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> Rejection {
+    Rejection::InvalidSpec { field: field.to_string(), reason: reason.into() }
+}
+
+fn invalid_node(field: &str, reason: impl Into<String>) -> Rejection {
+    Rejection::InvalidNode { field: field.to_string(), reason: reason.into() }
+}
+
+fn check_name(field: &str, value: &str, limits: &Limits) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{field} must not be empty"));
+    }
+    if value.len() > limits.max_name_bytes {
+        return Err(format!("{field} is {} bytes, the limit is {}", value.len(), limits.max_name_bytes));
+    }
+    if value.chars().any(|c| c.is_control()) {
+        return Err(format!("{field} must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Checks a submitted allocation against `limits`.
+pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection> {
+    check_name("owner", &spec.owner, limits).map_err(|r| invalid("owner", r))?;
+    if spec.gang_size == 0 {
+        return Err(invalid("gang_size", "must be at least 1"));
+    }
+    if spec.gang_size > limits.max_gang_size {
+        return Err(invalid(
+            "gang_size",
+            format!("{} is above the maximum of {}", spec.gang_size, limits.max_gang_size),
+        ));
+    }
+    validate_task_resources(&spec.resources, limits)?;
+    if spec.preemption_class > MAX_PREEMPTION_CLASS {
+        return Err(invalid(
+            "preemption_class",
+            format!("{} is outside 0..={MAX_PREEMPTION_CLASS}", spec.preemption_class),
+        ));
+    }
+    if spec.walltime_s == 0 {
+        return Err(invalid("walltime_s", "must be at least 1 second"));
+    }
+    if spec.walltime_s > limits.max_walltime_s {
+        return Err(invalid(
+            "walltime_s",
+            format!("{} s is above the maximum of {} s", spec.walltime_s, limits.max_walltime_s),
+        ));
+    }
+    if spec.max_retries == 0 || spec.max_retries > limits.max_retries {
+        return Err(invalid("max_retries", format!("{} is outside 1..={}", spec.max_retries, limits.max_retries)));
+    }
+    validate_command(&spec.command, limits)?;
+    validate_env(&spec.env, limits)?;
+    if let Some(key) = &spec.idempotency_key {
+        check_name("idempotency_key", key, limits).map_err(|r| invalid("idempotency_key", r))?;
+    }
+    Ok(())
+}
+
+fn validate_task_resources(r: &Resources, limits: &Limits) -> Result<(), Rejection> {
+    if r.cpus == 0 {
+        return Err(invalid("resources.cpus", "must be at least 1"));
+    }
+    if r.mem_mb == 0 {
+        return Err(invalid("resources.mem_mb", "must be at least 1"));
+    }
+    if r.gpus > limits.max_task_gpus {
+        return Err(invalid("resources.gpus", format!("{} is above the maximum of {}", r.gpus, limits.max_task_gpus)));
+    }
+    if r.gpus == 0 && r.vram_mb > 0 {
+        return Err(invalid("resources.vram_mb", "asks for GPU memory without asking for a GPU"));
+    }
+    Ok(())
+}
+
+fn validate_command(command: &[String], limits: &Limits) -> Result<(), Rejection> {
+    match command.first() {
+        None => return Err(invalid("command", "must name a program")),
+        Some(program) if program.is_empty() => return Err(invalid("command", "the program name is empty")),
+        Some(_) => {}
+    }
+    if command.iter().any(|a| a.contains('\0')) {
+        return Err(invalid("command", "arguments must not contain NUL"));
+    }
+    let bytes: usize = command.iter().map(|a| a.len() + 1).sum();
+    if bytes > limits.max_command_bytes {
+        return Err(invalid("command", format!("{bytes} bytes, the limit is {}", limits.max_command_bytes)));
+    }
+    Ok(())
+}
+
+fn validate_env(env: &BTreeMap<String, String>, limits: &Limits) -> Result<(), Rejection> {
+    let mut bytes = 0usize;
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(invalid("env", format!("{k:?} is not a valid variable name")));
+        }
+        if v.contains('\0') {
+            return Err(invalid("env", format!("the value of {k} contains NUL")));
+        }
+        bytes += k.len() + v.len() + 2;
+    }
+    if bytes > limits.max_env_bytes {
+        return Err(invalid("env", format!("{bytes} bytes, the limit is {}", limits.max_env_bytes)));
+    }
+    Ok(())
+}
+
+/// Checks a node registration against `limits`.
+pub fn validate_node(
+    node: &NodeId,
+    resources: &Resources,
+    labels: &BTreeMap<String, String>,
+    limits: &Limits,
+) -> Result<(), Rejection> {
+    check_name("node_id", node.as_str(), limits).map_err(|r| invalid_node("node_id", r))?;
+    if resources.cpus == 0 {
+        return Err(invalid_node("resources.cpus", "must be at least 1"));
+    }
+    if resources.mem_mb == 0 {
+        return Err(invalid_node("resources.mem_mb", "must be at least 1"));
+    }
+    if resources.gpus > 0 && resources.vram_mb == 0 {
+        return Err(invalid_node("resources.vram_mb", "a node with GPUs must report their memory"));
+    }
+    if labels.len() > limits.max_labels {
+        return Err(invalid_node("labels", format!("{} labels, the limit is {}", labels.len(), limits.max_labels)));
+    }
+    for (k, v) in labels {
+        check_name("labels", k, limits).map_err(|r| invalid_node("labels", r))?;
+        if v.len() > limits.max_name_bytes {
+            return Err(invalid_node("labels", format!("the value of {k} is too long")));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! Random operation sequences, turned into commands against the current
+//! state so that most of them are meaningful (a purely random command would
+//! almost always be rejected), with a share of deliberately bad ones.
+
+use std::collections::BTreeMap;
+
+use muster_scheduler::policy::{AdmissionConfig, Order, plan_admission};
+use muster_scheduler::sm::{
+    AllocId, AllocSpec, ApplyCtx, Command, NodeId, Outcome, Resources, State, TaskIndex, TaskStatus,
+};
+use proptest::prelude::*;
+
+/// One abstract step.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Register { node: u8, gpus: u8 },
+    Submit { gang: u8, gpus: u8, class: u8, key: Option<u8> },
+    Admit { advance_ms: u32, fifo: bool },
+    Claim { pick: usize, stale: bool, wrong_node: bool },
+    Finish { pick: usize },
+    Fail { pick: usize },
+    Cancel { pick: usize },
+    RawReserve { pick: usize, nodes: Vec<u8> },
+    Rollback { pick: usize, epoch_delta: u8 },
+}
+
+pub fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0u8..6, 0u8..10).prop_map(|(node, gpus)| Op::Register { node, gpus }),
+        4 => (1u8..5, 0u8..9, 0u8..12, proptest::option::of(0u8..4))
+            .prop_map(|(gang, gpus, class, key)| Op::Submit { gang, gpus, class, key }),
+        3 => (0u32..40_000, any::<bool>()).prop_map(|(advance_ms, fifo)| Op::Admit { advance_ms, fifo }),
+        4 => (any::<usize>(), proptest::bool::weighted(0.1), proptest::bool::weighted(0.1))
+            .prop_map(|(pick, stale, wrong_node)| Op::Claim { pick, stale, wrong_node }),
+        2 => any::<usize>().prop_map(|pick| Op::Finish { pick }),
+        2 => any::<usize>().prop_map(|pick| Op::Fail { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        1 => (any::<usize>(), proptest::collection::vec(0u8..7, 0..5))
+            .prop_map(|(pick, nodes)| Op::RawReserve { pick, nodes }),
+        1 => (any::<usize>(), 0u8..3).prop_map(|(pick, epoch_delta)| Op::Rollback { pick, epoch_delta }),
+    ]
+}
+
+pub fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
+    proptest::collection::vec(op(), 1..max)
+}
+
+fn node(i: u8) -> NodeId {
+    NodeId::new(format!("n{i}"))
+}
+
+/// A cluster under test: the state and its clock.
+#[derive(Clone)]
+pub struct Run {
+    pub state: State,
+    pub now_ms: u64,
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Run { state: State::default(), now_ms: 1_000 }
+    }
+}
+
+impl Run {
+    fn tasks_in(&self, status: TaskStatus) -> Vec<(AllocId, TaskIndex, NodeId, u64)> {
+        let mut out = Vec::new();
+        for (id, a) in self.state.allocs() {
+            for t in a.tasks.iter().filter(|t| t.status == status) {
+                let n = t.node.map_or_else(|| NodeId::new("none"), |s| self.state.node(s).id.clone());
+                out.push((*id, t.index, n, t.reservation_epoch));
+            }
+        }
+        out
+    }
+
+    fn pick<T: Clone>(items: &[T], pick: usize) -> Option<T> {
+        (!items.is_empty()).then(|| items[pick % items.len()].clone())
+    }
+
+    /// The commands one op turns into, given the current state.
+    pub fn commands(&self, op: &Op) -> Vec<Command> {
+        match op {
+            Op::Register { node: i, gpus } => vec![Command::RegisterNode {
+                node: node(*i),
+                resources: Resources { gpus: u32::from(*gpus), vram_mb: 40_000, mem_mb: 256_000, cpus: 32 },
+                labels: BTreeMap::new(),
+            }],
+            Op::Submit { gang, gpus, class, key } => {
+                let res = Resources {
+                    gpus: u32::from(*gpus),
+                    vram_mb: if *gpus > 0 { 20_000 } else { 0 },
+                    mem_mb: 10_000,
+                    cpus: 2,
+                };
+                let mut spec = AllocSpec::new("prop", u32::from(*gang), res, vec!["x".into()]);
+                spec.preemption_class = *class;
+                spec.idempotency_key = key.map(|k| format!("k{k}"));
+                vec![Command::Submit { spec }]
+            }
+            Op::Admit { fifo, .. } => {
+                let order = if *fifo { Order::Fifo } else { Order::LargestFirst };
+                plan_admission(&self.state, self.now_ms, &AdmissionConfig { order, ..AdmissionConfig::default() })
+                    .commands
+            }
+            Op::Claim { pick, stale, wrong_node } => Self::pick(&self.tasks_in(TaskStatus::Reserved), *pick)
+                .map(|(alloc, task, n, epoch)| Command::StartTask {
+                    alloc,
+                    task,
+                    node: if *wrong_node { node(6) } else { n },
+                    epoch: if *stale { epoch.saturating_sub(1) } else { epoch },
+                })
+                .into_iter()
+                .collect(),
+            Op::Finish { pick } => Self::pick(&self.tasks_in(TaskStatus::Running), *pick)
+                .map(|(alloc, task, node, epoch)| Command::FinishTask { alloc, task, node, epoch })
+                .into_iter()
+                .collect(),
+            Op::Fail { pick } => Self::pick(&self.tasks_in(TaskStatus::Running), *pick)
+                .map(|(alloc, task, node, epoch)| Command::FailTask { alloc, task, node, epoch, exit_code: Some(3) })
+                .into_iter()
+                .collect(),
+            Op::Cancel { pick } => {
+                let ids: Vec<AllocId> = self.state.allocs().keys().copied().collect();
+                Self::pick(&ids, *pick).map(|alloc| Command::CancelAllocation { alloc }).into_iter().collect()
+            }
+            Op::RawReserve { pick, nodes } => {
+                let ids: Vec<AllocId> = self.state.allocs().keys().copied().collect();
+                Self::pick(&ids, *pick)
+                    .map(|alloc| Command::ReserveGang {
+                        alloc,
+                        epoch: self.state.alloc(alloc).unwrap().reservation_epoch + 1,
+                        nodes: nodes.iter().map(|&i| node(i)).collect(),
+                    })
+                    .into_iter()
+                    .collect()
+            }
+            Op::Rollback { pick, epoch_delta } => {
+                let ids: Vec<AllocId> = self.state.reserved_allocs().collect();
+                Self::pick(&ids, *pick)
+                    .map(|alloc| Command::RollbackGang {
+                        alloc,
+                        epoch: self.state.alloc(alloc).unwrap().reservation_epoch + u64::from(*epoch_delta) % 2,
+                    })
+                    .into_iter()
+                    .collect()
+            }
+        }
+    }
+
+    /// Runs one op: advances the clock, builds its commands and applies them.
+    pub fn step(&mut self, op: &Op) -> Vec<(Command, Outcome)> {
+        if let Op::Admit { advance_ms, .. } = op {
+            self.now_ms += u64::from(*advance_ms);
+        }
+        self.now_ms += 1;
+        let ctx = ApplyCtx { time_ms: self.now_ms };
+        self.commands(op)
+            .into_iter()
+            .map(|cmd| {
+                let out = self.state.apply(&cmd, &ctx);
+                (cmd, out)
+            })
+            .collect()
+    }
+}
