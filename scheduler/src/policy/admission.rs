@@ -18,16 +18,20 @@
 //! its own index, so a pass never copies or rescans the whole node table: a
 //! gang costs O(log nodes + nodes looked at). A shape (gang size, resources)
 //! that failed once in a pass is not tried again in that pass, since capacity
-//! only shrinks while the pass places gangs.
+//! only shrinks while the pass places gangs; the queue is walked as a merge of
+//! one stream per shape, so a failed shape's whole group is skipped at once
+//! and a pass costs O(shapes + gangs placed), however long the queue.
 //!
 //! Every command is checked again by `State::apply`; a plan made from a stale
 //! view is rejected there, never half-applied.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::iter::Peekable;
+use std::ops::Bound::{Excluded, Unbounded};
 
 use crate::sm::{
-    AllocId, Allocation, Command, NodeSlot, NodeStatus, QueueKey, Resources, State, TaskStatus, Usage, fits,
+    AllocId, Allocation, Command, NodeSlot, NodeStatus, QueueKey, Resources, Shape, State, TaskStatus, Usage, fits,
 };
 
 /// In which order queued gangs are tried.
@@ -107,16 +111,16 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
 
     // 2 and 3. Walk the queue and place.
     let mut nodes = Vec::new();
-    let mut failed_shapes: BTreeSet<(u32, Resources)> = BTreeSet::new();
+    let mut failed_shapes: BTreeSet<Shape> = BTreeSet::new();
     let mut try_gang = |a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay| -> bool {
         plan.stats.gangs_considered += 1;
-        let need = a.spec.resources;
-        let shape = (a.spec.gang_size, need);
-        if need.gpus > capacity.max_free_gpus() || failed_shapes.contains(&shape) {
+        let shape = Shape::of(a);
+        if failed_shapes.contains(&shape) {
             return false;
         }
+        let need = a.spec.resources;
         nodes.clear();
-        if !capacity.find(&need, a.spec.gang_size as usize, &mut nodes) {
+        if need.gpus > capacity.max_free_gpus() || !capacity.find(&need, a.spec.gang_size as usize, &mut nodes) {
             failed_shapes.insert(shape);
             return false;
         }
@@ -135,9 +139,34 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
     };
     match cfg.order {
         Order::LargestFirst => {
-            for key in merge_sorted(state.queue().copied(), requeued.iter().copied()) {
+            // One stream per queued shape, plus one for the gangs this pass's
+            // rollbacks requeued, merged in admission order. A shape that
+            // fails once is dropped whole, so a pass costs O(shapes + gangs
+            // placed), not O(queue).
+            let groups: Vec<&BTreeSet<QueueKey>> = state.queue_by_shape().values().collect();
+            let extra: Vec<QueueKey> = requeued.into_iter().collect();
+            let extra_stream = groups.len();
+            let mut extra_pos = 0;
+            let mut heads: BinaryHeap<Reverse<(QueueKey, usize)>> = groups
+                .iter()
+                .enumerate()
+                .filter_map(|(i, g)| g.first().map(|&k| Reverse((k, i))))
+                .chain(extra.first().map(|&k| Reverse((k, extra_stream))))
+                .collect();
+            while let Some(Reverse((key, stream))) = heads.pop() {
                 let a = state.alloc(key.alloc).expect("queue names a known allocation");
-                try_gang(a, &mut plan, &mut capacity);
+                let placed = try_gang(a, &mut plan, &mut capacity);
+                let next = if stream == extra_stream {
+                    extra_pos += 1;
+                    extra.get(extra_pos).copied()
+                } else if placed {
+                    groups[stream].range((Excluded(key), Unbounded)).next().copied()
+                } else {
+                    None
+                };
+                if let Some(k) = next {
+                    heads.push(Reverse((k, stream)));
+                }
             }
         }
         Order::Fifo => {

@@ -30,7 +30,7 @@ pub use command::Command;
 pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
-pub use state::{ApplyCtx, QueueKey, State};
+pub use state::{ApplyCtx, QueueKey, Shape, State};
 pub use types::{
     AllocId, AllocSpec, AllocStatus, Allocation, CheckpointMode, Node, NodeId, NodeSlot, NodeStatus, Resources, Task,
     TaskIndex, TaskStatus, Usage, fits,

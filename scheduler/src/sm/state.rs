@@ -68,6 +68,23 @@ impl QueueKey {
     }
 }
 
+/// What admission needs to know to tell whether two gangs compete for the
+/// same capacity in the same way: gang size and per-task resources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Shape {
+    /// Gang size.
+    pub gang_size: u32,
+    /// Per-task resources.
+    pub resources: Resources,
+}
+
+impl Shape {
+    /// The shape of an allocation.
+    pub fn of(a: &Allocation) -> Shape {
+        Shape { gang_size: a.spec.gang_size, resources: a.spec.resources }
+    }
+}
+
 /// Lookups derived from the replicated fields; never serialized.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Indexes {
@@ -76,6 +93,8 @@ struct Indexes {
     free_gpus: BTreeSet<(u32, NodeSlot)>,
     /// Queued allocations in admission order.
     queue: BTreeSet<QueueKey>,
+    /// Queued allocations grouped by shape, each group in admission order.
+    queue_by_shape: BTreeMap<Shape, BTreeSet<QueueKey>>,
     /// Queued allocations in submit order.
     queue_fifo: BTreeSet<AllocId>,
     /// Allocations holding at least one unclaimed reservation.
@@ -162,6 +181,11 @@ impl State {
     /// How many allocations are queued.
     pub fn queue_len(&self) -> usize {
         self.index.queue.len()
+    }
+
+    /// Queued allocations grouped by shape; each group in admission order.
+    pub fn queue_by_shape(&self) -> &BTreeMap<Shape, BTreeSet<QueueKey>> {
+        &self.index.queue_by_shape
     }
 
     /// Queued allocations in submit order.
@@ -579,12 +603,18 @@ impl State {
     fn reindex_alloc(&mut self, id: AllocId) {
         let a = &self.allocs[&id];
         let key = QueueKey::of(a);
+        let shape = Shape::of(a);
         if a.is_queued() {
             self.index.queue.insert(key);
             self.index.queue_fifo.insert(id);
-        } else {
-            self.index.queue.remove(&key);
+            self.index.queue_by_shape.entry(shape).or_default().insert(key);
+        } else if self.index.queue.remove(&key) {
             self.index.queue_fifo.remove(&id);
+            let group = self.index.queue_by_shape.get_mut(&shape).expect("a queued shape has a group");
+            group.remove(&key);
+            if group.is_empty() {
+                self.index.queue_by_shape.remove(&shape);
+            }
         }
         if !a.status.is_terminal() && a.has_reserved() {
             self.index.reserved.insert(id);
