@@ -1,1 +1,23 @@
+//! Muster's deterministic discrete-event simulator.
+//!
+//! It drives the real state machine (`muster_scheduler::sm`) and admission
+//! policy (`muster_scheduler::policy`) with simulated nodes, simulated agents
+//! and simulated time, from a seeded synthetic workload ([`WorkloadConfig`])
+//! or a real trace ([`load_trace`]), and reports utilisation, queueing delay
+//! and the final state digest ([`Report`]). Same seed, same digest.
 
+#![deny(missing_docs)]
+
+mod engine;
+mod job;
+mod report;
+mod rng;
+mod trace;
+mod workload;
+
+pub use engine::{SimConfig, SimError, Simulation};
+pub use job::Job;
+pub use report::{Distribution, Report};
+pub use rng::SimRng;
+pub use trace::{TraceError, load_trace, parse_timestamp, parse_trace};
+pub use workload::WorkloadConfig;

@@ -1,0 +1,139 @@
+//! `muster simulate`: the deterministic simulator from the command line.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use muster_scheduler::policy::{AdmissionConfig, Order};
+use muster_scheduler::sm::Resources;
+use muster_sim::{SimConfig, Simulation, WorkloadConfig, load_trace};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Policy {
+    /// Largest gang first, then class, priority and submit time (the default).
+    LargestFirst,
+    /// Strict first-come-first-served: the pass stops at the first misfit.
+    Fifo,
+}
+
+#[derive(Args, Debug)]
+pub struct SimulateArgs {
+    /// Nodes in the simulated cluster.
+    #[arg(long, default_value_t = 100)]
+    nodes: u32,
+    /// GPUs per node.
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    /// Synthetic allocations to submit (ignored with --trace).
+    #[arg(long, default_value_t = 1000)]
+    allocations: u32,
+    /// Seed for the workload and every simulated agent's choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Replay a job trace (Philly CSV, plain or .gz) instead of a synthetic workload.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Replay only the first N jobs of the trace (by submit time).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Admission order.
+    #[arg(long, value_enum, default_value_t = Policy::LargestFirst)]
+    policy: Policy,
+    /// Synthetic arrivals per second (default: sized to --load).
+    #[arg(long)]
+    arrival_rate: Option<f64>,
+    /// Synthetic offered load as a share of the cluster's GPUs.
+    #[arg(long, default_value_t = 0.9)]
+    load: f64,
+    /// Chance that a task attempt fails.
+    #[arg(long)]
+    failure_prob: Option<f64>,
+    /// Chance that an agent never claims its reservation (so it goes stale).
+    #[arg(long)]
+    lost_claim_prob: Option<f64>,
+    /// Check every state invariant after every N commands (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    check_every: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn probability(name: &str, p: f64) -> anyhow::Result<f64> {
+    if !(0.0..=1.0).contains(&p) {
+        bail!("--{name} must be between 0 and 1, got {p}");
+    }
+    Ok(p)
+}
+
+pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
+    if args.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    if args.gpus_per_node == 0 || args.gpus_per_node > 64 {
+        bail!("--gpus-per-node must be between 1 and 64, got {}", args.gpus_per_node);
+    }
+    if args.limit == Some(0) {
+        bail!("--limit must be at least 1");
+    }
+    if !(args.load > 0.0 && args.load.is_finite()) {
+        bail!("--load must be a positive number, got {}", args.load);
+    }
+    if let Some(rate) = args.arrival_rate {
+        if !(rate > 0.0 && rate.is_finite()) {
+            bail!("--arrival-rate must be a positive number, got {rate}");
+        }
+    }
+    let node = Resources {
+        gpus: args.gpus_per_node,
+        vram_mb: 80_000,
+        mem_mb: 128_000 * u64::from(args.gpus_per_node),
+        cpus: 12 * args.gpus_per_node,
+    };
+    let synthetic = args.trace.is_none();
+    let jobs = match &args.trace {
+        Some(path) => load_trace(path, &node, args.limit).with_context(|| format!("loading {}", path.display()))?,
+        None => {
+            if args.allocations == 0 {
+                bail!("--allocations must be at least 1");
+            }
+            let workload = WorkloadConfig {
+                allocations: args.allocations,
+                arrival_rate_per_s: args.arrival_rate,
+                target_load: args.load,
+                ..WorkloadConfig::default()
+            };
+            workload.generate(args.seed, &node, u64::from(args.nodes) * u64::from(args.gpus_per_node))
+        }
+    };
+    let order = match args.policy {
+        Policy::LargestFirst => Order::LargestFirst,
+        Policy::Fifo => Order::Fifo,
+    };
+    // Synthetic runs exercise the failure paths by default; a trace replay
+    // runs every job once, as the trace recorded it.
+    let failure_prob = probability("failure-prob", args.failure_prob.unwrap_or(if synthetic { 0.02 } else { 0.0 }))?;
+    let lost_claim_prob =
+        probability("lost-claim-prob", args.lost_claim_prob.unwrap_or(if synthetic { 0.002 } else { 0.0 }))?;
+    let cfg = SimConfig {
+        nodes: args.nodes,
+        node,
+        seed: args.seed,
+        admission: AdmissionConfig { order, ..AdmissionConfig::default() },
+        failure_prob,
+        lost_claim_prob,
+        check_every: args.check_every,
+        ..SimConfig::default()
+    };
+    let started = Instant::now();
+    let (report, _) = Simulation::new(cfg, jobs).run()?;
+    let wall = started.elapsed();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+        println!("simulated in  {:.2} s of wall time", wall.as_secs_f64());
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! The `muster` binary, run as a user would.
+
+use std::process::{Command, Output};
+
+fn muster(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_muster")).args(args).output().expect("muster runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn t10_simulate_prints_a_summary_and_the_same_digest_twice() {
+    let args = ["simulate", "--nodes", "20", "--allocations", "300", "--seed", "7"];
+    let a = muster(&args);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let text = stdout(&a);
+    for needle in ["queueing delay", "utilisation", "state digest", "300 submitted"] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    let digest = |t: &str| t.lines().find(|l| l.starts_with("state digest")).map(str::to_string);
+    assert_eq!(digest(&text), digest(&stdout(&muster(&args))));
+}
+
+#[test]
+fn t20_simulate_json_has_the_reported_fields() {
+    let o = muster(&["simulate", "--nodes", "10", "--allocations", "100", "--seed", "2", "--json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("valid JSON");
+    for field in ["utilisation", "queue_delay_s", "queue_delay_large_s", "completed", "failed", "state_digest"] {
+        assert!(v.get(field).is_some(), "{field} missing from {v}");
+    }
+    for p in ["p50", "p95", "p99", "mean"] {
+        assert!(v["queue_delay_s"][p].is_number());
+    }
+    assert_eq!(v["allocations"], 100);
+}
+
+#[test]
+fn t30_simulate_replays_the_shipped_trace() {
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../simulation/traces/philly.csv.gz");
+    let o = muster(&["simulate", "--trace", trace, "--limit", "2000", "--nodes", "16", "--policy", "fifo", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["completed"], 2000);
+    assert_eq!(v["policy"], "Fifo");
+}
+
+#[test]
+fn t40_bad_input_is_a_clear_error_and_a_non_zero_exit() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["simulate", "--nodes", "0"], "--nodes must be at least 1"),
+        (&["simulate", "--failure-prob", "1.5"], "--failure-prob must be between 0 and 1"),
+        (&["simulate", "--gpus-per-node", "0"], "--gpus-per-node"),
+        (&["simulate", "--trace", "/nonexistent/trace.csv"], "cannot read trace /nonexistent/trace.csv"),
+        (&["simulate", "--policy", "random"], "invalid value 'random'"),
+    ];
+    for (args, message) in cases {
+        let o = muster(args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(message), "{args:?}: {message:?} not in {err}");
+    }
+}

@@ -1,0 +1,373 @@
+//! The discrete-event simulator: simulated nodes and agents, simulated time,
+//! and the real state machine and admission policy in the middle.
+//!
+//! ```text
+//!   event heap (time, seq) ──▶ simulated agents ──▶ commands ──▶ State::apply
+//!        ▲                                                          │ events
+//!        └──────── claims, exits, peer failures, ticks ◀─────────────┘
+//!   after every instant at which something arrived or was released:
+//!        policy::plan_admission(&State, now) ──▶ commands ──▶ State::apply
+//! ```
+//!
+//! Everything comes from one seed: the workload, claim delays, lost claims
+//! and failures. The same seed and inputs give the same event order, the same
+//! commands and so the same final state digest.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use muster_scheduler::policy::{AdmissionConfig, plan_admission};
+use muster_scheduler::sm::{
+    AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex, TaskStatus,
+};
+
+use crate::job::Job;
+use crate::report::{Distribution, Report};
+use crate::rng::SimRng;
+
+/// How the simulated cluster and its agents behave.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// How many nodes.
+    pub nodes: u32,
+    /// What each node has.
+    pub node: Resources,
+    /// The seed of every random choice the simulated agents make.
+    pub seed: u64,
+    /// The admission policy's knobs.
+    pub admission: AdmissionConfig,
+    /// An agent claims its reserved task after a delay in this range, ms.
+    pub claim_delay_ms: (u64, u64),
+    /// The chance that an agent never claims a reserved task (it died), so
+    /// the reservation goes stale and is rolled back.
+    pub lost_claim_prob: f64,
+    /// The chance that a task attempt fails (at a uniformly random point).
+    pub failure_prob: f64,
+    /// How long the running siblings of a failed gang task take to notice
+    /// (NCCL peer detection) and fail in turn, ms.
+    pub peer_detect_ms: u64,
+    /// Check every invariant after every this many commands (0: only at the end).
+    pub check_every: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            nodes: 100,
+            node: Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_024_000, cpus: 96 },
+            seed: 1,
+            admission: AdmissionConfig::default(),
+            claim_delay_ms: (50, 500),
+            lost_claim_prob: 0.0,
+            failure_prob: 0.0,
+            peer_detect_ms: 10_000,
+            check_every: 0,
+        }
+    }
+}
+
+/// Why a simulation stopped before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The state machine broke one of its own invariants: a bug.
+    #[error("invariant broken at t={time_ms} ms after {commands} commands: {message}")]
+    Invariant {
+        /// Simulated time.
+        time_ms: u64,
+        /// Commands applied so far.
+        commands: u64,
+        /// Which invariant.
+        message: String,
+    },
+    /// The admission policy proposed a command `apply` refused, from a view
+    /// it had just read: a bug.
+    #[error("admission planned {command} which apply rejected: {rejection}")]
+    PlanRejected {
+        /// The command, printed.
+        command: String,
+        /// The rejection, printed.
+        rejection: String,
+    },
+}
+
+/// What happens at one instant of simulated time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// Job `i` is submitted.
+    Arrive(usize),
+    /// The agent on `node` claims its reserved task.
+    Claim { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64 },
+    /// A task's process exits.
+    Exit { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, ok: bool },
+    /// A running sibling of a failed task notices and fails.
+    PeerFail { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64 },
+    /// Wake admission (a reservation may have gone stale).
+    Tick,
+}
+
+/// A simulation run.
+pub struct Simulation {
+    cfg: SimConfig,
+    jobs: Vec<Job>,
+    state: State,
+    rng: SimRng,
+    heap: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    seq: u64,
+    now: u64,
+    node_ids: Vec<NodeId>,
+    job_of: BTreeMap<AllocId, usize>,
+    /// Running attempts: when they started.
+    running: BTreeMap<(AllocId, TaskIndex), u64>,
+    started_whole: BTreeMap<AllocId, u64>,
+    busy_gpu_ms: u128,
+    commands: u64,
+    rejected_reports: u64,
+    admission_passes: u64,
+    rollbacks: u64,
+    tasks_started: u64,
+    task_failures: u64,
+    last_finish_ms: u64,
+}
+
+impl Simulation {
+    /// A simulation of `jobs` on the cluster `cfg` describes.
+    pub fn new(cfg: SimConfig, jobs: Vec<Job>) -> Simulation {
+        let rng = SimRng::new(cfg.seed ^ 0x5EED_A6E7_0000_0000);
+        let node_ids = (0..cfg.nodes).map(|i| NodeId::new(format!("node-{i:05}"))).collect();
+        Simulation {
+            cfg,
+            jobs,
+            state: State::default(),
+            rng,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0,
+            node_ids,
+            job_of: BTreeMap::new(),
+            running: BTreeMap::new(),
+            started_whole: BTreeMap::new(),
+            busy_gpu_ms: 0,
+            commands: 0,
+            rejected_reports: 0,
+            admission_passes: 0,
+            rollbacks: 0,
+            tasks_started: 0,
+            task_failures: 0,
+            last_finish_ms: 0,
+        }
+    }
+
+    fn at(&mut self, time_ms: u64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((time_ms, self.seq, ev)));
+    }
+
+    fn apply(&mut self, cmd: &Command) -> Result<Outcome, SimError> {
+        let out = self.state.apply(cmd, &ApplyCtx { time_ms: self.now });
+        self.commands += 1;
+        if self.cfg.check_every > 0 && self.commands.is_multiple_of(self.cfg.check_every) {
+            self.check()?;
+        }
+        Ok(out)
+    }
+
+    fn check(&self) -> Result<(), SimError> {
+        self.state.check_invariants().map_err(|message| SimError::Invariant {
+            time_ms: self.now,
+            commands: self.commands,
+            message,
+        })
+    }
+
+    /// Runs to the end: every job submitted and nothing left to happen.
+    pub fn run(mut self) -> Result<(Report, State), SimError> {
+        for id in self.node_ids.clone() {
+            let register = Command::RegisterNode { node: id, resources: self.cfg.node, labels: BTreeMap::new() };
+            let out = self.apply(&register)?;
+            assert!(out.is_accepted(), "simulated node refused: {out:?}");
+        }
+        if let Some(first) = self.jobs.first() {
+            self.at(first.submit_ms, Ev::Arrive(0));
+        }
+        while let Some(&Reverse((time, _, _))) = self.heap.peek() {
+            self.now = time;
+            let mut wake_admission = false;
+            while let Some(&Reverse((t, _, ev))) = self.heap.peek() {
+                if t != time {
+                    break;
+                }
+                self.heap.pop();
+                wake_admission |= self.handle(ev)?;
+            }
+            if wake_admission {
+                self.admit()?;
+            }
+        }
+        self.check()?;
+        Ok((self.report(), self.state))
+    }
+
+    /// Handles one event; true when admission should run afterwards.
+    fn handle(&mut self, ev: Ev) -> Result<bool, SimError> {
+        match ev {
+            Ev::Arrive(i) => {
+                if let Some(next) = self.jobs.get(i + 1) {
+                    self.at(next.submit_ms, Ev::Arrive(i + 1));
+                }
+                let out = self.apply(&Command::Submit { spec: self.jobs[i].spec.clone() })?;
+                if let [Event::Submitted { alloc, duplicate: false }] = out.events() {
+                    self.job_of.insert(*alloc, i);
+                }
+                Ok(true)
+            }
+            Ev::Claim { alloc, task, node, epoch } => {
+                let out =
+                    self.apply(&Command::StartTask { alloc, task, node: self.node_ids[node as usize].clone(), epoch })?;
+                if !out.is_accepted() {
+                    self.rejected_reports += 1;
+                    return Ok(false);
+                }
+                self.tasks_started += 1;
+                self.running.insert((alloc, task), self.now);
+                let duration = self.jobs[self.job_of[&alloc]].duration_ms;
+                let (end, ok) = if self.rng.chance(self.cfg.failure_prob) {
+                    (self.now + self.rng.range(1, duration.max(1)), false)
+                } else {
+                    (self.now + duration, true)
+                };
+                self.at(end, Ev::Exit { alloc, task, node, epoch, ok });
+                let a = self.state.alloc(alloc).expect("accepted claim of a known allocation");
+                if a.status == AllocStatus::Running && !self.started_whole.contains_key(&alloc) {
+                    self.started_whole.insert(alloc, self.now);
+                }
+                Ok(false)
+            }
+            Ev::Exit { alloc, task, node, epoch, ok } => {
+                let node = self.node_ids[node as usize].clone();
+                let cmd = if ok {
+                    Command::FinishTask { alloc, task, node, epoch }
+                } else {
+                    Command::FailTask { alloc, task, node, epoch, exit_code: Some(1) }
+                };
+                self.report_exit(alloc, task, &cmd)
+            }
+            Ev::PeerFail { alloc, task, node, epoch } => {
+                let node = self.node_ids[node as usize].clone();
+                self.report_exit(alloc, task, &Command::FailTask { alloc, task, node, epoch, exit_code: Some(134) })
+            }
+            Ev::Tick => Ok(true),
+        }
+    }
+
+    fn report_exit(&mut self, alloc: AllocId, task: TaskIndex, cmd: &Command) -> Result<bool, SimError> {
+        let out = self.apply(cmd)?;
+        let Outcome::Accepted(events) = out else {
+            // A report about an attempt already torn down: the real agent's
+            // report would be refused the same way.
+            self.rejected_reports += 1;
+            return Ok(false);
+        };
+        let started = self.running.remove(&(alloc, task)).expect("an accepted exit of a running task");
+        let gpus = u128::from(self.state.alloc(alloc).expect("known").spec.resources.gpus);
+        self.busy_gpu_ms += u128::from(self.now - started) * gpus;
+        for ev in &events {
+            match ev {
+                Event::TaskFailed { charged: true, .. } => self.task_failures += 1,
+                Event::GangTearingDown { alloc, .. } => {
+                    let a = self.state.alloc(*alloc).expect("known");
+                    let siblings: Vec<(TaskIndex, u32, u64)> = a
+                        .tasks
+                        .iter()
+                        .filter(|t| t.status == TaskStatus::Running)
+                        .map(|t| (t.index, t.node.expect("running task has a node").0, t.reservation_epoch))
+                        .collect();
+                    for (task, node, epoch) in siblings {
+                        self.at(self.now + self.cfg.peer_detect_ms, Ev::PeerFail { alloc: *alloc, task, node, epoch });
+                    }
+                }
+                Event::AllocationDone { .. } | Event::AllocationFailed { .. } => self.last_finish_ms = self.now,
+                _ => {}
+            }
+        }
+        Ok(true)
+    }
+
+    fn admit(&mut self) -> Result<(), SimError> {
+        self.admission_passes += 1;
+        let plan = plan_admission(&self.state, self.now, &self.cfg.admission);
+        for cmd in &plan.commands {
+            match self.apply(cmd)? {
+                Outcome::Rejected(r) => {
+                    return Err(SimError::PlanRejected { command: format!("{cmd:?}"), rejection: r.to_string() });
+                }
+                Outcome::Accepted(events) => {
+                    for ev in events {
+                        match ev {
+                            Event::GangReserved { alloc, epoch, nodes } => self.agents_claim(alloc, epoch, &nodes),
+                            Event::GangRolledBack { .. } => self.rollbacks += 1,
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn agents_claim(&mut self, alloc: AllocId, epoch: u64, nodes: &[NodeId]) {
+        for (task, node) in nodes.iter().enumerate() {
+            if self.rng.chance(self.cfg.lost_claim_prob) {
+                continue; // this agent died before claiming
+            }
+            let slot = self.state.node_slot(node).expect("reserved on a known node").0;
+            let (lo, hi) = self.cfg.claim_delay_ms;
+            let delay = self.rng.range(lo, hi.max(lo));
+            self.at(self.now + delay, Ev::Claim { alloc, task: task as TaskIndex, node: slot, epoch });
+        }
+        self.at(self.now + self.cfg.admission.stale_reservation_ms, Ev::Tick);
+    }
+
+    fn report(&self) -> Report {
+        let first_submit = self.jobs.first().map_or(0, |j| j.submit_ms);
+        let mut all = Vec::new();
+        let mut large = Vec::new();
+        for (alloc, &started) in &self.started_whole {
+            let a = self.state.alloc(*alloc).expect("known");
+            let delay_s = (started - a.submit_time_ms) as f64 / 1000.0;
+            all.push(delay_s);
+            if a.spec.gang_size * a.spec.resources.gpus >= 8 {
+                large.push(delay_s);
+            }
+        }
+        let count = |s: AllocStatus| self.state.allocs().values().filter(|a| a.status == s).count() as u64;
+        let gpus_total = u64::from(self.cfg.nodes) * u64::from(self.cfg.node.gpus);
+        let makespan_ms = self.last_finish_ms.saturating_sub(first_submit);
+        let utilisation = if makespan_ms == 0 || gpus_total == 0 {
+            0.0
+        } else {
+            self.busy_gpu_ms as f64 / (makespan_ms as f64 * gpus_total as f64)
+        };
+        Report {
+            seed: self.cfg.seed,
+            policy: format!("{:?}", self.cfg.admission.order),
+            nodes: self.cfg.nodes,
+            gpus_total,
+            allocations: self.jobs.len() as u64,
+            completed: count(AllocStatus::Done),
+            failed: count(AllocStatus::Failed),
+            unfinished: self.state.allocs().values().filter(|a| !a.status.is_terminal()).count() as u64,
+            rejected_submits: self.jobs.len() as u64 - self.job_of.len() as u64,
+            tasks_started: self.tasks_started,
+            task_failures: self.task_failures,
+            rollbacks: self.rollbacks,
+            rejected_reports: self.rejected_reports,
+            admission_passes: self.admission_passes,
+            commands: self.commands,
+            queue_delay_s: Distribution::of(all),
+            queue_delay_large_s: Distribution::of(large),
+            utilisation,
+            makespan_s: makespan_ms as f64 / 1000.0,
+            state_digest: self.state.state_digest().to_string(),
+        }
+    }
+}

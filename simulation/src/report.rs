@@ -1,0 +1,157 @@
+//! What a simulation reports, as a readable summary or JSON.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// Summary statistics of a sample (seconds, for queueing delays).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Distribution {
+    /// Sample size.
+    pub count: u64,
+    /// Arithmetic mean.
+    pub mean: f64,
+    /// Median (nearest rank).
+    pub p50: f64,
+    /// 95th percentile (nearest rank).
+    pub p95: f64,
+    /// 99th percentile (nearest rank).
+    pub p99: f64,
+    /// Largest value.
+    pub max: f64,
+}
+
+impl Distribution {
+    /// Summarises `values` (any order).
+    pub fn of(mut values: Vec<f64>) -> Distribution {
+        if values.is_empty() {
+            return Distribution::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let rank = |p: f64| values[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
+        Distribution {
+            count: n as u64,
+            mean: values.iter().sum::<f64>() / n as f64,
+            p50: rank(0.50),
+            p95: rank(0.95),
+            p99: rank(0.99),
+            max: values[n - 1],
+        }
+    }
+}
+
+/// The result of one simulation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// The admission order used.
+    pub policy: String,
+    /// Nodes simulated.
+    pub nodes: u32,
+    /// GPUs in the cluster.
+    pub gpus_total: u64,
+    /// Allocations submitted.
+    pub allocations: u64,
+    /// Allocations that finished.
+    pub completed: u64,
+    /// Allocations that failed for good.
+    pub failed: u64,
+    /// Allocations left unfinished (e.g. larger than the cluster).
+    pub unfinished: u64,
+    /// Submissions the state machine refused (invalid for this cluster's limits).
+    pub rejected_submits: u64,
+    /// Task attempts started.
+    pub tasks_started: u64,
+    /// Task attempts that failed and were charged to the retry budget.
+    pub task_failures: u64,
+    /// Stale reservations rolled back.
+    pub rollbacks: u64,
+    /// Agent claims and reports refused as stale (the attempt was torn down or re-placed).
+    pub rejected_reports: u64,
+    /// Admission passes run.
+    pub admission_passes: u64,
+    /// Commands applied.
+    pub commands: u64,
+    /// Submit → every task of the gang running, seconds.
+    pub queue_delay_s: Distribution,
+    /// The same, for allocations of 8 GPUs or more.
+    pub queue_delay_large_s: Distribution,
+    /// Busy GPU time / (GPUs × makespan).
+    pub utilisation: f64,
+    /// First submit → last allocation finished, seconds.
+    pub makespan_s: f64,
+    /// SHA-256 of the final state.
+    pub state_digest: String,
+}
+
+fn duration(s: f64) -> String {
+    if s < 120.0 {
+        format!("{s:.1} s")
+    } else if s < 7200.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
+}
+
+impl fmt::Display for Distribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "n={:<6} mean {:>9}  p50 {:>9}  p95 {:>9}  p99 {:>9}  max {:>9}",
+            self.count,
+            duration(self.mean),
+            duration(self.p50),
+            duration(self.p95),
+            duration(self.p99),
+            duration(self.max)
+        )
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "cluster        {} nodes, {} GPUs; policy {}; seed {}",
+            self.nodes, self.gpus_total, self.policy, self.seed
+        )?;
+        writeln!(
+            f,
+            "allocations    {} submitted: {} completed, {} failed, {} unfinished, {} refused at submit",
+            self.allocations, self.completed, self.failed, self.unfinished, self.rejected_submits
+        )?;
+        writeln!(
+            f,
+            "tasks          {} attempts started, {} failed, {} stale reservations rolled back, {} stale reports refused",
+            self.tasks_started, self.task_failures, self.rollbacks, self.rejected_reports
+        )?;
+        writeln!(f, "queueing delay {}", self.queue_delay_s)?;
+        writeln!(f, "  >= 8 GPUs    {}", self.queue_delay_large_s)?;
+        writeln!(
+            f,
+            "utilisation    {:.1} % of GPU time over a makespan of {}",
+            self.utilisation * 100.0,
+            duration(self.makespan_s)
+        )?;
+        writeln!(f, "log            {} commands, {} admission passes", self.commands, self.admission_passes)?;
+        write!(f, "state digest   {}", self.state_digest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let d = Distribution::of((1..=100).rev().map(f64::from).collect());
+        assert_eq!((d.count, d.p50, d.p95, d.p99, d.max), (100, 50.0, 95.0, 99.0, 100.0));
+        assert_eq!(d.mean, 50.5);
+        let one = Distribution::of(vec![7.0]);
+        assert_eq!((one.p50, one.p99), (7.0, 7.0));
+        assert_eq!(Distribution::of(vec![]), Distribution::default());
+    }
+}

@@ -1,0 +1,84 @@
+//! Whole simulations: determinism, invariants under failures and lost
+//! claims, and trace replay.
+
+use std::path::Path;
+
+use muster_scheduler::policy::{AdmissionConfig, Order};
+use muster_scheduler::sm::{AllocStatus, Resources};
+use muster_sim::{SimConfig, Simulation, WorkloadConfig, load_trace};
+
+const NODE: Resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_024_000, cpus: 96 };
+
+fn synthetic(seed: u64, nodes: u32, check_every: u64) -> SimConfig {
+    SimConfig {
+        nodes,
+        node: NODE,
+        seed,
+        failure_prob: 0.05,
+        lost_claim_prob: 0.01,
+        check_every,
+        ..SimConfig::default()
+    }
+}
+
+fn run(seed: u64, nodes: u32, allocations: u32, check_every: u64) -> muster_sim::Report {
+    let workload = WorkloadConfig { allocations, ..WorkloadConfig::default() };
+    let jobs = workload.generate(seed, &NODE, u64::from(nodes) * 8);
+    let (report, state) = Simulation::new(synthetic(seed, nodes, check_every), jobs).run().unwrap();
+    assert_eq!(report.state_digest, state.state_digest().to_string());
+    report
+}
+
+#[test]
+fn t10_same_seed_same_digest_and_report() {
+    let a = run(7, 40, 600, 0);
+    let b = run(7, 40, 600, 0);
+    assert_eq!(a, b);
+    let c = run(8, 40, 600, 0);
+    assert_ne!(a.state_digest, c.state_digest, "a different seed is a different run");
+}
+
+/// Every invariant after every command, with failures, teardowns and lost
+/// claims (stale reservations) all happening.
+#[test]
+fn t20_invariants_hold_through_failures_and_lost_claims() {
+    let r = run(3, 24, 400, 1);
+    assert_eq!(r.allocations, 400);
+    assert_eq!(r.completed + r.failed + r.unfinished, 400);
+    assert_eq!(r.unfinished, 0, "every gang fits this cluster, so everything ends");
+    assert!(r.task_failures > 0, "the failure path ran: {r:?}");
+    assert!(r.rollbacks > 0, "the stale-reservation path ran: {r:?}");
+    assert!(r.rejected_reports > 0, "stale reports were refused: {r:?}");
+    assert!(r.utilisation > 0.0 && r.utilisation <= 1.0, "{r:?}");
+}
+
+#[test]
+fn t30_a_gang_larger_than_the_cluster_stays_queued_and_the_run_still_ends() {
+    let workload = WorkloadConfig { allocations: 50, gang_mix: vec![(1, 1), (1, 16)], ..WorkloadConfig::default() };
+    let jobs = workload.generate(5, &NODE, 8 * 8);
+    let big = jobs.iter().filter(|j| j.spec.gang_size == 16).count() as u64;
+    let (report, state) = Simulation::new(synthetic(5, 8, 0), jobs).run().unwrap();
+    assert!(big > 0);
+    assert_eq!(report.unfinished, big);
+    assert!(state.allocs().values().filter(|a| a.spec.gang_size == 16).all(|a| a.status == AllocStatus::Queued));
+}
+
+#[test]
+fn t40_trace_prefix_replays_deterministically_under_both_policies() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/philly.csv.gz");
+    let jobs = load_trace(&path, &NODE, Some(3_000)).unwrap();
+    let mut digests = Vec::new();
+    for order in [Order::LargestFirst, Order::Fifo, Order::LargestFirst] {
+        let cfg = SimConfig {
+            nodes: 16,
+            node: NODE,
+            admission: AdmissionConfig { order, ..AdmissionConfig::default() },
+            ..SimConfig::default()
+        };
+        let (r, _) = Simulation::new(cfg, jobs.clone()).run().unwrap();
+        assert_eq!(r.completed, 3_000, "{r:?}");
+        assert_eq!(r.task_failures, 0);
+        digests.push(r.state_digest);
+    }
+    assert_eq!(digests[0], digests[2]);
+}
