@@ -1,0 +1,17 @@
+//! Generates Rust from `proto/muster/v1/*.proto`.
+//!
+//! `protoc` comes from the `protoc-bin-vendored` crate unless `PROTOC` is set,
+//! so a fresh machine needs no system package.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var_os("PROTOC").is_none() {
+        let protoc = protoc_bin_vendored::protoc_bin_path()?;
+        // SAFETY: a build script is single-threaded; nothing else reads the
+        // environment concurrently.
+        unsafe { std::env::set_var("PROTOC", protoc) };
+    }
+    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-env-changed=PROTOC");
+    tonic_prost_build::configure().compile_protos(&["proto/muster/v1/types.proto"], &["proto"])?;
+    Ok(())
+}
