@@ -80,10 +80,10 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     if !(args.load > 0.0 && args.load.is_finite()) {
         bail!("--load must be a positive number, got {}", args.load);
     }
-    if let Some(rate) = args.arrival_rate {
-        if !(rate > 0.0 && rate.is_finite()) {
-            bail!("--arrival-rate must be a positive number, got {rate}");
-        }
+    if let Some(rate) = args.arrival_rate
+        && !(rate > 0.0 && rate.is_finite())
+    {
+        bail!("--arrival-rate must be a positive number, got {rate}");
     }
     let node = Resources {
         gpus: args.gpus_per_node,

@@ -260,13 +260,13 @@ impl State {
 
     fn submit(&mut self, spec: &AllocSpec) -> Applied {
         validate_spec(spec, &self.limits)?;
-        if let Some(key) = &spec.idempotency_key {
-            if let Some(&existing) = self.idempotency.get(&(spec.owner.clone(), key.clone())) {
-                if self.allocs[&existing].spec == *spec {
-                    return Ok(vec![Event::Submitted { alloc: existing, duplicate: true }]);
-                }
-                return Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing });
+        if let Some(key) = &spec.idempotency_key
+            && let Some(&existing) = self.idempotency.get(&(spec.owner.clone(), key.clone()))
+        {
+            if self.allocs[&existing].spec == *spec {
+                return Ok(vec![Event::Submitted { alloc: existing, duplicate: true }]);
             }
+            return Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing });
         }
         let id = self.next_alloc_id;
         self.next_alloc_id += 1;

@@ -171,23 +171,24 @@ fn submit_creates_a_queued_gang_of_blocked_tasks() {
 fn submit_rejects_each_invalid_field_by_name() {
     let mut f = Fixture::new(0);
     let base = spec(2, 1);
-    let mut cases: Vec<(AllocSpec, &str)> = Vec::new();
-    cases.push((AllocSpec { owner: String::new(), ..base.clone() }, "owner"));
-    cases.push((AllocSpec { gang_size: 0, ..base.clone() }, "gang_size"));
-    cases.push((AllocSpec { gang_size: 5000, ..base.clone() }, "gang_size"));
-    cases.push((AllocSpec { preemption_class: 11, ..base.clone() }, "preemption_class"));
-    cases.push((AllocSpec { walltime_s: 0, ..base.clone() }, "walltime_s"));
-    cases.push((AllocSpec { max_retries: 0, ..base.clone() }, "max_retries"));
-    cases.push((AllocSpec { command: vec![], ..base.clone() }, "command"));
-    cases.push((AllocSpec { command: vec![String::new()], ..base.clone() }, "command"));
-    cases.push((AllocSpec { command: vec!["x".repeat(70_000)], ..base.clone() }, "command"));
-    cases.push((AllocSpec { env: BTreeMap::from([("A=B".into(), "1".into())]), ..base.clone() }, "env"));
-    cases.push((AllocSpec { env: BTreeMap::from([("BIG".into(), "v".repeat(70_000))]), ..base.clone() }, "env"));
-    cases.push((AllocSpec { resources: Resources { cpus: 0, ..res(1) }, ..base.clone() }, "resources.cpus"));
-    cases.push((AllocSpec { resources: Resources { mem_mb: 0, ..res(1) }, ..base.clone() }, "resources.mem_mb"));
-    cases.push((AllocSpec { resources: Resources { gpus: 65, ..res(1) }, ..base.clone() }, "resources.gpus"));
-    cases.push((AllocSpec { resources: Resources { vram_mb: 1, ..res(0) }, ..base.clone() }, "resources.vram_mb"));
-    cases.push((AllocSpec { idempotency_key: Some(String::new()), ..base.clone() }, "idempotency_key"));
+    let cases: Vec<(AllocSpec, &str)> = vec![
+        (AllocSpec { owner: String::new(), ..base.clone() }, "owner"),
+        (AllocSpec { gang_size: 0, ..base.clone() }, "gang_size"),
+        (AllocSpec { gang_size: 5000, ..base.clone() }, "gang_size"),
+        (AllocSpec { preemption_class: 11, ..base.clone() }, "preemption_class"),
+        (AllocSpec { walltime_s: 0, ..base.clone() }, "walltime_s"),
+        (AllocSpec { max_retries: 0, ..base.clone() }, "max_retries"),
+        (AllocSpec { command: vec![], ..base.clone() }, "command"),
+        (AllocSpec { command: vec![String::new()], ..base.clone() }, "command"),
+        (AllocSpec { command: vec!["x".repeat(70_000)], ..base.clone() }, "command"),
+        (AllocSpec { env: BTreeMap::from([("A=B".into(), "1".into())]), ..base.clone() }, "env"),
+        (AllocSpec { env: BTreeMap::from([("BIG".into(), "v".repeat(70_000))]), ..base.clone() }, "env"),
+        (AllocSpec { resources: Resources { cpus: 0, ..res(1) }, ..base.clone() }, "resources.cpus"),
+        (AllocSpec { resources: Resources { mem_mb: 0, ..res(1) }, ..base.clone() }, "resources.mem_mb"),
+        (AllocSpec { resources: Resources { gpus: 65, ..res(1) }, ..base.clone() }, "resources.gpus"),
+        (AllocSpec { resources: Resources { vram_mb: 1, ..res(0) }, ..base.clone() }, "resources.vram_mb"),
+        (AllocSpec { idempotency_key: Some(String::new()), ..base.clone() }, "idempotency_key"),
+    ];
     for (bad, field) in cases {
         match f.rejected(Command::Submit { spec: bad }) {
             Rejection::InvalidSpec { field: got, .. } => assert_eq!(got, field),
