@@ -63,3 +63,17 @@ fn t40_bad_input_is_a_clear_error_and_a_non_zero_exit() {
         assert!(err.contains(message), "{args:?}: {message:?} not in {err}");
     }
 }
+
+#[test]
+fn t50_probe_reports_this_machines_resources() {
+    let o = muster(&["probe"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    let value = |key: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("{key} missing: {text}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    assert!(value("cpus") >= 1);
+    assert!(value("mem_mb") >= 256);
+    let _ = value("gpus");
+}

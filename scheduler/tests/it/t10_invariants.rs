@@ -56,3 +56,106 @@ proptest! {
         }
     }
 }
+
+/// Any command at all, with ids, epochs and sizes drawn from the whole range
+/// (extremes included), is answered with an outcome: apply never panics and
+/// never breaks an invariant.
+mod arbitrary {
+    use std::collections::BTreeMap;
+
+    use muster_scheduler::sm::{AllocSpec, ApplyCtx, CheckpointMode, Command, NodeId, Resources, State};
+    use proptest::prelude::*;
+
+    fn any_u64() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..4, Just(u64::MAX), Just(u64::MAX - 1), any::<u64>()]
+    }
+
+    fn any_u32() -> impl Strategy<Value = u32> {
+        prop_oneof![0u32..4, Just(u32::MAX), any::<u32>()]
+    }
+
+    fn node() -> impl Strategy<Value = NodeId> {
+        prop_oneof![(0u8..3).prop_map(|i| NodeId::new(format!("n{i}"))), ".{0,300}".prop_map(NodeId::new)]
+    }
+
+    fn resources() -> impl Strategy<Value = Resources> {
+        (prop_oneof![0u32..9, any::<u32>()], any_u64(), any_u64(), prop_oneof![0u32..9, any::<u32>()])
+            .prop_map(|(gpus, vram_mb, mem_mb, cpus)| Resources { gpus, vram_mb, mem_mb, cpus })
+    }
+
+    fn spec() -> impl Strategy<Value = AllocSpec> {
+        (
+            ".{0,8}",
+            prop_oneof![0u32..4, any::<u32>()],
+            resources(),
+            any::<u8>(),
+            any::<i32>(),
+            any_u64(),
+            any_u32(),
+            proptest::collection::vec(".{0,6}", 0..3),
+            proptest::option::of(".{0,4}"),
+        )
+            .prop_map(
+                |(owner, gang_size, resources, class, priority, walltime_s, max_retries, command, key)| AllocSpec {
+                    owner,
+                    gang_size,
+                    resources,
+                    preemption_class: class,
+                    priority,
+                    checkpoint: CheckpointMode::None,
+                    walltime_s,
+                    max_retries,
+                    command,
+                    env: BTreeMap::new(),
+                    idempotency_key: key,
+                },
+            )
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        prop_oneof![
+            (node(), resources()).prop_map(|(node, resources)| Command::RegisterNode {
+                node,
+                resources,
+                labels: BTreeMap::new()
+            }),
+            spec().prop_map(|spec| Command::Submit { spec }),
+            (any_u64(), any_u64(), proptest::collection::vec(node(), 0..4))
+                .prop_map(|(alloc, epoch, nodes)| Command::ReserveGang { alloc, epoch, nodes }),
+            (any_u64(), any_u64()).prop_map(|(alloc, epoch)| Command::RollbackGang { alloc, epoch }),
+            (any_u64(), any_u32(), node(), any_u64()).prop_map(|(alloc, task, node, epoch)| Command::StartTask {
+                alloc,
+                task,
+                node,
+                epoch
+            }),
+            (any_u64(), any_u32(), node(), any_u64()).prop_map(|(alloc, task, node, epoch)| Command::FinishTask {
+                alloc,
+                task,
+                node,
+                epoch
+            }),
+            (any_u64(), any_u32(), node(), any_u64(), proptest::option::of(any::<i32>())).prop_map(
+                |(alloc, task, node, epoch, exit_code)| Command::FailTask { alloc, task, node, epoch, exit_code }
+            ),
+            any_u64().prop_map(|alloc| Command::CancelAllocation { alloc }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn apply_answers_any_command_without_panicking(
+            cmds in proptest::collection::vec((command(), any_u64()), 1..60)
+        ) {
+            let mut s = State::default();
+            for (cmd, t) in &cmds {
+                let _ = s.apply(cmd, &ApplyCtx { time_ms: *t });
+                if let Err(e) = s.check_invariants() {
+                    panic!("after {cmd:?}: {e}");
+                }
+            }
+        }
+    }
+}
