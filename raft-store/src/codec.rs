@@ -47,14 +47,14 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::EntryPayload;
+    use crate::CommandBatch;
 
     #[test]
     fn round_trips_an_entry_payload() {
-        let p = EntryPayload { time_ms: 1_700_000_000_123, commands: vec!["a".to_string(), "b".to_string()] };
+        let p = CommandBatch { time_ms: 1_700_000_000_123, commands: vec!["a".to_string(), "b".to_string()] };
         let bytes = encode(&p).unwrap();
         assert_eq!(bytes[0], FORMAT_VERSION);
-        let back: EntryPayload<String> = decode(&bytes).unwrap();
+        let back: CommandBatch<String> = decode(&bytes).unwrap();
         assert_eq!(back, p);
     }
 
@@ -64,6 +64,6 @@ mod tests {
         bytes[0] = 9;
         assert!(matches!(decode::<u64>(&bytes), Err(CodecError::UnsupportedVersion { found: 9 })));
         assert!(matches!(decode::<u64>(&[]), Err(CodecError::Empty)));
-        assert!(matches!(decode::<EntryPayload<String>>(&[FORMAT_VERSION, 0xff]), Err(CodecError::Postcard(_))));
+        assert!(matches!(decode::<CommandBatch<String>>(&[FORMAT_VERSION, 0xff]), Err(CodecError::Postcard(_))));
     }
 }

@@ -1,23 +1,44 @@
-//! Raft storage for Muster, generic over the application's state machine.
+//! Raft storage for Muster: openraft 0.9's storage-v2 traits on sled,
+//! generic over the application's state machine.
 //!
-//! Today this crate owns the contract between the replicated log and the
-//! application ([`StateMachineApp`]), the shape of a log entry's payload
-//! ([`EntryPayload`]: the leader's `time_ms` and a batch of commands), and the
-//! versioned postcard codec every persisted value goes through ([`codec`]).
-//! The openraft storage-v2 implementation on sled (log, vote, snapshots,
-//! compaction) builds on these in the Raft issue.
+//! ```text
+//!   openraft ──▶ LogStore<A>           (RaftLogStorage, RaftLogReader)
+//!            │     one sled tree: "L"+index → entry, "M:vote", "M:committed", "M:purged"
+//!            │     append/vote acknowledged only after sled flush + fsync
+//!            └─▶ StateMachineStore<A>  (RaftStateMachine, RaftSnapshotBuilder)
+//!                  A in memory; snapshots in `snapshot.bin` (write, fsync, rename)
+//!                  restart: restore the snapshot, openraft re-applies the
+//!                  committed log after it
+//! ```
+//!
+//! The application plugs in through [`StateMachineApp`]; its log payload is a
+//! [`CommandBatch`]: the leader's `time_ms` and a batch of commands (group
+//! commit). Every persisted value goes through the versioned postcard
+//! [`codec`]. [`RaftConfig`] is the openraft type configuration for an app.
 
 #![deny(missing_docs)]
+// openraft's storage traits return its `StorageError` (224 bytes); our helpers
+// return the same type rather than box it only to re-box it at the trait.
+#![allow(clippy::result_large_err)]
 
 pub mod codec;
+mod config;
+mod disk;
+mod log_store;
+mod state_machine;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use config::RaftConfig;
+pub use disk::{OpenError, open};
+pub use log_store::LogStore;
+pub use state_machine::{AppReader, StateMachineStore};
+
 /// The payload of one application log entry: the leader's wall clock when it
 /// proposed the entry and the commands it batched into it (group commit).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EntryPayload<C> {
+pub struct CommandBatch<C> {
     /// Leader wall-clock time, ms since the Unix epoch.
     pub time_ms: u64,
     /// The commands, applied in order.
@@ -31,16 +52,17 @@ pub struct RestoreError(pub String);
 
 /// What the storage layer needs from the application's state machine.
 ///
-/// `apply` must be deterministic: the same payloads in the same order give
-/// the same outcomes and the same [`StateMachineApp::digest`] on every replica.
-pub trait StateMachineApp: Sized + Send + Sync + 'static {
+/// `apply_batch` must be deterministic: the same batches in the same order
+/// give the same outcomes and the same [`StateMachineApp::digest`] on every
+/// replica.
+pub trait StateMachineApp: Default + Sized + Send + Sync + 'static {
     /// One command.
-    type Command: Serialize + for<'de> Deserialize<'de> + Clone + std::fmt::Debug + Send + Sync + 'static;
+    type Command: Serialize + for<'de> Deserialize<'de> + Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static;
     /// The result of one command.
-    type Outcome: Serialize + for<'de> Deserialize<'de> + Clone + std::fmt::Debug + Send + Sync + 'static;
+    type Outcome: Serialize + for<'de> Deserialize<'de> + Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static;
 
     /// Applies every command of one entry, in order, at the entry's time.
-    fn apply_entry(&mut self, payload: &EntryPayload<Self::Command>) -> Vec<Self::Outcome>;
+    fn apply_batch(&mut self, batch: &CommandBatch<Self::Command>) -> Vec<Self::Outcome>;
 
     /// The whole state as snapshot bytes.
     fn snapshot(&self) -> Vec<u8>;

@@ -1,0 +1,190 @@
+//! The application state machine as openraft drives it, and its snapshots.
+//!
+//! The application state lives in memory. `applied_state` reports the last
+//! applied log id and membership; on restart they come from the stored
+//! snapshot, and openraft re-applies the committed log after it, so applying
+//! an entry writes nothing to disk. A snapshot is the application's own
+//! bytes with openraft's metadata, written atomically to `snapshot.bin`.
+
+use std::io::Cursor;
+use std::sync::{Arc, RwLock};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    AnyError, BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::disk::Disk;
+use crate::{RaftConfig, StateMachineApp, codec};
+
+type C<A> = RaftConfig<A>;
+
+/// What `snapshot.bin` holds.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct StoredSnapshot {
+    pub(crate) meta: SnapshotMeta<u64, BasicNode>,
+    pub(crate) data: Vec<u8>,
+}
+
+struct Inner<A> {
+    app: A,
+    applied: Option<LogId<u64>>,
+    membership: StoredMembership<u64, BasicNode>,
+    snapshots_built: u64,
+}
+
+/// openraft's state-machine storage for the application `A`.
+pub struct StateMachineStore<A> {
+    disk: Disk,
+    inner: Arc<RwLock<Inner<A>>>,
+}
+
+impl<A> Clone for StateMachineStore<A> {
+    fn clone(&self) -> Self {
+        StateMachineStore { disk: self.disk.clone(), inner: self.inner.clone() }
+    }
+}
+
+/// A read-only handle on the applied application state, for queries and
+/// status (`applied index`, digest) beside openraft.
+pub struct AppReader<A> {
+    inner: Arc<RwLock<Inner<A>>>,
+}
+
+impl<A> Clone for AppReader<A> {
+    fn clone(&self) -> Self {
+        AppReader { inner: self.inner.clone() }
+    }
+}
+
+impl<A: StateMachineApp> AppReader<A> {
+    /// Runs `f` on the applied state.
+    pub fn read<R>(&self, f: impl FnOnce(&A) -> R) -> R {
+        f(&self.inner.read().expect("state machine lock poisoned").app)
+    }
+
+    /// The last applied log id and the digest of the state at that point.
+    pub fn applied_and_digest(&self) -> (Option<LogId<u64>>, [u8; 32]) {
+        let inner = self.inner.read().expect("state machine lock poisoned");
+        (inner.applied, inner.app.digest())
+    }
+}
+
+impl<A: StateMachineApp> StateMachineStore<A> {
+    pub(crate) fn open(disk: Disk, snapshot: Option<StoredSnapshot>) -> Result<Self, String> {
+        let inner = match snapshot {
+            None => {
+                Inner { app: A::default(), applied: None, membership: StoredMembership::default(), snapshots_built: 0 }
+            }
+            Some(s) => Inner {
+                app: A::restore(&s.data).map_err(|e| e.to_string())?,
+                applied: s.meta.last_log_id,
+                membership: s.meta.last_membership,
+                snapshots_built: 0,
+            },
+        };
+        Ok(StateMachineStore { disk, inner: Arc::new(RwLock::new(inner)) })
+    }
+
+    /// A read-only handle on the applied state.
+    pub fn reader(&self) -> AppReader<A> {
+        AppReader { inner: self.inner.clone() }
+    }
+
+    async fn store_snapshot(&self, meta: &SnapshotMeta<u64, BasicNode>, data: &[u8]) -> Result<(), StorageError<u64>> {
+        let err = |e: &dyn std::error::Error| {
+            StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e.to_string())))
+        };
+        let stored = StoredSnapshot { meta: meta.clone(), data: data.to_vec() };
+        let bytes = codec::encode(&stored).map_err(|e| err(&e))?;
+        self.disk.write_snapshot(bytes).await.map_err(|e| err(&e))
+    }
+}
+
+impl<A: StateMachineApp> RaftSnapshotBuilder<C<A>> for StateMachineStore<A> {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<C<A>>, StorageError<u64>> {
+        let (meta, data) = {
+            let mut inner = self.inner.write().expect("state machine lock poisoned");
+            inner.snapshots_built += 1;
+            let snapshot_id = match inner.applied {
+                Some(id) => format!("{}-{}-{}", id.leader_id.term, id.index, inner.snapshots_built),
+                None => format!("0-0-{}", inner.snapshots_built),
+            };
+            let meta =
+                SnapshotMeta { last_log_id: inner.applied, last_membership: inner.membership.clone(), snapshot_id };
+            (meta, inner.app.snapshot())
+        };
+        self.store_snapshot(&meta, &data).await?;
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+    }
+}
+
+impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<u64>>, StoredMembership<u64, BasicNode>), StorageError<u64>> {
+        let inner = self.inner.read().expect("state machine lock poisoned");
+        Ok((inner.applied, inner.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<A::Outcome>>, StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry<C<A>>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut inner = self.inner.write().expect("state machine lock poisoned");
+        let mut responses = Vec::new();
+        for entry in entries {
+            inner.applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => responses.push(Vec::new()),
+                EntryPayload::Normal(batch) => responses.push(inner.app.apply_batch(&batch)),
+                EntryPayload::Membership(m) => {
+                    inner.membership = StoredMembership::new(Some(entry.log_id), m);
+                    responses.push(Vec::new());
+                }
+            }
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<u64>> {
+        let data = snapshot.into_inner();
+        let app = A::restore(&data).map_err(|e| {
+            StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e)))
+        })?;
+        self.store_snapshot(meta, &data).await?;
+        let mut inner = self.inner.write().expect("state machine lock poisoned");
+        inner.app = app;
+        inner.applied = meta.last_log_id;
+        inner.membership = meta.last_membership.clone();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<C<A>>>, StorageError<u64>> {
+        let bytes = self
+            .disk
+            .read_snapshot_file()
+            .map_err(|e| StorageError::from(StorageIOError::read_snapshot(None, AnyError::new(&e))))?;
+        let Some(bytes) = bytes else { return Ok(None) };
+        let stored: StoredSnapshot = codec::decode(&bytes)
+            .map_err(|e| StorageError::from(StorageIOError::read_snapshot(None, AnyError::new(&e))))?;
+        Ok(Some(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
+    }
+}
