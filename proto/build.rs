@@ -1,4 +1,5 @@
-//! Generates Rust from `proto/muster/v1/*.proto`.
+//! Generates Rust from `proto/muster/v1/*.proto`: prost messages and tonic
+//! clients and servers.
 //!
 //! `protoc` comes from the `protoc-bin-vendored` crate unless `PROTOC` is set,
 //! so a fresh machine needs no system package.
@@ -12,6 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("cargo:rerun-if-changed=proto");
     println!("cargo:rerun-if-env-changed=PROTOC");
-    tonic_prost_build::configure().compile_protos(&["proto/muster/v1/types.proto"], &["proto"])?;
+    tonic_prost_build::configure().compile_protos(
+        &["proto/muster/v1/types.proto", "proto/muster/v1/raft.proto", "proto/muster/v1/scheduler.proto"],
+        &["proto"],
+    )?;
     Ok(())
 }

@@ -10,7 +10,7 @@
 /// The `muster.v1` package.
 #[allow(missing_docs, clippy::all)]
 pub mod v1 {
-    include!(concat!(env!("OUT_DIR"), "/muster.v1.rs"));
+    tonic::include_proto!("muster.v1");
 }
 
 #[cfg(test)]

@@ -7,4 +7,5 @@
 
 pub mod app;
 pub mod policy;
+pub mod server;
 pub mod sm;

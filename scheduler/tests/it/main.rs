@@ -6,3 +6,4 @@ mod model;
 mod t10_invariants;
 mod t20_determinism;
 mod t30_admission_reference;
+mod t40_cluster;

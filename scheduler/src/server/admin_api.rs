@@ -1,0 +1,137 @@
+//! `muster.v1.AdminService`: replica status, membership changes, snapshots
+//! and elections.
+//!
+//! openraft 0.9 has no leadership transfer; `TriggerElection` asks one
+//! replica to campaign now, which moves leadership to it when its log is up
+//! to date (the CLI's `cluster transfer-leader` waits to see that happen).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use muster_proto::v1;
+use muster_proto::v1::admin_service_server::AdminService;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers};
+use tonic::{Request, Response, Status};
+
+use super::convert::not_leader_status;
+use super::replica::{Shared, status_of};
+
+/// The admin API of one replica.
+pub struct AdminApi {
+    s: Shared,
+}
+
+impl AdminApi {
+    /// The admin API over a replica's shared parts.
+    pub fn new(s: Shared) -> Self {
+        AdminApi { s }
+    }
+
+    fn members(&self) -> Vec<v1::Member> {
+        status_of(&self.s).members
+    }
+}
+
+fn write_error(e: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> Status {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            not_leader_status(f.leader_id.zip(f.leader_node.map(|n| n.addr)))
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => Status::failed_precondition(e.to_string()),
+        RaftError::Fatal(e) => Status::unavailable(e.to_string()),
+    }
+}
+
+fn valid_address(addr: &str) -> bool {
+    addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn status(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
+        Ok(Response::new(status_of(&self.s)))
+    }
+
+    async fn add_learner(
+        &self,
+        req: Request<v1::AddLearnerRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let r = req.into_inner();
+        if r.id == 0 {
+            return Err(Status::invalid_argument("invalid id: replica ids start at 1"));
+        }
+        if !valid_address(&r.address) {
+            return Err(Status::invalid_argument(format!("invalid address: {:?} is not host:port", r.address)));
+        }
+        if self.members().iter().any(|m| m.id == r.id) {
+            return Err(Status::already_exists(format!("replica {} is already a member", r.id)));
+        }
+        let resp = self.s.raft.add_learner(r.id, BasicNode::new(r.address), true).await.map_err(write_error)?;
+        Ok(Response::new(v1::MembershipResponse { members: self.members(), log_index: resp.log_id.index }))
+    }
+
+    async fn change_membership(
+        &self,
+        req: Request<v1::ChangeMembershipRequest>,
+    ) -> Result<Response<v1::MembershipResponse>, Status> {
+        let r = req.into_inner();
+        if r.promote.is_empty() && r.remove.is_empty() {
+            return Err(Status::invalid_argument("invalid request: name replicas to promote or remove"));
+        }
+        let members = self.members();
+        for id in r.promote.iter().chain(&r.remove) {
+            if !members.iter().any(|m| m.id == *id) {
+                return Err(Status::not_found(format!("replica {id} is not a member")));
+            }
+        }
+        let mut log_index = 0;
+        if !r.promote.is_empty() {
+            let ids: BTreeSet<u64> = r.promote.iter().copied().collect();
+            let resp =
+                self.s.raft.change_membership(ChangeMembers::AddVoterIds(ids), true).await.map_err(write_error)?;
+            log_index = resp.log_id.index;
+        }
+        let remove: BTreeSet<u64> = r.remove.iter().copied().collect();
+        let voters: BTreeSet<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        let remove_voters: BTreeSet<u64> = remove.intersection(&voters).copied().collect();
+        if !remove_voters.is_empty() {
+            // retain = false: a removed voter does not stay on as a learner.
+            let resp = self
+                .s
+                .raft
+                .change_membership(ChangeMembers::RemoveVoters(remove_voters), false)
+                .await
+                .map_err(write_error)?;
+            log_index = resp.log_id.index;
+        }
+        let learners: BTreeSet<u64> = remove.difference(&voters).copied().collect();
+        if !learners.is_empty() {
+            let resp = self
+                .s
+                .raft
+                .change_membership(ChangeMembers::RemoveNodes(learners), false)
+                .await
+                .map_err(write_error)?;
+            log_index = resp.log_id.index;
+        }
+        Ok(Response::new(v1::MembershipResponse { members: self.members(), log_index }))
+    }
+
+    async fn trigger_snapshot(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
+        let target = self.s.reader.applied_and_digest().0.map_or(0, |l| l.index);
+        self.s.raft.trigger().snapshot().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        self.s
+            .raft
+            .wait(Some(Duration::from_secs(60)))
+            .metrics(|m| m.snapshot.is_some_and(|s| s.index >= target), "snapshot built")
+            .await
+            .map_err(|e| Status::deadline_exceeded(format!("snapshot not built in time: {e}")))?;
+        Ok(Response::new(status_of(&self.s)))
+    }
+
+    async fn trigger_election(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
+        self.s.raft.trigger().elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(status_of(&self.s)))
+    }
+}

@@ -1,0 +1,101 @@
+//! `muster.v1.AllocationService`: submit, get and list allocations.
+//!
+//! Writes go through the group-commit proposer on the leader; a follower
+//! answers UNAVAILABLE with the leader in metadata. Reads are linearizable:
+//! the leader confirms it still leads and waits until its state machine has
+//! applied everything committed before answering.
+
+use muster_proto::v1;
+use muster_proto::v1::allocation_service_server::AllocationService;
+use openraft::error::{CheckIsLeaderError, RaftError};
+use tonic::{Request, Response, Status};
+
+use super::convert::{
+    alloc_status_filter, alloc_to_proto, not_leader_status, propose_error_to_status, rejection_to_status,
+    spec_from_proto,
+};
+use super::replica::Shared;
+use crate::sm::{Command, Event, Outcome};
+
+/// Most allocations one `List` page returns.
+pub const MAX_PAGE_SIZE: u32 = 1000;
+const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// The client API of one replica.
+pub struct ClientApi {
+    s: Shared,
+}
+
+impl ClientApi {
+    /// The client API over a replica's shared parts.
+    pub fn new(s: Shared) -> Self {
+        ClientApi { s }
+    }
+}
+
+/// Waits until this replica may answer a read that must be current.
+pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
+    match s.raft.ensure_linearizable().await {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+            Err(not_leader_status(f.leader_id.zip(f.leader_node.map(|n| n.addr))))
+        }
+        Err(e) => Err(Status::unavailable(format!("cannot confirm leadership: {e}"))),
+    }
+}
+
+#[tonic::async_trait]
+impl AllocationService for ClientApi {
+    async fn submit(&self, req: Request<v1::SubmitRequest>) -> Result<Response<v1::SubmitResponse>, Status> {
+        let limits = self.s.reader.read(|st| st.limits().clone());
+        let spec = spec_from_proto(req.into_inner().spec, &limits)?;
+        let outcome = self.s.proposer.propose(Command::Submit { spec }).await.map_err(propose_error_to_status)?;
+        match outcome {
+            Outcome::Accepted(events) => match events.as_slice() {
+                [Event::Submitted { alloc, duplicate }] => {
+                    self.s.admission_wake.notify_one();
+                    Ok(Response::new(v1::SubmitResponse { id: *alloc, duplicate: *duplicate }))
+                }
+                other => Err(Status::internal(format!("unexpected submit events {other:?}"))),
+            },
+            Outcome::Rejected(r) => Err(rejection_to_status(&r)),
+        }
+    }
+
+    async fn get(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Allocation>, Status> {
+        let id = req.into_inner().id;
+        linearizable(&self.s).await?;
+        self.s
+            .reader
+            .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)))
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))
+    }
+
+    async fn list(&self, req: Request<v1::ListRequest>) -> Result<Response<v1::ListResponse>, Status> {
+        let q = req.into_inner();
+        let status = alloc_status_filter(q.status)?;
+        if q.page_size > MAX_PAGE_SIZE {
+            return Err(Status::invalid_argument(format!(
+                "invalid page_size: {} is above the maximum of {MAX_PAGE_SIZE}",
+                q.page_size
+            )));
+        }
+        let page_size = if q.page_size == 0 { DEFAULT_PAGE_SIZE } else { q.page_size } as usize;
+        linearizable(&self.s).await?;
+        let (allocations, more) = self.s.reader.read(|st| {
+            let mut matching = st
+                .allocs()
+                .range(q.page_token.saturating_add(1)..)
+                .map(|(_, a)| a)
+                .filter(|a| status.is_none_or(|s| a.status == s))
+                .filter(|a| q.owner.is_empty() || a.spec.owner == q.owner)
+                .filter(|a| q.preemption_class.is_none_or(|c| u32::from(a.spec.preemption_class) == c));
+            let page: Vec<v1::Allocation> = matching.by_ref().take(page_size).map(|a| alloc_to_proto(a, st)).collect();
+            let more = matching.next().is_some();
+            (page, more)
+        });
+        let next_page_token = if more { allocations.last().map_or(0, |a| a.id) } else { 0 };
+        Ok(Response::new(v1::ListResponse { allocations, next_page_token }))
+    }
+}

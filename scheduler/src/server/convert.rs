@@ -1,0 +1,248 @@
+//! Protobuf ↔ state-machine types, and errors → gRPC statuses, in one place
+//! at the edge. Every field is checked here (naming the field the user sent)
+//! and again in `apply`.
+
+use muster_proto::v1;
+use tonic::Status;
+use tonic::metadata::MetadataValue;
+
+use super::proposer::ProposeError;
+use crate::sm::{
+    AllocSpec, AllocStatus, Allocation, CheckpointMode, Limits, MAX_PREEMPTION_CLASS, Rejection, Resources, State,
+    TaskStatus, validate_spec,
+};
+
+/// Metadata key naming the leader's replica id on a redirect.
+pub const LEADER_ID_HEADER: &str = "x-muster-leader-id";
+/// Metadata key naming the leader's address on a redirect.
+pub const LEADER_ADDR_HEADER: &str = "x-muster-leader-addr";
+
+/// Walltime when a submit leaves it out (0).
+pub const DEFAULT_WALLTIME_S: u64 = 3600;
+/// Retry budget when a submit leaves it out (0).
+pub const DEFAULT_MAX_RETRIES: u32 = 3;
+
+fn invalid(field: &str, reason: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("invalid {field}: {reason}"))
+}
+
+/// Converts and validates a submitted spec. Unset walltime and retries take
+/// their defaults; everything else must be given.
+pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Result<AllocSpec, Status> {
+    let p = spec.ok_or_else(|| invalid("spec", "is required"))?;
+    let r = p.resources.ok_or_else(|| invalid("spec.resources", "is required"))?;
+    let class = u8::try_from(p.preemption_class).ok().filter(|c| *c <= MAX_PREEMPTION_CLASS).ok_or_else(|| {
+        invalid("spec.preemption_class", format!("{} is outside 0..={MAX_PREEMPTION_CLASS}", p.preemption_class))
+    })?;
+    let checkpoint = match v1::CheckpointMode::try_from(p.checkpoint) {
+        Ok(v1::CheckpointMode::Unspecified | v1::CheckpointMode::Auto) => CheckpointMode::Auto,
+        Ok(v1::CheckpointMode::Manual) => CheckpointMode::Manual,
+        Ok(v1::CheckpointMode::None) => CheckpointMode::None,
+        Err(_) => return Err(invalid("spec.checkpoint", format!("unknown mode {}", p.checkpoint))),
+    };
+    let spec = AllocSpec {
+        owner: p.owner,
+        gang_size: p.gang_size,
+        resources: Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus },
+        preemption_class: class,
+        priority: p.priority,
+        checkpoint,
+        walltime_s: if p.walltime_s == 0 { DEFAULT_WALLTIME_S } else { p.walltime_s },
+        max_retries: if p.max_retries == 0 { DEFAULT_MAX_RETRIES } else { p.max_retries },
+        command: p.command,
+        env: p.env.into_iter().collect(),
+        idempotency_key: Some(p.idempotency_key).filter(|k| !k.is_empty()),
+    };
+    validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
+    Ok(spec)
+}
+
+/// The wire form of a spec.
+pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
+    v1::AllocationSpec {
+        owner: s.owner.clone(),
+        gang_size: s.gang_size,
+        resources: Some(resources_to_proto(&s.resources)),
+        preemption_class: u32::from(s.preemption_class),
+        priority: s.priority,
+        checkpoint: match s.checkpoint {
+            CheckpointMode::Auto => v1::CheckpointMode::Auto,
+            CheckpointMode::Manual => v1::CheckpointMode::Manual,
+            CheckpointMode::None => v1::CheckpointMode::None,
+        } as i32,
+        walltime_s: s.walltime_s,
+        max_retries: s.max_retries,
+        command: s.command.clone(),
+        env: s.env.clone().into_iter().collect(),
+        idempotency_key: s.idempotency_key.clone().unwrap_or_default(),
+    }
+}
+
+fn resources_to_proto(r: &Resources) -> v1::Resources {
+    v1::Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus }
+}
+
+/// The wire form of an allocation status.
+pub fn alloc_status_to_proto(s: AllocStatus) -> v1::AllocationStatus {
+    match s {
+        AllocStatus::Queued => v1::AllocationStatus::Queued,
+        AllocStatus::Reserved => v1::AllocationStatus::Reserved,
+        AllocStatus::Running => v1::AllocationStatus::Running,
+        AllocStatus::TearingDown => v1::AllocationStatus::TearingDown,
+        AllocStatus::Done => v1::AllocationStatus::Done,
+        AllocStatus::Failed => v1::AllocationStatus::Failed,
+        AllocStatus::Cancelled => v1::AllocationStatus::Cancelled,
+    }
+}
+
+/// An allocation-status filter: `None` for unspecified (any).
+pub fn alloc_status_filter(raw: i32) -> Result<Option<AllocStatus>, Status> {
+    Ok(Some(match v1::AllocationStatus::try_from(raw) {
+        Ok(v1::AllocationStatus::Unspecified) => return Ok(None),
+        Ok(v1::AllocationStatus::Queued) => AllocStatus::Queued,
+        Ok(v1::AllocationStatus::Reserved) => AllocStatus::Reserved,
+        Ok(v1::AllocationStatus::Running) => AllocStatus::Running,
+        Ok(v1::AllocationStatus::TearingDown) => AllocStatus::TearingDown,
+        Ok(v1::AllocationStatus::Done) => AllocStatus::Done,
+        Ok(v1::AllocationStatus::Failed) => AllocStatus::Failed,
+        Ok(v1::AllocationStatus::Cancelled) => AllocStatus::Cancelled,
+        Err(_) => return Err(invalid("status", format!("unknown status {raw}"))),
+    }))
+}
+
+fn task_status_to_proto(s: TaskStatus) -> v1::TaskStatus {
+    match s {
+        TaskStatus::Blocked => v1::TaskStatus::Blocked,
+        TaskStatus::Reserved => v1::TaskStatus::Reserved,
+        TaskStatus::Running => v1::TaskStatus::Running,
+        TaskStatus::Done => v1::TaskStatus::Done,
+        TaskStatus::Failed => v1::TaskStatus::Failed,
+        TaskStatus::Cancelled => v1::TaskStatus::Cancelled,
+    }
+}
+
+/// The wire form of an allocation.
+pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
+    v1::Allocation {
+        id: a.id,
+        spec: Some(spec_to_proto(&a.spec)),
+        submit_time_ms: a.submit_time_ms,
+        status: alloc_status_to_proto(a.status) as i32,
+        reservation_epoch: a.reservation_epoch,
+        tasks: a
+            .tasks
+            .iter()
+            .map(|t| v1::Task {
+                index: t.index,
+                status: task_status_to_proto(t.status) as i32,
+                node_id: t.node.map(|s| state.node(s).id.to_string()).unwrap_or_default(),
+                attempts: t.attempts,
+                reservation_epoch: t.reservation_epoch,
+                reserved_at_ms: t.reserved_at_ms,
+                started_at_ms: t.started_at_ms,
+                finished_at_ms: t.finished_at_ms,
+                exit_code: t.exit_code,
+            })
+            .collect(),
+        finished_at_ms: a.finished_at_ms,
+    }
+}
+
+/// The gRPC status of a deterministic rejection.
+pub fn rejection_to_status(r: &Rejection) -> Status {
+    let msg = r.to_string();
+    match r {
+        Rejection::InvalidSpec { field, reason } => invalid(&format!("spec.{field}"), reason),
+        Rejection::InvalidNode { field, reason } => invalid(field, reason),
+        Rejection::UnknownNode(_) | Rejection::UnknownAllocation(_) | Rejection::UnknownTask { .. } => {
+            Status::not_found(msg)
+        }
+        Rejection::IdempotencyConflict { .. } => Status::already_exists(msg),
+        Rejection::WrongNode { .. } => Status::permission_denied(msg),
+        Rejection::StaleReservationEpoch { .. } | Rejection::StaleTaskEpoch { .. } => Status::aborted(msg),
+        Rejection::NotQueued { .. }
+        | Rejection::WrongNodeCount { .. }
+        | Rejection::NodeRepeated(_)
+        | Rejection::NodeNotReady(_)
+        | Rejection::InsufficientCapacity { .. }
+        | Rejection::ShrinkBelowUsage(_)
+        | Rejection::WrongTaskStatus { .. }
+        | Rejection::GangPartlyStarted { .. }
+        | Rejection::NothingReserved { .. }
+        | Rejection::AlreadyTerminal { .. } => Status::failed_precondition(msg),
+    }
+}
+
+/// UNAVAILABLE with the leader in metadata, for a client to retry there.
+pub fn not_leader_status(leader: Option<(u64, String)>) -> Status {
+    let mut status = Status::unavailable(ProposeError::NotLeader { leader: leader.clone() }.to_string());
+    if let Some((id, addr)) = leader {
+        let md = status.metadata_mut();
+        md.insert(LEADER_ID_HEADER, MetadataValue::from(id));
+        if let Ok(v) = addr.parse() {
+            md.insert(LEADER_ADDR_HEADER, v);
+        }
+    }
+    status
+}
+
+/// The gRPC status of a failed proposal.
+pub fn propose_error_to_status(e: ProposeError) -> Status {
+    match e {
+        ProposeError::NotLeader { leader } => not_leader_status(leader),
+        ProposeError::Raft(msg) => Status::unavailable(format!("the write did not complete: {msg}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> v1::AllocationSpec {
+        v1::AllocationSpec {
+            owner: "alice".into(),
+            gang_size: 2,
+            resources: Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+            command: vec!["sleep".into(), "1".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_apply_and_the_spec_round_trips() {
+        let spec = spec_from_proto(Some(good()), &Limits::default()).unwrap();
+        assert_eq!((spec.walltime_s, spec.max_retries, spec.checkpoint), (3600, 3, CheckpointMode::Auto));
+        assert_eq!(spec.idempotency_key, None);
+        let back = spec_from_proto(Some(spec_to_proto(&spec)), &Limits::default()).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let limits = Limits::default();
+        let cases: Vec<(Option<v1::AllocationSpec>, &str)> = vec![
+            (None, "invalid spec:"),
+            (Some(v1::AllocationSpec { resources: None, ..good() }), "invalid spec.resources:"),
+            (Some(v1::AllocationSpec { preemption_class: 11, ..good() }), "invalid spec.preemption_class:"),
+            (Some(v1::AllocationSpec { preemption_class: 300, ..good() }), "invalid spec.preemption_class:"),
+            (Some(v1::AllocationSpec { checkpoint: 9, ..good() }), "invalid spec.checkpoint:"),
+            (Some(v1::AllocationSpec { gang_size: 0, ..good() }), "invalid spec.gang_size:"),
+            (Some(v1::AllocationSpec { command: vec![], ..good() }), "invalid spec.command:"),
+            (Some(v1::AllocationSpec { owner: String::new(), ..good() }), "invalid spec.owner:"),
+        ];
+        for (spec, prefix) in cases {
+            let status = spec_from_proto(spec, &limits).unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(status.message().starts_with(prefix), "{prefix:?} vs {:?}", status.message());
+        }
+    }
+
+    #[test]
+    fn a_redirect_carries_the_leader_in_metadata() {
+        let s = not_leader_status(Some((2, "127.0.0.1:7002".into())));
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert_eq!(s.metadata().get(LEADER_ID_HEADER).unwrap(), "2");
+        assert_eq!(s.metadata().get(LEADER_ADDR_HEADER).unwrap(), "127.0.0.1:7002");
+        assert!(s.message().contains("replica 2 at 127.0.0.1:7002"));
+    }
+}

@@ -1,0 +1,36 @@
+//! The replica server: the imperative shell around `sm` and `policy`. It owns
+//! the clock, the network and the disk; everything it changes goes through
+//! the Raft log as a [`crate::sm::Command`].
+//!
+//! - [`replica`]: storage, Raft, the gRPC server and the loops of one replica.
+//! - [`raft_net`]: Raft RPCs between replicas over tonic.
+//! - [`proposer`]: group commit of commands into log entries.
+//! - [`client_api`] and [`admin_api`]: the gRPC services users and operators call.
+//! - [`leader`]: loops that run only on the leader (admission).
+//! - [`convert`]: protobuf ↔ state-machine types and statuses, at the edge.
+
+pub mod admin_api;
+pub mod client_api;
+pub mod convert;
+pub mod leader;
+pub mod proposer;
+pub mod raft_net;
+pub mod replica;
+
+use muster_raft_store::RaftConfig;
+
+use crate::sm::State;
+
+/// openraft's type configuration for the scheduler.
+pub type TypeConfig = RaftConfig<State>;
+
+/// The scheduler's Raft handle.
+pub type MusterRaft = openraft::Raft<TypeConfig>;
+
+pub use proposer::{ProposeError, Proposer};
+pub use replica::{RaftTuning, Replica, ReplicaConfig, StartError};
+
+/// Lower-case hex of a digest.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

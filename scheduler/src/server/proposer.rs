@@ -1,0 +1,126 @@
+//! Group commit: every command waiting while the previous write was in
+//! flight goes into the next log entry.
+//!
+//! ```text
+//!   callers ──(command, reply)──▶ queue ──▶ proposer task
+//!                                              │ take everything queued (≤ max_batch)
+//!                                              │ stamp time_ms from the leader's clock
+//!                                              ▼
+//!                                  raft.client_write(CommandBatch) ── one fsync
+//!                                              │
+//!   callers ◀── one outcome each ◀─────────────┘
+//! ```
+//!
+//! Throughput is then bounded by batch size over commit latency rather than
+//! by one fsync per transition.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use muster_raft_store::CommandBatch;
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{mpsc, oneshot};
+
+use super::MusterRaft;
+use crate::sm::{Command, Outcome};
+
+/// Why a proposal did not produce an outcome.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// This replica is not the leader; the leader, if known, is given.
+    #[error("not the leader{}", match .leader { Some((id, addr)) => format!("; the leader is replica {id} at {addr}"), None => "; no leader is known yet".to_string() })]
+    NotLeader {
+        /// The leader's id and address.
+        leader: Option<(u64, String)>,
+    },
+    /// Raft failed to commit the entry (e.g. shutting down); the command may
+    /// or may not have been committed.
+    #[error("the write did not complete: {0}")]
+    Raft(String),
+}
+
+struct Pending {
+    command: Command,
+    reply: oneshot::Sender<Result<Outcome, ProposeError>>,
+}
+
+/// The handle callers propose through.
+#[derive(Clone)]
+pub struct Proposer {
+    tx: mpsc::Sender<Pending>,
+}
+
+impl Proposer {
+    /// Starts the proposer task for `raft`; at most `max_batch` commands go
+    /// into one entry.
+    pub fn start(raft: MusterRaft, max_batch: usize) -> Proposer {
+        let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
+        tokio::spawn(run(raft, rx, max_batch.max(1)));
+        Proposer { tx }
+    }
+
+    /// Proposes one command and waits for its outcome.
+    pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Pending { command, reply })
+            .await
+            .map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?;
+        rx.await.map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?
+    }
+
+    /// Proposes several commands (they share entries) and waits for all.
+    pub async fn propose_all(&self, commands: Vec<Command>) -> Vec<Result<Outcome, ProposeError>> {
+        let mut waiting = Vec::with_capacity(commands.len());
+        for command in commands {
+            let (reply, rx) = oneshot::channel();
+            if self.tx.send(Pending { command, reply }).await.is_err() {
+                break;
+            }
+            waiting.push(rx);
+        }
+        let mut out = Vec::with_capacity(waiting.len());
+        for rx in waiting {
+            out.push(rx.await.unwrap_or_else(|_| Err(ProposeError::Raft("the replica is shutting down".into()))));
+        }
+        out
+    }
+}
+
+/// The leader's wall clock, in ms since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let commands = batch.iter().map(|p| p.command.clone()).collect();
+        let size = batch.len();
+        let result = raft.client_write(CommandBatch { time_ms: now_ms(), commands }).await;
+        match result {
+            Ok(resp) => {
+                debug_assert_eq!(resp.data.len(), size, "one outcome per command");
+                for (p, outcome) in batch.into_iter().zip(resp.data) {
+                    let _ = p.reply.send(Ok(outcome));
+                }
+            }
+            Err(e) => {
+                let err = match e {
+                    RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                        ProposeError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }
+                    }
+                    other => ProposeError::Raft(other.to_string()),
+                };
+                for p in batch {
+                    let _ = p.reply.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+}

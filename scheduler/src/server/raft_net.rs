@@ -1,0 +1,195 @@
+//! Raft between replicas over gRPC: the client side (openraft's
+//! `RaftNetworkFactory`, with one pooled lazy channel per peer address) and
+//! the server side (`RaftService`, handing requests to the local `Raft`).
+//!
+//! Payloads are versioned postcard encodings of openraft's own types inside a
+//! protobuf `bytes` field; the reply is `Result<response, RaftError>`, so a
+//! peer's Raft error crosses the wire as itself. A peer that cannot be
+//! reached (or does not answer within the RPC's deadline) is reported as
+//! `Unreachable`, which makes openraft back off before retrying.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use muster_proto::v1::RaftPayload;
+use muster_proto::v1::raft_service_client::RaftServiceClient;
+use muster_proto::v1::raft_service_server::RaftService;
+use muster_raft_store::codec;
+use openraft::BasicNode;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Response, Status};
+
+use super::{MusterRaft, TypeConfig};
+
+/// The largest gRPC message between replicas (snapshot chunks are smaller).
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Builds a lazily connecting channel to `addr` (`host:port`).
+pub fn lazy_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
+        .connect_lazy())
+}
+
+/// openraft's network: hands out one client per target, sharing channels.
+#[derive(Clone, Default)]
+pub struct Network {
+    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+}
+
+impl Network {
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().expect("channel pool lock");
+        if let Some(c) = channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let c = lazy_channel(addr, Duration::from_secs(2)).map_err(|e| format!("bad peer address {addr:?}: {e}"))?;
+        channels.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
+        let client = self.channel(&node.addr).map(|c| {
+            RaftServiceClient::new(c)
+                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+        });
+        Peer { target, client }
+    }
+}
+
+/// A client for one peer.
+pub struct Peer {
+    target: u64,
+    client: Result<RaftServiceClient<Channel>, String>,
+}
+
+#[derive(Clone, Copy)]
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct WireError(String);
+
+impl Peer {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        rpc: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<u64, BasicNode, RaftError<u64, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: DeserializeOwned + std::error::Error,
+    {
+        let client = match &mut self.client {
+            Ok(c) => c,
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&WireError(e.clone())))),
+        };
+        let data = codec::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut request = Request::new(RaftPayload { data });
+        request.set_timeout(option.hard_ttl());
+        let reply = match rpc {
+            Rpc::Append => client.append_entries(request).await,
+            Rpc::Vote => client.vote(request).await,
+            Rpc::Snapshot => client.install_snapshot(request).await,
+        };
+        let reply = match reply {
+            Ok(r) => r.into_inner(),
+            Err(status) if matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&status)));
+            }
+            Err(status) => return Err(RPCError::Network(NetworkError::new(&status))),
+        };
+        let result: Result<Resp, RaftError<u64, E>> =
+            codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        self.call(Rpc::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>> {
+        self.call(Rpc::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+}
+
+/// The server side: peers' Raft requests into the local `Raft`.
+pub struct RaftRpc {
+    raft: MusterRaft,
+}
+
+impl RaftRpc {
+    /// Serves Raft RPCs for `raft`.
+    pub fn new(raft: MusterRaft) -> Self {
+        RaftRpc { raft }
+    }
+}
+
+fn decode_request<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
+    codec::decode(&req.into_inner().data)
+        .map_err(|e| Status::invalid_argument(format!("raft payload does not decode: {e}")))
+}
+
+fn encode_reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
+    let data = codec::encode(value).map_err(|e| Status::internal(format!("raft reply does not encode: {e}")))?;
+    Ok(Response::new(RaftPayload { data }))
+}
+
+#[tonic::async_trait]
+impl RaftService for RaftRpc {
+    async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: AppendEntriesRequest<TypeConfig> = decode_request(req)?;
+        encode_reply(&self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: VoteRequest<u64> = decode_request(req)?;
+        encode_reply(&self.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc: InstallSnapshotRequest<TypeConfig> = decode_request(req)?;
+        encode_reply(&self.raft.install_snapshot(rpc).await)
+    }
+}

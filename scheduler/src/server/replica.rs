@@ -1,0 +1,281 @@
+//! One scheduler replica: storage, Raft, the gRPC server (Raft, client and
+//! admin services on one port), the group-commit proposer and the
+//! leader-only loops.
+//!
+//! ```text
+//!   TcpListener ──▶ tonic: RaftService · AllocationService · AdminService
+//!                          │                 │
+//!                          ▼                 ▼
+//!                     openraft::Raft ◀── Proposer (batches) ◀── leader loops
+//!                          │
+//!                LogStore / StateMachineStore (sled + snapshot.bin)
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use muster_proto::v1;
+use muster_proto::v1::admin_service_server::AdminServiceServer;
+use muster_proto::v1::allocation_service_server::AllocationServiceServer;
+use muster_proto::v1::raft_service_server::RaftServiceServer;
+use muster_raft_store::{AppReader, OpenError};
+use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use super::admin_api::AdminApi;
+use super::client_api::ClientApi;
+use super::leader::LeaderLoops;
+use super::proposer::Proposer;
+use super::raft_net::{MAX_RAFT_MESSAGE_BYTES, Network, RaftRpc};
+use super::{MusterRaft, hex};
+use crate::policy::AdmissionConfig;
+use crate::sm::State;
+
+/// Raft timing and compaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaftTuning {
+    /// Leader heartbeat, ms.
+    pub heartbeat_ms: u64,
+    /// Election timeout range, ms (randomised in between by openraft).
+    pub election_timeout_ms: (u64, u64),
+    /// Build a snapshot every this many applied entries.
+    pub snapshot_every: u64,
+    /// Entries kept in the log behind the latest snapshot (for slow followers).
+    pub keep_behind_snapshot: u64,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        RaftTuning {
+            heartbeat_ms: 100,
+            election_timeout_ms: (500, 1000),
+            snapshot_every: 10_000,
+            keep_behind_snapshot: 1_000,
+        }
+    }
+}
+
+/// How to run one replica.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// This replica's id (≥ 1).
+    pub id: u64,
+    /// The address peers and clients reach this replica at (`host:port`).
+    pub advertise: String,
+    /// Where the log and snapshots live.
+    pub data_dir: PathBuf,
+    /// The initial members (id → address), this replica included; used only
+    /// the first time the data dir is opened. Empty: join later as a learner.
+    pub initial_members: BTreeMap<u64, String>,
+    /// Raft timing and compaction.
+    pub raft: RaftTuning,
+    /// Admission policy knobs.
+    pub admission: AdmissionConfig,
+    /// How often the leader runs admission when nothing wakes it sooner.
+    pub admission_interval: Duration,
+    /// Most commands in one log entry.
+    pub max_batch: usize,
+}
+
+impl ReplicaConfig {
+    /// A config with the defaults for everything but identity and storage.
+    pub fn new(id: u64, advertise: impl Into<String>, data_dir: impl Into<PathBuf>) -> ReplicaConfig {
+        ReplicaConfig {
+            id,
+            advertise: advertise.into(),
+            data_dir: data_dir.into(),
+            initial_members: BTreeMap::new(),
+            raft: RaftTuning::default(),
+            admission: AdmissionConfig::default(),
+            admission_interval: Duration::from_secs(5),
+            max_batch: 4096,
+        }
+    }
+}
+
+/// Why a replica could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data directory could not be opened.
+    #[error(transparent)]
+    Storage(#[from] OpenError),
+    /// The Raft configuration is invalid.
+    #[error("invalid raft configuration: {0}")]
+    Config(String),
+    /// Raft failed to start.
+    #[error("raft failed to start: {0}")]
+    Raft(String),
+    /// The listener's address is unusable.
+    #[error("listener: {0}")]
+    Listener(std::io::Error),
+}
+
+/// What every service of a replica shares.
+#[derive(Clone)]
+pub struct Shared {
+    /// This replica's id.
+    pub id: u64,
+    /// Its advertised address.
+    pub advertise: String,
+    /// The Raft handle.
+    pub raft: MusterRaft,
+    /// The applied state.
+    pub reader: AppReader<State>,
+    /// Group-commit proposals.
+    pub proposer: Proposer,
+    /// Wakes the leader's admission loop (a submit or a release happened).
+    pub admission_wake: Arc<Notify>,
+}
+
+/// A running replica.
+pub struct Replica {
+    shared: Shared,
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    loops: LeaderLoops,
+}
+
+impl Replica {
+    /// Opens storage, starts Raft and serves on `listener`. On a fresh data
+    /// dir with initial members, bootstraps the cluster.
+    pub async fn start(cfg: ReplicaConfig, listener: TcpListener) -> Result<Replica, StartError> {
+        let addr = listener.local_addr().map_err(StartError::Listener)?;
+        let (log, sm) = muster_raft_store::open::<State>(&cfg.data_dir)?;
+        let reader = sm.reader();
+        let raft_cfg = Config {
+            cluster_name: "muster".into(),
+            heartbeat_interval: cfg.raft.heartbeat_ms,
+            election_timeout_min: cfg.raft.election_timeout_ms.0,
+            election_timeout_max: cfg.raft.election_timeout_ms.1,
+            install_snapshot_timeout: 10_000,
+            snapshot_max_chunk_size: 1 << 20,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.raft.snapshot_every),
+            max_in_snapshot_log_to_keep: cfg.raft.keep_behind_snapshot,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| StartError::Config(e.to_string()))?;
+        let raft = MusterRaft::new(cfg.id, Arc::new(raft_cfg), Network::default(), log, sm)
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+        let proposer = Proposer::start(raft.clone(), cfg.max_batch);
+        let shared = Shared {
+            id: cfg.id,
+            advertise: cfg.advertise.clone(),
+            raft: raft.clone(),
+            reader,
+            proposer,
+            admission_wake: Arc::new(Notify::new()),
+        };
+
+        let (stop, mut stopped) = watch::channel(false);
+        let server = tonic::transport::Server::builder()
+            .add_service(
+                RaftServiceServer::new(RaftRpc::new(raft.clone()))
+                    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
+            )
+            .add_service(AllocationServiceServer::new(ClientApi::new(shared.clone())))
+            .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            });
+        let server = tokio::spawn(server);
+
+        if !cfg.initial_members.is_empty()
+            && !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))?
+        {
+            let members: BTreeMap<u64, BasicNode> =
+                cfg.initial_members.iter().map(|(id, a)| (*id, BasicNode::new(a.clone()))).collect();
+            // Every initial member may call this with the same membership;
+            // the ones that lose the race are told it is not allowed.
+            if let Err(e) = raft.initialize(members).await {
+                tracing::info!(error = %e, "cluster already initialised");
+            }
+        }
+        let loops = LeaderLoops::start(shared.clone(), cfg.admission, cfg.admission_interval);
+        tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
+        Ok(Replica { shared, addr, stop, server, loops })
+    }
+
+    /// The socket address it serves on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its id.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// The Raft handle.
+    pub fn raft(&self) -> &MusterRaft {
+        &self.shared.raft
+    }
+
+    /// The applied state.
+    pub fn reader(&self) -> &AppReader<State> {
+        &self.shared.reader
+    }
+
+    /// The group-commit proposer.
+    pub fn proposer(&self) -> &Proposer {
+        &self.shared.proposer
+    }
+
+    /// This replica's view of the cluster.
+    pub fn status(&self) -> v1::ReplicaStatus {
+        status_of(&self.shared)
+    }
+
+    /// Stops serving, stops Raft and releases the data dir.
+    pub async fn shutdown(self) {
+        self.loops.stop();
+        let _ = self.stop.send(true);
+        let _ = self.shared.raft.shutdown().await;
+        let _ = self.server.await;
+    }
+}
+
+/// A replica's view of itself and the cluster.
+pub fn status_of(shared: &Shared) -> v1::ReplicaStatus {
+    let m = shared.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    let voters: Vec<u64> = membership.voter_ids().collect();
+    let members: Vec<v1::Member> = membership
+        .nodes()
+        .map(|(id, node)| v1::Member { id: *id, address: node.addr.clone(), voter: voters.contains(id) })
+        .collect();
+    let role = match m.state {
+        ServerState::Leader => "leader",
+        ServerState::Candidate => "candidate",
+        ServerState::Follower => "follower",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    };
+    let leader_address = m
+        .current_leader
+        .and_then(|l| membership.nodes().find(|(id, _)| **id == l).map(|(_, n)| n.addr.clone()))
+        .unwrap_or_default();
+    let (applied, digest) = shared.reader.applied_and_digest();
+    v1::ReplicaStatus {
+        id: shared.id,
+        address: shared.advertise.clone(),
+        role: role.to_string(),
+        term: m.current_term,
+        leader_id: m.current_leader.unwrap_or(0),
+        leader_address,
+        applied_index: applied.map_or(0, |l| l.index),
+        last_log_index: m.last_log_index.unwrap_or(0),
+        state_digest: hex(&digest),
+        snapshot_index: m.snapshot.map_or(0, |l| l.index),
+        members,
+    }
+}

@@ -1,0 +1,168 @@
+//! An in-process cluster of three replicas on loopback: commits, redirects,
+//! equal digests, and a follower catching up by snapshot after the log it
+//! missed was purged.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use muster_proto::v1;
+use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+use muster_scheduler::server::convert::LEADER_ADDR_HEADER;
+use muster_scheduler::server::{RaftTuning, Replica, ReplicaConfig};
+use muster_scheduler::sm::{AllocSpec, Command, Event, Resources};
+use tokio::net::{TcpListener, TcpSocket};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn listen(addr: SocketAddr) -> TcpListener {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind(addr).unwrap();
+    socket.listen(128).unwrap()
+}
+
+fn config(
+    id: u64,
+    addr: SocketAddr,
+    dir: &Path,
+    members: &BTreeMap<u64, String>,
+    tuning: &RaftTuning,
+) -> ReplicaConfig {
+    let mut cfg = ReplicaConfig::new(id, addr.to_string(), dir.join(format!("r{id}")));
+    cfg.initial_members = members.clone();
+    cfg.raft = tuning.clone();
+    cfg
+}
+
+async fn start_cluster(dir: &Path, tuning: &RaftTuning) -> (Vec<Replica>, BTreeMap<u64, String>) {
+    let listeners: Vec<TcpListener> = (0..3).map(|_| listen("127.0.0.1:0".parse().unwrap())).collect();
+    let members: BTreeMap<u64, String> =
+        listeners.iter().enumerate().map(|(i, l)| (i as u64 + 1, l.local_addr().unwrap().to_string())).collect();
+    let mut replicas = Vec::new();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        let addr = l.local_addr().unwrap();
+        replicas.push(Replica::start(config(id, addr, dir, &members, tuning), l).await.unwrap());
+    }
+    (replicas, members)
+}
+
+async fn leader(replicas: &[Replica]) -> usize {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(i) = replicas.iter().position(|r| r.status().role == "leader") {
+            return i;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader elected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until every replica has applied `index` and all digests agree.
+async fn converged(replicas: &[&Replica], index: u64) -> String {
+    for r in replicas {
+        r.raft()
+            .wait(Some(WAIT))
+            .applied_index_at_least(Some(index), "catch up")
+            .await
+            .unwrap_or_else(|e| panic!("replica {} did not reach {index}: {e}", r.id()));
+    }
+    let statuses: Vec<_> = replicas.iter().map(|r| r.status()).collect();
+    for s in &statuses {
+        assert_eq!(s.applied_index, statuses[0].applied_index, "{statuses:?}");
+        assert_eq!(s.state_digest, statuses[0].state_digest, "{statuses:?}");
+    }
+    statuses[0].state_digest.clone()
+}
+
+fn submit(i: u32) -> Command {
+    let mut spec = AllocSpec::new(
+        "it",
+        1 + i % 3,
+        Resources { gpus: 1, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 },
+        vec!["sleep".into(), "1".into()],
+    );
+    spec.idempotency_key = Some(format!("key-{i}"));
+    Command::Submit { spec }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_commit_batches_and_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, _) = start_cluster(dir.path(), &RaftTuning::default()).await;
+    let l = leader(&replicas).await;
+
+    // 200 concurrent proposals share a handful of entries.
+    let outcomes = replicas[l].proposer().propose_all((0..200).map(submit).collect()).await;
+    let ids: Vec<u64> = outcomes
+        .iter()
+        .map(|o| match o.as_ref().unwrap().events() {
+            [Event::Submitted { alloc, duplicate: false }] => *alloc,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(ids, (1..=200).collect::<Vec<_>>());
+    let index = replicas[l].status().applied_index;
+    assert!(index < 150, "200 submits should have been batched into far fewer entries, got index {index}");
+    let all: Vec<&Replica> = replicas.iter().collect();
+    converged(&all, index).await;
+
+    // A follower refuses a write and names the leader; the leader accepts it.
+    let follower = &replicas[(l + 1) % 3];
+    let mut client = AllocationServiceClient::connect(format!("http://{}", follower.addr())).await.unwrap();
+    let spec = muster_scheduler::server::convert::spec_to_proto(&match submit(7) {
+        Command::Submit { spec } => spec,
+        _ => unreachable!(),
+    });
+    let err = client.submit(v1::SubmitRequest { spec: Some(spec.clone()) }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    let leader_addr = err.metadata().get(LEADER_ADDR_HEADER).unwrap().to_str().unwrap().to_string();
+    assert_eq!(leader_addr, replicas[l].addr().to_string());
+    let mut client = AllocationServiceClient::connect(format!("http://{leader_addr}")).await.unwrap();
+    let resp = client.submit(v1::SubmitRequest { spec: Some(spec) }).await.unwrap().into_inner();
+    assert_eq!((resp.id, resp.duplicate), (8, true), "the same idempotency key finds allocation 8");
+    let got = client.get(v1::GetRequest { id: 8 }).await.unwrap().into_inner();
+    assert_eq!(got.spec.unwrap().idempotency_key, "key-7");
+
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_down_across_a_purge_catches_up_by_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let tuning = RaftTuning { snapshot_every: 20, keep_behind_snapshot: 0, ..RaftTuning::default() };
+    let (mut replicas, members) = start_cluster(dir.path(), &tuning).await;
+    let l = leader(&replicas).await;
+    let down_idx = (l + 1) % 3;
+    let down = replicas.remove(down_idx);
+    let down_id = down.id();
+    let down_addr = down.addr();
+    down.shutdown().await;
+
+    let l = replicas.iter().position(|r| r.status().role == "leader").expect("leader still leads");
+    for i in 0..120 {
+        replicas[l].proposer().propose(submit(i)).await.unwrap();
+    }
+    let status = replicas[l].status();
+    replicas[l]
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(|m| m.purged.is_some_and(|p| p.index > 20), "leader purged its log")
+        .await
+        .unwrap();
+
+    let back =
+        Replica::start(config(down_id, down_addr, dir.path(), &members, &tuning), listen(down_addr)).await.unwrap();
+    replicas.push(back);
+    let all: Vec<&Replica> = replicas.iter().collect();
+    converged(&all, status.applied_index).await;
+    let rejoined = replicas.last().unwrap().status();
+    assert!(rejoined.snapshot_index > 0, "caught up by installing a snapshot: {rejoined:?}");
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
