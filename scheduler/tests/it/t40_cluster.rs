@@ -77,6 +77,25 @@ async fn converged(replicas: &[&Replica], index: u64) -> String {
     statuses[0].state_digest.clone()
 }
 
+/// Proposes on whoever leads, retrying through elections (the idempotency
+/// key makes a retry of a write that did commit return the same allocation).
+async fn propose(replicas: &[Replica], cmd: Command) -> u64 {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let l = leader(replicas).await;
+        match replicas[l].proposer().propose(cmd.clone()).await {
+            Ok(out) => match out.events() {
+                [Event::Submitted { alloc, .. }] => return *alloc,
+                other => panic!("{other:?}"),
+            },
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "no commit: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 fn submit(i: u32) -> Command {
     let mut spec = AllocSpec::new(
         "it",
@@ -95,31 +114,45 @@ async fn three_replicas_commit_batches_and_agree() {
     let l = leader(&replicas).await;
 
     // 200 concurrent proposals share a handful of entries.
+    let before = replicas[l].status().applied_index;
     let outcomes = replicas[l].proposer().propose_all((0..200).map(submit).collect()).await;
-    let ids: Vec<u64> = outcomes
-        .iter()
-        .map(|o| match o.as_ref().unwrap().events() {
-            [Event::Submitted { alloc, duplicate: false }] => *alloc,
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let mut ids = Vec::new();
+    for (i, o) in outcomes.into_iter().enumerate() {
+        ids.push(match o {
+            Ok(out) => match out.events() {
+                [Event::Submitted { alloc, .. }] => *alloc,
+                other => panic!("{other:?}"),
+            },
+            // Leadership moved under load: retry on the new leader.
+            Err(_) => propose(&replicas, submit(i as u32)).await,
+        });
+    }
+    ids.sort_unstable();
+    ids.dedup();
     assert_eq!(ids, (1..=200).collect::<Vec<_>>());
+    let l = leader(&replicas).await;
     let index = replicas[l].status().applied_index;
+    assert!(index - before < 150, "200 submits should share far fewer entries ({before} -> {index})");
     assert!(index < 150, "200 submits should have been batched into far fewer entries, got index {index}");
     let all: Vec<&Replica> = replicas.iter().collect();
     converged(&all, index).await;
 
     // A follower refuses a write and names the leader; the leader accepts it.
-    let follower = &replicas[(l + 1) % 3];
-    let mut client = AllocationServiceClient::connect(format!("http://{}", follower.addr())).await.unwrap();
     let spec = muster_scheduler::server::convert::spec_to_proto(&match submit(7) {
         Command::Submit { spec } => spec,
         _ => unreachable!(),
     });
-    let err = client.submit(v1::SubmitRequest { spec: Some(spec.clone()) }).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable);
-    let leader_addr = err.metadata().get(LEADER_ADDR_HEADER).unwrap().to_str().unwrap().to_string();
-    assert_eq!(leader_addr, replicas[l].addr().to_string());
+    let leader_addr = loop {
+        let l = leader(&replicas).await;
+        let follower = &replicas[(l + 1) % 3];
+        let mut client = AllocationServiceClient::connect(format!("http://{}", follower.addr())).await.unwrap();
+        let err = client.submit(v1::SubmitRequest { spec: Some(spec.clone()) }).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        if let Some(addr) = err.metadata().get(LEADER_ADDR_HEADER) {
+            break addr.to_str().unwrap().to_string();
+        }
+    };
+    assert!(replicas.iter().any(|r| r.addr().to_string() == leader_addr), "{leader_addr}");
     let mut client = AllocationServiceClient::connect(format!("http://{leader_addr}")).await.unwrap();
     let resp = client.submit(v1::SubmitRequest { spec: Some(spec) }).await.unwrap().into_inner();
     assert_eq!((resp.id, resp.duplicate), (8, true), "the same idempotency key finds allocation 8");
@@ -143,10 +176,10 @@ async fn a_follower_down_across_a_purge_catches_up_by_snapshot() {
     let down_addr = down.addr();
     down.shutdown().await;
 
-    let l = replicas.iter().position(|r| r.status().role == "leader").expect("leader still leads");
     for i in 0..120 {
-        replicas[l].proposer().propose(submit(i)).await.unwrap();
+        propose(&replicas, submit(i)).await;
     }
+    let l = leader(&replicas).await;
     let status = replicas[l].status();
     replicas[l]
         .raft()
