@@ -1,5 +1,8 @@
 //! The `muster` binary, run as a user would.
 
+mod cluster;
+mod t60_failover;
+
 use std::process::{Command, Output};
 
 fn muster(args: &[&str]) -> Output {

@@ -13,6 +13,9 @@
 //!
 //! Throughput is then bounded by batch size over commit latency rather than
 //! by one fsync per transition.
+//!
+//! Metrics: `muster_raft_batch_commands` (histogram), `muster_raft_commit_seconds`
+//! (histogram), `muster_raft_proposals_total{result}` (counter).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -102,7 +105,12 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
         }
         let commands = batch.iter().map(|p| p.command.clone()).collect();
         let size = batch.len();
+        let started = std::time::Instant::now();
         let result = raft.client_write(CommandBatch { time_ms: now_ms(), commands }).await;
+        metrics::histogram!("muster_raft_batch_commands").record(size as f64);
+        metrics::histogram!("muster_raft_commit_seconds").record(started.elapsed().as_secs_f64());
+        metrics::counter!("muster_raft_proposals_total", "result" => if result.is_ok() { "committed" } else { "failed" })
+            .increment(size as u64);
         match result {
             Ok(resp) => {
                 debug_assert_eq!(resp.data.len(), size, "one outcome per command");

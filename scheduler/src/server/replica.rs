@@ -201,6 +201,7 @@ impl Replica {
             }
         }
         let loops = LeaderLoops::start(shared.clone(), cfg.admission, cfg.admission_interval);
+        tokio::spawn(export_metrics(shared.clone()));
         tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
         Ok(Replica { shared, addr, stop, server, loops })
     }
@@ -277,5 +278,32 @@ pub fn status_of(shared: &Shared) -> v1::ReplicaStatus {
         state_digest: hex(&digest),
         snapshot_index: m.snapshot.map_or(0, |l| l.index),
         members,
+    }
+}
+
+/// Keeps the replica's gauges current: `muster_raft_term`,
+/// `muster_raft_leader_id`, `muster_raft_is_leader`,
+/// `muster_raft_applied_index`, `muster_raft_last_log_index`,
+/// `muster_raft_snapshot_index`, `muster_sm_queue_depth`,
+/// `muster_sm_allocations`, `muster_sm_nodes`. Ends when Raft shuts down.
+async fn export_metrics(shared: Shared) {
+    let mut metrics = shared.raft.metrics();
+    loop {
+        {
+            let m = metrics.borrow_and_update();
+            metrics::gauge!("muster_raft_term").set(m.current_term as f64);
+            metrics::gauge!("muster_raft_leader_id").set(m.current_leader.unwrap_or(0) as f64);
+            metrics::gauge!("muster_raft_is_leader").set(if m.state == ServerState::Leader { 1.0 } else { 0.0 });
+            metrics::gauge!("muster_raft_applied_index").set(m.last_applied.map_or(0, |l| l.index) as f64);
+            metrics::gauge!("muster_raft_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
+            metrics::gauge!("muster_raft_snapshot_index").set(m.snapshot.map_or(0, |l| l.index) as f64);
+        }
+        let (queued, allocs, nodes) = shared.reader.read(|st| (st.queue_len(), st.allocs().len(), st.nodes().len()));
+        metrics::gauge!("muster_sm_queue_depth").set(queued as f64);
+        metrics::gauge!("muster_sm_allocations").set(allocs as f64);
+        metrics::gauge!("muster_sm_nodes").set(nodes as f64);
+        if metrics.changed().await.is_err() {
+            return;
+        }
     }
 }

@@ -1,0 +1,317 @@
+//! `muster submit` and `muster alloc get|list`: the client write and read path.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use muster_proto::v1;
+use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+use serde_json::json;
+
+use crate::client::Cluster;
+use crate::output::Output;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Checkpoint {
+    Auto,
+    Manual,
+    None,
+}
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// Tasks in the gang (all placed together).
+    #[arg(short = 'n', long, default_value_t = 1)]
+    gang_size: u32,
+    /// GPUs per task.
+    #[arg(long, default_value_t = 0)]
+    gpus: u32,
+    /// Least memory per GPU, MiB.
+    #[arg(long, default_value_t = 0)]
+    vram_mb: u64,
+    /// Host memory per task, MiB.
+    #[arg(long, default_value_t = 1024)]
+    mem_mb: u64,
+    /// CPU cores per task.
+    #[arg(long, default_value_t = 1)]
+    cpus: u32,
+    /// Preemption class, 0 (preempted first) to 10 (never preempted).
+    #[arg(long, default_value_t = 0)]
+    class: u32,
+    /// Priority within the class (higher first).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// How the task survives preemption.
+    #[arg(long, value_enum, default_value_t = Checkpoint::Auto)]
+    checkpoint: Checkpoint,
+    /// Walltime per attempt: seconds, or with a unit (90s, 30m, 4h, 2d).
+    #[arg(long, default_value = "1h")]
+    walltime: String,
+    /// Failed attempts a task may accumulate before its gang fails.
+    #[arg(long, default_value_t = 3)]
+    max_retries: u32,
+    /// Environment for each task, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Owner (default: $USER).
+    #[arg(long)]
+    owner: Option<String>,
+    /// A retried submit with the same key returns the same allocation.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// The command each task runs.
+    #[arg(required = true, last = true)]
+    command: Vec<String>,
+}
+
+/// Parses `90`, `90s`, `30m`, `4h`, `2d` into seconds.
+pub fn parse_duration_s(s: &str) -> anyhow::Result<u64> {
+    let s = s.trim();
+    let (num, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num.parse().with_context(|| format!("{s:?} is not a duration (e.g. 90s, 30m, 4h)"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => bail!("{s:?}: unknown unit {unit:?} (use s, m, h or d)"),
+    };
+    n.checked_mul(mult).with_context(|| format!("{s:?} is too long"))
+}
+
+fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
+    let mut env = HashMap::new();
+    for kv in &args.env {
+        let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
+        env.insert(k.to_string(), v.to_string());
+    }
+    let walltime_s = parse_duration_s(&args.walltime).context("--walltime")?;
+    if walltime_s == 0 {
+        bail!("--walltime must be at least 1 second");
+    }
+    Ok(v1::AllocationSpec {
+        owner: args.owner.clone().or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "unknown".into()),
+        gang_size: args.gang_size,
+        resources: Some(v1::Resources { gpus: args.gpus, vram_mb: args.vram_mb, mem_mb: args.mem_mb, cpus: args.cpus }),
+        preemption_class: args.class,
+        priority: args.priority,
+        checkpoint: match args.checkpoint {
+            Checkpoint::Auto => v1::CheckpointMode::Auto,
+            Checkpoint::Manual => v1::CheckpointMode::Manual,
+            Checkpoint::None => v1::CheckpointMode::None,
+        } as i32,
+        walltime_s,
+        max_retries: args.max_retries,
+        command: args.command.clone(),
+        env,
+        idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
+    })
+}
+
+pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> anyhow::Result<()> {
+    let spec = spec_of(&args)?;
+    let resp = cluster
+        .call(|ch| {
+            let spec = spec.clone();
+            async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec) }).await }
+        })
+        .await?
+        .into_inner();
+    match out {
+        Output::Json => println!("{}", json!({ "id": resp.id, "duplicate": resp.duplicate })),
+        Output::Text if resp.duplicate => {
+            println!("allocation {} (already submitted with this idempotency key)", resp.id)
+        }
+        Output::Text => println!("allocation {} submitted", resp.id),
+    }
+    Ok(())
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AllocCmd {
+    /// Show one allocation.
+    Get {
+        /// The allocation id.
+        id: u64,
+    },
+    /// List allocations.
+    List {
+        /// Only this status (queued, reserved, running, tearing-down, done, failed, cancelled).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this owner.
+        #[arg(long)]
+        owner: Option<String>,
+        /// Only this preemption class.
+        #[arg(long)]
+        class: Option<u32>,
+        /// Allocations per page (at most 1000).
+        #[arg(long, default_value_t = 100)]
+        page_size: u32,
+        /// Follow every page.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+fn status_name(raw: i32) -> &'static str {
+    match v1::AllocationStatus::try_from(raw) {
+        Ok(v1::AllocationStatus::Queued) => "queued",
+        Ok(v1::AllocationStatus::Reserved) => "reserved",
+        Ok(v1::AllocationStatus::Running) => "running",
+        Ok(v1::AllocationStatus::TearingDown) => "tearing-down",
+        Ok(v1::AllocationStatus::Done) => "done",
+        Ok(v1::AllocationStatus::Failed) => "failed",
+        Ok(v1::AllocationStatus::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+fn task_status_name(raw: i32) -> String {
+    v1::TaskStatus::try_from(raw)
+        .map(|s| s.as_str_name().trim_start_matches("TASK_STATUS_").to_lowercase())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn status_filter(name: &str) -> anyhow::Result<i32> {
+    Ok(match name {
+        "queued" => v1::AllocationStatus::Queued,
+        "reserved" => v1::AllocationStatus::Reserved,
+        "running" => v1::AllocationStatus::Running,
+        "tearing-down" => v1::AllocationStatus::TearingDown,
+        "done" => v1::AllocationStatus::Done,
+        "failed" => v1::AllocationStatus::Failed,
+        "cancelled" => v1::AllocationStatus::Cancelled,
+        other => {
+            bail!("--status {other:?} is not one of queued, reserved, running, tearing-down, done, failed, cancelled")
+        }
+    } as i32)
+}
+
+fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
+    let spec = a.spec.clone().unwrap_or_default();
+    let r = spec.resources.unwrap_or_default();
+    json!({
+        "id": a.id,
+        "status": status_name(a.status),
+        "owner": spec.owner,
+        "gang_size": spec.gang_size,
+        "resources": { "gpus": r.gpus, "vram_mb": r.vram_mb, "mem_mb": r.mem_mb, "cpus": r.cpus },
+        "preemption_class": spec.preemption_class,
+        "priority": spec.priority,
+        "walltime_s": spec.walltime_s,
+        "max_retries": spec.max_retries,
+        "command": spec.command,
+        "idempotency_key": spec.idempotency_key,
+        "submit_time_ms": a.submit_time_ms,
+        "reservation_epoch": a.reservation_epoch,
+        "tasks": a.tasks.iter().map(|t| json!({
+            "index": t.index,
+            "status": task_status_name(t.status),
+            "node": t.node_id,
+            "attempts": t.attempts,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn alloc_line(a: &v1::Allocation) -> String {
+    let spec = a.spec.clone().unwrap_or_default();
+    let r = spec.resources.unwrap_or_default();
+    format!(
+        "{:>8}  {:<12}  {:<12}  {:>4} x {:>2} GPU  class {:>2}  {}",
+        a.id,
+        status_name(a.status),
+        spec.owner,
+        spec.gang_size,
+        r.gpus,
+        spec.preemption_class,
+        spec.command.join(" ")
+    )
+}
+
+pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow::Result<()> {
+    match cmd {
+        AllocCmd::Get { id } => {
+            let a = cluster
+                .call(|ch| async move { AllocationServiceClient::new(ch).get(v1::GetRequest { id }).await })
+                .await?
+                .into_inner();
+            match out {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
+                Output::Text => {
+                    println!("{}", alloc_line(&a));
+                    for t in &a.tasks {
+                        let status = task_status_name(t.status);
+                        let node = if t.node_id.is_empty() { "-" } else { &t.node_id };
+                        println!(
+                            "          task {:>3}  {:<22}  node {:<16}  attempts {}",
+                            t.index, status, node, t.attempts
+                        );
+                    }
+                }
+            }
+        }
+        AllocCmd::List { status, owner, class, page_size, all } => {
+            let status = status.as_deref().map(status_filter).transpose()?.unwrap_or(0);
+            let mut token = 0;
+            let mut rows = Vec::new();
+            loop {
+                let req = v1::ListRequest {
+                    status,
+                    owner: owner.clone().unwrap_or_default(),
+                    preemption_class: class,
+                    page_size,
+                    page_token: token,
+                };
+                let page = cluster
+                    .call(|ch| {
+                        let req = req.clone();
+                        async move { AllocationServiceClient::new(ch).list(req).await }
+                    })
+                    .await?
+                    .into_inner();
+                rows.extend(page.allocations);
+                token = page.next_page_token;
+                if token == 0 || !all {
+                    break;
+                }
+            }
+            match out {
+                Output::Json => {
+                    let list: Vec<_> = rows.iter().map(alloc_json).collect();
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&json!({ "allocations": list, "next_page_token": token }))?
+                    );
+                }
+                Output::Text => {
+                    for a in &rows {
+                        println!("{}", alloc_line(a));
+                    }
+                    if token != 0 {
+                        println!("(more: --all, or continue after allocation {token})");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration_s("90").unwrap(), 90);
+        assert_eq!(parse_duration_s("30m").unwrap(), 1800);
+        assert_eq!(parse_duration_s("4h").unwrap(), 14_400);
+        assert_eq!(parse_duration_s("2d").unwrap(), 172_800);
+        assert!(parse_duration_s("4w").unwrap_err().to_string().contains("unknown unit"));
+        assert!(parse_duration_s("h").is_err());
+    }
+}

@@ -1,0 +1,132 @@
+//! Finding the cluster: try the listed replicas, follow leader hints.
+//!
+//! Every client command takes `--scheduler host:port[,host:port…]` (or
+//! `MUSTER_SCHEDULER`). A call goes to the last known leader first, then to
+//! each listed replica; a replica that answers UNAVAILABLE with the leader in
+//! metadata sends the call there. Unreachable replicas are skipped; when none
+//! answers, the error names them all.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use muster_scheduler::server::convert::LEADER_ADDR_HEADER;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// Parses a `host:port[,host:port…]` list.
+pub fn parse_addresses(list: &str) -> anyhow::Result<Vec<String>> {
+    let addrs: Vec<String> = list.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
+    if addrs.is_empty() {
+        bail!("--scheduler needs at least one host:port (or set MUSTER_SCHEDULER)");
+    }
+    for a in &addrs {
+        let ok = a.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+        if !ok {
+            bail!("--scheduler: {a:?} is not host:port");
+        }
+    }
+    Ok(addrs)
+}
+
+/// Connects to one replica.
+pub async fn connect(addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .with_context(|| format!("{addr:?} is not a valid address"))?
+        .connect_timeout(timeout)
+        .timeout(Duration::from_secs(30));
+    endpoint.connect().await.map_err(|e| anyhow!("cannot connect to {addr}: {e}"))
+}
+
+/// A client that follows the leader.
+pub struct Cluster {
+    addrs: Vec<String>,
+    leader: Option<String>,
+}
+
+/// Turns a status into one readable line.
+pub fn describe(status: &Status) -> String {
+    let code = match status.code() {
+        Code::InvalidArgument => "invalid argument",
+        Code::NotFound => "not found",
+        Code::AlreadyExists => "already exists",
+        Code::FailedPrecondition => "refused",
+        Code::PermissionDenied => "permission denied",
+        Code::Unavailable => "unavailable",
+        Code::DeadlineExceeded => "timed out",
+        Code::Aborted => "aborted",
+        _ => "error",
+    };
+    format!("{code}: {}", status.message())
+}
+
+impl Cluster {
+    /// A client for these replicas.
+    pub fn new(addrs: Vec<String>) -> Cluster {
+        Cluster { addrs, leader: None }
+    }
+
+    /// The listed replicas.
+    pub fn addresses(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// Runs `call` against the leader, following hints, trying each replica.
+    pub async fn call<T, F, Fut>(&mut self, mut call: F) -> anyhow::Result<T>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let mut queue: Vec<String> = self.leader.iter().cloned().chain(self.addrs.iter().cloned()).collect();
+        let mut tried: Vec<String> = Vec::new();
+        let mut problems: Vec<String> = Vec::new();
+        let mut hops = 0;
+        while let Some(addr) = (!queue.is_empty()).then(|| queue.remove(0)) {
+            if tried.contains(&addr) {
+                continue;
+            }
+            tried.push(addr.clone());
+            let channel = match connect(&addr, Duration::from_secs(3)).await {
+                Ok(c) => c,
+                Err(e) => {
+                    problems.push(e.to_string());
+                    continue;
+                }
+            };
+            match call(channel).await {
+                Ok(v) => {
+                    self.leader = Some(addr);
+                    return Ok(v);
+                }
+                Err(status) if status.code() == Code::Unavailable => {
+                    let hint =
+                        status.metadata().get(LEADER_ADDR_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+                    match hint {
+                        Some(leader) if hops < 5 => {
+                            hops += 1;
+                            tried.retain(|a| *a != leader);
+                            queue.insert(0, leader);
+                        }
+                        _ => problems.push(format!("{addr}: {}", describe(&status))),
+                    }
+                }
+                Err(status) => bail!("{}", describe(&status)),
+            }
+        }
+        bail!("cannot reach the scheduler leader through {}: {}", self.addrs.join(", "), problems.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_checked() {
+        assert_eq!(parse_addresses("a:1, b:2").unwrap(), vec!["a:1", "b:2"]);
+        assert!(parse_addresses("").is_err());
+        assert!(parse_addresses("nohost").unwrap_err().to_string().contains("not host:port"));
+        assert!(parse_addresses("h:0").is_err());
+        assert!(parse_addresses("h:99999").is_err());
+    }
+}

@@ -1,0 +1,242 @@
+//! `muster cluster …`: the replicas' status and membership.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Subcommand;
+use muster_proto::v1;
+use muster_proto::v1::admin_service_client::AdminServiceClient;
+use serde_json::json;
+
+use crate::client::{Cluster, connect, describe};
+use crate::output::Output;
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Every member's id, address, role, term, applied index and state digest.
+    Status,
+    /// Add a replica as a learner (it copies the log but does not vote yet).
+    AddLearner {
+        /// The new replica's id.
+        #[arg(long)]
+        id: u64,
+        /// Its host:port.
+        #[arg(long)]
+        address: String,
+    },
+    /// Make learners voting members.
+    Promote {
+        /// Replica ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Remove replicas from the cluster.
+    Remove {
+        /// Replica ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Build a snapshot now (and purge the log behind it) on every reachable member.
+    Snapshot,
+    /// Move leadership to a replica: it campaigns now; succeeds once it leads.
+    TransferLeader {
+        /// The replica that should lead.
+        #[arg(long)]
+        to: u64,
+    },
+}
+
+async fn status_at(addr: &str) -> Result<v1::ReplicaStatus, String> {
+    let ch = connect(addr, Duration::from_secs(2)).await.map_err(|e| e.to_string())?;
+    let mut client = AdminServiceClient::new(ch);
+    let mut req = tonic::Request::new(v1::StatusRequest {});
+    req.set_timeout(Duration::from_secs(5));
+    client.status(req).await.map(|r| r.into_inner()).map_err(|s| describe(&s))
+}
+
+/// The member list from whichever listed replica answers first.
+async fn members(cluster: &Cluster) -> anyhow::Result<Vec<v1::Member>> {
+    let mut problems = Vec::new();
+    for addr in cluster.addresses() {
+        match status_at(addr).await {
+            Ok(s) if !s.members.is_empty() => return Ok(s.members),
+            Ok(s) => problems.push(format!("{addr}: replica {} is not part of a cluster yet", s.id)),
+            Err(e) => problems.push(e),
+        }
+    }
+    bail!("cannot reach any scheduler replica at {}: {}", cluster.addresses().join(", "), problems.join("; "))
+}
+
+fn member_json(m: &v1::Member, s: &Result<v1::ReplicaStatus, String>) -> serde_json::Value {
+    match s {
+        Ok(s) => json!({
+            "id": m.id, "address": m.address, "voter": m.voter, "reachable": true,
+            "role": s.role, "term": s.term, "leader_id": s.leader_id,
+            "applied_index": s.applied_index, "last_log_index": s.last_log_index,
+            "snapshot_index": s.snapshot_index, "state_digest": s.state_digest,
+        }),
+        Err(e) => json!({ "id": m.id, "address": m.address, "voter": m.voter, "reachable": false, "error": e }),
+    }
+}
+
+pub async fn status(cluster: &Cluster, out: Output) -> anyhow::Result<()> {
+    let members = members(cluster).await?;
+    let mut rows = Vec::new();
+    for m in &members {
+        rows.push((m.clone(), status_at(&m.address).await));
+    }
+    let leader_id = rows.iter().find_map(|(_, s)| s.as_ref().ok().filter(|s| s.role == "leader").map(|s| s.id));
+    match out {
+        Output::Json => {
+            let replicas: Vec<_> = rows.iter().map(|(m, s)| member_json(m, s)).collect();
+            println!("{}", serde_json::to_string_pretty(&json!({ "leader_id": leader_id, "replicas": replicas }))?);
+        }
+        Output::Text => {
+            match leader_id {
+                Some(id) => println!("leader: replica {id}"),
+                None => println!("leader: none (election in progress or no quorum)"),
+            }
+            println!("{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  digest", "id", "address", "role", "term", "applied");
+            for (m, s) in &rows {
+                match s {
+                    Ok(s) => println!(
+                        "{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  {}",
+                        m.id,
+                        m.address,
+                        if m.voter { s.role.clone() } else { format!("{} (learner)", s.role) },
+                        s.term,
+                        s.applied_index,
+                        &s.state_digest[..16.min(s.state_digest.len())]
+                    ),
+                    Err(e) => println!("{:>4}  {:<22}  unreachable: {e}", m.id, m.address),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_members(resp: &v1::MembershipResponse, out: Output) -> anyhow::Result<()> {
+    match out {
+        Output::Json => {
+            let members: Vec<_> =
+                resp.members.iter().map(|m| json!({ "id": m.id, "address": m.address, "voter": m.voter })).collect();
+            println!("{}", serde_json::to_string_pretty(&json!({ "members": members, "log_index": resp.log_index }))?);
+        }
+        Output::Text => {
+            for m in &resp.members {
+                println!("{:>4}  {:<22}  {}", m.id, m.address, if m.voter { "voter" } else { "learner" });
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow::Result<()> {
+    match cmd {
+        ClusterCmd::Status => status(cluster, out).await,
+        ClusterCmd::AddLearner { id, address } => {
+            let resp = cluster
+                .call(|ch| {
+                    let address = address.clone();
+                    async move { AdminServiceClient::new(ch).add_learner(v1::AddLearnerRequest { id, address }).await }
+                })
+                .await?
+                .into_inner();
+            print_members(&resp, out)
+        }
+        ClusterCmd::Promote { ids } => {
+            let req = v1::ChangeMembershipRequest { promote: ids, remove: vec![] };
+            let resp = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { AdminServiceClient::new(ch).change_membership(req).await }
+                })
+                .await?
+                .into_inner();
+            print_members(&resp, out)
+        }
+        ClusterCmd::Remove { ids } => {
+            let req = v1::ChangeMembershipRequest { promote: vec![], remove: ids };
+            let resp = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { AdminServiceClient::new(ch).change_membership(req).await }
+                })
+                .await?
+                .into_inner();
+            print_members(&resp, out)
+        }
+        ClusterCmd::Snapshot => {
+            let members = members(cluster).await?;
+            let mut results = Vec::new();
+            for m in &members {
+                let r = async {
+                    let ch = connect(&m.address, Duration::from_secs(2)).await.map_err(|e| e.to_string())?;
+                    let mut req = tonic::Request::new(v1::StatusRequest {});
+                    req.set_timeout(Duration::from_secs(70));
+                    AdminServiceClient::new(ch)
+                        .trigger_snapshot(req)
+                        .await
+                        .map(|r| r.into_inner())
+                        .map_err(|s| describe(&s))
+                }
+                .await;
+                results.push((m.id, r));
+            }
+            let failed = results.iter().filter(|(_, r)| r.is_err()).count();
+            match out {
+                Output::Json => {
+                    let rows: Vec<_> = results
+                        .iter()
+                        .map(|(id, r)| match r {
+                            Ok(s) => json!({ "id": id, "snapshot_index": s.snapshot_index }),
+                            Err(e) => json!({ "id": id, "error": e }),
+                        })
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&json!({ "replicas": rows }))?);
+                }
+                Output::Text => {
+                    for (id, r) in &results {
+                        match r {
+                            Ok(s) => println!("replica {id}: snapshot at index {}", s.snapshot_index),
+                            Err(e) => println!("replica {id}: {e}"),
+                        }
+                    }
+                }
+            }
+            if failed > 0 {
+                bail!("{failed} of {} replicas did not snapshot", results.len());
+            }
+            Ok(())
+        }
+        ClusterCmd::TransferLeader { to } => {
+            let members = members(cluster).await?;
+            let Some(target) = members.iter().find(|m| m.id == to) else {
+                bail!("replica {to} is not a member");
+            };
+            if !target.voter {
+                bail!("replica {to} is a learner; promote it before it can lead");
+            }
+            let ch = connect(&target.address, Duration::from_secs(2)).await?;
+            let mut admin = AdminServiceClient::new(ch);
+            // openraft 0.9 has no leadership transfer: ask the target to
+            // campaign, which it wins when its log is up to date.
+            for _ in 0..5 {
+                let s =
+                    admin.status(v1::StatusRequest {}).await.map_err(|s| anyhow::anyhow!(describe(&s)))?.into_inner();
+                if s.role == "leader" {
+                    if out == Output::Json {
+                        println!("{}", json!({ "leader_id": to, "term": s.term }));
+                    } else {
+                        println!("replica {to} leads (term {})", s.term);
+                    }
+                    return Ok(());
+                }
+                admin.trigger_election(v1::StatusRequest {}).await.map_err(|s| anyhow::anyhow!(describe(&s)))?;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+            }
+            bail!("replica {to} campaigned but did not become leader (its log may be behind); try again")
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! `muster server`: run one scheduler replica until SIGINT or SIGTERM.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use muster_scheduler::server::{Replica, ReplicaConfig};
+use tokio::net::TcpSocket;
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// This replica's id (1, 2, 3, …), the same across restarts.
+    #[arg(long)]
+    id: u64,
+    /// Address to serve gRPC on (Raft, client and admin services).
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Address peers and clients use to reach this replica (default: --listen).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Where the log and snapshots live.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// The initial cluster, this replica included: 1=host:port,2=host:port,3=host:port.
+    /// Used only on the first start; a restart resumes from the data dir.
+    /// Leave out to start empty and join with `muster cluster add-learner`.
+    #[arg(long)]
+    peers: Option<String>,
+    /// Serve Prometheus metrics over HTTP on this address.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// Snapshot every this many log entries (and purge behind it).
+    #[arg(long, default_value_t = 10_000)]
+    snapshot_every: u64,
+    /// Most commands batched into one log entry.
+    #[arg(long, default_value_t = 4096)]
+    max_batch: usize,
+    /// Leader heartbeat in ms (election timeout is 5–10 heartbeats).
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+}
+
+/// Parses `1=host:port,2=host:port`.
+pub fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
+    let mut peers = BTreeMap::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addr) = item.split_once('=').with_context(|| format!("--peers: {item:?} is not id=host:port"))?;
+        let id: u64 = id.trim().parse().with_context(|| format!("--peers: {id:?} is not a replica id"))?;
+        if id == 0 {
+            bail!("--peers: replica ids start at 1");
+        }
+        let addr = addr.trim();
+        crate::client::parse_addresses(addr).map_err(|_| anyhow::anyhow!("--peers: {addr:?} is not host:port"))?;
+        if peers.insert(id, addr.to_string()).is_some() {
+            bail!("--peers: replica {id} is listed twice");
+        }
+    }
+    Ok(peers)
+}
+
+pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
+    if args.id == 0 {
+        bail!("--id: replica ids start at 1");
+    }
+    if args.snapshot_every == 0 || args.max_batch == 0 || args.heartbeat_ms == 0 {
+        bail!("--snapshot-every, --max-batch and --heartbeat-ms must be at least 1");
+    }
+    let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
+    let peers = match &args.peers {
+        Some(list) => parse_peers(list)?,
+        None => BTreeMap::new(),
+    };
+    if !peers.is_empty() {
+        match peers.get(&args.id) {
+            None => bail!("--peers must include this replica ({}={advertise})", args.id),
+            Some(a) if *a != advertise => {
+                bail!("--peers names replica {} at {a}, but it advertises {advertise}", args.id)
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(addr) = args.metrics {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    }
+    let socket = if args.listen.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
+    let listener = socket.listen(1024)?;
+
+    let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
+    cfg.initial_members = peers;
+    cfg.raft.snapshot_every = args.snapshot_every;
+    cfg.raft.heartbeat_ms = args.heartbeat_ms;
+    cfg.raft.election_timeout_ms = (args.heartbeat_ms * 5, args.heartbeat_ms * 10);
+    cfg.max_batch = args.max_batch;
+    let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
+    eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("muster server: shutting down");
+    tokio::time::timeout(Duration::from_secs(10), replica.shutdown()).await.ok();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_bad_lists_are_named() {
+        let p = parse_peers("1=127.0.0.1:7001, 2=127.0.0.1:7002").unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[&2], "127.0.0.1:7002");
+        assert!(parse_peers("1=a:1,1=b:2").unwrap_err().to_string().contains("listed twice"));
+        assert!(parse_peers("x=a:1").unwrap_err().to_string().contains("not a replica id"));
+        assert!(parse_peers("1:a:1").unwrap_err().to_string().contains("not id=host:port"));
+        assert!(parse_peers("0=a:1").unwrap_err().to_string().contains("start at 1"));
+        assert!(parse_peers("1=nohost").unwrap_err().to_string().contains("not host:port"));
+    }
+}
