@@ -38,7 +38,7 @@ pub struct ServerArgs {
     /// Most commands batched into one log entry.
     #[arg(long, default_value_t = 4096)]
     max_batch: usize,
-    /// Leader heartbeat in ms (election timeout is 5–10 heartbeats).
+    /// Leader heartbeat in ms (the election timeout is 3–6 heartbeats).
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
 }
@@ -97,7 +97,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.initial_members = peers;
     cfg.raft.snapshot_every = args.snapshot_every;
     cfg.raft.heartbeat_ms = args.heartbeat_ms;
-    cfg.raft.election_timeout_ms = (args.heartbeat_ms * 5, args.heartbeat_ms * 10);
+    cfg.raft.election_timeout_ms = (args.heartbeat_ms * 3, args.heartbeat_ms * 6);
     cfg.max_batch = args.max_batch;
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());

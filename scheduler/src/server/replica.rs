@@ -54,7 +54,7 @@ impl Default for RaftTuning {
     fn default() -> Self {
         RaftTuning {
             heartbeat_ms: 100,
-            election_timeout_ms: (500, 1000),
+            election_timeout_ms: (300, 600),
             snapshot_every: 10_000,
             keep_behind_snapshot: 1_000,
         }
