@@ -2,14 +2,15 @@
 
 mod cluster;
 mod t60_failover;
+mod t70_cli_cluster;
 
 use std::process::{Command, Output};
 
-fn muster(args: &[&str]) -> Output {
+pub fn muster(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_muster")).args(args).output().expect("muster runs")
 }
 
-fn stdout(o: &Output) -> String {
+pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 

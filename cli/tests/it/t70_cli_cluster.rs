@@ -1,0 +1,110 @@
+//! The client and admin CLI against a real three-replica cluster: status with
+//! equal digests, submit / get / list in text and JSON, and one readable line
+//! with a non-zero exit for every kind of failure.
+
+use crate::cluster::{Cluster, converged, free_port, leader};
+use crate::{muster, stdout};
+
+/// Puts `--scheduler ADDR` before any `--` (after it, it would be part of the command).
+fn with_scheduler<'a>(args: &[&'a str], addr: &'a str) -> Vec<&'a str> {
+    let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+    let mut full = args[..at].to_vec();
+    full.extend(["--scheduler", addr]);
+    full.extend(&args[at..]);
+    full
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t70_cli_drives_a_real_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &[]);
+    leader(&cluster.addrs, None).await;
+    // One listed replica is enough: the CLI finds the leader from there.
+    let sched = cluster.addrs[2].clone();
+    let run = |args: &[&str]| muster(&with_scheduler(args, &sched));
+
+    let o =
+        run(&["submit", "-n", "2", "--gpus", "1", "--class", "4", "--idempotency-key", "job-1", "--", "sleep", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "allocation 1 submitted");
+    let o = run(&[
+        "submit",
+        "-n",
+        "2",
+        "--gpus",
+        "1",
+        "--class",
+        "4",
+        "--idempotency-key",
+        "job-1",
+        "--output",
+        "json",
+        "--",
+        "sleep",
+        "1",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["id"].as_u64(), v["duplicate"].as_bool()), (Some(1), Some(true)));
+
+    let o = run(&["alloc", "get", "1", "--output", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["gang_size"], 2);
+    assert_eq!(v["preemption_class"], 4);
+    assert_eq!(v["status"], "queued");
+    assert_eq!(v["tasks"].as_array().unwrap().len(), 2);
+
+    let o = run(&["alloc", "list", "--status", "queued"]);
+    assert!(stdout(&o).contains("sleep 1"), "{}", stdout(&o));
+
+    let (index, digest) = converged(&cluster.addrs).await;
+    let o = run(&["cluster", "status", "--output", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["leader_id"].as_u64().is_some());
+    let replicas = v["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 3);
+    for r in replicas {
+        for field in ["id", "address", "role", "term", "applied_index", "state_digest"] {
+            assert!(!r[field].is_null(), "{field} missing in {r}");
+        }
+        assert_eq!(r["state_digest"], digest.as_str());
+        assert_eq!(r["applied_index"], index);
+    }
+
+    // Refused commands: one line, the field named, non-zero exit.
+    let o = run(&["submit", "--class", "11", "--", "x"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("invalid spec.preemption_class"), "{}", stderr(&o));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    let o = run(&["submit", "-n", "0", "--", "x"]);
+    assert!(stderr(&o).contains("invalid spec.gang_size"), "{}", stderr(&o));
+    let o = run(&["alloc", "get", "999"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("not found: allocation 999 does not exist"), "{}", stderr(&o));
+    let o = run(&["cluster", "add-learner", "--id", "2", "--address", "127.0.0.1:1"]);
+    assert!(stderr(&o).contains("already a member"), "{}", stderr(&o));
+    let o = run(&["cluster", "promote", "9"]);
+    assert!(stderr(&o).contains("replica 9 is not a member"), "{}", stderr(&o));
+}
+
+#[test]
+fn t71_an_unreachable_or_malformed_scheduler_is_one_clear_line() {
+    let dead = format!("127.0.0.1:{}", free_port());
+    for args in [vec!["cluster", "status"], vec!["alloc", "get", "1"], vec!["submit", "--", "true"]] {
+        let o = muster(&with_scheduler(&args, &dead));
+        assert!(!o.status.success(), "{args:?}");
+        let err = stderr(&o);
+        assert!(err.contains(&dead) && err.contains("cannot"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let o = muster(&["cluster", "status", "--scheduler", "no-port-here"]);
+    assert!(stderr(&o).contains("is not host:port"), "{}", stderr(&o));
+    let o =
+        muster(&["server", "--id", "1", "--listen", "127.0.0.1:0", "--data-dir", "/tmp/x", "--peers", "2=127.0.0.1:5"]);
+    assert!(stderr(&o).contains("--peers must include this replica"), "{}", stderr(&o));
+}
