@@ -97,6 +97,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
                             .unwrap_or_else(|_| "info,openraft=warn".into()),
                     )
                     .with_writer(std::io::stderr)
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                     .init();
                 server::run(args).await
             }
