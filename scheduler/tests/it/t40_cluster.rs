@@ -199,3 +199,74 @@ async fn a_follower_down_across_a_purge_catches_up_by_snapshot() {
         r.shutdown().await;
     }
 }
+
+/// Grow the cluster by a learner, promote it, snapshot on demand, move
+/// leadership by election, then remove a replica: all through AdminService.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn membership_changes_snapshots_and_elections_through_the_admin_api() {
+    use muster_proto::v1::admin_service_client::AdminServiceClient;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (mut replicas, _) = start_cluster(dir.path(), &RaftTuning::default()).await;
+    for i in 0..10 {
+        propose(&replicas, submit(i)).await;
+    }
+    // A fourth replica starts empty, with no initial members.
+    let l4 = listen("127.0.0.1:0".parse().unwrap());
+    let addr4 = l4.local_addr().unwrap();
+    let fourth =
+        Replica::start(config(4, addr4, dir.path(), &BTreeMap::new(), &RaftTuning::default()), l4).await.unwrap();
+    replicas.push(fourth);
+
+    let admin = |addr: SocketAddr| async move { AdminServiceClient::connect(format!("http://{addr}")).await.unwrap() };
+    let l = leader(&replicas).await;
+    let mut a = admin(replicas[l].addr()).await;
+    let bad = a.add_learner(v1::AddLearnerRequest { id: 4, address: "nonsense".into() }).await.unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    let resp = a.add_learner(v1::AddLearnerRequest { id: 4, address: addr4.to_string() }).await.unwrap().into_inner();
+    assert!(resp.members.iter().any(|m| m.id == 4 && !m.voter), "{resp:?}");
+    let again = a.add_learner(v1::AddLearnerRequest { id: 4, address: addr4.to_string() }).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists);
+
+    let resp = a
+        .change_membership(v1::ChangeMembershipRequest { promote: vec![4], remove: vec![] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.members.iter().filter(|m| m.voter).count(), 4, "{resp:?}");
+    let index = replicas[l].status().applied_index;
+    let all: Vec<&Replica> = replicas.iter().collect();
+    converged(&all, index).await;
+
+    // Snapshot on demand on the new member.
+    let s = admin(addr4).await.trigger_snapshot(v1::StatusRequest {}).await.unwrap().into_inner();
+    assert!(s.snapshot_index >= index, "{s:?}");
+
+    // Ask replica 4 to campaign until it leads (its log is current).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while replicas[3].status().role != "leader" {
+        admin(addr4).await.trigger_election(v1::StatusRequest {}).await.unwrap();
+        assert!(tokio::time::Instant::now() < deadline, "replica 4 never won an election");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+
+    // Remove replica 1 through whoever leads now.
+    let l = leader(&replicas).await;
+    let resp = admin(replicas[l].addr())
+        .await
+        .change_membership(v1::ChangeMembershipRequest { promote: vec![], remove: vec![1] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!resp.members.iter().any(|m| m.id == 1), "{resp:?}");
+    assert_eq!(resp.members.len(), 3);
+    let missing = admin(replicas[l].addr())
+        .await
+        .change_membership(v1::ChangeMembershipRequest { promote: vec![9], remove: vec![] })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
