@@ -69,12 +69,20 @@ async fn converged(replicas: &[&Replica], index: u64) -> String {
             .await
             .unwrap_or_else(|e| panic!("replica {} did not reach {index}: {e}", r.id()));
     }
-    let statuses: Vec<_> = replicas.iter().map(|r| r.status()).collect();
-    for s in &statuses {
-        assert_eq!(s.applied_index, statuses[0].applied_index, "{statuses:?}");
-        assert_eq!(s.state_digest, statuses[0].state_digest, "{statuses:?}");
+    // An election under load may add a blank entry meanwhile: wait for a
+    // moment when every replica reports the same index and digest.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let statuses: Vec<_> = replicas.iter().map(|r| r.status()).collect();
+        let same = |s: &v1::ReplicaStatus| {
+            (s.applied_index, &s.state_digest) == (statuses[0].applied_index, &statuses[0].state_digest)
+        };
+        if statuses.iter().all(same) {
+            return statuses[0].state_digest.clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "replicas never agreed: {statuses:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    statuses[0].state_digest.clone()
 }
 
 /// Proposes on whoever leads, retrying through elections (the idempotency
