@@ -1,12 +1,13 @@
 //! Muster's node agent.
 //!
-//! Today: discovering what this machine can offer ([`probe_resources`]), the
-//! numbers a node registers with. The stream client, the executor (process
-//! groups, SIGTERM → grace → SIGKILL) and the watchdogs arrive with the agent
-//! issue.
+//! - [`probe_resources`]: what this machine can offer, the numbers a node
+//!   registers with.
+//! - [`executor`]: task attempts as process groups with per-attempt logs,
+//!   stopped with SIGTERM → grace → SIGKILL.
 
 #![deny(missing_docs)]
 
+pub mod executor;
 mod probe;
 
 pub use probe::{NodeResources, ProbeError, parse_meminfo_mb, probe_resources};
