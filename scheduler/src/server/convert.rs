@@ -164,6 +164,7 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::WrongNodeCount { .. }
         | Rejection::NodeRepeated(_)
         | Rejection::NodeNotReady(_)
+        | Rejection::WrongNodeStatus { .. }
         | Rejection::InsufficientCapacity { .. }
         | Rejection::ShrinkBelowUsage(_)
         | Rejection::WrongTaskStatus { .. }

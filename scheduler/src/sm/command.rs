@@ -84,6 +84,12 @@ pub enum Command {
         /// The allocation.
         alloc: AllocId,
     },
+    /// A node went silent while holding work (proposed by the leader's
+    /// liveness loop): fail its tasks and take it out of placement.
+    MarkNodeLost {
+        /// The node.
+        node: NodeId,
+    },
 }
 
 impl Command {
@@ -98,6 +104,7 @@ impl Command {
             Command::FinishTask { .. } => "finish_task",
             Command::FailTask { .. } => "fail_task",
             Command::CancelAllocation { .. } => "cancel_allocation",
+            Command::MarkNodeLost { .. } => "mark_node_lost",
         }
     }
 }

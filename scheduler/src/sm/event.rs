@@ -18,6 +18,13 @@ pub enum Event {
         /// Whether it was already known.
         updated: bool,
     },
+    /// A node was marked lost; these tasks were on it (reason `node_lost`).
+    NodeLost {
+        /// The node.
+        node: NodeId,
+        /// The tasks it held.
+        tasks: Vec<(AllocId, TaskIndex)>,
+    },
     /// An allocation was created, or a retried submit found it again.
     Submitted {
         /// The allocation.

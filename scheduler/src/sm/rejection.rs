@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::types::{AllocId, AllocStatus, NodeId, TaskIndex, TaskStatus};
+use super::types::{AllocId, AllocStatus, NodeId, NodeStatus, TaskIndex, TaskStatus};
 
 /// Why a command was refused.
 #[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
@@ -84,6 +84,16 @@ pub enum Rejection {
     /// The node does not take new reservations.
     #[error("node {0} is not ready")]
     NodeNotReady(NodeId),
+    /// The node is not in the status the command needs.
+    #[error("node {node} is {status:?}, expected {expected:?}")]
+    WrongNodeStatus {
+        /// The node.
+        node: NodeId,
+        /// Its status.
+        status: NodeStatus,
+        /// The status required.
+        expected: NodeStatus,
+    },
     /// The node lacks free capacity for the task.
     #[error("node {node} cannot fit task {task} of allocation {alloc}")]
     InsufficientCapacity {

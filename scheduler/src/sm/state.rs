@@ -99,6 +99,8 @@ struct Indexes {
     queue_fifo: BTreeSet<AllocId>,
     /// Allocations holding at least one unclaimed reservation.
     reserved: BTreeSet<AllocId>,
+    /// Tasks holding capacity (reserved or running), by node.
+    tasks_by_node: BTreeMap<NodeSlot, BTreeSet<(AllocId, TaskIndex)>>,
 }
 
 /// The whole replicated state of the scheduler.
@@ -198,6 +200,11 @@ impl State {
         self.index.reserved.iter().copied()
     }
 
+    /// The tasks reserved on or running on a node.
+    pub fn tasks_on_node(&self, slot: NodeSlot) -> impl Iterator<Item = (AllocId, TaskIndex)> + '_ {
+        self.index.tasks_by_node.get(&slot).into_iter().flatten().copied()
+    }
+
     /// Ready nodes ordered by (free GPUs, slot).
     pub fn free_gpu_index(&self) -> &BTreeSet<(u32, NodeSlot)> {
         &self.index.free_gpus
@@ -220,6 +227,7 @@ impl State {
                 self.fail_task(*alloc, *task, node, *epoch, *exit_code)
             }
             Command::CancelAllocation { alloc } => self.cancel(*alloc),
+            Command::MarkNodeLost { node } => self.mark_node_lost(node),
         };
         match result {
             Ok(events) => Outcome::Accepted(events),
@@ -240,6 +248,7 @@ impl State {
             let node = &mut self.nodes[slot.0 as usize];
             node.resources = *resources;
             node.labels = labels.clone();
+            node.status = NodeStatus::Ready;
             self.index_node(slot);
             return Ok(vec![Event::NodeRegistered { node: id.clone(), updated: true }]);
         }
@@ -341,8 +350,8 @@ impl State {
         }
         let now = self.now_ms;
         let usage = Usage::of(&need);
-        for &slot in &slots {
-            self.occupy(slot, &usage);
+        for (task, &slot) in slots.iter().enumerate() {
+            self.occupy(slot, &usage, (id, task as TaskIndex));
         }
         let a = self.allocs.get_mut(&id).expect("checked above");
         a.reservation_epoch = epoch;
@@ -377,7 +386,7 @@ impl State {
             .collect();
         let usage = Usage::of(&a.spec.resources);
         for &(task, slot) in &released {
-            self.release(slot, &usage);
+            self.release(slot, &usage, (id, task));
             let t = &mut self.allocs.get_mut(&id).expect("checked above").tasks[task as usize];
             t.status = TaskStatus::Blocked;
             t.node = None;
@@ -425,37 +434,79 @@ impl State {
         exit_code: Option<i32>,
     ) -> Applied {
         let slot = self.check_report(id, task, node, epoch, TaskStatus::Running)?;
+        Ok(self.fail_running(id, task, slot, exit_code))
+    }
+
+    /// Fails a running task (already checked): the body of `FailTask`, also
+    /// used when its node is lost.
+    fn fail_running(&mut self, id: AllocId, task: TaskIndex, slot: NodeSlot, exit_code: Option<i32>) -> Vec<Event> {
         let bystander = self.allocs[&id].status == AllocStatus::TearingDown;
         self.leave_node(id, task, slot, TaskStatus::Blocked, exit_code);
-        let mut events = Vec::new();
         let a = self.allocs.get_mut(&id).expect("checked");
         let t = &mut a.tasks[task as usize];
         t.node = None;
         if bystander {
             t.attempts = t.attempts.saturating_sub(1);
         }
-        events.push(Event::TaskFailed { alloc: id, task, exit_code, charged: !bystander });
+        let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code, charged: !bystander }];
         if !bystander {
-            let reserved: Vec<(TaskIndex, NodeSlot)> = a
-                .tasks
-                .iter()
-                .filter(|t| t.status == TaskStatus::Reserved)
-                .map(|t| (t.index, t.node.expect("a reserved task has a node")))
-                .collect();
-            let usage = Usage::of(&a.spec.resources);
-            let siblings_running = a.has_running();
-            for (sibling, sibling_slot) in reserved {
-                self.release(sibling_slot, &usage);
-                let s = &mut self.allocs.get_mut(&id).expect("checked").tasks[sibling as usize];
-                s.status = TaskStatus::Blocked;
-                s.node = None;
-                s.reserved_at_ms = None;
-            }
+            let siblings_running = self.allocs[&id].has_running();
+            self.release_reserved(id);
             if siblings_running {
                 events.push(Event::GangTearingDown { alloc: id, trigger: task });
             }
         }
         events.extend(self.settle(id));
+        events
+    }
+
+    /// Returns every unclaimed reservation of a gang to blocked.
+    fn release_reserved(&mut self, id: AllocId) {
+        let a = &self.allocs[&id];
+        let usage = Usage::of(&a.spec.resources);
+        let reserved: Vec<(TaskIndex, NodeSlot)> = a
+            .tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Reserved)
+            .map(|t| (t.index, t.node.expect("a reserved task has a node")))
+            .collect();
+        for (task, slot) in reserved {
+            self.release(slot, &usage, (id, task));
+            let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+            t.status = TaskStatus::Blocked;
+            t.node = None;
+            t.reserved_at_ms = None;
+        }
+    }
+
+    /// A node stopped answering while holding work: it takes no more, and
+    /// every task on it fails (running ones charged as a real failure, the
+    /// gang following the fail-gang rules; unclaimed reservations of its
+    /// gangs are released). Re-registering makes it ready again.
+    fn mark_node_lost(&mut self, node: &NodeId) -> Applied {
+        let slot = self.node_slot(node).ok_or_else(|| Rejection::UnknownNode(node.clone()))?;
+        let status = self.node(slot).status;
+        if status != NodeStatus::Ready {
+            return Err(Rejection::WrongNodeStatus { node: node.clone(), status, expected: NodeStatus::Ready });
+        }
+        let tasks: Vec<(AllocId, TaskIndex)> = self.tasks_on_node(slot).collect();
+        self.unindex_node(slot);
+        self.nodes[slot.0 as usize].status = NodeStatus::Lost;
+        let mut events = vec![Event::NodeLost { node: node.clone(), tasks: tasks.clone() }];
+        for (id, task) in tasks {
+            let t = &self.allocs[&id].tasks[task as usize];
+            if t.node != Some(slot) {
+                continue; // already moved off by an earlier task of the same gang
+            }
+            match t.status {
+                TaskStatus::Running => events.extend(self.fail_running(id, task, slot, None)),
+                TaskStatus::Reserved => {
+                    self.release_reserved(id);
+                    events.extend(self.settle(id));
+                }
+                other => unreachable!("task {id}/{task} on a node while {other:?}"),
+            }
+        }
         Ok(events)
     }
 
@@ -470,7 +521,7 @@ impl State {
             .collect();
         let mut stopped = Vec::with_capacity(held.len());
         for &(task, slot) in &held {
-            self.release(slot, &usage);
+            self.release(slot, &usage, (id, task));
             stopped.push((task, self.node(slot).id.clone()));
         }
         let now = self.now_ms;
@@ -529,7 +580,7 @@ impl State {
     fn leave_node(&mut self, id: AllocId, task: TaskIndex, slot: NodeSlot, status: TaskStatus, exit_code: Option<i32>) {
         let now = self.now_ms;
         let usage = Usage::of(&self.allocs[&id].spec.resources);
-        self.release(slot, &usage);
+        self.release(slot, &usage, (id, task));
         let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
         t.status = status;
         t.finished_at_ms = Some(now);
@@ -635,7 +686,8 @@ impl State {
         self.index.free_gpus.remove(&(node.free().gpus, slot));
     }
 
-    fn occupy(&mut self, slot: NodeSlot, usage: &Usage) {
+    fn occupy(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
+        self.index.tasks_by_node.entry(slot).or_default().insert(task);
         self.unindex_node(slot);
         let node = &mut self.nodes[slot.0 as usize];
         node.used = node.used.plus(usage);
@@ -643,7 +695,13 @@ impl State {
         self.index_node(slot);
     }
 
-    fn release(&mut self, slot: NodeSlot, usage: &Usage) {
+    fn release(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
+        if let Some(tasks) = self.index.tasks_by_node.get_mut(&slot) {
+            tasks.remove(&task);
+            if tasks.is_empty() {
+                self.index.tasks_by_node.remove(&slot);
+            }
+        }
         self.unindex_node(slot);
         let node = &mut self.nodes[slot.0 as usize];
         assert!(node.used.covers(usage), "node {} releases more than it holds", node.id);
@@ -668,6 +726,10 @@ impl State {
         let ids: Vec<AllocId> = self.allocs.keys().copied().collect();
         for id in ids {
             self.reindex_alloc(id);
+            for t in self.allocs[&id].tasks.iter().filter(|t| t.status.holds_capacity()) {
+                let slot = t.node.expect("a placed task has a node");
+                self.index.tasks_by_node.entry(slot).or_default().insert((id, t.index));
+            }
         }
     }
 
@@ -718,6 +780,9 @@ impl State {
             }
             if !Usage::of(&node.resources).covers(used) {
                 return Err(format!("node {} is over-committed", node.id));
+            }
+            if node.status == NodeStatus::Lost && *used != Usage::default() {
+                return Err(format!("lost node {} still holds tasks", node.id));
             }
         }
         let mut fresh = self.clone();

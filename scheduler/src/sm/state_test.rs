@@ -636,3 +636,69 @@ fn digest_is_stable_and_sensitive() {
     c.submit(spec(1, 1));
     assert_ne!(a.s.state_digest(), c.s.state_digest());
 }
+
+// ----- lost nodes -----------------------------------------------------------
+
+#[test]
+fn a_lost_node_fails_its_running_task_and_takes_no_more_work() {
+    let mut f = Fixture::new(2);
+    let (id, _) = f.running(1, 8); // on n0
+    let ev = f.ok(Command::MarkNodeLost { node: n(0) });
+    assert_eq!(ev[0], Event::NodeLost { node: n(0), tasks: vec![(id, 0)] });
+    assert!(ev.contains(&Event::TaskFailed { alloc: id, task: 0, exit_code: None, charged: true }), "{ev:?}");
+    assert!(ev.contains(&Event::GangRequeued { alloc: id }), "{ev:?}");
+    let slot = f.s.node_slot(&n(0)).unwrap();
+    assert_eq!(f.s.node(slot).status, NodeStatus::Lost);
+    assert_eq!(f.used_gpus(0), 0);
+    assert!(!f.s.free_gpu_index().iter().any(|&(_, s)| s == slot), "a lost node is out of placement");
+    let epoch = f.s.alloc(id).unwrap().reservation_epoch + 1;
+    assert_eq!(f.rejected(Command::ReserveGang { alloc: id, epoch, nodes: vec![n(0)] }), Rejection::NodeNotReady(n(0)));
+    assert_eq!(
+        f.rejected(Command::MarkNodeLost { node: n(0) }),
+        Rejection::WrongNodeStatus { node: n(0), status: NodeStatus::Lost, expected: NodeStatus::Ready }
+    );
+    assert_eq!(f.rejected(Command::MarkNodeLost { node: n(9) }), Rejection::UnknownNode(n(9)));
+    // Registering again brings it back.
+    f.ok(Command::RegisterNode { node: n(0), resources: GPU_NODE, labels: BTreeMap::new() });
+    assert_eq!(f.s.node(slot).status, NodeStatus::Ready);
+    f.reserve(id, &[0]);
+}
+
+#[test]
+fn a_lost_node_under_a_running_gang_starts_a_teardown() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(3, 8);
+    f.ok(Command::MarkNodeLost { node: n(1) });
+    assert_eq!(f.status(id), AllocStatus::TearingDown);
+    assert_eq!(f.task(id, 1).attempts, 1, "the lost task's attempt is charged");
+    // The survivors fail in turn as bystanders, then the gang is requeued.
+    f.fail(id, 0, 0, epoch);
+    f.fail(id, 2, 2, epoch);
+    assert_eq!(f.status(id), AllocStatus::Queued);
+    let attempts: Vec<u32> = f.s.alloc(id).unwrap().tasks.iter().map(|t| t.attempts).collect();
+    assert_eq!(attempts, vec![0, 1, 0]);
+}
+
+#[test]
+fn a_lost_node_under_an_unclaimed_gang_releases_the_whole_reservation() {
+    let mut f = Fixture::new(3);
+    let id = f.submit(spec(3, 8));
+    f.reserve(id, &[0, 1, 2]);
+    f.ok(Command::MarkNodeLost { node: n(2) });
+    assert_eq!(f.status(id), AllocStatus::Queued);
+    assert_eq!((f.used_gpus(0), f.used_gpus(1), f.used_gpus(2)), (0, 0, 0));
+    assert!(f.s.alloc(id).unwrap().tasks.iter().all(|t| t.attempts == 0), "nothing ran, nothing is charged");
+}
+
+#[test]
+fn tasks_on_node_follows_placement() {
+    let mut f = Fixture::new(2);
+    let id = f.submit(spec(2, 1));
+    let epoch = f.reserve(id, &[1, 0]);
+    let (s0, s1) = (f.s.node_slot(&n(0)).unwrap(), f.s.node_slot(&n(1)).unwrap());
+    assert_eq!(f.s.tasks_on_node(s1).collect::<Vec<_>>(), vec![(id, 0)]);
+    f.start(id, 1, 0, epoch);
+    assert_eq!(f.s.tasks_on_node(s0).collect::<Vec<_>>(), vec![(id, 1)]);
+    f.ok(Command::CancelAllocation { alloc: id });
+    assert_eq!(f.s.tasks_on_node(s0).count() + f.s.tasks_on_node(s1).count(), 0);
+}

@@ -109,12 +109,15 @@ pub fn fits(need: &Resources, node: &Resources, free: &Usage) -> bool {
 
 /// A node's lifecycle status. Only `Ready` nodes take new reservations.
 ///
-/// Draining, lost and the stop states arrive with the node-lifecycle and
-/// watchdog issues; the enum is where they go.
+/// Draining and the stop states arrive with the node-lifecycle issue; the
+/// enum is where they go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum NodeStatus {
     /// Registered and accepting reservations.
     Ready,
+    /// Silent while holding work; its tasks were failed. Registering again
+    /// makes it ready.
+    Lost,
 }
 
 /// A node as the state machine knows it.

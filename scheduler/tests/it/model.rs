@@ -22,6 +22,7 @@ pub enum Op {
     Cancel { pick: usize },
     RawReserve { pick: usize, nodes: Vec<u8> },
     Rollback { pick: usize, epoch_delta: u8 },
+    Lose { node: u8 },
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -38,6 +39,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), proptest::collection::vec(0u8..7, 0..5))
             .prop_map(|(pick, nodes)| Op::RawReserve { pick, nodes }),
         1 => (any::<usize>(), 0u8..3).prop_map(|(pick, epoch_delta)| Op::Rollback { pick, epoch_delta }),
+        1 => (0u8..6).prop_map(|node| Op::Lose { node }),
     ]
 }
 
@@ -135,6 +137,7 @@ impl Run {
                     .into_iter()
                     .collect()
             }
+            Op::Lose { node: i } => vec![Command::MarkNodeLost { node: node(*i) }],
             Op::Rollback { pick, epoch_delta } => {
                 let ids: Vec<AllocId> = self.state.reserved_allocs().collect();
                 Self::pick(&ids, *pick)

@@ -139,6 +139,7 @@ mod arbitrary {
                 |(alloc, task, node, epoch, exit_code)| Command::FailTask { alloc, task, node, epoch, exit_code }
             ),
             any_u64().prop_map(|alloc| Command::CancelAllocation { alloc }),
+            node().prop_map(|node| Command::MarkNodeLost { node }),
         ]
     }
 
