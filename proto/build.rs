@@ -13,8 +13,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("cargo:rerun-if-changed=proto");
     println!("cargo:rerun-if-env-changed=PROTOC");
-    tonic_prost_build::configure().compile_protos(
-        &["proto/muster/v1/types.proto", "proto/muster/v1/raft.proto", "proto/muster/v1/scheduler.proto"],
+    // No transport constructors: the agent RPC is named Connect, which would
+    // clash with the generated `connect`; callers build channels themselves.
+    tonic_prost_build::configure().build_transport(false).compile_protos(
+        &[
+            "proto/muster/v1/types.proto",
+            "proto/muster/v1/raft.proto",
+            "proto/muster/v1/scheduler.proto",
+            "proto/muster/v1/agent.proto",
+        ],
         &["proto"],
     )?;
     Ok(())

@@ -2,11 +2,13 @@
 //!
 //! - [`probe_resources`]: what this machine can offer, the numbers a node
 //!   registers with.
+//! - [`agent`]: the stream to the leader, reconnection, task bookkeeping.
 //! - [`executor`]: task attempts as process groups with per-attempt logs,
 //!   stopped with SIGTERM → grace → SIGKILL.
 
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod executor;
 mod probe;
 

@@ -137,6 +137,11 @@ pub enum AllocCmd {
         /// The allocation id.
         id: u64,
     },
+    /// Cancel an allocation; its running tasks are stopped (SIGTERM, grace, SIGKILL).
+    Cancel {
+        /// The allocation id.
+        id: u64,
+    },
     /// List allocations.
     List {
         /// Only this status (queued, reserved, running, tearing-down, done, failed, cancelled).
@@ -252,6 +257,16 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                         );
                     }
                 }
+            }
+        }
+        AllocCmd::Cancel { id } => {
+            let a = cluster
+                .call(|ch| async move { AllocationServiceClient::new(ch).cancel(v1::CancelRequest { id }).await })
+                .await?
+                .into_inner();
+            match out {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
+                Output::Text => println!("allocation {id} cancelled"),
             }
         }
         AllocCmd::List { status, owner, class, page_size, all } => {

@@ -5,11 +5,15 @@
 //! and simulated time, from a seeded synthetic workload ([`WorkloadConfig`])
 //! or a real trace ([`load_trace`]), and reports utilisation, queueing delay
 //! and the final state digest ([`Report`]). Same seed, same digest.
+//!
+//! [`local`] runs a whole cluster (replicas and agents) in one process on
+//! loopback, for `muster dev` and end-to-end tests.
 
 #![deny(missing_docs)]
 
 mod engine;
 mod job;
+pub mod local;
 mod report;
 mod rng;
 mod trace;

@@ -3,6 +3,7 @@
 mod cluster;
 mod t60_failover;
 mod t70_cli_cluster;
+mod t80_e2e;
 
 use std::process::{Command, Output};
 

@@ -1,4 +1,4 @@
-//! `muster.v1.AllocationService`: submit, get and list allocations.
+//! `muster.v1.AllocationService`: submit, get, list and cancel allocations.
 //!
 //! Writes go through the group-commit proposer on the leader; a follower
 //! answers UNAVAILABLE with the leader in metadata. Reads are linearizable:
@@ -60,6 +60,21 @@ impl AllocationService for ClientApi {
             },
             Outcome::Rejected(r) => Err(rejection_to_status(&r)),
         }
+    }
+
+    async fn cancel(&self, req: Request<v1::CancelRequest>) -> Result<Response<v1::Allocation>, Status> {
+        let id = req.into_inner().id;
+        let outcome =
+            self.s.proposer.propose(Command::CancelAllocation { alloc: id }).await.map_err(propose_error_to_status)?;
+        if let Outcome::Rejected(r) = outcome {
+            return Err(rejection_to_status(&r));
+        }
+        self.s.admission_wake.notify_one();
+        self.s
+            .reader
+            .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)))
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))
     }
 
     async fn get(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Allocation>, Status> {

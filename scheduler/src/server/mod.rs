@@ -6,10 +6,12 @@
 //! - [`raft_net`]: Raft RPCs between replicas over tonic.
 //! - [`proposer`]: group commit of commands into log entries.
 //! - [`client_api`] and [`admin_api`]: the gRPC services users and operators call.
-//! - [`leader`]: loops that run only on the leader (admission).
+//! - [`agent_hub`]: the leader's end of the agent streams.
+//! - [`leader`]: loops that run only on the leader (admission, liveness).
 //! - [`convert`]: protobuf ↔ state-machine types and statuses, at the edge.
 
 pub mod admin_api;
+pub mod agent_hub;
 pub mod client_api;
 pub mod convert;
 pub mod leader;

@@ -3,7 +3,7 @@
 //! leader-only loops.
 //!
 //! ```text
-//!   TcpListener ──▶ tonic: RaftService · AllocationService · AdminService
+//!   TcpListener ──▶ tonic: RaftService · AllocationService · AdminService · AgentService
 //!                          │                 │
 //!                          ▼                 ▼
 //!                     openraft::Raft ◀── Proposer (batches) ◀── leader loops
@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use muster_proto::v1;
 use muster_proto::v1::admin_service_server::AdminServiceServer;
+use muster_proto::v1::agent_service_server::AgentServiceServer;
 use muster_proto::v1::allocation_service_server::AllocationServiceServer;
 use muster_proto::v1::raft_service_server::RaftServiceServer;
 use muster_raft_store::{AppReader, OpenError};
@@ -29,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::admin_api::AdminApi;
+use super::agent_hub::{AgentHub, HubConfig, Liveness};
 use super::client_api::ClientApi;
 use super::leader::LeaderLoops;
 use super::proposer::Proposer;
@@ -81,6 +83,10 @@ pub struct ReplicaConfig {
     pub admission_interval: Duration,
     /// Most commands in one log entry.
     pub max_batch: usize,
+    /// Agent-stream settings.
+    pub hub: HubConfig,
+    /// A node silent this long while holding work is marked lost.
+    pub node_lost_after: Duration,
 }
 
 impl ReplicaConfig {
@@ -95,6 +101,8 @@ impl ReplicaConfig {
             admission: AdmissionConfig::default(),
             admission_interval: Duration::from_secs(5),
             max_batch: 4096,
+            hub: HubConfig::default(),
+            node_lost_after: Duration::from_secs(30),
         }
     }
 }
@@ -131,6 +139,8 @@ pub struct Shared {
     pub proposer: Proposer,
     /// Wakes the leader's admission loop (a submit or a release happened).
     pub admission_wake: Arc<Notify>,
+    /// When each agent was last heard from (leader only, memory only).
+    pub liveness: Liveness,
 }
 
 /// A running replica.
@@ -173,6 +183,7 @@ impl Replica {
             reader,
             proposer,
             admission_wake: Arc::new(Notify::new()),
+            liveness: Liveness::default(),
         };
 
         let (stop, mut stopped) = watch::channel(false);
@@ -184,6 +195,7 @@ impl Replica {
             )
             .add_service(AllocationServiceServer::new(ClientApi::new(shared.clone())))
             .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
+            .add_service(AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub)))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
                 let _ = stopped.wait_for(|s| *s).await;
             });
@@ -200,7 +212,7 @@ impl Replica {
                 tracing::info!(error = %e, "cluster already initialised");
             }
         }
-        let loops = LeaderLoops::start(shared.clone(), cfg.admission, cfg.admission_interval);
+        let loops = LeaderLoops::start(shared.clone(), cfg.admission, cfg.admission_interval, cfg.node_lost_after);
         tokio::spawn(export_metrics(shared.clone()));
         tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
         Ok(Replica { shared, addr, stop, server, loops })

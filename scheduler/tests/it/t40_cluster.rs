@@ -16,6 +16,10 @@ use tokio::net::{TcpListener, TcpSocket};
 
 const WAIT: Duration = Duration::from_secs(60);
 
+async fn channel(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap()
+}
+
 fn listen(addr: SocketAddr) -> TcpListener {
     let socket = TcpSocket::new_v4().unwrap();
     socket.set_reuseaddr(true).unwrap();
@@ -159,7 +163,7 @@ async fn three_replicas_commit_batches_and_agree() {
     let leader_addr = loop {
         let l = leader(&replicas).await;
         let follower = &replicas[(l + 1) % 3];
-        let mut client = AllocationServiceClient::connect(format!("http://{}", follower.addr())).await.unwrap();
+        let mut client = AllocationServiceClient::new(channel(&follower.addr().to_string()).await);
         let err = client.submit(v1::SubmitRequest { spec: Some(spec.clone()) }).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable);
         if let Some(addr) = err.metadata().get(LEADER_ADDR_HEADER) {
@@ -167,7 +171,7 @@ async fn three_replicas_commit_batches_and_agree() {
         }
     };
     assert!(replicas.iter().any(|r| r.addr().to_string() == leader_addr), "{leader_addr}");
-    let mut client = AllocationServiceClient::connect(format!("http://{leader_addr}")).await.unwrap();
+    let mut client = AllocationServiceClient::new(channel(&leader_addr).await);
     let resp = client.submit(v1::SubmitRequest { spec: Some(spec) }).await.unwrap().into_inner();
     assert_eq!((resp.id, resp.duplicate), (8, true), "the same idempotency key finds allocation 8");
     let got = client.get(v1::GetRequest { id: 8 }).await.unwrap().into_inner();
@@ -232,7 +236,7 @@ async fn membership_changes_snapshots_and_elections_through_the_admin_api() {
         Replica::start(config(4, addr4, dir.path(), &BTreeMap::new(), &RaftTuning::default()), l4).await.unwrap();
     replicas.push(fourth);
 
-    let admin = |addr: SocketAddr| async move { AdminServiceClient::connect(format!("http://{addr}")).await.unwrap() };
+    let admin = |addr: SocketAddr| async move { AdminServiceClient::new(channel(&addr.to_string()).await) };
     let l = leader(&replicas).await;
     let mut a = admin(replicas[l].addr()).await;
     let bad = a.add_learner(v1::AddLearnerRequest { id: 4, address: "nonsense".into() }).await.unwrap_err();

@@ -1,0 +1,356 @@
+//! The node agent: one long-lived stream to the leader, the executor, and
+//! reconnection.
+//!
+//! ```text
+//!   loop:
+//!     connect to the leader (hint from a refusal, else the next replica)
+//!     send Register{node, resources, running tasks}
+//!     Assign ──▶ Claim ──▶ ClaimGranted ──▶ executor::spawn ──▶ (exit) ──▶ TaskExited ──▶ Recorded
+//!     Stop ──▶ SIGTERM → grace → SIGKILL to the task's process group
+//!     every heartbeat interval: Heartbeat{running}
+//!   on any stream error: keep the processes running, back off (jittered), reconnect
+//! ```
+//!
+//! Exit reports are kept until the leader confirms them (`Recorded`) and are
+//! re-sent after a reconnect. Each running attempt's process group is
+//! recorded in `WORK_DIR/running/`; an agent that starts and finds records
+//! from a previous life kills those groups first (it can no longer watch
+//! them), then registers with nothing running, and the leader fails what it
+//! thought ran there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use muster_proto::v1;
+use muster_proto::v1::agent_message::Msg as Out;
+use muster_proto::v1::agent_service_client::AgentServiceClient;
+use muster_proto::v1::scheduler_message::Msg as In;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use crate::executor::{self, Exit, TaskLaunch};
+
+/// The agent's settings.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// This node's id.
+    pub node_id: String,
+    /// Scheduler replicas, `host:port`.
+    pub schedulers: Vec<String>,
+    /// What the node offers.
+    pub resources: v1::Resources,
+    /// Node labels.
+    pub labels: BTreeMap<String, String>,
+    /// `host:port` gang peers reach this node at.
+    pub address: String,
+    /// Where logs and process records live.
+    pub work_dir: PathBuf,
+    /// Shortest and longest pause between reconnects.
+    pub backoff: (Duration, Duration),
+}
+
+type Key = (u64, u32, u64);
+
+fn key_of(t: &Option<v1::TaskRef>) -> Option<Key> {
+    t.as_ref().map(|t| (t.alloc_id, t.task_index, t.epoch))
+}
+
+fn task_ref(k: Key) -> v1::TaskRef {
+    v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
+}
+
+struct Running {
+    stop: Option<oneshot::Sender<Duration>>,
+    gpus: Vec<u32>,
+}
+
+/// A running agent. Dropping the shutdown sender (or sending `true`) stops
+/// it; running tasks are stopped with the grace.
+pub struct Agent {
+    cfg: AgentConfig,
+    running: BTreeMap<Key, Running>,
+    /// Assignments received but not yet granted.
+    assigned: BTreeMap<Key, v1::Assign>,
+    /// Exit reports not yet confirmed by the leader.
+    unrecorded: BTreeMap<Key, v1::TaskExited>,
+    free_gpus: BTreeSet<u32>,
+    exits_tx: mpsc::UnboundedSender<(Key, Result<Exit, String>)>,
+    exits_rx: mpsc::UnboundedReceiver<(Key, Result<Exit, String>)>,
+    leader_hint: Option<String>,
+    next: usize,
+    jitter: u64,
+}
+
+enum SessionEnd {
+    Shutdown,
+    Reconnect,
+}
+
+impl Agent {
+    /// An agent with this configuration; kills any process groups left by a
+    /// previous agent with the same work dir.
+    pub fn new(cfg: AgentConfig) -> std::io::Result<Agent> {
+        let records = cfg.work_dir.join("running");
+        fs::create_dir_all(&records)?;
+        for entry in fs::read_dir(&records)? {
+            let path = entry?.path();
+            if let Some(pgid) = fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<i32>().ok())
+                && pgid > 1
+            {
+                tracing::warn!(pgid, "killing a process group left by a previous agent");
+                // SAFETY: killpg has no memory-safety preconditions.
+                unsafe {
+                    libc::killpg(pgid, libc::SIGKILL);
+                }
+            }
+            let _ = fs::remove_file(&path);
+        }
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        let free_gpus = (0..cfg.resources.gpus).collect();
+        let jitter =
+            cfg.node_id.bytes().fold(0x9E37_79B9_7F4A_7C15u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3));
+        Ok(Agent {
+            cfg,
+            running: BTreeMap::new(),
+            assigned: BTreeMap::new(),
+            unrecorded: BTreeMap::new(),
+            free_gpus,
+            exits_tx,
+            exits_rx,
+            leader_hint: None,
+            next: 0,
+            jitter,
+        })
+    }
+
+    fn record_path(&self, k: Key) -> PathBuf {
+        self.cfg.work_dir.join("running").join(format!("{}-{}-{}", k.0, k.1, k.2))
+    }
+
+    /// Runs until `shutdown` turns true.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut failures = 0u32;
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            match self.session(&mut shutdown).await {
+                Ok(SessionEnd::Shutdown) => break,
+                Ok(SessionEnd::Reconnect) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    tracing::debug!(node = %self.cfg.node_id, error = %e, "agent stream failed");
+                }
+            }
+            let pause = self.backoff(failures);
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        let grace = Duration::from_secs(5);
+        for (_, r) in std::mem::take(&mut self.running) {
+            if let Some(stop) = r.stop {
+                let _ = stop.send(grace);
+            }
+        }
+        // Let the waiters report their exits (and remove their records).
+        let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(1);
+        while let Ok(Some((key, _))) = tokio::time::timeout_at(deadline, self.exits_rx.recv()).await {
+            let _ = fs::remove_file(self.record_path(key));
+        }
+    }
+
+    /// Exponential backoff with deterministic per-node jitter.
+    fn backoff(&mut self, failures: u32) -> Duration {
+        let (lo, hi) = self.cfg.backoff;
+        let base = lo.saturating_mul(1u32 << failures.min(6)).min(hi);
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        let extra = base.as_millis() as u64 / 2;
+        base + Duration::from_millis(if extra == 0 { 0 } else { self.jitter % extra })
+    }
+
+    fn pick_address(&mut self) -> String {
+        if let Some(hint) = self.leader_hint.take() {
+            return hint;
+        }
+        let addr = self.cfg.schedulers[self.next % self.cfg.schedulers.len()].clone();
+        self.next += 1;
+        addr
+    }
+
+    async fn session(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<SessionEnd, String> {
+        let addr = self.pick_address();
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_secs(2))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+        let (out, out_rx) = mpsc::channel::<v1::AgentMessage>(1024);
+        let send = |msg: Out| {
+            let out = out.clone();
+            async move { out.send(v1::AgentMessage { msg: Some(msg) }).await.map_err(|_| "stream closed".to_string()) }
+        };
+        send(Out::Register(v1::Register {
+            node_id: self.cfg.node_id.clone(),
+            resources: Some(self.cfg.resources),
+            labels: self.cfg.labels.clone().into_iter().collect(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            running: self.running.keys().map(|k| task_ref(*k)).collect(),
+            address: self.cfg.address.clone(),
+        }))
+        .await?;
+        let mut inbound = match AgentServiceClient::new(channel).connect(ReceiverStream::new(out_rx)).await {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                if let Some(leader) = status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok()) {
+                    self.leader_hint = Some(leader.to_string());
+                    return Ok(SessionEnd::Reconnect);
+                }
+                return Err(format!("{addr}: {}", status.message()));
+            }
+        };
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(m)) => {
+                        if let Some(every) = self.handle(m, &send).await? {
+                            heartbeat = tokio::time::interval(every);
+                        }
+                    }
+                    Ok(None) => return Ok(SessionEnd::Reconnect),
+                    Err(status) => {
+                        if let Some(leader) = status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok()) {
+                            self.leader_hint = Some(leader.to_string());
+                            return Ok(SessionEnd::Reconnect);
+                        }
+                        return Err(status.message().to_string());
+                    }
+                },
+                _ = heartbeat.tick() => {
+                    send(Out::Heartbeat(v1::Heartbeat { running: self.running.keys().map(|k| task_ref(*k)).collect() })).await?;
+                }
+                Some((key, exit)) = self.exits_rx.recv() => {
+                    let report = self.finished(key, exit);
+                    send(Out::Exited(report)).await?;
+                }
+                _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
+            }
+        }
+    }
+
+    /// Handles one message; returns a new heartbeat interval when told one.
+    async fn handle<F, Fut>(&mut self, m: v1::SchedulerMessage, send: &F) -> Result<Option<Duration>, String>
+    where
+        F: Fn(Out) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        match m.msg {
+            Some(In::Registered(r)) => {
+                tracing::info!(node = %self.cfg.node_id, "registered with the leader");
+                for report in self.unrecorded.values() {
+                    send(Out::Exited(report.clone())).await?;
+                }
+                return Ok(Some(Duration::from_millis(u64::from(r.heartbeat_interval_ms.max(100)))));
+            }
+            Some(In::Assign(a)) => {
+                if let Some(key) = key_of(&a.task)
+                    && !self.running.contains_key(&key)
+                {
+                    self.assigned.insert(key, a);
+                    send(Out::Claim(v1::Claim { task: Some(task_ref(key)) })).await?;
+                }
+            }
+            Some(In::Granted(g)) => {
+                if let Some(key) = key_of(&g.task)
+                    && let Some(assign) = self.assigned.remove(&key)
+                {
+                    self.start(key, assign, g.attempt);
+                }
+            }
+            Some(In::Stop(s)) => {
+                if let Some(key) = key_of(&s.task)
+                    && let Some(stop) = self.running.get_mut(&key).and_then(|r| r.stop.take())
+                {
+                    tracing::info!(alloc = key.0, task = key.1, reason = %s.reason, "stopping task");
+                    let _ = stop.send(Duration::from_millis(u64::from(s.grace_ms)));
+                }
+            }
+            Some(In::Refused(r)) => {
+                if let Some(key) = key_of(&r.task) {
+                    tracing::info!(alloc = key.0, task = key.1, code = %r.code, message = %r.message, "leader refused");
+                    self.assigned.remove(&key);
+                }
+            }
+            Some(In::Recorded(r)) => {
+                if let Some(key) = key_of(&r.task) {
+                    self.unrecorded.remove(&key);
+                }
+            }
+            None => {}
+        }
+        Ok(None)
+    }
+
+    fn start(&mut self, key: Key, a: v1::Assign, attempt: u32) {
+        let gpus: Vec<u32> = self.free_gpus.iter().take(a.gpus as usize).copied().collect();
+        for g in &gpus {
+            self.free_gpus.remove(g);
+        }
+        let launch = TaskLaunch {
+            alloc: key.0,
+            task: key.1,
+            gang_size: a.gang_size,
+            epoch: key.2,
+            attempt,
+            command: a.command,
+            env: a.env.into_iter().collect(),
+            peers: a.peers,
+            gpu_ids: gpus.clone(),
+        };
+        let exits = self.exits_tx.clone();
+        let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
+        match executor::spawn(&launch, &self.cfg.work_dir) {
+            Ok(mut task) => {
+                let _ = fs::write(self.record_path(key), task.pgid().to_string());
+                tracing::info!(alloc = key.0, task = key.1, attempt, pgid = task.pgid(), "task started");
+                tokio::spawn(async move {
+                    let exit = tokio::select! {
+                        exit = task.wait() => exit,
+                        Ok(grace) = stop_rx => task.stop(grace).await,
+                    };
+                    let _ = exits.send((key, exit.map_err(|e| e.to_string())));
+                });
+            }
+            Err(e) => {
+                tracing::warn!(alloc = key.0, task = key.1, error = %e, "task did not start");
+                let _ = exits.send((key, Err(e.to_string())));
+            }
+        }
+        self.running.insert(key, Running { stop: Some(stop_tx), gpus });
+    }
+
+    fn finished(&mut self, key: Key, exit: Result<Exit, String>) -> v1::TaskExited {
+        if let Some(r) = self.running.remove(&key) {
+            self.free_gpus.extend(r.gpus);
+        }
+        let _ = fs::remove_file(self.record_path(key));
+        let report = match exit {
+            Ok(Exit::Code(c)) => v1::TaskExited { task: Some(task_ref(key)), exit_code: Some(c), ..Default::default() },
+            Ok(Exit::Signal(s)) => v1::TaskExited { task: Some(task_ref(key)), signal: Some(s), ..Default::default() },
+            Err(e) => v1::TaskExited { task: Some(task_ref(key)), error: e, ..Default::default() },
+        };
+        tracing::info!(alloc = key.0, task = key.1, exit_code = ?report.exit_code, signal = ?report.signal, "task exited");
+        self.unrecorded.insert(key, report.clone());
+        report
+    }
+}

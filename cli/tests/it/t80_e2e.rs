@@ -1,0 +1,151 @@
+//! End to end in one process: three replicas and four agents on loopback,
+//! gangs of real processes.
+
+use std::time::{Duration, Instant};
+
+use muster_proto::v1;
+use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+use muster_sim::local::{LocalCluster, LocalConfig};
+
+use crate::cluster::{WAIT, channel};
+
+async fn leader_client(c: &LocalCluster) -> AllocationServiceClient<tonic::transport::Channel> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(id) = c.leader_id() {
+            return AllocationServiceClient::new(channel(&c.scheduler_addrs()[id as usize - 1]).await.unwrap());
+        }
+        assert!(Instant::now() < deadline, "no leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn gang(n: u32, script: &str, max_retries: u32) -> v1::AllocationSpec {
+    v1::AllocationSpec {
+        owner: "e2e".into(),
+        gang_size: n,
+        resources: Some(v1::Resources { gpus: 2, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        max_retries,
+        ..Default::default()
+    }
+}
+
+async fn submit(c: &LocalCluster, spec: v1::AllocationSpec) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match leader_client(c).await.submit(v1::SubmitRequest { spec: Some(spec.clone()) }).await {
+            Ok(r) => return r.into_inner().id,
+            Err(e) => assert!(Instant::now() < deadline, "submit failed: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn get(c: &LocalCluster, id: u64) -> v1::Allocation {
+    loop {
+        if let Ok(r) = leader_client(c).await.get(v1::GetRequest { id }).await {
+            return r.into_inner();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls until `pred` holds for the allocation.
+async fn until(c: &LocalCluster, id: u64, what: &str, pred: impl Fn(&v1::Allocation) -> bool) -> v1::Allocation {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let a = get(c, id).await;
+        if pred(&a) {
+            return a;
+        }
+        assert!(Instant::now() < deadline, "allocation {id} never {what}: {a:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn status(a: &v1::Allocation) -> v1::AllocationStatus {
+    v1::AllocationStatus::try_from(a.status).unwrap()
+}
+
+fn fast() -> LocalConfig {
+    LocalConfig { heartbeat: Duration::from_millis(500), stop_grace: Duration::from_secs(1), ..LocalConfig::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t80_a_gang_of_four_runs_real_processes_on_four_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = LocalCluster::start(dir.path(), fast()).await.unwrap();
+    let script = "echo task $MUSTER_TASK_INDEX of $MUSTER_GANG_SIZE attempt $MUSTER_ATTEMPT gpus $CUDA_VISIBLE_DEVICES peers $MUSTER_GANG_PEERS";
+    let id = submit(&c, gang(4, script, 3)).await;
+    let running_or_done = until(&c, id, "placed on 4 nodes", |a| a.tasks.iter().all(|t| !t.node_id.is_empty())).await;
+    let mut nodes: Vec<String> = running_or_done.tasks.iter().map(|t| t.node_id.clone()).collect();
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 4, "one task per node: {running_or_done:?}");
+    let done = until(&c, id, "done", |a| status(a) == v1::AllocationStatus::Done).await;
+    // Every task's output is in its node's attempt log.
+    for t in &done.tasks {
+        let i: u32 = t.node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+        let log = c.agent_dir(i).join(format!("logs/alloc-{id}/task-{}/attempt-1.out", t.index));
+        let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        assert!(text.starts_with(&format!("task {} of 4 attempt 1 gpus ", t.index)), "{text}");
+        assert_eq!(text.trim().split(',').count(), 2 + 3, "two GPU ids and four peers: {text}");
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = LocalCluster::start(dir.path(), fast()).await.unwrap();
+
+    // A task that always fails: with max_retries 2 it fails for good after
+    // its second attempt.
+    let id = submit(&c, gang(1, "exit 7", 2)).await;
+    let failed = until(&c, id, "failed", |a| status(a) == v1::AllocationStatus::Failed).await;
+    assert_eq!((failed.tasks[0].attempts, failed.tasks[0].exit_code), (2, Some(7)), "{failed:?}");
+
+    // A gang whose task 1 fails while task 0 finishes: a finished task
+    // cannot be re-run whole, so the gang fails (the seed's completion rule).
+    let id = submit(&c, gang(2, "if [ $MUSTER_TASK_INDEX = 1 ]; then exit 3; fi; sleep 1", 3)).await;
+    let failed = until(&c, id, "failed", |a| status(a) == v1::AllocationStatus::Failed).await;
+    assert_eq!(v1::TaskStatus::try_from(failed.tasks[0].status), Ok(v1::TaskStatus::Done));
+
+    // Cancel a gang whose shells trap TERM: gone within grace (1 s) + 1 s.
+    let id = submit(&c, gang(2, "trap '' TERM; echo $$ > pid-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX; sleep 60", 3)).await;
+    until(&c, id, "running", |a| status(a) == v1::AllocationStatus::Running).await;
+    let a = get(&c, id).await;
+    let pid_files: Vec<_> = a
+        .tasks
+        .iter()
+        .map(|t| {
+            let i: u32 = t.node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+            c.agent_dir(i).join(format!("pid-{id}-{}", t.index))
+        })
+        .collect();
+    let deadline = Instant::now() + WAIT;
+    while !pid_files.iter().all(|p| std::fs::read_to_string(p).is_ok_and(|s| !s.trim().is_empty())) {
+        assert!(Instant::now() < deadline, "tasks never wrote their pids");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pids: Vec<i32> =
+        pid_files.iter().map(|p| std::fs::read_to_string(p).unwrap().trim().parse().unwrap()).collect();
+    let started = Instant::now();
+    let cancelled = leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap().into_inner();
+    assert_eq!(status(&cancelled), v1::AllocationStatus::Cancelled);
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+    };
+    while pids.iter().any(|p| alive(*p)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(2) + Duration::from_millis(500),
+            "TERM-trapping tasks outlived grace + 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition);
+    c.shutdown().await;
+}

@@ -1,0 +1,402 @@
+//! The leader's end of the agent streams (`muster.v1.AgentService.Connect`).
+//!
+//! ```text
+//!   Register ──▶ RegisterNode (Raft) ──▶ Registered ──▶ sync
+//!   every applied entry ──▶ sync: Assign what is newly reserved on this node,
+//!                                 Stop what the agent runs but no longer owns
+//!   Claim ──▶ StartTask (Raft) ──▶ ClaimGranted | Refused
+//!   TaskExited ──▶ FinishTask | FailTask (Raft)
+//!   Heartbeat ──▶ liveness (memory only) ──▶ sync
+//! ```
+//!
+//! The node id is fixed by the stream's `Register`: every later command is
+//! made for that node, so an agent can only claim or report tasks placed on
+//! its own node; anything else is refused with `PERMISSION_DENIED`. Only the
+//! leader serves streams; when this replica stops leading, each stream ends
+//! with UNAVAILABLE and the new leader's address, and agents reconnect there
+//! with their running tasks (which keep running).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use muster_proto::v1;
+use muster_proto::v1::agent_message::Msg as In;
+use muster_proto::v1::agent_service_server::AgentService;
+use muster_proto::v1::scheduler_message::Msg as Out;
+use openraft::ServerState;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
+use super::replica::Shared;
+use crate::sm::{AllocId, Command, Event, NodeId, Outcome, Resources, TaskIndex, TaskStatus};
+
+/// The label a node's gang-peer address is kept under.
+pub const ADDRESS_LABEL: &str = "muster.address";
+
+/// When each node was last heard from, kept in memory on the leader only.
+#[derive(Clone, Default)]
+pub struct Liveness {
+    inner: Arc<Mutex<LivenessInner>>,
+}
+
+#[derive(Default)]
+struct LivenessInner {
+    last_seen: BTreeMap<NodeId, Instant>,
+    leading_since: Option<Instant>,
+}
+
+impl Liveness {
+    /// A message from `node` arrived now.
+    pub fn touch(&self, node: &NodeId) {
+        self.inner.lock().expect("liveness lock").last_seen.insert(node.clone(), Instant::now());
+    }
+
+    /// This replica became leader now: every node gets a full grace window.
+    pub fn lead_from_now(&self) {
+        let mut inner = self.inner.lock().expect("liveness lock");
+        inner.last_seen.clear();
+        inner.leading_since = Some(Instant::now());
+    }
+
+    /// How long `node` has been silent, counting from when this replica
+    /// started leading at the earliest.
+    pub fn silent_for(&self, node: &NodeId) -> Duration {
+        let inner = self.inner.lock().expect("liveness lock");
+        let since = match (inner.last_seen.get(node), inner.leading_since) {
+            (Some(seen), Some(lead)) => (*seen).max(lead),
+            (Some(seen), None) => *seen,
+            (None, Some(lead)) => lead,
+            (None, None) => return Duration::ZERO,
+        };
+        since.elapsed()
+    }
+}
+
+/// Agent-stream settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HubConfig {
+    /// How often agents heartbeat.
+    pub heartbeat_interval: Duration,
+    /// SIGTERM → SIGKILL grace when the leader stops a task.
+    pub stop_grace: Duration,
+    /// How long an agent has to send `Register`.
+    pub register_timeout: Duration,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        HubConfig {
+            heartbeat_interval: Duration::from_secs(5),
+            stop_grace: Duration::from_secs(15),
+            register_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The agent service of one replica.
+pub struct AgentHub {
+    s: Shared,
+    cfg: HubConfig,
+}
+
+impl AgentHub {
+    /// The agent service over a replica's shared parts.
+    pub fn new(s: Shared, cfg: HubConfig) -> Self {
+        AgentHub { s, cfg }
+    }
+}
+
+fn leader_status(s: &Shared) -> Status {
+    let m = s.raft.metrics().borrow().clone();
+    let leader = m.current_leader.and_then(|id| {
+        m.membership_config.membership().nodes().find(|(n, _)| **n == id).map(|(_, node)| (id, node.addr.clone()))
+    });
+    not_leader_status(leader)
+}
+
+fn is_leader(s: &Shared) -> bool {
+    s.raft.metrics().borrow().state == ServerState::Leader
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentHub {
+    type ConnectStream = ReceiverStream<Result<v1::SchedulerMessage, Status>>;
+
+    async fn connect(
+        &self,
+        req: Request<Streaming<v1::AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        if !is_leader(&self.s) {
+            return Err(leader_status(&self.s));
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        let (s, cfg, inbound) = (self.s.clone(), self.cfg, req.into_inner());
+        tokio::spawn(async move {
+            if let Err(status) = Session::run(s, cfg, inbound, tx.clone()).await {
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+type Key = (AllocId, TaskIndex, u64);
+
+fn key_of(t: &Option<v1::TaskRef>) -> Result<Key, Status> {
+    let t = t.as_ref().ok_or_else(|| Status::invalid_argument("invalid task: is required"))?;
+    Ok((t.alloc_id, t.task_index, t.epoch))
+}
+
+fn task_ref(k: Key) -> v1::TaskRef {
+    v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
+}
+
+struct Session {
+    s: Shared,
+    cfg: HubConfig,
+    node: NodeId,
+    tx: mpsc::Sender<Result<v1::SchedulerMessage, Status>>,
+    /// Assignments already pushed on this stream.
+    assigned: BTreeSet<Key>,
+    /// What the agent says it runs.
+    agent_running: BTreeSet<Key>,
+}
+
+impl Session {
+    async fn run(
+        s: Shared,
+        cfg: HubConfig,
+        mut inbound: Streaming<v1::AgentMessage>,
+        tx: mpsc::Sender<Result<v1::SchedulerMessage, Status>>,
+    ) -> Result<(), Status> {
+        let first = tokio::time::timeout(cfg.register_timeout, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no Register within the registration timeout"))??;
+        let Some(v1::AgentMessage { msg: Some(In::Register(reg)) }) = first else {
+            return Err(Status::invalid_argument("invalid stream: the first message must be Register"));
+        };
+        let r = reg.resources.ok_or_else(|| Status::invalid_argument("invalid resources: is required"))?;
+        let node = NodeId::new(reg.node_id);
+        let mut labels: BTreeMap<String, String> = reg.labels.into_iter().collect();
+        if !reg.address.is_empty() {
+            labels.insert(ADDRESS_LABEL.to_string(), reg.address);
+        }
+        let register = Command::RegisterNode {
+            node: node.clone(),
+            resources: Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus },
+            labels,
+        };
+        match s.proposer.propose(register).await.map_err(propose_error_to_status)? {
+            Outcome::Accepted(_) => {}
+            Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
+        }
+        s.liveness.touch(&node);
+        tracing::info!(node = %node, running = reg.running.len(), "agent registered");
+        let mut session = Session {
+            s,
+            cfg,
+            node,
+            tx,
+            assigned: BTreeSet::new(),
+            agent_running: reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect(),
+        };
+        session
+            .send(Out::Registered(v1::Registered {
+                node_id: session.node.to_string(),
+                heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u32,
+            }))
+            .await?;
+        session.reconcile().await?;
+        session.sync().await?;
+        let mut metrics = session.s.raft.metrics();
+        let mut applied = metrics.borrow().last_applied;
+        loop {
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(m)) => session.handle(m).await?,
+                    Ok(None) | Err(_) => {
+                        tracing::info!(node = %session.node, "agent stream closed");
+                        return Ok(());
+                    }
+                },
+                changed = metrics.changed() => {
+                    if changed.is_err() || metrics.borrow().state != ServerState::Leader {
+                        return Err(leader_status(&session.s));
+                    }
+                    let now = metrics.borrow().last_applied;
+                    if now != applied {
+                        applied = now;
+                        session.sync().await?;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn send(&self, msg: Out) -> Result<(), Status> {
+        self.tx
+            .send(Ok(v1::SchedulerMessage { msg: Some(msg) }))
+            .await
+            .map_err(|_| Status::cancelled("the agent went away"))
+    }
+
+    async fn refuse(&self, key: Key, status: &Status) -> Result<(), Status> {
+        self.send(Out::Refused(v1::Refused {
+            task: Some(task_ref(key)),
+            code: format!("{:?}", status.code()).to_uppercase_snake(),
+            message: status.message().to_string(),
+        }))
+        .await
+    }
+
+    /// At registration the agent's list of running tasks is authoritative:
+    /// a task the state has running on this node that the agent does not
+    /// run any more (the agent restarted, or never got its claim granted)
+    /// has failed.
+    async fn reconcile(&mut self) -> Result<(), Status> {
+        let node = self.node.clone();
+        let gone: Vec<Key> = self.s.reader.read(|st| {
+            let Some(slot) = st.node_slot(&node) else { return Vec::new() };
+            st.tasks_on_node(slot)
+                .filter_map(|(alloc, task)| {
+                    let t = &st.alloc(alloc).expect("index names a known allocation").tasks[task as usize];
+                    let key = (alloc, task, t.reservation_epoch);
+                    (t.status == TaskStatus::Running && !self.agent_running.contains(&key)).then_some(key)
+                })
+                .collect()
+        });
+        for key in gone {
+            tracing::warn!(node = %self.node, alloc = key.0, task = key.1, "agent no longer runs a running task; failing it");
+            let cmd =
+                Command::FailTask { alloc: key.0, task: key.1, node: node.clone(), epoch: key.2, exit_code: None };
+            if let Outcome::Accepted(_) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                self.s.admission_wake.notify_one();
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes new assignments and stops what the agent should not run.
+    async fn sync(&mut self) -> Result<(), Status> {
+        let node = self.node.clone();
+        let (assign, owned) = self.s.reader.read(|st| {
+            let mut assign = Vec::new();
+            let mut owned = BTreeSet::new();
+            let Some(slot) = st.node_slot(&node) else { return (assign, owned) };
+            for (alloc, task) in st.tasks_on_node(slot) {
+                let a = st.alloc(alloc).expect("index names a known allocation");
+                let t = &a.tasks[task as usize];
+                let key = (alloc, task, t.reservation_epoch);
+                owned.insert(key);
+                if t.status == TaskStatus::Reserved && !self.assigned.contains(&key) {
+                    let peers = a
+                        .tasks
+                        .iter()
+                        .map(|p| {
+                            p.node.map_or_else(String::new, |s| {
+                                let n = st.node(s);
+                                n.labels.get(ADDRESS_LABEL).cloned().unwrap_or_else(|| n.id.to_string())
+                            })
+                        })
+                        .collect();
+                    assign.push((
+                        key,
+                        v1::Assign {
+                            task: Some(task_ref(key)),
+                            gang_size: a.spec.gang_size,
+                            command: a.spec.command.clone(),
+                            env: a.spec.env.clone().into_iter().collect(),
+                            peers,
+                            gpus: a.spec.resources.gpus,
+                        },
+                    ));
+                }
+            }
+            (assign, owned)
+        });
+        for (key, msg) in assign {
+            self.assigned.insert(key);
+            self.send(Out::Assign(msg)).await?;
+        }
+        self.assigned.retain(|k| owned.contains(k));
+        let unowned: Vec<Key> = self.agent_running.iter().filter(|k| !owned.contains(k)).copied().collect();
+        for key in unowned {
+            self.agent_running.remove(&key);
+            self.send(Out::Stop(v1::Stop {
+                task: Some(task_ref(key)),
+                grace_ms: self.cfg.stop_grace.as_millis() as u32,
+                reason: "the task is no longer placed on this node (cancelled, re-placed or failed)".into(),
+            }))
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn handle(&mut self, m: v1::AgentMessage) -> Result<(), Status> {
+        self.s.liveness.touch(&self.node);
+        match m.msg {
+            None => Err(Status::invalid_argument("invalid message: empty")),
+            Some(In::Register(_)) => Err(Status::invalid_argument("invalid message: Register twice on one stream")),
+            Some(In::Heartbeat(h)) => {
+                self.agent_running = h.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect();
+                self.sync().await
+            }
+            Some(In::Claim(c)) => {
+                let key = key_of(&c.task)?;
+                let cmd = Command::StartTask { alloc: key.0, task: key.1, node: self.node.clone(), epoch: key.2 };
+                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                    Outcome::Accepted(events) => {
+                        let attempt = events
+                            .iter()
+                            .find_map(|e| match e {
+                                Event::TaskStarted { attempt, .. } => Some(*attempt),
+                                _ => None,
+                            })
+                            .unwrap_or(1);
+                        self.agent_running.insert(key);
+                        self.send(Out::Granted(v1::ClaimGranted { task: Some(task_ref(key)), attempt })).await
+                    }
+                    Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await,
+                }
+            }
+            Some(In::Exited(e)) => {
+                let key = key_of(&e.task)?;
+                self.agent_running.remove(&key);
+                let node = self.node.clone();
+                let cmd = if e.exit_code == Some(0) && e.error.is_empty() {
+                    Command::FinishTask { alloc: key.0, task: key.1, node, epoch: key.2 }
+                } else {
+                    let exit_code = e.exit_code.or(e.signal.map(|s| 128 + s));
+                    Command::FailTask { alloc: key.0, task: key.1, node, epoch: key.2, exit_code }
+                };
+                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                    Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+                    Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
+                }
+                self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
+            }
+        }
+    }
+}
+
+trait UpperSnake {
+    fn to_uppercase_snake(&self) -> String;
+}
+
+impl UpperSnake for String {
+    /// `PermissionDenied` → `PERMISSION_DENIED`.
+    fn to_uppercase_snake(&self) -> String {
+        let mut out = String::new();
+        for (i, c) in self.chars().enumerate() {
+            if c.is_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_uppercase());
+        }
+        out
+    }
+}

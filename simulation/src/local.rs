@@ -1,0 +1,197 @@
+//! A whole cluster in one process on loopback: scheduler replicas and node
+//! agents, for `muster dev` and end-to-end tests.
+//!
+//! Replicas bind port 0 first so every member knows every address before
+//! any starts; agents advertise fake GPU devices (they run real processes,
+//! but `CUDA_VISIBLE_DEVICES` names devices that do not exist) unless told
+//! otherwise.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use muster_agent::agent::{Agent, AgentConfig};
+use muster_proto::v1;
+use muster_scheduler::server::{Replica, ReplicaConfig};
+use tokio::net::TcpSocket;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How to build a local cluster.
+#[derive(Clone, Debug)]
+pub struct LocalConfig {
+    /// Scheduler replicas.
+    pub replicas: u32,
+    /// Node agents.
+    pub agents: u32,
+    /// GPUs each agent advertises.
+    pub gpus_per_agent: u32,
+    /// CPUs each agent advertises.
+    pub cpus_per_agent: u32,
+    /// Memory each agent advertises, MiB.
+    pub mem_mb_per_agent: u64,
+    /// Heartbeat from agents.
+    pub heartbeat: Duration,
+    /// A node silent this long while holding work is marked lost.
+    pub node_lost_after: Duration,
+    /// SIGTERM → SIGKILL grace when the leader stops a task.
+    pub stop_grace: Duration,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            replicas: 3,
+            agents: 4,
+            gpus_per_agent: 8,
+            cpus_per_agent: 32,
+            mem_mb_per_agent: 256_000,
+            heartbeat: Duration::from_secs(5),
+            node_lost_after: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(15),
+        }
+    }
+}
+
+struct AgentHandle {
+    node_id: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// A running local cluster.
+pub struct LocalCluster {
+    dir: PathBuf,
+    cfg: LocalConfig,
+    replicas: Vec<Option<Replica>>,
+    addrs: Vec<String>,
+    agents: Vec<Option<AgentHandle>>,
+}
+
+fn listener(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr.parse().map_err(std::io::Error::other)?)?;
+    socket.listen(1024)
+}
+
+impl LocalCluster {
+    /// Starts everything with data under `dir`.
+    pub async fn start(dir: &Path, cfg: LocalConfig) -> Result<LocalCluster, String> {
+        let mut listeners = Vec::new();
+        for _ in 0..cfg.replicas {
+            listeners.push(listener("127.0.0.1:0").map_err(|e| format!("cannot bind a loopback port: {e}"))?);
+        }
+        let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().expect("bound").to_string()).collect();
+        let mut c = LocalCluster { dir: dir.to_path_buf(), cfg, replicas: Vec::new(), addrs, agents: Vec::new() };
+        for (i, l) in listeners.into_iter().enumerate() {
+            let r = Replica::start(c.replica_config(i as u64 + 1), l).await.map_err(|e| e.to_string())?;
+            c.replicas.push(Some(r));
+        }
+        for i in 0..c.cfg.agents {
+            let a = c.spawn_agent(i);
+            c.agents.push(Some(a));
+        }
+        Ok(c)
+    }
+
+    fn replica_config(&self, id: u64) -> ReplicaConfig {
+        let mut rc =
+            ReplicaConfig::new(id, self.addrs[id as usize - 1].clone(), self.dir.join(format!("replica-{id}")));
+        rc.initial_members = self.addrs.iter().enumerate().map(|(i, a)| (i as u64 + 1, a.clone())).collect();
+        rc.hub.heartbeat_interval = self.cfg.heartbeat;
+        rc.hub.stop_grace = self.cfg.stop_grace;
+        rc.node_lost_after = self.cfg.node_lost_after;
+        rc.admission_interval = Duration::from_secs(1);
+        rc
+    }
+
+    fn spawn_agent(&self, i: u32) -> AgentHandle {
+        let node_id = format!("node-{}", i + 1);
+        let cfg = AgentConfig {
+            node_id: node_id.clone(),
+            schedulers: self.addrs.clone(),
+            resources: v1::Resources {
+                gpus: self.cfg.gpus_per_agent,
+                vram_mb: 80_000,
+                mem_mb: self.cfg.mem_mb_per_agent,
+                cpus: self.cfg.cpus_per_agent,
+            },
+            labels: BTreeMap::from([("gpu".to_string(), "fake".to_string())]),
+            address: format!("127.0.0.1:{}", 29_500 + i),
+            work_dir: self.dir.join(&node_id),
+            backoff: (Duration::from_millis(100), Duration::from_secs(2)),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let agent = Agent::new(cfg).expect("agent work dir");
+        let task = tokio::spawn(agent.run(stopped));
+        AgentHandle { node_id, stop, task }
+    }
+
+    /// The replicas' addresses.
+    pub fn scheduler_addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// The agents' node ids.
+    pub fn node_ids(&self) -> Vec<String> {
+        (0..self.cfg.agents).map(|i| format!("node-{}", i + 1)).collect()
+    }
+
+    /// Where agent `i` keeps its logs.
+    pub fn agent_dir(&self, i: u32) -> PathBuf {
+        self.dir.join(format!("node-{}", i + 1))
+    }
+
+    /// A running replica by id.
+    pub fn replica(&self, id: u64) -> Option<&Replica> {
+        self.replicas.get(id as usize - 1).and_then(|r| r.as_ref())
+    }
+
+    /// The id of the replica that currently leads, if any says so.
+    pub fn leader_id(&self) -> Option<u64> {
+        self.replicas.iter().flatten().find(|r| r.status().role == "leader").map(|r| r.id())
+    }
+
+    /// Kills agent `i` abruptly: its stream drops, its processes keep running.
+    pub fn kill_agent(&mut self, i: u32) {
+        if let Some(a) = self.agents[i as usize].take() {
+            a.task.abort();
+        }
+    }
+
+    /// Starts agent `i` again (same node id and work dir).
+    pub fn restart_agent(&mut self, i: u32) {
+        self.kill_agent(i);
+        let a = self.spawn_agent(i);
+        self.agents[i as usize] = Some(a);
+    }
+
+    /// Stops replica `id` (its data dir stays).
+    pub async fn stop_replica(&mut self, id: u64) {
+        if let Some(r) = self.replicas[id as usize - 1].take() {
+            r.shutdown().await;
+        }
+    }
+
+    /// Starts replica `id` again from its data dir, on its old address.
+    pub async fn restart_replica(&mut self, id: u64) -> Result<(), String> {
+        self.stop_replica(id).await;
+        let l = listener(&self.addrs[id as usize - 1]).map_err(|e| e.to_string())?;
+        let r = Replica::start(self.replica_config(id), l).await.map_err(|e| e.to_string())?;
+        self.replicas[id as usize - 1] = Some(r);
+        Ok(())
+    }
+
+    /// Stops the agents (their tasks get the grace) and the replicas.
+    pub async fn shutdown(mut self) {
+        for a in self.agents.iter_mut().filter_map(Option::take) {
+            let _ = a.stop.send(true);
+            let _ = a.task.await;
+            tracing::debug!(node = %a.node_id, "agent stopped");
+        }
+        for r in self.replicas.iter_mut().filter_map(Option::take) {
+            r.shutdown().await;
+        }
+    }
+}
