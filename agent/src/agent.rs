@@ -152,15 +152,23 @@ impl Agent {
             }
         }
         let grace = Duration::from_secs(5);
+        let mut waiting = 0;
         for (_, r) in std::mem::take(&mut self.running) {
             if let Some(stop) = r.stop {
                 let _ = stop.send(grace);
+                waiting += 1;
             }
         }
-        // Let the waiters report their exits (and remove their records).
+        // Let the stopped tasks' waiters finish (and remove their records).
         let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(1);
-        while let Ok(Some((key, _))) = tokio::time::timeout_at(deadline, self.exits_rx.recv()).await {
-            let _ = fs::remove_file(self.record_path(key));
+        while waiting > 0 {
+            match tokio::time::timeout_at(deadline, self.exits_rx.recv()).await {
+                Ok(Some((key, _))) => {
+                    let _ = fs::remove_file(self.record_path(key));
+                    waiting -= 1;
+                }
+                _ => break,
+            }
         }
     }
 

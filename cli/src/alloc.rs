@@ -121,11 +121,11 @@ pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> any
         .await?
         .into_inner();
     match out {
-        Output::Json => println!("{}", json!({ "id": resp.id, "duplicate": resp.duplicate })),
+        Output::Json => out!("{}", json!({ "id": resp.id, "duplicate": resp.duplicate })),
         Output::Text if resp.duplicate => {
-            println!("allocation {} (already submitted with this idempotency key)", resp.id)
+            out!("allocation {} (already submitted with this idempotency key)", resp.id)
         }
-        Output::Text => println!("allocation {} submitted", resp.id),
+        Output::Text => out!("allocation {} submitted", resp.id),
     }
     Ok(())
 }
@@ -245,15 +245,18 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 .await?
                 .into_inner();
             match out {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
+                Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
                 Output::Text => {
-                    println!("{}", alloc_line(&a));
+                    out!("{}", alloc_line(&a));
                     for t in &a.tasks {
                         let status = task_status_name(t.status);
                         let node = if t.node_id.is_empty() { "-" } else { &t.node_id };
-                        println!(
+                        out!(
                             "          task {:>3}  {:<22}  node {:<16}  attempts {}",
-                            t.index, status, node, t.attempts
+                            t.index,
+                            status,
+                            node,
+                            t.attempts
                         );
                     }
                 }
@@ -265,8 +268,8 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 .await?
                 .into_inner();
             match out {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
-                Output::Text => println!("allocation {id} cancelled"),
+                Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
+                Output::Text => out!("allocation {id} cancelled"),
             }
         }
         AllocCmd::List { status, owner, class, page_size, all } => {
@@ -297,17 +300,17 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
             match out {
                 Output::Json => {
                     let list: Vec<_> = rows.iter().map(alloc_json).collect();
-                    println!(
+                    out!(
                         "{}",
                         serde_json::to_string_pretty(&json!({ "allocations": list, "next_page_token": token }))?
                     );
                 }
                 Output::Text => {
                     for a in &rows {
-                        println!("{}", alloc_line(a));
+                        out!("{}", alloc_line(a));
                     }
                     if token != 0 {
-                        println!("(more: --all, or continue after allocation {token})");
+                        out!("(more: --all, or continue after allocation {token})");
                     }
                 }
             }

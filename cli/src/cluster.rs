@@ -89,17 +89,17 @@ pub async fn status(cluster: &Cluster, out: Output) -> anyhow::Result<()> {
     match out {
         Output::Json => {
             let replicas: Vec<_> = rows.iter().map(|(m, s)| member_json(m, s)).collect();
-            println!("{}", serde_json::to_string_pretty(&json!({ "leader_id": leader_id, "replicas": replicas }))?);
+            out!("{}", serde_json::to_string_pretty(&json!({ "leader_id": leader_id, "replicas": replicas }))?);
         }
         Output::Text => {
             match leader_id {
-                Some(id) => println!("leader: replica {id}"),
-                None => println!("leader: none (election in progress or no quorum)"),
+                Some(id) => out!("leader: replica {id}"),
+                None => out!("leader: none (election in progress or no quorum)"),
             }
-            println!("{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  digest", "id", "address", "role", "term", "applied");
+            out!("{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  digest", "id", "address", "role", "term", "applied");
             for (m, s) in &rows {
                 match s {
-                    Ok(s) => println!(
+                    Ok(s) => out!(
                         "{:>4}  {:<22}  {:<9}  {:>6}  {:>9}  {}",
                         m.id,
                         m.address,
@@ -108,7 +108,7 @@ pub async fn status(cluster: &Cluster, out: Output) -> anyhow::Result<()> {
                         s.applied_index,
                         &s.state_digest[..16.min(s.state_digest.len())]
                     ),
-                    Err(e) => println!("{:>4}  {:<22}  unreachable: {e}", m.id, m.address),
+                    Err(e) => out!("{:>4}  {:<22}  unreachable: {e}", m.id, m.address),
                 }
             }
         }
@@ -121,11 +121,11 @@ fn print_members(resp: &v1::MembershipResponse, out: Output) -> anyhow::Result<(
         Output::Json => {
             let members: Vec<_> =
                 resp.members.iter().map(|m| json!({ "id": m.id, "address": m.address, "voter": m.voter })).collect();
-            println!("{}", serde_json::to_string_pretty(&json!({ "members": members, "log_index": resp.log_index }))?);
+            out!("{}", serde_json::to_string_pretty(&json!({ "members": members, "log_index": resp.log_index }))?);
         }
         Output::Text => {
             for m in &resp.members {
-                println!("{:>4}  {:<22}  {}", m.id, m.address, if m.voter { "voter" } else { "learner" });
+                out!("{:>4}  {:<22}  {}", m.id, m.address, if m.voter { "voter" } else { "learner" });
             }
         }
     }
@@ -194,13 +194,13 @@ pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow:
                             Err(e) => json!({ "id": id, "error": e }),
                         })
                         .collect();
-                    println!("{}", serde_json::to_string_pretty(&json!({ "replicas": rows }))?);
+                    out!("{}", serde_json::to_string_pretty(&json!({ "replicas": rows }))?);
                 }
                 Output::Text => {
                     for (id, r) in &results {
                         match r {
-                            Ok(s) => println!("replica {id}: snapshot at index {}", s.snapshot_index),
-                            Err(e) => println!("replica {id}: {e}"),
+                            Ok(s) => out!("replica {id}: snapshot at index {}", s.snapshot_index),
+                            Err(e) => out!("replica {id}: {e}"),
                         }
                     }
                 }
@@ -227,9 +227,9 @@ pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow:
                     admin.status(v1::StatusRequest {}).await.map_err(|s| anyhow::anyhow!(describe(&s)))?.into_inner();
                 if s.role == "leader" {
                     if out == Output::Json {
-                        println!("{}", json!({ "leader_id": to, "term": s.term }));
+                        out!("{}", json!({ "leader_id": to, "term": s.term }));
                     } else {
-                        println!("replica {to} leads (term {})", s.term);
+                        out!("replica {to} leads (term {})", s.term);
                     }
                     return Ok(());
                 }

@@ -1,9 +1,26 @@
 //! `muster`: one binary for the replica server, the admin and client CLI,
 //! and the simulator.
 
+/// `println!` that ends the process quietly when stdout is a closed pipe
+/// (`muster alloc list | head`) instead of panicking. SIGPIPE itself stays
+/// ignored: a replica or agent must survive a peer closing a socket.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            panic!("cannot write to stdout: {e}");
+        }
+    }};
+}
+
+mod agent_cmd;
 mod alloc;
 mod client;
 mod cluster;
+mod dev;
 mod output;
 mod server;
 mod simulate;
@@ -35,8 +52,12 @@ struct ClientArgs {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// Run a whole cluster in this process: 3 replicas and 4 agents on loopback.
+    Dev(dev::DevArgs),
     /// Run one scheduler replica.
     Server(server::ServerArgs),
+    /// Run the node agent for this machine.
+    Agent(agent_cmd::AgentArgs),
     /// Submit an allocation: muster submit [options] -- COMMAND [ARGS…].
     Submit {
         #[command(flatten)]
@@ -65,12 +86,6 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    // Die quietly when stdout is a closed pipe (`muster alloc list | head`)
-    // instead of panicking in println!.
-    // SAFETY: called first thing, before any other thread exists.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Simulate(args) => simulate::run(&args),
@@ -91,15 +106,16 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cmd {
             Cmd::Server(args) => {
-                tracing_subscriber::fmt()
-                    .with_env_filter(
-                        tracing_subscriber::EnvFilter::try_from_default_env()
-                            .unwrap_or_else(|_| "info,openraft=warn".into()),
-                    )
-                    .with_writer(std::io::stderr)
-                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                    .init();
+                init_logging("info,openraft=warn");
                 server::run(args).await
+            }
+            Cmd::Agent(args) => {
+                init_logging("info");
+                agent_cmd::run(args).await
+            }
+            Cmd::Dev(args) => {
+                init_logging("warn,openraft=error");
+                dev::run(args).await
             }
             Cmd::Submit { client, args } => {
                 let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
@@ -118,11 +134,19 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
     })
 }
 
+fn init_logging(default: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 fn probe() -> anyhow::Result<()> {
     let r = muster_agent::probe_resources()?;
-    println!("cpus     {}", r.cpus);
-    println!("mem_mb   {}", r.mem_mb);
-    println!("gpus     {}", r.gpus);
-    println!("vram_mb  {}", r.vram_mb);
+    out!("cpus     {}", r.cpus);
+    out!("mem_mb   {}", r.mem_mb);
+    out!("gpus     {}", r.gpus);
+    out!("vram_mb  {}", r.vram_mb);
     Ok(())
 }

@@ -25,7 +25,8 @@ pub struct ServerArgs {
     #[arg(long)]
     data_dir: PathBuf,
     /// The initial cluster, this replica included: 1=host:port,2=host:port,3=host:port.
-    /// Used only on the first start; a restart resumes from the data dir.
+    /// Used only on the first start (the lowest id bootstraps the cluster);
+    /// a restart resumes from the data dir.
     /// Leave out to start empty and join with `muster cluster add-learner`.
     #[arg(long)]
     peers: Option<String>,

@@ -130,10 +130,10 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let (report, _) = Simulation::new(cfg, jobs).run()?;
     let wall = started.elapsed();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        out!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("{report}");
-        println!("simulated in  {:.2} s of wall time", wall.as_secs_f64());
+        out!("{report}");
+        out!("simulated in  {:.2} s of wall time", wall.as_secs_f64());
     }
     Ok(())
 }

@@ -82,3 +82,13 @@ fn t50_probe_reports_this_machines_resources() {
     assert!(value("mem_mb") >= 256);
     let _ = value("gpus");
 }
+
+#[test]
+fn t90_dev_demo_runs_a_gang_to_completion() {
+    let o = muster(&["dev", "--demo"]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("completed: every task ran on its own node"), "{text}");
+    let running = text.lines().find(|l| l.contains("running@")).unwrap_or_default();
+    assert_eq!(running.matches("running@node-").count(), 4, "{text}");
+}

@@ -73,7 +73,9 @@ pub struct ReplicaConfig {
     /// Where the log and snapshots live.
     pub data_dir: PathBuf,
     /// The initial members (id → address), this replica included; used only
-    /// the first time the data dir is opened. Empty: join later as a learner.
+    /// the first time the data dir is opened, by the lowest-numbered member,
+    /// which bootstraps the cluster (the others learn the membership from
+    /// it). Empty: join later as a learner.
     pub initial_members: BTreeMap<u64, String>,
     /// Raft timing and compaction.
     pub raft: RaftTuning,
@@ -201,13 +203,13 @@ impl Replica {
             });
         let server = tokio::spawn(server);
 
-        if !cfg.initial_members.is_empty()
-            && !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))?
-        {
+        // The lowest-numbered initial member bootstraps the cluster; the
+        // others learn the membership from it (initialising every member at
+        // once races their first elections).
+        let bootstraps = cfg.initial_members.keys().next() == Some(&cfg.id);
+        if bootstraps && !raft.is_initialized().await.map_err(|e| StartError::Raft(e.to_string()))? {
             let members: BTreeMap<u64, BasicNode> =
                 cfg.initial_members.iter().map(|(id, a)| (*id, BasicNode::new(a.clone()))).collect();
-            // Every initial member may call this with the same membership;
-            // the ones that lose the race are told it is not allowed.
             if let Err(e) = raft.initialize(members).await {
                 tracing::info!(error = %e, "cluster already initialised");
             }

@@ -1,0 +1,86 @@
+//! `muster agent`: run the node agent for this machine.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use muster_agent::agent::{Agent, AgentConfig};
+use muster_proto::v1;
+use tokio::sync::watch;
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Scheduler replicas, host:port[,host:port…].
+    #[arg(long, env = "MUSTER_SCHEDULER")]
+    scheduler: String,
+    /// This node's id (stable across restarts).
+    #[arg(long)]
+    node_id: String,
+    /// GPUs to offer (default: the NVIDIA driver's count, 0 without one).
+    #[arg(long)]
+    gpus: Option<u32>,
+    /// Memory per GPU, MiB (required when offering GPUs).
+    #[arg(long, default_value_t = 0)]
+    vram_mb: u64,
+    /// Host memory to offer, MiB (default: all of it).
+    #[arg(long)]
+    mem_mb: Option<u64>,
+    /// CPU cores to offer (default: all this process may use).
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Labels, KEY=VALUE (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// host:port other tasks of a gang reach this node at (MUSTER_GANG_PEERS).
+    #[arg(long)]
+    address: Option<String>,
+    /// Where task logs and process records live.
+    #[arg(long)]
+    work_dir: PathBuf,
+}
+
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let schedulers = crate::client::parse_addresses(&args.scheduler)?;
+    if args.node_id.trim().is_empty() {
+        bail!("--node-id must not be empty");
+    }
+    let probed = muster_agent::probe_resources().context("cannot discover this machine's resources")?;
+    let gpus = args.gpus.unwrap_or(probed.gpus);
+    if gpus > 0 && args.vram_mb == 0 {
+        bail!("--vram-mb is required when offering GPUs (memory per GPU, MiB)");
+    }
+    let mut labels = BTreeMap::new();
+    for kv in &args.labels {
+        let (k, v) = kv.split_once('=').with_context(|| format!("--label {kv:?} is not KEY=VALUE"))?;
+        labels.insert(k.to_string(), v.to_string());
+    }
+    let cfg = AgentConfig {
+        node_id: args.node_id.clone(),
+        schedulers,
+        resources: v1::Resources {
+            gpus,
+            vram_mb: args.vram_mb,
+            mem_mb: args.mem_mb.unwrap_or(probed.mem_mb),
+            cpus: args.cpus.unwrap_or(probed.cpus),
+        },
+        labels,
+        address: args.address.unwrap_or_else(|| args.node_id.clone()),
+        work_dir: args.work_dir.clone(),
+        backoff: (Duration::from_millis(200), Duration::from_secs(5)),
+    };
+    let agent = Agent::new(cfg).with_context(|| format!("cannot use work dir {}", args.work_dir.display()))?;
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(agent.run(stopped));
+    eprintln!("muster agent: node {} connecting to {}", args.node_id, args.scheduler);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("muster agent: stopping (running tasks get their grace)");
+    let _ = stop.send(true);
+    let _ = task.await;
+    Ok(())
+}
