@@ -149,3 +149,81 @@ async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
     assert_eq!(again.code(), tonic::Code::FailedPrecondition);
     c.shutdown().await;
 }
+
+fn node_status(c: &LocalCluster, node: &str) -> Option<String> {
+    let l = c.leader_id()?;
+    c.replica(l)?.reader().read(|st| {
+        let slot = st.node_slot(&muster_scheduler::sm::NodeId::new(node))?;
+        Some(format!("{:?}", st.node(slot).status))
+    })
+}
+
+fn proc_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+/// An agent killed mid-task: its node is marked lost, the task is failed and
+/// placed again elsewhere; the agent restarting with the same id kills what
+/// it left behind and registers cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t82_an_agent_killed_mid_task_loses_its_node_and_comes_back_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LocalConfig { node_lost_after: Duration::from_secs(2), ..fast() };
+    let mut c = LocalCluster::start(dir.path(), cfg).await.unwrap();
+    let id = submit(&c, gang(1, "echo $$ > pid-$MUSTER_ATTEMPT; sleep 60", 3)).await;
+    let a = until(&c, id, "running", |a| status(a) == v1::AllocationStatus::Running).await;
+    let node = a.tasks[0].node_id.clone();
+    let i: u32 = node.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+    let pid_file = c.agent_dir(i).join("pid-1");
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&pid_file).is_ok_and(|s| !s.trim().is_empty()) {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let orphan: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+
+    c.kill_agent(i);
+    let moved = until(&c, id, "re-placed on another node", |a| {
+        status(a) == v1::AllocationStatus::Running && a.tasks[0].node_id != node
+    })
+    .await;
+    assert_eq!(moved.tasks[0].attempts, 2, "the lost attempt counts: {moved:?}");
+    assert_eq!(node_status(&c, &node).as_deref(), Some("Lost"));
+
+    c.restart_agent(i);
+    let deadline = Instant::now() + WAIT;
+    while node_status(&c, &node).as_deref() != Some("Ready") || proc_alive(orphan) {
+        assert!(
+            Instant::now() < deadline,
+            "node never came back clean: {:?}, orphan alive {}",
+            node_status(&c, &node),
+            proc_alive(orphan)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.shutdown().await;
+}
+
+/// The leader goes away while agents hold streams: they reconnect to the
+/// new leader, running processes are not restarted, nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t83_a_leader_change_does_not_restart_running_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = LocalCluster::start(dir.path(), fast()).await.unwrap();
+    let id = submit(&c, gang(2, "sleep 4; echo finished", 3)).await;
+    until(&c, id, "running", |a| status(a) == v1::AllocationStatus::Running).await;
+    let old = c.leader_id().unwrap();
+    c.stop_replica(old).await;
+    let done = until(&c, id, "done after the leader change", |a| status(a) == v1::AllocationStatus::Done).await;
+    assert!(done.tasks.iter().all(|t| t.attempts == 1), "no task ran twice: {done:?}");
+    for t in &done.tasks {
+        let i: u32 = t.node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+        let dir = c.agent_dir(i).join(format!("logs/alloc-{id}/task-{}", t.index));
+        let attempts: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(attempts.len(), 2, "only attempt-1.out and attempt-1.err: {attempts:?}");
+        assert_eq!(std::fs::read_to_string(dir.join("attempt-1.out")).unwrap(), "finished\n");
+    }
+    c.restart_replica(old).await.unwrap();
+    c.shutdown().await;
+}
