@@ -142,6 +142,11 @@ pub enum AllocCmd {
         /// The allocation id.
         id: u64,
     },
+    /// Why is it pending? Per class of nodes: could they ever take a task, how many can now.
+    Explain {
+        /// The allocation id.
+        id: u64,
+    },
     /// List allocations.
     List {
         /// Only this status (queued, reserved, running, tearing-down, done, failed, cancelled).
@@ -270,6 +275,31 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
             match out {
                 Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
                 Output::Text => out!("allocation {id} cancelled"),
+            }
+        }
+        AllocCmd::Explain { id } => {
+            let e = cluster
+                .call(|ch| async move { AllocationServiceClient::new(ch).explain(v1::GetRequest { id }).await })
+                .await?
+                .into_inner();
+            match out {
+                Output::Json => out!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "id": e.id,
+                        "status": status_name(e.status),
+                        "summary": e.summary,
+                        "classes": e.classes.iter().map(|c| json!({
+                            "class": c.class, "nodes": c.nodes, "can_take_now": c.can_take_now, "reason": c.reason,
+                        })).collect::<Vec<_>>(),
+                    }))?
+                ),
+                Output::Text => {
+                    out!("allocation {id}: {}", e.summary);
+                    for c in &e.classes {
+                        out!("  {:>4} x {:<52}  {}", c.nodes, c.class, c.reason);
+                    }
+                }
             }
         }
         AllocCmd::List { status, owner, class, page_size, all } => {

@@ -21,6 +21,7 @@ mod alloc;
 mod client;
 mod cluster;
 mod dev;
+mod node;
 mod output;
 mod server;
 mod simulate;
@@ -71,6 +72,13 @@ enum Cmd {
         client: ClientArgs,
         #[command(subcommand)]
         cmd: alloc::AllocCmd,
+    },
+    /// Inspect nodes.
+    Node {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        cmd: node::NodeCmd,
     },
     /// Inspect and change the cluster of scheduler replicas.
     Cluster {
@@ -124,6 +132,10 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             Cmd::Alloc { client, cmd } => {
                 let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
                 alloc::alloc(&mut cluster, cmd, client.output).await
+            }
+            Cmd::Node { client, cmd } => {
+                let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
+                node::run(&mut cluster, cmd, client.output).await
             }
             Cmd::Cluster { client, cmd } => {
                 let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);

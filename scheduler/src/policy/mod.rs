@@ -3,8 +3,10 @@
 //! async; `apply` re-checks everything they propose.
 
 mod admission;
+mod explain;
 
 #[cfg(test)]
 mod admission_test;
 
 pub use admission::{AdmissionConfig, AdmissionPlan, Order, PassStats, plan_admission};
+pub use explain::{ClassReason, Explanation, explain};

@@ -11,8 +11,8 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tonic::{Request, Response, Status};
 
 use super::convert::{
-    alloc_status_filter, alloc_to_proto, not_leader_status, propose_error_to_status, rejection_to_status,
-    spec_from_proto,
+    alloc_status_filter, alloc_status_to_proto, alloc_to_proto, not_leader_status, propose_error_to_status,
+    rejection_to_status, spec_from_proto,
 };
 use super::replica::Shared;
 use crate::sm::{Command, Event, Outcome};
@@ -77,6 +77,31 @@ impl AllocationService for ClientApi {
             .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))
     }
 
+    async fn explain(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Explanation>, Status> {
+        let id = req.into_inner().id;
+        linearizable(&self.s).await?;
+        let e = self
+            .s
+            .reader
+            .read(|st| crate::policy::explain(st, id))
+            .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))?;
+        Ok(Response::new(v1::Explanation {
+            id,
+            status: alloc_status_to_proto(e.status) as i32,
+            summary: e.summary,
+            classes: e
+                .classes
+                .into_iter()
+                .map(|c| v1::NodeClassReason {
+                    class: c.class,
+                    nodes: c.nodes,
+                    can_take_now: c.can_take_now,
+                    reason: c.reason,
+                })
+                .collect(),
+        }))
+    }
+
     async fn get(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Allocation>, Status> {
         let id = req.into_inner().id;
         linearizable(&self.s).await?;
@@ -112,5 +137,52 @@ impl AllocationService for ClientApi {
         });
         let next_page_token = if more { allocations.last().map_or(0, |a| a.id) } else { 0 };
         Ok(Response::new(v1::ListResponse { allocations, next_page_token }))
+    }
+}
+
+/// `muster.v1.NodeService`: the nodes as the state machine knows them.
+pub struct NodeApi {
+    s: Shared,
+}
+
+impl NodeApi {
+    /// The node API over a replica's shared parts.
+    pub fn new(s: Shared) -> Self {
+        NodeApi { s }
+    }
+}
+
+fn node_to_proto(st: &crate::sm::State, n: &crate::sm::Node) -> v1::Node {
+    let r = |g, v, m, c| v1::Resources { gpus: g, vram_mb: v, mem_mb: m, cpus: c };
+    v1::Node {
+        id: n.id.to_string(),
+        resources: Some(r(n.resources.gpus, n.resources.vram_mb, n.resources.mem_mb, n.resources.cpus)),
+        labels: n.labels.clone().into_iter().collect(),
+        status: match n.status {
+            crate::sm::NodeStatus::Ready => v1::NodeStatus::Ready,
+            crate::sm::NodeStatus::Lost => v1::NodeStatus::Lost,
+        } as i32,
+        used: Some(r(n.used.gpus, 0, n.used.mem_mb, n.used.cpus)),
+        tasks: st.tasks_on_node(n.slot).count() as u32,
+        registered_at_ms: n.registered_at_ms,
+    }
+}
+
+#[tonic::async_trait]
+impl muster_proto::v1::node_service_server::NodeService for NodeApi {
+    async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Result<Response<v1::ListNodesResponse>, Status> {
+        linearizable(&self.s).await?;
+        let nodes = self.s.reader.read(|st| st.nodes().iter().map(|n| node_to_proto(st, n)).collect());
+        Ok(Response::new(v1::ListNodesResponse { nodes }))
+    }
+
+    async fn get_node(&self, req: Request<v1::GetNodeRequest>) -> Result<Response<v1::Node>, Status> {
+        let id = crate::sm::NodeId::new(req.into_inner().id);
+        linearizable(&self.s).await?;
+        self.s
+            .reader
+            .read(|st| st.node_slot(&id).map(|slot| node_to_proto(st, st.node(slot))))
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
     }
 }

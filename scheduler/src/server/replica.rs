@@ -21,6 +21,7 @@ use muster_proto::v1;
 use muster_proto::v1::admin_service_server::AdminServiceServer;
 use muster_proto::v1::agent_service_server::AgentServiceServer;
 use muster_proto::v1::allocation_service_server::AllocationServiceServer;
+use muster_proto::v1::node_service_server::NodeServiceServer;
 use muster_proto::v1::raft_service_server::RaftServiceServer;
 use muster_raft_store::{AppReader, OpenError};
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
@@ -31,7 +32,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use super::admin_api::AdminApi;
 use super::agent_hub::{AgentHub, HubConfig, Liveness};
-use super::client_api::ClientApi;
+use super::client_api::{ClientApi, NodeApi};
 use super::leader::LeaderLoops;
 use super::proposer::Proposer;
 use super::raft_net::{MAX_RAFT_MESSAGE_BYTES, Network, RaftRpc};
@@ -196,6 +197,7 @@ impl Replica {
                     .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
             )
             .add_service(AllocationServiceServer::new(ClientApi::new(shared.clone())))
+            .add_service(NodeServiceServer::new(NodeApi::new(shared.clone())))
             .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
             .add_service(AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub)))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {

@@ -1,0 +1,96 @@
+//! `muster dev` as a user runs it, driven through the CLI: nodes, a gang of
+//! four on four nodes, explain, cancel, Ctrl-C.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::muster;
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let o = muster(args);
+    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+#[test]
+fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut dev = Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(["dev", "--data-dir"])
+        .arg(dir.path().join("dev"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
+    let sched = loop {
+        let line = lines.next().expect("muster dev printed its replicas").unwrap();
+        if let Some(rest) = line.trim().strip_prefix("replicas") {
+            break rest.trim().to_string();
+        }
+    };
+    let s = ["--scheduler", sched.as_str(), "--output", "json"];
+    let with = |args: &[&str]| -> Vec<String> { args.iter().chain(s.iter()).map(|a| a.to_string()).collect() };
+    let call = |args: &[&str]| {
+        let v = with(args);
+        json(&v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    // Agents register within a moment.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let nodes = call(&["node", "list"]);
+        let ready =
+            nodes["nodes"].as_array().unwrap().iter().filter(|n| n["status"] == "ready" && n["gpus"] == 8).count();
+        if ready == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "agents never registered: {nodes}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let mut submit: Vec<&str> = vec!["submit", "--gang-size", "4", "--gpus", "1", "--class", "5"];
+    submit.extend(s);
+    submit.extend(["--", "sleep", "30"]);
+    let id = json(&submit)["id"].as_u64().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let a = loop {
+        let a = call(&["alloc", "get", &id]);
+        if a["status"] == "running" {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "never running: {a}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut nodes: Vec<String> =
+        a["tasks"].as_array().unwrap().iter().map(|t| t["node"].as_str().unwrap().to_string()).collect();
+    assert!(a["tasks"].as_array().unwrap().iter().all(|t| t["status"] == "running"), "{a}");
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 4, "four tasks on four nodes: {a}");
+
+    // A gang of five 8-GPU tasks can never fit four nodes.
+    let mut big: Vec<&str> = vec!["submit", "--gang-size", "5", "--gpus", "8"];
+    big.extend(s);
+    big.extend(["--", "true"]);
+    let big_id = json(&big)["id"].as_u64().unwrap().to_string();
+    let e = call(&["alloc", "explain", &big_id]);
+    assert!(e["summary"].as_str().unwrap().contains("larger than any feasible set"), "{e}");
+
+    let c = call(&["alloc", "cancel", &id]);
+    assert_eq!(c["status"], "cancelled");
+
+    // Ctrl-C ends muster dev cleanly.
+    Command::new("kill").args(["-INT", &dev.id().to_string()]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = dev.try_wait().unwrap() {
+            assert!(status.success(), "muster dev exited {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "muster dev ignored Ctrl-C");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

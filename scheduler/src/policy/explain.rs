@@ -1,0 +1,207 @@
+//! Why is an allocation not running? A pure function over the state: for
+//! each class of nodes (same status and resources), whether its nodes could
+//! ever take one of the gang's tasks, and how many can take one now.
+
+use std::collections::BTreeMap;
+
+use crate::sm::{AllocId, AllocStatus, NodeStatus, Resources, State, Usage, fits};
+
+/// One class of nodes and what it means for the gang.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassReason {
+    /// The class, in words (resources and status).
+    pub class: String,
+    /// Nodes in the class.
+    pub nodes: u32,
+    /// Nodes of the class that can take one of the gang's tasks right now.
+    pub can_take_now: u32,
+    /// Why the rest cannot, or that they can.
+    pub reason: String,
+}
+
+/// The answer to "why is it pending?".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explanation {
+    /// The allocation.
+    pub alloc: AllocId,
+    /// Its status.
+    pub status: AllocStatus,
+    /// One sentence.
+    pub summary: String,
+    /// Per node class.
+    pub classes: Vec<ClassReason>,
+}
+
+fn describe(r: &Resources, status: NodeStatus) -> String {
+    format!(
+        "{} GPU x {} MB, {} MB RAM, {} CPUs ({})",
+        r.gpus,
+        r.vram_mb,
+        r.mem_mb,
+        r.cpus,
+        match status {
+            NodeStatus::Ready => "ready",
+            NodeStatus::Lost => "lost",
+        }
+    )
+}
+
+/// Why a node of resources `node` can never take a task needing `need`.
+fn never_fits(need: &Resources, node: &Resources) -> Option<String> {
+    if need.gpus > node.gpus {
+        return Some(format!("nodes have {} GPUs; a task needs {}", node.gpus, need.gpus));
+    }
+    if need.gpus > 0 && node.vram_mb < need.vram_mb {
+        return Some(format!("GPUs have {} MB; a task needs {} MB each", node.vram_mb, need.vram_mb));
+    }
+    if need.mem_mb > node.mem_mb {
+        return Some(format!("nodes have {} MB of memory; a task needs {}", node.mem_mb, need.mem_mb));
+    }
+    if need.cpus > node.cpus {
+        return Some(format!("nodes have {} CPUs; a task needs {}", node.cpus, need.cpus));
+    }
+    None
+}
+
+/// What is short on a node that could fit the task when empty.
+fn short_now(need: &Resources, free: &Usage) -> &'static str {
+    if free.gpus < need.gpus {
+        "not enough free GPUs"
+    } else if free.mem_mb < need.mem_mb {
+        "not enough free memory"
+    } else {
+        "not enough free CPUs"
+    }
+}
+
+/// Explains allocation `id`, or `None` if it does not exist.
+pub fn explain(state: &State, id: AllocId) -> Option<Explanation> {
+    let a = state.alloc(id)?;
+    let need = a.spec.resources;
+    let n = a.spec.gang_size;
+    let mut classes: BTreeMap<(NodeStatus, Resources), (u32, u32, BTreeMap<&'static str, u32>)> = BTreeMap::new();
+    for node in state.nodes() {
+        let entry = classes.entry((node.status, node.resources)).or_default();
+        entry.0 += 1;
+        if node.status == NodeStatus::Ready {
+            if fits(&need, &node.resources, &node.free()) {
+                entry.1 += 1;
+            } else if never_fits(&need, &node.resources).is_none() {
+                *entry.2.entry(short_now(&need, &node.free())).or_default() += 1;
+            }
+        }
+    }
+    let mut feasible_ever = 0;
+    let mut free_now = 0;
+    let reasons = classes
+        .into_iter()
+        .map(|((status, res), (nodes, can, short))| {
+            let reason = if status == NodeStatus::Lost {
+                "lost: the agent went silent; no work until it registers again".to_string()
+            } else if let Some(why) = never_fits(&need, &res) {
+                format!("can never take a task: {why}")
+            } else {
+                feasible_ever += nodes;
+                free_now += can;
+                let busy: Vec<String> = short.iter().map(|(what, k)| format!("{k} with {what}")).collect();
+                match (can, busy.is_empty()) {
+                    (_, true) => format!("{can} can take a task now"),
+                    (0, false) => format!("busy: {} (reserved and running tasks hold it)", busy.join(", ")),
+                    (_, false) => format!("{can} can take a task now; {}", busy.join(", ")),
+                }
+            };
+            ClassReason { class: describe(&res, status), nodes, can_take_now: can, reason }
+        })
+        .collect();
+    let summary = if a.status != AllocStatus::Queued {
+        format!("allocation {id} is not pending: it is {:?}", a.status).to_lowercase()
+    } else if state.nodes().is_empty() {
+        "no nodes are registered".to_string()
+    } else if feasible_ever < n {
+        format!(
+            "the gang of {n} is larger than any feasible set: only {feasible_ever} ready nodes could ever take one of its tasks"
+        )
+    } else if free_now >= n {
+        format!(
+            "{free_now} nodes can take a task now, enough for the gang of {n}: the next admission pass places it unless larger or higher-class gangs go first"
+        )
+    } else {
+        format!("waiting for capacity: the gang needs {n} nodes at once; {free_now} can take a task now")
+    };
+    Some(Explanation { alloc: id, status: a.status, summary, classes: reasons })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::sm::{AllocSpec, ApplyCtx, Command, NodeId};
+
+    fn cluster(nodes: &[(u32, u64)]) -> State {
+        let mut s = State::default();
+        for (i, &(gpus, vram_mb)) in nodes.iter().enumerate() {
+            let resources = Resources { gpus, vram_mb, mem_mb: 100_000, cpus: 16 };
+            let cmd = Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources, labels: BTreeMap::new() };
+            assert!(s.apply(&cmd, &ApplyCtx { time_ms: 1 }).is_accepted());
+        }
+        s
+    }
+
+    fn submit(s: &mut State, gang: u32, gpus: u32, vram_mb: u64) -> AllocId {
+        let res = Resources { gpus, vram_mb, mem_mb: 1_000, cpus: 1 };
+        let out = s.apply(
+            &Command::Submit { spec: AllocSpec::new("u", gang, res, vec!["x".into()]) },
+            &ApplyCtx { time_ms: 2 },
+        );
+        match out.events() {
+            [crate::sm::Event::Submitted { alloc, .. }] => *alloc,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gang_larger_than_any_feasible_set_says_so() {
+        let mut s = cluster(&[(8, 80_000), (8, 80_000), (8, 40_000)]);
+        let id = submit(&mut s, 3, 4, 60_000);
+        let e = explain(&s, id).unwrap();
+        assert!(e.summary.contains("larger than any feasible set: only 2 ready nodes"), "{}", e.summary);
+        let small = e.classes.iter().find(|c| c.class.starts_with("8 GPU x 40000")).unwrap();
+        assert!(small.reason.contains("GPUs have 40000 MB; a task needs 60000 MB each"), "{small:?}");
+    }
+
+    #[test]
+    fn busy_nodes_are_told_apart_from_unfit_and_lost_ones() {
+        let mut s = cluster(&[(8, 80_000), (8, 80_000), (2, 80_000)]);
+        let filler = submit(&mut s, 2, 6, 1_000);
+        let reserve =
+            Command::ReserveGang { alloc: filler, epoch: 1, nodes: vec![NodeId::new("n0"), NodeId::new("n1")] };
+        assert!(s.apply(&reserve, &ApplyCtx { time_ms: 3 }).is_accepted());
+        let id = submit(&mut s, 2, 4, 1_000);
+        let e = explain(&s, id).unwrap();
+        assert!(
+            e.summary.contains("waiting for capacity: the gang needs 2 nodes at once; 0 can take"),
+            "{}",
+            e.summary
+        );
+        let big = e.classes.iter().find(|c| c.class.starts_with("8 GPU")).unwrap();
+        assert_eq!((big.nodes, big.can_take_now), (2, 0));
+        assert!(big.reason.contains("busy: 2 with not enough free GPUs"), "{big:?}");
+        let tiny = e.classes.iter().find(|c| c.class.starts_with("2 GPU")).unwrap();
+        assert!(tiny.reason.contains("nodes have 2 GPUs; a task needs 4"), "{tiny:?}");
+        assert!(s.apply(&Command::MarkNodeLost { node: NodeId::new("n2") }, &ApplyCtx { time_ms: 4 }).is_accepted());
+        let e = explain(&s, id).unwrap();
+        assert!(e.classes.iter().any(|c| c.class.ends_with("(lost)") && c.reason.starts_with("lost")), "{e:?}");
+    }
+
+    #[test]
+    fn free_capacity_and_non_pending_allocations() {
+        let mut s = cluster(&[(8, 80_000), (8, 80_000)]);
+        let id = submit(&mut s, 2, 1, 1_000);
+        assert!(explain(&s, id).unwrap().summary.contains("2 nodes can take a task now, enough for the gang of 2"));
+        assert!(s.apply(&Command::CancelAllocation { alloc: id }, &ApplyCtx { time_ms: 5 }).is_accepted());
+        assert!(explain(&s, id).unwrap().summary.contains("is not pending: it is cancelled"));
+        assert_eq!(explain(&s, 99), None);
+        assert_eq!(explain(&State::default(), 1), None);
+    }
+}
