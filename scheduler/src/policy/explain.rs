@@ -74,20 +74,28 @@ fn short_now(need: &Resources, free: &Usage) -> &'static str {
     }
 }
 
+/// Per node class: nodes, how many can take a task now, what is short on the rest.
+#[derive(Default)]
+struct Tally {
+    nodes: u32,
+    can: u32,
+    short: BTreeMap<&'static str, u32>,
+}
+
 /// Explains allocation `id`, or `None` if it does not exist.
 pub fn explain(state: &State, id: AllocId) -> Option<Explanation> {
     let a = state.alloc(id)?;
     let need = a.spec.resources;
     let n = a.spec.gang_size;
-    let mut classes: BTreeMap<(NodeStatus, Resources), (u32, u32, BTreeMap<&'static str, u32>)> = BTreeMap::new();
+    let mut classes: BTreeMap<(NodeStatus, Resources), Tally> = BTreeMap::new();
     for node in state.nodes() {
         let entry = classes.entry((node.status, node.resources)).or_default();
-        entry.0 += 1;
+        entry.nodes += 1;
         if node.status == NodeStatus::Ready {
             if fits(&need, &node.resources, &node.free()) {
-                entry.1 += 1;
+                entry.can += 1;
             } else if never_fits(&need, &node.resources).is_none() {
-                *entry.2.entry(short_now(&need, &node.free())).or_default() += 1;
+                *entry.short.entry(short_now(&need, &node.free())).or_default() += 1;
             }
         }
     }
@@ -95,7 +103,7 @@ pub fn explain(state: &State, id: AllocId) -> Option<Explanation> {
     let mut free_now = 0;
     let reasons = classes
         .into_iter()
-        .map(|((status, res), (nodes, can, short))| {
+        .map(|((status, res), Tally { nodes, can, short })| {
             let reason = if status == NodeStatus::Lost {
                 "lost: the agent went silent; no work until it registers again".to_string()
             } else if let Some(why) = never_fits(&need, &res) {
