@@ -142,6 +142,14 @@ pub enum AllocCmd {
         /// The allocation id.
         id: u64,
     },
+    /// Follow an allocation's events until it ends (exit 0 when done, 1 when it failed or was cancelled).
+    Watch {
+        /// The allocation id.
+        id: u64,
+        /// Start after this revision (0: from the beginning).
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+    },
     /// Why is it pending? Per class of nodes: could they ever take a task, how many can now.
     Explain {
         /// The allocation id.
@@ -275,6 +283,70 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
             match out {
                 Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
                 Output::Text => out!("allocation {id} cancelled"),
+            }
+        }
+        AllocCmd::Watch { id, from } => {
+            let mut cursor = from;
+            let mut last_status = 0;
+            let mut retries = 0;
+            loop {
+                let stream = cluster
+                    .call(|ch| async move {
+                        AllocationServiceClient::new(ch).watch(v1::WatchRequest { id, from_revision: cursor }).await
+                    })
+                    .await;
+                let mut stream = match stream {
+                    Ok(s) => s.into_inner(),
+                    Err(e) if retries < 20 && e.to_string().contains("unavailable") => {
+                        retries += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let ended = loop {
+                    match stream.message().await {
+                        Ok(Some(e)) => {
+                            retries = 0;
+                            cursor = e.revision;
+                            last_status = e.status;
+                            match out {
+                                Output::Json => out!(
+                                    "{}",
+                                    json!({ "id": e.id, "revision": e.revision, "time_ms": e.time_ms, "kind": e.kind,
+                                            "detail": e.detail, "status": status_name(e.status), "truncated": e.truncated })
+                                ),
+                                Output::Text => {
+                                    if e.truncated {
+                                        out!("(older events were dropped)");
+                                    }
+                                    out!(
+                                        "{:>5}  {:<13}  {:<22}  {}",
+                                        e.revision,
+                                        status_name(e.status),
+                                        e.kind,
+                                        e.detail
+                                    )
+                                }
+                            }
+                        }
+                        Ok(None) => break true,
+                        // The replica went away: reconnect from the last revision seen.
+                        Err(_) => break false,
+                    }
+                };
+                if ended {
+                    break;
+                }
+                retries += 1;
+                if retries > 20 {
+                    bail!("lost the watch on allocation {id} and could not resume it");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+            match status_name(last_status) {
+                "done" => {}
+                other => bail!("allocation {id} ended {other}"),
             }
         }
         AllocCmd::Explain { id } => {

@@ -82,6 +82,25 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     let c = call(&["alloc", "cancel", &id]);
     assert_eq!(c["status"], "cancelled");
 
+    // Watch a short gang to its end; resume from a revision.
+    let mut short: Vec<&str> = vec!["submit", "--gang-size", "2", "--gpus", "1"];
+    short.extend(s);
+    short.extend(["--", "sleep", "1"]);
+    let short_id = json(&short)["id"].as_u64().unwrap().to_string();
+    let o = muster(&["alloc", "watch", &short_id, "--scheduler", &sched]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    for kind in ["submitted", "gang_reserved", "task_started", "task_finished", "allocation_done"] {
+        assert!(text.contains(kind), "{kind} missing from\n{text}");
+    }
+    let o = muster(&["alloc", "watch", &short_id, "--from", "2", "--scheduler", &sched, "--output", "json"]);
+    let first: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(first["revision"], 3);
+    let o = muster(&["alloc", "watch", &id, "--scheduler", &sched]);
+    assert!(!o.status.success(), "a cancelled allocation's watch exits non-zero");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("ended cancelled"));
+
     // Ctrl-C ends muster dev cleanly.
     Command::new("kill").args(["-INT", &dev.id().to_string()]).status().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -10,9 +10,12 @@ use muster_proto::v1::allocation_service_server::AllocationService;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use tonic::{Request, Response, Status};
 
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
 use super::convert::{
-    alloc_status_filter, alloc_status_to_proto, alloc_to_proto, not_leader_status, propose_error_to_status,
-    rejection_to_status, spec_from_proto,
+    alloc_status_filter, alloc_status_to_proto, alloc_to_proto, describe_event, not_leader_status,
+    propose_error_to_status, rejection_to_status, spec_from_proto,
 };
 use super::replica::Shared;
 use crate::sm::{Command, Event, Outcome};
@@ -46,6 +49,71 @@ pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
 
 #[tonic::async_trait]
 impl AllocationService for ClientApi {
+    type WatchStream = ReceiverStream<Result<v1::AllocationEvent, Status>>;
+
+    async fn watch(&self, req: Request<v1::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let q = req.into_inner();
+        linearizable(&self.s).await?;
+        if self.s.reader.read(|st| st.alloc(q.id).is_none()) {
+            return Err(Status::not_found(format!("allocation {} does not exist", q.id)));
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let s = self.s.clone();
+        // After the first linearizable read, this replica's applied state
+        // only moves forward along the committed log, so serving from it is
+        // correct even if leadership moves meanwhile.
+        tokio::spawn(async move {
+            let mut cursor = q.from_revision;
+            let mut first = true;
+            let mut metrics = s.raft.metrics();
+            loop {
+                let (batch, ended) = s.reader.read(|st| {
+                    let a = st.alloc(q.id).expect("allocations are never removed");
+                    let status = alloc_status_to_proto(a.status) as i32;
+                    let oldest = a.history.front().map_or(a.revision + 1, |h| h.revision);
+                    let truncated = first && cursor + 1 < oldest;
+                    let batch: Vec<v1::AllocationEvent> = a
+                        .history
+                        .iter()
+                        .filter(|h| h.revision > cursor)
+                        .enumerate()
+                        .map(|(i, h)| {
+                            let (kind, detail) = describe_event(&h.event);
+                            v1::AllocationEvent {
+                                id: q.id,
+                                revision: h.revision,
+                                time_ms: h.time_ms,
+                                kind: kind.to_string(),
+                                detail,
+                                status,
+                                truncated: truncated && i == 0,
+                            }
+                        })
+                        .collect();
+                    (batch, a.status.is_terminal())
+                });
+                for e in batch {
+                    cursor = e.revision;
+                    first = false;
+                    if tx.send(Ok(e)).await.is_err() {
+                        return;
+                    }
+                }
+                if ended {
+                    return;
+                }
+                tokio::select! {
+                    changed = metrics.changed() => if changed.is_err() {
+                        let _ = tx.send(Err(Status::unavailable("the replica is shutting down"))).await;
+                        return;
+                    },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
     async fn submit(&self, req: Request<v1::SubmitRequest>) -> Result<Response<v1::SubmitResponse>, Status> {
         let limits = self.s.reader.read(|st| st.limits().clone());
         let spec = spec_from_proto(req.into_inner().spec, &limits)?;

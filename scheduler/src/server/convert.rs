@@ -8,8 +8,8 @@ use tonic::metadata::MetadataValue;
 
 use super::proposer::ProposeError;
 use crate::sm::{
-    AllocSpec, AllocStatus, Allocation, CheckpointMode, Limits, MAX_PREEMPTION_CLASS, Rejection, Resources, State,
-    TaskStatus, validate_spec,
+    AllocSpec, AllocStatus, Allocation, CheckpointMode, Event, Limits, MAX_PREEMPTION_CLASS, Rejection, Resources,
+    State, TaskStatus, validate_spec,
 };
 
 /// Metadata key naming the leader's replica id on a redirect.
@@ -145,6 +145,41 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
             })
             .collect(),
         finished_at_ms: a.finished_at_ms,
+    }
+}
+
+/// An event's kind (snake case) and a readable detail.
+pub fn describe_event(e: &Event) -> (&'static str, String) {
+    match e {
+        Event::Submitted { alloc, .. } => ("submitted", format!("allocation {alloc} submitted")),
+        Event::GangReserved { epoch, nodes, .. } => (
+            "gang_reserved",
+            format!("reserved (epoch {epoch}) on {}", nodes.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")),
+        ),
+        Event::GangRolledBack { epoch, .. } => ("gang_rolled_back", format!("reservation {epoch} not claimed in time")),
+        Event::TaskStarted { task, node, attempt, .. } => {
+            ("task_started", format!("task {task} started on {node} (attempt {attempt})"))
+        }
+        Event::TaskFinished { task, .. } => ("task_finished", format!("task {task} finished")),
+        Event::TaskFailed { task, exit_code, charged, .. } => (
+            "task_failed",
+            format!(
+                "task {task} failed{}{}",
+                exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default(),
+                if *charged { "" } else { " (after a sibling; not charged)" }
+            ),
+        ),
+        Event::GangTearingDown { trigger, .. } => {
+            ("gang_tearing_down", format!("task {trigger} failed while siblings run; waiting for them to exit"))
+        }
+        Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
+        Event::AllocationDone { .. } => ("allocation_done", "every task finished".to_string()),
+        Event::AllocationFailed { reason, .. } => ("allocation_failed", reason.clone()),
+        Event::AllocationCancelled { stopped, .. } => {
+            ("allocation_cancelled", format!("cancelled; {} tasks stopped", stopped.len()))
+        }
+        Event::NodeRegistered { node, .. } => ("node_registered", format!("node {node} registered")),
+        Event::NodeLost { node, .. } => ("node_lost", format!("node {node} lost")),
     }
 }
 

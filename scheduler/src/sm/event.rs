@@ -111,6 +111,26 @@ pub enum Event {
     },
 }
 
+impl Event {
+    /// The allocation the event is about, if it is about exactly one.
+    pub fn alloc(&self) -> Option<AllocId> {
+        match self {
+            Event::NodeRegistered { .. } | Event::NodeLost { .. } => None,
+            Event::Submitted { alloc, .. }
+            | Event::GangReserved { alloc, .. }
+            | Event::GangRolledBack { alloc, .. }
+            | Event::TaskStarted { alloc, .. }
+            | Event::TaskFinished { alloc, .. }
+            | Event::TaskFailed { alloc, .. }
+            | Event::GangTearingDown { alloc, .. }
+            | Event::GangRequeued { alloc }
+            | Event::AllocationDone { alloc }
+            | Event::AllocationFailed { alloc, .. }
+            | Event::AllocationCancelled { alloc, .. } => Some(*alloc),
+        }
+    }
+}
+
 /// The result of applying one command: accepted with its events, or rejected
 /// (and nothing changed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

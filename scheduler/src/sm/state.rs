@@ -19,7 +19,7 @@
 //! snapshot or the digest.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -27,8 +27,8 @@ use super::command::Command;
 use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::{
-    AllocId, AllocSpec, AllocStatus, Allocation, Node, NodeId, NodeSlot, NodeStatus, Resources, Task, TaskIndex,
-    TaskStatus, Usage, fits,
+    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus,
+    Resources, Task, TaskIndex, TaskStatus, Usage, fits,
 };
 use super::validate::{Limits, validate_node, validate_spec};
 
@@ -230,8 +230,28 @@ impl State {
             Command::MarkNodeLost { node } => self.mark_node_lost(node),
         };
         match result {
-            Ok(events) => Outcome::Accepted(events),
+            Ok(events) => {
+                self.record_history(&events);
+                Outcome::Accepted(events)
+            }
             Err(rejection) => Outcome::Rejected(rejection),
+        }
+    }
+
+    /// Appends each event to its allocation's history (a duplicate submit
+    /// changed nothing and is not recorded).
+    fn record_history(&mut self, events: &[Event]) {
+        for e in events {
+            if matches!(e, Event::Submitted { duplicate: true, .. }) {
+                continue;
+            }
+            if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id)) {
+                a.revision += 1;
+                a.history.push_back(AllocEvent { revision: a.revision, time_ms: self.now_ms, event: e.clone() });
+                if a.history.len() > HISTORY_LIMIT {
+                    a.history.pop_front();
+                }
+            }
         }
     }
 
@@ -301,6 +321,8 @@ impl State {
                 status: AllocStatus::Queued,
                 reservation_epoch: 0,
                 first_reserved_at_ms: None,
+                revision: 0,
+                history: VecDeque::new(),
                 finished_at_ms: None,
                 tasks,
             },

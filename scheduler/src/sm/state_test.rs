@@ -702,3 +702,39 @@ fn tasks_on_node_follows_placement() {
     f.ok(Command::CancelAllocation { alloc: id });
     assert_eq!(f.s.tasks_on_node(s0).count() + f.s.tasks_on_node(s1).count(), 0);
 }
+
+// ----- history ----------------------------------------------------------------
+
+#[test]
+fn every_event_bumps_the_allocation_revision_and_is_kept_for_watchers() {
+    let mut f = Fixture::new(1);
+    let keyed = AllocSpec { idempotency_key: Some("w".into()), ..spec(1, 1) };
+    let id = f.submit(keyed.clone());
+    f.ok(Command::Submit { spec: keyed }); // a duplicate changes nothing
+    let epoch = f.reserve(id, &[0]);
+    f.start(id, 0, 0, epoch);
+    f.ok(Command::FinishTask { alloc: id, task: 0, node: n(0), epoch });
+    let a = f.s.alloc(id).unwrap();
+    let kinds: Vec<(u64, &Event)> = a.history.iter().map(|h| (h.revision, &h.event)).collect();
+    assert_eq!(a.revision, 5);
+    assert_eq!(kinds.len(), 5);
+    assert!(matches!(kinds[0], (1, Event::Submitted { duplicate: false, .. })));
+    assert!(matches!(kinds[1], (2, Event::GangReserved { .. })));
+    assert!(matches!(kinds[2], (3, Event::TaskStarted { .. })));
+    assert!(matches!(kinds[3], (4, Event::TaskFinished { .. })));
+    assert!(matches!(kinds[4], (5, Event::AllocationDone { .. })));
+}
+
+#[test]
+fn history_is_bounded() {
+    let mut f = Fixture::new(1);
+    let id = f.submit(AllocSpec { max_retries: 100, ..spec(1, 1) });
+    for _ in 0..100 {
+        let epoch = f.reserve(id, &[0]);
+        f.ok(Command::RollbackGang { alloc: id, epoch });
+    }
+    let a = f.s.alloc(id).unwrap();
+    assert_eq!(a.revision, 1 + 100 * 3);
+    assert_eq!(a.history.len(), HISTORY_LIMIT);
+    assert_eq!(a.history.front().unwrap().revision, a.revision - HISTORY_LIMIT as u64 + 1);
+}

@@ -3,7 +3,7 @@
 //! Everything here is plain data. Transitions live in `state.rs`; validation of
 //! user input lives in `validate.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -287,6 +287,20 @@ impl AllocStatus {
     }
 }
 
+/// How many events an allocation keeps for watchers (older ones are dropped).
+pub const HISTORY_LIMIT: usize = 256;
+
+/// One entry of an allocation's history, for `Watch`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocEvent {
+    /// The allocation's revision after this event (1 for the submit).
+    pub revision: u64,
+    /// Entry time.
+    pub time_ms: u64,
+    /// What happened.
+    pub event: crate::sm::Event,
+}
+
 /// An allocation and its gang of tasks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
@@ -306,6 +320,10 @@ pub struct Allocation {
     pub finished_at_ms: Option<u64>,
     /// The gang's tasks, by index.
     pub tasks: Vec<Task>,
+    /// Bumped by every event about this allocation.
+    pub revision: u64,
+    /// The latest events (at most [`HISTORY_LIMIT`]), oldest first.
+    pub history: VecDeque<AllocEvent>,
 }
 
 impl Allocation {
