@@ -34,7 +34,22 @@ use crate::output::Output;
 
 /// Muster: a Raft-replicated batch scheduler for GPU and HPC clusters.
 #[derive(Parser, Debug)]
-#[command(name = "muster", version, about)]
+#[command(
+    name = "muster",
+    version,
+    about,
+    after_help = "Examples:
+  muster dev --demo                                   a whole cluster in one process, with a demo gang
+  export MUSTER_SCHEDULER=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
+  muster submit --gang-size 4 --gpus 1 --class 5 -- python train.py
+  muster alloc watch 1                                follow it until it ends
+  muster alloc explain 2                              why is it pending?
+  muster node list --output json
+  muster cluster status
+
+Exit codes: 0 success; 1 the command failed or was refused (one line on stderr says why);
+2 the command line itself is wrong."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -91,6 +106,11 @@ enum Cmd {
     Simulate(simulate::SimulateArgs),
     /// Print what this machine would register as a node (CPUs, memory, GPUs).
     Probe,
+    /// Print a shell completion script: muster completions bash > /etc/bash_completion.d/muster
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -98,6 +118,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Simulate(args) => simulate::run(&args),
         Cmd::Probe => probe(),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "muster", &mut std::io::stdout());
+            Ok(())
+        }
         other => async_main(other),
     };
     match result {
@@ -141,7 +166,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
                 let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
                 cluster::run(&mut cluster, cmd, client.output).await
             }
-            Cmd::Simulate(_) | Cmd::Probe => unreachable!("run synchronously"),
+            Cmd::Simulate(_) | Cmd::Probe | Cmd::Completions { .. } => unreachable!("run synchronously"),
         }
     })
 }

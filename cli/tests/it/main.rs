@@ -93,3 +93,14 @@ fn t90_dev_demo_runs_a_gang_to_completion() {
     let running = text.lines().find(|l| l.contains("running@")).unwrap_or_default();
     assert_eq!(running.matches("running@node-").count(), 4, "{text}");
 }
+
+#[test]
+fn t92_completions_and_help() {
+    let o = muster(&["completions", "bash"]);
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("muster"), "a bash completion script");
+    let o = muster(&["--help"]);
+    assert!(stdout(&o).contains("Exit codes"), "{}", stdout(&o));
+    let o = muster(&["completions", "klingon"]);
+    assert_eq!(o.status.code(), Some(2));
+}
