@@ -1,0 +1,166 @@
+//! Agent-stream load: N simulated agents (default 2,000) hold streams to the
+//! leader of three release-built `muster server` processes, heartbeating
+//! every 5 s. Reports the leader's CPU use and memory per stream.
+//!
+//! Run: `cargo bench -p muster --bench agents` (options after `--`:
+//! `--agents N`, `--seconds S` for the measuring window, default 30).
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use muster_proto::v1;
+use muster_proto::v1::admin_service_client::AdminServiceClient;
+use muster_proto::v1::agent_service_client::AgentServiceClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Servers(Vec<Child>);
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+async fn channel(addr: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap()
+}
+
+/// (utime + stime in clock ticks, VmRSS in KiB) of a process.
+fn usage(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split_whitespace().collect();
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    (ticks, rss)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let opt = |name: &str, default: u64| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let agents = opt("--agents", 2000) as usize;
+    let seconds = opt("--seconds", 30);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async move {
+        let dir = tempfile::tempdir().unwrap();
+        let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+        let servers = Servers(
+            (0..3)
+                .map(|i| {
+                    Command::new(env!("CARGO_BIN_EXE_muster"))
+                        .args(["server", "--id", &(i + 1).to_string(), "--listen", &addrs[i], "--peers", &peers.join(",")])
+                        .arg("--data-dir")
+                        .arg(dir.path().join(format!("d{i}")))
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        );
+        let leader = loop {
+            let mut found = None;
+            for (i, a) in addrs.iter().enumerate() {
+                let Ok(ch) = Endpoint::from_shared(format!("http://{a}")).unwrap().connect().await else { continue };
+                if let Ok(s) = AdminServiceClient::new(ch).status(v1::StatusRequest {}).await
+                    && s.get_ref().role == "leader"
+                {
+                    found = Some(i);
+                }
+            }
+            if let Some(i) = found {
+                break i;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let pid = servers.0[leader].id();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (t0, rss0) = usage(pid);
+        let idle_window = Instant::now();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (t1, _) = usage(pid);
+        let idle_cpu = (t1 - t0) as f64 / 100.0 / idle_window.elapsed().as_secs_f64();
+
+        let channels: Vec<Channel> = {
+            let mut v = Vec::new();
+            for _ in 0..agents.div_ceil(50) {
+                v.push(channel(&addrs[leader]).await);
+            }
+            v
+        };
+        let started = Instant::now();
+        let (ready_tx, mut ready_rx) = mpsc::unbounded_channel::<()>();
+        for i in 0..agents {
+            let ch = channels[i / 50].clone();
+            let ready = ready_tx.clone();
+            tokio::spawn(async move {
+                let (out, rx) = mpsc::channel(8);
+                out.send(v1::AgentMessage {
+                    msg: Some(v1::agent_message::Msg::Register(v1::Register {
+                        node_id: format!("sim-{i:05}"),
+                        resources: Some(v1::Resources { gpus: 8, vram_mb: 80_000, mem_mb: 512_000, cpus: 64 }),
+                        address: format!("10.0.{}.{}:29500", i / 250, i % 250),
+                        ..Default::default()
+                    })),
+                })
+                .await
+                .unwrap();
+                let mut inbound = AgentServiceClient::new(ch).connect(ReceiverStream::new(rx)).await.unwrap().into_inner();
+                let _ = inbound.message().await; // Registered
+                let _ = ready.send(());
+                let mut tick = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let hb = v1::AgentMessage { msg: Some(v1::agent_message::Msg::Heartbeat(v1::Heartbeat { running: vec![] })) };
+                            if out.send(hb).await.is_err() { return; }
+                        }
+                        m = inbound.message() => if !matches!(m, Ok(Some(_))) { return },
+                    }
+                }
+            });
+        }
+        for _ in 0..agents {
+            ready_rx.recv().await.unwrap();
+        }
+        let registered_in = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (t2, rss2) = usage(pid);
+        let window = Instant::now();
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        let (t3, rss3) = usage(pid);
+        let cpu = (t3 - t2) as f64 / 100.0 / window.elapsed().as_secs_f64();
+        println!("{agents} agent streams on the leader (3 replicas, heartbeats every 5 s):");
+        println!("  all registered through Raft in {:.2} s", registered_in.as_secs_f64());
+        println!("  leader CPU: idle {:.2} % of a core, with the streams {:.2} % of a core", idle_cpu * 100.0, cpu * 100.0);
+        println!(
+            "  leader RSS: {} MiB before, {} MiB with the streams: {:.1} KiB per stream",
+            rss0 / 1024,
+            rss3 / 1024,
+            (rss3.max(rss2) - rss0) as f64 / agents as f64
+        );
+        drop(servers);
+    });
+}
