@@ -299,6 +299,10 @@ impl Agent {
                     self.assigned.remove(&key);
                 }
             }
+            Some(In::FetchLogs(f)) => {
+                let reply = self.read_logs(&f);
+                send(Out::LogData(reply)).await?;
+            }
             Some(In::Recorded(r)) => {
                 if let Some(key) = key_of(&r.task) {
                     self.unrecorded.remove(&key);
@@ -307,6 +311,31 @@ impl Agent {
             None => {}
         }
         Ok(None)
+    }
+
+    /// Reads part of an attempt's log file for the leader.
+    fn read_logs(&self, f: &v1::FetchLogs) -> v1::LogData {
+        use std::io::{Read, Seek, SeekFrom};
+        let (out, err) = executor::log_paths(&self.cfg.work_dir, f.alloc_id, f.task_index, f.attempt);
+        let path = if f.stderr { err } else { out };
+        let running = self.running.keys().any(|k| k.0 == f.alloc_id && k.1 == f.task_index);
+        let mut reply = v1::LogData { request_id: f.request_id, ..Default::default() };
+        let result = (|| -> std::io::Result<()> {
+            let mut file = fs::File::open(&path)?;
+            file.seek(SeekFrom::Start(f.offset))?;
+            let mut buf = Vec::new();
+            file.take(u64::from(f.max_bytes.min(1 << 20))).read_to_end(&mut buf)?;
+            reply.eof = !running && (buf.len() as u64) < u64::from(f.max_bytes);
+            reply.data = buf;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            reply.error = format!(
+                "no log for attempt {} of task {} of allocation {} on this node: {e}",
+                f.attempt, f.task_index, f.alloc_id
+            );
+        }
+        reply
     }
 
     fn start(&mut self, key: Key, a: v1::Assign, attempt: u32) {

@@ -150,6 +150,23 @@ pub enum AllocCmd {
         #[arg(long, default_value_t = 0)]
         from: u64,
     },
+    /// Print a task's output (stdout, or --stderr), fetched from its node.
+    Logs {
+        /// The allocation id.
+        id: u64,
+        /// The task index.
+        #[arg(long, default_value_t = 0)]
+        task: u32,
+        /// The attempt (default: the latest).
+        #[arg(long, default_value_t = 0)]
+        attempt: u32,
+        /// Print stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing until the attempt ends.
+        #[arg(short, long)]
+        follow: bool,
+    },
     /// Why is it pending? Per class of nodes: could they ever take a task, how many can now.
     Explain {
         /// The allocation id.
@@ -347,6 +364,26 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
             match status_name(last_status) {
                 "done" => {}
                 other => bail!("allocation {id} ended {other}"),
+            }
+        }
+        AllocCmd::Logs { id, task, attempt, stderr, follow } => {
+            let req = v1::LogsRequest { id, task, attempt, stderr, follow };
+            let mut stream = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { AllocationServiceClient::new(ch).logs(req).await }
+                })
+                .await?
+                .into_inner();
+            use std::io::Write as _;
+            while let Some(chunk) = stream.message().await.map_err(|s| anyhow::anyhow!(crate::client::describe(&s)))? {
+                let mut stdout = std::io::stdout().lock();
+                if let Err(e) = stdout.write_all(&chunk.data).and_then(|()| stdout.flush()) {
+                    if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        return Ok(());
+                    }
+                    return Err(e.into());
+                }
             }
         }
         AllocCmd::Explain { id } => {

@@ -101,6 +101,32 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     assert!(!o.status.success(), "a cancelled allocation's watch exits non-zero");
     assert!(String::from_utf8_lossy(&o.stderr).contains("ended cancelled"));
 
+    // Logs come from the task's node through the agent stream.
+    let mut talk: Vec<&str> = vec!["submit", "--gang-size", "2"];
+    talk.extend(s);
+    talk.extend(["--", "sh", "-c", "echo out-$MUSTER_TASK_INDEX; echo err-$MUSTER_TASK_INDEX >&2"]);
+    let talk_id = json(&talk)["id"].as_u64().unwrap().to_string();
+    assert!(muster(&["alloc", "watch", &talk_id, "--scheduler", &sched]).status.success());
+    let o = muster(&["alloc", "logs", &talk_id, "--task", "1", "--scheduler", &sched]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "out-1\n", "{}", String::from_utf8_lossy(&o.stderr));
+    let o = muster(&["alloc", "logs", &talk_id, "--task", "0", "--stderr", "--scheduler", &sched]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "err-0\n");
+    let o = muster(&["alloc", "logs", &talk_id, "--task", "7", "--scheduler", &sched]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("has no task 7"), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // --follow streams until the attempt ends.
+    let mut slow: Vec<&str> = vec!["submit"];
+    slow.extend(s);
+    slow.extend(["--", "sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.4; done"]);
+    let slow_id = json(&slow)["id"].as_u64().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while call(&["alloc", "get", &slow_id])["tasks"][0]["attempts"] != 1 {
+        assert!(Instant::now() < deadline, "never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = muster(&["alloc", "logs", &slow_id, "-f", "--scheduler", &sched]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "line1\nline2\nline3\n", "{}", String::from_utf8_lossy(&o.stderr));
+
     // Ctrl-C ends muster dev cleanly.
     Command::new("kill").args(["-INT", &dev.id().to_string()]).status().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);

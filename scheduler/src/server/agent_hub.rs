@@ -76,6 +76,70 @@ impl Liveness {
     }
 }
 
+type Outbound = mpsc::Sender<Result<v1::SchedulerMessage, Status>>;
+
+/// The agent streams this replica holds, by node, and log requests waiting
+/// for an agent's answer.
+#[derive(Clone, Default)]
+pub struct AgentRegistry {
+    inner: Arc<Mutex<RegistryInner>>,
+}
+
+#[derive(Default)]
+struct RegistryInner {
+    streams: BTreeMap<NodeId, Outbound>,
+    pending: BTreeMap<u64, tokio::sync::oneshot::Sender<v1::LogData>>,
+    next_request: u64,
+}
+
+impl AgentRegistry {
+    fn attach(&self, node: &NodeId, tx: &Outbound) {
+        self.inner.lock().expect("registry lock").streams.insert(node.clone(), tx.clone());
+    }
+
+    fn detach(&self, node: &NodeId, tx: &Outbound) {
+        let mut inner = self.inner.lock().expect("registry lock");
+        if inner.streams.get(node).is_some_and(|t| t.same_channel(tx)) {
+            inner.streams.remove(node);
+        }
+    }
+
+    fn answer(&self, data: v1::LogData) {
+        if let Some(waiter) = self.inner.lock().expect("registry lock").pending.remove(&data.request_id) {
+            let _ = waiter.send(data);
+        }
+    }
+
+    /// Asks `node`'s agent for part of a log file.
+    pub async fn fetch_logs(&self, node: &NodeId, mut req: v1::FetchLogs) -> Result<v1::LogData, Status> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stream = {
+            let mut inner = self.inner.lock().expect("registry lock");
+            let stream = inner
+                .streams
+                .get(node)
+                .cloned()
+                .ok_or_else(|| Status::unavailable(format!("node {node} has no agent connected to the leader")))?;
+            inner.next_request += 1;
+            req.request_id = inner.next_request;
+            inner.pending.insert(req.request_id, tx);
+            stream
+        };
+        let id = req.request_id;
+        stream
+            .send(Ok(v1::SchedulerMessage { msg: Some(Out::FetchLogs(req)) }))
+            .await
+            .map_err(|_| Status::unavailable(format!("node {node}'s agent stream closed")))?;
+        match tokio::time::timeout(Duration::from_secs(10), rx).await {
+            Ok(Ok(data)) => Ok(data),
+            _ => {
+                self.inner.lock().expect("registry lock").pending.remove(&id);
+                Err(Status::deadline_exceeded(format!("node {node}'s agent did not answer for the logs")))
+            }
+        }
+    }
+}
+
 /// Agent-stream settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HubConfig {
@@ -212,6 +276,14 @@ impl Session {
             .await?;
         session.reconcile().await?;
         session.sync().await?;
+        session.s.agents.attach(&session.node, &session.tx);
+        let result = session.serve(inbound).await;
+        session.s.agents.detach(&session.node, &session.tx);
+        result
+    }
+
+    async fn serve(&mut self, mut inbound: Streaming<v1::AgentMessage>) -> Result<(), Status> {
+        let session = self;
         let mut metrics = session.s.raft.metrics();
         let mut applied = metrics.borrow().last_applied;
         loop {
@@ -341,6 +413,10 @@ impl Session {
         match m.msg {
             None => Err(Status::invalid_argument("invalid message: empty")),
             Some(In::Register(_)) => Err(Status::invalid_argument("invalid message: Register twice on one stream")),
+            Some(In::LogData(data)) => {
+                self.s.agents.answer(data);
+                Ok(())
+            }
             Some(In::Heartbeat(h)) => {
                 self.agent_running = h.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect();
                 self.sync().await

@@ -50,6 +50,69 @@ pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
 #[tonic::async_trait]
 impl AllocationService for ClientApi {
     type WatchStream = ReceiverStream<Result<v1::AllocationEvent, Status>>;
+    type LogsStream = ReceiverStream<Result<v1::LogChunk, Status>>;
+
+    async fn logs(&self, req: Request<v1::LogsRequest>) -> Result<Response<Self::LogsStream>, Status> {
+        let q = req.into_inner();
+        linearizable(&self.s).await?;
+        let (node, attempt) = self.s.reader.read(|st| {
+            let a = st.alloc(q.id).ok_or_else(|| Status::not_found(format!("allocation {} does not exist", q.id)))?;
+            let t = a
+                .tasks
+                .get(q.task as usize)
+                .ok_or_else(|| Status::not_found(format!("allocation {} has no task {}", q.id, q.task)))?;
+            let slot = t.last_node.ok_or_else(|| {
+                Status::failed_precondition(format!("task {} of allocation {} has not started", q.task, q.id))
+            })?;
+            if q.attempt > t.attempts {
+                return Err(Status::not_found(format!("task {} has had {} attempts", q.task, t.attempts)));
+            }
+            let attempt = if q.attempt == 0 { t.attempts } else { q.attempt };
+            Ok((st.node(slot).id.clone(), attempt))
+        })?;
+        let (tx, rx) = mpsc::channel(16);
+        let s = self.s.clone();
+        tokio::spawn(async move {
+            let mut offset = 0;
+            loop {
+                let fetch = v1::FetchLogs {
+                    request_id: 0,
+                    alloc_id: q.id,
+                    task_index: q.task,
+                    attempt,
+                    stderr: q.stderr,
+                    offset,
+                    max_bytes: 64 * 1024,
+                };
+                let chunk = match s.agents.fetch_logs(&node, fetch).await {
+                    Ok(c) => c,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                if !chunk.error.is_empty() {
+                    let _ = tx.send(Err(Status::not_found(chunk.error))).await;
+                    return;
+                }
+                let empty = chunk.data.is_empty();
+                offset += chunk.data.len() as u64;
+                if !empty && tx.send(Ok(v1::LogChunk { data: chunk.data })).await.is_err() {
+                    return;
+                }
+                if chunk.eof || (empty && !q.follow) {
+                    return;
+                }
+                if empty {
+                    tokio::select! {
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                        _ = tx.closed() => return,
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
 
     async fn watch(&self, req: Request<v1::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let q = req.into_inner();

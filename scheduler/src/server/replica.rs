@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::admin_api::AdminApi;
-use super::agent_hub::{AgentHub, HubConfig, Liveness};
+use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness};
 use super::client_api::{ClientApi, NodeApi};
 use super::leader::LeaderLoops;
 use super::proposer::Proposer;
@@ -144,6 +144,8 @@ pub struct Shared {
     pub admission_wake: Arc<Notify>,
     /// When each agent was last heard from (leader only, memory only).
     pub liveness: Liveness,
+    /// The agent streams this replica holds.
+    pub agents: AgentRegistry,
 }
 
 /// A running replica.
@@ -187,6 +189,7 @@ impl Replica {
             proposer,
             admission_wake: Arc::new(Notify::new()),
             liveness: Liveness::default(),
+            agents: AgentRegistry::default(),
         };
 
         let (stop, mut stopped) = watch::channel(false);

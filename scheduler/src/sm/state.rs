@@ -310,6 +310,7 @@ impl State {
                 started_at_ms: None,
                 finished_at_ms: None,
                 exit_code: None,
+                last_node: None,
             })
             .collect();
         self.allocs.insert(
@@ -425,6 +426,7 @@ impl State {
         let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
         t.status = TaskStatus::Running;
         t.attempts += 1;
+        t.last_node = t.node;
         t.started_at_ms = Some(now);
         t.exit_code = None;
         let attempt = t.attempts;

@@ -258,6 +258,8 @@ pub struct Task {
     pub finished_at_ms: Option<u64>,
     /// The exit code of its last attempt, if it exited with one.
     pub exit_code: Option<i32>,
+    /// The node its latest attempt ran on (kept after it ends: logs live there).
+    pub last_node: Option<NodeSlot>,
 }
 
 /// An allocation's status, derived from its tasks after every transition.
