@@ -368,13 +368,8 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
         }
         AllocCmd::Logs { id, task, attempt, stderr, follow } => {
             let req = v1::LogsRequest { id, task, attempt, stderr, follow };
-            let mut stream = cluster
-                .call(|ch| {
-                    let req = req.clone();
-                    async move { AllocationServiceClient::new(ch).logs(req).await }
-                })
-                .await?
-                .into_inner();
+            let mut stream =
+                cluster.call(|ch| async move { AllocationServiceClient::new(ch).logs(req).await }).await?.into_inner();
             use std::io::Write as _;
             while let Some(chunk) = stream.message().await.map_err(|s| anyhow::anyhow!(crate::client::describe(&s)))? {
                 let mut stdout = std::io::stdout().lock();
