@@ -18,12 +18,12 @@ pub struct AgentArgs {
     /// This node's id (stable across restarts).
     #[arg(long)]
     node_id: String,
-    /// GPUs to offer (default: the NVIDIA driver's count, 0 without one).
+    /// GPUs to offer (default: what NVML or the NVIDIA driver reports, 0 without one).
     #[arg(long)]
     gpus: Option<u32>,
-    /// Memory per GPU, MiB (required when offering GPUs).
-    #[arg(long, default_value_t = 0)]
-    vram_mb: u64,
+    /// Memory per GPU, MiB (default: the smallest GPU's, from NVML).
+    #[arg(long)]
+    vram_mb: Option<u64>,
     /// Host memory to offer, MiB (default: all of it).
     #[arg(long)]
     mem_mb: Option<u64>,
@@ -48,8 +48,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
     let probed = muster_agent::probe_resources().context("cannot discover this machine's resources")?;
     let gpus = args.gpus.unwrap_or(probed.gpus);
-    if gpus > 0 && args.vram_mb == 0 {
-        bail!("--vram-mb is required when offering GPUs (memory per GPU, MiB)");
+    let vram_mb = args.vram_mb.unwrap_or(probed.vram_mb);
+    if gpus > 0 && vram_mb == 0 {
+        bail!("--vram-mb is required when offering GPUs that NVML cannot see (memory per GPU, MiB)");
     }
     let mut labels = BTreeMap::new();
     for kv in &args.labels {
@@ -61,7 +62,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         schedulers,
         resources: v1::Resources {
             gpus,
-            vram_mb: args.vram_mb,
+            vram_mb,
             mem_mb: args.mem_mb.unwrap_or(probed.mem_mb),
             cpus: args.cpus.unwrap_or(probed.cpus),
         },
