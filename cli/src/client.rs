@@ -38,6 +38,12 @@ pub async fn connect(addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
     endpoint.connect().await.map_err(|e| anyhow!("cannot connect to {addr}: {e}"))
 }
 
+enum Attempt {
+    /// Replicas answered, but none knows a leader yet.
+    NoLeaderYet(anyhow::Error),
+    Failed(anyhow::Error),
+}
+
 /// A client that follows the leader.
 pub struct Cluster {
     addrs: Vec<String>,
@@ -72,11 +78,31 @@ impl Cluster {
     }
 
     /// Runs `call` against the leader, following hints, trying each replica.
+    /// While replicas answer but know no leader (an election is under way),
+    /// it waits and tries again for up to 10 s.
     pub async fn call<T, F, Fut>(&mut self, mut call: F) -> anyhow::Result<T>
     where
         F: FnMut(Channel) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.call_once(&mut call).await {
+                Err(Attempt::NoLeaderYet(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(Attempt::NoLeaderYet(e) | Attempt::Failed(e)) => return Err(e),
+                Ok(v) => return Ok(v),
+            }
+        }
+    }
+
+    async fn call_once<T, F, Fut>(&mut self, call: &mut F) -> Result<T, Attempt>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let mut leaderless = false;
         let mut queue: Vec<String> = self.leader.iter().cloned().chain(self.addrs.iter().cloned()).collect();
         let mut tried: Vec<String> = Vec::new();
         let mut problems: Vec<String> = Vec::new();
@@ -107,13 +133,17 @@ impl Cluster {
                             tried.retain(|a| *a != leader);
                             queue.insert(0, leader);
                         }
-                        _ => problems.push(format!("{addr}: {}", describe(&status))),
+                        _ => {
+                            leaderless |= status.message().contains("no leader is known");
+                            problems.push(format!("{addr}: {}", describe(&status)))
+                        }
                     }
                 }
-                Err(status) => bail!("{}", describe(&status)),
+                Err(status) => return Err(Attempt::Failed(anyhow!("{}", describe(&status)))),
             }
         }
-        bail!("cannot reach the scheduler leader through {}: {}", self.addrs.join(", "), problems.join("; "))
+        let e = anyhow!("cannot reach the scheduler leader through {}: {}", self.addrs.join(", "), problems.join("; "));
+        Err(if leaderless { Attempt::NoLeaderYet(e) } else { Attempt::Failed(e) })
     }
 }
 
