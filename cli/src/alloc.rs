@@ -21,7 +21,7 @@ pub enum Checkpoint {
 #[derive(Args, Debug)]
 pub struct SubmitArgs {
     /// Tasks in the gang (all placed together).
-    #[arg(short = 'n', long, default_value_t = 1)]
+    #[arg(short = 'n', long, alias = "gang", default_value_t = 1)]
     gang_size: u32,
     /// GPUs per task.
     #[arg(long, default_value_t = 0)]
@@ -59,6 +59,9 @@ pub struct SubmitArgs {
     /// A retried submit with the same key returns the same allocation.
     #[arg(long)]
     idempotency_key: Option<String>,
+    /// The vCluster the allocation belongs to.
+    #[arg(long, default_value = "default")]
+    vcluster: String,
     /// The command each task runs.
     #[arg(required = true, last = true)]
     command: Vec<String>,
@@ -108,6 +111,7 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         command: args.command.clone(),
         env,
         idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
+        vcluster: args.vcluster.clone(),
     })
 }
 
@@ -241,6 +245,7 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
         "max_retries": spec.max_retries,
         "command": spec.command,
         "idempotency_key": spec.idempotency_key,
+        "vcluster": spec.vcluster,
         "submit_time_ms": a.submit_time_ms,
         "reservation_epoch": a.reservation_epoch,
         "tasks": a.tasks.iter().map(|t| json!({

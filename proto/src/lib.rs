@@ -33,6 +33,7 @@ mod tests {
             command: vec!["torchrun".into(), "train.py".into()],
             env: [("NCCL_DEBUG".to_string(), "INFO".to_string())].into(),
             idempotency_key: "req-1".into(),
+            vcluster: "ml".into(),
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

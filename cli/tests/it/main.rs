@@ -104,3 +104,37 @@ fn t92_completions_and_help() {
     let o = muster(&["completions", "klingon"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn t93_server_serves_prometheus_metrics() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    let metrics = format!("127.0.0.1:{}", cluster::free_port());
+    let mut server = Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--metrics", &metrics])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let body = loop {
+        let text = std::net::TcpStream::connect(&metrics).ok().and_then(|mut s| {
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).ok()?;
+            Some(out)
+        });
+        if let Some(t) = text.filter(|t| t.contains("muster_raft_is_leader 1")) {
+            break t;
+        }
+        assert!(std::time::Instant::now() < deadline, "no leader metrics");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    server.kill().unwrap();
+    let _ = server.wait();
+    for m in ["muster_raft_term", "muster_raft_applied_index", "muster_sm_queue_depth", "muster_sm_nodes"] {
+        assert!(body.contains(m), "{m} missing:\n{body}");
+    }
+}

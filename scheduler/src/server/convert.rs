@@ -8,8 +8,8 @@ use tonic::metadata::MetadataValue;
 
 use super::proposer::ProposeError;
 use crate::sm::{
-    AllocSpec, AllocStatus, Allocation, CheckpointMode, Event, Limits, MAX_PREEMPTION_CLASS, Rejection, Resources,
-    State, TaskStatus, validate_spec,
+    AllocSpec, AllocStatus, Allocation, CheckpointMode, DEFAULT_VCLUSTER, Event, Limits, MAX_PREEMPTION_CLASS,
+    Rejection, Resources, State, TaskStatus, validate_spec,
 };
 
 /// Metadata key naming the leader's replica id on a redirect.
@@ -52,6 +52,7 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         command: p.command,
         env: p.env.into_iter().collect(),
         idempotency_key: Some(p.idempotency_key).filter(|k| !k.is_empty()),
+        vcluster: if p.vcluster.is_empty() { DEFAULT_VCLUSTER.to_string() } else { p.vcluster },
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -75,6 +76,7 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         command: s.command.clone(),
         env: s.env.clone().into_iter().collect(),
         idempotency_key: s.idempotency_key.clone().unwrap_or_default(),
+        vcluster: s.vcluster.clone(),
     }
 }
 

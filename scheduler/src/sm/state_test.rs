@@ -188,6 +188,8 @@ fn submit_rejects_each_invalid_field_by_name() {
         (AllocSpec { resources: Resources { gpus: 65, ..res(1) }, ..base.clone() }, "resources.gpus"),
         (AllocSpec { resources: Resources { vram_mb: 1, ..res(0) }, ..base.clone() }, "resources.vram_mb"),
         (AllocSpec { idempotency_key: Some(String::new()), ..base.clone() }, "idempotency_key"),
+        (AllocSpec { vcluster: "Not OK".into(), ..base.clone() }, "vcluster"),
+        (AllocSpec { vcluster: String::new(), ..base.clone() }, "vcluster"),
     ];
     for (bad, field) in cases {
         match f.rejected(Command::Submit { spec: bad }) {

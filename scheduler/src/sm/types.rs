@@ -183,12 +183,18 @@ pub struct AllocSpec {
     pub env: BTreeMap<String, String>,
     /// A retried submit with the same owner and key returns the same allocation.
     pub idempotency_key: Option<String>,
+    /// The vCluster it belongs to (quotas and borrowing come with the
+    /// vCluster issue; every allocation already names one).
+    pub vcluster: String,
 }
+
+/// The vCluster of an allocation that names none.
+pub const DEFAULT_VCLUSTER: &str = "default";
 
 impl AllocSpec {
     /// A spec with the defaults users get when they leave fields out: class 0,
     /// priority 0, checkpoint `Auto`, one hour of walltime, 3 retries, no env,
-    /// no idempotency key.
+    /// no idempotency key, the default vCluster.
     pub fn new(owner: impl Into<String>, gang_size: u32, resources: Resources, command: Vec<String>) -> AllocSpec {
         AllocSpec {
             owner: owner.into(),
@@ -202,6 +208,7 @@ impl AllocSpec {
             command,
             env: BTreeMap::new(),
             idempotency_key: None,
+            vcluster: DEFAULT_VCLUSTER.to_string(),
         }
     }
 }

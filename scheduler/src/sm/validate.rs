@@ -104,6 +104,14 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
     }
     validate_command(&spec.command, limits)?;
     validate_env(&spec.env, limits)?;
+    let vc = &spec.vcluster;
+    if vc.is_empty()
+        || vc.len() > 63
+        || !vc.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        || vc.starts_with('-')
+    {
+        return Err(invalid("vcluster", format!("{vc:?} is not a name (1-63 of a-z, 0-9, -)")));
+    }
     if let Some(key) = &spec.idempotency_key {
         check_name("idempotency_key", key, limits).map_err(|r| invalid("idempotency_key", r))?;
     }

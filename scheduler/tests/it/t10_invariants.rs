@@ -108,6 +108,7 @@ mod arbitrary {
                     command,
                     env: BTreeMap::new(),
                     idempotency_key: key,
+                    vcluster: "default".into(),
                 },
             )
     }
