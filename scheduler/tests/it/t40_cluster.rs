@@ -288,3 +288,96 @@ async fn membership_changes_snapshots_and_elections_through_the_admin_api() {
         r.shutdown().await;
     }
 }
+
+/// Raw agent streams: assignments reach only the node they are for, and a
+/// claim or report about a task on another node is refused with
+/// PERMISSION_DENIED, changing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_cannot_claim_or_report_another_nodes_task() {
+    use muster_proto::v1::agent_message::Msg as AgentMsg;
+    use muster_proto::v1::agent_service_client::AgentServiceClient;
+    use muster_proto::v1::scheduler_message::Msg as SchedMsg;
+    use tokio_stream::wrappers::ReceiverStream;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (replicas, _) = start_cluster(dir.path(), &RaftTuning::default()).await;
+    let l = leader(&replicas).await;
+    let leader_addr = replicas[l].addr().to_string();
+    let mut streams = Vec::new();
+    for name in ["node-a", "node-b"] {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tx.send(v1::AgentMessage {
+            msg: Some(AgentMsg::Register(v1::Register {
+                node_id: name.into(),
+                resources: Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 10_000, cpus: 4 }),
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+        let mut inbound = AgentServiceClient::new(channel(&leader_addr).await)
+            .connect(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let first = inbound.message().await.unwrap().unwrap();
+        assert!(matches!(first.msg, Some(SchedMsg::Registered(_))), "{first:?}");
+        streams.push((tx, inbound));
+    }
+    let mut spec =
+        AllocSpec::new("raw", 1, Resources { gpus: 1, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }, vec!["x".into()]);
+    spec.idempotency_key = Some("raw-1".into());
+    let id = propose(&replicas, Command::Submit { spec }).await;
+    // Wait for the Assign on whichever node got it.
+    let (owner, task) = loop {
+        let mut got = None;
+        for (i, (_, inbound)) in streams.iter_mut().enumerate() {
+            if let Ok(Ok(Some(m))) = tokio::time::timeout(Duration::from_millis(200), inbound.message()).await
+                && let Some(SchedMsg::Assign(a)) = m.msg
+                && a.task.unwrap().alloc_id == id
+            {
+                got = Some((i, a.task.unwrap()));
+            }
+        }
+        if let Some(g) = got {
+            break g;
+        }
+    };
+    let other = 1 - owner;
+    let claim = v1::AgentMessage { msg: Some(AgentMsg::Claim(v1::Claim { task: Some(task) })) };
+    streams[other].0.send(claim.clone()).await.unwrap();
+    let refused = loop {
+        let m = streams[other].1.message().await.unwrap().unwrap();
+        if let Some(SchedMsg::Refused(r)) = m.msg {
+            break r;
+        }
+    };
+    assert_eq!(refused.code, "PERMISSION_DENIED", "{refused:?}");
+    let exited = v1::AgentMessage {
+        msg: Some(AgentMsg::Exited(v1::TaskExited { task: Some(task), exit_code: Some(0), ..Default::default() })),
+    };
+    streams[other].0.send(exited).await.unwrap();
+    let refused = loop {
+        let m = streams[other].1.message().await.unwrap().unwrap();
+        if let Some(SchedMsg::Refused(r)) = m.msg {
+            break r;
+        }
+    };
+    assert_eq!(refused.code, "PERMISSION_DENIED", "{refused:?}");
+    let l = leader(&replicas).await;
+    let status = replicas[l].reader().read(|st| st.alloc(id).unwrap().tasks[0].status);
+    assert_eq!(status, muster_scheduler::sm::TaskStatus::Reserved, "the refused messages changed nothing");
+    // The owner's claim is granted.
+    streams[owner].0.send(claim).await.unwrap();
+    loop {
+        let m = streams[owner].1.message().await.unwrap().unwrap();
+        if let Some(SchedMsg::Granted(g)) = m.msg {
+            assert_eq!(g.attempt, 1);
+            break;
+        }
+    }
+    drop(streams);
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
