@@ -132,6 +132,17 @@ fn print_members(resp: &v1::MembershipResponse, out: Output) -> anyhow::Result<(
     Ok(())
 }
 
+async fn change_membership(cluster: &mut Cluster, req: v1::ChangeMembershipRequest, out: Output) -> anyhow::Result<()> {
+    let resp = cluster
+        .call(|ch| {
+            let req = req.clone();
+            async move { AdminServiceClient::new(ch).change_membership(req).await }
+        })
+        .await?
+        .into_inner();
+    print_members(&resp, out)
+}
+
 pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow::Result<()> {
     match cmd {
         ClusterCmd::Status => status(cluster, out).await,
@@ -146,26 +157,10 @@ pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow:
             print_members(&resp, out)
         }
         ClusterCmd::Promote { ids } => {
-            let req = v1::ChangeMembershipRequest { promote: ids, remove: vec![] };
-            let resp = cluster
-                .call(|ch| {
-                    let req = req.clone();
-                    async move { AdminServiceClient::new(ch).change_membership(req).await }
-                })
-                .await?
-                .into_inner();
-            print_members(&resp, out)
+            change_membership(cluster, v1::ChangeMembershipRequest { promote: ids, remove: vec![] }, out).await
         }
         ClusterCmd::Remove { ids } => {
-            let req = v1::ChangeMembershipRequest { promote: vec![], remove: ids };
-            let resp = cluster
-                .call(|ch| {
-                    let req = req.clone();
-                    async move { AdminServiceClient::new(ch).change_membership(req).await }
-                })
-                .await?
-                .into_inner();
-            print_members(&resp, out)
+            change_membership(cluster, v1::ChangeMembershipRequest { promote: vec![], remove: ids }, out).await
         }
         ClusterCmd::Snapshot => {
             let members = members(cluster).await?;
