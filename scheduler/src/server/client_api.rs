@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::convert;
 use super::convert::{
     alloc_status_filter, alloc_status_to_proto, alloc_to_proto, describe_event, not_leader_status,
     propose_error_to_status, rejection_to_status, spec_from_proto,
@@ -216,21 +217,7 @@ impl AllocationService for ClientApi {
             .reader
             .read(|st| crate::policy::explain(st, id))
             .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))?;
-        Ok(Response::new(v1::Explanation {
-            id,
-            status: alloc_status_to_proto(e.status) as i32,
-            summary: e.summary,
-            classes: e
-                .classes
-                .into_iter()
-                .map(|c| v1::NodeClassReason {
-                    class: c.class,
-                    nodes: c.nodes,
-                    can_take_now: c.can_take_now,
-                    reason: c.reason,
-                })
-                .collect(),
-        }))
+        Ok(Response::new(convert::explanation_to_proto(e)))
     }
 
     async fn get(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Allocation>, Status> {
@@ -283,27 +270,11 @@ impl NodeApi {
     }
 }
 
-fn node_to_proto(st: &crate::sm::State, n: &crate::sm::Node) -> v1::Node {
-    let r = |g, v, m, c| v1::Resources { gpus: g, vram_mb: v, mem_mb: m, cpus: c };
-    v1::Node {
-        id: n.id.to_string(),
-        resources: Some(r(n.resources.gpus, n.resources.vram_mb, n.resources.mem_mb, n.resources.cpus)),
-        labels: n.labels.clone().into_iter().collect(),
-        status: match n.status {
-            crate::sm::NodeStatus::Ready => v1::NodeStatus::Ready,
-            crate::sm::NodeStatus::Lost => v1::NodeStatus::Lost,
-        } as i32,
-        used: Some(r(n.used.gpus, 0, n.used.mem_mb, n.used.cpus)),
-        tasks: st.tasks_on_node(n.slot).count() as u32,
-        registered_at_ms: n.registered_at_ms,
-    }
-}
-
 #[tonic::async_trait]
 impl muster_proto::v1::node_service_server::NodeService for NodeApi {
     async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Result<Response<v1::ListNodesResponse>, Status> {
         linearizable(&self.s).await?;
-        let nodes = self.s.reader.read(|st| st.nodes().iter().map(|n| node_to_proto(st, n)).collect());
+        let nodes = self.s.reader.read(|st| st.nodes().iter().map(|n| convert::node_to_proto(st, n)).collect());
         Ok(Response::new(v1::ListNodesResponse { nodes }))
     }
 
@@ -312,7 +283,7 @@ impl muster_proto::v1::node_service_server::NodeService for NodeApi {
         linearizable(&self.s).await?;
         self.s
             .reader
-            .read(|st| st.node_slot(&id).map(|slot| node_to_proto(st, st.node(slot))))
+            .read(|st| st.node_slot(&id).map(|slot| convert::node_to_proto(st, st.node(slot))))
             .map(Response::new)
             .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
     }

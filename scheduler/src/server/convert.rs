@@ -185,6 +185,42 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
     }
 }
 
+/// The wire form of a node.
+pub fn node_to_proto(st: &crate::sm::State, n: &crate::sm::Node) -> v1::Node {
+    let r = |g, v, m, c| v1::Resources { gpus: g, vram_mb: v, mem_mb: m, cpus: c };
+    v1::Node {
+        id: n.id.to_string(),
+        resources: Some(r(n.resources.gpus, n.resources.vram_mb, n.resources.mem_mb, n.resources.cpus)),
+        labels: n.labels.clone().into_iter().collect(),
+        status: match n.status {
+            crate::sm::NodeStatus::Ready => v1::NodeStatus::Ready,
+            crate::sm::NodeStatus::Lost => v1::NodeStatus::Lost,
+        } as i32,
+        used: Some(r(n.used.gpus, 0, n.used.mem_mb, n.used.cpus)),
+        tasks: st.tasks_on_node(n.slot).count() as u32,
+        registered_at_ms: n.registered_at_ms,
+    }
+}
+
+/// The wire form of an explanation.
+pub fn explanation_to_proto(e: crate::policy::Explanation) -> v1::Explanation {
+    v1::Explanation {
+        id: e.alloc,
+        status: alloc_status_to_proto(e.status) as i32,
+        summary: e.summary,
+        classes: e
+            .classes
+            .into_iter()
+            .map(|c| v1::NodeClassReason {
+                class: c.class,
+                nodes: c.nodes,
+                can_take_now: c.can_take_now,
+                reason: c.reason,
+            })
+            .collect(),
+    }
+}
+
 /// The gRPC status of a deterministic rejection.
 pub fn rejection_to_status(r: &Rejection) -> Status {
     let msg = r.to_string();
