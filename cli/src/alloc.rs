@@ -196,7 +196,7 @@ pub enum AllocCmd {
     },
 }
 
-fn status_name(raw: i32) -> &'static str {
+pub(crate) fn status_name(raw: i32) -> &'static str {
     match v1::AllocationStatus::try_from(raw) {
         Ok(v1::AllocationStatus::Queued) => "queued",
         Ok(v1::AllocationStatus::Reserved) => "reserved",
@@ -209,7 +209,7 @@ fn status_name(raw: i32) -> &'static str {
     }
 }
 
-fn task_status_name(raw: i32) -> String {
+pub(crate) fn task_status_name(raw: i32) -> String {
     v1::TaskStatus::try_from(raw)
         .map(|s| s.as_str_name().trim_start_matches("TASK_STATUS_").to_lowercase())
         .unwrap_or_else(|_| "unknown".into())

@@ -12,6 +12,7 @@ use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use muster_sim::local::{LocalCluster, LocalConfig};
 
+use crate::alloc::{status_name, task_status_name};
 use crate::client::Cluster;
 
 #[derive(Args, Debug)]
@@ -74,12 +75,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     result
 }
 
-fn status_name(a: &v1::Allocation) -> String {
-    v1::AllocationStatus::try_from(a.status)
-        .map(|s| s.as_str_name().trim_start_matches("ALLOCATION_STATUS_").to_lowercase())
-        .unwrap_or_default()
-}
-
 /// Submits a gang of `n` real shell processes and follows it to the end.
 async fn demo(addrs: &str, n: u32) -> anyhow::Result<()> {
     let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?);
@@ -123,23 +118,21 @@ async fn demo(addrs: &str, n: u32) -> anyhow::Result<()> {
             .tasks
             .iter()
             .map(|t| {
-                let s = v1::TaskStatus::try_from(t.status)
-                    .map(|s| s.as_str_name().trim_start_matches("TASK_STATUS_").to_lowercase())
-                    .unwrap_or_default();
+                let s = task_status_name(t.status);
                 if t.node_id.is_empty() { s } else { format!("{s}@{}", t.node_id) }
             })
             .collect();
-        let line = format!("{:<9} [{}]", status_name(&a), tasks.join(", "));
+        let line = format!("{:<9} [{}]", status_name(a.status), tasks.join(", "));
         if line != last {
             out!("{:>6.1}s  {line}", started.elapsed().as_secs_f64());
             last = line;
         }
-        match status_name(&a).as_str() {
+        match status_name(a.status) {
             "done" => {
                 out!("allocation {id} completed: every task ran on its own node");
                 return Ok(());
             }
-            "failed" | "cancelled" => bail!("allocation {id} ended {}", status_name(&a)),
+            "failed" | "cancelled" => bail!("allocation {id} ended {}", status_name(a.status)),
             _ => {}
         }
         if started.elapsed() > Duration::from_secs(120) {
