@@ -39,7 +39,7 @@ pub async fn connect(addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
 }
 
 enum Attempt {
-    /// Replicas answered, but none knows a leader yet.
+    /// A replica answered UNAVAILABLE without naming a leader.
     NoLeaderYet(anyhow::Error),
     Failed(anyhow::Error),
 }
@@ -134,7 +134,8 @@ impl Cluster {
                             queue.insert(0, leader);
                         }
                         _ => {
-                            leaderless |= status.message().contains("no leader is known");
+                            // Alive but unable to name a leader: an election is under way.
+                            leaderless = true;
                             problems.push(format!("{addr}: {}", describe(&status)))
                         }
                     }
