@@ -7,12 +7,16 @@
 //!     send Register{node, resources, running tasks}
 //!     Assign ──▶ Claim ──▶ ClaimGranted ──▶ executor::spawn ──▶ (exit) ──▶ TaskExited ──▶ Recorded
 //!     Stop ──▶ SIGTERM → grace → SIGKILL to the task's process group
+//!     Preempt{epoch} ──▶ the same stop, once (repeats are no-ops) ──▶ (exit) ──▶
+//!         CheckpointUpload (if MUSTER_CHECKPOINT_DIR holds files) ──▶ Preempted{epoch} ──▶ Recorded
 //!     every heartbeat interval: Heartbeat{running}
 //!   on any stream error: keep the processes running, back off (jittered), reconnect
 //! ```
 //!
-//! Exit reports are kept until the leader confirms them (`Recorded`) and are
-//! re-sent after a reconnect. Each running attempt's process group is
+//! Exit and preempted reports (with their checkpoint) are kept until the
+//! leader confirms them (`Recorded`) and are re-sent after a reconnect. A
+//! `Preempt` for a task this agent does not run (it restarted, or the process
+//! already ended) is acked at once. Each running attempt's process group is
 //! recorded in `WORK_DIR/running/`; an agent that starts and finds records
 //! from a previous life kills those groups first (it can no longer watch
 //! them), then registers with nothing running, and the leader fails what it
@@ -31,7 +35,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
+use crate::checkpoint;
 use crate::executor::{self, Exit, TaskLaunch};
+
+/// The checkpoint cap until the leader says otherwise (its default).
+const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 4 << 20;
+
+/// The largest message on the stream (a checkpoint at the cap, plus framing).
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 /// The agent's settings.
 #[derive(Clone, Debug)]
@@ -65,6 +76,32 @@ fn task_ref(k: Key) -> v1::TaskRef {
 struct Running {
     stop: Option<oneshot::Sender<Duration>>,
     gpus: Vec<u32>,
+    attempt: u32,
+    /// The preemption epoch of the first `Preempt` for this attempt.
+    preempt: Option<u64>,
+}
+
+/// A report the leader has not confirmed yet.
+#[derive(Clone, Debug)]
+enum Report {
+    Exited(v1::TaskExited),
+    Preempted { checkpoint: Option<v1::CheckpointUpload>, ack: v1::Preempted },
+}
+
+async fn send_report<F, Fut>(report: &Report, send: &F) -> Result<(), String>
+where
+    F: Fn(Out) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    match report {
+        Report::Exited(e) => send(Out::Exited(e.clone())).await,
+        Report::Preempted { checkpoint, ack } => {
+            if let Some(c) = checkpoint {
+                send(Out::Checkpoint(c.clone())).await?;
+            }
+            send(Out::Preempted(*ack)).await
+        }
+    }
 }
 
 /// A running agent. Dropping the shutdown sender (or sending `true`) stops
@@ -74,8 +111,10 @@ pub struct Agent {
     running: BTreeMap<Key, Running>,
     /// Assignments received but not yet granted.
     assigned: BTreeMap<Key, v1::Assign>,
-    /// Exit reports not yet confirmed by the leader.
-    unrecorded: BTreeMap<Key, v1::TaskExited>,
+    /// Exit and preempted reports not yet confirmed by the leader.
+    unrecorded: BTreeMap<Key, Report>,
+    /// The largest checkpoint the leader stores.
+    max_checkpoint_bytes: usize,
     free_gpus: BTreeSet<u32>,
     exits_tx: mpsc::UnboundedSender<(Key, Result<Exit, String>)>,
     exits_rx: mpsc::UnboundedReceiver<(Key, Result<Exit, String>)>,
@@ -117,6 +156,7 @@ impl Agent {
             running: BTreeMap::new(),
             assigned: BTreeMap::new(),
             unrecorded: BTreeMap::new(),
+            max_checkpoint_bytes: DEFAULT_MAX_CHECKPOINT_BYTES,
             free_gpus,
             exits_tx,
             exits_rx,
@@ -216,7 +256,10 @@ impl Agent {
             address: self.cfg.address.clone(),
         }))
         .await?;
-        let mut inbound = match AgentServiceClient::new(channel).connect(ReceiverStream::new(out_rx)).await {
+        let mut client = AgentServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let mut inbound = match client.connect(ReceiverStream::new(out_rx)).await {
             Ok(r) => r.into_inner(),
             Err(status) => {
                 if let Some(leader) = status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok()) {
@@ -249,7 +292,7 @@ impl Agent {
                 }
                 Some((key, exit)) = self.exits_rx.recv() => {
                     let report = self.finished(key, exit);
-                    send(Out::Exited(report)).await?;
+                    send_report(&report, &send).await?;
                 }
                 _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
             }
@@ -265,8 +308,11 @@ impl Agent {
         match m.msg {
             Some(In::Registered(r)) => {
                 tracing::info!(node = %self.cfg.node_id, "registered with the leader");
+                if r.max_checkpoint_bytes > 0 {
+                    self.max_checkpoint_bytes = usize::try_from(r.max_checkpoint_bytes).unwrap_or(usize::MAX);
+                }
                 for report in self.unrecorded.values() {
-                    send(Out::Exited(report.clone())).await?;
+                    send_report(report, send).await?;
                 }
                 return Ok(Some(Duration::from_millis(u64::from(r.heartbeat_interval_ms.max(100)))));
             }
@@ -293,6 +339,11 @@ impl Agent {
                     let _ = stop.send(Duration::from_millis(u64::from(s.grace_ms)));
                 }
             }
+            Some(In::Preempt(p)) => {
+                if let Some(key) = key_of(&p.task) {
+                    self.preempt(key, &p, send).await?;
+                }
+            }
             Some(In::Refused(r)) => {
                 if let Some(key) = key_of(&r.task) {
                     tracing::info!(alloc = key.0, task = key.1, code = %r.code, message = %r.message, "leader refused");
@@ -304,13 +355,48 @@ impl Agent {
                 send(Out::LogData(reply)).await?;
             }
             Some(In::Recorded(r)) => {
-                if let Some(key) = key_of(&r.task) {
-                    self.unrecorded.remove(&key);
+                if let Some(key) = key_of(&r.task)
+                    && let Some(Report::Preempted { .. }) = self.unrecorded.remove(&key)
+                {
+                    // The checkpoint (if any) is in the replicated state now.
+                    let _ = fs::remove_dir_all(checkpoint::dir(&self.cfg.work_dir, key.0, key.1));
                 }
             }
             None => {}
         }
         Ok(None)
+    }
+
+    /// A gang teardown wants this task stopped. The first `Preempt` of an
+    /// attempt stops it (SIGTERM, grace, SIGKILL); repeats change nothing.
+    /// A task not running here is acked at once, unless its report is
+    /// already on its way.
+    async fn preempt<F, Fut>(&mut self, key: Key, p: &v1::Preempt, send: &F) -> Result<(), String>
+    where
+        F: Fn(Out) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let epoch = p.preemption_epoch;
+        if let Some(r) = self.running.get_mut(&key) {
+            if r.preempt.is_none() {
+                r.preempt = Some(epoch);
+                tracing::info!(alloc_id = key.0, task = key.1, epoch, grace_ms = p.grace_ms, "preempting task");
+                if let Some(stop) = r.stop.take() {
+                    let _ = stop.send(Duration::from_millis(u64::from(p.grace_ms)));
+                }
+            }
+            return Ok(());
+        }
+        if self.unrecorded.contains_key(&key) {
+            return Ok(());
+        }
+        tracing::info!(alloc_id = key.0, task = key.1, epoch, "preempt for a task not running here; acking");
+        let report = Report::Preempted {
+            checkpoint: None,
+            ack: v1::Preempted { task: Some(task_ref(key)), preemption_epoch: epoch, exit_code: None, signal: None },
+        };
+        self.unrecorded.insert(key, report.clone());
+        send_report(&report, send).await
     }
 
     /// Reads part of an attempt's log file for the leader.
@@ -343,6 +429,17 @@ impl Agent {
         for g in &gpus {
             self.free_gpus.remove(g);
         }
+        let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        let mut env: BTreeMap<String, String> = a.env.into_iter().collect();
+        let restored = if a.checkpoint.is_empty() {
+            checkpoint::reset(&checkpoint_dir).map_err(|e| format!("cannot create {}: {e}", checkpoint_dir.display()))
+        } else {
+            env.insert("MUSTER_RESUME".into(), "1".into());
+            if let Some(data) = checkpoint::inline_data(&a.checkpoint) {
+                env.insert("CHECKPOINT_DATA".into(), data);
+            }
+            checkpoint::unpack(&a.checkpoint, &checkpoint_dir).map_err(|e| e.to_string())
+        };
         let launch = TaskLaunch {
             alloc: key.0,
             task: key.1,
@@ -350,16 +447,24 @@ impl Agent {
             epoch: key.2,
             attempt,
             command: a.command,
-            env: a.env.into_iter().collect(),
+            env,
             peers: a.peers,
             gpu_ids: gpus.clone(),
+            checkpoint_dir,
         };
         let exits = self.exits_tx.clone();
         let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
-        match executor::spawn(&launch, &self.cfg.work_dir) {
+        match restored.and_then(|()| executor::spawn(&launch, &self.cfg.work_dir).map_err(|e| e.to_string())) {
             Ok(mut task) => {
                 let _ = fs::write(self.record_path(key), task.pgid().to_string());
-                tracing::info!(alloc = key.0, task = key.1, attempt, pgid = task.pgid(), "task started");
+                tracing::info!(
+                    alloc_id = key.0,
+                    task = key.1,
+                    attempt,
+                    pgid = task.pgid(),
+                    resumed = !a.checkpoint.is_empty(),
+                    "task started"
+                );
                 tokio::spawn(async move {
                     let exit = tokio::select! {
                         exit = task.wait() => exit,
@@ -369,25 +474,65 @@ impl Agent {
                 });
             }
             Err(e) => {
-                tracing::warn!(alloc = key.0, task = key.1, error = %e, "task did not start");
-                let _ = exits.send((key, Err(e.to_string())));
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "task did not start");
+                let _ = exits.send((key, Err(e)));
             }
         }
-        self.running.insert(key, Running { stop: Some(stop_tx), gpus });
+        self.running.insert(key, Running { stop: Some(stop_tx), gpus, attempt, preempt: None });
     }
 
-    fn finished(&mut self, key: Key, exit: Result<Exit, String>) -> v1::TaskExited {
-        if let Some(r) = self.running.remove(&key) {
+    fn finished(&mut self, key: Key, exit: Result<Exit, String>) -> Report {
+        let running = self.running.remove(&key);
+        let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
+        if let Some(r) = running {
             self.free_gpus.extend(r.gpus);
         }
         let _ = fs::remove_file(self.record_path(key));
-        let report = match exit {
-            Ok(Exit::Code(c)) => v1::TaskExited { task: Some(task_ref(key)), exit_code: Some(c), ..Default::default() },
-            Ok(Exit::Signal(s)) => v1::TaskExited { task: Some(task_ref(key)), signal: Some(s), ..Default::default() },
-            Err(e) => v1::TaskExited { task: Some(task_ref(key)), error: e, ..Default::default() },
+        let (exit_code, signal, error) = match exit {
+            Ok(Exit::Code(c)) => (Some(c), None, String::new()),
+            Ok(Exit::Signal(s)) => (None, Some(s), String::new()),
+            Err(e) => (None, None, e),
         };
-        tracing::info!(alloc = key.0, task = key.1, exit_code = ?report.exit_code, signal = ?report.signal, "task exited");
+        let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        let report = match preempt {
+            Some(epoch) => {
+                let checkpoint = match checkpoint::pack(&dir, self.max_checkpoint_bytes) {
+                    Ok(data) => data.map(|data| v1::CheckpointUpload {
+                        task: Some(task_ref(key)),
+                        preemption_epoch: epoch,
+                        data,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(alloc_id = key.0, task = key.1, epoch, error = %e, "checkpoint not saved");
+                        self.note_in_log(key, attempt, &format!("muster: checkpoint not saved: {e}"));
+                        None
+                    }
+                };
+                tracing::info!(
+                    alloc_id = key.0, task = key.1, epoch, exit_code = ?exit_code, signal = ?signal,
+                    checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.data.len()), "task preempted"
+                );
+                Report::Preempted {
+                    checkpoint,
+                    ack: v1::Preempted { task: Some(task_ref(key)), preemption_epoch: epoch, exit_code, signal },
+                }
+            }
+            None => {
+                let _ = fs::remove_dir_all(&dir);
+                tracing::info!(alloc_id = key.0, task = key.1, exit_code = ?exit_code, signal = ?signal, "task exited");
+                Report::Exited(v1::TaskExited { task: Some(task_ref(key)), exit_code, signal, error })
+            }
+        };
         self.unrecorded.insert(key, report.clone());
         report
+    }
+
+    /// Appends a line to an attempt's stderr log, where its owner looks.
+    fn note_in_log(&self, key: Key, attempt: u32, line: &str) {
+        use std::io::Write;
+        let (_, err) = executor::log_paths(&self.cfg.work_dir, key.0, key.1, attempt);
+        if let Ok(mut f) = fs::OpenOptions::new().append(true).open(err) {
+            let _ = writeln!(f, "{line}");
+        }
     }
 }

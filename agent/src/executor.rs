@@ -43,6 +43,9 @@ pub struct TaskLaunch {
     pub peers: Vec<String>,
     /// The GPU indices this task may use (`CUDA_VISIBLE_DEVICES`).
     pub gpu_ids: Vec<u32>,
+    /// Where the task may leave a checkpoint when preempted
+    /// (`MUSTER_CHECKPOINT_DIR`; restored there before a resumed attempt).
+    pub checkpoint_dir: PathBuf,
 }
 
 /// How an attempt ended.
@@ -134,6 +137,7 @@ pub fn spawn(launch: &TaskLaunch, work_dir: &Path) -> Result<RunningTask, SpawnE
         .env("MUSTER_GANG_PEERS", launch.peers.join(","))
         .env("MUSTER_ATTEMPT", launch.attempt.to_string())
         .env("MUSTER_EPOCH", launch.epoch.to_string())
+        .env("MUSTER_CHECKPOINT_DIR", &launch.checkpoint_dir)
         .env("CUDA_VISIBLE_DEVICES", launch.gpu_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -203,6 +207,7 @@ mod tests {
             env: [("USER_VAR".to_string(), "x y".to_string())].into(),
             peers: vec!["n0:1".into(), "n1:1".into()],
             gpu_ids: vec![4, 5],
+            checkpoint_dir: PathBuf::from("/tmp/ckpt"),
         }
     }
 
@@ -221,11 +226,11 @@ mod tests {
     async fn a_task_sees_its_environment_and_its_output_lands_in_the_attempt_logs() {
         let dir = tempfile::tempdir().unwrap();
         let script = "echo $MUSTER_ALLOC_ID/$MUSTER_TASK_INDEX/$MUSTER_GANG_SIZE/$MUSTER_ATTEMPT/$MUSTER_EPOCH \
-                      $MUSTER_GANG_PEERS $CUDA_VISIBLE_DEVICES \"$USER_VAR\"; echo oops >&2; exit 3";
+                      $MUSTER_GANG_PEERS $CUDA_VISIBLE_DEVICES \"$USER_VAR\" $MUSTER_CHECKPOINT_DIR; echo oops >&2; exit 3";
         let mut t = spawn(&launch(&["sh", "-c", script]), dir.path()).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(3));
         let (out, err) = log_paths(dir.path(), 7, 1, 2);
-        assert_eq!(fs::read_to_string(out).unwrap(), "7/1/2/2/3 n0:1,n1:1 4,5 x y\n");
+        assert_eq!(fs::read_to_string(out).unwrap(), "7/1/2/2/3 n0:1,n1:1 4,5 x y /tmp/ckpt\n");
         assert_eq!(fs::read_to_string(err).unwrap(), "oops\n");
     }
 

@@ -5,10 +5,13 @@
 //! - [`agent`]: the stream to the leader, reconnection, task bookkeeping.
 //! - [`executor`]: task attempts as process groups with per-attempt logs,
 //!   stopped with SIGTERM → grace → SIGKILL.
+//! - [`checkpoint`]: packing a preempted task's checkpoint directory for the
+//!   leader, and restoring it for the next attempt.
 
 #![deny(missing_docs)]
 
 pub mod agent;
+pub mod checkpoint;
 pub mod executor;
 mod probe;
 

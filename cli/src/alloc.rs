@@ -248,13 +248,49 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
         "vcluster": spec.vcluster,
         "submit_time_ms": a.submit_time_ms,
         "reservation_epoch": a.reservation_epoch,
+        "preemption_epoch": a.preemption_epoch,
+        "teardown": a.teardown.map(|td| json!({
+            "epoch": td.epoch,
+            "trigger": td.trigger,
+            "started_at_ms": td.started_at_ms,
+        })),
         "tasks": a.tasks.iter().map(|t| json!({
             "index": t.index,
             "status": task_status_name(t.status),
             "node": t.node_id,
+            "last_node": t.last_node_id,
             "attempts": t.attempts,
+            "reservation_epoch": t.reservation_epoch,
+            "preemption_epoch": t.preemption_epoch,
+            "checkpoint_bytes": t.checkpoint_bytes,
+            "checkpoint_epoch": t.checkpoint_epoch,
+            "exit_code": t.exit_code,
         })).collect::<Vec<_>>(),
     })
+}
+
+/// One task of `alloc get`: status, node, attempts, epochs, checkpoint.
+fn task_line(t: &v1::Task) -> String {
+    let node = if !t.node_id.is_empty() {
+        t.node_id.as_str()
+    } else if !t.last_node_id.is_empty() {
+        t.last_node_id.as_str()
+    } else {
+        "-"
+    };
+    let checkpoint = match t.checkpoint_epoch {
+        Some(epoch) => format!("  checkpoint {} B (epoch {epoch})", t.checkpoint_bytes),
+        None => String::new(),
+    };
+    format!(
+        "          task {:>3}  {:<12}  node {:<16}  attempts {:>2}  epoch {:>2}  preemption epoch {:>2}{checkpoint}",
+        t.index,
+        task_status_name(t.status),
+        node,
+        t.attempts,
+        t.reservation_epoch,
+        t.preemption_epoch,
+    )
 }
 
 fn alloc_line(a: &v1::Allocation) -> String {
@@ -283,16 +319,11 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
                 Output::Text => {
                     out!("{}", alloc_line(&a));
+                    if let Some(td) = a.teardown {
+                        out!("          teardown epoch {} (task {} failed) in progress", td.epoch, td.trigger);
+                    }
                     for t in &a.tasks {
-                        let status = task_status_name(t.status);
-                        let node = if t.node_id.is_empty() { "-" } else { &t.node_id };
-                        out!(
-                            "          task {:>3}  {:<22}  node {:<16}  attempts {}",
-                            t.index,
-                            status,
-                            node,
-                            t.attempts
-                        );
+                        out!("{}", task_line(t));
                     }
                 }
             }

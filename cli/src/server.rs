@@ -42,6 +42,19 @@ pub struct ServerArgs {
     /// Leader heartbeat in ms (the election timeout is 3–6 heartbeats).
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
+    /// SIGTERM → SIGKILL grace agents give a task being stopped or preempted, ms.
+    #[arg(long, default_value_t = 15_000)]
+    preempt_grace_ms: u64,
+    /// A gang teardown's tasks that have not acked this long after it started
+    /// are forced to preempted (a node died mid-teardown), ms.
+    #[arg(long, default_value_t = 45_000)]
+    teardown_force_after_ms: u64,
+    /// A node silent this long while holding work is marked lost, ms.
+    #[arg(long, default_value_t = 30_000)]
+    node_lost_after_ms: u64,
+    /// Agents heartbeat this often, ms.
+    #[arg(long, default_value_t = 5_000)]
+    agent_heartbeat_ms: u64,
 }
 
 /// Parses `1=host:port,2=host:port`.
@@ -68,6 +81,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     if args.snapshot_every == 0 || args.max_batch == 0 || args.heartbeat_ms == 0 {
         bail!("--snapshot-every, --max-batch and --heartbeat-ms must be at least 1");
+    }
+    if args.teardown_force_after_ms == 0 || args.node_lost_after_ms == 0 || args.agent_heartbeat_ms < 100 {
+        bail!(
+            "--teardown-force-after-ms and --node-lost-after-ms must be at least 1, --agent-heartbeat-ms at least 100"
+        );
+    }
+    if args.preempt_grace_ms > u64::from(u32::MAX) || args.agent_heartbeat_ms > u64::from(u32::MAX) {
+        bail!("--preempt-grace-ms and --agent-heartbeat-ms must fit in 32 bits of milliseconds");
     }
     let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
     let peers = match &args.peers {
@@ -100,6 +121,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.raft.heartbeat_ms = args.heartbeat_ms;
     cfg.raft.election_timeout_ms = (args.heartbeat_ms * 3, args.heartbeat_ms * 6);
     cfg.max_batch = args.max_batch;
+    cfg.hub.stop_grace = Duration::from_millis(args.preempt_grace_ms);
+    cfg.hub.heartbeat_interval = Duration::from_millis(args.agent_heartbeat_ms);
+    cfg.teardown_force_after = Duration::from_millis(args.teardown_force_after_ms);
+    cfg.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());
 

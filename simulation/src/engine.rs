@@ -4,7 +4,7 @@
 //! ```text
 //!   event heap (time, seq) ──▶ simulated agents ──▶ commands ──▶ State::apply
 //!        ▲                                                          │ events
-//!        └──────── claims, exits, peer failures, ticks ◀─────────────┘
+//!        └──────── claims, exits, preempt acks, ticks ◀──────────────┘
 //!   after every instant at which something arrived or was released:
 //!        policy::plan_admission(&State, now) ──▶ commands ──▶ State::apply
 //! ```
@@ -16,9 +16,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use muster_scheduler::policy::{AdmissionConfig, plan_admission};
+use muster_scheduler::policy::{AdmissionConfig, plan_admission, plan_force_drains};
 use muster_scheduler::sm::{
-    AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex, TaskStatus,
+    AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex,
 };
 
 use crate::job::Job;
@@ -43,9 +43,12 @@ pub struct SimConfig {
     pub lost_claim_prob: f64,
     /// The chance that a task attempt fails (at a uniformly random point).
     pub failure_prob: f64,
-    /// How long the running siblings of a failed gang task take to notice
-    /// (NCCL peer detection) and fail in turn, ms.
-    pub peer_detect_ms: u64,
+    /// When a gang task fails, its running siblings are told to stop: each
+    /// stops (SIGTERM, checkpoint, exit) and acks after a delay in this
+    /// range, ms.
+    pub preempt_ack_ms: (u64, u64),
+    /// Teardowns not acked this long after they started are force-drained, ms.
+    pub force_drain_ms: u64,
     /// Check every invariant after every this many commands (0: only at the end).
     pub check_every: u64,
 }
@@ -60,7 +63,8 @@ impl Default for SimConfig {
             claim_delay_ms: (50, 500),
             lost_claim_prob: 0.0,
             failure_prob: 0.0,
-            peer_detect_ms: 10_000,
+            preempt_ack_ms: (200, 5_000),
+            force_drain_ms: muster_scheduler::policy::DEFAULT_FORCE_AFTER_MS,
             check_every: 0,
         }
     }
@@ -99,8 +103,8 @@ enum Ev {
     Claim { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64 },
     /// A task's process exits.
     Exit { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, ok: bool },
-    /// A running sibling of a failed task notices and fails.
-    PeerFail { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64 },
+    /// A preempting task's agent acks: the process stopped.
+    Preempted { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64 },
     /// Wake admission (a reservation may have gone stale).
     Tick,
 }
@@ -124,6 +128,7 @@ pub struct Simulation {
     rejected_reports: u64,
     admission_passes: u64,
     rollbacks: u64,
+    teardowns: u64,
     tasks_started: u64,
     task_failures: u64,
     last_finish_ms: u64,
@@ -151,6 +156,7 @@ impl Simulation {
             rejected_reports: 0,
             admission_passes: 0,
             rollbacks: 0,
+            teardowns: 0,
             tasks_started: 0,
             task_failures: 0,
             last_finish_ms: 0,
@@ -251,9 +257,9 @@ impl Simulation {
                 };
                 self.report_exit(alloc, task, &cmd)
             }
-            Ev::PeerFail { alloc, task, node, epoch } => {
+            Ev::Preempted { alloc, task, node, epoch } => {
                 let node = self.node_ids[node as usize].clone();
-                self.report_exit(alloc, task, &Command::FailTask { alloc, task, node, epoch, exit_code: Some(134) })
+                self.report_exit(alloc, task, &Command::TaskPreempted { alloc, task, node, epoch })
             }
             Ev::Tick => Ok(true),
         }
@@ -270,44 +276,55 @@ impl Simulation {
         let started = self.running.remove(&(alloc, task)).expect("an accepted exit of a running task");
         let gpus = u128::from(self.state.alloc(alloc).expect("known").spec.resources.gpus);
         self.busy_gpu_ms += u128::from(self.now - started) * gpus;
-        for ev in &events {
+        self.on_events(&events);
+        Ok(true)
+    }
+
+    /// What the simulated agents do about committed events.
+    fn on_events(&mut self, events: &[Event]) {
+        for ev in events {
             match ev {
                 Event::TaskFailed { charged: true, .. } => self.task_failures += 1,
-                Event::GangTearingDown { alloc, .. } => {
-                    let a = self.state.alloc(*alloc).expect("known");
-                    let siblings: Vec<(TaskIndex, u32, u64)> = a
-                        .tasks
-                        .iter()
-                        .filter(|t| t.status == TaskStatus::Running)
-                        .map(|t| (t.index, t.node.expect("running task has a node").0, t.reservation_epoch))
-                        .collect();
-                    for (task, node, epoch) in siblings {
-                        self.at(self.now + self.cfg.peer_detect_ms, Ev::PeerFail { alloc: *alloc, task, node, epoch });
+                Event::TeardownStarted { alloc, epoch, preempting, .. } => {
+                    self.teardowns += 1;
+                    for (task, node) in preempting {
+                        let node = self.state.node_slot(node).expect("preempting on a known node").0;
+                        let (lo, hi) = self.cfg.preempt_ack_ms;
+                        let delay = self.rng.range(lo, hi.max(lo));
+                        self.at(self.now + delay, Ev::Preempted { alloc: *alloc, task: *task, node, epoch: *epoch });
+                    }
+                    self.at(self.now + self.cfg.force_drain_ms, Ev::Tick);
+                }
+                Event::TaskPreempted { alloc, task, forced: true, .. } => {
+                    if let Some(started) = self.running.remove(&(*alloc, *task)) {
+                        let gpus = u128::from(self.state.alloc(*alloc).expect("known").spec.resources.gpus);
+                        self.busy_gpu_ms += u128::from(self.now - started) * gpus;
                     }
                 }
                 Event::AllocationDone { .. } | Event::AllocationFailed { .. } => self.last_finish_ms = self.now,
                 _ => {}
             }
         }
-        Ok(true)
     }
 
     fn admit(&mut self) -> Result<(), SimError> {
         self.admission_passes += 1;
-        let plan = plan_admission(&self.state, self.now, &self.cfg.admission);
-        for cmd in &plan.commands {
+        let mut commands = plan_force_drains(&self.state, self.now, self.cfg.force_drain_ms);
+        commands.extend(plan_admission(&self.state, self.now, &self.cfg.admission).commands);
+        for cmd in &commands {
             match self.apply(cmd)? {
                 Outcome::Rejected(r) => {
                     return Err(SimError::PlanRejected { command: format!("{cmd:?}"), rejection: r.to_string() });
                 }
                 Outcome::Accepted(events) => {
-                    for ev in events {
+                    for ev in &events {
                         match ev {
-                            Event::GangReserved { alloc, epoch, nodes } => self.agents_claim(alloc, epoch, &nodes),
+                            Event::GangReserved { alloc, epoch, nodes } => self.agents_claim(*alloc, *epoch, nodes),
                             Event::GangRolledBack { .. } => self.rollbacks += 1,
                             _ => {}
                         }
                     }
+                    self.on_events(&events);
                 }
             }
         }
@@ -360,6 +377,7 @@ impl Simulation {
             tasks_started: self.tasks_started,
             task_failures: self.task_failures,
             rollbacks: self.rollbacks,
+            teardowns: self.teardowns,
             rejected_reports: self.rejected_reports,
             admission_passes: self.admission_passes,
             commands: self.commands,

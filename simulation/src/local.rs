@@ -34,8 +34,10 @@ pub struct LocalConfig {
     pub heartbeat: Duration,
     /// A node silent this long while holding work is marked lost.
     pub node_lost_after: Duration,
-    /// SIGTERM → SIGKILL grace when the leader stops a task.
+    /// SIGTERM → SIGKILL grace when the leader stops or preempts a task.
     pub stop_grace: Duration,
+    /// Teardown tasks not acked this long after the start are forced.
+    pub teardown_force_after: Duration,
 }
 
 impl Default for LocalConfig {
@@ -49,6 +51,7 @@ impl Default for LocalConfig {
             heartbeat: Duration::from_secs(5),
             node_lost_after: Duration::from_secs(30),
             stop_grace: Duration::from_secs(15),
+            teardown_force_after: Duration::from_secs(45),
         }
     }
 }
@@ -102,6 +105,7 @@ impl LocalCluster {
         rc.hub.heartbeat_interval = self.cfg.heartbeat;
         rc.hub.stop_grace = self.cfg.stop_grace;
         rc.node_lost_after = self.cfg.node_lost_after;
+        rc.teardown_force_after = self.cfg.teardown_force_after;
         rc.admission_interval = Duration::from_secs(1);
         rc
     }

@@ -68,6 +68,8 @@ pub struct Report {
     pub task_failures: u64,
     /// Stale reservations rolled back.
     pub rollbacks: u64,
+    /// Gang teardowns started (a task failed while siblings ran).
+    pub teardowns: u64,
     /// Agent claims and reports refused as stale (the attempt was torn down or re-placed).
     pub rejected_reports: u64,
     /// Admission passes run.
@@ -128,6 +130,7 @@ impl fmt::Display for Report {
             "tasks          {} attempts started, {} failed, {} stale reservations rolled back, {} stale reports refused",
             self.tasks_started, self.task_failures, self.rollbacks, self.rejected_reports
         )?;
+        writeln!(f, "teardowns      {} gangs torn down after a partial failure", self.teardowns)?;
         writeln!(f, "queueing delay {}", self.queue_delay_s)?;
         writeln!(f, "  >= 8 GPUs    {}", self.queue_delay_large_s)?;
         writeln!(

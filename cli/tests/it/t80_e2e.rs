@@ -108,7 +108,7 @@ async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
 
     // A gang whose task 1 fails while task 0 finishes: a finished task
     // cannot be re-run whole, so the gang fails (the seed's completion rule).
-    let id = submit(&c, gang(2, "if [ $MUSTER_TASK_INDEX = 1 ]; then exit 3; fi; sleep 1", 3)).await;
+    let id = submit(&c, gang(2, "if [ $MUSTER_TASK_INDEX = 1 ]; then sleep 1; exit 3; fi", 3)).await;
     let failed = until(&c, id, "failed", |a| status(a) == v1::AllocationStatus::Failed).await;
     assert_eq!(v1::TaskStatus::try_from(failed.tasks[0].status), Ok(v1::TaskStatus::Done));
 

@@ -88,13 +88,14 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
     let mut plan = AdmissionPlan::default();
     let mut capacity = Overlay::new(state);
 
-    // 1. Stale reservations. A gang with a started task is not rolled back
-    //    here: it needs a teardown of the running tasks (a later issue).
+    // 1. Stale reservations. In a gang with a started task the rollback
+    //    starts a teardown of the running tasks instead (the gang is not
+    //    queued again in this pass: it waits for them to stop).
     let mut requeued = BTreeSet::new();
     for id in state.reserved_allocs() {
         let a = state.alloc(id).expect("index names a known allocation");
         let reserved_at = a.tasks.iter().filter_map(|t| t.reserved_at_ms).min().unwrap_or(now_ms);
-        if now_ms < reserved_at.saturating_add(cfg.stale_reservation_ms) || a.has_running() {
+        if now_ms < reserved_at.saturating_add(cfg.stale_reservation_ms) {
             continue;
         }
         let usage = Usage::of(&a.spec.resources);
@@ -104,7 +105,7 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
         plan.commands.push(Command::RollbackGang { alloc: id, epoch: a.reservation_epoch });
         plan.stats.rollbacks += 1;
         // A gang with a finished task fails on rollback instead of requeueing.
-        if !a.tasks.iter().any(|t| t.status == TaskStatus::Done) {
+        if !a.has_running() && !a.tasks.iter().any(|t| t.status == TaskStatus::Done) {
             requeued.insert(QueueKey::of(a));
         }
     }

@@ -236,7 +236,7 @@ fn a_claimed_gang_is_never_rolled_back() {
 }
 
 #[test]
-fn a_partly_claimed_stale_gang_is_left_for_teardown() {
+fn a_partly_claimed_stale_gang_is_torn_down_not_left_stuck() {
     let mut c = Cluster::new(&[8, 8]);
     let id = c.submit(2, 8);
     c.pass(&default_cfg());
@@ -245,8 +245,11 @@ fn a_partly_claimed_stale_gang_is_left_for_teardown() {
     c.apply(Command::StartTask { alloc: id, task: 0, node, epoch: t0.reservation_epoch });
     c.now += 60_000;
     let plan = c.pass(&default_cfg());
-    assert!(plan.commands.is_empty(), "RollbackGang would be refused: {plan:?}");
-    assert_eq!(c.s.alloc(id).unwrap().tasks[1].status, TaskStatus::Reserved);
+    assert_eq!(plan.stats.rollbacks, 1, "{plan:?}");
+    assert_eq!(plan.stats.gangs_placed, 0, "the gang waits for its running task to stop: {plan:?}");
+    assert_eq!(c.status(id), AllocStatus::TearingDown);
+    assert_eq!(c.s.alloc(id).unwrap().tasks[0].status, TaskStatus::Preempting);
+    assert_eq!(c.s.alloc(id).unwrap().tasks[1].status, TaskStatus::Blocked);
 }
 
 #[test]

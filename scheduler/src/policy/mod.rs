@@ -4,9 +4,11 @@
 
 mod admission;
 mod explain;
+mod teardown;
 
 #[cfg(test)]
 mod admission_test;
 
 pub use admission::{AdmissionConfig, AdmissionPlan, Order, PassStats, plan_admission};
 pub use explain::{ClassReason, Explanation, explain};
+pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_force_drains};

@@ -6,8 +6,17 @@
 //!                                 Stop what the agent runs but no longer owns
 //!   Claim ──▶ StartTask (Raft) ──▶ ClaimGranted | Refused
 //!   TaskExited ──▶ FinishTask | FailTask (Raft)
-//!   Heartbeat ──▶ liveness (memory only) ──▶ sync
+//!   Heartbeat ──▶ liveness (memory only) ──▶ sync (and Preempt again, for every
+//!                 preempting task not yet acked)
+//!   CheckpointUpload ──▶ SaveCheckpoint (Raft)
+//!   Preempted ──▶ TaskPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
 //! ```
+//!
+//! Sync pushes `Preempt{epoch, grace}` for each task of this node the state
+//! has preempting, the moment its teardown commits; heartbeats repeat it until
+//! the ack commits. Nothing about a teardown lives in this memory: a new
+//! leader's sync finds the preempting tasks in the replicated state and
+//! signals them again.
 //!
 //! The node id is fixed by the stream's `Register`: every later command is
 //! made for that node, so an agent can only claim or report tasks placed on
@@ -36,6 +45,10 @@ use crate::sm::{AllocId, Command, Event, NodeId, Outcome, Resources, TaskIndex, 
 
 /// The label a node's gang-peer address is kept under.
 pub const ADDRESS_LABEL: &str = "muster.address";
+
+/// The largest message on an agent stream: room for a checkpoint at the
+/// state machine's cap plus framing. Agents set the same on their end.
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 16 << 20;
 
 /// When each node was last heard from, kept in memory on the leader only.
 #[derive(Clone, Default)]
@@ -145,7 +158,7 @@ impl AgentRegistry {
 pub struct HubConfig {
     /// How often agents heartbeat.
     pub heartbeat_interval: Duration,
-    /// SIGTERM → SIGKILL grace when the leader stops a task.
+    /// SIGTERM → SIGKILL grace when the leader stops or preempts a task.
     pub stop_grace: Duration,
     /// How long an agent has to send `Register`.
     pub register_timeout: Duration,
@@ -228,6 +241,8 @@ struct Session {
     assigned: BTreeSet<Key>,
     /// What the agent says it runs.
     agent_running: BTreeSet<Key>,
+    /// Preempts already pushed on this stream, with their preemption epoch.
+    preempt_sent: BTreeSet<(Key, u64)>,
 }
 
 impl Session {
@@ -266,16 +281,19 @@ impl Session {
             node,
             tx,
             assigned: BTreeSet::new(),
+            preempt_sent: BTreeSet::new(),
             agent_running: reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect(),
         };
+        let max_checkpoint_bytes = session.s.reader.read(|st| st.limits().max_checkpoint_bytes as u64);
         session
             .send(Out::Registered(v1::Registered {
                 node_id: session.node.to_string(),
                 heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u32,
+                max_checkpoint_bytes,
             }))
             .await?;
         session.reconcile().await?;
-        session.sync().await?;
+        session.sync(false).await?;
         session.s.agents.attach(&session.node, &session.tx);
         let result = session.serve(inbound).await;
         session.s.agents.detach(&session.node, &session.tx);
@@ -302,7 +320,7 @@ impl Session {
                     let now = metrics.borrow().last_applied;
                     if now != applied {
                         applied = now;
-                        session.sync().await?;
+                        session.sync(false).await?;
                     }
                 }
             }
@@ -328,7 +346,8 @@ impl Session {
     /// At registration the agent's list of running tasks is authoritative:
     /// a task the state has running on this node that the agent does not
     /// run any more (the agent restarted, or never got its claim granted)
-    /// has failed.
+    /// has failed. A preempting task it does not list is left to sync: the
+    /// agent acks (re-sending its checkpoint) when told `Preempt` again.
     async fn reconcile(&mut self) -> Result<(), Status> {
         let node = self.node.clone();
         let gone: Vec<Key> = self.s.reader.read(|st| {
@@ -352,18 +371,26 @@ impl Session {
         Ok(())
     }
 
-    /// Pushes new assignments and stops what the agent should not run.
-    async fn sync(&mut self) -> Result<(), Status> {
+    /// Pushes new assignments and preempts, and stops what the agent should
+    /// not run. On a heartbeat (`repeat`) every preempt not yet acked is sent
+    /// again.
+    async fn sync(&mut self, repeat: bool) -> Result<(), Status> {
         let node = self.node.clone();
-        let (assign, owned) = self.s.reader.read(|st| {
+        let (assign, preempt, owned) = self.s.reader.read(|st| {
             let mut assign = Vec::new();
+            let mut preempt = Vec::new();
             let mut owned = BTreeSet::new();
-            let Some(slot) = st.node_slot(&node) else { return (assign, owned) };
+            let Some(slot) = st.node_slot(&node) else { return (assign, preempt, owned) };
             for (alloc, task) in st.tasks_on_node(slot) {
                 let a = st.alloc(alloc).expect("index names a known allocation");
                 let t = &a.tasks[task as usize];
                 let key = (alloc, task, t.reservation_epoch);
                 owned.insert(key);
+                if t.status == TaskStatus::Preempting
+                    && (repeat || !self.preempt_sent.contains(&(key, t.preemption_epoch)))
+                {
+                    preempt.push((key, t.preemption_epoch));
+                }
                 if t.status == TaskStatus::Reserved && !self.assigned.contains(&key) {
                     let peers = a
                         .tasks
@@ -384,17 +411,29 @@ impl Session {
                             env: a.spec.env.clone().into_iter().collect(),
                             peers,
                             gpus: a.spec.resources.gpus,
+                            checkpoint: t.checkpoint.as_ref().map(|c| c.data.clone()).unwrap_or_default(),
+                            checkpoint_epoch: t.checkpoint.as_ref().map_or(0, |c| c.epoch),
                         },
                     ));
                 }
             }
-            (assign, owned)
+            (assign, preempt, owned)
         });
         for (key, msg) in assign {
             self.assigned.insert(key);
             self.send(Out::Assign(msg)).await?;
         }
         self.assigned.retain(|k| owned.contains(k));
+        for (key, epoch) in preempt {
+            self.preempt_sent.insert((key, epoch));
+            self.send(Out::Preempt(v1::Preempt {
+                task: Some(task_ref(key)),
+                preemption_epoch: epoch,
+                grace_ms: self.cfg.stop_grace.as_millis() as u32,
+            }))
+            .await?;
+        }
+        self.preempt_sent.retain(|(k, _)| owned.contains(k));
         let unowned: Vec<Key> = self.agent_running.iter().filter(|k| !owned.contains(k)).copied().collect();
         for key in unowned {
             self.agent_running.remove(&key);
@@ -419,7 +458,46 @@ impl Session {
             }
             Some(In::Heartbeat(h)) => {
                 self.agent_running = h.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect();
-                self.sync().await
+                self.sync(true).await
+            }
+            Some(In::Checkpoint(c)) => {
+                let key = key_of(&c.task)?;
+                let cmd = Command::SaveCheckpoint {
+                    alloc: key.0,
+                    task: key.1,
+                    node: self.node.clone(),
+                    epoch: c.preemption_epoch,
+                    data: c.data,
+                };
+                if let Outcome::Rejected(r) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                    tracing::warn!(
+                        alloc_id = key.0, task = key.1, epoch = c.preemption_epoch, node = %self.node, rejection = %r,
+                        "checkpoint refused"
+                    );
+                    self.refuse(key, &rejection_to_status(&r)).await?;
+                }
+                Ok(())
+            }
+            Some(In::Preempted(p)) => {
+                let key = key_of(&p.task)?;
+                self.agent_running.remove(&key);
+                let cmd = Command::TaskPreempted {
+                    alloc: key.0,
+                    task: key.1,
+                    node: self.node.clone(),
+                    epoch: p.preemption_epoch,
+                };
+                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                    Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+                    Outcome::Rejected(r) => {
+                        tracing::info!(
+                            alloc_id = key.0, task = key.1, epoch = p.preemption_epoch, node = %self.node, rejection = %r,
+                            "preempted ack refused"
+                        );
+                        self.refuse(key, &rejection_to_status(&r)).await?;
+                    }
+                }
+                self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
             }
             Some(In::Claim(c)) => {
                 let key = key_of(&c.task)?;

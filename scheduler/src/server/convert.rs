@@ -117,6 +117,8 @@ fn task_status_to_proto(s: TaskStatus) -> v1::TaskStatus {
         TaskStatus::Blocked => v1::TaskStatus::Blocked,
         TaskStatus::Reserved => v1::TaskStatus::Reserved,
         TaskStatus::Running => v1::TaskStatus::Running,
+        TaskStatus::Preempting => v1::TaskStatus::Preempting,
+        TaskStatus::Preempted => v1::TaskStatus::Preempted,
         TaskStatus::Done => v1::TaskStatus::Done,
         TaskStatus::Failed => v1::TaskStatus::Failed,
         TaskStatus::Cancelled => v1::TaskStatus::Cancelled,
@@ -144,9 +146,19 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
                 started_at_ms: t.started_at_ms,
                 finished_at_ms: t.finished_at_ms,
                 exit_code: t.exit_code,
+                preemption_epoch: t.preemption_epoch,
+                checkpoint_bytes: t.checkpoint.as_ref().map_or(0, |c| c.data.len() as u64),
+                checkpoint_epoch: t.checkpoint.as_ref().map(|c| c.epoch),
+                last_node_id: t.last_node.map(|s| state.node(s).id.to_string()).unwrap_or_default(),
             })
             .collect(),
         finished_at_ms: a.finished_at_ms,
+        preemption_epoch: a.preemption_epoch,
+        teardown: a.teardown.map(|td| v1::Teardown {
+            epoch: td.epoch,
+            trigger: td.trigger,
+            started_at_ms: td.started_at_ms,
+        }),
     }
 }
 
@@ -171,9 +183,32 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
                 if *charged { "" } else { " (after a sibling; not charged)" }
             ),
         ),
-        Event::GangTearingDown { trigger, .. } => {
-            ("gang_tearing_down", format!("task {trigger} failed while siblings run; waiting for them to exit"))
+        Event::TeardownStarted { trigger, epoch, preempting, released, .. } => (
+            "teardown_started",
+            format!(
+                "task {trigger} failed while siblings ran: teardown epoch {epoch}, {} preempting ({}), {released} released",
+                preempting.len(),
+                preempting.iter().map(|(t, n)| format!("task {t} on {n}")).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        Event::TaskPreempted { task, epoch, forced, .. } => (
+            "task_preempted",
+            format!(
+                "task {task} stopped for teardown epoch {epoch}{}",
+                if *forced { " (forced: no ack in time, or its node was lost)" } else { "" }
+            ),
+        ),
+        Event::CheckpointSaved { task, epoch, bytes, .. } => {
+            ("checkpoint_saved", format!("task {task} saved a {bytes}-byte checkpoint (epoch {epoch})"))
         }
+        Event::TeardownCompleted { epoch, outcome, drain_ms, .. } => (
+            "teardown_completed",
+            format!(
+                "teardown epoch {epoch} completed after {:.1} s: gang {}",
+                *drain_ms as f64 / 1000.0,
+                outcome.as_str()
+            ),
+        ),
         Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
         Event::AllocationDone { .. } => ("allocation_done", "every task finished".to_string()),
         Event::AllocationFailed { reason, .. } => ("allocation_failed", reason.clone()),
@@ -232,7 +267,10 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         }
         Rejection::IdempotencyConflict { .. } => Status::already_exists(msg),
         Rejection::WrongNode { .. } => Status::permission_denied(msg),
-        Rejection::StaleReservationEpoch { .. } | Rejection::StaleTaskEpoch { .. } => Status::aborted(msg),
+        Rejection::StaleReservationEpoch { .. }
+        | Rejection::StaleTaskEpoch { .. }
+        | Rejection::StalePreemptionEpoch { .. } => Status::aborted(msg),
+        Rejection::CheckpointTooLarge { .. } => Status::resource_exhausted(msg),
         Rejection::NotQueued { .. }
         | Rejection::WrongNodeCount { .. }
         | Rejection::NodeRepeated(_)
@@ -241,7 +279,8 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::InsufficientCapacity { .. }
         | Rejection::ShrinkBelowUsage(_)
         | Rejection::WrongTaskStatus { .. }
-        | Rejection::GangPartlyStarted { .. }
+        | Rejection::NotTearingDown { .. }
+        | Rejection::CheckpointDisabled { .. }
         | Rejection::NothingReserved { .. }
         | Rejection::AlreadyTerminal { .. } => Status::failed_precondition(msg),
     }

@@ -5,6 +5,9 @@
 //! - Liveness, every second: a ready node that holds work and has been silent
 //!   for `node_lost_after` is marked lost through Raft. A new leader first
 //!   gives every node a full window.
+//! - Force drain, right after each liveness pass: a teardown older than
+//!   `teardown_force_after` (counted from its replicated start time) has its
+//!   stuck preempting tasks moved to preempted, and completes.
 
 use std::time::Duration;
 
@@ -13,8 +16,22 @@ use tokio::task::JoinHandle;
 
 use super::proposer::now_ms;
 use super::replica::Shared;
-use crate::policy::{AdmissionConfig, plan_admission};
+use crate::policy::{AdmissionConfig, plan_admission, plan_force_drains};
 use crate::sm::{Command, NodeId, NodeStatus, Outcome};
+
+/// The leader loops' settings.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaderConfig {
+    /// Admission policy knobs.
+    pub admission: AdmissionConfig,
+    /// How often admission runs when nothing wakes it sooner.
+    pub interval: Duration,
+    /// A node silent this long while holding work is marked lost.
+    pub node_lost_after: Duration,
+    /// A teardown's preempting tasks are forced to preempted this long after
+    /// it started.
+    pub teardown_force_after: Duration,
+}
 
 /// The leader loops of one replica.
 pub struct LeaderLoops {
@@ -23,8 +40,8 @@ pub struct LeaderLoops {
 
 impl LeaderLoops {
     /// Starts watching for leadership.
-    pub fn start(s: Shared, admission: AdmissionConfig, interval: Duration, node_lost_after: Duration) -> LeaderLoops {
-        LeaderLoops { task: tokio::spawn(run(s, admission, interval, node_lost_after)) }
+    pub fn start(s: Shared, cfg: LeaderConfig) -> LeaderLoops {
+        LeaderLoops { task: tokio::spawn(run(s, cfg)) }
     }
 
     /// Stops them.
@@ -33,9 +50,10 @@ impl LeaderLoops {
     }
 }
 
-async fn run(s: Shared, admission: AdmissionConfig, interval: Duration, node_lost_after: Duration) {
+async fn run(s: Shared, cfg: LeaderConfig) {
+    let admission = cfg.admission;
     let mut metrics = s.raft.metrics();
-    let mut tick = tokio::time::interval(interval);
+    let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut liveness_tick = tokio::time::interval(Duration::from_secs(1));
     liveness_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -56,7 +74,10 @@ async fn run(s: Shared, admission: AdmissionConfig, interval: Duration, node_los
         tokio::select! {
             _ = tick.tick() => admission_pass(&s, &admission).await,
             _ = s.admission_wake.notified() => admission_pass(&s, &admission).await,
-            _ = liveness_tick.tick() => liveness_pass(&s, node_lost_after).await,
+            _ = liveness_tick.tick() => {
+                liveness_pass(&s, cfg.node_lost_after).await;
+                force_drain_pass(&s, cfg.teardown_force_after).await;
+            }
             changed = metrics.changed() => if changed.is_err() { return },
         }
     }
@@ -81,6 +102,23 @@ async fn liveness_pass(s: &Shared, node_lost_after: Duration) {
     for result in s.proposer.propose_all(cmds).await {
         if let Ok(Outcome::Accepted(_)) = result {
             s.admission_wake.notify_one();
+        }
+    }
+}
+
+async fn force_drain_pass(s: &Shared, force_after: Duration) {
+    let cmds = s.reader.read(|st| plan_force_drains(st, now_ms(), force_after.as_millis() as u64));
+    if cmds.is_empty() {
+        return;
+    }
+    for result in s.proposer.propose_all(cmds).await {
+        match result {
+            Ok(Outcome::Accepted(_)) => s.admission_wake.notify_one(),
+            Ok(Outcome::Rejected(r)) => tracing::debug!(rejection = %r, "force drain refused"),
+            Err(e) => {
+                tracing::debug!(error = %e, "force drain proposal failed");
+                return;
+            }
         }
     }
 }

@@ -7,7 +7,9 @@
 //! - [`proposer`]: group commit of commands into log entries.
 //! - [`client_api`] and [`admin_api`]: the gRPC services users and operators call.
 //! - [`agent_hub`]: the leader's end of the agent streams.
-//! - [`leader`]: loops that run only on the leader (admission, liveness).
+//! - [`leader`]: loops that run only on the leader (admission, liveness,
+//!   teardown force drain).
+//! - [`observe`]: metrics and log lines derived from committed outcomes.
 //! - [`convert`]: protobuf ↔ state-machine types and statuses, at the edge.
 
 pub mod admin_api;
@@ -15,6 +17,7 @@ pub mod agent_hub;
 pub mod client_api;
 pub mod convert;
 pub mod leader;
+pub mod observe;
 pub mod proposer;
 pub mod raft_net;
 pub mod replica;

@@ -115,6 +115,7 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
             Ok(resp) => {
                 debug_assert_eq!(resp.data.len(), size, "one outcome per command");
                 for (p, outcome) in batch.into_iter().zip(resp.data) {
+                    super::observe::observe(&outcome);
                     let _ = p.reply.send(Ok(outcome));
                 }
             }

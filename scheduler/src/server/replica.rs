@@ -31,9 +31,9 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::admin_api::AdminApi;
-use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness};
+use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness, MAX_AGENT_MESSAGE_BYTES};
 use super::client_api::{ClientApi, NodeApi};
-use super::leader::LeaderLoops;
+use super::leader::{LeaderConfig, LeaderLoops};
 use super::proposer::Proposer;
 use super::raft_net::{MAX_RAFT_MESSAGE_BYTES, Network, RaftRpc};
 use super::{MusterRaft, hex};
@@ -90,6 +90,9 @@ pub struct ReplicaConfig {
     pub hub: HubConfig,
     /// A node silent this long while holding work is marked lost.
     pub node_lost_after: Duration,
+    /// A teardown's tasks that have not acked this long after it started are
+    /// forced to preempted.
+    pub teardown_force_after: Duration,
 }
 
 impl ReplicaConfig {
@@ -106,6 +109,7 @@ impl ReplicaConfig {
             max_batch: 4096,
             hub: HubConfig::default(),
             node_lost_after: Duration::from_secs(30),
+            teardown_force_after: Duration::from_millis(crate::policy::DEFAULT_FORCE_AFTER_MS),
         }
     }
 }
@@ -202,7 +206,11 @@ impl Replica {
             .add_service(AllocationServiceServer::new(ClientApi::new(shared.clone())))
             .add_service(NodeServiceServer::new(NodeApi::new(shared.clone())))
             .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
-            .add_service(AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub)))
+            .add_service(
+                AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub))
+                    .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_AGENT_MESSAGE_BYTES),
+            )
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
                 let _ = stopped.wait_for(|s| *s).await;
             });
@@ -219,7 +227,15 @@ impl Replica {
                 tracing::info!(error = %e, "cluster already initialised");
             }
         }
-        let loops = LeaderLoops::start(shared.clone(), cfg.admission, cfg.admission_interval, cfg.node_lost_after);
+        let loops = LeaderLoops::start(
+            shared.clone(),
+            LeaderConfig {
+                admission: cfg.admission,
+                interval: cfg.admission_interval,
+                node_lost_after: cfg.node_lost_after,
+                teardown_force_after: cfg.teardown_force_after,
+            },
+        );
         tokio::spawn(export_metrics(shared.clone()));
         tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
         Ok(Replica { shared, addr, stop, server, loops })

@@ -37,7 +37,9 @@ pub enum Command {
         /// One distinct ready node per task, by task index.
         nodes: Vec<NodeId>,
     },
-    /// Return an unclaimed reservation to the queue.
+    /// Return an unclaimed (stale) reservation to the queue. If some tasks of
+    /// the gang already run, the first unclaimed task is charged an attempt
+    /// and becomes the trigger of a gang teardown instead.
     RollbackGang {
         /// The allocation.
         alloc: AllocId,
@@ -84,6 +86,41 @@ pub enum Command {
         /// The allocation.
         alloc: AllocId,
     },
+    /// A preempting task's agent reports the process stopped (after SIGTERM,
+    /// the grace and SIGKILL if needed).
+    TaskPreempted {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The preemption epoch the agent was told (must be current).
+        epoch: u64,
+    },
+    /// A preempting task's agent uploads what the task left in its
+    /// checkpoint directory.
+    SaveCheckpoint {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The preemption epoch the agent was told (must be current).
+        epoch: u64,
+        /// Opaque bytes, at most the checkpoint limit.
+        data: Vec<u8>,
+    },
+    /// The leader's force-drain pass: every task of the teardown `epoch`
+    /// still preempting is moved to preempted without an ack (its node died
+    /// mid-teardown, or its agent never answers).
+    ForceDrain {
+        /// The allocation.
+        alloc: AllocId,
+        /// The teardown's preemption epoch (must be current).
+        epoch: u64,
+    },
     /// A node went silent while holding work (proposed by the leader's
     /// liveness loop): fail its tasks and take it out of placement.
     MarkNodeLost {
@@ -104,6 +141,9 @@ impl Command {
             Command::FinishTask { .. } => "finish_task",
             Command::FailTask { .. } => "fail_task",
             Command::CancelAllocation { .. } => "cancel_allocation",
+            Command::TaskPreempted { .. } => "task_preempted",
+            Command::SaveCheckpoint { .. } => "save_checkpoint",
+            Command::ForceDrain { .. } => "force_drain",
             Command::MarkNodeLost { .. } => "mark_node_lost",
         }
     }

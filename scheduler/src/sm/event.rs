@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::rejection::Rejection;
-use super::types::{AllocId, NodeId, TaskIndex};
+use super::types::{AllocId, NodeId, TaskIndex, TeardownOutcome};
 
 /// Something that happened while applying a command.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,12 +78,53 @@ pub enum Event {
         /// Whether the attempt was charged.
         charged: bool,
     },
-    /// A task failed while siblings run: the gang waits for them to exit.
-    GangTearingDown {
+    /// A task failed (or its node was lost, or its reservation went stale)
+    /// while siblings ran: the running siblings must stop.
+    TeardownStarted {
         /// The allocation.
         alloc: AllocId,
         /// The task whose failure started it.
         trigger: TaskIndex,
+        /// The new preemption epoch.
+        epoch: u64,
+        /// The siblings moved running → preempting, with their nodes: each
+        /// node's agent is told `Preempt{epoch}`.
+        preempting: Vec<(TaskIndex, NodeId)>,
+        /// How many unclaimed siblings were released to blocked.
+        released: u32,
+    },
+    /// A preempting task stopped: acknowledged by its agent, or forced.
+    TaskPreempted {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The teardown's preemption epoch.
+        epoch: u64,
+        /// Whether it was forced (timeout, or node lost) rather than acked.
+        forced: bool,
+    },
+    /// A preempting task's checkpoint was stored.
+    CheckpointSaved {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The teardown's preemption epoch.
+        epoch: u64,
+        /// Its size.
+        bytes: u64,
+    },
+    /// No task of the gang runs or is preempting any more.
+    TeardownCompleted {
+        /// The allocation.
+        alloc: AllocId,
+        /// The teardown's preemption epoch.
+        epoch: u64,
+        /// Blocked (requeued) or failed.
+        outcome: TeardownOutcome,
+        /// From the start to now (entry times), ms.
+        drain_ms: u64,
     },
     /// The whole gang is blocked again and eligible for admission.
     GangRequeued {
@@ -122,7 +163,10 @@ impl Event {
             | Event::TaskStarted { alloc, .. }
             | Event::TaskFinished { alloc, .. }
             | Event::TaskFailed { alloc, .. }
-            | Event::GangTearingDown { alloc, .. }
+            | Event::TeardownStarted { alloc, .. }
+            | Event::TaskPreempted { alloc, .. }
+            | Event::CheckpointSaved { alloc, .. }
+            | Event::TeardownCompleted { alloc, .. }
             | Event::GangRequeued { alloc }
             | Event::AllocationDone { alloc }
             | Event::AllocationFailed { alloc, .. }

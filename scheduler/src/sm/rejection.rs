@@ -141,9 +141,41 @@ pub enum Rejection {
         /// The epoch given.
         got: u64,
     },
-    /// Only a reservation no task has claimed yet can be rolled back whole.
-    #[error("allocation {alloc}: a task has started; the reservation cannot be rolled back")]
-    GangPartlyStarted {
+    /// An ack, checkpoint or force drain named a preemption epoch that is not
+    /// the task's (or teardown's) current one: it belongs to an earlier round.
+    #[error("allocation {alloc}: preemption epoch {got} is stale (current {current})")]
+    StalePreemptionEpoch {
+        /// The allocation.
+        alloc: AllocId,
+        /// The current preemption epoch.
+        current: u64,
+        /// The epoch given.
+        got: u64,
+    },
+    /// A force drain for an allocation with no teardown in progress.
+    #[error("allocation {alloc} is not being torn down")]
+    NotTearingDown {
+        /// The allocation.
+        alloc: AllocId,
+    },
+    /// A checkpoint over the size limit.
+    #[error(
+        "checkpoint of allocation {alloc} task {task} is {bytes} bytes, over the {limit}-byte limit; \
+         keep large state on a shared volume and checkpoint a pointer to it"
+    )]
+    CheckpointTooLarge {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// Its size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A checkpoint for an allocation submitted with `checkpoint: none`.
+    #[error("allocation {alloc} was submitted with checkpoint mode none; it takes no checkpoints")]
+    CheckpointDisabled {
         /// The allocation.
         alloc: AllocId,
     },

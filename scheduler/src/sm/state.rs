@@ -9,6 +9,15 @@
 //!                       │            retries left, whole gang settled   Done│
 //!                       └───────────────────────────────────────────────────┘
 //!                                   out of retries / a sibling Done ─▶ Failed
+//!
+//!   Gang teardown (a task fails, its node is lost, or its reservation goes
+//!   stale while siblings run), in the same command:
+//!     trigger ─▶ Blocked (keeps its attempt)   Running siblings ─▶ Preempting (refunded)
+//!     Reserved siblings ─▶ Blocked             Blocked / Done stay
+//!   Preempting ── TaskPreempted{epoch} | ForceDrain | node lost | exit ──▶ Preempted
+//!   last one stopped ─▶ Preempted ─▶ Blocked; gang Queued, or Failed when a task
+//!   is out of retries or already Done
+//!
 //!   CancelAllocation: every unfinished task ─▶ Cancelled
 //! ```
 //!
@@ -27,8 +36,8 @@ use super::command::Command;
 use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::{
-    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus,
-    Resources, Task, TaskIndex, TaskStatus, Usage, fits,
+    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, HISTORY_LIMIT, Node, NodeId,
+    NodeSlot, NodeStatus, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownOutcome, Usage, fits,
 };
 use super::validate::{Limits, validate_node, validate_spec};
 
@@ -99,8 +108,10 @@ struct Indexes {
     queue_fifo: BTreeSet<AllocId>,
     /// Allocations holding at least one unclaimed reservation.
     reserved: BTreeSet<AllocId>,
-    /// Tasks holding capacity (reserved or running), by node.
+    /// Tasks holding capacity (reserved, running or preempting), by node.
     tasks_by_node: BTreeMap<NodeSlot, BTreeSet<(AllocId, TaskIndex)>>,
+    /// Allocations with a teardown in progress.
+    tearing_down: BTreeSet<AllocId>,
 }
 
 /// The whole replicated state of the scheduler.
@@ -200,7 +211,12 @@ impl State {
         self.index.reserved.iter().copied()
     }
 
-    /// The tasks reserved on or running on a node.
+    /// Allocations with a teardown in progress.
+    pub fn tearing_down(&self) -> impl Iterator<Item = AllocId> + '_ {
+        self.index.tearing_down.iter().copied()
+    }
+
+    /// The tasks reserved on, running on or being preempted on a node.
     pub fn tasks_on_node(&self, slot: NodeSlot) -> impl Iterator<Item = (AllocId, TaskIndex)> + '_ {
         self.index.tasks_by_node.get(&slot).into_iter().flatten().copied()
     }
@@ -227,6 +243,11 @@ impl State {
                 self.fail_task(*alloc, *task, node, *epoch, *exit_code)
             }
             Command::CancelAllocation { alloc } => self.cancel(*alloc),
+            Command::TaskPreempted { alloc, task, node, epoch } => self.task_preempted(*alloc, *task, node, *epoch),
+            Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
+                self.save_checkpoint(*alloc, *task, node, *epoch, data)
+            }
+            Command::ForceDrain { alloc, epoch } => self.force_drain(*alloc, *epoch),
             Command::MarkNodeLost { node } => self.mark_node_lost(node),
         };
         match result {
@@ -311,6 +332,8 @@ impl State {
                 finished_at_ms: None,
                 exit_code: None,
                 last_node: None,
+                preemption_epoch: 0,
+                checkpoint: None,
             })
             .collect();
         self.allocs.insert(
@@ -326,6 +349,8 @@ impl State {
                 history: VecDeque::new(),
                 finished_at_ms: None,
                 tasks,
+                preemption_epoch: 0,
+                teardown: None,
             },
         );
         if let Some(key) = &spec.idempotency_key {
@@ -390,38 +415,49 @@ impl State {
         Ok(vec![Event::GangReserved { alloc: id, epoch, nodes: nodes.to_vec() }])
     }
 
+    /// Returns an unclaimed reservation to the queue. When some tasks of the
+    /// gang already run, rolling the rest back alone would leave them waiting
+    /// for peers that never come (the gang-scheduling seed's stuck state):
+    /// the first unclaimed task is charged an attempt (its node failed to
+    /// start it) and triggers a teardown instead.
     fn rollback_gang(&mut self, id: AllocId, epoch: u64) -> Applied {
         let a = self.live_alloc(id)?;
         if epoch != a.reservation_epoch {
             return Err(Rejection::StaleReservationEpoch { alloc: id, expected: a.reservation_epoch, got: epoch });
         }
-        if a.has_running() {
-            return Err(Rejection::GangPartlyStarted { alloc: id });
-        }
-        if !a.has_reserved() {
+        let Some(first) = a.tasks.iter().find(|t| t.status == TaskStatus::Reserved).map(|t| t.index) else {
             return Err(Rejection::NothingReserved { alloc: id });
-        }
-        let released: Vec<(TaskIndex, NodeSlot)> = a
-            .tasks
-            .iter()
-            .filter(|t| t.status == TaskStatus::Reserved)
-            .map(|t| (t.index, t.node.expect("a reserved task has a node")))
-            .collect();
-        let usage = Usage::of(&a.spec.resources);
-        for &(task, slot) in &released {
-            self.release(slot, &usage, (id, task));
-            let t = &mut self.allocs.get_mut(&id).expect("checked above").tasks[task as usize];
-            t.status = TaskStatus::Blocked;
-            t.node = None;
-            t.reserved_at_ms = None;
-        }
+        };
         let mut events = vec![Event::GangRolledBack { alloc: id, epoch }];
-        events.extend(self.settle(id));
+        if a.has_running() {
+            events.extend(self.fail_reserved(id, first));
+        } else {
+            self.release_reserved(id);
+            events.extend(self.settle(id));
+        }
         Ok(events)
     }
 
+    /// An unclaimed task whose siblings run will never be claimed (its node
+    /// died, or its reservation went stale): it is charged an attempt and
+    /// triggers a teardown of the running siblings.
+    fn fail_reserved(&mut self, id: AllocId, task: TaskIndex) -> Vec<Event> {
+        let t = &self.allocs[&id].tasks[task as usize];
+        let slot = t.node.expect("a reserved task has a node");
+        let usage = Usage::of(&self.allocs[&id].spec.resources);
+        self.release(slot, &usage, (id, task));
+        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        t.status = TaskStatus::Blocked;
+        t.node = None;
+        t.reserved_at_ms = None;
+        t.attempts += 1;
+        let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code: None, charged: true }];
+        events.extend(self.start_teardown_or_settle(id, task));
+        events
+    }
+
     fn start_task(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
-        self.check_report(id, task, node, epoch, TaskStatus::Reserved)?;
+        self.check_report(id, task, node, epoch, &[TaskStatus::Reserved])?;
         let now = self.now_ms;
         let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
         t.status = TaskStatus::Running;
@@ -434,21 +470,24 @@ impl State {
         Ok(vec![Event::TaskStarted { alloc: id, task, node: node.clone(), attempt }])
     }
 
+    /// A task's process exited successfully. During a teardown (the process
+    /// finished before the preempt reached it) the task is done all the
+    /// same: finished work is never overwritten, and the gang will fail at
+    /// completion because it cannot be restarted whole.
     fn finish_task(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
-        let slot = self.check_report(id, task, node, epoch, TaskStatus::Running)?;
+        let (slot, _) = self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
         self.leave_node(id, task, slot, TaskStatus::Done, Some(0));
         let mut events = vec![Event::TaskFinished { alloc: id, task }];
+        events.extend(self.complete_teardown(id));
         events.extend(self.settle(id));
         Ok(events)
     }
 
-    /// The seed's FailGang with its retry budget. The failed task returns to
-    /// blocked; reserved siblings are released to blocked; running siblings
-    /// are left to exit on their own (active teardown comes with the
-    /// preemption issues), and while they do the gang is `TearingDown`. A
-    /// sibling that fails during a teardown is a bystander: its attempt is
-    /// refunded so only the trigger's real failures count. Once nothing runs,
-    /// `settle` requeues the gang or fails it.
+    /// A task's process failed. A running task triggers the seed's
+    /// PreemptGang (or, with no sibling running, FailGang): it keeps its
+    /// charged attempt and returns to blocked. A preempting task that fails
+    /// on its way down has simply stopped: it is preempted (its attempt was
+    /// refunded when the teardown started).
     fn fail_task(
         &mut self,
         id: AllocId,
@@ -457,35 +496,180 @@ impl State {
         epoch: u64,
         exit_code: Option<i32>,
     ) -> Applied {
-        let slot = self.check_report(id, task, node, epoch, TaskStatus::Running)?;
+        let (slot, status) =
+            self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        if status == TaskStatus::Preempting {
+            let teardown = self.allocs[&id].teardown.expect("a preempting task belongs to a teardown");
+            self.leave_node(id, task, slot, TaskStatus::Preempted, exit_code);
+            let mut events = vec![
+                Event::TaskFailed { alloc: id, task, exit_code, charged: false },
+                Event::TaskPreempted { alloc: id, task, epoch: teardown.epoch, forced: false },
+            ];
+            events.extend(self.complete_teardown(id));
+            events.extend(self.settle(id));
+            return Ok(events);
+        }
         Ok(self.fail_running(id, task, slot, exit_code))
     }
 
     /// Fails a running task (already checked): the body of `FailTask`, also
-    /// used when its node is lost.
+    /// used when its node is lost. The task keeps its claim-time attempt.
     fn fail_running(&mut self, id: AllocId, task: TaskIndex, slot: NodeSlot, exit_code: Option<i32>) -> Vec<Event> {
-        let bystander = self.allocs[&id].status == AllocStatus::TearingDown;
         self.leave_node(id, task, slot, TaskStatus::Blocked, exit_code);
-        let a = self.allocs.get_mut(&id).expect("checked");
-        let t = &mut a.tasks[task as usize];
-        t.node = None;
-        if bystander {
-            t.attempts = t.attempts.saturating_sub(1);
-        }
-        let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code, charged: !bystander }];
-        if !bystander {
-            let siblings_running = self.allocs[&id].has_running();
-            self.release_reserved(id);
-            if siblings_running {
-                events.push(Event::GangTearingDown { alloc: id, trigger: task });
-            }
-        }
-        events.extend(self.settle(id));
+        self.allocs.get_mut(&id).expect("checked").tasks[task as usize].node = None;
+        let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code, charged: true }];
+        events.extend(self.start_teardown_or_settle(id, task));
         events
     }
 
-    /// Returns every unclaimed reservation of a gang to blocked.
-    fn release_reserved(&mut self, id: AllocId) {
+    /// After `trigger` failed: if siblings still run, they are torn down
+    /// together; otherwise unclaimed siblings are released and the gang
+    /// settles (requeued, or failed).
+    fn start_teardown_or_settle(&mut self, id: AllocId, trigger: TaskIndex) -> Vec<Event> {
+        if self.allocs[&id].has_running() {
+            return vec![self.start_teardown(id, trigger)];
+        }
+        self.release_reserved(id);
+        self.settle(id)
+    }
+
+    /// The seed's PreemptGang, in one command: running siblings → preempting
+    /// under a new shared preemption epoch, each refunded its claim-time
+    /// attempt (the trigger is not: its count is the signal that ends a
+    /// gang that keeps failing); unclaimed siblings → blocked; blocked, done
+    /// and failed tasks untouched.
+    fn start_teardown(&mut self, id: AllocId, trigger: TaskIndex) -> Event {
+        let now = self.now_ms;
+        let released = self.release_reserved(id);
+        let a = self.allocs.get_mut(&id).expect("checked");
+        a.preemption_epoch += 1;
+        let epoch = a.preemption_epoch;
+        a.teardown = Some(Teardown { epoch, trigger, started_at_ms: now });
+        let mut preempting = Vec::new();
+        for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Running) {
+            debug_assert_ne!(t.index, trigger, "the trigger no longer runs");
+            t.status = TaskStatus::Preempting;
+            t.preemption_epoch = epoch;
+            t.attempts = t.attempts.saturating_sub(1);
+            preempting.push((t.index, t.node.expect("a running task has a node")));
+        }
+        let preempting = preempting.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
+        self.refresh(id);
+        Event::TeardownStarted { alloc: id, trigger, epoch, preempting, released }
+    }
+
+    /// A preempting task's agent acknowledges that the process stopped.
+    fn task_preempted(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
+        let slot = self.check_preempting(id, task, node, epoch)?;
+        self.leave_node(id, task, slot, TaskStatus::Preempted, None);
+        let mut events = vec![Event::TaskPreempted { alloc: id, task, epoch, forced: false }];
+        events.extend(self.complete_teardown(id));
+        events.extend(self.settle(id));
+        Ok(events)
+    }
+
+    /// Stores a preempting task's checkpoint (replacing any older one).
+    fn save_checkpoint(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64, data: &[u8]) -> Applied {
+        let a = self.live_alloc(id)?;
+        if a.spec.checkpoint == CheckpointMode::None {
+            return Err(Rejection::CheckpointDisabled { alloc: id });
+        }
+        if data.len() > self.limits.max_checkpoint_bytes {
+            return Err(Rejection::CheckpointTooLarge {
+                alloc: id,
+                task,
+                bytes: data.len() as u64,
+                limit: self.limits.max_checkpoint_bytes as u64,
+            });
+        }
+        self.check_preempting(id, task, node, epoch)?;
+        let now = self.now_ms;
+        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        t.checkpoint = Some(Checkpoint { epoch, saved_at_ms: now, data: data.to_vec() });
+        Ok(vec![Event::CheckpointSaved { alloc: id, task, epoch, bytes: data.len() as u64 }])
+    }
+
+    /// Checks an ack or upload for a preempting task: the epoch first (a late
+    /// message from an earlier round is stale whatever the task does now),
+    /// then the status, then the node.
+    fn check_preempting(&self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Result<NodeSlot, Rejection> {
+        let a = self.live_alloc(id)?;
+        let t = a.tasks.get(task as usize).ok_or(Rejection::UnknownTask { alloc: id, task })?;
+        let slot = self.node_slot(node).ok_or_else(|| Rejection::UnknownNode(node.clone()))?;
+        if t.preemption_epoch != epoch {
+            return Err(Rejection::StalePreemptionEpoch { alloc: id, current: t.preemption_epoch, got: epoch });
+        }
+        if t.status != TaskStatus::Preempting {
+            return Err(Rejection::WrongTaskStatus {
+                alloc: id,
+                task,
+                status: t.status,
+                expected: TaskStatus::Preempting,
+            });
+        }
+        if t.node != Some(slot) {
+            return Err(Rejection::WrongNode { alloc: id, task, node: node.clone() });
+        }
+        Ok(slot)
+    }
+
+    /// Moves every task of teardown `epoch` still preempting to preempted,
+    /// without an ack; the gang then completes.
+    fn force_drain(&mut self, id: AllocId, epoch: u64) -> Applied {
+        let a = self.live_alloc(id)?;
+        let teardown = a.teardown.ok_or(Rejection::NotTearingDown { alloc: id })?;
+        if teardown.epoch != epoch {
+            return Err(Rejection::StalePreemptionEpoch { alloc: id, current: teardown.epoch, got: epoch });
+        }
+        let stuck: Vec<(TaskIndex, NodeSlot)> = a
+            .tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Preempting)
+            .map(|t| (t.index, t.node.expect("a preempting task has a node")))
+            .collect();
+        let mut events = Vec::new();
+        for (task, slot) in stuck {
+            self.leave_node(id, task, slot, TaskStatus::Preempted, None);
+            events.push(Event::TaskPreempted { alloc: id, task, epoch, forced: true });
+        }
+        events.extend(self.complete_teardown(id));
+        events.extend(self.settle(id));
+        Ok(events)
+    }
+
+    /// The seed's CompletePreemption, run the moment the last task of a
+    /// teardown stops: preempted tasks return to blocked, and the gang is
+    /// either blocked as a unit (requeued) or failed: failed if any task used
+    /// up its retries or any task already finished (finished work is never
+    /// overwritten; done rows stay done). `settle` applies the verdict.
+    fn complete_teardown(&mut self, id: AllocId) -> Vec<Event> {
+        let now = self.now_ms;
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let Some(teardown) = a.teardown else { return Vec::new() };
+        if a.tasks.iter().any(|t| matches!(t.status, TaskStatus::Running | TaskStatus::Preempting)) {
+            return Vec::new();
+        }
+        a.teardown = None;
+        for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Preempted) {
+            t.status = TaskStatus::Blocked;
+            t.node = None;
+        }
+        let max = a.spec.max_retries;
+        let fails = a.tasks.iter().any(|t| {
+            matches!(t.status, TaskStatus::Done | TaskStatus::Failed)
+                || (t.status == TaskStatus::Blocked && t.attempts >= max)
+        });
+        let outcome = if fails { TeardownOutcome::Failed } else { TeardownOutcome::Blocked };
+        vec![Event::TeardownCompleted {
+            alloc: id,
+            epoch: teardown.epoch,
+            outcome,
+            drain_ms: now.saturating_sub(teardown.started_at_ms),
+        }]
+    }
+
+    /// Returns every unclaimed reservation of a gang to blocked; how many.
+    fn release_reserved(&mut self, id: AllocId) -> u32 {
         let a = &self.allocs[&id];
         let usage = Usage::of(&a.spec.resources);
         let reserved: Vec<(TaskIndex, NodeSlot)> = a
@@ -494,6 +678,7 @@ impl State {
             .filter(|t| t.status == TaskStatus::Reserved)
             .map(|t| (t.index, t.node.expect("a reserved task has a node")))
             .collect();
+        let count = reserved.len() as u32;
         for (task, slot) in reserved {
             self.release(slot, &usage, (id, task));
             let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
@@ -501,12 +686,15 @@ impl State {
             t.node = None;
             t.reserved_at_ms = None;
         }
+        count
     }
 
     /// A node stopped answering while holding work: it takes no more, and
-    /// every task on it fails (running ones charged as a real failure, the
-    /// gang following the fail-gang rules; unclaimed reservations of its
-    /// gangs are released). Re-registering makes it ready again.
+    /// every task on it ends: a running task fails (charged; its running
+    /// siblings are torn down), an unclaimed one fails to start (charged, and
+    /// a teardown if siblings run; otherwise its gang's reservation is simply
+    /// released), and a preempting one is preempted (its process is presumed
+    /// gone with the node). Re-registering makes it ready again.
     fn mark_node_lost(&mut self, node: &NodeId) -> Applied {
         let slot = self.node_slot(node).ok_or_else(|| Rejection::UnknownNode(node.clone()))?;
         let status = self.node(slot).status;
@@ -524,8 +712,16 @@ impl State {
             }
             match t.status {
                 TaskStatus::Running => events.extend(self.fail_running(id, task, slot, None)),
+                TaskStatus::Reserved if self.allocs[&id].has_running() => events.extend(self.fail_reserved(id, task)),
                 TaskStatus::Reserved => {
                     self.release_reserved(id);
+                    events.extend(self.settle(id));
+                }
+                TaskStatus::Preempting => {
+                    let epoch = t.preemption_epoch;
+                    self.leave_node(id, task, slot, TaskStatus::Preempted, None);
+                    events.push(Event::TaskPreempted { alloc: id, task, epoch, forced: true });
+                    events.extend(self.complete_teardown(id));
                     events.extend(self.settle(id));
                 }
                 other => unreachable!("task {id}/{task} on a node while {other:?}"),
@@ -551,13 +747,15 @@ impl State {
         let now = self.now_ms;
         let a = self.allocs.get_mut(&id).expect("checked");
         for t in a.tasks.iter_mut().filter(|t| !t.status.is_terminal()) {
-            if t.status == TaskStatus::Running {
+            if matches!(t.status, TaskStatus::Running | TaskStatus::Preempting) {
                 t.finished_at_ms = Some(now);
             }
             t.status = TaskStatus::Cancelled;
         }
+        a.teardown = None;
         a.status = AllocStatus::Cancelled;
         a.finished_at_ms = Some(now);
+        drop_checkpoints(a);
         self.reindex_alloc(id);
         Ok(vec![Event::AllocationCancelled { alloc: id, stopped }])
     }
@@ -573,19 +771,20 @@ impl State {
     }
 
     /// Checks a node's claim or report about one task: the task exists, is
-    /// placed on that node, under the current epoch, in the expected status.
+    /// placed on that node, under the current reservation epoch, in one of
+    /// the `accepted` statuses (the first is named when it is not).
     fn check_report(
         &self,
         id: AllocId,
         task: TaskIndex,
         node: &NodeId,
         epoch: u64,
-        expected: TaskStatus,
-    ) -> Result<NodeSlot, Rejection> {
+        accepted: &[TaskStatus],
+    ) -> Result<(NodeSlot, TaskStatus), Rejection> {
         let a = self.live_alloc(id)?;
         let t = a.tasks.get(task as usize).ok_or(Rejection::UnknownTask { alloc: id, task })?;
         let slot = self.node_slot(node).ok_or_else(|| Rejection::UnknownNode(node.clone()))?;
-        let wrong_status = Rejection::WrongTaskStatus { alloc: id, task, status: t.status, expected };
+        let wrong_status = Rejection::WrongTaskStatus { alloc: id, task, status: t.status, expected: accepted[0] };
         match t.node {
             None => return Err(wrong_status),
             Some(placed) if placed != slot => return Err(Rejection::WrongNode { alloc: id, task, node: node.clone() }),
@@ -594,13 +793,13 @@ impl State {
         if t.reservation_epoch != epoch {
             return Err(Rejection::StaleTaskEpoch { alloc: id, task, current: t.reservation_epoch, got: epoch });
         }
-        if t.status != expected {
+        if !accepted.contains(&t.status) {
             return Err(wrong_status);
         }
-        Ok(slot)
+        Ok((slot, t.status))
     }
 
-    /// Moves a running task off its node into `status`.
+    /// Moves a running or preempting task off its node into `status`.
     fn leave_node(&mut self, id: AllocId, task: TaskIndex, slot: NodeSlot, status: TaskStatus, exit_code: Option<i32>) {
         let now = self.now_ms;
         let usage = Usage::of(&self.allocs[&id].spec.resources);
@@ -612,7 +811,8 @@ impl State {
         t.reserved_at_ms = None;
     }
 
-    /// Decides a gang's fate once nothing of it runs or waits to be claimed:
+    /// Decides a gang's fate once nothing of it runs, waits to be claimed or
+    /// is being torn down:
     /// all done ⇒ done; otherwise, if any task finished or any blocked task
     /// used up its retries ⇒ failed (the seed's completion rule); else the
     /// whole gang is queued again.
@@ -625,6 +825,7 @@ impl State {
         if a.tasks.iter().all(|t| t.status == TaskStatus::Done) {
             a.status = AllocStatus::Done;
             a.finished_at_ms = Some(now);
+            drop_checkpoints(a);
             events.push(Event::AllocationDone { alloc: id });
         } else if a.status == AllocStatus::Queued {
             // Nothing runs or waits: blocked (and maybe done) tasks only.
@@ -645,6 +846,7 @@ impl State {
                 }
                 a.status = AllocStatus::Failed;
                 a.finished_at_ms = Some(now);
+                drop_checkpoints(a);
                 events.push(Event::AllocationFailed { alloc: id, reason });
             } else if before != AllocStatus::Queued {
                 events.push(Event::GangRequeued { alloc: id });
@@ -661,9 +863,8 @@ impl State {
             return;
         }
         let count = |s: TaskStatus| a.tasks.iter().filter(|t| t.status == s).count();
-        let (blocked, reserved, running) =
-            (count(TaskStatus::Blocked), count(TaskStatus::Reserved), count(TaskStatus::Running));
-        a.status = if blocked > 0 && running > 0 {
+        let (blocked, reserved) = (count(TaskStatus::Blocked), count(TaskStatus::Reserved));
+        a.status = if a.teardown.is_some() {
             AllocStatus::TearingDown
         } else if blocked > 0 && reserved == 0 {
             AllocStatus::Queued
@@ -695,6 +896,11 @@ impl State {
             self.index.reserved.insert(id);
         } else {
             self.index.reserved.remove(&id);
+        }
+        if a.teardown.is_some() {
+            self.index.tearing_down.insert(id);
+        } else {
+            self.index.tearing_down.remove(&id);
         }
     }
 
@@ -766,8 +972,33 @@ impl State {
             if has(TaskStatus::Blocked) && has(TaskStatus::Reserved) {
                 return Err(format!("allocation {} is partly reserved", a.id));
             }
-            if has(TaskStatus::Blocked) && has(TaskStatus::Running) && a.status != AllocStatus::TearingDown {
-                return Err(format!("allocation {} is partly running outside a teardown", a.id));
+            if has(TaskStatus::Blocked) && has(TaskStatus::Running) {
+                return Err(format!("allocation {} is partly running", a.id));
+            }
+            match a.teardown {
+                Some(td) => {
+                    if a.status != AllocStatus::TearingDown {
+                        return Err(format!("allocation {} has a teardown but is {:?}", a.id, a.status));
+                    }
+                    if has(TaskStatus::Running) || has(TaskStatus::Reserved) || !has(TaskStatus::Preempting) {
+                        return Err(format!("allocation {}'s teardown has no task preempting, or one placed", a.id));
+                    }
+                    if a.tasks.iter().any(|t| t.status == TaskStatus::Preempting && t.preemption_epoch != td.epoch) {
+                        return Err(format!("allocation {} has a task preempting under an old epoch", a.id));
+                    }
+                    if td.epoch != a.preemption_epoch {
+                        return Err(format!("allocation {}'s teardown epoch is not its latest", a.id));
+                    }
+                }
+                None => {
+                    if a.status == AllocStatus::TearingDown || has(TaskStatus::Preempting) || has(TaskStatus::Preempted)
+                    {
+                        return Err(format!("allocation {} is preempting outside a teardown", a.id));
+                    }
+                }
+            }
+            if a.status.is_terminal() && a.tasks.iter().any(|t| t.checkpoint.is_some()) {
+                return Err(format!("terminal allocation {} still keeps checkpoints", a.id));
             }
             if a.tasks.len() != a.spec.gang_size as usize {
                 return Err(format!(
@@ -815,5 +1046,13 @@ impl State {
             return Err("derived indexes differ from a rebuild".to_string());
         }
         Ok(())
+    }
+}
+
+/// A finished allocation's checkpoints will never be restored: drop them so
+/// they stop weighing on every snapshot.
+fn drop_checkpoints(a: &mut Allocation) {
+    for t in &mut a.tasks {
+        t.checkpoint = None;
     }
 }

@@ -322,8 +322,8 @@ fn rollback_rejections() {
         f.rejected(Command::RollbackGang { alloc: id, epoch: epoch + 1 }),
         Rejection::StaleReservationEpoch { alloc: id, expected: epoch, got: epoch + 1 }
     );
-    f.start(id, 0, 0, epoch);
-    assert_eq!(f.rejected(Command::RollbackGang { alloc: id, epoch }), Rejection::GangPartlyStarted { alloc: id });
+    f.ok(Command::RollbackGang { alloc: id, epoch });
+    assert_eq!(f.rejected(Command::RollbackGang { alloc: id, epoch }), Rejection::NothingReserved { alloc: id });
 }
 
 #[test]
@@ -456,36 +456,6 @@ fn a_failed_single_task_is_requeued_until_its_retries_are_spent() {
 }
 
 #[test]
-fn a_gang_failure_with_running_siblings_tears_down_then_requeues_whole() {
-    let mut f = Fixture::new(3);
-    let (id, epoch) = f.running(3, 8);
-    let ev = f.fail(id, 0, 0, epoch);
-    assert_eq!(
-        ev,
-        vec![
-            Event::TaskFailed { alloc: id, task: 0, exit_code: Some(1), charged: true },
-            Event::GangTearingDown { alloc: id, trigger: 0 }
-        ]
-    );
-    assert_eq!(f.status(id), AllocStatus::TearingDown);
-    assert_eq!(f.s.queue_len(), 0, "a gang mid-teardown is not admissible");
-    // Siblings fail in turn (their peer broke): bystanders are refunded.
-    let ev = f.fail(id, 1, 1, epoch);
-    assert_eq!(ev, vec![Event::TaskFailed { alloc: id, task: 1, exit_code: Some(1), charged: false }]);
-    let ev = f.fail(id, 2, 2, epoch);
-    assert_eq!(
-        ev,
-        vec![
-            Event::TaskFailed { alloc: id, task: 2, exit_code: Some(1), charged: false },
-            Event::GangRequeued { alloc: id }
-        ]
-    );
-    assert_eq!(f.status(id), AllocStatus::Queued);
-    let attempts: Vec<u32> = f.s.alloc(id).unwrap().tasks.iter().map(|t| t.attempts).collect();
-    assert_eq!(attempts, vec![1, 0, 0], "only the trigger keeps its attempt");
-}
-
-#[test]
 fn a_gang_failure_releases_unclaimed_siblings_at_once() {
     let mut f = Fixture::new(3);
     let id = f.submit(spec(3, 8));
@@ -494,31 +464,6 @@ fn a_gang_failure_releases_unclaimed_siblings_at_once() {
     f.fail(id, 0, 0, epoch);
     assert_eq!(f.status(id), AllocStatus::Queued);
     assert_eq!((f.used_gpus(0), f.used_gpus(1), f.used_gpus(2)), (0, 0, 0));
-}
-
-/// The seed's retrace: three real failures of the same task with MaxRetries = 3
-/// end the gang, while the bystanders' counts never grow.
-#[test]
-fn the_trigger_keeps_its_attempts_so_repeated_failure_converges() {
-    let mut f = Fixture::new(3);
-    let id = f.submit(AllocSpec { max_retries: 3, ..spec(3, 8) });
-    for round in 1..=3 {
-        let epoch = f.reserve(id, &[0, 1, 2]);
-        for i in 0..3 {
-            f.start(id, i, i, epoch);
-        }
-        f.fail(id, 0, 0, epoch);
-        f.fail(id, 1, 1, epoch);
-        let ev = f.fail(id, 2, 2, epoch);
-        let attempts: Vec<u32> = f.s.alloc(id).unwrap().tasks.iter().map(|t| t.attempts).collect();
-        if round < 3 {
-            assert_eq!(attempts, vec![round, 0, 0]);
-            assert_eq!(f.status(id), AllocStatus::Queued);
-        } else {
-            assert!(matches!(ev.last(), Some(Event::AllocationFailed { .. })), "{ev:?}");
-            assert_eq!(f.status(id), AllocStatus::Failed);
-        }
-    }
 }
 
 #[test]
@@ -632,7 +577,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "787bfd94f47c5b5caa2700546374cbe6da962fde9e3caf3df289bc6b242bf875"
+        "8a3474ebd7daa0bbad1f0dec2d5594ad608f8a070e95439580fbae5f81c5d7b9"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));
@@ -739,4 +684,366 @@ fn history_is_bounded() {
     assert_eq!(a.revision, 1 + 100 * 3);
     assert_eq!(a.history.len(), HISTORY_LIMIT);
     assert_eq!(a.history.front().unwrap().revision, a.revision - HISTORY_LIMIT as u64 + 1);
+}
+
+// ----- gang teardown ------------------------------------------------------------
+
+impl Fixture {
+    fn ack(&mut self, alloc: AllocId, task: TaskIndex, node: u32, epoch: u64) -> Vec<Event> {
+        self.ok(Command::TaskPreempted { alloc, task, node: n(node), epoch })
+    }
+
+    fn attempts(&self, alloc: AllocId) -> Vec<u32> {
+        self.s.alloc(alloc).unwrap().tasks.iter().map(|t| t.attempts).collect()
+    }
+
+    fn statuses(&self, alloc: AllocId) -> Vec<TaskStatus> {
+        self.s.alloc(alloc).unwrap().tasks.iter().map(|t| t.status).collect()
+    }
+}
+
+#[test]
+fn a_failure_with_running_siblings_preempts_them_under_one_epoch_and_refunds_all_but_the_trigger() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(3, 8);
+    f.t = 2_000;
+    let ev = f.fail(id, 0, 0, epoch);
+    assert_eq!(
+        ev,
+        vec![
+            Event::TaskFailed { alloc: id, task: 0, exit_code: Some(1), charged: true },
+            Event::TeardownStarted {
+                alloc: id,
+                trigger: 0,
+                epoch: 1,
+                preempting: vec![(1, n(1)), (2, n(2))],
+                released: 0
+            }
+        ]
+    );
+    use TaskStatus::*;
+    assert_eq!(f.statuses(id), vec![Blocked, Preempting, Preempting]);
+    assert_eq!(f.attempts(id), vec![1, 0, 0], "siblings refunded, the trigger keeps its attempt");
+    assert_eq!(f.status(id), AllocStatus::TearingDown);
+    let a = f.s.alloc(id).unwrap();
+    assert_eq!(a.teardown, Some(Teardown { epoch: 1, trigger: 0, started_at_ms: 2_000 }));
+    assert_eq!((a.tasks[1].preemption_epoch, a.tasks[2].preemption_epoch), (1, 1));
+    assert_eq!(f.s.queue_len(), 0, "a gang mid-teardown is not admissible");
+    assert_eq!((f.used_gpus(0), f.used_gpus(1), f.used_gpus(2)), (0, 8, 8), "preempting tasks still hold their GPUs");
+
+    f.t = 3_000;
+    assert_eq!(f.ack(id, 1, 1, 1), vec![Event::TaskPreempted { alloc: id, task: 1, epoch: 1, forced: false }]);
+    assert_eq!(f.statuses(id), vec![Blocked, Preempted, Preempting]);
+    assert_eq!(f.used_gpus(1), 0);
+    assert_eq!(f.status(id), AllocStatus::TearingDown);
+    f.t = 3_500;
+    assert_eq!(
+        f.ack(id, 2, 2, 1),
+        vec![
+            Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: false },
+            Event::TeardownCompleted { alloc: id, epoch: 1, outcome: TeardownOutcome::Blocked, drain_ms: 1_500 },
+            Event::GangRequeued { alloc: id }
+        ]
+    );
+    assert_eq!(f.statuses(id), vec![Blocked, Blocked, Blocked]);
+    assert_eq!(f.status(id), AllocStatus::Queued);
+    assert!(f.s.alloc(id).unwrap().teardown.is_none());
+    assert!(f.s.alloc(id).unwrap().tasks.iter().all(|t| t.node.is_none()));
+}
+
+#[test]
+fn a_teardown_releases_unclaimed_siblings_and_leaves_blocked_ones() {
+    let mut f = Fixture::new(3);
+    let id = f.submit(spec(3, 8));
+    let epoch = f.reserve(id, &[0, 1, 2]);
+    f.start(id, 0, 0, epoch);
+    f.start(id, 1, 1, epoch);
+    let ev = f.fail(id, 1, 1, epoch);
+    assert!(
+        matches!(&ev[1], Event::TeardownStarted { trigger: 1, preempting, released: 1, .. } if preempting == &vec![(0, n(0))]),
+        "{ev:?}"
+    );
+    assert_eq!(f.statuses(id), vec![TaskStatus::Preempting, TaskStatus::Blocked, TaskStatus::Blocked]);
+    assert_eq!(f.used_gpus(2), 0, "the unclaimed reservation is released at once");
+}
+
+/// The seed's retrace, MaxRetries = 3: A fails every round; after three real
+/// failures the gang fails, never looping.
+#[test]
+fn the_retry_budget_trace_converges_with_a_3_b_1_c_1() {
+    let mut f = Fixture::new(3);
+    let id = f.submit(AllocSpec { max_retries: 3, ..spec(3, 8) });
+    for round in 1..=3u32 {
+        let epoch = f.reserve(id, &[0, 1, 2]);
+        for i in 0..3 {
+            f.start(id, i, i, epoch);
+        }
+        assert_eq!(f.attempts(id), vec![round, 1, 1], "claim-time counts in round {round}");
+        f.fail(id, 0, 0, epoch);
+        assert_eq!(f.attempts(id), vec![round, 0, 0]);
+        let pe = f.s.alloc(id).unwrap().preemption_epoch;
+        assert_eq!(pe, u64::from(round), "one new preemption epoch per teardown");
+        f.ack(id, 1, 1, pe);
+        let ev = f.ack(id, 2, 2, pe);
+        if round < 3 {
+            assert!(matches!(ev[1], Event::TeardownCompleted { outcome: TeardownOutcome::Blocked, .. }), "{ev:?}");
+            assert_eq!(f.status(id), AllocStatus::Queued);
+        } else {
+            assert!(matches!(ev[1], Event::TeardownCompleted { outcome: TeardownOutcome::Failed, .. }), "{ev:?}");
+            assert!(
+                matches!(&ev[2], Event::AllocationFailed { reason, .. } if reason.contains("task 0 failed 3 times"))
+            );
+            assert_eq!(f.status(id), AllocStatus::Failed);
+            assert_eq!(f.statuses(id), vec![TaskStatus::Failed; 3]);
+        }
+    }
+    assert_eq!(f.attempts(id), vec![3, 0, 0]);
+}
+
+#[test]
+fn one_exhausted_member_fails_the_gang_at_completion() {
+    let mut f = Fixture::new(2);
+    let id = f.submit(AllocSpec { max_retries: 1, ..spec(2, 8) });
+    let epoch = f.reserve(id, &[0, 1]);
+    f.start(id, 0, 0, epoch);
+    f.start(id, 1, 1, epoch);
+    f.fail(id, 1, 1, epoch);
+    let ev = f.ack(id, 0, 0, 1);
+    assert!(matches!(ev[1], Event::TeardownCompleted { outcome: TeardownOutcome::Failed, .. }), "{ev:?}");
+    assert_eq!(f.status(id), AllocStatus::Failed);
+}
+
+#[test]
+fn a_done_sibling_at_completion_fails_the_gang_and_keeps_its_done_row() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(3, 8);
+    f.ok(Command::FinishTask { alloc: id, task: 2, node: n(2), epoch });
+    f.fail(id, 0, 0, epoch);
+    assert_eq!(f.statuses(id), vec![TaskStatus::Blocked, TaskStatus::Preempting, TaskStatus::Done]);
+    let ev = f.ack(id, 1, 1, 1);
+    assert!(matches!(ev[1], Event::TeardownCompleted { outcome: TeardownOutcome::Failed, .. }), "{ev:?}");
+    assert!(matches!(&ev[2], Event::AllocationFailed { reason, .. } if reason.contains("task 2 finished")), "{ev:?}");
+    assert_eq!(f.statuses(id), vec![TaskStatus::Failed, TaskStatus::Failed, TaskStatus::Done]);
+}
+
+#[test]
+fn a_preempting_task_that_exits_on_its_own_is_preempted_or_done() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(3, 8);
+    f.fail(id, 0, 0, epoch);
+    // Task 1's process dies before the preempt reaches it: preempted, not charged.
+    let ev = f.fail(id, 1, 1, epoch);
+    assert_eq!(
+        ev,
+        vec![
+            Event::TaskFailed { alloc: id, task: 1, exit_code: Some(1), charged: false },
+            Event::TaskPreempted { alloc: id, task: 1, epoch: 1, forced: false }
+        ]
+    );
+    assert_eq!(f.attempts(id), vec![1, 0, 0]);
+    // Task 2 finished its work meanwhile: done, and the gang cannot restart whole.
+    let ev = f.ok(Command::FinishTask { alloc: id, task: 2, node: n(2), epoch });
+    assert!(matches!(ev[1], Event::TeardownCompleted { outcome: TeardownOutcome::Failed, .. }), "{ev:?}");
+    assert_eq!(f.task(id, 2).status, TaskStatus::Done);
+}
+
+#[test]
+fn acks_and_checkpoints_with_a_stale_epoch_or_from_elsewhere_are_refused() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(2, 8);
+    f.fail(id, 0, 0, epoch);
+    f.ack(id, 1, 1, 1);
+    // Round 2, torn down again: epoch 2.
+    let epoch = f.reserve(id, &[0, 1]);
+    f.start(id, 0, 0, epoch);
+    f.start(id, 1, 1, epoch);
+    // A late ack of round 1 while the task runs again.
+    assert_eq!(
+        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1 }),
+        Rejection::WrongTaskStatus {
+            alloc: id,
+            task: 1,
+            status: TaskStatus::Running,
+            expected: TaskStatus::Preempting
+        }
+    );
+    f.fail(id, 0, 0, epoch);
+    let stale = Rejection::StalePreemptionEpoch { alloc: id, current: 2, got: 1 };
+    assert_eq!(f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1 }), stale);
+    assert_eq!(
+        f.rejected(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: vec![1, 2, 3] }),
+        stale
+    );
+    assert_eq!(
+        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(2), epoch: 2 }),
+        Rejection::WrongNode { alloc: id, task: 1, node: n(2) }
+    );
+    // The trigger was never told to stop: nothing to ack.
+    assert_eq!(
+        f.rejected(Command::TaskPreempted { alloc: id, task: 0, node: n(0), epoch: 0 }),
+        Rejection::WrongTaskStatus {
+            alloc: id,
+            task: 0,
+            status: TaskStatus::Blocked,
+            expected: TaskStatus::Preempting
+        }
+    );
+}
+
+#[test]
+fn a_checkpoint_is_stored_kept_for_later_attempts_and_dropped_at_the_end() {
+    let mut f = Fixture::new(2);
+    let (id, epoch) = f.running(2, 8);
+    f.fail(id, 0, 0, epoch);
+    f.t = 5_000;
+    let ev = f.ok(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: b"step=41".to_vec() });
+    assert_eq!(ev, vec![Event::CheckpointSaved { alloc: id, task: 1, epoch: 1, bytes: 7 }]);
+    // A second upload of the same round replaces the first.
+    f.ok(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: b"step=42".to_vec() });
+    f.ack(id, 1, 1, 1);
+    let c = f.task(id, 1).checkpoint.clone().unwrap();
+    assert_eq!((c.epoch, c.saved_at_ms, c.data.as_slice()), (1, 5_000, &b"step=42"[..]));
+    let epoch = f.reserve(id, &[1, 0]);
+    f.start(id, 0, 1, epoch);
+    f.start(id, 1, 0, epoch);
+    assert!(f.task(id, 1).checkpoint.is_some(), "the next attempt finds it");
+    f.ok(Command::FinishTask { alloc: id, task: 0, node: n(1), epoch });
+    f.ok(Command::FinishTask { alloc: id, task: 1, node: n(0), epoch });
+    assert_eq!(f.status(id), AllocStatus::Done);
+    assert!(f.task(id, 1).checkpoint.is_none(), "a finished allocation keeps no checkpoint");
+}
+
+#[test]
+fn checkpoints_over_the_cap_or_of_a_no_checkpoint_allocation_are_refused() {
+    let mut f = Fixture::new(2);
+    let (id, epoch) = f.running(2, 8);
+    f.fail(id, 0, 0, epoch);
+    let cap = DEFAULT_MAX_CHECKPOINT_BYTES;
+    let err = f.rejected(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: vec![0; cap + 1] });
+    assert_eq!(err, Rejection::CheckpointTooLarge { alloc: id, task: 1, bytes: cap as u64 + 1, limit: cap as u64 });
+    assert!(err.to_string().contains("over the 4194304-byte limit"), "{err}");
+    f.ok(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: vec![0; cap] });
+    // Only a preempting task may save.
+    assert_eq!(
+        f.rejected(Command::SaveCheckpoint { alloc: id, task: 0, node: n(0), epoch: 0, data: vec![1] }),
+        Rejection::WrongTaskStatus {
+            alloc: id,
+            task: 0,
+            status: TaskStatus::Blocked,
+            expected: TaskStatus::Preempting
+        }
+    );
+    let none = f.submit(AllocSpec { checkpoint: CheckpointMode::None, ..spec(1, 0) });
+    assert_eq!(
+        f.rejected(Command::SaveCheckpoint { alloc: none, task: 0, node: n(0), epoch: 0, data: vec![1] }),
+        Rejection::CheckpointDisabled { alloc: none }
+    );
+}
+
+#[test]
+fn force_drain_moves_stuck_tasks_and_completes_in_the_same_command() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(3, 8);
+    f.t = 10_000;
+    f.fail(id, 0, 0, epoch);
+    f.ack(id, 1, 1, 1);
+    assert_eq!(crate::policy::plan_force_drains(&f.s, 54_999, 45_000), vec![]);
+    let plan = crate::policy::plan_force_drains(&f.s, 55_000, 45_000);
+    assert_eq!(plan, vec![Command::ForceDrain { alloc: id, epoch: 1 }]);
+    assert_eq!(
+        f.rejected(Command::ForceDrain { alloc: id, epoch: 2 }),
+        Rejection::StalePreemptionEpoch { alloc: id, current: 1, got: 2 }
+    );
+    f.t = 55_000;
+    let ev = f.ok(plan[0].clone());
+    assert_eq!(
+        ev,
+        vec![
+            Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: true },
+            Event::TeardownCompleted { alloc: id, epoch: 1, outcome: TeardownOutcome::Blocked, drain_ms: 45_000 },
+            Event::GangRequeued { alloc: id }
+        ]
+    );
+    assert_eq!(f.used_gpus(2), 0);
+    assert_eq!(f.rejected(Command::ForceDrain { alloc: id, epoch: 1 }), Rejection::NotTearingDown { alloc: id });
+    // The late ack of the forced task is refused: the task is blocked now.
+    assert!(matches!(
+        f.rejected(Command::TaskPreempted { alloc: id, task: 2, node: n(2), epoch: 1 }),
+        Rejection::WrongTaskStatus { status: TaskStatus::Blocked, .. }
+    ));
+}
+
+#[test]
+fn losing_the_node_of_a_preempting_task_preempts_it() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(3, 8);
+    f.fail(id, 0, 0, epoch);
+    f.ack(id, 1, 1, 1);
+    let ev = f.ok(Command::MarkNodeLost { node: n(2) });
+    assert_eq!(ev[1], Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: true });
+    assert!(matches!(ev[2], Event::TeardownCompleted { outcome: TeardownOutcome::Blocked, .. }), "{ev:?}");
+    assert_eq!(f.status(id), AllocStatus::Queued);
+}
+
+/// The gang-scheduling seed's stuck state: two tasks run, the third node dies
+/// before claiming. The teardown brings the gang back whole, and it completes
+/// on healthy nodes.
+#[test]
+fn the_stuck_state_is_torn_down_and_the_gang_completes_elsewhere() {
+    let mut f = Fixture::new(4);
+    let id = f.submit(spec(3, 8));
+    let epoch = f.reserve(id, &[0, 1, 2]);
+    f.start(id, 0, 0, epoch);
+    f.start(id, 1, 1, epoch);
+    let ev = f.ok(Command::MarkNodeLost { node: n(2) });
+    assert_eq!(ev[1], Event::TaskFailed { alloc: id, task: 2, exit_code: None, charged: true });
+    assert!(matches!(&ev[2], Event::TeardownStarted { trigger: 2, preempting, .. } if preempting.len() == 2), "{ev:?}");
+    f.ack(id, 0, 0, 1);
+    f.ack(id, 1, 1, 1);
+    assert_eq!(f.status(id), AllocStatus::Queued);
+    assert_eq!(f.attempts(id), vec![0, 0, 1]);
+    let plan = crate::policy::plan_admission(&f.s, f.t, &crate::policy::AdmissionConfig::default());
+    let Command::ReserveGang { nodes, .. } = &plan.commands[0] else { panic!("{plan:?}") };
+    assert!(!nodes.contains(&n(2)), "the lost node is not used again: {nodes:?}");
+    f.ok(plan.commands[0].clone());
+    let epoch = f.s.alloc(id).unwrap().reservation_epoch;
+    let nodes: Vec<u32> = f.s.alloc(id).unwrap().tasks.iter().map(|t| t.node.unwrap().0).collect();
+    for (task, node) in nodes.iter().enumerate() {
+        f.start(id, task as TaskIndex, *node, epoch);
+    }
+    for (task, node) in nodes.iter().enumerate() {
+        f.ok(Command::FinishTask { alloc: id, task: task as TaskIndex, node: n(*node), epoch });
+    }
+    assert_eq!(f.status(id), AllocStatus::Done);
+}
+
+/// The same stuck state when the node stays up but never claims: the stale
+/// reservation's rollback triggers the teardown.
+#[test]
+fn a_stale_reservation_with_running_siblings_triggers_a_teardown() {
+    let mut f = Fixture::new(3);
+    let id = f.submit(spec(3, 8));
+    let epoch = f.reserve(id, &[0, 1, 2]);
+    f.start(id, 0, 0, epoch);
+    f.start(id, 1, 1, epoch);
+    let cfg = crate::policy::AdmissionConfig::default();
+    f.t += cfg.stale_reservation_ms;
+    let plan = crate::policy::plan_admission(&f.s, f.t, &cfg);
+    assert_eq!(plan.commands, vec![Command::RollbackGang { alloc: id, epoch }]);
+    let ev = f.ok(plan.commands[0].clone());
+    assert_eq!(ev[0], Event::GangRolledBack { alloc: id, epoch });
+    assert_eq!(ev[1], Event::TaskFailed { alloc: id, task: 2, exit_code: None, charged: true });
+    assert!(matches!(&ev[2], Event::TeardownStarted { trigger: 2, .. }), "{ev:?}");
+    assert_eq!(f.statuses(id), vec![TaskStatus::Preempting, TaskStatus::Preempting, TaskStatus::Blocked]);
+}
+
+#[test]
+fn cancel_during_a_teardown_frees_everything() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(3, 8);
+    f.fail(id, 0, 0, epoch);
+    let ev = f.ok(Command::CancelAllocation { alloc: id });
+    assert_eq!(ev, vec![Event::AllocationCancelled { alloc: id, stopped: vec![(1, n(1)), (2, n(2))] }]);
+    assert!(f.s.alloc(id).unwrap().teardown.is_none());
+    assert_eq!((f.used_gpus(1), f.used_gpus(2)), (0, 0));
 }

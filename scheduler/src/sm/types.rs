@@ -213,8 +213,7 @@ impl AllocSpec {
     }
 }
 
-/// A task's status. The preemption statuses (preempting, preempted,
-/// suspended) arrive with the teardown and preemption issues.
+/// A task's status. (Suspension arrives with the preemption-policy issue.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum TaskStatus {
     /// Waiting for its gang to be placed.
@@ -223,6 +222,13 @@ pub enum TaskStatus {
     Reserved,
     /// Claimed by its node's agent; its process runs.
     Running,
+    /// Its gang is being torn down: its agent has been told to stop the
+    /// process (SIGTERM, grace, SIGKILL), may upload a checkpoint, and must
+    /// acknowledge with the task's preemption epoch. Still holds capacity.
+    Preempting,
+    /// Stopped for a teardown (acknowledged, or forced at the timeout); waits
+    /// for the rest of its gang to stop. Holds nothing.
+    Preempted,
     /// Exited successfully.
     Done,
     /// Out of retries, or its gang failed.
@@ -234,7 +240,7 @@ pub enum TaskStatus {
 impl TaskStatus {
     /// Whether the task holds capacity on a node.
     pub fn holds_capacity(self) -> bool {
-        matches!(self, TaskStatus::Reserved | TaskStatus::Running)
+        matches!(self, TaskStatus::Reserved | TaskStatus::Running | TaskStatus::Preempting)
     }
 
     /// Whether the task will never change again.
@@ -267,6 +273,66 @@ pub struct Task {
     pub exit_code: Option<i32>,
     /// The node its latest attempt ran on (kept after it ends: logs live there).
     pub last_node: Option<NodeSlot>,
+    /// The gang teardown this task was last told to stop for (0: never).
+    /// Acks and checkpoint uploads must carry it.
+    pub preemption_epoch: u64,
+    /// The latest checkpoint saved while it was preempting; given to every
+    /// later attempt until a newer one replaces it.
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// Opaque bytes a task left in its checkpoint directory while being
+/// preempted. The scheduler never parses them.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The preemption epoch it was saved under.
+    pub epoch: u64,
+    /// Entry time of the save.
+    pub saved_at_ms: u64,
+    /// The bytes (the agent's archive of the directory).
+    pub data: Vec<u8>,
+}
+
+impl fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("epoch", &self.epoch)
+            .field("saved_at_ms", &self.saved_at_ms)
+            .field("bytes", &self.data.len())
+            .finish()
+    }
+}
+
+/// A gang teardown in progress: started by one task's failure (or its node's
+/// loss, or its reservation going stale) while siblings ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Teardown {
+    /// The allocation's preemption epoch for this round.
+    pub epoch: u64,
+    /// The task whose failure started it (it keeps its charged attempt).
+    pub trigger: TaskIndex,
+    /// Entry time of the start: the force-drain deadline counts from here.
+    pub started_at_ms: u64,
+}
+
+/// How a teardown ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TeardownOutcome {
+    /// The whole gang is blocked again, ready for re-admission.
+    Blocked,
+    /// A task is out of retries, or a task had already finished: the gang
+    /// cannot be restarted whole and failed.
+    Failed,
+}
+
+impl TeardownOutcome {
+    /// `blocked` or `failed` (metric labels, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TeardownOutcome::Blocked => "blocked",
+            TeardownOutcome::Failed => "failed",
+        }
+    }
 }
 
 /// An allocation's status, derived from its tasks after every transition.
@@ -278,8 +344,8 @@ pub enum AllocStatus {
     Reserved,
     /// Every unfinished task runs.
     Running,
-    /// A task failed while siblings still run; the gang returns to the queue
-    /// (or fails) once they have exited.
+    /// A gang teardown is in progress: siblings of a failed task are being
+    /// stopped; the gang returns to the queue (or fails) once none runs.
     TearingDown,
     /// Every task exited successfully.
     Done,
@@ -333,6 +399,10 @@ pub struct Allocation {
     pub revision: u64,
     /// The latest events (at most [`HISTORY_LIMIT`]), oldest first.
     pub history: VecDeque<AllocEvent>,
+    /// Bumped by every teardown (0: never torn down).
+    pub preemption_epoch: u64,
+    /// The teardown in progress, if any.
+    pub teardown: Option<Teardown>,
 }
 
 impl Allocation {
@@ -350,5 +420,10 @@ impl Allocation {
     /// Whether any task has started in the current reservation.
     pub fn has_running(&self) -> bool {
         self.tasks.iter().any(|t| t.status == TaskStatus::Running)
+    }
+
+    /// Whether any task is still being stopped for a teardown.
+    pub fn has_preempting(&self) -> bool {
+        self.tasks.iter().any(|t| t.status == TaskStatus::Preempting)
     }
 }

@@ -33,7 +33,13 @@ pub struct Limits {
     pub max_name_bytes: usize,
     /// Most labels on a node.
     pub max_labels: usize,
+    /// Largest checkpoint one task may save, in bytes.
+    pub max_checkpoint_bytes: usize,
 }
+
+/// The default checkpoint cap: 4 MiB (demo scale; bigger state belongs in a
+/// side channel such as a shared volume).
+pub const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 4 * 1024 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -46,6 +52,7 @@ impl Default for Limits {
             max_env_bytes: 64 * 1024,
             max_name_bytes: 256,
             max_labels: 64,
+            max_checkpoint_bytes: DEFAULT_MAX_CHECKPOINT_BYTES,
         }
     }
 }

@@ -23,6 +23,9 @@ pub enum Op {
     RawReserve { pick: usize, nodes: Vec<u8> },
     Rollback { pick: usize, epoch_delta: u8 },
     Lose { node: u8 },
+    Ack { pick: usize, stale: bool },
+    Checkpoint { pick: usize, stale: bool, bytes: u16 },
+    ForceDrain { pick: usize, stale: bool },
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -40,6 +43,10 @@ pub fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pick, nodes)| Op::RawReserve { pick, nodes }),
         1 => (any::<usize>(), 0u8..3).prop_map(|(pick, epoch_delta)| Op::Rollback { pick, epoch_delta }),
         1 => (0u8..6).prop_map(|node| Op::Lose { node }),
+        3 => (any::<usize>(), proptest::bool::weighted(0.1)).prop_map(|(pick, stale)| Op::Ack { pick, stale }),
+        1 => (any::<usize>(), proptest::bool::weighted(0.1), any::<u16>())
+            .prop_map(|(pick, stale, bytes)| Op::Checkpoint { pick, stale, bytes }),
+        1 => (any::<usize>(), proptest::bool::weighted(0.2)).prop_map(|(pick, stale)| Op::ForceDrain { pick, stale }),
     ]
 }
 
@@ -71,6 +78,25 @@ impl Run {
             for t in a.tasks.iter().filter(|t| t.status == status) {
                 let n = t.node.map_or_else(|| NodeId::new("none"), |s| self.state.node(s).id.clone());
                 out.push((*id, t.index, n, t.reservation_epoch));
+            }
+        }
+        out
+    }
+
+    /// Running and preempting tasks: their processes may exit.
+    fn live_tasks(&self) -> Vec<(AllocId, TaskIndex, NodeId, u64)> {
+        let mut out = self.tasks_in(TaskStatus::Running);
+        out.extend(self.tasks_in(TaskStatus::Preempting));
+        out
+    }
+
+    /// Preempting tasks with their node and preemption epoch.
+    fn preempting(&self) -> Vec<(AllocId, TaskIndex, NodeId, u64)> {
+        let mut out = Vec::new();
+        for (id, a) in self.state.allocs() {
+            for t in a.tasks.iter().filter(|t| t.status == TaskStatus::Preempting) {
+                let n = self.state.node(t.node.expect("preempting task is placed")).id.clone();
+                out.push((*id, t.index, n, t.preemption_epoch));
             }
         }
         out
@@ -114,11 +140,40 @@ impl Run {
                 })
                 .into_iter()
                 .collect(),
-            Op::Finish { pick } => Self::pick(&self.tasks_in(TaskStatus::Running), *pick)
+            Op::Finish { pick } => Self::pick(&self.live_tasks(), *pick)
                 .map(|(alloc, task, node, epoch)| Command::FinishTask { alloc, task, node, epoch })
                 .into_iter()
                 .collect(),
-            Op::Fail { pick } => Self::pick(&self.tasks_in(TaskStatus::Running), *pick)
+            Op::Ack { pick, stale } => Self::pick(&self.preempting(), *pick)
+                .map(|(alloc, task, node, epoch)| Command::TaskPreempted {
+                    alloc,
+                    task,
+                    node,
+                    epoch: if *stale { epoch.saturating_sub(1) } else { epoch },
+                })
+                .into_iter()
+                .collect(),
+            Op::Checkpoint { pick, stale, bytes } => Self::pick(&self.preempting(), *pick)
+                .map(|(alloc, task, node, epoch)| Command::SaveCheckpoint {
+                    alloc,
+                    task,
+                    node,
+                    epoch: if *stale { epoch + 1 } else { epoch },
+                    data: vec![7; usize::from(*bytes)],
+                })
+                .into_iter()
+                .collect(),
+            Op::ForceDrain { pick, stale } => {
+                let ids: Vec<AllocId> = self.state.tearing_down().collect();
+                Self::pick(&ids, *pick)
+                    .map(|alloc| Command::ForceDrain {
+                        alloc,
+                        epoch: self.state.alloc(alloc).unwrap().preemption_epoch + u64::from(*stale),
+                    })
+                    .into_iter()
+                    .collect()
+            }
+            Op::Fail { pick } => Self::pick(&self.live_tasks(), *pick)
                 .map(|(alloc, task, node, epoch)| Command::FailTask { alloc, task, node, epoch, exit_code: Some(3) })
                 .into_iter()
                 .collect(),

@@ -141,6 +141,16 @@ mod arbitrary {
             ),
             any_u64().prop_map(|alloc| Command::CancelAllocation { alloc }),
             node().prop_map(|node| Command::MarkNodeLost { node }),
+            (any_u64(), any_u32(), node(), any_u64()).prop_map(|(alloc, task, node, epoch)| Command::TaskPreempted {
+                alloc,
+                task,
+                node,
+                epoch
+            }),
+            (any_u64(), any_u32(), node(), any_u64(), proptest::collection::vec(any::<u8>(), 0..16)).prop_map(
+                |(alloc, task, node, epoch, data)| Command::SaveCheckpoint { alloc, task, node, epoch, data }
+            ),
+            (any_u64(), any_u64()).prop_map(|(alloc, epoch)| Command::ForceDrain { alloc, epoch }),
         ]
     }
 

@@ -1,0 +1,283 @@
+//! Checkpoint directories: what a task leaves in `MUSTER_CHECKPOINT_DIR`
+//! while being preempted is packed into one opaque blob for the leader, and
+//! unpacked into the directory of the task's next attempt.
+//!
+//! ```text
+//!   blob = "MUSTERCK" ‖ u32 files ‖ { u32 path_len ‖ path ‖ u64 len ‖ bytes }*
+//! ```
+//!
+//! Integers are little endian; paths are relative, `/`-separated, in sorted
+//! order (so the same directory packs to the same bytes). Only regular files
+//! are packed; symlinks and other special files are skipped. Unpacking
+//! refuses absolute paths and `..`, so a blob cannot write outside the
+//! directory.
+
+use std::fs;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use thiserror::Error;
+
+const MAGIC: &[u8; 8] = b"MUSTERCK";
+
+/// Checkpoints with one file no larger than this are also given to the next
+/// attempt as `CHECKPOINT_DATA` (base64), as the seed does; anything bigger
+/// only through the directory (environment variables are small).
+pub const INLINE_LIMIT: usize = 48 * 1024;
+
+/// Why a directory could not be packed.
+#[derive(Debug, Error)]
+pub enum PackError {
+    /// Reading the directory failed.
+    #[error("cannot read the checkpoint directory {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// The files add up to more than the leader stores.
+    #[error(
+        "the checkpoint directory holds more than {limit} bytes (the cap); it was not saved: \
+         keep large state on a shared volume and checkpoint a pointer to it"
+    )]
+    TooLarge {
+        /// The cap.
+        limit: usize,
+    },
+}
+
+/// Why a blob could not be unpacked.
+#[derive(Debug, Error)]
+pub enum UnpackError {
+    /// The bytes are not a checkpoint blob.
+    #[error("the checkpoint is malformed: {0}")]
+    Malformed(&'static str),
+    /// A path would leave the directory.
+    #[error("the checkpoint names an unsafe path {0:?}")]
+    UnsafePath(String),
+    /// Writing a file failed.
+    #[error("cannot restore the checkpoint into {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// A task's checkpoint directory: `WORK_DIR/checkpoints/alloc-A/task-T`.
+pub fn dir(work_dir: &Path, alloc: u64, task: u32) -> PathBuf {
+    work_dir.join("checkpoints").join(format!("alloc-{alloc}")).join(format!("task-{task}"))
+}
+
+fn collect(root: &Path, rel: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<(), PackError> {
+    let here = root.join(rel);
+    let io = |source| PackError::Io { path: here.clone(), source };
+    let mut entries: Vec<_> = fs::read_dir(&here).map_err(io)?.collect::<Result<_, _>>().map_err(io)?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let kind = e.file_type().map_err(io)?;
+        let rel = rel.join(e.file_name());
+        if kind.is_dir() {
+            collect(root, &rel, out)?;
+        } else if kind.is_file() {
+            let name = rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/");
+            out.push((name, root.join(&rel)));
+        }
+    }
+    Ok(())
+}
+
+/// Packs the regular files under `dir`; `None` when there are none (or the
+/// directory does not exist). Fails once the blob would pass `limit` bytes.
+pub fn pack(dir: &Path, limit: usize) -> Result<Option<Vec<u8>>, PackError> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let mut files = Vec::new();
+    collect(dir, Path::new(""), &mut files)?;
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let mut blob = Vec::new();
+    blob.extend_from_slice(MAGIC);
+    blob.extend_from_slice(&(files.len() as u32).to_le_bytes());
+    for (name, path) in files {
+        let data = fs::read(&path).map_err(|source| PackError::Io { path: path.clone(), source })?;
+        blob.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        blob.extend_from_slice(name.as_bytes());
+        blob.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        blob.extend_from_slice(&data);
+        if blob.len() > limit {
+            return Err(PackError::TooLarge { limit });
+        }
+    }
+    Ok(Some(blob))
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], UnpackError> {
+        if self.0.len() < n {
+            return Err(UnpackError::Malformed("truncated"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u32(&mut self) -> Result<u32, UnpackError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> Result<u64, UnpackError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+}
+
+/// The files of a blob, checked: (relative path, contents).
+pub fn files(blob: &[u8]) -> Result<Vec<(String, &[u8])>, UnpackError> {
+    let mut r = Reader(blob);
+    if r.take(MAGIC.len())? != MAGIC {
+        return Err(UnpackError::Malformed("bad magic"));
+    }
+    let count = r.u32()?;
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let len = r.u32()? as usize;
+        let name = std::str::from_utf8(r.take(len)?).map_err(|_| UnpackError::Malformed("path is not UTF-8"))?;
+        let safe = !name.is_empty() && Path::new(name).components().all(|c| matches!(c, Component::Normal(_)));
+        if !safe {
+            return Err(UnpackError::UnsafePath(name.to_string()));
+        }
+        let len = usize::try_from(r.u64()?).map_err(|_| UnpackError::Malformed("file too long"))?;
+        out.push((name.to_string(), r.take(len)?));
+    }
+    if !r.0.is_empty() {
+        return Err(UnpackError::Malformed("trailing bytes"));
+    }
+    Ok(out)
+}
+
+/// Empties `dir` (creating it if needed) and writes the blob's files into it.
+pub fn unpack(blob: &[u8], dir: &Path) -> Result<(), UnpackError> {
+    let files = files(blob)?;
+    reset(dir).map_err(|source| UnpackError::Io { path: dir.to_path_buf(), source })?;
+    for (name, data) in files {
+        let path = dir.join(&name);
+        let io = |source| UnpackError::Io { path: path.clone(), source };
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(io)?;
+        }
+        fs::write(&path, data).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Empties `dir`, creating it if needed.
+pub fn reset(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    fs::create_dir_all(dir)
+}
+
+/// The content of a blob holding exactly one file of at most
+/// [`INLINE_LIMIT`] bytes, base64-encoded (for `CHECKPOINT_DATA`).
+pub fn inline_data(blob: &[u8]) -> Option<String> {
+    match files(blob).ok()?.as_slice() {
+        [(_, data)] if data.len() <= INLINE_LIMIT => Some(base64(data)),
+        _ => None,
+    }
+}
+
+/// Standard base64 with padding (RFC 4648 §4).
+pub fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_round_trips_through_a_blob() {
+        let src = tempfile::tempdir().unwrap();
+        fs::create_dir_all(src.path().join("opt/state")).unwrap();
+        fs::write(src.path().join("step"), b"42\n").unwrap();
+        fs::write(src.path().join("opt/state/m.bin"), [0u8, 1, 2, 255]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", src.path().join("link")).unwrap();
+        let blob = pack(src.path(), 1 << 20).unwrap().unwrap();
+        assert_eq!(pack(src.path(), 1 << 20).unwrap().unwrap(), blob, "packing is deterministic");
+        let dst = tempfile::tempdir().unwrap();
+        fs::write(dst.path().join("stale"), b"old").unwrap();
+        unpack(&blob, dst.path()).unwrap();
+        assert_eq!(fs::read(dst.path().join("step")).unwrap(), b"42\n");
+        assert_eq!(fs::read(dst.path().join("opt/state/m.bin")).unwrap(), [0u8, 1, 2, 255]);
+        assert!(!dst.path().join("stale").exists(), "the directory is emptied first");
+        assert!(!dst.path().join("link").exists(), "symlinks are not packed");
+        assert_eq!(inline_data(&blob), None, "two files are not inlined");
+    }
+
+    #[test]
+    fn an_empty_or_missing_directory_packs_to_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(pack(d.path(), 100).unwrap().is_none());
+        assert!(pack(&d.path().join("missing"), 100).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_directory_over_the_cap_is_refused_with_a_clear_error() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("big"), vec![0u8; 2_000]).unwrap();
+        let err = pack(d.path(), 1_000).unwrap_err();
+        assert!(err.to_string().contains("more than 1000 bytes (the cap)"), "{err}");
+    }
+
+    #[test]
+    fn one_small_file_is_inlined_as_base64() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("step"), b"step=17").unwrap();
+        let blob = pack(d.path(), 1 << 20).unwrap().unwrap();
+        assert_eq!(inline_data(&blob).as_deref(), Some("c3RlcD0xNw=="));
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn malformed_or_escaping_blobs_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(matches!(unpack(b"junk", d.path()), Err(UnpackError::Malformed(_))));
+        let mut evil = MAGIC.to_vec();
+        evil.extend_from_slice(&1u32.to_le_bytes());
+        let name = b"../escape";
+        evil.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        evil.extend_from_slice(name);
+        evil.extend_from_slice(&1u64.to_le_bytes());
+        evil.push(b'x');
+        assert!(matches!(unpack(&evil, d.path()), Err(UnpackError::UnsafePath(_))));
+        fs::write(d.path().join("step"), b"1").unwrap();
+        let mut truncated = pack(d.path(), 100).unwrap().unwrap();
+        truncated.pop();
+        assert!(matches!(files(&truncated), Err(UnpackError::Malformed("truncated"))));
+    }
+}
