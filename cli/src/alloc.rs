@@ -260,6 +260,7 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
             "node": t.node_id,
             "last_node": t.last_node_id,
             "attempts": t.attempts,
+            "runs": t.runs,
             "reservation_epoch": t.reservation_epoch,
             "preemption_epoch": t.preemption_epoch,
             "checkpoint_bytes": t.checkpoint_bytes,
@@ -283,11 +284,12 @@ fn task_line(t: &v1::Task) -> String {
         None => String::new(),
     };
     format!(
-        "          task {:>3}  {:<12}  node {:<16}  attempts {:>2}  epoch {:>2}  preemption epoch {:>2}{checkpoint}",
+        "          task {:>3}  {:<12}  node {:<16}  attempts {:>2}  runs {:>2}  epoch {:>2}  preemption epoch {:>2}{checkpoint}",
         t.index,
         task_status_name(t.status),
         node,
         t.attempts,
+        t.runs,
         t.reservation_epoch,
         t.preemption_epoch,
     )

@@ -9,7 +9,7 @@ use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::{WAIT, channel};
 
-async fn leader_client(c: &LocalCluster) -> AllocationServiceClient<tonic::transport::Channel> {
+pub(crate) async fn leader_client(c: &LocalCluster) -> AllocationServiceClient<tonic::transport::Channel> {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Some(id) = c.leader_id() {
@@ -20,7 +20,7 @@ async fn leader_client(c: &LocalCluster) -> AllocationServiceClient<tonic::trans
     }
 }
 
-fn gang(n: u32, script: &str, max_retries: u32) -> v1::AllocationSpec {
+pub(crate) fn gang(n: u32, script: &str, max_retries: u32) -> v1::AllocationSpec {
     v1::AllocationSpec {
         owner: "e2e".into(),
         gang_size: n,
@@ -31,7 +31,7 @@ fn gang(n: u32, script: &str, max_retries: u32) -> v1::AllocationSpec {
     }
 }
 
-async fn submit(c: &LocalCluster, spec: v1::AllocationSpec) -> u64 {
+pub(crate) async fn submit(c: &LocalCluster, spec: v1::AllocationSpec) -> u64 {
     let deadline = Instant::now() + WAIT;
     loop {
         match leader_client(c).await.submit(v1::SubmitRequest { spec: Some(spec.clone()) }).await {
@@ -42,7 +42,7 @@ async fn submit(c: &LocalCluster, spec: v1::AllocationSpec) -> u64 {
     }
 }
 
-async fn get(c: &LocalCluster, id: u64) -> v1::Allocation {
+pub(crate) async fn get(c: &LocalCluster, id: u64) -> v1::Allocation {
     loop {
         if let Ok(r) = leader_client(c).await.get(v1::GetRequest { id }).await {
             return r.into_inner();
@@ -52,7 +52,12 @@ async fn get(c: &LocalCluster, id: u64) -> v1::Allocation {
 }
 
 /// Polls until `pred` holds for the allocation.
-async fn until(c: &LocalCluster, id: u64, what: &str, pred: impl Fn(&v1::Allocation) -> bool) -> v1::Allocation {
+pub(crate) async fn until(
+    c: &LocalCluster,
+    id: u64,
+    what: &str,
+    pred: impl Fn(&v1::Allocation) -> bool,
+) -> v1::Allocation {
     let deadline = Instant::now() + WAIT;
     loop {
         let a = get(c, id).await;
@@ -64,7 +69,7 @@ async fn until(c: &LocalCluster, id: u64, what: &str, pred: impl Fn(&v1::Allocat
     }
 }
 
-fn status(a: &v1::Allocation) -> v1::AllocationStatus {
+pub(crate) fn status(a: &v1::Allocation) -> v1::AllocationStatus {
     v1::AllocationStatus::try_from(a.status).unwrap()
 }
 
@@ -158,7 +163,7 @@ fn node_status(c: &LocalCluster, node: &str) -> Option<String> {
     })
 }
 
-fn proc_alive(pid: i32) -> bool {
+pub(crate) fn proc_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
 }

@@ -65,10 +65,10 @@ impl AllocationService for ClientApi {
             let slot = t.last_node.ok_or_else(|| {
                 Status::failed_precondition(format!("task {} of allocation {} has not started", q.task, q.id))
             })?;
-            if q.attempt > t.attempts {
-                return Err(Status::not_found(format!("task {} has had {} attempts", q.task, t.attempts)));
+            if q.attempt > t.runs {
+                return Err(Status::not_found(format!("task {} has had {} attempts", q.task, t.runs)));
             }
-            let attempt = if q.attempt == 0 { t.attempts } else { q.attempt };
+            let attempt = if q.attempt == 0 { t.runs } else { q.attempt };
             Ok((st.node(slot).id.clone(), attempt))
         })?;
         let (tx, rx) = mpsc::channel(16);

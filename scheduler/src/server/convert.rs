@@ -149,6 +149,7 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
                 preemption_epoch: t.preemption_epoch,
                 checkpoint_bytes: t.checkpoint.as_ref().map_or(0, |c| c.data.len() as u64),
                 checkpoint_epoch: t.checkpoint.as_ref().map(|c| c.epoch),
+                runs: t.runs,
                 last_node_id: t.last_node.map(|s| state.node(s).id.to_string()).unwrap_or_default(),
             })
             .collect(),

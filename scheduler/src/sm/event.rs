@@ -56,7 +56,8 @@ pub enum Event {
         task: TaskIndex,
         /// Where.
         node: NodeId,
-        /// Its attempt number (1 for the first).
+        /// Its attempt number (1 for the first; counts every start, refunded
+        /// or not).
         attempt: u32,
     },
     /// A task exited successfully.

@@ -326,6 +326,7 @@ impl State {
                 status: TaskStatus::Blocked,
                 node: None,
                 attempts: 0,
+                runs: 0,
                 reservation_epoch: 0,
                 reserved_at_ms: None,
                 started_at_ms: None,
@@ -462,10 +463,11 @@ impl State {
         let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
         t.status = TaskStatus::Running;
         t.attempts += 1;
+        t.runs += 1;
         t.last_node = t.node;
         t.started_at_ms = Some(now);
         t.exit_code = None;
-        let attempt = t.attempts;
+        let attempt = t.runs;
         self.refresh(id);
         Ok(vec![Event::TaskStarted { alloc: id, task, node: node.clone(), attempt }])
     }

@@ -779,6 +779,8 @@ fn the_retry_budget_trace_converges_with_a_3_b_1_c_1() {
             f.start(id, i, i, epoch);
         }
         assert_eq!(f.attempts(id), vec![round, 1, 1], "claim-time counts in round {round}");
+        let runs: Vec<u32> = f.s.alloc(id).unwrap().tasks.iter().map(|t| t.runs).collect();
+        assert_eq!(runs, vec![round; 3], "runs are never refunded: attempt logs keep distinct numbers");
         f.fail(id, 0, 0, epoch);
         assert_eq!(f.attempts(id), vec![round, 0, 0]);
         let pe = f.s.alloc(id).unwrap().preemption_epoch;

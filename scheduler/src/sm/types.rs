@@ -261,6 +261,9 @@ pub struct Task {
     /// Claims charged against the retry budget (refunded when the task was
     /// only a bystander of a sibling's failure).
     pub attempts: u32,
+    /// Attempts started, never refunded: numbers `MUSTER_ATTEMPT` and the
+    /// attempt logs (a refunded bystander's next run must not reuse a number).
+    pub runs: u32,
     /// The reservation epoch it was placed under (0: never placed).
     pub reservation_epoch: u64,
     /// When its current reservation was made.
