@@ -1,7 +1,9 @@
 //! `muster dev`: a whole cluster in one process: three replicas and four
 //! agents on loopback (each advertising 8 fake GPUs: the processes are real,
 //! the devices are not), data in a temporary directory. `--demo` also runs a
-//! gang of real shell processes and exits when it completes.
+//! gang of real shell processes that checkpoint, kills one of them to show a
+//! gang teardown (the rest stop, save their step, and the whole gang is
+//! placed again and resumes), and exits when it completes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -52,7 +54,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     out!("  agents    {}", cluster.node_ids().join(" "));
     out!("  data      {}", dir.display());
     let result = if args.demo {
-        demo(&addrs, args.agents.min(4)).await
+        demo(&addrs, &dir, args.agents.min(4)).await
     } else {
         out!();
         out!("try:");
@@ -75,16 +77,40 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     result
 }
 
-/// Submits a gang of `n` real shell processes and follows it to the end.
-async fn demo(addrs: &str, n: u32) -> anyhow::Result<()> {
+/// The demo's task: a training loop that resumes from its checkpoint and
+/// saves its step to `MUSTER_CHECKPOINT_DIR` when told to stop.
+const TRAINER: &str = r#"echo $$ > pid-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX-$MUSTER_ATTEMPT
+step=0
+if [ "$MUSTER_RESUME" = 1 ]; then step=$(cat "$MUSTER_CHECKPOINT_DIR/step"); echo "resumed from step $step"; fi
+trap 'echo $step > "$MUSTER_CHECKPOINT_DIR/step"; echo "checkpointed at step $step"; exit 143' TERM
+while [ $step -lt 24 ]; do
+  step=$((step+1)); echo $step > progress-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX
+  echo "task $MUSTER_TASK_INDEX/$MUSTER_GANG_SIZE step $step on GPUs $CUDA_VISIBLE_DEVICES"; sleep 0.25
+done
+echo "finished at step $step""#;
+
+/// The demo's steps: none yet, task 0 killed, done.
+#[derive(PartialEq)]
+enum Stage {
+    Training,
+    Killed,
+}
+
+fn read_number(path: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Submits a gang of `n` checkpointing shell processes, kills task 0 once
+/// every task has made progress, and follows the teardown and the resumed
+/// gang to the end.
+async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> {
     let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?);
-    let script = "for step in 1 2 3; do echo \"task $MUSTER_TASK_INDEX/$MUSTER_GANG_SIZE step $step on GPUs $CUDA_VISIBLE_DEVICES\"; sleep 1; done";
     let spec = v1::AllocationSpec {
         owner: "demo".into(),
         gang_size: n,
         resources: Some(v1::Resources { gpus: 2, vram_mb: 16_000, mem_mb: 1_024, cpus: 1 }),
         preemption_class: 5,
-        command: vec!["sh".into(), "-c".into(), script.into()],
+        command: vec!["sh".into(), "-c".into(), TRAINER.into()],
         env: BTreeMap::from([("DEMO".to_string(), "1".to_string())]).into_iter().collect(),
         idempotency_key: "muster-dev-demo".into(),
         ..Default::default()
@@ -107,8 +133,21 @@ async fn demo(addrs: &str, n: u32) -> anyhow::Result<()> {
             Err(e) => return Err(e),
         }
     };
-    out!("\nsubmitted allocation {id}: a gang of {n} tasks x 2 GPUs, class 5");
+    out!("\nsubmitted allocation {id}: a gang of {n} checkpointing tasks x 2 GPUs, class 5");
+    // Print the allocation's events as they commit (the teardown's too).
+    let watch = cluster
+        .call(
+            |ch| async move { AllocationServiceClient::new(ch).watch(v1::WatchRequest { id, from_revision: 0 }).await },
+        )
+        .await?;
+    let events = tokio::spawn(async move {
+        let mut stream = watch.into_inner();
+        while let Ok(Some(e)) = stream.message().await {
+            out!("{:>6.1}s    {:<18}  {}", started.elapsed().as_secs_f64(), e.kind, e.detail);
+        }
+    });
     let mut last = String::new();
+    let mut stage = Stage::Training;
     loop {
         let a = cluster
             .call(|ch| async move { AllocationServiceClient::new(ch).get(v1::GetRequest { id }).await })
@@ -122,17 +161,57 @@ async fn demo(addrs: &str, n: u32) -> anyhow::Result<()> {
                 if t.node_id.is_empty() { s } else { format!("{s}@{}", t.node_id) }
             })
             .collect();
-        let line = format!("{:<9} [{}]", status_name(a.status), tasks.join(", "));
+        let line = format!("{:<12} [{}]", status_name(a.status), tasks.join(", "));
         if line != last {
             out!("{:>6.1}s  {line}", started.elapsed().as_secs_f64());
             last = line;
         }
+        let all_running = status_name(a.status) == "running";
+        if stage == Stage::Training && all_running {
+            let progress: Option<Vec<u32>> = a
+                .tasks
+                .iter()
+                .map(|t| read_number(&dir.join(&t.node_id).join(format!("progress-{id}-{}", t.index))))
+                .collect();
+            if progress.is_some_and(|p| p.iter().all(|&s| s >= 4)) {
+                let victim = &a.tasks[0];
+                let pid_file = dir.join(&victim.node_id).join(format!("pid-{id}-0-{}", victim.runs));
+                let pid = read_number(&pid_file).with_context(|| format!("no pid in {}", pid_file.display()))?;
+                out!(
+                    "{:>6.1}s  killing task 0 (pid {pid} on {}) with SIGKILL",
+                    started.elapsed().as_secs_f64(),
+                    victim.node_id
+                );
+                // SAFETY: kill has no memory-safety preconditions.
+                unsafe {
+                    libc::kill(pid as i32, libc::SIGKILL);
+                }
+                stage = Stage::Killed;
+            }
+        }
         match status_name(a.status) {
             "done" => {
+                // Let the watcher print the last events before the summary.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                events.abort();
                 out!("allocation {id} completed: every task ran on its own node");
+                if stage == Stage::Killed {
+                    out!("after the teardown (preemption epoch {}):", a.preemption_epoch);
+                    for t in &a.tasks {
+                        let log = dir
+                            .join(&t.last_node_id)
+                            .join(format!("logs/alloc-{id}/task-{}/attempt-{}.out", t.index, t.runs));
+                        let text = std::fs::read_to_string(&log).unwrap_or_default();
+                        let first = text.lines().next().unwrap_or("(no output)");
+                        out!("  task {} attempt {} on {}: {first}", t.index, t.runs, t.last_node_id);
+                    }
+                }
                 return Ok(());
             }
-            "failed" | "cancelled" => bail!("allocation {id} ended {}", status_name(a.status)),
+            "failed" | "cancelled" => {
+                events.abort();
+                bail!("allocation {id} ended {}", status_name(a.status))
+            }
             _ => {}
         }
         if started.elapsed() > Duration::from_secs(120) {

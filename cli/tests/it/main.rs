@@ -86,13 +86,16 @@ fn t50_probe_reports_this_machines_resources() {
 }
 
 #[test]
-fn t90_dev_demo_runs_a_gang_to_completion() {
+fn t90_dev_demo_tears_down_a_gang_and_runs_it_to_completion() {
     let o = muster(&["dev", "--demo"]);
     let text = stdout(&o);
     assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
     assert!(text.contains("completed: every task ran on its own node"), "{text}");
-    let running = text.lines().find(|l| l.contains("running@")).unwrap_or_default();
-    assert_eq!(running.matches("running@node-").count(), 4, "{text}");
+    for needle in ["killing task 0", "teardown_started", "checkpoint_saved", "gang blocked", "gang_requeued"] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    assert_eq!(text.matches(": resumed from step ").count(), 3, "three tasks resumed from checkpoints:\n{text}");
+    assert!(text.lines().any(|l| l.matches("running@node-").count() == 4), "all four ran at once:\n{text}");
 }
 
 #[test]
@@ -138,4 +141,108 @@ fn t93_server_serves_prometheus_metrics() {
     for m in ["muster_raft_term", "muster_raft_applied_index", "muster_sm_queue_depth", "muster_sm_nodes"] {
         assert!(body.contains(m), "{m} missing:\n{body}");
     }
+}
+
+/// A real server and two real agent processes: a gang whose task 0 fails
+/// once is torn down and re-run; the teardown metrics count it and
+/// `alloc get` shows the epochs.
+#[test]
+fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    let metrics = format!("127.0.0.1:{}", cluster::free_port());
+    /// Kills the processes even when an assertion fails.
+    struct Children(Vec<std::process::Child>);
+    impl Drop for Children {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut children = Children(vec![
+        Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--metrics", &metrics])
+            .args(["--agent-heartbeat-ms", "500", "--preempt-grace-ms", "2000"])
+            .arg("--data-dir")
+            .arg(dir.path().join("server"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ]);
+    for node in ["a1", "a2"] {
+        children.0.push(
+            Command::new(env!("CARGO_BIN_EXE_muster"))
+                .args(["agent", "--scheduler", &addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
+                .arg("--work-dir")
+                .arg(dir.path().join(node))
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let scrape = || {
+        std::net::TcpStream::connect(&metrics).ok().and_then(|mut s| {
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).ok()?;
+            Some(out)
+        })
+    };
+    // Task 0 fails once; task 1 would run for a minute unless torn down.
+    let script = r#"if [ "$MUSTER_EPOCH" = 1 ]; then if [ "$MUSTER_TASK_INDEX" = 0 ]; then sleep 1; exit 3; fi; sleep 60; fi; echo ok"#;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let o = muster(&[
+            "submit",
+            "-n",
+            "2",
+            "--gpus",
+            "1",
+            "--idempotency-key",
+            "t94",
+            "--scheduler",
+            &addr,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        if o.status.success() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "submit never succeeded: {}", String::from_utf8_lossy(&o.stderr));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let body = loop {
+        if let Some(t) = scrape().filter(|t| t.contains("muster_gang_teardown_completed_total{outcome=\"blocked\"} 1"))
+        {
+            break t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no teardown in the metrics:\n{:?}\n{}",
+            scrape(),
+            stdout(&muster(&["alloc", "watch", "1", "--scheduler", &addr, "--output", "json"]))
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let get = loop {
+        let o = muster(&["alloc", "get", "1", "--scheduler", &addr]);
+        let text = stdout(&o);
+        if text.contains(" done ") {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "the gang never finished: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    drop(children);
+    assert!(body.contains("muster_gang_teardowns_total 1"), "{body}");
+    assert!(body.contains("muster_gang_teardown_seconds"), "{body}");
+    assert!(!body.contains("muster_gang_teardown_force_drained_total 1"), "nothing was forced: {body}");
+    // Task 0 was charged and ran twice; task 1 was refunded and ran twice.
+    assert!(get.contains("attempts  2  runs  2  epoch  2  preemption epoch  0"), "{get}");
+    assert!(get.contains("attempts  1  runs  2  epoch  2  preemption epoch  1"), "{get}");
 }
