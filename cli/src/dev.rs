@@ -89,13 +89,6 @@ while [ $step -lt 24 ]; do
 done
 echo "finished at step $step""#;
 
-/// The demo's steps: none yet, task 0 killed, done.
-#[derive(PartialEq)]
-enum Stage {
-    Training,
-    Killed,
-}
-
 fn read_number(path: &std::path::Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -147,7 +140,7 @@ async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> 
         }
     });
     let mut last = String::new();
-    let mut stage = Stage::Training;
+    let mut killed = false;
     loop {
         let a = cluster
             .call(|ch| async move { AllocationServiceClient::new(ch).get(v1::GetRequest { id }).await })
@@ -167,7 +160,7 @@ async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> 
             last = line;
         }
         let all_running = status_name(a.status) == "running";
-        if stage == Stage::Training && all_running {
+        if !killed && all_running {
             let progress: Option<Vec<u32>> = a
                 .tasks
                 .iter()
@@ -186,7 +179,7 @@ async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> 
                 unsafe {
                     libc::kill(pid as i32, libc::SIGKILL);
                 }
-                stage = Stage::Killed;
+                killed = true;
             }
         }
         match status_name(a.status) {
@@ -195,7 +188,7 @@ async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> 
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 events.abort();
                 out!("allocation {id} completed: every task ran on its own node");
-                if stage == Stage::Killed {
+                if killed {
                     out!("after the teardown (preemption epoch {}):", a.preemption_epoch);
                     for t in &a.tasks {
                         let log = dir

@@ -480,7 +480,6 @@ impl State {
         let (slot, _) = self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
         self.leave_node(id, task, slot, TaskStatus::Done, Some(0));
         let mut events = vec![Event::TaskFinished { alloc: id, task }];
-        events.extend(self.complete_teardown(id));
         events.extend(self.settle(id));
         Ok(events)
     }
@@ -507,7 +506,6 @@ impl State {
                 Event::TaskFailed { alloc: id, task, exit_code, charged: false },
                 Event::TaskPreempted { alloc: id, task, epoch: teardown.epoch, forced: false },
             ];
-            events.extend(self.complete_teardown(id));
             events.extend(self.settle(id));
             return Ok(events);
         }
@@ -565,7 +563,6 @@ impl State {
         let slot = self.check_preempting(id, task, node, epoch)?;
         self.leave_node(id, task, slot, TaskStatus::Preempted, None);
         let mut events = vec![Event::TaskPreempted { alloc: id, task, epoch, forced: false }];
-        events.extend(self.complete_teardown(id));
         events.extend(self.settle(id));
         Ok(events)
     }
@@ -634,13 +631,12 @@ impl State {
             self.leave_node(id, task, slot, TaskStatus::Preempted, None);
             events.push(Event::TaskPreempted { alloc: id, task, epoch, forced: true });
         }
-        events.extend(self.complete_teardown(id));
         events.extend(self.settle(id));
         Ok(events)
     }
 
-    /// The seed's CompletePreemption, run the moment the last task of a
-    /// teardown stops: preempted tasks return to blocked, and the gang is
+    /// The seed's CompletePreemption, run by `settle` the moment the last
+    /// task of a teardown stops: preempted tasks return to blocked, and the gang is
     /// either blocked as a unit (requeued) or failed: failed if any task used
     /// up its retries or any task already finished (finished work is never
     /// overwritten; done rows stay done). `settle` applies the verdict.
@@ -723,7 +719,6 @@ impl State {
                     let epoch = t.preemption_epoch;
                     self.leave_node(id, task, slot, TaskStatus::Preempted, None);
                     events.push(Event::TaskPreempted { alloc: id, task, epoch, forced: true });
-                    events.extend(self.complete_teardown(id));
                     events.extend(self.settle(id));
                 }
                 other => unreachable!("task {id}/{task} on a node while {other:?}"),
@@ -813,17 +808,18 @@ impl State {
         t.reserved_at_ms = None;
     }
 
-    /// Decides a gang's fate once nothing of it runs, waits to be claimed or
-    /// is being torn down:
+    /// Completes a teardown whose last task has stopped, then decides a
+    /// gang's fate once nothing of it runs, waits to be claimed or is being
+    /// torn down:
     /// all done ⇒ done; otherwise, if any task finished or any blocked task
     /// used up its retries ⇒ failed (the seed's completion rule); else the
     /// whole gang is queued again.
     fn settle(&mut self, id: AllocId) -> Vec<Event> {
         let now = self.now_ms;
         let before = self.allocs[&id].status;
+        let mut events = self.complete_teardown(id);
         self.refresh(id);
         let a = self.allocs.get_mut(&id).expect("settle of a known allocation");
-        let mut events = Vec::new();
         if a.tasks.iter().all(|t| t.status == TaskStatus::Done) {
             a.status = AllocStatus::Done;
             a.finished_at_ms = Some(now);
