@@ -9,6 +9,8 @@
 //!     Stop ──▶ SIGTERM → grace → SIGKILL to the task's process group
 //!     Preempt{epoch} ──▶ the same stop, once (repeats are no-ops) ──▶ (exit) ──▶
 //!         CheckpointUpload (if MUSTER_CHECKPOINT_DIR holds files) ──▶ Preempted{epoch} ──▶ Recorded
+//!     CheckpointHint{epoch} ──▶ request file + SIGUSR1, once ──▶ done / exit / deadline (see
+//!         `hint`) ──▶ the same stop ──▶ CheckpointUpload ──▶ Preempted{epoch, checkpoint_failed}
 //!     every heartbeat interval: Heartbeat{running}
 //!   on any stream error: keep the processes running, back off (jittered), reconnect
 //! ```
@@ -31,12 +33,13 @@ use muster_proto::v1;
 use muster_proto::v1::agent_message::Msg as Out;
 use muster_proto::v1::agent_service_client::AgentServiceClient;
 use muster_proto::v1::scheduler_message::Msg as In;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
 use crate::checkpoint;
 use crate::executor::{self, Exit, TaskLaunch};
+use crate::hint::{Hint, HintWatch, Verdict};
 
 /// The checkpoint cap until the leader says otherwise (its default).
 const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 4 << 20;
@@ -73,8 +76,24 @@ fn task_ref(k: Key) -> v1::TaskRef {
     v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
 }
 
+/// What the agent tells a running task's waiter.
+enum Control {
+    /// SIGTERM, this grace, SIGKILL.
+    Stop(Duration),
+    /// Ask it to checkpoint first.
+    Hint(Hint),
+}
+
+/// How an attempt ended, from its waiter.
+struct Ended {
+    exit: Result<Exit, String>,
+    /// It was hinted and did not checkpoint before the deadline.
+    checkpoint_failed: bool,
+}
+
 struct Running {
-    stop: Option<oneshot::Sender<Duration>>,
+    /// The waiter's control channel; `None` once told to stop.
+    ctrl: Option<mpsc::UnboundedSender<Control>>,
     gpus: Vec<u32>,
     attempt: u32,
     /// The preemption epoch of the first `Preempt` for this attempt.
@@ -116,8 +135,8 @@ pub struct Agent {
     /// The largest checkpoint the leader stores.
     max_checkpoint_bytes: usize,
     free_gpus: BTreeSet<u32>,
-    exits_tx: mpsc::UnboundedSender<(Key, Result<Exit, String>)>,
-    exits_rx: mpsc::UnboundedReceiver<(Key, Result<Exit, String>)>,
+    exits_tx: mpsc::UnboundedSender<(Key, Ended)>,
+    exits_rx: mpsc::UnboundedReceiver<(Key, Ended)>,
     leader_hint: Option<String>,
     next: usize,
     jitter: u64,
@@ -194,8 +213,8 @@ impl Agent {
         let grace = Duration::from_secs(5);
         let mut waiting = 0;
         for (_, r) in std::mem::take(&mut self.running) {
-            if let Some(stop) = r.stop {
-                let _ = stop.send(grace);
+            if let Some(ctrl) = r.ctrl {
+                let _ = ctrl.send(Control::Stop(grace));
                 waiting += 1;
             }
         }
@@ -333,10 +352,21 @@ impl Agent {
             }
             Some(In::Stop(s)) => {
                 if let Some(key) = key_of(&s.task)
-                    && let Some(stop) = self.running.get_mut(&key).and_then(|r| r.stop.take())
+                    && let Some(ctrl) = self.running.get_mut(&key).and_then(|r| r.ctrl.take())
                 {
                     tracing::info!(alloc = key.0, task = key.1, reason = %s.reason, "stopping task");
-                    let _ = stop.send(Duration::from_millis(u64::from(s.grace_ms)));
+                    let _ = ctrl.send(Control::Stop(Duration::from_millis(u64::from(s.grace_ms))));
+                }
+            }
+            Some(In::CheckpointHint(h)) => {
+                if let Some(key) = key_of(&h.task) {
+                    let hint = Hint {
+                        epoch: h.preemption_epoch,
+                        timeout: Duration::from_millis(u64::from(h.timeout_ms)),
+                        max_deferral: Duration::from_millis(u64::from(h.max_deferral_ms)),
+                        grace: Duration::from_millis(u64::from(h.grace_ms)),
+                    };
+                    self.checkpoint_hint(key, hint, send).await?;
                 }
             }
             Some(In::Preempt(p)) => {
@@ -381,19 +411,61 @@ impl Agent {
             if r.preempt.is_none() {
                 r.preempt = Some(epoch);
                 tracing::info!(alloc_id = key.0, task = key.1, epoch, grace_ms = p.grace_ms, "preempting task");
-                if let Some(stop) = r.stop.take() {
-                    let _ = stop.send(Duration::from_millis(u64::from(p.grace_ms)));
+                if let Some(ctrl) = r.ctrl.take() {
+                    let _ = ctrl.send(Control::Stop(Duration::from_millis(u64::from(p.grace_ms))));
                 }
             }
             return Ok(());
         }
+        self.ack_not_running(key, epoch, send).await
+    }
+
+    /// A priority preemption asks this task to checkpoint, then stop. The
+    /// first hint of an attempt starts the protocol; repeats change nothing.
+    async fn checkpoint_hint<F, Fut>(&mut self, key: Key, hint: Hint, send: &F) -> Result<(), String>
+    where
+        F: Fn(Out) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        if let Some(r) = self.running.get_mut(&key) {
+            if r.preempt.is_none() {
+                r.preempt = Some(hint.epoch);
+                tracing::info!(
+                    alloc_id = key.0,
+                    task = key.1,
+                    epoch = hint.epoch,
+                    timeout_ms = hint.timeout.as_millis() as u64,
+                    "asking task to checkpoint"
+                );
+                if let Some(ctrl) = &r.ctrl {
+                    let _ = ctrl.send(Control::Hint(hint));
+                }
+            }
+            return Ok(());
+        }
+        self.ack_not_running(key, hint.epoch, send).await
+    }
+
+    /// A stop request for a task not running here is acked at once, unless
+    /// its report is already on its way.
+    async fn ack_not_running<F, Fut>(&mut self, key: Key, epoch: u64, send: &F) -> Result<(), String>
+    where
+        F: Fn(Out) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
         if self.unrecorded.contains_key(&key) {
             return Ok(());
         }
         tracing::info!(alloc_id = key.0, task = key.1, epoch, "preempt for a task not running here; acking");
         let report = Report::Preempted {
             checkpoint: None,
-            ack: v1::Preempted { task: Some(task_ref(key)), preemption_epoch: epoch, exit_code: None, signal: None },
+            ack: v1::Preempted {
+                task: Some(task_ref(key)),
+                preemption_epoch: epoch,
+                exit_code: None,
+                signal: None,
+                checkpoint_failed: false,
+            },
         };
         self.unrecorded.insert(key, report.clone());
         send_report(&report, send).await
@@ -453,7 +525,8 @@ impl Agent {
             checkpoint_dir,
         };
         let exits = self.exits_tx.clone();
-        let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
+        let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
+        let checkpoint_dir = launch.checkpoint_dir.clone();
         match restored.and_then(|()| executor::spawn(&launch, &self.cfg.work_dir).map_err(|e| e.to_string())) {
             Ok(mut task) => {
                 let _ = fs::write(self.record_path(key), task.pgid().to_string());
@@ -466,22 +539,20 @@ impl Agent {
                     "task started"
                 );
                 tokio::spawn(async move {
-                    let exit = tokio::select! {
-                        exit = task.wait() => exit,
-                        Ok(grace) = stop_rx => task.stop(grace).await,
-                    };
-                    let _ = exits.send((key, exit.map_err(|e| e.to_string())));
+                    let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir).await;
+                    let _ = exits.send((key, ended));
                 });
             }
             Err(e) => {
                 tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "task did not start");
-                let _ = exits.send((key, Err(e)));
+                let _ = exits.send((key, Ended { exit: Err(e), checkpoint_failed: false }));
             }
         }
-        self.running.insert(key, Running { stop: Some(stop_tx), gpus, attempt, preempt: None });
+        self.running.insert(key, Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None });
     }
 
-    fn finished(&mut self, key: Key, exit: Result<Exit, String>) -> Report {
+    fn finished(&mut self, key: Key, ended: Ended) -> Report {
+        let Ended { exit, checkpoint_failed } = ended;
         let running = self.running.remove(&key);
         let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
         if let Some(r) = running {
@@ -495,6 +566,20 @@ impl Agent {
         };
         let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let report = match preempt {
+            Some(epoch) if checkpoint_failed => {
+                tracing::warn!(alloc_id = key.0, task = key.1, epoch, "no checkpoint before the deadline; task killed");
+                self.note_in_log(key, attempt, "muster: no checkpoint before the deadline; the task was killed");
+                Report::Preempted {
+                    checkpoint: None,
+                    ack: v1::Preempted {
+                        task: Some(task_ref(key)),
+                        preemption_epoch: epoch,
+                        exit_code,
+                        signal,
+                        checkpoint_failed: true,
+                    },
+                }
+            }
             Some(epoch) => {
                 let checkpoint = match checkpoint::pack(&dir, self.max_checkpoint_bytes) {
                     Ok(data) => data.map(|data| v1::CheckpointUpload {
@@ -514,7 +599,13 @@ impl Agent {
                 );
                 Report::Preempted {
                     checkpoint,
-                    ack: v1::Preempted { task: Some(task_ref(key)), preemption_epoch: epoch, exit_code, signal },
+                    ack: v1::Preempted {
+                        task: Some(task_ref(key)),
+                        preemption_epoch: epoch,
+                        exit_code,
+                        signal,
+                        checkpoint_failed: false,
+                    },
                 }
             }
             None => {
@@ -535,4 +626,44 @@ impl Agent {
             let _ = writeln!(f, "{line}");
         }
     }
+}
+
+/// Waits for an attempt to end, obeying the agent: a stop stops it; a hint
+/// starts the checkpoint protocol, polled every 200 ms, which stops it once
+/// the task is done or out of time.
+async fn watch_task(
+    task: &mut executor::RunningTask,
+    mut ctrl: mpsc::UnboundedReceiver<Control>,
+    checkpoint_dir: &std::path::Path,
+) -> Ended {
+    let mut hint: Option<HintWatch> = None;
+    let mut poll = tokio::time::interval(Duration::from_millis(200));
+    let (exit, checkpoint_failed) = loop {
+        tokio::select! {
+            exit = task.wait() => break (exit, false),
+            Some(c) = ctrl.recv() => match c {
+                Control::Stop(grace) => break (task.stop(grace).await, false),
+                Control::Hint(h) if hint.is_none() => match HintWatch::start(h, checkpoint_dir, tokio::time::Instant::now()) {
+                    Ok(w) => {
+                        executor::signal_group(task.pgid(), libc::SIGUSR1);
+                        hint = Some(w);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot write the checkpoint request; stopping the task");
+                        break (task.stop(h.grace).await, false);
+                    }
+                },
+                Control::Hint(_) => {}
+            },
+            _ = poll.tick(), if hint.is_some() => {
+                let w = hint.as_mut().expect("guarded");
+                match w.check(tokio::time::Instant::now()) {
+                    Verdict::Wait => {}
+                    Verdict::Done => break (task.stop(w.hint().grace).await, false),
+                    Verdict::TimedOut => break (task.stop(w.hint().grace).await, true),
+                }
+            }
+        }
+    };
+    Ended { exit: exit.map_err(|e| e.to_string()), checkpoint_failed }
 }

@@ -8,7 +8,8 @@
 //!
 //! Integers are little endian; paths are relative, `/`-separated, in sorted
 //! order (so the same directory packs to the same bytes). Only regular files
-//! are packed; symlinks and other special files are skipped. Unpacking
+//! are packed; symlinks and other special files are skipped, and so is the
+//! top-level `.muster/` (the checkpoint-hint protocol's files). Unpacking
 //! refuses absolute paths and `..`, so a blob cannot write outside the
 //! directory.
 
@@ -77,6 +78,9 @@ fn collect(root: &Path, rel: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<
     let mut entries: Vec<_> = fs::read_dir(&here).map_err(io)?.collect::<Result<_, _>>().map_err(io)?;
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
+        if rel.as_os_str().is_empty() && e.file_name() == crate::hint::PROTOCOL_DIR {
+            continue; // the hint protocol's files, not the task's state
+        }
         let kind = e.file_type().map_err(io)?;
         let rel = rel.join(e.file_name());
         if kind.is_dir() {

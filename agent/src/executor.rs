@@ -101,7 +101,8 @@ pub struct RunningTask {
     exited: Option<Exit>,
 }
 
-fn signal_group(pgid: i32, signal: i32) {
+/// Sends `signal` to a process group.
+pub fn signal_group(pgid: i32, signal: i32) {
     // SAFETY: killpg has no memory-safety preconditions; a group that is
     // already gone gives ESRCH, which is fine.
     unsafe {

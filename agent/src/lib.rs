@@ -7,12 +7,14 @@
 //!   stopped with SIGTERM → grace → SIGKILL.
 //! - [`checkpoint`]: packing a preempted task's checkpoint directory for the
 //!   leader, and restoring it for the next attempt.
+//! - [`hint`]: the checkpoint-hint protocol of a priority preemption.
 
 #![deny(missing_docs)]
 
 pub mod agent;
 pub mod checkpoint;
 pub mod executor;
+pub mod hint;
 mod probe;
 
 pub use probe::{NodeResources, ProbeError, parse_meminfo_mb, probe_resources};

@@ -128,7 +128,7 @@ async fn load(addr: &str, clients: usize, seconds: u64, seq: Arc<AtomicU64>) {
             while Instant::now() < end {
                 let key = format!("b{}", seq.fetch_add(1, Ordering::Relaxed));
                 let t = Instant::now();
-                client.submit(v1::SubmitRequest { spec: Some(spec(key)) }).await.expect("submit");
+                client.submit(v1::SubmitRequest { spec: Some(spec(key)), dry_run: false }).await.expect("submit");
                 if t > start + warmup {
                     lat.push(t.elapsed());
                 }
@@ -163,6 +163,7 @@ async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> Duration {
             if let Some(ch) = channel(a).await {
                 let mut req = tonic::Request::new(v1::SubmitRequest {
                     spec: Some(spec(format!("f{}", seq.fetch_add(1, Ordering::Relaxed)))),
+                    dry_run: false,
                 });
                 req.set_timeout(Duration::from_millis(500));
                 if AllocationServiceClient::new(ch).submit(req).await.is_ok() {

@@ -62,6 +62,20 @@ pub struct SubmitArgs {
     /// The vCluster the allocation belongs to.
     #[arg(long, default_value = "default")]
     vcluster: String,
+    /// The vCluster's type: hpc-batch, ml-training, service, sensitive or
+    /// interactive (decides how it may be preempted).
+    #[arg(long, default_value = "hpc-batch")]
+    vcluster_type: String,
+    /// Never preempted (requires --class 10).
+    #[arg(long)]
+    sensitive: bool,
+    /// How long a checkpoint takes (counted in its preemption cost).
+    #[arg(long, default_value = "60s")]
+    checkpoint_estimate: String,
+    /// Validate and show the plan (placement, or what it would preempt and
+    /// why) without submitting.
+    #[arg(long)]
+    dry_run: bool,
     /// The command each task runs.
     #[arg(required = true, last = true)]
     command: Vec<String>,
@@ -95,6 +109,10 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
     if walltime_s == 0 {
         bail!("--walltime must be at least 1 second");
     }
+    let estimate = parse_duration_s(&args.checkpoint_estimate).context("--checkpoint-estimate")?;
+    let checkpoint_estimate_s = u32::try_from(estimate).ok().filter(|s| *s > 0).with_context(|| {
+        format!("--checkpoint-estimate {:?} must be between 1 s and 136 years", args.checkpoint_estimate)
+    })?;
     Ok(v1::AllocationSpec {
         owner: args.owner.clone().or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "unknown".into()),
         gang_size: args.gang_size,
@@ -112,18 +130,26 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         env,
         idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
         vcluster: args.vcluster.clone(),
+        vcluster_type: args.vcluster_type.clone(),
+        sensitive: args.sensitive,
+        checkpoint_estimate_s,
     })
 }
 
 pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> anyhow::Result<()> {
     let spec = spec_of(&args)?;
+    let dry_run = args.dry_run;
     let resp = cluster
         .call(|ch| {
             let spec = spec.clone();
-            async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec) }).await }
+            async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec), dry_run }).await }
         })
         .await?
         .into_inner();
+    if let Some(plan) = resp.plan {
+        print_explanation("dry run", &plan, out)?;
+        return Ok(());
+    }
     match out {
         Output::Json => out!("{}", json!({ "id": resp.id, "duplicate": resp.duplicate })),
         Output::Text if resp.duplicate => {
@@ -199,6 +225,7 @@ pub enum AllocCmd {
 pub(crate) fn status_name(raw: i32) -> &'static str {
     match v1::AllocationStatus::try_from(raw) {
         Ok(v1::AllocationStatus::Queued) => "queued",
+        Ok(v1::AllocationStatus::Suspended) => "suspended",
         Ok(v1::AllocationStatus::Reserved) => "reserved",
         Ok(v1::AllocationStatus::Running) => "running",
         Ok(v1::AllocationStatus::TearingDown) => "tearing-down",
@@ -249,10 +276,23 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
         "submit_time_ms": a.submit_time_ms,
         "reservation_epoch": a.reservation_epoch,
         "preemption_epoch": a.preemption_epoch,
-        "teardown": a.teardown.map(|td| json!({
+        "vcluster_type": spec.vcluster_type,
+        "sensitive": spec.sensitive,
+        "checkpoint_estimate_s": spec.checkpoint_estimate_s,
+        "preempted_count": a.preempted_count,
+        "teardown": a.teardown.as_ref().map(|td| json!({
             "epoch": td.epoch,
             "trigger": td.trigger,
+            "preempted_by": td.preempted_by,
+            "reason": td.reason,
+            "failed_checkpoints": td.failed_checkpoints,
             "started_at_ms": td.started_at_ms,
+        })),
+        "nomination": a.nomination.as_ref().map(|n| json!({
+            "nodes": n.node_ids,
+            "waiting_for": n.waiting_for,
+            "decided_at_ms": n.decided_at_ms,
+            "expires_at_ms": n.expires_at_ms,
         })),
         "tasks": a.tasks.iter().map(|t| json!({
             "index": t.index,
@@ -321,8 +361,35 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
                 Output::Text => {
                     out!("{}", alloc_line(&a));
-                    if let Some(td) = a.teardown {
-                        out!("          teardown epoch {} (task {} failed) in progress", td.epoch, td.trigger);
+                    out!(
+                        "          submitted at {} ms; preempted {} time(s){}",
+                        a.submit_time_ms,
+                        a.preempted_count,
+                        if a.status == v1::AllocationStatus::Suspended as i32 {
+                            "; suspended: resumes from its checkpoints when placed"
+                        } else {
+                            ""
+                        }
+                    );
+                    if let Some(td) = &a.teardown {
+                        match td.trigger {
+                            Some(trigger) => {
+                                out!("          teardown epoch {} (task {trigger} failed) in progress", td.epoch)
+                            }
+                            None => out!(
+                                "          preemption epoch {} ({}) for allocation {} in progress",
+                                td.epoch,
+                                td.reason,
+                                td.preempted_by
+                            ),
+                        }
+                    }
+                    if let Some(n) = &a.nomination {
+                        out!(
+                            "          nodes {} held for it; waiting for preempted allocation(s) {:?}",
+                            n.node_ids.join(", "),
+                            n.waiting_for
+                        );
                     }
                     for t in &a.tasks {
                         out!("{}", task_line(t));
@@ -424,25 +491,7 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 .call(|ch| async move { AllocationServiceClient::new(ch).explain(v1::GetRequest { id }).await })
                 .await?
                 .into_inner();
-            match out {
-                Output::Json => out!(
-                    "{}",
-                    serde_json::to_string_pretty(&json!({
-                        "id": e.id,
-                        "status": status_name(e.status),
-                        "summary": e.summary,
-                        "classes": e.classes.iter().map(|c| json!({
-                            "class": c.class, "nodes": c.nodes, "can_take_now": c.can_take_now, "reason": c.reason,
-                        })).collect::<Vec<_>>(),
-                    }))?
-                ),
-                Output::Text => {
-                    out!("allocation {id}: {}", e.summary);
-                    for c in &e.classes {
-                        out!("  {:>4} x {:<52}  {}", c.nodes, c.class, c.reason);
-                    }
-                }
-            }
+            print_explanation(&format!("allocation {id}"), &e, out)?;
         }
         AllocCmd::List { status, owner, class, page_size, all } => {
             let status = status.as_deref().map(status_filter).transpose()?.unwrap_or(0);
@@ -483,6 +532,74 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                     }
                     if token != 0 {
                         out!("(more: --all, or continue after allocation {token})");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prints an explanation (of a pending allocation, or a dry run): the
+/// summary, the node classes, and what preemption would do.
+fn print_explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Result<()> {
+    match out {
+        Output::Json => out!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "id": e.id,
+                "status": status_name(e.status),
+                "summary": e.summary,
+                "classes": e.classes.iter().map(|c| json!({
+                    "class": c.class, "nodes": c.nodes, "can_take_now": c.can_take_now, "reason": c.reason,
+                })).collect::<Vec<_>>(),
+                "preemption": e.preemption.as_ref().map(|p| json!({
+                    "victims": p.victims.iter().map(|v| json!({
+                        "id": v.id,
+                        "preemption_class": v.preemption_class,
+                        "gpus": v.gpus,
+                        "elapsed_s": v.elapsed_s,
+                        "checkpoint_cost": v.checkpoint_cost,
+                        "recompute_cost": v.recompute_cost,
+                        "value_cost": v.value_cost,
+                        "total_cost": v.total_cost,
+                    })).collect::<Vec<_>>(),
+                    "nodes": p.node_ids,
+                    "total_cost": p.total_cost,
+                    "value": p.value,
+                    "reason": p.reason,
+                })),
+            }))?
+        ),
+        Output::Text => {
+            out!("{what}: {}", e.summary);
+            for c in &e.classes {
+                out!("  {:>4} x {:<52}  {}", c.nodes, c.class, c.reason);
+            }
+            if let Some(p) = &e.preemption {
+                if p.victims.is_empty() {
+                    out!("preemption: {}", p.reason);
+                } else {
+                    out!(
+                        "preemption: would stop {} allocation(s), cost {} GPU-s (below the gang's value of {} GPU-s), \
+                         freeing nodes {}",
+                        p.victims.len(),
+                        p.total_cost,
+                        p.value,
+                        p.node_ids.join(", ")
+                    );
+                    for v in &p.victims {
+                        out!(
+                            "  victim {:>6}  class {:>2}  {:>4} GPU(s)  running {:>6} s  cost {:>8} = checkpoint {} + recompute {} + value {}",
+                            v.id,
+                            v.preemption_class,
+                            v.gpus,
+                            v.elapsed_s,
+                            v.total_cost,
+                            v.checkpoint_cost,
+                            v.recompute_cost,
+                            v.value_cost
+                        );
                     }
                 }
             }

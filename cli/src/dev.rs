@@ -114,7 +114,11 @@ async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> 
         match cluster
             .call(|ch| {
                 let spec = spec.clone();
-                async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec) }).await }
+                async move {
+                    AllocationServiceClient::new(ch)
+                        .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false })
+                        .await
+                }
             })
             .await
         {

@@ -34,6 +34,9 @@ mod tests {
             env: [("NCCL_DEBUG".to_string(), "INFO".to_string())].into(),
             idempotency_key: "req-1".into(),
             vcluster: "ml".into(),
+            vcluster_type: "ml-training".into(),
+            sensitive: false,
+            checkpoint_estimate_s: 90,
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

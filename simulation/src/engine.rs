@@ -16,9 +16,11 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use muster_scheduler::policy::{AdmissionConfig, plan_admission, plan_force_drains};
+use muster_scheduler::policy::{
+    AdmissionConfig, PreemptionConfig, plan_admission, plan_expired_nominations, plan_force_drains, plan_preemptions,
+};
 use muster_scheduler::sm::{
-    AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex,
+    AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex, TeardownCause,
 };
 
 use crate::job::Job;
@@ -51,6 +53,9 @@ pub struct SimConfig {
     pub force_drain_ms: u64,
     /// Check every invariant after every this many commands (0: only at the end).
     pub check_every: u64,
+    /// Priority preemption after each admission pass (`None`: off). A
+    /// preempted task's agent acks after `preempt_ack_ms`, like a teardown's.
+    pub preemption: Option<PreemptionConfig>,
 }
 
 impl Default for SimConfig {
@@ -66,6 +71,7 @@ impl Default for SimConfig {
             preempt_ack_ms: (200, 5_000),
             force_drain_ms: muster_scheduler::policy::DEFAULT_FORCE_AFTER_MS,
             check_every: 0,
+            preemption: None,
         }
     }
 }
@@ -129,6 +135,7 @@ pub struct Simulation {
     admission_passes: u64,
     rollbacks: u64,
     teardowns: u64,
+    preemptions: u64,
     tasks_started: u64,
     task_failures: u64,
     last_finish_ms: u64,
@@ -157,6 +164,7 @@ impl Simulation {
             admission_passes: 0,
             rollbacks: 0,
             teardowns: 0,
+            preemptions: 0,
             tasks_started: 0,
             task_failures: 0,
             last_finish_ms: 0,
@@ -259,7 +267,11 @@ impl Simulation {
             }
             Ev::Preempted { alloc, task, node, epoch } => {
                 let node = self.node_ids[node as usize].clone();
-                self.report_exit(alloc, task, &Command::TaskPreempted { alloc, task, node, epoch })
+                self.report_exit(
+                    alloc,
+                    task,
+                    &Command::TaskPreempted { alloc, task, node, epoch, checkpoint_failed: false },
+                )
             }
             Ev::Tick => Ok(true),
         }
@@ -285,15 +297,24 @@ impl Simulation {
         for ev in events {
             match ev {
                 Event::TaskFailed { charged: true, .. } => self.task_failures += 1,
-                Event::TeardownStarted { alloc, epoch, preempting, .. } => {
-                    self.teardowns += 1;
+                Event::GangReserved { alloc, epoch, nodes } => self.agents_claim(*alloc, *epoch, nodes),
+                Event::GangRolledBack { .. } => self.rollbacks += 1,
+                Event::PreemptionDecided { victims, .. } => self.preemptions += victims.len() as u64,
+                Event::TeardownStarted { alloc, epoch, preempting, cause, .. } => {
+                    if matches!(cause, TeardownCause::TaskFailed { .. }) {
+                        self.teardowns += 1;
+                    }
                     for (task, node) in preempting {
                         let node = self.state.node_slot(node).expect("preempting on a known node").0;
                         let (lo, hi) = self.cfg.preempt_ack_ms;
                         let delay = self.rng.range(lo, hi.max(lo));
                         self.at(self.now + delay, Ev::Preempted { alloc: *alloc, task: *task, node, epoch: *epoch });
                     }
-                    self.at(self.now + self.cfg.force_drain_ms, Ev::Tick);
+                    let force_after = match (self.cfg.preemption, self.state.alloc(*alloc).and_then(|a| a.teardown)) {
+                        (Some(p), Some(td)) if td.preempted_by().is_some() => p.force_after_ms(true),
+                        _ => self.cfg.force_drain_ms,
+                    };
+                    self.at(self.now + force_after, Ev::Tick);
                 }
                 Event::TaskPreempted { alloc, task, forced: true, .. } => {
                     if let Some(started) = self.running.remove(&(*alloc, *task)) {
@@ -309,23 +330,33 @@ impl Simulation {
 
     fn admit(&mut self) -> Result<(), SimError> {
         self.admission_passes += 1;
-        let mut commands = plan_force_drains(&self.state, self.now, self.cfg.force_drain_ms);
+        let preemption = self.cfg.preemption.unwrap_or_default();
+        let mut commands = plan_force_drains(&self.state, self.now, self.cfg.force_drain_ms, &preemption);
+        if self.cfg.preemption.is_some() {
+            commands.extend(plan_expired_nominations(&self.state, self.now));
+        }
         commands.extend(plan_admission(&self.state, self.now, &self.cfg.admission).commands);
-        for cmd in &commands {
+        self.apply_plan(&commands)?;
+        if let Some(cfg) = self.cfg.preemption {
+            let decisions = plan_preemptions(&self.state, self.now, &cfg);
+            let commands: Vec<Command> =
+                decisions.into_iter().map(|(alloc, d)| d.command(&self.state, alloc, &cfg)).collect();
+            self.apply_plan(&commands)?;
+            if !commands.is_empty() {
+                // A hold may expire with nothing else waking admission.
+                self.at(self.now + cfg.hold_ms(), Ev::Tick);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_plan(&mut self, commands: &[Command]) -> Result<(), SimError> {
+        for cmd in commands {
             match self.apply(cmd)? {
                 Outcome::Rejected(r) => {
                     return Err(SimError::PlanRejected { command: format!("{cmd:?}"), rejection: r.to_string() });
                 }
-                Outcome::Accepted(events) => {
-                    for ev in &events {
-                        match ev {
-                            Event::GangReserved { alloc, epoch, nodes } => self.agents_claim(*alloc, *epoch, nodes),
-                            Event::GangRolledBack { .. } => self.rollbacks += 1,
-                            _ => {}
-                        }
-                    }
-                    self.on_events(&events);
-                }
+                Outcome::Accepted(events) => self.on_events(&events),
             }
         }
         Ok(())
@@ -378,6 +409,7 @@ impl Simulation {
             task_failures: self.task_failures,
             rollbacks: self.rollbacks,
             teardowns: self.teardowns,
+            preemptions: self.preemptions,
             rejected_reports: self.rejected_reports,
             admission_passes: self.admission_passes,
             commands: self.commands,

@@ -70,6 +70,8 @@ pub struct Report {
     pub rollbacks: u64,
     /// Gang teardowns started (a task failed while siblings ran).
     pub teardowns: u64,
+    /// Gangs preempted for a higher class (victims of committed decisions).
+    pub preemptions: u64,
     /// Agent claims and reports refused as stale (the attempt was torn down or re-placed).
     pub rejected_reports: u64,
     /// Admission passes run.
@@ -131,6 +133,7 @@ impl fmt::Display for Report {
             self.tasks_started, self.task_failures, self.rollbacks, self.rejected_reports
         )?;
         writeln!(f, "teardowns      {} gangs torn down after a partial failure", self.teardowns)?;
+        writeln!(f, "preemptions    {} gangs preempted for a higher class", self.preemptions)?;
         writeln!(f, "queueing delay {}", self.queue_delay_s)?;
         writeln!(f, "  >= 8 GPUs    {}", self.queue_delay_large_s)?;
         writeln!(

@@ -167,7 +167,7 @@ impl Client {
         loop {
             let addr = self.addrs[self.next % self.addrs.len()].clone();
             if let Some(ch) = channel(&addr).await {
-                let mut req = tonic::Request::new(v1::SubmitRequest { spec: Some(spec.clone()) });
+                let mut req = tonic::Request::new(v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false });
                 req.set_timeout(Duration::from_secs(3));
                 match AllocationServiceClient::new(ch).submit(req).await {
                     Ok(r) => return r.into_inner().id,

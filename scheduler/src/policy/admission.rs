@@ -229,7 +229,7 @@ impl<'a> Overlay<'a> {
         let before = self.free(slot);
         self.index.remove(&(before.gpus, slot));
         self.touched.insert(slot, free);
-        if self.state.node(slot).status == NodeStatus::Ready {
+        if self.state.node(slot).status == NodeStatus::Ready && self.state.held_for(slot).is_none() {
             self.index.insert((free.gpus, slot));
         }
     }

@@ -1,10 +1,14 @@
 //! Why is an allocation not running? A pure function over the state: for
 //! each class of nodes (same status and resources), whether its nodes could
-//! ever take one of the gang's tasks, and how many can take one now.
+//! ever take one of the gang's tasks, and how many can take one now; and,
+//! for a gang of class ≥ 1, what a preemption would do for it (the victims,
+//! their costs and the nodes freed) or why none is possible. The same
+//! answer for a spec not yet submitted is the dry run of a submit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::sm::{AllocId, AllocStatus, NodeStatus, Resources, State, Usage, fits};
+use super::preemption::{Decision, NoPreemption, PreemptionConfig, Preemptor, decide};
+use crate::sm::{AllocId, AllocSpec, AllocStatus, NodeStatus, Resources, State, Usage, fits};
 
 /// One class of nodes and what it means for the gang.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,7 +26,7 @@ pub struct ClassReason {
 /// The answer to "why is it pending?".
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Explanation {
-    /// The allocation.
+    /// The allocation (0 for a dry run).
     pub alloc: AllocId,
     /// Its status.
     pub status: AllocStatus,
@@ -30,6 +34,9 @@ pub struct Explanation {
     pub summary: String,
     /// Per node class.
     pub classes: Vec<ClassReason>,
+    /// What preemption would do for it (pending gangs only): the decision,
+    /// or why there is none.
+    pub preemption: Option<Result<Decision, NoPreemption>>,
 }
 
 fn describe(r: &Resources, status: NodeStatus) -> String {
@@ -82,16 +89,50 @@ struct Tally {
     short: BTreeMap<&'static str, u32>,
 }
 
-/// Explains allocation `id`, or `None` if it does not exist.
-pub fn explain(state: &State, id: AllocId) -> Option<Explanation> {
+/// Explains allocation `id` at `now_ms`, or `None` if it does not exist.
+pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) -> Option<Explanation> {
     let a = state.alloc(id)?;
-    let need = a.spec.resources;
-    let n = a.spec.gang_size;
+    let mut e = explain_gang(state, a.spec.resources, a.spec.gang_size, a.status, a.is_queued());
+    e.alloc = id;
+    if let Some(n) = &a.nomination {
+        e.summary = format!(
+            "waiting for {} preempted allocation(s) ({}) to stop; {} node(s) are held for it until their release",
+            n.waiting_for.len(),
+            n.waiting_for.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
+            n.nodes.len()
+        );
+    } else if a.is_queued() {
+        e.preemption = Some(decide(state, &Preemptor::of(a), now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
+    }
+    Some(e)
+}
+
+/// The dry run of submitting `spec` at `now_ms`: where it stands against
+/// the cluster now, and what it would preempt.
+pub fn explain_spec(state: &State, spec: &AllocSpec, now_ms: u64, cfg: &PreemptionConfig) -> Explanation {
+    let mut e = explain_gang(state, spec.resources, spec.gang_size, AllocStatus::Queued, true);
+    let p = Preemptor {
+        alloc: None,
+        class: spec.preemption_class,
+        gang_size: spec.gang_size,
+        resources: spec.resources,
+        walltime_s: spec.walltime_s,
+    };
+    e.preemption = Some(decide(state, &p, now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
+    e
+}
+
+fn explain_gang(state: &State, need: Resources, n: u32, status: AllocStatus, pending: bool) -> Explanation {
+    let id = 0;
     let mut classes: BTreeMap<(NodeStatus, Resources), Tally> = BTreeMap::new();
+    let mut held = 0;
     for node in state.nodes() {
         let entry = classes.entry((node.status, node.resources)).or_default();
         entry.nodes += 1;
-        if node.status == NodeStatus::Ready {
+        if node.status == NodeStatus::Ready && state.held_for(node.slot).is_some() {
+            held += 1;
+            *entry.short.entry("held for a preemptor").or_default() += 1;
+        } else if node.status == NodeStatus::Ready {
             if fits(&need, &node.resources, &node.free()) {
                 entry.can += 1;
             } else if never_fits(&need, &node.resources).is_none() {
@@ -121,8 +162,8 @@ pub fn explain(state: &State, id: AllocId) -> Option<Explanation> {
             ClassReason { class: describe(&res, status), nodes, can_take_now: can, reason }
         })
         .collect();
-    let summary = if a.status != AllocStatus::Queued {
-        format!("allocation {id} is not pending: it is {:?}", a.status).to_lowercase()
+    let summary = if !pending {
+        format!("allocation is not pending: it is {status:?}").to_lowercase()
     } else if state.nodes().is_empty() {
         "no nodes are registered".to_string()
     } else if feasible_ever < n {
@@ -133,10 +174,15 @@ pub fn explain(state: &State, id: AllocId) -> Option<Explanation> {
         format!(
             "{free_now} nodes can take a task now, enough for the gang of {n}: the next admission pass places it unless larger or higher-class gangs go first"
         )
+    } else if held > 0 {
+        format!(
+            "waiting for capacity: the gang needs {n} nodes at once; {free_now} can take a task now ({held} held for \
+             preemptors)"
+        )
     } else {
         format!("waiting for capacity: the gang needs {n} nodes at once; {free_now} can take a task now")
     };
-    Some(Explanation { alloc: id, status: a.status, summary, classes: reasons })
+    Explanation { alloc: id, status, summary, classes: reasons, preemption: None }
 }
 
 #[cfg(test)]
@@ -172,7 +218,7 @@ mod tests {
     fn a_gang_larger_than_any_feasible_set_says_so() {
         let mut s = cluster(&[(8, 80_000), (8, 80_000), (8, 40_000)]);
         let id = submit(&mut s, 3, 4, 60_000);
-        let e = explain(&s, id).unwrap();
+        let e = explain(&s, id, 10, &PreemptionConfig::default()).unwrap();
         assert!(e.summary.contains("larger than any feasible set: only 2 ready nodes"), "{}", e.summary);
         let small = e.classes.iter().find(|c| c.class.starts_with("8 GPU x 40000")).unwrap();
         assert!(small.reason.contains("GPUs have 40000 MB; a task needs 60000 MB each"), "{small:?}");
@@ -186,7 +232,7 @@ mod tests {
             Command::ReserveGang { alloc: filler, epoch: 1, nodes: vec![NodeId::new("n0"), NodeId::new("n1")] };
         assert!(s.apply(&reserve, &ApplyCtx { time_ms: 3 }).is_accepted());
         let id = submit(&mut s, 2, 4, 1_000);
-        let e = explain(&s, id).unwrap();
+        let e = explain(&s, id, 10, &PreemptionConfig::default()).unwrap();
         assert!(
             e.summary.contains("waiting for capacity: the gang needs 2 nodes at once; 0 can take"),
             "{}",
@@ -198,7 +244,7 @@ mod tests {
         let tiny = e.classes.iter().find(|c| c.class.starts_with("2 GPU")).unwrap();
         assert!(tiny.reason.contains("nodes have 2 GPUs; a task needs 4"), "{tiny:?}");
         assert!(s.apply(&Command::MarkNodeLost { node: NodeId::new("n2") }, &ApplyCtx { time_ms: 4 }).is_accepted());
-        let e = explain(&s, id).unwrap();
+        let e = explain(&s, id, 10, &PreemptionConfig::default()).unwrap();
         assert!(e.classes.iter().any(|c| c.class.ends_with("(lost)") && c.reason.starts_with("lost")), "{e:?}");
     }
 
@@ -206,10 +252,17 @@ mod tests {
     fn free_capacity_and_non_pending_allocations() {
         let mut s = cluster(&[(8, 80_000), (8, 80_000)]);
         let id = submit(&mut s, 2, 1, 1_000);
-        assert!(explain(&s, id).unwrap().summary.contains("2 nodes can take a task now, enough for the gang of 2"));
+        assert!(
+            explain(&s, id, 10, &PreemptionConfig::default())
+                .unwrap()
+                .summary
+                .contains("2 nodes can take a task now, enough for the gang of 2")
+        );
         assert!(s.apply(&Command::CancelAllocation { alloc: id }, &ApplyCtx { time_ms: 5 }).is_accepted());
-        assert!(explain(&s, id).unwrap().summary.contains("is not pending: it is cancelled"));
-        assert_eq!(explain(&s, 99), None);
-        assert_eq!(explain(&State::default(), 1), None);
+        assert!(
+            explain(&s, id, 10, &PreemptionConfig::default()).unwrap().summary.contains("not pending: it is cancelled")
+        );
+        assert_eq!(explain(&s, 99, 10, &PreemptionConfig::default()), None);
+        assert_eq!(explain(&State::default(), 1, 10, &PreemptionConfig::default()), None);
     }
 }

@@ -4,11 +4,17 @@
 
 mod admission;
 mod explain;
+mod preemption;
 mod teardown;
 
 #[cfg(test)]
 mod admission_test;
+#[cfg(test)]
+mod preemption_test;
 
 pub use admission::{AdmissionConfig, AdmissionPlan, Order, PassStats, plan_admission};
-pub use explain::{ClassReason, Explanation, explain};
-pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_force_drains};
+pub use explain::{ClassReason, Explanation, explain, explain_spec};
+pub use preemption::{
+    Decision, Excluded, NoPreemption, PreemptionConfig, Preemptor, VictimCost, decide, plan_preemptions, score,
+};
+pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_expired_nominations, plan_force_drains};

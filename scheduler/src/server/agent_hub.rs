@@ -14,7 +14,9 @@
 //!
 //! Sync pushes `Preempt{epoch, grace}` for each task of this node the state
 //! has preempting, the moment its teardown commits; heartbeats repeat it until
-//! the ack commits. Nothing about a teardown lives in this memory: a new
+//! the ack commits. A priority preemption's victim that can checkpoint gets
+//! `CheckpointHint{epoch, timeout, max deferral, grace}` instead; one that
+//! cannot gets `Preempt` with the preemption grace (30 s). Nothing about a teardown lives in this memory: a new
 //! leader's sync finds the preempting tasks in the replicated state and
 //! signals them again.
 //!
@@ -41,7 +43,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
 use super::replica::Shared;
-use crate::sm::{AllocId, Command, Event, NodeId, Outcome, Resources, TaskIndex, TaskStatus};
+use crate::policy::PreemptionConfig;
+use crate::sm::{AllocId, CheckpointMode, Command, Event, NodeId, Outcome, Resources, TaskIndex, TaskStatus};
 
 /// The label a node's gang-peer address is kept under.
 pub const ADDRESS_LABEL: &str = "muster.address";
@@ -178,12 +181,13 @@ impl Default for HubConfig {
 pub struct AgentHub {
     s: Shared,
     cfg: HubConfig,
+    preemption: PreemptionConfig,
 }
 
 impl AgentHub {
     /// The agent service over a replica's shared parts.
-    pub fn new(s: Shared, cfg: HubConfig) -> Self {
-        AgentHub { s, cfg }
+    pub fn new(s: Shared, cfg: HubConfig, preemption: PreemptionConfig) -> Self {
+        AgentHub { s, cfg, preemption }
     }
 }
 
@@ -211,9 +215,9 @@ impl AgentService for AgentHub {
             return Err(leader_status(&self.s));
         }
         let (tx, rx) = mpsc::channel(1024);
-        let (s, cfg, inbound) = (self.s.clone(), self.cfg, req.into_inner());
+        let (s, cfg, preemption, inbound) = (self.s.clone(), self.cfg, self.preemption, req.into_inner());
         tokio::spawn(async move {
-            if let Err(status) = Session::run(s, cfg, inbound, tx.clone()).await {
+            if let Err(status) = Session::run(s, cfg, preemption, inbound, tx.clone()).await {
                 let _ = tx.send(Err(status)).await;
             }
         });
@@ -232,9 +236,19 @@ fn task_ref(k: Key) -> v1::TaskRef {
     v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
 }
 
+/// How a preempting task is to be stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopHow {
+    /// SIGTERM, this grace, SIGKILL.
+    Preempt { grace_ms: u32 },
+    /// Ask for a checkpoint first.
+    Hint,
+}
+
 struct Session {
     s: Shared,
     cfg: HubConfig,
+    preemption: PreemptionConfig,
     node: NodeId,
     tx: mpsc::Sender<Result<v1::SchedulerMessage, Status>>,
     /// Assignments already pushed on this stream.
@@ -249,6 +263,7 @@ impl Session {
     async fn run(
         s: Shared,
         cfg: HubConfig,
+        preemption: PreemptionConfig,
         mut inbound: Streaming<v1::AgentMessage>,
         tx: mpsc::Sender<Result<v1::SchedulerMessage, Status>>,
     ) -> Result<(), Status> {
@@ -278,6 +293,7 @@ impl Session {
         let mut session = Session {
             s,
             cfg,
+            preemption,
             node,
             tx,
             assigned: BTreeSet::new(),
@@ -376,6 +392,8 @@ impl Session {
     /// again.
     async fn sync(&mut self, repeat: bool) -> Result<(), Status> {
         let node = self.node.clone();
+        let stop_grace_ms = self.cfg.stop_grace.as_millis() as u32;
+        let preemption_grace_ms = self.preemption.grace_ms as u32;
         let (assign, preempt, owned) = self.s.reader.read(|st| {
             let mut assign = Vec::new();
             let mut preempt = Vec::new();
@@ -389,7 +407,14 @@ impl Session {
                 if t.status == TaskStatus::Preempting
                     && (repeat || !self.preempt_sent.contains(&(key, t.preemption_epoch)))
                 {
-                    preempt.push((key, t.preemption_epoch));
+                    let how = match a.teardown.and_then(|td| td.preempted_by()) {
+                        None => StopHow::Preempt { grace_ms: stop_grace_ms },
+                        Some(_) if a.spec.checkpoint == CheckpointMode::None => {
+                            StopHow::Preempt { grace_ms: preemption_grace_ms }
+                        }
+                        Some(_) => StopHow::Hint,
+                    };
+                    preempt.push((key, t.preemption_epoch, how));
                 }
                 if t.status == TaskStatus::Reserved && !self.assigned.contains(&key) {
                     let peers = a
@@ -424,14 +449,21 @@ impl Session {
             self.send(Out::Assign(msg)).await?;
         }
         self.assigned.retain(|k| owned.contains(k));
-        for (key, epoch) in preempt {
+        for (key, epoch, how) in preempt {
             self.preempt_sent.insert((key, epoch));
-            self.send(Out::Preempt(v1::Preempt {
-                task: Some(task_ref(key)),
-                preemption_epoch: epoch,
-                grace_ms: self.cfg.stop_grace.as_millis() as u32,
-            }))
-            .await?;
+            let msg = match how {
+                StopHow::Preempt { grace_ms } => {
+                    Out::Preempt(v1::Preempt { task: Some(task_ref(key)), preemption_epoch: epoch, grace_ms })
+                }
+                StopHow::Hint => Out::CheckpointHint(v1::CheckpointHint {
+                    task: Some(task_ref(key)),
+                    preemption_epoch: epoch,
+                    timeout_ms: self.preemption.checkpoint_timeout_ms.min(u64::from(u32::MAX)) as u32,
+                    max_deferral_ms: self.preemption.max_deferral_ms.min(u64::from(u32::MAX)) as u32,
+                    grace_ms: preemption_grace_ms,
+                }),
+            };
+            self.send(msg).await?;
         }
         self.preempt_sent.retain(|(k, _)| owned.contains(k));
         let unowned: Vec<Key> = self.agent_running.iter().filter(|k| !owned.contains(k)).copied().collect();
@@ -486,6 +518,7 @@ impl Session {
                     task: key.1,
                     node: self.node.clone(),
                     epoch: p.preemption_epoch,
+                    checkpoint_failed: p.checkpoint_failed,
                 };
                 match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => self.s.admission_wake.notify_one(),

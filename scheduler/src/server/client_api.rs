@@ -179,14 +179,24 @@ impl AllocationService for ClientApi {
     }
 
     async fn submit(&self, req: Request<v1::SubmitRequest>) -> Result<Response<v1::SubmitResponse>, Status> {
+        let req = req.into_inner();
         let limits = self.s.reader.read(|st| st.limits().clone());
-        let spec = spec_from_proto(req.into_inner().spec, &limits)?;
+        let spec = spec_from_proto(req.spec, &limits)?;
+        if req.dry_run {
+            linearizable(&self.s).await?;
+            let cfg = self.s.preemption;
+            let plan = self.s.reader.read(|st| {
+                let now = super::proposer::now_ms().max(st.now_ms());
+                convert::explanation_to_proto(crate::policy::explain_spec(st, &spec, now, &cfg), st)
+            });
+            return Ok(Response::new(v1::SubmitResponse { id: 0, duplicate: false, plan: Some(plan) }));
+        }
         let outcome = self.s.proposer.propose(Command::Submit { spec }).await.map_err(propose_error_to_status)?;
         match outcome {
             Outcome::Accepted(events) => match events.as_slice() {
                 [Event::Submitted { alloc, duplicate }] => {
                     self.s.admission_wake.notify_one();
-                    Ok(Response::new(v1::SubmitResponse { id: *alloc, duplicate: *duplicate }))
+                    Ok(Response::new(v1::SubmitResponse { id: *alloc, duplicate: *duplicate, plan: None }))
                 }
                 other => Err(Status::internal(format!("unexpected submit events {other:?}"))),
             },
@@ -212,12 +222,16 @@ impl AllocationService for ClientApi {
     async fn explain(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Explanation>, Status> {
         let id = req.into_inner().id;
         linearizable(&self.s).await?;
+        let cfg = self.s.preemption;
         let e = self
             .s
             .reader
-            .read(|st| crate::policy::explain(st, id))
+            .read(|st| {
+                let now = super::proposer::now_ms().max(st.now_ms());
+                crate::policy::explain(st, id, now, &cfg).map(|e| convert::explanation_to_proto(e, st))
+            })
             .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))?;
-        Ok(Response::new(convert::explanation_to_proto(e)))
+        Ok(Response::new(e))
     }
 
     async fn get(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Allocation>, Status> {

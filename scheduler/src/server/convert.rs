@@ -8,8 +8,8 @@ use tonic::metadata::MetadataValue;
 
 use super::proposer::ProposeError;
 use crate::sm::{
-    AllocSpec, AllocStatus, Allocation, CheckpointMode, DEFAULT_VCLUSTER, Event, Limits, MAX_PREEMPTION_CLASS,
-    Rejection, Resources, State, TaskStatus, validate_spec,
+    AllocSpec, AllocStatus, Allocation, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_VCLUSTER, Event, Limits,
+    MAX_PREEMPTION_CLASS, Rejection, Resources, State, TaskStatus, TeardownCause, VClusterType, validate_spec,
 };
 
 /// Metadata key naming the leader's replica id on a redirect.
@@ -40,6 +40,16 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         Ok(v1::CheckpointMode::None) => CheckpointMode::None,
         Err(_) => return Err(invalid("spec.checkpoint", format!("unknown mode {}", p.checkpoint))),
     };
+    let vcluster_type = if p.vcluster_type.is_empty() {
+        VClusterType::HpcBatch
+    } else {
+        VClusterType::parse(&p.vcluster_type).ok_or_else(|| {
+            invalid(
+                "spec.vcluster_type",
+                format!("{:?} is not one of hpc-batch, ml-training, service, sensitive, interactive", p.vcluster_type),
+            )
+        })?
+    };
     let spec = AllocSpec {
         owner: p.owner,
         gang_size: p.gang_size,
@@ -53,6 +63,13 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         env: p.env.into_iter().collect(),
         idempotency_key: Some(p.idempotency_key).filter(|k| !k.is_empty()),
         vcluster: if p.vcluster.is_empty() { DEFAULT_VCLUSTER.to_string() } else { p.vcluster },
+        vcluster_type,
+        sensitive: p.sensitive,
+        checkpoint_estimate_s: if p.checkpoint_estimate_s == 0 {
+            DEFAULT_CHECKPOINT_ESTIMATE_S
+        } else {
+            p.checkpoint_estimate_s
+        },
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -77,6 +94,9 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         env: s.env.clone().into_iter().collect(),
         idempotency_key: s.idempotency_key.clone().unwrap_or_default(),
         vcluster: s.vcluster.clone(),
+        vcluster_type: s.vcluster_type.as_str().to_string(),
+        sensitive: s.sensitive,
+        checkpoint_estimate_s: s.checkpoint_estimate_s,
     }
 }
 
@@ -88,6 +108,7 @@ fn resources_to_proto(r: &Resources) -> v1::Resources {
 pub fn alloc_status_to_proto(s: AllocStatus) -> v1::AllocationStatus {
     match s {
         AllocStatus::Queued => v1::AllocationStatus::Queued,
+        AllocStatus::Suspended => v1::AllocationStatus::Suspended,
         AllocStatus::Reserved => v1::AllocationStatus::Reserved,
         AllocStatus::Running => v1::AllocationStatus::Running,
         AllocStatus::TearingDown => v1::AllocationStatus::TearingDown,
@@ -102,6 +123,7 @@ pub fn alloc_status_filter(raw: i32) -> Result<Option<AllocStatus>, Status> {
     Ok(Some(match v1::AllocationStatus::try_from(raw) {
         Ok(v1::AllocationStatus::Unspecified) => return Ok(None),
         Ok(v1::AllocationStatus::Queued) => AllocStatus::Queued,
+        Ok(v1::AllocationStatus::Suspended) => AllocStatus::Suspended,
         Ok(v1::AllocationStatus::Reserved) => AllocStatus::Reserved,
         Ok(v1::AllocationStatus::Running) => AllocStatus::Running,
         Ok(v1::AllocationStatus::TearingDown) => AllocStatus::TearingDown,
@@ -155,10 +177,26 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
             .collect(),
         finished_at_ms: a.finished_at_ms,
         preemption_epoch: a.preemption_epoch,
-        teardown: a.teardown.map(|td| v1::Teardown {
-            epoch: td.epoch,
-            trigger: td.trigger,
-            started_at_ms: td.started_at_ms,
+        teardown: a.teardown.map(|td| {
+            let (trigger, preempted_by, reason) = match td.cause {
+                TeardownCause::TaskFailed { trigger } => (Some(trigger), 0, String::new()),
+                TeardownCause::Preempted { by, reason } => (None, by, reason.as_str().to_string()),
+            };
+            v1::Teardown {
+                epoch: td.epoch,
+                trigger,
+                started_at_ms: td.started_at_ms,
+                preempted_by,
+                reason,
+                failed_checkpoints: td.failed_checkpoints,
+            }
+        }),
+        preempted_count: a.preempted_count,
+        nomination: a.nomination.as_ref().map(|n| v1::Nomination {
+            node_ids: n.nodes.iter().map(|&s| state.node(s).id.to_string()).collect(),
+            waiting_for: n.waiting_for.clone(),
+            decided_at_ms: n.decided_at_ms,
+            expires_at_ms: n.expires_at_ms,
         }),
     }
 }
@@ -184,28 +222,57 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
                 if *charged { "" } else { " (after a sibling; not charged)" }
             ),
         ),
-        Event::TeardownStarted { trigger, epoch, preempting, released, .. } => (
-            "teardown_started",
-            format!(
-                "task {trigger} failed while siblings ran: teardown epoch {epoch}, {} preempting ({}), {released} released",
-                preempting.len(),
-                preempting.iter().map(|(t, n)| format!("task {t} on {n}")).collect::<Vec<_>>().join(", ")
-            ),
-        ),
-        Event::TaskPreempted { task, epoch, forced, .. } => (
+        Event::TeardownStarted { cause, epoch, preempting, released, .. } => {
+            let tasks = preempting.iter().map(|(t, n)| format!("task {t} on {n}")).collect::<Vec<_>>().join(", ");
+            match cause {
+                TeardownCause::TaskFailed { trigger } => (
+                    "teardown_started",
+                    format!(
+                        "task {trigger} failed while siblings ran: teardown epoch {epoch}, {} preempting ({tasks}), \
+                         {released} released",
+                        preempting.len(),
+                    ),
+                ),
+                TeardownCause::Preempted { by, reason } => (
+                    "preemption_started",
+                    format!(
+                        "preempted ({}) for allocation {by}: epoch {epoch}, {} stopping ({tasks})",
+                        reason.as_str(),
+                        preempting.len()
+                    ),
+                ),
+            }
+        }
+        Event::TaskPreempted { task, epoch, forced, checkpoint_failed, .. } => (
             "task_preempted",
             format!(
-                "task {task} stopped for teardown epoch {epoch}{}",
-                if *forced { " (forced: no ack in time, or its node was lost)" } else { "" }
+                "task {task} stopped for preemption epoch {epoch}{}{}",
+                if *forced { " (forced: no ack in time, or its node was lost)" } else { "" },
+                if *checkpoint_failed { " without a checkpoint in time (charged)" } else { "" }
             ),
         ),
+        Event::PreemptionDecided { victims, nodes, reason, .. } => (
+            "preemption_decided",
+            format!(
+                "preempting allocation(s) {} ({}); nodes {} held for it",
+                victims.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
+                reason.as_str(),
+                nodes.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        Event::NominationDropped { reason, .. } => ("nomination_dropped", format!("held nodes released: {reason}")),
         Event::CheckpointSaved { task, epoch, bytes, .. } => {
             ("checkpoint_saved", format!("task {task} saved a {bytes}-byte checkpoint (epoch {epoch})"))
         }
-        Event::TeardownCompleted { epoch, outcome, drain_ms, .. } => (
-            "teardown_completed",
+        Event::TeardownCompleted { epoch, outcome, drain_ms, cause, .. } => (
+            if matches!(cause, TeardownCause::Preempted { .. }) {
+                "preemption_completed"
+            } else {
+                "teardown_completed"
+            },
             format!(
-                "teardown epoch {epoch} completed after {:.1} s: gang {}",
+                "{} epoch {epoch} completed after {:.1} s: gang {}",
+                if matches!(cause, TeardownCause::Preempted { .. }) { "preemption" } else { "teardown" },
                 *drain_ms as f64 / 1000.0,
                 outcome.as_str()
             ),
@@ -239,8 +306,32 @@ pub fn node_to_proto(st: &crate::sm::State, n: &crate::sm::Node) -> v1::Node {
 }
 
 /// The wire form of an explanation.
-pub fn explanation_to_proto(e: crate::policy::Explanation) -> v1::Explanation {
+pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State) -> v1::Explanation {
+    let preemption = e.preemption.map(|p| match p {
+        Ok(d) => v1::PreemptionPlan {
+            victims: d
+                .victims
+                .iter()
+                .map(|v| v1::Victim {
+                    id: v.alloc,
+                    preemption_class: u32::from(v.class),
+                    gpus: v.gpus,
+                    elapsed_s: v.elapsed_s,
+                    checkpoint_cost: v.checkpoint,
+                    recompute_cost: v.recompute,
+                    value_cost: v.value,
+                    total_cost: v.total(),
+                })
+                .collect(),
+            node_ids: d.nodes.iter().map(|&s| st.node(s).id.to_string()).collect(),
+            total_cost: d.cost,
+            value: d.value,
+            reason: String::new(),
+        },
+        Err(why) => v1::PreemptionPlan { reason: why.to_string(), ..Default::default() },
+    });
     v1::Explanation {
+        preemption,
         id: e.alloc,
         status: alloc_status_to_proto(e.status) as i32,
         summary: e.summary,
@@ -271,6 +362,11 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         Rejection::StaleReservationEpoch { .. }
         | Rejection::StaleTaskEpoch { .. }
         | Rejection::StalePreemptionEpoch { .. } => Status::aborted(msg),
+        Rejection::NotPreemptible { .. }
+        | Rejection::NodeHeld { .. }
+        | Rejection::AlreadyNominated { .. }
+        | Rejection::NotNominated { .. }
+        | Rejection::NominationNotExpired { .. } => Status::failed_precondition(msg),
         Rejection::CheckpointTooLarge { .. } => Status::resource_exhausted(msg),
         Rejection::NotQueued { .. }
         | Rejection::WrongNodeCount { .. }

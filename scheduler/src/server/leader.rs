@@ -6,8 +6,13 @@
 //!   for `node_lost_after` is marked lost through Raft. A new leader first
 //!   gives every node a full window.
 //! - Force drain, right after each liveness pass: a teardown older than
-//!   `teardown_force_after` (counted from its replicated start time) has its
-//!   stuck preempting tasks moved to preempted, and completes.
+//!   `teardown_force_after` (counted from its replicated start time; longer
+//!   for a preemption's victims, which get their checkpoint deadline first)
+//!   has its stuck preempting tasks moved to preempted, and completes. Holds
+//!   of preemptors whose deadline passed are let go in the same pass.
+//! - Preemption, right after each admission pass: for queued gangs of class
+//!   ≥ 1 that still do not fit, highest class first, the pure victim choice
+//!   of `policy::preemption`, proposed as one `Preempt` command each.
 
 use std::time::Duration;
 
@@ -16,7 +21,9 @@ use tokio::task::JoinHandle;
 
 use super::proposer::now_ms;
 use super::replica::Shared;
-use crate::policy::{AdmissionConfig, plan_admission, plan_force_drains};
+use crate::policy::{
+    AdmissionConfig, PreemptionConfig, plan_admission, plan_expired_nominations, plan_force_drains, plan_preemptions,
+};
 use crate::sm::{Command, NodeId, NodeStatus, Outcome};
 
 /// The leader loops' settings.
@@ -31,6 +38,8 @@ pub struct LeaderConfig {
     /// A teardown's preempting tasks are forced to preempted this long after
     /// it started.
     pub teardown_force_after: Duration,
+    /// Priority-preemption knobs.
+    pub preemption: PreemptionConfig,
 }
 
 /// The leader loops of one replica.
@@ -72,11 +81,17 @@ async fn run(s: Shared, cfg: LeaderConfig) {
             s.liveness.lead_from_now();
         }
         tokio::select! {
-            _ = tick.tick() => admission_pass(&s, &admission).await,
-            _ = s.admission_wake.notified() => admission_pass(&s, &admission).await,
+            _ = tick.tick() => {
+                admission_pass(&s, &admission).await;
+                preemption_pass(&s, &cfg.preemption).await;
+            }
+            _ = s.admission_wake.notified() => {
+                admission_pass(&s, &admission).await;
+                preemption_pass(&s, &cfg.preemption).await;
+            }
             _ = liveness_tick.tick() => {
                 liveness_pass(&s, cfg.node_lost_after).await;
-                force_drain_pass(&s, cfg.teardown_force_after).await;
+                force_drain_pass(&s, cfg.teardown_force_after, &cfg.preemption).await;
             }
             changed = metrics.changed() => if changed.is_err() { return },
         }
@@ -106,8 +121,13 @@ async fn liveness_pass(s: &Shared, node_lost_after: Duration) {
     }
 }
 
-async fn force_drain_pass(s: &Shared, force_after: Duration) {
-    let cmds = s.reader.read(|st| plan_force_drains(st, now_ms(), force_after.as_millis() as u64));
+async fn force_drain_pass(s: &Shared, force_after: Duration, preemption: &PreemptionConfig) {
+    let now = now_ms();
+    let cmds = s.reader.read(|st| {
+        let mut cmds = plan_force_drains(st, now, force_after.as_millis() as u64, preemption);
+        cmds.extend(plan_expired_nominations(st, now));
+        cmds
+    });
     if cmds.is_empty() {
         return;
     }
@@ -136,6 +156,29 @@ async fn admission_pass(s: &Shared, cfg: &AdmissionConfig) {
             Ok(Outcome::Rejected(r)) => tracing::debug!(rejection = %r, "admission command refused"),
             Err(e) => {
                 tracing::debug!(error = %e, "admission proposal failed");
+                return;
+            }
+        }
+    }
+}
+
+async fn preemption_pass(s: &Shared, cfg: &PreemptionConfig) {
+    let started = std::time::Instant::now();
+    let cmds: Option<Vec<Command>> = s.reader.read(|st| {
+        st.preemptor_queue().next()?;
+        Some(plan_preemptions(st, now_ms(), cfg).into_iter().map(|(alloc, d)| d.command(st, alloc, cfg)).collect())
+    });
+    let Some(cmds) = cmds else { return };
+    metrics::histogram!("muster_preemption_decision_seconds").record(started.elapsed().as_secs_f64());
+    if cmds.is_empty() {
+        return;
+    }
+    for result in s.proposer.propose_all(cmds).await {
+        match result {
+            Ok(Outcome::Accepted(_)) => {}
+            Ok(Outcome::Rejected(r)) => tracing::debug!(rejection = %r, "preemption refused"),
+            Err(e) => {
+                tracing::debug!(error = %e, "preemption proposal failed");
                 return;
             }
         }

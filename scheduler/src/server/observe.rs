@@ -1,50 +1,123 @@
 //! Metrics and structured log lines derived from committed outcomes, on the
 //! replica that proposed them (the leader).
 //!
-//! Teardown lines all carry `alloc_id` and `epoch`, so one grep for an
-//! allocation tells its story:
+//! Teardown and preemption lines all carry `alloc_id` and `epoch`, so one
+//! grep for an allocation tells its story:
 //!
 //! ```text
-//!   gang teardown started   alloc_id=7 epoch=1 trigger=0 preempting=3 released=0
+//!   gang teardown started   alloc_id=7 epoch=1 cause=task_failed trigger=0 preempting=3 released=0
 //!   task preempted          alloc_id=7 epoch=1 task=1 forced=false      (one per task)
 //!   checkpoint saved        alloc_id=7 epoch=1 task=1 bytes=812
 //!   gang teardown completed alloc_id=7 epoch=1 outcome=blocked drain_s=1.4
 //!   gang reserved           alloc_id=7 epoch=2 gang_size=4               (re-reservation)
+//!
+//!   preemption decided      alloc_id=9 victims=[3, 4] reason=priority nodes=4
+//!   gang teardown started   alloc_id=3 epoch=1 cause=preempted by=9 preempting=2
+//!   gang teardown completed alloc_id=3 epoch=1 outcome=suspended drain_s=3.0
+//!   gang reserved           alloc_id=9 epoch=1 gang_size=4               (the held nodes)
 //! ```
 
-use crate::sm::{Event, Outcome};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::sm::{Event, Outcome, TeardownCause, TeardownOutcome};
+
+/// An allocation preempted more than this many times counts once in
+/// `muster_preemption_cycles_total` (set from the preemption config).
+static CYCLE_THRESHOLD: AtomicU32 = AtomicU32::new(3);
+
+/// Sets the preemption-cycle threshold.
+pub fn set_cycle_threshold(n: u32) {
+    CYCLE_THRESHOLD.store(n, Ordering::Relaxed);
+}
 
 /// Records what one committed command did.
 pub fn observe(outcome: &Outcome) {
     for event in outcome.events() {
         match event {
-            Event::TeardownStarted { alloc, trigger, epoch, preempting, released } => {
-                metrics::counter!("muster_gang_teardowns_total").increment(1);
-                tracing::info!(
-                    alloc_id = alloc,
-                    epoch,
-                    trigger,
-                    preempting = preempting.len(),
-                    released,
-                    "gang teardown started"
-                );
-            }
-            Event::TaskPreempted { alloc, task, epoch, forced } => {
+            Event::TeardownStarted { alloc, cause, epoch, preempting, released } => match cause {
+                TeardownCause::TaskFailed { trigger } => {
+                    metrics::counter!("muster_gang_teardowns_total").increment(1);
+                    tracing::info!(
+                        alloc_id = alloc,
+                        epoch,
+                        cause = "task_failed",
+                        trigger,
+                        preempting = preempting.len(),
+                        released,
+                        "gang teardown started"
+                    );
+                }
+                TeardownCause::Preempted { by, reason } => {
+                    tracing::info!(
+                        alloc_id = alloc,
+                        epoch,
+                        cause = "preempted",
+                        by,
+                        reason = reason.as_str(),
+                        preempting = preempting.len(),
+                        "gang teardown started"
+                    );
+                }
+            },
+            Event::TaskPreempted { alloc, task, epoch, forced, checkpoint_failed } => {
+                if *checkpoint_failed {
+                    metrics::counter!("muster_preemption_failed_checkpoint_total").increment(1);
+                }
                 if *forced {
                     metrics::counter!("muster_gang_teardown_force_drained_total").increment(1);
-                    tracing::warn!(alloc_id = alloc, epoch, task, forced, "task preempted");
+                    tracing::warn!(alloc_id = alloc, epoch, task, forced, checkpoint_failed, "task preempted");
                 } else {
-                    tracing::info!(alloc_id = alloc, epoch, task, forced, "task preempted");
+                    tracing::info!(alloc_id = alloc, epoch, task, forced, checkpoint_failed, "task preempted");
                 }
             }
-            Event::CheckpointSaved { alloc, task, epoch, bytes } => {
-                tracing::info!(alloc_id = alloc, epoch, task, bytes, "checkpoint saved");
+            Event::CheckpointSaved { alloc, task, epoch, bytes, after_ms, preempted } => {
+                if *preempted {
+                    metrics::histogram!("muster_preemption_checkpoint_duration_seconds")
+                        .record(*after_ms as f64 / 1000.0);
+                }
+                tracing::info!(alloc_id = alloc, epoch, task, bytes, after_ms, "checkpoint saved");
             }
-            Event::TeardownCompleted { alloc, epoch, outcome, drain_ms } => {
+            Event::TeardownCompleted { alloc, epoch, cause, outcome, drain_ms, preempted_count } => {
                 let drain_s = *drain_ms as f64 / 1000.0;
                 metrics::counter!("muster_gang_teardown_completed_total", "outcome" => outcome.as_str()).increment(1);
                 metrics::histogram!("muster_gang_teardown_seconds").record(drain_s);
-                tracing::info!(alloc_id = alloc, epoch, outcome = outcome.as_str(), drain_s, "gang teardown completed");
+                if matches!(cause, TeardownCause::Preempted { .. }) {
+                    if *outcome != TeardownOutcome::Failed {
+                        metrics::counter!("muster_preemption_victim_requeue_total").increment(1);
+                    }
+                    if *preempted_count == CYCLE_THRESHOLD.load(Ordering::Relaxed).saturating_add(1) {
+                        metrics::counter!("muster_preemption_cycles_total").increment(1);
+                        tracing::warn!(alloc_id = alloc, preempted_count, "allocation keeps being preempted");
+                    }
+                }
+                tracing::info!(
+                    alloc_id = alloc,
+                    epoch,
+                    outcome = outcome.as_str(),
+                    drain_s,
+                    preempted_count,
+                    "gang teardown completed"
+                );
+            }
+            Event::PreemptionDecided { alloc, victims, nodes, reason, victim_vclusters } => {
+                for vcluster in victim_vclusters {
+                    metrics::counter!(
+                        "muster_preemptions_total",
+                        "vcluster" => vcluster.clone(),
+                        "reason" => reason.as_str()
+                    )
+                    .increment(1);
+                }
+                tracing::info!(
+                    alloc_id = alloc,
+                    victims = ?victims,
+                    reason = reason.as_str(),
+                    nodes = nodes.len(),
+                    "preemption decided"
+                );
+            }
+            Event::NominationDropped { alloc, reason } => {
+                tracing::warn!(alloc_id = alloc, reason = %reason, "held nodes released");
             }
             Event::GangReserved { alloc, epoch, nodes } => {
                 tracing::info!(alloc_id = alloc, epoch, gang_size = nodes.len(), "gang reserved");

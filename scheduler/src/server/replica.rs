@@ -38,6 +38,7 @@ use super::proposer::Proposer;
 use super::raft_net::{MAX_RAFT_MESSAGE_BYTES, Network, RaftRpc};
 use super::{MusterRaft, hex};
 use crate::policy::AdmissionConfig;
+use crate::policy::PreemptionConfig;
 use crate::sm::State;
 
 /// Raft timing and compaction.
@@ -93,6 +94,9 @@ pub struct ReplicaConfig {
     /// A teardown's tasks that have not acked this long after it started are
     /// forced to preempted.
     pub teardown_force_after: Duration,
+    /// Priority-preemption knobs (the leader decides; agents are told the
+    /// checkpoint deadlines).
+    pub preemption: PreemptionConfig,
 }
 
 impl ReplicaConfig {
@@ -110,6 +114,7 @@ impl ReplicaConfig {
             hub: HubConfig::default(),
             node_lost_after: Duration::from_secs(30),
             teardown_force_after: Duration::from_millis(crate::policy::DEFAULT_FORCE_AFTER_MS),
+            preemption: PreemptionConfig::default(),
         }
     }
 }
@@ -150,6 +155,8 @@ pub struct Shared {
     pub liveness: Liveness,
     /// The agent streams this replica holds.
     pub agents: AgentRegistry,
+    /// Priority-preemption knobs (explanations and dry runs use them too).
+    pub preemption: PreemptionConfig,
 }
 
 /// A running replica.
@@ -194,6 +201,7 @@ impl Replica {
             admission_wake: Arc::new(Notify::new()),
             liveness: Liveness::default(),
             agents: AgentRegistry::default(),
+            preemption: cfg.preemption,
         };
 
         let (stop, mut stopped) = watch::channel(false);
@@ -207,7 +215,7 @@ impl Replica {
             .add_service(NodeServiceServer::new(NodeApi::new(shared.clone())))
             .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
             .add_service(
-                AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub))
+                AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub, cfg.preemption))
                     .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_AGENT_MESSAGE_BYTES),
             )
@@ -234,8 +242,10 @@ impl Replica {
                 interval: cfg.admission_interval,
                 node_lost_after: cfg.node_lost_after,
                 teardown_force_after: cfg.teardown_force_after,
+                preemption: cfg.preemption,
             },
         );
+        super::observe::set_cycle_threshold(cfg.preemption.cycle_threshold);
         tokio::spawn(export_metrics(shared.clone()));
         tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
         Ok(Replica { shared, addr, stop, server, loops })

@@ -97,6 +97,30 @@ pub enum Command {
         node: NodeId,
         /// The preemption epoch the agent was told (must be current).
         epoch: u64,
+        /// The task was asked to checkpoint and did not answer within its
+        /// checkpoint timeout: it was killed, and is charged an attempt.
+        checkpoint_failed: bool,
+    },
+    /// Priority preemption, decided by the leader's pure policy: stop every
+    /// `victims` gang (checkpoint hint, or SIGTERM when it cannot
+    /// checkpoint) and hold `nodes` for `alloc`, which is reserved there the
+    /// moment the last victim releases its nodes.
+    Preempt {
+        /// The preemptor (queued, class above every victim's).
+        alloc: AllocId,
+        /// Each victim with the reservation epoch the decision saw (a victim
+        /// that was re-placed since is a different run: stale).
+        victims: Vec<(AllocId, u64)>,
+        /// Task `i` of the preemptor goes to `nodes[i]` once they are free.
+        nodes: Vec<NodeId>,
+        /// How long the nodes are held at most (from now).
+        hold_ms: u64,
+    },
+    /// The leader's clock says a preemptor's hold expired before it could be
+    /// reserved: release the held nodes.
+    ExpireNomination {
+        /// The preemptor.
+        alloc: AllocId,
     },
     /// A preempting task's agent uploads what the task left in its
     /// checkpoint directory.
@@ -144,6 +168,8 @@ impl Command {
             Command::TaskPreempted { .. } => "task_preempted",
             Command::SaveCheckpoint { .. } => "save_checkpoint",
             Command::ForceDrain { .. } => "force_drain",
+            Command::Preempt { .. } => "preempt",
+            Command::ExpireNomination { .. } => "expire_nomination",
             Command::MarkNodeLost { .. } => "mark_node_lost",
         }
     }

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::rejection::Rejection;
-use super::types::{AllocId, NodeId, TaskIndex, TeardownOutcome};
+use super::types::{AllocId, NodeId, TaskIndex, TeardownCause, TeardownOutcome};
 
 /// Something that happened while applying a command.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,12 +80,13 @@ pub enum Event {
         charged: bool,
     },
     /// A task failed (or its node was lost, or its reservation went stale)
-    /// while siblings ran: the running siblings must stop.
+    /// while siblings ran, or a preemption chose the gang: its running tasks
+    /// must stop.
     TeardownStarted {
         /// The allocation.
         alloc: AllocId,
-        /// The task whose failure started it.
-        trigger: TaskIndex,
+        /// Why.
+        cause: TeardownCause,
         /// The new preemption epoch.
         epoch: u64,
         /// The siblings moved running → preempting, with their nodes: each
@@ -104,6 +105,8 @@ pub enum Event {
         epoch: u64,
         /// Whether it was forced (timeout, or node lost) rather than acked.
         forced: bool,
+        /// A preempted task that did not checkpoint in time (charged).
+        checkpoint_failed: bool,
     },
     /// A preempting task's checkpoint was stored.
     CheckpointSaved {
@@ -115,6 +118,10 @@ pub enum Event {
         epoch: u64,
         /// Its size.
         bytes: u64,
+        /// From the teardown's start (the hint) to now, ms.
+        after_ms: u64,
+        /// Whether it was saved for a priority preemption.
+        preempted: bool,
     },
     /// No task of the gang runs or is preempting any more.
     TeardownCompleted {
@@ -122,10 +129,37 @@ pub enum Event {
         alloc: AllocId,
         /// The teardown's preemption epoch.
         epoch: u64,
-        /// Blocked (requeued) or failed.
+        /// Why it was torn down.
+        cause: TeardownCause,
+        /// Blocked (requeued), suspended or failed.
         outcome: TeardownOutcome,
         /// From the start to now (entry times), ms.
         drain_ms: u64,
+        /// Priority preemptions the allocation has gone through, this one
+        /// included.
+        preempted_count: u32,
+    },
+    /// A preemption decision committed: the victims are told to checkpoint
+    /// and stop, and the nodes are held for the preemptor.
+    PreemptionDecided {
+        /// The preemptor.
+        alloc: AllocId,
+        /// The victims.
+        victims: Vec<AllocId>,
+        /// The nodes held, by task index.
+        nodes: Vec<NodeId>,
+        /// Priority or sensitive.
+        reason: crate::sm::PreemptReason,
+        /// Each victim's vCluster, in victim order (metric label).
+        victim_vclusters: Vec<String>,
+    },
+    /// A preemptor's held nodes were let go without a reservation (the hold
+    /// expired, or a held node stopped being usable).
+    NominationDropped {
+        /// The preemptor.
+        alloc: AllocId,
+        /// Why, in words.
+        reason: String,
     },
     /// The whole gang is blocked again and eligible for admission.
     GangRequeued {
@@ -168,6 +202,8 @@ impl Event {
             | Event::TaskPreempted { alloc, .. }
             | Event::CheckpointSaved { alloc, .. }
             | Event::TeardownCompleted { alloc, .. }
+            | Event::PreemptionDecided { alloc, .. }
+            | Event::NominationDropped { alloc, .. }
             | Event::GangRequeued { alloc }
             | Event::AllocationDone { alloc }
             | Event::AllocationFailed { alloc, .. }

@@ -32,8 +32,8 @@ pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
 pub use state::{ApplyCtx, QueueKey, Shape, State};
 pub use types::{
-    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_VCLUSTER,
-    HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Resources, Task, TaskIndex, TaskStatus, Teardown,
-    TeardownOutcome, Usage, fits,
+    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S,
+    DEFAULT_VCLUSTER, HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task,
+    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Usage, VCLUSTER_LABEL, VClusterType, fits,
 };
 pub use validate::{DEFAULT_MAX_CHECKPOINT_BYTES, Limits, MAX_PREEMPTION_CLASS, validate_node, validate_spec};

@@ -193,4 +193,43 @@ pub enum Rejection {
         /// Its status.
         status: AllocStatus,
     },
+    /// A preemption named a victim that may not be preempted for it.
+    #[error("allocation {victim} cannot be preempted for allocation {alloc}: {reason}")]
+    NotPreemptible {
+        /// The preemptor.
+        alloc: AllocId,
+        /// The victim.
+        victim: AllocId,
+        /// Why, in words.
+        reason: String,
+    },
+    /// A node is held for another allocation's preemption.
+    #[error("node {node} is held for allocation {holder}")]
+    NodeHeld {
+        /// The node.
+        node: NodeId,
+        /// The preemptor it is held for.
+        holder: AllocId,
+    },
+    /// The allocation is waiting on nodes held for it; it cannot be placed
+    /// elsewhere or nominated again.
+    #[error("allocation {alloc} already waits for nodes held for it")]
+    AlreadyNominated {
+        /// The allocation.
+        alloc: AllocId,
+    },
+    /// An expiry for an allocation that holds no nodes.
+    #[error("allocation {alloc} holds no nodes")]
+    NotNominated {
+        /// The allocation.
+        alloc: AllocId,
+    },
+    /// A hold whose deadline the entry's time has not reached.
+    #[error("allocation {alloc}'s hold lasts until {expires_at_ms}")]
+    NominationNotExpired {
+        /// The allocation.
+        alloc: AllocId,
+        /// When it expires.
+        expires_at_ms: u64,
+    },
 }

@@ -37,7 +37,8 @@ use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, HISTORY_LIMIT, Node, NodeId,
-    NodeSlot, NodeStatus, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownOutcome, Usage, fits,
+    NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause,
+    TeardownOutcome, Usage, VClusterType, fits,
 };
 use super::validate::{Limits, validate_node, validate_spec};
 
@@ -112,6 +113,11 @@ struct Indexes {
     tasks_by_node: BTreeMap<NodeSlot, BTreeSet<(AllocId, TaskIndex)>>,
     /// Allocations with a teardown in progress.
     tearing_down: BTreeSet<AllocId>,
+    /// Nodes held for a preemptor, and for which.
+    held: BTreeMap<NodeSlot, AllocId>,
+    /// Queued allocations (not waiting on held nodes) that may preempt
+    /// (class ≥ 1): highest class first, then admission order.
+    preemptors: BTreeSet<(Reverse<u8>, QueueKey)>,
 }
 
 /// The whole replicated state of the scheduler.
@@ -221,9 +227,25 @@ impl State {
         self.index.tasks_by_node.get(&slot).into_iter().flatten().copied()
     }
 
-    /// Ready nodes ordered by (free GPUs, slot).
+    /// Ready nodes not held for a preemptor, ordered by (free GPUs, slot).
     pub fn free_gpu_index(&self) -> &BTreeSet<(u32, NodeSlot)> {
         &self.index.free_gpus
+    }
+
+    /// Queued allocations of class ≥ 1 not waiting on held nodes, highest
+    /// class first, then in admission order: who may preempt, in turn.
+    pub fn preemptor_queue(&self) -> impl Iterator<Item = &(Reverse<u8>, QueueKey)> + '_ {
+        self.index.preemptors.iter()
+    }
+
+    /// The preemptor a node is held for, if any.
+    pub fn held_for(&self, slot: NodeSlot) -> Option<AllocId> {
+        self.index.held.get(&slot).copied()
+    }
+
+    /// Nodes held for preemptors, with the preemptor.
+    pub fn held_nodes(&self) -> impl Iterator<Item = (NodeSlot, AllocId)> + '_ {
+        self.index.held.iter().map(|(&s, &a)| (s, a))
     }
 
     // ----- the entry point -----------------------------------------------
@@ -243,11 +265,15 @@ impl State {
                 self.fail_task(*alloc, *task, node, *epoch, *exit_code)
             }
             Command::CancelAllocation { alloc } => self.cancel(*alloc),
-            Command::TaskPreempted { alloc, task, node, epoch } => self.task_preempted(*alloc, *task, node, *epoch),
+            Command::TaskPreempted { alloc, task, node, epoch, checkpoint_failed } => {
+                self.task_preempted(*alloc, *task, node, *epoch, *checkpoint_failed)
+            }
             Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
                 self.save_checkpoint(*alloc, *task, node, *epoch, data)
             }
             Command::ForceDrain { alloc, epoch } => self.force_drain(*alloc, *epoch),
+            Command::Preempt { alloc, victims, nodes, hold_ms } => self.preempt(*alloc, victims, nodes, *hold_ms),
+            Command::ExpireNomination { alloc } => self.expire_nomination(*alloc),
             Command::MarkNodeLost { node } => self.mark_node_lost(node),
         };
         match result {
@@ -352,6 +378,9 @@ impl State {
                 tasks,
                 preemption_epoch: 0,
                 teardown: None,
+                preempted_count: 0,
+                suspended: false,
+                nomination: None,
             },
         );
         if let Some(key) = &spec.idempotency_key {
@@ -365,6 +394,9 @@ impl State {
         let a = self.live_alloc(id)?;
         if !a.is_queued() {
             return Err(Rejection::NotQueued { alloc: id, status: a.status });
+        }
+        if a.nomination.is_some() {
+            return Err(Rejection::AlreadyNominated { alloc: id });
         }
         if epoch != a.reservation_epoch + 1 {
             return Err(Rejection::StaleReservationEpoch { alloc: id, expected: a.reservation_epoch + 1, got: epoch });
@@ -388,6 +420,9 @@ impl State {
             if node.status != NodeStatus::Ready {
                 return Err(Rejection::NodeNotReady(node_id.clone()));
             }
+            if let Some(holder) = self.held_for(slot) {
+                return Err(Rejection::NodeHeld { node: node_id.clone(), holder });
+            }
             if !fits(&need, &node.resources, &node.free()) {
                 return Err(Rejection::InsufficientCapacity {
                     node: node_id.clone(),
@@ -397,15 +432,24 @@ impl State {
             }
             slots.push(slot);
         }
+        Ok(vec![self.place_gang(id, &slots)])
+    }
+
+    /// Reserves a queued gang (already checked) on `slots`, task `i` on
+    /// `slots[i]`, under the next reservation epoch.
+    fn place_gang(&mut self, id: AllocId, slots: &[NodeSlot]) -> Event {
         let now = self.now_ms;
-        let usage = Usage::of(&need);
+        let usage = Usage::of(&self.allocs[&id].spec.resources);
         for (task, &slot) in slots.iter().enumerate() {
             self.occupy(slot, &usage, (id, task as TaskIndex));
         }
+        let nodes = slots.iter().map(|&s| self.node(s).id.clone()).collect();
         let a = self.allocs.get_mut(&id).expect("checked above");
-        a.reservation_epoch = epoch;
+        a.reservation_epoch += 1;
+        let epoch = a.reservation_epoch;
         a.first_reserved_at_ms.get_or_insert(now);
-        for (task, slot) in a.tasks.iter_mut().zip(&slots) {
+        a.suspended = false;
+        for (task, slot) in a.tasks.iter_mut().zip(slots) {
             task.status = TaskStatus::Reserved;
             task.node = Some(*slot);
             task.reservation_epoch = epoch;
@@ -413,7 +457,7 @@ impl State {
             task.started_at_ms = None;
         }
         self.refresh(id);
-        Ok(vec![Event::GangReserved { alloc: id, epoch, nodes: nodes.to_vec() }])
+        Event::GangReserved { alloc: id, epoch, nodes }
     }
 
     /// Returns an unclaimed reservation to the queue. When some tasks of the
@@ -504,7 +548,13 @@ impl State {
             self.leave_node(id, task, slot, TaskStatus::Preempted, exit_code);
             let mut events = vec![
                 Event::TaskFailed { alloc: id, task, exit_code, charged: false },
-                Event::TaskPreempted { alloc: id, task, epoch: teardown.epoch, forced: false },
+                Event::TaskPreempted {
+                    alloc: id,
+                    task,
+                    epoch: teardown.epoch,
+                    forced: false,
+                    checkpoint_failed: false,
+                },
             ];
             events.extend(self.settle(id));
             return Ok(events);
@@ -544,7 +594,8 @@ impl State {
         let a = self.allocs.get_mut(&id).expect("checked");
         a.preemption_epoch += 1;
         let epoch = a.preemption_epoch;
-        a.teardown = Some(Teardown { epoch, trigger, started_at_ms: now });
+        let cause = TeardownCause::TaskFailed { trigger };
+        a.teardown = Some(Teardown { epoch, cause, started_at_ms: now, failed_checkpoints: 0 });
         let mut preempting = Vec::new();
         for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Running) {
             debug_assert_ne!(t.index, trigger, "the trigger no longer runs");
@@ -555,16 +606,42 @@ impl State {
         }
         let preempting = preempting.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
         self.refresh(id);
-        Event::TeardownStarted { alloc: id, trigger, epoch, preempting, released }
+        Event::TeardownStarted { alloc: id, cause, epoch, preempting, released }
     }
 
-    /// A preempting task's agent acknowledges that the process stopped.
-    fn task_preempted(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
+    /// A preempting task's agent acknowledges that the process stopped. A
+    /// preempted task that was asked to checkpoint and did not answer in
+    /// time (`checkpoint_failed`) is charged an attempt, and its gang is
+    /// requeued rather than suspended (the seed: "mark as failed, requeue if
+    /// policy allows").
+    fn task_preempted(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        checkpoint_failed: bool,
+    ) -> Applied {
         let slot = self.check_preempting(id, task, node, epoch)?;
+        let preemption = self.allocs[&id].teardown.is_some_and(|td| td.preempted_by().is_some());
+        let checkpoint_failed = checkpoint_failed && preemption;
         self.leave_node(id, task, slot, TaskStatus::Preempted, None);
-        let mut events = vec![Event::TaskPreempted { alloc: id, task, epoch, forced: false }];
+        if checkpoint_failed {
+            self.charge_failed_checkpoint(id, task);
+        }
+        let mut events = vec![Event::TaskPreempted { alloc: id, task, epoch, forced: false, checkpoint_failed }];
         events.extend(self.settle(id));
         Ok(events)
+    }
+
+    /// A preempted task that did not checkpoint in time: charged an attempt
+    /// (it was refunded when the preemption started) and counted.
+    fn charge_failed_checkpoint(&mut self, id: AllocId, task: TaskIndex) {
+        let a = self.allocs.get_mut(&id).expect("checked");
+        a.tasks[task as usize].attempts += 1;
+        if let Some(td) = a.teardown.as_mut() {
+            td.failed_checkpoints += 1;
+        }
     }
 
     /// Stores a preempting task's checkpoint (replacing any older one).
@@ -583,9 +660,12 @@ impl State {
         }
         self.check_preempting(id, task, node, epoch)?;
         let now = self.now_ms;
-        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let after_ms = a.teardown.map_or(0, |td| now.saturating_sub(td.started_at_ms));
+        let preempted = a.teardown.is_some_and(|td| td.preempted_by().is_some());
+        let t = &mut a.tasks[task as usize];
         t.checkpoint = Some(Checkpoint { epoch, saved_at_ms: now, data: data.to_vec() });
-        Ok(vec![Event::CheckpointSaved { alloc: id, task, epoch, bytes: data.len() as u64 }])
+        Ok(vec![Event::CheckpointSaved { alloc: id, task, epoch, bytes: data.len() as u64, after_ms, preempted }])
     }
 
     /// Checks an ack or upload for a preempting task: the epoch first (a late
@@ -627,9 +707,13 @@ impl State {
             .map(|t| (t.index, t.node.expect("a preempting task has a node")))
             .collect();
         let mut events = Vec::new();
+        let checkpoint_failed = teardown.preempted_by().is_some();
         for (task, slot) in stuck {
             self.leave_node(id, task, slot, TaskStatus::Preempted, None);
-            events.push(Event::TaskPreempted { alloc: id, task, epoch, forced: true });
+            if checkpoint_failed {
+                self.charge_failed_checkpoint(id, task);
+            }
+            events.push(Event::TaskPreempted { alloc: id, task, epoch, forced: true, checkpoint_failed });
         }
         events.extend(self.settle(id));
         Ok(events)
@@ -640,6 +724,11 @@ impl State {
     /// either blocked as a unit (requeued) or failed: failed if any task used
     /// up its retries or any task already finished (finished work is never
     /// overwritten; done rows stay done). `settle` applies the verdict.
+    ///
+    /// A priority preemption ends the same way, except that a gang whose
+    /// every task stopped in time is **suspended** (queued again with its
+    /// original submit time, to resume from its checkpoints) and counts one
+    /// more preemption; and its preemptor learns that these nodes are free.
     fn complete_teardown(&mut self, id: AllocId) -> Vec<Event> {
         let now = self.now_ms;
         let a = self.allocs.get_mut(&id).expect("checked");
@@ -657,13 +746,221 @@ impl State {
             matches!(t.status, TaskStatus::Done | TaskStatus::Failed)
                 || (t.status == TaskStatus::Blocked && t.attempts >= max)
         });
-        let outcome = if fails { TeardownOutcome::Failed } else { TeardownOutcome::Blocked };
-        vec![Event::TeardownCompleted {
+        let preemptor = teardown.preempted_by();
+        let outcome = if fails {
+            TeardownOutcome::Failed
+        } else if preemptor.is_some() && teardown.failed_checkpoints == 0 {
+            TeardownOutcome::Suspended
+        } else {
+            TeardownOutcome::Blocked
+        };
+        if preemptor.is_some() {
+            a.preempted_count += 1;
+            a.suspended = outcome == TeardownOutcome::Suspended;
+        }
+        let mut events = vec![Event::TeardownCompleted {
             alloc: id,
             epoch: teardown.epoch,
+            cause: teardown.cause,
             outcome,
             drain_ms: now.saturating_sub(teardown.started_at_ms),
-        }]
+            preempted_count: a.preempted_count,
+        }];
+        if let Some(by) = preemptor {
+            events.extend(self.victim_released(id, by));
+        }
+        events
+    }
+
+    /// Victim `victim` of preemptor `by` no longer holds capacity. When it
+    /// was the last one the preemptor waited for, the preemptor is reserved
+    /// on its held nodes now (or, if one of them can no longer take it, its
+    /// hold is dropped and it waits in the queue like any gang).
+    fn victim_released(&mut self, victim: AllocId, by: AllocId) -> Vec<Event> {
+        let Some(p) = self.allocs.get_mut(&by) else { return Vec::new() };
+        let Some(nomination) = p.nomination.as_mut() else { return Vec::new() };
+        nomination.waiting_for.retain(|&v| v != victim);
+        if !nomination.waiting_for.is_empty() {
+            return Vec::new();
+        }
+        let slots = nomination.nodes.clone();
+        let need = p.spec.resources;
+        let unusable = slots.iter().find(|&&slot| {
+            let node = self.node(slot);
+            node.status != NodeStatus::Ready || !fits(&need, &node.resources, &node.free())
+        });
+        let reason = unusable.map(|&slot| format!("held node {} can no longer take a task", self.node(slot).id));
+        self.drop_nomination(by);
+        match reason {
+            None => vec![self.place_gang(by, &slots)],
+            Some(reason) => vec![Event::NominationDropped { alloc: by, reason }],
+        }
+    }
+
+    /// Lets a preemptor's held nodes go (it returns to the queue).
+    fn drop_nomination(&mut self, id: AllocId) {
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let Some(nomination) = a.nomination.take() else { return };
+        for slot in nomination.nodes {
+            self.unindex_node(slot);
+            self.index.held.remove(&slot);
+            self.index_node(slot);
+        }
+        self.reindex_alloc(id);
+    }
+
+    /// The seed's preemption decision, committed: every victim's running
+    /// tasks move to preempting under a new preemption epoch (refunded: a
+    /// victim is not at fault), and the preemptor's nodes are held for it.
+    /// Everything is checked first: the preemptor is queued and holds no
+    /// nodes; each victim is running whole, in the reservation the decision
+    /// saw, of a lower class, and preemptible; each node is ready, held for
+    /// nobody, and takes one of the preemptor's tasks once the victims'
+    /// tasks on it are gone.
+    fn preempt(&mut self, id: AllocId, victims: &[(AllocId, u64)], nodes: &[NodeId], hold_ms: u64) -> Applied {
+        let p = self.live_alloc(id)?;
+        if !p.is_queued() {
+            return Err(Rejection::NotQueued { alloc: id, status: p.status });
+        }
+        if p.nomination.is_some() {
+            return Err(Rejection::AlreadyNominated { alloc: id });
+        }
+        if nodes.len() != p.spec.gang_size as usize {
+            return Err(Rejection::WrongNodeCount {
+                alloc: id,
+                expected: p.spec.gang_size,
+                got: u32::try_from(nodes.len()).unwrap_or(u32::MAX),
+            });
+        }
+        let class = p.spec.preemption_class;
+        let need = p.spec.resources;
+        let reason = if p.spec.sensitive || p.spec.vcluster_type == VClusterType::Sensitive {
+            PreemptReason::Sensitive
+        } else {
+            PreemptReason::Priority
+        };
+        let not = |victim: AllocId, reason: String| Rejection::NotPreemptible { alloc: id, victim, reason };
+        if victims.is_empty() {
+            return Err(not(0, "a preemption needs at least one victim".into()));
+        }
+        let mut freed: BTreeMap<NodeSlot, Usage> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        let mut victim_vclusters = Vec::with_capacity(victims.len());
+        for &(v, epoch) in victims {
+            if v == id || !seen.insert(v) {
+                return Err(not(v, "named twice, or the preemptor itself".into()));
+            }
+            let a = self.live_alloc(v)?;
+            if a.status != AllocStatus::Running || a.tasks.iter().any(|t| t.status != TaskStatus::Running) {
+                return Err(not(v, format!("it is {:?}, not running whole", a.status).to_lowercase()));
+            }
+            if a.reservation_epoch != epoch {
+                return Err(Rejection::StaleReservationEpoch { alloc: v, expected: a.reservation_epoch, got: epoch });
+            }
+            if let Some(why) = a.spec.never_preempted() {
+                return Err(not(v, why.into()));
+            }
+            if a.spec.preemption_class >= class {
+                return Err(not(v, format!("its class {} is not below {class}", a.spec.preemption_class)));
+            }
+            if a.spec.vcluster_type == VClusterType::Service
+                && a.tasks.iter().any(|t| t.node.is_some_and(|s| self.node(s).vcluster() == a.spec.vcluster))
+            {
+                return Err(not(v, "service allocations are preempted only on borrowed nodes".into()));
+            }
+            victim_vclusters.push(a.spec.vcluster.clone());
+            let usage = Usage::of(&a.spec.resources);
+            for t in &a.tasks {
+                let slot = t.node.expect("a running task has a node");
+                let f = freed.entry(slot).or_default();
+                *f = f.plus(&usage);
+            }
+        }
+        let mut slots = Vec::with_capacity(nodes.len());
+        let mut distinct = BTreeSet::new();
+        for (task, node_id) in nodes.iter().enumerate() {
+            let slot = self.node_slot(node_id).ok_or_else(|| Rejection::UnknownNode(node_id.clone()))?;
+            if !distinct.insert(slot) {
+                return Err(Rejection::NodeRepeated(node_id.clone()));
+            }
+            let node = self.node(slot);
+            if node.status != NodeStatus::Ready {
+                return Err(Rejection::NodeNotReady(node_id.clone()));
+            }
+            if let Some(holder) = self.held_for(slot) {
+                return Err(Rejection::NodeHeld { node: node_id.clone(), holder });
+            }
+            let free = node.free().plus(&freed.get(&slot).copied().unwrap_or_default());
+            if !fits(&need, &node.resources, &free) {
+                return Err(Rejection::InsufficientCapacity {
+                    node: node_id.clone(),
+                    alloc: id,
+                    task: task as TaskIndex,
+                });
+            }
+            slots.push(slot);
+        }
+        let now = self.now_ms;
+        let victim_ids: Vec<AllocId> = victims.iter().map(|&(v, _)| v).collect();
+        let mut events = vec![Event::PreemptionDecided {
+            alloc: id,
+            victims: victim_ids.clone(),
+            nodes: nodes.to_vec(),
+            reason,
+            victim_vclusters,
+        }];
+        for &slot in &slots {
+            self.unindex_node(slot);
+            self.index.held.insert(slot, id);
+        }
+        let p = self.allocs.get_mut(&id).expect("checked");
+        p.nomination = Some(Nomination {
+            nodes: slots,
+            waiting_for: victim_ids.clone(),
+            decided_at_ms: now,
+            expires_at_ms: now.saturating_add(hold_ms),
+        });
+        self.reindex_alloc(id);
+        for v in victim_ids {
+            events.push(self.start_preemption(v, id, reason));
+        }
+        Ok(events)
+    }
+
+    /// A victim's running tasks → preempting under a new preemption epoch,
+    /// each refunded its claim-time attempt.
+    fn start_preemption(&mut self, id: AllocId, by: AllocId, reason: PreemptReason) -> Event {
+        let now = self.now_ms;
+        let a = self.allocs.get_mut(&id).expect("checked");
+        a.preemption_epoch += 1;
+        let epoch = a.preemption_epoch;
+        let cause = TeardownCause::Preempted { by, reason };
+        a.teardown = Some(Teardown { epoch, cause, started_at_ms: now, failed_checkpoints: 0 });
+        let mut preempting = Vec::new();
+        for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Running) {
+            t.status = TaskStatus::Preempting;
+            t.preemption_epoch = epoch;
+            t.attempts = t.attempts.saturating_sub(1);
+            preempting.push((t.index, t.node.expect("a running task has a node")));
+        }
+        let preempting = preempting.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
+        self.refresh(id);
+        Event::TeardownStarted { alloc: id, cause, epoch, preempting, released: 0 }
+    }
+
+    /// A preemptor's hold outlived its deadline: the nodes are let go.
+    fn expire_nomination(&mut self, id: AllocId) -> Applied {
+        let a = self.live_alloc(id)?;
+        let n = a.nomination.as_ref().ok_or(Rejection::NotNominated { alloc: id })?;
+        if self.now_ms < n.expires_at_ms {
+            return Err(Rejection::NominationNotExpired { alloc: id, expires_at_ms: n.expires_at_ms });
+        }
+        let waiting = n.waiting_for.len();
+        self.drop_nomination(id);
+        Ok(vec![Event::NominationDropped {
+            alloc: id,
+            reason: format!("the hold expired with {waiting} victim(s) still stopping"),
+        }])
     }
 
     /// Returns every unclaimed reservation of a gang to blocked; how many.
@@ -718,7 +1015,13 @@ impl State {
                 TaskStatus::Preempting => {
                     let epoch = t.preemption_epoch;
                     self.leave_node(id, task, slot, TaskStatus::Preempted, None);
-                    events.push(Event::TaskPreempted { alloc: id, task, epoch, forced: true });
+                    events.push(Event::TaskPreempted {
+                        alloc: id,
+                        task,
+                        epoch,
+                        forced: true,
+                        checkpoint_failed: false,
+                    });
                     events.extend(self.settle(id));
                 }
                 other => unreachable!("task {id}/{task} on a node while {other:?}"),
@@ -741,6 +1044,7 @@ impl State {
             self.release(slot, &usage, (id, task));
             stopped.push((task, self.node(slot).id.clone()));
         }
+        self.drop_nomination(id);
         let now = self.now_ms;
         let a = self.allocs.get_mut(&id).expect("checked");
         for t in a.tasks.iter_mut().filter(|t| !t.status.is_terminal()) {
@@ -749,12 +1053,17 @@ impl State {
             }
             t.status = TaskStatus::Cancelled;
         }
-        a.teardown = None;
+        let preemptor = a.teardown.take().and_then(|td| td.preempted_by());
         a.status = AllocStatus::Cancelled;
+        a.suspended = false;
         a.finished_at_ms = Some(now);
         drop_checkpoints(a);
         self.reindex_alloc(id);
-        Ok(vec![Event::AllocationCancelled { alloc: id, stopped }])
+        let mut events = vec![Event::AllocationCancelled { alloc: id, stopped }];
+        if let Some(by) = preemptor {
+            events.extend(self.victim_released(id, by));
+        }
+        Ok(events)
     }
 
     // ----- shared checks and moves --------------------------------------
@@ -825,7 +1134,7 @@ impl State {
             a.finished_at_ms = Some(now);
             drop_checkpoints(a);
             events.push(Event::AllocationDone { alloc: id });
-        } else if a.status == AllocStatus::Queued {
+        } else if a.is_queued() {
             // Nothing runs or waits: blocked (and maybe done) tasks only.
             let done = a.tasks.iter().find(|t| t.status == TaskStatus::Done).map(|t| t.index);
             let exhausted = a
@@ -843,10 +1152,11 @@ impl State {
                     t.status = TaskStatus::Failed;
                 }
                 a.status = AllocStatus::Failed;
+                a.suspended = false;
                 a.finished_at_ms = Some(now);
                 drop_checkpoints(a);
                 events.push(Event::AllocationFailed { alloc: id, reason });
-            } else if before != AllocStatus::Queued {
+            } else if !matches!(before, AllocStatus::Queued | AllocStatus::Suspended) {
                 events.push(Event::GangRequeued { alloc: id });
             }
         }
@@ -865,7 +1175,7 @@ impl State {
         a.status = if a.teardown.is_some() {
             AllocStatus::TearingDown
         } else if blocked > 0 && reserved == 0 {
-            AllocStatus::Queued
+            if a.suspended { AllocStatus::Suspended } else { AllocStatus::Queued }
         } else if reserved > 0 {
             AllocStatus::Reserved
         } else {
@@ -878,7 +1188,13 @@ impl State {
         let a = &self.allocs[&id];
         let key = QueueKey::of(a);
         let shape = Shape::of(a);
-        if a.is_queued() {
+        let class = (Reverse(a.spec.preemption_class), key);
+        if a.is_queued() && a.nomination.is_none() && a.spec.preemption_class > 0 {
+            self.index.preemptors.insert(class);
+        } else {
+            self.index.preemptors.remove(&class);
+        }
+        if a.is_queued() && a.nomination.is_none() {
             self.index.queue.insert(key);
             self.index.queue_fifo.insert(id);
             self.index.queue_by_shape.entry(shape).or_default().insert(key);
@@ -904,7 +1220,7 @@ impl State {
 
     fn index_node(&mut self, slot: NodeSlot) {
         let node = &self.nodes[slot.0 as usize];
-        if node.status == NodeStatus::Ready {
+        if node.status == NodeStatus::Ready && !self.index.held.contains_key(&slot) {
             self.index.free_gpus.insert((node.free().gpus, slot));
         }
     }
@@ -946,6 +1262,11 @@ impl State {
     /// Rebuilds every derived index from the replicated fields (after decode).
     pub(crate) fn rebuild_indexes(&mut self) {
         self.index = Indexes::default();
+        for a in self.allocs.values() {
+            for &slot in a.nomination.iter().flat_map(|n| &n.nodes) {
+                self.index.held.insert(slot, a.id);
+            }
+        }
         for slot in 0..self.nodes.len() {
             let slot = NodeSlot(slot as u32);
             self.index.node_by_id.insert(self.node(slot).id.clone(), slot);
@@ -1023,7 +1344,37 @@ impl State {
                     return Err(format!("terminal allocation {} still holds capacity", a.id));
                 }
             }
-            if a.is_queued() != self.index.queue.contains(&QueueKey::of(a)) {
+            if let Some(n) = &a.nomination {
+                if !a.is_queued() {
+                    return Err(format!("allocation {} holds nodes but is {:?}", a.id, a.status));
+                }
+                if n.nodes.len() != a.spec.gang_size as usize {
+                    return Err(format!(
+                        "allocation {} holds {} nodes for a gang of {}",
+                        a.id,
+                        n.nodes.len(),
+                        a.tasks.len()
+                    ));
+                }
+                for v in &n.waiting_for {
+                    let by = self.allocs.get(v).and_then(|v| v.teardown).and_then(|td| td.preempted_by());
+                    if by != Some(a.id) {
+                        return Err(format!("allocation {} waits for {v}, which is not being preempted for it", a.id));
+                    }
+                }
+                if n.waiting_for.is_empty() {
+                    return Err(format!("allocation {} holds nodes but waits for no victim", a.id));
+                }
+            }
+            if a.suspended != (a.status == AllocStatus::Suspended) {
+                return Err(format!("allocation {} is {:?} with suspended = {}", a.id, a.status, a.suspended));
+            }
+            if let Some(by) = a.teardown.and_then(|td| td.preempted_by())
+                && self.allocs.get(&by).is_none_or(|p| p.spec.preemption_class <= a.spec.preemption_class)
+            {
+                return Err(format!("allocation {} is preempted for {by}, which is not of a higher class", a.id));
+            }
+            if (a.is_queued() && a.nomination.is_none()) != self.index.queue.contains(&QueueKey::of(a)) {
                 return Err(format!("queue index out of step for allocation {}", a.id));
             }
         }

@@ -577,7 +577,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "8a3474ebd7daa0bbad1f0dec2d5594ad608f8a070e95439580fbae5f81c5d7b9"
+        "68bb971c7835fb36513ef87f884a33dc38bc6e0a6645427607e84564c8042aa4"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));
@@ -690,7 +690,7 @@ fn history_is_bounded() {
 
 impl Fixture {
     fn ack(&mut self, alloc: AllocId, task: TaskIndex, node: u32, epoch: u64) -> Vec<Event> {
-        self.ok(Command::TaskPreempted { alloc, task, node: n(node), epoch })
+        self.ok(Command::TaskPreempted { alloc, task, node: n(node), epoch, checkpoint_failed: false })
     }
 
     fn attempts(&self, alloc: AllocId) -> Vec<u32> {
@@ -714,7 +714,7 @@ fn a_failure_with_running_siblings_preempts_them_under_one_epoch_and_refunds_all
             Event::TaskFailed { alloc: id, task: 0, exit_code: Some(1), charged: true },
             Event::TeardownStarted {
                 alloc: id,
-                trigger: 0,
+                cause: TeardownCause::TaskFailed { trigger: 0 },
                 epoch: 1,
                 preempting: vec![(1, n(1)), (2, n(2))],
                 released: 0
@@ -726,13 +726,24 @@ fn a_failure_with_running_siblings_preempts_them_under_one_epoch_and_refunds_all
     assert_eq!(f.attempts(id), vec![1, 0, 0], "siblings refunded, the trigger keeps its attempt");
     assert_eq!(f.status(id), AllocStatus::TearingDown);
     let a = f.s.alloc(id).unwrap();
-    assert_eq!(a.teardown, Some(Teardown { epoch: 1, trigger: 0, started_at_ms: 2_000 }));
+    assert_eq!(
+        a.teardown,
+        Some(Teardown {
+            epoch: 1,
+            cause: TeardownCause::TaskFailed { trigger: 0 },
+            started_at_ms: 2_000,
+            failed_checkpoints: 0
+        })
+    );
     assert_eq!((a.tasks[1].preemption_epoch, a.tasks[2].preemption_epoch), (1, 1));
     assert_eq!(f.s.queue_len(), 0, "a gang mid-teardown is not admissible");
     assert_eq!((f.used_gpus(0), f.used_gpus(1), f.used_gpus(2)), (0, 8, 8), "preempting tasks still hold their GPUs");
 
     f.t = 3_000;
-    assert_eq!(f.ack(id, 1, 1, 1), vec![Event::TaskPreempted { alloc: id, task: 1, epoch: 1, forced: false }]);
+    assert_eq!(
+        f.ack(id, 1, 1, 1),
+        vec![Event::TaskPreempted { alloc: id, task: 1, epoch: 1, forced: false, checkpoint_failed: false }]
+    );
     assert_eq!(f.statuses(id), vec![Blocked, Preempted, Preempting]);
     assert_eq!(f.used_gpus(1), 0);
     assert_eq!(f.status(id), AllocStatus::TearingDown);
@@ -740,8 +751,15 @@ fn a_failure_with_running_siblings_preempts_them_under_one_epoch_and_refunds_all
     assert_eq!(
         f.ack(id, 2, 2, 1),
         vec![
-            Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: false },
-            Event::TeardownCompleted { alloc: id, epoch: 1, outcome: TeardownOutcome::Blocked, drain_ms: 1_500 },
+            Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: false, checkpoint_failed: false },
+            Event::TeardownCompleted {
+                alloc: id,
+                epoch: 1,
+                cause: TeardownCause::TaskFailed { trigger: 0 },
+                outcome: TeardownOutcome::Blocked,
+                drain_ms: 1_500,
+                preempted_count: 0
+            },
             Event::GangRequeued { alloc: id }
         ]
     );
@@ -760,7 +778,7 @@ fn a_teardown_releases_unclaimed_siblings_and_leaves_blocked_ones() {
     f.start(id, 1, 1, epoch);
     let ev = f.fail(id, 1, 1, epoch);
     assert!(
-        matches!(&ev[1], Event::TeardownStarted { trigger: 1, preempting, released: 1, .. } if preempting == &vec![(0, n(0))]),
+        matches!(&ev[1], Event::TeardownStarted { cause: TeardownCause::TaskFailed { trigger: 1 }, preempting, released: 1, .. } if preempting == &vec![(0, n(0))]),
         "{ev:?}"
     );
     assert_eq!(f.statuses(id), vec![TaskStatus::Preempting, TaskStatus::Blocked, TaskStatus::Blocked]);
@@ -839,7 +857,7 @@ fn a_preempting_task_that_exits_on_its_own_is_preempted_or_done() {
         ev,
         vec![
             Event::TaskFailed { alloc: id, task: 1, exit_code: Some(1), charged: false },
-            Event::TaskPreempted { alloc: id, task: 1, epoch: 1, forced: false }
+            Event::TaskPreempted { alloc: id, task: 1, epoch: 1, forced: false, checkpoint_failed: false }
         ]
     );
     assert_eq!(f.attempts(id), vec![1, 0, 0]);
@@ -861,7 +879,7 @@ fn acks_and_checkpoints_with_a_stale_epoch_or_from_elsewhere_are_refused() {
     f.start(id, 1, 1, epoch);
     // A late ack of round 1 while the task runs again.
     assert_eq!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1 }),
+        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
         Rejection::WrongTaskStatus {
             alloc: id,
             task: 1,
@@ -871,18 +889,21 @@ fn acks_and_checkpoints_with_a_stale_epoch_or_from_elsewhere_are_refused() {
     );
     f.fail(id, 0, 0, epoch);
     let stale = Rejection::StalePreemptionEpoch { alloc: id, current: 2, got: 1 };
-    assert_eq!(f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1 }), stale);
+    assert_eq!(
+        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
+        stale
+    );
     assert_eq!(
         f.rejected(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: vec![1, 2, 3] }),
         stale
     );
     assert_eq!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(2), epoch: 2 }),
+        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(2), epoch: 2, checkpoint_failed: false }),
         Rejection::WrongNode { alloc: id, task: 1, node: n(2) }
     );
     // The trigger was never told to stop: nothing to ack.
     assert_eq!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 0, node: n(0), epoch: 0 }),
+        f.rejected(Command::TaskPreempted { alloc: id, task: 0, node: n(0), epoch: 0, checkpoint_failed: false }),
         Rejection::WrongTaskStatus {
             alloc: id,
             task: 0,
@@ -899,7 +920,10 @@ fn a_checkpoint_is_stored_kept_for_later_attempts_and_dropped_at_the_end() {
     f.fail(id, 0, 0, epoch);
     f.t = 5_000;
     let ev = f.ok(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: b"step=41".to_vec() });
-    assert_eq!(ev, vec![Event::CheckpointSaved { alloc: id, task: 1, epoch: 1, bytes: 7 }]);
+    assert_eq!(
+        ev,
+        vec![Event::CheckpointSaved { alloc: id, task: 1, epoch: 1, bytes: 7, after_ms: 4_000, preempted: false }]
+    );
     // A second upload of the same round replaces the first.
     f.ok(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: b"step=42".to_vec() });
     f.ack(id, 1, 1, 1);
@@ -949,8 +973,8 @@ fn force_drain_moves_stuck_tasks_and_completes_in_the_same_command() {
     f.t = 10_000;
     f.fail(id, 0, 0, epoch);
     f.ack(id, 1, 1, 1);
-    assert_eq!(crate::policy::plan_force_drains(&f.s, 54_999, 45_000), vec![]);
-    let plan = crate::policy::plan_force_drains(&f.s, 55_000, 45_000);
+    assert_eq!(crate::policy::plan_force_drains(&f.s, 54_999, 45_000, &Default::default()), vec![]);
+    let plan = crate::policy::plan_force_drains(&f.s, 55_000, 45_000, &Default::default());
     assert_eq!(plan, vec![Command::ForceDrain { alloc: id, epoch: 1 }]);
     assert_eq!(
         f.rejected(Command::ForceDrain { alloc: id, epoch: 2 }),
@@ -961,8 +985,15 @@ fn force_drain_moves_stuck_tasks_and_completes_in_the_same_command() {
     assert_eq!(
         ev,
         vec![
-            Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: true },
-            Event::TeardownCompleted { alloc: id, epoch: 1, outcome: TeardownOutcome::Blocked, drain_ms: 45_000 },
+            Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: true, checkpoint_failed: false },
+            Event::TeardownCompleted {
+                alloc: id,
+                epoch: 1,
+                cause: TeardownCause::TaskFailed { trigger: 0 },
+                outcome: TeardownOutcome::Blocked,
+                drain_ms: 45_000,
+                preempted_count: 0
+            },
             Event::GangRequeued { alloc: id }
         ]
     );
@@ -970,7 +1001,7 @@ fn force_drain_moves_stuck_tasks_and_completes_in_the_same_command() {
     assert_eq!(f.rejected(Command::ForceDrain { alloc: id, epoch: 1 }), Rejection::NotTearingDown { alloc: id });
     // The late ack of the forced task is refused: the task is blocked now.
     assert!(matches!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 2, node: n(2), epoch: 1 }),
+        f.rejected(Command::TaskPreempted { alloc: id, task: 2, node: n(2), epoch: 1, checkpoint_failed: false }),
         Rejection::WrongTaskStatus { status: TaskStatus::Blocked, .. }
     ));
 }
@@ -982,7 +1013,7 @@ fn losing_the_node_of_a_preempting_task_preempts_it() {
     f.fail(id, 0, 0, epoch);
     f.ack(id, 1, 1, 1);
     let ev = f.ok(Command::MarkNodeLost { node: n(2) });
-    assert_eq!(ev[1], Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: true });
+    assert_eq!(ev[1], Event::TaskPreempted { alloc: id, task: 2, epoch: 1, forced: true, checkpoint_failed: false });
     assert!(matches!(ev[2], Event::TeardownCompleted { outcome: TeardownOutcome::Blocked, .. }), "{ev:?}");
     assert_eq!(f.status(id), AllocStatus::Queued);
 }
@@ -999,7 +1030,10 @@ fn the_stuck_state_is_torn_down_and_the_gang_completes_elsewhere() {
     f.start(id, 1, 1, epoch);
     let ev = f.ok(Command::MarkNodeLost { node: n(2) });
     assert_eq!(ev[1], Event::TaskFailed { alloc: id, task: 2, exit_code: None, charged: true });
-    assert!(matches!(&ev[2], Event::TeardownStarted { trigger: 2, preempting, .. } if preempting.len() == 2), "{ev:?}");
+    assert!(
+        matches!(&ev[2], Event::TeardownStarted { cause: TeardownCause::TaskFailed { trigger: 2 }, preempting, .. } if preempting.len() == 2),
+        "{ev:?}"
+    );
     f.ack(id, 0, 0, 1);
     f.ack(id, 1, 1, 1);
     assert_eq!(f.status(id), AllocStatus::Queued);
@@ -1035,7 +1069,7 @@ fn a_stale_reservation_with_running_siblings_triggers_a_teardown() {
     let ev = f.ok(plan.commands[0].clone());
     assert_eq!(ev[0], Event::GangRolledBack { alloc: id, epoch });
     assert_eq!(ev[1], Event::TaskFailed { alloc: id, task: 2, exit_code: None, charged: true });
-    assert!(matches!(&ev[2], Event::TeardownStarted { trigger: 2, .. }), "{ev:?}");
+    assert!(matches!(&ev[2], Event::TeardownStarted { cause: TeardownCause::TaskFailed { trigger: 2 }, .. }), "{ev:?}");
     assert_eq!(f.statuses(id), vec![TaskStatus::Preempting, TaskStatus::Preempting, TaskStatus::Blocked]);
 }
 
@@ -1048,4 +1082,256 @@ fn cancel_during_a_teardown_frees_everything() {
     assert_eq!(ev, vec![Event::AllocationCancelled { alloc: id, stopped: vec![(1, n(1)), (2, n(2))] }]);
     assert!(f.s.alloc(id).unwrap().teardown.is_none());
     assert_eq!((f.used_gpus(1), f.used_gpus(2)), (0, 0));
+}
+
+// ----- priority preemption ------------------------------------------------------
+
+impl Fixture {
+    /// Submits a gang of `gang` × `gpus` at `class` and runs it on `nodes`.
+    fn running_on(&mut self, gang: u32, gpus: u32, class: u8, nodes: &[u32]) -> (AllocId, u64) {
+        let mut sp = spec(gang, gpus);
+        sp.preemption_class = class;
+        let id = self.submit(sp);
+        let epoch = self.reserve(id, nodes);
+        for (i, &node) in nodes.iter().enumerate() {
+            self.start(id, i as TaskIndex, node, epoch);
+        }
+        (id, epoch)
+    }
+
+    fn queued(&mut self, gang: u32, gpus: u32, class: u8) -> AllocId {
+        let mut sp = spec(gang, gpus);
+        sp.preemption_class = class;
+        self.submit(sp)
+    }
+
+    fn preempt(&mut self, alloc: AllocId, victims: &[(AllocId, u64)], nodes: &[u32]) -> Outcome {
+        self.apply(Command::Preempt {
+            alloc,
+            victims: victims.to_vec(),
+            nodes: nodes.iter().map(|&i| n(i)).collect(),
+            hold_ms: 60_000,
+        })
+    }
+}
+
+#[test]
+fn a_preemption_stops_the_victims_holds_the_nodes_and_reserves_the_preemptor_at_the_last_release() {
+    let mut f = Fixture::new(2);
+    let (v1, e1) = f.running_on(1, 8, 2, &[0]);
+    let (v2, e2) = f.running_on(1, 8, 2, &[1]);
+    let p = f.queued(2, 8, 8);
+    let submit_time = f.s.alloc(v1).unwrap().submit_time_ms;
+    f.t = 10_000;
+    let ev = f.preempt(p, &[(v1, e1), (v2, e2)], &[0, 1]).events().to_vec();
+    assert!(
+        matches!(&ev[0], Event::PreemptionDecided { alloc, victims, reason: PreemptReason::Priority, .. }
+        if *alloc == p && victims == &vec![v1, v2]),
+        "{ev:?}"
+    );
+    assert!(
+        matches!(&ev[1], Event::TeardownStarted { alloc, cause: TeardownCause::Preempted { by, .. }, epoch: 1, .. }
+        if *alloc == v1 && *by == p),
+        "{ev:?}"
+    );
+    assert_eq!(f.status(v1), AllocStatus::TearingDown);
+    assert_eq!(f.attempts(v1), vec![0], "a victim is refunded");
+    assert_eq!(f.s.held_for(f.s.node_slot(&n(0)).unwrap()), Some(p));
+    assert!(f.s.queue().all(|k| k.alloc != p), "a nominated preemptor waits outside the queue");
+    assert!(f.s.free_gpu_index().is_empty(), "held nodes are not offered to admission");
+
+    // A third job cannot take a held node, even once it is free.
+    let thief = f.queued(1, 8, 5);
+    f.t = 11_000;
+    f.ok(Command::SaveCheckpoint { alloc: v1, task: 0, node: n(0), epoch: 1, data: b"step=7".to_vec() });
+    let ev = f.ack(v1, 0, 0, 1);
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::TeardownCompleted { outcome: TeardownOutcome::Suspended, preempted_count: 1, .. }
+        )),
+        "{ev:?}"
+    );
+    assert!(!ev.iter().any(|e| matches!(e, Event::GangReserved { .. })), "one victim still holds a node");
+    let r = f.rejected(Command::ReserveGang { alloc: thief, epoch: 1, nodes: vec![n(0)] });
+    assert_eq!(r, Rejection::NodeHeld { node: n(0), holder: p });
+    assert_eq!(f.status(v1), AllocStatus::Suspended);
+    let a = f.s.alloc(v1).unwrap();
+    assert_eq!((a.preempted_count, a.submit_time_ms, a.suspended), (1, submit_time, true));
+    assert!(a.tasks[0].checkpoint.is_some());
+    assert!(f.s.queue().any(|k| k.alloc == v1), "a suspended gang is queued again");
+
+    // The last release reserves the preemptor on its held nodes, in the same command.
+    f.t = 12_000;
+    let ev = f.ack(v2, 0, 1, 1);
+    let reserved = ev.iter().find_map(|e| match e {
+        Event::GangReserved { alloc, nodes, .. } if *alloc == p => Some(nodes.clone()),
+        _ => None,
+    });
+    assert_eq!(reserved, Some(vec![n(0), n(1)]), "{ev:?}");
+    assert_eq!(f.status(p), AllocStatus::Reserved);
+    assert!(f.s.alloc(p).unwrap().nomination.is_none());
+    assert_eq!(f.s.held_nodes().count(), 0);
+
+    // The suspended victim resumes later: placed, its resume flag clears, its count stays.
+    f.ok(Command::CancelAllocation { alloc: p });
+    let epoch = f.reserve(v1, &[0]);
+    assert_eq!(f.status(v1), AllocStatus::Reserved);
+    assert_eq!(f.s.alloc(v1).unwrap().preempted_count, 1);
+    assert!(!f.s.alloc(v1).unwrap().suspended);
+    f.start(v1, 0, 0, epoch);
+}
+
+#[test]
+fn apply_refuses_every_victim_the_rules_protect() {
+    let mut f = Fixture::new(6);
+    let (same, e_same) = f.running_on(1, 8, 8, &[0]);
+    let mut sp = spec(1, 8);
+    sp.preemption_class = 10;
+    sp.sensitive = true;
+    let sensitive = f.submit(sp);
+    let e_sens = f.reserve(sensitive, &[1]);
+    f.start(sensitive, 0, 1, e_sens);
+    let mut sp = spec(1, 8);
+    sp.preemption_class = 7;
+    sp.checkpoint = CheckpointMode::None;
+    let none7 = f.submit(sp);
+    let e_none7 = f.reserve(none7, &[2]);
+    f.start(none7, 0, 2, e_none7);
+    let reserved = f.queued(1, 8, 1);
+    let e_res = f.reserve(reserved, &[3]);
+    let (low, e_low) = f.running_on(1, 4, 1, &[4]);
+    let p = f.queued(1, 8, 8);
+    let hi = f.queued(1, 8, 9);
+
+    let not = |r: Rejection| matches!(r, Rejection::NotPreemptible { .. });
+    let r = f.preempt(p, &[(same, e_same)], &[0]).rejection().cloned().unwrap();
+    assert!(not(r.clone()) && r.to_string().contains("class 8 is not below 8"), "{r}");
+    let r = f.preempt(hi, &[(sensitive, e_sens)], &[1]).rejection().cloned().unwrap();
+    assert!(r.to_string().contains("never preempted"), "{r}");
+    let r = f.preempt(hi, &[(none7, e_none7)], &[2]).rejection().cloned().unwrap();
+    assert!(r.to_string().contains("checkpoint none at class 7"), "{r}");
+    let r = f.preempt(p, &[(reserved, e_res)], &[3]).rejection().cloned().unwrap();
+    assert!(r.to_string().contains("not running whole"), "{r}");
+    assert!(matches!(
+        f.preempt(p, &[(low, e_low + 1)], &[4]).rejection(),
+        Some(Rejection::StaleReservationEpoch { .. })
+    ));
+    // Node 4 keeps 4 GPUs busy without the victim? No: the victim holds 4 of 8;
+    // node 0's task is not a victim, so node 0 cannot take 8 GPUs.
+    assert!(matches!(f.preempt(p, &[(low, e_low)], &[0]).rejection(), Some(Rejection::InsufficientCapacity { .. })));
+    assert!(matches!(f.preempt(p, &[], &[4]).rejection(), Some(Rejection::NotPreemptible { .. })));
+    assert!(matches!(f.preempt(p, &[(low, e_low)], &[4, 5]).rejection(), Some(Rejection::WrongNodeCount { .. })));
+    assert!(matches!(f.preempt(same, &[(low, e_low)], &[4]).rejection(), Some(Rejection::NotQueued { .. })));
+    // A valid one, then the same preemptor again, and a node already held.
+    assert!(f.preempt(p, &[(low, e_low)], &[4]).is_accepted());
+    assert!(matches!(
+        f.preempt(p, &[(low, e_low)], &[4]).rejection(),
+        Some(Rejection::NotQueued { .. } | Rejection::AlreadyNominated { .. })
+    ));
+    let other = f.queued(1, 1, 9);
+    assert!(matches!(
+        f.preempt(other, &[(none7, e_none7)], &[4]).rejection(),
+        Some(Rejection::NodeHeld { .. } | Rejection::NotPreemptible { .. })
+    ));
+}
+
+#[test]
+fn an_unresponsive_victim_is_charged_and_its_gang_requeued_not_suspended() {
+    let mut f = Fixture::new(2);
+    let (v, e) = f.running_on(2, 8, 1, &[0, 1]);
+    let p = f.queued(1, 8, 6);
+    assert!(f.preempt(p, &[(v, e)], &[0]).is_accepted());
+    f.ack(v, 0, 0, 1);
+    let ev = f.ok(Command::TaskPreempted { alloc: v, task: 1, node: n(1), epoch: 1, checkpoint_failed: true });
+    assert!(ev.iter().any(|e| matches!(e, Event::TaskPreempted { task: 1, checkpoint_failed: true, .. })));
+    assert!(ev.iter().any(|e| matches!(e, Event::TeardownCompleted { outcome: TeardownOutcome::Blocked, .. })));
+    assert_eq!(f.status(v), AllocStatus::Queued, "requeued, not suspended");
+    assert_eq!(f.attempts(v), vec![0, 1], "only the unresponsive task is charged");
+    assert_eq!(f.s.alloc(v).unwrap().preempted_count, 1);
+    assert_eq!(f.status(p), AllocStatus::Reserved);
+}
+
+#[test]
+fn a_victim_forced_at_the_deadline_is_charged_and_one_out_of_retries_fails() {
+    let mut f = Fixture::new(1);
+    let mut sp = spec(1, 8);
+    sp.preemption_class = 1;
+    sp.max_retries = 1;
+    let v = f.submit(sp);
+    let e = f.reserve(v, &[0]);
+    f.start(v, 0, 0, e);
+    let p = f.queued(1, 8, 6);
+    assert!(f.preempt(p, &[(v, e)], &[0]).is_accepted());
+    let ev = f.ok(Command::ForceDrain { alloc: v, epoch: 1 });
+    assert!(ev.iter().any(|e| matches!(e, Event::TaskPreempted { forced: true, checkpoint_failed: true, .. })));
+    assert_eq!(f.status(v), AllocStatus::Failed, "1 of 1 retries used");
+    assert_eq!(f.status(p), AllocStatus::Reserved);
+}
+
+#[test]
+fn a_hold_expires_only_at_its_deadline_and_the_preemptor_queues_again() {
+    let mut f = Fixture::new(1);
+    let (v, e) = f.running_on(1, 8, 1, &[0]);
+    let p = f.queued(1, 8, 6);
+    f.t = 5_000;
+    assert!(f.preempt(p, &[(v, e)], &[0]).is_accepted());
+    f.t = 64_999;
+    assert_eq!(
+        f.rejected(Command::ExpireNomination { alloc: p }),
+        Rejection::NominationNotExpired { alloc: p, expires_at_ms: 65_000 }
+    );
+    f.t = 65_000;
+    let ev = f.ok(Command::ExpireNomination { alloc: p });
+    assert!(matches!(&ev[0], Event::NominationDropped { .. }));
+    assert!(f.s.queue().any(|k| k.alloc == p));
+    assert_eq!(f.rejected(Command::ExpireNomination { alloc: p }), Rejection::NotNominated { alloc: p });
+    // The victim still stops and suspends; nobody is reserved for it.
+    let ev = f.ack(v, 0, 0, 1);
+    assert!(!ev.iter().any(|e| matches!(e, Event::GangReserved { .. })));
+    assert_eq!(f.status(v), AllocStatus::Suspended);
+}
+
+#[test]
+fn cancelling_the_preemptor_frees_its_holds_and_cancelling_a_victim_counts_as_its_release() {
+    let mut f = Fixture::new(2);
+    let (v1, e1) = f.running_on(1, 8, 1, &[0]);
+    let (v2, e2) = f.running_on(1, 8, 1, &[1]);
+    let p = f.queued(1, 8, 6);
+    assert!(f.preempt(p, &[(v1, e1)], &[0]).is_accepted());
+    f.ok(Command::CancelAllocation { alloc: p });
+    assert_eq!(f.s.held_nodes().count(), 0);
+    f.ack(v1, 0, 0, 1);
+    assert_eq!(f.status(v1), AllocStatus::Suspended);
+
+    let q = f.queued(1, 8, 6);
+    assert!(f.preempt(q, &[(v2, e2)], &[1]).is_accepted());
+    let ev = f.ok(Command::CancelAllocation { alloc: v2 });
+    assert!(ev.iter().any(|e| matches!(e, Event::GangReserved { alloc, .. } if *alloc == q)), "{ev:?}");
+}
+
+#[test]
+fn a_held_node_lost_before_the_release_drops_the_hold() {
+    let mut f = Fixture::new(2);
+    let (v, e) = f.running_on(1, 8, 1, &[0]);
+    let p = f.queued(1, 8, 6);
+    assert!(f.preempt(p, &[(v, e)], &[0]).is_accepted());
+    let ev = f.ok(Command::MarkNodeLost { node: n(0) });
+    assert!(ev.iter().any(|e| matches!(e, Event::NominationDropped { alloc, .. } if *alloc == p)), "{ev:?}");
+    assert!(f.s.queue().any(|k| k.alloc == p));
+}
+
+#[test]
+fn sensitive_specs_must_be_class_ten() {
+    let mut f = Fixture::new(0);
+    let mut sp = spec(1, 1);
+    sp.sensitive = true;
+    sp.preemption_class = 9;
+    let r = f.rejected(Command::Submit { spec: sp.clone() });
+    assert!(r.to_string().contains("sensitive allocations are class 10"), "{r}");
+    sp.preemption_class = 10;
+    f.submit(sp);
+    let mut sp = spec(1, 1);
+    sp.checkpoint_estimate_s = 0;
+    assert!(f.rejected(Command::Submit { spec: sp }).to_string().contains("checkpoint_estimate_s"));
 }

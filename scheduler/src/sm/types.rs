@@ -140,6 +140,11 @@ pub struct Node {
 }
 
 impl Node {
+    /// The vCluster the node belongs to (its `muster.vcluster` label).
+    pub fn vcluster(&self) -> &str {
+        self.labels.get(VCLUSTER_LABEL).map_or(DEFAULT_VCLUSTER, String::as_str)
+    }
+
     /// Consumables not held by any reserved or running task.
     pub fn free(&self) -> Usage {
         Usage::of(&self.resources).minus(&self.used)
@@ -156,6 +161,57 @@ pub enum CheckpointMode {
     /// The task cannot checkpoint; preemption loses its progress.
     None,
 }
+
+/// The kind of a vCluster: it decides how its allocations may be preempted
+/// (the preemption-policy seed's per-vCluster table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum VClusterType {
+    /// Class-based, checkpoint-aware preemption.
+    #[default]
+    HpcBatch,
+    /// Preemptible; the checkpoint term of its cost is weighted double.
+    MlTraining,
+    /// Preempted only where it runs on borrowed nodes (another vCluster's).
+    Service,
+    /// Never preempted (class 10, no exceptions).
+    Sensitive,
+    /// Preemptible; short-lived, so its remaining-walltime value counts half.
+    Interactive,
+}
+
+impl VClusterType {
+    /// The API spelling: `hpc-batch`, `ml-training`, `service`, `sensitive`,
+    /// `interactive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VClusterType::HpcBatch => "hpc-batch",
+            VClusterType::MlTraining => "ml-training",
+            VClusterType::Service => "service",
+            VClusterType::Sensitive => "sensitive",
+            VClusterType::Interactive => "interactive",
+        }
+    }
+
+    /// Parses the API spelling.
+    pub fn parse(s: &str) -> Option<VClusterType> {
+        Some(match s {
+            "hpc-batch" => VClusterType::HpcBatch,
+            "ml-training" => VClusterType::MlTraining,
+            "service" => VClusterType::Service,
+            "sensitive" => VClusterType::Sensitive,
+            "interactive" => VClusterType::Interactive,
+            _ => return None,
+        })
+    }
+}
+
+/// The node label naming the vCluster a node belongs to (absent: the default
+/// vCluster). A task on a node of another vCluster runs on borrowed capacity.
+pub const VCLUSTER_LABEL: &str = "muster.vcluster";
+
+/// The default checkpoint-time estimate of an `Auto` allocation that gives
+/// none, in seconds.
+pub const DEFAULT_CHECKPOINT_ESTIMATE_S: u32 = 60;
 
 /// What a user submits: one gang of `gang_size` identical tasks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +242,13 @@ pub struct AllocSpec {
     /// The vCluster it belongs to (quotas and borrowing come with the
     /// vCluster issue; every allocation already names one).
     pub vcluster: String,
+    /// Its vCluster's type (how it may be preempted).
+    pub vcluster_type: VClusterType,
+    /// A sensitive allocation (class 10 only) is never preempted.
+    pub sensitive: bool,
+    /// How long a checkpoint takes, as the user estimates it (seconds); the
+    /// preemption cost of an `Auto` allocation counts it.
+    pub checkpoint_estimate_s: u32,
 }
 
 /// The vCluster of an allocation that names none.
@@ -193,8 +256,9 @@ pub const DEFAULT_VCLUSTER: &str = "default";
 
 impl AllocSpec {
     /// A spec with the defaults users get when they leave fields out: class 0,
-    /// priority 0, checkpoint `Auto`, one hour of walltime, 3 retries, no env,
-    /// no idempotency key, the default vCluster.
+    /// priority 0, checkpoint `Auto` taking about a minute, one hour of
+    /// walltime, 3 retries, no env, no idempotency key, the default vCluster
+    /// of type hpc-batch, not sensitive.
     pub fn new(owner: impl Into<String>, gang_size: u32, resources: Resources, command: Vec<String>) -> AllocSpec {
         AllocSpec {
             owner: owner.into(),
@@ -209,11 +273,30 @@ impl AllocSpec {
             env: BTreeMap::new(),
             idempotency_key: None,
             vcluster: DEFAULT_VCLUSTER.to_string(),
+            vcluster_type: VClusterType::HpcBatch,
+            sensitive: false,
+            checkpoint_estimate_s: DEFAULT_CHECKPOINT_ESTIMATE_S,
+        }
+    }
+
+    /// Whether no preemption may ever choose it, whatever its state: class
+    /// 10, sensitive, a sensitive vCluster, or checkpoint `none` at class 7
+    /// or above (all progress lost, high priority).
+    pub fn never_preempted(&self) -> Option<&'static str> {
+        if self.preemption_class >= crate::sm::MAX_PREEMPTION_CLASS {
+            Some("class 10 is never preempted")
+        } else if self.sensitive || self.vcluster_type == VClusterType::Sensitive {
+            Some("sensitive allocations are never preempted")
+        } else if self.checkpoint == CheckpointMode::None && self.preemption_class >= 7 {
+            Some("checkpoint none at class 7 or above is non-preemptible")
+        } else {
+            None
         }
     }
 }
 
-/// A task's status. (Suspension arrives with the preemption-policy issue.)
+/// A task's status. (A suspended gang's tasks are blocked; suspension is the
+/// allocation's status.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum TaskStatus {
     /// Waiting for its gang to be placed.
@@ -222,9 +305,11 @@ pub enum TaskStatus {
     Reserved,
     /// Claimed by its node's agent; its process runs.
     Running,
-    /// Its gang is being torn down: its agent has been told to stop the
-    /// process (SIGTERM, grace, SIGKILL), may upload a checkpoint, and must
-    /// acknowledge with the task's preemption epoch. Still holds capacity.
+    /// Its gang is being torn down (a sibling failed) or preempted (a higher
+    /// class needs its nodes): its agent has been told to stop the process
+    /// (after a checkpoint hint, or SIGTERM, grace, SIGKILL), may upload a
+    /// checkpoint, and must acknowledge with the task's preemption epoch.
+    /// Still holds capacity.
     Preempting,
     /// Stopped for a teardown (acknowledged, or forced at the timeout); waits
     /// for the rest of its gang to stop. Holds nothing.
@@ -306,16 +391,82 @@ impl fmt::Debug for Checkpoint {
     }
 }
 
-/// A gang teardown in progress: started by one task's failure (or its node's
-/// loss, or its reservation going stale) while siblings ran.
+/// Why a gang is being torn down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TeardownCause {
+    /// One task failed (or its node was lost, or its reservation went
+    /// stale) while siblings ran; that task keeps its charged attempt.
+    TaskFailed {
+        /// The task whose failure started it.
+        trigger: TaskIndex,
+    },
+    /// A higher-class allocation needs the gang's nodes (priority
+    /// preemption): every task is asked to checkpoint and stop.
+    Preempted {
+        /// The allocation the nodes are freed for.
+        by: AllocId,
+        /// Why (`priority`, or `sensitive` for a sensitive claim).
+        reason: PreemptReason,
+    },
+}
+
+/// Why a preemption happened (the `reason` label of `muster_preemptions_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PreemptReason {
+    /// A higher-class allocation could not be placed otherwise.
+    Priority,
+    /// A sensitive (class 10) allocation claimed the nodes.
+    Sensitive,
+}
+
+impl PreemptReason {
+    /// `priority` or `sensitive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptReason::Priority => "priority",
+            PreemptReason::Sensitive => "sensitive",
+        }
+    }
+}
+
+/// A gang teardown in progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Teardown {
     /// The allocation's preemption epoch for this round.
     pub epoch: u64,
-    /// The task whose failure started it (it keeps its charged attempt).
-    pub trigger: TaskIndex,
+    /// Why.
+    pub cause: TeardownCause,
     /// Entry time of the start: the force-drain deadline counts from here.
     pub started_at_ms: u64,
+    /// Tasks of a preemption that did not checkpoint in time (unresponsive,
+    /// or forced): each was charged an attempt, and the gang is requeued
+    /// rather than suspended.
+    pub failed_checkpoints: u32,
+}
+
+impl Teardown {
+    /// The preemptor, when this teardown is a priority preemption.
+    pub fn preempted_by(&self) -> Option<AllocId> {
+        match self.cause {
+            TeardownCause::Preempted { by, .. } => Some(by),
+            TeardownCause::TaskFailed { .. } => None,
+        }
+    }
+}
+
+/// Nodes held for a preemptor while its victims checkpoint and stop: no other
+/// gang may be reserved there, and the moment the last victim releases its
+/// nodes the preemptor is reserved on them (in the same command).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nomination {
+    /// Task `i` goes to `nodes[i]`.
+    pub nodes: Vec<NodeSlot>,
+    /// Victims that still hold capacity.
+    pub waiting_for: Vec<AllocId>,
+    /// Entry time of the decision.
+    pub decided_at_ms: u64,
+    /// The hold ends here if the preemptor has not been reserved.
+    pub expires_at_ms: u64,
 }
 
 /// How a teardown ended.
@@ -323,16 +474,20 @@ pub struct Teardown {
 pub enum TeardownOutcome {
     /// The whole gang is blocked again, ready for re-admission.
     Blocked,
+    /// A preempted gang checkpointed and stopped: it is queued again as
+    /// suspended, to resume from its checkpoints.
+    Suspended,
     /// A task is out of retries, or a task had already finished: the gang
     /// cannot be restarted whole and failed.
     Failed,
 }
 
 impl TeardownOutcome {
-    /// `blocked` or `failed` (metric labels, logs).
+    /// `blocked`, `suspended` or `failed` (metric labels, logs).
     pub fn as_str(self) -> &'static str {
         match self {
             TeardownOutcome::Blocked => "blocked",
+            TeardownOutcome::Suspended => "suspended",
             TeardownOutcome::Failed => "failed",
         }
     }
@@ -343,6 +498,10 @@ impl TeardownOutcome {
 pub enum AllocStatus {
     /// Every task is blocked: waiting for admission.
     Queued,
+    /// Preempted for a higher class: every task is blocked, and the gang is
+    /// queued again with its original submit time, to resume from its
+    /// checkpoints.
+    Suspended,
     /// Placed; some tasks not yet claimed.
     Reserved,
     /// Every unfinished task runs.
@@ -406,13 +565,25 @@ pub struct Allocation {
     pub preemption_epoch: u64,
     /// The teardown in progress, if any.
     pub teardown: Option<Teardown>,
+    /// How many priority preemptions it went through.
+    pub preempted_count: u32,
+    /// Set when a preemption suspended it; cleared when it is reserved
+    /// again (its next attempt resumes from its checkpoints).
+    pub suspended: bool,
+    /// Nodes held for it while its victims stop (it is a preemptor).
+    pub nomination: Option<Nomination>,
 }
 
 impl Allocation {
-    /// Whether every task is blocked and the allocation is not terminal:
-    /// the only shape admission may place.
+    /// Whether every task is blocked and the allocation is not terminal
+    /// (queued or suspended): the only shape admission may place.
     pub fn is_queued(&self) -> bool {
-        self.status == AllocStatus::Queued
+        matches!(self.status, AllocStatus::Queued | AllocStatus::Suspended)
+    }
+
+    /// When the gang last (re)started: its latest running task's start.
+    pub fn running_since_ms(&self) -> Option<u64> {
+        self.tasks.iter().filter(|t| t.status == TaskStatus::Running).filter_map(|t| t.started_at_ms).max()
     }
 
     /// Whether any task is reserved but not yet claimed.

@@ -97,6 +97,20 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
             format!("{} is outside 0..={MAX_PREEMPTION_CLASS}", spec.preemption_class),
         ));
     }
+    if (spec.sensitive || spec.vcluster_type == super::types::VClusterType::Sensitive)
+        && spec.preemption_class != MAX_PREEMPTION_CLASS
+    {
+        return Err(invalid(
+            "preemption_class",
+            format!("sensitive allocations are class {MAX_PREEMPTION_CLASS}, not {}", spec.preemption_class),
+        ));
+    }
+    if spec.checkpoint_estimate_s == 0 || u64::from(spec.checkpoint_estimate_s) > limits.max_walltime_s {
+        return Err(invalid(
+            "checkpoint_estimate_s",
+            format!("{} s is outside 1..={} s", spec.checkpoint_estimate_s, limits.max_walltime_s),
+        ));
+    }
     if spec.walltime_s == 0 {
         return Err(invalid("walltime_s", "must be at least 1 second"));
     }

@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use muster_scheduler::policy::{AdmissionConfig, Order, plan_admission};
+use muster_scheduler::policy::{
+    AdmissionConfig, Order, PreemptionConfig, plan_admission, plan_expired_nominations, plan_preemptions,
+};
 use muster_scheduler::sm::{
     AllocId, AllocSpec, ApplyCtx, Command, NodeId, Outcome, Resources, State, TaskIndex, TaskStatus,
 };
@@ -17,13 +19,17 @@ pub enum Op {
     Submit { gang: u8, gpus: u8, class: u8, key: Option<u8> },
     Admit { advance_ms: u32, fifo: bool },
     Claim { pick: usize, stale: bool, wrong_node: bool },
+    ClaimAll { pick: usize },
     Finish { pick: usize },
     Fail { pick: usize },
     Cancel { pick: usize },
     RawReserve { pick: usize, nodes: Vec<u8> },
     Rollback { pick: usize, epoch_delta: u8 },
     Lose { node: u8 },
-    Ack { pick: usize, stale: bool },
+    Ack { pick: usize, stale: bool, failed: bool },
+    Preempt { advance_ms: u32, max_victims: u8 },
+    RawPreempt { pick: usize, victims: Vec<usize>, nodes: Vec<u8> },
+    Expire { advance_ms: u32 },
     Checkpoint { pick: usize, stale: bool, bytes: u16 },
     ForceDrain { pick: usize, stale: bool },
 }
@@ -36,6 +42,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         3 => (0u32..40_000, any::<bool>()).prop_map(|(advance_ms, fifo)| Op::Admit { advance_ms, fifo }),
         4 => (any::<usize>(), proptest::bool::weighted(0.1), proptest::bool::weighted(0.1))
             .prop_map(|(pick, stale, wrong_node)| Op::Claim { pick, stale, wrong_node }),
+        3 => any::<usize>().prop_map(|pick| Op::ClaimAll { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Finish { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Fail { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
@@ -43,7 +50,12 @@ pub fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pick, nodes)| Op::RawReserve { pick, nodes }),
         1 => (any::<usize>(), 0u8..3).prop_map(|(pick, epoch_delta)| Op::Rollback { pick, epoch_delta }),
         1 => (0u8..6).prop_map(|node| Op::Lose { node }),
-        3 => (any::<usize>(), proptest::bool::weighted(0.1)).prop_map(|(pick, stale)| Op::Ack { pick, stale }),
+        3 => (any::<usize>(), proptest::bool::weighted(0.1), proptest::bool::weighted(0.2))
+            .prop_map(|(pick, stale, failed)| Op::Ack { pick, stale, failed }),
+        2 => (0u32..200_000, 1u8..4).prop_map(|(advance_ms, max_victims)| Op::Preempt { advance_ms, max_victims }),
+        1 => (any::<usize>(), proptest::collection::vec(any::<usize>(), 0..3), proptest::collection::vec(0u8..7, 0..5))
+            .prop_map(|(pick, victims, nodes)| Op::RawPreempt { pick, victims, nodes }),
+        1 => (0u32..2_000_000).prop_map(|advance_ms| Op::Expire { advance_ms }),
         1 => (any::<usize>(), proptest::bool::weighted(0.1), any::<u16>())
             .prop_map(|(pick, stale, bytes)| Op::Checkpoint { pick, stale, bytes }),
         1 => (any::<usize>(), proptest::bool::weighted(0.2)).prop_map(|(pick, stale)| Op::ForceDrain { pick, stale }),
@@ -66,8 +78,16 @@ pub struct Run {
 }
 
 impl Default for Run {
+    /// Four 8-GPU nodes to start with, so that gangs fill the cluster and
+    /// preemption has something to choose from.
     fn default() -> Self {
-        Run { state: State::default(), now_ms: 1_000 }
+        let mut state = State::default();
+        for i in 0..4 {
+            let resources = Resources { gpus: 8, vram_mb: 40_000, mem_mb: 256_000, cpus: 32 };
+            let cmd = Command::RegisterNode { node: node(i), resources, labels: BTreeMap::new() };
+            assert!(state.apply(&cmd, &ApplyCtx { time_ms: 1_000 }).is_accepted());
+        }
+        Run { state, now_ms: 1_000 }
     }
 }
 
@@ -123,6 +143,10 @@ impl Run {
                 };
                 let mut spec = AllocSpec::new("prop", u32::from(*gang), res, vec!["x".into()]);
                 spec.preemption_class = *class;
+                spec.walltime_s = 600 + u64::from(*class) * 300;
+                if class % 3 == 0 {
+                    spec.checkpoint = muster_scheduler::sm::CheckpointMode::None;
+                }
                 spec.idempotency_key = key.map(|k| format!("k{k}"));
                 vec![Command::Submit { spec }]
             }
@@ -140,19 +164,67 @@ impl Run {
                 })
                 .into_iter()
                 .collect(),
+            Op::ClaimAll { pick } => {
+                let ids: Vec<AllocId> = self.state.reserved_allocs().collect();
+                Self::pick(&ids, *pick)
+                    .map(|alloc| {
+                        let a = self.state.alloc(alloc).unwrap();
+                        a.tasks
+                            .iter()
+                            .filter(|t| t.status == TaskStatus::Reserved)
+                            .map(|t| Command::StartTask {
+                                alloc,
+                                task: t.index,
+                                node: self.state.node(t.node.unwrap()).id.clone(),
+                                epoch: t.reservation_epoch,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            }
             Op::Finish { pick } => Self::pick(&self.live_tasks(), *pick)
                 .map(|(alloc, task, node, epoch)| Command::FinishTask { alloc, task, node, epoch })
                 .into_iter()
                 .collect(),
-            Op::Ack { pick, stale } => Self::pick(&self.preempting(), *pick)
+            Op::Ack { pick, stale, failed } => Self::pick(&self.preempting(), *pick)
                 .map(|(alloc, task, node, epoch)| Command::TaskPreempted {
                     alloc,
                     task,
                     node,
                     epoch: if *stale { epoch.saturating_sub(1) } else { epoch },
+                    checkpoint_failed: *failed,
                 })
                 .into_iter()
                 .collect(),
+            Op::Preempt { max_victims, .. } => {
+                let cfg = PreemptionConfig {
+                    max_victims: usize::from(*max_victims),
+                    min_runtime_ms: 10_000,
+                    near_completion_ms: 60_000,
+                    ..PreemptionConfig::default()
+                };
+                plan_preemptions(&self.state, self.now_ms, &cfg)
+                    .into_iter()
+                    .map(|(alloc, d)| d.command(&self.state, alloc, &cfg))
+                    .collect()
+            }
+            Op::RawPreempt { pick, victims, nodes } => {
+                let ids: Vec<AllocId> = self.state.allocs().keys().copied().collect();
+                Self::pick(&ids, *pick)
+                    .map(|alloc| Command::Preempt {
+                        alloc,
+                        victims: victims
+                            .iter()
+                            .filter_map(|&v| Self::pick(&ids, v))
+                            .map(|v| (v, self.state.alloc(v).unwrap().reservation_epoch))
+                            .collect(),
+                        nodes: nodes.iter().map(|&i| node(i)).collect(),
+                        hold_ms: 100_000,
+                    })
+                    .into_iter()
+                    .collect()
+            }
+            Op::Expire { .. } => plan_expired_nominations(&self.state, self.now_ms),
             Op::Checkpoint { pick, stale, bytes } => Self::pick(&self.preempting(), *pick)
                 .map(|(alloc, task, node, epoch)| Command::SaveCheckpoint {
                     alloc,
@@ -208,7 +280,7 @@ impl Run {
 
     /// Runs one op: advances the clock, builds its commands and applies them.
     pub fn step(&mut self, op: &Op) -> Vec<(Command, Outcome)> {
-        if let Op::Admit { advance_ms, .. } = op {
+        if let Op::Admit { advance_ms, .. } | Op::Preempt { advance_ms, .. } | Op::Expire { advance_ms } = op {
             self.now_ms += u64::from(*advance_ms);
         }
         self.now_ms += 1;

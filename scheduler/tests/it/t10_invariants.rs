@@ -1,7 +1,7 @@
 //! Properties that hold after every command of any sequence: no node is ever
 //! over-committed, no gang is ever partly reserved or partly running outside
-//! a teardown, the derived indexes match a rebuild, planned commands are
-//! accepted, and snapshot → restore gives back the same state and digest.
+//! a teardown, the derived indexes match a rebuild, planned commands
+//! (admission, preemption, hold expiry) are accepted, and snapshot → restore gives back the same state and digest.
 
 use muster_scheduler::sm::{ApplyCtx, Command, State};
 use proptest::prelude::*;
@@ -22,6 +22,10 @@ proptest! {
                 // A fresh admission plan is made from the current view, so it
                 // must be accepted whole.
                 if matches!(op, Op::Admit { .. }) && matches!(cmd, Command::ReserveGang { .. } | Command::RollbackGang { .. }) {
+                    prop_assert!(out.is_accepted(), "planned {:?} was rejected: {:?}", cmd, out);
+                }
+                // So must a preemption pass's decisions, and expiries.
+                if matches!(op, Op::Preempt { .. } | Op::Expire { .. }) {
                     prop_assert!(out.is_accepted(), "planned {:?} was rejected: {:?}", cmd, out);
                 }
             }
@@ -109,6 +113,9 @@ mod arbitrary {
                     env: BTreeMap::new(),
                     idempotency_key: key,
                     vcluster: "default".into(),
+                    vcluster_type: Default::default(),
+                    sensitive: class % 7 == 0,
+                    checkpoint_estimate_s: 60,
                 },
             )
     }
@@ -141,12 +148,28 @@ mod arbitrary {
             ),
             any_u64().prop_map(|alloc| Command::CancelAllocation { alloc }),
             node().prop_map(|node| Command::MarkNodeLost { node }),
-            (any_u64(), any_u32(), node(), any_u64()).prop_map(|(alloc, task, node, epoch)| Command::TaskPreempted {
-                alloc,
-                task,
-                node,
-                epoch
-            }),
+            (any_u64(), any_u32(), node(), any_u64(), any::<bool>()).prop_map(
+                |(alloc, task, node, epoch, checkpoint_failed)| Command::TaskPreempted {
+                    alloc,
+                    task,
+                    node,
+                    epoch,
+                    checkpoint_failed
+                }
+            ),
+            (
+                any_u64(),
+                proptest::collection::vec((any_u64(), any_u64()), 0..3),
+                proptest::collection::vec(node(), 0..3),
+                any_u64()
+            )
+                .prop_map(|(alloc, victims, nodes, hold_ms)| Command::Preempt {
+                    alloc,
+                    victims,
+                    nodes,
+                    hold_ms
+                }),
+            any_u64().prop_map(|alloc| Command::ExpireNomination { alloc }),
             (any_u64(), any_u32(), node(), any_u64(), proptest::collection::vec(any::<u8>(), 0..16)).prop_map(
                 |(alloc, task, node, epoch, data)| Command::SaveCheckpoint { alloc, task, node, epoch, data }
             ),
@@ -170,4 +193,41 @@ mod arbitrary {
             }
         }
     }
+}
+
+/// The random runs above do reach preemptions, suspensions and resumptions
+/// (a model that never produced them would test nothing about them).
+#[test]
+fn random_runs_reach_preemption_suspension_and_resumption() {
+    use muster_scheduler::sm::{Event, Outcome};
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    let mut runner = TestRunner::deterministic();
+    let (mut decided, mut suspended, mut resumed) = (0, 0, 0);
+    for _ in 0..200 {
+        let ops = crate::model::ops(120).new_tree(&mut runner).unwrap().current();
+        let mut run = Run::default();
+        for op in &ops {
+            for (_, out) in run.step(op) {
+                if let Outcome::Accepted(events) = out {
+                    for e in &events {
+                        match e {
+                            Event::PreemptionDecided { .. } => decided += 1,
+                            Event::TeardownCompleted { outcome, .. } if outcome.as_str() == "suspended" => {
+                                suspended += 1
+                            }
+                            Event::GangReserved { alloc, .. }
+                                if run.state.alloc(*alloc).is_some_and(|a| a.preempted_count > 0) =>
+                            {
+                                resumed += 1
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(decided > 0 && suspended > 0 && resumed > 0, "decided {decided}, suspended {suspended}, resumed {resumed}");
 }

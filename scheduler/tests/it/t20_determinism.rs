@@ -22,7 +22,7 @@ proptest! {
             }
         }
         let half = log.len() / 2;
-        let mut follower = State::default();
+        let mut follower = Run::default().state;
         let mut outcomes = Vec::new();
         let mut late_joiner: Option<State> = None;
         for (i, (t, cmd)) in log.iter().enumerate() {
@@ -41,7 +41,7 @@ proptest! {
             prop_assert_eq!(j.state_digest(), follower.state_digest());
         }
         // And once more from scratch: the same log gives the same outcomes.
-        let mut again = State::default();
+        let mut again = Run::default().state;
         for ((t, cmd), expected) in log.iter().zip(&outcomes) {
             prop_assert_eq!(&again.apply(cmd, &ApplyCtx { time_ms: *t }), expected);
         }

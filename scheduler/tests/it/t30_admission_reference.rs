@@ -14,7 +14,9 @@ fn naive_plan(run: &Run) -> Vec<Command> {
     let mut out = Vec::new();
     for key in s.queue() {
         let a = s.alloc(key.alloc).unwrap();
-        let mut order: Vec<usize> = (0..free.len()).filter(|&i| s.nodes()[i].status == NodeStatus::Ready).collect();
+        let mut order: Vec<usize> = (0..free.len())
+            .filter(|&i| s.nodes()[i].status == NodeStatus::Ready && s.held_for(s.nodes()[i].slot).is_none())
+            .collect();
         order.sort_by_key(|&i| (free[i].gpus, i));
         let chosen: Vec<usize> = order
             .into_iter()

@@ -1,0 +1,340 @@
+//! Golden-file tests of the preemption decision table: each scenario builds a
+//! cluster, asks [`decide`] for a preemptor, and renders the answer (every
+//! candidate's cost breakdown, the victims chosen, the nodes, or why not).
+//! The rendering of all scenarios is compared with
+//! `policy/testdata/preemption.golden`; `MUSTER_BLESS=1 cargo test` rewrites
+//! it after a deliberate change (review the diff).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+use super::preemption::{NoPreemption, PreemptionConfig, Preemptor, decide, plan_preemptions, score};
+use crate::sm::{
+    AllocId, AllocSpec, ApplyCtx, CheckpointMode, Command, Event, NodeId, Resources, State, VCLUSTER_LABEL,
+    VClusterType,
+};
+
+const MIN: u64 = 60_000;
+
+fn node_res(gpus: u32) -> Resources {
+    Resources { gpus, vram_mb: 80_000, mem_mb: 1_000_000, cpus: 64 }
+}
+
+struct Cluster {
+    s: State,
+    t: u64,
+}
+
+impl Cluster {
+    fn new(nodes: &[(u32, &str)]) -> Cluster {
+        let mut c = Cluster { s: State::default(), t: 1_000 };
+        for (i, &(gpus, vc)) in nodes.iter().enumerate() {
+            let mut labels = BTreeMap::new();
+            if !vc.is_empty() {
+                labels.insert(VCLUSTER_LABEL.to_string(), vc.to_string());
+            }
+            c.ok(Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources: node_res(gpus), labels });
+        }
+        c
+    }
+
+    fn ok(&mut self, cmd: Command) -> Vec<Event> {
+        let out = self.s.apply(&cmd, &ApplyCtx { time_ms: self.t });
+        assert!(out.is_accepted(), "{cmd:?}: {out:?}");
+        out.events().to_vec()
+    }
+
+    /// Runs a gang of `nodes.len()` tasks × `gpus`, started at `at_ms`.
+    fn run(&mut self, gpus: u32, class: u8, nodes: &[u32], at_ms: u64, edit: impl Fn(&mut AllocSpec)) -> AllocId {
+        assert!(at_ms >= self.t, "runs are started in time order");
+        self.t = at_ms;
+        let mut spec = AllocSpec::new(
+            "u",
+            nodes.len() as u32,
+            Resources { gpus, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 },
+            vec!["x".into()],
+        );
+        spec.preemption_class = class;
+        edit(&mut spec);
+        let id = match self.ok(Command::Submit { spec })[..] {
+            [Event::Submitted { alloc, .. }] => alloc,
+            ref e => panic!("{e:?}"),
+        };
+        let nodes: Vec<NodeId> = nodes.iter().map(|i| NodeId::new(format!("n{i}"))).collect();
+        self.ok(Command::ReserveGang { alloc: id, epoch: 1, nodes: nodes.clone() });
+        for (task, node) in nodes.into_iter().enumerate() {
+            self.ok(Command::StartTask { alloc: id, task: task as u32, node, epoch: 1 });
+        }
+        id
+    }
+
+    fn preemptor(gang: u32, gpus: u32, class: u8) -> Preemptor {
+        Preemptor {
+            alloc: None,
+            class,
+            gang_size: gang,
+            resources: Resources { gpus, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 },
+            walltime_s: 3600,
+        }
+    }
+
+    /// Renders every running allocation's score and the decision at `now`.
+    fn render(&self, title: &str, p: &Preemptor, now: u64, cfg: &PreemptionConfig) -> String {
+        let mut out = format!(
+            "== {title}\npreemptor: gang {} x {} GPU, class {}, value {} GPU-s\n",
+            p.gang_size,
+            p.resources.gpus,
+            p.class,
+            p.value()
+        );
+        for a in self.s.allocs().values().filter(|a| a.running_since_ms().is_some()) {
+            let c = score(a, now, cfg);
+            let _ = writeln!(
+                out,
+                "  candidate {:>2}: class {} {:>11} {:<8} G={:<2} e={:>5}s  checkpoint {:>6} + recompute {:>6} + value {:>6} = {:>6}",
+                a.id,
+                a.spec.preemption_class,
+                a.spec.vcluster_type.as_str(),
+                format!("{:?}", a.spec.checkpoint).to_lowercase(),
+                c.gpus,
+                c.elapsed_s,
+                c.checkpoint,
+                c.recompute,
+                c.value,
+                c.total()
+            );
+        }
+        match decide(&self.s, p, now, cfg, &BTreeSet::new(), &BTreeSet::new()) {
+            Ok(d) => {
+                let victims: Vec<String> = d.victims.iter().map(|v| v.alloc.to_string()).collect();
+                let nodes: Vec<String> = d.nodes.iter().map(|&s| self.s.node(s).id.to_string()).collect();
+                let _ = writeln!(
+                    out,
+                    "  => preempt [{}] (cost {} < value {}), place on [{}]",
+                    victims.join(", "),
+                    d.cost,
+                    d.value,
+                    nodes.join(", ")
+                );
+            }
+            Err(why) => {
+                let _ = writeln!(out, "  => {why}");
+            }
+        }
+        out
+    }
+}
+
+fn cfg() -> PreemptionConfig {
+    PreemptionConfig { min_runtime_ms: 2 * MIN, near_completion_ms: 5 * MIN, ..PreemptionConfig::default() }
+}
+
+fn scenarios() -> String {
+    let mut all = String::new();
+    // Half an hour in: every default (1 h) candidate is half done.
+    let now = 1_000 + 30 * MIN;
+
+    // Filtering: candidates 1-5 are excluded; 6, 7 and 8 are not.
+    let mut c = Cluster::new(&[(8, ""); 8]);
+    c.run(8, 5, &[0], 1_000, |_| {}); // 1: class not below 5
+    c.run(8, 10, &[1], 1_000, |s| s.sensitive = true); // 2: sensitive, class 10
+    c.run(8, 3, &[2], 1_000, |s| s.walltime_s = 1_900); // 3: 100 s from its walltime
+    c.run(8, 4, &[4], 1_000, |s| s.vcluster_type = VClusterType::Service); // 4: service at home
+    c.run(8, 4, &[5], 1_000, |s| s.checkpoint = CheckpointMode::None); // 5: none below class 7: preemptible
+    c.run(8, 2, &[6], 1_000, |s| s.checkpoint_estimate_s = 30); // 6: the cheapest
+    c.run(8, 2, &[7], 1_000, |_| {}); // 7: preemptible
+    c.run(8, 3, &[3], now - MIN, |_| {}); // 8: started a minute ago
+    all += &c.render(
+        "filtering: class, sensitive, near completion, min runtime, service at home",
+        &Cluster::preemptor(1, 8, 5),
+        now,
+        &cfg(),
+    );
+
+    // Scoring: one candidate per checkpoint mode and vCluster type.
+    let mut c = Cluster::new(&[(8, ""); 5]);
+    c.run(2, 1, &[0], 1_000, |_| {}); // auto, 60 s estimate
+    c.run(2, 1, &[1], 1_000, |s| s.checkpoint = CheckpointMode::Manual); // manual: 600 s timeout
+    c.run(2, 1, &[2], 1_000, |s| s.checkpoint = CheckpointMode::None); // none: recompute 3600 s
+    c.run(2, 1, &[3], 1_000, |s| s.vcluster_type = VClusterType::MlTraining); // checkpoint doubled
+    c.run(2, 1, &[4], 1_000, |s| {
+        s.vcluster_type = VClusterType::Interactive;
+        s.walltime_s = 2 * 3600;
+    }); // value halved; a quarter of its walltime done
+    all +=
+        &c.render("scoring: auto, manual, none, ml-training, interactive", &Cluster::preemptor(1, 8, 6), now, &cfg());
+
+    // Greedy: the cheapest single victim that frees a whole node.
+    let mut c = Cluster::new(&[(8, ""); 3]);
+    c.run(8, 1, &[0], 1_000, |s| s.checkpoint_estimate_s = 300);
+    c.run(8, 1, &[1], 1_000, |s| s.checkpoint_estimate_s = 30);
+    c.run(8, 1, &[2], 1_000, |s| s.checkpoint_estimate_s = 120);
+    all += &c.render("greedy: the cheapest single victim", &Cluster::preemptor(1, 8, 4), now, &cfg());
+
+    // Fewer, larger: one gang of 2 frees both nodes; two singles would be cheaper in sum.
+    let mut c = Cluster::new(&[(8, ""); 4]);
+    c.run(8, 1, &[0, 1], 1_000, |s| s.checkpoint_estimate_s = 40); // G=16: 640 + value
+    c.run(8, 1, &[2], 1_000, |s| s.checkpoint_estimate_s = 10);
+    c.run(8, 1, &[3], 1_000, |s| s.checkpoint_estimate_s = 10);
+    all += &c.render("fewer, larger victims: one gang over two singles", &Cluster::preemptor(2, 8, 4), now, &cfg());
+
+    // A gang needs N distinct nodes: two victims on one node do not make two nodes.
+    let mut c = Cluster::new(&[(8, ""); 3]);
+    c.run(4, 1, &[0], 1_000, |_| {});
+    c.run(4, 1, &[0], 1_000, |_| {});
+    c.run(8, 1, &[1], 1_000, |s| s.checkpoint_estimate_s = 200);
+    c.run(8, 1, &[2], 1_000, |s| s.checkpoint_estimate_s = 400);
+    all += &c.render(
+        "whole gang: two victims share one node; the gang needs two nodes",
+        &Cluster::preemptor(2, 8, 4),
+        now,
+        &cfg(),
+    );
+
+    // Several victims on one node, none enough alone.
+    let mut c = Cluster::new(&[(8, "")]);
+    c.run(4, 1, &[0], 1_000, |s| s.checkpoint_estimate_s = 90);
+    c.run(4, 1, &[0], 1_000, |s| s.checkpoint_estimate_s = 30);
+    all += &c.render("multi-victim: two halves of one node", &Cluster::preemptor(1, 8, 4), now, &cfg());
+
+    // Max victims: four nodes, one victim each.
+    let mut c = Cluster::new(&[(8, ""); 4]);
+    for i in 0..4 {
+        c.run(8, 1, &[i], 1_000, |_| {});
+    }
+    all += &c.render("max victims: 4 needed, 3 allowed", &Cluster::preemptor(4, 8, 9), now, &cfg());
+    let four = PreemptionConfig { max_victims: 4, ..cfg() };
+    all += &c.render("max victims: 4 needed, 4 allowed", &Cluster::preemptor(4, 8, 9), now, &four);
+
+    // Value bound: a short, low-class preemptor is not worth a long-running victim.
+    let mut c = Cluster::new(&[(8, "")]);
+    c.run(8, 0, &[0], 1_000, |s| s.checkpoint = CheckpointMode::None);
+    let mut cheap = Cluster::preemptor(1, 8, 1);
+    cheap.walltime_s = 600;
+    all += &c.render("value bound: cost above the preemptor's value", &cheap, now, &cfg());
+
+    // Ties: equal totals → lower checkpoint cost; then lower id.
+    let mut c = Cluster::new(&[(8, ""); 3]);
+    c.run(8, 1, &[0], 1_000, |s| {
+        s.checkpoint = CheckpointMode::Manual; // 8 × 600 = 4800
+        s.walltime_s = 8_100; // value 8 × 1800 × 1800 / 8100 = 3200
+    });
+    c.run(8, 1, &[1], 1_000, |s| s.checkpoint_estimate_s = 100); // 800 + 7200
+    c.run(8, 1, &[2], 1_000, |s| s.checkpoint_estimate_s = 100); // the same as 2
+    all +=
+        &c.render("ties: same total, lower checkpoint cost, then lower id", &Cluster::preemptor(1, 8, 4), now, &cfg());
+
+    // Not needed, and never possible.
+    let mut c = Cluster::new(&[(8, ""), (2, "")]);
+    c.run(4, 1, &[0], 1_000, |_| {});
+    all += &c.render("not needed: a node fits now", &Cluster::preemptor(1, 4, 4), now, &cfg());
+    all += &c.render("too few nodes: only one node has 8 GPUs", &Cluster::preemptor(2, 8, 4), now, &cfg());
+    all += &c.render("class 0 preempts nothing", &Cluster::preemptor(1, 8, 0), now, &cfg());
+
+    // Services: preempted only on borrowed nodes (another vCluster's).
+    let mut c = Cluster::new(&[(8, "web"), (8, "batch")]);
+    c.run(8, 1, &[0], 1_000, |s| {
+        s.vcluster = "web".into();
+        s.vcluster_type = VClusterType::Service;
+    });
+    c.run(8, 1, &[1], 1_000, |s| {
+        s.vcluster = "web".into();
+        s.vcluster_type = VClusterType::Service;
+    });
+    all +=
+        &c.render("service: home node protected, borrowed node preemptible", &Cluster::preemptor(1, 8, 4), now, &cfg());
+    all
+}
+
+#[test]
+fn the_decision_table_matches_the_golden_file() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/policy/testdata/preemption.golden");
+    let got = scenarios();
+    if std::env::var_os("MUSTER_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    if got != want {
+        for (i, (g, w)) in got.lines().zip(want.lines()).enumerate() {
+            if g != w {
+                panic!(
+                    "golden file differs at line {}:\n  got:  {g}\n  want: {w}\n(MUSTER_BLESS=1 rewrites it)",
+                    i + 1
+                );
+            }
+        }
+        panic!(
+            "golden file differs in length ({} vs {} lines); MUSTER_BLESS=1 rewrites it",
+            got.lines().count(),
+            want.lines().count()
+        );
+    }
+}
+
+#[test]
+fn a_pass_does_not_reuse_victims_or_nodes_and_goes_by_class() {
+    let mut c = Cluster::new(&[(8, ""); 2]);
+    let a = c.run(8, 1, &[0], 1_000, |_| {});
+    let b = c.run(8, 1, &[1], 1_000, |_| {});
+    let mut submit = |class: u8| {
+        let mut spec =
+            AllocSpec::new("u", 1, Resources { gpus: 8, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }, vec!["x".into()]);
+        spec.preemption_class = class;
+        match c.ok(Command::Submit { spec })[..] {
+            [Event::Submitted { alloc, .. }] => alloc,
+            ref e => panic!("{e:?}"),
+        }
+    };
+    let low = submit(3);
+    let high = submit(7);
+    let third = submit(5);
+    let now = 1_000 + 30 * MIN;
+    let plan = plan_preemptions(&c.s, now, &cfg());
+    let got: Vec<(AllocId, Vec<AllocId>)> =
+        plan.iter().map(|(p, d)| (*p, d.victims.iter().map(|v| v.alloc).collect())).collect();
+    assert_eq!(got, vec![(high, vec![a]), (third, vec![b])], "class 7 first, then 5; class 3 finds nothing left");
+    let _ = low;
+    // Applied in order, every decision is accepted.
+    for (p, d) in &plan {
+        let cmd = d.command(&c.s, *p, &cfg());
+        c.ok(cmd);
+    }
+    c.s.check_invariants().unwrap();
+    assert!(plan_preemptions(&c.s, now, &cfg()).is_empty(), "nothing left to preempt: victims are stopping");
+}
+
+#[test]
+fn two_allocations_cannot_preempt_each_other_back_and_forth() {
+    let mut c = Cluster::new(&[(8, "")]);
+    let low = c.run(8, 2, &[0], 1_000, |_| {});
+    let mut spec =
+        AllocSpec::new("u", 1, Resources { gpus: 8, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }, vec!["x".into()]);
+    spec.preemption_class = 6;
+    let high = match c.ok(Command::Submit { spec })[..] {
+        [Event::Submitted { alloc, .. }] => alloc,
+        ref e => panic!("{e:?}"),
+    };
+    c.t = 1_000 + 30 * MIN;
+    let plan = plan_preemptions(&c.s, c.t, &cfg());
+    assert_eq!(plan.len(), 1);
+    let cmd = plan[0].1.command(&c.s, high, &cfg());
+    c.ok(cmd);
+    c.ok(Command::TaskPreempted { alloc: low, task: 0, node: NodeId::new("n0"), epoch: 1, checkpoint_failed: false });
+    c.ok(Command::StartTask { alloc: high, task: 0, node: NodeId::new("n0"), epoch: 1 });
+    // The suspended low-class gang waits; it can never preempt the higher class back.
+    for minutes in [1, 10, 100] {
+        let now = c.t + minutes * MIN;
+        assert!(plan_preemptions(&c.s, now, &cfg()).is_empty(), "at +{minutes} min");
+        let p = Preemptor::of(c.s.alloc(low).unwrap());
+        assert!(matches!(
+            decide(&c.s, &p, now, &cfg(), &BTreeSet::new(), &BTreeSet::new()),
+            Err(NoPreemption::NotEnough { .. })
+        ));
+    }
+    // And a new higher class cannot take the node from the gang that just started.
+    let p = Cluster::preemptor(1, 8, 9);
+    let why = decide(&c.s, &p, c.t + MIN, &cfg(), &BTreeSet::new(), &BTreeSet::new()).unwrap_err();
+    assert!(why.to_string().contains("1 within their minimum runtime"), "{why}");
+}
