@@ -38,6 +38,8 @@ pub struct LocalConfig {
     pub stop_grace: Duration,
     /// Teardown tasks not acked this long after the start are forced.
     pub teardown_force_after: Duration,
+    /// Priority-preemption knobs.
+    pub preemption: muster_scheduler::policy::PreemptionConfig,
 }
 
 impl Default for LocalConfig {
@@ -52,6 +54,7 @@ impl Default for LocalConfig {
             node_lost_after: Duration::from_secs(30),
             stop_grace: Duration::from_secs(15),
             teardown_force_after: Duration::from_secs(45),
+            preemption: muster_scheduler::policy::PreemptionConfig::default(),
         }
     }
 }
@@ -106,6 +109,7 @@ impl LocalCluster {
         rc.hub.stop_grace = self.cfg.stop_grace;
         rc.node_lost_after = self.cfg.node_lost_after;
         rc.teardown_force_after = self.cfg.teardown_force_after;
+        rc.preemption = self.cfg.preemption;
         rc.admission_interval = Duration::from_secs(1);
         rc
     }

@@ -5,6 +5,7 @@ mod t60_failover;
 mod t70_cli_cluster;
 mod t80_e2e;
 mod t84_teardown;
+mod t88_preemption;
 mod t91_dev_cli;
 
 use std::process::{Command, Output};
