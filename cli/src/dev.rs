@@ -3,7 +3,13 @@
 //! the devices are not), data in a temporary directory. `--demo` also runs a
 //! gang of real shell processes that checkpoint, kills one of them to show a
 //! gang teardown (the rest stop, save their step, and the whole gang is
-//! placed again and resumes), and exits when it completes.
+//! placed again and resumes); then fills the cluster with class-2 work that
+//! answers checkpoint hints and submits a class-8 gang, to show a priority
+//! preemption (the cheapest victims checkpoint and suspend, the gang runs,
+//! the victims resume from their checkpoints), and exits when all is done.
+//!
+//! `muster dev` uses short preemption timings (1 s minimum runtime, 20 s
+//! checkpoint timeout, 5 s grace) so the demo runs in seconds.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -46,7 +52,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         }
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let cfg = LocalConfig { agents: args.agents, gpus_per_agent: args.gpus, ..LocalConfig::default() };
+    let preemption = muster_scheduler::policy::PreemptionConfig {
+        min_runtime_ms: 1_000,
+        checkpoint_timeout_ms: 20_000,
+        max_deferral_ms: 20_000,
+        grace_ms: 5_000,
+        ..Default::default()
+    };
+    let cfg = LocalConfig { agents: args.agents, gpus_per_agent: args.gpus, preemption, ..LocalConfig::default() };
     let cluster = LocalCluster::start(&dir, cfg).await.map_err(|e| anyhow::anyhow!(e))?;
     let addrs = cluster.scheduler_addrs().join(",");
     out!("muster dev: 3 scheduler replicas and {} agents ({} fake GPUs each) on loopback", args.agents, args.gpus);
@@ -54,7 +67,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     out!("  agents    {}", cluster.node_ids().join(" "));
     out!("  data      {}", dir.display());
     let result = if args.demo {
-        demo(&addrs, &dir, args.agents.min(4)).await
+        match demo(&addrs, &dir, args.agents.min(4)).await {
+            Ok(()) if args.agents >= 4 => preemption_demo(&addrs, &dir, args.agents, args.gpus).await,
+            Ok(()) => {
+                out!("(the preemption demo needs at least 4 agents)");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     } else {
         out!();
         out!("try:");
@@ -216,4 +236,179 @@ async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> 
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The preemption demo's low-class work: counts steps, and on a checkpoint
+/// hint (SIGUSR1) saves its step and marks the checkpoint done; resumes from
+/// the saved step.
+const HINTED: &str = r#"step=0
+if [ "$MUSTER_RESUME" = 1 ]; then step=$(cat "$MUSTER_CHECKPOINT_DIR/step"); echo "resumed from step $step"; fi
+trap 'echo $step > "$MUSTER_CHECKPOINT_DIR/step"; echo "checkpointed at step $step"; touch "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
+trap 'exit 143' TERM
+while [ $step -lt 40 ]; do
+  step=$((step+1)); echo $step > progress-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX; sleep 0.1
+done
+echo "finished at step $step""#;
+
+async fn submit_spec(
+    cluster: &mut Cluster,
+    spec: v1::AllocationSpec,
+    dry_run: bool,
+) -> anyhow::Result<v1::SubmitResponse> {
+    Ok(cluster
+        .call(|ch| {
+            let spec = spec.clone();
+            async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec), dry_run }).await }
+        })
+        .await?
+        .into_inner())
+}
+
+async fn get_alloc(cluster: &mut Cluster, id: u64) -> anyhow::Result<v1::Allocation> {
+    Ok(cluster
+        .call(|ch| async move { AllocationServiceClient::new(ch).get(v1::GetRequest { id }).await })
+        .await?
+        .into_inner())
+}
+
+/// Fills the cluster with class-2 work (a gang of 2, cheap singles, one
+/// single that checkpoints slowly), submits a class-8 gang of `agents - 1`
+/// whole nodes, and follows the preemption to the end.
+async fn preemption_demo(addrs: &str, dir: &std::path::Path, agents: u32, gpus: u32) -> anyhow::Result<()> {
+    let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?);
+    let job = |name: &str, n: u32, class: u32, estimate_s: u32, command: &str| v1::AllocationSpec {
+        owner: "demo".into(),
+        gang_size: n,
+        resources: Some(v1::Resources { gpus, vram_mb: 16_000, mem_mb: 1_024, cpus: 1 }),
+        preemption_class: class,
+        checkpoint_estimate_s: estimate_s,
+        command: vec!["sh".into(), "-c".into(), command.into()],
+        idempotency_key: format!("muster-dev-demo-{name}"),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    out!("\npriority preemption: filling the cluster with class-2 work that answers checkpoint hints");
+    let mut low = Vec::new();
+    let mut specs = vec![("pair", job("pair", 2, 2, 30, HINTED))];
+    for i in 0..agents - 3 {
+        specs.push(("cheap", job(&format!("cheap-{i}"), 1, 2, 30, HINTED)));
+    }
+    specs.push(("slow", job("slow", 1, 2, 900, HINTED)));
+    for (kind, spec) in specs {
+        let id = submit_spec(&mut cluster, spec.clone(), false).await?.id;
+        out!(
+            "  allocation {id}: {} x {gpus} GPUs, class 2, checkpoint estimate {} s ({kind})",
+            spec.gang_size,
+            spec.checkpoint_estimate_s
+        );
+        low.push(id);
+    }
+    // Wait until all of it runs and has made progress.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut submitted_at = BTreeMap::new();
+    for &id in &low {
+        loop {
+            let a = get_alloc(&mut cluster, id).await?;
+            let progressed = status_name(a.status) == "running"
+                && a.tasks.iter().all(|t| {
+                    read_number(&dir.join(&t.node_id).join(format!("progress-{id}-{}", t.index))).unwrap_or(0) >= 5
+                });
+            if progressed {
+                submitted_at.insert(id, a.submit_time_ms);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("allocation {id} did not start within a minute");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Past the minimum runtime, so that the work may be preempted.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let n = agents - 1;
+    let gang = job("preemptor", n, 8, 60, "echo preemptor task $MUSTER_TASK_INDEX running; sleep 2");
+    let plan = submit_spec(&mut cluster, gang.clone(), true).await?.plan.context("a dry run returns a plan")?;
+    out!("{:>6.1}s  dry run of a class-8 gang of {n} x {gpus} GPUs: {}", started.elapsed().as_secs_f64(), plan.summary);
+    if let Some(p) = &plan.preemption {
+        for v in &p.victims {
+            out!(
+                "          would preempt allocation {} (class {}): cost {} GPU-s = checkpoint {} + recompute {} + value {}",
+                v.id,
+                v.preemption_class,
+                v.total_cost,
+                v.checkpoint_cost,
+                v.recompute_cost,
+                v.value_cost
+            );
+        }
+        if p.victims.is_empty() {
+            out!("          preemption: {}", p.reason);
+        } else {
+            out!("          total {} GPU-s, below the gang's value of {} GPU-s", p.total_cost, p.value);
+        }
+    }
+    let hi = submit_spec(&mut cluster, gang, false).await?.id;
+    let since_ms = get_alloc(&mut cluster, hi).await?.submit_time_ms;
+    out!("{:>6.1}s  submitted allocation {hi}: the class-8 gang", started.elapsed().as_secs_f64());
+    let mut watchers = Vec::new();
+    for id in std::iter::once(hi).chain(low.iter().copied()) {
+        let watch = cluster
+            .call(|ch| async move {
+                AllocationServiceClient::new(ch).watch(v1::WatchRequest { id, from_revision: 0 }).await
+            })
+            .await?;
+        watchers.push(tokio::spawn(async move {
+            let mut stream = watch.into_inner();
+            while let Ok(Some(e)) = stream.message().await {
+                if e.kind != "submitted" && e.time_ms >= since_ms {
+                    out!("{:>6.1}s  [{id}] {:<20}  {}", started.elapsed().as_secs_f64(), e.kind, e.detail);
+                }
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let all: Vec<u64> = std::iter::once(hi).chain(low.iter().copied()).collect();
+    let mut finals = BTreeMap::new();
+    while finals.len() < all.len() {
+        for &id in &all {
+            if finals.contains_key(&id) {
+                continue;
+            }
+            let a = get_alloc(&mut cluster, id).await?;
+            match status_name(a.status) {
+                "done" => {
+                    finals.insert(id, a);
+                }
+                "failed" | "cancelled" => bail!("allocation {id} ended {}", status_name(a.status)),
+                _ => {}
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the preemption demo did not finish within 2 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for w in watchers {
+        w.abort();
+    }
+    out!("all done. the low-class work afterwards:");
+    for &id in &low {
+        let a = &finals[&id];
+        let kept = if submitted_at.get(&id) == Some(&a.submit_time_ms) { "kept" } else { "CHANGED" };
+        out!("  allocation {id}: preempted {} time(s); original submit time {kept}", a.preempted_count);
+        for t in &a.tasks {
+            let log =
+                dir.join(&t.last_node_id).join(format!("logs/alloc-{id}/task-{}/attempt-{}.out", t.index, t.runs));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            out!(
+                "    task {} attempt {} on {}: {}",
+                t.index,
+                t.runs,
+                t.last_node_id,
+                text.lines().next().unwrap_or("(no output)")
+            );
+        }
+    }
+    Ok(())
 }

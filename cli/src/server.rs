@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use muster_scheduler::policy::PreemptionConfig;
 use muster_scheduler::server::{Replica, ReplicaConfig};
 use tokio::net::TcpSocket;
 
@@ -55,6 +56,57 @@ pub struct ServerArgs {
     /// Agents heartbeat this often, ms.
     #[arg(long, default_value_t = 5_000)]
     agent_heartbeat_ms: u64,
+    #[command(flatten)]
+    preemption: PreemptionArgs,
+}
+
+/// Priority-preemption knobs (docs/preemption.md).
+#[derive(Args, Debug, Clone)]
+pub struct PreemptionArgs {
+    /// Most allocations one preemption decision may stop.
+    #[arg(long, default_value_t = 3)]
+    preemption_max_victims: usize,
+    /// An allocation is not preempted within this long after it (re)started, ms.
+    #[arg(long, default_value_t = 120_000)]
+    preemption_min_runtime_ms: u64,
+    /// An allocation this close to the end of its walltime is not preempted, ms.
+    #[arg(long, default_value_t = 300_000)]
+    near_completion_ms: u64,
+    /// How long a hinted task has to checkpoint (one +50 % extension if it acknowledges), ms.
+    #[arg(long, default_value_t = 600_000)]
+    checkpoint_timeout_ms: u64,
+    /// The longest deferral a hinted task may ask for, ms.
+    #[arg(long, default_value_t = 300_000)]
+    max_deferral_ms: u64,
+    /// SIGTERM → SIGKILL grace for a preempted task (after its checkpoint, or at once without one), ms.
+    #[arg(long, default_value_t = 30_000)]
+    preemption_grace_ms: u64,
+    /// An allocation preempted more than this many times counts in muster_preemption_cycles_total.
+    #[arg(long, default_value_t = 3)]
+    preemption_cycle_threshold: u32,
+}
+
+impl PreemptionArgs {
+    /// The policy config these flags describe, or what is wrong with them.
+    pub fn config(&self) -> anyhow::Result<PreemptionConfig> {
+        let ms32 = u64::from(u32::MAX);
+        if self.checkpoint_timeout_ms == 0 || self.checkpoint_timeout_ms > ms32 {
+            bail!("--checkpoint-timeout-ms must be between 1 and {ms32}");
+        }
+        if self.max_deferral_ms > ms32 || self.preemption_grace_ms > ms32 {
+            bail!("--max-deferral-ms and --preemption-grace-ms must fit in 32 bits of milliseconds");
+        }
+        Ok(PreemptionConfig {
+            max_victims: self.preemption_max_victims,
+            min_runtime_ms: self.preemption_min_runtime_ms,
+            near_completion_ms: self.near_completion_ms,
+            checkpoint_timeout_ms: self.checkpoint_timeout_ms,
+            max_deferral_ms: self.max_deferral_ms,
+            grace_ms: self.preemption_grace_ms,
+            cycle_threshold: self.preemption_cycle_threshold,
+            ..PreemptionConfig::default()
+        })
+    }
 }
 
 /// Parses `1=host:port,2=host:port`.
@@ -90,6 +142,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     if args.preempt_grace_ms > u64::from(u32::MAX) || args.agent_heartbeat_ms > u64::from(u32::MAX) {
         bail!("--preempt-grace-ms and --agent-heartbeat-ms must fit in 32 bits of milliseconds");
     }
+    let preemption = args.preemption.config()?;
     let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
     let peers = match &args.peers {
         Some(list) => parse_peers(list)?,
@@ -125,6 +178,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.hub.heartbeat_interval = Duration::from_millis(args.agent_heartbeat_ms);
     cfg.teardown_force_after = Duration::from_millis(args.teardown_force_after_ms);
     cfg.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
+    cfg.preemption = preemption;
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());
 

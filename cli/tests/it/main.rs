@@ -87,7 +87,7 @@ fn t50_probe_reports_this_machines_resources() {
 }
 
 #[test]
-fn t90_dev_demo_tears_down_a_gang_and_runs_it_to_completion() {
+fn t90_dev_demo_shows_a_teardown_and_a_priority_preemption() {
     let o = muster(&["dev", "--demo"]);
     let text = stdout(&o);
     assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
@@ -95,8 +95,17 @@ fn t90_dev_demo_tears_down_a_gang_and_runs_it_to_completion() {
     for needle in ["killing task 0", "teardown_started", "checkpoint_saved", "gang blocked", "gang_requeued"] {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
-    assert_eq!(text.matches(": resumed from step ").count(), 3, "three tasks resumed from checkpoints:\n{text}");
     assert!(text.lines().any(|l| l.matches("running@node-").count() == 4), "all four ran at once:\n{text}");
+    // The priority preemption part: a dry run names the victims, the cheap
+    // class-2 work checkpoints through hints and suspends, the slow one is
+    // spared, and the suspended work resumes with its submit time kept.
+    assert_eq!(text.matches("would preempt allocation").count(), 2, "{text}");
+    for needle in ["preemption_decided", "preemption_started", "gang suspended", "[5] allocation_done"] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    assert_eq!(text.matches("preempted 1 time(s); original submit time kept").count(), 2, "{text}");
+    assert_eq!(text.matches("preempted 0 time(s); original submit time kept").count(), 1, "{text}");
+    assert_eq!(text.matches(": resumed from step ").count(), 6, "three teardown and three preemption resumes:\n{text}");
 }
 
 #[test]

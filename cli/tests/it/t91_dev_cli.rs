@@ -78,6 +78,42 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     let big_id = json(&big)["id"].as_u64().unwrap().to_string();
     let e = call(&["alloc", "explain", &big_id]);
     assert!(e["summary"].as_str().unwrap().contains("larger than any feasible set"), "{e}");
+    assert!(e["preemption"]["reason"].as_str().unwrap().contains("preemption cannot help"), "{e}");
+
+    // Dry runs: a class-8 whole-node job would preempt the class-5 gang
+    // (past muster dev's 1 s minimum runtime); a class-5 one could not.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let dry = |class: &str| {
+        let mut args: Vec<&str> = vec!["submit", "--dry-run", "--gpus", "8", "--class", class];
+        args.extend(s);
+        args.extend(["--", "true"]);
+        json(&args)
+    };
+    let plan = dry("8");
+    assert_eq!(plan["id"], 0, "{plan}");
+    let victims = plan["preemption"]["victims"].as_array().unwrap();
+    assert_eq!(victims.len(), 1, "{plan}");
+    assert_eq!(victims[0]["id"].as_u64().unwrap().to_string(), id, "{plan}");
+    assert!(victims[0]["total_cost"].as_u64().unwrap() < plan["preemption"]["value"].as_u64().unwrap());
+    let plan = dry("5");
+    assert!(plan["preemption"]["reason"].as_str().unwrap().contains("1 not of a lower class"), "{plan}");
+    let text = muster(&["submit", "--dry-run", "--gpus", "8", "--class", "8", "--scheduler", &sched, "--", "true"]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains("preemption: would stop 1 allocation(s)") && text.contains(&format!("victim {id:>6}")),
+        "{text}"
+    );
+    assert_eq!(call(&["alloc", "get", &id])["status"], "running", "a dry run changes nothing");
+    // Bad classes are refused with the field named, and nothing is submitted.
+    for (args, field) in [
+        (vec!["submit", "--class", "11", "--scheduler", &sched, "--", "true"], "preemption_class"),
+        (vec!["submit", "--class", "5", "--sensitive", "--scheduler", &sched, "--", "true"], "preemption_class"),
+        (vec!["submit", "--vcluster-type", "gpu", "--scheduler", &sched, "--", "true"], "vcluster_type"),
+    ] {
+        let o = muster(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(field), "{args:?}: {err}");
+    }
 
     let c = call(&["alloc", "cancel", &id]);
     assert_eq!(c["status"], "cancelled");

@@ -372,14 +372,14 @@ pub fn decide(
     if fitting_now.len() >= n {
         return Err(NoPreemption::NotNeeded);
     }
-    if p.class == 0 {
-        return Err(NoPreemption::LowestClass);
-    }
     if fitting_now.len() + eligible.len() < n {
         return Err(NoPreemption::TooFewNodes {
             eligible: (fitting_now.len() + eligible.len()) as u32,
             need: n as u32,
         });
+    }
+    if p.class == 0 {
+        return Err(NoPreemption::LowestClass);
     }
 
     // 2. Candidates: gangs with a task on an eligible node that does not fit.

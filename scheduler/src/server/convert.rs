@@ -271,10 +271,15 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
                 "teardown_completed"
             },
             format!(
-                "{} epoch {epoch} completed after {:.1} s: gang {}",
+                "{} epoch {epoch} completed after {:.1} s: gang {}{}",
                 if matches!(cause, TeardownCause::Preempted { .. }) { "preemption" } else { "teardown" },
                 *drain_ms as f64 / 1000.0,
-                outcome.as_str()
+                outcome.as_str(),
+                if *outcome == crate::sm::TeardownOutcome::Suspended {
+                    " (queued again with its original submit time; resumes from its checkpoints)"
+                } else {
+                    ""
+                }
             ),
         ),
         Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
