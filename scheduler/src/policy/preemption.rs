@@ -67,6 +67,10 @@ pub struct PreemptionConfig {
     pub max_tries_per_pass: usize,
     /// Decisions committed per pass at most.
     pub max_decisions_per_pass: usize,
+    /// Candidates are read from at least this many feasible nodes at a time…
+    pub min_candidate_nodes: usize,
+    /// …or this share (percent) of them, whichever is more.
+    pub candidate_nodes_percent: usize,
 }
 
 impl Default for PreemptionConfig {
@@ -82,6 +86,8 @@ impl Default for PreemptionConfig {
             cycle_threshold: 3,
             max_tries_per_pass: 8,
             max_decisions_per_pass: 2,
+            min_candidate_nodes: 100,
+            candidate_nodes_percent: 5,
         }
     }
 }
@@ -340,8 +346,22 @@ struct Candidate {
     frees: Vec<(NodeSlot, Usage)>,
 }
 
+/// Free capacity of the nodes that could take a task once victims leave
+/// (ready, unheld, big enough, not fitting now), by slot; `None` elsewhere.
+type Eligible = [Option<Usage>];
+
 /// Decides which gangs to preempt for `p` at `now_ms`. `taken` are gangs
 /// chosen by earlier decisions of the same pass; `held` nodes held by them.
+///
+/// Nodes are first bounded without looking any allocation up: a node is
+/// *feasible* if its free capacity plus the largest `max_victims` lower-class
+/// holdings on it (per resource) would fit one task. Candidates are then
+/// read from the feasible nodes a window at a time (at least
+/// `min_candidate_nodes`, else `candidate_nodes_percent` of them, starting
+/// at an offset derived from the preemptor, as kube-scheduler samples
+/// nodes), and the first window whose candidates give an acceptable set
+/// decides. On clusters of up to `min_candidate_nodes` feasible nodes every
+/// candidate is compared.
 pub fn decide(
     state: &State,
     p: &Preemptor,
@@ -352,9 +372,12 @@ pub fn decide(
 ) -> Result<Decision, NoPreemption> {
     let need = p.resources;
     let n = p.gang_size as usize;
-    // 1. Eligible nodes, and those that fit now.
-    let mut eligible: BTreeMap<NodeSlot, Usage> = BTreeMap::new();
+    // 1. Eligible nodes, those that fit now, and the feasible ones.
+    let mut eligible: Vec<Option<Usage>> = vec![None; state.nodes().len()];
+    let mut eligible_count = 0;
     let mut fitting_now: Vec<(u32, NodeSlot)> = Vec::new();
+    let mut feasible: Vec<NodeSlot> = Vec::new();
+    let mut higher: Vec<AllocId> = Vec::new();
     for node in state.nodes() {
         if node.status != NodeStatus::Ready || state.held_for(node.slot).is_some() || held.contains(&node.slot) {
             continue;
@@ -365,79 +388,116 @@ pub fn decide(
         let free = node.free();
         if fits(&need, &node.resources, &free) {
             fitting_now.push((free.gpus, node.slot));
-        } else {
-            eligible.insert(node.slot, free);
+            continue;
+        }
+        eligible_count += 1;
+        eligible[node.slot.0 as usize] = Some(free);
+        let holders = state.holders(node.slot);
+        higher.extend(holders.iter().filter(|h| h.class >= p.class).map(|h| h.alloc));
+        let lower = || holders.iter().filter(|h| h.class < p.class).map(|h| h.usage);
+        let most = Usage {
+            gpus: u32::try_from(top_sum(lower().map(|u| u64::from(u.gpus)), cfg.max_victims)).unwrap_or(u32::MAX),
+            mem_mb: top_sum(lower().map(|u| u.mem_mb), cfg.max_victims),
+            cpus: u32::try_from(top_sum(lower().map(|u| u64::from(u.cpus)), cfg.max_victims)).unwrap_or(u32::MAX),
+        };
+        if fits(&need, &node.resources, &free.plus(&most)) {
+            feasible.push(node.slot);
         }
     }
     if fitting_now.len() >= n {
         return Err(NoPreemption::NotNeeded);
     }
-    if fitting_now.len() + eligible.len() < n {
+    if fitting_now.len() + eligible_count < n {
         return Err(NoPreemption::TooFewNodes {
-            eligible: (fitting_now.len() + eligible.len()) as u32,
+            eligible: (fitting_now.len() + eligible_count) as u32,
             need: n as u32,
         });
     }
     if p.class == 0 {
         return Err(NoPreemption::LowestClass);
     }
-
-    // 2. Candidates: gangs with a task on an eligible node that does not fit.
-    let mut ids: Vec<AllocId> =
-        eligible.keys().flat_map(|&slot| state.tasks_on_node(slot).map(|(alloc, _)| alloc)).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let mut excluded = Excluded::default();
-    let mut candidates = Vec::new();
-    for id in ids {
-        let a = state.alloc(id).expect("index names a known allocation");
-        if let Some(why) = exclusion(state, a, p, now_ms, cfg, taken) {
-            *why.counter(&mut excluded) += 1;
-            continue;
-        }
-        let usage = Usage::of(&a.spec.resources);
-        let frees = a
-            .tasks
-            .iter()
-            .filter_map(|t| t.node)
-            .filter(|slot| eligible.contains_key(slot))
-            .map(|slot| (slot, usage))
-            .collect();
-        candidates.push(Candidate { cost: score(a, now_ms, cfg), frees });
-    }
-
-    // 3 and 4. Choose.
     let deficit = n - fitting_now.len();
-    let chosen = choose(state, &need, &eligible, &candidates, deficit, cfg.max_victims);
-    let Some(chosen) = chosen else {
-        let best = best_reach(state, &need, &eligible, &candidates, cfg.max_victims);
-        return Err(NoPreemption::NotEnough {
-            fitting: (fitting_now.len() + best) as u32,
+    let not_enough = |fitting: usize, candidates: usize, mut excluded: Excluded, higher: &mut Vec<AllocId>| {
+        higher.sort_unstable();
+        higher.dedup();
+        excluded.not_lower_class += higher.len() as u32;
+        NoPreemption::NotEnough {
+            fitting: (fitting_now.len() + fitting) as u32,
             need: n as u32,
-            candidates: candidates.len() as u32,
+            candidates: candidates as u32,
             max_victims: cfg.max_victims,
             excluded,
-        });
+        }
     };
-    let victims: Vec<VictimCost> = chosen.iter().map(|&i| candidates[i].cost).collect();
-    let cost = victims.iter().map(VictimCost::total).fold(0u64, u64::saturating_add);
-    let value = p.value();
-    if cost >= value {
-        return Err(NoPreemption::TooCostly { cost, value, victims: victims.len() });
+    if feasible.len() < deficit {
+        return Err(not_enough(0, 0, Excluded::default(), &mut higher));
     }
 
-    // The preemptor's nodes: those the victims free, then ones that fit now.
-    let freed = freed_by(&candidates, &chosen);
-    let mut nodes: Vec<NodeSlot> = eligible
-        .iter()
-        .filter(|(slot, free)| fits_with(state, &need, **slot, free, &freed))
-        .map(|(&slot, _)| slot)
-        .take(n)
-        .collect();
-    fitting_now.sort_unstable();
-    nodes.extend(fitting_now.iter().map(|&(_, slot)| slot).take(n - nodes.len()));
-    debug_assert_eq!(nodes.len(), n);
-    Ok(Decision { victims, nodes, cost, value })
+    // 2-4. Candidates window by window; choose among all read so far.
+    let window = cfg.min_candidate_nodes.max(feasible.len() * cfg.candidate_nodes_percent / 100).max(1);
+    let offset = p.alloc.map_or(0, |id| (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) % feasible.len() as u64) as usize);
+    feasible.rotate_left(offset);
+    let mut excluded = Excluded::default();
+    let mut candidates: Vec<Candidate> = Vec::new();
+    let mut seen: Vec<AllocId> = Vec::new();
+    let mut last = None;
+    for nodes in feasible.chunks(window) {
+        let mut ids: Vec<AllocId> = nodes
+            .iter()
+            .flat_map(|&slot| state.holders(slot).iter().filter(|h| h.class < p.class).map(|h| h.alloc))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.retain(|id| seen.binary_search(id).is_err());
+        let before = seen.len();
+        seen.extend(&ids);
+        if before > 0 {
+            seen.sort_unstable();
+        }
+        for id in ids {
+            let a = state.alloc(id).expect("index names a known allocation");
+            if let Some(why) = exclusion(state, a, p, now_ms, cfg, taken) {
+                *why.counter(&mut excluded) += 1;
+                continue;
+            }
+            let usage = Usage::of(&a.spec.resources);
+            let frees = a
+                .tasks
+                .iter()
+                .filter_map(|t| t.node)
+                .filter(|slot| eligible[slot.0 as usize].is_some())
+                .map(|slot| (slot, usage))
+                .collect();
+            candidates.push(Candidate { cost: score(a, now_ms, cfg), frees });
+        }
+        let Some(chosen) = choose(state, &need, &eligible, &candidates, deficit, cfg.max_victims) else {
+            continue;
+        };
+        let victims: Vec<VictimCost> = chosen.iter().map(|&i| candidates[i].cost).collect();
+        let cost = victims.iter().map(VictimCost::total).fold(0u64, u64::saturating_add);
+        let value = p.value();
+        if cost >= value {
+            last = Some(NoPreemption::TooCostly { cost, value, victims: victims.len() });
+            continue;
+        }
+        // The preemptor's nodes: those the victims free, then ones that fit now.
+        let freed = freed_by(&candidates, &chosen);
+        let mut placed: Vec<NodeSlot> = freed
+            .keys()
+            .filter(|slot| eligible[slot.0 as usize].is_some_and(|free| fits_with(state, &need, **slot, &free, &freed)))
+            .copied()
+            .take(n)
+            .collect();
+        fitting_now.sort_unstable();
+        placed.extend(fitting_now.iter().map(|&(_, slot)| slot).take(n - placed.len()));
+        debug_assert_eq!(placed.len(), n);
+        return Ok(Decision { victims, nodes: placed, cost, value });
+    }
+    if let Some(costly) = last {
+        return Err(costly);
+    }
+    let best = best_reach(state, &need, &eligible, &candidates, cfg.max_victims);
+    Err(not_enough(best, candidates.len(), excluded, &mut higher))
 }
 
 #[derive(Clone, Copy)]
@@ -518,16 +578,36 @@ fn fits_with(state: &State, need: &Resources, slot: NodeSlot, free: &Usage, free
     fits(need, &state.node(slot).resources, &free.plus(&extra))
 }
 
+/// The sum of the `k` largest values.
+pub(super) fn top_sum(values: impl Iterator<Item = u64>, k: usize) -> u64 {
+    const SMALL: usize = 8;
+    if k > SMALL {
+        let mut all: Vec<u64> = values.collect();
+        all.sort_unstable_by(|a, b| b.cmp(a));
+        return all.iter().take(k).fold(0, |s, v| s.saturating_add(*v));
+    }
+    let mut top = [0u64; SMALL];
+    for v in values {
+        // Insert into the descending top-k.
+        let mut i = k;
+        while i > 0 && top[i - 1] < v {
+            if i < k {
+                top[i] = top[i - 1];
+            }
+            i -= 1;
+        }
+        if i < k {
+            top[i] = v;
+        }
+    }
+    top[..k].iter().fold(0, |s, v| s.saturating_add(*v))
+}
+
 /// Eligible nodes (not fitting now) that fit with `freed`.
-fn count_fitting(
-    state: &State,
-    need: &Resources,
-    eligible: &BTreeMap<NodeSlot, Usage>,
-    freed: &BTreeMap<NodeSlot, Usage>,
-) -> usize {
+fn count_fitting(state: &State, need: &Resources, eligible: &Eligible, freed: &BTreeMap<NodeSlot, Usage>) -> usize {
     freed
         .keys()
-        .filter(|slot| eligible.get(slot).is_some_and(|free| fits_with(state, need, **slot, free, freed)))
+        .filter(|slot| eligible[slot.0 as usize].is_some_and(|free| fits_with(state, need, **slot, &free, freed)))
         .count()
 }
 
@@ -535,14 +615,14 @@ fn count_fitting(
 fn gain(
     state: &State,
     need: &Resources,
-    eligible: &BTreeMap<NodeSlot, Usage>,
+    eligible: &Eligible,
     freed: &BTreeMap<NodeSlot, Usage>,
     c: &Candidate,
 ) -> (usize, usize) {
     let mut newly = 0;
     let mut touched = 0;
     for (slot, u) in &c.frees {
-        let free = &eligible[slot];
+        let free = &eligible[slot.0 as usize].expect("a candidate frees eligible nodes only");
         if fits_with(state, need, *slot, free, freed) {
             continue;
         }
@@ -560,7 +640,7 @@ fn gain(
 fn choose(
     state: &State,
     need: &Resources,
-    eligible: &BTreeMap<NodeSlot, Usage>,
+    eligible: &Eligible,
     candidates: &[Candidate],
     deficit: usize,
     max_victims: usize,
@@ -646,7 +726,7 @@ fn better(a: &Candidate, ga: (usize, usize), b: &Candidate, gb: (usize, usize)) 
 fn best_reach(
     state: &State,
     need: &Resources,
-    eligible: &BTreeMap<NodeSlot, Usage>,
+    eligible: &Eligible,
     candidates: &[Candidate],
     max_victims: usize,
 ) -> usize {

@@ -338,3 +338,33 @@ fn two_allocations_cannot_preempt_each_other_back_and_forth() {
     let why = decide(&c.s, &p, c.t + MIN, &cfg(), &BTreeSet::new(), &BTreeSet::new()).unwrap_err();
     assert!(why.to_string().contains("1 within their minimum runtime"), "{why}");
 }
+
+#[test]
+fn top_sum_adds_the_k_largest() {
+    use super::preemption::top_sum;
+    assert_eq!(top_sum([5, 1, 9, 3, 7].into_iter(), 3), 21);
+    assert_eq!(top_sum([5, 1].into_iter(), 3), 6);
+    assert_eq!(top_sum([4, 4, 4, 4].into_iter(), 2), 8);
+    assert_eq!(top_sum(std::iter::empty(), 3), 0);
+    assert_eq!(top_sum(1..=20u64, 10), (11..=20).sum::<u64>(), "beyond the fixed array");
+    assert_eq!(top_sum([u64::MAX, 1].into_iter(), 2), u64::MAX, "saturates");
+}
+
+#[test]
+fn windows_read_candidates_until_one_gives_a_valid_set() {
+    // 300 full nodes; only the last one's job is preemptible (the rest are
+    // class 9). With windows of 100 nodes the decision still finds it.
+    let mut c = Cluster::new(&[(8, ""); 300]);
+    for i in 0..299 {
+        c.run(8, 9, &[i], 1_000, |_| {});
+    }
+    let v = c.run(8, 1, &[299], 1_000, |_| {});
+    let cfg = PreemptionConfig { min_candidate_nodes: 100, candidate_nodes_percent: 1, ..cfg() };
+    let d =
+        decide(&c.s, &Cluster::preemptor(1, 8, 5), 1_000 + 30 * MIN, &cfg, &BTreeSet::new(), &BTreeSet::new()).unwrap();
+    assert_eq!(d.victims.iter().map(|v| v.alloc).collect::<Vec<_>>(), vec![v]);
+    // Class 9 holders make their nodes infeasible for class 9 and below, without any lookup.
+    let why = decide(&c.s, &Cluster::preemptor(1, 8, 1), 1_000 + 30 * MIN, &cfg, &BTreeSet::new(), &BTreeSet::new())
+        .unwrap_err();
+    assert!(why.to_string().contains("300 not of a lower class"), "{why}");
+}

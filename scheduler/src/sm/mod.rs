@@ -30,7 +30,7 @@ pub use command::Command;
 pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
-pub use state::{ApplyCtx, QueueKey, Shape, State};
+pub use state::{ApplyCtx, Holder, QueueKey, Shape, State};
 pub use types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S,
     DEFAULT_VCLUSTER, HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task,

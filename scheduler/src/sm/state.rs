@@ -118,6 +118,22 @@ struct Indexes {
     /// Queued allocations (not waiting on held nodes) that may preempt
     /// (class ≥ 1): highest class first, then admission order.
     preemptors: BTreeSet<(Reverse<u8>, QueueKey)>,
+    /// Per node (by slot), what each task holding capacity there holds and
+    /// its class, sorted by allocation: preemption bounds a node's freeable
+    /// capacity from this without looking up allocations.
+    holders: Vec<Vec<Holder>>,
+}
+
+/// A task holding capacity on a node, as the preemption policy sees it
+/// before looking its allocation up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The allocation.
+    pub alloc: AllocId,
+    /// Its preemption class.
+    pub class: u8,
+    /// What the task holds.
+    pub usage: Usage,
 }
 
 /// The whole replicated state of the scheduler.
@@ -238,6 +254,12 @@ impl State {
         self.index.preemptors.iter()
     }
 
+    /// The tasks holding capacity on a node (reserved, running or
+    /// preempting), with their class and usage, in allocation order.
+    pub fn holders(&self, slot: NodeSlot) -> &[Holder] {
+        self.index.holders.get(slot.0 as usize).map_or(&[], Vec::as_slice)
+    }
+
     /// The preemptor a node is held for, if any.
     pub fn held_for(&self, slot: NodeSlot) -> Option<AllocId> {
         self.index.held.get(&slot).copied()
@@ -330,6 +352,7 @@ impl State {
             registered_at_ms: self.now_ms,
         });
         self.index.node_by_id.insert(id.clone(), slot);
+        self.index.holders.push(Vec::new());
         self.index_node(slot);
         Ok(vec![Event::NodeRegistered { node: id.clone(), updated: false }])
     }
@@ -1232,6 +1255,7 @@ impl State {
 
     fn occupy(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
         self.index.tasks_by_node.entry(slot).or_default().insert(task);
+        self.add_holder(slot, task.0, *usage);
         self.unindex_node(slot);
         let node = &mut self.nodes[slot.0 as usize];
         node.used = node.used.plus(usage);
@@ -1240,6 +1264,11 @@ impl State {
     }
 
     fn release(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
+        if let Some(holders) = self.index.holders.get_mut(slot.0 as usize)
+            && let Ok(i) = holders.binary_search_by_key(&task.0, |h| h.alloc)
+        {
+            holders.remove(i);
+        }
         if let Some(tasks) = self.index.tasks_by_node.get_mut(&slot) {
             tasks.remove(&task);
             if tasks.is_empty() {
@@ -1253,6 +1282,15 @@ impl State {
         self.index_node(slot);
     }
 
+    /// Records that a task of `alloc` holds `usage` on `slot` (a gang has at
+    /// most one task per node).
+    fn add_holder(&mut self, slot: NodeSlot, alloc: AllocId, usage: Usage) {
+        let class = self.allocs[&alloc].spec.preemption_class;
+        let holders = &mut self.index.holders[slot.0 as usize];
+        let at = holders.binary_search_by_key(&alloc, |h| h.alloc).expect_err("one task per node per gang");
+        holders.insert(at, Holder { alloc, class, usage });
+    }
+
     /// Moves the clock as applying an entry stamped `time_ms` would.
     #[cfg(test)]
     pub(crate) fn advance_clock(&mut self, time_ms: u64) {
@@ -1262,6 +1300,7 @@ impl State {
     /// Rebuilds every derived index from the replicated fields (after decode).
     pub(crate) fn rebuild_indexes(&mut self) {
         self.index = Indexes::default();
+        self.index.holders = vec![Vec::new(); self.nodes.len()];
         for a in self.allocs.values() {
             for &slot in a.nomination.iter().flat_map(|n| &n.nodes) {
                 self.index.held.insert(slot, a.id);
@@ -1275,9 +1314,16 @@ impl State {
         let ids: Vec<AllocId> = self.allocs.keys().copied().collect();
         for id in ids {
             self.reindex_alloc(id);
-            for t in self.allocs[&id].tasks.iter().filter(|t| t.status.holds_capacity()) {
-                let slot = t.node.expect("a placed task has a node");
-                self.index.tasks_by_node.entry(slot).or_default().insert((id, t.index));
+            let usage = Usage::of(&self.allocs[&id].spec.resources);
+            let placed: Vec<(NodeSlot, TaskIndex)> = self.allocs[&id]
+                .tasks
+                .iter()
+                .filter(|t| t.status.holds_capacity())
+                .map(|t| (t.node.expect("a placed task has a node"), t.index))
+                .collect();
+            for (slot, task) in placed {
+                self.index.tasks_by_node.entry(slot).or_default().insert((id, task));
+                self.add_holder(slot, id, usage);
             }
         }
     }
