@@ -256,3 +256,129 @@ fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
     assert!(get.contains("attempts  2  runs  2  epoch  2  preemption epoch  0"), "{get}");
     assert!(get.contains("attempts  1  runs  2  epoch  2  preemption epoch  1"), "{get}");
 }
+
+/// Priority preemption through real `muster server` and `muster agent`
+/// processes: one victim answers its checkpoint hint and suspends, the other
+/// ignores it and is killed at the deadline; every preemption metric moves.
+#[test]
+fn t95_preemption_metrics_with_real_processes() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    let metrics = format!("127.0.0.1:{}", cluster::free_port());
+    struct Children(Vec<std::process::Child>);
+    impl Drop for Children {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut children = Children(vec![
+        Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--metrics", &metrics])
+            .args(["--agent-heartbeat-ms", "500", "--preemption-min-runtime-ms", "0"])
+            .args(["--checkpoint-timeout-ms", "1500", "--preemption-grace-ms", "1000"])
+            .args(["--preemption-cycle-threshold", "0"])
+            .arg("--data-dir")
+            .arg(dir.path().join("server"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ]);
+    for node in ["a1", "a2"] {
+        children.0.push(
+            Command::new(env!("CARGO_BIN_EXE_muster"))
+                .args(["agent", "--scheduler", &addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
+                .arg("--work-dir")
+                .arg(dir.path().join(node))
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let scrape = || {
+        std::net::TcpStream::connect(&metrics).ok().and_then(|mut s| {
+            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).ok()?;
+            Some(out)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let submit = |key: &str, class: &str, gang: &str, script: &str| loop {
+        let o = muster(&[
+            "submit",
+            "-n",
+            gang,
+            "--gpus",
+            "2",
+            "--class",
+            class,
+            "--idempotency-key",
+            key,
+            "--scheduler",
+            &addr,
+            "--output",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        if o.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            return v["id"].as_u64().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "submit never succeeded: {}", String::from_utf8_lossy(&o.stderr));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let status = |id: &str| {
+        let o = muster(&["alloc", "get", id, "--scheduler", &addr, "--output", "json"]);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).map(|v| v["status"].as_str().unwrap().to_string())
+    };
+    let answers = r#"trap 'echo saved > "$MUSTER_CHECKPOINT_DIR/state"; touch "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
+trap 'exit 143' TERM
+if [ "$MUSTER_RESUME" = 1 ]; then echo resumed; exit 0; fi
+while true; do sleep 0.1; done"#;
+    let ignores = r#"trap '' USR1
+trap 'exit 143' TERM
+if [ "$MUSTER_ATTEMPT" != 1 ]; then exit 0; fi
+while true; do sleep 0.1; done"#;
+    let a = submit("t95-a", "1", "1", answers);
+    let b = submit("t95-b", "1", "1", ignores);
+    for id in [&a, &b] {
+        while status(id).ok().as_deref() != Some("running") {
+            assert!(Instant::now() < deadline, "{id} never ran");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let p = submit("t95-p", "5", "2", "echo hi");
+    for id in [&p, &a, &b] {
+        while status(id).ok().as_deref() != Some("done") {
+            assert!(Instant::now() < deadline, "{id} never finished: {:?}", status(id));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let body = loop {
+        if let Some(t) = scrape().filter(|t| t.contains("muster_preemption_victim_requeue_total 2")) {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "no requeues in the metrics: {:?}", scrape());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let get_a = stdout(&muster(&["alloc", "get", &a, "--scheduler", &addr]));
+    drop(children);
+    for needle in [
+        "muster_preemptions_total{vcluster=\"default\",reason=\"priority\"} 2",
+        "muster_preemption_failed_checkpoint_total 1",
+        "muster_preemption_cycles_total 2",
+        "muster_preemption_checkpoint_duration_seconds_count 1",
+        "muster_preemption_decision_seconds_count",
+    ] {
+        assert!(body.contains(needle), "{needle} missing:\n{body}");
+    }
+    assert!(get_a.contains("preempted 1 time(s)"), "{get_a}");
+}
