@@ -58,6 +58,10 @@ pub struct SimulateArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Run the priority-preemption pass after each admission pass (server
+    /// defaults: 3 victims, 2 min minimum runtime, 5 min near completion).
+    #[arg(long)]
+    preemption: bool,
 }
 
 fn probability(name: &str, p: f64) -> anyhow::Result<f64> {
@@ -124,6 +128,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         failure_prob,
         lost_claim_prob,
         check_every: args.check_every,
+        preemption: args.preemption.then(muster_scheduler::policy::PreemptionConfig::default),
         ..SimConfig::default()
     };
     let started = Instant::now();

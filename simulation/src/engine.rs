@@ -136,6 +136,10 @@ pub struct Simulation {
     rollbacks: u64,
     teardowns: u64,
     preemptions: u64,
+    /// Work saved by checkpoints at preemptions, per gang (ms of its duration).
+    progress_ms: BTreeMap<AllocId, u64>,
+    last_preemption_ms: Option<u64>,
+    preemption_tick_at: Option<u64>,
     tasks_started: u64,
     task_failures: u64,
     last_finish_ms: u64,
@@ -165,6 +169,9 @@ impl Simulation {
             rollbacks: 0,
             teardowns: 0,
             preemptions: 0,
+            progress_ms: BTreeMap::new(),
+            last_preemption_ms: None,
+            preemption_tick_at: None,
             tasks_started: 0,
             task_failures: 0,
             last_finish_ms: 0,
@@ -243,7 +250,9 @@ impl Simulation {
                 }
                 self.tasks_started += 1;
                 self.running.insert((alloc, task), self.now);
-                let duration = self.jobs[self.job_of[&alloc]].duration_ms;
+                // A gang preempted after checkpointing resumes where it stopped.
+                let done = self.progress_ms.get(&alloc).copied().unwrap_or(0);
+                let duration = self.jobs[self.job_of[&alloc]].duration_ms.saturating_sub(done).max(1);
                 let (end, ok) = if self.rng.chance(self.cfg.failure_prob) {
                     (self.now + self.rng.range(1, duration.max(1)), false)
                 } else {
@@ -303,6 +312,12 @@ impl Simulation {
                 Event::TeardownStarted { alloc, epoch, preempting, cause, .. } => {
                     if matches!(cause, TeardownCause::TaskFailed { .. }) {
                         self.teardowns += 1;
+                    } else if let Some(a) = self.state.alloc(*alloc)
+                        && a.spec.checkpoint != muster_scheduler::sm::CheckpointMode::None
+                        && let Some(since) = a.tasks.iter().filter_map(|t| t.started_at_ms).max()
+                    {
+                        // The hint saves the progress of this run.
+                        *self.progress_ms.entry(*alloc).or_default() += self.now.saturating_sub(since);
                     }
                     for (task, node) in preempting {
                         let node = self.state.node_slot(node).expect("preempting on a known node").0;
@@ -338,6 +353,16 @@ impl Simulation {
         commands.extend(plan_admission(&self.state, self.now, &self.cfg.admission).commands);
         self.apply_plan(&commands)?;
         if let Some(cfg) = self.cfg.preemption {
+            // At most one pass per interval, as the leader runs it.
+            if self.last_preemption_ms.is_some_and(|t| self.now < t + cfg.min_pass_interval_ms) {
+                let next = self.last_preemption_ms.unwrap_or(0) + cfg.min_pass_interval_ms;
+                if self.preemption_tick_at != Some(next) {
+                    self.preemption_tick_at = Some(next);
+                    self.at(next, Ev::Tick);
+                }
+                return Ok(());
+            }
+            self.last_preemption_ms = Some(self.now);
             let decisions = plan_preemptions(&self.state, self.now, &cfg);
             let commands: Vec<Command> =
                 decisions.into_iter().map(|(alloc, d)| d.command(&self.state, alloc, &cfg)).collect();
@@ -410,6 +435,8 @@ impl Simulation {
             rollbacks: self.rollbacks,
             teardowns: self.teardowns,
             preemptions: self.preemptions,
+            preempted_allocations: self.state.allocs().values().filter(|a| a.preempted_count > 0).count() as u64,
+            max_preempted_count: self.state.allocs().values().map(|a| a.preempted_count).max().unwrap_or(0),
             rejected_reports: self.rejected_reports,
             admission_passes: self.admission_passes,
             commands: self.commands,

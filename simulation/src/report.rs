@@ -72,6 +72,10 @@ pub struct Report {
     pub teardowns: u64,
     /// Gangs preempted for a higher class (victims of committed decisions).
     pub preemptions: u64,
+    /// Allocations preempted at least once.
+    pub preempted_allocations: u64,
+    /// The most times one allocation was preempted.
+    pub max_preempted_count: u32,
     /// Agent claims and reports refused as stale (the attempt was torn down or re-placed).
     pub rejected_reports: u64,
     /// Admission passes run.
@@ -133,7 +137,11 @@ impl fmt::Display for Report {
             self.tasks_started, self.task_failures, self.rollbacks, self.rejected_reports
         )?;
         writeln!(f, "teardowns      {} gangs torn down after a partial failure", self.teardowns)?;
-        writeln!(f, "preemptions    {} gangs preempted for a higher class", self.preemptions)?;
+        writeln!(
+            f,
+            "preemptions    {} gangs preempted for a higher class ({} allocations, at most {} times each)",
+            self.preemptions, self.preempted_allocations, self.max_preempted_count
+        )?;
         writeln!(f, "queueing delay {}", self.queue_delay_s)?;
         writeln!(f, "  >= 8 GPUs    {}", self.queue_delay_large_s)?;
         writeln!(

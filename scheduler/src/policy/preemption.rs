@@ -9,7 +9,8 @@
 //!   2. candidates: running whole on those nodes, class below the preemptor's,
 //!                  preemptible (not class 10 / sensitive / none at class ≥ 7 /
 //!                  a service on its home nodes), not near completion, not
-//!                  within its minimum runtime since it (re)started
+//!                  within its minimum runtime since it (re)started (× one
+//!                  more per earlier preemption, at most 8×)
 //!   3. cost (GPU-seconds), per candidate gang of G GPUs (a CPU-only task
 //!      counts as one), running for e of its walltime W:
 //!        checkpoint = G × checkpoint time   (auto: its estimate; manual: the
@@ -38,8 +39,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::sm::{
-    AllocId, AllocStatus, Allocation, CheckpointMode, Command, NodeSlot, NodeStatus, Resources, State, TaskStatus,
-    Usage, VClusterType, fits,
+    AllocId, AllocStatus, Allocation, CheckpointMode, Command, NodeSlot, NodeStatus, Resources, Shape, State,
+    TaskStatus, Usage, VClusterType, fits,
 };
 
 /// The preemption knobs (the preemption-policy seed's defaults).
@@ -49,7 +50,8 @@ pub struct PreemptionConfig {
     pub max_victims: usize,
     /// A gang this close to its walltime's end is left to finish.
     pub near_completion_ms: u64,
-    /// A gang is not preempted again this soon after it (re)started.
+    /// A gang is not preempted again this soon after it (re)started (once
+    /// more for every earlier preemption, at most 8×).
     pub min_runtime_ms: u64,
     /// How long a hinted task has to checkpoint (one +50 % extension).
     pub checkpoint_timeout_ms: u64,
@@ -71,6 +73,9 @@ pub struct PreemptionConfig {
     pub min_candidate_nodes: usize,
     /// …or this share (percent) of them, whichever is more.
     pub candidate_nodes_percent: usize,
+    /// The leader runs a preemption pass at most this often (admission may
+    /// run on every submit and release; preemption is the last resort).
+    pub min_pass_interval_ms: u64,
 }
 
 impl Default for PreemptionConfig {
@@ -88,6 +93,7 @@ impl Default for PreemptionConfig {
             max_decisions_per_pass: 2,
             min_candidate_nodes: 100,
             candidate_nodes_percent: 5,
+            min_pass_interval_ms: 1_000,
         }
     }
 }
@@ -555,10 +561,17 @@ fn exclusion(
     if ends.saturating_sub(now_ms) <= cfg.near_completion_ms {
         return Some(Why::NearCompletion);
     }
-    if now_ms.saturating_sub(since) < cfg.min_runtime_ms {
+    if now_ms.saturating_sub(since) < min_runtime_ms(a, cfg) {
         return Some(Why::MinRuntime);
     }
     None
+}
+
+/// How long a gang is protected after it (re)started: the minimum runtime,
+/// once more for every time it was already preempted (capped at 8×), so an
+/// allocation that keeps losing its nodes gets longer to make progress.
+pub fn min_runtime_ms(a: &Allocation, cfg: &PreemptionConfig) -> u64 {
+    cfg.min_runtime_ms.saturating_mul(u64::from(a.preempted_count.min(7)) + 1)
 }
 
 /// What the chosen candidates free, per node.
@@ -755,11 +768,17 @@ pub fn plan_preemptions(state: &State, now_ms: u64, cfg: &PreemptionConfig) -> V
     let mut taken = BTreeSet::new();
     let mut held = BTreeSet::new();
     let mut tries = 0;
+    // Shapes that found too few nodes or victims: the same shape at the same
+    // or a lower class (the queue goes down by class) can only find fewer.
+    let mut hopeless: BTreeSet<Shape> = BTreeSet::new();
     for (_, key) in state.preemptor_queue() {
         if tries == cfg.max_tries_per_pass || out.len() == cfg.max_decisions_per_pass {
             break;
         }
         let a = state.alloc(key.alloc).expect("queue names a known allocation");
+        if hopeless.contains(&Shape::of(a)) {
+            continue;
+        }
         match decide(state, &Preemptor::of(a), now_ms, cfg, &taken, &held) {
             Ok(d) => {
                 taken.extend(d.victims.iter().map(|v| v.alloc));
@@ -768,6 +787,10 @@ pub fn plan_preemptions(state: &State, now_ms: u64, cfg: &PreemptionConfig) -> V
                 tries += 1;
             }
             Err(NoPreemption::NotNeeded) => {}
+            Err(NoPreemption::TooFewNodes { .. } | NoPreemption::NotEnough { .. }) => {
+                hopeless.insert(Shape::of(a));
+                tries += 1;
+            }
             Err(_) => tries += 1,
         }
     }

@@ -368,3 +368,30 @@ fn windows_read_candidates_until_one_gives_a_valid_set() {
         .unwrap_err();
     assert!(why.to_string().contains("300 not of a lower class"), "{why}");
 }
+
+#[test]
+fn each_earlier_preemption_lengthens_the_protection_after_a_restart() {
+    let mut c = Cluster::new(&[(8, "")]);
+    let low = c.run(8, 1, &[0], 1_000, |_| {});
+    let mut spec =
+        AllocSpec::new("u", 1, Resources { gpus: 8, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }, vec!["x".into()]);
+    spec.preemption_class = 5;
+    let hi = match c.ok(Command::Submit { spec })[..] {
+        [Event::Submitted { alloc, .. }] => alloc,
+        ref e => panic!("{e:?}"),
+    };
+    c.t = 1_000 + 30 * MIN;
+    let plan = plan_preemptions(&c.s, c.t, &cfg());
+    let cmd = plan[0].1.command(&c.s, hi, &cfg());
+    c.ok(cmd);
+    c.ok(Command::TaskPreempted { alloc: low, task: 0, node: NodeId::new("n0"), epoch: 1, checkpoint_failed: false });
+    c.ok(Command::CancelAllocation { alloc: hi });
+    // The suspended gang runs again (preempted once: protected 2 × 2 min).
+    c.ok(Command::ReserveGang { alloc: low, epoch: 2, nodes: vec![NodeId::new("n0")] });
+    c.ok(Command::StartTask { alloc: low, task: 0, node: NodeId::new("n0"), epoch: 2 });
+    let restarted = c.t;
+    let p = Cluster::preemptor(1, 8, 5);
+    let at = |ms: u64| decide(&c.s, &p, restarted + ms, &cfg(), &BTreeSet::new(), &BTreeSet::new());
+    assert!(at(3 * MIN).unwrap_err().to_string().contains("1 within their minimum runtime"));
+    assert_eq!(at(4 * MIN).unwrap().victims[0].alloc, low);
+}

@@ -10,9 +10,11 @@
 //!   for a preemption's victims, which get their checkpoint deadline first)
 //!   has its stuck preempting tasks moved to preempted, and completes. Holds
 //!   of preemptors whose deadline passed are let go in the same pass.
-//! - Preemption, right after each admission pass: for queued gangs of class
-//!   ≥ 1 that still do not fit, highest class first, the pure victim choice
-//!   of `policy::preemption`, proposed as one `Preempt` command each.
+//! - Preemption, right after an admission pass but at most once a second
+//!   (`min_pass_interval_ms`; the admission tick brings it back): for queued
+//!   gangs of class ≥ 1 that still do not fit, highest class first, the pure
+//!   victim choice of `policy::preemption`, proposed as one `Preempt`
+//!   command each.
 
 use std::time::Duration;
 
@@ -67,6 +69,15 @@ async fn run(s: Shared, cfg: LeaderConfig) {
     let mut liveness_tick = tokio::time::interval(Duration::from_secs(1));
     liveness_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was_leading = false;
+    let mut last_preemption: Option<std::time::Instant> = None;
+    let preemption_every = Duration::from_millis(cfg.preemption.min_pass_interval_ms);
+    let mut preemption_due = |now: std::time::Instant| {
+        let due = last_preemption.is_none_or(|t| now.duration_since(t) >= preemption_every);
+        if due {
+            last_preemption = Some(now);
+        }
+        due
+    };
     loop {
         let leading = metrics.borrow().state == ServerState::Leader;
         if !leading {
@@ -83,11 +94,15 @@ async fn run(s: Shared, cfg: LeaderConfig) {
         tokio::select! {
             _ = tick.tick() => {
                 admission_pass(&s, &admission).await;
-                preemption_pass(&s, &cfg.preemption).await;
+                if preemption_due(std::time::Instant::now()) {
+                    preemption_pass(&s, &cfg.preemption).await;
+                }
             }
             _ = s.admission_wake.notified() => {
                 admission_pass(&s, &admission).await;
-                preemption_pass(&s, &cfg.preemption).await;
+                if preemption_due(std::time::Instant::now()) {
+                    preemption_pass(&s, &cfg.preemption).await;
+                }
             }
             _ = liveness_tick.tick() => {
                 liveness_pass(&s, cfg.node_lost_after).await;
