@@ -204,7 +204,7 @@ pub enum AllocCmd {
     },
     /// List allocations.
     List {
-        /// Only this status (queued, reserved, running, tearing-down, done, failed, cancelled).
+        /// Only this status (queued, suspended, reserved, running, tearing-down, done, failed, cancelled).
         #[arg(long)]
         status: Option<String>,
         /// Only this owner.
@@ -245,6 +245,7 @@ pub(crate) fn task_status_name(raw: i32) -> String {
 fn status_filter(name: &str) -> anyhow::Result<i32> {
     Ok(match name {
         "queued" => v1::AllocationStatus::Queued,
+        "suspended" => v1::AllocationStatus::Suspended,
         "reserved" => v1::AllocationStatus::Reserved,
         "running" => v1::AllocationStatus::Running,
         "tearing-down" => v1::AllocationStatus::TearingDown,
@@ -252,7 +253,10 @@ fn status_filter(name: &str) -> anyhow::Result<i32> {
         "failed" => v1::AllocationStatus::Failed,
         "cancelled" => v1::AllocationStatus::Cancelled,
         other => {
-            bail!("--status {other:?} is not one of queued, reserved, running, tearing-down, done, failed, cancelled")
+            bail!(
+                "--status {other:?} is not one of queued, suspended, reserved, running, tearing-down, done, failed, \
+                 cancelled"
+            )
         }
     } as i32)
 }
