@@ -395,3 +395,40 @@ fn each_earlier_preemption_lengthens_the_protection_after_a_restart() {
     assert!(at(3 * MIN).unwrap_err().to_string().contains("1 within their minimum runtime"));
     assert_eq!(at(4 * MIN).unwrap().victims[0].alloc, low);
 }
+
+#[test]
+fn class_ten_and_sensitive_work_is_never_chosen_and_a_sensitive_claim_is_labelled() {
+    let mut c = Cluster::new(&[(8, ""); 3]);
+    c.run(8, 10, &[0], 1_000, |_| {});
+    c.run(8, 10, &[1], 1_000, |s| s.sensitive = true);
+    c.run(8, 10, &[2], 1_000, |s| s.vcluster_type = VClusterType::Sensitive);
+    let now = 1_000 + 30 * MIN;
+    for class in [9, 10] {
+        let why = decide(&c.s, &Cluster::preemptor(1, 8, class), now, &cfg(), &BTreeSet::new(), &BTreeSet::new())
+            .unwrap_err();
+        assert!(why.to_string().contains("3 not of a lower class"), "class {class}: {why}");
+    }
+}
+
+#[test]
+fn a_sensitive_claim_preempts_lower_classes_with_reason_sensitive() {
+    let mut c = Cluster::new(&[(8, "")]);
+    let low = c.run(8, 9, &[0], 1_000, |_| {});
+    let mut spec =
+        AllocSpec::new("u", 1, Resources { gpus: 8, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }, vec!["x".into()]);
+    spec.preemption_class = 10;
+    spec.sensitive = true;
+    let claim = match c.ok(Command::Submit { spec })[..] {
+        [Event::Submitted { alloc, .. }] => alloc,
+        ref e => panic!("{e:?}"),
+    };
+    c.t = 1_000 + 30 * MIN;
+    let plan = plan_preemptions(&c.s, c.t, &cfg());
+    assert_eq!(plan.len(), 1);
+    let cmd = plan[0].1.command(&c.s, claim, &cfg());
+    let events = c.ok(cmd);
+    assert!(
+        matches!(&events[0], Event::PreemptionDecided { victims, reason: crate::sm::PreemptReason::Sensitive, .. } if victims == &vec![low]),
+        "{events:?}"
+    );
+}
