@@ -191,23 +191,25 @@ async fn t88_a_high_class_gang_preempts_the_cheapest_victims_which_resume_from_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t88b_unresponsive_slow_and_deferring_victims() {
     let dir = tempfile::tempdir().unwrap();
-    let c = LocalCluster::start(dir.path(), config(1, 2_000)).await.unwrap();
+    let mut cfg = config(1, 3_000);
+    cfg.preemption.max_deferral_ms = 6_000;
+    let c = LocalCluster::start(dir.path(), cfg).await.unwrap();
     let loop_forever = |answer: &str| {
         format!(
             "trap '{answer}' USR1\ntrap 'exit 143' TERM\nwhile true; do echo 1 > progress-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX; sleep 0.1; done"
         )
     };
     let cases = [
-        // Ignores the hint: killed at the 2 s deadline, no checkpoint.
+        // Ignores the hint: killed at the 3 s deadline, no checkpoint.
         (":", false),
-        // Acknowledges, then takes 2.4 s: past 2 s, within the one +50 % extension (3 s).
+        // Acknowledges, then takes 3.5 s: past 3 s, within the one +50 % extension (4.5 s).
         (
-            "touch \"$MUSTER_CHECKPOINT_DIR/.muster/ack\"; sleep 2.4; echo s > \"$MUSTER_CHECKPOINT_DIR/state\"; touch \"$MUSTER_CHECKPOINT_DIR/.muster/done\"",
+            "touch \"$MUSTER_CHECKPOINT_DIR/.muster/ack\"; sleep 3.5; echo s > \"$MUSTER_CHECKPOINT_DIR/state\"; touch \"$MUSTER_CHECKPOINT_DIR/.muster/done\"",
             true,
         ),
-        // Asks for 4 s (the maximum), then finishes at 3 s.
+        // Asks for 6 s (the maximum), then finishes at 4 s.
         (
-            "echo 4 > \"$MUSTER_CHECKPOINT_DIR/.muster/defer\"; sleep 3; echo s > \"$MUSTER_CHECKPOINT_DIR/state\"; touch \"$MUSTER_CHECKPOINT_DIR/.muster/done\"",
+            "echo 6 > \"$MUSTER_CHECKPOINT_DIR/.muster/defer\"; sleep 4; echo s > \"$MUSTER_CHECKPOINT_DIR/state\"; touch \"$MUSTER_CHECKPOINT_DIR/.muster/done\"",
             true,
         ),
     ];
