@@ -40,6 +40,7 @@ use tonic::transport::Endpoint;
 use crate::checkpoint;
 use crate::executor::{self, Exit, TaskLaunch};
 use crate::hint::{Hint, HintWatch, Verdict};
+use crate::watchdog::{self, ProgressFile, Sampler, WatchdogConfig, Watchdogs};
 
 /// The checkpoint cap until the leader says otherwise (its default).
 const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 4 << 20;
@@ -64,6 +65,16 @@ pub struct AgentConfig {
     pub work_dir: PathBuf,
     /// Shortest and longest pause between reconnects.
     pub backoff: (Duration, Duration),
+    /// Watchdog knobs (the budget and stall window come with each task).
+    pub watchdog: WatchdogConfig,
+    /// Makes the sampler each attempt's watchdogs read the process group
+    /// with (`/proc` and NVML by default; tests inject fakes).
+    pub sampler: fn() -> Box<dyn Sampler>,
+}
+
+/// The default sampler: `/proc` for memory and CPU, NVML for GPUs if present.
+pub fn proc_sampler() -> Box<dyn Sampler> {
+    Box::new(watchdog::ProcSampler::default())
 }
 
 type Key = (u64, u32, u64);
@@ -89,6 +100,8 @@ struct Ended {
     exit: Result<Exit, String>,
     /// It was hinted and did not checkpoint before the deadline.
     checkpoint_failed: bool,
+    /// A watchdog stopped it.
+    watchdog: Option<watchdog::Trip>,
 }
 
 struct Running {
@@ -105,6 +118,7 @@ struct Running {
 enum Report {
     Exited(v1::TaskExited),
     Preempted { checkpoint: Option<v1::CheckpointUpload>, ack: v1::Preempted },
+    Watchdog(v1::WatchdogTripped),
 }
 
 async fn send_report<F, Fut>(report: &Report, send: &F) -> Result<(), String>
@@ -114,6 +128,7 @@ where
 {
     match report {
         Report::Exited(e) => send(Out::Exited(e.clone())).await,
+        Report::Watchdog(w) => send(Out::WatchdogTripped(w.clone())).await,
         Report::Preempted { checkpoint, ack } => {
             if let Some(c) = checkpoint {
                 send(Out::Checkpoint(c.clone())).await?;
@@ -503,6 +518,20 @@ impl Agent {
         }
         let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let mut env: BTreeMap<String, String> = a.env.into_iter().collect();
+        let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
+        if let Some(parent) = progress.parent() {
+            let _ = fs::create_dir_all(parent);
+        }
+        let _ = fs::remove_file(&progress);
+        env.insert("MUSTER_PROGRESS_FILE".into(), progress.display().to_string());
+        let limits = watchdog::Limits {
+            budget: (a.walltime_s > 0).then(|| Duration::from_secs(a.walltime_s)),
+            stall: (a.stall_timeout_s > 0).then(|| Duration::from_secs(u64::from(a.stall_timeout_s))),
+            gpu_health: a.gpus > 0,
+        };
+        let dogs = Watchdogs::new(self.cfg.watchdog, limits, tokio::time::Instant::now());
+        let sampler = (self.cfg.sampler)();
+        let poll = self.cfg.watchdog.poll;
         let restored = if a.checkpoint.is_empty() {
             checkpoint::reset(&checkpoint_dir).map_err(|e| format!("cannot create {}: {e}", checkpoint_dir.display()))
         } else {
@@ -539,20 +568,21 @@ impl Agent {
                     "task started"
                 );
                 tokio::spawn(async move {
-                    let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir).await;
+                    let guard = Guard { dogs, progress: ProgressFile::new(progress), sampler, poll };
+                    let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard).await;
                     let _ = exits.send((key, ended));
                 });
             }
             Err(e) => {
                 tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "task did not start");
-                let _ = exits.send((key, Ended { exit: Err(e), checkpoint_failed: false }));
+                let _ = exits.send((key, Ended { exit: Err(e), checkpoint_failed: false, watchdog: None }));
             }
         }
         self.running.insert(key, Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None });
     }
 
     fn finished(&mut self, key: Key, ended: Ended) -> Report {
-        let Ended { exit, checkpoint_failed } = ended;
+        let Ended { exit, checkpoint_failed, watchdog } = ended;
         let running = self.running.remove(&key);
         let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
         if let Some(r) = running {
@@ -566,6 +596,21 @@ impl Agent {
         };
         let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let report = match preempt {
+            None if watchdog.is_some() => {
+                let trip = watchdog.expect("guarded");
+                let _ = fs::remove_dir_all(&dir);
+                tracing::warn!(alloc_id = key.0, task = key.1, kind = trip.kind, detail = %trip.detail, "watchdog tripped; task stopped");
+                self.note_in_log(
+                    key,
+                    attempt,
+                    &format!("muster: stopped by the {} watchdog: {}", trip.kind, trip.detail),
+                );
+                Report::Watchdog(v1::WatchdogTripped {
+                    task: Some(task_ref(key)),
+                    kind: trip.kind.to_string(),
+                    detail: trip.detail,
+                })
+            }
             Some(epoch) if checkpoint_failed => {
                 tracing::warn!(alloc_id = key.0, task = key.1, epoch, "no checkpoint before the deadline; task killed");
                 self.note_in_log(key, attempt, "muster: no checkpoint before the deadline; the task was killed");
@@ -628,19 +673,52 @@ impl Agent {
     }
 }
 
+/// An attempt's watchdogs and what feeds them.
+struct Guard {
+    dogs: Watchdogs,
+    progress: ProgressFile,
+    sampler: Box<dyn Sampler>,
+    poll: Duration,
+}
+
+/// How long a tripped task gets between SIGTERM and SIGKILL: it is hung.
+const WATCHDOG_GRACE: Duration = Duration::from_secs(2);
+
 /// Waits for an attempt to end, obeying the agent: a stop stops it; a hint
 /// starts the checkpoint protocol, polled every 200 ms, which stops it once
-/// the task is done or out of time.
+/// the task is done or out of time. Until a stop or hint, the watchdogs are
+/// polled (beats from the progress file), and a trip stops it.
 async fn watch_task(
     task: &mut executor::RunningTask,
     mut ctrl: mpsc::UnboundedReceiver<Control>,
     checkpoint_dir: &std::path::Path,
+    mut guard: Guard,
 ) -> Ended {
     let mut hint: Option<HintWatch> = None;
     let mut poll = tokio::time::interval(Duration::from_millis(200));
+    let mut dog_tick = tokio::time::interval(guard.poll);
+    let pgid = task.pgid();
+    let mut trip = None;
     let (exit, checkpoint_failed) = loop {
         tokio::select! {
             exit = task.wait() => break (exit, false),
+            _ = dog_tick.tick(), if hint.is_none() => {
+                let now = tokio::time::Instant::now();
+                if guard.progress.changed() {
+                    guard.dogs.beat(now);
+                }
+                let sampler = &mut guard.sampler;
+                match guard.dogs.poll(now, || sampler.sample(pgid)) {
+                    watchdog::Verdict::Fine => {}
+                    watchdog::Verdict::Busy(why) => {
+                        tracing::info!(pgid, why = %why, "suspected stall, but the task is busy");
+                    }
+                    watchdog::Verdict::Trip(t) => {
+                        trip = Some(t);
+                        break (task.stop(WATCHDOG_GRACE).await, false);
+                    }
+                }
+            }
             Some(c) = ctrl.recv() => match c {
                 Control::Stop(grace) => break (task.stop(grace).await, false),
                 Control::Hint(h) if hint.is_none() => match HintWatch::start(h, checkpoint_dir, tokio::time::Instant::now()) {
@@ -665,5 +743,5 @@ async fn watch_task(
             }
         }
     };
-    Ended { exit: exit.map_err(|e| e.to_string()), checkpoint_failed }
+    Ended { exit: exit.map_err(|e| e.to_string()), checkpoint_failed, watchdog: trip }
 }

@@ -8,6 +8,7 @@
 //! - [`checkpoint`]: packing a preempted task's checkpoint directory for the
 //!   leader, and restoring it for the next attempt.
 //! - [`hint`]: the checkpoint-hint protocol of a priority preemption.
+//! - [`watchdog`]: the budget, stall and GPU-health watchdogs of an attempt.
 
 #![deny(missing_docs)]
 
@@ -16,5 +17,6 @@ pub mod checkpoint;
 pub mod executor;
 pub mod hint;
 mod probe;
+pub mod watchdog;
 
 pub use probe::{NodeResources, ProbeError, parse_meminfo_mb, probe_resources};

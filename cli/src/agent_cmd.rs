@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use muster_agent::agent::{Agent, AgentConfig};
+use muster_agent::agent::{Agent, AgentConfig, proc_sampler};
+use muster_agent::watchdog::WatchdogConfig;
 use muster_proto::v1;
 use tokio::sync::watch;
 
@@ -39,12 +40,33 @@ pub struct AgentArgs {
     /// Where task logs and process records live.
     #[arg(long)]
     work_dir: PathBuf,
+    /// Reads taken to confirm a suspected stall before stopping a task.
+    #[arg(long, default_value_t = 3)]
+    stall_confirm_samples: u32,
+    /// Spacing of those reads, ms.
+    #[arg(long, default_value_t = 1_000)]
+    stall_confirm_poll_ms: u64,
+    /// GPU utilisation (percent) at or under which a GPU counts as idle.
+    #[arg(long, default_value_t = 5.0)]
+    gpu_idle_pct: f64,
+    /// Memory movement (MiB) above which a task counts as working.
+    #[arg(long, default_value_t = 5120)]
+    ram_delta_mb: u64,
+    /// GPU-health watchdog: idle and static this long stops a GPU task, s.
+    #[arg(long, default_value_t = 300)]
+    gpu_health_window_s: u64,
+    /// GPU-health watchdog: not policed this long after a task starts, s.
+    #[arg(long, default_value_t = 300)]
+    gpu_health_grace_s: u64,
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let schedulers = crate::client::parse_addresses(&args.scheduler)?;
     if args.node_id.trim().is_empty() {
         bail!("--node-id must not be empty");
+    }
+    if args.stall_confirm_samples == 0 || !(0.0..=100.0).contains(&args.gpu_idle_pct) {
+        bail!("--stall-confirm-samples must be at least 1 and --gpu-idle-pct between 0 and 100");
     }
     let probed = muster_agent::probe_resources().context("cannot discover this machine's resources")?;
     let gpus = args.gpus.unwrap_or(probed.gpus);
@@ -70,6 +92,16 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         address: args.address.unwrap_or_else(|| args.node_id.clone()),
         work_dir: args.work_dir.clone(),
         backoff: (Duration::from_millis(200), Duration::from_secs(5)),
+        watchdog: WatchdogConfig {
+            confirm_samples: args.stall_confirm_samples,
+            confirm_poll: Duration::from_millis(args.stall_confirm_poll_ms),
+            idle_pct: args.gpu_idle_pct,
+            ram_delta_mb: args.ram_delta_mb,
+            gpu_health_window: Duration::from_secs(args.gpu_health_window_s),
+            gpu_health_grace: Duration::from_secs(args.gpu_health_grace_s),
+            ..WatchdogConfig::default()
+        },
+        sampler: proc_sampler,
     };
     let agent = Agent::new(cfg).with_context(|| format!("cannot use work dir {}", args.work_dir.display()))?;
     let (stop, stopped) = watch::channel(false);

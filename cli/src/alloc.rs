@@ -72,6 +72,11 @@ pub struct SubmitArgs {
     /// How long a checkpoint takes (counted in its preemption cost).
     #[arg(long, default_value = "60s")]
     checkpoint_estimate: String,
+    /// Stop and retry a task that reported progress (muster beat, or a change
+    /// to $MUSTER_PROGRESS_FILE) and then made none for this long, with its
+    /// GPU idle and memory static (e.g. 120s; default: off).
+    #[arg(long)]
+    stall_timeout: Option<String>,
     /// Validate and show the plan (placement, or what it would preempt and
     /// why) without submitting.
     #[arg(long)]
@@ -109,6 +114,12 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
     if walltime_s == 0 {
         bail!("--walltime must be at least 1 second");
     }
+    let stall_timeout_s = match &args.stall_timeout {
+        None => 0,
+        Some(s) => parse_duration_s(s).context("--stall-timeout").and_then(|v| {
+            u32::try_from(v).ok().filter(|v| *v > 0).context("--stall-timeout must be 1 s to 136 years")
+        })?,
+    };
     let estimate = parse_duration_s(&args.checkpoint_estimate).context("--checkpoint-estimate")?;
     let checkpoint_estimate_s = u32::try_from(estimate).ok().filter(|s| *s > 0).with_context(|| {
         format!("--checkpoint-estimate {:?} must be between 1 s and 136 years", args.checkpoint_estimate)
@@ -133,6 +144,7 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         vcluster_type: args.vcluster_type.clone(),
         sensitive: args.sensitive,
         checkpoint_estimate_s,
+        stall_timeout_s,
     })
 }
 
@@ -283,6 +295,7 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
         "vcluster_type": spec.vcluster_type,
         "sensitive": spec.sensitive,
         "checkpoint_estimate_s": spec.checkpoint_estimate_s,
+        "stall_timeout_s": spec.stall_timeout_s,
         "preempted_count": a.preempted_count,
         "teardown": a.teardown.as_ref().map(|td| json!({
             "epoch": td.epoch,
@@ -310,6 +323,8 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
             "checkpoint_bytes": t.checkpoint_bytes,
             "checkpoint_epoch": t.checkpoint_epoch,
             "exit_code": t.exit_code,
+            "watchdog_trips": t.watchdog_trips,
+            "last_watchdog": t.last_watchdog,
         })).collect::<Vec<_>>(),
     })
 }
@@ -323,10 +338,13 @@ fn task_line(t: &v1::Task) -> String {
     } else {
         "-"
     };
-    let checkpoint = match t.checkpoint_epoch {
+    let mut checkpoint = match t.checkpoint_epoch {
         Some(epoch) => format!("  checkpoint {} B (epoch {epoch})", t.checkpoint_bytes),
         None => String::new(),
     };
+    if t.watchdog_trips > 0 {
+        checkpoint.push_str(&format!("  watchdog {} ({} trips)", t.last_watchdog, t.watchdog_trips));
+    }
     format!(
         "          task {:>3}  {:<12}  node {:<16}  attempts {:>2}  runs {:>2}  epoch {:>2}  preemption epoch {:>2}{checkpoint}",
         t.index,

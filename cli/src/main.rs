@@ -106,6 +106,9 @@ enum Cmd {
     Simulate(simulate::SimulateArgs),
     /// Print what this machine would register as a node (CPUs, memory, GPUs).
     Probe,
+    /// Report progress from inside a task (feeds its stall watchdog): appends
+    /// to $MUSTER_PROGRESS_FILE.
+    Beat,
     /// Print a shell completion script: muster completions bash > /etc/bash_completion.d/muster
     Completions {
         /// The shell.
@@ -118,6 +121,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Simulate(args) => simulate::run(&args),
         Cmd::Probe => probe(),
+        Cmd::Beat => beat(),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "muster", &mut std::io::stdout());
@@ -166,7 +170,9 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
                 let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
                 cluster::run(&mut cluster, cmd, client.output).await
             }
-            Cmd::Simulate(_) | Cmd::Probe | Cmd::Completions { .. } => unreachable!("run synchronously"),
+            Cmd::Simulate(_) | Cmd::Probe | Cmd::Beat | Cmd::Completions { .. } => {
+                unreachable!("run synchronously")
+            }
         }
     })
 }
@@ -177,6 +183,20 @@ fn init_logging(default: &str) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+/// Appends one byte to the task's progress file: any change to it is a beat.
+fn beat() -> anyhow::Result<()> {
+    use std::io::Write;
+    let path = std::env::var_os("MUSTER_PROGRESS_FILE")
+        .ok_or_else(|| anyhow::anyhow!("MUSTER_PROGRESS_FILE is not set: run muster beat from inside a task"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", std::path::Path::new(&path).display()))?;
+    f.write_all(b".")?;
+    Ok(())
 }
 
 fn probe() -> anyhow::Result<()> {

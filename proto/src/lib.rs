@@ -37,6 +37,7 @@ mod tests {
             vcluster_type: "ml-training".into(),
             sensitive: false,
             checkpoint_estimate_s: 90,
+            stall_timeout_s: 120,
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

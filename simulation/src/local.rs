@@ -40,6 +40,8 @@ pub struct LocalConfig {
     pub teardown_force_after: Duration,
     /// Priority-preemption knobs.
     pub preemption: muster_scheduler::policy::PreemptionConfig,
+    /// The agents' watchdog knobs.
+    pub watchdog: muster_agent::watchdog::WatchdogConfig,
 }
 
 impl Default for LocalConfig {
@@ -55,6 +57,7 @@ impl Default for LocalConfig {
             stop_grace: Duration::from_secs(15),
             teardown_force_after: Duration::from_secs(45),
             preemption: muster_scheduler::policy::PreemptionConfig::default(),
+            watchdog: muster_agent::watchdog::WatchdogConfig::default(),
         }
     }
 }
@@ -129,6 +132,8 @@ impl LocalCluster {
             address: format!("127.0.0.1:{}", 29_500 + i),
             work_dir: self.dir.join(&node_id),
             backoff: (Duration::from_millis(100), Duration::from_secs(2)),
+            watchdog: self.cfg.watchdog,
+            sampler: muster_agent::agent::proc_sampler,
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

@@ -7,6 +7,7 @@ mod t80_e2e;
 mod t84_teardown;
 mod t88_preemption;
 mod t91_dev_cli;
+mod t96_watchdogs;
 
 use std::process::{Command, Output};
 
@@ -381,4 +382,19 @@ while true; do sleep 0.1; done"#;
         assert!(body.contains(needle), "{needle} missing:\n{body}");
     }
     assert!(get_a.contains("preempted 1 time(s)"), "{get_a}");
+}
+
+#[test]
+fn t97_muster_beat_appends_to_the_progress_file_and_explains_itself_outside_a_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("progress");
+    let o = Command::new(env!("CARGO_BIN_EXE_muster")).arg("beat").env_remove("MUSTER_PROGRESS_FILE").output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("MUSTER_PROGRESS_FILE is not set"));
+    for n in 1..=2 {
+        let o =
+            Command::new(env!("CARGO_BIN_EXE_muster")).arg("beat").env("MUSTER_PROGRESS_FILE", &path).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(std::fs::read(&path).unwrap().len(), n, "each beat changes the file");
+    }
 }

@@ -10,7 +10,9 @@
 //!       `Order::Fifo`: the first-come-first-served baseline)
 //!   3. place each gang on distinct ready nodes with room for one task each,
 //!      counting reserved and running tasks as used, best fit on GPUs, and
-//!      subtract it before the next gang
+//!      subtract it before the next gang (a gang retried after a watchdog
+//!      trip goes first in its class and avoids the nodes it tripped on when
+//!      it can)
 //! ```
 //!
 //! Capacity comes from the state's free-GPU index (ready nodes ordered by
@@ -120,8 +122,15 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
             return false;
         }
         let need = a.spec.resources;
+        let n = a.spec.gang_size as usize;
         nodes.clear();
-        if need.gpus > capacity.max_free_gpus() || !capacity.find(&need, a.spec.gang_size as usize, &mut nodes) {
+        // After a watchdog trip, elsewhere if it can be; the same node if not.
+        let placed = need.gpus <= capacity.max_free_gpus()
+            && ((!a.avoid_nodes.is_empty() && capacity.find(&need, n, &a.avoid_nodes, &mut nodes)) || {
+                nodes.clear();
+                capacity.find(&need, n, &[], &mut nodes)
+            });
+        if !placed {
             failed_shapes.insert(shape);
             return false;
         }
@@ -250,11 +259,14 @@ impl<'a> Overlay<'a> {
         self.index.last().map_or(0, |&(g, _)| g)
     }
 
-    /// Collects `n` distinct ready nodes that can each take one task of
-    /// `need`, preferring the fewest free GPUs (best fit). False if there are
-    /// fewer than `n`.
-    fn find(&self, need: &Resources, n: usize, out: &mut Vec<NodeSlot>) -> bool {
+    /// Collects `n` distinct ready nodes, none in `avoid` (sorted), that
+    /// can each take one task of `need`, preferring the fewest free GPUs
+    /// (best fit). False if there are fewer than `n`.
+    fn find(&self, need: &Resources, n: usize, avoid: &[NodeSlot], out: &mut Vec<NodeSlot>) -> bool {
         for &(_, slot) in self.index.range((need.gpus, NodeSlot(0))..) {
+            if avoid.binary_search(&slot).is_ok() {
+                continue;
+            }
             let node = self.state.node(slot);
             if fits(need, &node.resources, &self.free(slot)) {
                 out.push(slot);

@@ -44,7 +44,9 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
 use super::replica::Shared;
 use crate::policy::PreemptionConfig;
-use crate::sm::{AllocId, CheckpointMode, Command, Event, NodeId, Outcome, Resources, TaskIndex, TaskStatus};
+use crate::sm::{
+    AllocId, CheckpointMode, Command, Event, NodeId, Outcome, Resources, TaskIndex, TaskStatus, WatchdogKind,
+};
 
 /// The label a node's gang-peer address is kept under.
 pub const ADDRESS_LABEL: &str = "muster.address";
@@ -438,6 +440,8 @@ impl Session {
                             gpus: a.spec.resources.gpus,
                             checkpoint: t.checkpoint.as_ref().map(|c| c.data.clone()).unwrap_or_default(),
                             checkpoint_epoch: t.checkpoint.as_ref().map_or(0, |c| c.epoch),
+                            walltime_s: a.spec.walltime_s,
+                            stall_timeout_s: a.spec.stall_timeout_s,
                         },
                     ));
                 }
@@ -549,6 +553,23 @@ impl Session {
                     }
                     Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await,
                 }
+            }
+            Some(In::WatchdogTripped(w)) => {
+                let key = key_of(&w.task)?;
+                self.agent_running.remove(&key);
+                let kind = WatchdogKind::parse(&w.kind)
+                    .ok_or_else(|| Status::invalid_argument(format!("invalid kind: {:?} is not a watchdog", w.kind)))?;
+                tracing::warn!(
+                    alloc_id = key.0, task = key.1, node = %self.node, kind = kind.as_str(), detail = %w.detail,
+                    "watchdog tripped"
+                );
+                let cmd =
+                    Command::TripWatchdog { alloc: key.0, task: key.1, node: self.node.clone(), epoch: key.2, kind };
+                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                    Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+                    Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
+                }
+                self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
             }
             Some(In::Exited(e)) => {
                 let key = key_of(&e.task)?;

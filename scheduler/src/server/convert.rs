@@ -70,6 +70,7 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         } else {
             p.checkpoint_estimate_s
         },
+        stall_timeout_s: p.stall_timeout_s,
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -97,6 +98,7 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         vcluster_type: s.vcluster_type.as_str().to_string(),
         sensitive: s.sensitive,
         checkpoint_estimate_s: s.checkpoint_estimate_s,
+        stall_timeout_s: s.stall_timeout_s,
     }
 }
 
@@ -173,6 +175,8 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
                 checkpoint_epoch: t.checkpoint.as_ref().map(|c| c.epoch),
                 runs: t.runs,
                 last_node_id: t.last_node.map(|s| state.node(s).id.to_string()).unwrap_or_default(),
+                watchdog_trips: t.watchdog_trips,
+                last_watchdog: t.last_watchdog.map(|k| k.as_str().to_string()).unwrap_or_default(),
             })
             .collect(),
         finished_at_ms: a.finished_at_ms,
@@ -261,6 +265,14 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
             ),
         ),
         Event::NominationDropped { reason, .. } => ("nomination_dropped", format!("held nodes released: {reason}")),
+        Event::WatchdogTripped { task, node, kind, trips, retried, .. } => (
+            "watchdog_tripped",
+            format!(
+                "task {task} stopped by the {} watchdog on {node} (trip {trips}){}",
+                kind.as_str(),
+                if *retried { "; retried elsewhere, first in its class" } else { "; out of watchdog retries" }
+            ),
+        ),
         Event::CheckpointSaved { task, epoch, bytes, .. } => {
             ("checkpoint_saved", format!("task {task} saved a {bytes}-byte checkpoint (epoch {epoch})"))
         }

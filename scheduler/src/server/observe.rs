@@ -116,6 +116,15 @@ pub fn observe(outcome: &Outcome) {
                     "preemption decided"
                 );
             }
+            Event::WatchdogTripped { alloc, task, node, kind, trips, retried } => {
+                metrics::counter!("muster_watchdog_trips_total", "kind" => kind.as_str()).increment(1);
+                if *retried {
+                    metrics::counter!("muster_watchdog_requeues_total").increment(1);
+                }
+                tracing::warn!(
+                    alloc_id = alloc, task, node = %node, kind = kind.as_str(), trips, retried, "watchdog tripped"
+                );
+            }
             Event::NominationDropped { alloc, reason } => {
                 tracing::warn!(alloc_id = alloc, reason = %reason, "held nodes released");
             }

@@ -116,6 +116,23 @@ pub enum Command {
         /// How long the nodes are held at most (from now).
         hold_ms: u64,
     },
+    /// A node's agent stopped a running task because a watchdog tripped
+    /// (budget, stall, GPU health). The task is retried on another node
+    /// (first in its class, not charged to its retry budget) while its trips
+    /// are within the cap; a gang goes through teardown; past the cap the
+    /// allocation fails with the reason.
+    TripWatchdog {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The reservation epoch of the attempt.
+        epoch: u64,
+        /// Which watchdog.
+        kind: super::types::WatchdogKind,
+    },
     /// The leader's clock says a preemptor's hold expired before it could be
     /// reserved: release the held nodes.
     ExpireNomination {
@@ -170,6 +187,7 @@ impl Command {
             Command::ForceDrain { .. } => "force_drain",
             Command::Preempt { .. } => "preempt",
             Command::ExpireNomination { .. } => "expire_nomination",
+            Command::TripWatchdog { .. } => "trip_watchdog",
             Command::MarkNodeLost { .. } => "mark_node_lost",
         }
     }

@@ -161,6 +161,21 @@ pub enum Event {
         /// Why, in words.
         reason: String,
     },
+    /// A watchdog stopped a task.
+    WatchdogTripped {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// Where it ran.
+        node: NodeId,
+        /// Which watchdog.
+        kind: crate::sm::WatchdogKind,
+        /// The task's trips so far, this one included.
+        trips: u32,
+        /// Whether it is retried (within the cap) or its allocation fails.
+        retried: bool,
+    },
     /// The whole gang is blocked again and eligible for admission.
     GangRequeued {
         /// The allocation.
@@ -204,6 +219,7 @@ impl Event {
             | Event::TeardownCompleted { alloc, .. }
             | Event::PreemptionDecided { alloc, .. }
             | Event::NominationDropped { alloc, .. }
+            | Event::WatchdogTripped { alloc, .. }
             | Event::GangRequeued { alloc }
             | Event::AllocationDone { alloc }
             | Event::AllocationFailed { alloc, .. }

@@ -34,6 +34,7 @@ pub use state::{ApplyCtx, Holder, QueueKey, Shape, State};
 pub use types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S,
     DEFAULT_VCLUSTER, HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task,
-    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Usage, VCLUSTER_LABEL, VClusterType, fits,
+    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind,
+    fits,
 };
 pub use validate::{DEFAULT_MAX_CHECKPOINT_BYTES, Limits, MAX_PREEMPTION_CLASS, validate_node, validate_spec};

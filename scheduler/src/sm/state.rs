@@ -50,13 +50,16 @@ pub struct ApplyCtx {
 }
 
 /// The admission order of a queued gang: largest first, then higher class,
-/// then higher priority, then earlier submit, then lower id.
+/// then a retry after a watchdog trip, then higher priority, then earlier
+/// submit, then lower id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct QueueKey {
     /// Gang size, descending.
     pub gang_size: Reverse<u32>,
     /// Preemption class, descending.
     pub class: Reverse<u8>,
+    /// A watchdog retry goes first in its class.
+    pub retry_first: Reverse<bool>,
     /// Priority, descending.
     pub priority: Reverse<i32>,
     /// Submit time, ascending.
@@ -71,6 +74,7 @@ impl QueueKey {
         QueueKey {
             gang_size: Reverse(a.spec.gang_size),
             class: Reverse(a.spec.preemption_class),
+            retry_first: Reverse(a.retry_first),
             priority: Reverse(a.spec.priority),
             submit_time_ms: a.submit_time_ms,
             alloc: a.id,
@@ -296,6 +300,9 @@ impl State {
             Command::ForceDrain { alloc, epoch } => self.force_drain(*alloc, *epoch),
             Command::Preempt { alloc, victims, nodes, hold_ms } => self.preempt(*alloc, victims, nodes, *hold_ms),
             Command::ExpireNomination { alloc } => self.expire_nomination(*alloc),
+            Command::TripWatchdog { alloc, task, node, epoch, kind } => {
+                self.trip_watchdog(*alloc, *task, node, *epoch, *kind)
+            }
             Command::MarkNodeLost { node } => self.mark_node_lost(node),
         };
         match result {
@@ -384,6 +391,8 @@ impl State {
                 last_node: None,
                 preemption_epoch: 0,
                 checkpoint: None,
+                watchdog_trips: 0,
+                last_watchdog: None,
             })
             .collect();
         self.allocs.insert(
@@ -404,6 +413,8 @@ impl State {
                 preempted_count: 0,
                 suspended: false,
                 nomination: None,
+                retry_first: false,
+                avoid_nodes: Vec::new(),
             },
         );
         if let Some(key) = &spec.idempotency_key {
@@ -480,6 +491,10 @@ impl State {
             task.started_at_ms = None;
         }
         self.refresh(id);
+        // Out of the queue now (its key was removed with the flag as it was).
+        let a = self.allocs.get_mut(&id).expect("checked above");
+        a.retry_first = false;
+        a.avoid_nodes.clear();
         Event::GangReserved { alloc: id, epoch, nodes }
     }
 
@@ -583,6 +598,55 @@ impl State {
             return Ok(events);
         }
         Ok(self.fail_running(id, task, slot, exit_code))
+    }
+
+    /// A watchdog stopped a running task: it leaves its node (the capacity
+    /// is free in this same command), is refunded its attempt (a wedge is
+    /// not a failure of the retry budget), counts a trip, and, like a
+    /// failure, tears down its running siblings or settles the gang. The
+    /// gang goes first in its class and avoids this node on its next
+    /// placement; past the cap, `settle` fails it with the reason. A task
+    /// already being preempted has simply stopped.
+    fn trip_watchdog(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        kind: super::types::WatchdogKind,
+    ) -> Applied {
+        let (slot, status) =
+            self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        let cap = self.limits.watchdog_max_retries;
+        if status == TaskStatus::Preempting {
+            let teardown = self.allocs[&id].teardown.expect("a preempting task belongs to a teardown");
+            self.leave_node(id, task, slot, TaskStatus::Preempted, None);
+            let mut events = vec![Event::TaskPreempted {
+                alloc: id,
+                task,
+                epoch: teardown.epoch,
+                forced: false,
+                checkpoint_failed: false,
+            }];
+            events.extend(self.settle(id));
+            return Ok(events);
+        }
+        self.leave_node(id, task, slot, TaskStatus::Blocked, None);
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let t = &mut a.tasks[task as usize];
+        t.node = None;
+        t.attempts = t.attempts.saturating_sub(1);
+        t.watchdog_trips += 1;
+        t.last_watchdog = Some(kind);
+        let trips = t.watchdog_trips;
+        a.retry_first = true;
+        if let Err(at) = a.avoid_nodes.binary_search(&slot) {
+            a.avoid_nodes.insert(at, slot);
+        }
+        let mut events =
+            vec![Event::WatchdogTripped { alloc: id, task, node: node.clone(), kind, trips, retried: trips <= cap }];
+        events.extend(self.start_teardown_or_settle(id, task));
+        Ok(events)
     }
 
     /// Fails a running task (already checked): the body of `FailTask`, also
@@ -765,9 +829,10 @@ impl State {
             t.node = None;
         }
         let max = a.spec.max_retries;
+        let cap = self.limits.watchdog_max_retries;
         let fails = a.tasks.iter().any(|t| {
             matches!(t.status, TaskStatus::Done | TaskStatus::Failed)
-                || (t.status == TaskStatus::Blocked && t.attempts >= max)
+                || (t.status == TaskStatus::Blocked && (t.attempts >= max || t.watchdog_trips > cap))
         });
         let preemptor = teardown.preempted_by();
         let outcome = if fails {
@@ -1165,10 +1230,18 @@ impl State {
                 .iter()
                 .find(|t| t.status == TaskStatus::Blocked && t.attempts >= a.spec.max_retries)
                 .map(|t| t.index);
-            let reason = match (done, exhausted) {
-                (Some(task), _) => Some(format!("task {task} finished before its gang could be restarted whole")),
-                (None, Some(task)) => Some(format!("task {task} failed {} times", a.spec.max_retries)),
-                (None, None) => None,
+            let cap = self.limits.watchdog_max_retries;
+            let wedged = a.tasks.iter().find(|t| t.status == TaskStatus::Blocked && t.watchdog_trips > cap);
+            let reason = match (done, exhausted, wedged) {
+                (Some(task), _, _) => Some(format!("task {task} finished before its gang could be restarted whole")),
+                (None, Some(task), _) => Some(format!("task {task} failed {} times", a.spec.max_retries)),
+                (None, None, Some(t)) => Some(format!(
+                    "task {} tripped the {} watchdog after {} retries",
+                    t.index,
+                    t.last_watchdog.map_or("?", |k| k.as_str()),
+                    cap
+                )),
+                (None, None, None) => None,
             };
             if let Some(reason) = reason {
                 for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Blocked) {

@@ -205,6 +205,38 @@ impl VClusterType {
     }
 }
 
+/// Which watchdog stopped a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum WatchdogKind {
+    /// It ran for its whole walltime budget.
+    Budget,
+    /// It stopped beating, and its GPU was idle and its memory static.
+    Stall,
+    /// Its GPU was idle and its memory static for the health window.
+    GpuHealth,
+}
+
+impl WatchdogKind {
+    /// `budget`, `stall` or `gpu_health` (API, metric labels, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchdogKind::Budget => "budget",
+            WatchdogKind::Stall => "stall",
+            WatchdogKind::GpuHealth => "gpu_health",
+        }
+    }
+
+    /// Parses the API spelling.
+    pub fn parse(s: &str) -> Option<WatchdogKind> {
+        Some(match s {
+            "budget" => WatchdogKind::Budget,
+            "stall" => WatchdogKind::Stall,
+            "gpu_health" => WatchdogKind::GpuHealth,
+            _ => return None,
+        })
+    }
+}
+
 /// The node label naming the vCluster a node belongs to (absent: the default
 /// vCluster). A task on a node of another vCluster runs on borrowed capacity.
 pub const VCLUSTER_LABEL: &str = "muster.vcluster";
@@ -249,6 +281,10 @@ pub struct AllocSpec {
     /// How long a checkpoint takes, as the user estimates it (seconds); the
     /// preemption cost of an `Auto` allocation counts it.
     pub checkpoint_estimate_s: u32,
+    /// The stall watchdog's window in seconds (0: off). Opt-in: a task that
+    /// beats (touches `MUSTER_PROGRESS_FILE`) and then stays silent this
+    /// long, with its GPU idle and memory static, is stopped and retried.
+    pub stall_timeout_s: u32,
 }
 
 /// The vCluster of an allocation that names none.
@@ -276,6 +312,7 @@ impl AllocSpec {
             vcluster_type: VClusterType::HpcBatch,
             sensitive: false,
             checkpoint_estimate_s: DEFAULT_CHECKPOINT_ESTIMATE_S,
+            stall_timeout_s: 0,
         }
     }
 
@@ -367,6 +404,11 @@ pub struct Task {
     /// The latest checkpoint saved while it was preempting; given to every
     /// later attempt until a newer one replaces it.
     pub checkpoint: Option<Checkpoint>,
+    /// Times a watchdog stopped it (retried elsewhere up to the cap; not
+    /// charged to the retry budget).
+    pub watchdog_trips: u32,
+    /// The watchdog that stopped its latest stopped attempt, if one did.
+    pub last_watchdog: Option<WatchdogKind>,
 }
 
 /// Opaque bytes a task left in its checkpoint directory while being
@@ -572,6 +614,11 @@ pub struct Allocation {
     pub suspended: bool,
     /// Nodes held for it while its victims stop (it is a preemptor).
     pub nomination: Option<Nomination>,
+    /// Requeued after a watchdog trip: first in its class until placed.
+    pub retry_first: bool,
+    /// Nodes where a task of it tripped a watchdog since it was last
+    /// placed: admission places it elsewhere when it can.
+    pub avoid_nodes: Vec<NodeSlot>,
 }
 
 impl Allocation {

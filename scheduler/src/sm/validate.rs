@@ -35,6 +35,9 @@ pub struct Limits {
     pub max_labels: usize,
     /// Largest checkpoint one task may save, in bytes.
     pub max_checkpoint_bytes: usize,
+    /// Watchdog trips a task may have retried elsewhere; the next one fails
+    /// its allocation.
+    pub watchdog_max_retries: u32,
 }
 
 /// The default checkpoint cap: 4 MiB (demo scale; bigger state belongs in a
@@ -53,6 +56,7 @@ impl Default for Limits {
             max_name_bytes: 256,
             max_labels: 64,
             max_checkpoint_bytes: DEFAULT_MAX_CHECKPOINT_BYTES,
+            watchdog_max_retries: 3,
         }
     }
 }
@@ -118,6 +122,12 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
         return Err(invalid(
             "walltime_s",
             format!("{} s is above the maximum of {} s", spec.walltime_s, limits.max_walltime_s),
+        ));
+    }
+    if u64::from(spec.stall_timeout_s) > spec.walltime_s {
+        return Err(invalid(
+            "stall_timeout_s",
+            format!("{} s is longer than the walltime of {} s", spec.stall_timeout_s, spec.walltime_s),
         ));
     }
     if spec.max_retries == 0 || spec.max_retries > limits.max_retries {

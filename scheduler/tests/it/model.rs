@@ -8,7 +8,7 @@ use muster_scheduler::policy::{
     AdmissionConfig, Order, PreemptionConfig, plan_admission, plan_expired_nominations, plan_preemptions,
 };
 use muster_scheduler::sm::{
-    AllocId, AllocSpec, ApplyCtx, Command, NodeId, Outcome, Resources, State, TaskIndex, TaskStatus,
+    AllocId, AllocSpec, ApplyCtx, Command, NodeId, Outcome, Resources, State, TaskIndex, TaskStatus, WatchdogKind,
 };
 use proptest::prelude::*;
 
@@ -30,6 +30,7 @@ pub enum Op {
     Preempt { advance_ms: u32, max_victims: u8 },
     RawPreempt { pick: usize, victims: Vec<usize>, nodes: Vec<u8> },
     Expire { advance_ms: u32 },
+    Trip { pick: usize, kind: u8 },
     Checkpoint { pick: usize, stale: bool, bytes: u16 },
     ForceDrain { pick: usize, stale: bool },
 }
@@ -56,6 +57,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), proptest::collection::vec(any::<usize>(), 0..3), proptest::collection::vec(0u8..7, 0..5))
             .prop_map(|(pick, victims, nodes)| Op::RawPreempt { pick, victims, nodes }),
         1 => (0u32..2_000_000).prop_map(|advance_ms| Op::Expire { advance_ms }),
+        2 => (any::<usize>(), 0u8..3).prop_map(|(pick, kind)| Op::Trip { pick, kind }),
         1 => (any::<usize>(), proptest::bool::weighted(0.1), any::<u16>())
             .prop_map(|(pick, stale, bytes)| Op::Checkpoint { pick, stale, bytes }),
         1 => (any::<usize>(), proptest::bool::weighted(0.2)).prop_map(|(pick, stale)| Op::ForceDrain { pick, stale }),
@@ -225,6 +227,16 @@ impl Run {
                     .collect()
             }
             Op::Expire { .. } => plan_expired_nominations(&self.state, self.now_ms),
+            Op::Trip { pick, kind } => Self::pick(&self.live_tasks(), *pick)
+                .map(|(alloc, task, node, epoch)| Command::TripWatchdog {
+                    alloc,
+                    task,
+                    node,
+                    epoch,
+                    kind: [WatchdogKind::Budget, WatchdogKind::Stall, WatchdogKind::GpuHealth][usize::from(*kind)],
+                })
+                .into_iter()
+                .collect(),
             Op::Checkpoint { pick, stale, bytes } => Self::pick(&self.preempting(), *pick)
                 .map(|(alloc, task, node, epoch)| Command::SaveCheckpoint {
                     alloc,

@@ -116,6 +116,7 @@ mod arbitrary {
                     vcluster_type: Default::default(),
                     sensitive: class % 7 == 0,
                     checkpoint_estimate_s: 60,
+                    stall_timeout_s: 0,
                 },
             )
     }

@@ -18,11 +18,20 @@ fn naive_plan(run: &Run) -> Vec<Command> {
             .filter(|&i| s.nodes()[i].status == NodeStatus::Ready && s.held_for(s.nodes()[i].slot).is_none())
             .collect();
         order.sort_by_key(|&i| (free[i].gpus, i));
-        let chosen: Vec<usize> = order
-            .into_iter()
-            .filter(|&i| fits(&a.spec.resources, &s.nodes()[i].resources, &free[i]))
-            .take(a.spec.gang_size as usize)
-            .collect();
+        let pick = |avoid: &[muster_scheduler::sm::NodeSlot]| -> Vec<usize> {
+            order
+                .iter()
+                .copied()
+                .filter(|&i| !avoid.contains(&s.nodes()[i].slot))
+                .filter(|&i| fits(&a.spec.resources, &s.nodes()[i].resources, &free[i]))
+                .take(a.spec.gang_size as usize)
+                .collect()
+        };
+        // A watchdog retry goes elsewhere when it can.
+        let mut chosen = pick(&a.avoid_nodes);
+        if chosen.len() < a.spec.gang_size as usize {
+            chosen = pick(&[]);
+        }
         if chosen.len() == a.spec.gang_size as usize {
             for &i in &chosen {
                 free[i] = free[i].minus(&Usage::of(&a.spec.resources));
