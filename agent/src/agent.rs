@@ -711,9 +711,11 @@ async fn watch_task(
                 match guard.dogs.poll(now, || sampler.sample(pgid)) {
                     watchdog::Verdict::Fine => {}
                     watchdog::Verdict::Busy(why) => {
+                        metrics::counter!("muster_watchdog_suspected_stalls_total").increment(1);
                         tracing::info!(pgid, why = %why, "suspected stall, but the task is busy");
                     }
                     watchdog::Verdict::Trip(t) => {
+                        metrics::counter!("muster_agent_watchdog_trips_total", "kind" => t.kind).increment(1);
                         trip = Some(t);
                         break (task.stop(WATCHDOG_GRACE).await, false);
                     }

@@ -58,6 +58,9 @@ pub struct AgentArgs {
     /// GPU-health watchdog: not policed this long after a task starts, s.
     #[arg(long, default_value_t = 300)]
     gpu_health_grace_s: u64,
+    /// Serve Prometheus metrics over HTTP on this address.
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -67,6 +70,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
     if args.stall_confirm_samples == 0 || !(0.0..=100.0).contains(&args.gpu_idle_pct) {
         bail!("--stall-confirm-samples must be at least 1 and --gpu-idle-pct between 0 and 100");
+    }
+    if let Some(addr) = args.metrics {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
     }
     let probed = muster_agent::probe_resources().context("cannot discover this machine's resources")?;
     let gpus = args.gpus.unwrap_or(probed.gpus);

@@ -44,9 +44,11 @@ pub struct SubmitArgs {
     /// How the task survives preemption.
     #[arg(long, value_enum, default_value_t = Checkpoint::Auto)]
     checkpoint: Checkpoint,
-    /// Walltime per attempt: seconds, or with a unit (90s, 30m, 4h, 2d).
-    #[arg(long, default_value = "1h")]
-    walltime: String,
+    /// Walltime per attempt (the budget watchdog stops it there): seconds,
+    /// or with a unit (90s, 30m, 4h, 2d). Default: the server's for the
+    /// class (`muster server --default-walltime`), else 1h.
+    #[arg(long)]
+    walltime: Option<String>,
     /// Failed attempts a task may accumulate before its gang fails.
     #[arg(long, default_value_t = 3)]
     max_retries: u32,
@@ -110,10 +112,17 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
         env.insert(k.to_string(), v.to_string());
     }
-    let walltime_s = parse_duration_s(&args.walltime).context("--walltime")?;
-    if walltime_s == 0 {
-        bail!("--walltime must be at least 1 second");
-    }
+    // Left out: the server's default for the class (1 h unless configured).
+    let walltime_s = match &args.walltime {
+        None => 0,
+        Some(w) => {
+            let s = parse_duration_s(w).context("--walltime")?;
+            if s == 0 {
+                bail!("--walltime must be at least 1 second");
+            }
+            s
+        }
+    };
     let stall_timeout_s = match &args.stall_timeout {
         None => 0,
         Some(s) => parse_duration_s(s).context("--stall-timeout").and_then(|v| {

@@ -58,6 +58,31 @@ pub struct ServerArgs {
     agent_heartbeat_ms: u64,
     #[command(flatten)]
     preemption: PreemptionArgs,
+    /// Default walltime (the budget watchdog's limit) for a class, when a
+    /// submit gives none: CLASS=DURATION, e.g. 0=30m (repeatable; others 1h).
+    #[arg(long = "default-walltime", value_name = "CLASS=DURATION")]
+    default_walltime: Vec<String>,
+}
+
+/// Parses `CLASS=DURATION` pairs.
+pub fn parse_walltime_defaults(items: &[String]) -> anyhow::Result<BTreeMap<u8, u64>> {
+    let mut out = BTreeMap::new();
+    for item in items {
+        let (class, d) =
+            item.split_once('=').with_context(|| format!("--default-walltime {item:?} is not CLASS=DURATION"))?;
+        let class: u8 = class
+            .trim()
+            .parse()
+            .ok()
+            .filter(|c| *c <= 10)
+            .with_context(|| format!("--default-walltime: {class:?} is not a class 0-10"))?;
+        let s = crate::alloc::parse_duration_s(d).context("--default-walltime")?;
+        if s == 0 {
+            bail!("--default-walltime: {item:?} must be at least 1 second");
+        }
+        out.insert(class, s);
+    }
+    Ok(out)
 }
 
 /// Priority-preemption knobs (docs/preemption.md).
@@ -151,6 +176,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         bail!("--preempt-grace-ms and --agent-heartbeat-ms must fit in 32 bits of milliseconds");
     }
     let preemption = args.preemption.config()?;
+    let walltime_defaults = parse_walltime_defaults(&args.default_walltime)?;
     let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
     let peers = match &args.peers {
         Some(list) => parse_peers(list)?,
@@ -187,6 +213,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.teardown_force_after = Duration::from_millis(args.teardown_force_after_ms);
     cfg.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
     cfg.preemption = preemption;
+    cfg.walltime_defaults = walltime_defaults;
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());
 
@@ -214,5 +241,14 @@ mod tests {
         assert!(parse_peers("1:a:1").unwrap_err().to_string().contains("not id=host:port"));
         assert!(parse_peers("0=a:1").unwrap_err().to_string().contains("start at 1"));
         assert!(parse_peers("1=nohost").unwrap_err().to_string().contains("not host:port"));
+    }
+
+    #[test]
+    fn walltime_defaults_parse_and_bad_ones_are_named() {
+        let d = parse_walltime_defaults(&["0=30m".into(), "9=2h".into()]).unwrap();
+        assert_eq!(d, BTreeMap::from([(0, 1800), (9, 7200)]));
+        assert!(parse_walltime_defaults(&["11=1h".into()]).unwrap_err().to_string().contains("not a class"));
+        assert!(parse_walltime_defaults(&["5".into()]).unwrap_err().to_string().contains("CLASS=DURATION"));
+        assert!(parse_walltime_defaults(&["5=0s".into()]).unwrap_err().to_string().contains("at least 1 second"));
     }
 }

@@ -282,7 +282,7 @@ fn t95_preemption_metrics_with_real_processes() {
             .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--metrics", &metrics])
             .args(["--agent-heartbeat-ms", "500", "--preemption-min-runtime-ms", "0"])
             .args(["--checkpoint-timeout-ms", "1500", "--preemption-grace-ms", "1000"])
-            .args(["--preemption-cycle-threshold", "0"])
+            .args(["--preemption-cycle-threshold", "0", "--default-walltime", "1=2h"])
             .arg("--data-dir")
             .arg(dir.path().join("server"))
             .stderr(std::process::Stdio::null())
@@ -371,6 +371,8 @@ while true; do sleep 0.1; done"#;
         std::thread::sleep(Duration::from_millis(100));
     };
     let get_a = stdout(&muster(&["alloc", "get", &a, "--scheduler", &addr]));
+    let json_p = stdout(&muster(&["alloc", "get", &p, "--scheduler", &addr, "--output", "json"]));
+    let json_a = stdout(&muster(&["alloc", "get", &a, "--scheduler", &addr, "--output", "json"]));
     drop(children);
     for needle in [
         "muster_preemptions_total{vcluster=\"default\",reason=\"priority\"} 2",
@@ -382,6 +384,10 @@ while true; do sleep 0.1; done"#;
         assert!(body.contains(needle), "{needle} missing:\n{body}");
     }
     assert!(get_a.contains("preempted 1 time(s)"), "{get_a}");
+    // Submitted without --walltime: class 1 took the server's class default
+    // (2 h), class 5 the general one (1 h).
+    assert!(json_a.contains("\"walltime_s\": 7200"), "{json_a}");
+    assert!(json_p.contains("\"walltime_s\": 3600"), "{json_p}");
 }
 
 #[test]
@@ -396,5 +402,128 @@ fn t97_muster_beat_appends_to_the_progress_file_and_explains_itself_outside_a_ta
             Command::new(env!("CARGO_BIN_EXE_muster")).arg("beat").env("MUSTER_PROGRESS_FILE", &path).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(std::fs::read(&path).unwrap().len(), n, "each beat changes the file");
+    }
+}
+
+/// The last-resort layer: `kill -STOP` an agent holding a running gang task.
+/// Its node is flagged dead (lost) within the window, the gang is torn down
+/// and re-placed on the other nodes and completes; after `kill -CONT` the
+/// agent's stale task is stopped and the flag clears.
+#[test]
+fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stopped_on_return() {
+    use std::time::{Duration, Instant};
+
+    use crate::t80_e2e::proc_alive;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    struct Children(Vec<std::process::Child>);
+    impl Drop for Children {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut children = Children(vec![
+        Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}")])
+            .args(["--agent-heartbeat-ms", "500", "--node-lost-after-ms", "3000", "--preempt-grace-ms", "1000"])
+            .arg("--data-dir")
+            .arg(dir.path().join("server"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ]);
+    let nodes = ["a1", "a2", "a3"];
+    for node in nodes {
+        children.0.push(
+            Command::new(env!("CARGO_BIN_EXE_muster"))
+                .args(["agent", "--scheduler", &addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
+                .arg("--work-dir")
+                .arg(dir.path().join(node))
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let json = |args: &[&str]| -> Option<serde_json::Value> {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--scheduler", &addr, "--output", "json"]);
+        let o = muster(&all);
+        serde_json::from_slice(&o.stdout).ok()
+    };
+    let node_status = |id: &str| -> Option<String> {
+        let v = json(&["node", "list"])?;
+        v["nodes"].as_array()?.iter().find(|n| n["id"] == id).map(|n| n["status"].as_str().unwrap_or("").to_string())
+    };
+    while nodes.iter().any(|n| node_status(n).as_deref() != Some("ready")) {
+        assert!(Instant::now() < deadline, "agents never registered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let script = r#"if [ "$MUSTER_EPOCH" = 1 ]; then echo $$ > pid-$MUSTER_TASK_INDEX; exec sleep 600; fi; echo ok"#;
+    let id = loop {
+        let o = muster(&[
+            "submit",
+            "-n",
+            "2",
+            "--gpus",
+            "2",
+            "--scheduler",
+            &addr,
+            "--output",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        if o.status.success() {
+            break serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["id"].as_u64().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "submit failed");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let a = loop {
+        if let Some(a) = json(&["alloc", "get", &id]).filter(|a| a["status"] == "running") {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "never running");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let frozen = a["tasks"][0]["node"].as_str().unwrap().to_string();
+    let pid_file = dir.path().join(&frozen).join("pid-0");
+    let pid = loop {
+        if let Some(p) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no pid file");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let agent = &children.0[1 + nodes.iter().position(|n| *n == frozen).unwrap()];
+    assert!(Command::new("kill").args(["-STOP", &agent.id().to_string()]).status().unwrap().success());
+    let stopped_at = Instant::now();
+    while node_status(&frozen).as_deref() != Some("lost") {
+        assert!(stopped_at.elapsed() < Duration::from_secs(35), "the frozen node was not flagged within 35 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let done = loop {
+        if let Some(a) = json(&["alloc", "get", &id]).filter(|a| a["status"] == "done") {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "the gang was never re-placed and finished");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for t in done["tasks"].as_array().unwrap() {
+        assert_ne!(t["last_node"].as_str().unwrap(), frozen, "re-placed away from the frozen node: {done}");
+    }
+    assert!(proc_alive(pid), "the frozen agent's task still runs until the agent returns");
+    assert!(Command::new("kill").args(["-CONT", &agent.id().to_string()]).status().unwrap().success());
+    let back = Instant::now();
+    while proc_alive(pid) || node_status(&frozen).as_deref() != Some("ready") {
+        assert!(back.elapsed() < Duration::from_secs(30), "the stale task was not stopped, or the flag not cleared");
+        std::thread::sleep(Duration::from_millis(200));
     }
 }

@@ -45,7 +45,8 @@ use super::convert::{not_leader_status, propose_error_to_status, rejection_to_st
 use super::replica::Shared;
 use crate::policy::PreemptionConfig;
 use crate::sm::{
-    AllocId, CheckpointMode, Command, Event, NodeId, Outcome, Resources, TaskIndex, TaskStatus, WatchdogKind,
+    AllocId, CheckpointMode, Command, Event, NodeId, NodeStatus, Outcome, Resources, TaskIndex, TaskStatus,
+    WatchdogKind,
 };
 
 /// The label a node's gang-peer address is kept under.
@@ -389,6 +390,30 @@ impl Session {
         Ok(())
     }
 
+    /// A node marked lost whose agent speaks again on a stream that stayed
+    /// open (it was frozen, not disconnected) is registered again: the flag
+    /// clears once, and the sync that follows stops what it ran for tasks
+    /// that were re-placed meanwhile (their epochs moved on).
+    async fn revive_if_lost(&mut self) -> Result<(), Status> {
+        let node = self.node.clone();
+        let again = self.s.reader.read(|st| {
+            let slot = st.node_slot(&node)?;
+            let n = st.node(slot);
+            (n.status == NodeStatus::Lost).then(|| Command::RegisterNode {
+                node: node.clone(),
+                resources: n.resources,
+                labels: n.labels.clone(),
+            })
+        });
+        if let Some(cmd) = again {
+            tracing::info!(node = %self.node, "a lost node's agent is heard from again; registering it");
+            if let Outcome::Accepted(_) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                self.s.admission_wake.notify_one();
+            }
+        }
+        Ok(())
+    }
+
     /// Pushes new assignments and preempts, and stops what the agent should
     /// not run. On a heartbeat (`repeat`) every preempt not yet acked is sent
     /// again.
@@ -494,6 +519,7 @@ impl Session {
             }
             Some(In::Heartbeat(h)) => {
                 self.agent_running = h.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect();
+                self.revive_if_lost().await?;
                 self.sync(true).await
             }
             Some(In::Checkpoint(c)) => {

@@ -181,7 +181,15 @@ impl AllocationService for ClientApi {
     async fn submit(&self, req: Request<v1::SubmitRequest>) -> Result<Response<v1::SubmitResponse>, Status> {
         let req = req.into_inner();
         let limits = self.s.reader.read(|st| st.limits().clone());
-        let spec = spec_from_proto(req.spec, &limits)?;
+        let mut proto = req.spec;
+        // A submit without a walltime takes its class's default, if one is set.
+        if let Some(p) = proto.as_mut()
+            && p.walltime_s == 0
+            && let Some(&w) = u8::try_from(p.preemption_class).ok().and_then(|c| self.s.walltime_defaults.get(&c))
+        {
+            p.walltime_s = w;
+        }
+        let spec = spec_from_proto(proto, &limits)?;
         if req.dry_run {
             linearizable(&self.s).await?;
             let cfg = self.s.preemption;

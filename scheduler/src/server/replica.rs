@@ -97,6 +97,8 @@ pub struct ReplicaConfig {
     /// Priority-preemption knobs (the leader decides; agents are told the
     /// checkpoint deadlines).
     pub preemption: PreemptionConfig,
+    /// Default walltime in seconds by preemption class (submits without one).
+    pub walltime_defaults: BTreeMap<u8, u64>,
 }
 
 impl ReplicaConfig {
@@ -115,6 +117,7 @@ impl ReplicaConfig {
             node_lost_after: Duration::from_secs(30),
             teardown_force_after: Duration::from_millis(crate::policy::DEFAULT_FORCE_AFTER_MS),
             preemption: PreemptionConfig::default(),
+            walltime_defaults: BTreeMap::new(),
         }
     }
 }
@@ -157,6 +160,9 @@ pub struct Shared {
     pub agents: AgentRegistry,
     /// Priority-preemption knobs (explanations and dry runs use them too).
     pub preemption: PreemptionConfig,
+    /// Walltime (the budget watchdog's limit) by class, for submits that
+    /// give none; classes not listed get one hour.
+    pub walltime_defaults: Arc<BTreeMap<u8, u64>>,
 }
 
 /// A running replica.
@@ -202,6 +208,7 @@ impl Replica {
             liveness: Liveness::default(),
             agents: AgentRegistry::default(),
             preemption: cfg.preemption,
+            walltime_defaults: Arc::new(cfg.walltime_defaults.clone()),
         };
 
         let (stop, mut stopped) = watch::channel(false);
@@ -330,7 +337,8 @@ pub fn status_of(shared: &Shared) -> v1::ReplicaStatus {
 /// `muster_raft_leader_id`, `muster_raft_is_leader`,
 /// `muster_raft_applied_index`, `muster_raft_last_log_index`,
 /// `muster_raft_snapshot_index`, `muster_sm_queue_depth`,
-/// `muster_sm_allocations`, `muster_sm_nodes`. Ends when Raft shuts down.
+/// `muster_sm_allocations`, `muster_sm_nodes`, `muster_nodes_flagged_dead`
+/// (nodes marked lost). Ends when Raft shuts down.
 async fn export_metrics(shared: Shared) {
     let mut metrics = shared.raft.metrics();
     loop {
@@ -343,7 +351,11 @@ async fn export_metrics(shared: Shared) {
             metrics::gauge!("muster_raft_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
             metrics::gauge!("muster_raft_snapshot_index").set(m.snapshot.map_or(0, |l| l.index) as f64);
         }
-        let (queued, allocs, nodes) = shared.reader.read(|st| (st.queue_len(), st.allocs().len(), st.nodes().len()));
+        let (queued, allocs, nodes, lost) = shared.reader.read(|st| {
+            let lost = st.nodes().iter().filter(|n| n.status == crate::sm::NodeStatus::Lost).count();
+            (st.queue_len(), st.allocs().len(), st.nodes().len(), lost)
+        });
+        metrics::gauge!("muster_nodes_flagged_dead").set(lost as f64);
         metrics::gauge!("muster_sm_queue_depth").set(queued as f64);
         metrics::gauge!("muster_sm_allocations").set(allocs as f64);
         metrics::gauge!("muster_sm_nodes").set(nodes as f64);
