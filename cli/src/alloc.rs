@@ -76,8 +76,8 @@ pub struct SubmitArgs {
     checkpoint_estimate: String,
     /// Stop and retry a task that reported progress (muster beat, or a change
     /// to $MUSTER_PROGRESS_FILE) and then made none for this long, with its
-    /// GPU idle and memory static (e.g. 120s; default: off).
-    #[arg(long)]
+    /// GPU idle and memory static (`--stall-timeout` alone: 120s; default: off).
+    #[arg(long, num_args = 0..=1, default_missing_value = "120s", value_name = "DURATION")]
     stall_timeout: Option<String>,
     /// Validate and show the plan (placement, or what it would preempt and
     /// why) without submitting.
@@ -651,5 +651,29 @@ mod tests {
         assert_eq!(parse_duration_s("2d").unwrap(), 172_800);
         assert!(parse_duration_s("4w").unwrap_err().to_string().contains("unknown unit"));
         assert!(parse_duration_s("h").is_err());
+    }
+
+    #[derive(clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: SubmitArgs,
+    }
+
+    fn spec(argv: &[&str]) -> anyhow::Result<v1::AllocationSpec> {
+        use clap::Parser;
+        let mut all = vec!["submit"];
+        all.extend(argv);
+        all.extend(["--", "true"]);
+        spec_of(&Wrap::try_parse_from(all)?.args)
+    }
+
+    #[test]
+    fn stall_timeout_and_walltime_flags() {
+        assert_eq!(spec(&[]).unwrap().stall_timeout_s, 0, "off unless asked");
+        assert_eq!(spec(&["--stall-timeout"]).unwrap().stall_timeout_s, 120, "alone: the seed's 120 s");
+        assert_eq!(spec(&["--stall-timeout", "5m"]).unwrap().stall_timeout_s, 300);
+        assert!(spec(&["--stall-timeout", "0s"]).unwrap_err().to_string().contains("--stall-timeout"));
+        assert_eq!(spec(&[]).unwrap().walltime_s, 0, "left to the server's class default");
+        assert_eq!(spec(&["--walltime", "2h"]).unwrap().walltime_s, 7200);
     }
 }
