@@ -527,7 +527,7 @@ impl Agent {
         let limits = watchdog::Limits {
             budget: (a.walltime_s > 0).then(|| Duration::from_secs(a.walltime_s)),
             stall: (a.stall_timeout_s > 0).then(|| Duration::from_secs(u64::from(a.stall_timeout_s))),
-            gpu_health: a.gpus > 0,
+            gpu_health: a.gpus > 0 && self.cfg.watchdog.gpu_health,
         };
         let dogs = Watchdogs::new(self.cfg.watchdog, limits, tokio::time::Instant::now());
         let sampler = (self.cfg.sampler)();

@@ -53,6 +53,9 @@ pub struct WatchdogConfig {
     pub gpu_health_grace: Duration,
     /// GPU health: how often it samples.
     pub gpu_health_every: Duration,
+    /// Whether GPU tasks get the GPU-health watchdog at all (off for agents
+    /// that advertise fake GPUs, as `muster dev` does).
+    pub gpu_health: bool,
 }
 
 impl Default for WatchdogConfig {
@@ -67,6 +70,7 @@ impl Default for WatchdogConfig {
             gpu_health_window: Duration::from_secs(300),
             gpu_health_grace: Duration::from_secs(300),
             gpu_health_every: Duration::from_secs(10),
+            gpu_health: true,
         }
     }
 }

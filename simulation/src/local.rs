@@ -57,7 +57,11 @@ impl Default for LocalConfig {
             stop_grace: Duration::from_secs(15),
             teardown_force_after: Duration::from_secs(45),
             preemption: muster_scheduler::policy::PreemptionConfig::default(),
-            watchdog: muster_agent::watchdog::WatchdogConfig::default(),
+            // The agents' GPUs are fake: nothing to check their health by.
+            watchdog: muster_agent::watchdog::WatchdogConfig {
+                gpu_health: false,
+                ..muster_agent::watchdog::WatchdogConfig::default()
+            },
         }
     }
 }

@@ -21,6 +21,7 @@ fn config() -> LocalConfig {
             poll: Duration::from_millis(200),
             confirm_samples: 3,
             confirm_poll: Duration::from_millis(200),
+            gpu_health: false,
             ..WatchdogConfig::default()
         },
         ..LocalConfig::default()
