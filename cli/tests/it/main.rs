@@ -159,49 +159,16 @@ fn t93_server_serves_prometheus_metrics() {
 /// `alloc get` shows the epochs.
 #[test]
 fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
-    use std::io::{Read, Write};
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", cluster::free_port());
     let metrics = format!("127.0.0.1:{}", cluster::free_port());
-    /// Kills the processes even when an assertion fails.
-    struct Children(Vec<std::process::Child>);
-    impl Drop for Children {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-    let mut children = Children(vec![
-        Command::new(env!("CARGO_BIN_EXE_muster"))
-            .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--metrics", &metrics])
-            .args(["--agent-heartbeat-ms", "500", "--preempt-grace-ms", "2000"])
-            .arg("--data-dir")
-            .arg(dir.path().join("server"))
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    ]);
-    for node in ["a1", "a2"] {
-        children.0.push(
-            Command::new(env!("CARGO_BIN_EXE_muster"))
-                .args(["agent", "--scheduler", &addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
-                .arg("--work-dir")
-                .arg(dir.path().join(node))
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-    }
-    let scrape = || {
-        std::net::TcpStream::connect(&metrics).ok().and_then(|mut s| {
-            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-            let mut out = String::new();
-            s.read_to_string(&mut out).ok()?;
-            Some(out)
-        })
-    };
+    let children = Procs::start(
+        dir.path(),
+        &addr,
+        &["--metrics", &metrics, "--agent-heartbeat-ms", "500", "--preempt-grace-ms", "2000"],
+        &["a1", "a2"],
+    );
+    let scrape = || scrape(&metrics);
     // Task 0 fails once; task 1 would run for a minute unless torn down.
     let script = r#"if [ "$MUSTER_EPOCH" = 1 ]; then if [ "$MUSTER_TASK_INDEX" = 0 ]; then sleep 1; exit 3; fi; sleep 60; fi; echo ok"#;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -263,51 +230,32 @@ fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
 /// ignores it and is killed at the deadline; every preemption metric moves.
 #[test]
 fn t95_preemption_metrics_with_real_processes() {
-    use std::io::{Read, Write};
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", cluster::free_port());
     let metrics = format!("127.0.0.1:{}", cluster::free_port());
-    struct Children(Vec<std::process::Child>);
-    impl Drop for Children {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-    let mut children = Children(vec![
-        Command::new(env!("CARGO_BIN_EXE_muster"))
-            .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--metrics", &metrics])
-            .args(["--agent-heartbeat-ms", "500", "--preemption-min-runtime-ms", "0"])
-            .args(["--checkpoint-timeout-ms", "1500", "--preemption-grace-ms", "1000"])
-            .args(["--preemption-cycle-threshold", "0", "--default-walltime", "1=2h"])
-            .arg("--data-dir")
-            .arg(dir.path().join("server"))
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    ]);
-    for node in ["a1", "a2"] {
-        children.0.push(
-            Command::new(env!("CARGO_BIN_EXE_muster"))
-                .args(["agent", "--scheduler", &addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
-                .arg("--work-dir")
-                .arg(dir.path().join(node))
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-    }
-    let scrape = || {
-        std::net::TcpStream::connect(&metrics).ok().and_then(|mut s| {
-            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-            let mut out = String::new();
-            s.read_to_string(&mut out).ok()?;
-            Some(out)
-        })
-    };
+    let children = Procs::start(
+        dir.path(),
+        &addr,
+        &[
+            "--metrics",
+            &metrics,
+            "--agent-heartbeat-ms",
+            "500",
+            "--preemption-min-runtime-ms",
+            "0",
+            "--checkpoint-timeout-ms",
+            "1500",
+            "--preemption-grace-ms",
+            "1000",
+            "--preemption-cycle-threshold",
+            "0",
+            "--default-walltime",
+            "1=2h",
+        ],
+        &["a1", "a2"],
+    );
+    let scrape = || scrape(&metrics);
     let deadline = Instant::now() + Duration::from_secs(90);
     let submit = |key: &str, class: &str, gang: &str, script: &str| loop {
         let o = muster(&[
@@ -416,38 +364,13 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
     use crate::t80_e2e::proc_alive;
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", cluster::free_port());
-    struct Children(Vec<std::process::Child>);
-    impl Drop for Children {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-    let mut children = Children(vec![
-        Command::new(env!("CARGO_BIN_EXE_muster"))
-            .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}")])
-            .args(["--agent-heartbeat-ms", "500", "--node-lost-after-ms", "3000", "--preempt-grace-ms", "1000"])
-            .arg("--data-dir")
-            .arg(dir.path().join("server"))
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    ]);
     let nodes = ["a1", "a2", "a3"];
-    for node in nodes {
-        children.0.push(
-            Command::new(env!("CARGO_BIN_EXE_muster"))
-                .args(["agent", "--scheduler", &addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
-                .arg("--work-dir")
-                .arg(dir.path().join(node))
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-    }
+    let children = Procs::start(
+        dir.path(),
+        &addr,
+        &["--agent-heartbeat-ms", "500", "--node-lost-after-ms", "3000", "--preempt-grace-ms", "1000"],
+        &nodes,
+    );
     let deadline = Instant::now() + Duration::from_secs(90);
     let json = |args: &[&str]| -> Option<serde_json::Value> {
         let mut all: Vec<&str> = args.to_vec();
@@ -502,7 +425,7 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
         assert!(Instant::now() < deadline, "no pid file");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let agent = &children.0[1 + nodes.iter().position(|n| *n == frozen).unwrap()];
+    let agent = children.agent(nodes.iter().position(|n| *n == frozen).unwrap());
     assert!(Command::new("kill").args(["-STOP", &agent.id().to_string()]).status().unwrap().success());
     let stopped_at = Instant::now();
     while node_status(&frozen).as_deref() != Some("lost") {
@@ -526,4 +449,61 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
         assert!(back.elapsed() < Duration::from_secs(30), "the stale task was not stopped, or the flag not cleared");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Real `muster server` (replica 1, alone) and `muster agent` processes
+/// (2 GPUs each), killed (after a SIGCONT, in case a test froze one) when
+/// dropped, even when an assertion fails.
+struct Procs(Vec<std::process::Child>);
+
+impl Procs {
+    fn start(dir: &std::path::Path, addr: &str, server_args: &[&str], agents: &[&str]) -> Procs {
+        let mut procs = Procs(vec![
+            Command::new(env!("CARGO_BIN_EXE_muster"))
+                .args(["server", "--id", "1", "--listen", addr, "--peers", &format!("1={addr}")])
+                .args(server_args)
+                .arg("--data-dir")
+                .arg(dir.join("server"))
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        ]);
+        for node in agents {
+            procs.0.push(
+                Command::new(env!("CARGO_BIN_EXE_muster"))
+                    .args(["agent", "--scheduler", addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
+                    .arg("--work-dir")
+                    .arg(dir.join(node))
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        procs
+    }
+
+    /// The process of the `i`-th agent.
+    fn agent(&self, i: usize) -> &std::process::Child {
+        &self.0[1 + i]
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The Prometheus text a `--metrics` listener serves, if it answers.
+fn scrape(metrics: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(metrics).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
 }

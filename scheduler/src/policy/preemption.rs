@@ -551,9 +551,7 @@ fn exclusion(
     if taken.contains(&a.id) {
         return Some(Why::Taken);
     }
-    if a.spec.vcluster_type == VClusterType::Service
-        && a.tasks.iter().any(|t| t.node.is_some_and(|s| state.node(s).vcluster() == a.spec.vcluster))
-    {
+    if state.service_at_home(a) {
         return Some(Why::ServiceHome);
     }
     let since = a.running_since_ms().unwrap_or(now_ms);

@@ -435,14 +435,26 @@ impl State {
         if epoch != a.reservation_epoch + 1 {
             return Err(Rejection::StaleReservationEpoch { alloc: id, expected: a.reservation_epoch + 1, got: epoch });
         }
+        let slots = self.check_nodes(a, nodes, &BTreeMap::new())?;
+        Ok(vec![self.place_gang(id, &slots)])
+    }
+
+    /// Checks a placement of gang `a`, task `i` on `nodes[i]`: one node per
+    /// task, each known, distinct, ready, held for nobody, and with room for
+    /// a task once `freed` (capacity about to be released there) is counted.
+    fn check_nodes(
+        &self,
+        a: &Allocation,
+        nodes: &[NodeId],
+        freed: &BTreeMap<NodeSlot, Usage>,
+    ) -> Result<Vec<NodeSlot>, Rejection> {
         if nodes.len() != a.spec.gang_size as usize {
             return Err(Rejection::WrongNodeCount {
-                alloc: id,
+                alloc: a.id,
                 expected: a.spec.gang_size,
                 got: u32::try_from(nodes.len()).unwrap_or(u32::MAX),
             });
         }
-        let need = a.spec.resources;
         let mut slots = Vec::with_capacity(nodes.len());
         let mut seen = BTreeSet::new();
         for (task, node_id) in nodes.iter().enumerate() {
@@ -457,16 +469,24 @@ impl State {
             if let Some(holder) = self.held_for(slot) {
                 return Err(Rejection::NodeHeld { node: node_id.clone(), holder });
             }
-            if !fits(&need, &node.resources, &node.free()) {
+            let free = node.free().plus(&freed.get(&slot).copied().unwrap_or_default());
+            if !fits(&a.spec.resources, &node.resources, &free) {
                 return Err(Rejection::InsufficientCapacity {
                     node: node_id.clone(),
-                    alloc: id,
+                    alloc: a.id,
                     task: task as TaskIndex,
                 });
             }
             slots.push(slot);
         }
-        Ok(vec![self.place_gang(id, &slots)])
+        Ok(slots)
+    }
+
+    /// Whether `a` is a service running on a node of its own vCluster (the
+    /// seed: services are preempted only on borrowed nodes).
+    pub fn service_at_home(&self, a: &Allocation) -> bool {
+        a.spec.vcluster_type == VClusterType::Service
+            && a.tasks.iter().any(|t| t.node.is_some_and(|s| self.node(s).vcluster() == a.spec.vcluster))
     }
 
     /// Reserves a queued gang (already checked) on `slots`, task `i` on
@@ -921,12 +941,7 @@ impl State {
             });
         }
         let class = p.spec.preemption_class;
-        let need = p.spec.resources;
-        let reason = if p.spec.sensitive || p.spec.vcluster_type == VClusterType::Sensitive {
-            PreemptReason::Sensitive
-        } else {
-            PreemptReason::Priority
-        };
+        let reason = if p.spec.is_sensitive() { PreemptReason::Sensitive } else { PreemptReason::Priority };
         let not = |victim: AllocId, reason: String| Rejection::NotPreemptible { alloc: id, victim, reason };
         if victims.is_empty() {
             return Err(not(0, "a preemption needs at least one victim".into()));
@@ -951,9 +966,7 @@ impl State {
             if a.spec.preemption_class >= class {
                 return Err(not(v, format!("its class {} is not below {class}", a.spec.preemption_class)));
             }
-            if a.spec.vcluster_type == VClusterType::Service
-                && a.tasks.iter().any(|t| t.node.is_some_and(|s| self.node(s).vcluster() == a.spec.vcluster))
-            {
+            if self.service_at_home(a) {
                 return Err(not(v, "service allocations are preempted only on borrowed nodes".into()));
             }
             victim_vclusters.push(a.spec.vcluster.clone());
@@ -964,30 +977,7 @@ impl State {
                 *f = f.plus(&usage);
             }
         }
-        let mut slots = Vec::with_capacity(nodes.len());
-        let mut distinct = BTreeSet::new();
-        for (task, node_id) in nodes.iter().enumerate() {
-            let slot = self.node_slot(node_id).ok_or_else(|| Rejection::UnknownNode(node_id.clone()))?;
-            if !distinct.insert(slot) {
-                return Err(Rejection::NodeRepeated(node_id.clone()));
-            }
-            let node = self.node(slot);
-            if node.status != NodeStatus::Ready {
-                return Err(Rejection::NodeNotReady(node_id.clone()));
-            }
-            if let Some(holder) = self.held_for(slot) {
-                return Err(Rejection::NodeHeld { node: node_id.clone(), holder });
-            }
-            let free = node.free().plus(&freed.get(&slot).copied().unwrap_or_default());
-            if !fits(&need, &node.resources, &free) {
-                return Err(Rejection::InsufficientCapacity {
-                    node: node_id.clone(),
-                    alloc: id,
-                    task: task as TaskIndex,
-                });
-            }
-            slots.push(slot);
-        }
+        let slots = self.check_nodes(&self.allocs[&id], nodes, &freed)?;
         let now = self.now_ms;
         let victim_ids: Vec<AllocId> = victims.iter().map(|&(v, _)| v).collect();
         let mut events = vec![Event::PreemptionDecided {

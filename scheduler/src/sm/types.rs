@@ -316,13 +316,18 @@ impl AllocSpec {
         }
     }
 
+    /// Marked sensitive, or in a sensitive vCluster (class 10 only).
+    pub fn is_sensitive(&self) -> bool {
+        self.sensitive || self.vcluster_type == VClusterType::Sensitive
+    }
+
     /// Whether no preemption may ever choose it, whatever its state: class
     /// 10, sensitive, a sensitive vCluster, or checkpoint `none` at class 7
     /// or above (all progress lost, high priority).
     pub fn never_preempted(&self) -> Option<&'static str> {
         if self.preemption_class >= crate::sm::MAX_PREEMPTION_CLASS {
             Some("class 10 is never preempted")
-        } else if self.sensitive || self.vcluster_type == VClusterType::Sensitive {
+        } else if self.is_sensitive() {
             Some("sensitive allocations are never preempted")
         } else if self.checkpoint == CheckpointMode::None && self.preemption_class >= 7 {
             Some("checkpoint none at class 7 or above is non-preemptible")

@@ -101,9 +101,7 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
             format!("{} is outside 0..={MAX_PREEMPTION_CLASS}", spec.preemption_class),
         ));
     }
-    if (spec.sensitive || spec.vcluster_type == super::types::VClusterType::Sensitive)
-        && spec.preemption_class != MAX_PREEMPTION_CLASS
-    {
+    if spec.is_sensitive() && spec.preemption_class != MAX_PREEMPTION_CLASS {
         return Err(invalid(
             "preemption_class",
             format!("sensitive allocations are class {MAX_PREEMPTION_CLASS}, not {}", spec.preemption_class),
