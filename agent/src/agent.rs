@@ -70,7 +70,14 @@ pub struct AgentConfig {
     /// Makes the sampler each attempt's watchdogs read the process group
     /// with (`/proc` and NVML by default; tests inject fakes).
     pub sampler: fn() -> Box<dyn Sampler>,
+    /// Exit (`run` returns) once the scheduler says the node is stopped and
+    /// nothing runs here, so a wrapper script can power the machine off.
+    pub exit_when_stopped: bool,
 }
+
+/// The file in the work dir holding the node's lifecycle status as the
+/// scheduler last told it (`ready`, `draining`, `stopped`, …), for scripts.
+pub const NODE_STATUS_FILE: &str = "node-status";
 
 /// The default sampler: `/proc` for memory and CPU, NVML for GPUs if present.
 pub fn proc_sampler() -> Box<dyn Sampler> {
@@ -155,6 +162,8 @@ pub struct Agent {
     leader_hint: Option<String>,
     next: usize,
     jitter: u64,
+    /// Told the node is stopped, with `exit_when_stopped` set.
+    exit_now: bool,
 }
 
 enum SessionEnd {
@@ -197,6 +206,7 @@ impl Agent {
             leader_hint: None,
             next: 0,
             jitter,
+            exit_now: false,
         })
     }
 
@@ -311,6 +321,9 @@ impl Agent {
                         if let Some(every) = self.handle(m, &send).await? {
                             heartbeat = tokio::time::interval(every);
                         }
+                        if self.exit_now {
+                            return Ok(SessionEnd::Shutdown);
+                        }
                     }
                     Ok(None) => return Ok(SessionEnd::Reconnect),
                     Err(status) => {
@@ -395,6 +408,7 @@ impl Agent {
                     self.assigned.remove(&key);
                 }
             }
+            Some(In::NodeNotice(n)) => self.node_notice(&n),
             Some(In::FetchLogs(f)) => {
                 let reply = self.read_logs(&f);
                 send(Out::LogData(reply)).await?;
@@ -410,6 +424,22 @@ impl Agent {
             None => {}
         }
         Ok(None)
+    }
+
+    /// The scheduler says what became of this node: log it, keep it in the
+    /// status file, and exit when stopped if asked to.
+    fn node_notice(&mut self, n: &v1::NodeNotice) {
+        let status = v1::NodeStatus::try_from(n.status)
+            .map(|s| s.as_str_name().trim_start_matches("NODE_STATUS_").to_lowercase())
+            .unwrap_or_else(|_| "unknown".into());
+        tracing::info!(node = %self.cfg.node_id, status = %status, detail = %n.detail, deadline_ms = n.deadline_ms, "node status");
+        if let Err(e) = fs::write(self.cfg.work_dir.join(NODE_STATUS_FILE), format!("{status}\n")) {
+            tracing::warn!(error = %e, "cannot write the node status file");
+        }
+        if status == "stopped" && self.cfg.exit_when_stopped && self.running.is_empty() {
+            tracing::info!(node = %self.cfg.node_id, "the node is stopped: exiting (--exit-when-stopped)");
+            self.exit_now = true;
+        }
     }
 
     /// A gang teardown wants this task stopped. The first `Preempt` of an

@@ -61,6 +61,10 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics over HTTP on this address.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
+    /// Exit 0 once the scheduler stops this node (drained, or stopped by an
+    /// operator), so a wrapper can power the machine off.
+    #[arg(long)]
+    exit_when_stopped: bool,
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -111,15 +115,20 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             ..WatchdogConfig::default()
         },
         sampler: proc_sampler,
+        exit_when_stopped: args.exit_when_stopped,
     };
     let agent = Agent::new(cfg).with_context(|| format!("cannot use work dir {}", args.work_dir.display()))?;
     let (stop, stopped) = watch::channel(false);
-    let task = tokio::spawn(agent.run(stopped));
+    let mut task = tokio::spawn(agent.run(stopped));
     eprintln!("muster agent: node {} connecting to {}", args.node_id, args.scheduler);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        _ = &mut task => {
+            eprintln!("muster agent: node {} is stopped; exiting", args.node_id);
+            return Ok(());
+        }
     }
     eprintln!("muster agent: stopping (running tasks get their grace)");
     let _ = stop.send(true);

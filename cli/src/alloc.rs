@@ -90,20 +90,7 @@ pub struct SubmitArgs {
 
 /// Parses `90`, `90s`, `30m`, `4h`, `2d` into seconds.
 pub fn parse_duration_s(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    let (num, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: u64 = num.parse().with_context(|| format!("{s:?} is not a duration (e.g. 90s, 30m, 4h)"))?;
-    let mult = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => bail!("{s:?}: unknown unit {unit:?} (use s, m, h or d)"),
-    };
-    n.checked_mul(mult).with_context(|| format!("{s:?} is too long"))
+    muster_scheduler::sm::parse_duration_s(s).map_err(anyhow::Error::msg)
 }
 
 fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {

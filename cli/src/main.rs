@@ -45,6 +45,7 @@ use crate::output::Output;
   muster alloc watch 1                                follow it until it ends
   muster alloc explain 2                              why is it pending?
   muster node list --output json
+  muster node drain gpu-07 --timeout 2h --reason \"kernel upgrade\"
   muster cluster status
 
 Exit codes: 0 success; 1 the command failed or was refused (one line on stderr says why);
@@ -88,7 +89,8 @@ enum Cmd {
         #[command(subcommand)]
         cmd: alloc::AllocCmd,
     },
-    /// Inspect nodes.
+    /// Inspect nodes and manage their lifecycle (drain, cancel-drain, stop,
+    /// restart, terminate, scale-down).
     Node {
         #[command(flatten)]
         client: ClientArgs,

@@ -62,6 +62,10 @@ pub struct ServerArgs {
     /// submit gives none: CLASS=DURATION, e.g. 0=30m (repeatable; others 1h).
     #[arg(long = "default-walltime", value_name = "CLASS=DURATION")]
     default_walltime: Vec<String>,
+    /// A node drain's timeout when neither `muster node drain --timeout` nor
+    /// the node's muster.drain-timeout label gives one.
+    #[arg(long, default_value = "4h")]
+    drain_timeout: String,
 }
 
 /// Parses `CLASS=DURATION` pairs.
@@ -177,6 +181,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     let preemption = args.preemption.config()?;
     let walltime_defaults = parse_walltime_defaults(&args.default_walltime)?;
+    let drain_timeout_s = crate::alloc::parse_duration_s(&args.drain_timeout).context("--drain-timeout")?;
     let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
     let peers = match &args.peers {
         Some(list) => parse_peers(list)?,
@@ -214,6 +219,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
     cfg.preemption = preemption;
     cfg.walltime_defaults = walltime_defaults;
+    cfg.drain_timeout = Duration::from_secs(drain_timeout_s);
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());
 

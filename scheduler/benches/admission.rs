@@ -51,6 +51,8 @@ fn build(nodes: u32, gangs: u32, busy_share: f64) -> State {
             labels: BTreeMap::new(),
         };
         assert!(s.apply(&cmd, &ctx).is_accepted());
+        let ready = Command::NodeReady { node: NodeId::new(format!("node-{i:05}")) };
+        assert!(s.apply(&ready, &ctx).is_accepted());
     }
     let busy = (f64::from(nodes) * busy_share) as u32;
     let filler = Resources { gpus: 8, vram_mb: 10_000, mem_mb: 1_000, cpus: 1 };

@@ -66,6 +66,7 @@ fn build(nodes: u32) -> State {
     for i in 0..nodes {
         let cmd = Command::RegisterNode { node: node(i), resources: NODE, labels: BTreeMap::new() };
         assert!(s.apply(&cmd, &ctx).is_accepted());
+        assert!(s.apply(&Command::NodeReady { node: node(i) }, &ctx).is_accepted());
     }
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     // Start times spread over the last two hours, in order (the clock only

@@ -203,9 +203,12 @@ impl Simulation {
     /// Runs to the end: every job submitted and nothing left to happen.
     pub fn run(mut self) -> Result<(Report, State), SimError> {
         for id in self.node_ids.clone() {
-            let register = Command::RegisterNode { node: id, resources: self.cfg.node, labels: BTreeMap::new() };
+            let register =
+                Command::RegisterNode { node: id.clone(), resources: self.cfg.node, labels: BTreeMap::new() };
             let out = self.apply(&register)?;
             assert!(out.is_accepted(), "simulated node refused: {out:?}");
+            let out = self.apply(&Command::NodeReady { node: id })?;
+            assert!(out.is_accepted(), "simulated node not made ready: {out:?}");
         }
         if let Some(first) = self.jobs.first() {
             self.at(first.submit_ms, Ev::Arrive(0));

@@ -138,6 +138,7 @@ impl LocalCluster {
             backoff: (Duration::from_millis(100), Duration::from_secs(2)),
             watchdog: self.cfg.watchdog,
             sampler: muster_agent::agent::proc_sampler,
+            exit_when_stopped: false,
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

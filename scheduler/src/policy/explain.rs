@@ -40,17 +40,20 @@ pub struct Explanation {
 }
 
 fn describe(r: &Resources, status: NodeStatus) -> String {
-    format!(
-        "{} GPU x {} MB, {} MB RAM, {} CPUs ({})",
-        r.gpus,
-        r.vram_mb,
-        r.mem_mb,
-        r.cpus,
-        match status {
-            NodeStatus::Ready => "ready",
-            NodeStatus::Lost => "lost",
-        }
-    )
+    format!("{} GPU x {} MB, {} MB RAM, {} CPUs ({})", r.gpus, r.vram_mb, r.mem_mb, r.cpus, status.as_str())
+}
+
+/// Why a node in `status` takes no work, if it does not.
+fn out_of_service(status: NodeStatus) -> Option<&'static str> {
+    match status {
+        NodeStatus::Ready => None,
+        NodeStatus::Pending => Some("pending: its agent has not finished registering"),
+        NodeStatus::Draining => Some("draining: its tasks finish, but it takes no new work"),
+        NodeStatus::Stopping => Some("stopping: its drain deadline passed"),
+        NodeStatus::Stopped => Some("stopped: an operator must restart it"),
+        NodeStatus::Terminated => Some("terminated"),
+        NodeStatus::Lost => Some("lost: the agent went silent; no work until it registers again"),
+    }
 }
 
 /// Why a node of resources `node` can never take a task needing `need`.
@@ -145,8 +148,8 @@ fn explain_gang(state: &State, need: Resources, n: u32, status: AllocStatus, pen
     let reasons = classes
         .into_iter()
         .map(|((status, res), Tally { nodes, can, short })| {
-            let reason = if status == NodeStatus::Lost {
-                "lost: the agent went silent; no work until it registers again".to_string()
+            let reason = if let Some(why) = out_of_service(status) {
+                why.to_string()
             } else if let Some(why) = never_fits(&need, &res) {
                 format!("can never take a task: {why}")
             } else {
@@ -198,6 +201,8 @@ mod tests {
             let resources = Resources { gpus, vram_mb, mem_mb: 100_000, cpus: 16 };
             let cmd = Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources, labels: BTreeMap::new() };
             assert!(s.apply(&cmd, &ApplyCtx { time_ms: 1 }).is_accepted());
+            let ready = Command::NodeReady { node: NodeId::new(format!("n{i}")) };
+            assert!(s.apply(&ready, &ApplyCtx { time_ms: 1 }).is_accepted());
         }
         s
     }

@@ -4,6 +4,7 @@
 
 mod admission;
 mod explain;
+mod nodes;
 mod preemption;
 mod teardown;
 
@@ -14,6 +15,9 @@ mod preemption_test;
 
 pub use admission::{AdmissionConfig, AdmissionPlan, Order, PassStats, plan_admission};
 pub use explain::{ClassReason, Explanation, explain, explain_spec};
+pub use nodes::{
+    DEFAULT_DRAIN_TIMEOUT_MS, ScaleDownChoice, drain_timeout_ms, plan_drain_expiries, plan_scale_down, planned_nodes,
+};
 pub use preemption::{
     Decision, Excluded, NoPreemption, PreemptionConfig, Preemptor, VictimCost, decide, plan_preemptions, score,
 };

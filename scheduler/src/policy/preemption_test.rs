@@ -34,6 +34,7 @@ impl Cluster {
                 labels.insert(VCLUSTER_LABEL.to_string(), vc.to_string());
             }
             c.ok(Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources: node_res(gpus), labels });
+            c.ok(Command::NodeReady { node: NodeId::new(format!("n{i}")) });
         }
         c
     }

@@ -9,7 +9,8 @@
 //! land on one tick. A new leader computes the same deadlines from the same
 //! replicated state.
 //!
-//! A priority preemption's victims get longer: the agent's own checkpoint
+//! A priority preemption's victims (and gangs moved off a node whose drain
+//! timed out) get longer: the agent's own checkpoint
 //! deadline (with its one extension, or a full deferral) and the grace come
 //! first ([`PreemptionConfig::force_after_ms`]); a victim forced this way did
 //! not checkpoint and is charged. Held nodes whose hold expired are let go
@@ -28,9 +29,10 @@ pub fn plan_force_drains(state: &State, now_ms: u64, force_after_ms: u64, cfg: &
         .filter_map(|id| {
             let a = state.alloc(id).expect("index names a known allocation");
             let td = a.teardown?;
-            let after = match td.preempted_by() {
-                None => force_after_ms,
-                Some(_) => cfg.force_after_ms(a.spec.checkpoint != CheckpointMode::None),
+            let after = if td.asks_checkpoint() {
+                cfg.force_after_ms(a.spec.checkpoint != CheckpointMode::None)
+            } else {
+                force_after_ms
             };
             (now_ms >= td.started_at_ms.saturating_add(after))
                 .then_some(Command::ForceDrain { alloc: id, epoch: td.epoch })

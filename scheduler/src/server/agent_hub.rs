@@ -260,6 +260,8 @@ struct Session {
     agent_running: BTreeSet<Key>,
     /// Preempts already pushed on this stream, with their preemption epoch.
     preempt_sent: BTreeSet<(Key, u64)>,
+    /// The node status (and drain deadline) last told to the agent.
+    told: Option<(NodeStatus, u64)>,
 }
 
 impl Session {
@@ -301,6 +303,7 @@ impl Session {
             tx,
             assigned: BTreeSet::new(),
             preempt_sent: BTreeSet::new(),
+            told: None,
             agent_running: reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect(),
         };
         let max_checkpoint_bytes = session.s.reader.read(|st| st.limits().max_checkpoint_bytes as u64);
@@ -314,6 +317,7 @@ impl Session {
         session.reconcile().await?;
         session.sync(false).await?;
         session.s.agents.attach(&session.node, &session.tx);
+        session.ready_if_pending().await?;
         let result = session.serve(inbound).await;
         session.s.agents.detach(&session.node, &session.tx);
         result
@@ -414,6 +418,53 @@ impl Session {
         Ok(())
     }
 
+    /// A new node is pending until its agent has registered and reconciled
+    /// (and holds this stream): then it takes work.
+    async fn ready_if_pending(&mut self) -> Result<(), Status> {
+        let node = self.node.clone();
+        let pending =
+            self.s.reader.read(|st| st.node_slot(&node).is_some_and(|s| st.node(s).status == NodeStatus::Pending));
+        if pending {
+            match self.s.proposer.propose(Command::NodeReady { node }).await.map_err(propose_error_to_status)? {
+                Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+                Outcome::Rejected(r) => tracing::debug!(node = %self.node, rejection = %r, "node ready refused"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells the agent its node's lifecycle status when it changed since the
+    /// last notice (always once per stream).
+    async fn notify_status(&mut self) -> Result<(), Status> {
+        let node = self.node.clone();
+        let now = self.s.reader.read(|st| {
+            let n = st.node(st.node_slot(&node)?);
+            Some((n.status, n.drain.as_ref().map_or(0, |d| d.deadline_ms)))
+        });
+        let Some(now) = now else { return Ok(()) };
+        if self.told == Some(now) {
+            return Ok(());
+        }
+        self.told = Some(now);
+        let (status, deadline_ms) = now;
+        let detail = match status {
+            NodeStatus::Draining => "draining: no new work; running tasks finish",
+            NodeStatus::Stopping => "stopping: the drain deadline passed; remaining tasks are being moved",
+            NodeStatus::Stopped => "stopped: the machine may be powered off",
+            NodeStatus::Terminated => "terminated",
+            NodeStatus::Pending => "pending",
+            NodeStatus::Ready => "ready",
+            NodeStatus::Lost => "lost",
+        };
+        tracing::info!(node = %self.node, status = status.as_str(), "telling the agent its node status");
+        self.send(Out::NodeNotice(v1::NodeNotice {
+            status: super::convert::node_status_to_proto(status) as i32,
+            detail: detail.to_string(),
+            deadline_ms,
+        }))
+        .await
+    }
+
     /// Pushes new assignments and preempts, and stops what the agent should
     /// not run. On a heartbeat (`repeat`) every preempt not yet acked is sent
     /// again.
@@ -421,6 +472,7 @@ impl Session {
         let node = self.node.clone();
         let stop_grace_ms = self.cfg.stop_grace.as_millis() as u32;
         let preemption_grace_ms = self.preemption.grace_ms as u32;
+        self.notify_status().await?;
         let (assign, preempt, owned) = self.s.reader.read(|st| {
             let mut assign = Vec::new();
             let mut preempt = Vec::new();
@@ -434,12 +486,12 @@ impl Session {
                 if t.status == TaskStatus::Preempting
                     && (repeat || !self.preempt_sent.contains(&(key, t.preemption_epoch)))
                 {
-                    let how = match a.teardown.and_then(|td| td.preempted_by()) {
-                        None => StopHow::Preempt { grace_ms: stop_grace_ms },
-                        Some(_) if a.spec.checkpoint == CheckpointMode::None => {
+                    let how = match a.teardown {
+                        Some(td) if td.asks_checkpoint() && a.spec.checkpoint == CheckpointMode::None => {
                             StopHow::Preempt { grace_ms: preemption_grace_ms }
                         }
-                        Some(_) => StopHow::Hint,
+                        Some(td) if td.asks_checkpoint() => StopHow::Hint,
+                        _ => StopHow::Preempt { grace_ms: stop_grace_ms },
                     };
                     preempt.push((key, t.preemption_epoch, how));
                 }

@@ -279,34 +279,3 @@ impl AllocationService for ClientApi {
         Ok(Response::new(v1::ListResponse { allocations, next_page_token }))
     }
 }
-
-/// `muster.v1.NodeService`: the nodes as the state machine knows them.
-pub struct NodeApi {
-    s: Shared,
-}
-
-impl NodeApi {
-    /// The node API over a replica's shared parts.
-    pub fn new(s: Shared) -> Self {
-        NodeApi { s }
-    }
-}
-
-#[tonic::async_trait]
-impl muster_proto::v1::node_service_server::NodeService for NodeApi {
-    async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Result<Response<v1::ListNodesResponse>, Status> {
-        linearizable(&self.s).await?;
-        let nodes = self.s.reader.read(|st| st.nodes().iter().map(|n| convert::node_to_proto(st, n)).collect());
-        Ok(Response::new(v1::ListNodesResponse { nodes }))
-    }
-
-    async fn get_node(&self, req: Request<v1::GetNodeRequest>) -> Result<Response<v1::Node>, Status> {
-        let id = crate::sm::NodeId::new(req.into_inner().id);
-        linearizable(&self.s).await?;
-        self.s
-            .reader
-            .read(|st| st.node_slot(&id).map(|slot| convert::node_to_proto(st, st.node(slot))))
-            .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
-    }
-}

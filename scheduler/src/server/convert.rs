@@ -185,6 +185,7 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
             let (trigger, preempted_by, reason) = match td.cause {
                 TeardownCause::TaskFailed { trigger } => (Some(trigger), 0, String::new()),
                 TeardownCause::Preempted { by, reason } => (None, by, reason.as_str().to_string()),
+                TeardownCause::NodeDrain => (None, 0, "drain".to_string()),
             };
             v1::Teardown {
                 epoch: td.epoch,
@@ -245,6 +246,14 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
                         preempting.len()
                     ),
                 ),
+                TeardownCause::NodeDrain => (
+                    "preemption_started",
+                    format!(
+                        "preempted (drain): a node it runs on reached its drain deadline: epoch {epoch}, {} \
+                         stopping ({tasks}), {released} released",
+                        preempting.len()
+                    ),
+                ),
             }
         }
         Event::TaskPreempted { task, epoch, forced, checkpoint_failed, .. } => (
@@ -277,14 +286,14 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
             ("checkpoint_saved", format!("task {task} saved a {bytes}-byte checkpoint (epoch {epoch})"))
         }
         Event::TeardownCompleted { epoch, outcome, drain_ms, cause, .. } => (
-            if matches!(cause, TeardownCause::Preempted { .. }) {
-                "preemption_completed"
-            } else {
+            if matches!(cause, TeardownCause::TaskFailed { .. }) {
                 "teardown_completed"
+            } else {
+                "preemption_completed"
             },
             format!(
                 "{} epoch {epoch} completed after {:.1} s: gang {}{}",
-                if matches!(cause, TeardownCause::Preempted { .. }) { "preemption" } else { "teardown" },
+                if matches!(cause, TeardownCause::TaskFailed { .. }) { "teardown" } else { "preemption" },
                 *drain_ms as f64 / 1000.0,
                 outcome.as_str(),
                 if *outcome == crate::sm::TeardownOutcome::Suspended {
@@ -300,8 +309,86 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         Event::AllocationCancelled { stopped, .. } => {
             ("allocation_cancelled", format!("cancelled; {} tasks stopped", stopped.len()))
         }
-        Event::NodeRegistered { node, .. } => ("node_registered", format!("node {node} registered")),
-        Event::NodeLost { node, .. } => ("node_lost", format!("node {node} lost")),
+        Event::RetriedOnDrainingNode { task, node, epoch, retry, .. } => (
+            "retried_on_draining_node",
+            format!("task {task} retried on its draining node {node} (retry {retry}, epoch {epoch})"),
+        ),
+        Event::NodeRegistered { node, updated } => {
+            ("node_registered", format!("node {node} {}", if *updated { "registered again" } else { "registered" }))
+        }
+        Event::NodeLost { node, tasks } => {
+            ("node_lost", format!("node {node} went silent while holding work; {} task(s) failed over", tasks.len()))
+        }
+        Event::NodeReady { node } => ("node_ready", format!("node {node} is ready")),
+        Event::DrainStarted { node, by, reason, deadline_ms, tasks } => (
+            "drain_started",
+            format!(
+                "node {node} draining (by {by}{}); {tasks} task(s) left; deadline {}",
+                if reason.is_empty() { String::new() } else { format!(": {reason}") },
+                format_time_ms(*deadline_ms)
+            ),
+        ),
+        Event::DrainCancelled { node, by } => ("drain_cancelled", format!("drain of node {node} cancelled by {by}")),
+        Event::DrainCompleted { node, drain_ms } => {
+            ("drain_completed", format!("node {node} drained after {:.1} s: no work left", *drain_ms as f64 / 1000.0))
+        }
+        Event::DrainTimedOut { node, allocs } => (
+            "drain_timed_out",
+            format!(
+                "node {node} reached its drain deadline; preempting allocation(s) [{}] to resume elsewhere",
+                allocs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        Event::NodeStopped { node, by, reason, .. } => (
+            "node_stopped",
+            format!("node {node} stopped{}: {reason}", by.as_ref().map(|b| format!(" by {b}")).unwrap_or_default()),
+        ),
+        Event::NodeRestarted { node, by } => ("node_restarted", format!("node {node} restarted by {by}")),
+        Event::NodeTerminated { node, by } => ("node_terminated", format!("node {node} terminated by {by}")),
+    }
+}
+
+/// An entry time as RFC 3339 UTC (second precision).
+pub fn format_time_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The wire form of a node status.
+pub fn node_status_to_proto(s: crate::sm::NodeStatus) -> v1::NodeStatus {
+    use crate::sm::NodeStatus as S;
+    match s {
+        S::Pending => v1::NodeStatus::Pending,
+        S::Ready => v1::NodeStatus::Ready,
+        S::Draining => v1::NodeStatus::Draining,
+        S::Stopping => v1::NodeStatus::Stopping,
+        S::Stopped => v1::NodeStatus::Stopped,
+        S::Terminated => v1::NodeStatus::Terminated,
+        S::Lost => v1::NodeStatus::Lost,
+    }
+}
+
+/// The wire form of one entry of a node's history.
+pub fn node_event_to_proto(n: &crate::sm::Node, h: &crate::sm::AllocEvent) -> v1::NodeEvent {
+    let (kind, detail) = describe_event(&h.event);
+    v1::NodeEvent {
+        node_id: n.id.to_string(),
+        revision: h.revision,
+        time_ms: h.time_ms,
+        kind: kind.to_string(),
+        detail,
+        status: node_status_to_proto(n.status) as i32,
     }
 }
 
@@ -312,13 +399,19 @@ pub fn node_to_proto(st: &crate::sm::State, n: &crate::sm::Node) -> v1::Node {
         id: n.id.to_string(),
         resources: Some(r(n.resources.gpus, n.resources.vram_mb, n.resources.mem_mb, n.resources.cpus)),
         labels: n.labels.clone().into_iter().collect(),
-        status: match n.status {
-            crate::sm::NodeStatus::Ready => v1::NodeStatus::Ready,
-            crate::sm::NodeStatus::Lost => v1::NodeStatus::Lost,
-        } as i32,
+        status: node_status_to_proto(n.status) as i32,
         used: Some(r(n.used.gpus, 0, n.used.mem_mb, n.used.cpus)),
         tasks: st.tasks_on_node(n.slot).count() as u32,
         registered_at_ms: n.registered_at_ms,
+        status_since_ms: n.status_since_ms,
+        drain: n.drain.as_ref().map(|d| v1::NodeDrain {
+            started_at_ms: d.started_at_ms,
+            deadline_ms: d.deadline_ms,
+            reason: d.reason.clone(),
+            by: d.by.clone(),
+        }),
+        events: n.history.iter().map(|h| node_event_to_proto(n, h)).collect(),
+        revision: n.revision,
     }
 }
 
@@ -383,13 +476,16 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::NodeHeld { .. }
         | Rejection::AlreadyNominated { .. }
         | Rejection::NotNominated { .. }
-        | Rejection::NominationNotExpired { .. } => Status::failed_precondition(msg),
+        | Rejection::NominationNotExpired { .. }
+        | Rejection::IllegalNodeTransition { .. }
+        | Rejection::NodeBusy { .. }
+        | Rejection::DrainNotExpired { .. }
+        | Rejection::NodeTerminated(_) => Status::failed_precondition(msg),
         Rejection::CheckpointTooLarge { .. } => Status::resource_exhausted(msg),
         Rejection::NotQueued { .. }
         | Rejection::WrongNodeCount { .. }
         | Rejection::NodeRepeated(_)
         | Rejection::NodeNotReady(_)
-        | Rejection::WrongNodeStatus { .. }
         | Rejection::InsufficientCapacity { .. }
         | Rejection::ShrinkBelowUsage(_)
         | Rejection::WrongTaskStatus { .. }

@@ -2,14 +2,15 @@
 //! it does not.
 //!
 //! - Admission, every interval and whenever a submit or a release wakes it.
-//! - Liveness, every second: a ready node that holds work and has been silent
+//! - Liveness, every second: a node that holds work and has been silent
 //!   for `node_lost_after` is marked lost through Raft. A new leader first
 //!   gives every node a full window.
 //! - Force drain, right after each liveness pass: a teardown older than
 //!   `teardown_force_after` (counted from its replicated start time; longer
 //!   for a preemption's victims, which get their checkpoint deadline first)
 //!   has its stuck preempting tasks moved to preempted, and completes. Holds
-//!   of preemptors whose deadline passed are let go in the same pass.
+//!   of preemptors whose deadline passed are let go in the same pass, and
+//!   draining nodes past their (replicated) deadline are timed out.
 //! - Preemption, right after an admission pass but at most once a second
 //!   (`min_pass_interval_ms`; the admission tick brings it back): for queued
 //!   gangs of class ≥ 1 that still do not fit, highest class first, the pure
@@ -24,9 +25,10 @@ use tokio::task::JoinHandle;
 use super::proposer::now_ms;
 use super::replica::Shared;
 use crate::policy::{
-    AdmissionConfig, PreemptionConfig, plan_admission, plan_expired_nominations, plan_force_drains, plan_preemptions,
+    AdmissionConfig, PreemptionConfig, plan_admission, plan_drain_expiries, plan_expired_nominations,
+    plan_force_drains, plan_preemptions,
 };
-use crate::sm::{Command, NodeId, NodeStatus, Outcome};
+use crate::sm::{Command, NodeId, Outcome};
 
 /// The leader loops' settings.
 #[derive(Clone, Copy, Debug)]
@@ -117,7 +119,7 @@ async fn liveness_pass(s: &Shared, node_lost_after: Duration) {
     let silent: Vec<NodeId> = s.reader.read(|st| {
         st.nodes()
             .iter()
-            .filter(|n| n.status == NodeStatus::Ready && st.tasks_on_node(n.slot).next().is_some())
+            .filter(|n| n.status.may_hold_work() && st.tasks_on_node(n.slot).next().is_some())
             .filter(|n| s.liveness.silent_for(&n.id) >= node_lost_after)
             .map(|n| n.id.clone())
             .collect()
@@ -141,6 +143,7 @@ async fn force_drain_pass(s: &Shared, force_after: Duration, preemption: &Preemp
     let cmds = s.reader.read(|st| {
         let mut cmds = plan_force_drains(st, now, force_after.as_millis() as u64, preemption);
         cmds.extend(plan_expired_nominations(st, now));
+        cmds.extend(plan_drain_expiries(st, now));
         cmds
     });
     if cmds.is_empty() {

@@ -58,7 +58,40 @@ pub fn observe(outcome: &Outcome) {
                         "gang teardown started"
                     );
                 }
+                TeardownCause::NodeDrain => {
+                    tracing::info!(
+                        alloc_id = alloc,
+                        epoch,
+                        cause = "node_drain",
+                        preempting = preempting.len(),
+                        released,
+                        "gang teardown started"
+                    );
+                }
             },
+            Event::DrainStarted { node, by, reason, deadline_ms, tasks } => {
+                tracing::info!(node = %node, by = %by, reason = %reason, deadline_ms, tasks, "node drain started");
+            }
+            Event::DrainCancelled { node, by } => tracing::info!(node = %node, by = %by, "node drain cancelled"),
+            Event::DrainCompleted { node, drain_ms } => {
+                tracing::info!(node = %node, drain_s = *drain_ms as f64 / 1000.0, "node drain completed");
+            }
+            Event::DrainTimedOut { node, allocs } => {
+                metrics::counter!("muster_node_drain_timeouts_total").increment(1);
+                tracing::warn!(node = %node, allocs = ?allocs, "node drain timed out; preempting its remaining work");
+            }
+            Event::NodeStopped { node, by, reason, drain_ms } => {
+                if let Some(ms) = drain_ms {
+                    metrics::histogram!("muster_node_drain_seconds").record(*ms as f64 / 1000.0);
+                }
+                tracing::info!(node = %node, by = ?by, reason = %reason, "node stopped");
+            }
+            Event::NodeReady { node } => tracing::info!(node = %node, "node ready"),
+            Event::NodeRestarted { node, by } => tracing::info!(node = %node, by = %by, "node restarted"),
+            Event::NodeTerminated { node, by } => tracing::info!(node = %node, by = %by, "node terminated"),
+            Event::RetriedOnDrainingNode { alloc, task, node, epoch, retry } => {
+                tracing::warn!(alloc_id = alloc, task, node = %node, epoch, retry, "task retried on its draining node");
+            }
             Event::TaskPreempted { alloc, task, epoch, forced, checkpoint_failed } => {
                 if *checkpoint_failed {
                     metrics::counter!("muster_preemption_failed_checkpoint_total").increment(1);
@@ -81,7 +114,7 @@ pub fn observe(outcome: &Outcome) {
                 let drain_s = *drain_ms as f64 / 1000.0;
                 metrics::counter!("muster_gang_teardown_completed_total", "outcome" => outcome.as_str()).increment(1);
                 metrics::histogram!("muster_gang_teardown_seconds").record(drain_s);
-                if matches!(cause, TeardownCause::Preempted { .. }) {
+                if !matches!(cause, TeardownCause::TaskFailed { .. }) {
                     if *outcome != TeardownOutcome::Failed {
                         metrics::counter!("muster_preemption_victim_requeue_total").increment(1);
                     }

@@ -32,8 +32,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use super::admin_api::AdminApi;
 use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness, MAX_AGENT_MESSAGE_BYTES};
-use super::client_api::{ClientApi, NodeApi};
+use super::client_api::ClientApi;
 use super::leader::{LeaderConfig, LeaderLoops};
+use super::node_api::NodeApi;
 use super::proposer::Proposer;
 use super::raft_net::{MAX_RAFT_MESSAGE_BYTES, Network, RaftRpc};
 use super::{MusterRaft, hex};
@@ -99,6 +100,9 @@ pub struct ReplicaConfig {
     pub preemption: PreemptionConfig,
     /// Default walltime in seconds by preemption class (submits without one).
     pub walltime_defaults: BTreeMap<u8, u64>,
+    /// A drain's timeout when neither the request nor the node's
+    /// `muster.drain-timeout` label gives one.
+    pub drain_timeout: Duration,
 }
 
 impl ReplicaConfig {
@@ -118,6 +122,7 @@ impl ReplicaConfig {
             teardown_force_after: Duration::from_millis(crate::policy::DEFAULT_FORCE_AFTER_MS),
             preemption: PreemptionConfig::default(),
             walltime_defaults: BTreeMap::new(),
+            drain_timeout: Duration::from_millis(crate::policy::DEFAULT_DRAIN_TIMEOUT_MS),
         }
     }
 }
@@ -163,6 +168,10 @@ pub struct Shared {
     /// Walltime (the budget watchdog's limit) by class, for submits that
     /// give none; classes not listed get one hour.
     pub walltime_defaults: Arc<BTreeMap<u8, u64>>,
+    /// Admission knobs (a scale-down asks which nodes admission would use).
+    pub admission: AdmissionConfig,
+    /// The drain timeout when neither the request nor the node gives one.
+    pub drain_timeout: Duration,
 }
 
 /// A running replica.
@@ -209,6 +218,8 @@ impl Replica {
             agents: AgentRegistry::default(),
             preemption: cfg.preemption,
             walltime_defaults: Arc::new(cfg.walltime_defaults.clone()),
+            admission: cfg.admission,
+            drain_timeout: cfg.drain_timeout,
         };
 
         let (stop, mut stopped) = watch::channel(false);
@@ -338,7 +349,7 @@ pub fn status_of(shared: &Shared) -> v1::ReplicaStatus {
 /// `muster_raft_applied_index`, `muster_raft_last_log_index`,
 /// `muster_raft_snapshot_index`, `muster_sm_queue_depth`,
 /// `muster_sm_allocations`, `muster_sm_nodes`, `muster_nodes_flagged_dead`
-/// (nodes marked lost). Ends when Raft shuts down.
+/// (nodes marked lost), `muster_nodes{state}`. Ends when Raft shuts down.
 async fn export_metrics(shared: Shared) {
     let mut metrics = shared.raft.metrics();
     loop {
@@ -351,11 +362,16 @@ async fn export_metrics(shared: Shared) {
             metrics::gauge!("muster_raft_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
             metrics::gauge!("muster_raft_snapshot_index").set(m.snapshot.map_or(0, |l| l.index) as f64);
         }
-        let (queued, allocs, nodes, lost) = shared.reader.read(|st| {
-            let lost = st.nodes().iter().filter(|n| n.status == crate::sm::NodeStatus::Lost).count();
-            (st.queue_len(), st.allocs().len(), st.nodes().len(), lost)
+        let (queued, allocs, nodes, by_status) = shared.reader.read(|st| {
+            let by_status = crate::sm::NodeStatus::ALL.map(|s| (s, st.node_count(s)));
+            (st.queue_len(), st.allocs().len(), st.nodes().len(), by_status)
         });
-        metrics::gauge!("muster_nodes_flagged_dead").set(lost as f64);
+        for (status, count) in by_status {
+            if status == crate::sm::NodeStatus::Lost {
+                metrics::gauge!("muster_nodes_flagged_dead").set(count as f64);
+            }
+            metrics::gauge!("muster_nodes", "state" => status.as_str()).set(count as f64);
+        }
         metrics::gauge!("muster_sm_queue_depth").set(queued as f64);
         metrics::gauge!("muster_sm_allocations").set(allocs as f64);
         metrics::gauge!("muster_sm_nodes").set(nodes as f64);

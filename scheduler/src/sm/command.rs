@@ -168,6 +168,64 @@ pub enum Command {
         /// The node.
         node: NodeId,
     },
+    /// A pending node's agent has registered and reconciled: the node takes
+    /// work.
+    NodeReady {
+        /// The node.
+        node: NodeId,
+    },
+    /// An operator drains a ready node: it takes no new reservations, its
+    /// tasks run on, and it stops once empty; at `now + timeout_ms` its
+    /// remaining tasks are preempted and re-queued elsewhere.
+    DrainNode {
+        /// The node.
+        node: NodeId,
+        /// From now to the deadline (already resolved from the flag, the
+        /// node's `muster.drain-timeout` label or the server default).
+        timeout_ms: u64,
+        /// Why, in the operator's words (may be empty).
+        reason: String,
+        /// Who asked.
+        by: String,
+    },
+    /// An operator cancels a drain: the node is ready again.
+    CancelDrain {
+        /// The node.
+        node: NodeId,
+        /// Who asked.
+        by: String,
+    },
+    /// The leader's clock passed a draining node's deadline: the node is
+    /// stopping and every gang on it is preempted (checkpoint hint, or
+    /// SIGTERM) to resume elsewhere.
+    ExpireDrain {
+        /// The node.
+        node: NodeId,
+    },
+    /// An operator stops an empty node directly (from ready, draining,
+    /// stopping or lost).
+    StopNode {
+        /// The node.
+        node: NodeId,
+        /// Why (may be empty).
+        reason: String,
+        /// Who asked.
+        by: String,
+    },
+    /// An operator returns a stopped node to service.
+    RestartNode {
+        /// The node.
+        node: NodeId,
+        /// Who asked.
+        by: String,
+    },
+    /// An operator retires a stopped node for good.
+    TerminateNode {
+        /// The node.
+        node: NodeId,
+        /// Who asked.
+        by: String,
+    },
 }
 
 impl Command {
@@ -189,6 +247,13 @@ impl Command {
             Command::ExpireNomination { .. } => "expire_nomination",
             Command::TripWatchdog { .. } => "trip_watchdog",
             Command::MarkNodeLost { .. } => "mark_node_lost",
+            Command::NodeReady { .. } => "node_ready",
+            Command::DrainNode { .. } => "drain_node",
+            Command::CancelDrain { .. } => "cancel_drain",
+            Command::ExpireDrain { .. } => "expire_drain",
+            Command::StopNode { .. } => "stop_node",
+            Command::RestartNode { .. } => "restart_node",
+            Command::TerminateNode { .. } => "terminate_node",
         }
     }
 }

@@ -25,6 +25,86 @@ pub enum Event {
         /// The tasks it held.
         tasks: Vec<(AllocId, TaskIndex)>,
     },
+    /// A pending node took its first work-ready step.
+    NodeReady {
+        /// The node.
+        node: NodeId,
+    },
+    /// An operator started draining a node.
+    DrainStarted {
+        /// The node.
+        node: NodeId,
+        /// Who asked.
+        by: String,
+        /// Why.
+        reason: String,
+        /// When its remaining tasks are preempted (entry time, ms).
+        deadline_ms: u64,
+        /// Tasks holding capacity on it at the start.
+        tasks: u32,
+    },
+    /// An operator cancelled a drain; the node is ready again.
+    DrainCancelled {
+        /// The node.
+        node: NodeId,
+        /// Who asked.
+        by: String,
+    },
+    /// A draining node's last task left: it stops.
+    DrainCompleted {
+        /// The node.
+        node: NodeId,
+        /// From the drain's start to now, ms.
+        drain_ms: u64,
+    },
+    /// A draining node reached its deadline with work left: it is stopping,
+    /// and these gangs are preempted (or their unclaimed reservations
+    /// released) to resume elsewhere.
+    DrainTimedOut {
+        /// The node.
+        node: NodeId,
+        /// The allocations that held capacity on it.
+        allocs: Vec<AllocId>,
+    },
+    /// A node stopped (its agent is told, so the machine can be powered off).
+    NodeStopped {
+        /// The node.
+        node: NodeId,
+        /// Who asked, when an operator stopped it directly.
+        by: Option<String>,
+        /// Why, in words.
+        reason: String,
+        /// From its drain's start to now, when a drain ended here.
+        drain_ms: Option<u64>,
+    },
+    /// An operator returned a stopped node to service.
+    NodeRestarted {
+        /// The node.
+        node: NodeId,
+        /// Who asked.
+        by: String,
+    },
+    /// An operator retired a stopped node for good.
+    NodeTerminated {
+        /// The node.
+        node: NodeId,
+        /// Who asked.
+        by: String,
+    },
+    /// A single task failed on its draining node and was reserved there
+    /// again (the worker-draining seed's retry on the same worker).
+    RetriedOnDrainingNode {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The draining node.
+        node: NodeId,
+        /// The new reservation epoch.
+        epoch: u64,
+        /// Retries on this node so far, this one included.
+        retry: u32,
+    },
     /// An allocation was created, or a retried submit found it again.
     Submitted {
         /// The allocation.
@@ -206,7 +286,16 @@ impl Event {
     /// The allocation the event is about, if it is about exactly one.
     pub fn alloc(&self) -> Option<AllocId> {
         match self {
-            Event::NodeRegistered { .. } | Event::NodeLost { .. } => None,
+            Event::NodeRegistered { .. }
+            | Event::NodeLost { .. }
+            | Event::NodeReady { .. }
+            | Event::DrainStarted { .. }
+            | Event::DrainCancelled { .. }
+            | Event::DrainCompleted { .. }
+            | Event::DrainTimedOut { .. }
+            | Event::NodeStopped { .. }
+            | Event::NodeRestarted { .. }
+            | Event::NodeTerminated { .. } => None,
             Event::Submitted { alloc, .. }
             | Event::GangReserved { alloc, .. }
             | Event::GangRolledBack { alloc, .. }
@@ -220,10 +309,30 @@ impl Event {
             | Event::PreemptionDecided { alloc, .. }
             | Event::NominationDropped { alloc, .. }
             | Event::WatchdogTripped { alloc, .. }
+            | Event::RetriedOnDrainingNode { alloc, .. }
             | Event::GangRequeued { alloc }
             | Event::AllocationDone { alloc }
             | Event::AllocationFailed { alloc, .. }
             | Event::AllocationCancelled { alloc, .. } => Some(*alloc),
+        }
+    }
+}
+
+impl Event {
+    /// The node the event is about, if it is a node lifecycle event.
+    pub fn node(&self) -> Option<&NodeId> {
+        match self {
+            Event::NodeRegistered { node, .. }
+            | Event::NodeLost { node, .. }
+            | Event::NodeReady { node }
+            | Event::DrainStarted { node, .. }
+            | Event::DrainCancelled { node, .. }
+            | Event::DrainCompleted { node, .. }
+            | Event::DrainTimedOut { node, .. }
+            | Event::NodeStopped { node, .. }
+            | Event::NodeRestarted { node, .. }
+            | Event::NodeTerminated { node, .. } => Some(node),
+            _ => None,
         }
     }
 }

@@ -33,8 +33,11 @@ pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, State
 pub use state::{ApplyCtx, Holder, QueueKey, Shape, State};
 pub use types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S,
-    DEFAULT_VCLUSTER, HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task,
-    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind,
-    fits,
+    DEFAULT_VCLUSTER, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,
+    PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Usage,
+    VCLUSTER_LABEL, VClusterType, WatchdogKind, fits,
 };
-pub use validate::{DEFAULT_MAX_CHECKPOINT_BYTES, Limits, MAX_PREEMPTION_CLASS, validate_node, validate_spec};
+pub use validate::{
+    DEFAULT_MAX_CHECKPOINT_BYTES, DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES,
+    parse_duration_s, validate_node, validate_node_request, validate_spec,
+};

@@ -84,16 +84,38 @@ pub enum Rejection {
     /// The node does not take new reservations.
     #[error("node {0} is not ready")]
     NodeNotReady(NodeId),
-    /// The node is not in the status the command needs.
-    #[error("node {node} is {status:?}, expected {expected:?}")]
-    WrongNodeStatus {
+    /// A lifecycle command that the node's status does not allow (the
+    /// worker-draining seed's 409; `docs/nodes.md` has the table).
+    #[error("node {node} is {}: cannot {action} (allowed from {})", from.as_str(), allowed_names(allowed))]
+    IllegalNodeTransition {
         /// The node.
         node: NodeId,
         /// Its status.
-        status: NodeStatus,
-        /// The status required.
-        expected: NodeStatus,
+        from: NodeStatus,
+        /// What was asked (`drain`, `cancel-drain`, `stop`, …).
+        action: String,
+        /// The statuses the action is allowed from.
+        allowed: Vec<NodeStatus>,
     },
+    /// A direct stop of a node that still holds tasks.
+    #[error("node {node} still holds {tasks} task(s): drain it (a drain with timeout 0 moves them now)")]
+    NodeBusy {
+        /// The node.
+        node: NodeId,
+        /// Tasks holding capacity on it.
+        tasks: u32,
+    },
+    /// A drain expiry before the drain's deadline.
+    #[error("node {node}'s drain lasts until {deadline_ms}")]
+    DrainNotExpired {
+        /// The node.
+        node: NodeId,
+        /// The deadline.
+        deadline_ms: u64,
+    },
+    /// A terminated node's agent tried to register again.
+    #[error("node {0} was terminated; register the machine under a new name")]
+    NodeTerminated(NodeId),
     /// The node lacks free capacity for the task.
     #[error("node {node} cannot fit task {task} of allocation {alloc}")]
     InsufficientCapacity {
@@ -232,4 +254,8 @@ pub enum Rejection {
         /// When it expires.
         expires_at_ms: u64,
     },
+}
+
+fn allowed_names(allowed: &[NodeStatus]) -> String {
+    allowed.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
 }

@@ -36,11 +36,11 @@ use super::command::Command;
 use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::{
-    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, HISTORY_LIMIT, Node, NodeId,
-    NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause,
-    TeardownOutcome, Usage, VClusterType, fits,
+    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, Drain, HISTORY_LIMIT,
+    NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex,
+    TaskStatus, Teardown, TeardownCause, TeardownOutcome, Usage, VClusterType, fits,
 };
-use super::validate::{Limits, validate_node, validate_spec};
+use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
 
 /// What `apply` may know besides the command: the entry's leader-stamped time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,6 +126,11 @@ struct Indexes {
     /// its class, sorted by allocation: preemption bounds a node's freeable
     /// capacity from this without looking up allocations.
     holders: Vec<Vec<Holder>>,
+    /// Nodes by lifecycle status.
+    by_status: BTreeMap<NodeStatus, BTreeSet<NodeSlot>>,
+    /// Draining or stopping nodes whose last task left during the command
+    /// being applied (always empty between commands): they stop at its end.
+    emptied: Vec<NodeSlot>,
 }
 
 /// A task holding capacity on a node, as the preemption policy sees it
@@ -264,6 +269,16 @@ impl State {
         self.index.holders.get(slot.0 as usize).map_or(&[], Vec::as_slice)
     }
 
+    /// The nodes in one lifecycle status, in slot order.
+    pub fn nodes_in(&self, status: NodeStatus) -> impl Iterator<Item = NodeSlot> + '_ {
+        self.index.by_status.get(&status).into_iter().flatten().copied()
+    }
+
+    /// How many nodes are in one lifecycle status.
+    pub fn node_count(&self, status: NodeStatus) -> usize {
+        self.index.by_status.get(&status).map_or(0, BTreeSet::len)
+    }
+
     /// The preemptor a node is held for, if any.
     pub fn held_for(&self, slot: NodeSlot) -> Option<AllocId> {
         self.index.held.get(&slot).copied()
@@ -304,9 +319,17 @@ impl State {
                 self.trip_watchdog(*alloc, *task, node, *epoch, *kind)
             }
             Command::MarkNodeLost { node } => self.mark_node_lost(node),
+            Command::NodeReady { node } => self.node_ready(node),
+            Command::DrainNode { node, timeout_ms, reason, by } => self.drain_node(node, *timeout_ms, reason, by),
+            Command::CancelDrain { node, by } => self.cancel_drain(node, by),
+            Command::ExpireDrain { node } => self.expire_drain(node),
+            Command::StopNode { node, reason, by } => self.stop_node(node, reason, by),
+            Command::RestartNode { node, by } => self.restart_node(node, by),
+            Command::TerminateNode { node, by } => self.terminate_node(node, by),
         };
         match result {
-            Ok(events) => {
+            Ok(mut events) => {
+                events.extend(self.stop_emptied_nodes());
                 self.record_history(&events);
                 Outcome::Accepted(events)
             }
@@ -314,8 +337,8 @@ impl State {
         }
     }
 
-    /// Appends each event to its allocation's history (a duplicate submit
-    /// changed nothing and is not recorded).
+    /// Appends each event to its allocation's or node's history (a
+    /// duplicate submit changed nothing and is not recorded).
     fn record_history(&mut self, events: &[Event]) {
         for e in events {
             if matches!(e, Event::Submitted { duplicate: true, .. }) {
@@ -328,24 +351,43 @@ impl State {
                     a.history.pop_front();
                 }
             }
+            if let Some(slot) = e.node().and_then(|id| self.index.node_by_id.get(id).copied()) {
+                let n = &mut self.nodes[slot.0 as usize];
+                n.revision += 1;
+                n.history.push_back(AllocEvent { revision: n.revision, time_ms: self.now_ms, event: e.clone() });
+                if n.history.len() > NODE_HISTORY_LIMIT {
+                    n.history.pop_front();
+                }
+            }
         }
     }
 
     // ----- handlers --------------------------------------------------------
 
+    /// A new node joins as pending (its agent proposes `NodeReady` once it
+    /// has reconciled). A known node's resources and labels are updated; a
+    /// lost one is ready again; every other status is kept (a draining or
+    /// stopped node whose agent restarts stays out of service), and a
+    /// terminated one is refused.
     fn register_node(&mut self, id: &NodeId, resources: &Resources, labels: &BTreeMap<String, String>) -> Applied {
         validate_node(id, resources, labels, &self.limits)?;
         if let Some(slot) = self.node_slot(id) {
-            let used = self.node(slot).used;
-            if !Usage::of(resources).covers(&used) {
+            let node = self.node(slot);
+            if node.status == NodeStatus::Terminated {
+                return Err(Rejection::NodeTerminated(id.clone()));
+            }
+            if !Usage::of(resources).covers(&node.used) {
                 return Err(Rejection::ShrinkBelowUsage(id.clone()));
             }
+            let was_lost = node.status == NodeStatus::Lost;
             self.unindex_node(slot);
             let node = &mut self.nodes[slot.0 as usize];
             node.resources = *resources;
             node.labels = labels.clone();
-            node.status = NodeStatus::Ready;
             self.index_node(slot);
+            if was_lost {
+                self.set_node_status(slot, NodeStatus::Ready);
+            }
             return Ok(vec![Event::NodeRegistered { node: id.clone(), updated: true }]);
         }
         let slot = NodeSlot(u32::try_from(self.nodes.len()).expect("fewer than 2^32 nodes"));
@@ -354,14 +396,204 @@ impl State {
             slot,
             resources: *resources,
             labels: labels.clone(),
-            status: NodeStatus::Ready,
+            status: NodeStatus::Pending,
+            status_since_ms: self.now_ms,
+            drain: None,
             used: Usage::default(),
             registered_at_ms: self.now_ms,
+            revision: 0,
+            history: VecDeque::new(),
         });
         self.index.node_by_id.insert(id.clone(), slot);
         self.index.holders.push(Vec::new());
-        self.index_node(slot);
+        self.index.by_status.entry(NodeStatus::Pending).or_default().insert(slot);
         Ok(vec![Event::NodeRegistered { node: id.clone(), updated: false }])
+    }
+
+    // ----- node lifecycle (docs/nodes.md) ------------------------------------
+
+    /// The slot of node `id`, if its status is one of `allowed` for `action`.
+    fn node_for(&self, id: &NodeId, action: &str, allowed: &[NodeStatus]) -> Result<NodeSlot, Rejection> {
+        let slot = self.node_slot(id).ok_or_else(|| Rejection::UnknownNode(id.clone()))?;
+        let from = self.node(slot).status;
+        if !allowed.contains(&from) {
+            return Err(Rejection::IllegalNodeTransition {
+                node: id.clone(),
+                from,
+                action: action.to_string(),
+                allowed: allowed.to_vec(),
+            });
+        }
+        Ok(slot)
+    }
+
+    /// Moves a node to `status`, keeping every index in step.
+    fn set_node_status(&mut self, slot: NodeSlot, status: NodeStatus) {
+        let old = self.node(slot).status;
+        self.unindex_node(slot);
+        if let Some(set) = self.index.by_status.get_mut(&old) {
+            set.remove(&slot);
+            if set.is_empty() {
+                self.index.by_status.remove(&old);
+            }
+        }
+        let now = self.now_ms;
+        let node = &mut self.nodes[slot.0 as usize];
+        node.status = status;
+        node.status_since_ms = now;
+        if !matches!(status, NodeStatus::Draining | NodeStatus::Stopping) {
+            node.drain = None;
+        }
+        self.index.by_status.entry(status).or_default().insert(slot);
+        self.index_node(slot);
+    }
+
+    /// Lets go of a preemptor's hold on `slot`, if there is one: a node
+    /// leaving service cannot take the preemptor (it queues again; its
+    /// victims still stop).
+    fn release_hold(&mut self, slot: NodeSlot, why: &str) -> Vec<Event> {
+        let Some(holder) = self.held_for(slot) else { return Vec::new() };
+        self.drop_nomination(holder);
+        vec![Event::NominationDropped { alloc: holder, reason: format!("held node {} {why}", self.node(slot).id) }]
+    }
+
+    fn node_ready(&mut self, id: &NodeId) -> Applied {
+        let slot = self.node_for(id, "become ready", &[NodeStatus::Pending])?;
+        self.set_node_status(slot, NodeStatus::Ready);
+        Ok(vec![Event::NodeReady { node: id.clone() }])
+    }
+
+    /// The seed's `start_draining`: only a ready node drains (the seed's 409
+    /// otherwise). Its holds are let go; an empty node stops at once.
+    fn drain_node(&mut self, id: &NodeId, timeout_ms: u64, reason: &str, by: &str) -> Applied {
+        validate_node_request(by, reason, Some(timeout_ms), &self.limits)?;
+        let slot = self.node_for(id, "drain", &[NodeStatus::Ready])?;
+        let now = self.now_ms;
+        let deadline_ms = now.saturating_add(timeout_ms);
+        let mut events = self.release_hold(slot, "is draining");
+        self.set_node_status(slot, NodeStatus::Draining);
+        self.nodes[slot.0 as usize].drain =
+            Some(Drain { started_at_ms: now, deadline_ms, reason: reason.to_string(), by: by.to_string() });
+        let tasks = self.tasks_on_node(slot).count() as u32;
+        if tasks == 0 {
+            self.index.emptied.push(slot);
+        }
+        events.insert(
+            0,
+            Event::DrainStarted {
+                node: id.clone(),
+                by: by.to_string(),
+                reason: reason.to_string(),
+                deadline_ms,
+                tasks,
+            },
+        );
+        Ok(events)
+    }
+
+    fn cancel_drain(&mut self, id: &NodeId, by: &str) -> Applied {
+        validate_node_request(by, "", None, &self.limits)?;
+        let slot = self.node_for(id, "cancel a drain", &[NodeStatus::Draining])?;
+        self.set_node_status(slot, NodeStatus::Ready);
+        Ok(vec![Event::DrainCancelled { node: id.clone(), by: by.to_string() }])
+    }
+
+    /// The seed's drain timeout: the node is stopping, and every gang on it
+    /// is preempted the proper way (a teardown that asks for a checkpoint,
+    /// or SIGTERM where the gang cannot checkpoint; its tasks elsewhere go
+    /// too, since a gang runs whole) to resume elsewhere, uncharged. A gang
+    /// with only unclaimed reservations here is simply requeued. The node
+    /// stops when its last task has left.
+    fn expire_drain(&mut self, id: &NodeId) -> Applied {
+        let slot = self.node_for(id, "time out a drain", &[NodeStatus::Draining])?;
+        let deadline_ms = self.node(slot).drain.as_ref().expect("a draining node has a drain").deadline_ms;
+        if self.now_ms < deadline_ms {
+            return Err(Rejection::DrainNotExpired { node: id.clone(), deadline_ms });
+        }
+        let mut allocs: Vec<AllocId> = self.tasks_on_node(slot).map(|(a, _)| a).collect();
+        allocs.dedup();
+        self.set_node_status(slot, NodeStatus::Stopping);
+        let mut events = vec![Event::DrainTimedOut { node: id.clone(), allocs: allocs.clone() }];
+        for alloc in allocs {
+            let a = &self.allocs[&alloc];
+            if a.teardown.is_some() {
+                continue; // already stopping; its tasks here leave when they ack
+            }
+            if a.has_running() {
+                events.push(self.begin_teardown(alloc, TeardownCause::NodeDrain));
+            } else {
+                self.release_reserved(alloc);
+                events.extend(self.settle(alloc));
+            }
+        }
+        if self.tasks_on_node(slot).next().is_none() {
+            self.index.emptied.push(slot);
+        }
+        Ok(events)
+    }
+
+    /// The seed's direct transition to stopped, for a node holding nothing.
+    fn stop_node(&mut self, id: &NodeId, reason: &str, by: &str) -> Applied {
+        validate_node_request(by, reason, None, &self.limits)?;
+        let allowed = [NodeStatus::Ready, NodeStatus::Draining, NodeStatus::Stopping, NodeStatus::Lost];
+        let slot = self.node_for(id, "stop", &allowed)?;
+        let tasks = self.tasks_on_node(slot).count() as u32;
+        if tasks > 0 {
+            return Err(Rejection::NodeBusy { node: id.clone(), tasks });
+        }
+        let now = self.now_ms;
+        let drain_ms = self.node(slot).drain.as_ref().map(|d| now.saturating_sub(d.started_at_ms));
+        let mut events = self.release_hold(slot, "was stopped");
+        self.set_node_status(slot, NodeStatus::Stopped);
+        let reason = if reason.is_empty() { "stopped by an operator".to_string() } else { reason.to_string() };
+        events.insert(0, Event::NodeStopped { node: id.clone(), by: Some(by.to_string()), reason, drain_ms });
+        Ok(events)
+    }
+
+    fn restart_node(&mut self, id: &NodeId, by: &str) -> Applied {
+        validate_node_request(by, "", None, &self.limits)?;
+        let slot = self.node_for(id, "restart", &[NodeStatus::Stopped])?;
+        self.set_node_status(slot, NodeStatus::Ready);
+        Ok(vec![Event::NodeRestarted { node: id.clone(), by: by.to_string() }])
+    }
+
+    fn terminate_node(&mut self, id: &NodeId, by: &str) -> Applied {
+        validate_node_request(by, "", None, &self.limits)?;
+        let slot = self.node_for(id, "terminate", &[NodeStatus::Stopped])?;
+        self.set_node_status(slot, NodeStatus::Terminated);
+        Ok(vec![Event::NodeTerminated { node: id.clone(), by: by.to_string() }])
+    }
+
+    /// Draining or stopping nodes whose last task left during this command
+    /// stop now (the seed's `check_drain_completion`): draining → stopping
+    /// → stopped, or stopping → stopped after a timed-out drain.
+    fn stop_emptied_nodes(&mut self) -> Vec<Event> {
+        let mut slots = std::mem::take(&mut self.index.emptied);
+        slots.sort_unstable();
+        slots.dedup();
+        let now = self.now_ms;
+        let mut events = Vec::new();
+        for slot in slots {
+            let node = self.node(slot);
+            let status = node.status;
+            if !matches!(status, NodeStatus::Draining | NodeStatus::Stopping)
+                || self.tasks_on_node(slot).next().is_some()
+            {
+                continue;
+            }
+            let id = node.id.clone();
+            let drain_ms = now.saturating_sub(node.drain.as_ref().expect("a draining node has a drain").started_at_ms);
+            let reason = if status == NodeStatus::Draining {
+                events.push(Event::DrainCompleted { node: id.clone(), drain_ms });
+                self.set_node_status(slot, NodeStatus::Stopping);
+                "drain completed: no work left".to_string()
+            } else {
+                "drain deadline passed: its remaining work was moved".to_string()
+            };
+            self.set_node_status(slot, NodeStatus::Stopped);
+            events.push(Event::NodeStopped { node: id, by: None, reason, drain_ms: Some(drain_ms) });
+        }
+        events
     }
 
     fn submit(&mut self, spec: &AllocSpec) -> Applied {
@@ -393,6 +625,7 @@ impl State {
                 checkpoint: None,
                 watchdog_trips: 0,
                 last_watchdog: None,
+                drain_retries: 0,
             })
             .collect();
         self.allocs.insert(
@@ -509,6 +742,7 @@ impl State {
             task.reservation_epoch = epoch;
             task.reserved_at_ms = Some(now);
             task.started_at_ms = None;
+            task.drain_retries = 0;
         }
         self.refresh(id);
         // Out of the queue now (its key was removed with the flag as it was).
@@ -617,7 +851,53 @@ impl State {
             events.extend(self.settle(id));
             return Ok(events);
         }
+        if let Some(events) = self.retry_on_draining_node(id, task, slot, exit_code) {
+            return Ok(events);
+        }
         Ok(self.fail_running(id, task, slot, exit_code))
+    }
+
+    /// The seed's failure during drain: a single task that fails on its
+    /// draining node (not yet stopping) is reserved there again, under a new
+    /// reservation epoch, while it has retries left and has been retried
+    /// there fewer than `drain_max_retries` times; its capacity never leaves
+    /// the node. A gang task goes through teardown instead (its peers run
+    /// elsewhere), and so does a task past either limit.
+    fn retry_on_draining_node(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        slot: NodeSlot,
+        exit_code: Option<i32>,
+    ) -> Option<Vec<Event>> {
+        let a = &self.allocs[&id];
+        let t = &a.tasks[task as usize];
+        if self.node(slot).status != NodeStatus::Draining
+            || a.spec.gang_size != 1
+            || t.attempts >= a.spec.max_retries
+            || t.drain_retries >= self.limits.drain_max_retries
+        {
+            return None;
+        }
+        let now = self.now_ms;
+        let node = self.node(slot).id.clone();
+        let a = self.allocs.get_mut(&id).expect("checked");
+        a.reservation_epoch += 1;
+        let epoch = a.reservation_epoch;
+        let t = &mut a.tasks[task as usize];
+        t.status = TaskStatus::Reserved;
+        t.reservation_epoch = epoch;
+        t.reserved_at_ms = Some(now);
+        t.started_at_ms = None;
+        t.finished_at_ms = Some(now);
+        t.exit_code = exit_code;
+        t.drain_retries += 1;
+        let retry = t.drain_retries;
+        self.refresh(id);
+        Some(vec![
+            Event::TaskFailed { alloc: id, task, exit_code, charged: true },
+            Event::RetriedOnDrainingNode { alloc: id, task, node, epoch, retry },
+        ])
     }
 
     /// A watchdog stopped a running task: it leaves its node (the capacity
@@ -684,28 +964,27 @@ impl State {
     /// settles (requeued, or failed).
     fn start_teardown_or_settle(&mut self, id: AllocId, trigger: TaskIndex) -> Vec<Event> {
         if self.allocs[&id].has_running() {
-            return vec![self.start_teardown(id, trigger)];
+            return vec![self.begin_teardown(id, TeardownCause::TaskFailed { trigger })];
         }
         self.release_reserved(id);
         self.settle(id)
     }
 
-    /// The seed's PreemptGang, in one command: running siblings → preempting
-    /// under a new shared preemption epoch, each refunded its claim-time
-    /// attempt (the trigger is not: its count is the signal that ends a
-    /// gang that keeps failing); unclaimed siblings → blocked; blocked, done
-    /// and failed tasks untouched.
-    fn start_teardown(&mut self, id: AllocId, trigger: TaskIndex) -> Event {
+    /// The seed's PreemptGang, in one command, for any cause (a failed
+    /// task, a priority preemption's victim, a node drain's deadline):
+    /// running tasks → preempting under a new shared preemption epoch, each
+    /// refunded its claim-time attempt (a failed trigger is not: its count is
+    /// the signal that ends a gang that keeps failing); unclaimed tasks →
+    /// blocked; blocked, done and failed tasks untouched.
+    fn begin_teardown(&mut self, id: AllocId, cause: TeardownCause) -> Event {
         let now = self.now_ms;
         let released = self.release_reserved(id);
         let a = self.allocs.get_mut(&id).expect("checked");
         a.preemption_epoch += 1;
         let epoch = a.preemption_epoch;
-        let cause = TeardownCause::TaskFailed { trigger };
         a.teardown = Some(Teardown { epoch, cause, started_at_ms: now, failed_checkpoints: 0 });
         let mut preempting = Vec::new();
         for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Running) {
-            debug_assert_ne!(t.index, trigger, "the trigger no longer runs");
             t.status = TaskStatus::Preempting;
             t.preemption_epoch = epoch;
             t.attempts = t.attempts.saturating_sub(1);
@@ -730,8 +1009,8 @@ impl State {
         checkpoint_failed: bool,
     ) -> Applied {
         let slot = self.check_preempting(id, task, node, epoch)?;
-        let preemption = self.allocs[&id].teardown.is_some_and(|td| td.preempted_by().is_some());
-        let checkpoint_failed = checkpoint_failed && preemption;
+        let asked = self.allocs[&id].teardown.is_some_and(|td| td.asks_checkpoint());
+        let checkpoint_failed = checkpoint_failed && asked;
         self.leave_node(id, task, slot, TaskStatus::Preempted, None);
         if checkpoint_failed {
             self.charge_failed_checkpoint(id, task);
@@ -769,7 +1048,7 @@ impl State {
         let now = self.now_ms;
         let a = self.allocs.get_mut(&id).expect("checked");
         let after_ms = a.teardown.map_or(0, |td| now.saturating_sub(td.started_at_ms));
-        let preempted = a.teardown.is_some_and(|td| td.preempted_by().is_some());
+        let preempted = a.teardown.is_some_and(|td| td.asks_checkpoint());
         let t = &mut a.tasks[task as usize];
         t.checkpoint = Some(Checkpoint { epoch, saved_at_ms: now, data: data.to_vec() });
         Ok(vec![Event::CheckpointSaved { alloc: id, task, epoch, bytes: data.len() as u64, after_ms, preempted }])
@@ -814,7 +1093,7 @@ impl State {
             .map(|t| (t.index, t.node.expect("a preempting task has a node")))
             .collect();
         let mut events = Vec::new();
-        let checkpoint_failed = teardown.preempted_by().is_some();
+        let checkpoint_failed = teardown.asks_checkpoint();
         for (task, slot) in stuck {
             self.leave_node(id, task, slot, TaskStatus::Preempted, None);
             if checkpoint_failed {
@@ -857,12 +1136,12 @@ impl State {
         let preemptor = teardown.preempted_by();
         let outcome = if fails {
             TeardownOutcome::Failed
-        } else if preemptor.is_some() && teardown.failed_checkpoints == 0 {
+        } else if teardown.asks_checkpoint() && teardown.failed_checkpoints == 0 {
             TeardownOutcome::Suspended
         } else {
             TeardownOutcome::Blocked
         };
-        if preemptor.is_some() {
+        if teardown.asks_checkpoint() {
             a.preempted_count += 1;
             a.suspended = outcome == TeardownOutcome::Suspended;
         }
@@ -1000,30 +1279,9 @@ impl State {
         });
         self.reindex_alloc(id);
         for v in victim_ids {
-            events.push(self.start_preemption(v, id, reason));
+            events.push(self.begin_teardown(v, TeardownCause::Preempted { by: id, reason }));
         }
         Ok(events)
-    }
-
-    /// A victim's running tasks → preempting under a new preemption epoch,
-    /// each refunded its claim-time attempt.
-    fn start_preemption(&mut self, id: AllocId, by: AllocId, reason: PreemptReason) -> Event {
-        let now = self.now_ms;
-        let a = self.allocs.get_mut(&id).expect("checked");
-        a.preemption_epoch += 1;
-        let epoch = a.preemption_epoch;
-        let cause = TeardownCause::Preempted { by, reason };
-        a.teardown = Some(Teardown { epoch, cause, started_at_ms: now, failed_checkpoints: 0 });
-        let mut preempting = Vec::new();
-        for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Running) {
-            t.status = TaskStatus::Preempting;
-            t.preemption_epoch = epoch;
-            t.attempts = t.attempts.saturating_sub(1);
-            preempting.push((t.index, t.node.expect("a running task has a node")));
-        }
-        let preempting = preempting.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
-        self.refresh(id);
-        Event::TeardownStarted { alloc: id, cause, epoch, preempting, released: 0 }
     }
 
     /// A preemptor's hold outlived its deadline: the nodes are let go.
@@ -1068,16 +1326,29 @@ impl State {
     /// a teardown if siblings run; otherwise its gang's reservation is simply
     /// released), and a preempting one is preempted (its process is presumed
     /// gone with the node). Re-registering makes it ready again.
+    ///
+    /// A draining or stopping node that goes silent is stopped instead of
+    /// lost: its drain wanted it empty and out of service, and losing it
+    /// did both (its agent coming back finds it stopped, not ready).
     fn mark_node_lost(&mut self, node: &NodeId) -> Applied {
-        let slot = self.node_slot(node).ok_or_else(|| Rejection::UnknownNode(node.clone()))?;
-        let status = self.node(slot).status;
-        if status != NodeStatus::Ready {
-            return Err(Rejection::WrongNodeStatus { node: node.clone(), status, expected: NodeStatus::Ready });
-        }
+        let allowed = [NodeStatus::Ready, NodeStatus::Draining, NodeStatus::Stopping];
+        let slot = self.node_for(node, "be marked lost", &allowed)?;
         let tasks: Vec<(AllocId, TaskIndex)> = self.tasks_on_node(slot).collect();
-        self.unindex_node(slot);
-        self.nodes[slot.0 as usize].status = NodeStatus::Lost;
+        let now = self.now_ms;
+        let drain_ms = self.node(slot).drain.as_ref().map(|d| now.saturating_sub(d.started_at_ms));
         let mut events = vec![Event::NodeLost { node: node.clone(), tasks: tasks.clone() }];
+        match drain_ms {
+            None => self.set_node_status(slot, NodeStatus::Lost),
+            Some(_) => {
+                self.set_node_status(slot, NodeStatus::Stopped);
+                events.push(Event::NodeStopped {
+                    node: node.clone(),
+                    by: None,
+                    reason: "lost while draining: its tasks were failed over".to_string(),
+                    drain_ms,
+                });
+            }
+        }
         for (id, task) in tasks {
             let t = &self.allocs[&id].tasks[task as usize];
             if t.node != Some(slot) {
@@ -1336,6 +1607,9 @@ impl State {
             tasks.remove(&task);
             if tasks.is_empty() {
                 self.index.tasks_by_node.remove(&slot);
+                if matches!(self.node(slot).status, NodeStatus::Draining | NodeStatus::Stopping) {
+                    self.index.emptied.push(slot);
+                }
             }
         }
         self.unindex_node(slot);
@@ -1372,6 +1646,7 @@ impl State {
         for slot in 0..self.nodes.len() {
             let slot = NodeSlot(slot as u32);
             self.index.node_by_id.insert(self.node(slot).id.clone(), slot);
+            self.index.by_status.entry(self.node(slot).status).or_default().insert(slot);
             self.index_node(slot);
         }
         let ids: Vec<AllocId> = self.allocs.keys().copied().collect();
@@ -1494,8 +1769,15 @@ impl State {
             if !Usage::of(&node.resources).covers(used) {
                 return Err(format!("node {} is over-committed", node.id));
             }
-            if node.status == NodeStatus::Lost && *used != Usage::default() {
-                return Err(format!("lost node {} still holds tasks", node.id));
+            if !node.status.may_hold_work() && *used != Usage::default() {
+                return Err(format!("{} node {} still holds tasks", node.status.as_str(), node.id));
+            }
+            let draining = matches!(node.status, NodeStatus::Draining | NodeStatus::Stopping);
+            if draining != node.drain.is_some() {
+                return Err(format!("node {} is {} with drain {:?}", node.id, node.status.as_str(), node.drain));
+            }
+            if draining && self.tasks_on_node(node.slot).next().is_none() {
+                return Err(format!("{} node {} holds nothing but did not stop", node.status.as_str(), node.id));
             }
         }
         let mut fresh = self.clone();

@@ -107,18 +107,88 @@ pub fn fits(need: &Resources, node: &Resources, free: &Usage) -> bool {
     free.covers(&Usage::of(need)) && (need.gpus == 0 || node.vram_mb >= need.vram_mb)
 }
 
-/// A node's lifecycle status. Only `Ready` nodes take new reservations.
+/// A node's lifecycle status (`docs/nodes.md` has the transition table).
+/// Only `Ready` nodes take new reservations.
 ///
-/// Draining and the stop states arrive with the node-lifecycle issue; the
-/// enum is where they go.
+/// ```text
+///   Pending ──▶ Ready ◀──▶ Draining ──▶ Stopping ──▶ Stopped ──▶ Terminated
+///                 │  (cancel-drain: Draining ──▶ Ready)      ▲  │
+///                 └──── stop (empty) from Ready, Draining, ──┘  │ restart
+///                       Stopping or Lost                        ▼
+///   Ready / Draining / Stopping ── silent while holding work ──▶ Lost ──▶ Ready
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum NodeStatus {
-    /// Registered and accepting reservations.
+    /// Registered; its agent has not yet finished reconciling.
+    Pending,
+    /// Accepting reservations.
     Ready,
+    /// Taking no new work; its tasks run to completion (or to the drain
+    /// deadline). Stops by itself once empty.
+    Draining,
+    /// Its drain deadline passed: its remaining tasks are being preempted
+    /// (checkpoint hint, or SIGTERM) and re-queued elsewhere. Stops once
+    /// empty.
+    Stopping,
+    /// Empty and out of service; the agent was told, so the machine can be
+    /// powered off. An operator may restart it.
+    Stopped,
+    /// Retired for good: its agent may not register under this name again.
+    Terminated,
     /// Silent while holding work; its tasks were failed. Registering again
     /// makes it ready.
     Lost,
 }
+
+impl NodeStatus {
+    /// Every status, in lifecycle order.
+    pub const ALL: [NodeStatus; 7] = [
+        NodeStatus::Pending,
+        NodeStatus::Ready,
+        NodeStatus::Draining,
+        NodeStatus::Stopping,
+        NodeStatus::Stopped,
+        NodeStatus::Terminated,
+        NodeStatus::Lost,
+    ];
+
+    /// `pending`, `ready`, … (metric labels, CLI, errors).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Pending => "pending",
+            NodeStatus::Ready => "ready",
+            NodeStatus::Draining => "draining",
+            NodeStatus::Stopping => "stopping",
+            NodeStatus::Stopped => "stopped",
+            NodeStatus::Terminated => "terminated",
+            NodeStatus::Lost => "lost",
+        }
+    }
+
+    /// Whether tasks may hold capacity on a node in this status (it is
+    /// watched for silence, and its tasks are failed when it is lost).
+    pub fn may_hold_work(self) -> bool {
+        matches!(self, NodeStatus::Ready | NodeStatus::Draining | NodeStatus::Stopping)
+    }
+}
+
+/// An operator's drain of a node, kept while the node drains or stops.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    /// Entry time of the drain command.
+    pub started_at_ms: u64,
+    /// When the remaining tasks are preempted and the node stops (entry
+    /// time; the leader compares its clock against it, so a new leader
+    /// keeps the same deadline).
+    pub deadline_ms: u64,
+    /// Why, as the operator put it.
+    pub reason: String,
+    /// Who asked.
+    pub by: String,
+}
+
+/// How many events a node keeps for `muster node get` and watchers.
+pub const NODE_HISTORY_LIMIT: usize = 64;
 
 /// A node as the state machine knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,10 +203,18 @@ pub struct Node {
     pub labels: BTreeMap<String, String>,
     /// Lifecycle status.
     pub status: NodeStatus,
+    /// Entry time of the latest status change.
+    pub status_since_ms: u64,
+    /// The drain in progress: set exactly while `Draining` or `Stopping`.
+    pub drain: Option<Drain>,
     /// Consumables held by reserved and running tasks.
     pub used: Usage,
     /// When it first registered (entry time).
     pub registered_at_ms: u64,
+    /// Bumped by every event about this node.
+    pub revision: u64,
+    /// The latest events (at most [`NODE_HISTORY_LIMIT`]), oldest first.
+    pub history: VecDeque<AllocEvent>,
 }
 
 impl Node {
@@ -414,6 +492,9 @@ pub struct Task {
     pub watchdog_trips: u32,
     /// The watchdog that stopped its latest stopped attempt, if one did.
     pub last_watchdog: Option<WatchdogKind>,
+    /// Failures retried in place on its draining node since it was last
+    /// placed by admission (the worker-draining seed: at most 3).
+    pub drain_retries: u32,
 }
 
 /// Opaque bytes a task left in its checkpoint directory while being
@@ -455,6 +536,9 @@ pub enum TeardownCause {
         /// Why (`priority`, or `sensitive` for a sensitive claim).
         reason: PreemptReason,
     },
+    /// A node the gang runs on reached its drain deadline: every task is
+    /// asked to checkpoint and stop, and the gang resumes elsewhere.
+    NodeDrain,
 }
 
 /// Why a preemption happened (the `reason` label of `muster_preemptions_total`).
@@ -496,8 +580,16 @@ impl Teardown {
     pub fn preempted_by(&self) -> Option<AllocId> {
         match self.cause {
             TeardownCause::Preempted { by, .. } => Some(by),
-            TeardownCause::TaskFailed { .. } => None,
+            TeardownCause::TaskFailed { .. } | TeardownCause::NodeDrain => None,
         }
+    }
+
+    /// Whether the gang is stopped through no fault of its own, for its
+    /// nodes (a preemption or a node drain's deadline): its tasks are asked
+    /// to checkpoint first, one that does not in time is charged, and a gang
+    /// whose every task stopped in time is suspended rather than requeued.
+    pub fn asks_checkpoint(&self) -> bool {
+        matches!(self.cause, TeardownCause::Preempted { .. } | TeardownCause::NodeDrain)
     }
 }
 
@@ -574,10 +666,10 @@ impl AllocStatus {
 /// How many events an allocation keeps for watchers (older ones are dropped).
 pub const HISTORY_LIMIT: usize = 256;
 
-/// One entry of an allocation's history, for `Watch`.
+/// One entry of an allocation's or a node's history, for `Watch`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocEvent {
-    /// The allocation's revision after this event (1 for the submit).
+    /// The allocation's (node's) revision after this event (1 for the first).
     pub revision: u64,
     /// Entry time.
     pub time_ms: u64,

@@ -38,6 +38,9 @@ pub struct Limits {
     /// Watchdog trips a task may have retried elsewhere; the next one fails
     /// its allocation.
     pub watchdog_max_retries: u32,
+    /// Failures of a single task retried in place on its draining node (the
+    /// worker-draining seed's 3); later ones go back to the queue.
+    pub drain_max_retries: u32,
 }
 
 /// The default checkpoint cap: 4 MiB (demo scale; bigger state belongs in a
@@ -57,6 +60,7 @@ impl Default for Limits {
             max_labels: 64,
             max_checkpoint_bytes: DEFAULT_MAX_CHECKPOINT_BYTES,
             watchdog_max_retries: 3,
+            drain_max_retries: 3,
         }
     }
 }
@@ -221,6 +225,66 @@ pub fn validate_node(
         if v.len() > limits.max_name_bytes {
             return Err(invalid_node("labels", format!("the value of {k} is too long")));
         }
+    }
+    if let Some(v) = labels.get(DRAIN_TIMEOUT_LABEL) {
+        let s = parse_duration_s(v).map_err(|r| invalid_node(&format!("labels.{DRAIN_TIMEOUT_LABEL}"), r))?;
+        if s > limits.max_walltime_s {
+            return Err(invalid_node(
+                &format!("labels.{DRAIN_TIMEOUT_LABEL}"),
+                format!("{s} s is above the maximum of {} s", limits.max_walltime_s),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The node label giving its drain timeout (its pool's default, the seed's
+/// per-template `drain_timeout_hours`), as a duration such as `4h`.
+pub const DRAIN_TIMEOUT_LABEL: &str = "muster.drain-timeout";
+
+/// Parses `90`, `90s`, `30m`, `4h`, `2d` into seconds.
+pub fn parse_duration_s(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, unit) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration (e.g. 90s, 30m, 4h)"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use s, m, h or d)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too long"))
+}
+
+/// The longest reason an operator may give for a lifecycle command.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// Checks an operator's lifecycle request: who asked, why, and (for a drain)
+/// the timeout, which may not exceed the longest walltime.
+pub fn validate_node_request(
+    by: &str,
+    reason: &str,
+    timeout_ms: Option<u64>,
+    limits: &Limits,
+) -> Result<(), Rejection> {
+    check_name("by", by, limits).map_err(|r| invalid_node("by", r))?;
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(invalid_node("reason", format!("{} bytes, the limit is {MAX_REASON_BYTES}", reason.len())));
+    }
+    if reason.chars().any(|c| c.is_control()) {
+        return Err(invalid_node("reason", "must not contain control characters"));
+    }
+    if let Some(t) = timeout_ms
+        && t / 1000 > limits.max_walltime_s
+    {
+        return Err(invalid_node(
+            "timeout",
+            format!("{} s is above the maximum of {} s", t / 1000, limits.max_walltime_s),
+        ));
     }
     Ok(())
 }

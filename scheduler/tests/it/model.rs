@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use muster_scheduler::policy::{
-    AdmissionConfig, Order, PreemptionConfig, plan_admission, plan_expired_nominations, plan_preemptions,
+    AdmissionConfig, Order, PreemptionConfig, plan_admission, plan_drain_expiries, plan_expired_nominations,
+    plan_preemptions,
 };
 use muster_scheduler::sm::{
     AllocId, AllocSpec, ApplyCtx, Command, NodeId, Outcome, Resources, State, TaskIndex, TaskStatus, WatchdogKind,
@@ -15,24 +16,89 @@ use proptest::prelude::*;
 /// One abstract step.
 #[derive(Clone, Debug)]
 pub enum Op {
-    Register { node: u8, gpus: u8 },
-    Submit { gang: u8, gpus: u8, class: u8, key: Option<u8> },
-    Admit { advance_ms: u32, fifo: bool },
-    Claim { pick: usize, stale: bool, wrong_node: bool },
-    ClaimAll { pick: usize },
-    Finish { pick: usize },
-    Fail { pick: usize },
-    Cancel { pick: usize },
-    RawReserve { pick: usize, nodes: Vec<u8> },
-    Rollback { pick: usize, epoch_delta: u8 },
-    Lose { node: u8 },
-    Ack { pick: usize, stale: bool, failed: bool },
-    Preempt { advance_ms: u32, max_victims: u8 },
-    RawPreempt { pick: usize, victims: Vec<usize>, nodes: Vec<u8> },
-    Expire { advance_ms: u32 },
-    Trip { pick: usize, kind: u8 },
-    Checkpoint { pick: usize, stale: bool, bytes: u16 },
-    ForceDrain { pick: usize, stale: bool },
+    Register {
+        node: u8,
+        gpus: u8,
+    },
+    Submit {
+        gang: u8,
+        gpus: u8,
+        class: u8,
+        key: Option<u8>,
+    },
+    Admit {
+        advance_ms: u32,
+        fifo: bool,
+    },
+    Claim {
+        pick: usize,
+        stale: bool,
+        wrong_node: bool,
+    },
+    ClaimAll {
+        pick: usize,
+    },
+    Finish {
+        pick: usize,
+    },
+    Fail {
+        pick: usize,
+    },
+    Cancel {
+        pick: usize,
+    },
+    RawReserve {
+        pick: usize,
+        nodes: Vec<u8>,
+    },
+    Rollback {
+        pick: usize,
+        epoch_delta: u8,
+    },
+    Lose {
+        node: u8,
+    },
+    Ack {
+        pick: usize,
+        stale: bool,
+        failed: bool,
+    },
+    Preempt {
+        advance_ms: u32,
+        max_victims: u8,
+    },
+    RawPreempt {
+        pick: usize,
+        victims: Vec<usize>,
+        nodes: Vec<u8>,
+    },
+    Expire {
+        advance_ms: u32,
+    },
+    Trip {
+        pick: usize,
+        kind: u8,
+    },
+    Checkpoint {
+        pick: usize,
+        stale: bool,
+        bytes: u16,
+    },
+    ForceDrain {
+        pick: usize,
+        stale: bool,
+    },
+    /// A node lifecycle command (0 ready, 1-3 drain, 4 cancel, 5 stop,
+    /// 6 restart, 7 terminate), right or wrong for the node's status.
+    Lifecycle {
+        node: u8,
+        action: u8,
+        timeout_ms: u32,
+    },
+    /// The leader's drain-deadline pass after the clock moved.
+    ExpireDrains {
+        advance_ms: u32,
+    },
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -61,6 +127,9 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), proptest::bool::weighted(0.1), any::<u16>())
             .prop_map(|(pick, stale, bytes)| Op::Checkpoint { pick, stale, bytes }),
         1 => (any::<usize>(), proptest::bool::weighted(0.2)).prop_map(|(pick, stale)| Op::ForceDrain { pick, stale }),
+        2 => (0u8..6, 0u8..8, 0u32..30_000)
+            .prop_map(|(node, action, timeout_ms)| Op::Lifecycle { node, action, timeout_ms }),
+        2 => (0u32..30_000).prop_map(|advance_ms| Op::ExpireDrains { advance_ms }),
     ]
 }
 
@@ -88,6 +157,8 @@ impl Default for Run {
             let resources = Resources { gpus: 8, vram_mb: 40_000, mem_mb: 256_000, cpus: 32 };
             let cmd = Command::RegisterNode { node: node(i), resources, labels: BTreeMap::new() };
             assert!(state.apply(&cmd, &ApplyCtx { time_ms: 1_000 }).is_accepted());
+            let ready = Command::NodeReady { node: node(i) };
+            assert!(state.apply(&ready, &ApplyCtx { time_ms: 1_000 }).is_accepted());
         }
         Run { state, now_ms: 1_000 }
     }
@@ -131,11 +202,26 @@ impl Run {
     /// The commands one op turns into, given the current state.
     pub fn commands(&self, op: &Op) -> Vec<Command> {
         match op {
-            Op::Register { node: i, gpus } => vec![Command::RegisterNode {
-                node: node(*i),
-                resources: Resources { gpus: u32::from(*gpus), vram_mb: 40_000, mem_mb: 256_000, cpus: 32 },
-                labels: BTreeMap::new(),
-            }],
+            Op::Register { node: i, gpus } => vec![
+                Command::RegisterNode {
+                    node: node(*i),
+                    resources: Resources { gpus: u32::from(*gpus), vram_mb: 40_000, mem_mb: 256_000, cpus: 32 },
+                    labels: BTreeMap::new(),
+                },
+                Command::NodeReady { node: node(*i) },
+            ],
+            Op::Lifecycle { node: i, action, timeout_ms } => {
+                let (node, by) = (node(*i), "prop".to_string());
+                vec![match action {
+                    0 => Command::NodeReady { node },
+                    1..=3 => Command::DrainNode { node, timeout_ms: u64::from(*timeout_ms), reason: "test".into(), by },
+                    4 => Command::CancelDrain { node, by },
+                    5 => Command::StopNode { node, reason: String::new(), by },
+                    6 => Command::RestartNode { node, by },
+                    _ => Command::TerminateNode { node, by },
+                }]
+            }
+            Op::ExpireDrains { .. } => plan_drain_expiries(&self.state, self.now_ms),
             Op::Submit { gang, gpus, class, key } => {
                 let res = Resources {
                     gpus: u32::from(*gpus),
@@ -292,7 +378,11 @@ impl Run {
 
     /// Runs one op: advances the clock, builds its commands and applies them.
     pub fn step(&mut self, op: &Op) -> Vec<(Command, Outcome)> {
-        if let Op::Admit { advance_ms, .. } | Op::Preempt { advance_ms, .. } | Op::Expire { advance_ms } = op {
+        if let Op::Admit { advance_ms, .. }
+        | Op::Preempt { advance_ms, .. }
+        | Op::Expire { advance_ms }
+        | Op::ExpireDrains { advance_ms } = op
+        {
             self.now_ms += u64::from(*advance_ms);
         }
         self.now_ms += 1;

@@ -25,7 +25,7 @@ proptest! {
                     prop_assert!(out.is_accepted(), "planned {:?} was rejected: {:?}", cmd, out);
                 }
                 // So must a preemption pass's decisions, and expiries.
-                if matches!(op, Op::Preempt { .. } | Op::Expire { .. }) {
+                if matches!(op, Op::Preempt { .. } | Op::Expire { .. } | Op::ExpireDrains { .. }) {
                     prop_assert!(out.is_accepted(), "planned {:?} was rejected: {:?}", cmd, out);
                 }
             }
@@ -175,6 +175,18 @@ mod arbitrary {
                 |(alloc, task, node, epoch, data)| Command::SaveCheckpoint { alloc, task, node, epoch, data }
             ),
             (any_u64(), any_u64()).prop_map(|(alloc, epoch)| Command::ForceDrain { alloc, epoch }),
+            node().prop_map(|node| Command::NodeReady { node }),
+            (node(), any_u64(), ".{0,8}", ".{0,4}").prop_map(|(node, timeout_ms, reason, by)| Command::DrainNode {
+                node,
+                timeout_ms,
+                reason,
+                by
+            }),
+            (node(), ".{0,4}").prop_map(|(node, by)| Command::CancelDrain { node, by }),
+            node().prop_map(|node| Command::ExpireDrain { node }),
+            (node(), ".{0,4}").prop_map(|(node, by)| Command::StopNode { node, reason: String::new(), by }),
+            (node(), ".{0,4}").prop_map(|(node, by)| Command::RestartNode { node, by }),
+            (node(), ".{0,4}").prop_map(|(node, by)| Command::TerminateNode { node, by }),
         ]
     }
 
@@ -196,16 +208,18 @@ mod arbitrary {
     }
 }
 
-/// The random runs above do reach preemptions, suspensions and resumptions
-/// (a model that never produced them would test nothing about them).
+/// The random runs above do reach preemptions, suspensions and resumptions,
+/// and drains that complete, time out and retry in place (a model that never
+/// produced them would test nothing about them).
 #[test]
-fn random_runs_reach_preemption_suspension_and_resumption() {
+fn random_runs_reach_preemption_suspension_resumption_and_drains() {
     use muster_scheduler::sm::{Event, Outcome};
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
 
     let mut runner = TestRunner::deterministic();
     let (mut decided, mut suspended, mut resumed) = (0, 0, 0);
+    let (mut drained, mut timed_out, mut drain_teardowns) = (0, 0, 0);
     for _ in 0..200 {
         let ops = crate::model::ops(120).new_tree(&mut runner).unwrap().current();
         let mut run = Run::default();
@@ -215,6 +229,11 @@ fn random_runs_reach_preemption_suspension_and_resumption() {
                     for e in &events {
                         match e {
                             Event::PreemptionDecided { .. } => decided += 1,
+                            Event::DrainCompleted { .. } => drained += 1,
+                            Event::DrainTimedOut { .. } => timed_out += 1,
+                            Event::TeardownStarted {
+                                cause: muster_scheduler::sm::TeardownCause::NodeDrain, ..
+                            } => drain_teardowns += 1,
                             Event::TeardownCompleted { outcome, .. } if outcome.as_str() == "suspended" => {
                                 suspended += 1
                             }
@@ -231,4 +250,8 @@ fn random_runs_reach_preemption_suspension_and_resumption() {
         }
     }
     assert!(decided > 0 && suspended > 0 && resumed > 0, "decided {decided}, suspended {suspended}, resumed {resumed}");
+    assert!(
+        drained > 0 && timed_out > 0 && drain_teardowns > 0,
+        "drains completed {drained}, timed out {timed_out}, teardowns for a drain {drain_teardowns}"
+    );
 }

@@ -1,0 +1,241 @@
+//! `muster.v1.NodeService`: the nodes as the state machine knows them, and
+//! their lifecycle (docs/nodes.md): drain, cancel a drain, stop, restart,
+//! terminate, scale down, and a watch of their events.
+//!
+//! Every transition is a command through the log; `apply` decides whether
+//! the node's status allows it (FAILED_PRECONDITION naming the status and
+//! what is allowed otherwise). A drain's timeout is resolved here, before
+//! the command is made: the request's, else the node's
+//! `muster.drain-timeout` label, else the server default.
+
+use std::collections::BTreeMap;
+
+use muster_proto::v1;
+use muster_proto::v1::node_service_server::NodeService;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::client_api::linearizable;
+use super::convert::{node_event_to_proto, node_to_proto, propose_error_to_status, rejection_to_status};
+use super::proposer::now_ms;
+use super::replica::Shared;
+use crate::policy::{drain_timeout_ms, plan_admission, plan_scale_down, planned_nodes};
+use crate::sm::{Command, NodeId, NodeStatus, Outcome};
+
+/// The node API of one replica.
+pub struct NodeApi {
+    s: Shared,
+}
+
+impl NodeApi {
+    /// The node API over a replica's shared parts.
+    pub fn new(s: Shared) -> Self {
+        NodeApi { s }
+    }
+
+    fn node(&self, id: &NodeId) -> Result<v1::Node, Status> {
+        self.s
+            .reader
+            .read(|st| st.node_slot(id).map(|slot| node_to_proto(st, st.node(slot))))
+            .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
+    }
+
+    /// Proposes a lifecycle command and answers with the node after it.
+    async fn transition(&self, id: &NodeId, cmd: Command) -> Result<Response<v1::Node>, Status> {
+        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+            Outcome::Accepted(_) => {
+                self.s.admission_wake.notify_one();
+                self.node(id).map(Response::new)
+            }
+            Outcome::Rejected(r) => Err(rejection_to_status(&r)),
+        }
+    }
+
+    /// The drain timeout a request resolves to for node `id`.
+    async fn timeout_for(&self, id: &NodeId, requested_ms: Option<u64>) -> Result<u64, Status> {
+        if requested_ms.is_none() {
+            // The label must be read from the current state.
+            linearizable(&self.s).await?;
+        }
+        let default_ms = self.s.drain_timeout.as_millis() as u64;
+        self.s
+            .reader
+            .read(|st| st.node_slot(id).map(|slot| drain_timeout_ms(st.node(slot), requested_ms, default_ms)))
+            .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
+    }
+}
+
+fn node_id(raw: String) -> Result<NodeId, Status> {
+    if raw.is_empty() {
+        return Err(Status::invalid_argument("invalid id: must name a node"));
+    }
+    Ok(NodeId::new(raw))
+}
+
+#[tonic::async_trait]
+impl NodeService for NodeApi {
+    type WatchNodesStream = ReceiverStream<Result<v1::NodeEvent, Status>>;
+
+    async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Result<Response<v1::ListNodesResponse>, Status> {
+        linearizable(&self.s).await?;
+        let nodes = self.s.reader.read(|st| st.nodes().iter().map(|n| node_to_proto(st, n)).collect());
+        Ok(Response::new(v1::ListNodesResponse { nodes }))
+    }
+
+    async fn get_node(&self, req: Request<v1::GetNodeRequest>) -> Result<Response<v1::Node>, Status> {
+        let id = node_id(req.into_inner().id)?;
+        linearizable(&self.s).await?;
+        self.node(&id).map(Response::new)
+    }
+
+    async fn drain_node(&self, req: Request<v1::DrainNodeRequest>) -> Result<Response<v1::Node>, Status> {
+        let q = req.into_inner();
+        let id = node_id(q.id)?;
+        let timeout_ms = self.timeout_for(&id, q.timeout_ms).await?;
+        let cmd = Command::DrainNode { node: id.clone(), timeout_ms, reason: q.reason, by: q.by };
+        self.transition(&id, cmd).await
+    }
+
+    async fn cancel_drain(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
+        let q = req.into_inner();
+        let id = node_id(q.id)?;
+        self.transition(&id, Command::CancelDrain { node: id.clone(), by: q.by }).await
+    }
+
+    async fn stop_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
+        let q = req.into_inner();
+        let id = node_id(q.id)?;
+        self.transition(&id, Command::StopNode { node: id.clone(), reason: q.reason, by: q.by }).await
+    }
+
+    async fn restart_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
+        let q = req.into_inner();
+        let id = node_id(q.id)?;
+        self.transition(&id, Command::RestartNode { node: id.clone(), by: q.by }).await
+    }
+
+    async fn terminate_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
+        let q = req.into_inner();
+        let id = node_id(q.id)?;
+        self.transition(&id, Command::TerminateNode { node: id.clone(), by: q.by }).await
+    }
+
+    async fn scale_down(&self, req: Request<v1::ScaleDownRequest>) -> Result<Response<v1::ScaleDownResponse>, Status> {
+        let q = req.into_inner();
+        if q.count == 0 {
+            return Err(Status::invalid_argument("invalid count: must be at least 1"));
+        }
+        if q.by.is_empty() {
+            return Err(Status::invalid_argument("invalid by: must name who asks"));
+        }
+        linearizable(&self.s).await?;
+        let selector: BTreeMap<String, String> = q.selector.into_iter().collect();
+        let default_ms = self.s.drain_timeout.as_millis() as u64;
+        let admission = self.s.admission;
+        let (picked, short_by) = self.s.reader.read(|st| {
+            let plan = plan_admission(st, now_ms().max(st.now_ms()), &admission);
+            let soon = planned_nodes(st, &plan.commands);
+            let (choice, short_by) = plan_scale_down(st, q.count, &selector, &soon);
+            let picked: Vec<(v1::ScaleDownChoice, u64)> = choice
+                .into_iter()
+                .map(|c| {
+                    let node = st.node(c.slot);
+                    let choice = v1::ScaleDownChoice {
+                        id: node.id.to_string(),
+                        idle: c.idle,
+                        tasks: c.tasks,
+                        gpus_used: c.gpus_used,
+                        drained: false,
+                        error: String::new(),
+                    };
+                    (choice, drain_timeout_ms(node, q.timeout_ms, default_ms))
+                })
+                .collect();
+            (picked, short_by)
+        });
+        let mut chosen = Vec::with_capacity(picked.len());
+        for (mut c, timeout_ms) in picked {
+            if !q.dry_run {
+                let cmd = Command::DrainNode {
+                    node: NodeId::new(c.id.clone()),
+                    timeout_ms,
+                    reason: if q.reason.is_empty() { "scale-down".to_string() } else { q.reason.clone() },
+                    by: q.by.clone(),
+                };
+                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                    Outcome::Accepted(_) => c.drained = true,
+                    Outcome::Rejected(r) => c.error = rejection_to_status(&r).message().to_string(),
+                }
+            }
+            chosen.push(c);
+        }
+        Ok(Response::new(v1::ScaleDownResponse { chosen, short_by }))
+    }
+
+    async fn watch_nodes(
+        &self,
+        req: Request<v1::WatchNodesRequest>,
+    ) -> Result<Response<Self::WatchNodesStream>, Status> {
+        let q = req.into_inner();
+        linearizable(&self.s).await?;
+        // One node from from_revision, or every node from its current revision.
+        let only = if q.id.is_empty() { None } else { Some(NodeId::new(q.id)) };
+        let mut cursors: BTreeMap<NodeId, u64> = self
+            .s
+            .reader
+            .read(|st| match &only {
+                Some(id) => st.node_slot(id).map(|_| BTreeMap::from([(id.clone(), q.from_revision)])),
+                None => Some(st.nodes().iter().map(|n| (n.id.clone(), n.revision)).collect()),
+            })
+            .ok_or_else(|| {
+                Status::not_found(format!("node {} does not exist", only.as_ref().map_or("", |n| n.as_str())))
+            })?;
+        let (tx, rx) = mpsc::channel(64);
+        let s = self.s.clone();
+        // After the linearizable read, this replica's applied state only
+        // moves forward along the committed log.
+        tokio::spawn(async move {
+            let mut metrics = s.raft.metrics();
+            loop {
+                let (batch, ended) = s.reader.read(|st| {
+                    let mut batch = Vec::new();
+                    let nodes: Vec<&crate::sm::Node> = match &only {
+                        Some(id) => st.node_slot(id).map(|slot| st.node(slot)).into_iter().collect(),
+                        None => st.nodes().iter().collect(),
+                    };
+                    for n in nodes {
+                        let cursor = cursors.get(&n.id).copied().unwrap_or(0);
+                        if n.revision > cursor {
+                            batch.extend(
+                                n.history.iter().filter(|h| h.revision > cursor).map(|h| node_event_to_proto(n, h)),
+                            );
+                            cursors.insert(n.id.clone(), n.revision);
+                        }
+                    }
+                    let ended = only
+                        .as_ref()
+                        .and_then(|id| st.node_slot(id))
+                        .is_some_and(|slot| st.node(slot).status == NodeStatus::Terminated);
+                    (batch, ended)
+                });
+                for e in batch {
+                    if tx.send(Ok(e)).await.is_err() {
+                        return;
+                    }
+                }
+                if ended {
+                    return;
+                }
+                tokio::select! {
+                    changed = metrics.changed() => if changed.is_err() {
+                        let _ = tx.send(Err(Status::unavailable("the replica is shutting down"))).await;
+                        return;
+                    },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
