@@ -84,6 +84,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             args.agents.min(4)
         );
         out!("  muster alloc list");
+        out!("  muster node drain node-1 --timeout 30s     (then: muster node get node-1, muster node restart node-1)");
         out!("  muster cluster status");
         out!("Ctrl-C stops everything.");
         tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;

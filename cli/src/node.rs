@@ -45,7 +45,7 @@ pub enum NodeCmd {
         /// Why (recorded with the drain).
         #[arg(long, default_value = "")]
         reason: String,
-        /// Who asks (default: $USER).
+        /// Who asks (default: $USER, else the login name).
         #[arg(long)]
         by: Option<String>,
     },
@@ -53,7 +53,7 @@ pub enum NodeCmd {
     CancelDrain {
         /// The node id.
         id: String,
-        /// Who asks (default: $USER).
+        /// Who asks (default: $USER, else the login name).
         #[arg(long)]
         by: Option<String>,
     },
@@ -64,7 +64,7 @@ pub enum NodeCmd {
         /// Why (recorded).
         #[arg(long, default_value = "")]
         reason: String,
-        /// Who asks (default: $USER).
+        /// Who asks (default: $USER, else the login name).
         #[arg(long)]
         by: Option<String>,
     },
@@ -72,7 +72,7 @@ pub enum NodeCmd {
     Restart {
         /// The node id.
         id: String,
-        /// Who asks (default: $USER).
+        /// Who asks (default: $USER, else the login name).
         #[arg(long)]
         by: Option<String>,
     },
@@ -80,7 +80,7 @@ pub enum NodeCmd {
     Terminate {
         /// The node id.
         id: String,
-        /// Who asks (default: $USER).
+        /// Who asks (default: $USER, else the login name).
         #[arg(long)]
         by: Option<String>,
     },
@@ -101,7 +101,7 @@ pub enum NodeCmd {
         /// Why (recorded with each drain).
         #[arg(long, default_value = "")]
         reason: String,
-        /// Who asks (default: $USER).
+        /// Who asks (default: $USER, else the login name).
         #[arg(long)]
         by: Option<String>,
     },
@@ -195,11 +195,29 @@ fn print_node(n: &v1::Node, out: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Who asks: `--by`, else `$USER`.
+/// Who asks: `--by`, else `$USER` or `$LOGNAME`, else the login name of
+/// this process's user (`uid N` when it has none).
 fn who(by: Option<String>) -> anyhow::Result<String> {
-    match by.or_else(|| std::env::var("USER").ok()).filter(|b| !b.trim().is_empty()) {
-        Some(b) => Ok(b),
-        None => bail!("--by is required: $USER is not set to say who asks"),
+    if let Some(b) = by {
+        if b.trim().is_empty() {
+            bail!("--by must not be empty");
+        }
+        return Ok(b);
+    }
+    let env = ["USER", "LOGNAME"].iter().filter_map(|k| std::env::var(k).ok()).find(|v| !v.trim().is_empty());
+    Ok(env.unwrap_or_else(login_name))
+}
+
+fn login_name() -> String {
+    // SAFETY: getuid has no preconditions; getpwuid returns null or a
+    // pointer to a static record whose pw_name is a C string, read at once.
+    unsafe {
+        let uid = libc::getuid();
+        let pw = libc::getpwuid(uid);
+        if !pw.is_null() && !(*pw).pw_name.is_null() {
+            return std::ffi::CStr::from_ptr((*pw).pw_name).to_string_lossy().into_owned();
+        }
+        format!("uid {uid}")
     }
 }
 

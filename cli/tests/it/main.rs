@@ -8,6 +8,7 @@ mod t84_teardown;
 mod t88_preemption;
 mod t91_dev_cli;
 mod t96_watchdogs;
+mod t99_node_lifecycle;
 
 use std::process::{Command, Output};
 
@@ -458,6 +459,17 @@ struct Procs(Vec<std::process::Child>);
 
 impl Procs {
     fn start(dir: &std::path::Path, addr: &str, server_args: &[&str], agents: &[&str]) -> Procs {
+        Procs::start_with(dir, addr, server_args, agents, &[])
+    }
+
+    /// As `start`, with `agent_args` given to every agent.
+    fn start_with(
+        dir: &std::path::Path,
+        addr: &str,
+        server_args: &[&str],
+        agents: &[&str],
+        agent_args: &[&str],
+    ) -> Procs {
         let mut procs = Procs(vec![
             Command::new(env!("CARGO_BIN_EXE_muster"))
                 .args(["server", "--id", "1", "--listen", addr, "--peers", &format!("1={addr}")])
@@ -472,6 +484,7 @@ impl Procs {
             procs.0.push(
                 Command::new(env!("CARGO_BIN_EXE_muster"))
                     .args(["agent", "--scheduler", addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
+                    .args(agent_args)
                     .arg("--work-dir")
                     .arg(dir.join(node))
                     .stderr(std::process::Stdio::null())
@@ -485,6 +498,11 @@ impl Procs {
     /// The process of the `i`-th agent.
     fn agent(&self, i: usize) -> &std::process::Child {
         &self.0[1 + i]
+    }
+
+    /// Whether the `i`-th agent has exited, and how.
+    fn agent_exited(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        self.0[1 + i].try_wait().unwrap()
     }
 }
 
