@@ -163,6 +163,17 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     let o = muster(&["alloc", "logs", &slow_id, "-f", "--scheduler", &sched]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "line1\nline2\nline3\n", "{}", String::from_utf8_lossy(&o.stderr));
 
+    // Node lifecycle on muster dev: an idle node drained stops at once (its
+    // events say so); a second drain is refused; restart brings it back.
+    let n = call(&["node", "drain", "node-4", "--reason", "dev test", "--by", "t91"]);
+    assert_eq!(n["status"], "stopped", "{n}");
+    let kinds: Vec<&str> = n["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert!(kinds.ends_with(&["drain_started", "drain_completed", "node_stopped"]), "{kinds:?}");
+    let o = muster(&["node", "drain", "node-4", "--scheduler", &sched]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("node node-4 is stopped: cannot drain (allowed from ready)"), "{err}");
+    assert_eq!(call(&["node", "restart", "node-4", "--by", "t91"])["status"], "ready");
+
     // Ctrl-C ends muster dev cleanly.
     Command::new("kill").args(["-INT", &dev.id().to_string()]).status().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
