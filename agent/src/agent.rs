@@ -75,6 +75,10 @@ pub struct AgentConfig {
     pub exit_when_stopped: bool,
 }
 
+/// Heartbeat intervals without a word from the leader (it acks every
+/// heartbeat) before the agent drops the stream and looks for a leader.
+pub const LEADER_SILENT_INTERVALS: u32 = 3;
+
 /// The file in the work dir holding the node's lifecycle status as the
 /// scheduler last told it (`ready`, `draining`, `stopped`, …), for scripts.
 pub const NODE_STATUS_FILE: &str = "node-status";
@@ -313,12 +317,16 @@ impl Agent {
                 return Err(format!("{addr}: {}", status.message()));
             }
         };
-        let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
+        let mut every = Duration::from_secs(5);
+        let mut heartbeat = tokio::time::interval(every);
+        let mut last_heard = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(m)) => {
-                        if let Some(every) = self.handle(m, &send).await? {
+                        last_heard = tokio::time::Instant::now();
+                        if let Some(interval) = self.handle(m, &send).await? {
+                            every = interval;
                             heartbeat = tokio::time::interval(every);
                         }
                         if self.exit_now {
@@ -335,6 +343,12 @@ impl Agent {
                     }
                 },
                 _ = heartbeat.tick() => {
+                    // The leader acks every heartbeat: silence means it is
+                    // frozen or cut off while the connection stays open.
+                    if last_heard.elapsed() > every * LEADER_SILENT_INTERVALS {
+                        tracing::warn!(node = %self.cfg.node_id, leader = %addr, "the leader stopped answering; reconnecting");
+                        return Err(format!("{addr}: no answer for {LEADER_SILENT_INTERVALS} heartbeat intervals"));
+                    }
                     send(Out::Heartbeat(v1::Heartbeat { running: self.running.keys().map(|k| task_ref(*k)).collect() })).await?;
                 }
                 Some((key, exit)) = self.exits_rx.recv() => {
@@ -409,6 +423,7 @@ impl Agent {
                 }
             }
             Some(In::NodeNotice(n)) => self.node_notice(&n),
+            Some(In::HeartbeatAck(_)) => {}
             Some(In::FetchLogs(f)) => {
                 let reply = self.read_logs(&f);
                 send(Out::LogData(reply)).await?;
@@ -554,6 +569,7 @@ impl Agent {
         }
         let _ = fs::remove_file(&progress);
         env.insert("MUSTER_PROGRESS_FILE".into(), progress.display().to_string());
+        env.insert("MUSTER_NODE_ID".into(), self.cfg.node_id.clone());
         let limits = watchdog::Limits {
             budget: (a.walltime_s > 0).then(|| Duration::from_secs(a.walltime_s)),
             stall: (a.stall_timeout_s > 0).then(|| Duration::from_secs(u64::from(a.stall_timeout_s))),

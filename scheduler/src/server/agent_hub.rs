@@ -7,7 +7,7 @@
 //!   Claim ──▶ StartTask (Raft) ──▶ ClaimGranted | Refused
 //!   TaskExited ──▶ FinishTask | FailTask (Raft)
 //!   Heartbeat ──▶ liveness (memory only) ──▶ sync (and Preempt again, for every
-//!                 preempting task not yet acked)
+//!                 preempting task not yet acked) ──▶ HeartbeatAck
 //!   CheckpointUpload ──▶ SaveCheckpoint (Raft)
 //!   Preempted ──▶ TaskPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
 //! ```
@@ -572,7 +572,8 @@ impl Session {
             Some(In::Heartbeat(h)) => {
                 self.agent_running = h.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect();
                 self.revive_if_lost().await?;
-                self.sync(true).await
+                self.sync(true).await?;
+                self.send(Out::HeartbeatAck(v1::HeartbeatAck {})).await
             }
             Some(In::Checkpoint(c)) => {
                 let key = key_of(&c.task)?;
