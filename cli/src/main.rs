@@ -18,6 +18,7 @@ macro_rules! out {
 
 mod agent_cmd;
 mod alloc;
+mod chaos;
 mod client;
 mod cluster;
 mod dev;
@@ -106,6 +107,9 @@ enum Cmd {
     },
     /// Run the deterministic scheduler simulator (synthetic workload or a real trace).
     Simulate(simulate::SimulateArgs),
+    /// Chaos test: real replicas and agents under kills, pauses and
+    /// partitions, then checks that nothing acknowledged was lost.
+    Chaos(chaos::ChaosArgs),
     /// Print what this machine would register as a node (CPUs, memory, GPUs).
     Probe,
     /// Report progress from inside a task (feeds its stall watchdog): appends
@@ -151,6 +155,10 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             Cmd::Agent(args) => {
                 init_logging("info");
                 agent_cmd::run(args).await
+            }
+            Cmd::Chaos(args) => {
+                init_logging("warn");
+                chaos::run_chaos(args).await
             }
             Cmd::Dev(args) => {
                 init_logging("warn,openraft=error");

@@ -37,6 +37,10 @@ pub struct ServerArgs {
     /// Snapshot every this many log entries (and purge behind it).
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
+    /// Log entries kept behind a snapshot (a follower further behind gets
+    /// the snapshot instead).
+    #[arg(long, default_value_t = 1_000)]
+    keep_log_behind_snapshot: u64,
     /// Most commands batched into one log entry.
     #[arg(long, default_value_t = 4096)]
     max_batch: usize,
@@ -210,6 +214,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
     cfg.raft.snapshot_every = args.snapshot_every;
+    cfg.raft.keep_behind_snapshot = args.keep_log_behind_snapshot;
     cfg.raft.heartbeat_ms = args.heartbeat_ms;
     cfg.raft.election_timeout_ms = (args.heartbeat_ms * 3, args.heartbeat_ms * 6);
     cfg.max_batch = args.max_batch;

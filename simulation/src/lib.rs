@@ -6,11 +6,15 @@
 //! or a real trace ([`load_trace`]), and reports utilisation, queueing delay
 //! and the final state digest ([`Report`]). Same seed, same digest.
 //!
+//! [`chaos`] runs real server and agent processes under a seeded nemesis
+//! and checks that nothing acknowledged is lost.
+//!
 //! [`local`] runs a whole cluster (replicas and agents) in one process on
 //! loopback, for `muster dev` and end-to-end tests.
 
 #![deny(missing_docs)]
 
+pub mod chaos;
 mod engine;
 mod job;
 pub mod local;

@@ -525,3 +525,26 @@ fn scrape(metrics: &str) -> Option<String> {
     s.read_to_string(&mut out).ok()?;
     Some(out)
 }
+
+/// The short chaos run of CI: real replicas and agents under the seeded
+/// nemesis for 30 s, then every check.
+#[test]
+fn t100_a_short_chaos_run_passes_every_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let o = muster(&["chaos", "--duration", "30s", "--seed", "11", "--json", "--dir", run.to_str().unwrap()]);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr)));
+    assert!(o.status.success(), "{report:#}");
+    assert_eq!(report["passed"], true);
+    let kinds: std::collections::BTreeSet<&str> =
+        report["faults"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
+    assert!(kinds.len() >= 3, "several kinds of fault: {kinds:?}");
+    assert!(report["ops"]["ok"].as_u64().unwrap() >= 10, "{report:#}");
+    for check in ["acked_exactly_once", "replicas_agree", "all_terminal", "journal_consistent", "no_crashes"] {
+        assert!(
+            report["checks"].as_array().unwrap().iter().any(|c| c["name"] == check && c["passed"] == true),
+            "{check}"
+        );
+    }
+}

@@ -1,0 +1,71 @@
+//! `muster chaos`: real replicas and agents under a seeded nemesis, then the
+//! checks (docs/reliability.md).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use muster_sim::chaos::{ChaosConfig, run};
+
+#[derive(Args, Debug)]
+pub struct ChaosArgs {
+    /// How long faults are injected (e.g. 60s, 10m).
+    #[arg(long, default_value = "60s")]
+    duration: String,
+    /// Drives the workload and the nemesis; the same seed gives the same schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Node agents.
+    #[arg(long, default_value_t = 3)]
+    agents: u32,
+    /// The most the liveness phase may take once every fault is healed.
+    #[arg(long, default_value = "120s")]
+    liveness_timeout: String,
+    /// Where data dirs, logs, the history, the journal and report.json go
+    /// (default: a new directory under the system's temp dir, removed when
+    /// every check passes).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print the JSON report instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
+    let duration = crate::alloc::parse_duration_s(&args.duration).context("--duration")?;
+    let liveness = crate::alloc::parse_duration_s(&args.liveness_timeout).context("--liveness-timeout")?;
+    if duration < 5 {
+        bail!("--duration must be at least 5s (faults need time to happen)");
+    }
+    if !(1..=16).contains(&args.agents) {
+        bail!("--agents must be between 1 and 16");
+    }
+    let chosen = args.dir.is_some();
+    let dir = args
+        .dir
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("muster-chaos-{}-{}", args.seed, std::process::id())));
+    if dir.exists() && std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
+        bail!("--dir {} is not empty: a chaos run needs fresh data dirs", dir.display());
+    }
+    let cfg = ChaosConfig {
+        muster_bin: std::env::current_exe().context("cannot find the muster binary")?,
+        dir: dir.clone(),
+        seed: args.seed,
+        duration: std::time::Duration::from_secs(duration),
+        liveness_timeout: std::time::Duration::from_secs(liveness),
+        agents: args.agents,
+    };
+    let report = run(&cfg).await.map_err(anyhow::Error::msg)?;
+    if args.json {
+        out!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        out!("{}", report.summary().trim_end());
+    }
+    if !report.passed {
+        bail!("a check failed (seed {}); everything is kept in {}", args.seed, dir.display());
+    }
+    if !chosen {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}

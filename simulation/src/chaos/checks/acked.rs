@@ -1,0 +1,82 @@
+//! Every acknowledged submission exists exactly once; a submission whose
+//! every attempt timed out (or failed) may exist at most once; nothing
+//! exists that was never submitted.
+
+use std::collections::BTreeMap;
+
+use muster_proto::v1;
+
+use super::CheckResult;
+use crate::chaos::workload::Op;
+
+/// Checks the submit history against the final allocations.
+pub fn acked_exactly_once(ops: &[Op], allocs: &[v1::Allocation]) -> CheckResult {
+    let mut by_key: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for a in allocs {
+        let key = a.spec.as_ref().map_or("", |s| s.idempotency_key.as_str());
+        by_key.entry(key).or_default().push(a.id);
+    }
+    let mut acked: BTreeMap<&str, Option<u64>> = BTreeMap::new();
+    for op in ops {
+        let e = acked.entry(op.key.as_str()).or_default();
+        if op.outcome == "ok" {
+            *e = op.alloc;
+        }
+    }
+    let mut violations = Vec::new();
+    let (mut ok, mut unknown) = (0, 0);
+    for (key, id) in &acked {
+        let found = by_key.get(key).map_or(&[][..], Vec::as_slice);
+        match id {
+            Some(id) => {
+                ok += 1;
+                if found != [*id] {
+                    violations.push(format!("{key} was acknowledged as {id} but exists as {found:?}"));
+                }
+            }
+            None => {
+                unknown += 1;
+                if found.len() > 1 {
+                    violations.push(format!("{key} (never acknowledged) exists {} times: {found:?}", found.len()));
+                }
+            }
+        }
+    }
+    for (key, ids) in &by_key {
+        if !acked.contains_key(key) {
+            violations.push(format!("allocation(s) {ids:?} with key {key:?} were never submitted"));
+        }
+    }
+    let checked = format!("{ok} acknowledged submissions exist once; {unknown} unacknowledged exist at most once");
+    CheckResult::new("acked_exactly_once", violations, checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(key: &str, outcome: &'static str, alloc: Option<u64>) -> Op {
+        Op { key: key.into(), invoke_ms: 0, complete_ms: 1, outcome, alloc, error: None }
+    }
+
+    fn alloc(id: u64, key: &str) -> v1::Allocation {
+        v1::Allocation {
+            id,
+            spec: Some(v1::AllocationSpec { idempotency_key: key.into(), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn lost_duplicated_and_phantom_allocations_are_caught() {
+        let ops = [op("a", "unknown", None), op("a", "ok", Some(1)), op("b", "unknown", None), op("c", "ok", Some(3))];
+        assert!(acked_exactly_once(&ops, &[alloc(1, "a"), alloc(3, "c")]).passed);
+        assert!(acked_exactly_once(&ops, &[alloc(1, "a"), alloc(2, "b"), alloc(3, "c")]).passed, "unknown may exist");
+        let lost = acked_exactly_once(&ops, &[alloc(1, "a")]);
+        assert!(!lost.passed && lost.detail.contains("c was acknowledged as 3 but exists as []"), "{}", lost.detail);
+        let twice = acked_exactly_once(&ops, &[alloc(1, "a"), alloc(2, "a"), alloc(3, "c")]);
+        assert!(!twice.passed);
+        let phantom = acked_exactly_once(&ops, &[alloc(1, "a"), alloc(3, "c"), alloc(4, "z")]);
+        assert!(!phantom.passed && phantom.detail.contains("never submitted"));
+    }
+}

@@ -1,0 +1,44 @@
+//! The checks of a chaos run, one per file. Each is a pure function of what
+//! the run recorded (the submit history, the final allocations and their
+//! events, the replicas' statuses, the execution journal), so each can be
+//! tested on its own with a broken input.
+
+mod acked;
+mod agree;
+mod journal;
+mod terminal;
+
+pub use acked::acked_exactly_once;
+pub use agree::replicas_agree;
+pub use journal::{Journal, journal_consistent};
+pub use terminal::all_terminal;
+
+use serde::Serialize;
+
+/// One check's verdict.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckResult {
+    /// The check.
+    pub name: &'static str,
+    /// Whether it held.
+    pub passed: bool,
+    /// What was checked, or the first violations.
+    pub detail: String,
+}
+
+impl CheckResult {
+    fn new(name: &'static str, violations: Vec<String>, checked: String) -> CheckResult {
+        let passed = violations.is_empty();
+        let detail = if passed {
+            checked
+        } else {
+            let shown: Vec<&String> = violations.iter().take(10).collect();
+            format!(
+                "{} violation(s): {}",
+                violations.len(),
+                shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")
+            )
+        };
+        CheckResult { name, passed, detail }
+    }
+}

@@ -1,0 +1,169 @@
+//! gRPC clients of a chaos run: the workload's, which reaches the replicas
+//! through their proxies and follows leader hints like a user's client, and
+//! the harness's control path, which talks to each replica's real port
+//! (unaffected by partitions) to find the leader and read state.
+
+use std::time::Duration;
+
+use muster_proto::v1;
+use muster_proto::v1::admin_service_client::AdminServiceClient;
+use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+/// How a call ended, as a linearizability checker must see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer<T> {
+    /// It took effect, with this result.
+    Ok(T),
+    /// It certainly did not take effect (refused, or never reached a leader).
+    Failed(String),
+    /// It may or may not have taken effect (timed out, or the leader lost
+    /// its lead after the proposal).
+    Unknown(String),
+}
+
+/// A fresh connection to `addr`, or why not.
+pub async fn connect(addr: &str, timeout: Duration) -> Result<Channel, String> {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect()
+        .await
+        .map_err(|e| format!("{addr}: {e}"))
+}
+
+/// The workload's client: tries the leader it last saw, follows hints.
+pub struct Client {
+    addrs: Vec<String>,
+    leader: usize,
+    timeout: Duration,
+}
+
+impl Client {
+    /// A client of these (proxied) replica addresses.
+    pub fn new(addrs: Vec<String>, timeout: Duration) -> Client {
+        Client { addrs, leader: 0, timeout }
+    }
+
+    /// Submits `spec` once (to one replica, then any leader it names).
+    pub async fn submit(&mut self, spec: &v1::AllocationSpec) -> Answer<(u64, bool)> {
+        let mut target = self.leader;
+        for hop in 0..4 {
+            let addr = self.addrs[target].clone();
+            let channel = match connect(&addr, self.timeout).await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Never sent: try the next replica.
+                    target = (target + 1) % self.addrs.len();
+                    self.leader = target;
+                    if hop == 3 {
+                        return Answer::Failed(e);
+                    }
+                    continue;
+                }
+            };
+            let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false };
+            let mut api = AllocationServiceClient::new(channel);
+            let answer = tokio::time::timeout(self.timeout, api.submit(req)).await;
+            if !matches!(answer, Ok(Ok(_))) {
+                // Whatever went wrong here, the next attempt tries elsewhere
+                // first (a hint below overrides this).
+                self.leader = (target + 1) % self.addrs.len();
+            }
+            match answer {
+                Err(_) => return Answer::Unknown(format!("{addr}: no answer in {:?}", self.timeout)),
+                Ok(Ok(r)) => {
+                    let r = r.into_inner();
+                    return Answer::Ok((r.id, r.duplicate));
+                }
+                Ok(Err(status)) => {
+                    let hint = status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok());
+                    match status.code() {
+                        Code::Unavailable if status.message().contains("did not complete") => {
+                            return Answer::Unknown(format!("{addr}: {}", status.message()));
+                        }
+                        Code::Unavailable => match hint.and_then(|h| self.addrs.iter().position(|a| a == h)) {
+                            Some(i) if i != target => {
+                                target = i;
+                                self.leader = i;
+                            }
+                            _ => {
+                                target = (target + 1) % self.addrs.len();
+                                self.leader = target;
+                            }
+                        },
+                        Code::Cancelled | Code::Unknown | Code::Internal | Code::DeadlineExceeded => {
+                            return Answer::Unknown(format!("{addr}: {:?}: {}", status.code(), status.message()));
+                        }
+                        _ => return Answer::Failed(format!("{addr}: {:?}: {}", status.code(), status.message())),
+                    }
+                }
+            }
+        }
+        Answer::Failed("no leader answered".into())
+    }
+}
+
+/// A replica's own view, over its real address.
+pub async fn status(addr: &str) -> Option<v1::ReplicaStatus> {
+    let channel = connect(addr, Duration::from_millis(500)).await.ok()?;
+    let mut admin = AdminServiceClient::new(channel);
+    tokio::time::timeout(Duration::from_millis(800), admin.status(v1::StatusRequest {}))
+        .await
+        .ok()?
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+/// The replica (1-based id) that says it leads with the highest term.
+pub async fn leader(real: &[String]) -> Option<u64> {
+    let mut best: Option<(u64, u64)> = None;
+    for addr in real {
+        if let Some(s) = status(addr).await
+            && s.role == "leader"
+            && best.is_none_or(|(term, _)| s.term > term)
+        {
+            best = Some((s.term, s.id));
+        }
+    }
+    best.map(|(_, id)| id)
+}
+
+/// Every allocation, read from the leader's real address.
+pub async fn list_all(addr: &str) -> Result<Vec<v1::Allocation>, String> {
+    let channel = connect(addr, Duration::from_secs(2)).await?;
+    let mut client = AllocationServiceClient::new(channel);
+    let mut out = Vec::new();
+    let mut token = 0;
+    loop {
+        let req = v1::ListRequest { page_size: 1000, page_token: token, ..Default::default() };
+        let page = client.list(req).await.map_err(|s| s.message().to_string())?.into_inner();
+        out.extend(page.allocations);
+        if page.next_page_token == 0 {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// An allocation's kept events, from the leader's real address (the
+/// allocation must have ended: the watch then closes by itself).
+pub async fn history(addr: &str, id: u64) -> Result<Vec<v1::AllocationEvent>, String> {
+    let channel = connect(addr, Duration::from_secs(2)).await?;
+    let mut stream = AllocationServiceClient::new(channel)
+        .watch(v1::WatchRequest { id, from_revision: 0 })
+        .await
+        .map_err(|s| s.message().to_string())?
+        .into_inner();
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+            Err(_) => return Err(format!("allocation {id}: the watch did not end")),
+            Ok(Err(s)) => return Err(s.message().to_string()),
+            Ok(Ok(None)) => return Ok(out),
+            Ok(Ok(Some(e))) => out.push(e),
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! `muster chaos`: three real `muster server` processes and K real `muster
+//! agent` processes on loopback, each replica's port behind a TCP proxy the
+//! harness controls; a submitter sending allocations with idempotency keys
+//! and recording every attempt; a seeded nemesis (kill -9, SIGSTOP/SIGCONT,
+//! partitions, slow links, a follower kept away past a snapshot, agents
+//! killed and paused); then a quiet liveness phase with every fault healed,
+//! and the checks (docs/reliability.md).
+//!
+//! ```text
+//!   start ─▶ fault phase (workload ∥ nemesis, `duration`) ─▶ heal everything
+//!         ─▶ liveness phase (every allocation terminal; replicas agree)
+//!         ─▶ checks ─▶ report (JSON + one screen)
+//! ```
+
+mod checks;
+mod client;
+mod nemesis;
+mod procs;
+mod proxy;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+pub use checks::CheckResult;
+pub use nemesis::Fault;
+pub use workload::Op;
+
+use self::procs::Procs;
+use self::proxy::Proxy;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ChaosConfig {
+    /// The `muster` binary (servers and agents are its subcommands).
+    pub muster_bin: PathBuf,
+    /// Data dirs, logs, the journal and the report go here.
+    pub dir: PathBuf,
+    /// Drives the workload and the nemesis.
+    pub seed: u64,
+    /// The fault phase.
+    pub duration: Duration,
+    /// The most the liveness phase may take.
+    pub liveness_timeout: Duration,
+    /// Node agents.
+    pub agents: u32,
+}
+
+/// Operations by outcome.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct OpCounts {
+    /// Acknowledged.
+    pub ok: usize,
+    /// Certainly not applied.
+    pub failed: usize,
+    /// May or may not have been applied.
+    pub unknown: usize,
+    /// Distinct idempotency keys (intended allocations).
+    pub keys: usize,
+}
+
+/// What a run did and found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// The fault phase, s.
+    pub duration_s: u64,
+    /// Agents.
+    pub agents: u32,
+    /// Every fault injected, in order.
+    pub faults: Vec<Fault>,
+    /// Submit attempts by outcome.
+    pub ops: OpCounts,
+    /// Allocations at the end.
+    pub allocations: usize,
+    /// How long the liveness phase took, s.
+    pub liveness_s: f64,
+    /// The checks.
+    pub checks: Vec<CheckResult>,
+    /// Whether every check passed.
+    pub passed: bool,
+    /// Where the data dirs, logs, history and journal are.
+    pub dir: PathBuf,
+    /// The command that runs the same schedule again.
+    pub reproduce: String,
+}
+
+impl Report {
+    /// A one-screen summary.
+    pub fn summary(&self) -> String {
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for f in &self.faults {
+            *kinds.entry(f.kind).or_default() += 1;
+        }
+        let mut out = format!(
+            "muster chaos: seed {}, {} s of faults, {} agents\n  faults      {}\n  operations  {} ok, {} failed, {} unknown ({} keys)\n  allocations {} (liveness phase {:.1} s)\n",
+            self.seed,
+            self.duration_s,
+            self.agents,
+            kinds.iter().map(|(k, n)| format!("{k} ×{n}")).collect::<Vec<_>>().join(", "),
+            self.ops.ok,
+            self.ops.failed,
+            self.ops.unknown,
+            self.ops.keys,
+            self.allocations,
+            self.liveness_s,
+        );
+        for c in &self.checks {
+            out.push_str(&format!("  {:<4} {:<20} {}\n", if c.passed { "ok" } else { "FAIL" }, c.name, c.detail));
+        }
+        if self.passed {
+            out.push_str("every check passed\n");
+        } else {
+            out.push_str(&format!(
+                "FAILED. Data dirs, logs, history and journal kept in {}\nreproduce: {}\n",
+                self.dir.display(),
+                self.reproduce
+            ));
+        }
+        out
+    }
+}
+
+fn free_port() -> Result<String, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot bind a loopback port: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.to_string())
+}
+
+/// Runs one chaos test. `Err` is for a harness that could not run at all
+/// (a check that fails is a report with `passed: false`).
+pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
+    std::fs::create_dir_all(cfg.dir.join("agents")).map_err(|e| format!("{}: {e}", cfg.dir.display()))?;
+    let journal = cfg.dir.join("journal.log");
+    std::fs::write(&journal, "").map_err(|e| e.to_string())?;
+    let real: Vec<String> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let mut proxies = Vec::new();
+    for (i, r) in real.iter().enumerate() {
+        proxies.push(Proxy::start(r.clone(), cfg.seed.wrapping_add(i as u64)).await.map_err(|e| e.to_string())?);
+    }
+    let proxied: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+    let mut procs = Procs::new(&cfg.muster_bin, &cfg.dir, real.clone(), proxied.clone(), cfg.agents);
+    for id in 1..=3 {
+        procs.spawn_server(id).map_err(|e| format!("cannot start muster server: {e}"))?;
+    }
+    nemesis::refresh_known(&procs, &proxies);
+    for i in 0..cfg.agents as usize {
+        procs.spawn_agent(i).map_err(|e| format!("cannot start muster agent: {e}"))?;
+    }
+    wait_ready(&real, cfg.agents).await?;
+
+    // The fault phase.
+    let until = Instant::now() + cfg.duration;
+    let (ops, faults) = tokio::join!(
+        workload::run(proxied.clone(), cfg.seed, &journal, until),
+        nemesis::run(&mut procs, &proxies, cfg.seed, until),
+    );
+    nemesis::heal_network(&proxies);
+    let crashed = procs.crashed();
+
+    // The liveness phase: everything ends, the replicas converge.
+    let quiet = Instant::now();
+    let deadline = quiet + cfg.liveness_timeout;
+    let (allocs, leader) = settle(&real, deadline).await;
+    let statuses = converge(&real, deadline).await;
+    let liveness_s = quiet.elapsed().as_secs_f64();
+    let mut histories = BTreeMap::new();
+    if let Some(l) = leader {
+        for a in &allocs {
+            if let Ok(h) = client::history(&real[l as usize - 1], a.id).await {
+                histories.insert(a.id, h);
+            }
+        }
+    }
+    procs.shutdown();
+
+    let text = std::fs::read_to_string(&journal).unwrap_or_default();
+    let mut results = vec![
+        checks::acked_exactly_once(&ops, &allocs),
+        checks::replicas_agree(&statuses),
+        checks::all_terminal(&allocs),
+        checks::journal_consistent(&checks::Journal::parse(&text), &histories),
+    ];
+    results.push(CheckResult {
+        name: "no_crashes",
+        passed: crashed.is_empty(),
+        detail: if crashed.is_empty() { "no process exited on its own".into() } else { crashed.join("; ") },
+    });
+    let ops_json = serde_json::to_string_pretty(&ops).unwrap_or_default();
+    let _ = std::fs::write(cfg.dir.join("history.json"), ops_json);
+    let passed = results.iter().all(|c| c.passed);
+    let report = Report {
+        seed: cfg.seed,
+        duration_s: cfg.duration.as_secs(),
+        agents: cfg.agents,
+        faults,
+        ops: OpCounts {
+            ok: ops.iter().filter(|o| o.outcome == "ok").count(),
+            failed: ops.iter().filter(|o| o.outcome == "failed").count(),
+            unknown: ops.iter().filter(|o| o.outcome == "unknown").count(),
+            keys: ops.iter().map(|o| o.key.as_str()).collect::<std::collections::BTreeSet<_>>().len(),
+        },
+        allocations: allocs.len(),
+        liveness_s,
+        checks: results,
+        passed,
+        dir: cfg.dir.clone(),
+        reproduce: format!(
+            "muster chaos --seed {} --duration {}s --agents {} --dir {}",
+            cfg.seed,
+            cfg.duration.as_secs(),
+            cfg.agents,
+            cfg.dir.display()
+        ),
+    };
+    let _ = std::fs::write(cfg.dir.join("report.json"), serde_json::to_string_pretty(&report).unwrap_or_default());
+    Ok(report)
+}
+
+/// Waits for a leader and `agents` ready nodes.
+async fn wait_ready(real: &[String], agents: u32) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(l) = client::leader(real).await
+            && let Ok(ch) = client::connect(&real[l as usize - 1], Duration::from_secs(2)).await
+            && let Ok(r) = muster_proto::v1::node_service_client::NodeServiceClient::new(ch)
+                .list_nodes(muster_proto::v1::ListNodesRequest {})
+                .await
+        {
+            let ready =
+                r.into_inner().nodes.iter().filter(|n| n.status == muster_proto::v1::NodeStatus::Ready as i32).count();
+            if ready == agents as usize {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the cluster never had a leader and {agents} ready nodes"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until every allocation is terminal (or the deadline); returns the
+/// last listing and the leader it came from.
+async fn settle(real: &[String], deadline: Instant) -> (Vec<muster_proto::v1::Allocation>, Option<u64>) {
+    let mut last = (Vec::new(), None);
+    loop {
+        if let Some(l) = client::leader(real).await
+            && let Ok(allocs) = client::list_all(&real[l as usize - 1]).await
+        {
+            let done = checks::all_terminal(&allocs).passed;
+            last = (allocs, Some(l));
+            if done {
+                return last;
+            }
+        }
+        if Instant::now() > deadline {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits until every replica reports the same applied index and digest (or
+/// the deadline); returns their last statuses.
+async fn converge(real: &[String], deadline: Instant) -> Vec<Option<muster_proto::v1::ReplicaStatus>> {
+    loop {
+        let mut statuses = Vec::new();
+        for addr in real {
+            statuses.push(client::status(addr).await);
+        }
+        if checks::replicas_agree(&statuses).passed || Instant::now() > deadline {
+            return statuses;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}

@@ -1,0 +1,188 @@
+//! The nemesis: one fault at a time, chosen and timed by the seed, each
+//! healed before the next.
+//!
+//! | fault | what it does |
+//! |---|---|
+//! | `kill-leader` | `kill -9` the leader; restart it 1–3 s later |
+//! | `pause-leader` | SIGSTOP the leader past the election timeout (2–4 s), then SIGCONT: a deposed leader wakes up |
+//! | `partition-leader` | cut the leader off from everyone, both ways, for 2–5 s |
+//! | `partition-follower` | cut a follower off for 2–5 s |
+//! | `slow-network` | every link: 75 ms ± 50 ms, half the chunks held as if lost, for 3–5 s |
+//! | `lagging-follower` | cut a follower off until the leader has snapshotted and purged the log past it (at most 20 s), then heal: it must catch up by snapshot |
+//! | `kill-agent` | `kill -9` an agent; restart it 1–3 s later (its tasks are killed by the new agent and re-placed) |
+//! | `pause-agent` | SIGSTOP an agent for 1–3 s (less than the 8 s it takes to be flagged dead) |
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::client;
+use super::procs::Procs;
+use super::proxy::{Proxy, Slowness};
+use super::workload::now_ms;
+use crate::SimRng;
+
+/// One fault injected.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fault {
+    /// Its kind (the table above).
+    pub kind: &'static str,
+    /// Replica id or agent node id.
+    pub target: String,
+    /// Wall-clock ms.
+    pub start_ms: u64,
+    /// When it was healed.
+    pub end_ms: u64,
+    /// Anything worth knowing (e.g. how far behind a lagging follower was).
+    pub note: String,
+}
+
+const KINDS: &[(u32, &str)] = &[
+    (3, "kill-leader"),
+    (2, "pause-leader"),
+    (2, "partition-leader"),
+    (1, "partition-follower"),
+    (2, "slow-network"),
+    (1, "lagging-follower"),
+    (2, "kill-agent"),
+    (1, "pause-agent"),
+];
+
+/// Tells every proxy which processes are replicas (after any restart).
+pub fn refresh_known(procs: &Procs, proxies: &[Proxy]) {
+    let pids: Vec<u32> = procs.server_pids().into_iter().map(|(_, p)| p).collect();
+    for p in proxies {
+        p.set_known(pids.clone());
+    }
+}
+
+/// Cuts replica `id` off both ways: nobody reaches it through its proxy,
+/// and its own connections to the others are refused by theirs.
+fn partition(procs: &Procs, proxies: &[Proxy], id: u64) {
+    let pid = procs.server_pids().into_iter().find(|&(i, _)| i == id).map(|(_, p)| p);
+    for (i, p) in proxies.iter().enumerate() {
+        if i as u64 + 1 == id {
+            p.set_isolated(true);
+        } else {
+            p.set_blocked(pid.into_iter().collect());
+        }
+    }
+}
+
+/// Heals every partition and slow link.
+pub fn heal_network(proxies: &[Proxy]) {
+    for p in proxies {
+        p.set_isolated(false);
+        p.set_blocked(BTreeSet::new());
+        p.set_slow(None);
+    }
+}
+
+async fn leader_or_wait(real: &[String], until: Instant) -> Option<u64> {
+    while Instant::now() < until {
+        if let Some(l) = client::leader(real).await {
+            return Some(l);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+/// Injects faults until `until`; every fault is healed before it returns.
+pub async fn run(procs: &mut Procs, proxies: &[Proxy], seed: u64, until: Instant) -> Vec<Fault> {
+    let mut rng = SimRng::new(seed ^ 0x0BAD_F00D);
+    let mut faults = Vec::new();
+    let agents = procs.agent_ids().len();
+    // Let the cluster settle and the workload start.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    while Instant::now() + Duration::from_secs(3) < until {
+        let kind = rng.weighted(KINDS);
+        let hold = |rng: &mut SimRng, lo: u64, hi: u64| Duration::from_millis(rng.range(lo, hi));
+        let start_ms = now_ms();
+        let (target, note) = match kind {
+            "kill-leader" | "pause-leader" | "partition-leader" | "partition-follower" | "lagging-follower" => {
+                let Some(leader) = leader_or_wait(&procs.real, Instant::now() + Duration::from_secs(10)).await else {
+                    faults.push(Fault {
+                        kind: "no-leader",
+                        target: String::new(),
+                        start_ms,
+                        end_ms: now_ms(),
+                        note: "no leader for 10 s".into(),
+                    });
+                    continue;
+                };
+                let n = procs.real.len() as u64;
+                let target =
+                    if kind.ends_with("follower") { (leader + rng.range(1, n - 1) - 1) % n + 1 } else { leader };
+                let note = match kind {
+                    "kill-leader" => {
+                        procs.kill_server(target);
+                        tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
+                        let note = procs.spawn_server(target).err().map(|e| format!("restart failed: {e}"));
+                        refresh_known(procs, proxies);
+                        note.unwrap_or_default()
+                    }
+                    "pause-leader" => {
+                        procs.pause_server(target, true);
+                        tokio::time::sleep(hold(&mut rng, 2_000, 4_000)).await;
+                        procs.pause_server(target, false);
+                        String::new()
+                    }
+                    "lagging-follower" => {
+                        partition(procs, proxies, target);
+                        let behind =
+                            client::status(&procs.real[target as usize - 1]).await.map_or(0, |s| s.applied_index);
+                        let give_up = Instant::now() + Duration::from_secs(20);
+                        let mut purged = false;
+                        while Instant::now() < give_up && Instant::now() < until {
+                            let snap =
+                                client::status(&procs.real[leader as usize - 1]).await.map_or(0, |s| s.snapshot_index);
+                            if snap > behind + 30 {
+                                purged = true;
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
+                        heal_network(proxies);
+                        format!("applied {behind} when cut off; leader snapshotted past it: {purged}")
+                    }
+                    _ => {
+                        partition(procs, proxies, target);
+                        tokio::time::sleep(hold(&mut rng, 2_000, 5_000)).await;
+                        heal_network(proxies);
+                        String::new()
+                    }
+                };
+                (format!("replica {target}"), note)
+            }
+            "slow-network" => {
+                let slow = Slowness { delay: Duration::from_millis(75), jitter: Duration::from_millis(50), loss: 0.5 };
+                for p in proxies {
+                    p.set_slow(Some(slow));
+                }
+                tokio::time::sleep(hold(&mut rng, 3_000, 5_000)).await;
+                heal_network(proxies);
+                ("all links".to_string(), "75 ms ± 50 ms, 50 % held".to_string())
+            }
+            "kill-agent" => {
+                let i = rng.range(0, agents as u64 - 1) as usize;
+                procs.kill_agent(i);
+                tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
+                let note = procs.spawn_agent(i).err().map(|e| format!("restart failed: {e}")).unwrap_or_default();
+                (procs.agent_ids()[i].clone(), note)
+            }
+            _ => {
+                let i = rng.range(0, agents as u64 - 1) as usize;
+                procs.pause_agent(i, true);
+                tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
+                procs.pause_agent(i, false);
+                (procs.agent_ids()[i].clone(), String::new())
+            }
+        };
+        faults.push(Fault { kind, target, start_ms, end_ms: now_ms(), note });
+        tokio::time::sleep(hold(&mut rng, 1_000, 2_500)).await;
+    }
+    heal_network(proxies);
+    faults
+}

@@ -1,0 +1,202 @@
+//! The real processes under test: three `muster server` replicas, each
+//! advertising its proxy's address, and `muster agent`s that reach the
+//! replicas through the proxies. Killed with SIGKILL, paused with SIGSTOP,
+//! resumed with SIGCONT; everything left is killed when dropped.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// Server flags for fast failure detection and frequent snapshots (so a
+/// lagging follower needs one).
+const SERVER_FLAGS: &[&str] = &[
+    "--heartbeat-ms",
+    "100",
+    "--snapshot-every",
+    "100",
+    "--keep-log-behind-snapshot",
+    "20",
+    "--agent-heartbeat-ms",
+    "500",
+    "--node-lost-after-ms",
+    "8000",
+    "--preempt-grace-ms",
+    "1000",
+    "--teardown-force-after-ms",
+    "15000",
+    "--preemption-min-runtime-ms",
+    "1000",
+    "--checkpoint-timeout-ms",
+    "2000",
+    "--preemption-grace-ms",
+    "1000",
+    "--max-deferral-ms",
+    "2000",
+];
+
+/// The processes of one chaos run.
+pub struct Procs {
+    bin: PathBuf,
+    dir: PathBuf,
+    /// Where each replica listens (the harness's control path).
+    pub real: Vec<String>,
+    /// Where each replica is reached by everyone else (its proxy).
+    pub proxied: Vec<String>,
+    servers: Vec<Option<Child>>,
+    agents: Vec<Option<Child>>,
+    agent_ids: Vec<String>,
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+fn log(dir: &Path, name: &str) -> std::io::Result<File> {
+    File::options().create(true).append(true).open(dir.join(format!("{name}.log")))
+}
+
+impl Procs {
+    /// Nothing started yet.
+    pub fn new(bin: &Path, dir: &Path, real: Vec<String>, proxied: Vec<String>, agents: u32) -> Procs {
+        Procs {
+            bin: bin.to_path_buf(),
+            dir: dir.to_path_buf(),
+            servers: (0..real.len()).map(|_| None).collect(),
+            real,
+            proxied,
+            agents: (0..agents).map(|_| None).collect(),
+            agent_ids: (0..agents).map(|i| format!("c{}", i + 1)).collect(),
+        }
+    }
+
+    /// The agents' node ids.
+    pub fn agent_ids(&self) -> &[String] {
+        &self.agent_ids
+    }
+
+    /// Starts (or restarts) replica `id` (1-based) on its data dir.
+    pub fn spawn_server(&mut self, id: u64) -> std::io::Result<()> {
+        let i = id as usize - 1;
+        let peers: Vec<String> = self.proxied.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
+        let child = Command::new(&self.bin)
+            .args(["server", "--id", &id.to_string(), "--listen", &self.real[i], "--advertise", &self.proxied[i]])
+            .args(["--peers", &peers.join(",")])
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("data-{id}")))
+            .args(SERVER_FLAGS)
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log(&self.dir, &format!("replica-{id}"))?)
+            .spawn()?;
+        self.servers[i] = Some(child);
+        Ok(())
+    }
+
+    /// Starts (or restarts) agent `i` (0-based).
+    pub fn spawn_agent(&mut self, i: usize) -> std::io::Result<()> {
+        let id = self.agent_ids[i].clone();
+        let child = Command::new(&self.bin)
+            .args(["agent", "--scheduler", &self.proxied.join(","), "--node-id", &id])
+            .args(["--gpus", "4", "--vram-mb", "16000", "--cpus", "8", "--mem-mb", "16000"])
+            .arg("--work-dir")
+            .arg(self.dir.join("agents").join(&id))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log(&self.dir, &format!("agent-{id}"))?)
+            .spawn()?;
+        self.agents[i] = Some(child);
+        Ok(())
+    }
+
+    /// The pids of the running replicas, by id (for the proxies).
+    pub fn server_pids(&self) -> Vec<(u64, u32)> {
+        self.servers.iter().enumerate().filter_map(|(i, c)| c.as_ref().map(|c| (i as u64 + 1, c.id()))).collect()
+    }
+
+    /// `kill -9` replica `id`.
+    pub fn kill_server(&mut self, id: u64) {
+        if let Some(mut c) = self.servers[id as usize - 1].take() {
+            signal(&c, libc::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT replica `id`.
+    pub fn pause_server(&self, id: u64, pause: bool) {
+        if let Some(c) = &self.servers[id as usize - 1] {
+            signal(c, if pause { libc::SIGSTOP } else { libc::SIGCONT });
+        }
+    }
+
+    /// `kill -9` agent `i` (its tasks keep running until the restarted agent
+    /// kills what it left).
+    pub fn kill_agent(&mut self, i: usize) {
+        if let Some(mut c) = self.agents[i].take() {
+            signal(&c, libc::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT agent `i`.
+    pub fn pause_agent(&self, i: usize, pause: bool) {
+        if let Some(c) = &self.agents[i] {
+            signal(c, if pause { libc::SIGSTOP } else { libc::SIGCONT });
+        }
+    }
+
+    /// Whether every process that should run still does (one that exited by
+    /// itself crashed).
+    pub fn crashed(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, c) in self.servers.iter_mut().enumerate() {
+            if let Some(c) = c
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                out.push(format!("replica {} exited {status}", i + 1));
+            }
+        }
+        for (i, c) in self.agents.iter_mut().enumerate() {
+            if let Some(c) = c
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                out.push(format!("agent {} exited {status}", self.agent_ids[i]));
+            }
+        }
+        out
+    }
+
+    /// Stops the agents with SIGTERM (their tasks get their grace and
+    /// nothing is left running), then kills the replicas.
+    pub fn shutdown(&mut self) {
+        let agents: Vec<Child> = self.agents.iter_mut().filter_map(Option::take).collect();
+        for c in &agents {
+            signal(c, libc::SIGCONT);
+            signal(c, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        for mut c in agents {
+            while matches!(c.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for mut c in self.servers.iter_mut().filter_map(Option::take) {
+            signal(&c, libc::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

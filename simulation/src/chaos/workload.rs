@@ -1,0 +1,103 @@
+//! The submitter: allocations of mixed gang sizes, GPUs and classes, each
+//! with its own idempotency key, retried with the same key until answered;
+//! every attempt recorded with its timestamps. Each task appends its start,
+//! beats and end to a shared execution journal.
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use muster_proto::v1;
+use serde::Serialize;
+
+use super::client::{Answer, Client};
+use crate::SimRng;
+
+/// One submit attempt, as the checkers see it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Op {
+    /// The idempotency key (one per intended allocation).
+    pub key: String,
+    /// Wall-clock ms when it was sent and answered.
+    pub invoke_ms: u64,
+    /// When it was answered (or given up on).
+    pub complete_ms: u64,
+    /// `ok`, `failed` or `unknown`.
+    pub outcome: &'static str,
+    /// The allocation id, when ok.
+    pub alloc: Option<u64>,
+    /// The error, otherwise.
+    pub error: Option<String>,
+}
+
+/// Wall-clock milliseconds (the journal and the history share this clock:
+/// everything runs on one machine).
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The task: journal its start, a beat every 250 ms, and its end (also when
+/// stopped with SIGTERM).
+fn script(beats: u64) -> String {
+    format!(
+        r#"j="$CHAOS_JOURNAL"; id="$MUSTER_ALLOC_ID $MUSTER_TASK_INDEX $MUSTER_ATTEMPT $MUSTER_EPOCH $MUSTER_NODE_ID"
+echo "start $id $(date +%s%3N)" >> "$j"
+trap 'echo "end $id $(date +%s%3N)" >> "$j"; exit 143' TERM
+i=0
+while [ $i -lt {beats} ]; do sleep 0.25; echo "beat $id $(date +%s%3N)" >> "$j"; i=$((i+1)); done
+echo "end $id $(date +%s%3N)" >> "$j""#
+    )
+}
+
+/// One allocation of the mix.
+fn spec(rng: &mut SimRng, key: String, journal: &Path) -> v1::AllocationSpec {
+    let gang_size = rng.weighted(&[(5, 1u32), (3, 2), (2, 3)]);
+    let gpus = rng.weighted(&[(3, 1u32), (2, 2)]);
+    let class = rng.range(0, 9) as u32;
+    let checkpoint = if rng.chance(0.5) { v1::CheckpointMode::Auto } else { v1::CheckpointMode::None };
+    v1::AllocationSpec {
+        owner: "chaos".into(),
+        gang_size,
+        resources: Some(v1::Resources { gpus, vram_mb: 1_000, mem_mb: 500, cpus: 1 }),
+        preemption_class: class,
+        checkpoint: checkpoint as i32,
+        checkpoint_estimate_s: 5,
+        walltime_s: 120,
+        max_retries: 8,
+        command: vec!["sh".into(), "-c".into(), script(rng.range(2, 12))],
+        env: [("CHAOS_JOURNAL".to_string(), journal.display().to_string())].into(),
+        idempotency_key: key,
+        ..Default::default()
+    }
+}
+
+/// Submits until `until`, one allocation every 150–600 ms; an unanswered
+/// submit is retried with its key for up to 20 s. Returns every attempt.
+pub async fn run(addrs: Vec<String>, seed: u64, journal: &Path, until: Instant) -> Vec<Op> {
+    let mut rng = SimRng::new(seed ^ 0x05EE_D0FC_4A05);
+    let mut client = Client::new(addrs, Duration::from_secs(2));
+    let mut ops = Vec::new();
+    let mut n = 0u64;
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(rng.range(150, 600))).await;
+        n += 1;
+        let key = format!("chaos-{seed}-{n}");
+        let spec = spec(&mut rng, key.clone(), journal);
+        let give_up = Instant::now() + Duration::from_secs(20);
+        loop {
+            let invoke_ms = now_ms();
+            let answer = client.submit(&spec).await;
+            let complete_ms = now_ms();
+            let (outcome, alloc, error) = match &answer {
+                Answer::Ok((id, _)) => ("ok", Some(*id), None),
+                Answer::Failed(e) => ("failed", None, Some(e.clone())),
+                Answer::Unknown(e) => ("unknown", None, Some(e.clone())),
+            };
+            ops.push(Op { key: key.clone(), invoke_ms, complete_ms, outcome, alloc, error });
+            if matches!(answer, Answer::Ok(_)) || Instant::now() >= give_up {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    ops
+}
