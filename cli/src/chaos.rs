@@ -29,6 +29,10 @@ pub struct ChaosArgs {
     /// Print the JSON report instead of the summary.
     #[arg(long)]
     json: bool,
+    /// Run the servers with a deliberate bug (ack-before-commit), to see a
+    /// check catch it.
+    #[arg(long)]
+    inject_bug: Option<String>,
 }
 
 pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
@@ -39,6 +43,11 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     }
     if !(1..=16).contains(&args.agents) {
         bail!("--agents must be between 1 and 16");
+    }
+    if let Some(bug) = &args.inject_bug
+        && muster_scheduler::server::InjectedBug::parse(bug).is_none()
+    {
+        bail!("--inject-bug {bug:?}: the known bug is ack-before-commit");
     }
     let chosen = args.dir.is_some();
     let dir = args
@@ -54,6 +63,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         duration: std::time::Duration::from_secs(duration),
         liveness_timeout: std::time::Duration::from_secs(liveness),
         agents: args.agents,
+        inject_bug: args.inject_bug.clone(),
     };
     let report = run(&cfg).await.map_err(anyhow::Error::msg)?;
     if args.json {

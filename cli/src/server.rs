@@ -70,6 +70,10 @@ pub struct ServerArgs {
     /// the node's muster.drain-timeout label gives one.
     #[arg(long, default_value = "4h")]
     drain_timeout: String,
+    /// A deliberate bug, to prove the chaos checks catch one
+    /// (ack-before-commit). Tests only.
+    #[arg(long, hide = true)]
+    inject_bug: Option<String>,
 }
 
 /// Parses `CLASS=DURATION` pairs.
@@ -225,6 +229,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.preemption = preemption;
     cfg.walltime_defaults = walltime_defaults;
     cfg.drain_timeout = Duration::from_secs(drain_timeout_s);
+    cfg.inject_bug = match args.inject_bug.as_deref() {
+        None => None,
+        Some(name) => Some(
+            muster_scheduler::server::InjectedBug::parse(name)
+                .with_context(|| format!("--inject-bug {name:?}: the known bug is ack-before-commit"))?,
+        ),
+    };
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());
 

@@ -548,3 +548,26 @@ fn t100_a_short_chaos_run_passes_every_check() {
         );
     }
 }
+
+/// The checks have teeth: with servers that acknowledge a submit before it
+/// is committed (a deliberately injected bug), the same short run fails
+/// `acked_exactly_once`, keeps its directory and says how to reproduce it.
+#[test]
+fn t101_a_chaos_run_catches_an_injected_ack_before_commit_bug() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    // Seed 3's nemesis opens with a leader kill, which loses whatever the
+    // buggy leader acknowledged in its last second.
+    let args = ["chaos", "--duration", "20s", "--seed", "3", "--inject-bug", "ack-before-commit", "--json", "--dir"];
+    let o = muster(&[&args[..], &[run.to_str().unwrap()]].concat());
+    assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let acked = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "acked_exactly_once").unwrap();
+    assert_eq!(acked["passed"], false, "{report:#}");
+    assert!(acked["detail"].as_str().unwrap().contains("was acknowledged as"), "{acked}");
+    assert_eq!(report["faults"][0]["kind"], "kill-leader");
+    assert!(report["reproduce"].as_str().unwrap().contains("--seed 3") && run.join("report.json").exists());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("a check failed (seed 3)"), "{err}");
+    assert!(!muster(&["chaos", "--inject-bug", "nonsense"]).status.success());
+}

@@ -37,6 +37,24 @@ impl ClientApi {
     }
 }
 
+impl ClientApi {
+    /// The injected bug: answers with the id the submit will get, and
+    /// proposes it a second later.
+    fn ack_before_commit(&self, spec: crate::sm::AllocSpec) -> v1::SubmitResponse {
+        use std::sync::atomic::Ordering;
+        let pending = self.s.unproposed.fetch_add(1, Ordering::SeqCst);
+        let id = self.s.reader.read(|st| st.next_alloc_id()) + pending;
+        let s = self.s.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let _ = s.proposer.propose(Command::Submit { spec }).await;
+            s.unproposed.fetch_sub(1, Ordering::SeqCst);
+            s.admission_wake.notify_one();
+        });
+        v1::SubmitResponse { id, duplicate: false, plan: None }
+    }
+}
+
 /// Waits until this replica may answer a read that must be current.
 pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
     match s.raft.ensure_linearizable().await {
@@ -198,6 +216,9 @@ impl AllocationService for ClientApi {
                 convert::explanation_to_proto(crate::policy::explain_spec(st, &spec, now, &cfg), st)
             });
             return Ok(Response::new(v1::SubmitResponse { id: 0, duplicate: false, plan: Some(plan) }));
+        }
+        if self.s.inject_bug == Some(super::replica::InjectedBug::AckBeforeCommit) {
+            return Ok(Response::new(self.ack_before_commit(spec)));
         }
         let outcome = self.s.proposer.propose(Command::Submit { spec }).await.map_err(propose_error_to_status)?;
         match outcome {

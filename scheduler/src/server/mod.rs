@@ -35,7 +35,7 @@ pub type TypeConfig = RaftConfig<State>;
 pub type MusterRaft = openraft::Raft<TypeConfig>;
 
 pub use proposer::{ProposeError, Proposer};
-pub use replica::{RaftTuning, Replica, ReplicaConfig, StartError};
+pub use replica::{InjectedBug, RaftTuning, Replica, ReplicaConfig, StartError};
 
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {

@@ -103,6 +103,28 @@ pub struct ReplicaConfig {
     /// A drain's timeout when neither the request nor the node's
     /// `muster.drain-timeout` label gives one.
     pub drain_timeout: Duration,
+    /// A deliberate bug, for proving that the chaos checks catch one. Never
+    /// set outside tests.
+    pub inject_bug: Option<InjectedBug>,
+}
+
+/// Deliberate bugs the chaos harness must catch (`muster server --inject-bug`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectedBug {
+    /// Acknowledge a submit with the id it will get before proposing it, and
+    /// propose it a second later: a leader lost in that second loses an
+    /// acknowledged allocation.
+    AckBeforeCommit,
+}
+
+impl InjectedBug {
+    /// Parses the flag's value.
+    pub fn parse(s: &str) -> Option<InjectedBug> {
+        match s {
+            "ack-before-commit" => Some(InjectedBug::AckBeforeCommit),
+            _ => None,
+        }
+    }
 }
 
 impl ReplicaConfig {
@@ -123,6 +145,7 @@ impl ReplicaConfig {
             preemption: PreemptionConfig::default(),
             walltime_defaults: BTreeMap::new(),
             drain_timeout: Duration::from_millis(crate::policy::DEFAULT_DRAIN_TIMEOUT_MS),
+            inject_bug: None,
         }
     }
 }
@@ -172,6 +195,10 @@ pub struct Shared {
     pub admission: AdmissionConfig,
     /// The drain timeout when neither the request nor the node gives one.
     pub drain_timeout: Duration,
+    /// A deliberate bug (tests of the chaos checks only).
+    pub inject_bug: Option<InjectedBug>,
+    /// Submits acknowledged but not yet proposed (with the bug).
+    pub unproposed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A running replica.
@@ -220,7 +247,12 @@ impl Replica {
             walltime_defaults: Arc::new(cfg.walltime_defaults.clone()),
             admission: cfg.admission,
             drain_timeout: cfg.drain_timeout,
+            inject_bug: cfg.inject_bug,
+            unproposed: Arc::default(),
         };
+        if let Some(bug) = cfg.inject_bug {
+            tracing::warn!(bug = ?bug, "running with a deliberately injected bug (chaos-check tests only)");
+        }
 
         let (stop, mut stopped) = watch::channel(false);
         let server = tonic::transport::Server::builder()

@@ -192,6 +192,11 @@ impl State {
         self.now_ms
     }
 
+    /// The id the next new allocation will get.
+    pub fn next_alloc_id(&self) -> AllocId {
+        self.next_alloc_id
+    }
+
     /// Every node, in slot order.
     pub fn nodes(&self) -> &[Node] {
         &self.nodes

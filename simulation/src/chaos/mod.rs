@@ -47,6 +47,9 @@ pub struct ChaosConfig {
     pub liveness_timeout: Duration,
     /// Node agents.
     pub agents: u32,
+    /// A deliberate bug for the servers (`muster server --inject-bug`), to
+    /// prove a check catches it.
+    pub inject_bug: Option<String>,
 }
 
 /// Operations by outcome.
@@ -142,7 +145,8 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         proxies.push(Proxy::start(r.clone(), cfg.seed.wrapping_add(i as u64)).await.map_err(|e| e.to_string())?);
     }
     let proxied: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
-    let mut procs = Procs::new(&cfg.muster_bin, &cfg.dir, real.clone(), proxied.clone(), cfg.agents);
+    let mut procs =
+        Procs::new(&cfg.muster_bin, &cfg.dir, real.clone(), proxied.clone(), cfg.agents, cfg.inject_bug.clone());
     for id in 1..=3 {
         procs.spawn_server(id).map_err(|e| format!("cannot start muster server: {e}"))?;
     }
@@ -209,10 +213,11 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         passed,
         dir: cfg.dir.clone(),
         reproduce: format!(
-            "muster chaos --seed {} --duration {}s --agents {} --dir {}",
+            "muster chaos --seed {} --duration {}s --agents {}{} --dir {}",
             cfg.seed,
             cfg.duration.as_secs(),
             cfg.agents,
+            cfg.inject_bug.as_ref().map(|b| format!(" --inject-bug {b}")).unwrap_or_default(),
             cfg.dir.display()
         ),
     };

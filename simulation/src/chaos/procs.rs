@@ -45,6 +45,7 @@ pub struct Procs {
     servers: Vec<Option<Child>>,
     agents: Vec<Option<Child>>,
     agent_ids: Vec<String>,
+    inject_bug: Option<String>,
 }
 
 fn signal(child: &Child, sig: libc::c_int) {
@@ -60,7 +61,14 @@ fn log(dir: &Path, name: &str) -> std::io::Result<File> {
 
 impl Procs {
     /// Nothing started yet.
-    pub fn new(bin: &Path, dir: &Path, real: Vec<String>, proxied: Vec<String>, agents: u32) -> Procs {
+    pub fn new(
+        bin: &Path,
+        dir: &Path,
+        real: Vec<String>,
+        proxied: Vec<String>,
+        agents: u32,
+        inject_bug: Option<String>,
+    ) -> Procs {
         Procs {
             bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
@@ -69,6 +77,7 @@ impl Procs {
             proxied,
             agents: (0..agents).map(|_| None).collect(),
             agent_ids: (0..agents).map(|i| format!("c{}", i + 1)).collect(),
+            inject_bug,
         }
     }
 
@@ -87,6 +96,7 @@ impl Procs {
             .arg("--data-dir")
             .arg(self.dir.join(format!("data-{id}")))
             .args(SERVER_FLAGS)
+            .args(self.inject_bug.iter().flat_map(|b| ["--inject-bug", b.as_str()]))
             .env("RUST_LOG", "info,openraft=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
