@@ -541,7 +541,9 @@ fn t100_a_short_chaos_run_passes_every_check() {
         report["faults"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
     assert!(kinds.len() >= 3, "several kinds of fault: {kinds:?}");
     assert!(report["ops"]["ok"].as_u64().unwrap() >= 10, "{report:#}");
-    for check in ["acked_exactly_once", "replicas_agree", "all_terminal", "journal_consistent", "no_crashes"] {
+    for check in
+        ["acked_exactly_once", "replicas_agree", "all_terminal", "journal_consistent", "linearizable", "no_crashes"]
+    {
         assert!(
             report["checks"].as_array().unwrap().iter().any(|c| c["name"] == check && c["passed"] == true),
             "{check}"
@@ -550,8 +552,9 @@ fn t100_a_short_chaos_run_passes_every_check() {
 }
 
 /// The checks have teeth: with servers that acknowledge a submit before it
-/// is committed (a deliberately injected bug), the same short run fails
-/// `acked_exactly_once`, keeps its directory and says how to reproduce it.
+/// is committed (a deliberately injected bug), a short run fails
+/// `acked_exactly_once` and `linearizable`, keeps its directory and says how
+/// to reproduce it.
 #[test]
 fn t101_a_chaos_run_catches_an_injected_ack_before_commit_bug() {
     let dir = tempfile::tempdir().unwrap();
@@ -562,9 +565,14 @@ fn t101_a_chaos_run_catches_an_injected_ack_before_commit_bug() {
     let o = muster(&[&args[..], &[run.to_str().unwrap()]].concat());
     assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let acked = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "acked_exactly_once").unwrap();
+    let check = |name: &str| report["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone();
+    let acked = check("acked_exactly_once");
     assert_eq!(acked["passed"], false, "{report:#}");
     assert!(acked["detail"].as_str().unwrap().contains("was acknowledged as"), "{acked}");
+    // Half the submits are read back at once: one of them finds nothing.
+    let linear = check("linearizable");
+    assert_eq!(linear["passed"], false, "{report:#}");
+    assert!(linear["detail"].as_str().unwrap().contains("Get(Some(Absent))"), "{linear}");
     assert_eq!(report["faults"][0]["kind"], "kill-leader");
     assert!(report["reproduce"].as_str().unwrap().contains("--seed 3") && run.join("report.json").exists());
     let err = String::from_utf8_lossy(&o.stderr);

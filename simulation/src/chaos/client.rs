@@ -47,63 +47,108 @@ impl Client {
         Client { addrs, leader: 0, timeout }
     }
 
-    /// Submits `spec` once (to one replica, then any leader it names).
-    pub async fn submit(&mut self, spec: &v1::AllocationSpec) -> Answer<(u64, bool)> {
+    /// Calls the allocation API once (on one replica, then any leader it
+    /// names). `Ok(Err(status))` is a definite answer that is an error.
+    async fn call<T, F, Fut>(&mut self, mut f: F) -> Answer<Result<T, tonic::Status>>
+    where
+        F: FnMut(AllocationServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let mut target = self.leader;
-        for hop in 0..4 {
+        let mut last = String::from("no replica tried");
+        for _ in 0..4 {
             let addr = self.addrs[target].clone();
             let channel = match connect(&addr, self.timeout).await {
                 Ok(c) => c,
                 Err(e) => {
                     // Never sent: try the next replica.
+                    last = e;
                     target = (target + 1) % self.addrs.len();
                     self.leader = target;
-                    if hop == 3 {
-                        return Answer::Failed(e);
-                    }
                     continue;
                 }
             };
-            let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false };
-            let mut api = AllocationServiceClient::new(channel);
-            let answer = tokio::time::timeout(self.timeout, api.submit(req)).await;
+            let answer = tokio::time::timeout(self.timeout, f(AllocationServiceClient::new(channel))).await;
             if !matches!(answer, Ok(Ok(_))) {
                 // Whatever went wrong here, the next attempt tries elsewhere
                 // first (a hint below overrides this).
                 self.leader = (target + 1) % self.addrs.len();
             }
-            match answer {
+            let status = match answer {
                 Err(_) => return Answer::Unknown(format!("{addr}: no answer in {:?}", self.timeout)),
-                Ok(Ok(r)) => {
-                    let r = r.into_inner();
-                    return Answer::Ok((r.id, r.duplicate));
+                Ok(Ok(r)) => return Answer::Ok(Ok(r.into_inner())),
+                Ok(Err(status)) => status,
+            };
+            let hint = status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok());
+            match status.code() {
+                Code::Unavailable if status.message().contains("did not complete") => {
+                    return Answer::Unknown(format!("{addr}: {}", status.message()));
                 }
-                Ok(Err(status)) => {
-                    let hint = status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok());
-                    match status.code() {
-                        Code::Unavailable if status.message().contains("did not complete") => {
-                            return Answer::Unknown(format!("{addr}: {}", status.message()));
-                        }
-                        Code::Unavailable => match hint.and_then(|h| self.addrs.iter().position(|a| a == h)) {
-                            Some(i) if i != target => {
-                                target = i;
-                                self.leader = i;
-                            }
-                            _ => {
-                                target = (target + 1) % self.addrs.len();
-                                self.leader = target;
-                            }
-                        },
-                        Code::Cancelled | Code::Unknown | Code::Internal | Code::DeadlineExceeded => {
-                            return Answer::Unknown(format!("{addr}: {:?}: {}", status.code(), status.message()));
-                        }
-                        _ => return Answer::Failed(format!("{addr}: {:?}: {}", status.code(), status.message())),
+                Code::Unavailable => {
+                    last = format!("{addr}: {}", status.message());
+                    match hint.and_then(|h| self.addrs.iter().position(|a| a == h)) {
+                        Some(i) if i != target => target = i,
+                        _ => target = (target + 1) % self.addrs.len(),
                     }
+                    self.leader = target;
                 }
+                Code::Cancelled | Code::Unknown | Code::Internal | Code::DeadlineExceeded => {
+                    return Answer::Unknown(format!("{addr}: {:?}: {}", status.code(), status.message()));
+                }
+                _ => return Answer::Ok(Err(status)),
             }
         }
-        Answer::Failed("no leader answered".into())
+        Answer::Failed(format!("no leader answered ({last})"))
     }
+
+    /// Submits `spec` once: the allocation id when acknowledged.
+    pub async fn submit(&mut self, spec: &v1::AllocationSpec) -> Answer<u64> {
+        let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false };
+        match self
+            .call(move |mut c| {
+                let req = req.clone();
+                async move { c.submit(req).await }
+            })
+            .await
+        {
+            Answer::Ok(Ok(r)) => Answer::Ok(r.id),
+            Answer::Ok(Err(s)) => Answer::Failed(format!("{:?}: {}", s.code(), s.message())),
+            Answer::Failed(e) => Answer::Failed(e),
+            Answer::Unknown(e) => Answer::Unknown(e),
+        }
+    }
+
+    /// Reads allocation `id`: its status in lower case, or `absent`.
+    pub async fn get(&mut self, id: u64) -> Answer<String> {
+        match self.call(move |mut c| async move { c.get(v1::GetRequest { id }).await }).await {
+            Answer::Ok(Ok(a)) => Answer::Ok(status_name(a.status)),
+            Answer::Ok(Err(s)) if s.code() == Code::NotFound => Answer::Ok("absent".into()),
+            Answer::Ok(Err(s)) => Answer::Failed(format!("{:?}: {}", s.code(), s.message())),
+            Answer::Failed(e) => Answer::Failed(e),
+            Answer::Unknown(e) => Answer::Unknown(e),
+        }
+    }
+
+    /// Cancels allocation `id`: `cancelled`, `already-ended` or `absent`.
+    pub async fn cancel(&mut self, id: u64) -> Answer<String> {
+        match self.call(move |mut c| async move { c.cancel(v1::CancelRequest { id }).await }).await {
+            Answer::Ok(Ok(_)) => Answer::Ok("cancelled".into()),
+            Answer::Ok(Err(s)) if s.code() == Code::NotFound => Answer::Ok("absent".into()),
+            Answer::Ok(Err(s)) if s.code() == Code::FailedPrecondition && s.message().contains("already") => {
+                Answer::Ok("already-ended".into())
+            }
+            Answer::Ok(Err(s)) => Answer::Failed(format!("{:?}: {}", s.code(), s.message())),
+            Answer::Failed(e) => Answer::Failed(e),
+            Answer::Unknown(e) => Answer::Unknown(e),
+        }
+    }
+}
+
+/// An allocation status as the checks name it (`queued`, `done`, …).
+pub fn status_name(raw: i32) -> String {
+    v1::AllocationStatus::try_from(raw)
+        .map(|s| s.as_str_name().trim_start_matches("ALLOCATION_STATUS_").to_lowercase())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// A replica's own view, over its real address.

@@ -55,6 +55,8 @@ pub struct ChaosConfig {
 /// Operations by outcome.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct OpCounts {
+    /// Calls made.
+    pub calls: usize,
     /// Acknowledged.
     pub ok: usize,
     /// Certainly not applied.
@@ -76,7 +78,7 @@ pub struct Report {
     pub agents: u32,
     /// Every fault injected, in order.
     pub faults: Vec<Fault>,
-    /// Submit attempts by outcome.
+    /// Client calls (submits, gets, cancels) by outcome.
     pub ops: OpCounts,
     /// Allocations at the end.
     pub allocations: usize,
@@ -100,7 +102,7 @@ impl Report {
             *kinds.entry(f.kind).or_default() += 1;
         }
         let mut out = format!(
-            "muster chaos: seed {}, {} s of faults, {} agents\n  faults      {}\n  operations  {} ok, {} failed, {} unknown ({} keys)\n  allocations {} (liveness phase {:.1} s)\n",
+            "muster chaos: seed {}, {} s of faults, {} agents\n  faults      {}\n  operations  {} ok, {} failed, {} unknown ({} allocations submitted)\n  allocations {} (liveness phase {:.1} s)\n",
             self.seed,
             self.duration_s,
             self.agents,
@@ -187,6 +189,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         checks::replicas_agree(&statuses),
         checks::all_terminal(&allocs),
         checks::journal_consistent(&checks::Journal::parse(&text), &histories),
+        checks::client_api_linearizable(&ops),
     ];
     results.push(CheckResult {
         name: "no_crashes",
@@ -202,6 +205,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         agents: cfg.agents,
         faults,
         ops: OpCounts {
+            calls: ops.len(),
             ok: ops.iter().filter(|o| o.outcome == "ok").count(),
             failed: ops.iter().filter(|o| o.outcome == "failed").count(),
             unknown: ops.iter().filter(|o| o.outcome == "unknown").count(),

@@ -1,7 +1,9 @@
-//! The submitter: allocations of mixed gang sizes, GPUs and classes, each
-//! with its own idempotency key, retried with the same key until answered;
-//! every attempt recorded with its timestamps. Each task appends its start,
-//! beats and end to a shared execution journal.
+//! The client: submits allocations of mixed gang sizes, GPUs and classes,
+//! each with its own idempotency key, retried with the same key until
+//! answered; reads them back (often right after the acknowledgement) and
+//! cancels some. Every attempt is recorded with its timestamps for the
+//! checks. Each task appends its start, beats and end to a shared execution
+//! journal.
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -12,19 +14,24 @@ use serde::Serialize;
 use super::client::{Answer, Client};
 use crate::SimRng;
 
-/// One submit attempt, as the checkers see it.
+/// One client call, as the checkers see it.
 #[derive(Clone, Debug, Serialize)]
 pub struct Op {
-    /// The idempotency key (one per intended allocation).
+    /// The idempotency key of the allocation it is about.
     pub key: String,
+    /// `submit`, `get` or `cancel`.
+    pub kind: &'static str,
     /// Wall-clock ms when it was sent and answered.
     pub invoke_ms: u64,
     /// When it was answered (or given up on).
     pub complete_ms: u64,
     /// `ok`, `failed` or `unknown`.
     pub outcome: &'static str,
-    /// The allocation id, when ok.
+    /// The allocation id (a submit's, when ok).
     pub alloc: Option<u64>,
+    /// What a get saw (a status in lower case, or `absent`) or what a cancel
+    /// did (`cancelled`, `already-ended`, `absent`), when ok.
+    pub result: Option<String>,
     /// The error, otherwise.
     pub error: Option<String>,
 }
@@ -70,12 +77,32 @@ fn spec(rng: &mut SimRng, key: String, journal: &Path) -> v1::AllocationSpec {
     }
 }
 
-/// Submits until `until`, one allocation every 150–600 ms; an unanswered
-/// submit is retried with its key for up to 20 s. Returns every attempt.
+fn record<T: Clone>(
+    ops: &mut Vec<Op>,
+    key: &str,
+    kind: &'static str,
+    invoke_ms: u64,
+    answer: &Answer<T>,
+    fill: impl Fn(&T) -> (Option<u64>, Option<String>),
+) {
+    let complete_ms = now_ms();
+    let (outcome, (alloc, result), error) = match answer {
+        Answer::Ok(v) => ("ok", fill(v), None),
+        Answer::Failed(e) => ("failed", (None, None), Some(e.clone())),
+        Answer::Unknown(e) => ("unknown", (None, None), Some(e.clone())),
+    };
+    ops.push(Op { key: key.to_string(), kind, invoke_ms, complete_ms, outcome, alloc, result, error });
+}
+
+/// Until `until`: every 150–600 ms a new allocation (an unanswered submit is
+/// retried with its key for up to 20 s; half the time it is read back at
+/// once), a read of an earlier one (30 %), a cancel of one (8 %). Returns
+/// every call.
 pub async fn run(addrs: Vec<String>, seed: u64, journal: &Path, until: Instant) -> Vec<Op> {
     let mut rng = SimRng::new(seed ^ 0x05EE_D0FC_4A05);
     let mut client = Client::new(addrs, Duration::from_secs(2));
     let mut ops = Vec::new();
+    let mut acked: Vec<(String, u64)> = Vec::new();
     let mut n = 0u64;
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(rng.range(150, 600))).await;
@@ -86,17 +113,32 @@ pub async fn run(addrs: Vec<String>, seed: u64, journal: &Path, until: Instant) 
         loop {
             let invoke_ms = now_ms();
             let answer = client.submit(&spec).await;
-            let complete_ms = now_ms();
-            let (outcome, alloc, error) = match &answer {
-                Answer::Ok((id, _)) => ("ok", Some(*id), None),
-                Answer::Failed(e) => ("failed", None, Some(e.clone())),
-                Answer::Unknown(e) => ("unknown", None, Some(e.clone())),
-            };
-            ops.push(Op { key: key.clone(), invoke_ms, complete_ms, outcome, alloc, error });
-            if matches!(answer, Answer::Ok(_)) || Instant::now() >= give_up {
+            record(&mut ops, &key, "submit", invoke_ms, &answer, |id| (Some(*id), None));
+            if let Answer::Ok(id) = answer {
+                acked.push((key.clone(), id));
+                if rng.chance(0.5) {
+                    let invoke_ms = now_ms();
+                    let seen = client.get(id).await;
+                    record(&mut ops, &key, "get", invoke_ms, &seen, |r| (Some(id), Some(r.clone())));
+                }
+                break;
+            }
+            if Instant::now() >= give_up {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if !acked.is_empty() && rng.chance(0.3) {
+            let (key, id) = acked[rng.range(0, acked.len() as u64 - 1) as usize].clone();
+            let invoke_ms = now_ms();
+            let seen = client.get(id).await;
+            record(&mut ops, &key, "get", invoke_ms, &seen, |r| (Some(id), Some(r.clone())));
+        }
+        if !acked.is_empty() && rng.chance(0.08) {
+            let (key, id) = acked[rng.range(0, acked.len() as u64 - 1) as usize].clone();
+            let invoke_ms = now_ms();
+            let did = client.cancel(id).await;
+            record(&mut ops, &key, "cancel", invoke_ms, &did, |r| (Some(id), Some(r.clone())));
         }
     }
     ops

@@ -17,7 +17,7 @@ pub fn acked_exactly_once(ops: &[Op], allocs: &[v1::Allocation]) -> CheckResult 
         by_key.entry(key).or_default().push(a.id);
     }
     let mut acked: BTreeMap<&str, Option<u64>> = BTreeMap::new();
-    for op in ops {
+    for op in ops.iter().filter(|o| o.kind == "submit") {
         let e = acked.entry(op.key.as_str()).or_default();
         if op.outcome == "ok" {
             *e = op.alloc;
@@ -56,7 +56,7 @@ mod tests {
     use super::*;
 
     fn op(key: &str, outcome: &'static str, alloc: Option<u64>) -> Op {
-        Op { key: key.into(), invoke_ms: 0, complete_ms: 1, outcome, alloc, error: None }
+        Op { key: key.into(), kind: "submit", invoke_ms: 0, complete_ms: 1, outcome, alloc, result: None, error: None }
     }
 
     fn alloc(id: u64, key: &str) -> v1::Allocation {

@@ -6,11 +6,13 @@
 mod acked;
 mod agree;
 mod journal;
+mod linearizable;
 mod terminal;
 
 pub use acked::acked_exactly_once;
 pub use agree::replicas_agree;
 pub use journal::{Journal, journal_consistent};
+pub use linearizable::client_api_linearizable;
 pub use terminal::all_terminal;
 
 use serde::Serialize;
