@@ -9,6 +9,9 @@
 //!                  A in memory; snapshots in `snapshot.bin` (write, fsync, rename)
 //!                  restart: restore the snapshot, openraft re-applies the
 //!                  committed log after it
+//!
+//!   options: applied.log   every applied entry, kept past compaction (replay)
+//!            crash-image/  what each fsync made durable (simulated power loss)
 //! ```
 //!
 //! The application plugs in through [`StateMachineApp`]; its log payload is a
@@ -21,8 +24,10 @@
 // return the same type rather than box it only to re-box it at the trait.
 #![allow(clippy::result_large_err)]
 
+mod applied_log;
 pub mod codec;
 mod config;
+mod crash_image;
 mod disk;
 mod log_store;
 mod state_machine;
@@ -30,8 +35,10 @@ mod state_machine;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use applied_log::{AppliedLogError, AppliedRecord, read_applied_log};
 pub use config::RaftConfig;
-pub use disk::{OpenError, open};
+pub use crash_image::restore_crash_image;
+pub use disk::{OpenError, StoreFault, StoreOptions, open, open_with};
 pub use log_store::LogStore;
 pub use state_machine::{AppReader, StateMachineStore};
 

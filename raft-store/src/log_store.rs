@@ -11,7 +11,7 @@ use openraft::{AnyError, Entry, LogId, LogState, OptionalSend, RaftLogReader, St
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::disk::Disk;
+use crate::disk::{Disk, StoreFault};
 use crate::{RaftConfig, StateMachineApp, codec};
 
 type C<A> = RaftConfig<A>;
@@ -157,6 +157,10 @@ impl<A: StateMachineApp> RaftLogStorage<C<A>> for LogStore<A> {
             batch.insert(&log_key(entry.log_id.index), codec::encode(&entry).map_err(write_logs_err)?);
         }
         self.disk.log.apply_batch(batch).map_err(write_logs_err)?;
+        if self.disk.opts.fault == Some(StoreFault::AckBeforeFsync) {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
         // Acknowledge only once the entries are on stable storage.
         match self.disk.sync().await {
             Ok(()) => {

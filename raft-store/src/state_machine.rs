@@ -17,7 +17,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::disk::Disk;
-use crate::{RaftConfig, StateMachineApp, codec};
+use crate::{RaftConfig, StateMachineApp, applied_log, codec};
 
 type C<A> = RaftConfig<A>;
 
@@ -136,6 +136,15 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
         I: IntoIterator<Item = Entry<C<A>>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let entries: Vec<Entry<C<A>>> = entries.into_iter().collect();
+        if let Some(file) = &self.disk.applied {
+            let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
+            applied_log::append::<A>(&mut file, &entries).map_err(|e| {
+                StorageError::from(StorageIOError::write_state_machine(AnyError::error(format!(
+                    "cannot append to the applied log: {e}"
+                ))))
+            })?;
+        }
         let mut inner = self.inner.write().expect("state machine lock poisoned");
         let mut responses = Vec::new();
         for entry in entries {
