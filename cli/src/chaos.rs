@@ -29,10 +29,14 @@ pub struct ChaosArgs {
     /// Print the JSON report instead of the summary.
     #[arg(long)]
     json: bool,
-    /// Run the servers with a deliberate bug (ack-before-commit), to see a
-    /// check catch it.
+    /// Run the servers with a deliberate bug (ack-before-commit,
+    /// ack-before-fsync), to see a check catch it.
     #[arg(long)]
     inject_bug: Option<String>,
+    /// Only these faults, comma-separated (default: all; see
+    /// docs/reliability.md for the list).
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
 }
 
 pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
@@ -47,7 +51,11 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     if let Some(bug) = &args.inject_bug
         && muster_scheduler::server::InjectedBug::parse(bug).is_none()
     {
-        bail!("--inject-bug {bug:?}: the known bug is ack-before-commit");
+        bail!("--inject-bug {bug:?}: the known bugs are {}", muster_scheduler::server::InjectedBug::NAMES.join(", "));
+    }
+    let known = muster_sim::chaos::fault_kinds();
+    if let Some(f) = args.faults.iter().find(|f| !known.contains(&f.as_str())) {
+        bail!("--faults: unknown fault {f:?}; the faults are {}", known.join(", "));
     }
     let chosen = args.dir.is_some();
     let dir = args
@@ -64,6 +72,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         liveness_timeout: std::time::Duration::from_secs(liveness),
         agents: args.agents,
         inject_bug: args.inject_bug.clone(),
+        faults: args.faults.clone(),
     };
     let report = run(&cfg).await.map_err(anyhow::Error::msg)?;
     if args.json {

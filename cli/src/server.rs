@@ -70,8 +70,17 @@ pub struct ServerArgs {
     /// the node's muster.drain-timeout label gives one.
     #[arg(long, default_value = "4h")]
     drain_timeout: String,
+    /// Append every applied log entry to <data-dir>/applied.log, kept past
+    /// log compaction, for replay (`muster chaos`) and audit. Not fsynced;
+    /// grows without bound.
+    #[arg(long)]
+    keep_applied_log: bool,
+    /// The crash-consistency shim: record what each fsync made durable in
+    /// <data-dir>/crash-image/, for a simulated power loss. Tests only.
+    #[arg(long, hide = true)]
+    crash_image: bool,
     /// A deliberate bug, to prove the chaos checks catch one
-    /// (ack-before-commit). Tests only.
+    /// (ack-before-commit, ack-before-fsync). Tests only.
     #[arg(long, hide = true)]
     inject_bug: Option<String>,
 }
@@ -217,6 +226,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
+    cfg.store.applied_log = args.keep_applied_log;
+    cfg.store.crash_image = args.crash_image;
     cfg.raft.snapshot_every = args.snapshot_every;
     cfg.raft.keep_behind_snapshot = args.keep_log_behind_snapshot;
     cfg.raft.heartbeat_ms = args.heartbeat_ms;
@@ -231,10 +242,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.drain_timeout = Duration::from_secs(drain_timeout_s);
     cfg.inject_bug = match args.inject_bug.as_deref() {
         None => None,
-        Some(name) => Some(
-            muster_scheduler::server::InjectedBug::parse(name)
-                .with_context(|| format!("--inject-bug {name:?}: the known bug is ack-before-commit"))?,
-        ),
+        Some(name) => Some(muster_scheduler::server::InjectedBug::parse(name).with_context(|| {
+            format!(
+                "--inject-bug {name:?}: the known bugs are {}",
+                muster_scheduler::server::InjectedBug::NAMES.join(", ")
+            )
+        })?),
     };
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());

@@ -541,9 +541,15 @@ fn t100_a_short_chaos_run_passes_every_check() {
         report["faults"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
     assert!(kinds.len() >= 3, "several kinds of fault: {kinds:?}");
     assert!(report["ops"]["ok"].as_u64().unwrap() >= 10, "{report:#}");
-    for check in
-        ["acked_exactly_once", "replicas_agree", "all_terminal", "journal_consistent", "linearizable", "no_crashes"]
-    {
+    for check in [
+        "acked_exactly_once",
+        "replicas_agree",
+        "all_terminal",
+        "journal_consistent",
+        "linearizable",
+        "committed_log_replays",
+        "no_crashes",
+    ] {
         assert!(
             report["checks"].as_array().unwrap().iter().any(|c| c["name"] == check && c["passed"] == true),
             "{check}"
@@ -559,9 +565,20 @@ fn t100_a_short_chaos_run_passes_every_check() {
 fn t101_a_chaos_run_catches_an_injected_ack_before_commit_bug() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    // Seed 3's nemesis opens with a leader kill, which loses whatever the
-    // buggy leader acknowledged in its last second.
-    let args = ["chaos", "--duration", "20s", "--seed", "3", "--inject-bug", "ack-before-commit", "--json", "--dir"];
+    // Leader kills lose whatever the buggy leader acknowledged in its last second.
+    let args = [
+        "chaos",
+        "--duration",
+        "20s",
+        "--seed",
+        "3",
+        "--faults",
+        "kill-leader",
+        "--inject-bug",
+        "ack-before-commit",
+        "--json",
+        "--dir",
+    ];
     let o = muster(&[&args[..], &[run.to_str().unwrap()]].concat());
     assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -574,8 +591,34 @@ fn t101_a_chaos_run_catches_an_injected_ack_before_commit_bug() {
     assert_eq!(linear["passed"], false, "{report:#}");
     assert!(linear["detail"].as_str().unwrap().contains("Get(Some(Absent))"), "{linear}");
     assert_eq!(report["faults"][0]["kind"], "kill-leader");
-    assert!(report["reproduce"].as_str().unwrap().contains("--seed 3") && run.join("report.json").exists());
+    let reproduce = report["reproduce"].as_str().unwrap();
+    assert!(reproduce.contains("--seed 3 --duration 20s --agents 3 --faults kill-leader"), "{reproduce}");
+    assert!(run.join("report.json").exists());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("a check failed (seed 3)"), "{err}");
-    assert!(!muster(&["chaos", "--inject-bug", "nonsense"]).status.success());
+    let o = muster(&["chaos", "--inject-bug", "nonsense"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("ack-before-commit, ack-before-fsync"));
+    let o = muster(&["chaos", "--faults", "kill-leader,meteor"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("unknown fault \"meteor\"") && err.contains("power-loss-all"), "{err}");
+}
+
+/// The crash shim has teeth: servers whose log store acknowledges entries
+/// before fsyncing them lose acknowledged allocations when the whole
+/// cluster loses power, and the run says so.
+#[test]
+fn t102_a_chaos_run_catches_an_injected_ack_before_fsync_bug() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args =
+        ["chaos", "--duration", "15s", "--seed", "5", "--faults", "power-loss-all", "--inject-bug", "ack-before-fsync"];
+    let o = muster(&[&args[..], &["--json", "--dir", run.to_str().unwrap()]].concat());
+    assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["faults"][0]["kind"], "power-loss-all", "{report:#}");
+    let acked = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "acked_exactly_once").unwrap();
+    assert_eq!(acked["passed"], false, "{report:#}");
+    assert!(acked["detail"].as_str().unwrap().contains("was acknowledged as"), "{acked}");
 }

@@ -75,6 +75,9 @@ pub struct ReplicaConfig {
     pub advertise: String,
     /// Where the log and snapshots live.
     pub data_dir: PathBuf,
+    /// Storage options: the applied log (replay, audit) and the crash shim
+    /// (tests).
+    pub store: muster_raft_store::StoreOptions,
     /// The initial members (id → address), this replica included; used only
     /// the first time the data dir is opened, by the lowest-numbered member,
     /// which bootstraps the cluster (the others learn the membership from
@@ -115,6 +118,9 @@ pub enum InjectedBug {
     /// propose it a second later: a leader lost in that second loses an
     /// acknowledged allocation.
     AckBeforeCommit,
+    /// The log store acknowledges appended entries without fsyncing them: a
+    /// power loss of a majority loses acknowledged allocations.
+    AckBeforeFsync,
 }
 
 impl InjectedBug {
@@ -122,9 +128,13 @@ impl InjectedBug {
     pub fn parse(s: &str) -> Option<InjectedBug> {
         match s {
             "ack-before-commit" => Some(InjectedBug::AckBeforeCommit),
+            "ack-before-fsync" => Some(InjectedBug::AckBeforeFsync),
             _ => None,
         }
     }
+
+    /// Every bug's flag value.
+    pub const NAMES: &'static [&'static str] = &["ack-before-commit", "ack-before-fsync"];
 }
 
 impl ReplicaConfig {
@@ -134,6 +144,7 @@ impl ReplicaConfig {
             id,
             advertise: advertise.into(),
             data_dir: data_dir.into(),
+            store: muster_raft_store::StoreOptions::default(),
             initial_members: BTreeMap::new(),
             raft: RaftTuning::default(),
             admission: AdmissionConfig::default(),
@@ -215,7 +226,11 @@ impl Replica {
     /// dir with initial members, bootstraps the cluster.
     pub async fn start(cfg: ReplicaConfig, listener: TcpListener) -> Result<Replica, StartError> {
         let addr = listener.local_addr().map_err(StartError::Listener)?;
-        let (log, sm) = muster_raft_store::open::<State>(&cfg.data_dir)?;
+        let mut store = cfg.store.clone();
+        if cfg.inject_bug == Some(InjectedBug::AckBeforeFsync) {
+            store.fault = Some(muster_raft_store::StoreFault::AckBeforeFsync);
+        }
+        let (log, sm) = muster_raft_store::open_with::<State>(&cfg.data_dir, &store)?;
         let reader = sm.reader();
         let raft_cfg = Config {
             cluster_name: "muster".into(),

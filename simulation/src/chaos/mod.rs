@@ -50,6 +50,31 @@ pub struct ChaosConfig {
     /// A deliberate bug for the servers (`muster server --inject-bug`), to
     /// prove a check catches it.
     pub inject_bug: Option<String>,
+    /// The fault kinds the nemesis picks from (empty: all of [`fault_kinds`]).
+    pub faults: Vec<String>,
+}
+
+/// Every fault the nemesis knows, in docs/reliability.md's order.
+pub fn fault_kinds() -> Vec<&'static str> {
+    nemesis::KINDS.iter().map(|&(_, k)| k).collect()
+}
+
+/// The weighted menu for `faults` (empty: everything); an unknown kind is
+/// an error naming the known ones.
+fn fault_menu(faults: &[String]) -> Result<Vec<(u32, &'static str)>, String> {
+    if faults.is_empty() {
+        return Ok(nemesis::KINDS.to_vec());
+    }
+    faults
+        .iter()
+        .map(|f| {
+            nemesis::KINDS
+                .iter()
+                .find(|&&(_, k)| k == f.as_str())
+                .copied()
+                .ok_or_else(|| format!("unknown fault {f:?}; the faults are {}", fault_kinds().join(", ")))
+        })
+        .collect()
 }
 
 /// Operations by outcome.
@@ -138,6 +163,7 @@ fn free_port() -> Result<String, String> {
 /// Runs one chaos test. `Err` is for a harness that could not run at all
 /// (a check that fails is a report with `passed: false`).
 pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
+    let menu = fault_menu(&cfg.faults)?;
     std::fs::create_dir_all(cfg.dir.join("agents")).map_err(|e| format!("{}: {e}", cfg.dir.display()))?;
     let journal = cfg.dir.join("journal.log");
     std::fs::write(&journal, "").map_err(|e| e.to_string())?;
@@ -162,7 +188,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     let until = Instant::now() + cfg.duration;
     let (ops, faults) = tokio::join!(
         workload::run(proxied.clone(), cfg.seed, &journal, until),
-        nemesis::run(&mut procs, &proxies, cfg.seed, until),
+        nemesis::run(&mut procs, &proxies, &menu, cfg.seed, until),
     );
     nemesis::heal_network(&proxies);
     let crashed = procs.crashed();
@@ -182,6 +208,14 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         }
     }
     procs.shutdown();
+    let mut logs = Vec::new();
+    let mut unreadable = Vec::new();
+    for id in 1..=3 {
+        match muster_raft_store::read_applied_log::<muster_scheduler::sm::State>(&procs.data_dir(id)) {
+            Ok(records) => logs.push(checks::ReplicaLog { replica: id, records }),
+            Err(e) => unreadable.push(e.to_string()),
+        }
+    }
 
     let text = std::fs::read_to_string(&journal).unwrap_or_default();
     let mut results = vec![
@@ -191,6 +225,12 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         checks::journal_consistent(&checks::Journal::parse(&text), &histories),
         checks::client_api_linearizable(&ops),
     ];
+    let mut replay = checks::committed_log_replays(&logs, &statuses);
+    if !unreadable.is_empty() {
+        replay.passed = false;
+        replay.detail = format!("{}; {}", unreadable.join("; "), replay.detail);
+    }
+    results.push(replay);
     results.push(CheckResult {
         name: "no_crashes",
         passed: crashed.is_empty(),
@@ -217,10 +257,11 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         passed,
         dir: cfg.dir.clone(),
         reproduce: format!(
-            "muster chaos --seed {} --duration {}s --agents {}{} --dir {}",
+            "muster chaos --seed {} --duration {}s --agents {}{}{} --dir {}",
             cfg.seed,
             cfg.duration.as_secs(),
             cfg.agents,
+            if cfg.faults.is_empty() { String::new() } else { format!(" --faults {}", cfg.faults.join(",")) },
             cfg.inject_bug.as_ref().map(|b| format!(" --inject-bug {b}")).unwrap_or_default(),
             cfg.dir.display()
         ),

@@ -4,6 +4,8 @@
 //! | fault | what it does |
 //! |---|---|
 //! | `kill-leader` | `kill -9` the leader; restart it 1–3 s later |
+//! | `power-loss-replica` | `kill -9` a replica and drop every write it had not fsynced (the crash image); restart it 1–3 s later |
+//! | `power-loss-all` | the same to all three replicas at once (a whole-cluster outage) |
 //! | `pause-leader` | SIGSTOP the leader past the election timeout (2–4 s), then SIGCONT: a deposed leader wakes up |
 //! | `partition-leader` | cut the leader off from everyone, both ways, for 2–5 s |
 //! | `partition-follower` | cut a follower off for 2–5 s |
@@ -38,8 +40,11 @@ pub struct Fault {
     pub note: String,
 }
 
-const KINDS: &[(u32, &str)] = &[
+/// Every fault and its weight in the schedule.
+pub const KINDS: &[(u32, &str)] = &[
     (3, "kill-leader"),
+    (1, "power-loss-replica"),
+    (1, "power-loss-all"),
     (2, "pause-leader"),
     (2, "partition-leader"),
     (1, "partition-follower"),
@@ -89,15 +94,22 @@ async fn leader_or_wait(real: &[String], until: Instant) -> Option<u64> {
     None
 }
 
-/// Injects faults until `until`; every fault is healed before it returns.
-pub async fn run(procs: &mut Procs, proxies: &[Proxy], seed: u64, until: Instant) -> Vec<Fault> {
+/// Injects faults of the given kinds until `until`; every fault is healed
+/// before it returns.
+pub async fn run(
+    procs: &mut Procs,
+    proxies: &[Proxy],
+    kinds: &[(u32, &'static str)],
+    seed: u64,
+    until: Instant,
+) -> Vec<Fault> {
     let mut rng = SimRng::new(seed ^ 0x0BAD_F00D);
     let mut faults = Vec::new();
     let agents = procs.agent_ids().len();
     // Let the cluster settle and the workload start.
     tokio::time::sleep(Duration::from_secs(2)).await;
     while Instant::now() + Duration::from_secs(3) < until {
-        let kind = rng.weighted(KINDS);
+        let kind = rng.weighted(kinds);
         let hold = |rng: &mut SimRng, lo: u64, hi: u64| Duration::from_millis(rng.range(lo, hi));
         let start_ms = now_ms();
         let (target, note) = match kind {
@@ -155,6 +167,29 @@ pub async fn run(procs: &mut Procs, proxies: &[Proxy], seed: u64, until: Instant
                     }
                 };
                 (format!("replica {target}"), note)
+            }
+            "power-loss-replica" => {
+                let target = rng.range(1, procs.real.len() as u64);
+                let mut note = procs.power_loss_server(target).err().unwrap_or_default();
+                tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
+                if let Err(e) = procs.spawn_server(target) {
+                    note = format!("restart failed: {e}");
+                }
+                refresh_known(procs, proxies);
+                (format!("replica {target}"), note)
+            }
+            "power-loss-all" => {
+                let ids: Vec<u64> = (1..=procs.real.len() as u64).collect();
+                let mut notes = Vec::new();
+                for &id in &ids {
+                    notes.extend(procs.power_loss_server(id).err());
+                }
+                tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
+                for &id in &ids {
+                    notes.extend(procs.spawn_server(id).err().map(|e| format!("restart of {id} failed: {e}")));
+                }
+                refresh_known(procs, proxies);
+                ("all replicas".to_string(), notes.join("; "))
             }
             "slow-network" => {
                 let slow = Slowness { delay: Duration::from_millis(75), jitter: Duration::from_millis(50), loss: 0.5 };

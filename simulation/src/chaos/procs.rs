@@ -8,8 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// Server flags for fast failure detection and frequent snapshots (so a
-/// lagging follower needs one).
+/// lagging follower needs one); every replica keeps its applied log (the
+/// replay check) and a crash image (power loss).
 const SERVER_FLAGS: &[&str] = &[
+    "--keep-applied-log",
+    "--crash-image",
     "--heartbeat-ms",
     "100",
     "--snapshot-every",
@@ -94,7 +97,7 @@ impl Procs {
             .args(["server", "--id", &id.to_string(), "--listen", &self.real[i], "--advertise", &self.proxied[i]])
             .args(["--peers", &peers.join(",")])
             .arg("--data-dir")
-            .arg(self.dir.join(format!("data-{id}")))
+            .arg(self.data_dir(id))
             .args(SERVER_FLAGS)
             .args(self.inject_bug.iter().flat_map(|b| ["--inject-bug", b.as_str()]))
             .env("RUST_LOG", "info,openraft=warn")
@@ -134,6 +137,18 @@ impl Procs {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Replica `id`'s data dir.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("data-{id}"))
+    }
+
+    /// `kill -9` replica `id` and turn its data dir into what the last fsync
+    /// made durable, as a power loss would.
+    pub fn power_loss_server(&mut self, id: u64) -> Result<(), String> {
+        self.kill_server(id);
+        muster_raft_store::restore_crash_image(&self.data_dir(id)).map_err(|e| e.to_string())
     }
 
     /// SIGSTOP (`true`) or SIGCONT replica `id`.

@@ -7,12 +7,14 @@ mod acked;
 mod agree;
 mod journal;
 mod linearizable;
+mod replay;
 mod terminal;
 
 pub use acked::acked_exactly_once;
 pub use agree::replicas_agree;
 pub use journal::{Journal, journal_consistent};
 pub use linearizable::client_api_linearizable;
+pub use replay::{ReplicaLog, committed_log_replays};
 pub use terminal::all_terminal;
 
 use serde::Serialize;
