@@ -140,7 +140,7 @@ impl Report {
             self.liveness_s,
         );
         for c in &self.checks {
-            out.push_str(&format!("  {:<4} {:<20} {}\n", if c.passed { "ok" } else { "FAIL" }, c.name, c.detail));
+            out.push_str(&format!("  {:<4} {:<22} {}\n", if c.passed { "ok" } else { "FAIL" }, c.name, c.detail));
         }
         if self.passed {
             out.push_str("every check passed\n");
@@ -326,5 +326,20 @@ async fn converge(real: &[String], deadline: Instant) -> Vec<Option<muster_proto
             return statuses;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fault_menu_is_everything_or_the_named_kinds() {
+        assert_eq!(fault_menu(&[]).unwrap(), nemesis::KINDS.to_vec());
+        let menu = fault_menu(&["power-loss-all".into(), "kill-leader".into()]).unwrap();
+        assert_eq!(menu.iter().map(|&(_, k)| k).collect::<Vec<_>>(), ["power-loss-all", "kill-leader"]);
+        let err = fault_menu(&["meteor".into()]).unwrap_err();
+        assert!(err.contains("unknown fault \"meteor\"") && err.contains("lagging-follower"), "{err}");
+        assert!(fault_kinds().contains(&"power-loss-replica"));
     }
 }
