@@ -241,12 +241,15 @@ async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> 
 
 /// The preemption demo's low-class work: counts steps, and on a checkpoint
 /// hint (SIGUSR1) saves its step and marks the checkpoint done; resumes from
-/// the saved step.
+/// the saved step. It ends after 40 steps once the demo has created
+/// `demo-release` in the node's work dir (when the class-8 gang runs), so
+/// that on a slow machine it is still running when the preemption comes;
+/// after two minutes regardless.
 const HINTED: &str = r#"step=0
 if [ "$MUSTER_RESUME" = 1 ]; then step=$(cat "$MUSTER_CHECKPOINT_DIR/step"); echo "resumed from step $step"; fi
 trap 'echo $step > "$MUSTER_CHECKPOINT_DIR/step"; echo "checkpointed at step $step"; touch "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
 trap 'exit 143' TERM
-while [ $step -lt 40 ]; do
+while [ $step -lt 40 ] || { [ ! -e demo-release ] && [ $step -lt 1200 ]; }; do
   step=$((step+1)); echo $step > progress-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX; sleep 0.1
 done
 echo "finished at step $step""#;
@@ -288,6 +291,13 @@ async fn preemption_demo(addrs: &str, dir: &std::path::Path, agents: u32, gpus: 
         ..Default::default()
     };
     let started = Instant::now();
+    let release = |on: bool| {
+        for i in 1..=agents {
+            let path = dir.join(format!("node-{i}")).join("demo-release");
+            let _ = if on { std::fs::write(&path, "") } else { std::fs::remove_file(&path) };
+        }
+    };
+    release(false);
     out!("\npriority preemption: filling the cluster with class-2 work that answers checkpoint hints");
     let mut low = Vec::new();
     let mut specs = vec![("pair", job("pair", 2, 2, 30, HINTED))];
@@ -370,7 +380,12 @@ async fn preemption_demo(addrs: &str, dir: &std::path::Path, agents: u32, gpus: 
     let deadline = Instant::now() + Duration::from_secs(120);
     let all: Vec<u64> = std::iter::once(hi).chain(low.iter().copied()).collect();
     let mut finals = BTreeMap::new();
+    let mut released = false;
     while finals.len() < all.len() {
+        if !released && matches!(status_name(get_alloc(&mut cluster, hi).await?.status), "running" | "done") {
+            release(true);
+            released = true;
+        }
         for &id in &all {
             if finals.contains_key(&id) {
                 continue;
