@@ -26,6 +26,7 @@ mod node;
 mod output;
 mod server;
 mod simulate;
+mod tls;
 
 use std::process::ExitCode;
 
@@ -110,6 +111,11 @@ enum Cmd {
     /// Chaos test: real replicas and agents under kills, pauses and
     /// partitions, then checks that nothing acknowledged was lost.
     Chaos(chaos::ChaosArgs),
+    /// Certificates for mutual TLS: a cluster CA and role certificates.
+    Tls {
+        #[command(subcommand)]
+        cmd: tls::TlsCmd,
+    },
     /// Print what this machine would register as a node (CPUs, memory, GPUs).
     Probe,
     /// Report progress from inside a task (feeds its stall watchdog): appends
@@ -127,6 +133,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Simulate(args) => simulate::run(&args),
         Cmd::Probe => probe(),
+        Cmd::Tls { cmd } => tls::run(cmd),
         Cmd::Beat => beat(),
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
@@ -180,7 +187,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
                 let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
                 cluster::run(&mut cluster, cmd, client.output).await
             }
-            Cmd::Simulate(_) | Cmd::Probe | Cmd::Beat | Cmd::Completions { .. } => {
+            Cmd::Simulate(_) | Cmd::Probe | Cmd::Beat | Cmd::Completions { .. } | Cmd::Tls { .. } => {
                 unreachable!("run synchronously")
             }
         }

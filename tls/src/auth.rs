@@ -1,0 +1,119 @@
+//! Authorisation of every gRPC call by the caller's role: a tower layer in
+//! front of all of a server's services. It reads the verified peer
+//! certificate of the connection, takes the role from its SAN URI, asks the
+//! server's policy whether that role may call the method (the URI path),
+//! and hands the [`Caller`] to the handler in the request's extensions
+//! (where, e.g., the agent stream compares the node id with the one it
+//! registers). A refusal is answered with a gRPC status and never reaches a
+//! handler.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::Status;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+
+use crate::{Role, role_of_cert};
+
+/// Who is calling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// A verified role (a certificate, or later a token).
+    Role(Role),
+    /// The server runs with `--insecure`: nobody is identified, everything is allowed.
+    Insecure,
+}
+
+impl Caller {
+    /// The caller of a request that went through the [`AuthLayer`]; a
+    /// request that did not (an in-process test without the layer) is
+    /// treated as insecure.
+    pub fn of<T>(req: &tonic::Request<T>) -> Caller {
+        req.extensions().get::<Caller>().cloned().unwrap_or(Caller::Insecure)
+    }
+}
+
+/// The role a request's TLS peer certificate names.
+pub fn peer_role(extensions: &http::Extensions) -> Result<Role, Status> {
+    let certs = extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|i| i.peer_certs())
+        .ok_or_else(|| Status::unauthenticated("a client certificate is required (mutual TLS)"))?;
+    let leaf = certs.first().ok_or_else(|| Status::unauthenticated("a client certificate is required (mutual TLS)"))?;
+    role_of_cert(leaf).map_err(|e| Status::unauthenticated(format!("client certificate refused: {e}")))
+}
+
+/// A server's policy: may `caller` call `path` (`/muster.v1.Service/Method`)?
+pub type Policy = Arc<dyn Fn(&str, &Caller) -> Result<(), Status> + Send + Sync>;
+
+/// The layer; `insecure` lets every call through as [`Caller::Insecure`].
+#[derive(Clone)]
+pub struct AuthLayer {
+    policy: Policy,
+    insecure: bool,
+}
+
+impl AuthLayer {
+    /// Checks every call against `policy`.
+    pub fn new(policy: Policy) -> AuthLayer {
+        AuthLayer { policy, insecure: false }
+    }
+
+    /// Identifies nobody and allows everything (`--insecure`).
+    pub fn insecure() -> AuthLayer {
+        AuthLayer { policy: Arc::new(|_, _| Ok(())), insecure: true }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> AuthService<S> {
+        AuthService { inner, policy: self.policy.clone(), insecure: self.insecure }
+    }
+}
+
+/// The service [`AuthLayer`] wraps around a server's routes.
+#[derive(Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    policy: Policy,
+    insecure: bool,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for AuthService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    R: Default + Send + 'static,
+{
+    type Response = http::Response<R>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let caller = if self.insecure { Ok(Caller::Insecure) } else { peer_role(req.extensions()).map(Caller::Role) };
+        let allowed = caller.and_then(|c| (self.policy)(req.uri().path(), &c).map(|()| c));
+        match allowed {
+            Ok(caller) => {
+                req.extensions_mut().insert(caller);
+                // The clone that was made ready is the one to call.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                Box::pin(inner.call(req))
+            }
+            Err(status) => {
+                tracing::warn!(path = req.uri().path(), code = ?status.code(), message = status.message(), "call refused");
+                Box::pin(std::future::ready(Ok(status.into_http())))
+            }
+        }
+    }
+}

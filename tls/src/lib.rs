@@ -1,0 +1,38 @@
+//! Mutual TLS for Muster (docs/security.md).
+//!
+//! Every process proves a **role** with a certificate from the cluster's CA.
+//! The role is read from the certificate's SAN URI, never from the common
+//! name:
+//!
+//! | role | SAN URI | may call |
+//! |---|---|---|
+//! | server | `urn:muster:server:<id>` | Raft RPCs (and everything a client may) |
+//! | agent | `urn:muster:agent:<node_id>` | the agent stream, as that node only |
+//! | admin | `urn:muster:admin:<name>` | everything but Raft and the agent stream |
+//! | client | `urn:muster:client:<name>` | submit, cancel and every read |
+//!
+//! Server certificates also carry the DNS name [`SERVER_NAME`], which every
+//! client verifies, so no other role can pose as a server.
+//!
+//! ```text
+//!   muster tls init ──▶ ca.pem, ca-key.pem
+//!   muster tls issue server 1 ──▶ server-1.pem, server-1-key.pem   (signed by ca)
+//!   process ── --tls-dir D ──▶ TlsMaterial (ca + its own cert/key)
+//!        server: ServerTlsConfig (client certs required) + AuthLayer(policy)
+//!        client: ClientTlsConfig (verifies SERVER_NAME) + its cert
+//! ```
+
+#![deny(missing_docs)]
+
+mod auth;
+mod ca;
+mod identity;
+mod material;
+
+pub use auth::{AuthLayer, AuthService, Caller, Policy, peer_role};
+pub use ca::{CaError, Validity, init_ca, issue};
+pub use identity::{IdentityError, Role, role_of_cert};
+pub use material::{TlsError, TlsMaterial, cert_file_names};
+
+/// The DNS name in every server certificate; clients verify it.
+pub const SERVER_NAME: &str = "server.muster";
