@@ -35,7 +35,6 @@ use muster_proto::v1::agent_service_client::AgentServiceClient;
 use muster_proto::v1::scheduler_message::Msg as In;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
 
 use crate::checkpoint;
 use crate::executor::{self, Exit, TaskLaunch};
@@ -73,6 +72,9 @@ pub struct AgentConfig {
     /// Exit (`run` returns) once the scheduler says the node is stopped and
     /// nothing runs here, so a wrapper script can power the machine off.
     pub exit_when_stopped: bool,
+    /// This node's agent certificate and the cluster CA; `None` connects
+    /// without TLS (`--insecure`).
+    pub tls: Option<muster_tls::TlsMaterial>,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -282,7 +284,7 @@ impl Agent {
 
     async fn session(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<SessionEnd, String> {
         let addr = self.pick_address();
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
+        let channel = muster_tls::endpoint(&addr, self.cfg.tls.as_ref())
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .http2_keep_alive_interval(Duration::from_secs(10))

@@ -70,7 +70,7 @@ fn main() {
             (0..3)
                 .map(|i| {
                     Command::new(env!("CARGO_BIN_EXE_muster"))
-                        .args(["server", "--id", &(i + 1).to_string(), "--listen", &addrs[i], "--peers", &peers.join(",")])
+                        .args(["server", "--insecure", "--id", &(i + 1).to_string(), "--listen", &addrs[i], "--peers", &peers.join(",")])
                         .arg("--data-dir")
                         .arg(dir.path().join(format!("d{i}")))
                         .stdout(Stdio::null())

@@ -42,7 +42,16 @@ impl Servers {
     fn spawn(&mut self, id: usize) {
         let peers: Vec<String> = self.addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
         let child = Command::new(env!("CARGO_BIN_EXE_muster"))
-            .args(["server", "--id", &id.to_string(), "--listen", &self.addrs[id - 1], "--peers", &peers.join(",")])
+            .args([
+                "server",
+                "--insecure",
+                "--id",
+                &id.to_string(),
+                "--listen",
+                &self.addrs[id - 1],
+                "--peers",
+                &peers.join(","),
+            ])
             .arg("--data-dir")
             .arg(self.dir.join(format!("data-{id}")))
             .stdout(Stdio::null())

@@ -65,6 +65,8 @@ pub struct AgentArgs {
     /// operator), so a wrapper can power the machine off.
     #[arg(long)]
     exit_when_stopped: bool,
+    #[command(flatten)]
+    tls: crate::client::TlsArgs,
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -116,6 +118,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         },
         sampler: proc_sampler,
         exit_when_stopped: args.exit_when_stopped,
+        tls: args.tls.load(&muster_tls::Role::new("agent", &args.node_id)?)?,
     };
     let agent = Agent::new(cfg).with_context(|| format!("cannot use work dir {}", args.work_dir.display()))?;
     let (stop, stopped) = watch::channel(false);

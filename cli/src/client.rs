@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use muster_scheduler::server::convert::LEADER_ADDR_HEADER;
-use tonic::transport::{Channel, Endpoint};
+use muster_tls::{Role, TlsMaterial};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// Parses a `host:port[,host:port…]` list.
@@ -29,9 +30,9 @@ pub fn parse_addresses(list: &str) -> anyhow::Result<Vec<String>> {
     Ok(addrs)
 }
 
-/// Connects to one replica.
-pub async fn connect(addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+/// Connects to one replica (over mutual TLS with `tls`).
+pub async fn connect(addr: &str, timeout: Duration, tls: Option<&TlsMaterial>) -> anyhow::Result<Channel> {
+    let endpoint = muster_tls::endpoint(addr, tls)
         .with_context(|| format!("{addr:?} is not a valid address"))?
         .connect_timeout(timeout)
         .timeout(Duration::from_secs(30));
@@ -48,6 +49,7 @@ enum Attempt {
 pub struct Cluster {
     addrs: Vec<String>,
     leader: Option<String>,
+    tls: Option<TlsMaterial>,
 }
 
 /// Turns a status into one readable line.
@@ -68,8 +70,13 @@ pub fn describe(status: &Status) -> String {
 
 impl Cluster {
     /// A client for these replicas.
-    pub fn new(addrs: Vec<String>) -> Cluster {
-        Cluster { addrs, leader: None }
+    pub fn new(addrs: Vec<String>, tls: Option<TlsMaterial>) -> Cluster {
+        Cluster { addrs, leader: None, tls }
+    }
+
+    /// Connects to one replica with this client's TLS material.
+    pub async fn connect(&self, addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
+        connect(addr, timeout, self.tls.as_ref()).await
     }
 
     /// The listed replicas.
@@ -112,7 +119,7 @@ impl Cluster {
                 continue;
             }
             tried.push(addr.clone());
-            let channel = match connect(&addr, Duration::from_secs(3)).await {
+            let channel = match connect(&addr, Duration::from_secs(3), self.tls.as_ref()).await {
                 Ok(c) => c,
                 Err(e) => {
                     problems.push(e.to_string());
@@ -159,5 +166,47 @@ mod tests {
         assert!(parse_addresses("nohost").unwrap_err().to_string().contains("not host:port"));
         assert!(parse_addresses("h:0").is_err());
         assert!(parse_addresses("h:99999").is_err());
+    }
+}
+
+/// How a process finds its TLS material (`--tls-dir`, `--insecure`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct TlsArgs {
+    /// Directory with ca.pem and this process's certificate and key
+    /// (`muster tls init`, `muster tls issue`).
+    #[arg(long, env = "MUSTER_TLS_DIR", global = true)]
+    pub tls_dir: Option<std::path::PathBuf>,
+    /// Run without TLS or authorisation (debugging only; prints a warning).
+    #[arg(long, global = true)]
+    pub insecure: bool,
+}
+
+impl TlsArgs {
+    /// `role`'s material from the TLS dir, or `None` with `--insecure`.
+    pub fn load(&self, role: &Role) -> anyhow::Result<Option<TlsMaterial>> {
+        self.load_with(&role.to_string(), |dir| TlsMaterial::load(dir, role))
+    }
+
+    /// A client's material: `identity` (e.g. `admin-alice`) or the only
+    /// admin (else client, else reader) certificate in the TLS dir.
+    pub fn load_client(&self, identity: Option<&str>) -> anyhow::Result<Option<TlsMaterial>> {
+        self.load_with("a client", |dir| TlsMaterial::load_for_client(dir, identity))
+    }
+
+    fn load_with(
+        &self,
+        whose: &str,
+        load: impl FnOnce(&std::path::Path) -> Result<TlsMaterial, muster_tls::TlsError>,
+    ) -> anyhow::Result<Option<TlsMaterial>> {
+        if self.insecure {
+            eprintln!("muster: warning: --insecure: no TLS and no authorisation; use only for debugging");
+            return Ok(None);
+        }
+        let Some(dir) = &self.tls_dir else {
+            bail!(
+                "no TLS material: give --tls-dir DIR (or MUSTER_TLS_DIR) holding ca.pem and the certificate of {whose}, or --insecure to run without TLS (debugging only)"
+            );
+        };
+        Ok(Some(load(dir).with_context(|| format!("--tls-dir {}", dir.display()))?))
     }
 }

@@ -8,7 +8,7 @@ use muster_proto::v1;
 use muster_proto::v1::admin_service_client::AdminServiceClient;
 use serde_json::json;
 
-use crate::client::{Cluster, connect, describe};
+use crate::client::{Cluster, describe};
 use crate::output::Output;
 
 #[derive(Subcommand, Debug)]
@@ -46,8 +46,8 @@ pub enum ClusterCmd {
     },
 }
 
-async fn status_at(addr: &str) -> Result<v1::ReplicaStatus, String> {
-    let ch = connect(addr, Duration::from_secs(2)).await.map_err(|e| e.to_string())?;
+async fn status_at(cluster: &Cluster, addr: &str) -> Result<v1::ReplicaStatus, String> {
+    let ch = cluster.connect(addr, Duration::from_secs(2)).await.map_err(|e| e.to_string())?;
     let mut client = AdminServiceClient::new(ch);
     let mut req = tonic::Request::new(v1::StatusRequest {});
     req.set_timeout(Duration::from_secs(5));
@@ -58,7 +58,7 @@ async fn status_at(addr: &str) -> Result<v1::ReplicaStatus, String> {
 async fn members(cluster: &Cluster) -> anyhow::Result<Vec<v1::Member>> {
     let mut problems = Vec::new();
     for addr in cluster.addresses() {
-        match status_at(addr).await {
+        match status_at(cluster, addr).await {
             Ok(s) if !s.members.is_empty() => return Ok(s.members),
             Ok(s) => problems.push(format!("{addr}: replica {} is not part of a cluster yet", s.id)),
             Err(e) => problems.push(e),
@@ -83,7 +83,7 @@ pub async fn status(cluster: &Cluster, out: Output) -> anyhow::Result<()> {
     let members = members(cluster).await?;
     let mut rows = Vec::new();
     for m in &members {
-        rows.push((m.clone(), status_at(&m.address).await));
+        rows.push((m.clone(), status_at(cluster, &m.address).await));
     }
     let leader_id = rows.iter().find_map(|(_, s)| s.as_ref().ok().filter(|s| s.role == "leader").map(|s| s.id));
     match out {
@@ -167,7 +167,7 @@ pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow:
             let mut results = Vec::new();
             for m in &members {
                 let r = async {
-                    let ch = connect(&m.address, Duration::from_secs(2)).await.map_err(|e| e.to_string())?;
+                    let ch = cluster.connect(&m.address, Duration::from_secs(2)).await.map_err(|e| e.to_string())?;
                     let mut req = tonic::Request::new(v1::StatusRequest {});
                     req.set_timeout(Duration::from_secs(70));
                     AdminServiceClient::new(ch)
@@ -213,7 +213,7 @@ pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow:
             if !target.voter {
                 bail!("replica {to} is a learner; promote it before it can lead");
             }
-            let ch = connect(&target.address, Duration::from_secs(2)).await?;
+            let ch = cluster.connect(&target.address, Duration::from_secs(2)).await?;
             let mut admin = AdminServiceClient::new(ch);
             // openraft 0.9 has no leadership transfer: ask the target to
             // campaign, which it wins when its log is up to date.

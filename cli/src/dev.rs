@@ -37,6 +37,10 @@ pub struct DevArgs {
     /// Keep data here instead of a temporary directory.
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// Run without TLS or authorisation (debugging only). By default the
+    /// cluster gets a throwaway CA and certificates in <data>/tls.
+    #[arg(long)]
+    insecure: bool,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -59,16 +63,30 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         grace_ms: 5_000,
         ..Default::default()
     };
-    let cfg = LocalConfig { agents: args.agents, gpus_per_agent: args.gpus, preemption, ..LocalConfig::default() };
+    if args.insecure {
+        eprintln!("muster: warning: --insecure: no TLS and no authorisation; use only for debugging");
+    }
+    let cfg = LocalConfig {
+        agents: args.agents,
+        gpus_per_agent: args.gpus,
+        preemption,
+        insecure: args.insecure,
+        ..LocalConfig::default()
+    };
     let cluster = LocalCluster::start(&dir, cfg).await.map_err(|e| anyhow::anyhow!(e))?;
     let addrs = cluster.scheduler_addrs().join(",");
+    let tls = cluster.admin_tls();
     out!("muster dev: 3 scheduler replicas and {} agents ({} fake GPUs each) on loopback", args.agents, args.gpus);
     out!("  replicas  {addrs}");
     out!("  agents    {}", cluster.node_ids().join(" "));
     out!("  data      {}", dir.display());
+    match cluster.tls_dir() {
+        Some(t) => out!("  tls       {} (mutual TLS; you are admin-{})", t.display(), muster_sim::local::DEV_ADMIN),
+        None => out!("  tls       none (--insecure)"),
+    }
     let result = if args.demo {
-        match demo(&addrs, &dir, args.agents.min(4)).await {
-            Ok(()) if args.agents >= 4 => preemption_demo(&addrs, &dir, args.agents, args.gpus).await,
+        match demo(&addrs, tls.clone(), &dir, args.agents.min(4)).await {
+            Ok(()) if args.agents >= 4 => preemption_demo(&addrs, tls, &dir, args.agents, args.gpus).await,
             Ok(()) => {
                 out!("(the preemption demo needs at least 4 agents)");
                 Ok(())
@@ -79,6 +97,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         out!();
         out!("try:");
         out!("  export MUSTER_SCHEDULER={addrs}");
+        match cluster.tls_dir() {
+            Some(t) => out!("  export MUSTER_TLS_DIR={}", t.display()),
+            None => out!("  (add --insecure to every command: this cluster runs without TLS)"),
+        }
         out!(
             "  muster submit --gang-size {} --gpus 1 --class 5 -- sh -c 'echo hello from task $MUSTER_TASK_INDEX; sleep 5'",
             args.agents.min(4)
@@ -117,8 +139,8 @@ fn read_number(path: &std::path::Path) -> Option<u32> {
 /// Submits a gang of `n` checkpointing shell processes, kills task 0 once
 /// every task has made progress, and follows the teardown and the resumed
 /// gang to the end.
-async fn demo(addrs: &str, dir: &std::path::Path, n: u32) -> anyhow::Result<()> {
-    let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?);
+async fn demo(addrs: &str, tls: Option<muster_tls::TlsMaterial>, dir: &std::path::Path, n: u32) -> anyhow::Result<()> {
+    let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?, tls);
     let spec = v1::AllocationSpec {
         owner: "demo".into(),
         gang_size: n,
@@ -278,8 +300,14 @@ async fn get_alloc(cluster: &mut Cluster, id: u64) -> anyhow::Result<v1::Allocat
 /// Fills the cluster with class-2 work (a gang of 2, cheap singles, one
 /// single that checkpoints slowly), submits a class-8 gang of `agents - 1`
 /// whole nodes, and follows the preemption to the end.
-async fn preemption_demo(addrs: &str, dir: &std::path::Path, agents: u32, gpus: u32) -> anyhow::Result<()> {
-    let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?);
+async fn preemption_demo(
+    addrs: &str,
+    tls: Option<muster_tls::TlsMaterial>,
+    dir: &std::path::Path,
+    agents: u32,
+    gpus: u32,
+) -> anyhow::Result<()> {
+    let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?, tls);
     let job = |name: &str, n: u32, class: u32, estimate_s: u32, command: &str| v1::AllocationSpec {
         owner: "demo".into(),
         gang_size: n,

@@ -67,6 +67,19 @@ struct ClientArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Text, global = true)]
     output: Output,
+    #[command(flatten)]
+    tls: client::TlsArgs,
+    /// Which certificate in the TLS dir to use (e.g. admin-alice); default:
+    /// the only admin certificate there, else the only client one.
+    #[arg(long, env = "MUSTER_IDENTITY", global = true)]
+    identity: Option<String>,
+}
+
+impl ClientArgs {
+    fn cluster(&self) -> anyhow::Result<client::Cluster> {
+        let tls = self.tls.load_client(self.identity.as_deref())?;
+        Ok(client::Cluster::new(client::parse_addresses(&self.scheduler)?, tls))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -172,19 +185,19 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
                 dev::run(args).await
             }
             Cmd::Submit { client, args } => {
-                let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
+                let mut cluster = client.cluster()?;
                 alloc::submit(&mut cluster, args, client.output).await
             }
             Cmd::Alloc { client, cmd } => {
-                let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
+                let mut cluster = client.cluster()?;
                 alloc::alloc(&mut cluster, cmd, client.output).await
             }
             Cmd::Node { client, cmd } => {
-                let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
+                let mut cluster = client.cluster()?;
                 node::run(&mut cluster, cmd, client.output).await
             }
             Cmd::Cluster { client, cmd } => {
-                let mut cluster = client::Cluster::new(client::parse_addresses(&client.scheduler)?);
+                let mut cluster = client.cluster()?;
                 cluster::run(&mut cluster, cmd, client.output).await
             }
             Cmd::Simulate(_) | Cmd::Probe | Cmd::Beat | Cmd::Completions { .. } | Cmd::Tls { .. } => {

@@ -62,6 +62,8 @@ pub struct ServerArgs {
     agent_heartbeat_ms: u64,
     #[command(flatten)]
     preemption: PreemptionArgs,
+    #[command(flatten)]
+    tls: crate::client::TlsArgs,
     /// Default walltime (the budget watchdog's limit) for a class, when a
     /// submit gives none: CLASS=DURATION, e.g. 0=30m (repeatable; others 1h).
     #[arg(long = "default-walltime", value_name = "CLASS=DURATION")]
@@ -226,6 +228,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
+    cfg.tls = args.tls.load(&muster_tls::Role::Server(args.id))?;
     cfg.store.applied_log = args.keep_applied_log;
     cfg.store.crash_image = args.crash_image;
     cfg.raft.snapshot_every = args.snapshot_every;

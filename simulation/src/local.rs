@@ -42,6 +42,37 @@ pub struct LocalConfig {
     pub preemption: muster_scheduler::policy::PreemptionConfig,
     /// The agents' watchdog knobs.
     pub watchdog: muster_agent::watchdog::WatchdogConfig,
+    /// Run without TLS or authorisation.
+    pub insecure: bool,
+    /// The TLS dir: its CA is used (created when missing) and the
+    /// certificates the cluster needs are issued into it when missing
+    /// (`server-N`, `agent-node-N`, `admin-dev`). Default: `<dir>/tls`.
+    pub tls_dir: Option<PathBuf>,
+}
+
+/// The admin identity a local cluster issues for its operator.
+pub const DEV_ADMIN: &str = "dev";
+
+/// Serialises CA set-up and issuance: several clusters in one process may
+/// share a TLS dir.
+static TLS_SETUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Makes sure `dir` holds a CA and a certificate for each role (issuing
+/// only what is missing); returns their material by role.
+pub fn ensure_certs(dir: &Path, roles: &[muster_tls::Role]) -> Result<Vec<muster_tls::TlsMaterial>, String> {
+    let _guard = TLS_SETUP.lock().unwrap_or_else(|e| e.into_inner());
+    if !dir.join("ca.pem").exists() {
+        muster_tls::init_ca(dir, "muster dev", muster_tls::Validity::days(3650)).map_err(|e| e.to_string())?;
+    }
+    roles
+        .iter()
+        .map(|role| {
+            if !dir.join(format!("{}.pem", role.file_stem())).exists() {
+                muster_tls::issue(dir, role, muster_tls::Validity::days(365), &[]).map_err(|e| e.to_string())?;
+            }
+            muster_tls::TlsMaterial::load(dir, role).map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 impl Default for LocalConfig {
@@ -62,6 +93,8 @@ impl Default for LocalConfig {
                 gpu_health: false,
                 ..muster_agent::watchdog::WatchdogConfig::default()
             },
+            insecure: false,
+            tls_dir: None,
         }
     }
 }
@@ -79,6 +112,8 @@ pub struct LocalCluster {
     replicas: Vec<Option<Replica>>,
     addrs: Vec<String>,
     agents: Vec<Option<AgentHandle>>,
+    /// Material by role (servers, agents, the admin); empty when insecure.
+    tls: BTreeMap<muster_tls::Role, muster_tls::TlsMaterial>,
 }
 
 fn listener(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
@@ -96,7 +131,19 @@ impl LocalCluster {
             listeners.push(listener("127.0.0.1:0").map_err(|e| format!("cannot bind a loopback port: {e}"))?);
         }
         let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().expect("bound").to_string()).collect();
-        let mut c = LocalCluster { dir: dir.to_path_buf(), cfg, replicas: Vec::new(), addrs, agents: Vec::new() };
+        let mut tls = BTreeMap::new();
+        if !cfg.insecure {
+            let tls_dir = cfg.tls_dir.clone().unwrap_or_else(|| dir.join("tls"));
+            let roles: Vec<muster_tls::Role> = (1..=u64::from(cfg.replicas))
+                .map(muster_tls::Role::Server)
+                .chain((1..=cfg.agents).map(|i| muster_tls::Role::Agent(format!("node-{i}"))))
+                .chain([muster_tls::Role::Admin(DEV_ADMIN.to_string())])
+                .collect();
+            let materials =
+                ensure_certs(&tls_dir, &roles).map_err(|e| format!("TLS set-up in {}: {e}", tls_dir.display()))?;
+            tls = roles.into_iter().zip(materials).collect();
+        }
+        let mut c = LocalCluster { dir: dir.to_path_buf(), cfg, replicas: Vec::new(), addrs, agents: Vec::new(), tls };
         for (i, l) in listeners.into_iter().enumerate() {
             let r = Replica::start(c.replica_config(i as u64 + 1), l).await.map_err(|e| e.to_string())?;
             c.replicas.push(Some(r));
@@ -118,7 +165,18 @@ impl LocalCluster {
         rc.teardown_force_after = self.cfg.teardown_force_after;
         rc.preemption = self.cfg.preemption;
         rc.admission_interval = Duration::from_secs(1);
+        rc.tls = self.tls.get(&muster_tls::Role::Server(id)).cloned();
         rc
+    }
+
+    /// The TLS dir (`None` when insecure).
+    pub fn tls_dir(&self) -> Option<PathBuf> {
+        (!self.cfg.insecure).then(|| self.cfg.tls_dir.clone().unwrap_or_else(|| self.dir.join("tls")))
+    }
+
+    /// The operator's material (`admin-dev`), for clients of this cluster.
+    pub fn admin_tls(&self) -> Option<muster_tls::TlsMaterial> {
+        self.tls.get(&muster_tls::Role::Admin(DEV_ADMIN.to_string())).cloned()
     }
 
     fn spawn_agent(&self, i: u32) -> AgentHandle {
@@ -139,6 +197,7 @@ impl LocalCluster {
             watchdog: self.cfg.watchdog,
             sampler: muster_agent::agent::proc_sampler,
             exit_when_stopped: false,
+            tls: self.tls.get(&muster_tls::Role::Agent(node_id.clone())).cloned(),
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

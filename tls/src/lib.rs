@@ -32,7 +32,7 @@ mod material;
 pub use auth::{AuthLayer, AuthService, Caller, Policy, peer_role};
 pub use ca::{CaError, Validity, init_ca, issue};
 pub use identity::{IdentityError, Role, role_of_cert};
-pub use material::{TlsError, TlsMaterial, cert_file_names};
+pub use material::{HANDSHAKE_TIMEOUT, TlsError, TlsMaterial, cert_file_names, endpoint};
 
 /// The DNS name in every server certificate; clients verify it.
 pub const SERVER_NAME: &str = "server.muster";

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use muster_proto::v1;
 use muster_proto::v1::admin_service_client::AdminServiceClient;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -58,6 +58,7 @@ impl Cluster {
             .arg(self.dir.join(format!("data-{id}")))
             .args(["--peers", &self.peers()])
             .args(&self.extra)
+            .env("MUSTER_TLS_DIR", crate::tls::dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -94,8 +95,14 @@ impl Drop for Cluster {
     }
 }
 
+/// A channel to `addr` as the tests' admin.
 pub async fn channel(addr: &str) -> Option<Channel> {
-    Endpoint::from_shared(format!("http://{addr}"))
+    channel_as(addr, &crate::tls::admin()).await
+}
+
+/// A channel to `addr` presenting `tls`'s certificate.
+pub async fn channel_as(addr: &str, tls: &muster_tls::TlsMaterial) -> Option<Channel> {
+    muster_tls::endpoint(addr, Some(tls))
         .ok()?
         .connect_timeout(Duration::from_secs(1))
         .timeout(Duration::from_secs(5))

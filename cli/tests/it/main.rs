@@ -1,6 +1,7 @@
 //! The `muster` binary, run as a user would.
 
 mod cluster;
+mod t110_security;
 mod t60_failover;
 mod t70_cli_cluster;
 mod t80_e2e;
@@ -9,11 +10,16 @@ mod t88_preemption;
 mod t91_dev_cli;
 mod t96_watchdogs;
 mod t99_node_lifecycle;
+mod tls;
 
 use std::process::{Command, Output};
 
 pub fn muster(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_muster")).args(args).output().expect("muster runs")
+    Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(args)
+        .env("MUSTER_TLS_DIR", tls::dir())
+        .output()
+        .expect("muster runs")
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -131,6 +137,7 @@ fn t93_server_serves_prometheus_metrics() {
         .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--metrics", &metrics])
         .arg("--data-dir")
         .arg(dir.path())
+        .env("MUSTER_TLS_DIR", tls::dir())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -476,17 +483,20 @@ impl Procs {
                 .args(server_args)
                 .arg("--data-dir")
                 .arg(dir.join("server"))
+                .env("MUSTER_TLS_DIR", tls::dir())
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .unwrap(),
         ]);
         for node in agents {
+            tls::material(muster_tls::Role::Agent(node.to_string()));
             procs.0.push(
                 Command::new(env!("CARGO_BIN_EXE_muster"))
                     .args(["agent", "--scheduler", addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
                     .args(agent_args)
                     .arg("--work-dir")
                     .arg(dir.join(node))
+                    .env("MUSTER_TLS_DIR", tls::dir())
                     .stderr(std::process::Stdio::null())
                     .spawn()
                     .unwrap(),

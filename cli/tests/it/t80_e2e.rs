@@ -74,7 +74,11 @@ pub(crate) fn status(a: &v1::Allocation) -> v1::AllocationStatus {
 }
 
 fn fast() -> LocalConfig {
-    LocalConfig { heartbeat: Duration::from_millis(500), stop_grace: Duration::from_secs(1), ..LocalConfig::default() }
+    LocalConfig {
+        heartbeat: Duration::from_millis(500),
+        stop_grace: Duration::from_secs(1),
+        ..crate::tls::local_config()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

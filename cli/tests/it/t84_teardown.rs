@@ -14,11 +14,11 @@ use muster_sim::local::{LocalCluster, LocalConfig};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::cluster::{WAIT, channel};
+use crate::cluster::WAIT;
 use crate::t80_e2e::{gang, get, proc_alive, status, submit, until};
 
 fn config(agents: u32, grace: Duration) -> LocalConfig {
-    LocalConfig { agents, heartbeat: Duration::from_millis(500), stop_grace: grace, ..LocalConfig::default() }
+    LocalConfig { agents, heartbeat: Duration::from_millis(500), stop_grace: grace, ..crate::tls::local_config() }
 }
 
 /// The node index of an agent's node id (`node-3` → 2).
@@ -183,7 +183,11 @@ impl Ghost {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(l) = c.leader_id()
-                && let Some(ch) = channel(&c.scheduler_addrs()[l as usize - 1]).await
+                && let Some(ch) = crate::cluster::channel_as(
+                    &c.scheduler_addrs()[l as usize - 1],
+                    &crate::tls::material(muster_tls::Role::Agent("ghost".into())),
+                )
+                .await
             {
                 let (tx, out) = mpsc::channel(64);
                 tx.send(up(Up::Register(v1::Register {

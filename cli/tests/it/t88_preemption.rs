@@ -24,7 +24,7 @@ fn config(agents: u32, checkpoint_timeout_ms: u64) -> LocalConfig {
             grace_ms: 2_000,
             ..PreemptionConfig::default()
         },
-        ..LocalConfig::default()
+        ..crate::tls::local_config()
     }
 }
 

@@ -31,7 +31,12 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
             break rest.trim().to_string();
         }
     };
-    let s = ["--scheduler", sched.as_str(), "--output", "json"];
+    // `muster dev` made its own CA; the CLI uses its admin certificate.
+    let tls_dir = dir.path().join("dev").join("tls");
+    let tls_line = lines.find(|l| l.as_ref().is_ok_and(|l| l.trim().starts_with("tls"))).unwrap().unwrap();
+    assert!(tls_line.contains(tls_dir.to_str().unwrap()) && tls_line.contains("admin-dev"), "{tls_line}");
+    let td = tls_dir.to_str().unwrap().to_string();
+    let s = ["--scheduler", sched.as_str(), "--output", "json", "--tls-dir", td.as_str()];
     let with = |args: &[&str]| -> Vec<String> { args.iter().chain(s.iter()).map(|a| a.to_string()).collect() };
     let call = |args: &[&str]| {
         let v = with(args);
@@ -97,7 +102,20 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     assert!(victims[0]["total_cost"].as_u64().unwrap() < plan["preemption"]["value"].as_u64().unwrap());
     let plan = dry("5");
     assert!(plan["preemption"]["reason"].as_str().unwrap().contains("1 not of a lower class"), "{plan}");
-    let text = muster(&["submit", "--dry-run", "--gpus", "8", "--class", "8", "--scheduler", &sched, "--", "true"]);
+    let text = muster(&[
+        "submit",
+        "--dry-run",
+        "--gpus",
+        "8",
+        "--class",
+        "8",
+        "--scheduler",
+        &sched,
+        "--tls-dir",
+        &td,
+        "--",
+        "true",
+    ]);
     let text = String::from_utf8_lossy(&text.stdout).into_owned();
     assert!(
         text.contains("preemption: would stop 1 allocation(s)") && text.contains(&format!("victim {id:>6}")),
@@ -106,9 +124,15 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     assert_eq!(call(&["alloc", "get", &id])["status"], "running", "a dry run changes nothing");
     // Bad classes are refused with the field named, and nothing is submitted.
     for (args, field) in [
-        (vec!["submit", "--class", "11", "--scheduler", &sched, "--", "true"], "preemption_class"),
-        (vec!["submit", "--class", "5", "--sensitive", "--scheduler", &sched, "--", "true"], "preemption_class"),
-        (vec!["submit", "--vcluster-type", "gpu", "--scheduler", &sched, "--", "true"], "vcluster_type"),
+        (vec!["submit", "--class", "11", "--scheduler", &sched, "--tls-dir", &td, "--", "true"], "preemption_class"),
+        (
+            vec!["submit", "--class", "5", "--sensitive", "--scheduler", &sched, "--tls-dir", &td, "--", "true"],
+            "preemption_class",
+        ),
+        (
+            vec!["submit", "--vcluster-type", "gpu", "--scheduler", &sched, "--tls-dir", &td, "--", "true"],
+            "vcluster_type",
+        ),
     ] {
         let o = muster(&args);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -123,17 +147,29 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     short.extend(s);
     short.extend(["--", "sleep", "1"]);
     let short_id = json(&short)["id"].as_u64().unwrap().to_string();
-    let o = muster(&["alloc", "watch", &short_id, "--scheduler", &sched]);
+    let o = muster(&["alloc", "watch", &short_id, "--scheduler", &sched, "--tls-dir", &td]);
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
     for kind in ["submitted", "gang_reserved", "task_started", "task_finished", "allocation_done"] {
         assert!(text.contains(kind), "{kind} missing from\n{text}");
     }
-    let o = muster(&["alloc", "watch", &short_id, "--from", "2", "--scheduler", &sched, "--output", "json"]);
+    let o = muster(&[
+        "alloc",
+        "watch",
+        &short_id,
+        "--from",
+        "2",
+        "--scheduler",
+        &sched,
+        "--tls-dir",
+        &td,
+        "--output",
+        "json",
+    ]);
     let first: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&o.stdout).lines().next().unwrap()).unwrap();
     assert_eq!(first["revision"], 3);
-    let o = muster(&["alloc", "watch", &id, "--scheduler", &sched]);
+    let o = muster(&["alloc", "watch", &id, "--scheduler", &sched, "--tls-dir", &td]);
     assert!(!o.status.success(), "a cancelled allocation's watch exits non-zero");
     assert!(String::from_utf8_lossy(&o.stderr).contains("ended cancelled"));
 
@@ -142,12 +178,12 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     talk.extend(s);
     talk.extend(["--", "sh", "-c", "echo out-$MUSTER_TASK_INDEX; echo err-$MUSTER_TASK_INDEX >&2"]);
     let talk_id = json(&talk)["id"].as_u64().unwrap().to_string();
-    assert!(muster(&["alloc", "watch", &talk_id, "--scheduler", &sched]).status.success());
-    let o = muster(&["alloc", "logs", &talk_id, "--task", "1", "--scheduler", &sched]);
+    assert!(muster(&["alloc", "watch", &talk_id, "--scheduler", &sched, "--tls-dir", &td]).status.success());
+    let o = muster(&["alloc", "logs", &talk_id, "--task", "1", "--scheduler", &sched, "--tls-dir", &td]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "out-1\n", "{}", String::from_utf8_lossy(&o.stderr));
-    let o = muster(&["alloc", "logs", &talk_id, "--task", "0", "--stderr", "--scheduler", &sched]);
+    let o = muster(&["alloc", "logs", &talk_id, "--task", "0", "--stderr", "--scheduler", &sched, "--tls-dir", &td]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "err-0\n");
-    let o = muster(&["alloc", "logs", &talk_id, "--task", "7", "--scheduler", &sched]);
+    let o = muster(&["alloc", "logs", &talk_id, "--task", "7", "--scheduler", &sched, "--tls-dir", &td]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("has no task 7"), "{}", String::from_utf8_lossy(&o.stderr));
 
     // --follow streams until the attempt ends.
@@ -160,7 +196,7 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
         assert!(Instant::now() < deadline, "never started");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let o = muster(&["alloc", "logs", &slow_id, "-f", "--scheduler", &sched]);
+    let o = muster(&["alloc", "logs", &slow_id, "-f", "--scheduler", &sched, "--tls-dir", &td]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "line1\nline2\nline3\n", "{}", String::from_utf8_lossy(&o.stderr));
 
     // Node lifecycle on muster dev: an idle node drained stops at once (its
@@ -169,7 +205,7 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     assert_eq!(n["status"], "stopped", "{n}");
     let kinds: Vec<&str> = n["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert!(kinds.ends_with(&["drain_started", "drain_completed", "node_stopped"]), "{kinds:?}");
-    let o = muster(&["node", "drain", "node-4", "--scheduler", &sched]);
+    let o = muster(&["node", "drain", "node-4", "--scheduler", &sched, "--tls-dir", &td]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("node node-4 is stopped: cannot drain (allowed from ready)"), "{err}");
     assert_eq!(call(&["node", "restart", "node-4", "--by", "t91"])["status"], "ready");

@@ -24,7 +24,7 @@ fn config() -> LocalConfig {
             gpu_health: false,
             ..WatchdogConfig::default()
         },
-        ..LocalConfig::default()
+        ..crate::tls::local_config()
     }
 }
 

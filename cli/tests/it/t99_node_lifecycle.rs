@@ -26,7 +26,7 @@ fn config(agents: u32) -> LocalConfig {
             grace_ms: 2_000,
             ..PreemptionConfig::default()
         },
-        ..LocalConfig::default()
+        ..crate::tls::local_config()
     }
 }
 

@@ -218,9 +218,10 @@ impl AgentService for AgentHub {
             return Err(leader_status(&self.s));
         }
         let (tx, rx) = mpsc::channel(1024);
+        let caller = muster_tls::Caller::of(&req);
         let (s, cfg, preemption, inbound) = (self.s.clone(), self.cfg, self.preemption, req.into_inner());
         tokio::spawn(async move {
-            if let Err(status) = Session::run(s, cfg, preemption, inbound, tx.clone()).await {
+            if let Err(status) = Session::run(s, cfg, preemption, caller, inbound, tx.clone()).await {
                 let _ = tx.send(Err(status)).await;
             }
         });
@@ -269,6 +270,7 @@ impl Session {
         s: Shared,
         cfg: HubConfig,
         preemption: PreemptionConfig,
+        caller: muster_tls::Caller,
         mut inbound: Streaming<v1::AgentMessage>,
         tx: mpsc::Sender<Result<v1::SchedulerMessage, Status>>,
     ) -> Result<(), Status> {
@@ -278,6 +280,9 @@ impl Session {
         let Some(v1::AgentMessage { msg: Some(In::Register(reg)) }) = first else {
             return Err(Status::invalid_argument("invalid stream: the first message must be Register"));
         };
+        // The certificate fixes the node: every later message on this stream
+        // is checked against `node`, so agent A can never act on B's tasks.
+        super::auth::check_agent_node(&caller, &reg.node_id)?;
         let r = reg.resources.ok_or_else(|| Status::invalid_argument("invalid resources: is required"))?;
         let node = NodeId::new(reg.node_id);
         let mut labels: BTreeMap<String, String> = reg.labels.into_iter().collect();

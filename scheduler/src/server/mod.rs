@@ -15,6 +15,7 @@
 
 pub mod admin_api;
 pub mod agent_hub;
+pub mod auth;
 pub mod client_api;
 pub mod convert;
 pub mod leader;

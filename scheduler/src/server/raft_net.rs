@@ -16,6 +16,7 @@ use muster_proto::v1::RaftPayload;
 use muster_proto::v1::raft_service_client::RaftServiceClient;
 use muster_proto::v1::raft_service_server::RaftService;
 use muster_raft_store::codec;
+use muster_tls::TlsMaterial;
 use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -25,7 +26,7 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
 use super::{MusterRaft, TypeConfig};
@@ -33,9 +34,14 @@ use super::{MusterRaft, TypeConfig};
 /// The largest gRPC message between replicas (snapshot chunks are smaller).
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 << 20;
 
-/// Builds a lazily connecting channel to `addr` (`host:port`).
-pub fn lazy_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+/// Builds a lazily connecting channel to `addr` (`host:port`), over mutual
+/// TLS with this replica's certificate when `tls` is given.
+pub fn lazy_channel(
+    addr: &str,
+    connect_timeout: Duration,
+    tls: Option<&TlsMaterial>,
+) -> Result<Channel, tonic::transport::Error> {
+    Ok(muster_tls::endpoint(addr, tls)?
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
@@ -47,15 +53,23 @@ pub fn lazy_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, to
 #[derive(Clone, Default)]
 pub struct Network {
     channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+    tls: Option<Arc<TlsMaterial>>,
 }
 
 impl Network {
+    /// A network whose connections present `tls` (this replica's server
+    /// certificate), or plain when `None` (insecure mode).
+    pub fn new(tls: Option<TlsMaterial>) -> Network {
+        Network { channels: Arc::default(), tls: tls.map(Arc::new) }
+    }
+
     fn channel(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().expect("channel pool lock");
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let c = lazy_channel(addr, Duration::from_secs(2)).map_err(|e| format!("bad peer address {addr:?}: {e}"))?;
+        let c = lazy_channel(addr, Duration::from_secs(2), self.tls.as_deref())
+            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?;
         channels.insert(addr.to_string(), c.clone());
         Ok(c)
     }

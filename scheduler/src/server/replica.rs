@@ -75,6 +75,9 @@ pub struct ReplicaConfig {
     pub advertise: String,
     /// Where the log and snapshots live.
     pub data_dir: PathBuf,
+    /// This replica's certificate and the CA it trusts; `None` runs without
+    /// TLS and without authorisation (`--insecure`: debugging only).
+    pub tls: Option<muster_tls::TlsMaterial>,
     /// Storage options: the applied log (replay, audit) and the crash shim
     /// (tests).
     pub store: muster_raft_store::StoreOptions,
@@ -144,6 +147,7 @@ impl ReplicaConfig {
             id,
             advertise: advertise.into(),
             data_dir: data_dir.into(),
+            tls: None,
             store: muster_raft_store::StoreOptions::default(),
             initial_members: BTreeMap::new(),
             raft: RaftTuning::default(),
@@ -245,7 +249,7 @@ impl Replica {
         }
         .validate()
         .map_err(|e| StartError::Config(e.to_string()))?;
-        let raft = MusterRaft::new(cfg.id, Arc::new(raft_cfg), Network::default(), log, sm)
+        let raft = MusterRaft::new(cfg.id, Arc::new(raft_cfg), Network::new(cfg.tls.clone()), log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         let proposer = Proposer::start(raft.clone(), cfg.max_batch);
@@ -270,7 +274,22 @@ impl Replica {
         }
 
         let (stop, mut stopped) = watch::channel(false);
-        let server = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        let auth = match &cfg.tls {
+            Some(tls) => {
+                builder =
+                    builder.tls_config(tls.server_config()).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
+                muster_tls::AuthLayer::new(Arc::new(super::auth::policy))
+            }
+            None => {
+                tracing::warn!(
+                    "running without TLS or authorisation (--insecure): anyone who reaches this port owns the cluster"
+                );
+                muster_tls::AuthLayer::insecure()
+            }
+        };
+        let server = builder
+            .layer(auth)
             .add_service(
                 RaftServiceServer::new(RaftRpc::new(raft.clone()))
                     .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)

@@ -9,7 +9,7 @@ use muster_proto::v1;
 use muster_proto::v1::admin_service_client::AdminServiceClient;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// How a call ended, as a linearizability checker must see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,9 +23,19 @@ pub enum Answer<T> {
     Unknown(String),
 }
 
-/// A fresh connection to `addr`, or why not.
+/// The harness's own certificate (an admin's): one chaos run at a time per
+/// process sets it before any call.
+static TLS: std::sync::RwLock<Option<muster_tls::TlsMaterial>> = std::sync::RwLock::new(None);
+
+/// Sets the material every harness connection presents.
+pub fn set_tls(tls: Option<muster_tls::TlsMaterial>) {
+    *TLS.write().unwrap_or_else(|e| e.into_inner()) = tls;
+}
+
+/// A fresh connection to `addr` over mutual TLS, or why not.
 pub async fn connect(addr: &str, timeout: Duration) -> Result<Channel, String> {
-    Endpoint::from_shared(format!("http://{addr}"))
+    let tls = TLS.read().unwrap_or_else(|e| e.into_inner()).clone();
+    muster_tls::endpoint(addr, tls.as_ref())
         .map_err(|e| e.to_string())?
         .connect_timeout(timeout)
         .timeout(timeout)

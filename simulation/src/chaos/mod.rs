@@ -175,6 +175,14 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     let proxied: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
     let mut procs =
         Procs::new(&cfg.muster_bin, &cfg.dir, real.clone(), proxied.clone(), cfg.agents, cfg.inject_bug.clone());
+    // Everything runs over mutual TLS with its own role's certificate.
+    let roles: Vec<muster_tls::Role> = (1..=3)
+        .map(muster_tls::Role::Server)
+        .chain(procs.agent_ids().iter().map(|id| muster_tls::Role::Agent(id.clone())))
+        .chain([muster_tls::Role::Admin("chaos".into())])
+        .collect();
+    let materials = crate::local::ensure_certs(&procs.tls_dir(), &roles)?;
+    client::set_tls(materials.last().cloned());
     for id in 1..=3 {
         procs.spawn_server(id).map_err(|e| format!("cannot start muster server: {e}"))?;
     }

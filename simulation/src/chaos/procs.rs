@@ -99,6 +99,8 @@ impl Procs {
             .arg("--data-dir")
             .arg(self.data_dir(id))
             .args(SERVER_FLAGS)
+            .arg("--tls-dir")
+            .arg(self.tls_dir())
             .args(self.inject_bug.iter().flat_map(|b| ["--inject-bug", b.as_str()]))
             .env("RUST_LOG", "info,openraft=warn")
             .stdin(Stdio::null())
@@ -117,6 +119,8 @@ impl Procs {
             .args(["--gpus", "4", "--vram-mb", "16000", "--cpus", "8", "--mem-mb", "16000"])
             .arg("--work-dir")
             .arg(self.dir.join("agents").join(&id))
+            .arg("--tls-dir")
+            .arg(self.tls_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log(&self.dir, &format!("agent-{id}"))?)
@@ -137,6 +141,11 @@ impl Procs {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// The run's CA and certificates (servers, agents, the harness's admin).
+    pub fn tls_dir(&self) -> PathBuf {
+        self.dir.join("tls")
     }
 
     /// Replica `id`'s data dir.

@@ -1,0 +1,279 @@
+//! Mutual TLS and roles against a real `muster server`: every call a role
+//! may not make is refused with the right status, and nothing changes in
+//! the state.
+
+use std::time::{Duration, Instant};
+
+use muster_proto::v1;
+use muster_proto::v1::admin_service_client::AdminServiceClient;
+use muster_proto::v1::agent_message::Msg as Up;
+use muster_proto::v1::agent_service_client::AgentServiceClient;
+use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+use muster_proto::v1::node_service_client::NodeServiceClient;
+use muster_proto::v1::raft_service_client::RaftServiceClient;
+use muster_proto::v1::scheduler_message::Msg as Down;
+use muster_tls::{Role, TlsMaterial, Validity};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::cluster::{WAIT, channel, channel_as, free_port};
+use crate::tls;
+
+/// One `muster server` over mutual TLS.
+struct Server {
+    addr: String,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}")])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env("MUSTER_TLS_DIR", tls::dir())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Server { addr, child, _dir: dir };
+        let deadline = Instant::now() + WAIT;
+        while s.status().await.is_none_or(|st| st.role != "leader") {
+            assert!(Instant::now() < deadline, "the server never led");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        s
+    }
+
+    async fn status(&self) -> Option<v1::ReplicaStatus> {
+        let ch = channel(&self.addr).await?;
+        AdminServiceClient::new(ch).status(v1::StatusRequest {}).await.ok().map(|r| r.into_inner())
+    }
+
+    /// Applied index and digest: what "nothing changed" is checked against.
+    async fn state(&self) -> (u64, String) {
+        let s = self.status().await.expect("status as admin");
+        (s.applied_index, s.state_digest)
+    }
+
+    async fn as_role(&self, role: Role) -> Channel {
+        channel_as(&self.addr, &tls::material(role)).await.expect("connects")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn up(m: Up) -> v1::AgentMessage {
+    v1::AgentMessage { msg: Some(m) }
+}
+
+fn register(node: &str, gpus: u32) -> v1::AgentMessage {
+    up(Up::Register(v1::Register {
+        node_id: node.into(),
+        resources: Some(v1::Resources { gpus, vram_mb: 80_000, mem_mb: 64_000, cpus: 8 }),
+        ..Default::default()
+    }))
+}
+
+/// An agent stream with `tls`'s certificate that sends `first`.
+async fn agent_stream(
+    addr: &str,
+    tls: &TlsMaterial,
+    first: v1::AgentMessage,
+) -> Result<(mpsc::Sender<v1::AgentMessage>, tonic::Streaming<v1::SchedulerMessage>), tonic::Status> {
+    let ch = channel_as(addr, tls).await.expect("connects");
+    let (tx, out) = mpsc::channel(16);
+    tx.send(first).await.unwrap();
+    let mut rx = AgentServiceClient::new(ch).connect(ReceiverStream::new(out)).await?.into_inner();
+    match rx.message().await? {
+        Some(v1::SchedulerMessage { msg: Some(Down::Registered(_)) }) => Ok((tx, rx)),
+        other => panic!("expected Registered, got {other:?}"),
+    }
+}
+
+async fn next_down(rx: &mut tonic::Streaming<v1::SchedulerMessage>, pick: impl Fn(&Down) -> bool) -> Down {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let m = tokio::time::timeout(left, rx.message()).await.expect("in time").expect("stream open");
+        let d = m.and_then(|m| m.msg).expect("a message");
+        if pick(&d) {
+            return d;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t110_each_role_is_held_to_its_methods() {
+    let s = Server::start().await;
+    let before = s.state().await;
+
+    // An agent certificate calling a server-only Raft RPC (Nomad CVE-2021-37218).
+    let agent = s.as_role(Role::Agent("gpu-01".into())).await;
+    let err = RaftServiceClient::new(agent.clone())
+        .append_entries(v1::RaftPayload { data: vec![1, 2, 3] })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("agent gpu-01 may not call /muster.v1.RaftService/AppendEntries"), "{err:?}");
+    // Nor may it submit work or read allocations.
+    let spec = v1::AllocationSpec {
+        owner: "mallory".into(),
+        gang_size: 1,
+        resources: Some(v1::Resources { gpus: 1, vram_mb: 1, mem_mb: 1, cpus: 1 }),
+        command: vec!["true".into()],
+        ..Default::default()
+    };
+    let submit = |ch: Channel| {
+        let spec = spec.clone();
+        async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec), dry_run: false }).await }
+    };
+    assert_eq!(submit(agent.clone()).await.unwrap_err().code(), Code::PermissionDenied);
+
+    // A client may submit and read but not run the cluster.
+    let client = s.as_role(Role::Client("bob".into())).await;
+    let drain = v1::DrainNodeRequest { id: "gpu-01".into(), ..Default::default() };
+    let err = NodeServiceClient::new(client.clone()).drain_node(drain.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("admins only"), "{err:?}");
+    let err = AdminServiceClient::new(client.clone()).trigger_election(v1::StatusRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    // A reader reads and nothing else.
+    let reader = s.as_role(Role::Reader("grafana".into())).await;
+    assert!(AllocationServiceClient::new(reader.clone()).list(v1::ListRequest::default()).await.is_ok());
+    let err = submit(reader.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    // An admin may not speak Raft either.
+    let admin = s.as_role(Role::Admin("dev".into())).await;
+    let err = RaftServiceClient::new(admin).vote(v1::RaftPayload { data: vec![] }).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    // Admins and clients are not agents.
+    let err =
+        agent_stream(&s.addr, &tls::material(Role::Client("bob".into())), register("gpu-01", 8)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
+    assert_eq!(s.state().await, before, "nothing a refused call asked for happened");
+    // The client's own work goes through.
+    let id = submit(client).await.unwrap().into_inner().id;
+    assert!(id > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t111_an_agent_acts_only_as_its_own_node() {
+    let s = Server::start().await;
+    let a = tls::material(Role::Agent("sec-a".into()));
+    let b = tls::material(Role::Agent("sec-b".into()));
+
+    // A's certificate cannot register as B.
+    let before = s.state().await;
+    let err = agent_stream(&s.addr, &a, register("sec-b", 8)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("is for node \"sec-a\"; it cannot register as node \"sec-b\""), "{err:?}");
+    assert_eq!(s.state().await, before);
+
+    // B runs a task; A (no GPUs) tries to report it finished.
+    let (b_tx, mut b_rx) = agent_stream(&s.addr, &b, register("sec-b", 8)).await.unwrap();
+    let (a_tx, mut a_rx) = agent_stream(&s.addr, &a, register("sec-a", 0)).await.unwrap();
+    let admin = channel(&s.addr).await.unwrap();
+    let spec = v1::AllocationSpec {
+        owner: "alice".into(),
+        gang_size: 1,
+        resources: Some(v1::Resources { gpus: 1, vram_mb: 1, mem_mb: 1, cpus: 1 }),
+        command: vec!["sleep".into(), "600".into()],
+        ..Default::default()
+    };
+    let id = AllocationServiceClient::new(admin.clone())
+        .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let Down::Assign(assign) = next_down(&mut b_rx, |d| matches!(d, Down::Assign(_))).await else { unreachable!() };
+    let task = assign.task.unwrap();
+    assert_eq!(task.alloc_id, id);
+    b_tx.send(up(Up::Claim(v1::Claim { task: Some(task) }))).await.unwrap();
+    next_down(&mut b_rx, |d| matches!(d, Down::Granted(_))).await;
+    let running = |admin: Channel| async move {
+        let a = AllocationServiceClient::new(admin).get(v1::GetRequest { id }).await.unwrap().into_inner();
+        a.tasks[0].status
+    };
+    let before = running(admin.clone()).await;
+    let exited = v1::TaskExited { task: Some(task), exit_code: Some(0), ..Default::default() };
+    a_tx.send(up(Up::Exited(exited))).await.unwrap();
+    let Down::Refused(r) = next_down(&mut a_rx, |d| matches!(d, Down::Refused(_))).await else { unreachable!() };
+    assert_eq!(r.task, Some(task), "{r:?}");
+    assert_eq!(running(admin).await, before, "B's task still runs");
+    drop((a_tx, b_tx));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t112_connections_without_a_valid_certificate_are_refused() {
+    let s = Server::start().await;
+    let before = s.state().await;
+    let ca = std::fs::read_to_string(tls::dir().join("ca.pem")).unwrap();
+    let refused = |ch: Option<Channel>| async move {
+        match ch {
+            None => true,
+            Some(ch) => AdminServiceClient::new(ch).status(v1::StatusRequest {}).await.is_err(),
+        }
+    };
+
+    // Plain HTTP/2 to a TLS port.
+    let plain = muster_tls::endpoint(&s.addr, None).unwrap().connect_timeout(Duration::from_secs(5));
+    assert!(refused(plain.connect().await.ok()).await, "plaintext was served");
+
+    // TLS without a client certificate.
+    let no_cert = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&ca))
+        .domain_name(muster_tls::SERVER_NAME);
+    let ep =
+        tonic::transport::Endpoint::from_shared(format!("https://{}", s.addr)).unwrap().tls_config(no_cert).unwrap();
+    assert!(refused(ep.connect().await.ok()).await, "a client without a certificate was served");
+
+    // An expired admin certificate from the right CA.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::copy(tls::dir().join("ca.pem"), other.path().join("ca.pem")).unwrap();
+    std::fs::copy(tls::dir().join("ca-key.pem"), other.path().join("ca-key.pem")).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let expired = Validity { not_before: now - time::Duration::days(30), not_after: now - time::Duration::days(1) };
+    muster_tls::issue(other.path(), &Role::Admin("old".into()), expired, &[]).unwrap();
+    let read = |f: &str| std::fs::read_to_string(other.path().join(f)).unwrap();
+    let old = TlsMaterial::from_pems(ca.clone(), read("admin-old.pem"), read("admin-old-key.pem")).unwrap();
+    assert!(refused(channel_as(&s.addr, &old).await).await, "an expired certificate was accepted");
+
+    // An admin certificate from another CA.
+    let rogue = tempfile::tempdir().unwrap();
+    muster_tls::init_ca(rogue.path(), "rogue", Validity::days(1)).unwrap();
+    muster_tls::issue(rogue.path(), &Role::Admin("dev".into()), Validity::days(1), &[]).unwrap();
+    let read = |f: &str| std::fs::read_to_string(rogue.path().join(f)).unwrap();
+    let forged = TlsMaterial::from_pems(ca.clone(), read("admin-dev.pem"), read("admin-dev-key.pem")).unwrap();
+    assert!(refused(channel_as(&s.addr, &forged).await).await, "another CA's certificate was accepted");
+
+    // A server whose TLS dir has no certificate for it refuses to start
+    // (it never falls back to plaintext).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let fake_addr = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let mut fake = std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(["server", "--id", "1", "--listen", &fake_addr, "--peers", &format!("1={fake_addr}")])
+        .arg("--data-dir")
+        .arg(other.path().join("fake"))
+        .arg("--tls-dir")
+        .arg(other.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || fake.wait().unwrap()).await.unwrap();
+    assert!(!status.success(), "a server started without a server certificate");
+
+    assert_eq!(s.state().await, before, "nothing changed");
+}
