@@ -64,6 +64,21 @@ pub struct ServerArgs {
     preemption: PreemptionArgs,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
+    /// Open connections allowed in all; more are closed at once.
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    /// Open connections allowed from one IP address.
+    #[arg(long, default_value_t = 256)]
+    max_connections_per_peer: usize,
+    /// Concurrent calls and watches on one connection.
+    #[arg(long, default_value_t = 256)]
+    max_streams_per_connection: u32,
+    /// A TLS handshake not done by then drops the connection.
+    #[arg(long, default_value = "10s")]
+    handshake_timeout: String,
+    /// A call with no response by then fails with DEADLINE_EXCEEDED.
+    #[arg(long, default_value = "120s")]
+    request_timeout: String,
     /// Default walltime (the budget watchdog's limit) for a class, when a
     /// submit gives none: CLASS=DURATION, e.g. 0=30m (repeatable; others 1h).
     #[arg(long = "default-walltime", value_name = "CLASS=DURATION")]
@@ -229,6 +244,26 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
     cfg.tls = args.tls.load(&muster_tls::Role::Server(args.id))?;
+    let positive = |name: &str, v: u64| -> anyhow::Result<u64> {
+        if v == 0 {
+            anyhow::bail!("--{name} must be at least 1");
+        }
+        Ok(v)
+    };
+    cfg.limits = muster_scheduler::server::limits::ServerLimits {
+        max_connections: positive("max-connections", args.max_connections as u64)? as usize,
+        max_connections_per_peer: positive("max-connections-per-peer", args.max_connections_per_peer as u64)? as usize,
+        max_streams_per_connection: positive("max-streams-per-connection", u64::from(args.max_streams_per_connection))?
+            as u32,
+        handshake_timeout: Duration::from_secs(positive(
+            "handshake-timeout",
+            crate::alloc::parse_duration_s(&args.handshake_timeout).context("--handshake-timeout")?,
+        )?),
+        request_timeout: Duration::from_secs(positive(
+            "request-timeout",
+            crate::alloc::parse_duration_s(&args.request_timeout).context("--request-timeout")?,
+        )?),
+    };
     cfg.store.applied_log = args.keep_applied_log;
     cfg.store.crash_image = args.crash_image;
     cfg.raft.snapshot_every = args.snapshot_every;

@@ -30,12 +30,17 @@ struct Server {
 
 impl Server {
     async fn start() -> Server {
+        Server::start_with(&[]).await
+    }
+
+    async fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let addr = format!("127.0.0.1:{}", free_port());
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
             .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}")])
             .arg("--data-dir")
             .arg(dir.path().join("data"))
+            .args(extra)
             .env("MUSTER_TLS_DIR", tls::dir())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -276,4 +281,64 @@ async fn t112_connections_without_a_valid_certificate_are_refused() {
     assert!(!status.success(), "a server started without a server certificate");
 
     assert_eq!(s.state().await, before, "nothing changed");
+}
+
+/// Reads until the server closes the connection (or the deadline).
+async fn closed_within(mut c: tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, c.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t113_a_connection_flood_is_capped_and_idle_handshakes_are_dropped() {
+    // Connections from one address are capped at 4; a handshake may take a minute.
+    let s = Server::start_with(&["--max-connections-per-peer", "4", "--handshake-timeout", "60s"]).await;
+    let before = s.state().await;
+    let mut flood = Vec::new();
+    for _ in 0..8 {
+        flood.push(tokio::net::TcpStream::connect(&s.addr).await.unwrap());
+    }
+    // The four over the cap are closed, long before any handshake timeout
+    // could close them.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let watchers: Vec<_> = flood
+        .into_iter()
+        .map(|c| {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                if closed_within(c, Duration::from_secs(50)).await {
+                    let _ = tx.send(());
+                }
+            })
+        })
+        .collect();
+    for i in 0..4 {
+        let got = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await;
+        assert!(matches!(got, Ok(Some(()))), "only {i} of 8 connections over a cap of 4 were closed");
+    }
+    for w in watchers {
+        w.abort();
+    }
+    // With the flood gone, a real client is served, and nothing changed.
+    let deadline = Instant::now() + WAIT;
+    while s.status().await.is_none() {
+        assert!(Instant::now() < deadline, "the server never served again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(s.state().await, before);
+    drop(s);
+
+    // A connection that never completes its handshake is dropped.
+    let s = Server::start_with(&["--handshake-timeout", "1s"]).await;
+    let idle = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    assert!(closed_within(idle, Duration::from_secs(30)).await, "an idle connection was held");
+    assert!(s.status().await.is_some());
 }

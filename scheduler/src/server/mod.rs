@@ -19,6 +19,7 @@ pub mod auth;
 pub mod client_api;
 pub mod convert;
 pub mod leader;
+pub mod limits;
 pub mod node_api;
 pub mod observe;
 pub mod proposer;

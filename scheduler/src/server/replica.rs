@@ -28,7 +28,6 @@ use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use super::admin_api::AdminApi;
 use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness, MAX_AGENT_MESSAGE_BYTES};
@@ -78,6 +77,8 @@ pub struct ReplicaConfig {
     /// This replica's certificate and the CA it trusts; `None` runs without
     /// TLS and without authorisation (`--insecure`: debugging only).
     pub tls: Option<muster_tls::TlsMaterial>,
+    /// Connection, handshake, stream and request limits.
+    pub limits: super::limits::ServerLimits,
     /// Storage options: the applied log (replay, audit) and the crash shim
     /// (tests).
     pub store: muster_raft_store::StoreOptions,
@@ -148,6 +149,7 @@ impl ReplicaConfig {
             advertise: advertise.into(),
             data_dir: data_dir.into(),
             tls: None,
+            limits: super::limits::ServerLimits::default(),
             store: muster_raft_store::StoreOptions::default(),
             initial_members: BTreeMap::new(),
             raft: RaftTuning::default(),
@@ -274,11 +276,13 @@ impl Replica {
         }
 
         let (stop, mut stopped) = watch::channel(false);
-        let mut builder = tonic::transport::Server::builder();
+        let mut builder = tonic::transport::Server::builder()
+            .max_concurrent_streams(cfg.limits.max_streams_per_connection)
+            .timeout(cfg.limits.request_timeout);
         let auth = match &cfg.tls {
             Some(tls) => {
-                builder =
-                    builder.tls_config(tls.server_config()).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
+                let tls_cfg = tls.server_config().timeout(cfg.limits.handshake_timeout);
+                builder = builder.tls_config(tls_cfg).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
                 muster_tls::AuthLayer::new(Arc::new(super::auth::policy))
             }
             None => {
@@ -303,7 +307,7 @@ impl Replica {
                     .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_AGENT_MESSAGE_BYTES),
             )
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(super::limits::incoming(listener, cfg.limits), async move {
                 let _ = stopped.wait_for(|s| *s).await;
             });
         let server = tokio::spawn(server);
