@@ -45,11 +45,40 @@ enum Attempt {
     Failed(anyhow::Error),
 }
 
+/// Adds `authorization: Bearer <token>` to every call when a token is set.
+#[derive(Clone, Default)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl Bearer {
+    /// From `--token` / `MUSTER_TOKEN`.
+    pub fn new(token: Option<&str>) -> anyhow::Result<Bearer> {
+        match token.map(str::trim).filter(|t| !t.is_empty()) {
+            None => Ok(Bearer(None)),
+            Some(t) => Ok(Bearer(Some(
+                format!("Bearer {t}").parse().map_err(|_| anyhow!("--token: a token is printable ASCII"))?,
+            ))),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A connection to one replica that carries the client's token.
+pub type Chan = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+
 /// A client that follows the leader.
 pub struct Cluster {
     addrs: Vec<String>,
     leader: Option<String>,
     tls: Option<TlsMaterial>,
+    bearer: Bearer,
 }
 
 /// Turns a status into one readable line.
@@ -71,12 +100,19 @@ pub fn describe(status: &Status) -> String {
 impl Cluster {
     /// A client for these replicas.
     pub fn new(addrs: Vec<String>, tls: Option<TlsMaterial>) -> Cluster {
-        Cluster { addrs, leader: None, tls }
+        Cluster { addrs, leader: None, tls, bearer: Bearer::default() }
+    }
+
+    /// Sends `bearer`'s token with every call.
+    pub fn with_token(mut self, bearer: Bearer) -> Cluster {
+        self.bearer = bearer;
+        self
     }
 
     /// Connects to one replica with this client's TLS material.
-    pub async fn connect(&self, addr: &str, timeout: Duration) -> anyhow::Result<Channel> {
-        connect(addr, timeout, self.tls.as_ref()).await
+    pub async fn connect(&self, addr: &str, timeout: Duration) -> anyhow::Result<Chan> {
+        let ch = connect(addr, timeout, self.tls.as_ref()).await?;
+        Ok(Chan::new(ch, self.bearer.clone()))
     }
 
     /// The listed replicas.
@@ -89,7 +125,7 @@ impl Cluster {
     /// it waits and tries again for up to 10 s.
     pub async fn call<T, F, Fut>(&mut self, mut call: F) -> anyhow::Result<T>
     where
-        F: FnMut(Channel) -> Fut,
+        F: FnMut(Chan) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -106,7 +142,7 @@ impl Cluster {
 
     async fn call_once<T, F, Fut>(&mut self, call: &mut F) -> Result<T, Attempt>
     where
-        F: FnMut(Channel) -> Fut,
+        F: FnMut(Chan) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let mut leaderless = false;
@@ -120,7 +156,7 @@ impl Cluster {
             }
             tried.push(addr.clone());
             let channel = match connect(&addr, Duration::from_secs(3), self.tls.as_ref()).await {
-                Ok(c) => c,
+                Ok(c) => Chan::new(c, self.bearer.clone()),
                 Err(e) => {
                     problems.push(e.to_string());
                     continue;

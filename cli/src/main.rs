@@ -27,6 +27,7 @@ mod output;
 mod server;
 mod simulate;
 mod tls;
+mod token;
 
 use std::process::ExitCode;
 
@@ -73,12 +74,17 @@ struct ClientArgs {
     /// the only admin certificate there, else the only client one.
     #[arg(long, env = "MUSTER_IDENTITY", global = true)]
     identity: Option<String>,
+    /// A bearer token (`muster token create`): calls are made with its role
+    /// instead of the certificate's.
+    #[arg(long, env = "MUSTER_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
 }
 
 impl ClientArgs {
     fn cluster(&self) -> anyhow::Result<client::Cluster> {
         let tls = self.tls.load_client(self.identity.as_deref())?;
-        Ok(client::Cluster::new(client::parse_addresses(&self.scheduler)?, tls))
+        let bearer = client::Bearer::new(self.token.as_deref())?;
+        Ok(client::Cluster::new(client::parse_addresses(&self.scheduler)?, tls).with_token(bearer))
     }
 }
 
@@ -124,6 +130,13 @@ enum Cmd {
     /// Chaos test: real replicas and agents under kills, pauses and
     /// partitions, then checks that nothing acknowledged was lost.
     Chaos(chaos::ChaosArgs),
+    /// Bearer tokens for admins, clients and readers: create, list, revoke.
+    Token {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        cmd: token::TokenCmd,
+    },
     /// Certificates for mutual TLS: a cluster CA and role certificates.
     Tls {
         #[command(subcommand)]
@@ -195,6 +208,10 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             Cmd::Node { client, cmd } => {
                 let mut cluster = client.cluster()?;
                 node::run(&mut cluster, cmd, client.output).await
+            }
+            Cmd::Token { client, cmd } => {
+                let mut cluster = client.cluster()?;
+                token::run(&mut cluster, cmd, client.output).await
             }
             Cmd::Cluster { client, cmd } => {
                 let mut cluster = client.cluster()?;

@@ -20,10 +20,52 @@ use crate::{Role, role_of_cert};
 /// Who is calling.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
-    /// A verified role (a certificate, or later a token).
+    /// A verified certificate's role.
     Role(Role),
+    /// A bearer token's role (on an admin, client or reader connection).
+    Token {
+        /// What the token allows.
+        role: Role,
+        /// The token's id, to check it again during a stream.
+        id: String,
+    },
     /// The server runs with `--insecure`: nobody is identified, everything is allowed.
     Insecure,
+}
+
+impl Caller {
+    /// The role calls are authorised by (`None` when insecure).
+    pub fn role(&self) -> Option<&Role> {
+        match self {
+            Caller::Role(r) | Caller::Token { role: r, .. } => Some(r),
+            Caller::Insecure => None,
+        }
+    }
+}
+
+/// Resolves a bearer token's secret to its role and id.
+pub type TokenResolver = Arc<dyn Fn(&str) -> Result<(Role, String), Status> + Send + Sync>;
+
+/// The caller of a request with `certificate` role and these headers: the
+/// token's role when an `authorization: Bearer` header is present (only on
+/// admin, client and reader connections), else the certificate's.
+fn caller_of(cert: Role, headers: &http::HeaderMap, tokens: Option<&TokenResolver>) -> Result<Caller, Status> {
+    let Some(value) = headers.get(http::header::AUTHORIZATION) else { return Ok(Caller::Role(cert)) };
+    let secret = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| Status::unauthenticated("the authorization header must be `Bearer <token>`"))?;
+    if matches!(cert, Role::Server(_) | Role::Agent(_)) {
+        return Err(Status::permission_denied(format!(
+            "{cert} may not present a token: tokens are for admin, client and reader connections"
+        )));
+    }
+    let resolve = tokens.ok_or_else(|| Status::unauthenticated("this server does not accept tokens"))?;
+    let (role, id) = resolve(secret)?;
+    Ok(Caller::Token { role, id })
 }
 
 impl Caller {
@@ -52,18 +94,25 @@ pub type Policy = Arc<dyn Fn(&str, &Caller) -> Result<(), Status> + Send + Sync>
 #[derive(Clone)]
 pub struct AuthLayer {
     policy: Policy,
+    tokens: Option<TokenResolver>,
     insecure: bool,
 }
 
 impl AuthLayer {
     /// Checks every call against `policy`.
     pub fn new(policy: Policy) -> AuthLayer {
-        AuthLayer { policy, insecure: false }
+        AuthLayer { policy, tokens: None, insecure: false }
+    }
+
+    /// Also accepts bearer tokens, resolved by `tokens`.
+    pub fn with_tokens(mut self, tokens: TokenResolver) -> AuthLayer {
+        self.tokens = Some(tokens);
+        self
     }
 
     /// Identifies nobody and allows everything (`--insecure`).
     pub fn insecure() -> AuthLayer {
-        AuthLayer { policy: Arc::new(|_, _| Ok(())), insecure: true }
+        AuthLayer { policy: Arc::new(|_, _| Ok(())), tokens: None, insecure: true }
     }
 }
 
@@ -71,7 +120,7 @@ impl<S> tower::Layer<S> for AuthLayer {
     type Service = AuthService<S>;
 
     fn layer(&self, inner: S) -> AuthService<S> {
-        AuthService { inner, policy: self.policy.clone(), insecure: self.insecure }
+        AuthService { inner, policy: self.policy.clone(), tokens: self.tokens.clone(), insecure: self.insecure }
     }
 }
 
@@ -80,6 +129,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 pub struct AuthService<S> {
     inner: S,
     policy: Policy,
+    tokens: Option<TokenResolver>,
     insecure: bool,
 }
 
@@ -100,7 +150,11 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let caller = if self.insecure { Ok(Caller::Insecure) } else { peer_role(req.extensions()).map(Caller::Role) };
+        let caller = if self.insecure {
+            Ok(Caller::Insecure)
+        } else {
+            peer_role(req.extensions()).and_then(|cert| caller_of(cert, req.headers(), self.tokens.as_ref()))
+        };
         let allowed = caller.and_then(|c| (self.policy)(req.uri().path(), &c).map(|()| c));
         match allowed {
             Ok(caller) => {

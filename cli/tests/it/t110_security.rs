@@ -342,3 +342,178 @@ async fn t113_a_connection_flood_is_capped_and_idle_handshakes_are_dropped() {
     assert!(closed_within(idle, Duration::from_secs(30)).await, "an idle connection was held");
     assert!(s.status().await.is_some());
 }
+
+fn bearer<T>(msg: T, secret: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert("authorization", format!("Bearer {secret}").parse().unwrap());
+    r
+}
+
+async fn create_token(admin: &Channel, role: &str, name: &str, ttl_s: u64) -> (String, String) {
+    let r = AdminServiceClient::new(admin.clone())
+        .create_token(v1::CreateTokenRequest { role: role.into(), name: name.into(), ttl_s })
+        .await
+        .unwrap()
+        .into_inner();
+    (r.token.unwrap().id, r.secret)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t114_tokens_grant_their_role_and_stop_working_when_revoked_or_expired() {
+    let s = Server::start().await;
+    let admin = channel(&s.addr).await.unwrap();
+    let client = s.as_role(Role::Client("bob".into())).await;
+
+    // An admin call on a client connection needs an admin token.
+    let err = AdminServiceClient::new(client.clone()).list_tokens(v1::StatusRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let (admin_id, admin_secret) = create_token(&admin, "admin", "ops-bot", 3_600).await;
+    let listed = AdminServiceClient::new(client.clone())
+        .list_tokens(bearer(v1::StatusRequest {}, &admin_secret))
+        .await
+        .unwrap()
+        .into_inner();
+    let t = listed.tokens.iter().find(|t| t.id == admin_id).unwrap();
+    assert_eq!((t.role.as_str(), t.name.as_str(), t.created_by.as_str()), ("admin", "ops-bot", "admin dev"));
+    // The secret is never stored or listed.
+    assert!(!format!("{listed:?}").contains(&admin_secret));
+
+    // Garbage, a wrong secret for a real id, and a token on an agent connection.
+    for bad in ["nonsense", "mst_0000_0000", &format!("mst_{admin_id}_{}", "0".repeat(64))] {
+        let err =
+            AdminServiceClient::new(client.clone()).list_tokens(bearer(v1::StatusRequest {}, bad)).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unauthenticated, "{bad}: {err:?}");
+    }
+    let agent = s.as_role(Role::Agent("gpu-01".into())).await;
+    let err =
+        AdminServiceClient::new(agent).list_tokens(bearer(v1::StatusRequest {}, &admin_secret)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
+    // A reader token on a client connection reads, but cannot submit.
+    let (reader_id, reader_secret) = create_token(&admin, "reader", "dashboard", 3_600).await;
+    let spec = v1::AllocationSpec {
+        owner: "bob".into(),
+        gang_size: 1,
+        resources: Some(v1::Resources { gpus: 1, vram_mb: 1, mem_mb: 1, cpus: 1 }),
+        command: vec!["true".into()],
+        ..Default::default()
+    };
+    let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false };
+    let err = AllocationServiceClient::new(client.clone()).submit(bearer(req, &reader_secret)).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let id = AllocationServiceClient::new(client.clone())
+        .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+
+    // A token revoked mid-stream ends the stream.
+    let mut watch = AllocationServiceClient::new(client.clone())
+        .watch(bearer(v1::WatchRequest { id, from_revision: 0 }, &reader_secret))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(watch.message().await.unwrap().is_some(), "the stream opened");
+    AdminServiceClient::new(admin.clone())
+        .revoke_token(v1::RevokeTokenRequest { id: reader_id.clone() })
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(status) => return Some(status),
+            }
+        }
+    })
+    .await
+    .expect("the stream ended");
+    let status = ended.expect("ended with an error");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("revoked"), "{status:?}");
+    let err = AllocationServiceClient::new(client.clone())
+        .list(bearer(v1::ListRequest::default(), &reader_secret))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    let err = AdminServiceClient::new(admin.clone())
+        .revoke_token(v1::RevokeTokenRequest { id: reader_id })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "revoked once: {err:?}");
+
+    // A token past its expiry stops working.
+    let (_, short) = create_token(&admin, "reader", "short", 1).await;
+    let deadline = Instant::now() + WAIT;
+    let err = loop {
+        match AllocationServiceClient::new(client.clone()).list(bearer(v1::ListRequest::default(), &short)).await {
+            Ok(_) => {
+                assert!(Instant::now() < deadline, "the token never expired");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("expired"), "{err:?}");
+    // Bad requests name the field.
+    let err = AdminServiceClient::new(admin.clone())
+        .create_token(v1::CreateTokenRequest { role: "root".into(), name: "x".into(), ttl_s: 60 })
+        .await
+        .unwrap_err();
+    assert!(err.code() == Code::InvalidArgument && err.message().contains("role"), "{err:?}");
+    let err = AdminServiceClient::new(admin)
+        .create_token(v1::CreateTokenRequest { role: "client".into(), name: "a b".into(), ttl_s: 60 })
+        .await
+        .unwrap_err();
+    assert!(err.code() == Code::InvalidArgument && err.message().contains("name"), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t115_muster_token_creates_lists_and_revokes_through_the_cli() {
+    let s = Server::start().await;
+    tls::material(Role::Client("bob".into()));
+    let run = |args: &[&str]| crate::muster(&[args, &["--scheduler", &s.addr]].concat());
+    let o = run(&["token", "create", "--role", "reader", "--name", "grafana", "--ttl", "1h", "--output", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let created: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let secret = created["secret"].as_str().unwrap().to_string();
+    let id = created["token"]["id"].as_str().unwrap().to_string();
+    assert_eq!(created["token"]["role"], "reader");
+
+    // The reader token works from a client certificate, for reads only.
+    let as_reader = |args: &[&str]| run(&[args, &["--identity", "client-bob", "--token", &secret]].concat());
+    let o = as_reader(&["alloc", "list"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = crate::muster(&[
+        "submit",
+        "--gpus",
+        "1",
+        "--scheduler",
+        &s.addr,
+        "--identity",
+        "client-bob",
+        "--token",
+        &secret,
+        "--",
+        "true",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("permission denied"), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let o = run(&["token", "list"]);
+    let text = crate::stdout(&o);
+    assert!(text.contains(&id) && text.contains("grafana") && text.contains("in force"), "{text}");
+    assert!(!text.contains(&secret), "a listing never shows a secret");
+    let o = run(&["token", "revoke", &id]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = as_reader(&["alloc", "list"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("revoked"), "{err}");
+    // Only admins manage tokens.
+    let o = run(&["token", "list", "--identity", "client-bob"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("admins only"));
+}

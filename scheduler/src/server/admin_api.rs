@@ -14,8 +14,14 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
 use tonic::{Request, Response, Status};
 
-use super::convert::not_leader_status;
+use muster_tls::Caller;
+
+use super::auth::{caller_name, new_token_secret, token_sha256};
+use super::client_api::linearizable;
+use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
+use super::proposer::now_ms;
 use super::replica::{Shared, status_of};
+use crate::sm::{Command, Outcome, Token, TokenRole};
 
 /// The admin API of one replica.
 pub struct AdminApi {
@@ -133,5 +139,78 @@ impl AdminService for AdminApi {
     async fn trigger_election(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
         self.s.raft.trigger().elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(status_of(&self.s)))
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<v1::CreateTokenRequest>,
+    ) -> Result<Response<v1::CreateTokenResponse>, Status> {
+        let by = caller_name(&Caller::of(&req));
+        let q = req.into_inner();
+        let role = TokenRole::parse(&q.role)
+            .ok_or_else(|| Status::invalid_argument(format!("invalid role: {:?} (admin, client or reader)", q.role)))?;
+        if q.ttl_s == 0 {
+            return Err(Status::invalid_argument("invalid ttl_s: must be at least 1 second"));
+        }
+        let ttl_ms = q.ttl_s.checked_mul(1_000).ok_or_else(|| Status::invalid_argument("invalid ttl_s: too long"))?;
+        let (id, secret) =
+            new_token_secret().map_err(|e| Status::internal(format!("no randomness for the token: {e}")))?;
+        let cmd = Command::CreateToken {
+            id: id.clone(),
+            name: q.name,
+            role,
+            sha256: token_sha256(&secret),
+            expires_ms: now_ms().saturating_add(ttl_ms),
+            by,
+        };
+        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+            Outcome::Accepted(_) => {}
+            Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
+        }
+        let token = self.token_info(&id)?;
+        Ok(Response::new(v1::CreateTokenResponse { token: Some(token), secret }))
+    }
+
+    async fn revoke_token(&self, req: Request<v1::RevokeTokenRequest>) -> Result<Response<v1::TokenInfo>, Status> {
+        let by = caller_name(&Caller::of(&req));
+        let id = req.into_inner().id;
+        match self
+            .s
+            .proposer
+            .propose(Command::RevokeToken { id: id.clone(), by })
+            .await
+            .map_err(propose_error_to_status)?
+        {
+            Outcome::Accepted(_) => self.token_info(&id).map(Response::new),
+            Outcome::Rejected(r) => Err(rejection_to_status(&r)),
+        }
+    }
+
+    async fn list_tokens(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ListTokensResponse>, Status> {
+        linearizable(&self.s).await?;
+        let tokens = self.s.reader.read(|st| st.tokens().map(token_to_proto).collect());
+        Ok(Response::new(v1::ListTokensResponse { tokens }))
+    }
+}
+
+impl AdminApi {
+    fn token_info(&self, id: &str) -> Result<v1::TokenInfo, Status> {
+        self.s
+            .reader
+            .read(|st| st.token(id).map(token_to_proto))
+            .ok_or_else(|| Status::not_found(format!("no token {id}")))
+    }
+}
+
+fn token_to_proto(t: &Token) -> v1::TokenInfo {
+    v1::TokenInfo {
+        id: t.id.clone(),
+        name: t.name.clone(),
+        role: t.role.as_str().to_string(),
+        created_ms: t.created_ms,
+        expires_ms: t.expires_ms,
+        created_by: t.created_by.clone(),
+        revoked_ms: t.revoked.as_ref().map_or(0, |(ms, _)| *ms),
+        revoked_by: t.revoked.as_ref().map_or(String::new(), |(_, by)| by.clone()),
     }
 }

@@ -16,7 +16,86 @@
 //! every call is let through.
 
 use muster_tls::{Caller, Role};
+use sha2::{Digest, Sha256};
 use tonic::Status;
+
+use crate::sm::{State, TokenRole};
+
+/// Every token secret starts so: `mst_<id>_<64 hex digits>`.
+pub const TOKEN_PREFIX: &str = "mst_";
+
+/// SHA-256 of a secret.
+pub fn token_sha256(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// A new token id and secret, from the OS's random source.
+pub fn new_token_secret() -> std::io::Result<(String, String)> {
+    use std::io::Read;
+    let mut bytes = [0u8; 40];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let id = hex(&bytes[..8]);
+    let secret = format!("{TOKEN_PREFIX}{id}_{}", hex(&bytes[8..]));
+    Ok((id, secret))
+}
+
+/// Equal, in time that does not depend on where they differ.
+fn same_digest(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn token_role(role: TokenRole, name: &str) -> Role {
+    match role {
+        TokenRole::Admin => Role::Admin(name.to_string()),
+        TokenRole::Client => Role::Client(name.to_string()),
+        TokenRole::Reader => Role::Reader(name.to_string()),
+    }
+}
+
+/// Whether token `id` still works at `now_ms` (not revoked, not expired).
+pub fn token_in_force(st: &State, id: &str, now_ms: u64) -> Result<(), Status> {
+    let t = st.token(id).ok_or_else(|| Status::unauthenticated("unknown token"))?;
+    if let Some((_, by)) = &t.revoked {
+        return Err(Status::unauthenticated(format!("token {id} was revoked by {by}")));
+    }
+    if now_ms >= t.expires_ms {
+        return Err(Status::unauthenticated(format!("token {id} has expired")));
+    }
+    Ok(())
+}
+
+/// The role and id of the token whose secret is `secret`.
+pub fn resolve_token(st: &State, secret: &str, now_ms: u64) -> Result<(Role, String), Status> {
+    let (id, _) = secret
+        .strip_prefix(TOKEN_PREFIX)
+        .and_then(|rest| rest.split_once('_'))
+        .ok_or_else(|| Status::unauthenticated("not a muster token (mst_<id>_<secret>)"))?;
+    let t = st.token(id).ok_or_else(|| Status::unauthenticated("unknown token"))?;
+    if !same_digest(&t.sha256, &token_sha256(secret)) {
+        return Err(Status::unauthenticated("unknown token"));
+    }
+    token_in_force(st, id, now_ms)?;
+    Ok((token_role(t.role, &t.name), t.id.clone()))
+}
+
+/// Checked again before each message of a long-lived stream: a caller by
+/// token loses the stream once the token is revoked or expires.
+pub fn still_authorised(st: &State, caller: &Caller, now_ms: u64) -> Result<(), Status> {
+    match caller {
+        Caller::Token { id, .. } => token_in_force(st, id, now_ms),
+        Caller::Role(_) | Caller::Insecure => Ok(()),
+    }
+}
+
+/// Who a caller is, for `by` fields: `admin alice`, `client bob (token 1a2b…)`.
+pub fn caller_name(caller: &Caller) -> String {
+    match caller {
+        Caller::Role(r) => r.to_string(),
+        Caller::Token { role, id } => format!("{role} (token {id})"),
+        Caller::Insecure => "anonymous (insecure)".to_string(),
+    }
+}
 
 /// Which roles may call a method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +146,7 @@ fn allowed(path: &str) -> Option<Allowed> {
 
 /// The policy: `Ok` when `caller` may call `path`.
 pub fn policy(path: &str, caller: &Caller) -> Result<(), Status> {
-    let Caller::Role(role) = caller else { return Ok(()) };
+    let Some(role) = caller.role() else { return Ok(()) };
     match allowed(path) {
         Some(a) if a.admits(role) => Ok(()),
         Some(a) => Err(Status::permission_denied(format!("{role} may not call {path} ({})", a.describe()))),
@@ -83,7 +162,9 @@ pub fn check_agent_node(caller: &Caller, node_id: &str) -> Result<(), Status> {
             "the agent certificate is for node {n:?}; it cannot register as node {node_id:?}"
         ))),
         Caller::Role(Role::Agent(_)) | Caller::Insecure => Ok(()),
-        Caller::Role(other) => Err(Status::permission_denied(format!("{other} is not a node agent"))),
+        Caller::Role(other) | Caller::Token { role: other, .. } => {
+            Err(Status::permission_denied(format!("{other} is not a node agent")))
+        }
     }
 }
 

@@ -56,6 +56,10 @@ impl ClientApi {
 }
 
 /// Waits until this replica may answer a read that must be current.
+/// How often an idle stream checks that its caller's token still works
+/// (every message is checked as well).
+pub(crate) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
     match s.raft.ensure_linearizable().await {
         Ok(_) => Ok(()),
@@ -72,6 +76,7 @@ impl AllocationService for ClientApi {
     type LogsStream = ReceiverStream<Result<v1::LogChunk, Status>>;
 
     async fn logs(&self, req: Request<v1::LogsRequest>) -> Result<Response<Self::LogsStream>, Status> {
+        let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         linearizable(&self.s).await?;
         let (node, attempt) = self.s.reader.read(|st| {
@@ -94,6 +99,12 @@ impl AllocationService for ClientApi {
         tokio::spawn(async move {
             let mut offset = 0;
             loop {
+                if let Err(status) =
+                    s.reader.read(|st| super::auth::still_authorised(st, &caller, super::proposer::now_ms()))
+                {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
                 let fetch = v1::FetchLogs {
                     request_id: 0,
                     alloc_id: q.id,
@@ -134,6 +145,7 @@ impl AllocationService for ClientApi {
     }
 
     async fn watch(&self, req: Request<v1::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         linearizable(&self.s).await?;
         if self.s.reader.read(|st| st.alloc(q.id).is_none()) {
@@ -149,6 +161,12 @@ impl AllocationService for ClientApi {
             let mut first = true;
             let mut metrics = s.raft.metrics();
             loop {
+                if let Err(status) =
+                    s.reader.read(|st| super::auth::still_authorised(st, &caller, super::proposer::now_ms()))
+                {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
                 let (batch, ended) = s.reader.read(|st| {
                     let a = st.alloc(q.id).expect("allocations are never removed");
                     let status = alloc_status_to_proto(a.status) as i32;
@@ -189,6 +207,8 @@ impl AllocationService for ClientApi {
                         let _ = tx.send(Err(Status::unavailable("the replica is shutting down"))).await;
                         return;
                     },
+                    // An idle stream still notices its token expire.
+                    _ = tokio::time::sleep(TOKEN_RECHECK) => {}
                     _ = tx.closed() => return,
                 }
             }

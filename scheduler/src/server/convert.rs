@@ -345,6 +345,10 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         ),
         Event::NodeRestarted { node, by } => ("node_restarted", format!("node {node} restarted by {by}")),
         Event::NodeTerminated { node, by } => ("node_terminated", format!("node {node} terminated by {by}")),
+        Event::TokenCreated { id, name, role, by } => {
+            ("token_created", format!("token {id} ({} for {name}) created by {by}", role.as_str()))
+        }
+        Event::TokenRevoked { id, by } => ("token_revoked", format!("token {id} revoked by {by}")),
     }
 }
 
@@ -464,6 +468,10 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
     match r {
         Rejection::InvalidSpec { field, reason } => invalid(&format!("spec.{field}"), reason),
         Rejection::InvalidNode { field, reason } => invalid(field, reason),
+        Rejection::InvalidToken { field, reason } => invalid(field, reason),
+        Rejection::TokenExists(_) => Status::already_exists(msg),
+        Rejection::UnknownToken(_) => Status::not_found(msg),
+        Rejection::TokenRevoked(_) => Status::failed_precondition(msg),
         Rejection::UnknownNode(_) | Rejection::UnknownAllocation(_) | Rejection::UnknownTask { .. } => {
             Status::not_found(msg)
         }

@@ -177,6 +177,7 @@ impl NodeService for NodeApi {
         &self,
         req: Request<v1::WatchNodesRequest>,
     ) -> Result<Response<Self::WatchNodesStream>, Status> {
+        let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         linearizable(&self.s).await?;
         // One node from from_revision, or every node from its current revision.
@@ -198,6 +199,10 @@ impl NodeService for NodeApi {
         tokio::spawn(async move {
             let mut metrics = s.raft.metrics();
             loop {
+                if let Err(status) = s.reader.read(|st| super::auth::still_authorised(st, &caller, now_ms())) {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
                 let (batch, ended) = s.reader.read(|st| {
                     let mut batch = Vec::new();
                     let nodes: Vec<&crate::sm::Node> = match &only {
@@ -232,6 +237,8 @@ impl NodeService for NodeApi {
                         let _ = tx.send(Err(Status::unavailable("the replica is shutting down"))).await;
                         return;
                     },
+                    // An idle stream still notices its token expire.
+                    _ = tokio::time::sleep(super::client_api::TOKEN_RECHECK) => {}
                     _ = tx.closed() => return,
                 }
             }

@@ -283,7 +283,10 @@ impl Replica {
             Some(tls) => {
                 let tls_cfg = tls.server_config().timeout(cfg.limits.handshake_timeout);
                 builder = builder.tls_config(tls_cfg).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
-                muster_tls::AuthLayer::new(Arc::new(super::auth::policy))
+                let tokens = shared.reader.clone();
+                muster_tls::AuthLayer::new(Arc::new(super::auth::policy)).with_tokens(Arc::new(move |secret: &str| {
+                    tokens.read(|st| super::auth::resolve_token(st, secret, super::proposer::now_ms()))
+                }))
             }
             None => {
                 tracing::warn!(

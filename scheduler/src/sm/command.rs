@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{AllocId, AllocSpec, NodeId, Resources, TaskIndex};
+use super::types::{AllocId, AllocSpec, NodeId, Resources, TaskIndex, TokenRole};
 
 /// One state transition, as carried in a Raft log entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -226,6 +226,30 @@ pub enum Command {
         /// Who asked.
         by: String,
     },
+    /// An admin creates a bearer token (the replica made the secret and
+    /// hashed it; only the hash enters the log).
+    CreateToken {
+        /// Its id.
+        id: String,
+        /// Its holder.
+        name: String,
+        /// What it allows.
+        role: TokenRole,
+        /// SHA-256 of the secret.
+        sha256: [u8; 32],
+        /// When it stops working, ms since the epoch.
+        expires_ms: u64,
+        /// The admin.
+        by: String,
+    },
+    /// An admin revokes a token: every call and stream using it fails from
+    /// the entry's commit on.
+    RevokeToken {
+        /// Its id.
+        id: String,
+        /// The admin.
+        by: String,
+    },
 }
 
 impl Command {
@@ -254,6 +278,8 @@ impl Command {
             Command::StopNode { .. } => "stop_node",
             Command::RestartNode { .. } => "restart_node",
             Command::TerminateNode { .. } => "terminate_node",
+            Command::CreateToken { .. } => "create_token",
+            Command::RevokeToken { .. } => "revoke_token",
         }
     }
 }

@@ -6,11 +6,29 @@
 use serde::{Deserialize, Serialize};
 
 use super::rejection::Rejection;
-use super::types::{AllocId, NodeId, TaskIndex, TeardownCause, TeardownOutcome};
+use super::types::{AllocId, NodeId, TaskIndex, TeardownCause, TeardownOutcome, TokenRole};
 
 /// Something that happened while applying a command.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
+    /// A bearer token was created.
+    TokenCreated {
+        /// Its id.
+        id: String,
+        /// Its holder.
+        name: String,
+        /// What it allows.
+        role: TokenRole,
+        /// The admin.
+        by: String,
+    },
+    /// A bearer token was revoked.
+    TokenRevoked {
+        /// Its id.
+        id: String,
+        /// The admin.
+        by: String,
+    },
     /// A node joined (`updated == false`) or re-registered.
     NodeRegistered {
         /// The node.
@@ -286,7 +304,9 @@ impl Event {
     /// The allocation the event is about, if it is about exactly one.
     pub fn alloc(&self) -> Option<AllocId> {
         match self {
-            Event::NodeRegistered { .. }
+            Event::TokenCreated { .. }
+            | Event::TokenRevoked { .. }
+            | Event::NodeRegistered { .. }
             | Event::NodeLost { .. }
             | Event::NodeReady { .. }
             | Event::DrainStarted { .. }

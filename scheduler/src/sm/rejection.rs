@@ -113,6 +113,23 @@ pub enum Rejection {
         /// The deadline.
         deadline_ms: u64,
     },
+    /// A token request is malformed.
+    #[error("invalid token: {field}: {reason}")]
+    InvalidToken {
+        /// The field.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A token with this id exists.
+    #[error("token {0} already exists")]
+    TokenExists(String),
+    /// No token has this id.
+    #[error("no token {0}")]
+    UnknownToken(String),
+    /// The token was revoked already.
+    #[error("token {0} is already revoked")]
+    TokenRevoked(String),
     /// A terminated node's agent tried to register again.
     #[error("node {0} was terminated; register the machine under a new name")]
     NodeTerminated(NodeId),

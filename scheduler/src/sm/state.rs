@@ -38,7 +38,7 @@ use super::rejection::Rejection;
 use super::types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, Drain, HISTORY_LIMIT,
     NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex,
-    TaskStatus, Teardown, TeardownCause, TeardownOutcome, Usage, VClusterType, fits,
+    TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
 };
 use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
 
@@ -154,6 +154,8 @@ pub struct State {
     nodes: Vec<Node>,
     allocs: BTreeMap<AllocId, Allocation>,
     idempotency: BTreeMap<(String, String), AllocId>,
+    /// Bearer tokens by id (hashes only).
+    tokens: BTreeMap<String, Token>,
     #[serde(skip)]
     index: Indexes,
 }
@@ -176,6 +178,7 @@ impl State {
             nodes: Vec::new(),
             allocs: BTreeMap::new(),
             idempotency: BTreeMap::new(),
+            tokens: BTreeMap::new(),
             index: Indexes::default(),
         }
     }
@@ -331,6 +334,10 @@ impl State {
             Command::StopNode { node, reason, by } => self.stop_node(node, reason, by),
             Command::RestartNode { node, by } => self.restart_node(node, by),
             Command::TerminateNode { node, by } => self.terminate_node(node, by),
+            Command::CreateToken { id, name, role, sha256, expires_ms, by } => {
+                self.create_token(id, name, *role, *sha256, *expires_ms, by)
+            }
+            Command::RevokeToken { id, by } => self.revoke_token(id, by),
         };
         match result {
             Ok(mut events) => {
@@ -560,6 +567,67 @@ impl State {
         let slot = self.node_for(id, "restart", &[NodeStatus::Stopped])?;
         self.set_node_status(slot, NodeStatus::Ready);
         Ok(vec![Event::NodeRestarted { node: id.clone(), by: by.to_string() }])
+    }
+
+    // ----- bearer tokens ---------------------------------------------------
+
+    /// A token by id.
+    pub fn token(&self, id: &str) -> Option<&Token> {
+        self.tokens.get(id)
+    }
+
+    /// Every token, by id.
+    pub fn tokens(&self) -> impl Iterator<Item = &Token> {
+        self.tokens.values()
+    }
+
+    fn create_token(
+        &mut self,
+        id: &str,
+        name: &str,
+        role: TokenRole,
+        sha256: [u8; 32],
+        expires_ms: u64,
+        by: &str,
+    ) -> Applied {
+        let bad = |field: &str, reason: &str| Rejection::InvalidToken { field: field.into(), reason: reason.into() };
+        let word = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+            return Err(bad("id", "must be 1-32 characters of a-z 0-9"));
+        }
+        if name.is_empty() || name.len() > 128 || !word(name) {
+            return Err(bad("name", "must be 1-128 characters of A-Z a-z 0-9 . _ -"));
+        }
+        if expires_ms <= self.now_ms {
+            return Err(bad("ttl", "the token would expire before it is created"));
+        }
+        validate_node_request(by, "", None, &self.limits)?;
+        if self.tokens.contains_key(id) {
+            return Err(Rejection::TokenExists(id.to_string()));
+        }
+        let token = Token {
+            id: id.to_string(),
+            name: name.to_string(),
+            role,
+            sha256,
+            created_ms: self.now_ms,
+            expires_ms,
+            created_by: by.to_string(),
+            revoked: None,
+        };
+        self.tokens.insert(id.to_string(), token);
+        Ok(vec![Event::TokenCreated { id: id.to_string(), name: name.to_string(), role, by: by.to_string() }])
+    }
+
+    fn revoke_token(&mut self, id: &str, by: &str) -> Applied {
+        validate_node_request(by, "", None, &self.limits)?;
+        let now = self.now_ms;
+        let token = self.tokens.get_mut(id).ok_or_else(|| Rejection::UnknownToken(id.to_string()))?;
+        if token.revoked.is_some() {
+            return Err(Rejection::TokenRevoked(id.to_string()));
+        }
+        token.revoked = Some((now, by.to_string()));
+        Ok(vec![Event::TokenRevoked { id: id.to_string(), by: by.to_string() }])
     }
 
     fn terminate_node(&mut self, id: &NodeId, by: &str) -> Applied {

@@ -1,6 +1,7 @@
 //! One test per transition and per rejection of [`State::apply`].
 
 mod lifecycle;
+mod tokens;
 
 use std::collections::BTreeMap;
 
@@ -583,7 +584,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "d26e684e21de235ac5d4a90a50e6d02371ea1d4ca6520189965ad57ae123a80e"
+        "00b65b5402e1ee02f385f8126ff5fe9045dc1bb1e86ea8e4731db36fcdac6bf8"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

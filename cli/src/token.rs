@@ -1,0 +1,103 @@
+//! `muster token`: bearer tokens for admins, clients and readers
+//! (docs/security.md). Only admins may create, list or revoke them.
+
+use anyhow::Context;
+use clap::Subcommand;
+use muster_proto::v1;
+use muster_proto::v1::admin_service_client::AdminServiceClient;
+use serde_json::json;
+
+use crate::client::Cluster;
+use crate::output::Output;
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create a token; its secret is printed once.
+    Create {
+        /// admin, client or reader.
+        #[arg(long)]
+        role: String,
+        /// Who or what holds it.
+        #[arg(long)]
+        name: String,
+        /// How long it works (e.g. 12h, 30d).
+        #[arg(long, default_value = "30d")]
+        ttl: String,
+    },
+    /// Every token: id, holder, role, expiry, revocation (never secrets).
+    List,
+    /// Revoke a token: calls and streams using it fail from now on.
+    Revoke {
+        /// The token's id.
+        id: String,
+    },
+}
+
+fn info_json(t: &v1::TokenInfo) -> serde_json::Value {
+    json!({
+        "id": t.id, "name": t.name, "role": t.role, "created_ms": t.created_ms, "expires_ms": t.expires_ms,
+        "created_by": t.created_by, "revoked_ms": t.revoked_ms, "revoked_by": t.revoked_by,
+    })
+}
+
+pub async fn run(cluster: &mut Cluster, cmd: TokenCmd, out: Output) -> anyhow::Result<()> {
+    match cmd {
+        TokenCmd::Create { role, name, ttl } => {
+            let ttl_s = crate::alloc::parse_duration_s(&ttl).context("--ttl")?;
+            let req = v1::CreateTokenRequest { role, name, ttl_s };
+            let r = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { AdminServiceClient::new(ch).create_token(req).await }
+                })
+                .await?
+                .into_inner();
+            let t = r.token.context("the server returned no token")?;
+            match out {
+                Output::Json => {
+                    out!("{}", serde_json::to_string_pretty(&json!({ "token": info_json(&t), "secret": r.secret }))?)
+                }
+                Output::Text => {
+                    out!("created token {} ({} for {}), expires at {} ms", t.id, t.role, t.name, t.expires_ms);
+                    out!("secret (shown once): {}", r.secret);
+                    out!("use: export MUSTER_TOKEN={}", r.secret);
+                }
+            }
+        }
+        TokenCmd::List => {
+            let r = cluster
+                .call(|ch| async move { AdminServiceClient::new(ch).list_tokens(v1::StatusRequest {}).await })
+                .await?
+                .into_inner();
+            match out {
+                Output::Json => {
+                    let tokens: Vec<_> = r.tokens.iter().map(info_json).collect();
+                    out!("{}", serde_json::to_string_pretty(&json!({ "tokens": tokens }))?);
+                }
+                Output::Text => {
+                    out!("{:<16}  {:<7}  {:<20}  {:>15}  state", "id", "role", "name", "expires_ms");
+                    for t in &r.tokens {
+                        let state =
+                            if t.revoked_ms > 0 { format!("revoked by {}", t.revoked_by) } else { "in force".into() };
+                        out!("{:<16}  {:<7}  {:<20}  {:>15}  {state}", t.id, t.role, t.name, t.expires_ms);
+                    }
+                }
+            }
+        }
+        TokenCmd::Revoke { id } => {
+            let req = v1::RevokeTokenRequest { id };
+            let t = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { AdminServiceClient::new(ch).revoke_token(req).await }
+                })
+                .await?
+                .into_inner();
+            match out {
+                Output::Json => out!("{}", serde_json::to_string_pretty(&info_json(&t))?),
+                Output::Text => out!("revoked token {} ({} for {})", t.id, t.role, t.name),
+            }
+        }
+    }
+    Ok(())
+}
