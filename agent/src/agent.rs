@@ -134,6 +134,24 @@ enum Report {
     Watchdog(v1::WatchdogTripped),
 }
 
+impl Agent {
+    /// The tasks a `Register` lists as running: those whose process runs,
+    /// and those that ended while their report (exit, watchdog) is not yet
+    /// recorded. The leader fails a running task its agent does not list, so
+    /// a task that finished while the agent was reconnecting must be listed
+    /// until its re-sent exit report is recorded — else a success would be
+    /// recorded as a failure with no exit code.
+    fn registered_tasks(&self) -> Vec<v1::TaskRef> {
+        let ended_unreported = self
+            .unrecorded
+            .iter()
+            .filter(|(_, r)| matches!(r, Report::Exited(_) | Report::Watchdog(_)))
+            .map(|(k, _)| k);
+        let keys: BTreeSet<&Key> = self.running.keys().chain(ended_unreported).collect();
+        keys.into_iter().map(|k| task_ref(*k)).collect()
+    }
+}
+
 async fn send_report<F, Fut>(report: &Report, send: &F) -> Result<(), String>
 where
     F: Fn(Out) -> Fut,
@@ -302,7 +320,7 @@ impl Agent {
             resources: Some(self.cfg.resources),
             labels: self.cfg.labels.clone().into_iter().collect(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            running: self.running.keys().map(|k| task_ref(*k)).collect(),
+            running: self.registered_tasks(),
             address: self.cfg.address.clone(),
         }))
         .await?;
@@ -422,6 +440,11 @@ impl Agent {
                 if let Some(key) = key_of(&r.task) {
                     tracing::info!(alloc = key.0, task = key.1, code = %r.code, message = %r.message, "leader refused");
                     self.assigned.remove(&key);
+                    // A refused report is final (the task moved on): stop
+                    // re-sending it and listing the task at registration.
+                    if matches!(self.unrecorded.get(&key), Some(Report::Exited(_) | Report::Watchdog(_))) {
+                        self.unrecorded.remove(&key);
+                    }
                 }
             }
             Some(In::NodeNotice(n)) => self.node_notice(&n),
@@ -794,4 +817,42 @@ async fn watch_task(
         }
     };
     Ended { exit: exit.map_err(|e| e.to_string()), checkpoint_failed, watchdog: trip }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_register_lists_tasks_whose_end_is_not_yet_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = AgentConfig {
+            node_id: "n1".into(),
+            schedulers: vec!["127.0.0.1:1".into()],
+            resources: v1::Resources { gpus: 0, vram_mb: 0, mem_mb: 1_000, cpus: 1 },
+            labels: BTreeMap::new(),
+            address: "n1".into(),
+            work_dir: dir.path().to_path_buf(),
+            backoff: (Duration::from_millis(50), Duration::from_millis(100)),
+            watchdog: crate::watchdog::WatchdogConfig::default(),
+            sampler: proc_sampler,
+            exit_when_stopped: false,
+            tls: None,
+        };
+        let mut agent = Agent::new(cfg).unwrap();
+        assert!(agent.registered_tasks().is_empty());
+        let exited = (7, 0, 1);
+        agent.unrecorded.insert(
+            exited,
+            Report::Exited(v1::TaskExited { task: Some(task_ref(exited)), exit_code: Some(0), ..Default::default() }),
+        );
+        let preempted = (8, 1, 2);
+        let ack = v1::Preempted { task: Some(task_ref(preempted)), preemption_epoch: 1, ..Default::default() };
+        agent.unrecorded.insert(preempted, Report::Preempted { checkpoint: None, ack });
+        // The exited task is listed until its report is recorded; a preempted
+        // one is not (the leader is tearing it down, not counting it as running).
+        assert_eq!(agent.registered_tasks(), vec![task_ref(exited)]);
+        agent.unrecorded.remove(&exited);
+        assert!(agent.registered_tasks().is_empty());
+    }
 }
