@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use muster_raft_store::{CommandBatch, RestoreError, StateMachineApp, codec};
+use muster_raft_store::{CommandBatch, RaftConfig, RestoreError, StateMachineApp, codec};
+use openraft::{BasicNode, CommittedLeaderId, Entry, EntryPayload, LogId, Membership};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,4 +40,28 @@ impl StateMachineApp for Kv {
         }
         d
     }
+}
+
+/// A log id of term `term` (leader 1).
+pub fn log_id(term: u64, index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+/// Entries `from..=to`: a membership entry at 1, then `Set(k{i % 3}, v{i})` at `1000 + i` ms.
+pub fn entries(from: u64, to: u64) -> Vec<Entry<RaftConfig<Kv>>> {
+    (from..=to)
+        .map(|i| {
+            let payload = if i == 1 {
+                let nodes =
+                    [(1, BasicNode::new("127.0.0.1:1"))].into_iter().collect::<std::collections::BTreeMap<_, _>>();
+                EntryPayload::Membership(Membership::new(vec![[1].into_iter().collect()], nodes))
+            } else {
+                EntryPayload::Normal(CommandBatch {
+                    time_ms: 1_000 + i,
+                    commands: vec![Set(format!("k{}", i % 3), format!("v{i}"))],
+                })
+            };
+            Entry { log_id: log_id(1, i), payload }
+        })
+        .collect()
 }

@@ -3,37 +3,11 @@
 
 use std::path::Path;
 
-use muster_raft_store::{CommandBatch, LogStore, RaftConfig, StateMachineStore, open};
+use muster_raft_store::{LogStore, StateMachineStore, open};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{
-    BasicNode, CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, RaftSnapshotBuilder, Vote,
-};
+use openraft::{RaftLogReader, RaftSnapshotBuilder, Vote};
 
-use crate::kv::{Kv, Set};
-
-type C = RaftConfig<Kv>;
-
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
-}
-
-fn entries(from: u64, to: u64) -> Vec<Entry<C>> {
-    (from..=to)
-        .map(|i| {
-            let payload = if i == 1 {
-                let nodes =
-                    [(1, BasicNode::new("127.0.0.1:1"))].into_iter().collect::<std::collections::BTreeMap<_, _>>();
-                EntryPayload::Membership(Membership::new(vec![[1].into_iter().collect()], nodes))
-            } else {
-                EntryPayload::Normal(CommandBatch {
-                    time_ms: 1_000 + i,
-                    commands: vec![Set(format!("k{}", i % 3), format!("v{i}"))],
-                })
-            };
-            Entry { log_id: log_id(1, i), payload }
-        })
-        .collect()
-}
+use crate::kv::{Kv, entries, log_id};
 
 fn reopen(dir: &Path) -> (LogStore<Kv>, StateMachineStore<Kv>) {
     open::<Kv>(dir).expect("reopen")
