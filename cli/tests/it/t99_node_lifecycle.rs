@@ -114,7 +114,8 @@ async fn t99a_a_drained_node_finishes_its_task_takes_nothing_new_stops_and_a_can
     let y = other(&x);
     let drained = nodes(&c).await.drain_node(drain(&x, 60_000)).await.unwrap().into_inner();
     assert_eq!(node_status(&drained), v1::NodeStatus::Draining);
-    assert_eq!(drained.drain.as_ref().map(|d| d.by.as_str()), Some("tester"));
+    // `by` is the caller's certificate identity, with the request's word appended.
+    assert_eq!(drained.drain.as_ref().map(|d| d.by.as_str()), Some("admin dev for tester"));
     // Draining again is refused, naming the status (the seed's 409).
     let again = nodes(&c).await.drain_node(drain(&x, 60_000)).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::FailedPrecondition);
@@ -159,7 +160,7 @@ async fn t99a_a_drained_node_finishes_its_task_takes_nothing_new_stops_and_a_can
     assert_eq!(node_status(&cancelled), v1::NodeStatus::Ready);
     assert_eq!(
         cancelled.events.last().map(|e| e.detail.as_str()),
-        Some(&*format!("drain of node {x} cancelled by tester"))
+        Some(&*format!("drain of node {x} cancelled by admin dev for tester"))
     );
     let done = until(&c, waiting, "done after the cancel", |x| status(x) == v1::AllocationStatus::Done).await;
     assert_eq!(done.tasks[0].last_node_id, x);
@@ -369,7 +370,7 @@ fn t99e_node_lifecycle_from_the_cli() {
     let n = json(&["node", "drain", &x, "--reason", "kernel upgrade", "--by", "alice"]);
     assert_eq!(n["status"], "draining", "{n}");
     let d = &n["drain"];
-    assert_eq!((d["by"].as_str(), d["reason"].as_str()), (Some("alice"), Some("kernel upgrade")));
+    assert_eq!((d["by"].as_str(), d["reason"].as_str()), (Some("admin dev for alice"), Some("kernel upgrade")));
     assert_eq!(
         d["deadline_ms"].as_u64().unwrap() - d["started_at_ms"].as_u64().unwrap(),
         20 * 60 * 1000,

@@ -88,6 +88,19 @@ pub fn still_authorised(st: &State, caller: &Caller, now_ms: u64) -> Result<(), 
     }
 }
 
+/// The `by` recorded for an operator's request: the caller's verified
+/// identity (`admin alice`), with the name the request gave appended when it
+/// differs (`admin ops-bot (token 1a2b…) for alice`); without TLS, only the
+/// request's word.
+pub fn bound_by(caller: &Caller, asked: &str) -> String {
+    let asked = asked.trim();
+    match caller {
+        Caller::Insecure => asked.to_string(),
+        Caller::Role(r) | Caller::Token { role: r, .. } if asked.is_empty() || asked == r.name() => caller_name(caller),
+        _ => format!("{} for {asked}", caller_name(caller)),
+    }
+}
+
 /// Who a caller is, for `by` fields: `admin alice`, `client bob (token 1a2b…)`.
 pub fn caller_name(caller: &Caller) -> String {
     match caller {
@@ -209,6 +222,17 @@ mod tests {
             err.message(),
             "agent gpu-07 may not call /muster.v1.RaftService/AppendEntries (scheduler replicas only)"
         );
+    }
+
+    #[test]
+    fn by_is_the_callers_identity_with_the_requests_word_appended() {
+        let alice = role("admin", "alice");
+        assert_eq!(bound_by(&alice, "alice"), "admin alice");
+        assert_eq!(bound_by(&alice, ""), "admin alice");
+        assert_eq!(bound_by(&alice, "bob"), "admin alice for bob");
+        let token = Caller::Token { role: Role::Admin("ops".into()), id: "1a".into() };
+        assert_eq!(bound_by(&token, "carol"), "admin ops (token 1a) for carol");
+        assert_eq!(bound_by(&Caller::Insecure, "dave"), "dave");
     }
 
     #[test]

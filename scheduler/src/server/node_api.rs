@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use super::auth::bound_by;
 use super::client_api::linearizable;
 use super::convert::{node_event_to_proto, node_to_proto, propose_error_to_status, rejection_to_status};
 use super::proposer::now_ms;
@@ -66,6 +67,14 @@ impl NodeApi {
     }
 }
 
+/// A lifecycle request with its `by` bound to the caller's identity.
+fn action(req: Request<v1::NodeActionRequest>) -> v1::NodeActionRequest {
+    let caller = muster_tls::Caller::of(&req);
+    let mut q = req.into_inner();
+    q.by = bound_by(&caller, &q.by);
+    q
+}
+
 fn node_id(raw: String) -> Result<NodeId, Status> {
     if raw.is_empty() {
         return Err(Status::invalid_argument("invalid id: must name a node"));
@@ -90,7 +99,9 @@ impl NodeService for NodeApi {
     }
 
     async fn drain_node(&self, req: Request<v1::DrainNodeRequest>) -> Result<Response<v1::Node>, Status> {
-        let q = req.into_inner();
+        let caller = muster_tls::Caller::of(&req);
+        let mut q = req.into_inner();
+        q.by = bound_by(&caller, &q.by);
         let id = node_id(q.id)?;
         let timeout_ms = self.timeout_for(&id, q.timeout_ms).await?;
         let cmd = Command::DrainNode { node: id.clone(), timeout_ms, reason: q.reason, by: q.by };
@@ -98,31 +109,33 @@ impl NodeService for NodeApi {
     }
 
     async fn cancel_drain(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
-        let q = req.into_inner();
+        let q = action(req);
         let id = node_id(q.id)?;
         self.transition(&id, Command::CancelDrain { node: id.clone(), by: q.by }).await
     }
 
     async fn stop_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
-        let q = req.into_inner();
+        let q = action(req);
         let id = node_id(q.id)?;
         self.transition(&id, Command::StopNode { node: id.clone(), reason: q.reason, by: q.by }).await
     }
 
     async fn restart_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
-        let q = req.into_inner();
+        let q = action(req);
         let id = node_id(q.id)?;
         self.transition(&id, Command::RestartNode { node: id.clone(), by: q.by }).await
     }
 
     async fn terminate_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
-        let q = req.into_inner();
+        let q = action(req);
         let id = node_id(q.id)?;
         self.transition(&id, Command::TerminateNode { node: id.clone(), by: q.by }).await
     }
 
     async fn scale_down(&self, req: Request<v1::ScaleDownRequest>) -> Result<Response<v1::ScaleDownResponse>, Status> {
-        let q = req.into_inner();
+        let caller = muster_tls::Caller::of(&req);
+        let mut q = req.into_inner();
+        q.by = bound_by(&caller, &q.by);
         if q.count == 0 {
             return Err(Status::invalid_argument("invalid count: must be at least 1"));
         }
