@@ -77,6 +77,17 @@ impl Drop for Server {
     }
 }
 
+/// A one-task, one-GPU allocation of `owner` running `command`.
+fn one_gpu(owner: &str, command: &[&str]) -> v1::AllocationSpec {
+    v1::AllocationSpec {
+        owner: owner.into(),
+        gang_size: 1,
+        resources: Some(v1::Resources { gpus: 1, vram_mb: 1, mem_mb: 1, cpus: 1 }),
+        command: command.iter().map(|c| c.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
 fn up(m: Up) -> v1::AgentMessage {
     v1::AgentMessage { msg: Some(m) }
 }
@@ -131,13 +142,7 @@ async fn t110_each_role_is_held_to_its_methods() {
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("agent gpu-01 may not call /muster.v1.RaftService/AppendEntries"), "{err:?}");
     // Nor may it submit work or read allocations.
-    let spec = v1::AllocationSpec {
-        owner: "mallory".into(),
-        gang_size: 1,
-        resources: Some(v1::Resources { gpus: 1, vram_mb: 1, mem_mb: 1, cpus: 1 }),
-        command: vec!["true".into()],
-        ..Default::default()
-    };
+    let spec = one_gpu("mallory", &["true"]);
     let submit = |ch: Channel| {
         let spec = spec.clone();
         async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec), dry_run: false }).await }
@@ -189,13 +194,7 @@ async fn t111_an_agent_acts_only_as_its_own_node() {
     let (b_tx, mut b_rx) = agent_stream(&s.addr, &b, register("sec-b", 8)).await.unwrap();
     let (a_tx, mut a_rx) = agent_stream(&s.addr, &a, register("sec-a", 0)).await.unwrap();
     let admin = channel(&s.addr).await.unwrap();
-    let spec = v1::AllocationSpec {
-        owner: "alice".into(),
-        gang_size: 1,
-        resources: Some(v1::Resources { gpus: 1, vram_mb: 1, mem_mb: 1, cpus: 1 }),
-        command: vec!["sleep".into(), "600".into()],
-        ..Default::default()
-    };
+    let spec = one_gpu("alice", &["sleep", "600"]);
     let id = AllocationServiceClient::new(admin.clone())
         .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false })
         .await
@@ -391,13 +390,7 @@ async fn t114_tokens_grant_their_role_and_stop_working_when_revoked_or_expired()
 
     // A reader token on a client connection reads, but cannot submit.
     let (reader_id, reader_secret) = create_token(&admin, "reader", "dashboard", 3_600).await;
-    let spec = v1::AllocationSpec {
-        owner: "bob".into(),
-        gang_size: 1,
-        resources: Some(v1::Resources { gpus: 1, vram_mb: 1, mem_mb: 1, cpus: 1 }),
-        command: vec!["true".into()],
-        ..Default::default()
-    };
+    let spec = one_gpu("bob", &["true"]);
     let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false };
     let err = AllocationServiceClient::new(client.clone()).submit(bearer(req, &reader_secret)).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
