@@ -205,6 +205,11 @@ mod tests {
     }
 }
 
+/// The warning every `--insecure` process prints.
+pub fn warn_insecure() {
+    eprintln!("muster: warning: --insecure: no TLS and no authorisation; use only for debugging");
+}
+
 /// How a process finds its TLS material (`--tls-dir`, `--insecure`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct TlsArgs {
@@ -235,7 +240,7 @@ impl TlsArgs {
         load: impl FnOnce(&std::path::Path) -> Result<TlsMaterial, muster_tls::TlsError>,
     ) -> anyhow::Result<Option<TlsMaterial>> {
         if self.insecure {
-            eprintln!("muster: warning: --insecure: no TLS and no authorisation; use only for debugging");
+            warn_insecure();
             return Ok(None);
         }
         let Some(dir) = &self.tls_dir else {

@@ -64,7 +64,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     if args.insecure {
-        eprintln!("muster: warning: --insecure: no TLS and no authorisation; use only for debugging");
+        crate::client::warn_insecure();
     }
     let cfg = LocalConfig {
         agents: args.agents,

@@ -65,13 +65,13 @@ pub struct ServerArgs {
     #[command(flatten)]
     tls: crate::client::TlsArgs,
     /// Open connections allowed in all; more are closed at once.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_connections: usize,
     /// Open connections allowed from one IP address.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_connections_per_peer: usize,
     /// Concurrent calls and watches on one connection.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_streams_per_connection: u32,
     /// A TLS handshake not done by then drops the connection.
     #[arg(long, default_value = "10s")]
@@ -100,6 +100,15 @@ pub struct ServerArgs {
     /// (ack-before-commit, ack-before-fsync). Tests only.
     #[arg(long, hide = true)]
     inject_bug: Option<String>,
+}
+
+/// A duration flag that must be at least a second.
+fn positive_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
+    let s = crate::alloc::parse_duration_s(value).with_context(|| flag.to_string())?;
+    if s == 0 {
+        bail!("{flag} must be at least 1s");
+    }
+    Ok(Duration::from_secs(s))
 }
 
 /// Parses `CLASS=DURATION` pairs.
@@ -244,25 +253,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
     cfg.tls = args.tls.load(&muster_tls::Role::Server(args.id))?;
-    let positive = |name: &str, v: u64| -> anyhow::Result<u64> {
-        if v == 0 {
-            anyhow::bail!("--{name} must be at least 1");
-        }
-        Ok(v)
-    };
     cfg.limits = muster_scheduler::server::limits::ServerLimits {
-        max_connections: positive("max-connections", args.max_connections as u64)? as usize,
-        max_connections_per_peer: positive("max-connections-per-peer", args.max_connections_per_peer as u64)? as usize,
-        max_streams_per_connection: positive("max-streams-per-connection", u64::from(args.max_streams_per_connection))?
-            as u32,
-        handshake_timeout: Duration::from_secs(positive(
-            "handshake-timeout",
-            crate::alloc::parse_duration_s(&args.handshake_timeout).context("--handshake-timeout")?,
-        )?),
-        request_timeout: Duration::from_secs(positive(
-            "request-timeout",
-            crate::alloc::parse_duration_s(&args.request_timeout).context("--request-timeout")?,
-        )?),
+        max_connections: args.max_connections,
+        max_connections_per_peer: args.max_connections_per_peer,
+        max_streams_per_connection: args.max_streams_per_connection,
+        handshake_timeout: positive_duration("--handshake-timeout", &args.handshake_timeout)?,
+        request_timeout: positive_duration("--request-timeout", &args.request_timeout)?,
     };
     cfg.store.applied_log = args.keep_applied_log;
     cfg.store.crash_image = args.crash_image;

@@ -122,6 +122,11 @@ impl fmt::Display for Role {
 pub fn role_of_cert(der: &[u8]) -> Result<Role, IdentityError> {
     let (_, cert) =
         x509_parser::parse_x509_certificate(der).map_err(|e| IdentityError::BadCertificate(e.to_string()))?;
+    role_of(&cert)
+}
+
+/// The role a parsed certificate names in its SAN URIs.
+pub(crate) fn role_of(cert: &x509_parser::certificate::X509Certificate<'_>) -> Result<Role, IdentityError> {
     let san = cert.subject_alternative_name().map_err(|e| IdentityError::BadCertificate(e.to_string()))?;
     let uris: Vec<&str> = san
         .iter()

@@ -7,7 +7,8 @@ use std::time::Duration;
 use thiserror::Error;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
-use crate::{IdentityError, Role, SERVER_NAME, role_of_cert};
+use crate::identity::role_of;
+use crate::{IdentityError, Role, SERVER_NAME};
 
 /// How long a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -156,14 +157,13 @@ impl TlsMaterial {
     ) -> Result<TlsMaterial, TlsError> {
         let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
             .map_err(|e| TlsError::BadPem { path: cert_path.clone(), reason: e.to_string() })?;
-        let role =
-            role_of_cert(&pem.contents).map_err(|source| TlsError::Identity { path: cert_path.clone(), source })?;
+        let cert = pem.parse_x509().map_err(|e| TlsError::BadPem { path: cert_path.clone(), reason: e.to_string() })?;
+        let role = role_of(&cert).map_err(|source| TlsError::Identity { path: cert_path.clone(), source })?;
         if let Some(expected) = expected
             && &role != expected
         {
             return Err(TlsError::WrongRole { path: cert_path, found: role, expected: expected.clone() });
         }
-        let cert = pem.parse_x509().map_err(|e| TlsError::BadPem { path: cert_path.clone(), reason: e.to_string() })?;
         if check_time && !cert.validity().is_valid() {
             let v = cert.validity();
             return Err(TlsError::NotValidNow {

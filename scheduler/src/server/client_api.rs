@@ -55,11 +55,11 @@ impl ClientApi {
     }
 }
 
-/// Waits until this replica may answer a read that must be current.
 /// How often an idle stream checks that its caller's token still works
 /// (every message is checked as well).
 pub(crate) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Waits until this replica may answer a read that must be current.
 pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
     match s.raft.ensure_linearizable().await {
         Ok(_) => Ok(()),
@@ -99,9 +99,7 @@ impl AllocationService for ClientApi {
         tokio::spawn(async move {
             let mut offset = 0;
             loop {
-                if let Err(status) =
-                    s.reader.read(|st| super::auth::still_authorised(st, &caller, super::proposer::now_ms()))
-                {
+                if let Err(status) = super::auth::stream_still_authorised(&s, &caller) {
                     let _ = tx.send(Err(status)).await;
                     return;
                 }
@@ -161,9 +159,7 @@ impl AllocationService for ClientApi {
             let mut first = true;
             let mut metrics = s.raft.metrics();
             loop {
-                if let Err(status) =
-                    s.reader.read(|st| super::auth::still_authorised(st, &caller, super::proposer::now_ms()))
-                {
+                if let Err(status) = super::auth::stream_still_authorised(&s, &caller) {
                     let _ = tx.send(Err(status)).await;
                     return;
                 }

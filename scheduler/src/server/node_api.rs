@@ -67,12 +67,17 @@ impl NodeApi {
     }
 }
 
-/// A lifecycle request with its `by` bound to the caller's identity.
-fn action(req: Request<v1::NodeActionRequest>) -> v1::NodeActionRequest {
+/// An operator's request with its `by` field bound to the caller's identity.
+fn with_bound_by<T>(req: Request<T>, by: fn(&mut T) -> &mut String) -> T {
     let caller = muster_tls::Caller::of(&req);
     let mut q = req.into_inner();
-    q.by = bound_by(&caller, &q.by);
+    let field = by(&mut q);
+    *field = bound_by(&caller, field);
     q
+}
+
+fn action(req: Request<v1::NodeActionRequest>) -> v1::NodeActionRequest {
+    with_bound_by(req, |q| &mut q.by)
 }
 
 fn node_id(raw: String) -> Result<NodeId, Status> {
@@ -99,9 +104,7 @@ impl NodeService for NodeApi {
     }
 
     async fn drain_node(&self, req: Request<v1::DrainNodeRequest>) -> Result<Response<v1::Node>, Status> {
-        let caller = muster_tls::Caller::of(&req);
-        let mut q = req.into_inner();
-        q.by = bound_by(&caller, &q.by);
+        let q = with_bound_by(req, |q| &mut q.by);
         let id = node_id(q.id)?;
         let timeout_ms = self.timeout_for(&id, q.timeout_ms).await?;
         let cmd = Command::DrainNode { node: id.clone(), timeout_ms, reason: q.reason, by: q.by };
@@ -133,9 +136,7 @@ impl NodeService for NodeApi {
     }
 
     async fn scale_down(&self, req: Request<v1::ScaleDownRequest>) -> Result<Response<v1::ScaleDownResponse>, Status> {
-        let caller = muster_tls::Caller::of(&req);
-        let mut q = req.into_inner();
-        q.by = bound_by(&caller, &q.by);
+        let q = with_bound_by(req, |q| &mut q.by);
         if q.count == 0 {
             return Err(Status::invalid_argument("invalid count: must be at least 1"));
         }
@@ -212,7 +213,7 @@ impl NodeService for NodeApi {
         tokio::spawn(async move {
             let mut metrics = s.raft.metrics();
             loop {
-                if let Err(status) = s.reader.read(|st| super::auth::still_authorised(st, &caller, now_ms())) {
+                if let Err(status) = super::auth::stream_still_authorised(&s, &caller) {
                     let _ = tx.send(Err(status)).await;
                     return;
                 }
