@@ -15,14 +15,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-env-changed=PROTOC");
     // No transport constructors: the agent RPC is named Connect, which would
     // clash with the generated `connect`; callers build channels themselves.
-    tonic_prost_build::configure().build_transport(false).compile_protos(
-        &[
-            "proto/muster/v1/types.proto",
-            "proto/muster/v1/raft.proto",
-            "proto/muster/v1/scheduler.proto",
-            "proto/muster/v1/agent.proto",
-        ],
-        &["proto"],
-    )?;
+    // The descriptor set feeds gRPC server reflection (grpcurl and friends).
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .file_descriptor_set_path(out_dir.join("muster_descriptor.bin"))
+        .compile_protos(
+            &[
+                "proto/muster/v1/types.proto",
+                "proto/muster/v1/raft.proto",
+                "proto/muster/v1/scheduler.proto",
+                "proto/muster/v1/agent.proto",
+            ],
+            &["proto"],
+        )?;
     Ok(())
 }

@@ -250,6 +250,7 @@ impl Agent {
                 Ok(SessionEnd::Reconnect) => failures = 0,
                 Err(e) => {
                     failures += 1;
+                    metrics::counter!("muster_agent_stream_failures_total").increment(1);
                     tracing::debug!(node = %self.cfg.node_id, error = %e, "agent stream failed");
                 }
             }

@@ -20,3 +20,31 @@ mod probe;
 pub mod watchdog;
 
 pub use probe::{NodeResources, ProbeError, parse_meminfo_mb, probe_resources};
+
+/// Every metric an agent exports: name, type, help (`docs/metrics.md`
+/// lists the same).
+pub const METRICS: &[(&str, &str, &str)] = &[
+    (
+        "muster_watchdog_suspected_stalls_total",
+        "counter",
+        "stall confirmations that found the task busy: logged, re-armed, not stopped",
+    ),
+    ("muster_agent_watchdog_trips_total", "counter", "attempts this agent's watchdogs stopped, by kind"),
+    (
+        "muster_agent_stream_failures_total",
+        "counter",
+        "agent streams to the leader that failed (then retried with backoff)",
+    ),
+];
+
+/// Gives the agent's metrics their help text and registers them at zero.
+pub fn describe_metrics() {
+    for (name, _, help) in METRICS {
+        metrics::describe_counter!(*name, *help);
+    }
+    metrics::counter!("muster_watchdog_suspected_stalls_total").increment(0);
+    metrics::counter!("muster_agent_stream_failures_total").increment(0);
+    for kind in ["budget", "stall", "gpu_health"] {
+        metrics::counter!("muster_agent_watchdog_trips_total", "kind" => kind).increment(0);
+    }
+}

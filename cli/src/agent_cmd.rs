@@ -82,6 +82,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .with_http_listener(addr)
             .install()
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        muster_agent::describe_metrics();
     }
     let probed = muster_agent::probe_resources().context("cannot discover this machine's resources")?;
     let gpus = args.gpus.unwrap_or(probed.gpus);

@@ -41,6 +41,10 @@ pub struct DevArgs {
     /// cluster gets a throwaway CA and certificates in <data>/tls.
     #[arg(long)]
     insecure: bool,
+    /// Replica N serves HTTP (dashboard /ui, /metrics, /healthz, /readyz) on
+    /// 127.0.0.1:PORT+N-1; 0 picks free ports.
+    #[arg(long, default_value_t = 0)]
+    http_port: u16,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -71,6 +75,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         gpus_per_agent: args.gpus,
         preemption,
         insecure: args.insecure,
+        http_port: Some(args.http_port),
         ..LocalConfig::default()
     };
     let cluster = LocalCluster::start(&dir, cfg).await.map_err(|e| anyhow::anyhow!(e))?;
@@ -80,6 +85,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     out!("  replicas  {addrs}");
     out!("  agents    {}", cluster.node_ids().join(" "));
     out!("  data      {}", dir.display());
+    for (id, http) in cluster.http_addrs() {
+        out!("  http      replica {id}: http://{http}/ui  (/metrics /healthz /readyz)");
+    }
     match cluster.tls_dir() {
         Some(t) => out!("  tls       {} (mutual TLS; you are admin-{})", t.display(), muster_sim::local::DEV_ADMIN),
         None => out!("  tls       none (--insecure)"),

@@ -31,9 +31,11 @@ pub struct ServerArgs {
     /// Leave out to start empty and join with `muster cluster add-learner`.
     #[arg(long)]
     peers: Option<String>,
-    /// Serve Prometheus metrics over HTTP on this address.
-    #[arg(long)]
-    metrics: Option<SocketAddr>,
+    /// Serve plain HTTP on this address: Prometheus metrics (/metrics),
+    /// probes (/healthz, /readyz) and the read-only dashboard (/ui). No TLS
+    /// and no login: bind it to loopback or a management network.
+    #[arg(long, alias = "metrics")]
+    http: Option<SocketAddr>,
     /// Snapshot every this many log entries (and purge behind it).
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
@@ -239,12 +241,6 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             Some(_) => {}
         }
     }
-    if let Some(addr) = args.metrics {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .with_context(|| format!("cannot serve metrics on {addr}"))?;
-    }
     let socket = if args.listen.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
     socket.set_reuseaddr(true)?;
     socket.bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -252,6 +248,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
+    cfg.http = args.http;
     cfg.tls = args.tls.load(&muster_tls::Role::Server(args.id))?;
     cfg.limits = muster_scheduler::server::limits::ServerLimits {
         max_connections: args.max_connections,
@@ -285,6 +282,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());
+    if let Some(http) = replica.http_addr() {
+        eprintln!("muster server: {}", muster_scheduler::server::http::describe(http));
+    }
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -13,6 +13,10 @@ pub mod v1 {
     tonic::include_proto!("muster.v1");
 }
 
+/// The encoded `FileDescriptorSet` of every `muster.v1` file, for gRPC server
+/// reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("muster_descriptor");
+
 #[cfg(test)]
 mod tests {
     use prost::Message;

@@ -145,6 +145,7 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
                 ))))
             })?;
         }
+        let started = std::time::Instant::now();
         let mut inner = self.inner.write().expect("state machine lock poisoned");
         let mut responses = Vec::new();
         for entry in entries {
@@ -158,6 +159,8 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
                 }
             }
         }
+        drop(inner);
+        metrics::histogram!("muster_raft_apply_seconds").record(started.elapsed().as_secs_f64());
         Ok(responses)
     }
 

@@ -48,6 +48,9 @@ pub struct LocalConfig {
     /// certificates the cluster needs are issued into it when missing
     /// (`server-N`, `agent-node-N`, `admin-dev`). Default: `<dir>/tls`.
     pub tls_dir: Option<PathBuf>,
+    /// Give each replica an HTTP listener (metrics, probes, dashboard) on
+    /// loopback: replica N on `http_port + N - 1`, or any free port when 0.
+    pub http_port: Option<u16>,
 }
 
 /// The admin identity a local cluster issues for its operator.
@@ -95,6 +98,7 @@ impl Default for LocalConfig {
             },
             insecure: false,
             tls_dir: None,
+            http_port: None,
         }
     }
 }
@@ -148,6 +152,10 @@ impl LocalCluster {
             let r = Replica::start(c.replica_config(i as u64 + 1), l).await.map_err(|e| e.to_string())?;
             c.replicas.push(Some(r));
         }
+        if c.cfg.http_port.is_some() {
+            // The agents share this process's recorder.
+            muster_agent::describe_metrics();
+        }
         for i in 0..c.cfg.agents {
             let a = c.spawn_agent(i);
             c.agents.push(Some(a));
@@ -166,7 +174,16 @@ impl LocalCluster {
         rc.preemption = self.cfg.preemption;
         rc.admission_interval = Duration::from_secs(1);
         rc.tls = self.tls.get(&muster_tls::Role::Server(id)).cloned();
+        rc.http = self.cfg.http_port.map(|p| {
+            let port = if p == 0 { 0 } else { p.saturating_add(id as u16 - 1) };
+            std::net::SocketAddr::from(([127, 0, 0, 1], port))
+        });
         rc
+    }
+
+    /// Each running replica's HTTP listener (`http://ADDR/ui`), by id.
+    pub fn http_addrs(&self) -> Vec<(u64, std::net::SocketAddr)> {
+        self.replicas.iter().flatten().filter_map(|r| Some((r.id(), r.http_addr()?))).collect()
     }
 
     /// The TLS dir (`None` when insecure).

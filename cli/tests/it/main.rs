@@ -1,7 +1,9 @@
 //! The `muster` binary, run as a user would.
 
 mod cluster;
+mod dev_proc;
 mod t110_security;
+mod t120_ecosystem;
 mod t60_failover;
 mod t70_cli_cluster;
 mod t80_e2e;
@@ -149,7 +151,7 @@ fn t93_server_serves_prometheus_metrics() {
             s.read_to_string(&mut out).ok()?;
             Some(out)
         });
-        if let Some(t) = text.filter(|t| t.contains("muster_raft_is_leader 1")) {
+        if let Some(t) = text.filter(|t| t.contains("muster_raft_is_leader{replica=\"1\"} 1")) {
             break t;
         }
         assert!(std::time::Instant::now() < deadline, "no leader metrics");

@@ -112,15 +112,30 @@ struct RegistryInner {
 }
 
 impl AgentRegistry {
+    // `muster_agent_streams` moves by increments so that several replicas
+    // in one process (`muster dev`) add up rather than overwrite.
     fn attach(&self, node: &NodeId, tx: &Outbound) {
-        self.inner.lock().expect("registry lock").streams.insert(node.clone(), tx.clone());
+        if self.inner.lock().expect("registry lock").streams.insert(node.clone(), tx.clone()).is_none() {
+            metrics::gauge!("muster_agent_streams").increment(1.0);
+        }
     }
 
     fn detach(&self, node: &NodeId, tx: &Outbound) {
         let mut inner = self.inner.lock().expect("registry lock");
         if inner.streams.get(node).is_some_and(|t| t.same_channel(tx)) {
             inner.streams.remove(node);
+            metrics::gauge!("muster_agent_streams").decrement(1.0);
         }
+    }
+
+    /// Agent streams held open.
+    pub fn len(&self) -> usize {
+        self.inner.lock().expect("registry lock").streams.len()
+    }
+
+    /// Whether no agent stream is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     fn answer(&self, data: v1::LogData) {

@@ -9,8 +9,10 @@
 //! | AllocationService/Get, List, Explain, Watch, Logs | | | ✓ | ✓ | ✓ |
 //! | NodeService/ListNodes, GetNode, WatchNodes | | | ✓ | ✓ | ✓ |
 //! | NodeService/* (lifecycle) | | | ✓ | | |
-//! | AdminService/Status | | | ✓ | ✓ | ✓ |
+//! | AdminService/Status | ✓ (the dashboard asks its peers) | | ✓ | ✓ | ✓ |
 //! | AdminService/* (membership, snapshot, election) | | | ✓ | | |
+//! | grpc.health.v1.Health/* | ✓ | ✓ | ✓ | ✓ | ✓ |
+//! | grpc.reflection.{v1,v1alpha}.ServerReflection/* | | | ✓ | ✓ | ✓ |
 //!
 //! Anything else is refused. With `--insecure` nobody is identified and
 //! every call is let through.
@@ -118,6 +120,8 @@ pub fn caller_name(caller: &Caller) -> String {
 /// Which roles may call a method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Allowed {
+    Anyone,
+    ReadersAndServers,
     Servers,
     Agents,
     Writers,
@@ -128,6 +132,8 @@ enum Allowed {
 impl Allowed {
     fn admits(self, role: &Role) -> bool {
         match self {
+            Allowed::Anyone => true,
+            Allowed::ReadersAndServers => Allowed::Readers.admits(role) || Allowed::Servers.admits(role),
             Allowed::Servers => matches!(role, Role::Server(_)),
             Allowed::Agents => matches!(role, Role::Agent(_)),
             Allowed::Admins => matches!(role, Role::Admin(_)),
@@ -138,6 +144,8 @@ impl Allowed {
 
     fn describe(self) -> &'static str {
         match self {
+            Allowed::Anyone => "any verified caller",
+            Allowed::ReadersAndServers => "admins, clients, readers and scheduler replicas only",
             Allowed::Servers => "scheduler replicas only",
             Allowed::Agents => "node agents only",
             Allowed::Admins => "admins only",
@@ -156,8 +164,10 @@ fn allowed(path: &str) -> Option<Allowed> {
         ("muster.v1.AllocationService", "Get" | "List" | "Explain" | "Watch" | "Logs") => Allowed::Readers,
         ("muster.v1.NodeService", "ListNodes" | "GetNode" | "WatchNodes") => Allowed::Readers,
         ("muster.v1.NodeService", _) => Allowed::Admins,
-        ("muster.v1.AdminService", "Status") => Allowed::Readers,
+        ("muster.v1.AdminService", "Status") => Allowed::ReadersAndServers,
         ("muster.v1.AdminService", _) => Allowed::Admins,
+        ("grpc.health.v1.Health", _) => Allowed::Anyone,
+        ("grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection", _) => Allowed::Readers,
         _ => return None,
     })
 }
@@ -206,9 +216,13 @@ mod tests {
             ("/muster.v1.NodeService/ListNodes", &["admin", "client", "reader"]),
             ("/muster.v1.NodeService/DrainNode", &["admin"]),
             ("/muster.v1.NodeService/ScaleDown", &["admin"]),
-            ("/muster.v1.AdminService/Status", &["admin", "client", "reader"]),
+            ("/muster.v1.AdminService/Status", &["server", "admin", "client", "reader"]),
             ("/muster.v1.AdminService/ChangeMembership", &["admin"]),
-            ("/grpc.health.v1.Health/Check", &[]),
+            ("/grpc.health.v1.Health/Check", &["server", "agent", "admin", "client", "reader"]),
+            ("/grpc.health.v1.Health/Watch", &["server", "agent", "admin", "client", "reader"]),
+            ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", &["admin", "client", "reader"]),
+            ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &["admin", "client", "reader"]),
+            ("/grpc.health.v2.Health/Check", &[]),
             ("garbage", &[]),
         ];
         for (path, allowed) in cases {

@@ -162,7 +162,9 @@ async fn force_drain_pass(s: &Shared, force_after: Duration, preemption: &Preemp
 }
 
 async fn admission_pass(s: &Shared, cfg: &AdmissionConfig) {
+    let started = std::time::Instant::now();
     let plan = s.reader.read(|st| plan_admission(st, now_ms(), cfg));
+    metrics::histogram!("muster_admission_pass_seconds").record(started.elapsed().as_secs_f64());
     if plan.commands.is_empty() {
         return;
     }

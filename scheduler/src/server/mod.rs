@@ -12,12 +12,19 @@
 //!   teardown force drain).
 //! - [`observe`]: metrics and log lines derived from committed outcomes.
 //! - [`convert`]: protobuf ↔ state-machine types and statuses, at the edge.
+//! - [`health`]: readiness, published as gRPC health, `/readyz` and a gauge.
+//! - [`http`]: the plain-HTTP listener: metrics, probes, the [`dashboard`].
+//! - [`telemetry`]: the catalogue of exported metrics and the Prometheus
+//!   recorder.
 
 pub mod admin_api;
 pub mod agent_hub;
 pub mod auth;
 pub mod client_api;
 pub mod convert;
+pub mod dashboard;
+pub mod health;
+pub mod http;
 pub mod leader;
 pub mod limits;
 pub mod node_api;
@@ -25,6 +32,7 @@ pub mod observe;
 pub mod proposer;
 pub mod raft_net;
 pub mod replica;
+pub mod telemetry;
 
 use muster_raft_store::RaftConfig;
 

@@ -1,14 +1,17 @@
 //! One scheduler replica: storage, Raft, the gRPC server (Raft, client and
-//! admin services on one port), the group-commit proposer and the
-//! leader-only loops.
+//! admin services on one port, with the standard health and reflection
+//! services), the group-commit proposer, the leader-only loops, and the
+//! optional plain-HTTP listener (metrics, probes, dashboard).
 //!
 //! ```text
 //!   TcpListener ──▶ tonic: RaftService · AllocationService · AdminService · AgentService
-//!                          │                 │
+//!                          │                 │            grpc.health.v1 · grpc.reflection
 //!                          ▼                 ▼
 //!                     openraft::Raft ◀── Proposer (batches) ◀── leader loops
 //!                          │
 //!                LogStore / StateMachineStore (sled + snapshot.bin)
+//!
+//!   --http ──▶ axum: /metrics · /healthz · /readyz · /ui
 //! ```
 
 use std::collections::BTreeMap;
@@ -32,6 +35,7 @@ use tokio::task::JoinHandle;
 use super::admin_api::AdminApi;
 use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness, MAX_AGENT_MESSAGE_BYTES};
 use super::client_api::ClientApi;
+use super::health::Readiness;
 use super::leader::{LeaderConfig, LeaderLoops};
 use super::node_api::NodeApi;
 use super::proposer::Proposer;
@@ -113,6 +117,9 @@ pub struct ReplicaConfig {
     /// A deliberate bug, for proving that the chaos checks catch one. Never
     /// set outside tests.
     pub inject_bug: Option<InjectedBug>,
+    /// Serve plain HTTP here: `/metrics`, `/healthz`, `/readyz`, `/ui`
+    /// (port 0 picks one: see [`Replica::http_addr`]).
+    pub http: Option<SocketAddr>,
 }
 
 /// Deliberate bugs the chaos harness must catch (`muster server --inject-bug`).
@@ -163,6 +170,7 @@ impl ReplicaConfig {
             walltime_defaults: BTreeMap::new(),
             drain_timeout: Duration::from_millis(crate::policy::DEFAULT_DRAIN_TIMEOUT_MS),
             inject_bug: None,
+            http: None,
         }
     }
 }
@@ -182,6 +190,9 @@ pub enum StartError {
     /// The listener's address is unusable.
     #[error("listener: {0}")]
     Listener(std::io::Error),
+    /// The HTTP listener's address is unusable.
+    #[error("cannot serve HTTP on {0}: {1}")]
+    Http(SocketAddr, std::io::Error),
 }
 
 /// What every service of a replica shares.
@@ -222,8 +233,12 @@ pub struct Shared {
 pub struct Replica {
     shared: Shared,
     addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
+    http: Option<JoinHandle<std::io::Result<()>>>,
+    health: JoinHandle<()>,
+    readiness: watch::Receiver<Readiness>,
     loops: LeaderLoops,
 }
 
@@ -232,6 +247,15 @@ impl Replica {
     /// dir with initial members, bootstraps the cluster.
     pub async fn start(cfg: ReplicaConfig, listener: TcpListener) -> Result<Replica, StartError> {
         let addr = listener.local_addr().map_err(StartError::Listener)?;
+        let http_listener = match cfg.http {
+            Some(a) => {
+                // Install the recorder before anything records.
+                super::telemetry::prometheus();
+                Some(tokio::net::TcpListener::bind(a).await.map_err(|e| StartError::Http(a, e))?)
+            }
+            None => None,
+        };
+        super::telemetry::describe();
         let mut store = cfg.store.clone();
         if cfg.inject_bug == Some(InjectedBug::AckBeforeFsync) {
             store.fault = Some(muster_raft_store::StoreFault::AckBeforeFsync);
@@ -275,6 +299,15 @@ impl Replica {
             tracing::warn!(bug = ?bug, "running with a deliberately injected bug (chaos-check tests only)");
         }
 
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        fn reflection() -> tonic_reflection::server::Builder<'static> {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(muster_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        }
+        let reflection_v1 = reflection().build_v1().map_err(|e| StartError::Config(format!("reflection: {e}")))?;
+        let reflection_v1alpha =
+            reflection().build_v1alpha().map_err(|e| StartError::Config(format!("reflection: {e}")))?;
         let (stop, mut stopped) = watch::channel(false);
         let mut builder = tonic::transport::Server::builder()
             .max_concurrent_streams(cfg.limits.max_streams_per_connection)
@@ -310,6 +343,9 @@ impl Replica {
                     .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_AGENT_MESSAGE_BYTES),
             )
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
             .serve_with_incoming_shutdown(super::limits::incoming(listener, cfg.limits), async move {
                 let _ = stopped.wait_for(|s| *s).await;
             });
@@ -338,13 +374,35 @@ impl Replica {
         );
         super::observe::set_cycle_threshold(cfg.preemption.cycle_threshold);
         tokio::spawn(export_metrics(shared.clone()));
+        tokio::spawn(export_state_metrics(shared.clone(), stop.subscribe()));
+        let (readiness_tx, readiness) = watch::channel(Readiness::starting());
+        let health = tokio::spawn(super::health::run(shared.clone(), health_reporter, readiness_tx));
+        let (http_addr, http) = match http_listener {
+            Some(l) => {
+                let a = l.local_addr().map_err(|e| StartError::Http(cfg.http.expect("set"), e))?;
+                tracing::info!(id = cfg.id, http = %super::http::describe(a), "serving HTTP");
+                let task = super::http::serve(l, shared.clone(), readiness.clone(), cfg.tls.clone(), stop.subscribe());
+                (Some(a), Some(tokio::spawn(task)))
+            }
+            None => (None, None),
+        };
         tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
-        Ok(Replica { shared, addr, stop, server, loops })
+        Ok(Replica { shared, addr, http_addr, stop, server, http, health, readiness, loops })
     }
 
     /// The socket address it serves on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where its HTTP listener serves, if it has one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// The latest readiness reading (what `/readyz` and gRPC health say).
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.borrow().clone()
     }
 
     /// Its id.
@@ -375,9 +433,13 @@ impl Replica {
     /// Stops serving, stops Raft and releases the data dir.
     pub async fn shutdown(self) {
         self.loops.stop();
+        self.health.abort();
         let _ = self.stop.send(true);
         let _ = self.shared.raft.shutdown().await;
         let _ = self.server.await;
+        if let Some(http) = self.http {
+            let _ = http.await;
+        }
     }
 }
 
@@ -417,27 +479,59 @@ pub fn status_of(shared: &Shared) -> v1::ReplicaStatus {
     }
 }
 
-/// Keeps the replica's gauges current: `muster_raft_term`,
+/// Keeps the replica's Raft gauges current (labelled `replica`, so the
+/// replicas of one process stay apart): `muster_raft_term`,
 /// `muster_raft_leader_id`, `muster_raft_is_leader`,
 /// `muster_raft_applied_index`, `muster_raft_last_log_index`,
-/// `muster_raft_snapshot_index`, `muster_sm_queue_depth`,
-/// `muster_sm_allocations`, `muster_sm_nodes`, `muster_nodes_flagged_dead`
-/// (nodes marked lost), `muster_nodes{state}`. Ends when Raft shuts down.
+/// `muster_raft_snapshot_index`. Ends when Raft shuts down.
 async fn export_metrics(shared: Shared) {
     let mut metrics = shared.raft.metrics();
+    let replica = shared.id.to_string();
     loop {
         {
             let m = metrics.borrow_and_update();
-            metrics::gauge!("muster_raft_term").set(m.current_term as f64);
-            metrics::gauge!("muster_raft_leader_id").set(m.current_leader.unwrap_or(0) as f64);
-            metrics::gauge!("muster_raft_is_leader").set(if m.state == ServerState::Leader { 1.0 } else { 0.0 });
-            metrics::gauge!("muster_raft_applied_index").set(m.last_applied.map_or(0, |l| l.index) as f64);
-            metrics::gauge!("muster_raft_last_log_index").set(m.last_log_index.unwrap_or(0) as f64);
-            metrics::gauge!("muster_raft_snapshot_index").set(m.snapshot.map_or(0, |l| l.index) as f64);
+            let r = replica.clone();
+            metrics::gauge!("muster_raft_term", "replica" => r.clone()).set(m.current_term as f64);
+            metrics::gauge!("muster_raft_leader_id", "replica" => r.clone()).set(m.current_leader.unwrap_or(0) as f64);
+            metrics::gauge!("muster_raft_is_leader", "replica" => r.clone()).set(if m.state == ServerState::Leader {
+                1.0
+            } else {
+                0.0
+            });
+            metrics::gauge!("muster_raft_applied_index", "replica" => r.clone())
+                .set(m.last_applied.map_or(0, |l| l.index) as f64);
+            metrics::gauge!("muster_raft_last_log_index", "replica" => r.clone())
+                .set(m.last_log_index.unwrap_or(0) as f64);
+            metrics::gauge!("muster_raft_snapshot_index", "replica" => r).set(m.snapshot.map_or(0, |l| l.index) as f64);
         }
-        let (queued, allocs, nodes, by_status) = shared.reader.read(|st| {
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// How often the gauges read from the applied state are refreshed: each
+/// refresh walks the live allocations.
+const STATE_METRICS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Keeps the gauges read from the applied state current, once a second:
+/// `muster_sm_queue_depth`, `muster_queue_depth{class}`,
+/// `muster_sm_allocations`, `muster_sm_nodes`, `muster_nodes{state}`,
+/// `muster_nodes_flagged_dead` (nodes marked lost), `muster_gpus{state}`.
+/// Ends when the replica stops.
+async fn export_state_metrics(shared: Shared, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(STATE_METRICS_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let (queued, by_class, allocs, nodes, by_status, gpus) = shared.reader.read(|st| {
             let by_status = crate::sm::NodeStatus::ALL.map(|s| (s, st.node_count(s)));
-            (st.queue_len(), st.allocs().len(), st.nodes().len(), by_status)
+            let by_class = super::dashboard::queue_by_class(st);
+            let gpus = super::dashboard::gpu_totals(st);
+            (st.queue_len(), by_class, st.allocs().len(), st.nodes().len(), by_status, gpus)
         });
         for (status, count) in by_status {
             if status == crate::sm::NodeStatus::Lost {
@@ -445,11 +539,16 @@ async fn export_metrics(shared: Shared) {
             }
             metrics::gauge!("muster_nodes", "state" => status.as_str()).set(count as f64);
         }
+        for class in super::telemetry::CLASSES {
+            let n = class.parse::<u8>().ok().and_then(|c| by_class.get(&c)).copied().unwrap_or(0);
+            metrics::gauge!("muster_queue_depth", "class" => class).set(f64::from(n));
+        }
+        let (free, reserved, running) = gpus;
+        metrics::gauge!("muster_gpus", "state" => "free").set(free as f64);
+        metrics::gauge!("muster_gpus", "state" => "reserved").set(reserved as f64);
+        metrics::gauge!("muster_gpus", "state" => "running").set(running as f64);
         metrics::gauge!("muster_sm_queue_depth").set(queued as f64);
         metrics::gauge!("muster_sm_allocations").set(allocs as f64);
         metrics::gauge!("muster_sm_nodes").set(nodes as f64);
-        if metrics.changed().await.is_err() {
-            return;
-        }
     }
 }

@@ -1,0 +1,127 @@
+//! A real `muster dev` process for the ecosystem tests: its replicas, TLS
+//! dir and HTTP listeners read from what it prints, stopped with SIGINT (or
+//! killed) when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::muster;
+
+/// A running `muster dev`.
+pub struct Dev {
+    child: Child,
+    _dir: tempfile::TempDir,
+    /// `host:port,host:port,host:port`.
+    pub sched: String,
+    /// Its throwaway CA and `admin-dev` certificate.
+    pub tls: PathBuf,
+    /// Each replica's HTTP listener, in replica order.
+    pub http: Vec<String>,
+}
+
+impl Dev {
+    /// Starts one and waits until its four agents are ready.
+    pub fn start() -> Dev {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["dev", "--data-dir"])
+            .arg(dir.path().join("dev"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut sched, mut http) = (String::new(), Vec::new());
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("replicas") {
+                sched = rest.trim().to_string();
+            } else if let Some(rest) = line.strip_prefix("http") {
+                let url = rest.split_whitespace().find(|w| w.starts_with("http://")).expect("an http:// address");
+                http.push(url.trim_start_matches("http://").trim_end_matches("/ui").to_string());
+            } else if line.starts_with("tls") {
+                break;
+            }
+        }
+        // Keep draining its output so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        assert!(!sched.is_empty() && http.len() == 3, "muster dev printed its replicas and listeners: {http:?}");
+        let dev = Dev { child, tls: dir.path().join("dev").join("tls"), _dir: dir, sched, http };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let nodes = dev.json(&["node", "list"]);
+            let ready = nodes["nodes"].as_array().map_or(0, |n| n.iter().filter(|n| n["status"] == "ready").count());
+            if ready == 4 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "agents never registered: {nodes}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        dev
+    }
+
+    /// Runs a CLI command against it with `--output json`.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let tls = self.tls.to_str().unwrap();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--scheduler", &self.sched, "--tls-dir", tls, "--output", "json"]);
+        let o = muster(&all);
+        if !o.status.success() {
+            return serde_json::json!({"error": String::from_utf8_lossy(&o.stderr)});
+        }
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// `GET path` on replica `i`'s HTTP listener: (status code, body).
+    pub fn get(&self, i: usize, path: &str) -> Option<(u16, String)> {
+        http_get(&self.http[i], path)
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // SAFETY: signals a child this fixture owns and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP/1.0 GET: (status code, body).
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// An external tool the ecosystem tests drive, if installed. CI
+/// (`.ci/run`) installs them and sets `MUSTER_REQUIRE_TOOLS=1`, so there a
+/// missing tool fails the test instead of skipping it.
+pub fn tool(name: &str) -> Option<PathBuf> {
+    let found =
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()));
+    if found.is_none() {
+        assert!(
+            std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
+            "{name} is not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs it)"
+        );
+        eprintln!("skipping: {name} is not installed (.ci/run installs it)");
+    }
+    found
+}

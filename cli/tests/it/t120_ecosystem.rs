@@ -1,0 +1,191 @@
+//! How Muster fits what operators already run: Prometheus (every documented
+//! metric exported, every exported one documented), Kubernetes-style probes,
+//! grpcurl through gRPC reflection and health, and the dashboard in headless
+//! Chromium; all against real `muster dev` and `muster server` processes.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::dev_proc::{Dev, http_get, tool};
+use crate::{cluster, tls};
+
+/// `docs/metrics.md`'s tables: metric name → type.
+fn documented() -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md")).unwrap();
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() > 3 && cells[1].starts_with("`muster_") {
+            let name = cells[1].trim_matches('`').to_string();
+            assert!(out.insert(name.clone(), cells[2].to_string()).is_none(), "{name} documented twice");
+        }
+    }
+    out
+}
+
+/// A scrape's `# TYPE` lines: metric name → type, `muster_*` only.
+fn exported(scrape: &str) -> BTreeMap<String, String> {
+    scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(name, _)| name.starts_with("muster_"))
+        .map(|(n, t)| (n.to_string(), t.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn t120_every_documented_metric_is_exported_and_every_exported_one_documented() {
+    let dev = Dev::start();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let scrape = loop {
+        let (code, body) = dev.get(0, "/metrics").expect("replica 1 serves HTTP");
+        assert_eq!(code, 200, "{body}");
+        if body.contains("muster_agent_streams 4") && body.contains("muster_gpus{state=\"free\"} 32") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the agents' streams and GPUs never showed:\n{body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let docs = documented();
+    let live = exported(&scrape);
+    assert!(docs.len() >= 40, "the docs table was read: {docs:?}");
+    let undocumented: Vec<&String> = live.keys().filter(|k| !docs.contains_key(*k)).collect();
+    let missing: Vec<&String> = docs.keys().filter(|k| !live.contains_key(*k)).collect();
+    assert!(undocumented.is_empty(), "exported but not in docs/metrics.md: {undocumented:?}");
+    assert!(missing.is_empty(), "in docs/metrics.md but not exported by muster dev: {missing:?}\n{scrape}");
+    for (name, kind) in &live {
+        assert_eq!(&docs[name], kind, "{name}: docs/metrics.md says {}, the exporter {kind}", docs[name]);
+    }
+    // Raft figures are per replica; queue depth per class; one leader.
+    for needle in [
+        "muster_raft_is_leader{replica=\"1\"}",
+        "muster_raft_committed_index{replica=\"3\"}",
+        "muster_queue_depth{class=\"10\"} 0",
+        "muster_replica_ready{replica=\"2\"} 1",
+        "muster_raft_apply_seconds_bucket",
+    ] {
+        assert!(scrape.contains(needle), "{needle} missing");
+    }
+    let leaders = scrape.lines().filter(|l| l.starts_with("muster_raft_is_leader{") && l.ends_with(" 1")).count();
+    assert_eq!(leaders, 1, "{scrape}");
+
+    // Probes: every replica is live and ready; `/` leads to the dashboard.
+    for i in 0..3 {
+        let (code, body) = dev.get(i, "/healthz").unwrap();
+        assert_eq!((code, body.as_str()), (200, "ok\n"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (code, body) = dev.get(i, "/readyz").unwrap();
+            if code == 200 {
+                assert!(body.starts_with("ok\nleader "), "{body}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "replica {} never ready: {body}", i + 1);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let (code, _) = dev.get(1, "/").unwrap();
+    assert_eq!(code, 303, "/ redirects to /ui");
+    let (code, _) = dev.get(1, "/nosuch").unwrap();
+    assert_eq!(code, 404);
+}
+
+/// A replica that cannot reach a majority has no leader: not ready over
+/// HTTP and NOT_SERVING over gRPC health, while still alive.
+#[test]
+fn t121_a_replica_without_a_leader_is_alive_but_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    let http = format!("127.0.0.1:{}", cluster::free_port());
+    // Replicas 2 and 3 never start.
+    let peers = format!("1={addr},2=127.0.0.1:1,3=127.0.0.1:2");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(["server", "--id", "1", "--listen", &addr, "--peers", &peers, "--http", &http])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("MUSTER_TLS_DIR", tls::dir())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (code, body) = loop {
+        if let Some(r) = http_get(&http, "/readyz") {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the HTTP listener never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Give it several election timeouts: still no leader.
+    std::thread::sleep(Duration::from_secs(2));
+    let (code2, body2) = http_get(&http, "/readyz").unwrap();
+    assert_eq!(http_get(&http, "/healthz").map(|r| r.0), Some(200));
+    let health = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let channel = muster_tls::endpoint(&addr, Some(&tls::admin())).unwrap().connect().await.unwrap();
+        let mut c = tonic_health::pb::health_client::HealthClient::new(channel);
+        let overall = c.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.unwrap();
+        let raft = c.check(tonic_health::pb::HealthCheckRequest { service: "muster.v1.RaftService".into() }).await;
+        let unknown = c.check(tonic_health::pb::HealthCheckRequest { service: "nosuch.Service".into() }).await;
+        (overall.into_inner().status, raft.unwrap().into_inner().status, unknown.unwrap_err().code())
+    });
+    server.kill().unwrap();
+    let _ = server.wait();
+    assert_eq!(code, 503, "{body}");
+    assert_eq!((code2, body2.lines().next()), (503, Some("no leader known")), "{body2}");
+    use tonic_health::pb::health_check_response::ServingStatus;
+    assert_eq!(health.0, ServingStatus::NotServing as i32);
+    assert_eq!(health.1, ServingStatus::Serving as i32, "the Raft service serves while the process runs");
+    assert_eq!(health.2, tonic::Code::NotFound);
+}
+
+/// grpcurl, with the dev CA, lists every service through reflection,
+/// describes them, checks health and calls a method.
+#[test]
+fn t122_grpcurl_lists_and_calls_musters_services() {
+    let Some(grpcurl) = tool("grpcurl") else { return };
+    let dev = Dev::start();
+    let t = &dev.tls;
+    let pem = |f: &str| t.join(f).to_str().unwrap().to_string();
+    let creds = [
+        "-cacert".to_string(),
+        pem("ca.pem"),
+        "-cert".into(),
+        pem("admin-dev.pem"),
+        "-key".into(),
+        pem("admin-dev-key.pem"),
+        "-authority".into(),
+        "server.muster".into(),
+    ];
+    let addr = dev.sched.split(',').nth(1).unwrap().to_string();
+    let run = |args: &[&str]| {
+        let o = Command::new(&grpcurl).args(&creds).args(args).output().expect("grpcurl runs");
+        (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (ok, list) = run(&[&addr, "list"]);
+    assert!(ok, "{list}");
+    for svc in [
+        "muster.v1.AllocationService",
+        "muster.v1.NodeService",
+        "muster.v1.AdminService",
+        "muster.v1.AgentService",
+        "muster.v1.RaftService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(list.lines().any(|l| l == svc), "{svc} not listed:\n{list}");
+    }
+    let (ok, desc) = run(&[&addr, "describe", "muster.v1.AllocationService"]);
+    assert!(ok && desc.contains("rpc Submit ( .muster.v1.SubmitRequest )"), "{desc}");
+    let (ok, desc) = run(&[&addr, "describe", "muster.v1.AllocationSpec"]);
+    assert!(ok && desc.contains("preemption_class"), "{desc}");
+    let (ok, health) = run(&[&addr, "grpc.health.v1.Health/Check"]);
+    assert!(ok && health.contains("\"status\": \"SERVING\""), "{health}");
+    let (ok, status) = run(&["-d", "{}", &addr, "muster.v1.AdminService/Status"]);
+    assert!(ok && status.contains("\"stateDigest\"") && status.contains("\"role\""), "{status}");
+    // Without a client certificate the TLS handshake is refused.
+    let o = Command::new(&grpcurl)
+        .args(["-cacert", &pem("ca.pem"), "-authority", "server.muster", &addr, "list"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "a caller without a certificate listed services");
+}

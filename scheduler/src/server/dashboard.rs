@@ -1,0 +1,184 @@
+//! The read-only web dashboard (`GET /ui`) and the JSON it polls
+//! (`GET /ui/api/overview`).
+//!
+//! The page is one self-contained HTML file (no CDN, no build step) whose
+//! script fetches the overview every 2 s and redraws: the cluster (every
+//! replica's role, term, applied index and state digest, asked of the peers
+//! over gRPC with this replica's certificate), the nodes (status, GPUs used
+//! and free, drain), the queue (per class, each pending gang with its
+//! `explain` summary), running gangs, and recent preemptions and watchdog
+//! trips (from the allocations' replicated event histories, so every replica
+//! shows the same).
+//!
+//! [`overview`] reads only the applied state: a follower's dashboard is as
+//! fresh as its applied index, which it shows.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::policy::PreemptionConfig;
+use crate::sm::{AllocStatus, Allocation, Event, State, TaskStatus, TeardownCause};
+
+/// Pending gangs explained (each explanation runs the preemption decision).
+const EXPLAINED: usize = 10;
+/// Pending and running gangs listed.
+const LISTED: usize = 100;
+/// Recent preemptions and watchdog trips listed.
+const RECENT: usize = 30;
+
+/// The page.
+pub const PAGE: &str = include_str!("dashboard.html");
+
+fn alloc_status(s: AllocStatus) -> &'static str {
+    match s {
+        AllocStatus::Queued => "queued",
+        AllocStatus::Suspended => "suspended",
+        AllocStatus::Reserved => "reserved",
+        AllocStatus::Running => "running",
+        AllocStatus::TearingDown => "tearing_down",
+        AllocStatus::Done => "done",
+        AllocStatus::Failed => "failed",
+        AllocStatus::Cancelled => "cancelled",
+    }
+}
+
+fn gang_gpus(a: &Allocation) -> u64 {
+    u64::from(a.spec.gang_size) * u64::from(a.spec.resources.gpus)
+}
+
+/// Everything the page shows but the replicas (which [`super::http`] adds).
+pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
+    let mut tasks_on: BTreeMap<usize, (u32, u32)> = BTreeMap::new();
+    let mut running = Vec::new();
+    let mut recent = Vec::new();
+    for a in st.allocs().values() {
+        for t in &a.tasks {
+            if let Some(slot) = t.node {
+                let e = tasks_on.entry(slot.0 as usize).or_default();
+                match t.status {
+                    TaskStatus::Running | TaskStatus::Preempting => e.0 += 1,
+                    TaskStatus::Reserved => e.1 += 1,
+                    _ => {}
+                }
+            }
+        }
+        if !a.is_queued() && !a.status.is_terminal() && running.len() < LISTED {
+            let mut nodes: Vec<&str> = a.tasks.iter().filter_map(|t| t.node).map(|s| st.node(s).id.as_str()).collect();
+            nodes.dedup();
+            running.push(json!({
+                "id": a.id,
+                "owner": a.spec.owner,
+                "class": a.spec.preemption_class,
+                "gang_size": a.spec.gang_size,
+                "gpus": gang_gpus(a),
+                "status": alloc_status(a.status),
+                "nodes": nodes,
+                "running_s": a.running_since_ms().map(|t| now_ms.saturating_sub(t) / 1000),
+                "preempted_count": a.preempted_count,
+            }));
+        }
+        for h in &a.history {
+            let item = match &h.event {
+                Event::TeardownStarted { cause: TeardownCause::Preempted { by, reason }, preempting, .. } => json!({
+                    "time_ms": h.time_ms, "kind": "preemption", "alloc": a.id,
+                    "detail": format!("preempted by {by} ({}), {} task(s) stopping", reason.as_str(), preempting.len()),
+                }),
+                Event::WatchdogTripped { task, node, kind, retried, .. } => json!({
+                    "time_ms": h.time_ms, "kind": "watchdog", "alloc": a.id,
+                    "detail": format!("{} watchdog stopped task {task} on {node}{}", kind.as_str(),
+                        if *retried { ", retried elsewhere" } else { ", allocation failed" }),
+                }),
+                _ => continue,
+            };
+            recent.push((h.time_ms, a.id, item));
+        }
+    }
+    let by_class = queue_by_class(st);
+    // In the order admission considers them.
+    let queue: Vec<Value> = st
+        .queue()
+        .filter_map(|k| st.alloc(k.alloc))
+        .take(LISTED)
+        .enumerate()
+        .map(|(i, a)| {
+            let why =
+                (i < EXPLAINED).then(|| crate::policy::explain(st, a.id, now_ms, cfg).map(|e| e.summary)).flatten();
+            json!({
+                "id": a.id,
+                "owner": a.spec.owner,
+                "class": a.spec.preemption_class,
+                "gang_size": a.spec.gang_size,
+                "gpus": gang_gpus(a),
+                "status": alloc_status(a.status),
+                "waiting_s": now_ms.saturating_sub(a.submit_time_ms) / 1000,
+                "reason": why,
+            })
+        })
+        .collect();
+    recent.sort_by_key(|(t, id, _)| (std::cmp::Reverse(*t), std::cmp::Reverse(*id)));
+    let recent: Vec<Value> = recent.into_iter().take(RECENT).map(|(_, _, v)| v).collect();
+    let nodes: Vec<Value> = st
+        .nodes()
+        .iter()
+        .map(|n| {
+            let (run, res) = tasks_on.get(&(n.slot.0 as usize)).copied().unwrap_or_default();
+            json!({
+                "id": n.id.as_str(),
+                "status": n.status.as_str(),
+                "vcluster": n.vcluster(),
+                "gpus": n.resources.gpus,
+                "gpus_used": n.used.gpus,
+                "gpus_free": n.free().gpus,
+                "tasks_running": run,
+                "tasks_reserved": res,
+                "held_for": st.held_for(n.slot),
+                "drain": n.drain.as_ref().map(|d| json!({
+                    "reason": d.reason, "by": d.by, "deadline_ms": d.deadline_ms,
+                    "remaining_s": d.deadline_ms.saturating_sub(now_ms) / 1000,
+                })),
+            })
+        })
+        .collect();
+    let (free, reserved, running_gpus) = gpu_totals(st);
+    json!({
+        "now_ms": now_ms,
+        "gpus": {"free": free, "reserved": reserved, "running": running_gpus},
+        "nodes": nodes,
+        "queue": {
+            "total": st.queue_len(),
+            "by_class": by_class.iter().map(|(c, n)| json!({"class": c, "count": n})).collect::<Vec<_>>(),
+            "items": queue,
+        },
+        "running": running,
+        "recent": recent,
+    })
+}
+
+/// Queued allocations by preemption class.
+pub fn queue_by_class(st: &State) -> BTreeMap<u8, u32> {
+    let mut by_class = BTreeMap::new();
+    for k in st.queue() {
+        *by_class.entry(k.class.0).or_default() += 1;
+    }
+    by_class
+}
+
+/// GPUs free (on ready nodes: what admission may place on), reserved
+/// (placed, not yet started) and running (running or stopping tasks): the
+/// `muster_gpus` gauge and the dashboard's totals.
+pub fn gpu_totals(st: &State) -> (u64, u64, u64) {
+    let mut reserved = 0u64;
+    let mut running = 0u64;
+    for a in st.allocs().values().filter(|a| !a.status.is_terminal()) {
+        for t in a.tasks.iter().filter(|t| t.node.is_some()) {
+            match t.status {
+                TaskStatus::Running | TaskStatus::Preempting => running += u64::from(a.spec.resources.gpus),
+                TaskStatus::Reserved => reserved += u64::from(a.spec.resources.gpus),
+                _ => {}
+            }
+        }
+    }
+    let free = st.nodes_in(crate::sm::NodeStatus::Ready).map(|s| u64::from(st.node(s).free().gpus)).sum();
+    (free, reserved, running)
+}

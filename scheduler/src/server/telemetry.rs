@@ -1,0 +1,244 @@
+//! Every metric a replica exports, in one table, and the process-wide
+//! Prometheus recorder behind `GET /metrics`.
+//!
+//! [`describe`] gives each metric its help text and registers every counter
+//! (with each known label value) at zero, so a fresh replica already exports
+//! the whole catalogue: dashboards and alert rules see a 0, not a gap, and
+//! the docs test (`docs/metrics.md` against a live scrape) can hold the two
+//! lists equal.
+//!
+//! Histograms are exported as Prometheus histograms (buckets), not
+//! summaries, so they aggregate across replicas in PromQL.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// A metric's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A distribution, in buckets.
+    Histogram,
+}
+
+impl Kind {
+    /// As Prometheus and `docs/metrics.md` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One exported metric.
+#[derive(Clone, Copy, Debug)]
+pub struct MetricDoc {
+    /// Its name.
+    pub name: &'static str,
+    /// Its type.
+    pub kind: Kind,
+    /// A label and the values a fresh replica registers at zero (counters
+    /// only; gauges get theirs from the exporting loop).
+    pub label: Option<(&'static str, &'static [&'static str])>,
+    /// What it means (the `# HELP` line).
+    pub help: &'static str,
+}
+
+const fn m(name: &'static str, kind: Kind, help: &'static str) -> MetricDoc {
+    MetricDoc { name, kind, label: None, help }
+}
+
+const fn l(
+    name: &'static str,
+    kind: Kind,
+    label: &'static str,
+    values: &'static [&'static str],
+    help: &'static str,
+) -> MetricDoc {
+    MetricDoc { name, kind, label: Some((label, values)), help }
+}
+
+use Kind::{Counter, Gauge, Histogram};
+
+/// The classes `muster_queue_depth` reports (every one, 0 when empty).
+pub const CLASSES: [&str; 11] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"];
+
+/// Every metric a replica exports. `docs/metrics.md` lists the same.
+pub const REPLICA_METRICS: &[MetricDoc] = &[
+    l("muster_raft_term", Gauge, "replica", &[], "current Raft term of this replica"),
+    l("muster_raft_leader_id", Gauge, "replica", &[], "id of the leader this replica knows (0: none)"),
+    l("muster_raft_is_leader", Gauge, "replica", &[], "1 on the leader, 0 elsewhere"),
+    l("muster_raft_applied_index", Gauge, "replica", &[], "last log index applied to the state machine"),
+    l("muster_raft_committed_index", Gauge, "replica", &[], "last log index this replica knows to be committed"),
+    l("muster_raft_last_log_index", Gauge, "replica", &[], "last log index stored"),
+    l("muster_raft_snapshot_index", Gauge, "replica", &[], "index of the latest snapshot"),
+    l(
+        "muster_replica_ready",
+        Gauge,
+        "replica",
+        &[],
+        "1 when the replica knows a leader and has applied every committed entry",
+    ),
+    m("muster_raft_batch_commands", Histogram, "commands per proposed log entry (group commit)"),
+    m("muster_raft_commit_seconds", Histogram, "proposal to applied, per entry"),
+    m("muster_raft_apply_seconds", Histogram, "applying one batch of committed entries to the state machine"),
+    l("muster_raft_proposals_total", Counter, "result", &["committed", "failed"], "commands proposed by this replica"),
+    m("muster_sm_queue_depth", Gauge, "allocations waiting for admission"),
+    l("muster_queue_depth", Gauge, "class", &[], "allocations waiting for admission, by preemption class"),
+    m("muster_sm_allocations", Gauge, "allocations known (all statuses)"),
+    m("muster_sm_nodes", Gauge, "nodes registered"),
+    l("muster_gpus", Gauge, "state", &[], "GPUs on working nodes: free, reserved (placed, not yet started) or running"),
+    l("muster_nodes", Gauge, "state", &[], "nodes in each lifecycle status"),
+    m("muster_nodes_flagged_dead", Gauge, "nodes marked lost (silent while holding work)"),
+    m("muster_admission_pass_seconds", Histogram, "one leader admission pass (planning and proposing)"),
+    m("muster_agent_streams", Gauge, "agent streams this replica holds open (the leader holds them all)"),
+    m("muster_node_drain_seconds", Histogram, "node drain start to the node stopped"),
+    m("muster_node_drain_timeouts_total", Counter, "node drains that reached their deadline with work left"),
+    m("muster_connections_open", Gauge, "connections this replica holds open"),
+    l(
+        "muster_connections_refused_total",
+        Counter,
+        "reason",
+        &["total", "per_peer"],
+        "connections closed at accept for being over a connection cap",
+    ),
+    m("muster_gang_teardowns_total", Counter, "gang teardowns started"),
+    m("muster_gang_teardown_force_drained_total", Counter, "preempting tasks moved to preempted without an ack"),
+    l(
+        "muster_gang_teardown_completed_total",
+        Counter,
+        "outcome",
+        &["blocked", "suspended", "failed"],
+        "teardowns and preemptions completed, by outcome",
+    ),
+    m("muster_gang_teardown_seconds", Histogram, "teardown (or preemption) start to completion"),
+    l(
+        "muster_preemptions_total",
+        Counter,
+        "reason",
+        &["priority", "sensitive"],
+        "allocations chosen as victims of committed preemption decisions",
+    ),
+    m("muster_preemption_checkpoint_duration_seconds", Histogram, "a preempted task's hint to its checkpoint stored"),
+    m("muster_preemption_victim_requeue_total", Counter, "preempted allocations that re-entered the queue"),
+    m("muster_preemption_failed_checkpoint_total", Counter, "preempted tasks that did not checkpoint in time"),
+    m("muster_preemption_decision_seconds", Histogram, "one leader preemption pass (the pure decisions)"),
+    m("muster_preemption_cycles_total", Counter, "allocations preempted more than the cycle threshold"),
+    l(
+        "muster_watchdog_trips_total",
+        Counter,
+        "kind",
+        &["budget", "stall", "gpu_health"],
+        "attempts an agent's watchdog stopped",
+    ),
+    m("muster_watchdog_requeues_total", Counter, "watchdog trips retried rather than failing the allocation"),
+];
+
+/// Gives every replica metric its help text and registers the counters at
+/// zero. Idempotent; a no-op without a recorder.
+pub fn describe() {
+    for d in REPLICA_METRICS {
+        describe_one(d);
+    }
+}
+
+/// Describes one metric and registers it at zero where that is meaningful.
+pub fn describe_one(d: &MetricDoc) {
+    match d.kind {
+        Kind::Counter => {
+            metrics::describe_counter!(d.name, d.help);
+            match d.label {
+                Some((label, values)) => {
+                    for v in values {
+                        let mut labels = vec![metrics::Label::new(label, *v)];
+                        if d.name == "muster_preemptions_total" {
+                            // Its other label: the victim's vCluster.
+                            labels.push(metrics::Label::new("vcluster", crate::sm::DEFAULT_VCLUSTER));
+                        }
+                        metrics::counter!(d.name, labels).increment(0);
+                    }
+                }
+                None => metrics::counter!(d.name).increment(0),
+            }
+        }
+        Kind::Gauge => metrics::describe_gauge!(d.name, d.help),
+        Kind::Histogram => {
+            metrics::describe_histogram!(d.name, d.help);
+            // Registering the handle is enough: the exporter renders it
+            // with zero counts until the first sample.
+            let _ = metrics::histogram!(d.name);
+        }
+    }
+}
+
+/// Bucket bounds for durations in seconds: 1 ms to 30 min.
+const SECONDS_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0];
+
+/// Bucket bounds for commands per log entry.
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+
+static PROMETHEUS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process-wide Prometheus recorder, installed on first use (every
+/// replica and agent of one process shares it: `muster dev` runs several).
+/// `None` when another recorder was installed first.
+pub fn prometheus() -> Option<&'static PrometheusHandle> {
+    PROMETHEUS
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full("muster_raft_batch_commands".into()), BATCH_BUCKETS)
+                });
+            let handle = match builder.map(PrometheusBuilder::install_recorder) {
+                Ok(Ok(h)) => h,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "no Prometheus recorder: /metrics will answer 503");
+                    return None;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "bad Prometheus buckets: /metrics will answer 503");
+                    return None;
+                }
+            };
+            // Histograms keep samples until upkeep folds them in.
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    }
+                })
+                .ok();
+            Some(handle)
+        })
+        .as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_convention_and_are_unique() {
+        let mut seen = std::collections::BTreeSet::new();
+        for d in REPLICA_METRICS {
+            assert!(d.name.starts_with("muster_"), "{}", d.name);
+            assert!(seen.insert(d.name), "{} listed twice", d.name);
+            if d.kind == Kind::Counter {
+                assert!(d.name.ends_with("_total"), "a counter ends in _total: {}", d.name);
+            }
+            assert!(!d.help.is_empty());
+        }
+    }
+}
