@@ -66,8 +66,11 @@ impl Dev {
     /// Runs a CLI command against it with `--output json`.
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let tls = self.tls.to_str().unwrap();
-        let mut all: Vec<&str> = args.to_vec();
+        // The connection flags go before a `--` (after it comes a command).
+        let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let mut all: Vec<&str> = args[..split].to_vec();
         all.extend(["--scheduler", &self.sched, "--tls-dir", tls, "--output", "json"]);
+        all.extend(&args[split..]);
         let o = muster(&all);
         if !o.status.success() {
             return serde_json::json!({"error": String::from_utf8_lossy(&o.stderr)});

@@ -189,3 +189,87 @@ fn t122_grpcurl_lists_and_calls_musters_services() {
         .unwrap();
     assert!(!o.status.success(), "a caller without a certificate listed services");
 }
+
+/// The DOM of `url` after its scripts ran for a few (virtual) seconds, as
+/// headless Chromium sees it.
+fn chromium_dom(chromium: &std::path::Path, url: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let o = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            // Long enough for the page's 2 s poll to redraw it more than once.
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(url)
+        .stderr(Stdio::null())
+        .output()
+        .expect("chromium runs");
+    assert!(o.status.success(), "chromium failed on {url}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The text of the element with `id` up to its closing `</tr>` (a table
+/// row), if the DOM has it.
+fn row<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
+    let start = dom.find(&format!("id=\"{id}\""))?;
+    let end = dom[start..].find("</tr>").map_or(dom.len(), |e| start + e);
+    Some(&dom[start..end])
+}
+
+/// The dashboard in headless Chromium: it loads, shows the four dev nodes
+/// and the three replicas, redraws itself, and reflects a submitted gang
+/// (running, with its nodes) and a pending one (queued, with its reason).
+#[test]
+fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
+    let Some(chromium) = tool("chromium") else { return };
+    let dev = Dev::start();
+    let url = format!("http://{}/ui", dev.http[1]);
+    let dom = chromium_dom(&chromium, &url);
+    assert!(dom.contains("<title>Muster</title>"), "{dom}");
+    for n in 1..=4 {
+        let r = row(&dom, &format!("nodes-node-{n}")).unwrap_or_else(|| panic!("node-{n} missing:\n{dom}"));
+        assert!(r.contains(">ready<") && r.contains("0/8"), "{r}");
+    }
+    for id in 1..=3 {
+        assert!(row(&dom, &format!("replicas-{id}")).is_some(), "replica {id} missing:\n{dom}");
+    }
+    assert_eq!(dom.matches(">leader<").count(), 1, "one leader:\n{dom}");
+    assert!(dom.contains("nothing running") && dom.contains("nothing queued"), "{dom}");
+    let refreshes: u32 = dom
+        .split("data-refreshes=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(refreshes >= 2, "the page redraws itself ({refreshes} times):\n{dom}");
+
+    let submit = |args: &[&str]| dev.json(args)["id"].as_u64().unwrap_or_else(|| panic!("submit {args:?}"));
+    let running = submit(&["submit", "--gang-size", "4", "--gpus", "2", "--class", "5", "--", "sleep", "300"]);
+    let pending = submit(&["submit", "--gang-size", "5", "--gpus", "8", "--class", "3", "--", "true"]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let dom = chromium_dom(&chromium, &url);
+        let r = row(&dom, &format!("running-{running}"));
+        let q = row(&dom, &format!("queue-{pending}"));
+        if let (Some(r), Some(q)) = (r, q)
+            && r.contains(">running<")
+        {
+            assert!((1..=4).all(|n| r.contains(&format!("node-{n}"))), "on all four nodes: {r}");
+            assert!(q.contains(">queued<") && q.contains("larger than any feasible set"), "{q}");
+            assert!(row(&dom, "nodes-node-1").unwrap().contains("2/8"), "{dom}");
+            assert!(dom.contains("GPUs 24 free / 0 reserved / 8 running"), "{dom}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the dashboard never showed the gangs:\n{dom}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

@@ -64,8 +64,8 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
             }
         }
         if !a.is_queued() && !a.status.is_terminal() && running.len() < LISTED {
-            let mut nodes: Vec<&str> = a.tasks.iter().filter_map(|t| t.node).map(|s| st.node(s).id.as_str()).collect();
-            nodes.dedup();
+            let nodes: std::collections::BTreeSet<&str> =
+                a.tasks.iter().filter_map(|t| t.node).map(|s| st.node(s).id.as_str()).collect();
             running.push(json!({
                 "id": a.id,
                 "owner": a.spec.owner,
@@ -118,9 +118,10 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
         .collect();
     recent.sort_by_key(|(t, id, _)| (std::cmp::Reverse(*t), std::cmp::Reverse(*id)));
     let recent: Vec<Value> = recent.into_iter().take(RECENT).map(|(_, _, v)| v).collect();
-    let nodes: Vec<Value> = st
-        .nodes()
-        .iter()
+    let mut by_id: Vec<&crate::sm::Node> = st.nodes().iter().collect();
+    by_id.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    let nodes: Vec<Value> = by_id
+        .into_iter()
         .map(|n| {
             let (run, res) = tasks_on.get(&(n.slot.0 as usize)).copied().unwrap_or_default();
             json!({
