@@ -72,6 +72,13 @@ pub struct AgentConfig {
     /// Exit (`run` returns) once the scheduler says the node is stopped and
     /// nothing runs here, so a wrapper script can power the machine off.
     pub exit_when_stopped: bool,
+    /// Keep tasks across agent restarts (`muster agent --keep-tasks`): the
+    /// `muster` binary whose `task-shim` runs each task. Tasks then outlive
+    /// this agent (it leaves them running when it exits), and the next agent
+    /// with the same work dir adopts them. `None`: tasks are this agent's
+    /// children, stopped when it exits; leftovers of an earlier agent are
+    /// killed at start.
+    pub task_shim: Option<PathBuf>,
     /// This node's agent certificate and the cluster CA; `None` connects
     /// without TLS (`--insecure`).
     pub tls: Option<muster_tls::TlsMaterial>,
@@ -91,6 +98,76 @@ pub fn proc_sampler() -> Box<dyn Sampler> {
 }
 
 type Key = (u64, u32, u64);
+
+/// What `running/<alloc>-<task>-<epoch>` says about a started attempt, for
+/// the agent after this one: `pgid=… attempt=… gpus=0,1 walltime_s=…
+/// stall_s=… gpu_health=0|1 started_ms=…` (an old record holds the pgid
+/// alone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Record {
+    pgid: i32,
+    attempt: u32,
+    gpus: Vec<u32>,
+    walltime_s: u64,
+    stall_s: u32,
+    gpu_health: bool,
+    /// Wall clock (ms since the epoch) when it started: an adopted task's
+    /// budget counts from here, not from the adoption.
+    started_ms: u64,
+}
+
+impl Record {
+    fn encode(&self) -> String {
+        let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
+        format!(
+            "pgid={} attempt={} gpus={} walltime_s={} stall_s={} gpu_health={} started_ms={}\n",
+            self.pgid,
+            self.attempt,
+            gpus.join(","),
+            self.walltime_s,
+            self.stall_s,
+            u8::from(self.gpu_health),
+            self.started_ms
+        )
+    }
+
+    /// The full record, or just the pgid of an old one.
+    fn decode(text: &str) -> Result<Record, Option<i32>> {
+        let text = text.trim();
+        if let Ok(pgid) = text.parse::<i32>() {
+            return Err(Some(pgid));
+        }
+        let fields: BTreeMap<&str, &str> = text.split_whitespace().filter_map(|kv| kv.split_once('=')).collect();
+        let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok());
+        let pgid = fields.get("pgid").and_then(|v| v.parse::<i32>().ok());
+        let parsed = (|| {
+            Some(Record {
+                pgid: pgid?,
+                attempt: u32::try_from(num("attempt")?).ok()?,
+                gpus: match fields.get("gpus")? {
+                    &"" => Vec::new(),
+                    g => g.split(',').map(|x| x.parse().ok()).collect::<Option<Vec<u32>>>()?,
+                },
+                walltime_s: num("walltime_s")?,
+                stall_s: u32::try_from(num("stall_s")?).ok()?,
+                gpu_health: num("gpu_health")? == 1,
+                started_ms: num("started_ms")?,
+            })
+        })();
+        parsed.ok_or(pgid)
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `<alloc>-<task>-<epoch>`.
+fn parse_key(name: &str) -> Option<Key> {
+    let mut it = name.split('-');
+    let k = (it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
+    it.next().is_none().then_some(k)
+}
 
 fn key_of(t: &Option<v1::TaskRef>) -> Option<Key> {
     t.as_ref().map(|t| (t.alloc_id, t.task_index, t.epoch))
@@ -188,6 +265,9 @@ pub struct Agent {
     jitter: u64,
     /// Told the node is stopped, with `exit_when_stopped` set.
     exit_now: bool,
+    /// Attempts an earlier agent left running (with `task_shim`), adopted
+    /// when `run` starts.
+    leftovers: Vec<(Key, Record)>,
 }
 
 enum SessionEnd {
@@ -196,21 +276,27 @@ enum SessionEnd {
 }
 
 impl Agent {
-    /// An agent with this configuration; kills any process groups left by a
-    /// previous agent with the same work dir.
+    /// An agent with this configuration. Process groups an earlier agent
+    /// with the same work dir left behind are adopted when it runs (with
+    /// `task_shim`), or killed now (without).
     pub fn new(cfg: AgentConfig) -> std::io::Result<Agent> {
         let records = cfg.work_dir.join("running");
         fs::create_dir_all(&records)?;
+        let mut leftovers = Vec::new();
         for entry in fs::read_dir(&records)? {
             let path = entry?.path();
-            if let Some(pgid) = fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<i32>().ok())
-                && pgid > 1
-            {
-                tracing::warn!(pgid, "killing a process group left by a previous agent");
-                // SAFETY: killpg has no memory-safety preconditions.
-                unsafe {
-                    libc::killpg(pgid, libc::SIGKILL);
+            let key = path.file_name().and_then(|n| n.to_str()).and_then(parse_key);
+            let record = fs::read_to_string(&path).map_err(|_| None).and_then(|t| Record::decode(&t));
+            match (key, record) {
+                (Some(key), Ok(r)) if cfg.task_shim.is_some() => {
+                    leftovers.push((key, r));
+                    continue;
                 }
+                (_, Ok(Record { pgid, .. }) | Err(Some(pgid))) if pgid > 1 => {
+                    tracing::warn!(pgid, "killing a process group left by a previous agent");
+                    executor::signal_group(pgid, libc::SIGKILL);
+                }
+                _ => {}
             }
             let _ = fs::remove_file(&path);
         }
@@ -231,7 +317,71 @@ impl Agent {
             next: 0,
             jitter,
             exit_now: false,
+            leftovers,
         })
+    }
+
+    /// Takes over the attempts an earlier agent left: a live one is watched
+    /// again (its watchdogs' budget counted from its real start); one that
+    /// ended meanwhile is reported with the status its shim wrote. Either
+    /// way it is listed at the next `Register`.
+    fn adopt_leftovers(&mut self) {
+        for (key, r) in std::mem::take(&mut self.leftovers) {
+            for g in &r.gpus {
+                self.free_gpus.remove(g);
+            }
+            let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
+            self.running
+                .insert(key, Running { ctrl: Some(ctrl_tx), gpus: r.gpus.clone(), attempt: r.attempt, preempt: None });
+            let status = executor::status_path(&self.cfg.work_dir, key.0, key.1, key.2);
+            if executor::alive(r.pgid) && executor::is_shim(r.pgid) {
+                let ran = Duration::from_millis(unix_ms().saturating_sub(r.started_ms));
+                let limits = watchdog::Limits {
+                    budget: (r.walltime_s > 0).then(|| Duration::from_secs(r.walltime_s).saturating_sub(ran)),
+                    stall: (r.stall_s > 0).then(|| Duration::from_secs(u64::from(r.stall_s))),
+                    gpu_health: r.gpu_health,
+                };
+                tracing::info!(
+                    alloc_id = key.0,
+                    task = key.1,
+                    attempt = r.attempt,
+                    pgid = r.pgid,
+                    "adopted a task the previous agent left running"
+                );
+                self.watch(key, r.attempt, executor::adopt(r.pgid, status), limits, ctrl_rx);
+            } else {
+                let exit = executor::read_status(&status)
+                    .ok_or_else(|| "the task ended while its agent was down, and its exit status was lost".to_string());
+                tracing::info!(alloc_id = key.0, task = key.1, exit = ?exit, "a task the previous agent left ended meanwhile");
+                let _ = self.exits_tx.send((key, Ended { exit, checkpoint_failed: false, watchdog: None }));
+            }
+        }
+    }
+
+    /// Watches a started (or adopted) attempt until it ends, then tells the
+    /// session through `exits`.
+    fn watch(
+        &self,
+        key: Key,
+        attempt: u32,
+        mut task: executor::RunningTask,
+        limits: watchdog::Limits,
+        ctrl_rx: mpsc::UnboundedReceiver<Control>,
+    ) {
+        let dogs = Watchdogs::new(self.cfg.watchdog, limits, tokio::time::Instant::now());
+        let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
+        let guard = Guard {
+            dogs,
+            progress: ProgressFile::new(progress),
+            sampler: (self.cfg.sampler)(),
+            poll: self.cfg.watchdog.poll,
+        };
+        let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        let exits = self.exits_tx.clone();
+        tokio::spawn(async move {
+            let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard).await;
+            let _ = exits.send((key, ended));
+        });
     }
 
     fn record_path(&self, k: Key) -> PathBuf {
@@ -240,6 +390,7 @@ impl Agent {
 
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        self.adopt_leftovers();
         let mut failures = 0u32;
         loop {
             if *shutdown.borrow() {
@@ -259,6 +410,11 @@ impl Agent {
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.changed() => {}
             }
+        }
+        if self.cfg.task_shim.is_some() {
+            // --keep-tasks: the next agent adopts them.
+            tracing::info!(node = %self.cfg.node_id, tasks = self.running.len(), "agent exiting; its tasks keep running");
+            return;
         }
         let grace = Duration::from_secs(5);
         let mut waiting = 0;
@@ -601,9 +757,7 @@ impl Agent {
             stall: (a.stall_timeout_s > 0).then(|| Duration::from_secs(u64::from(a.stall_timeout_s))),
             gpu_health: a.gpus > 0 && self.cfg.watchdog.gpu_health,
         };
-        let dogs = Watchdogs::new(self.cfg.watchdog, limits, tokio::time::Instant::now());
-        let sampler = (self.cfg.sampler)();
-        let poll = self.cfg.watchdog.poll;
+        let (walltime_s, stall_s) = (a.walltime_s, a.stall_timeout_s);
         let restored = if a.checkpoint.is_empty() {
             checkpoint::reset(&checkpoint_dir).map_err(|e| format!("cannot create {}: {e}", checkpoint_dir.display()))
         } else {
@@ -625,12 +779,22 @@ impl Agent {
             gpu_ids: gpus.clone(),
             checkpoint_dir,
         };
-        let exits = self.exits_tx.clone();
         let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
-        let checkpoint_dir = launch.checkpoint_dir.clone();
-        match restored.and_then(|()| executor::spawn(&launch, &self.cfg.work_dir).map_err(|e| e.to_string())) {
-            Ok(mut task) => {
-                let _ = fs::write(self.record_path(key), task.pgid().to_string());
+        let spawned = restored.and_then(|()| {
+            executor::spawn(&launch, &self.cfg.work_dir, self.cfg.task_shim.as_deref()).map_err(|e| e.to_string())
+        });
+        match spawned {
+            Ok(task) => {
+                let record = Record {
+                    pgid: task.pgid(),
+                    attempt,
+                    gpus: gpus.clone(),
+                    walltime_s,
+                    stall_s,
+                    gpu_health: limits.gpu_health,
+                    started_ms: unix_ms(),
+                };
+                let _ = fs::write(self.record_path(key), record.encode());
                 tracing::info!(
                     alloc_id = key.0,
                     task = key.1,
@@ -639,15 +803,11 @@ impl Agent {
                     resumed = !a.checkpoint.is_empty(),
                     "task started"
                 );
-                tokio::spawn(async move {
-                    let guard = Guard { dogs, progress: ProgressFile::new(progress), sampler, poll };
-                    let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard).await;
-                    let _ = exits.send((key, ended));
-                });
+                self.watch(key, attempt, task, limits, ctrl_rx);
             }
             Err(e) => {
                 tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "task did not start");
-                let _ = exits.send((key, Ended { exit: Err(e), checkpoint_failed: false, watchdog: None }));
+                let _ = self.exits_tx.send((key, Ended { exit: Err(e), checkpoint_failed: false, watchdog: None }));
             }
         }
         self.running.insert(key, Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None });
@@ -661,6 +821,7 @@ impl Agent {
             self.free_gpus.extend(r.gpus);
         }
         let _ = fs::remove_file(self.record_path(key));
+        let _ = fs::remove_file(executor::status_path(&self.cfg.work_dir, key.0, key.1, key.2));
         let (exit_code, signal, error) = match exit {
             Ok(Exit::Code(c)) => (Some(c), None, String::new()),
             Ok(Exit::Signal(s)) => (None, Some(s), String::new()),
@@ -825,6 +986,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_task_record_round_trips_and_an_old_one_gives_its_pgid() {
+        let r = Record {
+            pgid: 4242,
+            attempt: 2,
+            gpus: vec![0, 3],
+            walltime_s: 3600,
+            stall_s: 120,
+            gpu_health: true,
+            started_ms: 1_795_000_000_000,
+        };
+        assert_eq!(Record::decode(&r.encode()), Ok(r.clone()));
+        let none = Record { gpus: vec![], gpu_health: false, ..r };
+        assert_eq!(Record::decode(&none.encode()), Ok(none));
+        assert_eq!(Record::decode("4242\n"), Err(Some(4242)), "a record from before --keep-tasks");
+        assert_eq!(Record::decode("pgid=7 attempt=x"), Err(Some(7)), "a torn record still names its group");
+        assert_eq!(Record::decode("garbage"), Err(None));
+        assert_eq!(parse_key("12-3-4"), Some((12, 3, 4)));
+        assert_eq!(parse_key("12-3"), None);
+        assert_eq!(parse_key("12-3-4-5"), None);
+    }
+
+    #[test]
     fn a_register_lists_tasks_whose_end_is_not_yet_recorded() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = AgentConfig {
@@ -838,6 +1021,7 @@ mod tests {
             watchdog: crate::watchdog::WatchdogConfig::default(),
             sampler: proc_sampler,
             exit_when_stopped: false,
+            task_shim: None,
             tls: None,
         };
         let mut agent = Agent::new(cfg).unwrap();

@@ -11,6 +11,18 @@
 //!
 //! A child that traps SIGTERM, or a grandchild that outlives its parent,
 //! still dies: signals go to the process group, not the one pid.
+//!
+//! Tasks that must outlive their agent (`muster agent --keep-tasks`) start
+//! under a shim (`muster task-shim`, [`run_shim`]) that leads the process
+//! group, waits for the command, and writes its exit status to a file
+//! before mirroring it. A restarted agent cannot wait() for a process it did
+//! not start, so it [`adopt`]s the group instead: it polls the shim's pid
+//! and reads the status file once the shim is gone.
+//!
+//! ```text
+//!   agent ── spawn ──▶ shim (pgid leader, ignores TERM/USR1) ──▶ command
+//!                        └── command ends ──▶ exits/A-T-E (code N | signal N) ──▶ exit the same way
+//! ```
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -96,9 +108,124 @@ pub fn log_paths(work_dir: &Path, alloc: u64, task: u32, attempt: u32) -> (PathB
 
 /// A running attempt.
 pub struct RunningTask {
-    child: Child,
+    inner: Inner,
     pgid: i32,
     exited: Option<Exit>,
+}
+
+enum Inner {
+    /// Our own child: waited for directly.
+    Child(Child),
+    /// A shim started by an earlier agent: polled, its status read from the
+    /// file.
+    Adopted { status: PathBuf },
+}
+
+/// How often an adopted task's shim is checked for having exited.
+const ADOPTED_POLL: Duration = Duration::from_millis(200);
+
+/// Where the shim of attempt (`alloc`, `task`, `epoch`) writes its exit status.
+pub fn status_path(work_dir: &Path, alloc: u64, task: u32, epoch: u64) -> PathBuf {
+    work_dir.join("exits").join(format!("{alloc}-{task}-{epoch}"))
+}
+
+/// Reads a status file: `code N` or `signal N`.
+pub fn read_status(path: &Path) -> Option<Exit> {
+    let text = fs::read_to_string(path).ok()?;
+    let (kind, n) = text.trim().split_once(' ')?;
+    let n: i32 = n.parse().ok()?;
+    match kind {
+        "code" => Some(Exit::Code(n)),
+        "signal" => Some(Exit::Signal(n)),
+        _ => None,
+    }
+}
+
+/// Whether `pid` is a live process (a zombie counts as dead: it runs
+/// nothing).
+pub fn alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+    }
+}
+
+/// Whether `pid` runs a task shim (not some process that reused the pid).
+pub fn is_shim(pid: i32) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == SHIM_SUBCOMMAND.as_bytes()))
+}
+
+/// The subcommand of the `muster` binary that runs [`run_shim`].
+pub const SHIM_SUBCOMMAND: &str = "task-shim";
+
+/// The signals the agent sends a task's group that the shim must survive
+/// (its command gets them; the shim only waits and reports).
+const SHIM_IGNORES: [i32; 7] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGPIPE];
+
+/// The shim's body: runs `command` (inheriting stdio, environment, working
+/// dir and process group), waits for it, writes its exit status to `status`
+/// (atomically: a temporary file renamed), and returns the code to exit
+/// with. A command that died of a signal is mirrored by the shim raising
+/// the same signal, so a waiting agent sees what it would have without the
+/// shim.
+pub fn run_shim(status: &Path, command: &[String]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let Some(program) = command.first() else {
+        eprintln!("muster task-shim: no command");
+        return 127;
+    };
+    // Ignore first, then reset in the child: no window where a signal
+    // meant for the command kills the shim.
+    for sig in SHIM_IGNORES {
+        // SAFETY: setting a disposition to SIG_IGN has no preconditions.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(&command[1..]);
+    // SAFETY: only async-signal-safe calls (signal) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in SHIM_IGNORES {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let exit = match cmd.spawn().and_then(|mut c| c.wait()) {
+        Ok(status) => exit_of(status),
+        Err(e) => {
+            eprintln!("muster task-shim: cannot start {program:?}: {e}");
+            Exit::Code(127)
+        }
+    };
+    let line = match exit {
+        Exit::Code(c) => format!("code {c}\n"),
+        Exit::Signal(s) => format!("signal {s}\n"),
+    };
+    let tmp = status.with_extension("tmp");
+    if let Err(e) = fs::write(&tmp, line).and_then(|()| fs::rename(&tmp, status)) {
+        eprintln!("muster task-shim: cannot write {}: {e}", status.display());
+    }
+    match exit {
+        Exit::Code(c) => c,
+        Exit::Signal(sig) => {
+            // SAFETY: restoring the default action and raising a signal at
+            // ourselves has no memory-safety preconditions.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                libc::raise(sig);
+            }
+            128 + sig
+        }
+    }
+}
+
+/// Takes over an attempt whose shim (process group `pgid`) an earlier agent
+/// started; its exit status will be read from `status`.
+pub fn adopt(pgid: i32, status: PathBuf) -> RunningTask {
+    RunningTask { inner: Inner::Adopted { status }, pgid, exited: None }
 }
 
 /// Sends `signal` to a process group.
@@ -119,8 +246,10 @@ fn exit_of(status: std::process::ExitStatus) -> Exit {
     }
 }
 
-/// Starts an attempt in its own process group, in `work_dir`.
-pub fn spawn(launch: &TaskLaunch, work_dir: &Path) -> Result<RunningTask, SpawnError> {
+/// Starts an attempt in its own process group, in `work_dir`; with `shim`
+/// (the `muster` binary), under `muster task-shim`, so the attempt can
+/// outlive this agent and be adopted by the next.
+pub fn spawn(launch: &TaskLaunch, work_dir: &Path, shim: Option<&Path>) -> Result<RunningTask, SpawnError> {
     let program = launch.command.first().ok_or(SpawnError::EmptyCommand)?;
     let (out_path, err_path) = log_paths(work_dir, launch.alloc, launch.task, launch.attempt);
     let dir = out_path.parent().expect("log path has a parent").to_path_buf();
@@ -128,7 +257,18 @@ pub fn spawn(launch: &TaskLaunch, work_dir: &Path) -> Result<RunningTask, SpawnE
     fs::create_dir_all(&dir).map_err(logs)?;
     let stdout = File::create(&out_path).map_err(logs)?;
     let stderr = File::create(&err_path).map_err(logs)?;
-    let mut cmd = Command::new(program);
+    let mut cmd = match shim {
+        None => Command::new(program),
+        Some(shim) => {
+            let status = status_path(work_dir, launch.alloc, launch.task, launch.epoch);
+            let dir = status.parent().expect("status path has a parent").to_path_buf();
+            fs::create_dir_all(&dir).map_err(|source| SpawnError::Logs { path: dir, source })?;
+            let _ = fs::remove_file(&status);
+            let mut c = Command::new(shim);
+            c.arg(SHIM_SUBCOMMAND).arg("--status").arg(status).arg("--").arg(program);
+            c
+        }
+    };
     cmd.args(&launch.command[1..])
         .current_dir(work_dir)
         .envs(&launch.env)
@@ -147,7 +287,7 @@ pub fn spawn(launch: &TaskLaunch, work_dir: &Path) -> Result<RunningTask, SpawnE
         .kill_on_drop(false);
     let child = cmd.spawn().map_err(|source| SpawnError::Exec { program: program.clone(), source })?;
     let pgid = child.id().expect("a just-spawned child has a pid") as i32;
-    Ok(RunningTask { child, pgid, exited: None })
+    Ok(RunningTask { inner: Inner::Child(child), pgid, exited: None })
 }
 
 impl RunningTask {
@@ -162,9 +302,17 @@ impl RunningTask {
         if let Some(exit) = self.exited {
             return Ok(exit);
         }
-        let status = self.child.wait().await?;
+        let exit = match &mut self.inner {
+            Inner::Child(child) => exit_of(child.wait().await?),
+            Inner::Adopted { status } => {
+                while alive(self.pgid) {
+                    tokio::time::sleep(ADOPTED_POLL).await;
+                }
+                // A shim killed outright (SIGKILL) wrote nothing.
+                read_status(status).unwrap_or(Exit::Signal(libc::SIGKILL))
+            }
+        };
         signal_group(self.pgid, libc::SIGKILL);
-        let exit = exit_of(status);
         self.exited = Some(exit);
         Ok(exit)
     }
@@ -176,13 +324,8 @@ impl RunningTask {
             return Ok(exit);
         }
         signal_group(self.pgid, libc::SIGTERM);
-        match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(status) => {
-                signal_group(self.pgid, libc::SIGKILL);
-                let exit = exit_of(status?);
-                self.exited = Some(exit);
-                Ok(exit)
-            }
+        match tokio::time::timeout(grace, self.wait()).await {
+            Ok(exit) => exit,
             Err(_) => {
                 signal_group(self.pgid, libc::SIGKILL);
                 self.wait().await
@@ -212,23 +355,12 @@ mod tests {
         }
     }
 
-    /// Whether `pid` is a live process (a zombie waiting to be reaped by
-    /// whoever adopted it counts as dead: it runs nothing).
-    fn alive(pid: i32) -> bool {
-        match fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => false,
-            Ok(stat) => {
-                stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
-            }
-        }
-    }
-
     #[tokio::test]
     async fn a_task_sees_its_environment_and_its_output_lands_in_the_attempt_logs() {
         let dir = tempfile::tempdir().unwrap();
         let script = "echo $MUSTER_ALLOC_ID/$MUSTER_TASK_INDEX/$MUSTER_GANG_SIZE/$MUSTER_ATTEMPT/$MUSTER_EPOCH \
                       $MUSTER_GANG_PEERS $CUDA_VISIBLE_DEVICES \"$USER_VAR\" $MUSTER_CHECKPOINT_DIR; echo oops >&2; exit 3";
-        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path()).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path(), None).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(3));
         let (out, err) = log_paths(dir.path(), 7, 1, 2);
         assert_eq!(fs::read_to_string(out).unwrap(), "7/1/2/2/3 n0:1,n1:1 4,5 x y /tmp/ckpt\n");
@@ -238,15 +370,15 @@ mod tests {
     #[tokio::test]
     async fn a_missing_program_is_a_spawn_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = spawn(&launch(&["/nonexistent/program"]), dir.path()).err().unwrap();
+        let err = spawn(&launch(&["/nonexistent/program"]), dir.path(), None).err().unwrap();
         assert!(err.to_string().contains("cannot start \"/nonexistent/program\""), "{err}");
-        assert!(matches!(spawn(&launch(&[]), dir.path()), Err(SpawnError::EmptyCommand)));
+        assert!(matches!(spawn(&launch(&[]), dir.path(), None), Err(SpawnError::EmptyCommand)));
     }
 
     #[tokio::test]
     async fn stop_ends_a_cooperative_task_with_sigterm() {
         let dir = tempfile::tempdir().unwrap();
-        let mut t = spawn(&launch(&["sleep", "30"]), dir.path()).unwrap();
+        let mut t = spawn(&launch(&["sleep", "30"]), dir.path(), None).unwrap();
         let started = Instant::now();
         assert_eq!(t.stop(Duration::from_secs(10)).await.unwrap(), Exit::Signal(libc::SIGTERM));
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -259,7 +391,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("grandchild.pid");
         let script = format!("trap '' TERM; sleep 30 & echo $! > {}; wait; wait", pidfile.display());
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path()).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !pidfile.exists() || fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
             assert!(Instant::now() < deadline, "grandchild never started");
@@ -286,7 +418,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("bg.pid");
         let script = format!("sleep 30 & echo $! > {}", pidfile.display());
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path()).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
         let bg: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -62,6 +62,7 @@ async fn an_agent_leaves_a_leader_that_stops_answering_heartbeats() {
         watchdog: WatchdogConfig::default(),
         sampler: proc_sampler,
         exit_when_stopped: false,
+        task_shim: None,
         tls: None,
     };
     let (stop, stopped) = watch::channel(false);

@@ -65,6 +65,14 @@ pub struct AgentArgs {
     /// operator), so a wrapper can power the machine off.
     #[arg(long)]
     exit_when_stopped: bool,
+    /// Keep tasks running across agent restarts: tasks start under this
+    /// binary's task shim (which records their exit status), the agent
+    /// leaves them running when it exits, and the next agent with the same
+    /// --work-dir reattaches to them (run under systemd with
+    /// KillMode=process; see deploy/systemd/muster-agent.service). Without
+    /// it, the agent stops its tasks when it exits.
+    #[arg(long)]
+    keep_tasks: bool,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
 }
@@ -119,6 +127,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         },
         sampler: proc_sampler,
         exit_when_stopped: args.exit_when_stopped,
+        task_shim: if args.keep_tasks {
+            Some(std::env::current_exe().context("--keep-tasks: cannot find this muster binary")?)
+        } else {
+            None
+        },
         tls: args.tls.load(&muster_tls::Role::new("agent", &args.node_id)?)?,
     };
     let agent = Agent::new(cfg).with_context(|| format!("cannot use work dir {}", args.work_dir.display()))?;

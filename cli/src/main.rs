@@ -147,6 +147,18 @@ enum Cmd {
     /// Report progress from inside a task (feeds its stall watchdog): appends
     /// to $MUSTER_PROGRESS_FILE.
     Beat,
+    /// Run a task under the agent's shim (what `muster agent --keep-tasks`
+    /// starts): wait for COMMAND, write its exit status to the file, exit
+    /// the same way.
+    #[command(name = "task-shim", hide = true)]
+    TaskShim {
+        /// Where the exit status goes (`code N` or `signal N`).
+        #[arg(long)]
+        status: std::path::PathBuf,
+        /// The task's command.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Print a shell completion script: muster completions bash > /etc/bash_completion.d/muster
     Completions {
         /// The shell.
@@ -161,6 +173,10 @@ fn main() -> ExitCode {
         Cmd::Probe => probe(),
         Cmd::Tls { cmd } => tls::run(cmd),
         Cmd::Beat => beat(),
+        Cmd::TaskShim { status, command } => {
+            let code = muster_agent::executor::run_shim(&status, &command);
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "muster", &mut std::io::stdout());
@@ -217,7 +233,12 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
                 let mut cluster = client.cluster()?;
                 cluster::run(&mut cluster, cmd, client.output).await
             }
-            Cmd::Simulate(_) | Cmd::Probe | Cmd::Beat | Cmd::Completions { .. } | Cmd::Tls { .. } => {
+            Cmd::Simulate(_)
+            | Cmd::Probe
+            | Cmd::Beat
+            | Cmd::Completions { .. }
+            | Cmd::Tls { .. }
+            | Cmd::TaskShim { .. } => {
                 unreachable!("run synchronously")
             }
         }

@@ -214,6 +214,7 @@ impl LocalCluster {
             watchdog: self.cfg.watchdog,
             sampler: muster_agent::agent::proc_sampler,
             exit_when_stopped: false,
+            task_shim: None,
             tls: self.tls.get(&muster_tls::Role::Agent(node_id.clone())).cloned(),
         };
         let (stop, stopped) = watch::channel(false);

@@ -273,3 +273,91 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+/// `muster agent --keep-tasks` (what the systemd unit runs, with
+/// KillMode=process): the agent exits and a new one starts on the same work
+/// dir while tasks run. A task still running is reattached (same attempt,
+/// later finishes and is recorded done); a task that ended while no agent
+/// ran is reported with the exit code its shim recorded.
+#[test]
+fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    let _server = crate::Procs::start(dir.path(), &addr, &["--agent-heartbeat-ms", "500"], &[]);
+    tls::material(muster_tls::Role::Agent("k1".into()));
+    let work = dir.path().join("k1");
+    let agent = || {
+        Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args([
+                "agent",
+                "--scheduler",
+                &addr,
+                "--node-id",
+                "k1",
+                "--gpus",
+                "2",
+                "--vram-mb",
+                "1000",
+                "--keep-tasks",
+            ])
+            .arg("--work-dir")
+            .arg(&work)
+            .env("MUSTER_TLS_DIR", tls::dir())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let get = |id: &str| -> serde_json::Value {
+        let o = crate::muster(&["alloc", "get", id, "--scheduler", &addr, "--output", "json"]);
+        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    };
+    let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !ok() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let mut first = agent();
+    // Each task leaves its pid, then waits for its release file and exits
+    // with the code in its name.
+    let script = |code: u32| {
+        format!(
+            "echo $$ > pid-$MUSTER_ALLOC_ID; while [ ! -f release-$MUSTER_ALLOC_ID ]; do sleep 0.1; done; exit {code}"
+        )
+    };
+    for (key, code) in [("keep-1", 0), ("keep-2", 3)] {
+        let s = script(code);
+        let args =
+            ["submit", "--gpus", "1", "--max-retries", "0", "--idempotency-key", key, "--scheduler", &addr, "--"];
+        wait_for("a submit to succeed", &|| crate::muster(&[&args[..], &["sh", "-c", &s]].concat()).status.success());
+    }
+    let pid = |id: u32| std::fs::read_to_string(work.join(format!("pid-{id}"))).ok()?.trim().parse::<i32>().ok();
+    wait_for("both tasks to run", &|| {
+        get("1")["status"] == "running" && get("2")["status"] == "running" && pid(1).is_some() && pid(2).is_some()
+    });
+    let (p1, p2) = (pid(1).unwrap(), pid(2).unwrap());
+
+    // The agent exits (SIGTERM, as systemd stops it); the tasks do not.
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    assert!(first.wait().unwrap().success(), "the agent exits cleanly on SIGTERM");
+    assert!(muster_agent::executor::alive(p1) && muster_agent::executor::alive(p2), "the tasks outlive the agent");
+    // Task 2 ends while no agent runs.
+    std::fs::write(work.join("release-2"), "").unwrap();
+    wait_for("task 2 to exit", &|| !muster_agent::executor::alive(p2));
+
+    let mut second = agent();
+    wait_for("allocation 2 to fail with the code it exited with", &|| get("2")["status"] == "failed");
+    let a2 = get("2");
+    assert_eq!(a2["tasks"][0]["exit_code"], 3, "{a2}");
+    let a1 = get("1");
+    assert_eq!(a1["status"], "running", "task 1 was reattached, not failed: {a1}");
+    assert_eq!(a1["tasks"][0]["attempts"], 1, "{a1}");
+    std::fs::write(work.join("release-1"), "").unwrap();
+    wait_for("allocation 1 to finish", &|| get("1")["status"] == "done");
+    let a1 = get("1");
+    assert_eq!((a1["tasks"][0]["attempts"].as_u64(), a1["tasks"][0]["runs"].as_u64()), (Some(1), Some(1)), "{a1}");
+    let _ = second.kill();
+    let _ = second.wait();
+}
