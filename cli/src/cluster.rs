@@ -38,6 +38,14 @@ pub enum ClusterCmd {
     },
     /// Build a snapshot now (and purge the log behind it) on every reachable member.
     Snapshot,
+    /// Take a consistent backup of the cluster's state through the leader
+    /// (everything committed before the call) into a file; `muster restore`
+    /// starts a new cluster from it.
+    Backup {
+        /// The file to write (via FILE.tmp, fsynced, then renamed).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Move leadership to a replica: it campaigns now; succeeds once it leads.
     TransferLeader {
         /// The replica that should lead.
@@ -162,6 +170,29 @@ pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow:
         ClusterCmd::Remove { ids } => {
             change_membership(cluster, v1::ChangeMembershipRequest { promote: vec![], remove: ids }, out).await
         }
+        ClusterCmd::Backup { out: file } => {
+            let (bytes, index, digest) = fetch_backup(cluster).await?;
+            let backup = muster_raft_store::Backup::decode(&bytes)?;
+            backup.verify::<muster_scheduler::sm::State>()?;
+            write_atomically(&file, &bytes)?;
+            match out {
+                Output::Json => out!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "file": file.display().to_string(), "index": index, "state_digest": digest,
+                        "bytes": bytes.len(), "taken_from": backup.taken_from,
+                    }))?
+                ),
+                Output::Text => out!(
+                    "backup of index {index} (state digest {}…, from replica {}) written to {} ({} bytes)",
+                    &digest[..digest.len().min(16)],
+                    backup.taken_from,
+                    file.display(),
+                    bytes.len()
+                ),
+            }
+            Ok(())
+        }
         ClusterCmd::Snapshot => {
             let members = members(cluster).await?;
             let mut results = Vec::new();
@@ -234,4 +265,44 @@ pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow:
             bail!("replica {to} campaigned but did not become leader (its log may be behind); try again")
         }
     }
+}
+
+/// The backup file's bytes, its index and state digest, streamed from the
+/// leader.
+async fn fetch_backup(cluster: &mut Cluster) -> anyhow::Result<(Vec<u8>, u64, String)> {
+    let mut stream = cluster
+        .call(|ch| async move {
+            let mut req = tonic::Request::new(v1::BackupRequest {});
+            req.set_timeout(Duration::from_secs(600));
+            AdminServiceClient::new(ch).backup(req).await
+        })
+        .await?
+        .into_inner();
+    let (mut bytes, mut index, mut digest, mut total) = (Vec::new(), 0, String::new(), 0);
+    while let Some(chunk) =
+        stream.message().await.map_err(|s| anyhow::anyhow!("backup interrupted: {}", describe(&s)))?
+    {
+        bytes.extend_from_slice(&chunk.data);
+        (index, digest, total) = (chunk.index, chunk.state_digest, chunk.total_bytes);
+    }
+    if bytes.is_empty() || bytes.len() as u64 != total {
+        bail!("backup incomplete: received {} of {total} bytes", bytes.len());
+    }
+    Ok((bytes, index, digest))
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either nothing or the
+/// whole file: FILE.tmp, fsync, rename, fsync the directory.
+pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        std::fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
 }

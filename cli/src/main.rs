@@ -24,6 +24,7 @@ mod cluster;
 mod dev;
 mod node;
 mod output;
+mod restore;
 mod server;
 mod simulate;
 mod tls;
@@ -125,6 +126,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: cluster::ClusterCmd,
     },
+    /// Prepare an empty data dir to start a new cluster from a backup
+    /// (`muster cluster backup`); offline, once per member.
+    Restore(restore::RestoreArgs),
     /// Run the deterministic scheduler simulator (synthetic workload or a real trace).
     Simulate(simulate::SimulateArgs),
     /// Chaos test: real replicas and agents under kills, pauses and
@@ -171,6 +175,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Simulate(args) => simulate::run(&args),
         Cmd::Probe => probe(),
+        Cmd::Restore(args) => restore::run(&args),
         Cmd::Tls { cmd } => tls::run(cmd),
         Cmd::Beat => beat(),
         Cmd::TaskShim { status, command } => {
@@ -238,7 +243,8 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             | Cmd::Beat
             | Cmd::Completions { .. }
             | Cmd::Tls { .. }
-            | Cmd::TaskShim { .. } => {
+            | Cmd::TaskShim { .. }
+            | Cmd::Restore(_) => {
                 unreachable!("run synchronously")
             }
         }

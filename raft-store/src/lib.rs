@@ -10,6 +10,8 @@
 //!                  restart: restore the snapshot, openraft re-applies the
 //!                  committed log after it
 //!
+//!   backup:  a consistent copy of the applied state; restore_data_dir()
+//!            prepares an empty data dir to start a new cluster from it
 //!   options: applied.log   every applied entry, kept past compaction (replay)
 //!            crash-image/  what each fsync made durable (simulated power loss)
 //! ```
@@ -25,6 +27,7 @@
 #![allow(clippy::result_large_err)]
 
 mod applied_log;
+mod backup;
 pub mod codec;
 mod config;
 mod crash_image;
@@ -36,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use applied_log::{AppliedLogError, AppliedRecord, read_applied_log};
+pub use backup::{BACKUP_MAGIC, Backup, BackupError, restore_data_dir};
 pub use config::RaftConfig;
 pub use crash_image::restore_crash_image;
 pub use disk::{OpenError, StoreFault, StoreOptions, open, open_with};

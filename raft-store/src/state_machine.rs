@@ -65,6 +65,13 @@ impl<A: StateMachineApp> AppReader<A> {
         f(&self.inner.read().expect("state machine lock poisoned").app)
     }
 
+    /// What a backup needs, under one lock: the last applied log id, the
+    /// state's snapshot bytes and its digest.
+    pub fn export(&self) -> (Option<LogId<u64>>, Vec<u8>, [u8; 32]) {
+        let inner = self.inner.read().expect("state machine lock poisoned");
+        (inner.applied, inner.app.snapshot(), inner.app.digest())
+    }
+
     /// The last applied log id and the digest of the state at that point.
     pub fn applied_and_digest(&self) -> (Option<LogId<u64>>, [u8; 32]) {
         let inner = self.inner.read().expect("state machine lock poisoned");

@@ -31,17 +31,23 @@ pub struct Cluster {
 impl Cluster {
     /// Starts three replicas with these extra `muster server` flags.
     pub fn start(dir: &Path, extra: &[&str]) -> Cluster {
-        let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let mut c = Cluster {
-            dir: dir.to_path_buf(),
-            addrs,
-            children: vec![None, None, None],
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
+        let mut c = Cluster::prepare(dir, extra);
         for id in 1..=3 {
             c.spawn(id);
         }
         c
+    }
+
+    /// Three replicas' addresses and data dirs (`DIR/data-N`), none started.
+    pub fn prepare(dir: &Path, extra: &[&str]) -> Cluster {
+        let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        std::fs::create_dir_all(dir).unwrap();
+        Cluster {
+            dir: dir.to_path_buf(),
+            addrs,
+            children: vec![None, None, None],
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     pub fn peers(&self) -> String {

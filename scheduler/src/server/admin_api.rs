@@ -53,8 +53,35 @@ fn valid_address(addr: &str) -> bool {
     addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
 }
 
+/// A backup is streamed in chunks of this size.
+const BACKUP_CHUNK_BYTES: usize = 1 << 20;
+
 #[tonic::async_trait]
 impl AdminService for AdminApi {
+    type BackupStream = tokio_stream::Iter<std::vec::IntoIter<Result<v1::BackupChunk, Status>>>;
+
+    async fn backup(&self, _: Request<v1::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+        // Through the leader: the backup holds everything committed before
+        // the call.
+        linearizable(&self.s).await?;
+        let (applied, state, digest) = self.s.reader.export();
+        let backup = muster_raft_store::Backup {
+            index: applied.map_or(0, |l| l.index),
+            digest,
+            taken_at_ms: now_ms(),
+            taken_from: self.s.id,
+            state,
+        };
+        let bytes = backup.encode();
+        let (index, state_digest, total_bytes) = (backup.index, super::hex(&digest), bytes.len() as u64);
+        tracing::info!(index, bytes = total_bytes, "backup taken");
+        let chunks: Vec<Result<v1::BackupChunk, Status>> = bytes
+            .chunks(BACKUP_CHUNK_BYTES)
+            .map(|c| Ok(v1::BackupChunk { data: c.to_vec(), index, state_digest: state_digest.clone(), total_bytes }))
+            .collect();
+        Ok(Response::new(tokio_stream::iter(chunks)))
+    }
+
     async fn status(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
         Ok(Response::new(status_of(&self.s)))
     }

@@ -10,7 +10,7 @@
 //! | NodeService/ListNodes, GetNode, WatchNodes | | | ✓ | ✓ | ✓ |
 //! | NodeService/* (lifecycle) | | | ✓ | | |
 //! | AdminService/Status | ✓ (the dashboard asks its peers) | | ✓ | ✓ | ✓ |
-//! | AdminService/* (membership, snapshot, election) | | | ✓ | | |
+//! | AdminService/* (membership, snapshot, election, backup) | | | ✓ | | |
 //! | grpc.health.v1.Health/* | ✓ | ✓ | ✓ | ✓ | ✓ |
 //! | grpc.reflection.{v1,v1alpha}.ServerReflection/* | | | ✓ | ✓ | ✓ |
 //!
@@ -218,6 +218,7 @@ mod tests {
             ("/muster.v1.NodeService/ScaleDown", &["admin"]),
             ("/muster.v1.AdminService/Status", &["server", "admin", "client", "reader"]),
             ("/muster.v1.AdminService/ChangeMembership", &["admin"]),
+            ("/muster.v1.AdminService/Backup", &["admin"]),
             ("/grpc.health.v1.Health/Check", &["server", "agent", "admin", "client", "reader"]),
             ("/grpc.health.v1.Health/Watch", &["server", "agent", "admin", "client", "reader"]),
             ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", &["admin", "client", "reader"]),
