@@ -361,3 +361,53 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
     let _ = second.kill();
     let _ = second.wait();
 }
+
+/// The repository root.
+fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The Python client's own suite (`clients/python/tests`, pytest) against a
+/// real `muster dev` of this build. Needs the package installed
+/// (`pip install -e 'clients/python[test]'`, which `.ci/run` does).
+#[test]
+fn t125_the_python_client_suite_passes() {
+    let importable = Command::new("python3")
+        .args(["-c", "import muster_client, grpc, pytest"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !importable {
+        assert!(
+            std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
+            "the Python client is not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs it)"
+        );
+        eprintln!("skipping: pip install -e 'clients/python[test]' to run the Python client's tests");
+        return;
+    }
+    let o = Command::new("python3")
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "clients/python/tests"])
+        .current_dir(repo())
+        .env("MUSTER_BIN", env!("CARGO_BIN_EXE_muster"))
+        .output()
+        .unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains(" passed"), "{out}");
+    eprintln!("{}", out.lines().last().unwrap_or_default());
+}
+
+/// `deploy/check.sh`: the Kubernetes manifests against the schemas, the
+/// systemd units, every flag they pass, the dashboard and alert rules
+/// against docs/metrics.md.
+#[test]
+fn t126_the_deploy_material_validates() {
+    if tool("kubernetes-validate").is_none() {
+        return;
+    }
+    let o =
+        Command::new("bash").arg(repo().join("deploy/check.sh")).arg(env!("CARGO_BIN_EXE_muster")).output().unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("manifests valid (strict)") && out.contains("monitoring:"), "{out}");
+}

@@ -428,13 +428,21 @@ fn t99e_node_lifecycle_from_the_cli() {
     refused(&["node", "drain", y, "--timeout", "5x"], "unknown unit");
     refused(&["node", "scale-down", "--count", "0"], "--count must be at least 1");
 
-    let m = scrape(&metrics).unwrap_or_default();
-    for needle in [
+    // The node-state gauges refresh once a second: poll.
+    let needles = [
         "muster_nodes{state=\"terminated\"} 1",
         "muster_nodes{state=\"ready\"} 1",
         "muster_node_drain_timeouts_total 1",
         "muster_node_drain_seconds_count 2",
-    ] {
-        assert!(m.contains(needle), "{needle} missing from\n{m}");
+    ];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let m = scrape(&metrics).unwrap_or_default();
+        if needles.iter().all(|n| m.contains(n)) {
+            break;
+        }
+        let missing: Vec<_> = needles.iter().filter(|n| !m.contains(**n)).collect();
+        assert!(std::time::Instant::now() < deadline, "{missing:?} missing from\n{m}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }

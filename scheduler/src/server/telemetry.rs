@@ -157,11 +157,14 @@ pub fn describe_one(d: &MetricDoc) {
             match d.label {
                 Some((label, values)) => {
                     for v in values {
-                        let mut labels = vec![metrics::Label::new(label, *v)];
+                        // Labels in the order the counting site gives
+                        // them: another order would be another series.
+                        let mut labels = Vec::new();
                         if d.name == "muster_preemptions_total" {
                             // Its other label: the victim's vCluster.
                             labels.push(metrics::Label::new("vcluster", crate::sm::DEFAULT_VCLUSTER));
                         }
+                        labels.push(metrics::Label::new(label, *v));
                         metrics::counter!(d.name, labels).increment(0);
                     }
                 }

@@ -1,0 +1,388 @@
+from . import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LogsRequest(_message.Message):
+    __slots__ = ("id", "task", "attempt", "stderr", "follow")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    task: int
+    attempt: int
+    stderr: bool
+    follow: bool
+    def __init__(self, id: _Optional[int] = ..., task: _Optional[int] = ..., attempt: _Optional[int] = ..., stderr: _Optional[bool] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("id", "from_revision")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_REVISION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    from_revision: int
+    def __init__(self, id: _Optional[int] = ..., from_revision: _Optional[int] = ...) -> None: ...
+
+class AllocationEvent(_message.Message):
+    __slots__ = ("id", "revision", "time_ms", "kind", "detail", "status", "truncated")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    revision: int
+    time_ms: int
+    kind: str
+    detail: str
+    status: _types_pb2.AllocationStatus
+    truncated: bool
+    def __init__(self, id: _Optional[int] = ..., revision: _Optional[int] = ..., time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class Explanation(_message.Message):
+    __slots__ = ("id", "status", "summary", "classes", "preemption")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    status: _types_pb2.AllocationStatus
+    summary: str
+    classes: _containers.RepeatedCompositeFieldContainer[NodeClassReason]
+    preemption: PreemptionPlan
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ...) -> None: ...
+
+class PreemptionPlan(_message.Message):
+    __slots__ = ("victims", "node_ids", "total_cost", "value", "reason")
+    VICTIMS_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COST_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    victims: _containers.RepeatedCompositeFieldContainer[Victim]
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    total_cost: int
+    value: int
+    reason: str
+    def __init__(self, victims: _Optional[_Iterable[_Union[Victim, _Mapping]]] = ..., node_ids: _Optional[_Iterable[str]] = ..., total_cost: _Optional[int] = ..., value: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Victim(_message.Message):
+    __slots__ = ("id", "preemption_class", "gpus", "elapsed_s", "checkpoint_cost", "recompute_cost", "value_cost", "total_cost")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_CLASS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_COST_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_COST_FIELD_NUMBER: _ClassVar[int]
+    VALUE_COST_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COST_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    preemption_class: int
+    gpus: int
+    elapsed_s: int
+    checkpoint_cost: int
+    recompute_cost: int
+    value_cost: int
+    total_cost: int
+    def __init__(self, id: _Optional[int] = ..., preemption_class: _Optional[int] = ..., gpus: _Optional[int] = ..., elapsed_s: _Optional[int] = ..., checkpoint_cost: _Optional[int] = ..., recompute_cost: _Optional[int] = ..., value_cost: _Optional[int] = ..., total_cost: _Optional[int] = ...) -> None: ...
+
+class NodeClassReason(_message.Message):
+    __slots__ = ("nodes", "can_take_now", "reason")
+    CLASS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CAN_TAKE_NOW_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    can_take_now: int
+    reason: str
+    def __init__(self, nodes: _Optional[int] = ..., can_take_now: _Optional[int] = ..., reason: _Optional[str] = ..., **kwargs) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("id", "timeout_ms", "reason", "by")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    timeout_ms: int
+    reason: str
+    by: str
+    def __init__(self, id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., reason: _Optional[str] = ..., by: _Optional[str] = ...) -> None: ...
+
+class NodeActionRequest(_message.Message):
+    __slots__ = ("id", "reason", "by")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    by: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ..., by: _Optional[str] = ...) -> None: ...
+
+class ScaleDownRequest(_message.Message):
+    __slots__ = ("count", "dry_run", "timeout_ms", "reason", "by", "selector")
+    class SelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    dry_run: bool
+    timeout_ms: int
+    reason: str
+    by: str
+    selector: _containers.ScalarMap[str, str]
+    def __init__(self, count: _Optional[int] = ..., dry_run: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., reason: _Optional[str] = ..., by: _Optional[str] = ..., selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ScaleDownChoice(_message.Message):
+    __slots__ = ("id", "idle", "tasks", "gpus_used", "drained", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    idle: bool
+    tasks: int
+    gpus_used: int
+    drained: bool
+    error: str
+    def __init__(self, id: _Optional[str] = ..., idle: _Optional[bool] = ..., tasks: _Optional[int] = ..., gpus_used: _Optional[int] = ..., drained: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ScaleDownResponse(_message.Message):
+    __slots__ = ("chosen", "short_by")
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    SHORT_BY_FIELD_NUMBER: _ClassVar[int]
+    chosen: _containers.RepeatedCompositeFieldContainer[ScaleDownChoice]
+    short_by: int
+    def __init__(self, chosen: _Optional[_Iterable[_Union[ScaleDownChoice, _Mapping]]] = ..., short_by: _Optional[int] = ...) -> None: ...
+
+class WatchNodesRequest(_message.Message):
+    __slots__ = ("id", "from_revision")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_REVISION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    from_revision: int
+    def __init__(self, id: _Optional[str] = ..., from_revision: _Optional[int] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[_types_pb2.Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[_types_pb2.Node, _Mapping]]] = ...) -> None: ...
+
+class GetNodeRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    def __init__(self, id: _Optional[int] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("spec", "dry_run")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.AllocationSpec
+    dry_run: bool
+    def __init__(self, spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class SubmitResponse(_message.Message):
+    __slots__ = ("id", "duplicate", "plan")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    duplicate: bool
+    plan: Explanation
+    def __init__(self, id: _Optional[int] = ..., duplicate: _Optional[bool] = ..., plan: _Optional[_Union[Explanation, _Mapping]] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    def __init__(self, id: _Optional[int] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("status", "owner", "preemption_class", "page_size", "page_token")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    status: _types_pb2.AllocationStatus
+    owner: str
+    preemption_class: int
+    page_size: int
+    page_token: int
+    def __init__(self, status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., owner: _Optional[str] = ..., preemption_class: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[int] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("allocations", "next_page_token")
+    ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    allocations: _containers.RepeatedCompositeFieldContainer[_types_pb2.Allocation]
+    next_page_token: int
+    def __init__(self, allocations: _Optional[_Iterable[_Union[_types_pb2.Allocation, _Mapping]]] = ..., next_page_token: _Optional[int] = ...) -> None: ...
+
+class BackupRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BackupChunk(_message.Message):
+    __slots__ = ("data", "index", "state_digest", "total_bytes")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    index: int
+    state_digest: str
+    total_bytes: int
+    def __init__(self, data: _Optional[bytes] = ..., index: _Optional[int] = ..., state_digest: _Optional[str] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("role", "name", "ttl_s")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    name: str
+    ttl_s: int
+    def __init__(self, role: _Optional[str] = ..., name: _Optional[str] = ..., ttl_s: _Optional[int] = ...) -> None: ...
+
+class CreateTokenResponse(_message.Message):
+    __slots__ = ("token", "secret")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    token: TokenInfo
+    secret: str
+    def __init__(self, token: _Optional[_Union[TokenInfo, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class TokenInfo(_message.Message):
+    __slots__ = ("id", "name", "role", "created_ms", "expires_ms", "created_by", "revoked_ms", "revoked_by")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_MS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    role: str
+    created_ms: int
+    expires_ms: int
+    created_by: str
+    revoked_ms: int
+    revoked_by: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., role: _Optional[str] = ..., created_ms: _Optional[int] = ..., expires_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., revoked_ms: _Optional[int] = ..., revoked_by: _Optional[str] = ...) -> None: ...
+
+class ListTokensResponse(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenInfo]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[TokenInfo, _Mapping]]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("id", "address", "voter")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VOTER_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    address: str
+    voter: bool
+    def __init__(self, id: _Optional[int] = ..., address: _Optional[str] = ..., voter: _Optional[bool] = ...) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("id", "address", "role", "term", "leader_id", "leader_address", "applied_index", "last_log_index", "state_digest", "snapshot_index", "members")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    address: str
+    role: str
+    term: int
+    leader_id: int
+    leader_address: str
+    applied_index: int
+    last_log_index: int
+    state_digest: str
+    snapshot_index: int
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, id: _Optional[int] = ..., address: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., state_digest: _Optional[str] = ..., snapshot_index: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
+
+class AddLearnerRequest(_message.Message):
+    __slots__ = ("id", "address")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    address: str
+    def __init__(self, id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+
+class ChangeMembershipRequest(_message.Message):
+    __slots__ = ("promote", "remove")
+    PROMOTE_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    promote: _containers.RepeatedScalarFieldContainer[int]
+    remove: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, promote: _Optional[_Iterable[int]] = ..., remove: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MembershipResponse(_message.Message):
+    __slots__ = ("members", "log_index")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    log_index: int
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., log_index: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,595 @@
+"""A thin typed client for a Muster cluster that follows the Raft leader.
+
+Every call goes to the last known leader first, then to each listed replica.
+A replica that is not the leader answers UNAVAILABLE with the leader in
+trailing metadata (``x-muster-leader-id``, ``x-muster-leader-addr``); the call
+is sent there (a few hops at most). While replicas answer UNAVAILABLE without
+naming a leader (an election), or cannot be reached, the client tries again
+with a short backoff until the call's timeout. Any other status raises
+:class:`MusterError` at once. Same behaviour as the Rust CLI (cli/src/client.rs).
+"""
+
+from __future__ import annotations
+
+import builtins
+import getpass
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+
+import grpc
+
+from . import _tls
+from ._errors import MusterError
+from ._gen import scheduler_pb2 as pb
+from ._gen import scheduler_pb2_grpc as pb_grpc
+from ._gen import types_pb2 as types_pb
+
+T = TypeVar("T")
+
+LEADER_ID_HEADER = "x-muster-leader-id"
+LEADER_ADDR_HEADER = "x-muster-leader-addr"
+
+#: Leader hints followed within one attempt (as the Rust CLI).
+MAX_HOPS = 5
+#: Default deadline of a call, leader search and retries included (seconds).
+DEFAULT_TIMEOUT = 10.0
+
+CheckpointName = Literal["auto", "manual", "none"]
+
+_CHECKPOINT: dict[str, int] = {
+    "auto": types_pb.CHECKPOINT_MODE_AUTO,
+    "manual": types_pb.CHECKPOINT_MODE_MANUAL,
+    "none": types_pb.CHECKPOINT_MODE_NONE,
+}
+
+_ALLOC_STATUS: dict[str, int] = {
+    "queued": types_pb.ALLOCATION_STATUS_QUEUED,
+    "reserved": types_pb.ALLOCATION_STATUS_RESERVED,
+    "running": types_pb.ALLOCATION_STATUS_RUNNING,
+    "tearing-down": types_pb.ALLOCATION_STATUS_TEARING_DOWN,
+    "done": types_pb.ALLOCATION_STATUS_DONE,
+    "failed": types_pb.ALLOCATION_STATUS_FAILED,
+    "cancelled": types_pb.ALLOCATION_STATUS_CANCELLED,
+    "suspended": types_pb.ALLOCATION_STATUS_SUSPENDED,
+}
+
+#: Event kinds that end an allocation (its watch stream ends after one).
+TERMINAL_EVENTS = frozenset({"allocation_done", "allocation_failed", "allocation_cancelled"})
+
+# How a failed TLS handshake (wrong CA either way, bad key) reads in a status.
+_TLS_PROBLEM = re.compile(r"handshake|TSI_|SSL|certificate", re.IGNORECASE)
+
+_U32 = 2**32 - 1
+_U64 = 2**64 - 1
+
+
+def allocation_status_name(status: int) -> str:
+    """``queued``, ``running``, ``tearing-down``, … for an AllocationStatus value (``unknown`` otherwise)."""
+    for name, value in _ALLOC_STATUS.items():
+        if value == status:
+            return name
+    return "unknown"
+
+
+def node_status_name(status: int) -> str:
+    """``ready``, ``draining``, … for a NodeStatus value (``unknown`` otherwise)."""
+    try:
+        return str(types_pb.NodeStatus.Name(status)).removeprefix("NODE_STATUS_").lower()
+    except ValueError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """What a submit returned.
+
+    ``id`` is 0 for a dry run; ``duplicate`` is true when an earlier submit
+    with the same owner and idempotency key made the allocation; ``plan`` is
+    set for a dry run (where it would stand, what it would preempt).
+    """
+
+    id: int
+    duplicate: bool
+    plan: pb.Explanation | None = None
+
+
+def parse_addresses(addresses: str | Sequence[str]) -> list[str]:
+    """``"h1:p1,h2:p2"`` or ``["h1:p1", "h2:p2"]`` → a checked list; ValueError otherwise."""
+    if isinstance(addresses, str):
+        items = addresses.split(",")
+    else:
+        items = list(addresses)
+    out: list[str] = []
+    for a in items:
+        if not isinstance(a, str):
+            raise ValueError(f"addresses: {a!r} is not a host:port string")
+        a = a.strip()
+        if not a:
+            continue
+        host, sep, port = a.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise ValueError(f"addresses: {a!r} is not host:port")
+        if a not in out:
+            out.append(a)
+    if not out:
+        raise ValueError("addresses: give at least one host:port (or set MUSTER_SCHEDULER)")
+    return out
+
+
+def _uint(name: str, value: object, maximum: int = _U32) -> int:
+    # Only what the wire cannot carry is checked here; the server checks the
+    # rest (its limits are configurable) and names the field.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, not {value!r}")
+    if not 0 <= value <= maximum:
+        raise ValueError(f"{name} must be between 0 and {maximum}, not {value}")
+    return value
+
+
+def _leader_hint(err: grpc.RpcError) -> str | None:
+    if not isinstance(err, grpc.Call):
+        return None
+    for key, value in err.trailing_metadata() or ():
+        if key == LEADER_ADDR_HEADER and isinstance(value, str) and value:
+            return value
+    return None
+
+
+class Client:
+    """A client of a Muster cluster.
+
+    ``addresses``: the replicas, ``["host:port", …]`` or ``"host:port,host:port"``
+    (default: ``$MUSTER_SCHEDULER``). ``tls_dir``: a TLS dir with ``ca.pem`` and
+    this client's certificate (default: ``$MUSTER_TLS_DIR``); ``identity`` picks
+    the certificate, e.g. ``"admin-dev"`` (default: ``$MUSTER_IDENTITY``, else the
+    only admin-*, else client-*, else reader-* pair). ``insecure=True`` uses
+    plaintext channels (for a cluster run with ``--insecure``). ``token``: a
+    bearer token sent as ``authorization: Bearer <token>`` (default:
+    ``$MUSTER_TOKEN``). ``timeout``: seconds a call may take, leader search and
+    retries included.
+
+    Usable as a context manager; :meth:`close` closes the channels.
+    """
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str] | None = None,
+        tls_dir: str | os.PathLike[str] | None = None,
+        identity: str | None = None,
+        token: str | None = None,
+        insecure: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        if addresses is None:
+            addresses = os.environ.get("MUSTER_SCHEDULER", "")
+        self._addresses = parse_addresses(addresses)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self._timeout = float(timeout)
+        if token is None:
+            token = os.environ.get("MUSTER_TOKEN") or None
+        if token is not None:
+            token = token.strip()
+            if not token or not token.isascii() or not token.isprintable():
+                raise ValueError("token must be non-empty printable ASCII")
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._tls: _tls.TlsMaterial | None = None
+        if not insecure:
+            if tls_dir is None:
+                tls_dir = os.environ.get("MUSTER_TLS_DIR") or None
+            if tls_dir is None:
+                raise ValueError(
+                    "tls_dir: no TLS material: give tls_dir= (or set MUSTER_TLS_DIR) holding ca.pem and this "
+                    "client's certificate, or insecure=True for a cluster run without TLS"
+                )
+            if identity is None:
+                identity = os.environ.get("MUSTER_IDENTITY") or None
+            self._tls = _tls.load(Path(tls_dir), identity)
+            self._credentials: grpc.ChannelCredentials | None = grpc.ssl_channel_credentials(
+                root_certificates=self._tls.ca_pem,
+                private_key=self._tls.key_pem,
+                certificate_chain=self._tls.cert_pem,
+            )
+        else:
+            self._credentials = None
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._leader: str | None = None
+        self._closed = False
+
+    # ----- plumbing -----
+
+    @property
+    def addresses(self) -> list[str]:
+        """The listed replicas."""
+        return list(self._addresses)
+
+    @property
+    def leader(self) -> str | None:
+        """The address of the replica that last answered a leader call (None before the first)."""
+        return self._leader
+
+    @property
+    def identity(self) -> str | None:
+        """The TLS identity presented (e.g. ``admin-dev``), None when insecure."""
+        return self._tls.identity if self._tls else None
+
+    def close(self) -> None:
+        """Closes every channel; the client cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            ch = self._channels.get(address)
+            if ch is None:
+                options: list[tuple[str, int | str]] = [
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                    ("grpc.keepalive_time_ms", 30_000),
+                    ("grpc.keepalive_timeout_ms", 10_000),
+                ]
+                if self._credentials is not None:
+                    # Server certificates name server.muster, not their IP.
+                    options.append(("grpc.ssl_target_name_override", _tls.SERVER_NAME))
+                    ch = grpc.secure_channel(address, self._credentials, options=options)
+                else:
+                    ch = grpc.insecure_channel(address, options=options)
+                self._channels[address] = ch
+            return ch
+
+    def _candidates(self) -> list[str]:
+        first = [self._leader] if self._leader else []
+        return list(dict.fromkeys(first + self._addresses))
+
+    def _call(self, invoke: Callable[[grpc.Channel, float], T], timeout: float | None = None) -> T:
+        """Runs ``invoke(channel, seconds_left)`` on the leader, following hints and retrying."""
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        backoff = 0.05
+        problems: dict[str, str] = {}
+        while True:
+            queue = self._candidates()
+            tried: set[str] = set()
+            hops = 0
+            tls_failures = 0
+            while queue:
+                address = queue.pop(0)
+                if address in tried:
+                    continue
+                tried.add(address)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    result = invoke(self._channel(address), left)
+                except grpc.RpcError as err:
+                    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+                    if code != grpc.StatusCode.UNAVAILABLE:
+                        raise MusterError.from_rpc(err, address) from None
+                    hint = _leader_hint(err)
+                    problem = (err.details() if isinstance(err, grpc.Call) else None) or "unavailable"
+                    problems[address] = problem.replace("failed to connect to all addresses; last error: ", "")
+                    if self._tls is not None and _TLS_PROBLEM.search(problem):
+                        tls_failures += 1
+                    if hint and hops < MAX_HOPS:
+                        hops += 1
+                        tried.discard(hint)
+                        queue.insert(0, hint)
+                    continue
+                self._leader = address
+                return result
+            if tried and tls_failures == len(tried) and self._tls is not None:
+                # A TLS failure with every replica will not go away by retrying.
+                raise MusterError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"TLS with every replica failed: check tls_dir and identity (presenting "
+                    f"{self._tls.identity}; ca.pem must be the cluster's CA, which must also have issued "
+                    f"{self._tls.identity}.pem): " + "; ".join(f"{a}: {p}" for a, p in problems.items()),
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                detail = "; ".join(f"{a}: {p}" for a, p in problems.items()) or "no time left"
+                raise MusterError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"cannot reach the scheduler leader through {', '.join(self._addresses)}: {detail}",
+                )
+            time.sleep(min(backoff, left))
+            backoff = min(backoff * 2, 0.5)
+
+    def _alloc(self, ch: grpc.Channel) -> Any:
+        return _stub(pb_grpc.AllocationServiceStub, ch)
+
+    # ----- allocations -----
+
+    def submit(
+        self,
+        command: Sequence[str],
+        gang_size: int = 1,
+        gpus: int = 0,
+        cpus: int = 1,
+        mem_mb: int = 1024,
+        vram_mb: int = 0,
+        preemption_class: int = 0,
+        priority: int = 0,
+        checkpoint: CheckpointName = "auto",
+        walltime_s: int | None = None,
+        max_retries: int = 3,
+        idempotency_key: str | None = None,
+        env: Mapping[str, str] | None = None,
+        owner: str | None = None,
+        vcluster: str = "default",
+        vcluster_type: str = "hpc-batch",
+        sensitive: bool = False,
+        checkpoint_estimate_s: int = 60,
+        stall_timeout_s: int = 0,
+        dry_run: bool = False,
+        timeout: float | None = None,
+    ) -> SubmitResult:
+        """Submits one gang of ``gang_size`` identical tasks, each running ``command``.
+
+        Resources are per task (``gpus``, ``cpus``, ``mem_mb``, and ``vram_mb``:
+        the least memory each of its GPUs must have). ``preemption_class`` 0
+        (preempted first) to 10 (never); ``checkpoint`` how a task survives
+        preemption (auto, manual, none); ``walltime_s`` None: the server's
+        default for the class. A retried submit with the same owner and
+        ``idempotency_key`` returns the same allocation with ``duplicate=True``
+        (pass one to make retries after a lost answer safe). ``dry_run``
+        validates and plans only: ``id`` is 0 and ``plan`` says where it would
+        stand. ``owner`` defaults to the current user.
+        """
+        if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
+            raise ValueError("command must be a list of arguments, e.g. ['sh', '-c', 'echo hi']")
+        if not all(isinstance(a, str) for a in command):
+            raise ValueError("command must hold only strings")
+        if checkpoint not in _CHECKPOINT:
+            raise ValueError(f"checkpoint must be one of auto, manual, none, not {checkpoint!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+            raise ValueError(f"priority must be a 32-bit integer, not {priority!r}")
+        if walltime_s is not None and _uint("walltime_s", walltime_s, _U64) == 0:
+            raise ValueError("walltime_s must be at least 1 second (or None for the server's default)")
+        env_map = dict(env or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env_map.items()):
+            raise ValueError("env must map strings to strings")
+        for name, value in (("idempotency_key", idempotency_key), ("owner", owner)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, not {value!r}")
+        for name, value in (("vcluster", vcluster), ("vcluster_type", vcluster_type)):
+            if not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, not {value!r}")
+        spec = types_pb.AllocationSpec(
+            owner=owner if owner is not None else _default_owner(),
+            gang_size=_uint("gang_size", gang_size),
+            resources=types_pb.Resources(
+                gpus=_uint("gpus", gpus),
+                cpus=_uint("cpus", cpus),
+                mem_mb=_uint("mem_mb", mem_mb, _U64),
+                vram_mb=_uint("vram_mb", vram_mb, _U64),
+            ),
+            preemption_class=_uint("preemption_class", preemption_class),
+            priority=priority,
+            checkpoint=cast(types_pb.CheckpointMode, _CHECKPOINT[checkpoint]),
+            walltime_s=walltime_s or 0,
+            max_retries=_uint("max_retries", max_retries),
+            command=list(command),
+            env=env_map,
+            idempotency_key=idempotency_key or "",
+            vcluster=vcluster,
+            vcluster_type=vcluster_type,
+            sensitive=bool(sensitive),
+            checkpoint_estimate_s=_uint("checkpoint_estimate_s", checkpoint_estimate_s),
+            stall_timeout_s=_uint("stall_timeout_s", stall_timeout_s),
+        )
+        req = pb.SubmitRequest(spec=spec, dry_run=bool(dry_run))
+        resp: pb.SubmitResponse = self._call(
+            lambda ch, t: self._alloc(ch).Submit(req, timeout=t, metadata=self._metadata), timeout
+        )
+        return SubmitResult(id=resp.id, duplicate=resp.duplicate, plan=resp.plan if resp.HasField("plan") else None)
+
+    def get(self, id: int, timeout: float | None = None) -> types_pb.Allocation:
+        """One allocation (NOT_FOUND if there is none)."""
+        req = pb.GetRequest(id=_uint("id", id, _U64))
+        return cast(
+            types_pb.Allocation,
+            self._call(lambda ch, t: self._alloc(ch).Get(req, timeout=t, metadata=self._metadata), timeout),
+        )
+
+    def list_page(
+        self,
+        status: str | int | None = None,
+        owner: str | None = None,
+        preemption_class: int | None = None,
+        page_size: int = 100,
+        page_token: int = 0,
+        timeout: float | None = None,
+    ) -> pb.ListResponse:
+        """One page: at most ``page_size`` allocations with ids above ``page_token``."""
+        req = pb.ListRequest(
+            status=cast(types_pb.AllocationStatus, _status_filter(status)),
+            owner=owner or "",
+            page_size=_uint("page_size", page_size),
+            page_token=_uint("page_token", page_token, _U64),
+        )
+        if preemption_class is not None:
+            req.preemption_class = _uint("preemption_class", preemption_class)
+        return cast(
+            pb.ListResponse,
+            self._call(lambda ch, t: self._alloc(ch).List(req, timeout=t, metadata=self._metadata), timeout),
+        )
+
+    def list(
+        self,
+        status: str | int | None = None,
+        owner: str | None = None,
+        preemption_class: int | None = None,
+        page_size: int = 100,
+        timeout: float | None = None,
+    ) -> builtins.list[types_pb.Allocation]:
+        """Every allocation matching the filters (all pages), by id.
+
+        ``status``: ``queued``, ``suspended``, ``reserved``, ``running``,
+        ``tearing-down``, ``done``, ``failed``, ``cancelled`` (or an
+        AllocationStatus value); None: any.
+        """
+        out: builtins.list[types_pb.Allocation] = []
+        token = 0
+        while True:
+            page = self.list_page(status, owner, preemption_class, page_size, token, timeout)
+            out.extend(page.allocations)
+            if page.next_page_token == 0:
+                return out
+            token = page.next_page_token
+
+    def cancel(self, id: int, timeout: float | None = None) -> types_pb.Allocation:
+        """Cancels an allocation (its running tasks are stopped); returns it as cancelled."""
+        req = pb.CancelRequest(id=_uint("id", id, _U64))
+        return cast(
+            types_pb.Allocation,
+            self._call(lambda ch, t: self._alloc(ch).Cancel(req, timeout=t, metadata=self._metadata), timeout),
+        )
+
+    def explain(self, id: int, timeout: float | None = None) -> pb.Explanation:
+        """Why it is pending: per class of nodes, whether and how many could take a task; preemption plan."""
+        req = pb.GetRequest(id=_uint("id", id, _U64))
+        return cast(
+            pb.Explanation,
+            self._call(lambda ch, t: self._alloc(ch).Explain(req, timeout=t, metadata=self._metadata), timeout),
+        )
+
+    def watch(self, id: int, from_revision: int = 0, timeout: float | None = None) -> Iterator[pb.AllocationEvent]:
+        """The allocation's events after ``from_revision``, then each new one, until it ends.
+
+        The iterator ends after the allocation's last event (allocation_done,
+        allocation_failed or allocation_cancelled). When the stream breaks
+        (the replica serving it stops, the leader moves), the client reconnects,
+        following the leader, and continues after the last revision seen;
+        it gives up (MusterError UNAVAILABLE) when no replica serves it for
+        the client's timeout. ``timeout``: a deadline for the whole watch
+        (None: none); past it MusterError DEADLINE_EXCEEDED is raised.
+        """
+        cursor = _uint("from_revision", from_revision, _U64)
+        _uint("id", id, _U64)
+        end = None if timeout is None else time.monotonic() + timeout
+        reconnect_until: float | None = None
+        while True:
+            if end is not None and time.monotonic() >= end:
+                raise MusterError(grpc.StatusCode.DEADLINE_EXCEEDED, f"watching allocation {id}: timed out")
+            req = pb.WatchRequest(id=id, from_revision=cursor)
+
+            def open_stream(ch: grpc.Channel, left: float, req: pb.WatchRequest = req) -> grpc.Call:
+                call = self._alloc(ch).Watch(
+                    req, timeout=None if end is None else max(end - time.monotonic(), 0.001), metadata=self._metadata
+                )
+                # Wait for the response headers so a refusal (not the leader,
+                # not found) surfaces here, where the leader is followed.
+                call.initial_metadata()
+                if call.done() and call.code() != grpc.StatusCode.OK:
+                    raise cast(grpc.RpcError, call)
+                return cast(grpc.Call, call)
+
+            left = self._timeout if reconnect_until is None else reconnect_until - time.monotonic()
+            if end is not None:
+                left = min(left, end - time.monotonic())
+            if left <= 0:
+                raise MusterError(grpc.StatusCode.UNAVAILABLE, f"watching allocation {id}: no replica serves it")
+            call = self._call(open_stream, left)
+            try:
+                for event in cast(Iterator[pb.AllocationEvent], call):
+                    reconnect_until = None
+                    cursor = event.revision
+                    yield event
+                return
+            except grpc.RpcError as err:
+                code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+                if code != grpc.StatusCode.UNAVAILABLE:
+                    raise MusterError.from_rpc(err) from None
+                hint = _leader_hint(err)
+                if hint:
+                    self._leader = hint
+                if reconnect_until is None:
+                    reconnect_until = time.monotonic() + self._timeout
+            finally:
+                call.cancel()
+
+    # ----- nodes and replicas -----
+
+    def nodes(self, timeout: float | None = None) -> builtins.list[types_pb.Node]:
+        """Every node the cluster knows, with its status, resources and use."""
+        req = pb.ListNodesRequest()
+        resp = cast(
+            pb.ListNodesResponse,
+            self._call(
+                lambda ch, t: _stub(pb_grpc.NodeServiceStub, ch).ListNodes(req, timeout=t, metadata=self._metadata), timeout
+            ),
+        )
+        return list(resp.nodes)
+
+    def status(self, address: str | None = None, timeout: float | None = None) -> pb.ReplicaStatus:
+        """A replica's own view (role, term, leader, log indexes, members).
+
+        ``address``: ask that replica (need not be listed); default: the
+        last known leader, else the first listed replica that answers.
+        """
+        req = pb.StatusRequest()
+        if address is None:
+            return cast(
+                pb.ReplicaStatus,
+                self._call(
+                    lambda ch, t: _stub(pb_grpc.AdminServiceStub, ch).Status(req, timeout=t, metadata=self._metadata), timeout
+                ),
+            )
+        parse_addresses([address])
+        try:
+            return cast(
+                pb.ReplicaStatus,
+                _stub(pb_grpc.AdminServiceStub, self._channel(address)).Status(
+                    req, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata
+                ),
+            )
+        except grpc.RpcError as err:
+            raise MusterError.from_rpc(err, address) from None
+
+
+def _stub(kind: Callable[[grpc.Channel], Any], channel: grpc.Channel) -> Any:
+    # The generated stubs are untyped; the methods using them declare what they return.
+    return kind(channel)
+
+
+def _default_owner() -> str:
+    user = os.environ.get("USER")
+    if user:
+        return user
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name anywhere (e.g. a bare container)
+        return "unknown"
+
+
+def _status_filter(status: str | int | None) -> int:
+    if status is None:
+        return types_pb.ALLOCATION_STATUS_UNSPECIFIED
+    if isinstance(status, str):
+        value = _ALLOC_STATUS.get(status.strip().lower().replace("_", "-"))
+        if value is None:
+            raise ValueError(f"status must be one of {', '.join(_ALLOC_STATUS)}, not {status!r}")
+        return value
+    if isinstance(status, bool) or not isinstance(status, int) or status not in _ALLOC_STATUS.values():
+        raise ValueError(f"status must be one of {', '.join(_ALLOC_STATUS)}, not {status!r}")
+    return status

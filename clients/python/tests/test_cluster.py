@@ -1,0 +1,226 @@
+"""The client against a real `muster dev` cluster (see conftest.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conftest import DevCluster, muster_bin
+from muster_client import Client, MusterError, TERMINAL_EVENTS, allocation_status_name, pb, types_pb
+
+WATCH_TIMEOUT_S = 60.0
+
+
+def kinds_until_end(client: Client, alloc_id: int, from_revision: int = 0) -> list[pb.AllocationEvent]:
+    events = list(client.watch(alloc_id, from_revision=from_revision, timeout=WATCH_TIMEOUT_S))
+    assert events, f"no events for allocation {alloc_id}"
+    return events
+
+
+def test_status_names_a_leader(client: Client, dev: DevCluster) -> None:
+    st = client.status()
+    assert st.leader_id != 0
+    assert st.leader_address in dev.addresses
+    assert st.role in ("leader", "follower")
+    assert sorted(m.address for m in st.members) == sorted(dev.addresses)
+    roles = sorted(client.status(a).role for a in dev.addresses)
+    assert roles.count("leader") == 1, roles
+
+
+def test_nodes(client: Client) -> None:
+    nodes = client.nodes()
+    assert sorted(n.id for n in nodes) == ["node-1", "node-2", "node-3", "node-4"]
+    assert all(n.resources.gpus == 8 for n in nodes)
+
+
+def test_gang_runs_and_watch_follows_it_to_the_end(client: Client) -> None:
+    r = client.submit(
+        ["sh", "-c", "echo hi; sleep 1"],
+        gang_size=4,
+        gpus=1,
+        preemption_class=5,
+        checkpoint="auto",
+        walltime_s=120,
+    )
+    assert r.id > 0 and not r.duplicate and r.plan is None
+    events = kinds_until_end(client, r.id)
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "submitted"
+    assert "gang_reserved" in kinds
+    assert kinds.count("task_started") == 4
+    assert kinds[-1] == "allocation_done", kinds
+    revisions = [e.revision for e in events]
+    assert revisions == sorted(set(revisions))
+    assert all(e.id == r.id for e in events)
+
+    a = client.get(r.id)
+    assert allocation_status_name(a.status) == "done"
+    assert a.spec.gang_size == 4 and a.spec.resources.gpus == 1 and a.spec.preemption_class == 5
+    assert a.spec.checkpoint == types_pb.CHECKPOINT_MODE_AUTO
+    assert [t.exit_code for t in a.tasks] == [0, 0, 0, 0]
+
+    # Resuming from a revision gives only what came after it.
+    later = kinds_until_end(client, r.id, from_revision=revisions[2])
+    assert [e.revision for e in later] == revisions[3:]
+
+    assert r.id in [x.id for x in client.list(status="done")]
+    assert r.id in [x.id for x in client.list(preemption_class=5)]
+
+
+def test_idempotency_key_returns_the_same_allocation(client: Client) -> None:
+    key = f"py-test-{uuid.uuid4().hex}"
+    first = client.submit(["true"], idempotency_key=key)
+    second = client.submit(["true"], idempotency_key=key)
+    assert not first.duplicate
+    assert second.duplicate
+    assert second.id == first.id
+    assert kinds_until_end(client, first.id)[-1].kind in TERMINAL_EVENTS
+
+
+def test_explain_says_why_an_impossible_gang_waits(client: Client) -> None:
+    # Four nodes of 8 GPUs: a gang of 5 x 8 GPUs can never be placed.
+    r = client.submit(["true"], gang_size=5, gpus=8)
+    try:
+        e = client.explain(r.id)
+        assert e.id == r.id
+        assert allocation_status_name(e.status) == "queued"
+        assert "5" in e.summary, e.summary
+        assert e.classes and e.classes[0].nodes == 4
+        assert e.HasField("preemption") and e.preemption.reason and not e.preemption.victims
+    finally:
+        cancelled = client.cancel(r.id)
+    assert allocation_status_name(cancelled.status) == "cancelled"
+
+
+def test_cancel_stops_an_allocation(client: Client) -> None:
+    r = client.submit(["sleep", "60"], gang_size=2, gpus=1)
+    a = client.cancel(r.id)
+    assert a.id == r.id
+    assert allocation_status_name(a.status) == "cancelled"
+    events = kinds_until_end(client, r.id)
+    assert events[-1].kind == "allocation_cancelled"
+    assert allocation_status_name(client.get(r.id).status) == "cancelled"
+
+
+def test_dry_run_plans_and_submits_nothing(client: Client) -> None:
+    before = [a.id for a in client.list()]
+    r = client.submit(["true"], gang_size=2, gpus=1, dry_run=True)
+    assert r.id == 0 and not r.duplicate
+    assert r.plan is not None and r.plan.summary
+    assert [a.id for a in client.list()] == before
+    impossible = client.submit(["true"], gang_size=5, gpus=8, dry_run=True)
+    assert impossible.plan is not None and "5" in impossible.plan.summary
+
+
+def test_a_follower_address_alone_leads_to_the_leader(client: Client, dev: DevCluster) -> None:
+    followers = [a for a in dev.addresses if client.status(a).role == "follower"]
+    assert followers
+    with dev.client(addresses=[followers[0]]) as fc:
+        r = fc.submit(["true"])
+        assert r.id > 0
+        assert fc.leader is not None and fc.leader != followers[0]
+        assert fc.leader == client.status(fc.leader).leader_address
+        assert fc.get(r.id).id == r.id
+        assert [e.kind for e in kinds_until_end(fc, r.id)][-1] in TERMINAL_EVENTS
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"gang_size": 0}, "gang_size"),
+        ({"preemption_class": 11}, "preemption_class"),
+        ({"cpus": 0}, "cpus"),
+        ({"command": []}, "command"),
+        ({"vcluster": "Not A Name"}, "vcluster"),
+    ],
+)
+def test_the_server_names_the_invalid_field(client: Client, kwargs: dict[str, object], field: str) -> None:
+    args: dict[str, object] = {"command": ["true"]}
+    args.update(kwargs)
+    with pytest.raises(MusterError) as info:
+        client.submit(**args)  # type: ignore[arg-type]
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"spec.{field}" in info.value.message or f"spec.resources.{field}" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"gang_size": -1}, "gang_size"),
+        ({"gang_size": "4"}, "gang_size"),
+        ({"preemption_class": 2**32}, "preemption_class"),
+        ({"checkpoint": "sometimes"}, "checkpoint"),
+        ({"command": "echo hi"}, "command"),
+        ({"walltime_s": 0}, "walltime_s"),
+        ({"env": {"A": 1}}, "env"),
+        ({"priority": 2**40}, "priority"),
+    ],
+)
+def test_bad_arguments_raise_value_error(client: Client, kwargs: dict[str, object], field: str) -> None:
+    args: dict[str, object] = {"command": ["true"]}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        client.submit(**args)  # type: ignore[arg-type]
+
+
+def test_other_bad_arguments(client: Client) -> None:
+    with pytest.raises(ValueError, match="status"):
+        client.list(status="bogus")
+    with pytest.raises(ValueError, match="id"):
+        client.get(-1)
+    with pytest.raises(MusterError) as info:
+        client.get(10**12)
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_unknown_identity_is_a_clear_error(dev: DevCluster) -> None:
+    with pytest.raises(ValueError, match="identity 'admin-nobody'") as info:
+        Client(dev.addresses, tls_dir=dev.tls_dir, identity="admin-nobody")
+    assert dev.identity in str(info.value)  # lists what the dir holds
+    with pytest.raises(ValueError, match="client presents"):
+        Client(dev.addresses, tls_dir=dev.tls_dir, identity="server-1")
+
+
+def test_bad_tls_dir_is_a_clear_error(dev: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="tls_dir: .* is not a directory"):
+        Client(dev.addresses, tls_dir=tmp_path / "missing")
+    with pytest.raises(ValueError, match="ca.pem"):
+        Client(dev.addresses, tls_dir=tmp_path)
+    monkeypatch.delenv("MUSTER_TLS_DIR", raising=False)
+    with pytest.raises(ValueError, match="tls_dir"):
+        Client(dev.addresses)
+
+
+def _muster(*args: str) -> None:
+    subprocess.run([str(muster_bin()), *args], check=True, capture_output=True, timeout=60)
+
+
+def test_certificates_of_another_cluster_fail_fast_and_say_tls(dev: DevCluster, tmp_path: Path) -> None:
+    _muster("tls", "init", "--dir", str(tmp_path))
+    _muster("tls", "issue", "admin", "eve", "--dir", str(tmp_path))
+    start = time.monotonic()
+    with Client(dev.addresses, tls_dir=tmp_path, timeout=30) as c:
+        with pytest.raises(MusterError) as info:
+            c.status()
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "TLS" in info.value.message and "admin-eve" in info.value.message
+    assert time.monotonic() - start < 25  # not retried until the timeout
+
+
+def test_a_reader_may_read_but_not_submit(dev: DevCluster, tmp_path: Path) -> None:
+    for name in ("ca.pem", "ca-key.pem"):
+        shutil.copy(Path(dev.tls_dir) / name, tmp_path / name)
+    _muster("tls", "issue", "reader", "bob", "--dir", str(tmp_path))
+    (tmp_path / "ca-key.pem").unlink()
+    with Client(dev.addresses, tls_dir=tmp_path, timeout=20) as c:
+        assert c.identity == "reader-bob"
+        c.list()
+        with pytest.raises(MusterError) as info:
+            c.submit(["true"])
+    assert info.value.code == grpc.StatusCode.PERMISSION_DENIED
