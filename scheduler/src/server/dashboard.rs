@@ -43,8 +43,16 @@ fn alloc_status(s: AllocStatus) -> &'static str {
     }
 }
 
-fn gang_gpus(a: &Allocation) -> u64 {
-    u64::from(a.spec.gang_size) * u64::from(a.spec.resources.gpus)
+/// What every row about an allocation shows.
+fn alloc_row(a: &Allocation) -> Value {
+    json!({
+        "id": a.id,
+        "owner": a.spec.owner,
+        "class": a.spec.preemption_class,
+        "gang_size": a.spec.gang_size,
+        "gpus": u64::from(a.spec.gang_size) * u64::from(a.spec.resources.gpus),
+        "status": alloc_status(a.status),
+    })
 }
 
 /// Everything the page shows but the replicas (which [`super::http`] adds).
@@ -66,17 +74,11 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
         if !a.is_queued() && !a.status.is_terminal() && running.len() < LISTED {
             let nodes: std::collections::BTreeSet<&str> =
                 a.tasks.iter().filter_map(|t| t.node).map(|s| st.node(s).id.as_str()).collect();
-            running.push(json!({
-                "id": a.id,
-                "owner": a.spec.owner,
-                "class": a.spec.preemption_class,
-                "gang_size": a.spec.gang_size,
-                "gpus": gang_gpus(a),
-                "status": alloc_status(a.status),
-                "nodes": nodes,
-                "running_s": a.running_since_ms().map(|t| now_ms.saturating_sub(t) / 1000),
-                "preempted_count": a.preempted_count,
-            }));
+            let mut row = alloc_row(a);
+            row["nodes"] = json!(nodes);
+            row["running_s"] = json!(a.running_since_ms().map(|t| now_ms.saturating_sub(t) / 1000));
+            row["preempted_count"] = json!(a.preempted_count);
+            running.push(row);
         }
         for h in &a.history {
             let item = match &h.event {
@@ -104,16 +106,10 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
         .map(|(i, a)| {
             let why =
                 (i < EXPLAINED).then(|| crate::policy::explain(st, a.id, now_ms, cfg).map(|e| e.summary)).flatten();
-            json!({
-                "id": a.id,
-                "owner": a.spec.owner,
-                "class": a.spec.preemption_class,
-                "gang_size": a.spec.gang_size,
-                "gpus": gang_gpus(a),
-                "status": alloc_status(a.status),
-                "waiting_s": now_ms.saturating_sub(a.submit_time_ms) / 1000,
-                "reason": why,
-            })
+            let mut row = alloc_row(a);
+            row["waiting_s"] = json!(now_ms.saturating_sub(a.submit_time_ms) / 1000);
+            row["reason"] = json!(why);
+            row
         })
         .collect();
     recent.sort_by_key(|(t, id, _)| (std::cmp::Reverse(*t), std::cmp::Reverse(*id)));
