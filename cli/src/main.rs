@@ -29,6 +29,7 @@ mod server;
 mod simulate;
 mod tls;
 mod token;
+mod vcluster;
 
 use std::process::ExitCode;
 
@@ -118,6 +119,14 @@ enum Cmd {
         client: ClientArgs,
         #[command(subcommand)]
         cmd: node::NodeCmd,
+    },
+    /// vClusters: named slices of the cluster with a type, home nodes,
+    /// quotas and a borrowing limit (create, update, get, list).
+    Vcluster {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        cmd: vcluster::VClusterCmd,
     },
     /// Inspect and change the cluster of scheduler replicas.
     Cluster {
@@ -233,6 +242,10 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             Cmd::Token { client, cmd } => {
                 let mut cluster = client.cluster()?;
                 token::run(&mut cluster, cmd, client.output).await
+            }
+            Cmd::Vcluster { client, cmd } => {
+                let mut cluster = client.cluster()?;
+                vcluster::run(&mut cluster, cmd, client.output).await
             }
             Cmd::Cluster { client, cmd } => {
                 let mut cluster = client.cluster()?;

@@ -9,6 +9,8 @@
 //! | AllocationService/Get, List, Explain, Watch, Logs | | | ✓ | ✓ | ✓ |
 //! | NodeService/ListNodes, GetNode, WatchNodes | | | ✓ | ✓ | ✓ |
 //! | NodeService/* (lifecycle) | | | ✓ | | |
+//! | VClusterService/GetVCluster, ListVClusters | | | ✓ | ✓ | ✓ |
+//! | VClusterService/CreateVCluster, UpdateVCluster | | | ✓ | | |
 //! | AdminService/Status | ✓ (the dashboard asks its peers) | | ✓ | ✓ | ✓ |
 //! | AdminService/* (membership, snapshot, election, backup) | | | ✓ | | |
 //! | grpc.health.v1.Health/* | ✓ | ✓ | ✓ | ✓ | ✓ |
@@ -164,6 +166,8 @@ fn allowed(path: &str) -> Option<Allowed> {
         ("muster.v1.AllocationService", "Get" | "List" | "Explain" | "Watch" | "Logs") => Allowed::Readers,
         ("muster.v1.NodeService", "ListNodes" | "GetNode" | "WatchNodes") => Allowed::Readers,
         ("muster.v1.NodeService", _) => Allowed::Admins,
+        ("muster.v1.VClusterService", "GetVCluster" | "ListVClusters") => Allowed::Readers,
+        ("muster.v1.VClusterService", _) => Allowed::Admins,
         ("muster.v1.AdminService", "Status") => Allowed::ReadersAndServers,
         ("muster.v1.AdminService", _) => Allowed::Admins,
         ("grpc.health.v1.Health", _) => Allowed::Anyone,
@@ -216,6 +220,9 @@ mod tests {
             ("/muster.v1.NodeService/ListNodes", &["admin", "client", "reader"]),
             ("/muster.v1.NodeService/DrainNode", &["admin"]),
             ("/muster.v1.NodeService/ScaleDown", &["admin"]),
+            ("/muster.v1.VClusterService/CreateVCluster", &["admin"]),
+            ("/muster.v1.VClusterService/UpdateVCluster", &["admin"]),
+            ("/muster.v1.VClusterService/ListVClusters", &["admin", "client", "reader"]),
             ("/muster.v1.AdminService/Status", &["server", "admin", "client", "reader"]),
             ("/muster.v1.AdminService/ChangeMembership", &["admin"]),
             ("/muster.v1.AdminService/Backup", &["admin"]),

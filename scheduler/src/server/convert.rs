@@ -349,6 +349,10 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
             ("token_created", format!("token {id} ({} for {name}) created by {by}", role.as_str()))
         }
         Event::TokenRevoked { id, by } => ("token_revoked", format!("token {id} revoked by {by}")),
+        Event::VClusterCreated { name, by } => ("vcluster_created", format!("vcluster {name} created by {by}")),
+        Event::VClusterUpdated { name, revision, by } => {
+            ("vcluster_updated", format!("vcluster {name} updated to revision {revision} by {by}"))
+        }
     }
 }
 
@@ -469,7 +473,9 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         Rejection::InvalidSpec { field, reason } => invalid(&format!("spec.{field}"), reason),
         Rejection::InvalidNode { field, reason } => invalid(field, reason),
         Rejection::InvalidToken { field, reason } => invalid(field, reason),
-        Rejection::TokenExists(_) => Status::already_exists(msg),
+        Rejection::TokenExists(_) | Rejection::VClusterExists(_) => Status::already_exists(msg),
+        Rejection::InvalidVCluster { field, reason } => invalid(field, reason),
+        Rejection::UnknownVCluster(_) => Status::not_found(msg),
         Rejection::UnknownToken(_) => Status::not_found(msg),
         Rejection::TokenRevoked(_) => Status::failed_precondition(msg),
         Rejection::UnknownNode(_) | Rejection::UnknownAllocation(_) | Rejection::UnknownTask { .. } => {

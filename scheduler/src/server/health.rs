@@ -34,8 +34,13 @@ use super::replica::Shared;
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The services whose health follows readiness.
-pub const CLIENT_SERVICES: [&str; 4] =
-    ["muster.v1.AllocationService", "muster.v1.NodeService", "muster.v1.AdminService", "muster.v1.AgentService"];
+pub const CLIENT_SERVICES: [&str; 5] = [
+    "muster.v1.AllocationService",
+    "muster.v1.NodeService",
+    "muster.v1.VClusterService",
+    "muster.v1.AdminService",
+    "muster.v1.AgentService",
+];
 
 /// The Raft service: serving while the process runs.
 pub const RAFT_SERVICE: &str = "muster.v1.RaftService";

@@ -5,8 +5,8 @@
 //! - [`replica`]: storage, Raft, the gRPC server and the loops of one replica.
 //! - [`raft_net`]: Raft RPCs between replicas over tonic.
 //! - [`proposer`]: group commit of commands into log entries.
-//! - [`client_api`], [`node_api`] and [`admin_api`]: the gRPC services users and
-//!   operators call.
+//! - [`client_api`], [`node_api`], [`vcluster_api`] and [`admin_api`]: the
+//!   gRPC services users and operators call.
 //! - [`agent_hub`]: the leader's end of the agent streams.
 //! - [`leader`]: loops that run only on the leader (admission, liveness,
 //!   teardown force drain).
@@ -33,6 +33,7 @@ pub mod proposer;
 pub mod raft_net;
 pub mod replica;
 pub mod telemetry;
+pub mod vcluster_api;
 
 use muster_raft_store::RaftConfig;
 

@@ -26,6 +26,7 @@ use muster_proto::v1::agent_service_server::AgentServiceServer;
 use muster_proto::v1::allocation_service_server::AllocationServiceServer;
 use muster_proto::v1::node_service_server::NodeServiceServer;
 use muster_proto::v1::raft_service_server::RaftServiceServer;
+use muster_proto::v1::v_cluster_service_server::VClusterServiceServer;
 use muster_raft_store::{AppReader, OpenError};
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
@@ -337,6 +338,7 @@ impl Replica {
             )
             .add_service(AllocationServiceServer::new(ClientApi::new(shared.clone())))
             .add_service(NodeServiceServer::new(NodeApi::new(shared.clone())))
+            .add_service(VClusterServiceServer::new(super::vcluster_api::VClusterApi::new(shared.clone())))
             .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
             .add_service(
                 AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub, cfg.preemption))

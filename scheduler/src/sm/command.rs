@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::types::{AllocId, AllocSpec, NodeId, Resources, TaskIndex, TokenRole};
+use super::vcluster::VClusterSpec;
 
 /// One state transition, as carried in a Raft log entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -250,6 +251,25 @@ pub enum Command {
         /// The admin.
         by: String,
     },
+    /// An admin creates a vCluster (refused if the name is taken).
+    CreateVCluster {
+        /// Its name.
+        name: String,
+        /// What it is.
+        spec: VClusterSpec,
+        /// The admin.
+        by: String,
+    },
+    /// An admin replaces a vCluster's spec (refused if it does not exist;
+    /// the built-in `default` always does).
+    UpdateVCluster {
+        /// Its name.
+        name: String,
+        /// Its new spec, whole.
+        spec: VClusterSpec,
+        /// The admin.
+        by: String,
+    },
 }
 
 impl Command {
@@ -280,6 +300,8 @@ impl Command {
             Command::TerminateNode { .. } => "terminate_node",
             Command::CreateToken { .. } => "create_token",
             Command::RevokeToken { .. } => "revoke_token",
+            Command::CreateVCluster { .. } => "create_vcluster",
+            Command::UpdateVCluster { .. } => "update_vcluster",
         }
     }
 }

@@ -29,6 +29,22 @@ pub enum Event {
         /// The admin.
         by: String,
     },
+    /// A vCluster was created.
+    VClusterCreated {
+        /// Its name.
+        name: String,
+        /// The admin.
+        by: String,
+    },
+    /// A vCluster's spec was changed.
+    VClusterUpdated {
+        /// Its name.
+        name: String,
+        /// Its new revision.
+        revision: u64,
+        /// The admin.
+        by: String,
+    },
     /// A node joined (`updated == false`) or re-registered.
     NodeRegistered {
         /// The node.
@@ -306,6 +322,8 @@ impl Event {
         match self {
             Event::TokenCreated { .. }
             | Event::TokenRevoked { .. }
+            | Event::VClusterCreated { .. }
+            | Event::VClusterUpdated { .. }
             | Event::NodeRegistered { .. }
             | Event::NodeLost { .. }
             | Event::NodeReady { .. }

@@ -124,6 +124,20 @@ pub enum Rejection {
     /// A token with this id exists.
     #[error("token {0} already exists")]
     TokenExists(String),
+    /// A vCluster request is malformed.
+    #[error("invalid vcluster: {field}: {reason}")]
+    InvalidVCluster {
+        /// The field.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A vCluster with this name exists.
+    #[error("vcluster {0} already exists")]
+    VClusterExists(String),
+    /// No vCluster has this name.
+    #[error("no vcluster {0}")]
+    UnknownVCluster(String),
     /// No token has this id.
     #[error("no token {0}")]
     UnknownToken(String),

@@ -35,12 +35,14 @@ use serde::{Deserialize, Serialize};
 use super::command::Command;
 use super::event::{Event, Outcome};
 use super::rejection::Rejection;
+use super::types::DEFAULT_VCLUSTER;
 use super::types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, Drain, HISTORY_LIMIT,
     NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex,
     TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
 };
 use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
+use super::vcluster::{VCluster, VClusterSpec};
 
 /// What `apply` may know besides the command: the entry's leader-stamped time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,6 +158,8 @@ pub struct State {
     idempotency: BTreeMap<(String, String), AllocId>,
     /// Bearer tokens by id (hashes only).
     tokens: BTreeMap<String, Token>,
+    /// vClusters by name (the built-in `default` only once changed).
+    vclusters: BTreeMap<String, VCluster>,
     #[serde(skip)]
     index: Indexes,
 }
@@ -179,6 +183,7 @@ impl State {
             allocs: BTreeMap::new(),
             idempotency: BTreeMap::new(),
             tokens: BTreeMap::new(),
+            vclusters: BTreeMap::new(),
             index: Indexes::default(),
         }
     }
@@ -338,6 +343,8 @@ impl State {
                 self.create_token(id, name, *role, *sha256, *expires_ms, by)
             }
             Command::RevokeToken { id, by } => self.revoke_token(id, by),
+            Command::CreateVCluster { name, spec, by } => self.put_vcluster(name, spec, by, true),
+            Command::UpdateVCluster { name, spec, by } => self.put_vcluster(name, spec, by, false),
         };
         match result {
             Ok(mut events) => {
@@ -628,6 +635,59 @@ impl State {
         }
         token.revoked = Some((now, by.to_string()));
         Ok(vec![Event::TokenRevoked { id: id.to_string(), by: by.to_string() }])
+    }
+
+    // ----- vClusters --------------------------------------------------------
+
+    /// A vCluster by name (the built-in `default` even if never changed).
+    pub fn vcluster(&self, name: &str) -> Option<VCluster> {
+        match self.vclusters.get(name) {
+            Some(v) => Some(v.clone()),
+            None => (name == DEFAULT_VCLUSTER).then(VCluster::builtin_default),
+        }
+    }
+
+    /// Every vCluster by name, the built-in `default` included.
+    pub fn vclusters(&self) -> Vec<VCluster> {
+        let mut all: Vec<VCluster> = self.vclusters.values().cloned().collect();
+        if !self.vclusters.contains_key(DEFAULT_VCLUSTER) {
+            all.push(VCluster::builtin_default());
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        all
+    }
+
+    /// The nodes a vCluster's home selector picks, in slot order.
+    pub fn home_nodes(&self, v: &VCluster) -> Vec<NodeSlot> {
+        self.nodes.iter().filter(|n| v.spec.home.matches(n)).map(|n| n.slot).collect()
+    }
+
+    fn put_vcluster(&mut self, name: &str, spec: &VClusterSpec, by: &str, create: bool) -> Applied {
+        crate::sm::vcluster::validate_name(name)?;
+        crate::sm::vcluster::validate_spec(spec)?;
+        validate_node_request(by, "", None, &self.limits)?;
+        let existing = self.vcluster(name);
+        let revision = match (create, existing) {
+            (true, Some(_)) => return Err(Rejection::VClusterExists(name.to_string())),
+            (false, None) => return Err(Rejection::UnknownVCluster(name.to_string())),
+            (true, None) => 1,
+            (false, Some(v)) => v.revision + 1,
+        };
+        let created_ms = self.vclusters.get(name).map_or(self.now_ms, |v| v.created_ms);
+        let v = VCluster {
+            name: name.to_string(),
+            spec: spec.clone(),
+            created_ms,
+            updated_ms: self.now_ms,
+            updated_by: by.to_string(),
+            revision,
+        };
+        self.vclusters.insert(name.to_string(), v);
+        Ok(vec![if create {
+            Event::VClusterCreated { name: name.to_string(), by: by.to_string() }
+        } else {
+            Event::VClusterUpdated { name: name.to_string(), revision, by: by.to_string() }
+        }])
     }
 
     fn terminate_node(&mut self, id: &NodeId, by: &str) -> Applied {

@@ -2,6 +2,7 @@
 
 mod lifecycle;
 mod tokens;
+mod vclusters;
 
 use std::collections::BTreeMap;
 
@@ -584,7 +585,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "00b65b5402e1ee02f385f8126ff5fe9045dc1bb1e86ea8e4731db36fcdac6bf8"
+        "61d896c4dad9b153a88bcb710959dd0b99a68a56e88f0654be7f1f46b7460cc9"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

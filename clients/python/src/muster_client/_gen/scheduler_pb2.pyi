@@ -257,6 +257,75 @@ class ListResponse(_message.Message):
     next_page_token: int
     def __init__(self, allocations: _Optional[_Iterable[_Union[_types_pb2.Allocation, _Mapping]]] = ..., next_page_token: _Optional[int] = ...) -> None: ...
 
+class VClusterSpec(_message.Message):
+    __slots__ = ("type", "home_labels", "home_nodes", "max_gpus", "max_nodes", "max_allocations", "borrow_limit_pct", "over_quota")
+    class HomeLabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    HOME_LABELS_FIELD_NUMBER: _ClassVar[int]
+    HOME_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_GPUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    BORROW_LIMIT_PCT_FIELD_NUMBER: _ClassVar[int]
+    OVER_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    home_labels: _containers.ScalarMap[str, str]
+    home_nodes: _containers.RepeatedScalarFieldContainer[str]
+    max_gpus: int
+    max_nodes: int
+    max_allocations: int
+    borrow_limit_pct: int
+    over_quota: str
+    def __init__(self, type: _Optional[str] = ..., home_labels: _Optional[_Mapping[str, str]] = ..., home_nodes: _Optional[_Iterable[str]] = ..., max_gpus: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_allocations: _Optional[int] = ..., borrow_limit_pct: _Optional[int] = ..., over_quota: _Optional[str] = ...) -> None: ...
+
+class VCluster(_message.Message):
+    __slots__ = ("name", "spec", "created_ms", "updated_ms", "updated_by", "revision", "home_node_ids")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    HOME_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec: VClusterSpec
+    created_ms: int
+    updated_ms: int
+    updated_by: str
+    revision: int
+    home_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[VClusterSpec, _Mapping]] = ..., created_ms: _Optional[int] = ..., updated_ms: _Optional[int] = ..., updated_by: _Optional[str] = ..., revision: _Optional[int] = ..., home_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class VClusterRequest(_message.Message):
+    __slots__ = ("name", "spec")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec: VClusterSpec
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[VClusterSpec, _Mapping]] = ...) -> None: ...
+
+class GetVClusterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListVClustersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListVClustersResponse(_message.Message):
+    __slots__ = ("vclusters",)
+    VCLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    vclusters: _containers.RepeatedCompositeFieldContainer[VCluster]
+    def __init__(self, vclusters: _Optional[_Iterable[_Union[VCluster, _Mapping]]] = ...) -> None: ...
+
 class BackupRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

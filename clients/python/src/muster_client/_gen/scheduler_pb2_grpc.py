@@ -1233,3 +1233,216 @@ class AdminService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class VClusterServiceStub:
+    """vClusters: named slices of the cluster with a type, home nodes, hard
+    quotas and a borrowing limit (docs/vclusters.md). Writes are for admins;
+    reads for readers and up.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.CreateVCluster = channel.unary_unary(
+                '/muster.v1.VClusterService/CreateVCluster',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.VClusterRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.VCluster.FromString,
+                _registered_method=True)
+        self.UpdateVCluster = channel.unary_unary(
+                '/muster.v1.VClusterService/UpdateVCluster',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.VClusterRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.VCluster.FromString,
+                _registered_method=True)
+        self.GetVCluster = channel.unary_unary(
+                '/muster.v1.VClusterService/GetVCluster',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.GetVClusterRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.VCluster.FromString,
+                _registered_method=True)
+        self.ListVClusters = channel.unary_unary(
+                '/muster.v1.VClusterService/ListVClusters',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.ListVClustersRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.ListVClustersResponse.FromString,
+                _registered_method=True)
+
+
+class VClusterServiceServicer:
+    """vClusters: named slices of the cluster with a type, home nodes, hard
+    quotas and a borrowing limit (docs/vclusters.md). Writes are for admins;
+    reads for readers and up.
+    """
+
+    def CreateVCluster(self, request, context):
+        """Create one; ALREADY_EXISTS if the name is taken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateVCluster(self, request, context):
+        """Replace one's spec, whole; NOT_FOUND if there is none ("default"
+        always exists).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVCluster(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListVClusters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_VClusterServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'CreateVCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateVCluster,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.VClusterRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.VCluster.SerializeToString,
+            ),
+            'UpdateVCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateVCluster,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.VClusterRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.VCluster.SerializeToString,
+            ),
+            'GetVCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVCluster,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.GetVClusterRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.VCluster.SerializeToString,
+            ),
+            'ListVClusters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListVClusters,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.ListVClustersRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.ListVClustersResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'muster.v1.VClusterService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('muster.v1.VClusterService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class VClusterService:
+    """vClusters: named slices of the cluster with a type, home nodes, hard
+    quotas and a borrowing limit (docs/vclusters.md). Writes are for admins;
+    reads for readers and up.
+    """
+
+    @staticmethod
+    def CreateVCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.VClusterService/CreateVCluster',
+            muster_dot_v1_dot_scheduler__pb2.VClusterRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.VCluster.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateVCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.VClusterService/UpdateVCluster',
+            muster_dot_v1_dot_scheduler__pb2.VClusterRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.VCluster.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.VClusterService/GetVCluster',
+            muster_dot_v1_dot_scheduler__pb2.GetVClusterRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.VCluster.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListVClusters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.VClusterService/ListVClusters',
+            muster_dot_v1_dot_scheduler__pb2.ListVClustersRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.ListVClustersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

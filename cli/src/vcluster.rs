@@ -1,0 +1,252 @@
+//! `muster vcluster`: create, update, get and list vClusters
+//! (docs/vclusters.md). Writes need an admin identity.
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use muster_proto::v1;
+use muster_proto::v1::v_cluster_service_client::VClusterServiceClient;
+use serde_json::json;
+
+use crate::client::Cluster;
+use crate::output::Output;
+
+#[derive(Subcommand, Debug)]
+pub enum VClusterCmd {
+    /// Create a vCluster (home nodes default to the label muster.vcluster=NAME).
+    Create {
+        /// Its name: 1-63 characters of a-z 0-9 -, not starting with -.
+        name: String,
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// Change a vCluster: the flags given replace those fields, the rest stay.
+    Update {
+        /// Its name ("default" always exists).
+        name: String,
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// One vCluster: spec, revision, and the nodes its home selector picks.
+    Get {
+        /// Its name.
+        name: String,
+    },
+    /// Every vCluster.
+    List,
+}
+
+/// The fields of a spec; unset flags keep the current value (update) or
+/// take the default (create).
+#[derive(Args, Debug, Default)]
+pub struct SpecArgs {
+    /// hpc-batch, ml-training, service, sensitive or interactive.
+    #[arg(long = "type")]
+    vtype: Option<String>,
+    /// Home nodes are those with every such label (repeatable); replaces
+    /// --home-node.
+    #[arg(long = "home-label", value_name = "KEY=VALUE")]
+    home_labels: Vec<String>,
+    /// Home nodes are exactly these (repeatable); replaces --home-label.
+    #[arg(long = "home-node", value_name = "NODE")]
+    home_nodes: Vec<String>,
+    /// Most GPUs its tasks may hold at once, or "none".
+    #[arg(long)]
+    max_gpus: Option<String>,
+    /// Most nodes its tasks may occupy, or "none".
+    #[arg(long)]
+    max_nodes: Option<String>,
+    /// Most allocations reserved or running at once, or "none".
+    #[arg(long)]
+    max_allocations: Option<String>,
+    /// The share of its demand it may run on other vClusters' idle nodes,
+    /// e.g. 20 or 20%.
+    #[arg(long)]
+    borrow_limit: Option<String>,
+    /// What happens to a submission past a quota: queue or reject.
+    #[arg(long)]
+    over_quota: Option<String>,
+}
+
+/// `none` or a positive number, for a quota flag.
+fn quota(flag: &str, v: &str) -> anyhow::Result<Option<u32>> {
+    if v == "none" {
+        return Ok(None);
+    }
+    match v.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(Some(n)),
+        _ => bail!("--{flag} {v:?}: a positive number, or none for no limit"),
+    }
+}
+
+impl SpecArgs {
+    /// Applies the flags given to `spec`.
+    fn apply(&self, spec: &mut v1::VClusterSpec) -> anyhow::Result<()> {
+        if let Some(t) = &self.vtype {
+            spec.r#type = t.clone();
+        }
+        if !self.home_labels.is_empty() && !self.home_nodes.is_empty() {
+            bail!("--home-label and --home-node: give one or the other");
+        }
+        if !self.home_labels.is_empty() {
+            spec.home_nodes.clear();
+            spec.home_labels.clear();
+            for kv in &self.home_labels {
+                let (k, v) = kv.split_once('=').with_context(|| format!("--home-label {kv:?} is not KEY=VALUE"))?;
+                spec.home_labels.insert(k.to_string(), v.to_string());
+            }
+        }
+        if !self.home_nodes.is_empty() {
+            spec.home_labels.clear();
+            spec.home_nodes = self.home_nodes.clone();
+        }
+        if let Some(v) = &self.max_gpus {
+            spec.max_gpus = quota("max-gpus", v)?;
+        }
+        if let Some(v) = &self.max_nodes {
+            spec.max_nodes = quota("max-nodes", v)?;
+        }
+        if let Some(v) = &self.max_allocations {
+            spec.max_allocations = quota("max-allocations", v)?;
+        }
+        if let Some(b) = &self.borrow_limit {
+            spec.borrow_limit_pct = b
+                .trim_end_matches('%')
+                .parse::<u32>()
+                .ok()
+                .filter(|p| *p <= 100)
+                .with_context(|| format!("--borrow-limit {b:?}: a percentage from 0 to 100"))?;
+        }
+        if let Some(o) = &self.over_quota {
+            spec.over_quota = o.clone();
+        }
+        Ok(())
+    }
+}
+
+fn vcluster_json(v: &v1::VCluster) -> serde_json::Value {
+    let s = v.spec.clone().unwrap_or_default();
+    json!({
+        "name": v.name,
+        "type": s.r#type,
+        "home_labels": s.home_labels,
+        "home_nodes": s.home_nodes,
+        "home_node_ids": v.home_node_ids,
+        "max_gpus": s.max_gpus,
+        "max_nodes": s.max_nodes,
+        "max_allocations": s.max_allocations,
+        "borrow_limit_pct": s.borrow_limit_pct,
+        "over_quota": s.over_quota,
+        "revision": v.revision,
+        "created_ms": v.created_ms,
+        "updated_ms": v.updated_ms,
+        "updated_by": v.updated_by,
+    })
+}
+
+fn limit(v: Option<u32>) -> String {
+    v.map_or("-".to_string(), |n| n.to_string())
+}
+
+fn home(s: &v1::VClusterSpec) -> String {
+    if s.home_nodes.is_empty() {
+        let mut labels: Vec<String> = s.home_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        labels.sort();
+        labels.join(",")
+    } else {
+        s.home_nodes.join(",")
+    }
+}
+
+fn print(vs: &[v1::VCluster], out: Output) -> anyhow::Result<()> {
+    match out {
+        Output::Json if vs.len() == 1 => out!("{}", serde_json::to_string_pretty(&vcluster_json(&vs[0]))?),
+        Output::Json => {
+            let all: Vec<_> = vs.iter().map(vcluster_json).collect();
+            out!("{}", serde_json::to_string_pretty(&json!({ "vclusters": all }))?)
+        }
+        Output::Text => {
+            out!(
+                "{:<20} {:<12} {:>8} {:>6} {:>7} {:>7} {:<7} {:>4} {:>5}  HOME",
+                "NAME",
+                "TYPE",
+                "MAX_GPUS",
+                "NODES",
+                "ALLOCS",
+                "BORROW",
+                "OVER",
+                "REV",
+                "HOMES"
+            );
+            for v in vs {
+                let s = v.spec.clone().unwrap_or_default();
+                out!(
+                    "{:<20} {:<12} {:>8} {:>6} {:>7} {:>6}% {:<7} {:>4} {:>5}  {}",
+                    v.name,
+                    s.r#type,
+                    limit(s.max_gpus),
+                    limit(s.max_nodes),
+                    limit(s.max_allocations),
+                    s.borrow_limit_pct,
+                    s.over_quota,
+                    v.revision,
+                    v.home_node_ids.len(),
+                    home(&s)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn get(cluster: &mut Cluster, name: &str) -> anyhow::Result<v1::VCluster> {
+    let req = v1::GetVClusterRequest { name: name.to_string() };
+    Ok(cluster
+        .call(|ch| {
+            let req = req.clone();
+            async move { VClusterServiceClient::new(ch).get_v_cluster(req).await }
+        })
+        .await?
+        .into_inner())
+}
+
+pub async fn run(cluster: &mut Cluster, cmd: VClusterCmd, out: Output) -> anyhow::Result<()> {
+    match cmd {
+        VClusterCmd::Create { name, spec } => {
+            let mut s = v1::VClusterSpec::default();
+            spec.apply(&mut s)?;
+            let req = v1::VClusterRequest { name, spec: Some(s) };
+            let v = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { VClusterServiceClient::new(ch).create_v_cluster(req).await }
+                })
+                .await?
+                .into_inner();
+            print(&[v], out)
+        }
+        VClusterCmd::Update { name, spec } => {
+            let mut s = get(cluster, &name).await?.spec.unwrap_or_default();
+            spec.apply(&mut s)?;
+            let req = v1::VClusterRequest { name, spec: Some(s) };
+            let v = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { VClusterServiceClient::new(ch).update_v_cluster(req).await }
+                })
+                .await?
+                .into_inner();
+            print(&[v], out)
+        }
+        VClusterCmd::Get { name } => print(&[get(cluster, &name).await?], out),
+        VClusterCmd::List => {
+            let r =
+                cluster
+                    .call(|ch| async move {
+                        VClusterServiceClient::new(ch).list_v_clusters(v1::ListVClustersRequest {}).await
+                    })
+                    .await?
+                    .into_inner();
+            print(&r.vclusters, out)
+        }
+    }
+}
