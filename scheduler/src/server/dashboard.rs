@@ -80,7 +80,10 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
             row["preempted_count"] = json!(a.preempted_count);
             running.push(row);
         }
-        for h in &a.history {
+        // Only allocations ever torn down, preempted or tripped have such
+        // events: skip the others' histories (most of them).
+        let eventful = a.preemption_epoch > 0 || a.tasks.iter().any(|t| t.watchdog_trips > 0);
+        for h in a.history.iter().filter(|_| eventful) {
             let item = match &h.event {
                 Event::TeardownStarted { cause: TeardownCause::Preempted { by, reason }, preempting, .. } => json!({
                     "time_ms": h.time_ms, "kind": "preemption", "alloc": a.id,

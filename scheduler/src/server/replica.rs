@@ -4,7 +4,8 @@
 //! optional plain-HTTP listener (metrics, probes, dashboard).
 //!
 //! ```text
-//!   TcpListener ──▶ tonic: RaftService · AllocationService · AdminService · AgentService
+//!   TcpListener ──▶ tonic: RaftService · AllocationService · NodeService · VClusterService
+//!                          │                 │            AdminService · AgentService
 //!                          │                 │            grpc.health.v1 · grpc.reflection
 //!                          ▼                 ▼
 //!                     openraft::Raft ◀── Proposer (batches) ◀── leader loops
