@@ -98,3 +98,103 @@ fn t130_vclusters_are_created_updated_listed_and_resolve_their_home_nodes() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.lines().any(|l| l.starts_with("ml ") && l.contains("ml-training") && l.contains("20%")), "{text}");
 }
+
+/// A hard quota through real processes: with the default vCluster capped
+/// at 2 GPUs, of two 2-GPU gangs one runs and the other waits, `explain`
+/// saying it is the quota (not capacity: a node is free); cancelling the
+/// first lets the second run.
+#[test]
+fn t131_a_hard_quota_holds_back_a_gang_until_the_vcluster_has_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    let _procs = Procs::start(dir.path(), &addr, &[], &["q1", "q2"]);
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut all = args.to_vec();
+        let split = all.iter().position(|a| *a == "--").unwrap_or(all.len());
+        all.splice(split..split, ["--scheduler", addr.as_str(), "--output", "json"]);
+        let o = muster(&all);
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let nodes = muster(&["node", "list", "--scheduler", &addr, "--output", "json"]);
+        let ready = serde_json::from_slice::<serde_json::Value>(&nodes.stdout)
+            .map(|v| v["nodes"].as_array().map_or(0, |n| n.iter().filter(|n| n["status"] == "ready").count()))
+            .unwrap_or(0);
+        if ready == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "agents never registered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    json(&["vcluster", "update", "default", "--max-gpus", "2"]);
+    let first = json(&["submit", "--gpus", "2", "--", "sleep", "120"])["id"].as_u64().unwrap().to_string();
+    let second = json(&["submit", "--gpus", "2", "--", "sleep", "120"])["id"].as_u64().unwrap().to_string();
+    let status = |id: &str| json(&["alloc", "get", id])["status"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while status(&first) != "running" {
+        assert!(Instant::now() < deadline, "the first gang never ran");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Several admission passes later the second still waits, for the quota.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(status(&second), "queued");
+    let why = json(&["alloc", "explain", &second])["summary"].as_str().unwrap().to_string();
+    assert!(why.contains("vCluster default's GPU quota: 2 held + 2 needed > 2"), "{why}");
+    json(&["alloc", "cancel", &first]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while status(&second) != "running" {
+        assert!(Instant::now() < deadline, "the second gang never ran once the quota had room");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Racing submissions against a `reject`-mode quota, through real
+/// processes: with room for one more allocation, two `muster submit`
+/// processes started together; the log decides, exactly one is accepted
+/// and the other refused with the quota named, and a third is refused too.
+#[test]
+fn t132_racing_submissions_against_a_reject_quota_admit_exactly_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    let _procs = Procs::start(dir.path(), &addr, &[], &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = muster(&[
+            "vcluster",
+            "create",
+            "team",
+            "--max-allocations",
+            "2",
+            "--over-quota",
+            "reject",
+            "--scheduler",
+            &addr,
+        ]);
+        if o.status.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", String::from_utf8_lossy(&o.stderr));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let submit = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["submit", "--vcluster", "team", "--scheduler", &addr, "--", "sleep", "60"])
+            .env("MUSTER_TLS_DIR", crate::tls::dir())
+            .output()
+            .unwrap()
+    };
+    assert!(submit().status.success(), "the first of two fits");
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(submit);
+        let b = s.spawn(submit);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let accepted = [&a, &b].iter().filter(|o| o.status.success()).count();
+    assert_eq!(accepted, 1, "exactly one of the racing submissions:\n{a:?}\n{b:?}");
+    let refused = if a.status.success() { &b } else { &a };
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("over quota: vCluster team's allocation quota: 2 live, at most 2"), "{err}");
+    assert!(!submit().status.success(), "still full");
+}

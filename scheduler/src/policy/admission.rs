@@ -33,7 +33,8 @@ use std::iter::Peekable;
 use std::ops::Bound::{Excluded, Unbounded};
 
 use crate::sm::{
-    AllocId, Allocation, Command, NodeSlot, NodeStatus, QueueKey, Resources, Shape, State, TaskStatus, Usage, fits,
+    AllocId, Allocation, Command, NodeSlot, NodeStatus, QueueKey, Resources, Shape, State, TaskStatus, Usage, VcLoad,
+    fits,
 };
 
 /// In which order queued gangs are tried.
@@ -68,6 +69,8 @@ impl Default for AdmissionConfig {
 pub struct PassStats {
     /// Gangs looked at.
     pub gangs_considered: usize,
+    /// Gangs held back by their vCluster's hard quota.
+    pub quota_waits: usize,
     /// Gangs placed.
     pub gangs_placed: usize,
     /// Tasks placed (the sum of placed gangs' sizes).
@@ -115,11 +118,21 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
     // 2 and 3. Walk the queue and place.
     let mut nodes = Vec::new();
     let mut failed_shapes: BTreeSet<Shape> = BTreeSet::new();
+    // This pass's own reservations, by vCluster: hard quotas count them.
+    let mut pending: BTreeMap<String, VcLoad> = BTreeMap::new();
+    // Whether to go on down this gang's stream: false once its shape cannot
+    // be placed; a gang held back by its vCluster's quota does not stop the
+    // others (of other vClusters) behind it.
     let mut try_gang = |a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay| -> bool {
         plan.stats.gangs_considered += 1;
         let shape = Shape::of(a);
         if failed_shapes.contains(&shape) {
             return false;
+        }
+        let over_quota = |slots: &[NodeSlot]| state.quota_excess(a, slots, pending.get(&a.spec.vcluster), &[]);
+        if over_quota(&[]).is_some() {
+            plan.stats.quota_waits += 1;
+            return true;
         }
         let need = a.spec.resources;
         let n = a.spec.gang_size as usize;
@@ -134,6 +147,11 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
             failed_shapes.insert(shape);
             return false;
         }
+        if over_quota(&nodes).is_some() {
+            plan.stats.quota_waits += 1;
+            return true;
+        }
+        pending.entry(a.spec.vcluster.clone()).or_default().add_gang(a, &nodes);
         let usage = Usage::of(&need);
         for &slot in &nodes {
             capacity.take(slot, &usage);

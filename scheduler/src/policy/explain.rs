@@ -104,6 +104,9 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
             n.waiting_for.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
             n.nodes.len()
         );
+    } else if let Some(quota) = a.is_queued().then(|| state.quota_excess(a, &[], None, &[])).flatten() {
+        // Held back by its own vCluster's quota: no preemption can help.
+        e.summary = format!("waiting for {quota}");
     } else if a.is_queued() {
         e.preemption = Some(decide(state, &Preemptor::of(a), now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
     }

@@ -774,7 +774,9 @@ pub fn plan_preemptions(state: &State, now_ms: u64, cfg: &PreemptionConfig) -> V
             break;
         }
         let a = state.alloc(key.alloc).expect("queue names a known allocation");
-        if hopeless.contains(&Shape::of(a)) {
+        // Past its vCluster's quota it waits; preempting others would not
+        // let it run (apply refuses the decision too).
+        if hopeless.contains(&Shape::of(a)) || state.quota_excess(a, &[], None, &[]).is_some() {
             continue;
         }
         match decide(state, &Preemptor::of(a), now_ms, cfg, &taken, &held) {

@@ -476,6 +476,7 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         Rejection::TokenExists(_) | Rejection::VClusterExists(_) => Status::already_exists(msg),
         Rejection::InvalidVCluster { field, reason } => invalid(field, reason),
         Rejection::UnknownVCluster(_) => Status::not_found(msg),
+        Rejection::QuotaExceeded { .. } | Rejection::OverQuota { .. } => Status::resource_exhausted(msg),
         Rejection::UnknownToken(_) => Status::not_found(msg),
         Rejection::TokenRevoked(_) => Status::failed_precondition(msg),
         Rejection::UnknownNode(_) | Rejection::UnknownAllocation(_) | Rejection::UnknownTask { .. } => {

@@ -31,7 +31,7 @@ pub use command::Command;
 pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
-pub use state::{ApplyCtx, Holder, QueueKey, Shape, State};
+pub use state::{ApplyCtx, Holder, QueueKey, Shape, State, VcLoad};
 pub use types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S,
     DEFAULT_VCLUSTER, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,

@@ -132,6 +132,24 @@ pub enum Rejection {
         /// What is wrong.
         reason: String,
     },
+    /// Reserving the gang would take its vCluster past a hard quota (it
+    /// stays queued).
+    #[error("allocation {alloc} waits: {reason}")]
+    QuotaExceeded {
+        /// The allocation.
+        alloc: AllocId,
+        /// Which quota, in words.
+        reason: String,
+    },
+    /// A submission past its vCluster's hard quota (reject mode, or a gang
+    /// larger than the quota itself).
+    #[error("over quota: {reason}")]
+    OverQuota {
+        /// The vCluster.
+        vcluster: String,
+        /// Which quota, in words.
+        reason: String,
+    },
     /// A vCluster with this name exists.
     #[error("vcluster {0} already exists")]
     VClusterExists(String),

@@ -42,7 +42,7 @@ use super::types::{
     TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
 };
 use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
-use super::vcluster::{VCluster, VClusterSpec};
+use super::vcluster::{OverQuota, VCluster, VClusterSpec};
 
 /// What `apply` may know besides the command: the entry's leader-stamped time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +133,55 @@ struct Indexes {
     /// Draining or stopping nodes whose last task left during the command
     /// being applied (always empty between commands): they stop at its end.
     emptied: Vec<NodeSlot>,
+    /// What each vCluster's reserved, running and preempting tasks hold
+    /// (hard quotas are checked against it).
+    vc_load: BTreeMap<String, VcLoad>,
+    /// Each vCluster's live (not finished) allocations and the GPUs their
+    /// gangs ask for: the demand a `reject`-mode quota counts at submission.
+    vc_live: BTreeMap<String, VcDemand>,
+}
+
+/// A vCluster's live allocations and the GPUs their gangs need.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VcDemand {
+    /// GPUs the live gangs need in all.
+    pub gpus: u64,
+    /// The live allocations.
+    pub allocs: BTreeSet<AllocId>,
+}
+
+/// Counts one fewer under `key`, dropping it at zero (so a derived index
+/// equals its rebuild, which never holds zeros).
+fn decrement<K: Ord>(map: &mut BTreeMap<K, u32>, key: K) {
+    let n = map.get_mut(&key).expect("counted");
+    *n -= 1;
+    if *n == 0 {
+        map.remove(&key);
+    }
+}
+
+/// What one vCluster's tasks holding capacity hold: the quantities its
+/// hard quotas limit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VcLoad {
+    /// GPUs held.
+    pub gpus: u64,
+    /// Tasks holding capacity, by allocation.
+    pub allocs: BTreeMap<AllocId, u32>,
+    /// Tasks holding capacity, by node.
+    pub nodes: BTreeMap<NodeSlot, u32>,
+}
+
+impl VcLoad {
+    /// Adds a gang of `a` placed on `slots` (an admission pass's own
+    /// reservations, before they are applied).
+    pub fn add_gang(&mut self, a: &Allocation, slots: &[NodeSlot]) {
+        self.gpus += u64::from(a.spec.resources.gpus) * slots.len() as u64;
+        *self.allocs.entry(a.id).or_default() += slots.len() as u32;
+        for s in slots {
+            *self.nodes.entry(*s).or_default() += 1;
+        }
+    }
 }
 
 /// A task holding capacity on a node, as the preemption policy sees it
@@ -739,6 +788,9 @@ impl State {
             }
             return Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing });
         }
+        if let Some(reason) = self.submit_quota_excess(spec) {
+            return Err(Rejection::OverQuota { vcluster: spec.vcluster.clone(), reason });
+        }
         let id = self.next_alloc_id;
         self.next_alloc_id += 1;
         let tasks = (0..spec.gang_size)
@@ -802,6 +854,9 @@ impl State {
             return Err(Rejection::StaleReservationEpoch { alloc: id, expected: a.reservation_epoch + 1, got: epoch });
         }
         let slots = self.check_nodes(a, nodes, &BTreeMap::new())?;
+        if let Some(reason) = self.quota_excess(a, &slots, None, &[]) {
+            return Err(Rejection::QuotaExceeded { alloc: id, reason });
+        }
         Ok(vec![self.place_gang(id, &slots)])
     }
 
@@ -1309,7 +1364,9 @@ impl State {
             let node = self.node(slot);
             node.status != NodeStatus::Ready || !fits(&need, &node.resources, &node.free())
         });
-        let reason = unusable.map(|&slot| format!("held node {} can no longer take a task", self.node(slot).id));
+        let reason = unusable
+            .map(|&slot| format!("held node {} can no longer take a task", self.node(slot).id))
+            .or_else(|| self.quota_excess(&self.allocs[&by], &slots, None, &[]));
         self.drop_nomination(by);
         match reason {
             None => vec![self.place_gang(by, &slots)],
@@ -1392,6 +1449,9 @@ impl State {
         let slots = self.check_nodes(&self.allocs[&id], nodes, &freed)?;
         let now = self.now_ms;
         let victim_ids: Vec<AllocId> = victims.iter().map(|&(v, _)| v).collect();
+        if let Some(reason) = self.quota_excess(&self.allocs[&id], &slots, None, &victim_ids) {
+            return Err(Rejection::QuotaExceeded { alloc: id, reason });
+        }
         let mut events = vec![Event::PreemptionDecided {
             alloc: id,
             victims: victim_ids.clone(),
@@ -1696,6 +1756,20 @@ impl State {
                 self.index.queue_by_shape.remove(&shape);
             }
         }
+        let gpus = u64::from(a.spec.gang_size) * u64::from(a.spec.resources.gpus);
+        if !a.status.is_terminal() {
+            let d = self.index.vc_live.entry(a.spec.vcluster.clone()).or_default();
+            if d.allocs.insert(id) {
+                d.gpus += gpus;
+            }
+        } else if let Some(d) = self.index.vc_live.get_mut(&a.spec.vcluster)
+            && d.allocs.remove(&id)
+        {
+            d.gpus -= gpus;
+            if d.allocs.is_empty() {
+                self.index.vc_live.remove(&a.spec.vcluster);
+            }
+        }
         if !a.status.is_terminal() && a.has_reserved() {
             self.index.reserved.insert(id);
         } else {
@@ -1734,7 +1808,15 @@ impl State {
         if let Some(holders) = self.index.holders.get_mut(slot.0 as usize)
             && let Ok(i) = holders.binary_search_by_key(&task.0, |h| h.alloc)
         {
-            holders.remove(i);
+            let h = holders.remove(i);
+            let vc = &self.allocs[&h.alloc].spec.vcluster;
+            let load = self.index.vc_load.get_mut(vc).expect("a holder is in its vCluster's load");
+            load.gpus -= u64::from(h.usage.gpus);
+            decrement(&mut load.allocs, h.alloc);
+            decrement(&mut load.nodes, slot);
+            if load.allocs.is_empty() {
+                self.index.vc_load.remove(vc);
+            }
         }
         if let Some(tasks) = self.index.tasks_by_node.get_mut(&slot) {
             tasks.remove(&task);
@@ -1759,6 +1841,126 @@ impl State {
         let holders = &mut self.index.holders[slot.0 as usize];
         let at = holders.binary_search_by_key(&alloc, |h| h.alloc).expect_err("one task per node per gang");
         holders.insert(at, Holder { alloc, class, usage });
+        let load = self.index.vc_load.entry(self.allocs[&alloc].spec.vcluster.clone()).or_default();
+        load.gpus += u64::from(usage.gpus);
+        *load.allocs.entry(alloc).or_default() += 1;
+        *load.nodes.entry(slot).or_default() += 1;
+    }
+
+    /// Why a submission is refused by its vCluster's hard quotas: in any
+    /// mode when the gang alone is larger than a quota (it could never
+    /// run); in `reject` mode also when the vCluster's live allocations
+    /// (queued, reserved, running) and this one together would be. Log
+    /// order decides racing submissions: the later one is refused.
+    fn submit_quota_excess(&self, spec: &AllocSpec) -> Option<String> {
+        let vc = self.vclusters.get(&spec.vcluster)?;
+        let q = vc.spec.quota;
+        let need = u64::from(spec.gang_size) * u64::from(spec.resources.gpus);
+        let name = &vc.name;
+        if let Some(max) = q.max_gpus
+            && need > u64::from(max)
+        {
+            return Some(format!("the gang needs {need} GPUs; vCluster {name}'s quota is {max}"));
+        }
+        if let Some(max) = q.max_nodes
+            && spec.gang_size > max
+        {
+            return Some(format!("the gang needs {} nodes; vCluster {name}'s quota is {max}", spec.gang_size));
+        }
+        if vc.spec.over_quota != OverQuota::Reject {
+            return None;
+        }
+        let empty = VcDemand::default();
+        let live = self.index.vc_live.get(name).unwrap_or(&empty);
+        if let Some(max) = q.max_gpus
+            && live.gpus + need > u64::from(max)
+        {
+            return Some(format!(
+                "vCluster {name}'s GPU quota: its live allocations need {} GPUs, this one {need}, at most {max}",
+                live.gpus
+            ));
+        }
+        if let Some(max) = q.max_allocations
+            && live.allocs.len() + 1 > max as usize
+        {
+            return Some(format!("vCluster {name}'s allocation quota: {} live, at most {max}", live.allocs.len()));
+        }
+        None
+    }
+
+    /// What a vCluster's tasks hold now.
+    pub fn vcluster_load(&self, name: &str) -> Option<&VcLoad> {
+        self.index.vc_load.get(name)
+    }
+
+    /// Why reserving gang `a` on `slots` would take its vCluster past a hard
+    /// quota, or `None`. `pending` is load not yet applied (an admission
+    /// pass's earlier reservations); the load of `minus` (a preemption's
+    /// victims) is not counted. With no `slots`, the node quota is not
+    /// checked (the nodes are not chosen yet).
+    pub fn quota_excess(
+        &self,
+        a: &Allocation,
+        slots: &[NodeSlot],
+        pending: Option<&VcLoad>,
+        minus: &[AllocId],
+    ) -> Option<String> {
+        // Borrowed, not cloned: this runs for every gang a pass considers.
+        // The built-in default, never changed, has no quotas.
+        let vc = self.vclusters.get(&a.spec.vcluster)?;
+        let q = vc.spec.quota;
+        if q.max_gpus.is_none() && q.max_nodes.is_none() && q.max_allocations.is_none() {
+            return None;
+        }
+        let empty = VcLoad::default();
+        let load = self.index.vc_load.get(&vc.name).unwrap_or(&empty);
+        let pending = pending.unwrap_or(&empty);
+        let gone: Vec<&Allocation> =
+            minus.iter().filter(|m| load.allocs.contains_key(m)).filter_map(|m| self.allocs.get(m)).collect();
+        let name = &vc.name;
+        if let Some(max) = q.max_gpus {
+            let freed: u64 =
+                gone.iter().map(|m| u64::from(m.spec.resources.gpus) * u64::from(load.allocs[&m.id])).sum();
+            let held = (load.gpus + pending.gpus).saturating_sub(freed);
+            let need = u64::from(a.spec.resources.gpus) * u64::from(a.spec.gang_size);
+            if held + need > u64::from(max) {
+                return Some(format!(
+                    "vCluster {name}'s GPU quota: {held} held + {need} needed > {max} (it waits; no running work is preempted for a quota)"
+                ));
+            }
+        }
+        if let Some(max) = q.max_allocations {
+            let counted = load.allocs.len() + pending.allocs.len() - gone.len();
+            let this = usize::from(!load.allocs.contains_key(&a.id) && !pending.allocs.contains_key(&a.id));
+            if counted + this > max as usize {
+                return Some(format!(
+                    "vCluster {name}'s allocation quota: {counted} running or reserved, at most {max}"
+                ));
+            }
+        }
+        if let (Some(max), false) = (q.max_nodes, slots.is_empty()) {
+            let mut on: BTreeMap<NodeSlot, u32> = load.nodes.clone();
+            for m in &gone {
+                for t in m.tasks.iter().filter(|t| t.status.holds_capacity()) {
+                    if let Some(s) = t.node
+                        && let Some(n) = on.get_mut(&s)
+                    {
+                        *n -= 1;
+                        if *n == 0 {
+                            on.remove(&s);
+                        }
+                    }
+                }
+            }
+            let nodes: BTreeSet<NodeSlot> = on.keys().chain(pending.nodes.keys()).chain(slots).copied().collect();
+            if nodes.len() > max as usize {
+                return Some(format!(
+                    "vCluster {name}'s node quota: the gang would put it on {} nodes, at most {max}",
+                    nodes.len()
+                ));
+            }
+        }
+        None
     }
 
     /// Moves the clock as applying an entry stamped `time_ms` would.

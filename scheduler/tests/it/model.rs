@@ -99,6 +99,16 @@ pub enum Op {
     ExpireDrains {
         advance_ms: u32,
     },
+    /// Sets (creates, or updates) the quotas of vCluster `default` or `ml`:
+    /// quotas come and go under running work.
+    Quota {
+        ml: bool,
+        create: bool,
+        gpus: Option<u8>,
+        nodes: Option<u8>,
+        allocs: Option<u8>,
+        reject: bool,
+    },
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -130,6 +140,17 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..6, 0u8..8, 0u32..30_000)
             .prop_map(|(node, action, timeout_ms)| Op::Lifecycle { node, action, timeout_ms }),
         2 => (0u32..30_000).prop_map(|advance_ms| Op::ExpireDrains { advance_ms }),
+        1 => (
+            any::<bool>(),
+            any::<bool>(),
+            // Mostly roomy (coverage of preemption and resumption stays
+            // high); a 0 now and then is refused by validation.
+            proptest::option::of(prop_oneof![1 => Just(0u8), 9 => 8u8..48]),
+            proptest::option::of(2u8..7),
+            proptest::option::of(2u8..8),
+            any::<bool>()
+        )
+            .prop_map(|(ml, create, gpus, nodes, allocs, reject)| Op::Quota { ml, create, gpus, nodes, allocs, reject }),
     ]
 }
 
@@ -236,6 +257,9 @@ impl Run {
                     spec.checkpoint = muster_scheduler::sm::CheckpointMode::None;
                 }
                 spec.idempotency_key = key.map(|k| format!("k{k}"));
+                if class % 2 == 1 {
+                    spec.vcluster = "ml".into();
+                }
                 vec![Command::Submit { spec }]
             }
             Op::Admit { fifo, .. } => {
@@ -363,6 +387,24 @@ impl Run {
                     .collect()
             }
             Op::Lose { node: i } => vec![Command::MarkNodeLost { node: node(*i) }],
+            Op::Quota { ml, create, gpus, nodes, allocs, reject } => {
+                use muster_scheduler::sm::{OverQuota, Quota, VClusterSpec};
+                let name = if *ml { "ml" } else { "default" };
+                // A 0 is refused by validation: that path is exercised too.
+                let quota = Quota {
+                    max_gpus: gpus.map(u32::from),
+                    max_nodes: nodes.map(u32::from),
+                    max_allocations: allocs.map(u32::from),
+                };
+                let over_quota = if *reject { OverQuota::Reject } else { OverQuota::Queue };
+                let spec = VClusterSpec { quota, over_quota, ..VClusterSpec::default_for(name) };
+                let by = "prop".to_string();
+                vec![if *create {
+                    Command::CreateVCluster { name: name.into(), spec, by }
+                } else {
+                    Command::UpdateVCluster { name: name.into(), spec, by }
+                }]
+            }
             Op::Rollback { pick, epoch_delta } => {
                 let ids: Vec<AllocId> = self.state.reserved_allocs().collect();
                 Self::pick(&ids, *pick)

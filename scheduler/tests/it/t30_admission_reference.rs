@@ -1,9 +1,13 @@
 //! The indexed admission pass decides exactly what a naive reference does:
-//! walk the whole queue in admission order, scan every node sorted by
-//! (free GPUs, slot), place on the first fits, subtract, go on.
+//! walk the whole queue in admission order, skip a gang its vCluster's
+//! quota holds back (counting this pass's own reservations), scan every
+//! node sorted by (free GPUs, slot), place on the first fits, subtract, go
+//! on.
 
 use muster_scheduler::policy::{AdmissionConfig, plan_admission};
-use muster_scheduler::sm::{Command, NodeStatus, Usage, fits};
+use std::collections::BTreeMap;
+
+use muster_scheduler::sm::{Command, NodeSlot, NodeStatus, Usage, VcLoad, fits};
 use proptest::prelude::*;
 
 use crate::model::{Op, Run, ops};
@@ -12,8 +16,12 @@ fn naive_plan(run: &Run) -> Vec<Command> {
     let s = &run.state;
     let mut free: Vec<Usage> = s.nodes().iter().map(|n| n.free()).collect();
     let mut out = Vec::new();
+    let mut pending: BTreeMap<String, VcLoad> = BTreeMap::new();
     for key in s.queue() {
         let a = s.alloc(key.alloc).unwrap();
+        if s.quota_excess(a, &[], pending.get(&a.spec.vcluster), &[]).is_some() {
+            continue;
+        }
         let mut order: Vec<usize> = (0..free.len())
             .filter(|&i| s.nodes()[i].status == NodeStatus::Ready && s.held_for(s.nodes()[i].slot).is_none())
             .collect();
@@ -32,7 +40,11 @@ fn naive_plan(run: &Run) -> Vec<Command> {
         if chosen.len() < a.spec.gang_size as usize {
             chosen = pick(&[]);
         }
-        if chosen.len() == a.spec.gang_size as usize {
+        let slots: Vec<NodeSlot> = chosen.iter().map(|&i| s.nodes()[i].slot).collect();
+        if chosen.len() == a.spec.gang_size as usize
+            && s.quota_excess(a, &slots, pending.get(&a.spec.vcluster), &[]).is_none()
+        {
+            pending.entry(a.spec.vcluster.clone()).or_default().add_gang(a, &slots);
             for &i in &chosen {
                 free[i] = free[i].minus(&Usage::of(&a.spec.resources));
             }

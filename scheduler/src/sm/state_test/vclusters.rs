@@ -108,3 +108,137 @@ fn home_nodes_follow_the_selector() {
     assert!(matches!(apply(&mut s, &upd, 3), Outcome::Accepted(_)));
     assert_eq!(ids(&s, "ml"), ["b"]);
 }
+
+// ----- hard quotas ----------------------------------------------------------
+
+/// A fixture whose vCluster `ml` has these quotas.
+fn with_quota(nodes: u32, quota: Quota) -> Fixture {
+    let mut f = Fixture::new(nodes);
+    f.ok(create("ml", VClusterSpec { quota, over_quota: OverQuota::Queue, ..ml_spec() }));
+    f
+}
+
+fn ml(gang: u32, gpus: u32) -> AllocSpec {
+    let mut s = spec(gang, gpus);
+    s.vcluster = "ml".into();
+    s
+}
+
+fn reserve_cmd(f: &Fixture, alloc: AllocId, nodes: &[u32]) -> Command {
+    let epoch = f.s.alloc(alloc).unwrap().reservation_epoch + 1;
+    Command::ReserveGang { alloc, epoch, nodes: nodes.iter().map(|&i| n(i)).collect() }
+}
+
+#[test]
+fn a_reservation_past_the_gpu_quota_is_refused_and_reducing_a_quota_preempts_nothing() {
+    let mut f = with_quota(4, Quota { max_gpus: Some(8), ..Quota::default() });
+    let a = f.submit(ml(1, 8));
+    let b = f.submit(ml(1, 8));
+    let other = f.submit(spec(1, 8));
+    let epoch = f.reserve(a, &[0]);
+    f.start(a, 0, 0, epoch);
+    assert_eq!(f.s.vcluster_load("ml").unwrap().gpus, 8);
+    // Two gangs raced to the last of ml's quota: the second is refused in
+    // apply, and nothing running is touched.
+    let cmd = reserve_cmd(&f, b, &[1]);
+    match f.rejected(cmd) {
+        Rejection::QuotaExceeded { alloc, reason } => {
+            assert_eq!(alloc, b);
+            assert!(reason.contains("vCluster ml's GPU quota: 8 held + 8 needed > 8"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Another vCluster's gang is not held back by ml's quota.
+    f.reserve(other, &[1]);
+    // Reducing the quota below what runs preempts nothing.
+    let smaller = VClusterSpec { quota: Quota { max_gpus: Some(4), ..Quota::default() }, ..ml_spec() };
+    f.ok(Command::UpdateVCluster { name: "ml".into(), spec: smaller, by: "admin".into() });
+    assert_eq!(f.s.alloc(a).unwrap().status, AllocStatus::Running);
+    let why = crate::policy::explain(&f.s, b, f.t, &Default::default()).unwrap().summary;
+    assert!(why.starts_with("waiting for vCluster ml's GPU quota: 8 held + 8 needed > 4"), "{why}");
+    // Once ml's work ends, its quota frees: b fits under a restored quota.
+    f.ok(Command::CancelAllocation { alloc: a });
+    assert!(f.s.vcluster_load("ml").is_none(), "no load left");
+    let back = VClusterSpec { quota: Quota { max_gpus: Some(8), ..Quota::default() }, ..ml_spec() };
+    f.ok(Command::UpdateVCluster { name: "ml".into(), spec: back, by: "admin".into() });
+    f.reserve(b, &[2]);
+}
+
+#[test]
+fn allocation_and_node_quotas_are_counted_per_vcluster() {
+    let mut f = with_quota(3, Quota { max_allocations: Some(1), ..Quota::default() });
+    let a = f.submit(ml(1, 1));
+    let b = f.submit(ml(1, 1));
+    f.reserve(a, &[0]);
+    assert!(matches!(f.rejected(reserve_cmd(&f, b, &[1])), Rejection::QuotaExceeded { .. }));
+
+    let mut f = with_quota(3, Quota { max_nodes: Some(1), ..Quota::default() });
+    // A gang wider than the node quota could never run: refused at once.
+    assert!(matches!(f.rejected(Command::Submit { spec: ml(2, 1) }), Rejection::OverQuota { .. }));
+    let a = f.submit(ml(1, 1));
+    let b = f.submit(ml(1, 1));
+    let c = f.submit(ml(1, 1));
+    f.reserve(a, &[0]);
+    f.reserve(b, &[0]); // the same node: still one node
+    match f.rejected(reserve_cmd(&f, c, &[1])) {
+        Rejection::QuotaExceeded { reason, .. } => assert!(reason.contains("node quota"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(f.s.vcluster_load("ml").unwrap().nodes.len(), 1);
+}
+
+#[test]
+fn admission_places_up_to_the_quota_and_keeps_placing_other_vclusters() {
+    let mut f = with_quota(6, Quota { max_gpus: Some(16), ..Quota::default() });
+    let mls: Vec<AllocId> = (0..3).map(|_| f.submit(ml(1, 8))).collect();
+    let others: Vec<AllocId> = (0..2).map(|_| f.submit(spec(1, 8))).collect();
+    let plan = crate::policy::plan_admission(&f.s, f.t, &crate::policy::AdmissionConfig::default());
+    let reserved: Vec<AllocId> = plan
+        .commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::ReserveGang { alloc, .. } => Some(*alloc),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reserved.iter().filter(|a| mls.contains(a)).count(), 2, "two of ml's three fit its 16 GPUs");
+    assert!(others.iter().all(|o| reserved.contains(o)), "default's gangs behind them are placed: {reserved:?}");
+    assert_eq!(plan.stats.quota_waits, 1);
+    for cmd in plan.commands {
+        f.ok(cmd);
+    }
+    assert_eq!(f.s.vcluster_load("ml").unwrap().gpus, 16);
+}
+
+#[test]
+fn reject_mode_refuses_the_later_of_two_racing_submissions_and_a_gang_larger_than_its_quota() {
+    let mut f = Fixture::new(4);
+    let spec = VClusterSpec {
+        quota: Quota { max_gpus: Some(16), max_nodes: Some(2), max_allocations: None },
+        over_quota: OverQuota::Reject,
+        ..ml_spec()
+    };
+    f.ok(create("ml", spec));
+    // Two submissions for the last 8 GPUs: log order decides.
+    f.submit(ml(1, 8));
+    let first = f.submit(ml(1, 8));
+    match f.rejected(Command::Submit { spec: ml(1, 8) }) {
+        Rejection::OverQuota { vcluster, reason } => {
+            assert_eq!(vcluster, "ml");
+            assert!(reason.contains("its live allocations need 16 GPUs, this one 8, at most 16"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A finished (here: cancelled) allocation no longer counts.
+    f.ok(Command::CancelAllocation { alloc: first });
+    f.submit(ml(1, 8));
+    // In any mode, a gang larger than a quota could never run: refused.
+    let queue_mode = VClusterSpec { quota: Quota { max_gpus: Some(16), ..Quota::default() }, ..ml_spec() };
+    f.ok(Command::UpdateVCluster {
+        name: "ml".into(),
+        spec: VClusterSpec { over_quota: OverQuota::Queue, ..queue_mode },
+        by: "a".into(),
+    });
+    assert!(matches!(f.rejected(Command::Submit { spec: ml(3, 8) }), Rejection::OverQuota { .. }));
+    f.submit(ml(1, 8)); // queue mode: accepted past the live demand, it waits
+}
