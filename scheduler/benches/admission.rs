@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use muster_scheduler::policy::{AdmissionConfig, plan_admission};
-use muster_scheduler::sm::{AllocSpec, ApplyCtx, Command, NodeId, Resources, State, Usage, fits};
+use muster_scheduler::sm::{AllocSpec, ApplyCtx, Command, NodeId, Quota, Resources, State, Usage, VClusterSpec, fits};
 
 const NODE: Resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_024_000, cpus: 96 };
 
@@ -40,10 +40,19 @@ impl Rng {
 }
 
 /// `nodes` nodes, of which `busy_share` (0..1) have every GPU taken by a
-/// running single-node job, and `gangs` queued gangs of mixed shapes.
-fn build(nodes: u32, gangs: u32, busy_share: f64) -> State {
+/// running single-node job, and `gangs` queued gangs of mixed shapes; with
+/// `quota`, every gang belongs to one vCluster capped at that many GPUs.
+fn build(nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>) -> State {
     let mut s = State::default();
     let ctx = ApplyCtx { time_ms: 1_000 };
+    if let Some(max_gpus) = quota {
+        let spec = VClusterSpec {
+            quota: Quota { max_gpus: Some(max_gpus), ..Quota::default() },
+            ..VClusterSpec::default_for("capped")
+        };
+        let cmd = Command::CreateVCluster { name: "capped".into(), spec, by: "bench".into() };
+        assert!(s.apply(&cmd, &ctx).is_accepted());
+    }
     for i in 0..nodes {
         let cmd = Command::RegisterNode {
             node: NodeId::new(format!("node-{i:05}")),
@@ -72,6 +81,9 @@ fn build(nodes: u32, gangs: u32, busy_share: f64) -> State {
         let mut spec = AllocSpec::new(format!("u{}", i % 50), gang, res, vec!["train".into()]);
         spec.preemption_class = (rng.next() % 11) as u8;
         spec.priority = (rng.next() % 4) as i32;
+        if quota.is_some() {
+            spec.vcluster = "capped".into();
+        }
         assert!(s.apply(&Command::Submit { spec }, &ApplyCtx { time_ms: 1_000 + u64::from(i) }).is_accepted());
     }
     s
@@ -110,8 +122,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn scenario(name: &str, nodes: u32, gangs: u32, busy_share: f64, rounds: usize) {
-    let state = build(nodes, gangs, busy_share);
+fn scenario(name: &str, nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>, rounds: usize) {
+    let state = build(nodes, gangs, busy_share, quota);
     let cfg = AdmissionConfig::default();
     let now = 10_000;
     let mut plan_times = Vec::new();
@@ -162,8 +174,11 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let rounds = if quick { 3 } else { 21 };
     println!("admission pass benchmark ({rounds} rounds per scenario, one thread)");
-    scenario("empty cluster, 10k queued", 1_000, 10_000, 0.0, rounds);
-    scenario("empty cluster, 10k queued", 10_000, 10_000, 0.0, rounds);
-    scenario("90% busy cluster, 10k queued", 10_000, 10_000, 0.9, rounds);
-    scenario("full cluster, 10k queued (no fit)", 10_000, 10_000, 1.0, rounds);
+    scenario("empty cluster, 10k queued", 1_000, 10_000, 0.0, None, rounds);
+    scenario("empty cluster, 10k queued", 10_000, 10_000, 0.0, None, rounds);
+    scenario("90% busy cluster, 10k queued", 10_000, 10_000, 0.9, None, rounds);
+    scenario("full cluster, 10k queued (no fit)", 10_000, 10_000, 1.0, None, rounds);
+    // Every gang in one vCluster capped at 256 GPUs: the pass walks the
+    // gangs its quota holds back (the naive peer ignores quotas).
+    scenario("empty, 10k queued in a 256-GPU quota", 10_000, 10_000, 0.0, Some(256), rounds);
 }

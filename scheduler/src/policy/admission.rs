@@ -129,7 +129,10 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
         if failed_shapes.contains(&shape) {
             return false;
         }
-        let over_quota = |slots: &[NodeSlot]| state.quota_excess(a, slots, pending.get(&a.spec.vcluster), &[]);
+        let quota = state.has_quota(&a.spec.vcluster);
+        let over_quota = |slots: &[NodeSlot]| {
+            quota.then(|| state.quota_excess(a, slots, pending.get(&a.spec.vcluster), &[])).flatten()
+        };
         if over_quota(&[]).is_some() {
             plan.stats.quota_waits += 1;
             return true;
@@ -151,7 +154,9 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
             plan.stats.quota_waits += 1;
             return true;
         }
-        pending.entry(a.spec.vcluster.clone()).or_default().add_gang(a, &nodes);
+        if quota {
+            pending.entry(a.spec.vcluster.clone()).or_default().add_gang(a, &nodes);
+        }
         let usage = Usage::of(&need);
         for &slot in &nodes {
             capacity.take(slot, &usage);

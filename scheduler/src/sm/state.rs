@@ -1888,6 +1888,15 @@ impl State {
         None
     }
 
+    /// Whether vCluster `name` has any hard quota (the built-in default,
+    /// never changed, has none).
+    pub fn has_quota(&self, name: &str) -> bool {
+        self.vclusters.get(name).is_some_and(|v| {
+            let q = v.spec.quota;
+            q.max_gpus.is_some() || q.max_nodes.is_some() || q.max_allocations.is_some()
+        })
+    }
+
     /// What a vCluster's tasks hold now.
     pub fn vcluster_load(&self, name: &str) -> Option<&VcLoad> {
         self.index.vc_load.get(name)
