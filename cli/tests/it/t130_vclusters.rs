@@ -197,4 +197,7 @@ fn t132_racing_submissions_against_a_reject_quota_admit_exactly_one() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("over quota: vCluster team's allocation quota: 2 live, at most 2"), "{err}");
     assert!(!submit().status.success(), "still full");
+    // An allocation names a vCluster that exists.
+    let o = muster(&["submit", "--vcluster", "nosuch", "--scheduler", &addr, "--", "true"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no vcluster nosuch"), "{o:?}");
 }

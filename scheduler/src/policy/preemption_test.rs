@@ -36,6 +36,14 @@ impl Cluster {
             c.ok(Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources: node_res(gpus), labels });
             c.ok(Command::NodeReady { node: NodeId::new(format!("n{i}")) });
         }
+        // The vClusters the nodes name exist (allocations may only name one
+        // that does).
+        let names: std::collections::BTreeSet<&str> =
+            nodes.iter().map(|&(_, vc)| vc).filter(|vc| !vc.is_empty() && *vc != "default").collect();
+        for name in names {
+            let spec = crate::sm::VClusterSpec::default_for(name);
+            c.ok(Command::CreateVCluster { name: name.into(), spec, by: "test".into() });
+        }
         c
     }
 

@@ -788,6 +788,11 @@ impl State {
             }
             return Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing });
         }
+        // Every allocation belongs to a vCluster that exists (`default`
+        // always does).
+        if self.vcluster(&spec.vcluster).is_none() {
+            return Err(Rejection::UnknownVCluster(spec.vcluster.clone()));
+        }
         if let Some(reason) = self.submit_quota_excess(spec) {
             return Err(Rejection::OverQuota { vcluster: spec.vcluster.clone(), reason });
         }

@@ -181,6 +181,11 @@ impl Default for Run {
             let ready = Command::NodeReady { node: node(i) };
             assert!(state.apply(&ready, &ApplyCtx { time_ms: 1_000 }).is_accepted());
         }
+        // Odd classes submit to `ml`, which exists (without quotas) from
+        // the start; the Quota op changes it.
+        let spec = muster_scheduler::sm::VClusterSpec::default_for("ml");
+        let ml = Command::CreateVCluster { name: "ml".into(), spec, by: "prop".into() };
+        assert!(state.apply(&ml, &ApplyCtx { time_ms: 1_000 }).is_accepted());
         Run { state, now_ms: 1_000 }
     }
 }

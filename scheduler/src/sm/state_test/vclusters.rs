@@ -68,6 +68,15 @@ fn vclusters_are_created_once_updated_with_a_revision_and_kept_in_the_snapshot()
 }
 
 #[test]
+fn an_allocation_names_a_vcluster_that_exists() {
+    let mut f = Fixture::new(1);
+    assert!(matches!(f.rejected(Command::Submit { spec: ml(1, 1) }), Rejection::UnknownVCluster(ref n) if n == "ml"));
+    f.submit(spec(1, 1)); // default always exists
+    f.ok(create("ml", ml_spec()));
+    f.submit(ml(1, 1));
+}
+
+#[test]
 fn malformed_vclusters_are_refused_with_the_field_named() {
     let mut s = State::default();
     let field = |s: &mut State, name: &str, spec: VClusterSpec| match apply(s, &create(name, spec), 1) {
