@@ -209,33 +209,31 @@ async fn get(cluster: &mut Cluster, name: &str) -> anyhow::Result<v1::VCluster> 
         .into_inner())
 }
 
+/// Creates (`create`) or updates a vCluster through the leader.
+async fn put(cluster: &mut Cluster, req: v1::VClusterRequest, create: bool) -> anyhow::Result<v1::VCluster> {
+    Ok(cluster
+        .call(|ch| {
+            let req = req.clone();
+            async move {
+                let mut c = VClusterServiceClient::new(ch);
+                if create { c.create_v_cluster(req).await } else { c.update_v_cluster(req).await }
+            }
+        })
+        .await?
+        .into_inner())
+}
+
 pub async fn run(cluster: &mut Cluster, cmd: VClusterCmd, out: Output) -> anyhow::Result<()> {
     match cmd {
         VClusterCmd::Create { name, spec } => {
             let mut s = v1::VClusterSpec::default();
             spec.apply(&mut s)?;
-            let req = v1::VClusterRequest { name, spec: Some(s) };
-            let v = cluster
-                .call(|ch| {
-                    let req = req.clone();
-                    async move { VClusterServiceClient::new(ch).create_v_cluster(req).await }
-                })
-                .await?
-                .into_inner();
-            print(&[v], out)
+            print(&[put(cluster, v1::VClusterRequest { name, spec: Some(s) }, true).await?], out)
         }
         VClusterCmd::Update { name, spec } => {
             let mut s = get(cluster, &name).await?.spec.unwrap_or_default();
             spec.apply(&mut s)?;
-            let req = v1::VClusterRequest { name, spec: Some(s) };
-            let v = cluster
-                .call(|ch| {
-                    let req = req.clone();
-                    async move { VClusterServiceClient::new(ch).update_v_cluster(req).await }
-                })
-                .await?
-                .into_inner();
-            print(&[v], out)
+            print(&[put(cluster, v1::VClusterRequest { name, spec: Some(s) }, false).await?], out)
         }
         VClusterCmd::Get { name } => print(&[get(cluster, &name).await?], out),
         VClusterCmd::List => {
