@@ -321,6 +321,7 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
             "exit_code": t.exit_code,
             "watchdog_trips": t.watchdog_trips,
             "last_watchdog": t.last_watchdog,
+            "borrowed_from": t.borrowed_from,
         })).collect::<Vec<_>>(),
     })
 }
@@ -338,6 +339,9 @@ fn task_line(t: &v1::Task) -> String {
         Some(epoch) => format!("  checkpoint {} B (epoch {epoch})", t.checkpoint_bytes),
         None => String::new(),
     };
+    if !t.borrowed_from.is_empty() {
+        checkpoint.push_str(&format!("  borrowed from {}", t.borrowed_from));
+    }
     if t.watchdog_trips > 0 {
         checkpoint.push_str(&format!("  watchdog {} ({} trips)", t.last_watchdog, t.watchdog_trips));
     }

@@ -45,6 +45,15 @@ pub struct DevArgs {
     /// 127.0.0.1:PORT+N-1; 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     http_port: u16,
+    /// The `muster.vcluster` label of each node in turn (node-1 first),
+    /// comma-separated: `ml,ml,batch,batch` makes node-1 and node-2 home to
+    /// vCluster ml. Nodes past the list carry none (home to `default`).
+    #[arg(long, value_delimiter = ',')]
+    node_vclusters: Vec<String>,
+    /// How long a vCluster's queued gang waits before borrowed work on its
+    /// home nodes is preempted for it (the return grace), ms.
+    #[arg(long, default_value_t = muster_scheduler::policy::DEFAULT_RETURN_GRACE_MS)]
+    reclaim_grace_ms: u64,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -76,6 +85,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         preemption,
         insecure: args.insecure,
         http_port: Some(args.http_port),
+        node_vclusters: args.node_vclusters.clone(),
+        reclaim: muster_scheduler::policy::ReclaimConfig {
+            return_grace_ms: args.reclaim_grace_ms,
+            ..Default::default()
+        },
         ..LocalConfig::default()
     };
     let cluster = LocalCluster::start(&dir, cfg).await.map_err(|e| anyhow::anyhow!(e))?;

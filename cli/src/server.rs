@@ -162,6 +162,10 @@ pub struct PreemptionArgs {
     /// compares every candidate at once (exact, slower on large clusters).
     #[arg(long, default_value_t = 5)]
     preemption_candidate_nodes_percent: usize,
+    /// How long a vCluster's queued gang waits before borrowed work on its
+    /// home nodes is preempted for it (elastic reclamation's return grace), ms.
+    #[arg(long, default_value_t = muster_scheduler::policy::DEFAULT_RETURN_GRACE_MS)]
+    reclaim_grace_ms: u64,
 }
 
 impl PreemptionArgs {
@@ -225,6 +229,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         bail!("--preempt-grace-ms and --agent-heartbeat-ms must fit in 32 bits of milliseconds");
     }
     let preemption = args.preemption.config()?;
+    let reclaim = muster_scheduler::policy::ReclaimConfig {
+        return_grace_ms: args.preemption.reclaim_grace_ms,
+        ..Default::default()
+    };
     let walltime_defaults = parse_walltime_defaults(&args.default_walltime)?;
     let drain_timeout_s = crate::alloc::parse_duration_s(&args.drain_timeout).context("--drain-timeout")?;
     let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
@@ -269,6 +277,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.teardown_force_after = Duration::from_millis(args.teardown_force_after_ms);
     cfg.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
     cfg.preemption = preemption;
+    cfg.reclaim = reclaim;
     cfg.walltime_defaults = walltime_defaults;
     cfg.drain_timeout = Duration::from_secs(drain_timeout_s);
     cfg.inject_bug = match args.inject_bug.as_deref() {

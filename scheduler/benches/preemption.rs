@@ -120,6 +120,7 @@ fn main() {
             gang_size: gang,
             resources: Resources { gpus, vram_mb: 10_000, mem_mb: 1_000, cpus: 1 },
             walltime_s: 4 * 3600,
+            home: None,
         };
         let mut times = Vec::new();
         let mut last = None;
@@ -148,6 +149,7 @@ fn main() {
             gang_size: 1,
             resources: Resources { gpus: 3, vram_mb: 10_000, mem_mb: 1_000, cpus: 1 },
             walltime_s: 4 * 3600,
+            home: None,
         };
         let mut times = Vec::new();
         let mut cost = 0;

@@ -40,6 +40,11 @@ pub struct LocalConfig {
     pub teardown_force_after: Duration,
     /// Priority-preemption knobs.
     pub preemption: muster_scheduler::policy::PreemptionConfig,
+    /// Elastic-reclamation knobs.
+    pub reclaim: muster_scheduler::policy::ReclaimConfig,
+    /// The `muster.vcluster` label of agent `i`'s node (`node-{i+1}`), for
+    /// the first agents; the rest carry none.
+    pub node_vclusters: Vec<String>,
     /// The agents' watchdog knobs.
     pub watchdog: muster_agent::watchdog::WatchdogConfig,
     /// Run without TLS or authorisation.
@@ -91,6 +96,8 @@ impl Default for LocalConfig {
             stop_grace: Duration::from_secs(15),
             teardown_force_after: Duration::from_secs(45),
             preemption: muster_scheduler::policy::PreemptionConfig::default(),
+            reclaim: muster_scheduler::policy::ReclaimConfig::default(),
+            node_vclusters: Vec::new(),
             // The agents' GPUs are fake: nothing to check their health by.
             watchdog: muster_agent::watchdog::WatchdogConfig {
                 gpu_health: false,
@@ -172,6 +179,7 @@ impl LocalCluster {
         rc.node_lost_after = self.cfg.node_lost_after;
         rc.teardown_force_after = self.cfg.teardown_force_after;
         rc.preemption = self.cfg.preemption;
+        rc.reclaim = self.cfg.reclaim;
         rc.admission_interval = Duration::from_secs(1);
         rc.tls = self.tls.get(&muster_tls::Role::Server(id)).cloned();
         rc.http = self.cfg.http_port.map(|p| {
@@ -207,7 +215,13 @@ impl LocalCluster {
                 mem_mb: self.cfg.mem_mb_per_agent,
                 cpus: self.cfg.cpus_per_agent,
             },
-            labels: BTreeMap::from([("gpu".to_string(), "fake".to_string())]),
+            labels: {
+                let mut labels = BTreeMap::from([("gpu".to_string(), "fake".to_string())]);
+                if let Some(vc) = self.cfg.node_vclusters.get(i as usize).filter(|v| !v.is_empty()) {
+                    labels.insert(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), vc.clone());
+                }
+                labels
+            },
             address: format!("127.0.0.1:{}", 29_500 + i),
             work_dir: self.dir.join(&node_id),
             backoff: (Duration::from_millis(100), Duration::from_secs(2)),

@@ -24,10 +24,17 @@ pub struct Dev {
 impl Dev {
     /// Starts one and waits until its four agents are ready.
     pub fn start() -> Dev {
+        Dev::start_with(&[])
+    }
+
+    /// Starts one with these extra `muster dev` flags and waits until its
+    /// four agents are ready.
+    pub fn start_with(extra: &[&str]) -> Dev {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_muster"))
             .args(["dev", "--data-dir"])
             .arg(dir.path().join("dev"))
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

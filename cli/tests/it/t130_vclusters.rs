@@ -201,3 +201,83 @@ fn t132_racing_submissions_against_a_reject_quota_admit_exactly_one() {
     let o = muster(&["submit", "--vcluster", "nosuch", "--scheduler", &addr, "--", "true"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no vcluster nosuch"), "{o:?}");
 }
+
+/// The issue's "done means" on `muster dev` with two vClusters: ml's home
+/// is node-1 and node-2, batch's node-3 and node-4. ml (borrowing up to all
+/// of its demand) runs a 4-node gang: two tasks at home, two on batch's
+/// idle nodes, marked borrowed. Then batch submits a 2-node gang: after the
+/// return grace (3 s here) ml's gang gets a checkpoint hint, saves, stops,
+/// and batch's gang runs on its own nodes; ml's gang is suspended (it
+/// resumes from its checkpoint once there is room) and the preemption is
+/// counted as `reason="reclaim"`.
+#[test]
+fn t133_a_vcluster_borrows_idle_nodes_and_gives_them_back_when_reclaimed() {
+    let dev =
+        crate::dev_proc::Dev::start_with(&["--node-vclusters", "ml,ml,batch,batch", "--reclaim-grace-ms", "3000"]);
+    let ok = |args: &[&str]| {
+        let v = dev.json(args);
+        assert!(v.get("error").is_none(), "{args:?}: {v}");
+        v
+    };
+    ok(&["vcluster", "create", "ml", "--type", "ml-training", "--borrow-limit", "100%"]);
+    ok(&["vcluster", "create", "batch"]);
+    let homes = ok(&["vcluster", "get", "batch"]);
+    let mut ids: Vec<&str> = homes["home_node_ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    ids.sort();
+    assert_eq!(ids, ["node-3", "node-4"], "{homes}");
+
+    let trainer = r#"step=0
+if [ "$MUSTER_RESUME" = 1 ]; then echo "resumed from $(cat "$MUSTER_CHECKPOINT_DIR/step")"; exit 0; fi
+trap 'echo $step > "$MUSTER_CHECKPOINT_DIR/step"; touch "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
+trap 'exit 143' TERM
+while true; do step=$((step+1)); sleep 0.1; done"#;
+    let ml = ok(&["submit", "--vcluster", "ml", "-n", "4", "--gpus", "8", "--class", "5", "--", "sh", "-c", trainer]);
+    let ml = ml["id"].as_u64().unwrap().to_string();
+    let get = |id: &str| ok(&["alloc", "get", id]);
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait("ml's gang to run", &|| get(&ml)["status"] == "running");
+    let a = get(&ml);
+    let borrowed: Vec<(String, String)> = a["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["node"].as_str().unwrap().to_string(), t["borrowed_from"].as_str().unwrap().to_string()))
+        .collect();
+    let mut on_batch: Vec<&str> =
+        borrowed.iter().filter(|(_, from)| from == "batch").map(|(node, _)| node.as_str()).collect();
+    on_batch.sort();
+    assert_eq!(on_batch, ["node-3", "node-4"], "two tasks borrow batch's nodes: {borrowed:?}");
+
+    // batch takes its nodes back.
+    let b = ok(&["submit", "--vcluster", "batch", "-n", "2", "--gpus", "8", "--", "sleep", "600"]);
+    let b = b["id"].as_u64().unwrap().to_string();
+    wait("batch's gang to run on its own nodes", &|| get(&b)["status"] == "running");
+    let mut nodes: Vec<String> =
+        get(&b)["tasks"].as_array().unwrap().iter().map(|t| t["node"].as_str().unwrap().to_string()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["node-3", "node-4"]);
+    // ml's gang checkpointed (not killed): suspended, to resume later.
+    wait("ml's gang to be suspended", &|| get(&ml)["status"] == "suspended");
+    let a = get(&ml);
+    assert!(a["tasks"].as_array().unwrap().iter().all(|t| t["checkpoint_bytes"].as_u64().unwrap() > 0), "{a}");
+    // Counted as a reclamation on the leader's metrics.
+    let counted = (0..3).any(|i| {
+        dev.get(i, "/metrics").is_some_and(|(_, body)| {
+            body.lines().any(|l| {
+                l.starts_with("muster_preemptions_total")
+                    && l.contains("reason=\"reclaim\"")
+                    && l.contains("vcluster=\"ml\"")
+                    && l.ends_with(" 1")
+            })
+        })
+    });
+    assert!(counted, "muster_preemptions_total{{reason=\"reclaim\",vcluster=\"ml\"}} 1 on the leader");
+    let why = ok(&["alloc", "explain", &ml]);
+    assert!(why["summary"].is_string(), "{why}");
+}

@@ -33,8 +33,8 @@ use std::iter::Peekable;
 use std::ops::Bound::{Excluded, Unbounded};
 
 use crate::sm::{
-    AllocId, Allocation, Command, NodeSlot, NodeStatus, QueueKey, Resources, Shape, State, TaskStatus, Usage, VcLoad,
-    fits,
+    AllocId, Allocation, CheckpointMode, Command, NodeSlot, NodeStatus, QueueKey, Resources, Shape, State, TaskStatus,
+    Usage, VcLoad, fits,
 };
 
 /// In which order queued gangs are tried.
@@ -73,6 +73,8 @@ pub struct PassStats {
     pub quota_waits: usize,
     /// Gangs placed.
     pub gangs_placed: usize,
+    /// Of those, gangs placed partly or wholly on borrowed nodes.
+    pub gangs_borrowing: usize,
     /// Tasks placed (the sum of placed gangs' sizes).
     pub tasks_placed: usize,
     /// Reservations rolled back.
@@ -115,104 +117,291 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
         }
     }
 
-    // 2 and 3. Walk the queue and place.
-    let mut nodes = Vec::new();
-    let mut failed_shapes: BTreeSet<Shape> = BTreeSet::new();
-    // This pass's own reservations, by vCluster: hard quotas count them.
-    let mut pending: BTreeMap<String, VcLoad> = BTreeMap::new();
-    // Whether to go on down this gang's stream: false once its shape cannot
-    // be placed; a gang held back by its vCluster's quota does not stop the
-    // others (of other vClusters) behind it.
-    let mut try_gang = |a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay| -> bool {
-        plan.stats.gangs_considered += 1;
-        let shape = Shape::of(a);
-        if failed_shapes.contains(&shape) {
-            return false;
-        }
-        let quota = state.has_quota(&a.spec.vcluster);
-        let over_quota = |slots: &[NodeSlot]| {
-            quota.then(|| state.quota_excess(a, slots, pending.get(&a.spec.vcluster), &[])).flatten()
-        };
-        if over_quota(&[]).is_some() {
-            plan.stats.quota_waits += 1;
-            return true;
-        }
-        let need = a.spec.resources;
-        let n = a.spec.gang_size as usize;
-        nodes.clear();
-        // After a watchdog trip, elsewhere if it can be; the same node if not.
-        let placed = need.gpus <= capacity.max_free_gpus()
-            && ((!a.avoid_nodes.is_empty() && capacity.find(&need, n, &a.avoid_nodes, &mut nodes)) || {
-                nodes.clear();
-                capacity.find(&need, n, &[], &mut nodes)
-            });
-        if !placed {
-            failed_shapes.insert(shape);
-            return false;
-        }
-        if over_quota(&nodes).is_some() {
-            plan.stats.quota_waits += 1;
-            return true;
-        }
-        if quota {
-            pending.entry(a.spec.vcluster.clone()).or_default().add_gang(a, &nodes);
-        }
-        let usage = Usage::of(&need);
-        for &slot in &nodes {
-            capacity.take(slot, &usage);
-        }
-        plan.commands.push(Command::ReserveGang {
-            alloc: a.id,
-            epoch: a.reservation_epoch + 1,
-            nodes: nodes.iter().map(|&s| state.node(s).id.clone()).collect(),
-        });
-        plan.stats.gangs_placed += 1;
-        plan.stats.tasks_placed += nodes.len();
-        true
-    };
+    // 2 and 3. Walk the queue and place, each gang on its vCluster's home
+    //    nodes and shared ones.
+    let mut pass = Pass::new(state);
     match cfg.order {
         Order::LargestFirst => {
-            // One stream per queued shape, plus one for the gangs this pass's
-            // rollbacks requeued, merged in admission order. A shape that
-            // fails once is dropped whole, so a pass costs O(shapes + gangs
-            // placed), not O(queue).
-            let groups: Vec<&BTreeSet<QueueKey>> = state.queue_by_shape().values().collect();
+            // One stream per (vCluster, queued shape), plus one for the gangs
+            // this pass's rollbacks requeued, merged in admission order with
+            // the fair-share rank between priority and submit time. A stream
+            // whose gang does not fit is dropped whole, so a pass costs
+            // O(streams + gangs placed), not O(queue).
+            let groups: Vec<(&(u32, Shape), &BTreeSet<QueueKey>)> = state.queue_by_shape().iter().collect();
             let extra: Vec<QueueKey> = requeued.into_iter().collect();
             let extra_stream = groups.len();
             let mut extra_pos = 0;
-            let mut heads: BinaryHeap<Reverse<(QueueKey, usize)>> = groups
+            let home_of = |stream: usize, key: &QueueKey| {
+                if stream == extra_stream {
+                    state.home_key(&state.alloc(key.alloc).expect("queued").spec.vcluster)
+                } else {
+                    groups[stream].0.0
+                }
+            };
+            let mut heads: BinaryHeap<Reverse<(PassKey, usize)>> = groups
                 .iter()
                 .enumerate()
-                .filter_map(|(i, g)| g.first().map(|&k| Reverse((k, i))))
-                .chain(extra.first().map(|&k| Reverse((k, extra_stream))))
+                .filter_map(|(i, (_, g))| g.first().map(|&k| (k, i)))
+                .chain(extra.first().map(|&k| (k, extra_stream)))
+                .map(|(k, i)| Reverse((pass.key(k, home_of(i, &k)), i)))
                 .collect();
+            // Streams whose gang found no room at home, from that gang on:
+            // candidates for borrowing once the walk is done.
+            let mut short: Vec<(usize, QueueKey)> = Vec::new();
             while let Some(Reverse((key, stream))) = heads.pop() {
-                let a = state.alloc(key.alloc).expect("queue names a known allocation");
-                let placed = try_gang(a, &mut plan, &mut capacity);
+                // Usage only grows during the walk: a head ranked before this
+                // pass placed more of its vCluster's work is ranked again.
+                let home = home_of(stream, &key.queue);
+                let fresh = pass.key(key.queue, home);
+                if fresh != key {
+                    heads.push(Reverse((fresh, stream)));
+                    continue;
+                }
+                let a = state.alloc(key.queue.alloc).expect("queue names a known allocation");
+                let tried = pass.try_home(a, &mut plan, &mut capacity);
+                if tried == Tried::NoRoom && stream != extra_stream {
+                    short.push((stream, key.queue));
+                }
                 let next = if stream == extra_stream {
                     extra_pos += 1;
                     extra.get(extra_pos).copied()
-                } else if placed {
-                    groups[stream].range((Excluded(key), Unbounded)).next().copied()
+                } else if tried != Tried::NoRoom {
+                    groups[stream].1.range((Excluded(key.queue), Unbounded)).next().copied()
                 } else {
                     None
                 };
                 if let Some(k) = next {
-                    heads.push(Reverse((k, stream)));
+                    heads.push(Reverse((pass.key(k, home_of(stream, &k)), stream)));
                 }
+            }
+            // 4. Borrowing: gangs that found no room at home, of vClusters
+            //    that may borrow, on other vClusters' idle nodes; cheapest to
+            //    preempt first (lower class, then able to checkpoint), since
+            //    the lender takes its nodes back by preempting them.
+            let mut borrowers: Vec<&Allocation> = Vec::new();
+            for &(stream, from) in &short {
+                let ((home, _), group) = groups[stream];
+                let Some(name) = state.home_name(*home) else { continue };
+                if state.borrow_limit_gpus(name).is_none() {
+                    continue;
+                }
+                for k in group.range(from..) {
+                    if borrowers.len() == MAX_BORROW_CANDIDATES {
+                        break;
+                    }
+                    let a = state.alloc(k.alloc).expect("queue names a known allocation");
+                    if a.spec.never_preempted().is_none() {
+                        borrowers.push(a);
+                    }
+                }
+            }
+            borrowers
+                .sort_by_key(|a| (a.spec.preemption_class, a.spec.checkpoint == CheckpointMode::None, QueueKey::of(a)));
+            for a in borrowers {
+                pass.try_borrow(a, &mut plan, &mut capacity);
             }
         }
         Order::Fifo => {
             let extra: BTreeSet<AllocId> = requeued.iter().map(|k| k.alloc).collect();
             for id in merge_sorted(state.queue_fifo(), extra.iter().copied()) {
                 let a = state.alloc(id).expect("queue names a known allocation");
-                if !try_gang(a, &mut plan, &mut capacity) {
+                if pass.try_home(a, &mut plan, &mut capacity) == Tried::NoRoom {
                     break;
                 }
             }
         }
     }
     plan
+}
+
+/// Most queued gangs one pass looks at for borrowing.
+pub const MAX_BORROW_CANDIDATES: usize = 1024;
+
+/// A gang's rank in one pass: its queue key with the fair-share rank of its
+/// vCluster between priority and submit time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct PassKey {
+    gang_size: Reverse<u32>,
+    class: Reverse<u8>,
+    retry_first: Reverse<bool>,
+    priority: Reverse<i32>,
+    /// The vCluster's usage against its share, ×10⁶: lower goes first.
+    share_used: u64,
+    submit_time_ms: u64,
+    queue: QueueKey,
+}
+
+/// What trying a gang came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tried {
+    /// Reserved.
+    Placed,
+    /// Held back by a quota (or a shape that failed before): others of its
+    /// stream may still go.
+    Skipped,
+    /// No room on its nodes: the rest of its stream cannot fit either.
+    NoRoom,
+}
+
+/// The state one pass keeps while it walks the queue.
+struct Pass<'a> {
+    state: &'a State,
+    /// (home key, shape) pairs that found no room at home in this pass…
+    failed: BTreeSet<(u32, Shape)>,
+    /// …and none with borrowed nodes either.
+    failed_borrow: BTreeSet<(u32, Shape)>,
+    /// This pass's own reservations, by vCluster: hard quotas count them.
+    pending: BTreeMap<String, VcLoad>,
+    /// GPUs this pass reserved on borrowed nodes, by vCluster home key.
+    pending_borrowed: BTreeMap<u32, u64>,
+    /// GPUs each vCluster holds (by home key), this pass's included.
+    used: Vec<u64>,
+    /// Each vCluster's share in GPUs (by home key): its GPU quota if it has
+    /// one, else the GPUs of its home nodes (at least 1).
+    share: Vec<u64>,
+    nodes: Vec<NodeSlot>,
+}
+
+impl<'a> Pass<'a> {
+    fn new(state: &'a State) -> Pass<'a> {
+        let keys = state.home_keys() as usize;
+        let mut used = vec![0; keys];
+        let mut share = vec![0; keys];
+        for node in state.nodes().iter().filter(|n| n.status.may_hold_work()) {
+            share[state.node_home(node.slot) as usize] += u64::from(node.resources.gpus);
+        }
+        for k in 1..keys as u32 {
+            let name = state.home_name(k).expect("every key names a vCluster");
+            used[k as usize] = state.vcluster_load(name).map_or(0, |l| l.gpus);
+            if let Some(max) = state.vcluster(name).and_then(|v| v.spec.quota.max_gpus) {
+                share[k as usize] = u64::from(max);
+            }
+        }
+        for s in &mut share {
+            *s = (*s).max(1);
+        }
+        Pass {
+            state,
+            failed: BTreeSet::new(),
+            failed_borrow: BTreeSet::new(),
+            pending: BTreeMap::new(),
+            pending_borrowed: BTreeMap::new(),
+            used,
+            share,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// The rank of queued gang `k` of the vCluster with home key `home`.
+    fn key(&self, k: QueueKey, home: u32) -> PassKey {
+        let h = home as usize;
+        PassKey {
+            gang_size: k.gang_size,
+            class: k.class,
+            retry_first: k.retry_first,
+            priority: k.priority,
+            share_used: self.used.get(h).map_or(0, |u| u.saturating_mul(1_000_000) / self.share[h]),
+            submit_time_ms: k.submit_time_ms,
+            queue: k,
+        }
+    }
+
+    /// Why `a` waits for its vCluster's hard quota with the pass's own
+    /// reservations counted (`slots`: where it would go).
+    fn over_quota(&self, a: &Allocation, slots: &[NodeSlot]) -> bool {
+        self.state.has_quota(&a.spec.vcluster)
+            && self.state.quota_excess(a, slots, self.pending.get(&a.spec.vcluster), &[]).is_some()
+    }
+
+    /// Tries `a` on its vCluster's home nodes and shared ones.
+    fn try_home(&mut self, a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay) -> Tried {
+        plan.stats.gangs_considered += 1;
+        let home = self.state.home_key(&a.spec.vcluster);
+        let shape = (home, Shape::of(a));
+        if self.failed.contains(&shape) {
+            return Tried::NoRoom;
+        }
+        if self.over_quota(a, &[]) {
+            plan.stats.quota_waits += 1;
+            return Tried::Skipped;
+        }
+        let need = a.spec.resources;
+        let n = a.spec.gang_size as usize;
+        let homes = [home, 0];
+        self.nodes.clear();
+        // After a watchdog trip, elsewhere if it can be; the same node if not.
+        let placed = need.gpus <= capacity.max_free_gpus(&homes)
+            && ((!a.avoid_nodes.is_empty() && capacity.find(&need, n, &homes, &a.avoid_nodes, &mut self.nodes)) || {
+                self.nodes.clear();
+                capacity.find(&need, n, &homes, &[], &mut self.nodes)
+            });
+        if !placed {
+            self.failed.insert(shape);
+            return Tried::NoRoom;
+        }
+        if self.over_quota(a, &self.nodes) {
+            plan.stats.quota_waits += 1;
+            return Tried::Skipped;
+        }
+        self.reserve(a, plan, capacity, 0);
+        Tried::Placed
+    }
+
+    /// Tries `a` on its home and shared nodes topped up with other
+    /// vClusters' idle ones (`State::lendable`), within its borrow limit.
+    fn try_borrow(&mut self, a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay) {
+        let state = self.state;
+        let home = state.home_key(&a.spec.vcluster);
+        let shape = (home, Shape::of(a));
+        if self.failed_borrow.contains(&shape) || self.over_quota(a, &[]) {
+            return;
+        }
+        let need = a.spec.resources;
+        let n = a.spec.gang_size as usize;
+        self.nodes.clear();
+        // Home first (it fails alone: the walk tried), then lenders.
+        capacity.find(&need, n, &[home, 0], &[], &mut self.nodes);
+        let lenders: Vec<u32> = (1..state.home_keys()).filter(|&k| k != home && state.queued_in(k) == 0).collect();
+        let at_home = self.nodes.len();
+        if !capacity.find_where(&need, n, &lenders, &mut self.nodes, |slot| state.lendable(slot)) {
+            // Fewer free nodes now than this shape needs: so for the rest.
+            self.failed_borrow.insert(shape);
+            return;
+        }
+        let borrowed = (self.nodes.len() - at_home) as u64 * u64::from(need.gpus);
+        let pending = self.pending_borrowed.get(&home).copied().unwrap_or(0);
+        if self.over_quota(a, &self.nodes) || state.borrow_excess(a, &self.nodes, pending).is_some() {
+            return;
+        }
+        self.reserve(a, plan, capacity, borrowed);
+        plan.stats.gangs_borrowing += 1;
+    }
+
+    /// Reserves `a` on `self.nodes` in the plan.
+    fn reserve(&mut self, a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay, borrowed_gpus: u64) {
+        let state = self.state;
+        let home = state.home_key(&a.spec.vcluster);
+        if state.has_quota(&a.spec.vcluster) {
+            self.pending.entry(a.spec.vcluster.clone()).or_default().add_gang(a, &self.nodes);
+        }
+        if borrowed_gpus > 0 {
+            *self.pending_borrowed.entry(home).or_default() += borrowed_gpus;
+        }
+        if let Some(u) = self.used.get_mut(home as usize) {
+            *u += u64::from(a.spec.resources.gpus) * self.nodes.len() as u64;
+        }
+        let usage = Usage::of(&a.spec.resources);
+        for &slot in &self.nodes {
+            capacity.take(slot, &usage);
+        }
+        plan.commands.push(Command::ReserveGang {
+            alloc: a.id,
+            epoch: a.reservation_epoch + 1,
+            nodes: self.nodes.iter().map(|&s| state.node(s).id.clone()).collect(),
+        });
+        plan.stats.gangs_placed += 1;
+        plan.stats.tasks_placed += self.nodes.len();
+    }
 }
 
 /// Merges two ascending iterators into one ascending iterator.
@@ -242,8 +431,9 @@ impl<T: Ord, A: Iterator<Item = T>, B: Iterator<Item = T>> Iterator for MergeSor
 /// takes and gives capacity, and the free consumables of the nodes changed.
 struct Overlay<'a> {
     state: &'a State,
-    /// Ready nodes by (free GPUs, slot), as of this point of the pass.
-    index: BTreeSet<(u32, NodeSlot)>,
+    /// Ready nodes by (home key, free GPUs, slot), as of this point of the
+    /// pass.
+    index: BTreeSet<(u32, u32, NodeSlot)>,
     /// Free consumables of the nodes this pass changed.
     touched: BTreeMap<NodeSlot, Usage>,
 }
@@ -259,10 +449,11 @@ impl<'a> Overlay<'a> {
 
     fn set_free(&mut self, slot: NodeSlot, free: Usage) {
         let before = self.free(slot);
-        self.index.remove(&(before.gpus, slot));
+        let home = self.state.node_home(slot);
+        self.index.remove(&(home, before.gpus, slot));
         self.touched.insert(slot, free);
         if self.state.node(slot).status == NodeStatus::Ready && self.state.held_for(slot).is_none() {
-            self.index.insert((free.gpus, slot));
+            self.index.insert((home, free.gpus, slot));
         }
     }
 
@@ -277,17 +468,54 @@ impl<'a> Overlay<'a> {
         self.set_free(slot, free.plus(usage));
     }
 
-    /// The most free GPUs on any ready node.
-    fn max_free_gpus(&self) -> u32 {
-        self.index.last().map_or(0, |&(g, _)| g)
+    /// The most free GPUs on any ready node of these homes.
+    fn max_free_gpus(&self, homes: &[u32]) -> u32 {
+        homes
+            .iter()
+            .filter_map(|&h| self.index.range(..=(h, u32::MAX, NodeSlot(u32::MAX))).next_back())
+            .filter(|&&(h, _, _)| homes.contains(&h))
+            .map(|&(_, g, _)| g)
+            .max()
+            .unwrap_or(0)
     }
 
-    /// Collects `n` distinct ready nodes, none in `avoid` (sorted), that
-    /// can each take one task of `need`, preferring the fewest free GPUs
-    /// (best fit). False if there are fewer than `n`.
-    fn find(&self, need: &Resources, n: usize, avoid: &[NodeSlot], out: &mut Vec<NodeSlot>) -> bool {
-        for &(_, slot) in self.index.range((need.gpus, NodeSlot(0))..) {
-            if avoid.binary_search(&slot).is_ok() {
+    /// The ready nodes of these homes with at least `gpus` free, by (free
+    /// GPUs, slot) across all of them.
+    fn nodes_of(&self, homes: &[u32], gpus: u32) -> impl Iterator<Item = NodeSlot> + '_ {
+        let mut ranges: Vec<_> = homes
+            .iter()
+            .map(|&h| self.index.range((h, gpus, NodeSlot(0))..=(h, u32::MAX, NodeSlot(u32::MAX))).peekable())
+            .collect();
+        std::iter::from_fn(move || {
+            let best =
+                ranges.iter_mut().enumerate().filter_map(|(i, r)| r.peek().map(|&&(_, g, s)| ((g, s), i))).min()?.1;
+            ranges[best].next().map(|&(_, _, s)| s)
+        })
+    }
+
+    /// Collects `n` distinct ready nodes of these homes, none in `avoid`
+    /// (sorted), that can each take one task of `need`, preferring the
+    /// fewest free GPUs (best fit). False if there are fewer than `n`.
+    fn find(&self, need: &Resources, n: usize, homes: &[u32], avoid: &[NodeSlot], out: &mut Vec<NodeSlot>) -> bool {
+        self.find_where(need, n, homes, out, |slot| avoid.binary_search(&slot).is_err())
+    }
+
+    /// Tops `out` up to `n` nodes of these homes that pass `ok` and can
+    /// each take one task of `need` (best fit). False if it falls short.
+    fn find_where(
+        &self,
+        need: &Resources,
+        n: usize,
+        homes: &[u32],
+        out: &mut Vec<NodeSlot>,
+        ok: impl Fn(NodeSlot) -> bool,
+    ) -> bool {
+        if out.len() >= n {
+            return true;
+        }
+        let given = out.len();
+        for slot in self.nodes_of(homes, need.gpus) {
+            if out[..given].contains(&slot) || !ok(slot) {
                 continue;
             }
             let node = self.state.node(slot);

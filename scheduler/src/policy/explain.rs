@@ -108,7 +108,7 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
         // Held back by its own vCluster's quota: no preemption can help.
         e.summary = format!("waiting for {quota}");
     } else if a.is_queued() {
-        e.preemption = Some(decide(state, &Preemptor::of(a), now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
+        e.preemption = Some(decide(state, &Preemptor::of(state, a), now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
     }
     Some(e)
 }
@@ -123,6 +123,7 @@ pub fn explain_spec(state: &State, spec: &AllocSpec, now_ms: u64, cfg: &Preempti
         gang_size: spec.gang_size,
         resources: spec.resources,
         walltime_s: spec.walltime_s,
+        home: Some(state.home_key(&spec.vcluster)),
     };
     e.preemption = Some(decide(state, &p, now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
     e

@@ -6,6 +6,7 @@ mod admission;
 mod explain;
 mod nodes;
 mod preemption;
+mod reclaim;
 mod teardown;
 
 #[cfg(test)]
@@ -21,4 +22,5 @@ pub use nodes::{
 pub use preemption::{
     Decision, Excluded, NoPreemption, PreemptionConfig, Preemptor, VictimCost, decide, plan_preemptions, score,
 };
+pub use reclaim::{DEFAULT_RETURN_GRACE_MS, Reclaim, ReclaimConfig, plan_reclaims, reclaim_due_ms};
 pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_expired_nominations, plan_force_drains};

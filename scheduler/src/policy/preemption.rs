@@ -133,17 +133,21 @@ pub struct Preemptor {
     pub resources: Resources,
     /// Its walltime, seconds.
     pub walltime_s: u64,
+    /// The home key of its vCluster: it may take only that vCluster's home
+    /// nodes and shared ones (`None`: any node).
+    pub home: Option<u32>,
 }
 
 impl Preemptor {
     /// The preemptor view of an allocation.
-    pub fn of(a: &Allocation) -> Preemptor {
+    pub fn of(state: &State, a: &Allocation) -> Preemptor {
         Preemptor {
             alloc: Some(a.id),
             class: a.spec.preemption_class,
             gang_size: a.spec.gang_size,
             resources: a.spec.resources,
             walltime_s: a.spec.walltime_s,
+            home: Some(state.home_key(&a.spec.vcluster)),
         }
     }
 
@@ -386,6 +390,9 @@ pub fn decide(
     let mut higher: Vec<AllocId> = Vec::new();
     for node in state.nodes() {
         if node.status != NodeStatus::Ready || state.held_for(node.slot).is_some() || held.contains(&node.slot) {
+            continue;
+        }
+        if p.home.is_some_and(|h| ![h, 0].contains(&state.node_home(node.slot))) {
             continue;
         }
         if !fits(&need, &node.resources, &Usage::of(&node.resources)) {
@@ -779,7 +786,7 @@ pub fn plan_preemptions(state: &State, now_ms: u64, cfg: &PreemptionConfig) -> V
         if hopeless.contains(&Shape::of(a)) || state.quota_excess(a, &[], None, &[]).is_some() {
             continue;
         }
-        match decide(state, &Preemptor::of(a), now_ms, cfg, &taken, &held) {
+        match decide(state, &Preemptor::of(state, a), now_ms, cfg, &taken, &held) {
             Ok(d) => {
                 taken.extend(d.victims.iter().map(|v| v.alloc));
                 held.extend(d.nodes.iter().copied());

@@ -41,7 +41,10 @@ impl Cluster {
         let names: std::collections::BTreeSet<&str> =
             nodes.iter().map(|&(_, vc)| vc).filter(|vc| !vc.is_empty() && *vc != "default").collect();
         for name in names {
-            let spec = crate::sm::VClusterSpec::default_for(name);
+            // They may borrow each other's nodes (the service scenario runs
+            // one on another vCluster's node).
+            let mut spec = crate::sm::VClusterSpec::default_for(name);
+            spec.borrow_limit_pct = 100;
             c.ok(Command::CreateVCluster { name: name.into(), spec, by: "test".into() });
         }
         c
@@ -84,6 +87,7 @@ impl Cluster {
             gang_size: gang,
             resources: Resources { gpus, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 },
             walltime_s: 3600,
+            home: None,
         }
     }
 
@@ -336,7 +340,7 @@ fn two_allocations_cannot_preempt_each_other_back_and_forth() {
     for minutes in [1, 10, 100] {
         let now = c.t + minutes * MIN;
         assert!(plan_preemptions(&c.s, now, &cfg()).is_empty(), "at +{minutes} min");
-        let p = Preemptor::of(c.s.alloc(low).unwrap());
+        let p = Preemptor::of(&c.s, c.s.alloc(low).unwrap());
         assert!(matches!(
             decide(&c.s, &p, now, &cfg(), &BTreeSet::new(), &BTreeSet::new()),
             Err(NoPreemption::NotEnough { .. })

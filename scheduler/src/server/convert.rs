@@ -177,6 +177,12 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
                 last_node_id: t.last_node.map(|s| state.node(s).id.to_string()).unwrap_or_default(),
                 watchdog_trips: t.watchdog_trips,
                 last_watchdog: t.last_watchdog.map(|k| k.as_str().to_string()).unwrap_or_default(),
+                borrowed_from: t
+                    .node
+                    .filter(|_| t.status.holds_capacity())
+                    .and_then(|s| state.borrowed_from(s, a))
+                    .unwrap_or_default()
+                    .to_string(),
             })
             .collect(),
         finished_at_ms: a.finished_at_ms,
@@ -488,6 +494,7 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::StaleTaskEpoch { .. }
         | Rejection::StalePreemptionEpoch { .. } => Status::aborted(msg),
         Rejection::NotPreemptible { .. }
+        | Rejection::BorrowRefused { .. }
         | Rejection::NodeHeld { .. }
         | Rejection::AlreadyNominated { .. }
         | Rejection::NotNominated { .. }

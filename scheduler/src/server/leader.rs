@@ -25,8 +25,8 @@ use tokio::task::JoinHandle;
 use super::proposer::now_ms;
 use super::replica::Shared;
 use crate::policy::{
-    AdmissionConfig, PreemptionConfig, plan_admission, plan_drain_expiries, plan_expired_nominations,
-    plan_force_drains, plan_preemptions,
+    AdmissionConfig, PreemptionConfig, ReclaimConfig, plan_admission, plan_drain_expiries, plan_expired_nominations,
+    plan_force_drains, plan_preemptions, plan_reclaims,
 };
 use crate::sm::{Command, NodeId, Outcome};
 
@@ -44,6 +44,8 @@ pub struct LeaderConfig {
     pub teardown_force_after: Duration,
     /// Priority-preemption knobs.
     pub preemption: PreemptionConfig,
+    /// Elastic-reclamation knobs.
+    pub reclaim: ReclaimConfig,
 }
 
 /// The leader loops of one replica.
@@ -97,13 +99,13 @@ async fn run(s: Shared, cfg: LeaderConfig) {
             _ = tick.tick() => {
                 admission_pass(&s, &admission).await;
                 if preemption_due(std::time::Instant::now()) {
-                    preemption_pass(&s, &cfg.preemption).await;
+                    preemption_pass(&s, &cfg.preemption, &cfg.reclaim).await;
                 }
             }
             _ = s.admission_wake.notified() => {
                 admission_pass(&s, &admission).await;
                 if preemption_due(std::time::Instant::now()) {
-                    preemption_pass(&s, &cfg.preemption).await;
+                    preemption_pass(&s, &cfg.preemption, &cfg.reclaim).await;
                 }
             }
             _ = liveness_tick.tick() => {
@@ -182,11 +184,20 @@ async fn admission_pass(s: &Shared, cfg: &AdmissionConfig) {
     }
 }
 
-async fn preemption_pass(s: &Shared, cfg: &PreemptionConfig) {
+async fn preemption_pass(s: &Shared, cfg: &PreemptionConfig, reclaim: &ReclaimConfig) {
     let started = std::time::Instant::now();
     let cmds: Option<Vec<Command>> = s.reader.read(|st| {
-        st.preemptor_queue().next()?;
-        Some(plan_preemptions(st, now_ms(), cfg).into_iter().map(|(alloc, d)| d.command(st, alloc, cfg)).collect())
+        let now = now_ms();
+        // Lenders take their nodes back first: borrowed work was never theirs
+        // to keep.
+        let mut cmds: Vec<Command> =
+            plan_reclaims(st, now, reclaim, cfg).into_iter().map(|r| r.command(st, cfg)).collect();
+        // A pass that reclaims does not also preempt: both read this view
+        // and could pick the same gang or nodes (the next pass goes on).
+        if cmds.is_empty() && st.preemptor_queue().next().is_some() {
+            cmds.extend(plan_preemptions(st, now, cfg).into_iter().map(|(alloc, d)| d.command(st, alloc, cfg)));
+        }
+        (!cmds.is_empty() || st.preemptor_queue().next().is_some()).then_some(cmds)
     });
     let Some(cmds) = cmds else { return };
     metrics::histogram!("muster_preemption_decision_seconds").record(started.elapsed().as_secs_f64());

@@ -111,6 +111,8 @@ pub struct ReplicaConfig {
     /// Priority-preemption knobs (the leader decides; agents are told the
     /// checkpoint deadlines).
     pub preemption: PreemptionConfig,
+    /// Elastic-reclamation knobs (the return grace).
+    pub reclaim: crate::policy::ReclaimConfig,
     /// Default walltime in seconds by preemption class (submits without one).
     pub walltime_defaults: BTreeMap<u8, u64>,
     /// A drain's timeout when neither the request nor the node's
@@ -169,6 +171,7 @@ impl ReplicaConfig {
             node_lost_after: Duration::from_secs(30),
             teardown_force_after: Duration::from_millis(crate::policy::DEFAULT_FORCE_AFTER_MS),
             preemption: PreemptionConfig::default(),
+            reclaim: crate::policy::ReclaimConfig::default(),
             walltime_defaults: BTreeMap::new(),
             drain_timeout: Duration::from_millis(crate::policy::DEFAULT_DRAIN_TIMEOUT_MS),
             inject_bug: None,
@@ -373,6 +376,7 @@ impl Replica {
                 node_lost_after: cfg.node_lost_after,
                 teardown_force_after: cfg.teardown_force_after,
                 preemption: cfg.preemption,
+                reclaim: cfg.reclaim,
             },
         );
         super::observe::set_cycle_threshold(cfg.preemption.cycle_threshold);

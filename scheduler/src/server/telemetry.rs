@@ -123,7 +123,7 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         "muster_preemptions_total",
         Counter,
         "reason",
-        &["priority", "sensitive"],
+        &["priority", "sensitive", "reclaim"],
         "allocations chosen as victims of committed preemption decisions",
     ),
     m("muster_preemption_checkpoint_duration_seconds", Histogram, "a preempted task's hint to its checkpoint stored"),

@@ -270,6 +270,22 @@ pub enum Command {
         /// The admin.
         by: String,
     },
+    /// Elastic reclamation (the preemption-policy seed's trigger 2): queued
+    /// gang `alloc` of a vCluster whose home nodes were lent out takes them
+    /// back. Every `victims` gang (running on borrowed capacity of `alloc`'s
+    /// vCluster, whatever its class) goes through the same checkpoint-hint
+    /// teardown as a priority preemption, and `nodes` (home or shared ones)
+    /// are held for `alloc` until they are free.
+    Reclaim {
+        /// The home vCluster's queued gang.
+        alloc: AllocId,
+        /// Each borrowing gang with the reservation epoch the decision saw.
+        victims: Vec<(AllocId, u64)>,
+        /// Task `i` of `alloc` goes to `nodes[i]` once they are free.
+        nodes: Vec<NodeId>,
+        /// How long the nodes are held at most (from now).
+        hold_ms: u64,
+    },
 }
 
 impl Command {
@@ -302,6 +318,7 @@ impl Command {
             Command::RevokeToken { .. } => "revoke_token",
             Command::CreateVCluster { .. } => "create_vcluster",
             Command::UpdateVCluster { .. } => "update_vcluster",
+            Command::Reclaim { .. } => "reclaim",
         }
     }
 }

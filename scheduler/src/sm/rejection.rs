@@ -141,6 +141,15 @@ pub enum Rejection {
         /// Which quota, in words.
         reason: String,
     },
+    /// Reserving the gang would put it on another vCluster's nodes past
+    /// what its vCluster may borrow (or it may never run there).
+    #[error("allocation {alloc} may not borrow those nodes: {reason}")]
+    BorrowRefused {
+        /// The allocation.
+        alloc: AllocId,
+        /// Why, in words.
+        reason: String,
+    },
     /// A submission past its vCluster's hard quota (reject mode, or a gang
     /// larger than the quota itself).
     #[error("over quota: {reason}")]

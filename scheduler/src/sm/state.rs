@@ -42,7 +42,7 @@ use super::types::{
     TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
 };
 use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
-use super::vcluster::{OverQuota, VCluster, VClusterSpec};
+use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
 
 /// What `apply` may know besides the command: the entry's leader-stamped time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +95,9 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// The least shape (a range start).
+    pub const MIN: Shape = Shape { gang_size: 0, resources: Resources { gpus: 0, vram_mb: 0, mem_mb: 0, cpus: 0 } };
+
     /// The shape of an allocation.
     pub fn of(a: &Allocation) -> Shape {
         Shape { gang_size: a.spec.gang_size, resources: a.spec.resources }
@@ -105,12 +108,14 @@ impl Shape {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Indexes {
     node_by_id: BTreeMap<NodeId, NodeSlot>,
-    /// Ready nodes by (free GPUs, slot): the capacity index admission walks.
-    free_gpus: BTreeSet<(u32, NodeSlot)>,
+    /// Ready nodes not held for a preemptor by (home key, free GPUs,
+    /// slot): the capacity index admission walks.
+    free_gpus: BTreeSet<(u32, u32, NodeSlot)>,
     /// Queued allocations in admission order.
     queue: BTreeSet<QueueKey>,
-    /// Queued allocations grouped by shape, each group in admission order.
-    queue_by_shape: BTreeMap<Shape, BTreeSet<QueueKey>>,
+    /// Queued allocations grouped by their vCluster's home key and shape,
+    /// each group in admission order.
+    queue_by_shape: BTreeMap<(u32, Shape), BTreeSet<QueueKey>>,
     /// Queued allocations in submit order.
     queue_fifo: BTreeSet<AllocId>,
     /// Allocations holding at least one unclaimed reservation.
@@ -139,6 +144,18 @@ struct Indexes {
     /// Each vCluster's live (not finished) allocations and the GPUs their
     /// gangs ask for: the demand a `reject`-mode quota counts at submission.
     vc_live: BTreeMap<String, VcDemand>,
+    /// The vClusters in name order: vCluster `home_names[k - 1]` has home
+    /// key `k`; key 0 is "no home" (a shared node every vCluster may use).
+    home_names: Vec<String>,
+    /// Each vCluster's home key.
+    home_key: BTreeMap<String, u32>,
+    /// Each node's home key, by slot.
+    node_home: Vec<u32>,
+    /// Per lending vCluster (home key): the other vClusters' allocations
+    /// holding capacity on its nodes, and how many tasks each.
+    lent: BTreeMap<u32, BTreeMap<AllocId, u32>>,
+    /// Queued gangs not holding nodes, per vCluster home key.
+    vc_queued: BTreeMap<u32, u32>,
 }
 
 /// A vCluster's live allocations and the GPUs their gangs need.
@@ -166,6 +183,8 @@ fn decrement<K: Ord>(map: &mut BTreeMap<K, u32>, key: K) {
 pub struct VcLoad {
     /// GPUs held.
     pub gpus: u64,
+    /// GPUs held on other vClusters' home nodes (borrowed capacity).
+    pub borrowed_gpus: u64,
     /// Tasks holding capacity, by allocation.
     pub allocs: BTreeMap<AllocId, u32>,
     /// Tasks holding capacity, by node.
@@ -224,7 +243,7 @@ type Applied = Result<Vec<Event>, Rejection>;
 impl State {
     /// An empty state with these limits.
     pub fn new(limits: Limits) -> State {
-        State {
+        let mut s = State {
             limits,
             now_ms: 0,
             next_alloc_id: 1,
@@ -234,7 +253,9 @@ impl State {
             tokens: BTreeMap::new(),
             vclusters: BTreeMap::new(),
             index: Indexes::default(),
-        }
+        };
+        s.rebuild_indexes();
+        s
     }
 
     // ----- reads ---------------------------------------------------------
@@ -289,9 +310,110 @@ impl State {
         self.index.queue.len()
     }
 
-    /// Queued allocations grouped by shape; each group in admission order.
-    pub fn queue_by_shape(&self) -> &BTreeMap<Shape, BTreeSet<QueueKey>> {
+    /// Queued allocations grouped by their vCluster's home key and shape;
+    /// each group in admission order.
+    pub fn queue_by_shape(&self) -> &BTreeMap<(u32, Shape), BTreeSet<QueueKey>> {
         &self.index.queue_by_shape
+    }
+
+    /// The home key of each node's home vCluster, by slot (0: a shared node,
+    /// home to no vCluster).
+    pub fn node_home(&self, slot: NodeSlot) -> u32 {
+        self.index.node_home[slot.0 as usize]
+    }
+
+    /// The home key of vCluster `name` (0 if there is none by that name).
+    pub fn home_key(&self, name: &str) -> u32 {
+        self.index.home_key.get(name).copied().unwrap_or(0)
+    }
+
+    /// The vCluster whose home key is `key`.
+    pub fn home_name(&self, key: u32) -> Option<&str> {
+        key.checked_sub(1).and_then(|i| self.index.home_names.get(i as usize)).map(String::as_str)
+    }
+
+    /// How many home keys there are (vClusters, plus 1 for key 0).
+    pub fn home_keys(&self) -> u32 {
+        self.index.home_names.len() as u32 + 1
+    }
+
+    /// The vCluster `a`'s task would borrow `slot` from: the node's home
+    /// when that is another vCluster than `a`'s.
+    pub fn borrowed_from(&self, slot: NodeSlot, a: &Allocation) -> Option<&str> {
+        let home = self.node_home(slot);
+        if home == 0 || home == self.home_key(&a.spec.vcluster) { None } else { self.home_name(home) }
+    }
+
+    /// The other vClusters' allocations holding capacity on the home nodes
+    /// of home key `key`, with how many tasks each.
+    pub fn lent(&self, key: u32) -> Option<&BTreeMap<AllocId, u32>> {
+        self.index.lent.get(&key)
+    }
+
+    /// Home keys that have lent capacity out right now.
+    pub fn lenders(&self) -> impl Iterator<Item = u32> + '_ {
+        self.index.lent.keys().copied()
+    }
+
+    /// How many gangs of the vCluster with home key `key` are queued (not
+    /// counting ones holding nodes for a preemption).
+    pub fn queued_in(&self, key: u32) -> u32 {
+        self.index.vc_queued.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Whether a ready node may be lent to another vCluster now: it has a
+    /// home vCluster, that vCluster has no gang waiting in the queue, and
+    /// none of its own tasks hold capacity there.
+    pub fn lendable(&self, slot: NodeSlot) -> bool {
+        let home = self.node_home(slot);
+        home != 0
+            && self.queued_in(home) == 0
+            && self
+                .holders(slot)
+                .iter()
+                .all(|h| self.allocs.get(&h.alloc).is_some_and(|a| self.home_key(&a.spec.vcluster) != home))
+    }
+
+    /// Most GPUs vCluster `name` may hold on borrowed nodes: its borrow
+    /// limit (percent) of its live demand, the GPUs of its queued, reserved
+    /// and running gangs. `None` when it may not borrow at all.
+    pub fn borrow_limit_gpus(&self, name: &str) -> Option<u64> {
+        let v = self.vcluster(name)?;
+        let pct = u64::from(v.spec.borrow_limit_pct);
+        if pct == 0 {
+            return None;
+        }
+        let demand = self.index.vc_live.get(name).map_or(0, |d| d.gpus);
+        Some(demand * pct / 100)
+    }
+
+    /// Why gang `a` may not be reserved on `slots` for borrowing reasons, or
+    /// `None`: a task on another vCluster's home node is borrowed capacity;
+    /// non-preemptible work never borrows (reclaiming would have to preempt
+    /// it), a vCluster with a borrow limit of 0 never borrows, and what its
+    /// gangs hold on borrowed nodes (`pending`: an admission pass's earlier
+    /// reservations) stays within its limit.
+    pub fn borrow_excess(&self, a: &Allocation, slots: &[NodeSlot], pending: u64) -> Option<String> {
+        let borrowed = slots.iter().filter(|&&s| self.borrowed_from(s, a).is_some()).count() as u64;
+        if borrowed == 0 {
+            return None;
+        }
+        let name = &a.spec.vcluster;
+        if let Some(why) = a.spec.never_preempted() {
+            return Some(format!("it is never preempted ({why}), so it never runs on borrowed nodes"));
+        }
+        let Some(limit) = self.borrow_limit_gpus(name) else {
+            return Some(format!("vCluster {name} does not borrow (its borrow limit is 0 %)"));
+        };
+        let held = self.index.vc_load.get(name).map_or(0, |l| l.borrowed_gpus) + pending;
+        let need = borrowed * u64::from(a.spec.resources.gpus);
+        if held + need > limit {
+            return Some(format!(
+                "vCluster {name}'s borrow limit: {held} borrowed GPUs + {need} > {limit} ({}% of its demand)",
+                self.vcluster(name).map_or(0, |v| v.spec.borrow_limit_pct)
+            ));
+        }
+        None
     }
 
     /// Queued allocations in submit order.
@@ -314,8 +436,9 @@ impl State {
         self.index.tasks_by_node.get(&slot).into_iter().flatten().copied()
     }
 
-    /// Ready nodes not held for a preemptor, ordered by (free GPUs, slot).
-    pub fn free_gpu_index(&self) -> &BTreeSet<(u32, NodeSlot)> {
+    /// Ready nodes not held for a preemptor, ordered by (home key, free
+    /// GPUs, slot).
+    pub fn free_gpu_index(&self) -> &BTreeSet<(u32, u32, NodeSlot)> {
         &self.index.free_gpus
     }
 
@@ -375,7 +498,10 @@ impl State {
                 self.save_checkpoint(*alloc, *task, node, *epoch, data)
             }
             Command::ForceDrain { alloc, epoch } => self.force_drain(*alloc, *epoch),
-            Command::Preempt { alloc, victims, nodes, hold_ms } => self.preempt(*alloc, victims, nodes, *hold_ms),
+            Command::Preempt { alloc, victims, nodes, hold_ms } => {
+                self.preempt(*alloc, victims, nodes, *hold_ms, false)
+            }
+            Command::Reclaim { alloc, victims, nodes, hold_ms } => self.preempt(*alloc, victims, nodes, *hold_ms, true),
             Command::ExpireNomination { alloc } => self.expire_nomination(*alloc),
             Command::TripWatchdog { alloc, task, node, epoch, kind } => {
                 self.trip_watchdog(*alloc, *task, node, *epoch, *kind)
@@ -453,6 +579,10 @@ impl State {
             node.resources = *resources;
             node.labels = labels.clone();
             self.index_node(slot);
+            if self.compute_home(slot) != self.node_home(slot) {
+                // Its home changed: which tasks are borrowed changes too.
+                self.rebuild_indexes();
+            }
             if was_lost {
                 self.set_node_status(slot, NodeStatus::Ready);
             }
@@ -474,6 +604,8 @@ impl State {
         });
         self.index.node_by_id.insert(id.clone(), slot);
         self.index.holders.push(Vec::new());
+        let home = self.compute_home(slot);
+        self.index.node_home.push(home);
         self.index.by_status.entry(NodeStatus::Pending).or_default().insert(slot);
         Ok(vec![Event::NodeRegistered { node: id.clone(), updated: false }])
     }
@@ -732,6 +864,8 @@ impl State {
             revision,
         };
         self.vclusters.insert(name.to_string(), v);
+        // Home keys and nodes may have moved: which tasks are borrowed too.
+        self.rebuild_indexes();
         Ok(vec![if create {
             Event::VClusterCreated { name: name.to_string(), by: by.to_string() }
         } else {
@@ -824,6 +958,7 @@ impl State {
                 id,
                 spec: spec.clone(),
                 submit_time_ms: self.now_ms,
+                queued_since_ms: self.now_ms,
                 status: AllocStatus::Queued,
                 reservation_epoch: 0,
                 first_reserved_at_ms: None,
@@ -861,6 +996,9 @@ impl State {
         let slots = self.check_nodes(a, nodes, &BTreeMap::new())?;
         if let Some(reason) = self.quota_excess(a, &slots, None, &[]) {
             return Err(Rejection::QuotaExceeded { alloc: id, reason });
+        }
+        if let Some(reason) = self.borrow_excess(a, &slots, 0) {
+            return Err(Rejection::BorrowRefused { alloc: id, reason });
         }
         Ok(vec![self.place_gang(id, &slots)])
     }
@@ -911,8 +1049,20 @@ impl State {
     /// Whether `a` is a service running on a node of its own vCluster (the
     /// seed: services are preempted only on borrowed nodes).
     pub fn service_at_home(&self, a: &Allocation) -> bool {
+        let own = self.home_key(&a.spec.vcluster);
         a.spec.vcluster_type == VClusterType::Service
-            && a.tasks.iter().any(|t| t.node.is_some_and(|s| self.node(s).vcluster() == a.spec.vcluster))
+            && a.tasks.iter().any(|t| t.node.is_some_and(|s| self.node_home(s) == own))
+    }
+
+    /// The home key a node gets: the first vCluster (by name) that lists it
+    /// explicitly, else the first whose home labels it carries, else 0.
+    fn compute_home(&self, slot: NodeSlot) -> u32 {
+        let node = self.node(slot);
+        let all = self.vclusters();
+        let listed = |v: &&VCluster| matches!(&v.spec.home, HomeNodes::Nodes(ids) if ids.contains(&node.id));
+        let labelled = |v: &&VCluster| matches!(&v.spec.home, HomeNodes::Labels(_)) && v.spec.home.matches(node);
+        let name = all.iter().find(listed).or_else(|| all.iter().find(labelled)).map(|v| v.name.as_str());
+        name.map_or(0, |n| self.home_key(n))
     }
 
     /// Reserves a queued gang (already checked) on `slots`, task `i` on
@@ -1397,9 +1547,21 @@ impl State {
     /// Everything is checked first: the preemptor is queued and holds no
     /// nodes; each victim is running whole, in the reservation the decision
     /// saw, of a lower class, and preemptible; each node is ready, held for
-    /// nobody, and takes one of the preemptor's tasks once the victims'
-    /// tasks on it are gone.
-    fn preempt(&mut self, id: AllocId, victims: &[(AllocId, u64)], nodes: &[NodeId], hold_ms: u64) -> Applied {
+    /// nobody, a home (or shared) node of the preemptor's vCluster, and
+    /// takes one of the preemptor's tasks once the victims' tasks on it are
+    /// gone.
+    ///
+    /// A reclamation (`reclaim`) is the same but for its victims: gangs of
+    /// other vClusters running on borrowed nodes of the preemptor's
+    /// vCluster, whatever their class.
+    fn preempt(
+        &mut self,
+        id: AllocId,
+        victims: &[(AllocId, u64)],
+        nodes: &[NodeId],
+        hold_ms: u64,
+        reclaim: bool,
+    ) -> Applied {
         let p = self.live_alloc(id)?;
         if !p.is_queued() {
             return Err(Rejection::NotQueued { alloc: id, status: p.status });
@@ -1415,7 +1577,14 @@ impl State {
             });
         }
         let class = p.spec.preemption_class;
-        let reason = if p.spec.is_sensitive() { PreemptReason::Sensitive } else { PreemptReason::Priority };
+        let home = self.home_key(&p.spec.vcluster);
+        let reason = if reclaim {
+            PreemptReason::Reclaim
+        } else if p.spec.is_sensitive() {
+            PreemptReason::Sensitive
+        } else {
+            PreemptReason::Priority
+        };
         let not = |victim: AllocId, reason: String| Rejection::NotPreemptible { alloc: id, victim, reason };
         if victims.is_empty() {
             return Err(not(0, "a preemption needs at least one victim".into()));
@@ -1437,10 +1606,15 @@ impl State {
             if let Some(why) = a.spec.never_preempted() {
                 return Err(not(v, why.into()));
             }
-            if a.spec.preemption_class >= class {
+            if reclaim {
+                let borrows_here = a.tasks.iter().any(|t| t.node.is_some_and(|s| self.node_home(s) == home));
+                if self.home_key(&a.spec.vcluster) == home || !borrows_here {
+                    return Err(not(v, "it runs on no node it borrowed from the reclaiming vCluster".into()));
+                }
+            } else if a.spec.preemption_class >= class {
                 return Err(not(v, format!("its class {} is not below {class}", a.spec.preemption_class)));
             }
-            if self.service_at_home(a) {
+            if !reclaim && self.service_at_home(a) {
                 return Err(not(v, "service allocations are preempted only on borrowed nodes".into()));
             }
             victim_vclusters.push(a.spec.vcluster.clone());
@@ -1452,6 +1626,16 @@ impl State {
             }
         }
         let slots = self.check_nodes(&self.allocs[&id], nodes, &freed)?;
+        if let Some(&slot) = slots.iter().find(|&&s| self.borrowed_from(s, &self.allocs[&id]).is_some()) {
+            return Err(Rejection::BorrowRefused {
+                alloc: id,
+                reason: format!(
+                    "node {} is vCluster {}'s: a preemption takes nodes only at home",
+                    self.node(slot).id,
+                    self.borrowed_from(slot, &self.allocs[&id]).unwrap_or_default()
+                ),
+            });
+        }
         let now = self.now_ms;
         let victim_ids: Vec<AllocId> = victims.iter().map(|&(v, _)| v).collect();
         if let Some(reason) = self.quota_excess(&self.allocs[&id], &slots, None, &victim_ids) {
@@ -1727,6 +1911,7 @@ impl State {
         }
         let count = |s: TaskStatus| a.tasks.iter().filter(|t| t.status == s).count();
         let (blocked, reserved) = (count(TaskStatus::Blocked), count(TaskStatus::Reserved));
+        let was_queued = a.is_queued();
         a.status = if a.teardown.is_some() {
             AllocStatus::TearingDown
         } else if blocked > 0 && reserved == 0 {
@@ -1736,13 +1921,17 @@ impl State {
         } else {
             AllocStatus::Running
         };
+        if a.is_queued() && !was_queued {
+            a.queued_since_ms = self.now_ms;
+        }
         self.reindex_alloc(id);
     }
 
     fn reindex_alloc(&mut self, id: AllocId) {
         let a = &self.allocs[&id];
         let key = QueueKey::of(a);
-        let shape = Shape::of(a);
+        let home = self.index.home_key.get(&a.spec.vcluster).copied().unwrap_or(0);
+        let shape = (home, Shape::of(a));
         let class = (Reverse(a.spec.preemption_class), key);
         if a.is_queued() && a.nomination.is_none() && a.spec.preemption_class > 0 {
             self.index.preemptors.insert(class);
@@ -1752,9 +1941,12 @@ impl State {
         if a.is_queued() && a.nomination.is_none() {
             self.index.queue.insert(key);
             self.index.queue_fifo.insert(id);
-            self.index.queue_by_shape.entry(shape).or_default().insert(key);
+            if self.index.queue_by_shape.entry(shape).or_default().insert(key) {
+                *self.index.vc_queued.entry(home).or_default() += 1;
+            }
         } else if self.index.queue.remove(&key) {
             self.index.queue_fifo.remove(&id);
+            decrement(&mut self.index.vc_queued, home);
             let group = self.index.queue_by_shape.get_mut(&shape).expect("a queued shape has a group");
             group.remove(&key);
             if group.is_empty() {
@@ -1790,13 +1982,13 @@ impl State {
     fn index_node(&mut self, slot: NodeSlot) {
         let node = &self.nodes[slot.0 as usize];
         if node.status == NodeStatus::Ready && !self.index.held.contains_key(&slot) {
-            self.index.free_gpus.insert((node.free().gpus, slot));
+            self.index.free_gpus.insert((self.index.node_home[slot.0 as usize], node.free().gpus, slot));
         }
     }
 
     fn unindex_node(&mut self, slot: NodeSlot) {
         let node = &self.nodes[slot.0 as usize];
-        self.index.free_gpus.remove(&(node.free().gpus, slot));
+        self.index.free_gpus.remove(&(self.index.node_home[slot.0 as usize], node.free().gpus, slot));
     }
 
     fn occupy(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
@@ -1815,8 +2007,20 @@ impl State {
         {
             let h = holders.remove(i);
             let vc = &self.allocs[&h.alloc].spec.vcluster;
+            let home = self.index.node_home[slot.0 as usize];
+            let borrowed = home != 0 && self.index.home_key.get(vc) != Some(&home);
+            if borrowed {
+                let lent = self.index.lent.get_mut(&home).expect("a borrower is in its lender's index");
+                decrement(lent, h.alloc);
+                if lent.is_empty() {
+                    self.index.lent.remove(&home);
+                }
+            }
             let load = self.index.vc_load.get_mut(vc).expect("a holder is in its vCluster's load");
             load.gpus -= u64::from(h.usage.gpus);
+            if borrowed {
+                load.borrowed_gpus -= u64::from(h.usage.gpus);
+            }
             decrement(&mut load.allocs, h.alloc);
             decrement(&mut load.nodes, slot);
             if load.allocs.is_empty() {
@@ -1846,8 +2050,17 @@ impl State {
         let holders = &mut self.index.holders[slot.0 as usize];
         let at = holders.binary_search_by_key(&alloc, |h| h.alloc).expect_err("one task per node per gang");
         holders.insert(at, Holder { alloc, class, usage });
-        let load = self.index.vc_load.entry(self.allocs[&alloc].spec.vcluster.clone()).or_default();
+        let vc = &self.allocs[&alloc].spec.vcluster;
+        let home = self.index.node_home[slot.0 as usize];
+        let borrowed = home != 0 && self.index.home_key.get(vc) != Some(&home);
+        if borrowed {
+            *self.index.lent.entry(home).or_default().entry(alloc).or_default() += 1;
+        }
+        let load = self.index.vc_load.entry(vc.clone()).or_default();
         load.gpus += u64::from(usage.gpus);
+        if borrowed {
+            load.borrowed_gpus += u64::from(usage.gpus);
+        }
         *load.allocs.entry(alloc).or_default() += 1;
         *load.nodes.entry(slot).or_default() += 1;
     }
@@ -1987,6 +2200,10 @@ impl State {
     pub(crate) fn rebuild_indexes(&mut self) {
         self.index = Indexes::default();
         self.index.holders = vec![Vec::new(); self.nodes.len()];
+        self.index.home_names = self.vclusters().into_iter().map(|v| v.name).collect();
+        self.index.home_key =
+            self.index.home_names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32 + 1)).collect();
+        self.index.node_home = (0..self.nodes.len()).map(|i| self.compute_home(NodeSlot(i as u32))).collect();
         for a in self.allocs.values() {
             for &slot in a.nomination.iter().flat_map(|n| &n.nodes) {
                 self.index.held.insert(slot, a.id);
@@ -2102,7 +2319,12 @@ impl State {
             if a.suspended != (a.status == AllocStatus::Suspended) {
                 return Err(format!("allocation {} is {:?} with suspended = {}", a.id, a.status, a.suspended));
             }
+            let reclaim = matches!(
+                a.teardown.map(|td| td.cause),
+                Some(TeardownCause::Preempted { reason: PreemptReason::Reclaim, .. })
+            );
             if let Some(by) = a.teardown.and_then(|td| td.preempted_by())
+                && !reclaim
                 && self.allocs.get(&by).is_none_or(|p| p.spec.preemption_class <= a.spec.preemption_class)
             {
                 return Err(format!("allocation {} is preempted for {by}, which is not of a higher class", a.id));

@@ -1,5 +1,6 @@
 //! One test per transition and per rejection of [`State::apply`].
 
+mod borrowing;
 mod lifecycle;
 mod tokens;
 mod vclusters;
@@ -585,7 +586,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "61d896c4dad9b153a88bcb710959dd0b99a68a56e88f0654be7f1f46b7460cc9"
+        "a2aca4a9efa3531694155fc8d6c9b5eff9df2cae3716e25f55f7a72a999187e0"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));
@@ -605,7 +606,7 @@ fn a_lost_node_fails_its_running_task_and_takes_no_more_work() {
     let slot = f.s.node_slot(&n(0)).unwrap();
     assert_eq!(f.s.node(slot).status, NodeStatus::Lost);
     assert_eq!(f.used_gpus(0), 0);
-    assert!(!f.s.free_gpu_index().iter().any(|&(_, s)| s == slot), "a lost node is out of placement");
+    assert!(!f.s.free_gpu_index().iter().any(|&(_, _, s)| s == slot), "a lost node is out of placement");
     let epoch = f.s.alloc(id).unwrap().reservation_epoch + 1;
     assert_eq!(f.rejected(Command::ReserveGang { alloc: id, epoch, nodes: vec![n(0)] }), Rejection::NodeNotReady(n(0)));
     assert!(matches!(

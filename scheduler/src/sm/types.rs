@@ -548,14 +548,18 @@ pub enum PreemptReason {
     Priority,
     /// A sensitive (class 10) allocation claimed the nodes.
     Sensitive,
+    /// The nodes' home vCluster took back what it had lent (elastic
+    /// reclamation): borrowed work is preempted whatever its class.
+    Reclaim,
 }
 
 impl PreemptReason {
-    /// `priority` or `sensitive`.
+    /// `priority`, `sensitive` or `reclaim`.
     pub fn as_str(self) -> &'static str {
         match self {
             PreemptReason::Priority => "priority",
             PreemptReason::Sensitive => "sensitive",
+            PreemptReason::Reclaim => "reclaim",
         }
     }
 }
@@ -686,6 +690,10 @@ pub struct Allocation {
     pub spec: AllocSpec,
     /// Entry time of the submit. Never reset by a requeue.
     pub submit_time_ms: u64,
+    /// Entry time it last became queued (or suspended): its submit, or the
+    /// end of the teardown or rollback that sent it back. A reclamation's
+    /// return grace counts from here.
+    pub queued_since_ms: u64,
     /// Status, derived from the tasks (or terminal).
     pub status: AllocStatus,
     /// The epoch of the latest reservation (0: never reserved).

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use muster_scheduler::policy::{
-    AdmissionConfig, Order, PreemptionConfig, plan_admission, plan_drain_expiries, plan_expired_nominations,
-    plan_preemptions,
+    AdmissionConfig, Order, PreemptionConfig, ReclaimConfig, plan_admission, plan_drain_expiries,
+    plan_expired_nominations, plan_preemptions, plan_reclaims,
 };
 use muster_scheduler::sm::{
     AllocId, AllocSpec, ApplyCtx, Command, NodeId, Outcome, Resources, State, TaskIndex, TaskStatus, WatchdogKind,
@@ -108,6 +108,8 @@ pub enum Op {
         nodes: Option<u8>,
         allocs: Option<u8>,
         reject: bool,
+        /// Borrow limit, percent.
+        borrow: u8,
     },
 }
 
@@ -148,9 +150,18 @@ pub fn op() -> impl Strategy<Value = Op> {
             proptest::option::of(prop_oneof![1 => Just(0u8), 9 => 8u8..48]),
             proptest::option::of(2u8..7),
             proptest::option::of(2u8..8),
-            any::<bool>()
+            any::<bool>(),
+            prop_oneof![1 => Just(0u8), 2 => 1u8..=100],
         )
-            .prop_map(|(ml, create, gpus, nodes, allocs, reject)| Op::Quota { ml, create, gpus, nodes, allocs, reject }),
+            .prop_map(|(ml, create, gpus, nodes, allocs, reject, borrow)| Op::Quota {
+                ml,
+                create,
+                gpus,
+                nodes,
+                allocs,
+                reject,
+                borrow
+            }),
     ]
 }
 
@@ -160,6 +171,17 @@ pub fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
 
 fn node(i: u8) -> NodeId {
     NodeId::new(format!("n{i}"))
+}
+
+/// Node `i`'s labels: home to `default` (no label), to `ml`, or shared
+/// (labelled for a vCluster that does not exist), in turn.
+fn labels(i: u8) -> BTreeMap<String, String> {
+    let vc = match i % 3 {
+        0 => return BTreeMap::new(),
+        1 => "ml",
+        _ => "shared",
+    };
+    BTreeMap::from([(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), vc.to_string())])
 }
 
 /// A cluster under test: the state and its clock.
@@ -176,14 +198,16 @@ impl Default for Run {
         let mut state = State::default();
         for i in 0..4 {
             let resources = Resources { gpus: 8, vram_mb: 40_000, mem_mb: 256_000, cpus: 32 };
-            let cmd = Command::RegisterNode { node: node(i), resources, labels: BTreeMap::new() };
+            let cmd = Command::RegisterNode { node: node(i), resources, labels: labels(i) };
             assert!(state.apply(&cmd, &ApplyCtx { time_ms: 1_000 }).is_accepted());
             let ready = Command::NodeReady { node: node(i) };
             assert!(state.apply(&ready, &ApplyCtx { time_ms: 1_000 }).is_accepted());
         }
-        // Odd classes submit to `ml`, which exists (without quotas) from
-        // the start; the Quota op changes it.
-        let spec = muster_scheduler::sm::VClusterSpec::default_for("ml");
+        // Classes not divisible by 4 submit to `ml`, which exists (without quotas, and
+        // borrowing up to half its demand) from the start; the Quota op
+        // changes it.
+        let mut spec = muster_scheduler::sm::VClusterSpec::default_for("ml");
+        spec.borrow_limit_pct = 50;
         let ml = Command::CreateVCluster { name: "ml".into(), spec, by: "prop".into() };
         assert!(state.apply(&ml, &ApplyCtx { time_ms: 1_000 }).is_accepted());
         Run { state, now_ms: 1_000 }
@@ -232,7 +256,7 @@ impl Run {
                 Command::RegisterNode {
                     node: node(*i),
                     resources: Resources { gpus: u32::from(*gpus), vram_mb: 40_000, mem_mb: 256_000, cpus: 32 },
-                    labels: BTreeMap::new(),
+                    labels: labels(*i),
                 },
                 Command::NodeReady { node: node(*i) },
             ],
@@ -262,7 +286,9 @@ impl Run {
                     spec.checkpoint = muster_scheduler::sm::CheckpointMode::None;
                 }
                 spec.idempotency_key = key.map(|k| format!("k{k}"));
-                if class % 2 == 1 {
+                // Most work goes to ml, so default's queue is often empty and
+                // it lends its idle nodes (and later takes them back).
+                if class % 4 != 0 {
                     spec.vcluster = "ml".into();
                 }
                 vec![Command::Submit { spec }]
@@ -320,10 +346,22 @@ impl Run {
                     near_completion_ms: 60_000,
                     ..PreemptionConfig::default()
                 };
-                plan_preemptions(&self.state, self.now_ms, &cfg)
+                // Reclamations first, as the leader does.
+                let reclaim = ReclaimConfig { return_grace_ms: 30_000, ..ReclaimConfig::default() };
+                let mut cmds: Vec<Command> = plan_reclaims(&self.state, self.now_ms, &reclaim, &cfg)
                     .into_iter()
-                    .map(|(alloc, d)| d.command(&self.state, alloc, &cfg))
-                    .collect()
+                    .map(|r| r.command(&self.state, &cfg))
+                    .collect();
+                // A pass that reclaims does not also preempt (both read the
+                // same view: they could pick the same gang or nodes).
+                if cmds.is_empty() {
+                    cmds.extend(
+                        plan_preemptions(&self.state, self.now_ms, &cfg)
+                            .into_iter()
+                            .map(|(alloc, d)| d.command(&self.state, alloc, &cfg)),
+                    );
+                }
+                cmds
             }
             Op::RawPreempt { pick, victims, nodes } => {
                 let ids: Vec<AllocId> = self.state.allocs().keys().copied().collect();
@@ -392,7 +430,7 @@ impl Run {
                     .collect()
             }
             Op::Lose { node: i } => vec![Command::MarkNodeLost { node: node(*i) }],
-            Op::Quota { ml, create, gpus, nodes, allocs, reject } => {
+            Op::Quota { ml, create, gpus, nodes, allocs, reject, borrow } => {
                 use muster_scheduler::sm::{OverQuota, Quota, VClusterSpec};
                 let name = if *ml { "ml" } else { "default" };
                 // A 0 is refused by validation: that path is exercised too.
@@ -402,7 +440,8 @@ impl Run {
                     max_allocations: allocs.map(u32::from),
                 };
                 let over_quota = if *reject { OverQuota::Reject } else { OverQuota::Queue };
-                let spec = VClusterSpec { quota, over_quota, ..VClusterSpec::default_for(name) };
+                let spec =
+                    VClusterSpec { quota, over_quota, borrow_limit_pct: *borrow, ..VClusterSpec::default_for(name) };
                 let by = "prop".to_string();
                 vec![if *create {
                     Command::CreateVCluster { name: name.into(), spec, by }

@@ -179,7 +179,7 @@ fn a_drained_node_keeps_its_running_task_takes_no_new_work_and_stops_when_empty(
     let drain = f.node_of(0).drain.clone().unwrap();
     assert_eq!((drain.started_at_ms, drain.deadline_ms, drain.by.as_str()), (1_000, 61_000, "ops"));
     let slot = f.s.node_slot(&n(0)).unwrap();
-    assert!(!f.s.free_gpu_index().iter().any(|&(_, s)| s == slot), "a draining node is out of placement");
+    assert!(!f.s.free_gpu_index().iter().any(|&(_, _, s)| s == slot), "a draining node is out of placement");
     let other = f.submit(spec(1, 1));
     assert_eq!(
         f.rejected(Command::ReserveGang { alloc: other, epoch: 1, nodes: vec![n(0)] }),
@@ -246,7 +246,7 @@ fn cancel_drain_returns_the_node_to_service_and_records_who() {
     assert_eq!(f.node_status(0), NodeStatus::Ready);
     assert_eq!(f.node_of(0).drain, None);
     let slot = f.s.node_slot(&n(0)).unwrap();
-    assert!(f.s.free_gpu_index().iter().any(|&(_, s)| s == slot), "ready again: back in placement");
+    assert!(f.s.free_gpu_index().iter().any(|&(_, _, s)| s == slot), "ready again: back in placement");
     let other = f.submit(spec(1, 1));
     f.reserve(other, &[0]);
 }

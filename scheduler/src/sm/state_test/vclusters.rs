@@ -120,10 +120,16 @@ fn home_nodes_follow_the_selector() {
 
 // ----- hard quotas ----------------------------------------------------------
 
-/// A fixture whose vCluster `ml` has these quotas.
+/// A fixture whose vCluster `ml` has these quotas, its nodes shared by
+/// `default` and `ml` (labelled for a vCluster that does not exist: home to
+/// none).
 fn with_quota(nodes: u32, quota: Quota) -> Fixture {
     let mut f = Fixture::new(nodes);
     f.ok(create("ml", VClusterSpec { quota, over_quota: OverQuota::Queue, ..ml_spec() }));
+    for i in 0..nodes {
+        let labels = BTreeMap::from([(VCLUSTER_LABEL.to_string(), "shared".to_string())]);
+        f.ok(Command::RegisterNode { node: n(i), resources: GPU_NODE, labels });
+    }
     f
 }
 

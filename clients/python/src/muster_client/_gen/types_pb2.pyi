@@ -135,7 +135,7 @@ class AllocationSpec(_message.Message):
     def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("index", "status", "node_id", "attempts", "reservation_epoch", "reserved_at_ms", "started_at_ms", "finished_at_ms", "exit_code", "preemption_epoch", "checkpoint_bytes", "checkpoint_epoch", "last_node_id", "runs", "watchdog_trips", "last_watchdog")
+    __slots__ = ("index", "status", "node_id", "attempts", "reservation_epoch", "reserved_at_ms", "started_at_ms", "finished_at_ms", "exit_code", "preemption_epoch", "checkpoint_bytes", "checkpoint_epoch", "last_node_id", "runs", "watchdog_trips", "last_watchdog", "borrowed_from")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class Task(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_TRIPS_FIELD_NUMBER: _ClassVar[int]
     LAST_WATCHDOG_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FROM_FIELD_NUMBER: _ClassVar[int]
     index: int
     status: TaskStatus
     node_id: str
@@ -168,7 +169,8 @@ class Task(_message.Message):
     runs: int
     watchdog_trips: int
     last_watchdog: str
-    def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., node_id: _Optional[str] = ..., attempts: _Optional[int] = ..., reservation_epoch: _Optional[int] = ..., reserved_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_epoch: _Optional[int] = ..., last_node_id: _Optional[str] = ..., runs: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., last_watchdog: _Optional[str] = ...) -> None: ...
+    borrowed_from: str
+    def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., node_id: _Optional[str] = ..., attempts: _Optional[int] = ..., reservation_epoch: _Optional[int] = ..., reserved_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_epoch: _Optional[int] = ..., last_node_id: _Optional[str] = ..., runs: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., last_watchdog: _Optional[str] = ..., borrowed_from: _Optional[str] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination")
