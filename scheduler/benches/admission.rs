@@ -57,7 +57,12 @@ fn build(nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>) -> State {
         let cmd = Command::RegisterNode {
             node: NodeId::new(format!("node-{i:05}")),
             resources: NODE,
-            labels: BTreeMap::new(),
+            // The capped vCluster's gangs run on its home nodes.
+            labels: if quota.is_some() {
+                BTreeMap::from([(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), "capped".to_string())])
+            } else {
+                BTreeMap::new()
+            },
         };
         assert!(s.apply(&cmd, &ctx).is_accepted());
         let ready = Command::NodeReady { node: NodeId::new(format!("node-{i:05}")) };
