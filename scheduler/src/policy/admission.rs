@@ -236,8 +236,7 @@ struct PassKey {
 enum Tried {
     /// Reserved.
     Placed,
-    /// Held back by a quota (or a shape that failed before): others of its
-    /// stream may still go.
+    /// Held back by its vCluster's quota: others of its stream may still go.
     Skipped,
     /// No room on its nodes: the rest of its stream cannot fit either.
     NoRoom,
@@ -273,7 +272,7 @@ impl<'a> Pass<'a> {
         for k in 1..keys as u32 {
             let name = state.home_name(k).expect("every key names a vCluster");
             used[k as usize] = state.vcluster_load(name).map_or(0, |l| l.gpus);
-            if let Some(max) = state.vcluster(name).and_then(|v| v.spec.quota.max_gpus) {
+            if let Some(max) = state.gpu_quota(name) {
                 share[k as usize] = u64::from(max);
             }
         }
@@ -306,7 +305,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Why `a` waits for its vCluster's hard quota with the pass's own
+    /// Whether `a` waits for its vCluster's hard quota with the pass's own
     /// reservations counted (`slots`: where it would go).
     fn over_quota(&self, a: &Allocation, slots: &[NodeSlot]) -> bool {
         self.state.has_quota(&a.spec.vcluster)

@@ -163,24 +163,22 @@ fn reclaim_for(
         }
         freed
     };
+    let enough = |chosen: &[&Allocation]| fitting(&frees(chosen)).len() >= n;
     let mut chosen: Vec<&Allocation> = Vec::new();
-    for &v in borrowers {
-        if chosen.len() == max_victims {
-            return None;
-        }
+    for &v in borrowers.iter().take(max_victims) {
         chosen.push(v);
-        if fitting(&frees(&chosen)).len() >= n {
+        if enough(&chosen) {
             break;
         }
     }
-    if fitting(&frees(&chosen)).len() < n {
+    if !enough(&chosen) {
         return None;
     }
     // Drop any victim the gang fits without, most expensive first.
     for i in (0..chosen.len()).rev() {
         let mut without = chosen.clone();
         without.remove(i);
-        if !without.is_empty() && fitting(&frees(&without)).len() >= n {
+        if !without.is_empty() && enough(&without) {
             chosen = without;
         }
     }

@@ -340,8 +340,14 @@ impl State {
     /// The vCluster `a`'s task would borrow `slot` from: the node's home
     /// when that is another vCluster than `a`'s.
     pub fn borrowed_from(&self, slot: NodeSlot, a: &Allocation) -> Option<&str> {
+        self.lender(slot, &a.spec.vcluster).and_then(|home| self.home_name(home))
+    }
+
+    /// The home key of `slot`'s vCluster when a task of vCluster `vc` there
+    /// runs on borrowed capacity (the node is another vCluster's home).
+    fn lender(&self, slot: NodeSlot, vc: &str) -> Option<u32> {
         let home = self.node_home(slot);
-        if home == 0 || home == self.home_key(&a.spec.vcluster) { None } else { self.home_name(home) }
+        (home != 0 && home != self.home_key(vc)).then_some(home)
     }
 
     /// The other vClusters' allocations holding capacity on the home nodes
@@ -378,8 +384,8 @@ impl State {
     /// limit (percent) of its live demand, the GPUs of its queued, reserved
     /// and running gangs. `None` when it may not borrow at all.
     pub fn borrow_limit_gpus(&self, name: &str) -> Option<u64> {
-        let v = self.vcluster(name)?;
-        let pct = u64::from(v.spec.borrow_limit_pct);
+        // The built-in default, never changed, does not borrow.
+        let pct = u64::from(self.vclusters.get(name)?.spec.borrow_limit_pct);
         if pct == 0 {
             return None;
         }
@@ -410,7 +416,7 @@ impl State {
         if held + need > limit {
             return Some(format!(
                 "vCluster {name}'s borrow limit: {held} borrowed GPUs + {need} > {limit} ({}% of its demand)",
-                self.vcluster(name).map_or(0, |v| v.spec.borrow_limit_pct)
+                self.vclusters.get(name).map_or(0, |v| v.spec.borrow_limit_pct)
             ));
         }
         None
@@ -579,7 +585,7 @@ impl State {
             node.resources = *resources;
             node.labels = labels.clone();
             self.index_node(slot);
-            if self.compute_home(slot) != self.node_home(slot) {
+            if self.homes_of(std::iter::once(self.node(slot))) != [self.node_home(slot)] {
                 // Its home changed: which tasks are borrowed changes too.
                 self.rebuild_indexes();
             }
@@ -604,8 +610,8 @@ impl State {
         });
         self.index.node_by_id.insert(id.clone(), slot);
         self.index.holders.push(Vec::new());
-        let home = self.compute_home(slot);
-        self.index.node_home.push(home);
+        let home = self.homes_of(std::iter::once(self.node(slot)));
+        self.index.node_home.extend(home);
         self.index.by_status.entry(NodeStatus::Pending).or_default().insert(slot);
         Ok(vec![Event::NodeRegistered { node: id.clone(), updated: false }])
     }
@@ -1054,15 +1060,32 @@ impl State {
             && a.tasks.iter().any(|t| t.node.is_some_and(|s| self.node_home(s) == own))
     }
 
-    /// The home key a node gets: the first vCluster (by name) that lists it
-    /// explicitly, else the first whose home labels it carries, else 0.
-    fn compute_home(&self, slot: NodeSlot) -> u32 {
-        let node = self.node(slot);
-        let all = self.vclusters();
-        let listed = |v: &&VCluster| matches!(&v.spec.home, HomeNodes::Nodes(ids) if ids.contains(&node.id));
-        let labelled = |v: &&VCluster| matches!(&v.spec.home, HomeNodes::Labels(_)) && v.spec.home.matches(node);
-        let name = all.iter().find(listed).or_else(|| all.iter().find(labelled)).map(|v| v.name.as_str());
-        name.map_or(0, |n| self.home_key(n))
+    /// The home key each of `nodes` gets (home keys already assigned): the
+    /// first vCluster (by name) that lists it explicitly, else the first
+    /// whose home labels it carries, else 0.
+    fn homes_of<'n>(&self, nodes: impl Iterator<Item = &'n Node>) -> Vec<u32> {
+        let builtin = HomeNodes::default_for(DEFAULT_VCLUSTER);
+        let selectors: Vec<(u32, &HomeNodes)> = (1..self.home_keys())
+            .map(|k| {
+                let name = self.home_name(k).expect("every key names a vCluster");
+                (k, self.vclusters.get(name).map_or(&builtin, |v| &v.spec.home))
+            })
+            .collect();
+        // Explicit lists, the first name winning (later ones inserted first).
+        let mut listed: BTreeMap<&NodeId, u32> = BTreeMap::new();
+        for &(k, home) in selectors.iter().rev() {
+            if let HomeNodes::Nodes(ids) = home {
+                listed.extend(ids.iter().map(|id| (id, k)));
+            }
+        }
+        nodes
+            .map(|node| {
+                listed.get(&node.id).copied().unwrap_or_else(|| {
+                    let labelled = |(_, h): &&(u32, &HomeNodes)| matches!(h, HomeNodes::Labels(_)) && h.matches(node);
+                    selectors.iter().find(labelled).map_or(0, |&(k, _)| k)
+                })
+            })
+            .collect()
     }
 
     /// Reserves a queued gang (already checked) on `slots`, task `i` on
@@ -1626,15 +1649,11 @@ impl State {
             }
         }
         let slots = self.check_nodes(&self.allocs[&id], nodes, &freed)?;
-        if let Some(&slot) = slots.iter().find(|&&s| self.borrowed_from(s, &self.allocs[&id]).is_some()) {
-            return Err(Rejection::BorrowRefused {
-                alloc: id,
-                reason: format!(
-                    "node {} is vCluster {}'s: a preemption takes nodes only at home",
-                    self.node(slot).id,
-                    self.borrowed_from(slot, &self.allocs[&id]).unwrap_or_default()
-                ),
-            });
+        let p = &self.allocs[&id];
+        if let Some((slot, from)) = slots.iter().find_map(|&s| self.borrowed_from(s, p).map(|from| (s, from))) {
+            let node = &self.node(slot).id;
+            let reason = format!("node {node} is vCluster {from}'s: a preemption takes nodes only at home");
+            return Err(Rejection::BorrowRefused { alloc: id, reason });
         }
         let now = self.now_ms;
         let victim_ids: Vec<AllocId> = victims.iter().map(|&(v, _)| v).collect();
@@ -1930,7 +1949,7 @@ impl State {
     fn reindex_alloc(&mut self, id: AllocId) {
         let a = &self.allocs[&id];
         let key = QueueKey::of(a);
-        let home = self.index.home_key.get(&a.spec.vcluster).copied().unwrap_or(0);
+        let home = self.home_key(&a.spec.vcluster);
         let shape = (home, Shape::of(a));
         let class = (Reverse(a.spec.preemption_class), key);
         if a.is_queued() && a.nomination.is_none() && a.spec.preemption_class > 0 {
@@ -2007,9 +2026,8 @@ impl State {
         {
             let h = holders.remove(i);
             let vc = &self.allocs[&h.alloc].spec.vcluster;
-            let home = self.index.node_home[slot.0 as usize];
-            let borrowed = home != 0 && self.index.home_key.get(vc) != Some(&home);
-            if borrowed {
+            let lender = self.lender(slot, vc);
+            if let Some(home) = lender {
                 let lent = self.index.lent.get_mut(&home).expect("a borrower is in its lender's index");
                 decrement(lent, h.alloc);
                 if lent.is_empty() {
@@ -2018,7 +2036,7 @@ impl State {
             }
             let load = self.index.vc_load.get_mut(vc).expect("a holder is in its vCluster's load");
             load.gpus -= u64::from(h.usage.gpus);
-            if borrowed {
+            if lender.is_some() {
                 load.borrowed_gpus -= u64::from(h.usage.gpus);
             }
             decrement(&mut load.allocs, h.alloc);
@@ -2051,14 +2069,13 @@ impl State {
         let at = holders.binary_search_by_key(&alloc, |h| h.alloc).expect_err("one task per node per gang");
         holders.insert(at, Holder { alloc, class, usage });
         let vc = &self.allocs[&alloc].spec.vcluster;
-        let home = self.index.node_home[slot.0 as usize];
-        let borrowed = home != 0 && self.index.home_key.get(vc) != Some(&home);
-        if borrowed {
+        let lender = self.lender(slot, vc);
+        if let Some(home) = lender {
             *self.index.lent.entry(home).or_default().entry(alloc).or_default() += 1;
         }
         let load = self.index.vc_load.entry(vc.clone()).or_default();
         load.gpus += u64::from(usage.gpus);
-        if borrowed {
+        if lender.is_some() {
             load.borrowed_gpus += u64::from(usage.gpus);
         }
         *load.allocs.entry(alloc).or_default() += 1;
@@ -2113,6 +2130,11 @@ impl State {
             let q = v.spec.quota;
             q.max_gpus.is_some() || q.max_nodes.is_some() || q.max_allocations.is_some()
         })
+    }
+
+    /// vCluster `name`'s GPU quota, if it has one.
+    pub fn gpu_quota(&self, name: &str) -> Option<u32> {
+        self.vclusters.get(name)?.spec.quota.max_gpus
     }
 
     /// What a vCluster's tasks hold now.
@@ -2203,7 +2225,7 @@ impl State {
         self.index.home_names = self.vclusters().into_iter().map(|v| v.name).collect();
         self.index.home_key =
             self.index.home_names.iter().enumerate().map(|(i, n)| (n.clone(), i as u32 + 1)).collect();
-        self.index.node_home = (0..self.nodes.len()).map(|i| self.compute_home(NodeSlot(i as u32))).collect();
+        self.index.node_home = self.homes_of(self.nodes.iter());
         for a in self.allocs.values() {
             for &slot in a.nomination.iter().flat_map(|n| &n.nodes) {
                 self.index.held.insert(slot, a.id);
