@@ -591,6 +591,9 @@ fn print_explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Re
                     "value": p.value,
                     "reason": p.reason,
                 })),
+                "planned_start": e.planned_start.as_ref().map(|p| json!({
+                    "start_ms": p.start_ms, "in_ms": p.in_ms, "nodes": p.node_ids,
+                })),
             }))?
         ),
         Output::Text => {

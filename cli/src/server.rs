@@ -64,6 +64,10 @@ pub struct ServerArgs {
     agent_heartbeat_ms: u64,
     #[command(flatten)]
     preemption: PreemptionArgs,
+    /// Turn EASY backfill off: a gang that does not fit is skipped and
+    /// smaller ones run ahead of it however long they take (docs/admission.md).
+    #[arg(long)]
+    no_backfill: bool,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
     /// Open connections allowed in all; more are closed at once.
@@ -166,6 +170,11 @@ pub struct PreemptionArgs {
     /// home nodes is preempted for it (elastic reclamation's return grace), ms.
     #[arg(long, default_value_t = muster_scheduler::policy::DEFAULT_RETURN_GRACE_MS)]
     reclaim_grace_ms: u64,
+    /// A queued gang whose planned start (running work reaching its walltime,
+    /// backfill keeping the nodes) is at most this far off waits instead of
+    /// preempting, ms (0: preempt at once).
+    #[arg(long, default_value_t = muster_scheduler::policy::DEFAULT_PREEMPTION_WAIT_MS)]
+    pub preemption_wait_ms: u64,
 }
 
 impl PreemptionArgs {
@@ -190,6 +199,7 @@ impl PreemptionArgs {
             grace_ms: self.preemption_grace_ms,
             cycle_threshold: self.preemption_cycle_threshold,
             candidate_nodes_percent: self.preemption_candidate_nodes_percent,
+            wait_ms: self.preemption_wait_ms,
             ..PreemptionConfig::default()
         })
     }
@@ -277,6 +287,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.teardown_force_after = Duration::from_millis(args.teardown_force_after_ms);
     cfg.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
     cfg.preemption = preemption;
+    cfg.admission.backfill = !args.no_backfill;
     cfg.reclaim = reclaim;
     cfg.walltime_defaults = walltime_defaults;
     cfg.drain_timeout = Duration::from_secs(drain_timeout_s);

@@ -40,6 +40,10 @@ pub struct SimulateArgs {
     /// Admission order.
     #[arg(long, value_enum, default_value_t = Policy::LargestFirst)]
     policy: Policy,
+    /// Turn EASY backfill off (the first gang that does not fit gets no
+    /// planned start; largest-first skips it, FIFO stops at it).
+    #[arg(long)]
+    no_backfill: bool,
     /// Synthetic arrivals per second (default: sized to --load).
     #[arg(long)]
     arrival_rate: Option<f64>,
@@ -124,7 +128,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         nodes: args.nodes,
         node,
         seed: args.seed,
-        admission: AdmissionConfig { order, ..AdmissionConfig::default() },
+        admission: AdmissionConfig { order, backfill: !args.no_backfill, ..AdmissionConfig::default() },
         failure_prob,
         lost_claim_prob,
         check_every: args.check_every,

@@ -143,6 +143,12 @@ pub struct Simulation {
     tasks_started: u64,
     task_failures: u64,
     last_finish_ms: u64,
+    /// The first start backfill planned for each gang not reserved since.
+    first_planned: BTreeMap<AllocId, u64>,
+    planned_starts: u64,
+    /// Gangs reserved after their first planned start: (gang, ms late).
+    late: Vec<(AllocId, u64)>,
+    backfilled: u64,
 }
 
 impl Simulation {
@@ -175,6 +181,10 @@ impl Simulation {
             tasks_started: 0,
             task_failures: 0,
             last_finish_ms: 0,
+            first_planned: BTreeMap::new(),
+            planned_starts: 0,
+            late: Vec::new(),
+            backfilled: 0,
         }
     }
 
@@ -309,7 +319,14 @@ impl Simulation {
         for ev in events {
             match ev {
                 Event::TaskFailed { charged: true, .. } => self.task_failures += 1,
-                Event::GangReserved { alloc, epoch, nodes } => self.agents_claim(*alloc, *epoch, nodes),
+                Event::GangReserved { alloc, epoch, nodes } => {
+                    if let Some(planned) = self.first_planned.remove(alloc)
+                        && self.now > planned
+                    {
+                        self.late.push((*alloc, self.now - planned));
+                    }
+                    self.agents_claim(*alloc, *epoch, nodes)
+                }
                 Event::GangRolledBack { .. } => self.rollbacks += 1,
                 Event::PreemptionDecided { victims, .. } => self.preemptions += victims.len() as u64,
                 Event::TeardownStarted { alloc, epoch, preempting, cause, .. } => {
@@ -353,7 +370,15 @@ impl Simulation {
         if self.cfg.preemption.is_some() {
             commands.extend(plan_expired_nominations(&self.state, self.now));
         }
-        commands.extend(plan_admission(&self.state, self.now, &self.cfg.admission).commands);
+        let plan = plan_admission(&self.state, self.now, &self.cfg.admission);
+        for p in &plan.planned {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.first_planned.entry(p.alloc) {
+                e.insert(p.start_ms);
+                self.planned_starts += 1;
+            }
+        }
+        self.backfilled += plan.stats.backfilled as u64;
+        commands.extend(plan.commands);
         self.apply_plan(&commands)?;
         if let Some(cfg) = self.cfg.preemption {
             // At most one pass per interval, as the leader runs it.
@@ -425,7 +450,11 @@ impl Simulation {
         };
         Report {
             seed: self.cfg.seed,
-            policy: format!("{:?}", self.cfg.admission.order),
+            policy: format!(
+                "{:?}{}",
+                self.cfg.admission.order,
+                if self.cfg.admission.backfill { "+backfill" } else { "" }
+            ),
             nodes: self.cfg.nodes,
             gpus_total,
             allocations: self.jobs.len() as u64,
@@ -445,6 +474,10 @@ impl Simulation {
             commands: self.commands,
             queue_delay_s: Distribution::of(all),
             queue_delay_large_s: Distribution::of(large),
+            planned_starts: self.planned_starts,
+            planned_start_late: self.late.len() as u64,
+            planned_start_max_late_s: self.late.iter().map(|&(_, ms)| ms).max().unwrap_or(0) as f64 / 1000.0,
+            backfilled: self.backfilled,
             utilisation,
             makespan_s: makespan_ms as f64 / 1000.0,
             state_digest: self.state.state_digest().to_string(),

@@ -86,6 +86,17 @@ pub struct Report {
     pub queue_delay_s: Distribution,
     /// The same, for allocations of 8 GPUs or more.
     pub queue_delay_large_s: Distribution,
+    /// Gangs backfill gave a planned start (the first gang of its vCluster
+    /// that admission could not place).
+    pub planned_starts: u64,
+    /// Of those, gangs reserved later than the first start planned for them
+    /// (a gang ranked ahead arrived and took the plan over; backfilled work
+    /// alone never delays one while walltimes hold).
+    pub planned_start_late: u64,
+    /// The latest such reservation, seconds after its first planned start.
+    pub planned_start_max_late_s: f64,
+    /// Gangs placed ahead of a gang with a planned start.
+    pub backfilled: u64,
     /// Busy GPU time / (GPUs × makespan).
     pub utilisation: f64,
     /// First submit → last allocation finished, seconds.
@@ -144,6 +155,15 @@ impl fmt::Display for Report {
         )?;
         writeln!(f, "queueing delay {}", self.queue_delay_s)?;
         writeln!(f, "  >= 8 GPUs    {}", self.queue_delay_large_s)?;
+        writeln!(
+            f,
+            "backfill       {} gangs ran ahead of a planned start; {} planned starts, {} reserved later than first \
+             planned (at most {})",
+            self.backfilled,
+            self.planned_starts,
+            self.planned_start_late,
+            duration(self.planned_start_max_late_s)
+        )?;
         writeln!(
             f,
             "utilisation    {:.1} % of GPU time over a makespan of {}",

@@ -59,11 +59,17 @@ fn t20_simulate_json_has_the_reported_fields() {
 #[test]
 fn t30_simulate_replays_the_shipped_trace() {
     let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../simulation/traces/philly.csv.gz");
-    let o = muster(&["simulate", "--trace", trace, "--limit", "2000", "--nodes", "16", "--policy", "fifo", "--json"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["completed"], 2000);
-    assert_eq!(v["policy"], "Fifo");
+    for (extra, policy) in [(None, "Fifo+backfill"), (Some("--no-backfill"), "Fifo")] {
+        let mut args =
+            vec!["simulate", "--trace", trace, "--limit", "2000", "--nodes", "12", "--policy", "fifo", "--json"];
+        args.extend(extra);
+        let o = muster(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["completed"], 2000);
+        assert_eq!(v["policy"], policy);
+        assert_eq!(v["backfilled"].as_u64().unwrap() > 0, extra.is_none(), "{v}");
+    }
 }
 
 #[test]

@@ -281,3 +281,43 @@ while true; do step=$((step+1)); sleep 0.1; done"#;
     let why = ok(&["alloc", "explain", &ml]);
     assert!(why["summary"].is_string(), "{why}");
 }
+
+/// Backfill on a real `muster dev`: a gang that does not fit gets a planned
+/// start (shown by `muster alloc explain`); a job that ends before it runs
+/// ahead, one that would run past it waits and says why.
+#[test]
+fn t134_backfill_plans_a_start_and_runs_only_work_that_ends_in_time() {
+    let dev = crate::dev_proc::Dev::start();
+    let ok = |args: &[&str]| {
+        let v = dev.json(args);
+        assert!(v.get("error").is_none(), "{args:?}: {v}");
+        v
+    };
+    let id = |v: serde_json::Value| v["id"].as_u64().unwrap().to_string();
+    let get = |id: &str| ok(&["alloc", "get", id]);
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let running = id(ok(&["submit", "-n", "2", "--gpus", "8", "--walltime", "1h", "--", "sleep", "600"]));
+    wait("the first gang to run", &|| get(&running)["status"] == "running");
+    let big = id(ok(&["submit", "-n", "4", "--gpus", "8", "--", "sleep", "1"]));
+    let planned = |id: &str| ok(&["alloc", "explain", id]);
+    wait("the big gang's planned start", &|| !planned(&big)["planned_start"].is_null());
+    let e = planned(&big);
+    let in_ms = e["planned_start"]["in_ms"].as_u64().unwrap();
+    assert!((3_500_000..=3_600_000).contains(&in_ms), "about an hour off: {e}");
+    assert_eq!(e["planned_start"]["nodes"].as_array().unwrap().len(), 4, "{e}");
+    assert!(e["summary"].as_str().unwrap().contains("planned start in"), "{e}");
+
+    let long = id(ok(&["submit", "-n", "1", "--gpus", "8", "--walltime", "2h", "--", "sleep", "600"]));
+    let short = id(ok(&["submit", "-n", "1", "--gpus", "8", "--walltime", "10m", "--", "sleep", "600"]));
+    wait("the short job to run ahead", &|| get(&short)["status"] == "running");
+    let why = planned(&long);
+    assert_eq!(get(&long)["status"], "queued");
+    assert!(why["summary"].as_str().unwrap().contains(&format!("held for allocation {big}'s planned start")), "{why}");
+    assert_eq!(get(&big)["status"], "queued");
+}

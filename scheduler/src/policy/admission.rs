@@ -13,6 +13,12 @@
 //!      subtract it before the next gang (a gang retried after a watchdog
 //!      trip goes first in its class and avoids the nodes it tripped on when
 //!      it can)
+//!   4. backfill (on by default): the first gang of each vCluster that finds
+//!      no room gets a planned start (`backfill::project`: when its nodes
+//!      have room if running work ends at its walltime); a later gang may
+//!      use one of the planned nodes only if its own walltime ends by then
+//!   5. borrowing: gangs that found no room at home top their home nodes up
+//!      with other vClusters' idle ones, cheapest to preempt first
 //! ```
 //!
 //! Capacity comes from the state's free-GPU index (ready nodes ordered by
@@ -32,6 +38,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::iter::Peekable;
 use std::ops::Bound::{Excluded, Unbounded};
 
+use super::backfill::{PendingEnds, PlannedStart, project};
 use crate::sm::{
     AllocId, Allocation, CheckpointMode, Command, NodeSlot, NodeStatus, QueueKey, Resources, Shape, State, TaskStatus,
     Usage, VcLoad, fits,
@@ -44,8 +51,10 @@ pub enum Order {
     /// does not fit is skipped and smaller ones are still tried.
     #[default]
     LargestFirst,
-    /// Strictly by submit time; the pass stops at the first gang that does
-    /// not fit (head-of-line blocking). A baseline to compare against.
+    /// Strictly by submit time; without backfill the pass stops at the
+    /// first gang that does not fit (head-of-line blocking, a baseline to
+    /// compare against); with it, that gang gets a planned start and later
+    /// ones run only if they end by then (EASY backfill).
     Fifo,
 }
 
@@ -56,11 +65,16 @@ pub struct AdmissionConfig {
     pub stale_reservation_ms: u64,
     /// The order gangs are tried in.
     pub order: Order,
+    /// EASY backfill: the first gang of each vCluster that does not fit gets
+    /// a planned start, and later gangs may use its planned nodes only if
+    /// their walltime ends by then. Off: a gang that does not fit is simply
+    /// skipped (largest-first) or stops the pass (FIFO).
+    pub backfill: bool,
 }
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        AdmissionConfig { stale_reservation_ms: 30_000, order: Order::LargestFirst }
+        AdmissionConfig { stale_reservation_ms: 30_000, order: Order::LargestFirst, backfill: true }
     }
 }
 
@@ -77,6 +91,14 @@ pub struct PassStats {
     pub gangs_borrowing: usize,
     /// Tasks placed (the sum of placed gangs' sizes).
     pub tasks_placed: usize,
+    /// Planned starts made for gangs that found no room (backfill).
+    pub planned_starts: usize,
+    /// Gangs placed after a planned start was made: they ran ahead of a
+    /// blocked gang without delaying it.
+    pub backfilled: usize,
+    /// Gangs that would fit now, but only on nodes a planned start needs
+    /// before their walltime ends.
+    pub held_for_planned: usize,
     /// Reservations rolled back.
     pub rollbacks: usize,
 }
@@ -88,6 +110,9 @@ pub struct AdmissionPlan {
     pub commands: Vec<Command>,
     /// What the pass did.
     pub stats: PassStats,
+    /// The planned starts backfill protected in this pass, at most one per
+    /// vCluster home, in the order they were made.
+    pub planned: Vec<PlannedStart>,
 }
 
 /// Runs one admission pass over `state` at `now_ms`.
@@ -99,6 +124,7 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
     //    starts a teardown of the running tasks instead (the gang is not
     //    queued again in this pass: it waits for them to stop).
     let mut requeued = BTreeSet::new();
+    let mut rolled_back = BTreeSet::new();
     for id in state.reserved_allocs() {
         let a = state.alloc(id).expect("index names a known allocation");
         let reserved_at = a.tasks.iter().filter_map(|t| t.reserved_at_ms).min().unwrap_or(now_ms);
@@ -111,6 +137,7 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
         }
         plan.commands.push(Command::RollbackGang { alloc: id, epoch: a.reservation_epoch });
         plan.stats.rollbacks += 1;
+        rolled_back.insert(id);
         // A gang with a finished task fails on rollback instead of requeueing.
         if !a.has_running() && !a.tasks.iter().any(|t| t.status == TaskStatus::Done) {
             requeued.insert(QueueKey::of(a));
@@ -119,7 +146,7 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
 
     // 2 and 3. Walk the queue and place, each gang on its vCluster's home
     //    nodes and shared ones.
-    let mut pass = Pass::new(state);
+    let mut pass = Pass::new(state, now_ms, cfg.backfill, rolled_back);
     match cfg.order {
         Order::LargestFirst => {
             // One stream per (vCluster, queued shape), plus one for the gangs
@@ -148,6 +175,8 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
             // Streams whose gang found no room at home, from that gang on:
             // candidates for borrowing once the walk is done.
             let mut short: Vec<(usize, QueueKey)> = Vec::new();
+            // Gangs that would fit at home but for a planned start.
+            let mut held: Vec<QueueKey> = Vec::new();
             while let Some(Reverse((key, stream))) = heads.pop() {
                 // Usage only grows during the walk: a head ranked before this
                 // pass placed more of its vCluster's work is ranked again.
@@ -158,9 +187,16 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
                     continue;
                 }
                 let a = state.alloc(key.queue.alloc).expect("queue names a known allocation");
-                let tried = pass.try_home(a, &mut plan, &mut capacity);
-                if tried == Tried::NoRoom && stream != extra_stream {
-                    short.push((stream, key.queue));
+                let mut tried = pass.try_home(a, &mut plan, &mut capacity);
+                if tried == Tried::Held && !pass.look_past_held() {
+                    tried = Tried::NoRoom;
+                }
+                if stream != extra_stream {
+                    match tried {
+                        Tried::NoRoom => short.push((stream, key.queue)),
+                        Tried::Held => held.push(key.queue),
+                        _ => {}
+                    }
                 }
                 let next = if stream == extra_stream {
                     extra_pos += 1;
@@ -179,6 +215,15 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
             //    preempt first (lower class, then able to checkpoint), since
             //    the lender takes its nodes back by preempting them.
             let mut borrowers: Vec<&Allocation> = Vec::new();
+            for k in held {
+                if borrowers.len() == MAX_BORROW_CANDIDATES {
+                    break;
+                }
+                let a = state.alloc(k.alloc).expect("queue names a known allocation");
+                if state.borrow_limit_gpus(&a.spec.vcluster).is_some() && a.spec.never_preempted().is_none() {
+                    borrowers.push(a);
+                }
+            }
             for &(stream, from) in &short {
                 let ((home, _), group) = groups[stream];
                 let Some(name) = state.home_name(*home) else { continue };
@@ -205,17 +250,26 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
             let extra: BTreeSet<AllocId> = requeued.iter().map(|k| k.alloc).collect();
             for id in merge_sorted(state.queue_fifo(), extra.iter().copied()) {
                 let a = state.alloc(id).expect("queue names a known allocation");
-                if pass.try_home(a, &mut plan, &mut capacity) == Tried::NoRoom {
+                let tried = pass.try_home(a, &mut plan, &mut capacity);
+                // Without backfill the first misfit stops the pass; with it,
+                // later gangs run if they do not delay the planned start.
+                if matches!(tried, Tried::NoRoom | Tried::Held) && !(cfg.backfill && pass.look_past_held()) {
                     break;
                 }
             }
         }
     }
+    plan.planned = pass.planned;
     plan
 }
 
 /// Most queued gangs one pass looks at for borrowing.
 pub const MAX_BORROW_CANDIDATES: usize = 1024;
+
+/// Most gangs one pass looks at without placing them once backfill has made
+/// a planned start (the walk goes on past a misfit to find gangs that end in
+/// time; this bounds what a long queue of misfits costs).
+pub const MAX_BACKFILL_LOOKS: usize = 1024;
 
 /// A gang's rank in one pass: its queue key with the fair-share rank of its
 /// vCluster between priority and submit time.
@@ -240,6 +294,9 @@ enum Tried {
     Skipped,
     /// No room on its nodes: the rest of its stream cannot fit either.
     NoRoom,
+    /// Room only on nodes a planned start needs before its walltime ends:
+    /// a gang of the same shape that ends sooner may still go.
+    Held,
 }
 
 /// The state one pass keeps while it walks the queue.
@@ -253,6 +310,30 @@ struct Pass<'a> {
     pending: BTreeMap<String, VcLoad>,
     /// GPUs this pass reserved on borrowed nodes, by vCluster home key.
     pending_borrowed: BTreeMap<u32, u64>,
+    /// The pass's time: gangs placed now are expected to end at this plus
+    /// their walltime.
+    now_ms: u64,
+    /// Whether to make planned starts (EASY backfill).
+    backfill: bool,
+    /// Planned starts made, at most one per home key…
+    planned: Vec<PlannedStart>,
+    planned_homes: BTreeSet<u32>,
+    /// …and the nodes they need, each with the planned start it waits for
+    /// and whose it is.
+    needed: BTreeMap<NodeSlot, (u64, AllocId)>,
+    /// Expected ends of this pass's own placements, per node.
+    ends: PendingEnds,
+    /// (home key, shape) → the earliest expected end that found room only on
+    /// needed nodes: a later end finds no more.
+    held_from: BTreeMap<(u32, Shape), u64>,
+    /// (home key, shape) pairs whose planned start cannot be made (too few
+    /// nodes could ever take them).
+    unplannable: BTreeSet<(u32, Shape)>,
+    /// Gangs this pass rolled back: their capacity is already free in the
+    /// overlay.
+    rolled_back: BTreeSet<AllocId>,
+    /// Gangs the walk may still look at without placing (backfill).
+    looks_left: usize,
     /// GPUs each vCluster holds (by home key), this pass's included.
     used: Vec<u64>,
     /// Each vCluster's share in GPUs (by home key): its GPU quota if it has
@@ -262,7 +343,7 @@ struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
-    fn new(state: &'a State) -> Pass<'a> {
+    fn new(state: &'a State, now_ms: u64, backfill: bool, rolled_back: BTreeSet<AllocId>) -> Pass<'a> {
         let keys = state.home_keys() as usize;
         let mut used = vec![0; keys];
         let mut share = vec![0; keys];
@@ -285,6 +366,16 @@ impl<'a> Pass<'a> {
             failed_borrow: BTreeSet::new(),
             pending: BTreeMap::new(),
             pending_borrowed: BTreeMap::new(),
+            now_ms,
+            backfill,
+            planned: Vec::new(),
+            planned_homes: BTreeSet::new(),
+            needed: BTreeMap::new(),
+            ends: PendingEnds::new(),
+            held_from: BTreeMap::new(),
+            unplannable: BTreeSet::new(),
+            rolled_back,
+            looks_left: MAX_BACKFILL_LOOKS,
             used,
             share,
             nodes: Vec::new(),
@@ -312,6 +403,21 @@ impl<'a> Pass<'a> {
             && self.state.quota_excess(a, slots, self.pending.get(&a.spec.vcluster), &[]).is_some()
     }
 
+    /// When `a` is expected to end if placed now.
+    fn end_of(&self, a: &Allocation) -> u64 {
+        self.now_ms.saturating_add(a.spec.walltime_s.saturating_mul(1000))
+    }
+
+    /// Whether the walk may look at one more gang it cannot place (backfill
+    /// goes past misfits, at most `MAX_BACKFILL_LOOKS` per pass).
+    fn look_past_held(&mut self) -> bool {
+        if self.looks_left == 0 {
+            return false;
+        }
+        self.looks_left -= 1;
+        true
+    }
+
     /// Tries `a` on its vCluster's home nodes and shared ones.
     fn try_home(&mut self, a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay) -> Tried {
         plan.stats.gangs_considered += 1;
@@ -319,6 +425,11 @@ impl<'a> Pass<'a> {
         let shape = (home, Shape::of(a));
         if self.failed.contains(&shape) {
             return Tried::NoRoom;
+        }
+        let end = self.end_of(a);
+        if self.held_from.get(&shape).is_some_and(|&e| end >= e) {
+            plan.stats.held_for_planned += 1;
+            return Tried::Held;
         }
         if self.over_quota(a, &[]) {
             plan.stats.quota_waits += 1;
@@ -328,22 +439,74 @@ impl<'a> Pass<'a> {
         let n = a.spec.gang_size as usize;
         let homes = [home, 0];
         self.nodes.clear();
+        // A node a planned start needs only if this gang ends by then.
+        let needed = &self.needed;
+        let in_time = |slot: NodeSlot| needed.get(&slot).is_none_or(|&(start, by)| end <= start || by == a.id);
+        let avoid = &a.avoid_nodes;
         // After a watchdog trip, elsewhere if it can be; the same node if not.
         let placed = need.gpus <= capacity.max_free_gpus(&homes)
-            && ((!a.avoid_nodes.is_empty() && capacity.find(&need, n, &homes, &a.avoid_nodes, &mut self.nodes)) || {
-                self.nodes.clear();
-                capacity.find(&need, n, &homes, &[], &mut self.nodes)
-            });
+            && ((!avoid.is_empty()
+                && capacity.find_where(&need, n, &homes, &mut self.nodes, |s| {
+                    in_time(s) && avoid.binary_search(&s).is_err()
+                }))
+                || {
+                    self.nodes.clear();
+                    capacity.find_where(&need, n, &homes, &mut self.nodes, in_time)
+                });
         if !placed {
-            self.failed.insert(shape);
-            return Tried::NoRoom;
+            // Room, but only on nodes a planned start needs?
+            let held = !self.needed.is_empty() && {
+                self.nodes.clear();
+                need.gpus <= capacity.max_free_gpus(&homes) && capacity.find(&need, n, &homes, &[], &mut self.nodes)
+            };
+            if held {
+                let e = self.held_from.entry(shape).or_insert(end);
+                *e = (*e).min(end);
+                plan.stats.held_for_planned += 1;
+            } else {
+                self.failed.insert(shape);
+            }
+            self.plan_start(a, plan, capacity);
+            return if held { Tried::Held } else { Tried::NoRoom };
         }
         if self.over_quota(a, &self.nodes) {
             plan.stats.quota_waits += 1;
             return Tried::Skipped;
         }
         self.reserve(a, plan, capacity, 0);
+        if !self.planned.is_empty() {
+            plan.stats.backfilled += 1;
+        }
         Tried::Placed
+    }
+
+    /// Makes the planned start of `a`, the first gang of its home the pass
+    /// cannot place (backfill): from the overlay's free capacity and what
+    /// each holder of the home's other nodes frees at the end of its
+    /// walltime. Nodes an earlier planned start needs are left out.
+    fn plan_start(&mut self, a: &Allocation, plan: &mut AdmissionPlan, capacity: &Overlay) {
+        let home = self.state.home_key(&a.spec.vcluster);
+        let shape = (home, Shape::of(a));
+        if !self.backfill || self.planned_homes.contains(&home) || self.unplannable.contains(&shape) {
+            return;
+        }
+        let needed = &self.needed;
+        let nodes = capacity.nodes_of(&[home, 0], 0).filter(|s| !needed.contains_key(s)).map(|s| (s, capacity.free(s)));
+        let rolled_back = &self.rolled_back;
+        let projected =
+            project(self.state, &a.spec.resources, a.spec.gang_size as usize, self.now_ms, nodes, &self.ends, |id| {
+                rolled_back.contains(&id)
+            });
+        let Some((start_ms, nodes)) = projected else {
+            self.unplannable.insert(shape);
+            return;
+        };
+        for &slot in &nodes {
+            self.needed.insert(slot, (start_ms, a.id));
+        }
+        self.planned_homes.insert(home);
+        self.planned.push(PlannedStart { alloc: a.id, start_ms, nodes });
+        plan.stats.planned_starts += 1;
     }
 
     /// Tries `a` on its home and shared nodes topped up with other
@@ -357,12 +520,15 @@ impl<'a> Pass<'a> {
         }
         let need = a.spec.resources;
         let n = a.spec.gang_size as usize;
+        let end = self.end_of(a);
+        let needed = &self.needed;
+        let in_time = |slot: NodeSlot| needed.get(&slot).is_none_or(|&(start, by)| end <= start || by == a.id);
         self.nodes.clear();
         // Home first (it fails alone: the walk tried), then lenders.
-        capacity.find(&need, n, &[home, 0], &[], &mut self.nodes);
+        capacity.find_where(&need, n, &[home, 0], &mut self.nodes, in_time);
         let lenders: Vec<u32> = (1..state.home_keys()).filter(|&k| k != home && state.queued_in(k) == 0).collect();
         let at_home = self.nodes.len();
-        if !capacity.find_where(&need, n, &lenders, &mut self.nodes, |slot| state.lendable(slot)) {
+        if !capacity.find_where(&need, n, &lenders, &mut self.nodes, |slot| state.lendable(slot) && in_time(slot)) {
             // Fewer free nodes now than this shape needs: so for the rest.
             self.failed_borrow.insert(shape);
             return;
@@ -390,8 +556,12 @@ impl<'a> Pass<'a> {
             *u += u64::from(a.spec.resources.gpus) * self.nodes.len() as u64;
         }
         let usage = Usage::of(&a.spec.resources);
+        let end = self.end_of(a);
         for &slot in &self.nodes {
             capacity.take(slot, &usage);
+            if self.backfill {
+                self.ends.entry(slot).or_default().push((end, usage));
+            }
         }
         plan.commands.push(Command::ReserveGang {
             alloc: a.id,

@@ -258,9 +258,14 @@ fn fifo_stops_at_the_first_gang_that_does_not_fit() {
     let mut c = Cluster::new(&[8, 8]);
     let big = c.submit(3, 8);
     let small = c.submit(1, 1);
-    let plan = c.pass(&AdmissionConfig { order: Order::Fifo, ..default_cfg() });
+    let plan = c.pass(&AdmissionConfig { order: Order::Fifo, backfill: false, ..default_cfg() });
     assert!(plan.commands.is_empty());
     assert_eq!((c.status(big), c.status(small)), (AllocStatus::Queued, AllocStatus::Queued));
+    // With backfill a gang that can never fit on the ready nodes gets no
+    // planned start, and blocks nothing.
+    let plan = c.pass(&AdmissionConfig { order: Order::Fifo, backfill: true, ..default_cfg() });
+    assert!(plan.planned.is_empty());
+    assert_eq!((c.status(big), c.status(small)), (AllocStatus::Queued, AllocStatus::Reserved));
 }
 
 #[test]
@@ -284,4 +289,121 @@ fn a_plan_made_from_a_stale_view_is_rejected_whole_by_apply() {
     let out = c.s.apply(&plan.commands[0], &ApplyCtx { time_ms: c.now });
     assert!(matches!(out, Outcome::Rejected(crate::sm::Rejection::InsufficientCapacity { .. })), "{out:?}");
     c.s.check_invariants().unwrap();
+}
+
+/// Four 8-GPU nodes; a 2-node gang runs on n0 and n1 for up to an hour, and
+/// a 4-node gang waits for them: its planned start is when their walltime
+/// ends.
+fn blocked_big_gang(backfill: bool) -> (Cluster, AllocId, AdmissionConfig) {
+    let cfg = AdmissionConfig { backfill, ..default_cfg() };
+    let mut c = Cluster::new(&[8, 8, 8, 8]);
+    let running = c.submit_with(2, 8, |s| s.walltime_s = 3_600);
+    c.pass(&cfg);
+    c.start_all(running);
+    let big = c.submit(4, 8);
+    (c, big, cfg)
+}
+
+#[test]
+fn backfill_plans_a_start_for_the_first_gang_that_does_not_fit() {
+    let (mut c, big, cfg) = blocked_big_gang(true);
+    let plan = c.pass(&cfg);
+    assert_eq!(plan.stats.planned_starts, 1);
+    let p = &plan.planned[0];
+    assert_eq!((p.alloc, p.start_ms), (big, 1_000 + 3_600_000));
+    let names: Vec<String> = p.nodes.iter().map(|&s| c.s.node(s).id.to_string()).collect();
+    assert_eq!(names, ["n0", "n1", "n2", "n3"]);
+    // The explanation shows it, from the state alone.
+    let e = crate::policy::explain(&c.s, big, c.now, &Default::default()).unwrap();
+    assert_eq!(e.planned_start.as_ref().map(|p| p.start_ms), Some(1_000 + 3_600_000));
+    assert!(e.summary.contains("planned start in 3600 s on n0, n1, n2, n3"), "{}", e.summary);
+}
+
+#[test]
+fn backfill_runs_work_ahead_only_if_it_ends_by_the_planned_start() {
+    let (mut c, big, cfg) = blocked_big_gang(true);
+    let long = c.submit_with(1, 8, |s| s.walltime_s = 7_200);
+    let short = c.submit_with(1, 8, |s| s.walltime_s = 3_599);
+    let plan = c.pass(&cfg);
+    assert_eq!(c.status(short), AllocStatus::Reserved, "it ends before the planned start");
+    assert_eq!(c.status(long), AllocStatus::Queued, "it would delay the big gang by an hour");
+    assert_eq!(c.status(big), AllocStatus::Queued);
+    assert_eq!((plan.stats.backfilled, plan.stats.held_for_planned), (1, 1));
+    // The next pass keeps the same promise.
+    let again = c.pass(&cfg);
+    assert_eq!(again.planned[0].start_ms, 1_000 + 3_600_000);
+    assert_eq!(c.status(long), AllocStatus::Queued);
+    // Its explanation names the gang it waits behind.
+    let pcfg = crate::policy::PreemptionConfig::default();
+    let e = crate::policy::explain_with_admission(&c.s, long, c.now, &pcfg, &cfg).unwrap();
+    let expect = format!("held for allocation {big}'s planned start in 3600 s");
+    assert!(e.summary.contains(&expect), "{}", e.summary);
+}
+
+#[test]
+fn without_backfill_long_work_runs_ahead_of_the_blocked_gang() {
+    let (mut c, big, cfg) = blocked_big_gang(false);
+    let long = c.submit_with(1, 8, |s| s.walltime_s = 7_200);
+    let plan = c.pass(&cfg);
+    assert_eq!((c.status(long), c.status(big)), (AllocStatus::Reserved, AllocStatus::Queued));
+    assert!(plan.planned.is_empty());
+    // FIFO without backfill stops at the blocked gang instead.
+    let (mut f, big, _) = blocked_big_gang(false);
+    let small = f.submit_with(1, 8, |s| s.walltime_s = 60);
+    f.pass(&AdmissionConfig { order: Order::Fifo, backfill: false, ..default_cfg() });
+    assert_eq!((f.status(small), f.status(big)), (AllocStatus::Queued, AllocStatus::Queued));
+}
+
+/// EASY with FIFO: the head gang gets the planned start; a later gang that
+/// ends in time runs ahead, one that does not waits.
+#[test]
+fn fifo_with_backfill_runs_later_gangs_that_end_in_time() {
+    let (mut c, big, _) = blocked_big_gang(true);
+    let cfg = AdmissionConfig { order: Order::Fifo, backfill: true, ..default_cfg() };
+    let long = c.submit_with(1, 8, |s| s.walltime_s = 7_200);
+    let short = c.submit_with(1, 8, |s| s.walltime_s = 600);
+    let plan = c.pass(&cfg);
+    assert_eq!(plan.planned.iter().map(|p| p.alloc).collect::<Vec<_>>(), [big]);
+    assert_eq!((c.status(long), c.status(short)), (AllocStatus::Queued, AllocStatus::Reserved));
+}
+
+/// A node the planned gang does not need takes work however long it runs.
+#[test]
+fn nodes_the_planned_gang_does_not_need_take_long_work() {
+    let cfg = default_cfg();
+    let mut c = Cluster::new(&[8, 8, 8, 8, 8]);
+    let running = c.submit_with(3, 4, |s| s.walltime_s = 3_600);
+    c.pass(&cfg);
+    c.start_all(running);
+    assert_eq!(c.nodes_of(running), ["n0", "n1", "n2"]);
+    let big = c.submit(4, 8);
+    let long = c.submit_with(1, 4, |s| s.walltime_s = 7_200);
+    let plan = c.pass(&cfg);
+    let planned: Vec<String> = plan.planned[0].nodes.iter().map(|&s| c.s.node(s).id.to_string()).collect();
+    assert_eq!(planned, ["n0", "n1", "n3", "n4"]);
+    assert_eq!(c.status(big), AllocStatus::Queued);
+    assert_eq!(c.nodes_of(long), ["n2"]);
+}
+
+/// Preemption waits when waiting starts the gang soon enough.
+#[test]
+fn a_gang_that_starts_within_the_preemption_wait_preempts_nothing() {
+    let cfg = default_cfg();
+    let pcfg = crate::policy::PreemptionConfig { min_runtime_ms: 0, near_completion_ms: 0, ..Default::default() };
+    for (victim_walltime_s, preempts) in [(200, false), (3_600, true)] {
+        let mut c = Cluster::new(&[8, 8]);
+        let low = c.submit_with(2, 8, |s| s.walltime_s = victim_walltime_s);
+        c.pass(&cfg);
+        c.start_all(low);
+        c.now += 10_000;
+        let high = c.submit_with(2, 8, |s| s.preemption_class = 5);
+        let decisions = crate::policy::plan_preemptions(&c.s, c.now, &pcfg);
+        assert_eq!(!decisions.is_empty(), preempts, "victim walltime {victim_walltime_s} s: {decisions:?}");
+        let e = crate::policy::explain(&c.s, high, c.now, &pcfg).unwrap();
+        let why = e.preemption.unwrap().err().map(|w| w.to_string()).unwrap_or_default();
+        assert_eq!(why.contains("waiting starts it in 190 s"), !preempts, "{why}");
+        // With no wait, it preempts at once.
+        let now = crate::policy::PreemptionConfig { wait_ms: 0, ..pcfg };
+        assert!(!crate::policy::plan_preemptions(&c.s, c.now, &now).is_empty());
+    }
 }

@@ -7,8 +7,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::preemption::{Decision, NoPreemption, PreemptionConfig, Preemptor, decide};
-use crate::sm::{AllocId, AllocSpec, AllocStatus, NodeStatus, Resources, State, Usage, fits};
+use super::admission::{AdmissionConfig, plan_admission};
+use super::backfill::{PlannedStart, planned_start};
+use super::preemption::{Decision, NoPreemption, PreemptionConfig, Preemptor, decide, waits_for_start};
+use crate::sm::{AllocId, AllocSpec, AllocStatus, Command, NodeStatus, Resources, State, Usage, fits};
 
 /// One class of nodes and what it means for the gang.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +39,9 @@ pub struct Explanation {
     /// What preemption would do for it (pending gangs only): the decision,
     /// or why there is none.
     pub preemption: Option<Result<Decision, NoPreemption>>,
+    /// When it is planned to start if running work ends at its walltime
+    /// (pending gangs that do not fit now; `backfill::planned_start`).
+    pub planned_start: Option<PlannedStart>,
 }
 
 fn describe(r: &Resources, status: NodeStatus) -> String {
@@ -108,7 +113,59 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
         // Held back by its own vCluster's quota: no preemption can help.
         e.summary = format!("waiting for {quota}");
     } else if a.is_queued() {
-        e.preemption = Some(decide(state, &Preemptor::of(state, a), now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
+        e.planned_start = planned_start(state, a, now_ms).filter(|p| p.start_ms > now_ms);
+        if let Some(p) = &e.planned_start {
+            let nodes: Vec<String> = p.nodes.iter().map(|&s| state.node(s).id.to_string()).collect();
+            e.summary = format!(
+                "{}; planned start in {} s on {} (when running work reaches its walltime: smaller gangs run \
+                 first only if they end by then)",
+                e.summary,
+                (p.start_ms - now_ms).div_ceil(1000),
+                nodes.join(", ")
+            );
+        }
+        let waits = waits_for_start(state, a, now_ms, cfg);
+        e.preemption = Some(match waits {
+            Some(why) => Err(why),
+            None => decide(state, &Preemptor::of(state, a), now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()),
+        });
+    }
+    Some(e)
+}
+
+/// [`explain`] with what an admission pass would do now (the RPC's answer;
+/// the dashboard uses the cheaper `explain`): a gang with the pass's planned
+/// start says so, and a gang that fits now but is kept off the nodes another
+/// gang's planned start needs names that gang.
+pub fn explain_with_admission(
+    state: &State,
+    id: AllocId,
+    now_ms: u64,
+    cfg: &PreemptionConfig,
+    admission: &AdmissionConfig,
+) -> Option<Explanation> {
+    let mut e = explain(state, id, now_ms, cfg)?;
+    let a = state.alloc(id)?;
+    if !a.is_queued() || a.nomination.is_some() || !admission.backfill {
+        return Some(e);
+    }
+    let plan = plan_admission(state, now_ms, admission);
+    let placed = plan.commands.iter().any(|c| matches!(c, Command::ReserveGang { alloc, .. } if *alloc == id));
+    if placed || plan.planned.iter().any(|p| p.alloc == id) {
+        return Some(e);
+    }
+    let fits_now = e.classes.iter().map(|c| c.can_take_now).sum::<u32>() >= a.spec.gang_size;
+    let home = state.home_key(&a.spec.vcluster);
+    let ahead = plan.planned.iter().find(|p| p.nodes.iter().any(|&s| [home, 0].contains(&state.node_home(s))));
+    if let (true, Some(p)) = (fits_now, ahead) {
+        e.summary = format!(
+            "held for allocation {}'s planned start in {} s: the nodes this gang could take now are kept for it, and \
+             this gang's walltime of {} s would run past that; it runs when other nodes free up, or after {} starts",
+            p.alloc,
+            p.start_ms.saturating_sub(now_ms).div_ceil(1000),
+            a.spec.walltime_s,
+            p.alloc
+        );
     }
     Some(e)
 }
@@ -189,7 +246,7 @@ fn explain_gang(state: &State, need: Resources, n: u32, status: AllocStatus, pen
     } else {
         format!("waiting for capacity: the gang needs {n} nodes at once; {free_now} can take a task now")
     };
-    Explanation { alloc: id, status, summary, classes: reasons, preemption: None }
+    Explanation { alloc: id, status, summary, classes: reasons, preemption: None, planned_start: None }
 }
 
 #[cfg(test)]

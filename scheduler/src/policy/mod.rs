@@ -3,6 +3,7 @@
 //! async; `apply` re-checks everything they propose.
 
 mod admission;
+mod backfill;
 mod explain;
 mod nodes;
 mod preemption;
@@ -15,12 +16,14 @@ mod admission_test;
 mod preemption_test;
 
 pub use admission::{AdmissionConfig, AdmissionPlan, Order, PassStats, plan_admission};
-pub use explain::{ClassReason, Explanation, explain, explain_spec};
+pub use backfill::{PlannedStart, expected_end_ms, planned_start};
+pub use explain::{ClassReason, Explanation, explain, explain_spec, explain_with_admission};
 pub use nodes::{
     DEFAULT_DRAIN_TIMEOUT_MS, ScaleDownChoice, drain_timeout_ms, plan_drain_expiries, plan_scale_down, planned_nodes,
 };
 pub use preemption::{
-    Decision, Excluded, NoPreemption, PreemptionConfig, Preemptor, VictimCost, decide, plan_preemptions, score,
+    DEFAULT_PREEMPTION_WAIT_MS, Decision, Excluded, NoPreemption, PreemptionConfig, Preemptor, VictimCost, decide,
+    plan_preemptions, score, waits_for_start,
 };
 pub use reclaim::{DEFAULT_RETURN_GRACE_MS, Reclaim, ReclaimConfig, plan_reclaims, reclaim_due_ms};
 pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_expired_nominations, plan_force_drains};

@@ -76,6 +76,10 @@ pub struct PreemptionConfig {
     /// The leader runs a preemption pass at most this often (admission may
     /// run on every submit and release; preemption is the last resort).
     pub min_pass_interval_ms: u64,
+    /// A queued gang whose planned start (`planned_start`: running work
+    /// ends at its walltime, and backfill keeps the nodes for it) is at most
+    /// this far off waits instead of preempting (0: preempt at once).
+    pub wait_ms: u64,
 }
 
 impl Default for PreemptionConfig {
@@ -94,9 +98,14 @@ impl Default for PreemptionConfig {
             min_candidate_nodes: 100,
             candidate_nodes_percent: 5,
             min_pass_interval_ms: 1_000,
+            wait_ms: DEFAULT_PREEMPTION_WAIT_MS,
         }
     }
 }
+
+/// How close a planned start must be for a gang to wait for it instead of
+/// preempting: 5 minutes.
+pub const DEFAULT_PREEMPTION_WAIT_MS: u64 = 5 * 60_000;
 
 impl PreemptionConfig {
     /// After this long a victim's still-preempting tasks are forced to
@@ -315,6 +324,15 @@ pub enum NoPreemption {
         /// What was left out.
         excluded: Excluded,
     },
+    /// Waiting is enough: its planned start is within the preemption wait.
+    WaitsForStart {
+        /// When it is planned to start (ms).
+        start_ms: u64,
+        /// How far off that is (ms).
+        in_ms: u64,
+        /// The preemption wait (ms).
+        wait_ms: u64,
+    },
     /// The cheapest set found costs at least the preemptor's value.
     TooCostly {
         /// Its cost.
@@ -339,6 +357,13 @@ impl fmt::Display for NoPreemption {
                 f,
                 "no preemption: at most {max_victims} victims among {candidates} candidates free only {fitting} of the \
                  {need} nodes needed ({excluded})"
+            ),
+            NoPreemption::WaitsForStart { in_ms, wait_ms, .. } => write!(
+                f,
+                "no preemption: waiting starts it in {} s (when running work reaches its walltime), within the {} s \
+                 preemption wait",
+                in_ms.div_ceil(1000),
+                wait_ms / 1000
             ),
             NoPreemption::TooCostly { cost, value, victims } => write!(
                 f,
@@ -765,8 +790,20 @@ fn best_reach(
     count_fitting(state, need, eligible, &freed)
 }
 
+/// `Some` when queued gang `a` should wait rather than preempt: its planned
+/// start is within `cfg.wait_ms` of now.
+pub fn waits_for_start(state: &State, a: &Allocation, now_ms: u64, cfg: &PreemptionConfig) -> Option<NoPreemption> {
+    if cfg.wait_ms == 0 {
+        return None;
+    }
+    let p = super::backfill::planned_start(state, a, now_ms)?;
+    let in_ms = p.start_ms.saturating_sub(now_ms);
+    (in_ms <= cfg.wait_ms).then_some(NoPreemption::WaitsForStart { start_ms: p.start_ms, in_ms, wait_ms: cfg.wait_ms })
+}
+
 /// One pass: for queued gangs of class ≥ 1 that admission could not place,
 /// highest class first (then admission order), the decisions to propose.
+/// A gang that waiting starts within `cfg.wait_ms` is passed over.
 /// Later decisions of a pass do not reuse an earlier one's victims or nodes.
 pub fn plan_preemptions(state: &State, now_ms: u64, cfg: &PreemptionConfig) -> Vec<(AllocId, Decision)> {
     let mut out = Vec::new();
@@ -784,6 +821,11 @@ pub fn plan_preemptions(state: &State, now_ms: u64, cfg: &PreemptionConfig) -> V
         // Past its vCluster's quota it waits; preempting others would not
         // let it run (apply refuses the decision too).
         if hopeless.contains(&Shape::of(a)) || state.quota_excess(a, &[], None, &[]).is_some() {
+            continue;
+        }
+        // Waiting (with backfill keeping its nodes) comes before preempting.
+        if waits_for_start(state, a, now_ms, cfg).is_some() {
+            tries += 1;
             continue;
         }
         match decide(state, &Preemptor::of(state, a), now_ms, cfg, &taken, &held) {

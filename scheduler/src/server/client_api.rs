@@ -229,7 +229,7 @@ impl AllocationService for ClientApi {
             let cfg = self.s.preemption;
             let plan = self.s.reader.read(|st| {
                 let now = super::proposer::now_ms().max(st.now_ms());
-                convert::explanation_to_proto(crate::policy::explain_spec(st, &spec, now, &cfg), st)
+                convert::explanation_to_proto(crate::policy::explain_spec(st, &spec, now, &cfg), st, now)
             });
             return Ok(Response::new(v1::SubmitResponse { id: 0, duplicate: false, plan: Some(plan) }));
         }
@@ -267,13 +267,14 @@ impl AllocationService for ClientApi {
     async fn explain(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Explanation>, Status> {
         let id = req.into_inner().id;
         linearizable(&self.s).await?;
-        let cfg = self.s.preemption;
+        let (cfg, admission) = (self.s.preemption, self.s.admission);
         let e = self
             .s
             .reader
             .read(|st| {
                 let now = super::proposer::now_ms().max(st.now_ms());
-                crate::policy::explain(st, id, now, &cfg).map(|e| convert::explanation_to_proto(e, st))
+                crate::policy::explain_with_admission(st, id, now, &cfg, &admission)
+                    .map(|e| convert::explanation_to_proto(e, st, now))
             })
             .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))?;
         Ok(Response::new(e))

@@ -430,7 +430,7 @@ pub fn node_to_proto(st: &crate::sm::State, n: &crate::sm::Node) -> v1::Node {
 }
 
 /// The wire form of an explanation.
-pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State) -> v1::Explanation {
+pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State, now_ms: u64) -> v1::Explanation {
     let preemption = e.preemption.map(|p| match p {
         Ok(d) => v1::PreemptionPlan {
             victims: d
@@ -455,6 +455,11 @@ pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State) -> v1::Ex
         Err(why) => v1::PreemptionPlan { reason: why.to_string(), ..Default::default() },
     });
     v1::Explanation {
+        planned_start: e.planned_start.map(|p| v1::PlannedStart {
+            start_ms: p.start_ms,
+            in_ms: p.start_ms.saturating_sub(now_ms),
+            node_ids: p.nodes.iter().map(|&s| st.node(s).id.to_string()).collect(),
+        }),
         preemption,
         id: e.alloc,
         status: alloc_status_to_proto(e.status) as i32,

@@ -167,6 +167,8 @@ async fn admission_pass(s: &Shared, cfg: &AdmissionConfig) {
     let started = std::time::Instant::now();
     let plan = s.reader.read(|st| plan_admission(st, now_ms(), cfg));
     metrics::histogram!("muster_admission_pass_seconds").record(started.elapsed().as_secs_f64());
+    metrics::gauge!("muster_admission_planned_starts").set(plan.planned.len() as f64);
+    metrics::counter!("muster_admission_backfilled_total").increment(plan.stats.backfilled as u64);
     if plan.commands.is_empty() {
         return;
     }

@@ -54,18 +54,30 @@ class AllocationEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., revision: _Optional[int] = ..., time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class Explanation(_message.Message):
-    __slots__ = ("id", "status", "summary", "classes", "preemption")
+    __slots__ = ("id", "status", "summary", "classes", "preemption", "planned_start")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_START_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: _types_pb2.AllocationStatus
     summary: str
     classes: _containers.RepeatedCompositeFieldContainer[NodeClassReason]
     preemption: PreemptionPlan
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ...) -> None: ...
+    planned_start: PlannedStart
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ..., planned_start: _Optional[_Union[PlannedStart, _Mapping]] = ...) -> None: ...
+
+class PlannedStart(_message.Message):
+    __slots__ = ("start_ms", "in_ms", "node_ids")
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    IN_MS_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    start_ms: int
+    in_ms: int
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, start_ms: _Optional[int] = ..., in_ms: _Optional[int] = ..., node_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PreemptionPlan(_message.Message):
     __slots__ = ("victims", "node_ids", "total_cost", "value", "reason")
