@@ -138,6 +138,16 @@ fn scenario(name: &str, nodes: u32, gangs: u32, busy_share: f64, quota: Option<u
         plan = black_box(plan_admission(black_box(&state), now, &cfg));
         plan_times.push(t.elapsed());
     }
+    // The same pass without backfill, interleaved in this run: what planned
+    // starts cost.
+    let off = AdmissionConfig { backfill: false, ..cfg };
+    let mut off_times = Vec::new();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        black_box(plan_admission(black_box(&state), now, &off));
+        off_times.push(t.elapsed());
+    }
+    let without_backfill = median(off_times);
     let mut apply_times = Vec::new();
     for _ in 0..rounds.min(5) {
         let mut s = state.clone();
@@ -160,7 +170,7 @@ fn scenario(name: &str, nodes: u32, gangs: u32, busy_share: f64, quota: Option<u
     let with_apply = median(apply_times);
     let tasks = plan.stats.tasks_placed as f64;
     println!(
-        "{name:<34} {nodes:>6} nodes {gangs:>6} gangs | placed {:>5} gangs {:>6} tasks | pass median {:>8.2} ms best {:>8.2} ms | {:>10.0} placements/s | plan+apply {:>8.2} ms {:>10.0} placements/s | naive rescan {:>9.2} ms ({} tasks), indexed is {:.0}x faster",
+        "{name:<34} {nodes:>6} nodes {gangs:>6} gangs | placed {:>5} gangs {:>6} tasks | pass median {:>8.2} ms best {:>8.2} ms | {:>10.0} placements/s | plan+apply {:>8.2} ms {:>10.0} placements/s | naive rescan {:>9.2} ms ({} tasks), indexed is {:.0}x faster | {} planned start(s), {} backfilled; without backfill {:>8.2} ms ({:.2}x)",
         plan.stats.gangs_placed,
         plan.stats.tasks_placed,
         med.as_secs_f64() * 1e3,
@@ -171,6 +181,10 @@ fn scenario(name: &str, nodes: u32, gangs: u32, busy_share: f64, quota: Option<u
         naive.as_secs_f64() * 1e3,
         naive_tasks,
         naive.as_secs_f64() / med.as_secs_f64(),
+        plan.stats.planned_starts,
+        plan.stats.backfilled,
+        without_backfill.as_secs_f64() * 1e3,
+        med.as_secs_f64() / without_backfill.as_secs_f64(),
     );
 }
 

@@ -113,7 +113,11 @@ pub fn parse_trace(reader: impl BufRead, node: &Resources, limit: Option<usize>)
             };
             let mut spec = AllocSpec::new(owner, gang, resources, vec!["trace-job".into()]);
             spec.walltime_s = (duration_ms / 1000 * 2 + 600).min(limits.max_walltime_s);
-            Job { submit_ms: (submit_s - first) * 1000, spec, duration_ms: duration_ms.max(1) }
+            // A job longer than the longest walltime allowed (16 of Philly's
+            // 82,247 ran past 30 days) runs until the budget watchdog would
+            // stop it.
+            let duration_ms = duration_ms.clamp(1, spec.walltime_s * 1000);
+            Job { submit_ms: (submit_s - first) * 1000, spec, duration_ms }
         })
         .collect())
 }
