@@ -65,9 +65,10 @@ pub struct SubmitArgs {
     #[arg(long, default_value = "default")]
     vcluster: String,
     /// The vCluster's type: hpc-batch, ml-training, service, sensitive or
-    /// interactive (decides how it may be preempted).
-    #[arg(long, default_value = "hpc-batch")]
-    vcluster_type: String,
+    /// interactive (decides how it may be preempted). Left out, the
+    /// allocation takes its vCluster's type; naming another is refused.
+    #[arg(long)]
+    vcluster_type: Option<String>,
     /// Never preempted (requires --class 10).
     #[arg(long)]
     sensitive: bool,
@@ -137,7 +138,7 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         env,
         idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
         vcluster: args.vcluster.clone(),
-        vcluster_type: args.vcluster_type.clone(),
+        vcluster_type: args.vcluster_type.clone().unwrap_or_default(),
         sensitive: args.sensitive,
         checkpoint_estimate_s,
         stall_timeout_s,

@@ -243,6 +243,10 @@ while true; do step=$((step+1)); sleep 0.1; done"#;
     };
     wait("ml's gang to run", &|| get(&ml)["status"] == "running");
     let a = get(&ml);
+    assert_eq!(a["vcluster_type"], "ml-training", "an allocation takes its vCluster's type: {a}");
+    let other = dev.json(&["submit", "--vcluster", "ml", "--vcluster-type", "service", "--", "true"]);
+    let err = other["error"].as_str().unwrap_or_default();
+    assert!(err.contains("invalid spec.vcluster_type: vCluster ml is of type ml-training, not service"), "{other}");
     let borrowed: Vec<(String, String)> = a["tasks"]
         .as_array()
         .unwrap()

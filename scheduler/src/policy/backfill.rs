@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::sm::{AllocId, Allocation, NodeSlot, Resources, State, Task, TaskStatus, Usage, fits};
+use crate::sm::{AllocId, Allocation, Holder, NodeSlot, Resources, State, Usage, fits};
 
 /// When a blocked gang is planned to start, and where.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,16 +33,10 @@ pub struct PlannedStart {
     pub nodes: Vec<NodeSlot>,
 }
 
-/// When a task holding capacity is expected to give it back.
-pub fn expected_end_ms(a: &Allocation, t: &Task, now_ms: u64) -> u64 {
-    let walltime_ms = a.spec.walltime_s.saturating_mul(1000);
-    let end = match t.status {
-        TaskStatus::Running => t.started_at_ms.unwrap_or(now_ms).saturating_add(walltime_ms),
-        TaskStatus::Reserved => t.reserved_at_ms.unwrap_or(now_ms).saturating_add(walltime_ms),
-        // Being stopped: it frees its node as soon as its agent acks.
-        _ => now_ms,
-    };
-    end.max(now_ms)
+/// When a task holding capacity on a node is expected to give it back: at
+/// the end of its walltime, or now if it is being stopped.
+pub fn expected_end_ms(state: &State, h: &Holder, now_ms: u64) -> u64 {
+    if state.is_tearing_down(h.alloc) { now_ms } else { h.walltime_ends_ms.max(now_ms) }
 }
 
 /// Expected releases on one node beyond what the state records: (end, usage)
@@ -77,14 +71,9 @@ pub(crate) fn project(
             continue;
         }
         releases.clear();
-        for (id, index) in state.tasks_on_node(slot) {
-            if skip(id) {
-                continue;
-            }
-            let a = state.alloc(id).expect("index names a known allocation");
-            let t = &a.tasks[index as usize];
-            if t.status.holds_capacity() {
-                releases.push((expected_end_ms(a, t, now_ms), Usage::of(&a.spec.resources)));
+        for h in state.holders(slot) {
+            if !skip(h.alloc) {
+                releases.push((expected_end_ms(state, h, now_ms), h.usage));
             }
         }
         releases.extend(pending.get(&slot).into_iter().flatten().copied());

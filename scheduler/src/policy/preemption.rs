@@ -823,12 +823,11 @@ pub fn plan_preemptions(state: &State, now_ms: u64, cfg: &PreemptionConfig) -> V
         if hopeless.contains(&Shape::of(a)) || state.quota_excess(a, &[], None, &[]).is_some() {
             continue;
         }
-        // Waiting (with backfill keeping its nodes) comes before preempting.
-        if waits_for_start(state, a, now_ms, cfg).is_some() {
-            tries += 1;
-            continue;
-        }
         match decide(state, &Preemptor::of(state, a), now_ms, cfg, &taken, &held) {
+            // Waiting (with backfill keeping its nodes) comes before
+            // preempting; checked only when a preemption was found, as it
+            // reads every holder of the gang's nodes.
+            Ok(_) if waits_for_start(state, a, now_ms, cfg).is_some() => tries += 1,
             Ok(d) => {
                 taken.extend(d.victims.iter().map(|v| v.alloc));
                 held.extend(d.nodes.iter().copied());

@@ -19,7 +19,7 @@ use super::convert::{
     propose_error_to_status, rejection_to_status, spec_from_proto,
 };
 use super::replica::Shared;
-use crate::sm::{Command, Event, Outcome};
+use crate::sm::{Command, DEFAULT_VCLUSTER, Event, Outcome, VClusterType};
 
 /// Most allocations one `List` page returns.
 pub const MAX_PAGE_SIZE: u32 = 1000;
@@ -222,6 +222,24 @@ impl AllocationService for ClientApi {
             && let Some(&w) = u8::try_from(p.preemption_class).ok().and_then(|c| self.s.walltime_defaults.get(&c))
         {
             p.walltime_s = w;
+        }
+        // The allocation's type is its vCluster's (the seed's per-type
+        // preemption policy belongs to the vCluster): taken when left out,
+        // refused when it names another.
+        if let Some(p) = proto.as_mut() {
+            let name = if p.vcluster.is_empty() { DEFAULT_VCLUSTER } else { p.vcluster.as_str() };
+            if let Some(t) = self.s.reader.read(|st| st.vcluster(name).map(|v| v.spec.vtype)) {
+                if p.vcluster_type.is_empty() {
+                    p.vcluster_type = t.as_str().to_string();
+                } else if VClusterType::parse(&p.vcluster_type).is_some_and(|named| named != t) {
+                    return Err(Status::invalid_argument(format!(
+                        "invalid spec.vcluster_type: vCluster {name} is of type {}, not {}; leave the type out to \
+                         take the vCluster's",
+                        t.as_str(),
+                        p.vcluster_type
+                    )));
+                }
+            }
         }
         let spec = spec_from_proto(proto, &limits)?;
         if req.dry_run {

@@ -213,6 +213,9 @@ pub struct Holder {
     pub class: u8,
     /// What the task holds.
     pub usage: Usage,
+    /// When its walltime ends: its start (or, not yet started, its
+    /// reservation) plus the walltime. Backfill's projection reads it.
+    pub walltime_ends_ms: u64,
 }
 
 /// The whole replicated state of the scheduler.
@@ -430,6 +433,11 @@ impl State {
     /// Allocations holding an unclaimed reservation.
     pub fn reserved_allocs(&self) -> impl Iterator<Item = AllocId> + '_ {
         self.index.reserved.iter().copied()
+    }
+
+    /// Whether `id` has a teardown in progress.
+    pub fn is_tearing_down(&self, id: AllocId) -> bool {
+        self.index.tearing_down.contains(&id)
     }
 
     /// Allocations with a teardown in progress.
@@ -1170,6 +1178,11 @@ impl State {
         t.started_at_ms = Some(now);
         t.exit_code = None;
         let attempt = t.runs;
+        let slot = t.node.expect("a reserved task has a node");
+        let ends = now.saturating_add(self.allocs[&id].spec.walltime_s.saturating_mul(1000));
+        let holders = &mut self.index.holders[slot.0 as usize];
+        let i = holders.binary_search_by_key(&id, |h| h.alloc).expect("a reserved task holds its node");
+        holders[i].walltime_ends_ms = ends;
         self.refresh(id);
         Ok(vec![Event::TaskStarted { alloc: id, task, node: node.clone(), attempt }])
     }
@@ -2064,10 +2077,19 @@ impl State {
     /// Records that a task of `alloc` holds `usage` on `slot` (a gang has at
     /// most one task per node).
     fn add_holder(&mut self, slot: NodeSlot, alloc: AllocId, usage: Usage) {
-        let class = self.allocs[&alloc].spec.preemption_class;
+        let a = &self.allocs[&alloc];
+        let class = a.spec.preemption_class;
+        // Being placed now (its task not updated yet), or indexed again from
+        // a task that holds the node.
+        let since = match a.tasks.iter().find(|t| t.node == Some(slot) && t.status.holds_capacity()) {
+            Some(t) if t.status == TaskStatus::Reserved => t.reserved_at_ms,
+            Some(t) => t.started_at_ms,
+            None => None,
+        };
+        let walltime_ends_ms = since.unwrap_or(self.now_ms).saturating_add(a.spec.walltime_s.saturating_mul(1000));
         let holders = &mut self.index.holders[slot.0 as usize];
         let at = holders.binary_search_by_key(&alloc, |h| h.alloc).expect_err("one task per node per gang");
-        holders.insert(at, Holder { alloc, class, usage });
+        holders.insert(at, Holder { alloc, class, usage, walltime_ends_ms });
         let vc = &self.allocs[&alloc].spec.vcluster;
         let lender = self.lender(slot, vc);
         if let Some(home) = lender {

@@ -336,7 +336,7 @@ class Client:
         env: Mapping[str, str] | None = None,
         owner: str | None = None,
         vcluster: str = "default",
-        vcluster_type: str = "hpc-batch",
+        vcluster_type: str = "",
         sensitive: bool = False,
         checkpoint_estimate_s: int = 60,
         stall_timeout_s: int = 0,
