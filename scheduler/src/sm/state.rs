@@ -1179,10 +1179,7 @@ impl State {
         t.exit_code = None;
         let attempt = t.runs;
         let slot = t.node.expect("a reserved task has a node");
-        let ends = now.saturating_add(self.allocs[&id].spec.walltime_s.saturating_mul(1000));
-        let holders = &mut self.index.holders[slot.0 as usize];
-        let i = holders.binary_search_by_key(&id, |h| h.alloc).expect("a reserved task holds its node");
-        holders[i].walltime_ends_ms = ends;
+        self.restart_walltime(id, slot);
         self.refresh(id);
         Ok(vec![Event::TaskStarted { alloc: id, task, node: node.clone(), attempt }])
     }
@@ -1272,6 +1269,7 @@ impl State {
         t.exit_code = exit_code;
         t.drain_retries += 1;
         let retry = t.drain_retries;
+        self.restart_walltime(id, slot);
         self.refresh(id);
         Some(vec![
             Event::TaskFailed { alloc: id, task, exit_code, charged: true },
@@ -2074,6 +2072,15 @@ impl State {
         self.index_node(slot);
     }
 
+    /// The task of `id` holding `slot` (re)started or was reserved again
+    /// there, now: its walltime runs from now.
+    fn restart_walltime(&mut self, id: AllocId, slot: NodeSlot) {
+        let ends = self.now_ms.saturating_add(self.allocs[&id].spec.walltime_s.saturating_mul(1000));
+        let holders = &mut self.index.holders[slot.0 as usize];
+        let i = holders.binary_search_by_key(&id, |h| h.alloc).expect("the task holds its node");
+        holders[i].walltime_ends_ms = ends;
+    }
+
     /// Records that a task of `alloc` holds `usage` on `slot` (a gang has at
     /// most one task per node).
     fn add_holder(&mut self, slot: NodeSlot, alloc: AllocId, usage: Usage) {
@@ -2083,7 +2090,7 @@ impl State {
         // a task that holds the node.
         let since = match a.tasks.iter().find(|t| t.node == Some(slot) && t.status.holds_capacity()) {
             Some(t) if t.status == TaskStatus::Reserved => t.reserved_at_ms,
-            Some(t) => t.started_at_ms,
+            Some(t) => t.started_at_ms.or(t.reserved_at_ms),
             None => None,
         };
         let walltime_ends_ms = since.unwrap_or(self.now_ms).saturating_add(a.spec.walltime_s.saturating_mul(1000));
