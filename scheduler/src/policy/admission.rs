@@ -285,6 +285,24 @@ struct PassKey {
     queue: QueueKey,
 }
 
+/// A node a planned start needs: when, for whom.
+#[derive(Clone, Copy, Debug)]
+struct Planned {
+    start_ms: u64,
+    alloc: AllocId,
+    class: u8,
+}
+
+impl Planned {
+    /// Whether gang `a`, ending at `end_ms` if placed now, may take the node:
+    /// it is the planned gang's own, or it ends by the planned start, or it
+    /// is of a higher class (which may preempt the planned gang's class
+    /// anyway, so a lower-class plan does not hold it back).
+    fn lets(&self, a: &Allocation, end_ms: u64) -> bool {
+        end_ms <= self.start_ms || self.alloc == a.id || a.spec.preemption_class > self.class
+    }
+}
+
 /// What trying a gang came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tried {
@@ -318,14 +336,14 @@ struct Pass<'a> {
     /// Planned starts made, at most one per home key…
     planned: Vec<PlannedStart>,
     planned_homes: BTreeSet<u32>,
-    /// …and the nodes they need, each with the planned start it waits for
-    /// and whose it is.
-    needed: BTreeMap<NodeSlot, (u64, AllocId)>,
+    /// …and the nodes they need, each with the planned start it waits for,
+    /// whose it is and that gang's class.
+    needed: BTreeMap<NodeSlot, Planned>,
     /// Expected ends of this pass's own placements, per node.
     ends: PendingEnds,
-    /// (home key, shape) → the earliest expected end that found room only on
-    /// needed nodes: a later end finds no more.
-    held_from: BTreeMap<(u32, Shape), u64>,
+    /// (home key, shape, class) → the earliest expected end that found room
+    /// only on needed nodes: a later end of the same class finds no more.
+    held_from: BTreeMap<(u32, Shape, u8), u64>,
     /// (home key, shape) pairs whose planned start cannot be made (too few
     /// nodes could ever take them).
     unplannable: BTreeSet<(u32, Shape)>,
@@ -427,7 +445,8 @@ impl<'a> Pass<'a> {
             return Tried::NoRoom;
         }
         let end = self.end_of(a);
-        if self.held_from.get(&shape).is_some_and(|&e| end >= e) {
+        let held_key = (home, shape.1, a.spec.preemption_class);
+        if self.held_from.get(&held_key).is_some_and(|&e| end >= e) {
             plan.stats.held_for_planned += 1;
             return Tried::Held;
         }
@@ -441,7 +460,7 @@ impl<'a> Pass<'a> {
         self.nodes.clear();
         // A node a planned start needs only if this gang ends by then.
         let needed = &self.needed;
-        let in_time = |slot: NodeSlot| needed.get(&slot).is_none_or(|&(start, by)| end <= start || by == a.id);
+        let in_time = |slot: NodeSlot| needed.get(&slot).is_none_or(|p| p.lets(a, end));
         let avoid = &a.avoid_nodes;
         // After a watchdog trip, elsewhere if it can be; the same node if not.
         let placed = need.gpus <= capacity.max_free_gpus(&homes)
@@ -460,7 +479,7 @@ impl<'a> Pass<'a> {
                 need.gpus <= capacity.max_free_gpus(&homes) && capacity.find(&need, n, &homes, &[], &mut self.nodes)
             };
             if held {
-                let e = self.held_from.entry(shape).or_insert(end);
+                let e = self.held_from.entry(held_key).or_insert(end);
                 *e = (*e).min(end);
                 plan.stats.held_for_planned += 1;
             } else {
@@ -502,7 +521,7 @@ impl<'a> Pass<'a> {
             return;
         };
         for &slot in &nodes {
-            self.needed.insert(slot, (start_ms, a.id));
+            self.needed.insert(slot, Planned { start_ms, alloc: a.id, class: a.spec.preemption_class });
         }
         self.planned_homes.insert(home);
         self.planned.push(PlannedStart { alloc: a.id, start_ms, nodes });
@@ -522,7 +541,7 @@ impl<'a> Pass<'a> {
         let n = a.spec.gang_size as usize;
         let end = self.end_of(a);
         let needed = &self.needed;
-        let in_time = |slot: NodeSlot| needed.get(&slot).is_none_or(|&(start, by)| end <= start || by == a.id);
+        let in_time = |slot: NodeSlot| needed.get(&slot).is_none_or(|p| p.lets(a, end));
         self.nodes.clear();
         // Home first (it fails alone: the walk tried), then lenders.
         capacity.find_where(&need, n, &[home, 0], &mut self.nodes, in_time);

@@ -354,6 +354,21 @@ fn without_backfill_long_work_runs_ahead_of_the_blocked_gang() {
     assert_eq!((f.status(small), f.status(big)), (AllocStatus::Queued, AllocStatus::Queued));
 }
 
+/// A higher class is not held back by a lower class's planned start (it
+/// could preempt that class anyway); the same class is.
+#[test]
+fn a_higher_class_may_take_a_lower_class_plans_nodes() {
+    let (mut c, big, cfg) = blocked_big_gang(true);
+    let same = c.submit_with(1, 8, |s| s.walltime_s = 7_200);
+    let higher = c.submit_with(1, 8, |s| {
+        s.walltime_s = 7_200;
+        s.preemption_class = 3;
+    });
+    let plan = c.pass(&cfg);
+    assert_eq!(plan.planned[0].alloc, big);
+    assert_eq!((c.status(same), c.status(higher)), (AllocStatus::Queued, AllocStatus::Reserved));
+}
+
 /// EASY with FIFO: the head gang gets the planned start; a later gang that
 /// ends in time runs ahead, one that does not waits.
 #[test]

@@ -110,16 +110,18 @@ fn t50_preemption_keeps_invariants_and_determinism_and_everything_ends() {
     assert_eq!(a, b, "the same seed, the same run");
 }
 
-/// A run with nothing failing and every agent claiming: the setting in which
-/// EASY backfill promises that the gang with a planned start is never
-/// delayed by work placed ahead of it.
+/// A run with nothing failing, every agent claiming and one preemption
+/// class: the setting in which EASY backfill promises that the gang with a
+/// planned start is never delayed by work placed ahead of it (a higher
+/// class may take its nodes, as it may preempt it).
 fn backfill_run(seed: u64, nodes: u32, allocations: u32, order: Order, all_at_once: bool) -> muster_sim::Report {
     // Gangs of up to 8 nodes, so every gang fits the cluster and ends.
     let gang_mix = vec![(60, 1), (15, 2), (12, 4), (9, 8)];
     let workload = WorkloadConfig { allocations, target_load: 2.0, gang_mix, ..WorkloadConfig::default() };
     let mut jobs = workload.generate(seed, &NODE, u64::from(nodes) * 8);
-    if all_at_once {
-        for j in &mut jobs {
+    for j in &mut jobs {
+        j.spec.preemption_class = 0;
+        if all_at_once {
             j.submit_ms = 0;
         }
     }
