@@ -85,6 +85,13 @@ impl Dev {
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
+    /// [`Dev::json`] of a command that must succeed.
+    pub fn ok(&self, args: &[&str]) -> serde_json::Value {
+        let v = self.json(args);
+        assert!(v.get("error").is_none(), "{args:?}: {v}");
+        v
+    }
+
     /// `GET path` on replica `i`'s HTTP listener: (status code, body).
     pub fn get(&self, i: usize, path: &str) -> Option<(u16, String)> {
         http_get(&self.http[i], path)
@@ -104,6 +111,15 @@ impl Drop for Dev {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` every 200 ms until it holds; fails after 90 s naming `what`.
+pub fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::dev_proc::wait_until;
 use crate::{Procs, cluster, muster};
 
 #[test]
@@ -214,11 +215,7 @@ fn t132_racing_submissions_against_a_reject_quota_admit_exactly_one() {
 fn t133_a_vcluster_borrows_idle_nodes_and_gives_them_back_when_reclaimed() {
     let dev =
         crate::dev_proc::Dev::start_with(&["--node-vclusters", "ml,ml,batch,batch", "--reclaim-grace-ms", "3000"]);
-    let ok = |args: &[&str]| {
-        let v = dev.json(args);
-        assert!(v.get("error").is_none(), "{args:?}: {v}");
-        v
-    };
+    let ok = |args: &[&str]| dev.ok(args);
     ok(&["vcluster", "create", "ml", "--type", "ml-training", "--borrow-limit", "100%"]);
     ok(&["vcluster", "create", "batch"]);
     let homes = ok(&["vcluster", "get", "batch"]);
@@ -234,14 +231,7 @@ while true; do step=$((step+1)); sleep 0.1; done"#;
     let ml = ok(&["submit", "--vcluster", "ml", "-n", "4", "--gpus", "8", "--class", "5", "--", "sh", "-c", trainer]);
     let ml = ml["id"].as_u64().unwrap().to_string();
     let get = |id: &str| ok(&["alloc", "get", id]);
-    let wait = |what: &str, f: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !f() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
-    wait("ml's gang to run", &|| get(&ml)["status"] == "running");
+    wait_until("ml's gang to run", || get(&ml)["status"] == "running");
     let a = get(&ml);
     assert_eq!(a["vcluster_type"], "ml-training", "an allocation takes its vCluster's type: {a}");
     let other = dev.json(&["submit", "--vcluster", "ml", "--vcluster-type", "service", "--", "true"]);
@@ -261,13 +251,13 @@ while true; do step=$((step+1)); sleep 0.1; done"#;
     // batch takes its nodes back.
     let b = ok(&["submit", "--vcluster", "batch", "-n", "2", "--gpus", "8", "--", "sleep", "600"]);
     let b = b["id"].as_u64().unwrap().to_string();
-    wait("batch's gang to run on its own nodes", &|| get(&b)["status"] == "running");
+    wait_until("batch's gang to run on its own nodes", || get(&b)["status"] == "running");
     let mut nodes: Vec<String> =
         get(&b)["tasks"].as_array().unwrap().iter().map(|t| t["node"].as_str().unwrap().to_string()).collect();
     nodes.sort();
     assert_eq!(nodes, ["node-3", "node-4"]);
     // ml's gang checkpointed (not killed): suspended, to resume later.
-    wait("ml's gang to be suspended", &|| get(&ml)["status"] == "suspended");
+    wait_until("ml's gang to be suspended", || get(&ml)["status"] == "suspended");
     let a = get(&ml);
     assert!(a["tasks"].as_array().unwrap().iter().all(|t| t["checkpoint_bytes"].as_u64().unwrap() > 0), "{a}");
     // Counted as a reclamation on the leader's metrics.
@@ -292,25 +282,14 @@ while true; do step=$((step+1)); sleep 0.1; done"#;
 #[test]
 fn t134_backfill_plans_a_start_and_runs_only_work_that_ends_in_time() {
     let dev = crate::dev_proc::Dev::start();
-    let ok = |args: &[&str]| {
-        let v = dev.json(args);
-        assert!(v.get("error").is_none(), "{args:?}: {v}");
-        v
-    };
+    let ok = |args: &[&str]| dev.ok(args);
     let id = |v: serde_json::Value| v["id"].as_u64().unwrap().to_string();
     let get = |id: &str| ok(&["alloc", "get", id]);
-    let wait = |what: &str, f: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !f() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
     let running = id(ok(&["submit", "-n", "2", "--gpus", "8", "--walltime", "1h", "--", "sleep", "600"]));
-    wait("the first gang to run", &|| get(&running)["status"] == "running");
+    wait_until("the first gang to run", || get(&running)["status"] == "running");
     let big = id(ok(&["submit", "-n", "4", "--gpus", "8", "--", "sleep", "1"]));
     let planned = |id: &str| ok(&["alloc", "explain", id]);
-    wait("the big gang's planned start", &|| !planned(&big)["planned_start"].is_null());
+    wait_until("the big gang's planned start", || !planned(&big)["planned_start"].is_null());
     let e = planned(&big);
     let in_ms = e["planned_start"]["in_ms"].as_u64().unwrap();
     assert!((3_500_000..=3_600_000).contains(&in_ms), "about an hour off: {e}");
@@ -319,7 +298,7 @@ fn t134_backfill_plans_a_start_and_runs_only_work_that_ends_in_time() {
 
     let long = id(ok(&["submit", "-n", "1", "--gpus", "8", "--walltime", "2h", "--", "sleep", "600"]));
     let short = id(ok(&["submit", "-n", "1", "--gpus", "8", "--walltime", "10m", "--", "sleep", "600"]));
-    wait("the short job to run ahead", &|| get(&short)["status"] == "running");
+    wait_until("the short job to run ahead", || get(&short)["status"] == "running");
     let why = planned(&long);
     assert_eq!(get(&long)["status"], "queued");
     assert!(why["summary"].as_str().unwrap().contains(&format!("held for allocation {big}'s planned start")), "{why}");

@@ -660,8 +660,7 @@ impl<'a> Overlay<'a> {
     fn max_free_gpus(&self, homes: &[u32]) -> u32 {
         homes
             .iter()
-            .filter_map(|&h| self.index.range(..=(h, u32::MAX, NodeSlot(u32::MAX))).next_back())
-            .filter(|&&(h, _, _)| homes.contains(&h))
+            .filter_map(|&h| self.index.range((h, 0, NodeSlot(0))..=(h, u32::MAX, NodeSlot(u32::MAX))).next_back())
             .map(|&(_, g, _)| g)
             .max()
             .unwrap_or(0)

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::admission::{AdmissionConfig, plan_admission};
 use super::backfill::{PlannedStart, planned_start};
-use super::preemption::{Decision, NoPreemption, PreemptionConfig, Preemptor, decide, waits_for_start};
+use super::preemption::{Decision, NoPreemption, PreemptionConfig, Preemptor, decide, waits_for};
 use crate::sm::{AllocId, AllocSpec, AllocStatus, Command, NodeStatus, Resources, State, Usage, fits};
 
 /// One class of nodes and what it means for the gang.
@@ -113,7 +113,11 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
         // Held back by its own vCluster's quota: no preemption can help.
         e.summary = format!("waiting for {quota}");
     } else if a.is_queued() {
-        e.planned_start = planned_start(state, a, now_ms).filter(|p| p.start_ms > now_ms);
+        // One projection serves both the planned start shown and the wait
+        // before preempting.
+        let planned = planned_start(state, a, now_ms);
+        let waits = waits_for(planned.as_ref(), now_ms, cfg);
+        e.planned_start = planned.filter(|p| p.start_ms > now_ms);
         if let Some(p) = &e.planned_start {
             let nodes: Vec<String> = p.nodes.iter().map(|&s| state.node(s).id.to_string()).collect();
             e.summary = format!(
@@ -124,7 +128,6 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
                 nodes.join(", ")
             );
         }
-        let waits = waits_for_start(state, a, now_ms, cfg);
         e.preemption = Some(match waits {
             Some(why) => Err(why),
             None => decide(state, &Preemptor::of(state, a), now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()),

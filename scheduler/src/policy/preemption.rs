@@ -796,7 +796,16 @@ pub fn waits_for_start(state: &State, a: &Allocation, now_ms: u64, cfg: &Preempt
     if cfg.wait_ms == 0 {
         return None;
     }
-    let p = super::backfill::planned_start(state, a, now_ms)?;
+    waits_for(super::backfill::planned_start(state, a, now_ms).as_ref(), now_ms, cfg)
+}
+
+/// [`waits_for_start`] with the gang's planned start already projected.
+pub(crate) fn waits_for(
+    planned: Option<&super::backfill::PlannedStart>,
+    now_ms: u64,
+    cfg: &PreemptionConfig,
+) -> Option<NoPreemption> {
+    let p = planned.filter(|_| cfg.wait_ms > 0)?;
     let in_ms = p.start_ms.saturating_sub(now_ms);
     (in_ms <= cfg.wait_ms).then_some(NoPreemption::WaitsForStart { start_ms: p.start_ms, in_ms, wait_ms: cfg.wait_ms })
 }

@@ -33,6 +33,11 @@ fn in_vc(vc: &str, gang: u32, gpus: u32) -> AllocSpec {
     s
 }
 
+/// [`in_vc`] of one preemption class.
+fn in_vc_class(vc: &str, gang: u32, gpus: u32, class: u8) -> AllocSpec {
+    AllocSpec { preemption_class: class, ..in_vc(vc, gang, gpus) }
+}
+
 /// One admission pass, applied; the gangs it reserved.
 fn admit(f: &mut Fixture) -> Vec<AllocId> {
     let plan = plan_admission(&f.s, f.t, &AdmissionConfig::default());
@@ -107,9 +112,7 @@ fn a_vcluster_borrows_idle_nodes_within_its_limit_and_never_beyond() {
     }
     // Non-preemptible work never borrows (reclaiming it would be impossible).
     f.ok(Command::CancelAllocation { alloc: ids[3] });
-    let mut never = in_vc("ml", 1, 8);
-    never.preemption_class = 10;
-    let never = f.submit(never);
+    let never = f.submit(in_vc_class("ml", 1, 8, 10));
     assert!(admit(&mut f).is_empty());
     let epoch = f.s.alloc(never).unwrap().reservation_epoch + 1;
     match f.rejected(Command::ReserveGang { alloc: never, epoch, nodes: vec![n(3)] }) {
@@ -131,15 +134,9 @@ fn a_vcluster_borrows_idle_nodes_within_its_limit_and_never_beyond() {
 fn borrowing_prefers_work_that_is_cheap_to_preempt() {
     let mut f = cluster(&["ml", ""]);
     vcluster(&mut f, "ml", 100, Quota::default());
-    let mut mid = in_vc("ml", 1, 8);
-    mid.preemption_class = 3;
-    let mid = f.submit(mid);
-    let mut dear = in_vc("ml", 1, 8);
-    dear.preemption_class = 5;
-    let dear = f.submit(dear);
-    let mut cheap = in_vc("ml", 1, 8);
-    cheap.preemption_class = 1;
-    let cheap = f.submit(cheap);
+    let mid = f.submit(in_vc_class("ml", 1, 8, 3));
+    let dear = f.submit(in_vc_class("ml", 1, 8, 5));
+    let cheap = f.submit(in_vc_class("ml", 1, 8, 1));
     // Class 5 goes first, at home; of the two left, class 1 borrows n1.
     assert_eq!(admit(&mut f), vec![dear, cheap]);
     assert_eq!(nodes_of(&f, cheap), vec!["n1".to_string()]);
@@ -150,12 +147,8 @@ fn borrowing_prefers_work_that_is_cheap_to_preempt() {
 fn reclamation_preempts_borrowed_work_after_the_grace_and_gives_the_nodes_back() {
     let mut f = cluster(&["ml", ""]);
     vcluster(&mut f, "ml", 100, Quota::default());
-    let mut h = in_vc("ml", 1, 8);
-    h.preemption_class = 9;
-    let at_home = f.submit(h);
-    let mut b = in_vc("ml", 1, 8);
-    b.preemption_class = 8; // the class does not protect borrowed work
-    let borrower = f.submit(b);
+    let at_home = f.submit(in_vc_class("ml", 1, 8, 9));
+    let borrower = f.submit(in_vc_class("ml", 1, 8, 8)); // the class does not protect borrowed work
     assert_eq!(admit(&mut f), vec![at_home, borrower]);
     start_all(&mut f, at_home);
     start_all(&mut f, borrower);
