@@ -114,20 +114,24 @@ struct Record {
     /// Wall clock (ms since the epoch) when it started: an adopted task's
     /// budget counts from here, not from the adoption.
     started_ms: u64,
+    /// The allocation checkpoints (a record without the field: assume so,
+    /// and let the leader refuse an upload it does not want).
+    checkpointing: bool,
 }
 
 impl Record {
     fn encode(&self) -> String {
         let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
         format!(
-            "pgid={} attempt={} gpus={} walltime_s={} stall_s={} gpu_health={} started_ms={}\n",
+            "pgid={} attempt={} gpus={} walltime_s={} stall_s={} gpu_health={} started_ms={} checkpointing={}\n",
             self.pgid,
             self.attempt,
             gpus.join(","),
             self.walltime_s,
             self.stall_s,
             u8::from(self.gpu_health),
-            self.started_ms
+            self.started_ms,
+            u8::from(self.checkpointing)
         )
     }
 
@@ -152,6 +156,7 @@ impl Record {
                 stall_s: u32::try_from(num("stall_s")?).ok()?,
                 gpu_health: num("gpu_health")? == 1,
                 started_ms: num("started_ms")?,
+                checkpointing: num("checkpointing") != Some(0),
             })
         })();
         parsed.ok_or(pgid)
@@ -201,14 +206,29 @@ struct Running {
     attempt: u32,
     /// The preemption epoch of the first `Preempt` for this attempt.
     preempt: Option<u64>,
+    /// The allocation checkpoints: the directory is uploaded at any exit.
+    checkpointing: bool,
+    /// The fingerprint of the checkpoint this attempt was given (what the
+    /// leader already holds): an unchanged directory is not uploaded again.
+    restored: Option<u64>,
 }
 
 /// A report the leader has not confirmed yet.
 #[derive(Clone, Debug)]
 enum Report {
-    Exited(v1::TaskExited),
-    Preempted { checkpoint: Option<v1::CheckpointUpload>, ack: v1::Preempted },
-    Watchdog(v1::WatchdogTripped),
+    /// Sent after the exit checkpoint, if any.
+    Exited {
+        exit: v1::TaskExited,
+        checkpoint: Option<v1::CheckpointUpload>,
+    },
+    Preempted {
+        checkpoint: Option<v1::CheckpointUpload>,
+        ack: v1::Preempted,
+    },
+    Watchdog {
+        trip: v1::WatchdogTripped,
+        checkpoint: Option<v1::CheckpointUpload>,
+    },
 }
 
 impl Agent {
@@ -222,7 +242,7 @@ impl Agent {
         let ended_unreported = self
             .unrecorded
             .iter()
-            .filter(|(_, r)| matches!(r, Report::Exited(_) | Report::Watchdog(_)))
+            .filter(|(_, r)| matches!(r, Report::Exited { .. } | Report::Watchdog { .. }))
             .map(|(k, _)| k);
         let keys: BTreeSet<&Key> = self.running.keys().chain(ended_unreported).collect();
         keys.into_iter().map(|k| task_ref(*k)).collect()
@@ -235,8 +255,18 @@ where
     Fut: std::future::Future<Output = Result<(), String>>,
 {
     match report {
-        Report::Exited(e) => send(Out::Exited(e.clone())).await,
-        Report::Watchdog(w) => send(Out::WatchdogTripped(w.clone())).await,
+        Report::Exited { exit, checkpoint } => {
+            if let Some(c) = checkpoint {
+                send(Out::Checkpoint(c.clone())).await?;
+            }
+            send(Out::Exited(exit.clone())).await
+        }
+        Report::Watchdog { trip, checkpoint } => {
+            if let Some(c) = checkpoint {
+                send(Out::Checkpoint(c.clone())).await?;
+            }
+            send(Out::WatchdogTripped(trip.clone())).await
+        }
         Report::Preempted { checkpoint, ack } => {
             if let Some(c) = checkpoint {
                 send(Out::Checkpoint(c.clone())).await?;
@@ -331,8 +361,17 @@ impl Agent {
                 self.free_gpus.remove(g);
             }
             let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
-            self.running
-                .insert(key, Running { ctrl: Some(ctrl_tx), gpus: r.gpus.clone(), attempt: r.attempt, preempt: None });
+            self.running.insert(
+                key,
+                Running {
+                    ctrl: Some(ctrl_tx),
+                    gpus: r.gpus.clone(),
+                    attempt: r.attempt,
+                    preempt: None,
+                    checkpointing: r.checkpointing,
+                    restored: None,
+                },
+            );
             let status = executor::status_path(&self.cfg.work_dir, key.0, key.1, key.2);
             if executor::alive(r.pgid) && executor::is_shim(r.pgid) {
                 let ran = Duration::from_millis(unix_ms().saturating_sub(r.started_ms));
@@ -599,7 +638,7 @@ impl Agent {
                     self.assigned.remove(&key);
                     // A refused report is final (the task moved on): stop
                     // re-sending it and listing the task at registration.
-                    if matches!(self.unrecorded.get(&key), Some(Report::Exited(_) | Report::Watchdog(_))) {
+                    if matches!(self.unrecorded.get(&key), Some(Report::Exited { .. } | Report::Watchdog { .. })) {
                         self.unrecorded.remove(&key);
                     }
                 }
@@ -650,7 +689,10 @@ impl Agent {
     {
         let epoch = p.preemption_epoch;
         if let Some(r) = self.running.get_mut(&key) {
-            if r.preempt.is_none() {
+            // The first stop of an attempt, or a later round (a cancel while
+            // the task was asked to checkpoint): stop it now, and ack under
+            // the newest epoch.
+            if r.preempt.is_none_or(|e| e < epoch) {
                 r.preempt = Some(epoch);
                 tracing::info!(alloc_id = key.0, task = key.1, epoch, grace_ms = p.grace_ms, "preempting task");
                 if let Some(ctrl) = r.ctrl.take() {
@@ -695,6 +737,19 @@ impl Agent {
         F: Fn(Out) -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
+        if let Some(Report::Preempted { checkpoint, ack }) = self.unrecorded.get_mut(&key)
+            && ack.preemption_epoch < epoch
+        {
+            // The task stopped for an earlier round whose ack came too late
+            // (the leader moved the teardown to a new epoch): the same stop
+            // answers this round.
+            ack.preemption_epoch = epoch;
+            if let Some(c) = checkpoint.as_mut() {
+                c.preemption_epoch = epoch;
+            }
+            let report = self.unrecorded[&key].clone();
+            return send_report(&report, send).await;
+        }
         if self.unrecorded.contains_key(&key) {
             return Ok(());
         }
@@ -757,7 +812,8 @@ impl Agent {
             stall: (a.stall_timeout_s > 0).then(|| Duration::from_secs(u64::from(a.stall_timeout_s))),
             gpu_health: a.gpus > 0 && self.cfg.watchdog.gpu_health,
         };
-        let (walltime_s, stall_s) = (a.walltime_s, a.stall_timeout_s);
+        let (walltime_s, stall_s, checkpointing) = (a.walltime_s, a.stall_timeout_s, a.checkpointing);
+        let restored_print = (!a.checkpoint.is_empty()).then(|| checkpoint::fingerprint(&a.checkpoint));
         let restored = if a.checkpoint.is_empty() {
             checkpoint::reset(&checkpoint_dir).map_err(|e| format!("cannot create {}: {e}", checkpoint_dir.display()))
         } else {
@@ -793,6 +849,7 @@ impl Agent {
                     stall_s,
                     gpu_health: limits.gpu_health,
                     started_ms: unix_ms(),
+                    checkpointing,
                 };
                 let _ = fs::write(self.record_path(key), record.encode());
                 tracing::info!(
@@ -810,13 +867,23 @@ impl Agent {
                 let _ = self.exits_tx.send((key, Ended { exit: Err(e), checkpoint_failed: false, watchdog: None }));
             }
         }
-        self.running.insert(key, Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None });
+        self.running.insert(
+            key,
+            Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None, checkpointing, restored: restored_print },
+        );
     }
 
+    /// What an attempt's end reports. Whenever a process of a checkpointing
+    /// allocation ends (on its own, killed by a peer's failure or by
+    /// SIGKILL, stopped by a watchdog, or preempted), what it left in its
+    /// checkpoint directory goes with the report if it changed since the
+    /// checkpoint the attempt was given: the next attempt resumes from it.
+    /// A successful exit uploads nothing: a finished task never runs again.
     fn finished(&mut self, key: Key, ended: Ended) -> Report {
         let Ended { exit, checkpoint_failed, watchdog } = ended;
         let running = self.running.remove(&key);
         let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
+        let (checkpointing, restored) = running.as_ref().map_or((false, None), |r| (r.checkpointing, r.restored));
         if let Some(r) = running {
             self.free_gpus.extend(r.gpus);
         }
@@ -827,80 +894,117 @@ impl Agent {
             Ok(Exit::Signal(s)) => (None, Some(s), String::new()),
             Err(e) => (None, None, e),
         };
+        let succeeded = exit_code == Some(0) && preempt.is_none() && watchdog.is_none();
         let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        let upload = if checkpointing && !succeeded && error.is_empty() {
+            self.changed_checkpoint(key, attempt, restored, preempt)
+        } else {
+            None
+        };
+        let bytes = upload.as_ref().map_or(0, |c| c.data.len());
         let report = match preempt {
             None if watchdog.is_some() => {
                 let trip = watchdog.expect("guarded");
                 let _ = fs::remove_dir_all(&dir);
-                tracing::warn!(alloc_id = key.0, task = key.1, kind = trip.kind, detail = %trip.detail, "watchdog tripped; task stopped");
+                tracing::warn!(alloc_id = key.0, task = key.1, kind = trip.kind, detail = %trip.detail, checkpoint_bytes = bytes, "watchdog tripped; task stopped");
                 self.note_in_log(
                     key,
                     attempt,
                     &format!("muster: stopped by the {} watchdog: {}", trip.kind, trip.detail),
                 );
-                Report::Watchdog(v1::WatchdogTripped {
-                    task: Some(task_ref(key)),
-                    kind: trip.kind.to_string(),
-                    detail: trip.detail,
-                })
-            }
-            Some(epoch) if checkpoint_failed => {
-                tracing::warn!(alloc_id = key.0, task = key.1, epoch, "no checkpoint before the deadline; task killed");
-                self.note_in_log(key, attempt, "muster: no checkpoint before the deadline; the task was killed");
-                Report::Preempted {
-                    checkpoint: None,
-                    ack: v1::Preempted {
+                Report::Watchdog {
+                    trip: v1::WatchdogTripped {
                         task: Some(task_ref(key)),
-                        preemption_epoch: epoch,
-                        exit_code,
-                        signal,
-                        checkpoint_failed: true,
+                        kind: trip.kind.to_string(),
+                        detail: trip.detail,
                     },
+                    checkpoint: upload,
                 }
             }
             Some(epoch) => {
-                let checkpoint = match checkpoint::pack(&dir, self.max_checkpoint_bytes) {
-                    Ok(data) => data.map(|data| v1::CheckpointUpload {
-                        task: Some(task_ref(key)),
-                        preemption_epoch: epoch,
-                        data,
-                    }),
-                    Err(e) => {
-                        tracing::warn!(alloc_id = key.0, task = key.1, epoch, error = %e, "checkpoint not saved");
-                        self.note_in_log(key, attempt, &format!("muster: checkpoint not saved: {e}"));
-                        None
-                    }
-                };
+                if checkpoint_failed {
+                    tracing::warn!(
+                        alloc_id = key.0,
+                        task = key.1,
+                        epoch,
+                        "no checkpoint before the deadline; task killed"
+                    );
+                    self.note_in_log(key, attempt, "muster: no checkpoint before the deadline; the task was killed");
+                }
                 tracing::info!(
                     alloc_id = key.0, task = key.1, epoch, exit_code = ?exit_code, signal = ?signal,
-                    checkpoint_bytes = checkpoint.as_ref().map_or(0, |c| c.data.len()), "task preempted"
+                    checkpoint_bytes = bytes, "task preempted"
                 );
                 Report::Preempted {
-                    checkpoint,
+                    checkpoint: upload,
                     ack: v1::Preempted {
                         task: Some(task_ref(key)),
                         preemption_epoch: epoch,
                         exit_code,
                         signal,
-                        checkpoint_failed: false,
+                        checkpoint_failed,
                     },
                 }
             }
             None => {
                 let _ = fs::remove_dir_all(&dir);
-                tracing::info!(alloc_id = key.0, task = key.1, exit_code = ?exit_code, signal = ?signal, "task exited");
-                Report::Exited(v1::TaskExited { task: Some(task_ref(key)), exit_code, signal, error })
+                tracing::info!(alloc_id = key.0, task = key.1, exit_code = ?exit_code, signal = ?signal, checkpoint_bytes = bytes, "task exited");
+                if !error.is_empty() {
+                    self.note_in_log(key, attempt, &format!("muster: the task did not start: {error}"));
+                }
+                Report::Exited {
+                    exit: v1::TaskExited { task: Some(task_ref(key)), exit_code, signal, error },
+                    checkpoint: upload,
+                }
             }
         };
         self.unrecorded.insert(key, report.clone());
         report
     }
 
+    /// The task's checkpoint directory packed for upload, unless it holds
+    /// nothing, is what the attempt was given, or is over the cap (said in
+    /// the attempt's log). Under a preemption it answers that round's epoch;
+    /// otherwise it is an exit upload, fenced by the reservation epoch.
+    fn changed_checkpoint(
+        &self,
+        key: Key,
+        attempt: u32,
+        restored: Option<u64>,
+        preempt: Option<u64>,
+    ) -> Option<v1::CheckpointUpload> {
+        let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        match checkpoint::pack(&dir, self.max_checkpoint_bytes) {
+            Ok(Some(data)) if restored == Some(checkpoint::fingerprint(&data)) => {
+                tracing::info!(
+                    alloc_id = key.0,
+                    task = key.1,
+                    "checkpoint unchanged since the attempt began; not uploaded"
+                );
+                None
+            }
+            Ok(data) => data.map(|data| v1::CheckpointUpload {
+                task: Some(task_ref(key)),
+                preemption_epoch: preempt.unwrap_or(0),
+                data,
+                on_exit: preempt.is_none(),
+            }),
+            Err(e) => {
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "checkpoint not saved");
+                self.note_in_log(key, attempt, &format!("muster: checkpoint not saved: {e}"));
+                None
+            }
+        }
+    }
+
     /// Appends a line to an attempt's stderr log, where its owner looks.
     fn note_in_log(&self, key: Key, attempt: u32, line: &str) {
         use std::io::Write;
         let (_, err) = executor::log_paths(&self.cfg.work_dir, key.0, key.1, attempt);
-        if let Ok(mut f) = fs::OpenOptions::new().append(true).open(err) {
+        if let Some(parent) = err.parent() {
+            let _ = fs::create_dir_all(parent);
+        }
+        if let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(err) {
             let _ = writeln!(f, "{line}");
         }
     }
@@ -995,9 +1099,12 @@ mod tests {
             stall_s: 120,
             gpu_health: true,
             started_ms: 1_795_000_000_000,
+            checkpointing: false,
         };
         assert_eq!(Record::decode(&r.encode()), Ok(r.clone()));
-        let none = Record { gpus: vec![], gpu_health: false, ..r };
+        let none = Record { gpus: vec![], gpu_health: false, checkpointing: true, ..r.clone() };
+        let older = r.encode().replace(" checkpointing=0", "");
+        assert!(Record::decode(&older).unwrap().checkpointing, "a record without the field assumes checkpointing");
         assert_eq!(Record::decode(&none.encode()), Ok(none));
         assert_eq!(Record::decode("4242\n"), Err(Some(4242)), "a record from before --keep-tasks");
         assert_eq!(Record::decode("pgid=7 attempt=x"), Err(Some(7)), "a torn record still names its group");
@@ -1029,7 +1136,10 @@ mod tests {
         let exited = (7, 0, 1);
         agent.unrecorded.insert(
             exited,
-            Report::Exited(v1::TaskExited { task: Some(task_ref(exited)), exit_code: Some(0), ..Default::default() }),
+            Report::Exited {
+                exit: v1::TaskExited { task: Some(task_ref(exited)), exit_code: Some(0), ..Default::default() },
+                checkpoint: None,
+            },
         );
         let preempted = (8, 1, 2);
         let ack = v1::Preempted { task: Some(task_ref(preempted)), preemption_epoch: 1, ..Default::default() };

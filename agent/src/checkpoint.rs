@@ -12,6 +12,13 @@
 //! top-level `.muster/` (the checkpoint-hint protocol's files). Unpacking
 //! refuses absolute paths and `..`, so a blob cannot write outside the
 //! directory.
+//!
+//! A task may be SIGKILLed in the middle of writing a file, so tasks write
+//! each checkpoint file under a temporary name and rename it into place
+//! (`rename` is atomic): the directory then only ever holds whole files.
+//! Files with a temporary name ([`is_temporary`]: `*.tmp`, `*.part`,
+//! `*.partial`, `*~`, `.tmp*`, `.#*`, `*.swp`) are never packed, so a file
+//! torn mid-write is never uploaded.
 
 use std::fs;
 use std::io;
@@ -82,6 +89,9 @@ fn collect(root: &Path, rel: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<
             continue; // the hint protocol's files, not the task's state
         }
         let kind = e.file_type().map_err(io)?;
+        if kind.is_file() && is_temporary(&e.file_name().to_string_lossy()) {
+            continue; // being written: whole files are renamed into place
+        }
         let rel = rel.join(e.file_name());
         if kind.is_dir() {
             collect(root, &rel, out)?;
@@ -91,6 +101,24 @@ fn collect(root: &Path, rel: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<
         }
     }
     Ok(())
+}
+
+/// Whether a file name is a temporary one, written before a rename into
+/// place (`state.pt.tmp`, `.tmpa1b2c3`, `ckpt.part`, editor and download
+/// leftovers): such a file may be torn and is never packed.
+pub fn is_temporary(name: &str) -> bool {
+    [".tmp", ".part", ".partial", ".swp", "~"].iter().any(|s| name.ends_with(s))
+        || name.starts_with(".tmp")
+        || name.starts_with(".#")
+}
+
+/// A fingerprint of a packed blob, to tell whether a directory changed
+/// since it was last uploaded or restored (the packing is deterministic).
+pub fn fingerprint(blob: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    blob.hash(&mut h);
+    h.finish()
 }
 
 /// Packs the regular files under `dir`; `None` when there are none (or the
@@ -220,6 +248,23 @@ pub fn base64(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temporary_files_are_never_packed_and_the_packing_fingerprints_the_directory() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("step"), b"7").unwrap();
+        let whole = pack(d.path(), 1 << 20).unwrap().unwrap();
+        for torn in ["model.pt.tmp", ".tmpk3j2_x", "state.part", "ckpt.partial", "notes~", ".#lock", "a.swp"] {
+            fs::write(d.path().join(torn), b"half a file").unwrap();
+        }
+        let again = pack(d.path(), 1 << 20).unwrap().unwrap();
+        assert_eq!(again, whole, "only the renamed-into-place file is packed");
+        assert_eq!(fingerprint(&again), fingerprint(&whole));
+        fs::write(d.path().join("step"), b"8").unwrap();
+        let newer = pack(d.path(), 1 << 20).unwrap().unwrap();
+        assert_ne!(fingerprint(&newer), fingerprint(&whole));
+        assert!(!is_temporary("model.pt") && !is_temporary("tmp") && !is_temporary("step-10"));
+    }
 
     #[test]
     fn a_directory_round_trips_through_a_blob() {

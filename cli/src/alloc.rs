@@ -427,6 +427,13 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 .into_inner();
             match out {
                 Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
+                Output::Text if a.status == v1::AllocationStatus::TearingDown as i32 => {
+                    let stopping = a.tasks.iter().filter(|t| t.status == v1::TaskStatus::Preempting as i32).count();
+                    out!(
+                        "allocation {id} cancelling: {stopping} task(s) stopping (SIGTERM, grace, SIGKILL); their \
+                         capacity is freed as each one stops"
+                    )
+                }
                 Output::Text => out!("allocation {id} cancelled"),
             }
         }

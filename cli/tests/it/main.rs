@@ -5,6 +5,7 @@ mod dev_proc;
 mod t110_security;
 mod t120_ecosystem;
 mod t130_vclusters;
+mod t140_hold_the_line;
 mod t60_failover;
 mod t70_cli_cluster;
 mod t80_e2e;

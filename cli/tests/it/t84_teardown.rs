@@ -275,7 +275,8 @@ async fn t86_a_silent_node_is_force_drained_and_stale_acks_are_refused() {
     ghost.send(Up::Claim(v1::Claim { task: Some(task) })).await;
     let p = ghost.wait_for(|m| if let Down::Preempt(p) = m { Some(p) } else { None }).await;
     assert_eq!(p.preemption_epoch, 2);
-    let stale_upload = v1::CheckpointUpload { task: Some(task), preemption_epoch: 1, data: b"old".to_vec() };
+    let stale_upload =
+        v1::CheckpointUpload { task: Some(task), preemption_epoch: 1, data: b"old".to_vec(), on_exit: false };
     ghost.send(Up::Checkpoint(stale_upload)).await;
     let refused = ghost.wait_for(|m| if let Down::Refused(r) = m { Some(r) } else { None }).await;
     assert_eq!(refused.code, "ABORTED", "{refused:?}");
@@ -289,7 +290,7 @@ async fn t86_a_silent_node_is_force_drained_and_stale_acks_are_refused() {
         "stale messages changed nothing"
     );
     let blob = b"MUSTERCK\x01\x00\x00\x00\x04\x00\x00\x00step\x02\x00\x00\x00\x00\x00\x00\x00\x34\x32".to_vec();
-    let upload = v1::CheckpointUpload { task: Some(task), preemption_epoch: 2, data: blob.clone() };
+    let upload = v1::CheckpointUpload { task: Some(task), preemption_epoch: 2, data: blob.clone(), on_exit: false };
     ghost.send(Up::Checkpoint(upload)).await;
     ghost.send(Up::Preempted(v1::Preempted { task: Some(task), preemption_epoch: 2, ..Default::default() })).await;
 

@@ -139,8 +139,14 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
         assert!(!o.status.success() && err.contains(field), "{args:?}: {err}");
     }
 
+    // A running allocation is cancelled once its task has stopped.
     let c = call(&["alloc", "cancel", &id]);
-    assert_eq!(c["status"], "cancelled");
+    assert_eq!(c["status"], "tearing-down", "{c}");
+    let deadline = std::time::Instant::now() + crate::cluster::WAIT;
+    while call(&["alloc", "get", &id])["status"] != "cancelled" {
+        assert!(std::time::Instant::now() < deadline, "allocation {id} never cancelled");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 
     // Watch a short gang to its end; resume from a revision.
     let mut short: Vec<&str> = vec!["submit", "--gang-size", "2", "--gpus", "1"];

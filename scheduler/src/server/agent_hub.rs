@@ -8,7 +8,7 @@
 //!   TaskExited ──▶ FinishTask | FailTask (Raft)
 //!   Heartbeat ──▶ liveness (memory only) ──▶ sync (and Preempt again, for every
 //!                 preempting task not yet acked) ──▶ HeartbeatAck
-//!   CheckpointUpload ──▶ SaveCheckpoint (Raft)
+//!   CheckpointUpload ──▶ SaveCheckpoint, or SaveExitCheckpoint when on_exit (Raft)
 //!   Preempted ──▶ TaskPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
 //! ```
 //!
@@ -539,6 +539,7 @@ impl Session {
                             checkpoint_epoch: t.checkpoint.as_ref().map_or(0, |c| c.epoch),
                             walltime_s: a.spec.walltime_s,
                             stall_timeout_s: a.spec.stall_timeout_s,
+                            checkpointing: a.spec.checkpoint != CheckpointMode::None,
                         },
                     ));
                 }
@@ -597,12 +598,22 @@ impl Session {
             }
             Some(In::Checkpoint(c)) => {
                 let key = key_of(&c.task)?;
-                let cmd = Command::SaveCheckpoint {
-                    alloc: key.0,
-                    task: key.1,
-                    node: self.node.clone(),
-                    epoch: c.preemption_epoch,
-                    data: c.data,
+                let cmd = if c.on_exit {
+                    Command::SaveExitCheckpoint {
+                        alloc: key.0,
+                        task: key.1,
+                        node: self.node.clone(),
+                        epoch: key.2,
+                        data: c.data,
+                    }
+                } else {
+                    Command::SaveCheckpoint {
+                        alloc: key.0,
+                        task: key.1,
+                        node: self.node.clone(),
+                        epoch: c.preemption_epoch,
+                        data: c.data,
+                    }
                 };
                 if let Outcome::Rejected(r) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
                     tracing::warn!(

@@ -192,6 +192,7 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
                 TeardownCause::TaskFailed { trigger } => (Some(trigger), 0, String::new()),
                 TeardownCause::Preempted { by, reason } => (None, by, reason.as_str().to_string()),
                 TeardownCause::NodeDrain => (None, 0, "drain".to_string()),
+                TeardownCause::Cancelled { preempted_by } => (None, preempted_by.unwrap_or(0), "cancel".to_string()),
             };
             v1::Teardown {
                 epoch: td.epoch,
@@ -249,6 +250,14 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
                     format!(
                         "preempted ({}) for allocation {by}: epoch {epoch}, {} stopping ({tasks})",
                         reason.as_str(),
+                        preempting.len()
+                    ),
+                ),
+                TeardownCause::Cancelled { .. } => (
+                    "cancel_started",
+                    format!(
+                        "cancelled: epoch {epoch}, {} stopping ({tasks}), {released} released; their GPUs stay held \
+                         until each task has stopped",
                         preempting.len()
                     ),
                 ),
@@ -519,7 +528,8 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::NotTearingDown { .. }
         | Rejection::CheckpointDisabled { .. }
         | Rejection::NothingReserved { .. }
-        | Rejection::AlreadyTerminal { .. } => Status::failed_precondition(msg),
+        | Rejection::AlreadyTerminal { .. }
+        | Rejection::AlreadyCancelling { .. } => Status::failed_precondition(msg),
     }
 }
 

@@ -58,6 +58,16 @@ pub fn observe(outcome: &Outcome) {
                         "gang teardown started"
                     );
                 }
+                TeardownCause::Cancelled { .. } => {
+                    tracing::info!(
+                        alloc_id = alloc,
+                        epoch,
+                        cause = "cancelled",
+                        preempting = preempting.len(),
+                        released,
+                        "allocation cancelled; stopping its tasks"
+                    );
+                }
                 TeardownCause::NodeDrain => {
                     tracing::info!(
                         alloc_id = alloc,

@@ -286,6 +286,23 @@ pub enum Command {
         /// How long the nodes are held at most (from now).
         hold_ms: u64,
     },
+    /// A task's process exited (on its own, or killed) with a checkpoint
+    /// directory that changed since its last upload: its agent uploads it
+    /// before reporting the exit, so a gang whose rank died resumes from
+    /// each rank's latest checkpoint. Fenced by the reservation epoch: the
+    /// task must still be running or stopping on that node in that attempt.
+    SaveExitCheckpoint {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The task's reservation epoch (its attempt).
+        epoch: u64,
+        /// Opaque bytes, at most the checkpoint limit.
+        data: Vec<u8>,
+    },
 }
 
 impl Command {
@@ -302,6 +319,7 @@ impl Command {
             Command::CancelAllocation { .. } => "cancel_allocation",
             Command::TaskPreempted { .. } => "task_preempted",
             Command::SaveCheckpoint { .. } => "save_checkpoint",
+            Command::SaveExitCheckpoint { .. } => "save_exit_checkpoint",
             Command::ForceDrain { .. } => "force_drain",
             Command::Preempt { .. } => "preempt",
             Command::ExpireNomination { .. } => "expire_nomination",

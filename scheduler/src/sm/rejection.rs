@@ -273,6 +273,12 @@ pub enum Rejection {
         /// Its status.
         status: AllocStatus,
     },
+    /// The allocation is already being cancelled: its tasks are stopping.
+    #[error("allocation {alloc} is already being cancelled; its tasks are stopping")]
+    AlreadyCancelling {
+        /// The allocation.
+        alloc: AllocId,
+    },
     /// A preemption named a victim that may not be preempted for it.
     #[error("allocation {victim} cannot be preempted for allocation {alloc}: {reason}")]
     NotPreemptible {

@@ -18,7 +18,10 @@
 //!   last one stopped ─▶ Preempted ─▶ Blocked; gang Queued, or Failed when a task
 //!   is out of retries or already Done
 //!
-//!   CancelAllocation: every unfinished task ─▶ Cancelled
+//!   CancelAllocation, nothing running: reserved tasks released, every
+//!   unfinished task ─▶ Cancelled. Tasks running or stopping: a teardown with
+//!   cause Cancelled (a new epoch; capacity held until each stop is acked or
+//!   forced), and when the last one stops, every unfinished task ─▶ Cancelled
 //! ```
 //!
 //! Every handler checks everything before it changes anything, so a rejected
@@ -510,6 +513,9 @@ impl State {
             }
             Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
                 self.save_checkpoint(*alloc, *task, node, *epoch, data)
+            }
+            Command::SaveExitCheckpoint { alloc, task, node, epoch, data } => {
+                self.save_exit_checkpoint(*alloc, *task, node, *epoch, data)
             }
             Command::ForceDrain { alloc, epoch } => self.force_drain(*alloc, *epoch),
             Command::Preempt { alloc, victims, nodes, hold_ms } => {
@@ -1361,10 +1367,14 @@ impl State {
         let epoch = a.preemption_epoch;
         a.teardown = Some(Teardown { epoch, cause, started_at_ms: now, failed_checkpoints: 0 });
         let mut preempting = Vec::new();
-        for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Running) {
+        for t in a.tasks.iter_mut().filter(|t| matches!(t.status, TaskStatus::Running | TaskStatus::Preempting)) {
+            // A task already stopping for an earlier round (a cancel during
+            // a teardown) moves to this round's epoch; it was refunded then.
+            if t.status == TaskStatus::Running {
+                t.attempts = t.attempts.saturating_sub(1);
+            }
             t.status = TaskStatus::Preempting;
             t.preemption_epoch = epoch;
-            t.attempts = t.attempts.saturating_sub(1);
             preempting.push((t.index, t.node.expect("a running task has a node")));
         }
         let preempting = preempting.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
@@ -1407,8 +1417,9 @@ impl State {
         }
     }
 
-    /// Stores a preempting task's checkpoint (replacing any older one).
-    fn save_checkpoint(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64, data: &[u8]) -> Applied {
+    /// The checkpoint rules every upload meets: the allocation is live and
+    /// checkpoints, and the data is within the cap.
+    fn check_checkpoint(&self, id: AllocId, task: TaskIndex, data: &[u8]) -> Result<(), Rejection> {
         let a = self.live_alloc(id)?;
         if a.spec.checkpoint == CheckpointMode::None {
             return Err(Rejection::CheckpointDisabled { alloc: id });
@@ -1421,6 +1432,39 @@ impl State {
                 limit: self.limits.max_checkpoint_bytes as u64,
             });
         }
+        Ok(())
+    }
+
+    /// Stores the checkpoint a task left when its process exited (replacing
+    /// any older one), while the exit is not yet recorded: the task runs, or
+    /// is stopping, on that node under reservation `epoch`.
+    fn save_exit_checkpoint(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        data: &[u8],
+    ) -> Applied {
+        self.check_checkpoint(id, task, data)?;
+        self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        let now = self.now_ms;
+        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        let epoch = t.preemption_epoch;
+        t.checkpoint = Some(Checkpoint { epoch, saved_at_ms: now, data: data.to_vec() });
+        Ok(vec![Event::CheckpointSaved {
+            alloc: id,
+            task,
+            epoch,
+            bytes: data.len() as u64,
+            after_ms: 0,
+            preempted: false,
+        }])
+    }
+
+    /// Stores a preempting task's checkpoint (replacing any older one).
+    fn save_checkpoint(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64, data: &[u8]) -> Applied {
+        self.check_checkpoint(id, task, data)?;
         self.check_preempting(id, task, node, epoch)?;
         let now = self.now_ms;
         let a = self.allocs.get_mut(&id).expect("checked");
@@ -1500,6 +1544,9 @@ impl State {
             return Vec::new();
         }
         a.teardown = None;
+        if teardown.is_cancel() {
+            return self.complete_cancel(id, teardown);
+        }
         for t in a.tasks.iter_mut().filter(|t| t.status == TaskStatus::Preempted) {
             t.status = TaskStatus::Blocked;
             t.node = None;
@@ -1531,6 +1578,32 @@ impl State {
             preempted_count: a.preempted_count,
         }];
         if let Some(by) = preemptor {
+            events.extend(self.victim_released(id, by));
+        }
+        events
+    }
+
+    /// The end of a cancel's teardown: every task that stopped, and every
+    /// task still waiting, is cancelled (finished tasks stay done), and so is
+    /// the allocation. A preemptor waiting for these nodes gets them.
+    fn complete_cancel(&mut self, id: AllocId, teardown: Teardown) -> Vec<Event> {
+        let now = self.now_ms;
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let mut stopped = Vec::new();
+        for t in a.tasks.iter_mut().filter(|t| !t.status.is_terminal()) {
+            if let Some(slot) = t.node.take().filter(|_| t.status == TaskStatus::Preempted) {
+                stopped.push((t.index, slot));
+            }
+            t.status = TaskStatus::Cancelled;
+        }
+        a.status = AllocStatus::Cancelled;
+        a.suspended = false;
+        a.finished_at_ms = Some(now);
+        drop_checkpoints(a);
+        let stopped = stopped.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
+        self.reindex_alloc(id);
+        let mut events = vec![Event::AllocationCancelled { alloc: id, stopped }];
+        if let Some(by) = teardown.preempted_by() {
             events.extend(self.victim_released(id, by));
         }
         events
@@ -1791,8 +1864,24 @@ impl State {
         Ok(events)
     }
 
+    /// Cancels an allocation. With nothing running, it ends now: reserved
+    /// tasks release their capacity and every unfinished task is cancelled.
+    /// Otherwise the cancel is a gang teardown with its own cause: running
+    /// (and already stopping) tasks are stopped under a new preemption epoch
+    /// and keep their capacity until their agents confirm they stopped, or
+    /// until the force deadline; the allocation is cancelled when the last
+    /// one stops (`complete_teardown`).
     fn cancel(&mut self, id: AllocId) -> Applied {
         let a = self.live_alloc(id)?;
+        if a.teardown.is_some_and(|td| td.is_cancel()) {
+            return Err(Rejection::AlreadyCancelling { alloc: id });
+        }
+        self.drop_nomination(id);
+        let a = &self.allocs[&id];
+        if a.tasks.iter().any(|t| matches!(t.status, TaskStatus::Running | TaskStatus::Preempting)) {
+            let preempted_by = a.teardown.and_then(|td| td.preempted_by());
+            return Ok(vec![self.begin_teardown(id, TeardownCause::Cancelled { preempted_by })]);
+        }
         let usage = Usage::of(&a.spec.resources);
         let held: Vec<(TaskIndex, NodeSlot)> = a
             .tasks
@@ -1805,26 +1894,17 @@ impl State {
             self.release(slot, &usage, (id, task));
             stopped.push((task, self.node(slot).id.clone()));
         }
-        self.drop_nomination(id);
         let now = self.now_ms;
         let a = self.allocs.get_mut(&id).expect("checked");
         for t in a.tasks.iter_mut().filter(|t| !t.status.is_terminal()) {
-            if matches!(t.status, TaskStatus::Running | TaskStatus::Preempting) {
-                t.finished_at_ms = Some(now);
-            }
             t.status = TaskStatus::Cancelled;
         }
-        let preemptor = a.teardown.take().and_then(|td| td.preempted_by());
         a.status = AllocStatus::Cancelled;
         a.suspended = false;
         a.finished_at_ms = Some(now);
         drop_checkpoints(a);
         self.reindex_alloc(id);
-        let mut events = vec![Event::AllocationCancelled { alloc: id, stopped }];
-        if let Some(by) = preemptor {
-            events.extend(self.victim_released(id, by));
-        }
-        Ok(events)
+        Ok(vec![Event::AllocationCancelled { alloc: id, stopped }])
     }
 
     // ----- shared checks and moves --------------------------------------
@@ -1890,7 +1970,9 @@ impl State {
         let mut events = self.complete_teardown(id);
         self.refresh(id);
         let a = self.allocs.get_mut(&id).expect("settle of a known allocation");
-        if a.tasks.iter().all(|t| t.status == TaskStatus::Done) {
+        if a.status.is_terminal() {
+            // A cancel's teardown just completed.
+        } else if a.tasks.iter().all(|t| t.status == TaskStatus::Done) {
             a.status = AllocStatus::Done;
             a.finished_at_ms = Some(now);
             drop_checkpoints(a);
@@ -2370,9 +2452,11 @@ impl State {
             if a.suspended != (a.status == AllocStatus::Suspended) {
                 return Err(format!("allocation {} is {:?} with suspended = {}", a.id, a.status, a.suspended));
             }
+            // A reclamation preempts whatever the class, and a cancel during
+            // a preemption keeps its preemptor.
             let reclaim = matches!(
                 a.teardown.map(|td| td.cause),
-                Some(TeardownCause::Preempted { reason: PreemptReason::Reclaim, .. })
+                Some(TeardownCause::Preempted { reason: PreemptReason::Reclaim, .. } | TeardownCause::Cancelled { .. })
             );
             if let Some(by) = a.teardown.and_then(|td| td.preempted_by())
                 && !reclaim

@@ -503,7 +503,7 @@ fn fail_refuses_reports_from_another_node_or_an_old_epoch() {
 // ----- cancel -------------------------------------------------------------------
 
 #[test]
-fn cancel_stops_every_unfinished_task_and_frees_capacity() {
+fn cancel_holds_a_running_task_capacity_until_its_agent_confirms_the_stop() {
     let mut f = Fixture::new(3);
     let id = f.submit(spec(3, 8));
     let epoch = f.reserve(id, &[0, 1, 2]);
@@ -511,16 +511,74 @@ fn cancel_stops_every_unfinished_task_and_frees_capacity() {
     f.start(id, 1, 1, epoch);
     f.ok(Command::FinishTask { alloc: id, task: 1, node: n(1), epoch });
     let ev = f.ok(Command::CancelAllocation { alloc: id });
-    assert_eq!(ev, vec![Event::AllocationCancelled { alloc: id, stopped: vec![(0, n(0)), (2, n(2))] }]);
+    assert_eq!(
+        ev,
+        vec![Event::TeardownStarted {
+            alloc: id,
+            cause: TeardownCause::Cancelled { preempted_by: None },
+            epoch: 1,
+            preempting: vec![(0, n(0))],
+            released: 1,
+        }]
+    );
+    // The unclaimed reservation is free at once; the running task's GPUs are
+    // not: its process may still be in its SIGTERM grace.
+    assert_eq!(f.status(id), AllocStatus::TearingDown);
+    assert_eq!((f.used_gpus(0), f.used_gpus(1), f.used_gpus(2)), (8, 0, 0));
+    let other = f.submit(spec(1, 8));
+    let plan = crate::policy::plan_admission(&f.s, f.t, &crate::policy::AdmissionConfig::default());
+    assert!(
+        plan.commands.iter().all(|c| !matches!(c, Command::ReserveGang { nodes, .. } if nodes.contains(&n(0)))),
+        "node-0 is still held by the cancelled task: {:?}",
+        plan.commands
+    );
+    assert!(f.s.alloc(other).is_some());
+    assert_eq!(f.rejected(Command::CancelAllocation { alloc: id }), Rejection::AlreadyCancelling { alloc: id });
+
+    let ev = f.ack(id, 0, 0, 1);
+    assert_eq!(ev.last(), Some(&Event::AllocationCancelled { alloc: id, stopped: vec![(0, n(0))] }), "{ev:?}");
     assert_eq!(f.status(id), AllocStatus::Cancelled);
-    let statuses: Vec<TaskStatus> = f.s.alloc(id).unwrap().tasks.iter().map(|t| t.status).collect();
-    assert_eq!(statuses, vec![TaskStatus::Cancelled, TaskStatus::Done, TaskStatus::Cancelled]);
+    assert_eq!(f.statuses(id), vec![TaskStatus::Cancelled, TaskStatus::Done, TaskStatus::Cancelled]);
     assert_eq!((f.used_gpus(0), f.used_gpus(1), f.used_gpus(2)), (0, 0, 0));
+    assert_eq!(f.attempts(id), vec![0, 1, 0], "a cancel charges nothing");
     assert_eq!(
         f.rejected(Command::CancelAllocation { alloc: id }),
         Rejection::AlreadyTerminal { alloc: id, status: AllocStatus::Cancelled }
     );
     assert_eq!(f.rejected(Command::CancelAllocation { alloc: 42 }), Rejection::UnknownAllocation(42));
+}
+
+#[test]
+fn a_cancelled_task_that_never_acks_is_forced_at_the_teardown_deadline() {
+    let mut f = Fixture::new(2);
+    let (id, _) = f.running(2, 8);
+    f.ok(Command::CancelAllocation { alloc: id });
+    let cfg = crate::policy::PreemptionConfig::default();
+    let force = crate::policy::DEFAULT_FORCE_AFTER_MS;
+    assert!(crate::policy::plan_force_drains(&f.s, f.t + force - 1, force, &cfg).is_empty());
+    let cmds = crate::policy::plan_force_drains(&f.s, f.t + force, force, &cfg);
+    assert_eq!(cmds, vec![Command::ForceDrain { alloc: id, epoch: 1 }]);
+    f.t += force;
+    let ev = f.ok(cmds[0].clone());
+    assert!(matches!(ev.last(), Some(Event::AllocationCancelled { stopped, .. }) if stopped.len() == 2), "{ev:?}");
+    assert_eq!(f.status(id), AllocStatus::Cancelled);
+    assert_eq!(f.attempts(id), vec![0, 0], "a forced cancel charges nothing");
+    assert_eq!((f.used_gpus(0), f.used_gpus(1)), (0, 0));
+}
+
+#[test]
+fn a_task_that_fails_or_finishes_while_cancelled_still_ends_cancelled_uncharged() {
+    let mut f = Fixture::new(3);
+    let (id, _) = f.running(3, 8);
+    f.ok(Command::CancelAllocation { alloc: id });
+    f.ok(Command::FailTask { alloc: id, task: 0, node: n(0), epoch: 1, exit_code: Some(143) });
+    f.ok(Command::FinishTask { alloc: id, task: 1, node: n(1), epoch: 1 });
+    assert_eq!(f.status(id), AllocStatus::TearingDown);
+    assert_eq!(f.used_gpus(2), 8);
+    f.ack(id, 2, 2, 1);
+    assert_eq!(f.status(id), AllocStatus::Cancelled);
+    assert_eq!(f.statuses(id), vec![TaskStatus::Cancelled, TaskStatus::Done, TaskStatus::Cancelled]);
+    assert_eq!(f.attempts(id), vec![0, 0, 0]);
 }
 
 #[test]
@@ -656,6 +714,9 @@ fn tasks_on_node_follows_placement() {
     f.start(id, 1, 0, epoch);
     assert_eq!(f.s.tasks_on_node(s0).collect::<Vec<_>>(), vec![(id, 1)]);
     f.ok(Command::CancelAllocation { alloc: id });
+    assert_eq!(f.s.tasks_on_node(s0).collect::<Vec<_>>(), vec![(id, 1)], "stopping, not yet stopped");
+    assert_eq!(f.s.tasks_on_node(s1).count(), 0);
+    f.ok(Command::TaskPreempted { alloc: id, task: 1, node: n(0), epoch: 1, checkpoint_failed: false });
     assert_eq!(f.s.tasks_on_node(s0).count() + f.s.tasks_on_node(s1).count(), 0);
 }
 
@@ -704,6 +765,23 @@ impl Fixture {
 
     fn attempts(&self, alloc: AllocId) -> Vec<u32> {
         self.s.alloc(alloc).unwrap().tasks.iter().map(|t| t.attempts).collect()
+    }
+
+    /// Cancels `alloc` and acks the stop of each of its tasks that ran, as
+    /// their agents would: it ends cancelled, holding nothing.
+    fn cancel_and_stop(&mut self, alloc: AllocId) {
+        self.ok(Command::CancelAllocation { alloc });
+        let a = self.s.alloc(alloc).unwrap();
+        let stopping: Vec<(TaskIndex, NodeId, u64)> = a
+            .tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Preempting)
+            .map(|t| (t.index, self.s.node(t.node.unwrap()).id.clone(), t.preemption_epoch))
+            .collect();
+        for (task, node, epoch) in stopping {
+            self.ok(Command::TaskPreempted { alloc, task, node, epoch, checkpoint_failed: false });
+        }
+        assert_eq!(self.status(alloc), AllocStatus::Cancelled);
     }
 
     fn statuses(&self, alloc: AllocId) -> Vec<TaskStatus> {
@@ -949,6 +1027,52 @@ fn a_checkpoint_is_stored_kept_for_later_attempts_and_dropped_at_the_end() {
 }
 
 #[test]
+fn an_exiting_task_saves_its_checkpoint_by_its_attempt_while_running_or_stopping_and_it_survives_the_requeue() {
+    let mut f = Fixture::new(3);
+    let (id, epoch) = f.running(3, 8);
+    let save = |task: TaskIndex, node: u32, epoch: u64, data: &[u8]| Command::SaveExitCheckpoint {
+        alloc: id,
+        task,
+        node: n(node),
+        epoch,
+        data: data.to_vec(),
+    };
+    // The killed rank: still running when its exit upload arrives.
+    f.t = 2_000;
+    let ev = f.ok(save(0, 0, epoch, b"step=7"));
+    assert_eq!(
+        ev,
+        vec![Event::CheckpointSaved { alloc: id, task: 0, epoch: 0, bytes: 6, after_ms: 0, preempted: false }]
+    );
+    f.fail(id, 0, 0, epoch);
+    // A peer that exited on its own after the teardown began: stopping.
+    f.ok(save(1, 1, epoch, b"step=8"));
+    f.ok(Command::FailTask { alloc: id, task: 1, node: n(1), epoch, exit_code: Some(1) });
+    // Fenced by the attempt and the node: a stale attempt or another node is refused.
+    assert_eq!(
+        f.rejected(save(2, 2, epoch + 1, b"x")),
+        Rejection::StaleTaskEpoch { alloc: id, task: 2, current: epoch, got: epoch + 1 }
+    );
+    assert_eq!(f.rejected(save(2, 1, epoch, b"x")), Rejection::WrongNode { alloc: id, task: 2, node: n(1) });
+    assert!(matches!(
+        f.rejected(save(2, 2, epoch, &vec![0; DEFAULT_MAX_CHECKPOINT_BYTES + 1])),
+        Rejection::CheckpointTooLarge { .. }
+    ));
+    f.ok(save(2, 2, epoch, b"step=9"));
+    f.ack(id, 2, 2, 1);
+    // Once a task's exit is recorded, a late upload of its attempt is refused.
+    assert!(matches!(f.rejected(save(0, 0, epoch, b"late")), Rejection::WrongTaskStatus { .. }));
+    assert_eq!(f.status(id), AllocStatus::Queued);
+    let kept: Vec<Vec<u8>> = (0..3).map(|t| f.task(id, t).checkpoint.clone().unwrap().data).collect();
+    assert_eq!(kept, vec![b"step=7".to_vec(), b"step=8".to_vec(), b"step=9".to_vec()]);
+    let none = f.submit(AllocSpec { checkpoint: CheckpointMode::None, ..spec(1, 0) });
+    assert_eq!(
+        f.rejected(Command::SaveExitCheckpoint { alloc: none, task: 0, node: n(0), epoch: 0, data: vec![1] }),
+        Rejection::CheckpointDisabled { alloc: none }
+    );
+}
+
+#[test]
 fn checkpoints_over_the_cap_or_of_a_no_checkpoint_allocation_are_refused() {
     let mut f = Fixture::new(2);
     let (id, epoch) = f.running(2, 8);
@@ -1083,14 +1207,33 @@ fn a_stale_reservation_with_running_siblings_triggers_a_teardown() {
 }
 
 #[test]
-fn cancel_during_a_teardown_frees_everything() {
+fn cancel_during_a_teardown_moves_the_stopping_tasks_to_a_cancel_round_and_holds_their_capacity() {
     let mut f = Fixture::new(3);
     let (id, epoch) = f.running(3, 8);
     f.fail(id, 0, 0, epoch);
     let ev = f.ok(Command::CancelAllocation { alloc: id });
-    assert_eq!(ev, vec![Event::AllocationCancelled { alloc: id, stopped: vec![(1, n(1)), (2, n(2))] }]);
+    assert_eq!(
+        ev,
+        vec![Event::TeardownStarted {
+            alloc: id,
+            cause: TeardownCause::Cancelled { preempted_by: None },
+            epoch: 2,
+            preempting: vec![(1, n(1)), (2, n(2))],
+            released: 0,
+        }]
+    );
+    assert_eq!((f.used_gpus(1), f.used_gpus(2)), (8, 8), "the siblings may still run");
+    assert_eq!(f.attempts(id), vec![1, 0, 0], "the bystanders are not refunded twice");
+    assert_eq!(
+        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
+        Rejection::StalePreemptionEpoch { alloc: id, current: 2, got: 1 }
+    );
+    f.ack(id, 1, 1, 2);
+    let ev = f.ack(id, 2, 2, 2);
+    assert_eq!(ev.last(), Some(&Event::AllocationCancelled { alloc: id, stopped: vec![(1, n(1)), (2, n(2))] }));
     assert!(f.s.alloc(id).unwrap().teardown.is_none());
     assert_eq!((f.used_gpus(1), f.used_gpus(2)), (0, 0));
+    assert_eq!(f.status(id), AllocStatus::Cancelled);
 }
 
 // ----- priority preemption ------------------------------------------------------
@@ -1316,7 +1459,10 @@ fn cancelling_the_preemptor_frees_its_holds_and_cancelling_a_victim_counts_as_it
     let q = f.queued(1, 8, 6);
     assert!(f.preempt(q, &[(v2, e2)], &[1]).is_accepted());
     let ev = f.ok(Command::CancelAllocation { alloc: v2 });
+    assert!(!ev.iter().any(|e| matches!(e, Event::GangReserved { .. })), "the victim still stops: {ev:?}");
+    let ev = f.ack(v2, 0, 1, 2);
     assert!(ev.iter().any(|e| matches!(e, Event::GangReserved { alloc, .. } if *alloc == q)), "{ev:?}");
+    assert_eq!(f.status(v2), AllocStatus::Cancelled);
 }
 
 #[test]

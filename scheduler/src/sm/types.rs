@@ -539,6 +539,15 @@ pub enum TeardownCause {
     /// A node the gang runs on reached its drain deadline: every task is
     /// asked to checkpoint and stop, and the gang resumes elsewhere.
     NodeDrain,
+    /// A user or operator cancelled the allocation while tasks ran: every
+    /// task is stopped (SIGTERM, grace, SIGKILL) and keeps its capacity
+    /// until its agent confirms it stopped or the force deadline passes;
+    /// then the allocation is cancelled.
+    Cancelled {
+        /// The preemptor that waits for these nodes, when the cancel came
+        /// during a priority preemption or reclamation.
+        preempted_by: Option<AllocId>,
+    },
 }
 
 /// Why a preemption happened (the `reason` label of `muster_preemptions_total`).
@@ -584,8 +593,14 @@ impl Teardown {
     pub fn preempted_by(&self) -> Option<AllocId> {
         match self.cause {
             TeardownCause::Preempted { by, .. } => Some(by),
+            TeardownCause::Cancelled { preempted_by } => preempted_by,
             TeardownCause::TaskFailed { .. } | TeardownCause::NodeDrain => None,
         }
+    }
+
+    /// Whether this teardown ends in the allocation's cancellation.
+    pub fn is_cancel(&self) -> bool {
+        matches!(self.cause, TeardownCause::Cancelled { .. })
     }
 
     /// Whether the gang is stopped through no fault of its own, for its

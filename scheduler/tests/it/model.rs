@@ -84,6 +84,11 @@ pub enum Op {
         stale: bool,
         bytes: u16,
     },
+    ExitCheckpoint {
+        pick: usize,
+        stale: bool,
+        bytes: u16,
+    },
     ForceDrain {
         pick: usize,
         stale: bool,
@@ -138,6 +143,8 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => (any::<usize>(), 0u8..3).prop_map(|(pick, kind)| Op::Trip { pick, kind }),
         1 => (any::<usize>(), proptest::bool::weighted(0.1), any::<u16>())
             .prop_map(|(pick, stale, bytes)| Op::Checkpoint { pick, stale, bytes }),
+        1 => (any::<usize>(), proptest::bool::weighted(0.1), any::<u16>())
+            .prop_map(|(pick, stale, bytes)| Op::ExitCheckpoint { pick, stale, bytes }),
         1 => (any::<usize>(), proptest::bool::weighted(0.2)).prop_map(|(pick, stale)| Op::ForceDrain { pick, stale }),
         2 => (0u8..6, 0u8..8, 0u32..30_000)
             .prop_map(|(node, action, timeout_ms)| Op::Lifecycle { node, action, timeout_ms }),
@@ -397,6 +404,16 @@ impl Run {
                     node,
                     epoch: if *stale { epoch + 1 } else { epoch },
                     data: vec![7; usize::from(*bytes)],
+                })
+                .into_iter()
+                .collect(),
+            Op::ExitCheckpoint { pick, stale, bytes } => Self::pick(&self.live_tasks(), *pick)
+                .map(|(alloc, task, node, epoch)| Command::SaveExitCheckpoint {
+                    alloc,
+                    task,
+                    node,
+                    epoch: if *stale { epoch + 1 } else { epoch },
+                    data: vec![9; usize::from(*bytes)],
                 })
                 .into_iter()
                 .collect(),

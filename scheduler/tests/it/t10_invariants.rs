@@ -191,6 +191,9 @@ mod arbitrary {
             (any_u64(), any_u32(), node(), any_u64(), proptest::collection::vec(any::<u8>(), 0..16)).prop_map(
                 |(alloc, task, node, epoch, data)| Command::SaveCheckpoint { alloc, task, node, epoch, data }
             ),
+            (any_u64(), any_u32(), node(), any_u64(), proptest::collection::vec(any::<u8>(), 0..16)).prop_map(
+                |(alloc, task, node, epoch, data)| Command::SaveExitCheckpoint { alloc, task, node, epoch, data }
+            ),
             (any_u64(), any_u64()).prop_map(|(alloc, epoch)| Command::ForceDrain { alloc, epoch }),
             node().prop_map(|node| Command::NodeReady { node }),
             (node(), any_u64(), ".{0,8}", ".{0,4}").prop_map(|(node, timeout_ms, reason, by)| Command::DrainNode {

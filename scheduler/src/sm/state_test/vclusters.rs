@@ -172,7 +172,7 @@ fn a_reservation_past_the_gpu_quota_is_refused_and_reducing_a_quota_preempts_not
     let why = crate::policy::explain(&f.s, b, f.t, &Default::default()).unwrap().summary;
     assert!(why.starts_with("waiting for vCluster ml's GPU quota: 8 held + 8 needed > 4"), "{why}");
     // Once ml's work ends, its quota frees: b fits under a restored quota.
-    f.ok(Command::CancelAllocation { alloc: a });
+    f.cancel_and_stop(a);
     assert!(f.s.vcluster_load("ml").is_none(), "no load left");
     let back = VClusterSpec { quota: Quota { max_gpus: Some(8), ..Quota::default() }, ..ml_spec() };
     f.ok(Command::UpdateVCluster { name: "ml".into(), spec: back, by: "admin".into() });

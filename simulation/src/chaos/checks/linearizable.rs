@@ -13,7 +13,9 @@
 //! running, …) → terminal (done, failed, cancelled). The scheduler may end
 //! a live allocation at any moment (done or failed): a step the model may
 //! take before any operation. Once seen, an allocation never disappears; a
-//! terminal status never changes; a successful cancel makes it cancelled.
+//! terminal status never changes. A successful cancel makes it cancelled, or
+//! cancelling while its tasks stop (seen as tearing-down; the scheduler
+//! then ends it cancelled at any moment), and a second cancel is refused.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -27,6 +29,9 @@ pub enum Obj {
     Absent,
     /// Submitted, not ended.
     Live,
+    /// Cancelled while tasks ran: they are stopping (`tearing-down`). As an
+    /// observation, a tearing-down allocation, which a live one may be too.
+    Cancelling,
     /// Ended this way (`done`, `failed`, `cancelled`).
     Terminal(Ended),
 }
@@ -49,8 +54,9 @@ pub enum Call {
     Submit,
     /// A get that found it live, found it ended, or did not find it.
     Get(Option<Obj>),
-    /// A cancel: `Some(true)` it was cancelled, `Some(false)` refused
-    /// because it had already ended, `None` unknown.
+    /// A cancel: `Some(true)` it was cancelled (or is cancelling),
+    /// `Some(false)` refused because it had already ended or was already
+    /// being cancelled, `None` unknown.
     Cancel(Option<bool>),
 }
 
@@ -71,6 +77,7 @@ fn step(s: Obj, call: &Call) -> Vec<Obj> {
     // The scheduler may end a live allocation before the call.
     let before: Vec<Obj> = match s {
         Obj::Live => vec![Obj::Live, Obj::Terminal(Ended::Done), Obj::Terminal(Ended::Failed)],
+        Obj::Cancelling => vec![Obj::Cancelling, Obj::Terminal(Ended::Cancelled)],
         other => vec![other],
     };
     let mut out = Vec::new();
@@ -83,16 +90,19 @@ fn step(s: Obj, call: &Call) -> Vec<Obj> {
             },
             Call::Get(None) => out.push(s),
             Call::Get(Some(seen)) => {
-                if *seen == s {
+                // Tearing-down is what a cancelling allocation looks like,
+                // and a live one during a teardown.
+                if *seen == s || (*seen == Obj::Cancelling && s == Obj::Live) {
                     out.push(s);
                 }
             }
             Call::Cancel(Some(true)) | Call::Cancel(None) if s == Obj::Live => {
                 out.push(Obj::Terminal(Ended::Cancelled));
+                out.push(Obj::Cancelling);
             }
             Call::Cancel(None) => out.push(s),
             Call::Cancel(Some(false)) => {
-                if matches!(s, Obj::Terminal(_)) {
+                if matches!(s, Obj::Terminal(_) | Obj::Cancelling) {
                     out.push(s);
                 }
             }
@@ -149,6 +159,7 @@ fn ended(name: &str) -> Option<Obj> {
         "failed" => Obj::Terminal(Ended::Failed),
         "cancelled" => Obj::Terminal(Ended::Cancelled),
         "absent" => Obj::Absent,
+        "tearing_down" | "tearing-down" => Obj::Cancelling,
         _ => Obj::Live,
     })
 }
@@ -259,6 +270,28 @@ mod tests {
             e(Call::Get(LIVE), 7, Some(8))
         ]));
         assert!(linearizable(&[e(Call::Submit, 0, None), e(Call::Get(ABSENT), 5, Some(6))]));
+        // A cancel of a running allocation: tearing down, then cancelled;
+        // never live again, never done, and a second cancel is refused.
+        let cancelling = Some(Obj::Cancelling);
+        let cancelled = Some(Obj::Terminal(Ended::Cancelled));
+        assert!(linearizable(&[
+            e(Call::Submit, 0, Some(1)),
+            e(Call::Cancel(Some(true)), 2, Some(3)),
+            e(Call::Get(cancelling), 4, Some(5)),
+            e(Call::Cancel(Some(false)), 6, Some(7)),
+            e(Call::Get(cancelled), 8, Some(9))
+        ]));
+        assert!(!linearizable(&[
+            e(Call::Submit, 0, Some(1)),
+            e(Call::Cancel(Some(true)), 2, Some(3)),
+            e(Call::Get(LIVE), 4, Some(5))
+        ]));
+        assert!(!linearizable(&[
+            e(Call::Submit, 0, Some(1)),
+            e(Call::Cancel(Some(true)), 2, Some(3)),
+            e(Call::Get(cancelled), 4, Some(5)),
+            e(Call::Get(cancelling), 6, Some(7))
+        ]));
         // A timed-out cancel may explain a cancelled allocation.
         assert!(linearizable(&[
             e(Call::Submit, 0, Some(1)),

@@ -1,0 +1,203 @@
+//! Regressions for the promises a real workload broke (issue 22): real
+//! replicas, real agents, real task processes that behave like real ones
+//! (they ignore SIGTERM, and ranks die with their peers).
+
+use std::time::{Duration, Instant};
+
+use muster_proto::v1;
+use muster_sim::local::{LocalCluster, LocalConfig};
+
+use crate::cluster::WAIT;
+use crate::t80_e2e::{get, leader_client, proc_alive, status, submit, until};
+
+fn config(agents: u32, grace: Duration) -> LocalConfig {
+    LocalConfig { agents, heartbeat: Duration::from_millis(500), stop_grace: grace, ..crate::tls::local_config() }
+}
+
+fn whole_node(n: u32, script: &str) -> v1::AllocationSpec {
+    v1::AllocationSpec {
+        owner: "e2e".into(),
+        gang_size: n,
+        resources: Some(v1::Resources { gpus: 8, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        max_retries: 3,
+        ..Default::default()
+    }
+}
+
+/// The pids a task wrote into its node's work dir (`pid-<alloc>-<task>`).
+async fn pids(c: &LocalCluster, a: &v1::Allocation) -> Vec<i32> {
+    let mut out = Vec::new();
+    for t in &a.tasks {
+        let agent = t.node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+        let path = c.agent_dir(agent).join(format!("pid-{}-{}", a.id, t.index));
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&path)
+                && let Ok(pid) = s.trim().parse()
+            {
+                out.push(pid);
+                break;
+            }
+            assert!(Instant::now() < deadline, "{} never written", path.display());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    out
+}
+
+/// A task that ignores SIGTERM: only the SIGKILL after the grace stops it.
+const STUBBORN: &str = "trap '' TERM; echo $$ > pid-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX; \
+                        while true; do sleep 0.1; done";
+
+/// Issue 22, item 1: cancelling a running gang whose tasks ignore SIGTERM
+/// keeps their GPUs held until each process is gone. A job submitted right
+/// after the cancel starts only once the old processes are dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t140_a_cancel_holds_the_gpus_until_the_cancelled_processes_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let grace = Duration::from_secs(3);
+    let c = LocalCluster::start(dir.path(), config(4, grace)).await.unwrap();
+    let old = submit(&c, whole_node(4, STUBBORN)).await;
+    let running = until(&c, old, "running", |a| status(a) == v1::AllocationStatus::Running).await;
+    let old_pids = pids(&c, &running).await;
+    assert!(old_pids.iter().all(|&p| proc_alive(p)));
+
+    let cancelled = leader_client(&c).await.cancel(v1::CancelRequest { id: old }).await.unwrap().into_inner();
+    assert_eq!(status(&cancelled), v1::AllocationStatus::TearingDown, "{cancelled:?}");
+    assert_eq!(cancelled.teardown.as_ref().map(|t| t.reason.as_str()), Some("cancel"));
+    let again = leader_client(&c).await.cancel(v1::CancelRequest { id: old }).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition, "{again:?}");
+    assert!(again.message().contains("already being cancelled"), "{again:?}");
+
+    let new = submit(&c, whole_node(1, "echo $$ > pid-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX; sleep 30")).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let a = get(&c, new).await;
+        let placed = matches!(status(&a), v1::AllocationStatus::Reserved | v1::AllocationStatus::Running);
+        if placed {
+            let alive: Vec<i32> = old_pids.iter().copied().filter(|&p| proc_alive(p)).collect();
+            assert!(alive.is_empty(), "allocation {new} placed while the cancelled tasks {alive:?} still run: {a:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "allocation {new} never placed: {a:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let done = until(&c, old, "cancelled", |a| status(a) == v1::AllocationStatus::Cancelled).await;
+    assert!(done.tasks.iter().all(|t| t.attempts == 0), "a cancel charges nothing: {done:?}");
+    until(&c, new, "running", |a| status(a) == v1::AllocationStatus::Running).await;
+    c.shutdown().await;
+}
+
+/// The events of an allocation, from the leader's state.
+fn history(c: &LocalCluster, id: u64) -> Vec<muster_scheduler::sm::Event> {
+    let Some(l) = c.leader_id() else { return Vec::new() };
+    c.replica(l).map_or_else(Vec::new, |r| {
+        r.reader()
+            .read(|st| st.alloc(id).map(|a| a.history.iter().map(|e| e.event.clone()).collect()))
+            .unwrap_or_default()
+    })
+}
+
+/// A rank of a collective job, in the shape NCCL, gloo and MPI give it: rank
+/// 0 rendezvouses with every peer over TCP, and each step is a round trip
+/// with all of them (an all-reduce stand-in). When any peer dies, the others
+/// see the connection drop within milliseconds and exit non-zero on their
+/// own. After each step it checkpoints the step by write-then-rename, and
+/// on start it resumes from the checkpoint.
+const RANK: &str = r#"
+import os, socket, sys, time
+rank = int(os.environ["MUSTER_TASK_INDEX"]); size = int(os.environ["MUSTER_GANG_SIZE"])
+ckpt = os.environ["MUSTER_CHECKPOINT_DIR"]; rdv = os.environ["RDV"]; epoch = os.environ["MUSTER_EPOCH"]
+step_file = os.path.join(ckpt, "step")
+step = int(open(step_file).read()) if os.path.exists(step_file) else 0
+print(f"rank {rank} starts at step {step}", flush=True)
+with open(os.path.join(rdv, f"pid-{rank}-{epoch}"), "w") as f:
+    f.write(str(os.getpid()))
+if rank == 0:
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(size)
+    tmp = os.path.join(rdv, f".port-{epoch}.tmp")
+    with open(tmp, "w") as f:
+        f.write(str(srv.getsockname()[1]))
+    os.rename(tmp, os.path.join(rdv, f"port-{epoch}"))
+    peers = [srv.accept()[0] for _ in range(size - 1)]
+else:
+    path = os.path.join(rdv, f"port-{epoch}")
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    peers = [socket.create_connection(("127.0.0.1", int(open(path).read())))]
+while step < 150:
+    step += 1
+    if rank == 0:
+        for p in peers: p.sendall(b"x")
+        for p in peers:
+            if p.recv(1) != b"y": print(f"rank 0: a peer died at step {step}", file=sys.stderr); sys.exit(1)
+    else:
+        if peers[0].recv(1) != b"x": print(f"rank {rank}: rank 0 died at step {step}", file=sys.stderr); sys.exit(1)
+        peers[0].sendall(b"y")
+    with open(step_file + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(step_file + ".tmp", step_file)
+    time.sleep(0.03)
+print(f"rank {rank} finished at step {step}", flush=True)
+"#;
+
+/// Issue 22, item 2: SIGKILL one rank of a running 4-rank collective gang.
+/// Its peers exit non-zero on their own before the teardown reaches them;
+/// every rank's last checkpoint (the killed one's too) is uploaded at its
+/// exit, and the restarted gang resumes each rank from it, not from step 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t141_a_rank_killed_mid_run_loses_no_checkpoint_of_its_gang() {
+    let dir = tempfile::tempdir().unwrap();
+    let rdv = tempfile::tempdir().unwrap();
+    let c = LocalCluster::start(dir.path(), config(4, Duration::from_secs(5))).await.unwrap();
+    let spec = v1::AllocationSpec {
+        owner: "e2e".into(),
+        gang_size: 4,
+        resources: Some(v1::Resources { gpus: 2, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+        command: vec!["python3".into(), "-c".into(), RANK.into()],
+        env: [("RDV".to_string(), rdv.path().display().to_string())].into(),
+        checkpoint: v1::CheckpointMode::Auto as i32,
+        max_retries: 3,
+        ..Default::default()
+    };
+    let id = submit(&c, spec).await;
+    let running = until(&c, id, "running", |a| status(a) == v1::AllocationStatus::Running).await;
+    let epoch = running.tasks[0].reservation_epoch;
+    let step_of = |t: &v1::Task| {
+        let agent = t.node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+        let f = c.agent_dir(agent).join(format!("checkpoints/alloc-{id}/task-{}/step", t.index));
+        std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0)
+    };
+    let deadline = Instant::now() + WAIT;
+    while running.tasks.iter().any(|t| step_of(t) < 10) {
+        assert!(Instant::now() < deadline, "the ranks make no progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid: i32 = std::fs::read_to_string(rdv.path().join(format!("pid-1-{epoch}"))).unwrap().trim().parse().unwrap();
+    assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+
+    let done = until(&c, id, "done after the restart", |a| status(a) == v1::AllocationStatus::Done).await;
+    let events = history(&c, id);
+    let saved: std::collections::BTreeSet<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            muster_scheduler::sm::Event::CheckpointSaved { task, .. } => Some(*task),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(saved, (0..4).collect(), "every rank's checkpoint was saved, the killed one's too: {events:?}");
+    for t in &done.tasks {
+        assert_eq!(t.runs, 2, "{done:?}");
+        let agent = t.last_node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+        let out = c.agent_dir(agent).join(format!("logs/alloc-{id}/task-{}/attempt-2.out", t.index));
+        let out = std::fs::read_to_string(&out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+        let resumed: u32 = out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("rank {} starts at step ", t.index)))
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no start line in {out}"));
+        assert!(resumed >= 10, "rank {} restarted from step {resumed}, not from its checkpoint", t.index);
+    }
+    c.shutdown().await;
+}
