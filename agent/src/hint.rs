@@ -7,7 +7,9 @@
 //!   task may write, in .muster/:
 //!     ack     "I am checkpointing": a deadline that passes gets one extension
 //!             of timeout / 2
-//!     defer   seconds: the deadline moves to hint + min(seconds, max deferral)
+//!     defer   seconds: the deadline in force moves out by that much; the
+//!             file is consumed, so the task may ask again, and all its
+//!             deferrals together add at most max deferral
 //!     done    the checkpoint is complete ──▶ SIGTERM → grace → SIGKILL
 //!   (or it exits)                         ──▶ the directory is uploaded
 //!   deadline passed, no answer            ──▶ killed; nothing uploaded;
@@ -56,10 +58,10 @@ pub enum Verdict {
 pub struct HintWatch {
     hint: Hint,
     dir: PathBuf,
-    started: Instant,
     deadline: Instant,
     extended: bool,
-    deferred: bool,
+    /// Time the task's deferrals have added so far (≤ max deferral).
+    deferred: Duration,
 }
 
 impl HintWatch {
@@ -83,7 +85,7 @@ impl HintWatch {
         let tmp = dir.join("request.tmp");
         fs::write(&tmp, request)?;
         fs::rename(&tmp, dir.join("request"))?;
-        Ok(HintWatch { hint, dir, started: now, deadline: now + hint.timeout, extended: false, deferred: false })
+        Ok(HintWatch { hint, dir, deadline: now + hint.timeout, extended: false, deferred: Duration::ZERO })
     }
 
     /// The hint.
@@ -101,14 +103,20 @@ impl HintWatch {
         if self.dir.join("done").exists() {
             return Verdict::Done;
         }
-        if !self.deferred
-            && let Ok(text) = fs::read_to_string(self.dir.join("defer"))
-        {
-            self.deferred = true;
+        if let Ok(text) = fs::read_to_string(self.dir.join("defer")) {
+            // Consumed, so that a later request is a new one.
+            let _ = fs::remove_file(self.dir.join("defer"));
             let asked = text.trim().parse::<u64>().map(Duration::from_secs).unwrap_or(self.hint.max_deferral);
-            let until = self.started + asked.min(self.hint.max_deferral);
-            tracing::info!(epoch = self.hint.epoch, asked_s = asked.as_secs(), "task asked to defer its checkpoint");
-            self.deadline = self.deadline.max(until);
+            let granted = asked.min(self.hint.max_deferral.saturating_sub(self.deferred));
+            self.deferred += granted;
+            self.deadline += granted;
+            tracing::info!(
+                epoch = self.hint.epoch,
+                asked_s = asked.as_secs(),
+                granted_s = granted.as_secs(),
+                deferred_s = self.deferred.as_secs(),
+                "task asked to defer its checkpoint"
+            );
         }
         if now < self.deadline {
             return Verdict::Wait;
@@ -176,21 +184,36 @@ mod tests {
     }
 
     #[test]
-    fn a_deferral_is_granted_up_to_the_maximum() {
+    fn a_deferral_extends_the_deadline_in_force_up_to_the_maximum_in_all() {
         let tmp = tempfile::tempdir().unwrap();
         let short = Hint { timeout: Duration::from_secs(60), ..hint() };
         let t0 = Instant::now();
         let mut w = HintWatch::start(short, tmp.path(), t0).unwrap();
         answer(tmp.path(), "defer", "120\n");
-        assert_eq!(w.check(t0 + Duration::from_secs(61)), Verdict::Wait);
-        assert_eq!(w.deadline(), t0 + Duration::from_secs(120));
-        assert_eq!(w.check(t0 + Duration::from_secs(120)), Verdict::TimedOut);
+        assert_eq!(w.check(t0 + Duration::from_secs(1)), Verdict::Wait);
+        assert_eq!(w.deadline(), t0 + Duration::from_secs(180), "the 60 s deadline plus 120 s");
+        assert_eq!(w.check(t0 + Duration::from_secs(179)), Verdict::Wait);
+        assert_eq!(w.check(t0 + Duration::from_secs(180)), Verdict::TimedOut);
 
+        // With the default timeout longer than the maximum deferral, a
+        // deferral still adds time (it used to be absorbed by the timeout).
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = HintWatch::start(hint(), tmp.path(), t0).unwrap();
+        answer(tmp.path(), "defer", "40");
+        assert_eq!(w.check(t0 + Duration::from_secs(1)), Verdict::Wait);
+        assert_eq!(w.deadline(), t0 + Duration::from_secs(640));
+
+        // Asked again, the total is capped at the maximum deferral.
         let tmp = tempfile::tempdir().unwrap();
         let mut w = HintWatch::start(short, tmp.path(), t0).unwrap();
-        answer(tmp.path(), "defer", "100000");
+        answer(tmp.path(), "defer", "200");
         assert_eq!(w.check(t0 + Duration::from_secs(1)), Verdict::Wait);
-        assert_eq!(w.deadline(), t0 + Duration::from_secs(300), "capped at the maximum deferral");
+        answer(tmp.path(), "defer", "200");
+        assert_eq!(w.check(t0 + Duration::from_secs(2)), Verdict::Wait);
+        assert_eq!(w.deadline(), t0 + Duration::from_secs(360), "60 s + 300 s of deferral in all");
+        answer(tmp.path(), "defer", "100000");
+        assert_eq!(w.check(t0 + Duration::from_secs(3)), Verdict::Wait);
+        assert_eq!(w.deadline(), t0 + Duration::from_secs(360), "nothing more");
         answer(tmp.path(), "done", "");
         assert_eq!(w.check(t0 + Duration::from_secs(200)), Verdict::Done);
     }

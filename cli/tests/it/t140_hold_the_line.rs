@@ -201,3 +201,77 @@ async fn t141_a_rank_killed_mid_run_loses_no_checkpoint_of_its_gang() {
     }
     c.shutdown().await;
 }
+
+/// The whole log of one attempt, through the leader's Logs call.
+async fn attempt_log(c: &LocalCluster, id: u64, attempt: u32, stderr: bool) -> Result<String, tonic::Status> {
+    let req = v1::LogsRequest { id, task: 0, attempt, stderr, follow: false };
+    let mut stream = leader_client(c).await.logs(req).await?.into_inner();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.message().await? {
+        out.extend(chunk.data);
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Issue 22, item 5: each attempt's log is fetched from the node it ran on,
+/// after the task moved to another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t142_an_earlier_attempt_s_log_comes_from_the_node_it_ran_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LocalConfig { node_lost_after: Duration::from_secs(2), ..config(2, Duration::from_secs(1)) };
+    let mut c = LocalCluster::start(dir.path(), cfg).await.unwrap();
+    let id = submit(&c, whole_node(1, "echo run $MUSTER_ATTEMPT on $MUSTER_NODE_ID; sleep 60")).await;
+    let first = until(&c, id, "running", |a| status(a) == v1::AllocationStatus::Running).await;
+    let node = first.tasks[0].node_id.clone();
+    let i = node.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+    c.kill_agent(i);
+    let moved = until(&c, id, "re-placed on the other node", |a| {
+        status(a) == v1::AllocationStatus::Running && a.tasks[0].node_id != node
+    })
+    .await;
+    c.restart_agent(i);
+    let other = moved.tasks[0].node_id.clone();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (one, two) = (attempt_log(&c, id, 1, false).await, attempt_log(&c, id, 2, false).await);
+        if let (Ok(one), Ok(two)) = (&one, &two)
+            && one.contains("run 1")
+            && two.contains("run 2")
+        {
+            assert_eq!(one.trim(), format!("run 1 on {node}"));
+            assert_eq!(two.trim(), format!("run 2 on {other}"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "attempt logs never read from their nodes: {one:?} {two:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.shutdown().await;
+}
+
+/// Issue 22, item 5: a task whose program does not exist fails with the
+/// reason in its event and in its attempt's stderr log, where its owner
+/// looks, instead of "no log".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t143_a_task_that_cannot_start_says_why_in_its_event_and_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = LocalCluster::start(dir.path(), config(1, Duration::from_secs(1))).await.unwrap();
+    let spec = v1::AllocationSpec {
+        command: vec!["/nonexistent/train-model".into()],
+        max_retries: 1,
+        ..whole_node(1, "unused")
+    };
+    let id = submit(&c, spec).await;
+    until(&c, id, "failed", |a| status(a) == v1::AllocationStatus::Failed).await;
+    let reasons: Vec<String> = history(&c, id)
+        .into_iter()
+        .filter_map(|e| match e {
+            muster_scheduler::sm::Event::TaskStartFailed { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(reasons[0].contains("/nonexistent/train-model"), "{reasons:?}");
+    let err = attempt_log(&c, id, 1, true).await.unwrap();
+    assert!(err.contains("muster: the task did not start") && err.contains("/nonexistent/train-model"), "{err}");
+    c.shutdown().await;
+}

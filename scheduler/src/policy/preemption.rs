@@ -110,11 +110,11 @@ pub const DEFAULT_PREEMPTION_WAIT_MS: u64 = 5 * 60_000;
 impl PreemptionConfig {
     /// After this long a victim's still-preempting tasks are forced to
     /// stopped (and, having not checkpointed, charged): the agent's longest
-    /// path (deadline with its extension, or a full deferral, then the
-    /// grace) plus slack.
+    /// path (the checkpoint deadline with its +50 % extension and a full
+    /// deferral on top, then the grace) plus slack.
     pub fn force_after_ms(&self, checkpointing: bool) -> u64 {
         let agent = if checkpointing {
-            (self.checkpoint_timeout_ms * 3 / 2).max(self.max_deferral_ms) + self.grace_ms
+            self.checkpoint_timeout_ms * 3 / 2 + self.max_deferral_ms + self.grace_ms
         } else {
             self.grace_ms
         };

@@ -445,3 +445,15 @@ fn a_sensitive_claim_preempts_lower_classes_with_reason_sensitive() {
         "{events:?}"
     );
 }
+
+#[test]
+fn a_victim_is_forced_only_after_the_agent_s_longest_checkpoint_path_with_a_full_deferral() {
+    // The agent's longest path: the timeout, its +50 % extension, a full
+    // deferral on top (a deferral extends the deadline in force), the grace.
+    let cfg =
+        PreemptionConfig { checkpoint_timeout_ms: 20_000, max_deferral_ms: 10_000, ..PreemptionConfig::default() };
+    assert_eq!(cfg.force_after_ms(true), 30_000 + 10_000 + cfg.grace_ms + cfg.force_slack_ms);
+    let defaults = PreemptionConfig::default();
+    assert_eq!(defaults.force_after_ms(true), 900_000 + 300_000 + defaults.grace_ms + defaults.force_slack_ms);
+    assert_eq!(defaults.force_after_ms(false), defaults.grace_ms + defaults.force_slack_ms);
+}

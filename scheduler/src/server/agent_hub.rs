@@ -45,8 +45,8 @@ use super::convert::{not_leader_status, propose_error_to_status, rejection_to_st
 use super::replica::Shared;
 use crate::policy::PreemptionConfig;
 use crate::sm::{
-    AllocId, CheckpointMode, Command, Event, NodeId, NodeStatus, Outcome, Resources, TaskIndex, TaskStatus,
-    WatchdogKind,
+    AllocId, CheckpointMode, Command, Event, MAX_START_ERROR_BYTES, NodeId, NodeStatus, Outcome, Resources, TaskIndex,
+    TaskStatus, WatchdogKind,
 };
 
 /// The label a node's gang-peer address is kept under.
@@ -687,6 +687,17 @@ impl Session {
                 let node = self.node.clone();
                 let cmd = if e.exit_code == Some(0) && e.error.is_empty() {
                     Command::FinishTask { alloc: key.0, task: key.1, node, epoch: key.2 }
+                } else if !e.error.is_empty() && e.exit_code.is_none() && e.signal.is_none() {
+                    let mut reason = e.error;
+                    if reason.len() > MAX_START_ERROR_BYTES {
+                        let mut cut = MAX_START_ERROR_BYTES - 3;
+                        while !reason.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        reason.truncate(cut);
+                        reason.push_str("...");
+                    }
+                    Command::FailTaskToStart { alloc: key.0, task: key.1, node, epoch: key.2, reason }
                 } else {
                     let exit_code = e.exit_code.or(e.signal.map(|s| 128 + s));
                     Command::FailTask { alloc: key.0, task: key.1, node, epoch: key.2, exit_code }

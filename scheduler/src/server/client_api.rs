@@ -85,13 +85,20 @@ impl AllocationService for ClientApi {
                 .tasks
                 .get(q.task as usize)
                 .ok_or_else(|| Status::not_found(format!("allocation {} has no task {}", q.id, q.task)))?;
-            let slot = t.last_node.ok_or_else(|| {
-                Status::failed_precondition(format!("task {} of allocation {} has not started", q.task, q.id))
-            })?;
+            if t.runs == 0 {
+                return Err(Status::failed_precondition(format!(
+                    "task {} of allocation {} has not started",
+                    q.task, q.id
+                )));
+            }
             if q.attempt > t.runs {
                 return Err(Status::not_found(format!("task {} has had {} attempts", q.task, t.runs)));
             }
             let attempt = if q.attempt == 0 { t.runs } else { q.attempt };
+            // Each attempt's log lives on the node it ran on.
+            let slot = t.run_node(attempt).ok_or_else(|| {
+                Status::not_found(format!("the node of attempt {attempt} of task {} is not known", q.task))
+            })?;
             Ok((st.node(slot).id.clone(), attempt))
         })?;
         let (tx, rx) = mpsc::channel(16);

@@ -174,7 +174,7 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
                 checkpoint_bytes: t.checkpoint.as_ref().map_or(0, |c| c.data.len() as u64),
                 checkpoint_epoch: t.checkpoint.as_ref().map(|c| c.epoch),
                 runs: t.runs,
-                last_node_id: t.last_node.map(|s| state.node(s).id.to_string()).unwrap_or_default(),
+                last_node_id: t.last_node().map(|s| state.node(s).id.to_string()).unwrap_or_default(),
                 watchdog_trips: t.watchdog_trips,
                 last_watchdog: t.last_watchdog.map(|k| k.as_str().to_string()).unwrap_or_default(),
                 borrowed_from: t
@@ -231,7 +231,7 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
             format!(
                 "task {task} failed{}{}",
                 exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default(),
-                if *charged { "" } else { " (after a sibling; not charged)" }
+                if *charged { "" } else { " (not charged: stopped after a sibling, or never started)" }
             ),
         ),
         Event::TeardownStarted { cause, epoch, preempting, released, .. } => {
@@ -321,6 +321,9 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
         Event::AllocationDone { .. } => ("allocation_done", "every task finished".to_string()),
         Event::AllocationFailed { reason, .. } => ("allocation_failed", reason.clone()),
+        Event::TaskStartFailed { task, node, reason, .. } => {
+            ("task_start_failed", format!("task {task} did not start on {node}: {reason}"))
+        }
         Event::AllocationCancelled { stopped, .. } => {
             ("allocation_cancelled", format!("cancelled; {} tasks stopped", stopped.len()))
         }

@@ -286,6 +286,21 @@ pub enum Command {
         /// How long the nodes are held at most (from now).
         hold_ms: u64,
     },
+    /// A claimed task's process could not be started: the same as
+    /// `FailTask` with no exit code, and the agent's reason is kept in the
+    /// task's events.
+    FailTaskToStart {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The reservation epoch the claim was made under.
+        epoch: u64,
+        /// Why it did not start (at most [`MAX_START_ERROR_BYTES`]).
+        reason: String,
+    },
     /// A task's process exited (on its own, or killed) with a checkpoint
     /// directory that changed since its last upload: its agent uploads it
     /// before reporting the exit, so a gang whose rank died resumes from
@@ -305,6 +320,10 @@ pub enum Command {
     },
 }
 
+/// The longest start-failure reason a command carries; the agent hub cuts
+/// longer ones before proposing.
+pub const MAX_START_ERROR_BYTES: usize = 1024;
+
 impl Command {
     /// A short name for logs and metrics labels.
     pub fn name(&self) -> &'static str {
@@ -320,6 +339,7 @@ impl Command {
             Command::TaskPreempted { .. } => "task_preempted",
             Command::SaveCheckpoint { .. } => "save_checkpoint",
             Command::SaveExitCheckpoint { .. } => "save_exit_checkpoint",
+            Command::FailTaskToStart { .. } => "fail_task_to_start",
             Command::ForceDrain { .. } => "force_drain",
             Command::Preempt { .. } => "preempt",
             Command::ExpireNomination { .. } => "expire_nomination",

@@ -314,6 +314,18 @@ pub enum Event {
         /// The tasks that were running or reserved, with their nodes.
         stopped: Vec<(TaskIndex, NodeId)>,
     },
+    /// A claimed task's process could not be started (program not found, a
+    /// checkpoint that cannot be restored, …); a `TaskFailed` follows.
+    TaskStartFailed {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The node it was to run on.
+        node: NodeId,
+        /// What the agent said.
+        reason: String,
+    },
 }
 
 impl Event {
@@ -351,7 +363,8 @@ impl Event {
             | Event::GangRequeued { alloc }
             | Event::AllocationDone { alloc }
             | Event::AllocationFailed { alloc, .. }
-            | Event::AllocationCancelled { alloc, .. } => Some(*alloc),
+            | Event::AllocationCancelled { alloc, .. }
+            | Event::TaskStartFailed { alloc, .. } => Some(*alloc),
         }
     }
 }

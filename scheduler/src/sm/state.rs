@@ -514,6 +514,9 @@ impl State {
             Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
                 self.save_checkpoint(*alloc, *task, node, *epoch, data)
             }
+            Command::FailTaskToStart { alloc, task, node, epoch, reason } => {
+                self.fail_task_to_start(*alloc, *task, node, *epoch, reason)
+            }
             Command::SaveExitCheckpoint { alloc, task, node, epoch, data } => {
                 self.save_exit_checkpoint(*alloc, *task, node, *epoch, data)
             }
@@ -964,7 +967,7 @@ impl State {
                 started_at_ms: None,
                 finished_at_ms: None,
                 exit_code: None,
-                last_node: None,
+                run_nodes: Vec::new(),
                 preemption_epoch: 0,
                 checkpoint: None,
                 watchdog_trips: 0,
@@ -1135,8 +1138,8 @@ impl State {
     /// Returns an unclaimed reservation to the queue. When some tasks of the
     /// gang already run, rolling the rest back alone would leave them waiting
     /// for peers that never come (the gang-scheduling seed's stuck state):
-    /// the first unclaimed task is charged an attempt (its node failed to
-    /// start it) and triggers a teardown instead.
+    /// the first unclaimed task triggers a teardown instead (uncharged: it
+    /// never started), and the gang avoids its node next time.
     fn rollback_gang(&mut self, id: AllocId, epoch: u64) -> Applied {
         let a = self.live_alloc(id)?;
         if epoch != a.reservation_epoch {
@@ -1147,7 +1150,7 @@ impl State {
         };
         let mut events = vec![Event::GangRolledBack { alloc: id, epoch }];
         if a.has_running() {
-            events.extend(self.fail_reserved(id, first));
+            events.extend(self.abandon_reserved(id, first, true));
         } else {
             self.release_reserved(id);
             events.extend(self.settle(id));
@@ -1156,19 +1159,25 @@ impl State {
     }
 
     /// An unclaimed task whose siblings run will never be claimed (its node
-    /// died, or its reservation went stale): it is charged an attempt and
-    /// triggers a teardown of the running siblings.
-    fn fail_reserved(&mut self, id: AllocId, task: TaskIndex) -> Vec<Event> {
+    /// died, or its reservation went stale): it returns to blocked uncharged
+    /// (it never started: the seeds map an unclaimed reservation back to
+    /// blocked), and triggers a teardown of the running siblings. A node that
+    /// let a reservation go stale while it stays up is avoided by the gang's
+    /// next placement, as after a watchdog trip.
+    fn abandon_reserved(&mut self, id: AllocId, task: TaskIndex, avoid_node: bool) -> Vec<Event> {
         let t = &self.allocs[&id].tasks[task as usize];
         let slot = t.node.expect("a reserved task has a node");
         let usage = Usage::of(&self.allocs[&id].spec.resources);
         self.release(slot, &usage, (id, task));
-        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let t = &mut a.tasks[task as usize];
         t.status = TaskStatus::Blocked;
         t.node = None;
         t.reserved_at_ms = None;
-        t.attempts += 1;
-        let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code: None, charged: true }];
+        if avoid_node && let Err(at) = a.avoid_nodes.binary_search(&slot) {
+            a.avoid_nodes.insert(at, slot);
+        }
+        let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code: None, charged: false }];
         events.extend(self.start_teardown_or_settle(id, task));
         events
     }
@@ -1180,7 +1189,7 @@ impl State {
         t.status = TaskStatus::Running;
         t.attempts += 1;
         t.runs += 1;
-        t.last_node = t.node;
+        t.run_nodes.extend(t.node);
         t.started_at_ms = Some(now);
         t.exit_code = None;
         let attempt = t.runs;
@@ -1237,6 +1246,20 @@ impl State {
             return Ok(events);
         }
         Ok(self.fail_running(id, task, slot, exit_code))
+    }
+
+    /// A claimed task that could not start: failed like any other failure
+    /// (with no exit code), with the agent's reason in its events first.
+    fn fail_task_to_start(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64, reason: &str) -> Applied {
+        if reason.len() > super::command::MAX_START_ERROR_BYTES {
+            return Err(Rejection::InvalidNode {
+                field: "start_error".into(),
+                reason: format!("{} bytes, over {}", reason.len(), super::command::MAX_START_ERROR_BYTES),
+            });
+        }
+        let mut events = self.fail_task(id, task, node, epoch, None)?;
+        events.insert(0, Event::TaskStartFailed { alloc: id, task, node: node.clone(), reason: reason.to_string() });
+        Ok(events)
     }
 
     /// The seed's failure during drain: a single task that fails on its
@@ -1566,8 +1589,13 @@ impl State {
             TeardownOutcome::Blocked
         };
         if teardown.asks_checkpoint() {
-            a.preempted_count += 1;
+            // The seed counts a preemption when the gang is suspended; a
+            // victim charged for a missed checkpoint is requeued, not
+            // suspended, and its count stays.
             a.suspended = outcome == TeardownOutcome::Suspended;
+            if a.suspended {
+                a.preempted_count += 1;
+            }
         }
         let mut events = vec![Event::TeardownCompleted {
             alloc: id,
@@ -1841,7 +1869,9 @@ impl State {
             }
             match t.status {
                 TaskStatus::Running => events.extend(self.fail_running(id, task, slot, None)),
-                TaskStatus::Reserved if self.allocs[&id].has_running() => events.extend(self.fail_reserved(id, task)),
+                TaskStatus::Reserved if self.allocs[&id].has_running() => {
+                    events.extend(self.abandon_reserved(id, task, false))
+                }
                 TaskStatus::Reserved => {
                     self.release_reserved(id);
                     events.extend(self.settle(id));

@@ -644,7 +644,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "a2aca4a9efa3531694155fc8d6c9b5eff9df2cae3716e25f55f7a72a999187e0"
+        "a1cfa181b9b62d3def1d166714c6455a56b0f036d9c38e8c952d7cecf0270f73"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));
@@ -1162,7 +1162,7 @@ fn the_stuck_state_is_torn_down_and_the_gang_completes_elsewhere() {
     f.start(id, 0, 0, epoch);
     f.start(id, 1, 1, epoch);
     let ev = f.ok(Command::MarkNodeLost { node: n(2) });
-    assert_eq!(ev[1], Event::TaskFailed { alloc: id, task: 2, exit_code: None, charged: true });
+    assert_eq!(ev[1], Event::TaskFailed { alloc: id, task: 2, exit_code: None, charged: false });
     assert!(
         matches!(&ev[2], Event::TeardownStarted { cause: TeardownCause::TaskFailed { trigger: 2 }, preempting, .. } if preempting.len() == 2),
         "{ev:?}"
@@ -1170,7 +1170,7 @@ fn the_stuck_state_is_torn_down_and_the_gang_completes_elsewhere() {
     f.ack(id, 0, 0, 1);
     f.ack(id, 1, 1, 1);
     assert_eq!(f.status(id), AllocStatus::Queued);
-    assert_eq!(f.attempts(id), vec![0, 0, 1]);
+    assert_eq!(f.attempts(id), vec![0, 0, 0], "the reserved task never ran: nothing is charged");
     let plan = crate::policy::plan_admission(&f.s, f.t, &crate::policy::AdmissionConfig::default());
     let Command::ReserveGang { nodes, .. } = &plan.commands[0] else { panic!("{plan:?}") };
     assert!(!nodes.contains(&n(2)), "the lost node is not used again: {nodes:?}");
@@ -1201,9 +1201,34 @@ fn a_stale_reservation_with_running_siblings_triggers_a_teardown() {
     assert_eq!(plan.commands, vec![Command::RollbackGang { alloc: id, epoch }]);
     let ev = f.ok(plan.commands[0].clone());
     assert_eq!(ev[0], Event::GangRolledBack { alloc: id, epoch });
-    assert_eq!(ev[1], Event::TaskFailed { alloc: id, task: 2, exit_code: None, charged: true });
+    assert_eq!(ev[1], Event::TaskFailed { alloc: id, task: 2, exit_code: None, charged: false });
     assert!(matches!(&ev[2], Event::TeardownStarted { cause: TeardownCause::TaskFailed { trigger: 2 }, .. }), "{ev:?}");
     assert_eq!(f.statuses(id), vec![TaskStatus::Preempting, TaskStatus::Preempting, TaskStatus::Blocked]);
+    assert_eq!(f.attempts(id), vec![0, 0, 0], "a reservation that never started is not charged");
+    assert_eq!(f.s.alloc(id).unwrap().avoid_nodes, vec![f.s.node_slot(&n(2)).unwrap()], "the node that never claimed");
+}
+
+/// Issue 22, item 4: a frozen node holding only a reservation of a gang is
+/// lost again and again; the gang, which never failed on its own, is never
+/// charged for it and never runs out of retries.
+#[test]
+fn losing_a_reserved_node_again_and_again_never_charges_the_gang() {
+    let mut f = Fixture::new(6);
+    let mut a = spec(2, 8);
+    a.max_retries = 2;
+    let id = f.submit(a);
+    for round in 0..4u32 {
+        let (run, frozen) = (2 * round % 6, (2 * round + 1) % 6);
+        let epoch = f.reserve(id, &[run, frozen]);
+        f.start(id, 0, run, epoch);
+        f.ok(Command::MarkNodeLost { node: n(frozen) });
+        let pe = f.s.alloc(id).unwrap().preemption_epoch;
+        f.ack(id, 0, run, pe);
+        assert_eq!(f.status(id), AllocStatus::Queued, "round {round}");
+        assert_eq!(f.attempts(id), vec![0, 0], "round {round}: only started tasks are charged");
+        // The frozen node thaws and registers again (ready at once).
+        f.ok(Command::RegisterNode { node: n(frozen), resources: GPU_NODE, labels: BTreeMap::new() });
+    }
 }
 
 #[test]
@@ -1400,7 +1425,7 @@ fn an_unresponsive_victim_is_charged_and_its_gang_requeued_not_suspended() {
     assert!(ev.iter().any(|e| matches!(e, Event::TeardownCompleted { outcome: TeardownOutcome::Blocked, .. })));
     assert_eq!(f.status(v), AllocStatus::Queued, "requeued, not suspended");
     assert_eq!(f.attempts(v), vec![0, 1], "only the unresponsive task is charged");
-    assert_eq!(f.s.alloc(v).unwrap().preempted_count, 1);
+    assert_eq!(f.s.alloc(v).unwrap().preempted_count, 0, "charged and requeued, not suspended: not counted");
     assert_eq!(f.status(p), AllocStatus::Reserved);
 }
 

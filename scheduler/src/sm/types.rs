@@ -442,6 +442,18 @@ pub enum TaskStatus {
     Cancelled,
 }
 
+impl Task {
+    /// The node its latest attempt ran on.
+    pub fn last_node(&self) -> Option<NodeSlot> {
+        self.run_nodes.last().copied()
+    }
+
+    /// The node attempt `run` (1 for the first) ran on.
+    pub fn run_node(&self, run: u32) -> Option<NodeSlot> {
+        self.run_nodes.get((run as usize).checked_sub(1)?).copied()
+    }
+}
+
 impl TaskStatus {
     /// Whether the task holds capacity on a node.
     pub fn holds_capacity(self) -> bool {
@@ -479,8 +491,9 @@ pub struct Task {
     pub finished_at_ms: Option<u64>,
     /// The exit code of its last attempt, if it exited with one.
     pub exit_code: Option<i32>,
-    /// The node its latest attempt ran on (kept after it ends: logs live there).
-    pub last_node: Option<NodeSlot>,
+    /// The node each attempt ran on, in order (run `n` on `run_nodes[n - 1]`;
+    /// kept after it ends: each attempt's logs live on its node).
+    pub run_nodes: Vec<NodeSlot>,
     /// The gang teardown this task was last told to stop for (0: never).
     /// Acks and checkpoint uploads must carry it.
     pub preemption_epoch: u64,

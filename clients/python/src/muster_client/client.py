@@ -458,7 +458,11 @@ class Client:
             token = page.next_page_token
 
     def cancel(self, id: int, timeout: float | None = None) -> types_pb.Allocation:
-        """Cancels an allocation (its running tasks are stopped); returns it as cancelled."""
+        """Cancels an allocation; returns it cancelled, or tearing down while its running tasks stop.
+
+        Running tasks are stopped (SIGTERM, grace, SIGKILL) and hold their
+        GPUs until each one has stopped; then the allocation is cancelled.
+        """
         req = pb.CancelRequest(id=_uint("id", id, _U64))
         return cast(
             types_pb.Allocation,
