@@ -604,8 +604,9 @@ impl Agent {
             Some(In::Granted(g)) => {
                 if let Some(key) = key_of(&g.task)
                     && let Some(assign) = self.assigned.remove(&key)
+                    && let Some(unusable) = self.start(key, assign, g.attempt)
                 {
-                    self.start(key, assign, g.attempt);
+                    send(Out::CheckpointUnusable(unusable)).await?;
                 }
             }
             Some(In::Stop(s)) => {
@@ -793,7 +794,10 @@ impl Agent {
         reply
     }
 
-    fn start(&mut self, key: Key, a: v1::Assign, attempt: u32) {
+    /// Starts a granted attempt. A checkpoint that cannot be restored here
+    /// does not keep the task from running: it starts without it (said in
+    /// its stderr log), and the returned message tells the leader.
+    fn start(&mut self, key: Key, a: v1::Assign, attempt: u32) -> Option<v1::CheckpointUnusable> {
         let gpus: Vec<u32> = self.free_gpus.iter().take(a.gpus as usize).copied().collect();
         for g in &gpus {
             self.free_gpus.remove(g);
@@ -813,16 +817,34 @@ impl Agent {
             gpu_health: a.gpus > 0 && self.cfg.watchdog.gpu_health,
         };
         let (walltime_s, stall_s, checkpointing) = (a.walltime_s, a.stall_timeout_s, a.checkpointing);
-        let restored_print = (!a.checkpoint.is_empty()).then(|| checkpoint::fingerprint(&a.checkpoint));
-        let restored = if a.checkpoint.is_empty() {
-            checkpoint::reset(&checkpoint_dir).map_err(|e| format!("cannot create {}: {e}", checkpoint_dir.display()))
-        } else {
-            env.insert("MUSTER_RESUME".into(), "1".into());
-            if let Some(data) = checkpoint::inline_data(&a.checkpoint) {
-                env.insert("CHECKPOINT_DATA".into(), data);
-            }
-            checkpoint::unpack(&a.checkpoint, &checkpoint_dir).map_err(|e| e.to_string())
+        let mut restored_print = (!a.checkpoint.is_empty()).then(|| checkpoint::fingerprint(&a.checkpoint));
+        let mut unusable = None;
+        let unpacked = match a.checkpoint.is_empty() {
+            true => Ok(false),
+            false => checkpoint::unpack(&a.checkpoint, &checkpoint_dir).map(|()| true),
         };
+        let restored = match unpacked {
+            Ok(true) => {
+                env.insert("MUSTER_RESUME".into(), "1".into());
+                if let Some(data) = checkpoint::inline_data(&a.checkpoint) {
+                    env.insert("CHECKPOINT_DATA".into(), data);
+                }
+                Ok(())
+            }
+            Ok(false) => checkpoint::reset(&checkpoint_dir),
+            Err(e) => {
+                let reason = format!("the stored checkpoint could not be restored ({e}); the task starts without it");
+                tracing::warn!(alloc_id = key.0, task = key.1, attempt, error = %e, "checkpoint not restored");
+                unusable = Some(v1::CheckpointUnusable {
+                    task: Some(task_ref(key)),
+                    checkpoint_epoch: a.checkpoint_epoch,
+                    reason,
+                });
+                restored_print = None;
+                checkpoint::reset(&checkpoint_dir)
+            }
+        }
+        .map_err(|e| format!("cannot create {}: {e}", checkpoint_dir.display()));
         let launch = TaskLaunch {
             alloc: key.0,
             task: key.1,
@@ -852,6 +874,10 @@ impl Agent {
                     checkpointing,
                 };
                 let _ = fs::write(self.record_path(key), record.encode());
+                if let Some(u) = &unusable {
+                    // After the spawn, which creates the attempt's log files.
+                    self.note_in_log(key, attempt, &format!("muster: {}", u.reason));
+                }
                 tracing::info!(
                     alloc_id = key.0,
                     task = key.1,
@@ -871,6 +897,7 @@ impl Agent {
             key,
             Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None, checkpointing, restored: restored_print },
         );
+        unusable
     }
 
     /// What an attempt's end reports. Whenever a process of a checkpointing
@@ -1114,24 +1141,60 @@ mod tests {
         assert_eq!(parse_key("12-3-4-5"), None);
     }
 
-    #[test]
-    fn a_register_lists_tasks_whose_end_is_not_yet_recorded() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = AgentConfig {
+    fn test_config(dir: &std::path::Path) -> AgentConfig {
+        AgentConfig {
             node_id: "n1".into(),
             schedulers: vec!["127.0.0.1:1".into()],
             resources: v1::Resources { gpus: 0, vram_mb: 0, mem_mb: 1_000, cpus: 1 },
             labels: BTreeMap::new(),
             address: "n1".into(),
-            work_dir: dir.path().to_path_buf(),
+            work_dir: dir.to_path_buf(),
             backoff: (Duration::from_millis(50), Duration::from_millis(100)),
             watchdog: crate::watchdog::WatchdogConfig::default(),
             sampler: proc_sampler,
             exit_when_stopped: false,
             task_shim: None,
             tls: None,
+        }
+    }
+
+    /// Issue 22, item 8: a stored checkpoint that does not unpack here (well
+    /// formed and safe, but `a` is both a file and a directory) does not fail
+    /// the attempt: the task starts without it, its stderr log says so, and
+    /// the leader is told, so that nobody is charged for it.
+    #[tokio::test]
+    async fn a_checkpoint_that_cannot_be_restored_starts_the_task_without_it_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = Agent::new(test_config(dir.path())).unwrap();
+        let blob = muster_proto::checkpoint_blob::encode([("a", &b"x"[..]), ("a/b", &b"y"[..])]);
+        let key = (7, 0, 1);
+        let assign = v1::Assign {
+            task: Some(task_ref(key)),
+            gang_size: 1,
+            command: vec!["sh".into(), "-c".into(), "echo resume=${MUSTER_RESUME:-no}".into()],
+            checkpoint: blob,
+            checkpoint_epoch: 3,
+            checkpointing: true,
+            ..Default::default()
         };
-        let mut agent = Agent::new(cfg).unwrap();
+        let unusable = agent.start(key, assign, 1).expect("the leader is told");
+        assert_eq!((unusable.task, unusable.checkpoint_epoch), (Some(task_ref(key)), 3));
+        assert!(unusable.reason.contains("could not be restored"), "{}", unusable.reason);
+        let (ended_key, ended) =
+            tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
+        assert_eq!(ended_key, key);
+        assert!(matches!(ended.exit, Ok(Exit::Code(0))), "the task ran");
+        let (out, err) = executor::log_paths(dir.path(), 7, 0, 1);
+        assert_eq!(fs::read_to_string(out).unwrap(), "resume=no\n", "started without the checkpoint");
+        let err = fs::read_to_string(err).unwrap();
+        assert!(err.contains("muster: the stored checkpoint could not be restored"), "{err}");
+        assert!(fs::read_dir(checkpoint::dir(dir.path(), 7, 0)).unwrap().next().is_none(), "an empty directory");
+    }
+
+    #[test]
+    fn a_register_lists_tasks_whose_end_is_not_yet_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = Agent::new(test_config(dir.path())).unwrap();
         assert!(agent.registered_tasks().is_empty());
         let exited = (7, 0, 1);
         agent.unrecorded.insert(

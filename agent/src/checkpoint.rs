@@ -1,13 +1,10 @@
-//! Checkpoint directories: what a task leaves in `MUSTER_CHECKPOINT_DIR`
-//! while being preempted is packed into one opaque blob for the leader, and
-//! unpacked into the directory of the task's next attempt.
+//! Checkpoint directories: what a task leaves in `MUSTER_CHECKPOINT_DIR` is
+//! packed into one opaque blob for the leader when its process ends, and
+//! unpacked into the directory of the task's next attempt. The blob format
+//! is `muster_proto::checkpoint_blob` (the leader checks uploads with it).
 //!
-//! ```text
-//!   blob = "MUSTERCK" ‖ u32 files ‖ { u32 path_len ‖ path ‖ u64 len ‖ bytes }*
-//! ```
-//!
-//! Integers are little endian; paths are relative, `/`-separated, in sorted
-//! order (so the same directory packs to the same bytes). Only regular files
+//! Paths are packed in sorted order (so the same directory packs to the
+//! same bytes). Only regular files
 //! are packed; symlinks and other special files are skipped, and so is the
 //! top-level `.muster/` (the checkpoint-hint protocol's files). Unpacking
 //! refuses absolute paths and `..`, so a blob cannot write outside the
@@ -22,11 +19,11 @@
 
 use std::fs;
 use std::io;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
+use muster_proto::checkpoint_blob::{self, BlobError};
 
 use thiserror::Error;
-
-const MAGIC: &[u8; 8] = b"MUSTERCK";
 
 /// Checkpoints with one file no larger than this are also given to the next
 /// attempt as `CHECKPOINT_DATA` (base64), as the seed does; anything bigger
@@ -58,12 +55,10 @@ pub enum PackError {
 /// Why a blob could not be unpacked.
 #[derive(Debug, Error)]
 pub enum UnpackError {
-    /// The bytes are not a checkpoint blob.
-    #[error("the checkpoint is malformed: {0}")]
-    Malformed(&'static str),
-    /// A path would leave the directory.
-    #[error("the checkpoint names an unsafe path {0:?}")]
-    UnsafePath(String),
+    /// The bytes are not a well-formed blob, or name a path outside the
+    /// directory.
+    #[error(transparent)]
+    Blob(#[from] BlobError),
     /// Writing a file failed.
     #[error("cannot restore the checkpoint into {path}: {source}")]
     Io {
@@ -132,15 +127,11 @@ pub fn pack(dir: &Path, limit: usize) -> Result<Option<Vec<u8>>, PackError> {
     if files.is_empty() {
         return Ok(None);
     }
-    let mut blob = Vec::new();
-    blob.extend_from_slice(MAGIC);
-    blob.extend_from_slice(&(files.len() as u32).to_le_bytes());
+    let mut blob = checkpoint_blob::encode([]);
+    blob[checkpoint_blob::MAGIC.len()..].copy_from_slice(&(files.len() as u32).to_le_bytes());
     for (name, path) in files {
         let data = fs::read(&path).map_err(|source| PackError::Io { path: path.clone(), source })?;
-        blob.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        blob.extend_from_slice(name.as_bytes());
-        blob.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        blob.extend_from_slice(&data);
+        checkpoint_blob::push_file(&mut blob, &name, &data);
         if blob.len() > limit {
             return Err(PackError::TooLarge { limit });
         }
@@ -148,49 +139,9 @@ pub fn pack(dir: &Path, limit: usize) -> Result<Option<Vec<u8>>, PackError> {
     Ok(Some(blob))
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], UnpackError> {
-        if self.0.len() < n {
-            return Err(UnpackError::Malformed("truncated"));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn u32(&mut self) -> Result<u32, UnpackError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
-    }
-
-    fn u64(&mut self) -> Result<u64, UnpackError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
-}
-
 /// The files of a blob, checked: (relative path, contents).
 pub fn files(blob: &[u8]) -> Result<Vec<(String, &[u8])>, UnpackError> {
-    let mut r = Reader(blob);
-    if r.take(MAGIC.len())? != MAGIC {
-        return Err(UnpackError::Malformed("bad magic"));
-    }
-    let count = r.u32()?;
-    let mut out = Vec::new();
-    for _ in 0..count {
-        let len = r.u32()? as usize;
-        let name = std::str::from_utf8(r.take(len)?).map_err(|_| UnpackError::Malformed("path is not UTF-8"))?;
-        let safe = !name.is_empty() && Path::new(name).components().all(|c| matches!(c, Component::Normal(_)));
-        if !safe {
-            return Err(UnpackError::UnsafePath(name.to_string()));
-        }
-        let len = usize::try_from(r.u64()?).map_err(|_| UnpackError::Malformed("file too long"))?;
-        out.push((name.to_string(), r.take(len)?));
-    }
-    if !r.0.is_empty() {
-        return Err(UnpackError::Malformed("trailing bytes"));
-    }
-    Ok(out)
+    Ok(checkpoint_blob::files(blob)?)
 }
 
 /// Empties `dir` (creating it if needed) and writes the blob's files into it.
@@ -315,18 +266,12 @@ mod tests {
     #[test]
     fn malformed_or_escaping_blobs_are_refused() {
         let d = tempfile::tempdir().unwrap();
-        assert!(matches!(unpack(b"junk", d.path()), Err(UnpackError::Malformed(_))));
-        let mut evil = MAGIC.to_vec();
-        evil.extend_from_slice(&1u32.to_le_bytes());
-        let name = b"../escape";
-        evil.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        evil.extend_from_slice(name);
-        evil.extend_from_slice(&1u64.to_le_bytes());
-        evil.push(b'x');
-        assert!(matches!(unpack(&evil, d.path()), Err(UnpackError::UnsafePath(_))));
+        assert!(matches!(unpack(b"junk", d.path()), Err(UnpackError::Blob(BlobError::Malformed(_)))));
+        let evil = checkpoint_blob::encode([("../escape", &b"x"[..])]);
+        assert!(matches!(unpack(&evil, d.path()), Err(UnpackError::Blob(BlobError::UnsafePath(_)))));
         fs::write(d.path().join("step"), b"1").unwrap();
         let mut truncated = pack(d.path(), 100).unwrap().unwrap();
         truncated.pop();
-        assert!(matches!(files(&truncated), Err(UnpackError::Malformed("truncated"))));
+        assert!(matches!(files(&truncated), Err(UnpackError::Blob(BlobError::Malformed("truncated")))));
     }
 }

@@ -7,6 +7,8 @@
 
 #![deny(missing_docs)]
 
+pub mod checkpoint_blob;
+
 /// The `muster.v1` package.
 #[allow(missing_docs, clippy::all)]
 pub mod v1 {

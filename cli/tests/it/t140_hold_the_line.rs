@@ -275,3 +275,82 @@ async fn t143_a_task_that_cannot_start_says_why_in_its_event_and_its_log() {
     assert!(err.contains("muster: the task did not start") && err.contains("/nonexistent/train-model"), "{err}");
     c.shutdown().await;
 }
+
+/// The leader's last log index, to show that a refusal wrote nothing.
+fn last_log_index(c: &LocalCluster) -> u64 {
+    c.replica(c.leader_id().expect("a leader")).expect("the leader runs").status().last_log_index
+}
+
+/// Issue 22, items 6 and 8: an agent with a valid certificate uploads a
+/// checkpoint for a task that is not its own, one over the cap, one with a
+/// stale epoch, and archives that are malformed or escape their directory
+/// (`../`). The leader answers each with the refusal and proposes nothing;
+/// the agent's own well-formed upload is then stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t144_bad_uploads_are_refused_on_the_leader_before_the_log() {
+    use muster_proto::checkpoint_blob;
+    use muster_proto::v1::agent_message::Msg as Up;
+    use muster_proto::v1::scheduler_message::Msg as Down;
+
+    let dir = tempfile::tempdir().unwrap();
+    let c = LocalCluster::start(dir.path(), config(1, Duration::from_secs(1))).await.unwrap();
+    let mut ghost = crate::t84_teardown::Ghost::connect(&c).await;
+    // The real node's task fails in the first round; the ghost's is torn down.
+    let spec = v1::AllocationSpec {
+        resources: Some(v1::Resources { gpus: 2, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+        ..whole_node(2, r#"if [ "$MUSTER_EPOCH" = 1 ]; then sleep 1; exit 4; fi; echo ok"#)
+    };
+    let id = submit(&c, spec).await;
+    let mine = ghost.wait_for(|m| if let Down::Assign(a) = m { a.task } else { None }).await;
+    ghost.send(Up::Claim(v1::Claim { task: Some(mine) })).await;
+    let p = ghost.wait_for(|m| if let Down::Preempt(p) = m { Some(p) } else { None }).await;
+    // Someone else's job, running on the real node.
+    let other = submit(&c, whole_node(1, "sleep 60")).await;
+    let o = until(&c, other, "running", |a| status(a) == v1::AllocationStatus::Running).await;
+    let theirs = v1::TaskRef { alloc_id: other, task_index: 0, epoch: o.tasks[0].reservation_epoch };
+
+    let before = last_log_index(&c);
+    let good = checkpoint_blob::encode([("step", &b"42"[..])]);
+    let upload = |task: v1::TaskRef, epoch: u64, data: Vec<u8>| {
+        Up::Checkpoint(v1::CheckpointUpload { task: Some(task), preemption_epoch: epoch, data, on_exit: false })
+    };
+    let at_exit = |task: v1::TaskRef, data: Vec<u8>| {
+        Up::Checkpoint(v1::CheckpointUpload { task: Some(task), preemption_epoch: 0, data, on_exit: true })
+    };
+    let cases = [
+        (at_exit(theirs, good.clone()), "PERMISSION_DENIED", "not placed on node ghost"),
+        (upload(mine, p.preemption_epoch + 1, good.clone()), "ABORTED", "stale"),
+        (upload(mine, p.preemption_epoch, vec![7; (4 << 20) + 1]), "RESOURCE_EXHAUSTED", "limit"),
+        (upload(mine, p.preemption_epoch, b"not a checkpoint".to_vec()), "INVALID_ARGUMENT", "malformed"),
+        (
+            upload(mine, p.preemption_epoch, checkpoint_blob::encode([("../../.ssh/authorized_keys", &b"x"[..])])),
+            "INVALID_ARGUMENT",
+            "unsafe path",
+        ),
+    ];
+    for (msg, code, says) in cases {
+        ghost.send(msg).await;
+        let r = ghost.wait_for(|m| if let Down::Refused(r) = m { Some(r) } else { None }).await;
+        assert_eq!(r.code, code, "{r:?}");
+        assert!(r.message.contains(says), "{says:?} not in {r:?}");
+    }
+    assert_eq!(last_log_index(&c), before, "no refused upload reached the log");
+    assert_eq!(get(&c, id).await.tasks[mine.task_index as usize].checkpoint_bytes, 0);
+
+    ghost.send(upload(mine, p.preemption_epoch, good.clone())).await;
+    ghost
+        .send(Up::Preempted(v1::Preempted {
+            task: Some(mine),
+            preemption_epoch: p.preemption_epoch,
+            ..Default::default()
+        }))
+        .await;
+    let a = until(&c, id, "holding the ghost's checkpoint", |a| {
+        a.tasks[mine.task_index as usize].checkpoint_bytes == good.len() as u64
+    })
+    .await;
+    assert!(a.tasks.iter().all(|t| t.attempts <= 1), "nobody was charged for the refusals: {a:?}");
+    let o = get(&c, other).await;
+    assert_eq!((status(&o), o.tasks[0].checkpoint_bytes), (v1::AllocationStatus::Running, 0), "{o:?}");
+    c.shutdown().await;
+}

@@ -142,7 +142,7 @@ async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
         pid_files.iter().map(|p| std::fs::read_to_string(p).unwrap().trim().parse().unwrap()).collect();
     let started = Instant::now();
     let cancelled = leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap().into_inner();
-    assert_eq!(status(&cancelled), v1::AllocationStatus::Cancelled);
+    assert_eq!(status(&cancelled), v1::AllocationStatus::TearingDown, "stopping, holding its GPUs");
     let alive = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
@@ -154,6 +154,7 @@ async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    until(&c, id, "cancelled once its tasks stopped", |a| status(a) == v1::AllocationStatus::Cancelled).await;
     let again = leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::FailedPrecondition);
     c.shutdown().await;

@@ -173,13 +173,13 @@ echo ok"#;
 
 /// A raw agent stream standing in for a node whose agent claims its task and
 /// then never acks a preempt (it hung, or died with its stream half-open).
-struct Ghost {
+pub(crate) struct Ghost {
     tx: mpsc::Sender<v1::AgentMessage>,
     rx: tonic::Streaming<v1::SchedulerMessage>,
 }
 
 impl Ghost {
-    async fn connect(c: &LocalCluster) -> Ghost {
+    pub(crate) async fn connect(c: &LocalCluster) -> Ghost {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(l) = c.leader_id()
@@ -224,7 +224,7 @@ impl Ghost {
 
     /// The next message of the kind `pick` accepts (heartbeat repeats and
     /// the like are skipped).
-    async fn wait_for<T>(&mut self, mut pick: impl FnMut(Down) -> Option<T>) -> T {
+    pub(crate) async fn wait_for<T>(&mut self, mut pick: impl FnMut(Down) -> Option<T>) -> T {
         loop {
             if let Some(t) = pick(self.next().await) {
                 return t;
@@ -232,7 +232,7 @@ impl Ghost {
         }
     }
 
-    async fn send(&self, m: Up) {
+    pub(crate) async fn send(&self, m: Up) {
         self.tx.send(up(m)).await.unwrap();
     }
 }

@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use muster_proto::checkpoint_blob;
 use muster_proto::v1;
 use muster_proto::v1::agent_message::Msg as In;
 use muster_proto::v1::agent_service_server::AgentService;
@@ -45,7 +46,7 @@ use super::convert::{not_leader_status, propose_error_to_status, rejection_to_st
 use super::replica::Shared;
 use crate::policy::PreemptionConfig;
 use crate::sm::{
-    AllocId, CheckpointMode, Command, Event, MAX_START_ERROR_BYTES, NodeId, NodeStatus, Outcome, Resources, TaskIndex,
+    AllocId, CheckpointMode, Command, Event, MAX_AGENT_REASON_BYTES, NodeId, NodeStatus, Outcome, Resources, TaskIndex,
     TaskStatus, WatchdogKind,
 };
 
@@ -615,6 +616,27 @@ impl Session {
                         data: c.data,
                     }
                 };
+                // Checked on the leader before proposing, so an upload that
+                // would be refused costs no log entry: ownership, epoch,
+                // status and size as apply checks them (apply checks again:
+                // the state may move), then the archive itself, which no
+                // agent could restore if it is malformed or names a path
+                // outside its directory.
+                let data = match &cmd {
+                    Command::SaveCheckpoint { data, .. } | Command::SaveExitCheckpoint { data, .. } => data,
+                    _ => unreachable!("an upload command"),
+                };
+                let refusal = match self.s.reader.read(|st| st.check_upload(&cmd)) {
+                    Err(r) => Some(rejection_to_status(&r)),
+                    Ok(()) => checkpoint_blob::files(data)
+                        .err()
+                        .map(|e| Status::invalid_argument(format!("invalid checkpoint: {e}"))),
+                };
+                if let Some(status) = refusal {
+                    metrics::counter!("muster_agent_uploads_refused_total").increment(1);
+                    tracing::warn!(alloc_id = key.0, task = key.1, node = %self.node, refusal = %status.message(), "checkpoint refused");
+                    return self.refuse(key, &status).await;
+                }
                 if let Outcome::Rejected(r) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
                     tracing::warn!(
                         alloc_id = key.0, task = key.1, epoch = c.preemption_epoch, node = %self.node, rejection = %r,
@@ -681,6 +703,20 @@ impl Session {
                 }
                 self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
             }
+            Some(In::CheckpointUnusable(u)) => {
+                let key = key_of(&u.task)?;
+                let cmd = Command::DropCheckpoint {
+                    alloc: key.0,
+                    task: key.1,
+                    node: self.node.clone(),
+                    epoch: key.2,
+                    reason: agent_reason(u.reason),
+                };
+                if let Outcome::Rejected(r) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                    tracing::info!(alloc_id = key.0, task = key.1, node = %self.node, rejection = %r, "checkpoint drop refused");
+                }
+                Ok(())
+            }
             Some(In::Exited(e)) => {
                 let key = key_of(&e.task)?;
                 self.agent_running.remove(&key);
@@ -688,15 +724,7 @@ impl Session {
                 let cmd = if e.exit_code == Some(0) && e.error.is_empty() {
                     Command::FinishTask { alloc: key.0, task: key.1, node, epoch: key.2 }
                 } else if !e.error.is_empty() && e.exit_code.is_none() && e.signal.is_none() {
-                    let mut reason = e.error;
-                    if reason.len() > MAX_START_ERROR_BYTES {
-                        let mut cut = MAX_START_ERROR_BYTES - 3;
-                        while !reason.is_char_boundary(cut) {
-                            cut -= 1;
-                        }
-                        reason.truncate(cut);
-                        reason.push_str("...");
-                    }
+                    let reason = agent_reason(e.error);
                     Command::FailTaskToStart { alloc: key.0, task: key.1, node, epoch: key.2, reason }
                 } else {
                     let exit_code = e.exit_code.or(e.signal.map(|s| 128 + s));
@@ -710,6 +738,19 @@ impl Session {
             }
         }
     }
+}
+
+/// An agent's reason cut to what a command may carry.
+fn agent_reason(mut reason: String) -> String {
+    if reason.len() > MAX_AGENT_REASON_BYTES {
+        let mut cut = MAX_AGENT_REASON_BYTES - 3;
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        reason.truncate(cut);
+        reason.push_str("...");
+    }
+    reason
 }
 
 trait UpperSnake {

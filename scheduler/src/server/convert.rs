@@ -321,6 +321,9 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
         Event::AllocationDone { .. } => ("allocation_done", "every task finished".to_string()),
         Event::AllocationFailed { reason, .. } => ("allocation_failed", reason.clone()),
+        Event::CheckpointDropped { task, node, reason, .. } => {
+            ("checkpoint_dropped", format!("task {task}'s checkpoint was dropped on {node}: {reason}"))
+        }
         Event::TaskStartFailed { task, node, reason, .. } => {
             ("task_start_failed", format!("task {task} did not start on {node}: {reason}"))
         }

@@ -99,6 +99,11 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_nodes_flagged_dead", Gauge, "nodes marked lost (silent while holding work)"),
     m("muster_admission_pass_seconds", Histogram, "one leader admission pass (planning and proposing)"),
     m("muster_agent_streams", Gauge, "agent streams this replica holds open (the leader holds them all)"),
+    m(
+        "muster_agent_uploads_refused_total",
+        Counter,
+        "checkpoint uploads the leader refused before proposing (malformed, not the agent's task, stale, too large)",
+    ),
     m("muster_node_drain_seconds", Histogram, "node drain start to the node stopped"),
     m("muster_node_drain_timeouts_total", Counter, "node drains that reached their deadline with work left"),
     m("muster_connections_open", Gauge, "connections this replica holds open"),

@@ -298,7 +298,22 @@ pub enum Command {
         node: NodeId,
         /// The reservation epoch the claim was made under.
         epoch: u64,
-        /// Why it did not start (at most [`MAX_START_ERROR_BYTES`]).
+        /// Why it did not start (at most [`MAX_AGENT_REASON_BYTES`]).
+        reason: String,
+    },
+    /// The checkpoint a task's agent was given could not be restored there:
+    /// the task runs without it, and the stored checkpoint is dropped so no
+    /// later attempt trips on it. Nothing is charged.
+    DropCheckpoint {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The reservation epoch of the attempt that tried to restore it.
+        epoch: u64,
+        /// What went wrong (at most [`MAX_AGENT_REASON_BYTES`]).
         reason: String,
     },
     /// A task's process exited (on its own, or killed) with a checkpoint
@@ -320,9 +335,9 @@ pub enum Command {
     },
 }
 
-/// The longest start-failure reason a command carries; the agent hub cuts
-/// longer ones before proposing.
-pub const MAX_START_ERROR_BYTES: usize = 1024;
+/// The longest reason from an agent a command carries (a start failure, an
+/// unusable checkpoint); the agent hub cuts longer ones before proposing.
+pub const MAX_AGENT_REASON_BYTES: usize = 1024;
 
 impl Command {
     /// A short name for logs and metrics labels.
@@ -340,6 +355,7 @@ impl Command {
             Command::SaveCheckpoint { .. } => "save_checkpoint",
             Command::SaveExitCheckpoint { .. } => "save_exit_checkpoint",
             Command::FailTaskToStart { .. } => "fail_task_to_start",
+            Command::DropCheckpoint { .. } => "drop_checkpoint",
             Command::ForceDrain { .. } => "force_drain",
             Command::Preempt { .. } => "preempt",
             Command::ExpireNomination { .. } => "expire_nomination",

@@ -314,6 +314,18 @@ pub enum Event {
         /// The tasks that were running or reserved, with their nodes.
         stopped: Vec<(TaskIndex, NodeId)>,
     },
+    /// A stored checkpoint could not be restored on the task's node: the
+    /// task runs without it, and it is dropped.
+    CheckpointDropped {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The node that could not restore it.
+        node: NodeId,
+        /// What the agent said.
+        reason: String,
+    },
     /// A claimed task's process could not be started (program not found, a
     /// checkpoint that cannot be restored, …); a `TaskFailed` follows.
     TaskStartFailed {
@@ -364,7 +376,8 @@ impl Event {
             | Event::AllocationDone { alloc }
             | Event::AllocationFailed { alloc, .. }
             | Event::AllocationCancelled { alloc, .. }
-            | Event::TaskStartFailed { alloc, .. } => Some(*alloc),
+            | Event::TaskStartFailed { alloc, .. }
+            | Event::CheckpointDropped { alloc, .. } => Some(*alloc),
         }
     }
 }

@@ -27,7 +27,7 @@ mod vcluster;
 #[cfg(test)]
 mod state_test;
 
-pub use command::{Command, MAX_START_ERROR_BYTES};
+pub use command::{Command, MAX_AGENT_REASON_BYTES};
 pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};

@@ -520,6 +520,9 @@ impl State {
             Command::SaveExitCheckpoint { alloc, task, node, epoch, data } => {
                 self.save_exit_checkpoint(*alloc, *task, node, *epoch, data)
             }
+            Command::DropCheckpoint { alloc, task, node, epoch, reason } => {
+                self.drop_checkpoint(*alloc, *task, node, *epoch, reason)
+            }
             Command::ForceDrain { alloc, epoch } => self.force_drain(*alloc, *epoch),
             Command::Preempt { alloc, victims, nodes, hold_ms } => {
                 self.preempt(*alloc, victims, nodes, *hold_ms, false)
@@ -1248,15 +1251,19 @@ impl State {
         Ok(self.fail_running(id, task, slot, exit_code))
     }
 
+    /// The checkpoint an attempt was given could not be restored on its
+    /// node: dropped, so no later attempt trips on it. The task runs on.
+    fn drop_checkpoint(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64, reason: &str) -> Applied {
+        check_agent_reason(reason)?;
+        self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        self.allocs.get_mut(&id).expect("checked").tasks[task as usize].checkpoint = None;
+        Ok(vec![Event::CheckpointDropped { alloc: id, task, node: node.clone(), reason: reason.to_string() }])
+    }
+
     /// A claimed task that could not start: failed like any other failure
     /// (with no exit code), with the agent's reason in its events first.
     fn fail_task_to_start(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64, reason: &str) -> Applied {
-        if reason.len() > super::command::MAX_START_ERROR_BYTES {
-            return Err(Rejection::InvalidNode {
-                field: "start_error".into(),
-                reason: format!("{} bytes, over {}", reason.len(), super::command::MAX_START_ERROR_BYTES),
-            });
-        }
+        check_agent_reason(reason)?;
         let mut events = self.fail_task(id, task, node, epoch, None)?;
         events.insert(0, Event::TaskStartFailed { alloc: id, task, node: node.clone(), reason: reason.to_string() });
         Ok(events)
@@ -1437,6 +1444,24 @@ impl State {
         a.tasks[task as usize].attempts += 1;
         if let Some(td) = a.teardown.as_mut() {
             td.failed_checkpoints += 1;
+        }
+    }
+
+    /// Checks an agent's checkpoint upload (`SaveCheckpoint`,
+    /// `SaveExitCheckpoint`) as apply would, changing nothing: the leader
+    /// answers a bad upload with the refusal before it reaches the log.
+    /// Every other command passes.
+    pub fn check_upload(&self, cmd: &Command) -> Result<(), Rejection> {
+        match cmd {
+            Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
+                self.check_checkpoint(*alloc, *task, data)?;
+                self.check_preempting(*alloc, *task, node, *epoch).map(drop)
+            }
+            Command::SaveExitCheckpoint { alloc, task, node, epoch, data } => {
+                self.check_checkpoint(*alloc, *task, data)?;
+                self.check_report(*alloc, *task, node, *epoch, &[TaskStatus::Running, TaskStatus::Preempting]).map(drop)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -2527,6 +2552,18 @@ impl State {
 
 /// A finished allocation's checkpoints will never be restored: drop them so
 /// they stop weighing on every snapshot.
+/// A reason an agent gives (a start failure, an unusable checkpoint) is at
+/// most [`super::command::MAX_AGENT_REASON_BYTES`].
+fn check_agent_reason(reason: &str) -> Result<(), Rejection> {
+    if reason.len() > super::command::MAX_AGENT_REASON_BYTES {
+        return Err(Rejection::InvalidNode {
+            field: "reason".into(),
+            reason: format!("{} bytes, over {}", reason.len(), super::command::MAX_AGENT_REASON_BYTES),
+        });
+    }
+    Ok(())
+}
+
 fn drop_checkpoints(a: &mut Allocation) {
     for t in &mut a.tasks {
         t.checkpoint = None;

@@ -1073,6 +1073,46 @@ fn an_exiting_task_saves_its_checkpoint_by_its_attempt_while_running_or_stopping
 }
 
 #[test]
+fn an_unusable_checkpoint_is_dropped_without_a_charge_and_uploads_are_checked_without_the_log() {
+    let mut f = Fixture::new(2);
+    let (id, epoch) = f.running(2, 8);
+    f.fail(id, 0, 0, epoch);
+    let upload = |task: TaskIndex, node: u32, epoch: u64, data: Vec<u8>| Command::SaveCheckpoint {
+        alloc: id,
+        task,
+        node: n(node),
+        epoch,
+        data,
+    };
+    // The leader's check before proposing refuses exactly what apply would.
+    let before = f.s.state_digest();
+    assert_eq!(f.s.check_upload(&upload(1, 1, 1, b"ok".to_vec())), Ok(()));
+    assert_eq!(
+        f.s.check_upload(&upload(1, 0, 1, b"x".to_vec())),
+        Err(Rejection::WrongNode { alloc: id, task: 1, node: n(0) })
+    );
+    assert!(matches!(f.s.check_upload(&upload(1, 1, 0, b"x".to_vec())), Err(Rejection::StalePreemptionEpoch { .. })));
+    let big = upload(1, 1, 1, vec![0; DEFAULT_MAX_CHECKPOINT_BYTES + 1]);
+    assert!(matches!(f.s.check_upload(&big), Err(Rejection::CheckpointTooLarge { .. })));
+    assert_eq!(f.s.check_upload(&big), Err(f.rejected(big.clone())), "the same refusal as apply's");
+    assert_eq!(f.s.state_digest(), before, "checking changes nothing");
+    f.ok(upload(1, 1, 1, b"step=3".to_vec()));
+    f.ack(id, 1, 1, 1);
+    // The next attempt's node cannot restore it: dropped, the task runs on.
+    let epoch = f.reserve(id, &[1, 0]);
+    f.start(id, 0, 1, epoch);
+    f.start(id, 1, 0, epoch);
+    let drop = Command::DropCheckpoint { alloc: id, task: 1, node: n(0), epoch, reason: "cannot unpack".into() };
+    let ev = f.ok(drop);
+    assert_eq!(ev, vec![Event::CheckpointDropped { alloc: id, task: 1, node: n(0), reason: "cannot unpack".into() }]);
+    assert!(f.task(id, 1).checkpoint.is_none());
+    assert_eq!(f.status(id), AllocStatus::Running);
+    assert_eq!(f.attempts(id), vec![2, 1], "only task 0's own failure is charged");
+    let long = Command::DropCheckpoint { alloc: id, task: 1, node: n(0), epoch, reason: "x".repeat(2_000) };
+    assert!(matches!(f.rejected(long), Rejection::InvalidNode { .. }));
+}
+
+#[test]
 fn checkpoints_over_the_cap_or_of_a_no_checkpoint_allocation_are_refused() {
     let mut f = Fixture::new(2);
     let (id, epoch) = f.running(2, 8);
