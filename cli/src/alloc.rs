@@ -55,7 +55,7 @@ pub struct SubmitArgs {
     /// Environment for each task, KEY=VALUE (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
-    /// Owner (default: $USER).
+    /// Owner (default: your identity, the name in your certificate or token; only admins may name another).
     #[arg(long)]
     owner: Option<String>,
     /// A retried submit with the same key returns the same allocation.
@@ -122,7 +122,8 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         format!("--checkpoint-estimate {:?} must be between 1 s and 136 years", args.checkpoint_estimate)
     })?;
     Ok(v1::AllocationSpec {
-        owner: args.owner.clone().or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "unknown".into()),
+        // The server records the verified identity; only admins name another.
+        owner: args.owner.clone().unwrap_or_default(),
         gang_size: args.gang_size,
         resources: Some(v1::Resources { gpus: args.gpus, vram_mb: args.vram_mb, mem_mb: args.mem_mb, cpus: args.cpus }),
         preemption_class: args.class,

@@ -92,7 +92,15 @@ pub fn describe(status: &Status) -> String {
         Code::Unavailable => "unavailable",
         Code::DeadlineExceeded => "timed out",
         Code::Aborted => "aborted",
-        _ => "error",
+        Code::ResourceExhausted => "too large or too many",
+        Code::Unauthenticated => "not authenticated",
+        Code::OutOfRange => "out of range",
+        Code::Unimplemented => "not supported by this server",
+        Code::Internal => "internal error",
+        Code::DataLoss => "data loss",
+        Code::Cancelled => "cancelled",
+        // `muster: error:` already says it is an error.
+        Code::Unknown | Code::Ok => return status.message().to_string(),
     };
     format!("{code}: {}", status.message())
 }
@@ -202,6 +210,15 @@ mod tests {
         assert!(parse_addresses("nohost").unwrap_err().to_string().contains("not host:port"));
         assert!(parse_addresses("h:0").is_err());
         assert!(parse_addresses("h:99999").is_err());
+    }
+
+    #[test]
+    fn every_status_reads_as_one_line_without_a_second_error() {
+        for code in [Code::ResourceExhausted, Code::Unknown, Code::Internal, Code::Unauthenticated, Code::OutOfRange] {
+            let line = describe(&Status::new(code, "the reason"));
+            assert!(!line.starts_with("error") && line.ends_with("the reason"), "{code:?}: {line}");
+        }
+        assert_eq!(describe(&Status::invalid_argument("bad")), "invalid argument: bad");
     }
 }
 

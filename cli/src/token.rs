@@ -76,9 +76,11 @@ pub async fn run(cluster: &mut Cluster, cmd: TokenCmd, out: Output) -> anyhow::R
                 }
                 Output::Text => {
                     out!("{:<16}  {:<7}  {:<20}  {:>15}  state", "id", "role", "name", "expires_ms");
+                    let now_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
                     for t in &r.tokens {
-                        let state =
-                            if t.revoked_ms > 0 { format!("revoked by {}", t.revoked_by) } else { "in force".into() };
+                        let state = token_state(t, now_ms);
                         out!("{:<16}  {:<7}  {:<20}  {:>15}  {state}", t.id, t.role, t.name, t.expires_ms);
                     }
                 }
@@ -100,4 +102,29 @@ pub async fn run(cluster: &mut Cluster, cmd: TokenCmd, out: Output) -> anyhow::R
         }
     }
     Ok(())
+}
+
+/// A token as the list shows it: revoked (and by whom), expired, or in force.
+fn token_state(t: &v1::TokenInfo, now_ms: u64) -> String {
+    if t.revoked_ms > 0 {
+        format!("revoked by {}", t.revoked_by)
+    } else if t.expires_ms <= now_ms {
+        "expired".into()
+    } else {
+        "in force".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expired_token_is_listed_as_expired_not_in_force() {
+        let t = v1::TokenInfo { expires_ms: 1_000, ..Default::default() };
+        assert_eq!(token_state(&t, 999), "in force");
+        assert_eq!(token_state(&t, 1_000), "expired");
+        let revoked = v1::TokenInfo { revoked_ms: 500, revoked_by: "admin dev".into(), ..t };
+        assert_eq!(token_state(&revoked, 2_000), "revoked by admin dev");
+    }
 }

@@ -134,14 +134,45 @@ fn listener(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(1024)
 }
 
+/// The file in a cluster's data dir that records its replicas' addresses,
+/// one per line, so that the cluster can be started again on its data.
+pub const ADDRS_FILE: &str = "replica-addrs";
+
 impl LocalCluster {
     /// Starts everything with data under `dir`.
     pub async fn start(dir: &Path, cfg: LocalConfig) -> Result<LocalCluster, String> {
+        // A data dir that held a cluster before keeps its replicas'
+        // addresses: the stored Raft membership names them, so new ports
+        // would never elect a leader.
+        let stored = dir.join(ADDRS_FILE);
+        let known: Option<Vec<String>> = std::fs::read_to_string(&stored)
+            .ok()
+            .map(|s| s.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect())
+            .filter(|a: &Vec<String>| a.len() == cfg.replicas as usize);
+        if known.is_none() && dir.join("replica-1").exists() {
+            return Err(format!(
+                "{} holds a cluster whose replica addresses are not recorded in {ADDRS_FILE}; use a new data dir",
+                dir.display()
+            ));
+        }
         let mut listeners = Vec::new();
-        for _ in 0..cfg.replicas {
-            listeners.push(listener("127.0.0.1:0").map_err(|e| format!("cannot bind a loopback port: {e}"))?);
+        for i in 0..cfg.replicas as usize {
+            let addr = known.as_ref().map_or("127.0.0.1:0", |a| a[i].as_str());
+            listeners.push(listener(addr).map_err(|e| match &known {
+                Some(_) => format!(
+                    "cannot bind {addr}, where replica {} of the cluster in {} listens: {e}",
+                    i + 1,
+                    dir.display()
+                ),
+                None => format!("cannot bind a loopback port: {e}"),
+            })?);
         }
         let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().expect("bound").to_string()).collect();
+        if known.is_none() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::write(&stored, addrs.join("\n") + "\n")
+                .map_err(|e| format!("cannot record the replica addresses in {}: {e}", stored.display()))?;
+        }
         let mut tls = BTreeMap::new();
         if !cfg.insecure {
             let tls_dir = cfg.tls_dir.clone().unwrap_or_else(|| dir.join("tls"));

@@ -31,9 +31,16 @@ impl Dev {
     /// four agents are ready.
     pub fn start_with(extra: &[&str]) -> Dev {
         let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("dev");
+        Dev::start_on(dir, data, extra)
+    }
+
+    /// Starts one on data dir `data` (inside `dir`, which it keeps), as a
+    /// restart on existing data does.
+    pub fn start_on(dir: tempfile::TempDir, data: PathBuf, extra: &[&str]) -> Dev {
         let mut child = Command::new(env!("CARGO_BIN_EXE_muster"))
             .args(["dev", "--data-dir"])
-            .arg(dir.path().join("dev"))
+            .arg(&data)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -56,7 +63,7 @@ impl Dev {
         // Keep draining its output so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         assert!(!sched.is_empty() && http.len() == 3, "muster dev printed its replicas and listeners: {http:?}");
-        let dev = Dev { child, tls: dir.path().join("dev").join("tls"), _dir: dir, sched, http };
+        let dev = Dev { child, tls: data.join("tls"), _dir: dir, sched, http };
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let nodes = dev.json(&["node", "list"]);
@@ -98,8 +105,15 @@ impl Dev {
     }
 }
 
-impl Drop for Dev {
-    fn drop(&mut self) {
+impl Dev {
+    /// Stops it with SIGINT, as an operator would, and hands back its dir.
+    pub fn stop(mut self) -> tempfile::TempDir {
+        self.interrupt();
+        let placeholder = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self._dir, placeholder)
+    }
+
+    fn interrupt(&mut self) {
         // SAFETY: signals a child this fixture owns and has not reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -111,6 +125,14 @@ impl Drop for Dev {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.interrupt();
+        }
     }
 }
 

@@ -173,8 +173,66 @@ async fn t110_each_role_is_held_to_its_methods() {
 
     assert_eq!(s.state().await, before, "nothing a refused call asked for happened");
     // The client's own work goes through.
-    let id = submit(client).await.unwrap().into_inner().id;
+    let own = v1::SubmitRequest { spec: Some(one_gpu("", &["true"])), dry_run: false };
+    let id = AllocationServiceClient::new(client).submit(own).await.unwrap().into_inner().id;
     assert!(id > 0);
+}
+
+/// Issue 22, item 9: the owner is the verified identity. A client submits
+/// only as itself and cancels only its own allocations; an admin may name
+/// any owner; idempotency keys are scoped per owner, so reusing one reveals
+/// nothing of another owner's work. Every refusal is made before the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t115_an_owner_is_the_verified_identity() {
+    let s = Server::start().await;
+    let admin = AllocationServiceClient::new(channel(&s.addr).await.unwrap());
+    let bob = AllocationServiceClient::new(s.as_role(Role::Client("bob".into())).await);
+    let submit = |mut c: AllocationServiceClient<Channel>, spec: v1::AllocationSpec| async move {
+        c.submit(v1::SubmitRequest { spec: Some(spec), dry_run: false }).await.map(|r| r.into_inner())
+    };
+    let owner_of = |mut c: AllocationServiceClient<Channel>, id: u64| async move {
+        c.get(v1::GetRequest { id }).await.unwrap().into_inner().spec.unwrap().owner
+    };
+
+    let keyed = |owner: &str, key: &str, cmd: &str| v1::AllocationSpec {
+        idempotency_key: key.into(),
+        ..one_gpu(owner, &["sh", "-c", cmd])
+    };
+    let alices = submit(admin.clone(), keyed("alice", "job-1", "sleep 600")).await.unwrap().id;
+    assert_eq!(owner_of(admin.clone(), alices).await, "alice", "an admin names any owner");
+    let admins = submit(admin.clone(), one_gpu("", &["true"])).await.unwrap().id;
+    assert_eq!(owner_of(admin.clone(), admins).await, "dev", "an admin naming nobody is itself");
+
+    let before = s.state().await;
+    let err = submit(bob.clone(), one_gpu("alice", &["true"])).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("client bob submits as itself, not as \"alice\""), "{err:?}");
+    let err = bob.clone().cancel(v1::CancelRequest { id: alices }).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains(&format!("allocation {alices} belongs to alice")), "{err:?}");
+    let err = bob.clone().cancel(v1::CancelRequest { id: 0 }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let err = bob.clone().cancel(v1::CancelRequest { id: 999 }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_eq!(s.state().await, before, "no refusal reached the log");
+
+    // Bob reuses alice's key: a new allocation of his own, not hers (and
+    // not a conflict that would name her allocation).
+    let bobs = submit(bob.clone(), keyed("", "job-1", "true")).await.unwrap();
+    assert!(!bobs.duplicate && bobs.id != alices, "{bobs:?}");
+    assert_eq!(owner_of(admin.clone(), bobs.id).await, "bob");
+    // His retry is a duplicate; the same key with another spec is refused
+    // before the log.
+    let again = submit(bob.clone(), keyed("bob", "job-1", "true")).await.unwrap();
+    assert_eq!((again.id, again.duplicate), (bobs.id, true));
+    let before = s.state().await;
+    let err = submit(bob.clone(), keyed("", "job-1", "false")).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert_eq!(s.state().await, before, "refused before the log");
+
+    // Bob cancels his own; the admin cancels anyone's.
+    bob.clone().cancel(v1::CancelRequest { id: bobs.id }).await.unwrap();
+    admin.clone().cancel(v1::CancelRequest { id: alices }).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,19 +126,28 @@ else:
     while not os.path.exists(path):
         time.sleep(0.02)
     peers = [socket.create_connection(("127.0.0.1", int(open(path).read())))]
-while step < 150:
-    step += 1
-    if rank == 0:
-        for p in peers: p.sendall(b"x")
-        for p in peers:
-            if p.recv(1) != b"y": print(f"rank 0: a peer died at step {step}", file=sys.stderr); sys.exit(1)
-    else:
-        if peers[0].recv(1) != b"x": print(f"rank {rank}: rank 0 died at step {step}", file=sys.stderr); sys.exit(1)
-        peers[0].sendall(b"y")
+def save(step):
     with open(step_file + ".tmp", "w") as f:
         f.write(str(step))
     os.replace(step_file + ".tmp", step_file)
-    time.sleep(0.03)
+# Rank 0 leads the steps (ranks may resume a step apart) and ends the run.
+if rank == 0:
+    while step < 150:
+        step += 1
+        for p in peers: p.sendall(b"x")
+        for p in peers:
+            if p.recv(1) != b"y": print(f"rank 0: a peer died at step {step}", file=sys.stderr); sys.exit(1)
+        save(step)
+        time.sleep(0.03)
+    for p in peers: p.sendall(b"q")
+else:
+    while True:
+        m = peers[0].recv(1)
+        if m == b"q": break
+        if m != b"x": print(f"rank {rank}: rank 0 died at step {step}", file=sys.stderr); sys.exit(1)
+        step += 1
+        peers[0].sendall(b"y")
+        save(step)
 print(f"rank {rank} finished at step {step}", flush=True)
 "#;
 
@@ -353,4 +362,24 @@ async fn t144_bad_uploads_are_refused_on_the_leader_before_the_log() {
     let o = get(&c, other).await;
     assert_eq!((status(&o), o.tasks[0].checkpoint_bytes), (v1::AllocationStatus::Running, 0), "{o:?}");
     c.shutdown().await;
+}
+
+/// Issue 22, item 12: `muster dev --data-dir D` started again on the same D
+/// (after SIGINT) comes back on the replicas' recorded addresses, elects a
+/// leader, and still holds what the first run did.
+#[test]
+fn t145_muster_dev_restarts_on_its_own_data() {
+    use crate::dev_proc::{Dev, wait_until};
+    let dev = Dev::start();
+    let id = dev.ok(&["submit", "--gpus", "1", "--", "true"])["id"].as_u64().unwrap().to_string();
+    wait_until("the job to finish", || dev.json(&["alloc", "get", &id])["status"] == "done");
+    let sched = dev.sched.clone();
+    let dir = dev.stop();
+    let data = dir.path().join("dev");
+    assert!(data.join(muster_sim::local::ADDRS_FILE).exists());
+    let again = Dev::start_on(dir, data, &[]);
+    assert_eq!(again.sched, sched, "the same replica addresses as the stored membership");
+    assert_eq!(again.ok(&["alloc", "get", &id])["status"], "done", "the first run's work is still there");
+    let next = again.ok(&["submit", "--gpus", "1", "--", "true"])["id"].as_u64().unwrap();
+    assert!(next > id.parse::<u64>().unwrap());
 }

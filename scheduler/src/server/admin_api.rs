@@ -21,7 +21,7 @@ use super::client_api::linearizable;
 use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
 use super::proposer::now_ms;
 use super::replica::{Shared, status_of};
-use crate::sm::{Command, Outcome, Token, TokenRole};
+use crate::sm::{Command, Outcome, Rejection, Token, TokenRole};
 
 /// The admin API of one replica.
 pub struct AdminApi {
@@ -201,6 +201,15 @@ impl AdminService for AdminApi {
     async fn revoke_token(&self, req: Request<v1::RevokeTokenRequest>) -> Result<Response<v1::TokenInfo>, Status> {
         let by = caller_name(&Caller::of(&req));
         let id = req.into_inner().id;
+        // An unknown or already revoked token is refused before the log (on
+        // the leader, whose state holds every acknowledged write).
+        if super::agent_hub::is_leader(&self.s) {
+            self.s.reader.read(|st| match st.token(&id) {
+                None => Err(rejection_to_status(&Rejection::UnknownToken(id.clone()))),
+                Some(t) if t.revoked.is_some() => Err(rejection_to_status(&Rejection::TokenRevoked(id.clone()))),
+                Some(_) => Ok(()),
+            })?;
+        }
         match self
             .s
             .proposer

@@ -108,8 +108,19 @@ pub struct AgentRegistry {
 #[derive(Default)]
 struct RegistryInner {
     streams: BTreeMap<NodeId, Outbound>,
-    pending: BTreeMap<u64, tokio::sync::oneshot::Sender<v1::LogData>>,
+    /// Log requests waiting, by request id: the node asked and the waiter.
+    pending: BTreeMap<u64, (NodeId, tokio::sync::oneshot::Sender<v1::LogData>)>,
     next_request: u64,
+}
+
+/// A fresh request id nobody can guess: a counter through SipHash under the
+/// process's random keys (`RandomState` seeds them from the OS), so another
+/// agent cannot aim a reply at someone's `alloc logs -f`.
+fn unguessable_id(counter: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(counter);
+    h.finish()
 }
 
 impl AgentRegistry {
@@ -139,9 +150,18 @@ impl AgentRegistry {
         self.len() == 0
     }
 
-    fn answer(&self, data: v1::LogData) {
-        if let Some(waiter) = self.inner.lock().expect("registry lock").pending.remove(&data.request_id) {
-            let _ = waiter.send(data);
+    /// An agent's reply to a log request. Only the node the request was
+    /// sent to may answer it; a reply from any other stream is dropped (and
+    /// the request keeps waiting for its own node).
+    fn answer(&self, from: &NodeId, data: v1::LogData) -> bool {
+        let mut inner = self.inner.lock().expect("registry lock");
+        match inner.pending.get(&data.request_id) {
+            Some((asked, _)) if asked == from => {
+                let (_, waiter) = inner.pending.remove(&data.request_id).expect("just found");
+                let _ = waiter.send(data);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -156,8 +176,12 @@ impl AgentRegistry {
                 .cloned()
                 .ok_or_else(|| Status::unavailable(format!("node {node} has no agent connected to the leader")))?;
             inner.next_request += 1;
-            req.request_id = inner.next_request;
-            inner.pending.insert(req.request_id, tx);
+            req.request_id = unguessable_id(inner.next_request);
+            while inner.pending.contains_key(&req.request_id) {
+                inner.next_request += 1;
+                req.request_id = unguessable_id(inner.next_request);
+            }
+            inner.pending.insert(req.request_id, (node.clone(), tx));
             stream
         };
         let id = req.request_id;
@@ -218,7 +242,10 @@ fn leader_status(s: &Shared) -> Status {
     not_leader_status(leader)
 }
 
-fn is_leader(s: &Shared) -> bool {
+/// Whether this replica leads now (a cheap local read: a check made on its
+/// state before proposing is only sound on the leader, whose applied state
+/// holds every acknowledged write).
+pub(super) fn is_leader(s: &Shared) -> bool {
     s.raft.metrics().borrow().state == ServerState::Leader
 }
 
@@ -588,7 +615,9 @@ impl Session {
             None => Err(Status::invalid_argument("invalid message: empty")),
             Some(In::Register(_)) => Err(Status::invalid_argument("invalid message: Register twice on one stream")),
             Some(In::LogData(data)) => {
-                self.s.agents.answer(data);
+                if !self.s.agents.answer(&self.node, data) {
+                    tracing::warn!(node = %self.node, "log data for a request this node was not asked; dropped");
+                }
                 Ok(())
             }
             Some(In::Heartbeat(h)) => {
@@ -768,5 +797,39 @@ impl UpperSnake for String {
             out.push(c.to_ascii_uppercase());
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 22, item 7: a log reply is taken only from the node the request
+    /// went to, and request ids cannot be guessed from earlier ones.
+    #[tokio::test]
+    async fn a_log_reply_counts_only_from_the_node_asked() {
+        let registry = AgentRegistry::default();
+        let (a, b) = (NodeId::new("node-a"), NodeId::new("node-b"));
+        let (tx_a, mut rx_a) = mpsc::channel(4);
+        let (tx_b, _rx_b) = mpsc::channel(4);
+        registry.attach(&a, &tx_a);
+        registry.attach(&b, &tx_b);
+        let asking = registry.clone();
+        let fetch =
+            tokio::spawn(async move { asking.fetch_logs(&NodeId::new("node-a"), v1::FetchLogs::default()).await });
+        let Some(Ok(v1::SchedulerMessage { msg: Some(Out::FetchLogs(req)) })) = rx_a.recv().await else {
+            panic!("node-a was asked")
+        };
+        let forged =
+            v1::LogData { request_id: req.request_id, data: b"injected".to_vec(), eof: true, ..Default::default() };
+        assert!(!registry.answer(&b, forged), "node-b cannot answer node-a's request");
+        let real = v1::LogData { request_id: req.request_id, data: b"real".to_vec(), ..Default::default() };
+        assert!(registry.answer(&a, real));
+        assert_eq!(fetch.await.unwrap().unwrap().data, b"real");
+
+        let ids: BTreeSet<u64> = (1..=64).map(unguessable_id).collect();
+        assert_eq!(ids.len(), 64);
+        let sequential = (1..=64u64).filter(|&n| ids.contains(&n) || ids.contains(&(req.request_id + n))).count();
+        assert_eq!(sequential, 0, "ids are not a counter");
     }
 }

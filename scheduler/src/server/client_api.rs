@@ -7,6 +7,7 @@
 
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_server::AllocationService;
+use muster_tls::Role;
 use openraft::error::{CheckIsLeaderError, RaftError};
 use tonic::{Request, Response, Status};
 
@@ -19,7 +20,7 @@ use super::convert::{
     propose_error_to_status, rejection_to_status, spec_from_proto,
 };
 use super::replica::Shared;
-use crate::sm::{Command, DEFAULT_VCLUSTER, Event, Outcome, VClusterType};
+use crate::sm::{AllocId, Command, DEFAULT_VCLUSTER, Event, Outcome, Rejection, VClusterType};
 
 /// Most allocations one `List` page returns.
 pub const MAX_PAGE_SIZE: u32 = 1000;
@@ -67,6 +68,35 @@ pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
             Err(not_leader_status(f.leader_id.zip(f.leader_node.map(|n| n.addr))))
         }
         Err(e) => Err(Status::unavailable(format!("cannot confirm leadership: {e}"))),
+    }
+}
+
+/// The owner a submit is recorded under: an admin may name anyone (itself
+/// when it names nobody); a client is always itself, and naming someone else
+/// is refused; with `--insecure` nobody is identified, so the request's
+/// owner stands (`anonymous` when empty).
+fn bind_owner(caller: &muster_tls::Caller, asked: &str) -> Result<String, Status> {
+    match caller.role() {
+        Some(Role::Admin(name)) => Ok(if asked.is_empty() { name.clone() } else { asked.to_string() }),
+        Some(Role::Client(name)) if asked.is_empty() || asked == name => Ok(name.clone()),
+        Some(Role::Client(name)) => Err(Status::permission_denied(format!(
+            "invalid spec.owner: client {name} submits as itself, not as {asked:?}; only admins name another owner \
+             (leave --owner out)"
+        ))),
+        Some(other) => Err(Status::permission_denied(format!("{other} may not submit"))),
+        None => Ok(if asked.is_empty() { "anonymous".to_string() } else { asked.to_string() }),
+    }
+}
+
+/// Whether `caller` may cancel allocation `id` of `owner`: admins any, a
+/// client only its own.
+fn may_cancel(caller: &muster_tls::Caller, id: AllocId, owner: &str) -> Result<(), Status> {
+    match caller.role() {
+        Some(Role::Client(name)) if name != owner => Err(Status::permission_denied(format!(
+            "allocation {id} belongs to {owner}; client {name} may cancel only its own allocations"
+        ))),
+        Some(Role::Admin(_) | Role::Client(_)) | None => Ok(()),
+        Some(other) => Err(Status::permission_denied(format!("{other} may not cancel"))),
     }
 }
 
@@ -220,9 +250,13 @@ impl AllocationService for ClientApi {
     }
 
     async fn submit(&self, req: Request<v1::SubmitRequest>) -> Result<Response<v1::SubmitResponse>, Status> {
+        let caller = muster_tls::Caller::of(&req);
         let req = req.into_inner();
         let limits = self.s.reader.read(|st| st.limits().clone());
         let mut proto = req.spec;
+        if let Some(p) = proto.as_mut() {
+            p.owner = bind_owner(&caller, &p.owner)?;
+        }
         // A submit without a walltime takes its class's default, if one is set.
         if let Some(p) = proto.as_mut()
             && p.walltime_s == 0
@@ -249,6 +283,15 @@ impl AllocationService for ClientApi {
             }
         }
         let spec = spec_from_proto(proto, &limits)?;
+        // A retried submit is answered from the state, and a key reused with
+        // another spec is refused, before anything is proposed.
+        if !req.dry_run && super::agent_hub::is_leader(&self.s) {
+            match self.s.reader.read(|st| st.submitted_before(&spec)) {
+                Some(Ok(id)) => return Ok(Response::new(v1::SubmitResponse { id, duplicate: true, plan: None })),
+                Some(Err(r)) => return Err(rejection_to_status(&r)),
+                None => {}
+            }
+        }
         if req.dry_run {
             linearizable(&self.s).await?;
             let cfg = self.s.preemption;
@@ -275,7 +318,28 @@ impl AllocationService for ClientApi {
     }
 
     async fn cancel(&self, req: Request<v1::CancelRequest>) -> Result<Response<v1::Allocation>, Status> {
+        let caller = muster_tls::Caller::of(&req);
         let id = req.into_inner().id;
+        if id == 0 {
+            return Err(Status::invalid_argument("invalid id: allocation ids start at 1"));
+        }
+        // Judged on the leader's state before proposing: a cancel that apply
+        // would refuse, or that this caller may not make, writes nothing.
+        // (An allocation's owner never changes; apply checks the rest again.)
+        // A follower's state may lag: it proposes, and is told to redirect.
+        if super::agent_hub::is_leader(&self.s) {
+            self.s.reader.read(|st| {
+                let a = st.alloc(id).ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))?;
+                may_cancel(&caller, id, &a.spec.owner)?;
+                if a.status.is_terminal() {
+                    return Err(rejection_to_status(&Rejection::AlreadyTerminal { alloc: id, status: a.status }));
+                }
+                if a.teardown.is_some_and(|td| td.is_cancel()) {
+                    return Err(rejection_to_status(&Rejection::AlreadyCancelling { alloc: id }));
+                }
+                Ok(())
+            })?;
+        }
         let outcome =
             self.s.proposer.propose(Command::CancelAllocation { alloc: id }).await.map_err(propose_error_to_status)?;
         if let Outcome::Rejected(r) = outcome {

@@ -596,6 +596,15 @@ mod tests {
             (Some(v1::AllocationSpec { command: vec![], ..good() }), "invalid spec.command:"),
             (Some(v1::AllocationSpec { owner: String::new(), ..good() }), "invalid spec.owner:"),
         ];
+        // Every resource amount is bounded (issue 22, item 12).
+        let with = |r: v1::Resources| Some(v1::AllocationSpec { resources: Some(r), ..good() });
+        let r = good().resources.unwrap();
+        let cases = cases.into_iter().chain([
+            (with(v1::Resources { mem_mb: u64::MAX, ..r }), "invalid spec.resources.mem_mb:"),
+            (with(v1::Resources { vram_mb: u64::MAX, ..r }), "invalid spec.resources.vram_mb:"),
+            (with(v1::Resources { cpus: u32::MAX, ..r }), "invalid spec.resources.cpus:"),
+            (with(v1::Resources { gpus: u32::MAX, ..r }), "invalid spec.resources.gpus:"),
+        ]);
         for (spec, prefix) in cases {
             let status = spec_from_proto(spec, &limits).unwrap_err();
             assert_eq!(status.code(), tonic::Code::InvalidArgument);

@@ -107,6 +107,10 @@ impl NodeService for NodeApi {
         let q = with_bound_by(req, |q| &mut q.by);
         let id = node_id(q.id)?;
         let timeout_ms = self.timeout_for(&id, q.timeout_ms).await?;
+        // An out-of-range timeout (or a bad reason) is refused before the log.
+        let limits = self.s.reader.read(|st| st.limits().clone());
+        crate::sm::validate_node_request(&q.by, &q.reason, Some(timeout_ms), &limits)
+            .map_err(|r| rejection_to_status(&r))?;
         let cmd = Command::DrainNode { node: id.clone(), timeout_ms, reason: q.reason, by: q.by };
         self.transition(&id, cmd).await
     }

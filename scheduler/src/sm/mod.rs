@@ -42,4 +42,7 @@ pub use validate::{
     DEFAULT_MAX_CHECKPOINT_BYTES, DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES,
     parse_duration_s, validate_node, validate_node_request, validate_spec,
 };
-pub use vcluster::{HomeNodes, OverQuota, Quota, VCluster, VClusterSpec, validate_name as validate_vcluster_name};
+pub use vcluster::{
+    HomeNodes, OverQuota, Quota, VCluster, VClusterSpec, validate_name as validate_vcluster_name,
+    validate_spec as validate_vcluster_spec,
+};

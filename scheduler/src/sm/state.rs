@@ -938,15 +938,24 @@ impl State {
         events
     }
 
+    /// What an earlier submit with the same owner and idempotency key made
+    /// of this spec: the allocation when the spec is the same (a retry),
+    /// `IdempotencyConflict` when it differs, `None` when the key is new (or
+    /// absent). Keys are scoped by owner.
+    pub fn submitted_before(&self, spec: &AllocSpec) -> Option<Result<AllocId, Rejection>> {
+        let key = spec.idempotency_key.as_ref()?;
+        let &existing = self.idempotency.get(&(spec.owner.clone(), key.clone()))?;
+        Some(if self.allocs[&existing].spec == *spec {
+            Ok(existing)
+        } else {
+            Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing })
+        })
+    }
+
     fn submit(&mut self, spec: &AllocSpec) -> Applied {
         validate_spec(spec, &self.limits)?;
-        if let Some(key) = &spec.idempotency_key
-            && let Some(&existing) = self.idempotency.get(&(spec.owner.clone(), key.clone()))
-        {
-            if self.allocs[&existing].spec == *spec {
-                return Ok(vec![Event::Submitted { alloc: existing, duplicate: true }]);
-            }
-            return Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing });
+        if let Some(earlier) = self.submitted_before(spec) {
+            return earlier.map(|alloc| vec![Event::Submitted { alloc, duplicate: true }]);
         }
         // Every allocation belongs to a vCluster that exists (`default`
         // always does).

@@ -151,6 +151,36 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
     Ok(())
 }
 
+/// The most host memory a task or node may name: 64 TiB, in MiB.
+pub const MAX_MEM_MB: u64 = 64 << 20;
+/// The most memory one GPU may have: 1 TiB, in MiB.
+pub const MAX_VRAM_MB: u64 = 1 << 20;
+/// The most CPU cores a task or node may name.
+pub const MAX_CPUS: u32 = 16_384;
+/// The most GPUs a node may report.
+pub const MAX_NODE_GPUS: u32 = 1_024;
+
+/// The bounds every resource amount is held to, task or node: what is
+/// above them is a typo or an attack, and would overflow the sums.
+fn check_bounds(r: &Resources) -> Result<(), (&'static str, String)> {
+    if r.mem_mb > MAX_MEM_MB {
+        return Err((
+            "resources.mem_mb",
+            format!("{} MiB is above the maximum of {MAX_MEM_MB} MiB (64 TiB)", r.mem_mb),
+        ));
+    }
+    if r.vram_mb > MAX_VRAM_MB {
+        return Err((
+            "resources.vram_mb",
+            format!("{} MiB per GPU is above the maximum of {MAX_VRAM_MB} MiB (1 TiB)", r.vram_mb),
+        ));
+    }
+    if r.cpus > MAX_CPUS {
+        return Err(("resources.cpus", format!("{} is above the maximum of {MAX_CPUS}", r.cpus)));
+    }
+    Ok(())
+}
+
 fn validate_task_resources(r: &Resources, limits: &Limits) -> Result<(), Rejection> {
     if r.cpus == 0 {
         return Err(invalid("resources.cpus", "must be at least 1"));
@@ -158,6 +188,7 @@ fn validate_task_resources(r: &Resources, limits: &Limits) -> Result<(), Rejecti
     if r.mem_mb == 0 {
         return Err(invalid("resources.mem_mb", "must be at least 1"));
     }
+    check_bounds(r).map_err(|(field, reason)| invalid(field, reason))?;
     if r.gpus > limits.max_task_gpus {
         return Err(invalid("resources.gpus", format!("{} is above the maximum of {}", r.gpus, limits.max_task_gpus)));
     }
@@ -216,6 +247,13 @@ pub fn validate_node(
     }
     if resources.gpus > 0 && resources.vram_mb == 0 {
         return Err(invalid_node("resources.vram_mb", "a node with GPUs must report their memory"));
+    }
+    check_bounds(resources).map_err(|(field, reason)| invalid_node(field, reason))?;
+    if resources.gpus > MAX_NODE_GPUS {
+        return Err(invalid_node(
+            "resources.gpus",
+            format!("{} is above the maximum of {MAX_NODE_GPUS}", resources.gpus),
+        ));
     }
     if labels.len() > limits.max_labels {
         return Err(invalid_node("labels", format!("{} labels, the limit is {}", labels.len(), limits.max_labels)));

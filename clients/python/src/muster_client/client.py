@@ -12,7 +12,6 @@ with a short backoff until the call's timeout. Any other status raises
 from __future__ import annotations
 
 import builtins
-import getpass
 import os
 import re
 import threading
@@ -353,7 +352,8 @@ class Client:
         ``idempotency_key`` returns the same allocation with ``duplicate=True``
         (pass one to make retries after a lost answer safe). ``dry_run``
         validates and plans only: ``id`` is 0 and ``plan`` says where it would
-        stand. ``owner`` defaults to the current user.
+        stand. ``owner``: None records the caller's verified identity (the
+        name in its certificate or token); only an admin may name another.
         """
         if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
             raise ValueError("command must be a list of arguments, e.g. ['sh', '-c', 'echo hi']")
@@ -375,7 +375,7 @@ class Client:
             if not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, not {value!r}")
         spec = types_pb.AllocationSpec(
-            owner=owner if owner is not None else _default_owner(),
+            owner=owner or "",
             gang_size=_uint("gang_size", gang_size),
             resources=types_pb.Resources(
                 gpus=_uint("gpus", gpus),
@@ -574,16 +574,6 @@ class Client:
 def _stub(kind: Callable[[grpc.Channel], Any], channel: grpc.Channel) -> Any:
     # The generated stubs are untyped; the methods using them declare what they return.
     return kind(channel)
-
-
-def _default_owner() -> str:
-    user = os.environ.get("USER")
-    if user:
-        return user
-    try:
-        return getpass.getuser()
-    except Exception:  # no user name anywhere (e.g. a bare container)
-        return "unknown"
 
 
 def _status_filter(status: str | int | None) -> int:
