@@ -90,18 +90,30 @@ pub fn peer_role(extensions: &http::Extensions) -> Result<Role, Status> {
 /// A server's policy: may `caller` call `path` (`/muster.v1.Service/Method`)?
 pub type Policy = Arc<dyn Fn(&str, &Caller) -> Result<(), Status> + Send + Sync>;
 
+/// Told of each admitted call's connection (its peer address), so that the
+/// server can tell connections that have proved who they are from those
+/// that have not.
+pub type AdmitHook = Arc<dyn Fn(std::net::SocketAddr) + Send + Sync>;
+
 /// The layer; `insecure` lets every call through as [`Caller::Insecure`].
 #[derive(Clone)]
 pub struct AuthLayer {
     policy: Policy,
     tokens: Option<TokenResolver>,
     insecure: bool,
+    on_admit: Option<AdmitHook>,
 }
 
 impl AuthLayer {
     /// Checks every call against `policy`.
     pub fn new(policy: Policy) -> AuthLayer {
-        AuthLayer { policy, tokens: None, insecure: false }
+        AuthLayer { policy, tokens: None, insecure: false, on_admit: None }
+    }
+
+    /// Calls `hook` with the peer address of every admitted call.
+    pub fn on_admit(mut self, hook: AdmitHook) -> AuthLayer {
+        self.on_admit = Some(hook);
+        self
     }
 
     /// Also accepts bearer tokens, resolved by `tokens`.
@@ -112,7 +124,7 @@ impl AuthLayer {
 
     /// Identifies nobody and allows everything (`--insecure`).
     pub fn insecure() -> AuthLayer {
-        AuthLayer { policy: Arc::new(|_, _| Ok(())), tokens: None, insecure: true }
+        AuthLayer { policy: Arc::new(|_, _| Ok(())), tokens: None, insecure: true, on_admit: None }
     }
 }
 
@@ -120,7 +132,13 @@ impl<S> tower::Layer<S> for AuthLayer {
     type Service = AuthService<S>;
 
     fn layer(&self, inner: S) -> AuthService<S> {
-        AuthService { inner, policy: self.policy.clone(), tokens: self.tokens.clone(), insecure: self.insecure }
+        AuthService {
+            inner,
+            policy: self.policy.clone(),
+            tokens: self.tokens.clone(),
+            insecure: self.insecure,
+            on_admit: self.on_admit.clone(),
+        }
     }
 }
 
@@ -131,6 +149,15 @@ pub struct AuthService<S> {
     policy: Policy,
     tokens: Option<TokenResolver>,
     insecure: bool,
+    on_admit: Option<AdmitHook>,
+}
+
+/// The peer address of a request's connection (TLS or plain).
+fn remote_addr(extensions: &http::Extensions) -> Option<std::net::SocketAddr> {
+    extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|i| i.get_ref().remote_addr())
+        .or_else(|| extensions.get::<TcpConnectInfo>().and_then(|i| i.remote_addr()))
 }
 
 impl<S, B, R> tower::Service<http::Request<B>> for AuthService<S>
@@ -158,6 +185,11 @@ where
         let allowed = caller.and_then(|c| (self.policy)(req.uri().path(), &c).map(|()| c));
         match allowed {
             Ok(caller) => {
+                if let Some(hook) = &self.on_admit
+                    && let Some(addr) = remote_addr(req.extensions())
+                {
+                    hook(addr);
+                }
                 req.extensions_mut().insert(caller);
                 // The clone that was made ready is the one to call.
                 let clone = self.inner.clone();

@@ -29,7 +29,7 @@ mod ca;
 mod identity;
 mod material;
 
-pub use auth::{AuthLayer, AuthService, Caller, Policy, TokenResolver, peer_role};
+pub use auth::{AdmitHook, AuthLayer, AuthService, Caller, Policy, TokenResolver, peer_role};
 pub use ca::{CaError, Validity, init_ca, issue};
 pub use identity::{IdentityError, Role, role_of_cert};
 pub use material::{HANDSHAKE_TIMEOUT, TlsError, TlsMaterial, cert_file_names, endpoint};

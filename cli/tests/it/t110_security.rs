@@ -400,6 +400,78 @@ async fn t113_a_connection_flood_is_capped_and_idle_handshakes_are_dropped() {
     assert!(s.status().await.is_some());
 }
 
+/// Keeps `per_address` idle TCP connections open from `address` (they never
+/// start a handshake), reopening each one 10 ms after the server closes it,
+/// until `stop` turns true. Returns how many it opened.
+async fn hold_idle_connections(
+    server: std::net::SocketAddr,
+    address: std::net::IpAddr,
+    per_address: usize,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> usize {
+    let mut tasks = Vec::new();
+    for _ in 0..per_address {
+        let mut stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut opened = 0;
+            while !*stop.borrow() {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind(std::net::SocketAddr::new(address, 0)).unwrap();
+                if let Ok(c) = socket.connect(server).await {
+                    opened += 1;
+                    tokio::select! {
+                        _ = closed_within(c, Duration::from_secs(3_600)) => {}
+                        _ = stop.changed() => return opened,
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            opened
+        }));
+    }
+    let mut opened = 0;
+    for t in tasks {
+        opened += t.await.unwrap();
+    }
+    opened
+}
+
+/// Issue 22, item 10: unauthenticated idle connections from many addresses
+/// fill both caps and keep coming back; legitimate calls, each on a new
+/// connection, are still served: a newcomer evicts the oldest connection
+/// that has not proven itself, and a proven one is never evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t116_legitimate_calls_are_served_during_an_idle_connection_flood() {
+    let s = Server::start_with(&["--max-connections", "200", "--max-connections-per-peer", "50"]).await;
+    let server: std::net::SocketAddr = s.addr.parse().unwrap();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    // 8 addresses × 50 = 400 connections against a cap of 200.
+    let flood: Vec<_> = (2..10u8)
+        .map(|last| {
+            let address = std::net::IpAddr::from([127, 0, 0, last]);
+            tokio::spawn(hold_idle_connections(server, address, 50, stop.clone()))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // 28 calls, each on a connection of its own.
+    let mut served = 0;
+    for _ in 0..28 {
+        if let Some(ch) = channel(&s.addr).await
+            && AdminServiceClient::new(ch).status(v1::StatusRequest {}).await.is_ok()
+        {
+            served += 1;
+        }
+    }
+    stop_tx.send(true).unwrap();
+    let mut opened = 0;
+    for f in flood {
+        opened += f.await.unwrap();
+    }
+    eprintln!("t116: {served} of 28 legitimate calls served; {opened} flood connections made");
+    assert!(opened > 200, "the flood filled the server: {opened} connections opened");
+    assert_eq!(served, 28, "{served} of 28 legitimate calls served during the flood ({opened} flood connections)");
+}
+
 fn bearer<T>(msg: T, secret: &str) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     r.metadata_mut().insert("authorization", format!("Bearer {secret}").parse().unwrap());

@@ -8,7 +8,6 @@
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_server::AllocationService;
 use muster_tls::Role;
-use openraft::error::{CheckIsLeaderError, RaftError};
 use tonic::{Request, Response, Status};
 
 use tokio::sync::mpsc;
@@ -16,8 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::convert;
 use super::convert::{
-    alloc_status_filter, alloc_status_to_proto, alloc_to_proto, describe_event, not_leader_status,
-    propose_error_to_status, rejection_to_status, spec_from_proto,
+    alloc_status_filter, alloc_status_to_proto, alloc_to_proto, describe_event, propose_error_to_status,
+    rejection_to_status, spec_from_proto,
 };
 use super::replica::Shared;
 use crate::sm::{AllocId, Command, DEFAULT_VCLUSTER, Event, Outcome, Rejection, VClusterType};
@@ -60,15 +59,10 @@ impl ClientApi {
 /// (every message is checked as well).
 pub(crate) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Waits until this replica may answer a read that must be current.
+/// Waits until this replica may answer a read that must be current (with
+/// other waiting reads: [`super::read_index`]).
 pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
-    match s.raft.ensure_linearizable().await {
-        Ok(_) => Ok(()),
-        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-            Err(not_leader_status(f.leader_id.zip(f.leader_node.map(|n| n.addr))))
-        }
-        Err(e) => Err(Status::unavailable(format!("cannot confirm leadership: {e}"))),
-    }
+    s.reads.confirm(&s.raft).await
 }
 
 /// The owner a submit is recorded under: an admin may name anyone (itself

@@ -12,6 +12,7 @@
 //!   teardown force drain).
 //! - [`observe`]: metrics and log lines derived from committed outcomes.
 //! - [`convert`]: protobuf ↔ state-machine types and statuses, at the edge.
+//! - [`read_index`]: linearizable reads, sharing leadership confirmations.
 //! - [`health`]: readiness, published as gRPC health, `/readyz` and a gauge.
 //! - [`http`]: the plain-HTTP listener: metrics, probes, the [`dashboard`].
 //! - [`telemetry`]: the catalogue of exported metrics and the Prometheus
@@ -31,6 +32,7 @@ pub mod node_api;
 pub mod observe;
 pub mod proposer;
 pub mod raft_net;
+pub mod read_index;
 pub mod replica;
 pub mod telemetry;
 pub mod vcluster_api;

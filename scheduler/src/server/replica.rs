@@ -232,6 +232,8 @@ pub struct Shared {
     pub inject_bug: Option<InjectedBug>,
     /// Submits acknowledged but not yet proposed (with the bug).
     pub unproposed: Arc<std::sync::atomic::AtomicU64>,
+    /// Linearizable reads waiting to share a leadership confirmation.
+    pub reads: super::read_index::ReadBatcher,
 }
 
 /// A running replica.
@@ -299,6 +301,7 @@ impl Replica {
             drain_timeout: cfg.drain_timeout,
             inject_bug: cfg.inject_bug,
             unproposed: Arc::default(),
+            reads: Default::default(),
         };
         if let Some(bug) = cfg.inject_bug {
             tracing::warn!(bug = ?bug, "running with a deliberately injected bug (chaos-check tests only)");
@@ -317,20 +320,27 @@ impl Replica {
         let mut builder = tonic::transport::Server::builder()
             .max_concurrent_streams(cfg.limits.max_streams_per_connection)
             .timeout(cfg.limits.request_timeout);
+        let connections = super::limits::Connections::new(cfg.limits);
+        let prove = {
+            let c = connections.clone();
+            Arc::new(move |addr| c.admitted(addr)) as muster_tls::AdmitHook
+        };
         let auth = match &cfg.tls {
             Some(tls) => {
                 let tls_cfg = tls.server_config().timeout(cfg.limits.handshake_timeout);
                 builder = builder.tls_config(tls_cfg).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
                 let tokens = shared.reader.clone();
-                muster_tls::AuthLayer::new(Arc::new(super::auth::policy)).with_tokens(Arc::new(move |secret: &str| {
-                    tokens.read(|st| super::auth::resolve_token(st, secret, super::proposer::now_ms()))
-                }))
+                muster_tls::AuthLayer::new(Arc::new(super::auth::policy))
+                    .with_tokens(Arc::new(move |secret: &str| {
+                        tokens.read(|st| super::auth::resolve_token(st, secret, super::proposer::now_ms()))
+                    }))
+                    .on_admit(prove)
             }
             None => {
                 tracing::warn!(
                     "running without TLS or authorisation (--insecure): anyone who reaches this port owns the cluster"
                 );
-                muster_tls::AuthLayer::insecure()
+                muster_tls::AuthLayer::insecure().on_admit(prove)
             }
         };
         let server = builder
@@ -352,7 +362,7 @@ impl Replica {
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .serve_with_incoming_shutdown(super::limits::incoming(listener, cfg.limits), async move {
+            .serve_with_incoming_shutdown(connections.incoming(listener), async move {
                 let _ = stopped.wait_for(|s| *s).await;
             });
         let server = tokio::spawn(server);

@@ -98,6 +98,7 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     l("muster_nodes", Gauge, "state", &[], "nodes in each lifecycle status"),
     m("muster_nodes_flagged_dead", Gauge, "nodes marked lost (silent while holding work)"),
     m("muster_admission_pass_seconds", Histogram, "one leader admission pass (planning and proposing)"),
+    m("muster_read_batch_size", Histogram, "linearizable reads answered by one leadership confirmation"),
     m("muster_agent_streams", Gauge, "agent streams this replica holds open (the leader holds them all)"),
     m(
         "muster_agent_uploads_refused_total",
@@ -113,6 +114,13 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         "reason",
         &["total", "per_peer"],
         "connections closed at accept for being over a connection cap",
+    ),
+    l(
+        "muster_connections_evicted_total",
+        Counter,
+        "reason",
+        &["total", "per_peer"],
+        "pending connections (no authorised call yet) closed to make room for a newcomer over a cap",
     ),
     m("muster_gang_teardowns_total", Counter, "gang teardowns started"),
     m("muster_gang_teardown_force_drained_total", Counter, "preempting tasks moved to preempted without an ack"),
@@ -205,7 +213,8 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full("muster_raft_batch_commands".into()), BATCH_BUCKETS)
-                });
+                })
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full("muster_read_batch_size".into()), BATCH_BUCKETS));
             let handle = match builder.map(PrometheusBuilder::install_recorder) {
                 Ok(Ok(h)) => h,
                 Ok(Err(e)) => {
