@@ -400,6 +400,48 @@ async fn t113_a_connection_flood_is_capped_and_idle_handshakes_are_dropped() {
     assert!(s.status().await.is_some());
 }
 
+/// Issue 22, item 12: requests that can be judged without the log are
+/// refused with a status naming the problem, and write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t117_what_can_be_judged_without_the_log_is_refused_before_it() {
+    use muster_proto::v1::v_cluster_service_client::VClusterServiceClient;
+    let s = Server::start().await;
+    let admin = channel(&s.addr).await.unwrap();
+    let (_agent, _down) =
+        agent_stream(&s.addr, &tls::material(Role::Agent("gpu-01".into())), register("gpu-01", 8)).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    while NodeServiceClient::new(admin.clone()).get_node(v1::GetNodeRequest { id: "gpu-01".into() }).await.is_err() {
+        assert!(Instant::now() < deadline, "the node never registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = s.state().await;
+    let vc = |name: &str| v1::VClusterRequest { name: name.into(), spec: Some(v1::VClusterSpec::default()) };
+    let err = VClusterServiceClient::new(admin.clone()).create_v_cluster(vc("Bad Name")).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let err = VClusterServiceClient::new(admin.clone()).update_v_cluster(vc("nope")).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let err = VClusterServiceClient::new(admin.clone()).create_v_cluster(vc("default")).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    let revoke = v1::RevokeTokenRequest { id: "no-such-token".into() };
+    let err = AdminServiceClient::new(admin.clone()).revoke_token(revoke).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let drain = v1::DrainNodeRequest { id: "gpu-01".into(), timeout_ms: Some(u64::MAX), ..Default::default() };
+    let err = NodeServiceClient::new(admin.clone()).drain_node(drain).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("timeout"), "{err:?}");
+    let huge = v1::AllocationSpec {
+        resources: Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: u64::MAX, cpus: 1 }),
+        ..one_gpu("", &["true"])
+    };
+    let err = AllocationServiceClient::new(admin.clone())
+        .submit(v1::SubmitRequest { spec: Some(huge), dry_run: false })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("resources.mem_mb"), "{err:?}");
+    assert_eq!(s.state().await, before, "no refused request wrote an entry");
+}
+
 /// Keeps `per_address` idle TCP connections open from `address` (they never
 /// start a handshake), reopening each one 10 ms after the server closes it,
 /// until `stop` turns true. Returns how many it opened.

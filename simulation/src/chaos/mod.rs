@@ -226,11 +226,13 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     }
 
     let text = std::fs::read_to_string(&journal).unwrap_or_default();
+    let parsed = checks::Journal::parse(&text);
     let mut results = vec![
         checks::acked_exactly_once(&ops, &allocs),
         checks::replicas_agree(&statuses),
         checks::all_terminal(&allocs),
-        checks::journal_consistent(&checks::Journal::parse(&text), &histories),
+        checks::journal_consistent(&parsed, &histories),
+        checks::gpus_never_overbooked(&parsed, &allocs, procs::AGENT_GPUS),
         checks::client_api_linearizable(&ops),
     ];
     let mut replay = checks::committed_log_replays(&logs, &statuses);

@@ -37,6 +37,9 @@ const SERVER_FLAGS: &[&str] = &[
     "2000",
 ];
 
+/// GPUs each agent offers.
+pub const AGENT_GPUS: u32 = 4;
+
 /// The processes of one chaos run.
 pub struct Procs {
     bin: PathBuf,
@@ -116,7 +119,7 @@ impl Procs {
         let id = self.agent_ids[i].clone();
         let child = Command::new(&self.bin)
             .args(["agent", "--scheduler", &self.proxied.join(","), "--node-id", &id])
-            .args(["--gpus", "4", "--vram-mb", "16000", "--cpus", "8", "--mem-mb", "16000"])
+            .args(["--gpus", &AGENT_GPUS.to_string(), "--vram-mb", "16000", "--cpus", "8", "--mem-mb", "16000"])
             .arg("--work-dir")
             .arg(self.dir.join("agents").join(&id))
             .arg("--tls-dir")

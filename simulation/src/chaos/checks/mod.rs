@@ -7,6 +7,7 @@ mod acked;
 mod agree;
 mod journal;
 mod linearizable;
+mod overbooked;
 mod replay;
 mod terminal;
 
@@ -14,6 +15,7 @@ pub use acked::acked_exactly_once;
 pub use agree::replicas_agree;
 pub use journal::{Journal, journal_consistent};
 pub use linearizable::client_api_linearizable;
+pub use overbooked::gpus_never_overbooked;
 pub use replay::{ReplicaLog, committed_log_replays};
 pub use terminal::all_terminal;
 
