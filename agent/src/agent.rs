@@ -283,6 +283,10 @@ pub struct Agent {
     running: BTreeMap<Key, Running>,
     /// Assignments received but not yet granted.
     assigned: BTreeMap<Key, v1::Assign>,
+    /// Assignments not yet claimed because processes this agent still runs
+    /// hold the GPUs they need (tasks the leader no longer places here, in
+    /// their stop grace): claimed as GPUs come free.
+    deferred: BTreeMap<Key, v1::Assign>,
     /// Exit and preempted reports not yet confirmed by the leader.
     unrecorded: BTreeMap<Key, Report>,
     /// The largest checkpoint the leader stores.
@@ -338,6 +342,7 @@ impl Agent {
             cfg,
             running: BTreeMap::new(),
             assigned: BTreeMap::new(),
+            deferred: BTreeMap::new(),
             unrecorded: BTreeMap::new(),
             max_checkpoint_bytes: DEFAULT_MAX_CHECKPOINT_BYTES,
             free_gpus,
@@ -566,10 +571,12 @@ impl Agent {
                         return Err(format!("{addr}: no answer for {LEADER_SILENT_INTERVALS} heartbeat intervals"));
                     }
                     send(Out::Heartbeat(v1::Heartbeat { running: self.running.keys().map(|k| task_ref(*k)).collect() })).await?;
+                    self.claim_deferred(&send).await?;
                 }
                 Some((key, exit)) = self.exits_rx.recv() => {
                     let report = self.finished(key, exit);
                     send_report(&report, &send).await?;
+                    self.claim_deferred(&send).await?;
                 }
                 _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
             }
@@ -597,8 +604,19 @@ impl Agent {
                 if let Some(key) = key_of(&a.task)
                     && !self.running.contains_key(&key)
                 {
-                    self.assigned.insert(key, a);
-                    send(Out::Claim(v1::Claim { task: Some(task_ref(key)) })).await?;
+                    if (a.gpus as usize) <= self.spare_gpus() {
+                        self.assigned.insert(key, a);
+                        send(Out::Claim(v1::Claim { task: Some(task_ref(key)) })).await?;
+                    } else {
+                        tracing::warn!(
+                            alloc_id = key.0,
+                            task = key.1,
+                            gpus = a.gpus,
+                            spare = self.spare_gpus(),
+                            "assignment waits: processes still stopping here hold its GPUs"
+                        );
+                        self.deferred.insert(key, a);
+                    }
                 }
             }
             Some(In::Granted(g)) => {
@@ -637,6 +655,7 @@ impl Agent {
                 if let Some(key) = key_of(&r.task) {
                     tracing::info!(alloc = key.0, task = key.1, code = %r.code, message = %r.message, "leader refused");
                     self.assigned.remove(&key);
+                    self.deferred.remove(&key);
                     // A refused report is final (the task moved on): stop
                     // re-sending it and listing the task at registration.
                     if matches!(self.unrecorded.get(&key), Some(Report::Exited { .. } | Report::Watchdog { .. })) {
@@ -677,6 +696,32 @@ impl Agent {
             tracing::info!(node = %self.cfg.node_id, "the node is stopped: exiting (--exit-when-stopped)");
             self.exit_now = true;
         }
+    }
+
+    /// GPUs neither running nor promised to an assignment being claimed.
+    fn spare_gpus(&self) -> usize {
+        let promised: usize = self.assigned.values().map(|a| a.gpus as usize).sum();
+        self.free_gpus.len().saturating_sub(promised)
+    }
+
+    /// Claims the deferred assignments whose GPUs have come free, in key
+    /// order. One the leader has since moved on from is refused, harmlessly.
+    async fn claim_deferred<F, Fut>(&mut self, send: &F) -> Result<(), String>
+    where
+        F: Fn(Out) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let keys: Vec<Key> = self.deferred.keys().copied().collect();
+        for key in keys {
+            let gpus = self.deferred[&key].gpus as usize;
+            if gpus <= self.spare_gpus() {
+                let a = self.deferred.remove(&key).expect("listed");
+                self.assigned.insert(key, a);
+                tracing::info!(alloc_id = key.0, task = key.1, "its GPUs came free; claiming the assignment");
+                send(Out::Claim(v1::Claim { task: Some(task_ref(key)) })).await?;
+            }
+        }
+        Ok(())
     }
 
     /// A gang teardown wants this task stopped. The first `Preempt` of an
@@ -1189,6 +1234,49 @@ mod tests {
         let err = fs::read_to_string(err).unwrap();
         assert!(err.contains("muster: the stored checkpoint could not be restored"), "{err}");
         assert!(fs::read_dir(checkpoint::dir(dir.path(), 7, 0)).unwrap().next().is_none(), "an empty directory");
+    }
+
+    /// An agent never starts a task on GPUs a process it still runs holds
+    /// (one the leader no longer places here, in its stop grace): it claims
+    /// the assignment only once the GPUs are free.
+    #[tokio::test]
+    async fn an_assignment_waits_for_gpus_a_stopping_task_still_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = test_config(dir.path());
+        cfg.resources.gpus = 4;
+        let mut agent = Agent::new(cfg).unwrap();
+        let assign = |key: Key, gpus: u32, cmd: &str| v1::Assign {
+            task: Some(task_ref(key)),
+            gang_size: 1,
+            gpus,
+            command: vec!["sh".into(), "-c".into(), cmd.into()],
+            ..Default::default()
+        };
+        let stale = (1, 0, 1);
+        assert!(agent.start(stale, assign(stale, 4, "sleep 60"), 1).is_none());
+        let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = sent.clone();
+        let send = move |o: Out| {
+            log.lock().unwrap().push(o);
+            std::future::ready(Ok::<(), String>(()))
+        };
+        let next = (2, 0, 1);
+        let msg = v1::SchedulerMessage { msg: Some(In::Assign(assign(next, 2, "true"))) };
+        agent.handle(msg, &send).await.unwrap();
+        assert!(sent.lock().unwrap().is_empty(), "no claim while the stopping task holds every GPU");
+        assert!(agent.deferred.contains_key(&next));
+        // The stale task is stopped; once it has exited, the claim goes out.
+        let stop = v1::Stop { task: Some(task_ref(stale)), grace_ms: 1_000, reason: "re-placed".into() };
+        agent.handle(v1::SchedulerMessage { msg: Some(In::Stop(stop)) }, &send).await.unwrap();
+        let (key, ended) = tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
+        assert_eq!(key, stale);
+        agent.finished(key, ended);
+        agent.claim_deferred(&send).await.unwrap();
+        let sent = sent.lock().unwrap();
+        assert!(
+            matches!(sent.as_slice(), [Out::Claim(c)] if c.task == Some(task_ref(next))),
+            "claimed once its GPUs were free: {sent:?}"
+        );
     }
 
     #[test]
