@@ -511,6 +511,11 @@ impl Agent {
             .connect()
             .await
             .map_err(|e| format!("{addr}: {e}"))?;
+        // Claims made on an earlier stream are answered there or never: the
+        // leader of this one sends its assignments again. Kept, they would
+        // count as promised GPUs forever.
+        self.assigned.clear();
+        self.deferred.clear();
         let (out, out_rx) = mpsc::channel::<v1::AgentMessage>(1024);
         let send = |msg: Out| {
             let out = out.clone();

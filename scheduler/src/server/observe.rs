@@ -58,21 +58,12 @@ pub fn observe(outcome: &Outcome) {
                         "gang teardown started"
                     );
                 }
-                TeardownCause::Cancelled { .. } => {
+                TeardownCause::NodeDrain | TeardownCause::Cancelled { .. } => {
+                    let cause = if *cause == TeardownCause::NodeDrain { "node_drain" } else { "cancelled" };
                     tracing::info!(
                         alloc_id = alloc,
                         epoch,
-                        cause = "cancelled",
-                        preempting = preempting.len(),
-                        released,
-                        "allocation cancelled; stopping its tasks"
-                    );
-                }
-                TeardownCause::NodeDrain => {
-                    tracing::info!(
-                        alloc_id = alloc,
-                        epoch,
-                        cause = "node_drain",
+                        cause,
                         preempting = preempting.len(),
                         released,
                         "gang teardown started"
