@@ -511,11 +511,7 @@ impl Agent {
             .connect()
             .await
             .map_err(|e| format!("{addr}: {e}"))?;
-        // Claims made on an earlier stream are answered there or never: the
-        // leader of this one sends its assignments again. Kept, they would
-        // count as promised GPUs forever.
-        self.assigned.clear();
-        self.deferred.clear();
+        self.forget_claims();
         let (out, out_rx) = mpsc::channel::<v1::AgentMessage>(1024);
         let send = |msg: Out| {
             let out = out.clone();
@@ -701,6 +697,15 @@ impl Agent {
             tracing::info!(node = %self.cfg.node_id, "the node is stopped: exiting (--exit-when-stopped)");
             self.exit_now = true;
         }
+    }
+
+    /// A new stream starts with no claim in flight: claims made on an
+    /// earlier one were answered there or never, and the leader of this one
+    /// sends its assignments again. Kept, they would count as promised GPUs
+    /// forever and hold back every later assignment.
+    fn forget_claims(&mut self) {
+        self.assigned.clear();
+        self.deferred.clear();
     }
 
     /// GPUs neither running nor promised to an assignment being claimed.
@@ -1277,11 +1282,18 @@ mod tests {
         assert_eq!(key, stale);
         agent.finished(key, ended);
         agent.claim_deferred(&send).await.unwrap();
-        let sent = sent.lock().unwrap();
-        assert!(
-            matches!(sent.as_slice(), [Out::Claim(c)] if c.task == Some(task_ref(next))),
-            "claimed once its GPUs were free: {sent:?}"
-        );
+        {
+            let sent = sent.lock().unwrap();
+            assert!(
+                matches!(sent.as_slice(), [Out::Claim(c)] if c.task == Some(task_ref(next))),
+                "claimed once its GPUs were free: {sent:?}"
+            );
+        }
+        // The stream breaks before the grant: the next stream's leader sends
+        // the assignment again, and the old claim no longer holds GPUs.
+        assert_eq!(agent.spare_gpus(), 2);
+        agent.forget_claims();
+        assert_eq!(agent.spare_gpus(), 4, "a lost claim does not hold GPUs forever");
     }
 
     #[test]
