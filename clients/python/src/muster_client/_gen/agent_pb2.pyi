@@ -18,7 +18,7 @@ class TaskRef(_message.Message):
     def __init__(self, alloc_id: _Optional[int] = ..., task_index: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "claim", "exited", "log_data", "preempted", "checkpoint", "watchdog_tripped")
+    __slots__ = ("register", "heartbeat", "claim", "exited", "log_data", "preempted", "checkpoint", "watchdog_tripped", "checkpoint_unusable")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class AgentMessage(_message.Message):
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_TRIPPED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_UNUSABLE_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     claim: Claim
@@ -35,7 +36,18 @@ class AgentMessage(_message.Message):
     preempted: Preempted
     checkpoint: CheckpointUpload
     watchdog_tripped: WatchdogTripped
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., claim: _Optional[_Union[Claim, _Mapping]] = ..., exited: _Optional[_Union[TaskExited, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., preempted: _Optional[_Union[Preempted, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointUpload, _Mapping]] = ..., watchdog_tripped: _Optional[_Union[WatchdogTripped, _Mapping]] = ...) -> None: ...
+    checkpoint_unusable: CheckpointUnusable
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., claim: _Optional[_Union[Claim, _Mapping]] = ..., exited: _Optional[_Union[TaskExited, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., preempted: _Optional[_Union[Preempted, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointUpload, _Mapping]] = ..., watchdog_tripped: _Optional[_Union[WatchdogTripped, _Mapping]] = ..., checkpoint_unusable: _Optional[_Union[CheckpointUnusable, _Mapping]] = ...) -> None: ...
+
+class CheckpointUnusable(_message.Message):
+    __slots__ = ("task", "checkpoint_epoch", "reason")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    task: TaskRef
+    checkpoint_epoch: int
+    reason: str
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., checkpoint_epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WatchdogTripped(_message.Message):
     __slots__ = ("task", "kind", "detail")
@@ -62,14 +74,16 @@ class Preempted(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., preemption_epoch: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., checkpoint_failed: _Optional[bool] = ...) -> None: ...
 
 class CheckpointUpload(_message.Message):
-    __slots__ = ("task", "preemption_epoch", "data")
+    __slots__ = ("task", "preemption_epoch", "data", "on_exit")
     TASK_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    ON_EXIT_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     preemption_epoch: int
     data: bytes
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., preemption_epoch: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    on_exit: bool
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., preemption_epoch: _Optional[int] = ..., data: _Optional[bytes] = ..., on_exit: _Optional[bool] = ...) -> None: ...
 
 class LogData(_message.Message):
     __slots__ = ("request_id", "data", "eof", "error")
@@ -229,7 +243,7 @@ class Registered(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_checkpoint_bytes: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
-    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "checkpoint", "checkpoint_epoch", "walltime_s", "stall_timeout_s")
+    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "checkpoint", "checkpoint_epoch", "walltime_s", "stall_timeout_s", "checkpointing")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +261,7 @@ class Assign(_message.Message):
     CHECKPOINT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     WALLTIME_S_FIELD_NUMBER: _ClassVar[int]
     STALL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     gang_size: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -257,7 +272,8 @@ class Assign(_message.Message):
     checkpoint_epoch: int
     walltime_s: int
     stall_timeout_s: int
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., checkpoint: _Optional[bytes] = ..., checkpoint_epoch: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ...) -> None: ...
+    checkpointing: bool
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., checkpoint: _Optional[bytes] = ..., checkpoint_epoch: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ...) -> None: ...
 
 class ClaimGranted(_message.Message):
     __slots__ = ("task", "attempt")
