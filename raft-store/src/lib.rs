@@ -35,8 +35,8 @@ mod disk;
 mod log_store;
 mod state_machine;
 
-use serde::{Deserialize, Serialize};
-use thiserror::Error;
+// The application's side of the storage contract lives in the pure core.
+pub use muster_core::replicated::{CommandBatch, RestoreError, StateMachineApp};
 
 pub use applied_log::{AppliedLogError, AppliedRecord, read_applied_log};
 pub use backup::{BACKUP_MAGIC, Backup, BackupError, restore_data_dir};
@@ -45,42 +45,3 @@ pub use crash_image::restore_crash_image;
 pub use disk::{OpenError, StoreFault, StoreOptions, open, open_with};
 pub use log_store::LogStore;
 pub use state_machine::{AppReader, StateMachineStore};
-
-/// The payload of one application log entry: the leader's wall clock when it
-/// proposed the entry and the commands it batched into it (group commit).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommandBatch<C> {
-    /// Leader wall-clock time, ms since the Unix epoch.
-    pub time_ms: u64,
-    /// The commands, applied in order.
-    pub commands: Vec<C>,
-}
-
-/// Why a snapshot could not be restored.
-#[derive(Debug, Error)]
-#[error("cannot restore the state machine from a snapshot: {0}")]
-pub struct RestoreError(pub String);
-
-/// What the storage layer needs from the application's state machine.
-///
-/// `apply_batch` must be deterministic: the same batches in the same order
-/// give the same outcomes and the same [`StateMachineApp::digest`] on every
-/// replica.
-pub trait StateMachineApp: Default + Sized + Send + Sync + 'static {
-    /// One command.
-    type Command: Serialize + for<'de> Deserialize<'de> + Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static;
-    /// The result of one command.
-    type Outcome: Serialize + for<'de> Deserialize<'de> + Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static;
-
-    /// Applies every command of one entry, in order, at the entry's time.
-    fn apply_batch(&mut self, batch: &CommandBatch<Self::Command>) -> Vec<Self::Outcome>;
-
-    /// The whole state as snapshot bytes.
-    fn snapshot(&self) -> Vec<u8>;
-
-    /// The state a snapshot holds.
-    fn restore(bytes: &[u8]) -> Result<Self, RestoreError>;
-
-    /// A stable digest of the state (equal on replicas at the same index).
-    fn digest(&self) -> [u8; 32];
-}

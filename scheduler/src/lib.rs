@@ -1,11 +1,10 @@
-//! Muster's scheduler: the deterministic state machine ([`sm`]) and the pure
-//! policies that decide what to propose to it ([`policy`]). The server shell
-//! (tonic services, leader loops, agent hub) arrives with the Raft and agent
-//! issues and is the only part allowed a clock or I/O.
+//! Muster's replica server: the imperative shell ([`server`]: tonic
+//! services, leader loops, agent hub) around the pure core of
+//! `muster-core`, whose state machine ([`sm`]) and policies ([`policy`]) it
+//! re-exports. Only this shell has a clock or I/O.
 
 #![deny(missing_docs)]
 
-pub mod app;
-pub mod policy;
 pub mod server;
-pub mod sm;
+
+pub use muster_core::{policy, sm};

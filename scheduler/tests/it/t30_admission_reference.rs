@@ -141,7 +141,7 @@ fn naive_plan(run: &Run) -> Vec<Command> {
         let slots: Vec<NodeSlot> = chosen.iter().map(|&i| s.nodes()[i].slot).collect();
         let pending_b = borrowed.get(&h).copied().unwrap_or(0);
         if s.quota_excess(a, &slots, pending.get(&a.spec.vcluster), &[]).is_some()
-            || s.borrow_excess(a, &slots, pending_b).is_some()
+            || s.borrow_excess(a, &slots, pending_b, 0).is_some()
         {
             continue;
         }

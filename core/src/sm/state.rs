@@ -390,12 +390,18 @@ impl State {
     /// limit (percent) of its live demand, the GPUs of its queued, reserved
     /// and running gangs. `None` when it may not borrow at all.
     pub fn borrow_limit_gpus(&self, name: &str) -> Option<u64> {
+        self.borrow_limit_after(name, 0)
+    }
+
+    /// [`State::borrow_limit_gpus`] once `gone` GPUs of its demand have left
+    /// (an admission pass's rollbacks that fail their gangs).
+    fn borrow_limit_after(&self, name: &str, gone: u64) -> Option<u64> {
         // The built-in default, never changed, does not borrow.
         let pct = u64::from(self.vclusters.get(name)?.spec.borrow_limit_pct);
         if pct == 0 {
             return None;
         }
-        let demand = self.index.vc_live.get(name).map_or(0, |d| d.gpus);
+        let demand = self.index.vc_live.get(name).map_or(0, |d| d.gpus).saturating_sub(gone);
         Some(demand * pct / 100)
     }
 
@@ -404,8 +410,10 @@ impl State {
     /// non-preemptible work never borrows (reclaiming would have to preempt
     /// it), a vCluster with a borrow limit of 0 never borrows, and what its
     /// gangs hold on borrowed nodes (`pending`: an admission pass's earlier
-    /// reservations) stays within its limit.
-    pub fn borrow_excess(&self, a: &Allocation, slots: &[NodeSlot], pending: u64) -> Option<String> {
+    /// reservations) stays within its limit. `demand_gone`: GPUs of the
+    /// vCluster's demand that the same pass's rollbacks will fail (the
+    /// limit is taken as it will be when this reservation applies).
+    pub fn borrow_excess(&self, a: &Allocation, slots: &[NodeSlot], pending: u64, demand_gone: u64) -> Option<String> {
         let borrowed = slots.iter().filter(|&&s| self.borrowed_from(s, a).is_some()).count() as u64;
         if borrowed == 0 {
             return None;
@@ -414,7 +422,7 @@ impl State {
         if let Some(why) = a.spec.never_preempted() {
             return Some(format!("it is never preempted ({why}), so it never runs on borrowed nodes"));
         }
-        let Some(limit) = self.borrow_limit_gpus(name) else {
+        let Some(limit) = self.borrow_limit_after(name, demand_gone) else {
             return Some(format!("vCluster {name} does not borrow (its borrow limit is 0 %)"));
         };
         let held = self.index.vc_load.get(name).map_or(0, |l| l.borrowed_gpus) + pending;
@@ -1032,7 +1040,7 @@ impl State {
         if let Some(reason) = self.quota_excess(a, &slots, None, &[]) {
             return Err(Rejection::QuotaExceeded { alloc: id, reason });
         }
-        if let Some(reason) = self.borrow_excess(a, &slots, 0) {
+        if let Some(reason) = self.borrow_excess(a, &slots, 0, 0) {
             return Err(Rejection::BorrowRefused { alloc: id, reason });
         }
         Ok(vec![self.place_gang(id, &slots)])

@@ -125,6 +125,9 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
     //    queued again in this pass: it waits for them to stop).
     let mut requeued = BTreeSet::new();
     let mut rolled_back = BTreeSet::new();
+    // GPUs of demand that leave each vCluster when a rollback fails its gang:
+    // a borrow limit is checked as it will be when the pass applies.
+    let mut demand_gone: BTreeMap<String, u64> = BTreeMap::new();
     for id in state.reserved_allocs() {
         let a = state.alloc(id).expect("index names a known allocation");
         let reserved_at = a.tasks.iter().filter_map(|t| t.reserved_at_ms).min().unwrap_or(now_ms);
@@ -139,14 +142,19 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
         plan.stats.rollbacks += 1;
         rolled_back.insert(id);
         // A gang with a finished task fails on rollback instead of requeueing.
-        if !a.has_running() && !a.tasks.iter().any(|t| t.status == TaskStatus::Done) {
+        let finished = a.tasks.iter().any(|t| t.status == TaskStatus::Done);
+        if !a.has_running() && !finished {
             requeued.insert(QueueKey::of(a));
+        } else if !a.has_running() {
+            *demand_gone.entry(a.spec.vcluster.clone()).or_default() +=
+                u64::from(a.spec.gang_size) * u64::from(a.spec.resources.gpus);
         }
     }
 
     // 2 and 3. Walk the queue and place, each gang on its vCluster's home
     //    nodes and shared ones.
     let mut pass = Pass::new(state, now_ms, cfg.backfill, rolled_back);
+    pass.demand_gone = demand_gone;
     match cfg.order {
         Order::LargestFirst => {
             // One stream per (vCluster, queued shape), plus one for the gangs
@@ -328,6 +336,8 @@ struct Pass<'a> {
     pending: BTreeMap<String, VcLoad>,
     /// GPUs this pass reserved on borrowed nodes, by vCluster home key.
     pending_borrowed: BTreeMap<u32, u64>,
+    /// GPUs of demand this pass's rollbacks remove, by vCluster.
+    demand_gone: BTreeMap<String, u64>,
     /// The pass's time: gangs placed now are expected to end at this plus
     /// their walltime.
     now_ms: u64,
@@ -384,6 +394,7 @@ impl<'a> Pass<'a> {
             failed_borrow: BTreeSet::new(),
             pending: BTreeMap::new(),
             pending_borrowed: BTreeMap::new(),
+            demand_gone: BTreeMap::new(),
             now_ms,
             backfill,
             planned: Vec::new(),
@@ -554,7 +565,8 @@ impl<'a> Pass<'a> {
         }
         let borrowed = (self.nodes.len() - at_home) as u64 * u64::from(need.gpus);
         let pending = self.pending_borrowed.get(&home).copied().unwrap_or(0);
-        if self.over_quota(a, &self.nodes) || state.borrow_excess(a, &self.nodes, pending).is_some() {
+        let gone = self.demand_gone.get(&a.spec.vcluster).copied().unwrap_or(0);
+        if self.over_quota(a, &self.nodes) || state.borrow_excess(a, &self.nodes, pending, gone).is_some() {
             return;
         }
         self.reserve(a, plan, capacity, borrowed);
