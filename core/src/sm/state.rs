@@ -841,13 +841,19 @@ impl State {
         Ok(vec![Event::TokenCreated { id: id.to_string(), name: name.to_string(), role, by: by.to_string() }])
     }
 
-    fn revoke_token(&mut self, id: &str, by: &str) -> Applied {
+    fn check_revoke(&self, id: &str, by: &str) -> Result<(), Rejection> {
         validate_node_request(by, "", None, &self.limits)?;
-        let now = self.now_ms;
-        let token = self.tokens.get_mut(id).ok_or_else(|| Rejection::UnknownToken(id.to_string()))?;
+        let token = self.tokens.get(id).ok_or_else(|| Rejection::UnknownToken(id.to_string()))?;
         if token.revoked.is_some() {
             return Err(Rejection::TokenRevoked(id.to_string()));
         }
+        Ok(())
+    }
+
+    fn revoke_token(&mut self, id: &str, by: &str) -> Applied {
+        self.check_revoke(id, by)?;
+        let now = self.now_ms;
+        let token = self.tokens.get_mut(id).expect("checked");
         token.revoked = Some((now, by.to_string()));
         Ok(vec![Event::TokenRevoked { id: id.to_string(), by: by.to_string() }])
     }
@@ -877,17 +883,22 @@ impl State {
         self.nodes.iter().filter(|n| v.spec.home.matches(n)).map(|n| n.slot).collect()
     }
 
-    fn put_vcluster(&mut self, name: &str, spec: &VClusterSpec, by: &str, create: bool) -> Applied {
+    /// The revision a create (`create`) or update of vCluster `name` would
+    /// get, or why it is refused.
+    fn check_put_vcluster(&self, name: &str, spec: &VClusterSpec, by: &str, create: bool) -> Result<u64, Rejection> {
         crate::sm::vcluster::validate_name(name)?;
         crate::sm::vcluster::validate_spec(spec)?;
         validate_node_request(by, "", None, &self.limits)?;
-        let existing = self.vcluster(name);
-        let revision = match (create, existing) {
-            (true, Some(_)) => return Err(Rejection::VClusterExists(name.to_string())),
-            (false, None) => return Err(Rejection::UnknownVCluster(name.to_string())),
-            (true, None) => 1,
-            (false, Some(v)) => v.revision + 1,
-        };
+        match (create, self.vcluster(name)) {
+            (true, Some(_)) => Err(Rejection::VClusterExists(name.to_string())),
+            (false, None) => Err(Rejection::UnknownVCluster(name.to_string())),
+            (true, None) => Ok(1),
+            (false, Some(v)) => Ok(v.revision + 1),
+        }
+    }
+
+    fn put_vcluster(&mut self, name: &str, spec: &VClusterSpec, by: &str, create: bool) -> Applied {
+        let revision = self.check_put_vcluster(name, spec, by, create)?;
         let created_ms = self.vclusters.get(name).map_or(self.now_ms, |v| v.created_ms);
         let v = VCluster {
             name: name.to_string(),
@@ -1464,11 +1475,13 @@ impl State {
         }
     }
 
-    /// Checks an agent's checkpoint upload (`SaveCheckpoint`,
-    /// `SaveExitCheckpoint`) as apply would, changing nothing: the leader
-    /// answers a bad upload with the refusal before it reaches the log.
-    /// Every other command passes.
-    pub fn check_upload(&self, cmd: &Command) -> Result<(), Rejection> {
+    /// Checks a command the edge judges before proposing as apply would,
+    /// changing nothing, so that what apply would refuse costs no log entry:
+    /// an agent's checkpoint upload (`SaveCheckpoint`, `SaveExitCheckpoint`),
+    /// `CancelAllocation`, `RevokeToken`, `CreateVCluster` and
+    /// `UpdateVCluster`. Apply runs the same checks again (the state may
+    /// move before the entry commits). Every other command passes.
+    pub fn precheck(&self, cmd: &Command) -> Result<(), Rejection> {
         match cmd {
             Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
                 self.check_checkpoint(*alloc, *task, data)?;
@@ -1478,6 +1491,10 @@ impl State {
                 self.check_checkpoint(*alloc, *task, data)?;
                 self.check_report(*alloc, *task, node, *epoch, &[TaskStatus::Running, TaskStatus::Preempting]).map(drop)
             }
+            Command::CancelAllocation { alloc } => self.check_cancel(*alloc),
+            Command::RevokeToken { id, by } => self.check_revoke(id, by),
+            Command::CreateVCluster { name, spec, by } => self.check_put_vcluster(name, spec, by, true).map(drop),
+            Command::UpdateVCluster { name, spec, by } => self.check_put_vcluster(name, spec, by, false).map(drop),
             _ => Ok(()),
         }
     }
@@ -1657,22 +1674,13 @@ impl State {
     /// task still waiting, is cancelled (finished tasks stay done), and so is
     /// the allocation. A preemptor waiting for these nodes gets them.
     fn complete_cancel(&mut self, id: AllocId, teardown: Teardown) -> Vec<Event> {
-        let now = self.now_ms;
-        let a = self.allocs.get_mut(&id).expect("checked");
-        let mut stopped = Vec::new();
-        for t in a.tasks.iter_mut().filter(|t| !t.status.is_terminal()) {
-            if let Some(slot) = t.node.take().filter(|_| t.status == TaskStatus::Preempted) {
-                stopped.push((t.index, slot));
-            }
-            t.status = TaskStatus::Cancelled;
-        }
-        a.status = AllocStatus::Cancelled;
-        a.suspended = false;
-        a.finished_at_ms = Some(now);
-        drop_checkpoints(a);
-        let stopped = stopped.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
-        self.reindex_alloc(id);
-        let mut events = vec![Event::AllocationCancelled { alloc: id, stopped }];
+        let stopped = self.allocs[&id]
+            .tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Preempted)
+            .filter_map(|t| Some((t.index, t.node?)))
+            .collect();
+        let mut events = vec![self.end_cancelled(id, stopped)];
         if let Some(by) = teardown.preempted_by() {
             events.extend(self.victim_released(id, by));
         }
@@ -1943,11 +1951,15 @@ impl State {
     /// and keep their capacity until their agents confirm they stopped, or
     /// until the force deadline; the allocation is cancelled when the last
     /// one stops (`complete_teardown`).
-    fn cancel(&mut self, id: AllocId) -> Applied {
-        let a = self.live_alloc(id)?;
-        if a.teardown.is_some_and(|td| td.is_cancel()) {
+    fn check_cancel(&self, id: AllocId) -> Result<(), Rejection> {
+        if self.live_alloc(id)?.teardown.is_some_and(|td| td.is_cancel()) {
             return Err(Rejection::AlreadyCancelling { alloc: id });
         }
+        Ok(())
+    }
+
+    fn cancel(&mut self, id: AllocId) -> Applied {
+        self.check_cancel(id)?;
         self.drop_nomination(id);
         let a = &self.allocs[&id];
         if a.tasks.iter().any(|t| matches!(t.status, TaskStatus::Running | TaskStatus::Preempting)) {
@@ -1961,22 +1973,31 @@ impl State {
             .filter(|t| t.status.holds_capacity())
             .map(|t| (t.index, t.node.expect("a placed task has a node")))
             .collect();
-        let mut stopped = Vec::with_capacity(held.len());
         for &(task, slot) in &held {
             self.release(slot, &usage, (id, task));
-            stopped.push((task, self.node(slot).id.clone()));
         }
+        Ok(vec![self.end_cancelled(id, held)])
+    }
+
+    /// Cancels every unfinished task and the allocation itself (finished
+    /// tasks stay done); `stopped` are the tasks that held capacity on
+    /// these nodes until now.
+    fn end_cancelled(&mut self, id: AllocId, stopped: Vec<(TaskIndex, NodeSlot)>) -> Event {
         let now = self.now_ms;
         let a = self.allocs.get_mut(&id).expect("checked");
         for t in a.tasks.iter_mut().filter(|t| !t.status.is_terminal()) {
+            if t.status == TaskStatus::Preempted {
+                t.node = None; // it has left its node
+            }
             t.status = TaskStatus::Cancelled;
         }
         a.status = AllocStatus::Cancelled;
         a.suspended = false;
         a.finished_at_ms = Some(now);
         drop_checkpoints(a);
+        let stopped = stopped.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
         self.reindex_alloc(id);
-        Ok(vec![Event::AllocationCancelled { alloc: id, stopped }])
+        Event::AllocationCancelled { alloc: id, stopped }
     }
 
     // ----- shared checks and moves --------------------------------------

@@ -534,6 +534,7 @@ fn cancel_holds_a_running_task_capacity_until_its_agent_confirms_the_stop() {
     );
     assert!(f.s.alloc(other).is_some());
     assert_eq!(f.rejected(Command::CancelAllocation { alloc: id }), Rejection::AlreadyCancelling { alloc: id });
+    assert_eq!(f.s.precheck(&Command::CancelAllocation { alloc: id }), Err(Rejection::AlreadyCancelling { alloc: id }));
 
     let ev = f.ack(id, 0, 0, 1);
     assert_eq!(ev.last(), Some(&Event::AllocationCancelled { alloc: id, stopped: vec![(0, n(0))] }), "{ev:?}");
@@ -1086,15 +1087,15 @@ fn an_unusable_checkpoint_is_dropped_without_a_charge_and_uploads_are_checked_wi
     };
     // The leader's check before proposing refuses exactly what apply would.
     let before = f.s.state_digest();
-    assert_eq!(f.s.check_upload(&upload(1, 1, 1, b"ok".to_vec())), Ok(()));
+    assert_eq!(f.s.precheck(&upload(1, 1, 1, b"ok".to_vec())), Ok(()));
     assert_eq!(
-        f.s.check_upload(&upload(1, 0, 1, b"x".to_vec())),
+        f.s.precheck(&upload(1, 0, 1, b"x".to_vec())),
         Err(Rejection::WrongNode { alloc: id, task: 1, node: n(0) })
     );
-    assert!(matches!(f.s.check_upload(&upload(1, 1, 0, b"x".to_vec())), Err(Rejection::StalePreemptionEpoch { .. })));
+    assert!(matches!(f.s.precheck(&upload(1, 1, 0, b"x".to_vec())), Err(Rejection::StalePreemptionEpoch { .. })));
     let big = upload(1, 1, 1, vec![0; DEFAULT_MAX_CHECKPOINT_BYTES + 1]);
-    assert!(matches!(f.s.check_upload(&big), Err(Rejection::CheckpointTooLarge { .. })));
-    assert_eq!(f.s.check_upload(&big), Err(f.rejected(big.clone())), "the same refusal as apply's");
+    assert!(matches!(f.s.precheck(&big), Err(Rejection::CheckpointTooLarge { .. })));
+    assert_eq!(f.s.precheck(&big), Err(f.rejected(big.clone())), "the same refusal as apply's");
     assert_eq!(f.s.state_digest(), before, "checking changes nothing");
     f.ok(upload(1, 1, 1, b"step=3".to_vec()));
     f.ack(id, 1, 1, 1);

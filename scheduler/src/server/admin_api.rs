@@ -21,7 +21,7 @@ use super::client_api::linearizable;
 use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
 use super::proposer::now_ms;
 use super::replica::{Shared, status_of};
-use crate::sm::{Command, Outcome, Rejection, Token, TokenRole};
+use crate::sm::{Command, Outcome, Token, TokenRole};
 
 /// The admin API of one replica.
 pub struct AdminApi {
@@ -203,20 +203,11 @@ impl AdminService for AdminApi {
         let id = req.into_inner().id;
         // An unknown or already revoked token is refused before the log (on
         // the leader, whose state holds every acknowledged write).
+        let cmd = Command::RevokeToken { id: id.clone(), by };
         if super::agent_hub::is_leader(&self.s) {
-            self.s.reader.read(|st| match st.token(&id) {
-                None => Err(rejection_to_status(&Rejection::UnknownToken(id.clone()))),
-                Some(t) if t.revoked.is_some() => Err(rejection_to_status(&Rejection::TokenRevoked(id.clone()))),
-                Some(_) => Ok(()),
-            })?;
+            self.s.reader.read(|st| st.precheck(&cmd)).map_err(|r| rejection_to_status(&r))?;
         }
-        match self
-            .s
-            .proposer
-            .propose(Command::RevokeToken { id: id.clone(), by })
-            .await
-            .map_err(propose_error_to_status)?
-        {
+        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => self.token_info(&id).map(Response::new),
             Outcome::Rejected(r) => Err(rejection_to_status(&r)),
         }

@@ -655,7 +655,7 @@ impl Session {
                     Command::SaveCheckpoint { data, .. } | Command::SaveExitCheckpoint { data, .. } => data,
                     _ => unreachable!("an upload command"),
                 };
-                let refusal = match self.s.reader.read(|st| st.check_upload(&cmd)) {
+                let refusal = match self.s.reader.read(|st| st.precheck(&cmd)) {
                     Err(r) => Some(rejection_to_status(&r)),
                     Ok(()) => checkpoint_blob::files(data)
                         .err()

@@ -19,7 +19,7 @@ use super::convert::{
     rejection_to_status, spec_from_proto,
 };
 use super::replica::Shared;
-use crate::sm::{AllocId, Command, DEFAULT_VCLUSTER, Event, Outcome, Rejection, VClusterType};
+use crate::sm::{AllocId, Command, DEFAULT_VCLUSTER, Event, Outcome, VClusterType};
 
 /// Most allocations one `List` page returns.
 pub const MAX_PAGE_SIZE: u32 = 1000;
@@ -325,13 +325,7 @@ impl AllocationService for ClientApi {
             self.s.reader.read(|st| {
                 let a = st.alloc(id).ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))?;
                 may_cancel(&caller, id, &a.spec.owner)?;
-                if a.status.is_terminal() {
-                    return Err(rejection_to_status(&Rejection::AlreadyTerminal { alloc: id, status: a.status }));
-                }
-                if a.teardown.is_some_and(|td| td.is_cancel()) {
-                    return Err(rejection_to_status(&Rejection::AlreadyCancelling { alloc: id }));
-                }
-                Ok(())
+                st.precheck(&Command::CancelAllocation { alloc: id }).map_err(|r| rejection_to_status(&r))
             })?;
         }
         let outcome =

@@ -13,9 +13,7 @@ use super::auth::bound_by;
 use super::client_api::linearizable;
 use super::convert::{propose_error_to_status, rejection_to_status};
 use super::replica::Shared;
-use crate::sm::{
-    Command, HomeNodes, NodeId, Outcome, OverQuota, Quota, Rejection, State, VCluster, VClusterSpec, VClusterType,
-};
+use crate::sm::{Command, HomeNodes, NodeId, Outcome, OverQuota, Quota, State, VCluster, VClusterSpec, VClusterType};
 
 /// The vCluster API of one replica.
 pub struct VClusterApi {
@@ -33,23 +31,20 @@ impl VClusterApi {
         let r = req.into_inner();
         let spec = spec_from_proto(&r.name, r.spec.unwrap_or_default())?;
         let name = r.name;
-        // What can be judged without the log is refused before it: the
-        // name, the spec, and (on the leader's state) whether it exists.
+        // What can be judged without the log is refused before it: the name
+        // and the spec anywhere, and on the leader (whose state holds every
+        // acknowledged write) whether the vCluster exists, as apply checks.
         crate::sm::validate_vcluster_name(&name)
             .and_then(|()| crate::sm::validate_vcluster_spec(&spec))
             .map_err(|r| rejection_to_status(&r))?;
-        if super::agent_hub::is_leader(&self.s) {
-            match (create, self.s.reader.read(|st| st.vcluster(&name).is_some())) {
-                (true, true) => return Err(rejection_to_status(&Rejection::VClusterExists(name))),
-                (false, false) => return Err(rejection_to_status(&Rejection::UnknownVCluster(name))),
-                _ => {}
-            }
-        }
         let cmd = if create {
             Command::CreateVCluster { name: name.clone(), spec, by }
         } else {
             Command::UpdateVCluster { name: name.clone(), spec, by }
         };
+        if super::agent_hub::is_leader(&self.s) {
+            self.s.reader.read(|st| st.precheck(&cmd)).map_err(|r| rejection_to_status(&r))?;
+        }
         match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {}
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
