@@ -29,6 +29,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use muster_clock::SharedClock;
 use muster_proto::v1;
 use muster_proto::v1::agent_message::Msg as Out;
 use muster_proto::v1::agent_service_client::AgentServiceClient;
@@ -82,6 +83,8 @@ pub struct AgentConfig {
     /// This node's agent certificate and the cluster CA; `None` connects
     /// without TLS (`--insecure`).
     pub tls: Option<muster_tls::TlsMaterial>,
+    /// The one clock the agent and its hint code read.
+    pub clock: SharedClock,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -161,10 +164,6 @@ impl Record {
         })();
         parsed.ok_or(pgid)
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// `<alloc>-<task>-<epoch>`.
@@ -379,7 +378,7 @@ impl Agent {
             );
             let status = executor::status_path(&self.cfg.work_dir, key.0, key.1, key.2);
             if executor::alive(r.pgid) && executor::is_shim(r.pgid) {
-                let ran = Duration::from_millis(unix_ms().saturating_sub(r.started_ms));
+                let ran = Duration::from_millis(self.cfg.clock.wall_ms().saturating_sub(r.started_ms));
                 let limits = watchdog::Limits {
                     budget: (r.walltime_s > 0).then(|| Duration::from_secs(r.walltime_s).saturating_sub(ran)),
                     stall: (r.stall_s > 0).then(|| Duration::from_secs(u64::from(r.stall_s))),
@@ -422,8 +421,9 @@ impl Agent {
         };
         let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let exits = self.exits_tx.clone();
+        let clock = self.cfg.clock.clone();
         tokio::spawn(async move {
-            let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard).await;
+            let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard, &clock).await;
             let _ = exits.send((key, ended));
         });
     }
@@ -925,7 +925,7 @@ impl Agent {
                     walltime_s,
                     stall_s,
                     gpu_health: limits.gpu_health,
-                    started_ms: unix_ms(),
+                    started_ms: self.cfg.clock.wall_ms(),
                     checkpointing,
                 };
                 let _ = fs::write(self.record_path(key), record.encode());
@@ -1112,6 +1112,7 @@ async fn watch_task(
     mut ctrl: mpsc::UnboundedReceiver<Control>,
     checkpoint_dir: &std::path::Path,
     mut guard: Guard,
+    clock: &SharedClock,
 ) -> Ended {
     let mut hint: Option<HintWatch> = None;
     let mut poll = tokio::time::interval(Duration::from_millis(200));
@@ -1142,7 +1143,7 @@ async fn watch_task(
             }
             Some(c) = ctrl.recv() => match c {
                 Control::Stop(grace) => break (task.stop(grace).await, false),
-                Control::Hint(h) if hint.is_none() => match HintWatch::start(h, checkpoint_dir, tokio::time::Instant::now()) {
+                Control::Hint(h) if hint.is_none() => match HintWatch::start(h, checkpoint_dir, tokio::time::Instant::now(), clock.wall_ms()) {
                     Ok(w) => {
                         executor::signal_group(task.pgid(), libc::SIGUSR1);
                         hint = Some(w);
@@ -1210,6 +1211,7 @@ mod tests {
             exit_when_stopped: false,
             task_shim: None,
             tls: None,
+            clock: Default::default(),
         }
     }
 

@@ -21,7 +21,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -66,15 +66,15 @@ pub struct HintWatch {
 
 impl HintWatch {
     /// Starts a hint for the task whose checkpoint directory is `checkpoint_dir`
-    /// at `now`: clears old answers and writes the request file. The caller
-    /// signals the process group.
-    pub fn start(hint: Hint, checkpoint_dir: &Path, now: Instant) -> std::io::Result<HintWatch> {
+    /// at `now` (wall time `unix_ms`, from the agent's clock: the request
+    /// file tells the task its deadline in wall time): clears old answers
+    /// and writes the request file. The caller signals the process group.
+    pub fn start(hint: Hint, checkpoint_dir: &Path, now: Instant, unix_ms: u64) -> std::io::Result<HintWatch> {
         let dir = checkpoint_dir.join(PROTOCOL_DIR);
         fs::create_dir_all(&dir)?;
         for stale in ["ack", "defer", "done"] {
             let _ = fs::remove_file(dir.join(stale));
         }
-        let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let request = format!(
             "{{\"epoch\":{},\"deadline_unix_ms\":{},\"timeout_ms\":{},\"max_deferral_ms\":{}}}\n",
             hint.epoch,
@@ -154,7 +154,7 @@ mod tests {
         fs::create_dir_all(tmp.path().join(PROTOCOL_DIR)).unwrap();
         answer(tmp.path(), "done", "");
         let t0 = Instant::now();
-        let mut w = HintWatch::start(hint(), tmp.path(), t0).unwrap();
+        let mut w = HintWatch::start(hint(), tmp.path(), t0, 1_000).unwrap();
         let req = fs::read_to_string(tmp.path().join(".muster/request")).unwrap();
         assert!(req.contains("\"epoch\":3") && req.contains("\"timeout_ms\":600000"), "{req}");
         assert_eq!(w.check(t0), Verdict::Wait, "an old done marker does not count");
@@ -166,7 +166,7 @@ mod tests {
     fn silence_past_the_timeout_is_unresponsive() {
         let tmp = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let mut w = HintWatch::start(hint(), tmp.path(), t0).unwrap();
+        let mut w = HintWatch::start(hint(), tmp.path(), t0, 1_000).unwrap();
         assert_eq!(w.check(t0 + Duration::from_secs(599)), Verdict::Wait);
         assert_eq!(w.check(t0 + Duration::from_secs(600)), Verdict::TimedOut);
     }
@@ -175,7 +175,7 @@ mod tests {
     fn an_acknowledged_slow_checkpoint_gets_one_fifty_percent_extension() {
         let tmp = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let mut w = HintWatch::start(hint(), tmp.path(), t0).unwrap();
+        let mut w = HintWatch::start(hint(), tmp.path(), t0, 1_000).unwrap();
         answer(tmp.path(), "ack", "");
         assert_eq!(w.check(t0 + Duration::from_secs(600)), Verdict::Wait, "extended");
         assert_eq!(w.deadline(), t0 + Duration::from_secs(900));
@@ -188,7 +188,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let short = Hint { timeout: Duration::from_secs(60), ..hint() };
         let t0 = Instant::now();
-        let mut w = HintWatch::start(short, tmp.path(), t0).unwrap();
+        let mut w = HintWatch::start(short, tmp.path(), t0, 1_000).unwrap();
         answer(tmp.path(), "defer", "120\n");
         assert_eq!(w.check(t0 + Duration::from_secs(1)), Verdict::Wait);
         assert_eq!(w.deadline(), t0 + Duration::from_secs(180), "the 60 s deadline plus 120 s");
@@ -198,14 +198,14 @@ mod tests {
         // With the default timeout longer than the maximum deferral, a
         // deferral still adds time (it used to be absorbed by the timeout).
         let tmp = tempfile::tempdir().unwrap();
-        let mut w = HintWatch::start(hint(), tmp.path(), t0).unwrap();
+        let mut w = HintWatch::start(hint(), tmp.path(), t0, 1_000).unwrap();
         answer(tmp.path(), "defer", "40");
         assert_eq!(w.check(t0 + Duration::from_secs(1)), Verdict::Wait);
         assert_eq!(w.deadline(), t0 + Duration::from_secs(640));
 
         // Asked again, the total is capped at the maximum deferral.
         let tmp = tempfile::tempdir().unwrap();
-        let mut w = HintWatch::start(short, tmp.path(), t0).unwrap();
+        let mut w = HintWatch::start(short, tmp.path(), t0, 1_000).unwrap();
         answer(tmp.path(), "defer", "200");
         assert_eq!(w.check(t0 + Duration::from_secs(1)), Verdict::Wait);
         answer(tmp.path(), "defer", "200");

@@ -133,6 +133,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             None
         },
         tls: args.tls.load(&muster_tls::Role::new("agent", &args.node_id)?)?,
+        clock: Default::default(),
     };
     let agent = Agent::new(cfg).with_context(|| format!("cannot use work dir {}", args.work_dir.display()))?;
     let (stop, stopped) = watch::channel(false);

@@ -66,6 +66,11 @@ pub struct SimulateArgs {
     /// defaults: 3 victims, 2 min minimum runtime, 5 min near completion).
     #[arg(long)]
     preemption: bool,
+    /// Nodes that crash during the run (at random times between the first
+    /// and last submit): the leader's tick marks each lost after 30 s of
+    /// silence, its tasks fail over, and it registers again 10 min later.
+    #[arg(long, default_value_t = 0)]
+    node_failures: u32,
 }
 
 fn probability(name: &str, p: f64) -> anyhow::Result<f64> {
@@ -133,6 +138,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         lost_claim_prob,
         check_every: args.check_every,
         preemption: args.preemption.then(muster_scheduler::policy::PreemptionConfig::default),
+        node_failures: args.node_failures,
         ..SimConfig::default()
     };
     let started = Instant::now();

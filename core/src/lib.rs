@@ -14,3 +14,5 @@
 pub mod policy;
 pub mod replicated;
 pub mod sm;
+pub mod sync;
+pub mod tick;

@@ -48,6 +48,13 @@ pub trait StateMachineApp: Default + Sized + Send + Sync + 'static {
 
     /// A stable digest of the state (equal on replicas at the same index).
     fn digest(&self) -> [u8; 32];
+
+    /// The keys (for Muster, node slots) the entries applied since the last
+    /// call touched, in order; clears them. The storage layer wakes only
+    /// the watchers of these keys. None by default.
+    fn take_touched(&mut self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 impl StateMachineApp for State {
@@ -69,6 +76,10 @@ impl StateMachineApp for State {
 
     fn digest(&self) -> [u8; 32] {
         self.state_digest().0
+    }
+
+    fn take_touched(&mut self) -> Vec<u32> {
+        self.take_touched_nodes().into_iter().map(|s| s.0).collect()
     }
 }
 

@@ -34,6 +34,7 @@ mod crash_image;
 mod disk;
 mod log_store;
 mod state_machine;
+mod touches;
 
 // The application's side of the storage contract lives in the pure core.
 pub use muster_core::replicated::{CommandBatch, RestoreError, StateMachineApp};
@@ -45,3 +46,4 @@ pub use crash_image::restore_crash_image;
 pub use disk::{OpenError, StoreFault, StoreOptions, open, open_with};
 pub use log_store::LogStore;
 pub use state_machine::{AppReader, StateMachineStore};
+pub use touches::{TouchWatch, Touches};

@@ -17,6 +17,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::disk::Disk;
+use crate::touches::{TouchWatch, Touches};
 use crate::{RaftConfig, StateMachineApp, applied_log, codec};
 
 type C<A> = RaftConfig<A>;
@@ -39,11 +40,12 @@ struct Inner<A> {
 pub struct StateMachineStore<A> {
     disk: Disk,
     inner: Arc<RwLock<Inner<A>>>,
+    touches: Arc<Touches>,
 }
 
 impl<A> Clone for StateMachineStore<A> {
     fn clone(&self) -> Self {
-        StateMachineStore { disk: self.disk.clone(), inner: self.inner.clone() }
+        StateMachineStore { disk: self.disk.clone(), inner: self.inner.clone(), touches: self.touches.clone() }
     }
 }
 
@@ -51,15 +53,22 @@ impl<A> Clone for StateMachineStore<A> {
 /// status (`applied index`, digest) beside openraft.
 pub struct AppReader<A> {
     inner: Arc<RwLock<Inner<A>>>,
+    touches: Arc<Touches>,
 }
 
 impl<A> Clone for AppReader<A> {
     fn clone(&self) -> Self {
-        AppReader { inner: self.inner.clone() }
+        AppReader { inner: self.inner.clone(), touches: self.touches.clone() }
     }
 }
 
 impl<A: StateMachineApp> AppReader<A> {
+    /// A watch that wakes when an applied entry touched `key` (see
+    /// [`StateMachineApp::take_touched`]) or a snapshot replaced the state.
+    pub fn watch_touches(&self, key: u32) -> TouchWatch {
+        self.touches.watch(key)
+    }
+
     /// Runs `f` on the applied state.
     pub fn read<R>(&self, f: impl FnOnce(&A) -> R) -> R {
         f(&self.inner.read().expect("state machine lock poisoned").app)
@@ -92,12 +101,12 @@ impl<A: StateMachineApp> StateMachineStore<A> {
                 snapshots_built: 0,
             },
         };
-        Ok(StateMachineStore { disk, inner: Arc::new(RwLock::new(inner)) })
+        Ok(StateMachineStore { disk, inner: Arc::new(RwLock::new(inner)), touches: Arc::default() })
     }
 
     /// A read-only handle on the applied state.
     pub fn reader(&self) -> AppReader<A> {
-        AppReader { inner: self.inner.clone() }
+        AppReader { inner: self.inner.clone(), touches: self.touches.clone() }
     }
 
     async fn store_snapshot(&self, meta: &SnapshotMeta<u64, BasicNode>, data: &[u8]) -> Result<(), StorageError<u64>> {
@@ -166,7 +175,9 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
                 }
             }
         }
+        let touched = inner.app.take_touched();
         drop(inner);
+        self.touches.touch(&touched);
         metrics::histogram!("muster_raft_apply_seconds").record(started.elapsed().as_secs_f64());
         Ok(responses)
     }
@@ -193,6 +204,8 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
         inner.app = app;
         inner.applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
+        drop(inner);
+        self.touches.touch_all();
         Ok(())
     }
 

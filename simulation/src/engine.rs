@@ -5,9 +5,14 @@
 //!   event heap (time, seq) ──▶ simulated agents ──▶ commands ──▶ State::apply
 //!        ▲                                                          │ events
 //!        └──────── claims, exits, preempt acks, ticks ◀──────────────┘
-//!   after every instant at which something arrived or was released:
-//!        policy::plan_admission(&State, now) ──▶ commands ──▶ State::apply
+//!   after every instant at which something arrived, was released or fell due:
+//!        tick::Tick (the leader's own passes) ──▶ commands ──▶ State::apply
 //! ```
+//!
+//! The leader's decisions come from the same [`Tick`] the replica's leader
+//! loop drives: node-lost marking (for nodes the simulation crashes), forced
+//! teardowns, expired holds and drain deadlines, admission, and reclaim or
+//! preemption, in the leader's order and under its timers.
 //!
 //! Everything comes from one seed: the workload, claim delays, lost claims
 //! and failures. The same seed and inputs give the same event order, the same
@@ -16,12 +21,11 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use muster_scheduler::policy::{
-    AdmissionConfig, PreemptionConfig, plan_admission, plan_expired_nominations, plan_force_drains, plan_preemptions,
-};
-use muster_scheduler::sm::{
+use muster_core::policy::{AdmissionConfig, PreemptionConfig};
+use muster_core::sm::{
     AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex, TeardownCause,
 };
+use muster_core::tick::{LeaderConfig, Pass, PassTimers, Silence, Tick, TickTime, Wake};
 
 use crate::job::Job;
 use crate::report::{Distribution, Report};
@@ -56,6 +60,15 @@ pub struct SimConfig {
     /// Priority preemption after each admission pass (`None`: off). A
     /// preempted task's agent acks after `preempt_ack_ms`, like a teardown's.
     pub preemption: Option<PreemptionConfig>,
+    /// Nodes that crash during the run, at uniformly random times between
+    /// the first and the last submit: the agent goes silent and its tasks
+    /// die with it. The leader's tick marks the node lost once it has been
+    /// silent for `node_lost_after_ms`.
+    pub node_failures: u32,
+    /// A crashed node's agent registers again this long after the crash, ms.
+    pub node_repair_ms: u64,
+    /// A node silent this long while holding work is marked lost, ms.
+    pub node_lost_after_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -69,9 +82,12 @@ impl Default for SimConfig {
             lost_claim_prob: 0.0,
             failure_prob: 0.0,
             preempt_ack_ms: (200, 5_000),
-            force_drain_ms: muster_scheduler::policy::DEFAULT_FORCE_AFTER_MS,
+            force_drain_ms: muster_core::policy::DEFAULT_FORCE_AFTER_MS,
             check_every: 0,
             preemption: None,
+            node_failures: 0,
+            node_repair_ms: 10 * 60_000,
+            node_lost_after_ms: 30_000,
         }
     }
 }
@@ -106,13 +122,31 @@ enum Ev {
     /// Job `i` is submitted.
     Arrive(usize),
     /// The agent on `node` claims its reserved task.
-    Claim { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64 },
+    Claim { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, life: u32 },
     /// A task's process exits.
-    Exit { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, ok: bool },
+    Exit { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, ok: bool, life: u32 },
     /// A preempting task's agent acks: the process stopped.
-    Preempted { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64 },
-    /// Wake admission (a reservation may have gone stale).
+    Preempted { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, life: u32 },
+    /// Run the leader's tick: a reservation may have gone stale, or a
+    /// deadline (a forced teardown, a hold, a lost node) may be due.
     Tick,
+    /// Node `node` crashes: its agent goes silent, its processes die.
+    Crash(u32),
+    /// Node `node`'s agent registers again after a crash.
+    Repair(u32),
+}
+
+/// Which simulated nodes are down, and since when (the tick's [`Silence`]:
+/// a live simulated agent is never silent).
+#[derive(Default)]
+struct Down {
+    since: BTreeMap<NodeId, u64>,
+}
+
+impl Silence for Down {
+    fn silent_ms(&self, node: &NodeId, mono_ms: u64) -> u64 {
+        self.since.get(node).map_or(0, |&t| mono_ms.saturating_sub(t))
+    }
 }
 
 /// A simulation run.
@@ -138,7 +172,6 @@ pub struct Simulation {
     preemptions: u64,
     /// Work saved by checkpoints at preemptions, per gang (ms of its duration).
     progress_ms: BTreeMap<AllocId, u64>,
-    last_preemption_ms: Option<u64>,
     preemption_tick_at: Option<u64>,
     tasks_started: u64,
     task_failures: u64,
@@ -151,6 +184,20 @@ pub struct Simulation {
     late: u64,
     max_late_ms: u64,
     backfilled: u64,
+    leader: LeaderConfig,
+    timers: PassTimers,
+    down: Down,
+    /// Each node's incarnation: a crash ends one, and whatever its agent
+    /// would have done later never happens.
+    life: Vec<u32>,
+    nodes_lost: u64,
+    forced_teardowns: u64,
+    expired_holds: u64,
+    drain_expiries: u64,
+    reclaims: u64,
+    liveness_tick_at: Option<u64>,
+    /// The tick's commands, when a caller asked for them.
+    record: Option<Vec<Command>>,
 }
 
 impl Simulation {
@@ -158,6 +205,16 @@ impl Simulation {
     pub fn new(cfg: SimConfig, jobs: Vec<Job>) -> Simulation {
         let rng = SimRng::new(cfg.seed ^ 0x5EED_A6E7_0000_0000);
         let node_ids = (0..cfg.nodes).map(|i| NodeId::new(format!("node-{i:05}"))).collect();
+        let leader = LeaderConfig {
+            admission: cfg.admission,
+            preemption: cfg.preemption.unwrap_or_default(),
+            reclaim: Default::default(),
+            preempt: cfg.preemption.is_some(),
+            node_lost_after_ms: cfg.node_lost_after_ms,
+            teardown_force_after_ms: cfg.force_drain_ms,
+            liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
+        };
+        let life = vec![0; cfg.nodes as usize];
         Simulation {
             cfg,
             jobs,
@@ -178,7 +235,6 @@ impl Simulation {
             teardowns: 0,
             preemptions: 0,
             progress_ms: BTreeMap::new(),
-            last_preemption_ms: None,
             preemption_tick_at: None,
             tasks_started: 0,
             task_failures: 0,
@@ -188,6 +244,17 @@ impl Simulation {
             late: 0,
             max_late_ms: 0,
             backfilled: 0,
+            leader,
+            timers: PassTimers::default(),
+            down: Down::default(),
+            life,
+            nodes_lost: 0,
+            forced_teardowns: 0,
+            expired_holds: 0,
+            drain_expiries: 0,
+            reclaims: 0,
+            liveness_tick_at: None,
+            record: None,
         }
     }
 
@@ -213,6 +280,25 @@ impl Simulation {
         })
     }
 
+    /// Runs one leader tick on `state` at `now_ms`, woken for admission, with
+    /// the nodes in `down` silent since the time given, exactly as the run
+    /// loop does; returns the commands it applied, in order, and the state
+    /// after them. For comparing the simulator with the leader loop.
+    pub fn tick_once(
+        cfg: SimConfig,
+        state: State,
+        now_ms: u64,
+        down: BTreeMap<NodeId, u64>,
+    ) -> Result<(Vec<Command>, State), SimError> {
+        let mut sim = Simulation::new(cfg, Vec::new());
+        sim.state = state;
+        sim.now = now_ms;
+        sim.down.since = down;
+        sim.record = Some(Vec::new());
+        sim.tick(Wake { admission: true }, true)?;
+        Ok((sim.record.take().unwrap_or_default(), sim.state))
+    }
+
     /// Runs to the end: every job submitted and nothing left to happen.
     pub fn run(mut self) -> Result<(Report, State), SimError> {
         for id in self.node_ids.clone() {
@@ -226,18 +312,30 @@ impl Simulation {
         if let Some(first) = self.jobs.first() {
             self.at(first.submit_ms, Ev::Arrive(0));
         }
+        if let (Some(first), Some(last)) = (self.jobs.first(), self.jobs.last())
+            && self.cfg.nodes > 0
+        {
+            let (from, to) = (first.submit_ms, last.submit_ms.max(first.submit_ms + 1));
+            for _ in 0..self.cfg.node_failures {
+                let at = self.rng.range(from, to);
+                let node = self.rng.range(0, u64::from(self.cfg.nodes) - 1) as u32;
+                self.at(at, Ev::Crash(node));
+            }
+        }
         while let Some(&Reverse((time, _, _))) = self.heap.peek() {
             self.now = time;
-            let mut wake_admission = false;
+            let mut wake = Wake::default();
+            let mut due = false;
             while let Some(&Reverse((t, _, ev))) = self.heap.peek() {
                 if t != time {
                     break;
                 }
                 self.heap.pop();
-                wake_admission |= self.handle(ev)?;
+                due |= matches!(ev, Ev::Tick);
+                wake.admission |= self.handle(ev)?;
             }
-            if wake_admission {
-                self.admit()?;
+            if wake.admission || due {
+                self.tick(wake, due)?;
             }
         }
         self.check()?;
@@ -257,7 +355,10 @@ impl Simulation {
                 }
                 Ok(true)
             }
-            Ev::Claim { alloc, task, node, epoch } => {
+            Ev::Claim { alloc, task, node, epoch, life } => {
+                if life != self.life[node as usize] || self.is_down(node) {
+                    return Ok(false); // the agent died before claiming
+                }
                 let out =
                     self.apply(&Command::StartTask { alloc, task, node: self.node_ids[node as usize].clone(), epoch })?;
                 if !out.is_accepted() {
@@ -274,14 +375,17 @@ impl Simulation {
                 } else {
                     (self.now + duration, true)
                 };
-                self.at(end, Ev::Exit { alloc, task, node, epoch, ok });
+                self.at(end, Ev::Exit { alloc, task, node, epoch, ok, life });
                 let a = self.state.alloc(alloc).expect("accepted claim of a known allocation");
                 if a.status == AllocStatus::Running && !self.started_whole.contains_key(&alloc) {
                     self.started_whole.insert(alloc, self.now);
                 }
                 Ok(false)
             }
-            Ev::Exit { alloc, task, node, epoch, ok } => {
+            Ev::Exit { alloc, task, node, epoch, ok, life } => {
+                if life != self.life[node as usize] {
+                    return Ok(false); // the process died with its node
+                }
                 let node = self.node_ids[node as usize].clone();
                 let cmd = if ok {
                     Command::FinishTask { alloc, task, node, epoch }
@@ -290,7 +394,10 @@ impl Simulation {
                 };
                 self.report_exit(alloc, task, &cmd)
             }
-            Ev::Preempted { alloc, task, node, epoch } => {
+            Ev::Preempted { alloc, task, node, epoch, life } => {
+                if life != self.life[node as usize] {
+                    return Ok(false);
+                }
                 let node = self.node_ids[node as usize].clone();
                 self.report_exit(
                     alloc,
@@ -299,7 +406,34 @@ impl Simulation {
                 )
             }
             Ev::Tick => Ok(true),
+            Ev::Crash(node) => {
+                if self.is_down(node) {
+                    return Ok(false);
+                }
+                self.life[node as usize] += 1;
+                self.down.since.insert(self.node_ids[node as usize].clone(), self.now);
+                self.at(self.now + self.cfg.node_lost_after_ms, Ev::Tick);
+                // The agent stays away past the lost window (and the liveness
+                // pass after it), so the tick has marked the node lost first.
+                let repair =
+                    self.cfg.node_repair_ms.max(self.cfg.node_lost_after_ms + 2 * self.leader.liveness_every_ms);
+                self.at(self.now + repair, Ev::Repair(node));
+                Ok(false)
+            }
+            Ev::Repair(node) => {
+                let id = self.node_ids[node as usize].clone();
+                self.down.since.remove(&id);
+                let register = Command::RegisterNode { node: id, resources: self.cfg.node, labels: BTreeMap::new() };
+                // Marked lost by now (a crash outlasts the lost window): it
+                // comes back ready, empty.
+                let out = self.apply(&register)?;
+                Ok(out.is_accepted())
+            }
         }
+    }
+
+    fn is_down(&self, node: u32) -> bool {
+        self.down.since.contains_key(&self.node_ids[node as usize])
     }
 
     fn report_exit(&mut self, alloc: AllocId, task: TaskIndex, cmd: &Command) -> Result<bool, SimError> {
@@ -337,7 +471,7 @@ impl Simulation {
                     if matches!(cause, TeardownCause::TaskFailed { .. }) {
                         self.teardowns += 1;
                     } else if let Some(a) = self.state.alloc(*alloc)
-                        && a.spec.checkpoint != muster_scheduler::sm::CheckpointMode::None
+                        && a.spec.checkpoint != muster_core::sm::CheckpointMode::None
                         && let Some(since) = a.tasks.iter().filter_map(|t| t.started_at_ms).max()
                     {
                         // The hint saves the progress of this run.
@@ -347,7 +481,11 @@ impl Simulation {
                         let node = self.state.node_slot(node).expect("preempting on a known node").0;
                         let (lo, hi) = self.cfg.preempt_ack_ms;
                         let delay = self.rng.range(lo, hi.max(lo));
-                        self.at(self.now + delay, Ev::Preempted { alloc: *alloc, task: *task, node, epoch: *epoch });
+                        let life = self.life[node as usize];
+                        self.at(
+                            self.now + delay,
+                            Ev::Preempted { alloc: *alloc, task: *task, node, epoch: *epoch, life },
+                        );
                     }
                     let force_after = match (self.cfg.preemption, self.state.alloc(*alloc).and_then(|a| a.teardown)) {
                         (Some(p), Some(td)) if td.preempted_by().is_some() => p.force_after_ms(true),
@@ -361,53 +499,92 @@ impl Simulation {
                         self.busy_gpu_ms += u128::from(self.now - started) * gpus;
                     }
                 }
+                Event::NodeLost { tasks, .. } => {
+                    for key in tasks {
+                        if let Some(started) = self.running.remove(key) {
+                            let gpus = u128::from(self.state.alloc(key.0).expect("known").spec.resources.gpus);
+                            self.busy_gpu_ms += u128::from(self.now - started) * gpus;
+                        }
+                    }
+                }
                 Event::AllocationDone { .. } | Event::AllocationFailed { .. } => self.last_finish_ms = self.now,
                 _ => {}
             }
         }
     }
 
-    fn admit(&mut self) -> Result<(), SimError> {
-        self.admission_passes += 1;
-        let preemption = self.cfg.preemption.unwrap_or_default();
-        let mut commands = plan_force_drains(&self.state, self.now, self.cfg.force_drain_ms, &preemption);
-        if self.cfg.preemption.is_some() {
-            commands.extend(plan_expired_nominations(&self.state, self.now));
-        }
-        let plan = plan_admission(&self.state, self.now, &self.cfg.admission);
-        for p in &plan.planned {
-            if let std::collections::btree_map::Entry::Vacant(e) = self.first_planned.entry(p.alloc) {
-                e.insert(p.start_ms);
-                self.planned_starts += 1;
+    /// Runs the leader's tick at this instant, as the leader loop does:
+    /// each pass's commands apply before the next pass reads.
+    fn tick(&mut self, wake: Wake, due: bool) -> Result<(), SimError> {
+        let time = TickTime { wall_ms: self.now, mono_ms: self.now };
+        let mut tick = Tick::begin(time, wake, &mut self.timers, &self.leader);
+        if due && !tick.liveness_due() {
+            // A deadline fell due between two liveness passes: come back
+            // when the next one may run.
+            let next = self.timers.liveness_due_ms(&self.leader);
+            if self.liveness_tick_at != Some(next) {
+                self.liveness_tick_at = Some(next);
+                self.at(next, Ev::Tick);
             }
         }
-        self.backfilled += plan.stats.backfilled as u64;
-        commands.extend(plan.commands);
-        self.apply_plan(&commands)?;
-        if let Some(cfg) = self.cfg.preemption {
-            // At most one pass per interval, as the leader runs it.
-            if self.last_preemption_ms.is_some_and(|t| self.now < t + cfg.min_pass_interval_ms) {
-                let next = self.last_preemption_ms.unwrap_or(0) + cfg.min_pass_interval_ms;
-                if self.preemption_tick_at != Some(next) {
-                    self.preemption_tick_at = Some(next);
-                    self.at(next, Ev::Tick);
-                }
-                return Ok(());
+        let mut timers = self.timers;
+        while let Some(pass) = tick.next(&self.state, &self.down, &mut timers) {
+            self.timers = timers;
+            self.passed(&pass);
+            let preempted = matches!(pass, Pass::Preemption { .. }) && !pass.commands().is_empty();
+            self.apply_plan(pass.commands())?;
+            if preempted {
+                // A hold may expire with nothing else waking the tick.
+                self.at(self.now + self.leader.preemption.hold_ms(), Ev::Tick);
             }
-            self.last_preemption_ms = Some(self.now);
-            let decisions = plan_preemptions(&self.state, self.now, &cfg);
-            let commands: Vec<Command> =
-                decisions.into_iter().map(|(alloc, d)| d.command(&self.state, alloc, &cfg)).collect();
-            self.apply_plan(&commands)?;
-            if !commands.is_empty() {
-                // A hold may expire with nothing else waking admission.
-                self.at(self.now + cfg.hold_ms(), Ev::Tick);
+        }
+        self.timers = timers;
+        if self.leader.preempt
+            && self.state.preemptor_queue().next().is_some()
+            && self.now < self.timers.preemption_due_ms(&self.leader)
+        {
+            // At most one preemption pass per interval, as the leader runs it.
+            let next = self.timers.preemption_due_ms(&self.leader);
+            if self.preemption_tick_at != Some(next) {
+                self.preemption_tick_at = Some(next);
+                self.at(next, Ev::Tick);
             }
         }
         Ok(())
     }
 
+    /// Counts what a pass decided.
+    fn passed(&mut self, pass: &Pass) {
+        match pass {
+            Pass::Admission(plan) => {
+                self.admission_passes += 1;
+                for p in &plan.planned {
+                    if let std::collections::btree_map::Entry::Vacant(e) = self.first_planned.entry(p.alloc) {
+                        e.insert(p.start_ms);
+                        self.planned_starts += 1;
+                    }
+                }
+                self.backfilled += plan.stats.backfilled as u64;
+            }
+            Pass::Preemption { reclaims, .. } => self.reclaims += *reclaims as u64,
+            Pass::NodeLost(cmds) => self.nodes_lost += cmds.len() as u64,
+            Pass::Deadlines(cmds) => {
+                for cmd in cmds {
+                    match cmd {
+                        Command::ForceDrain { .. } => self.forced_teardowns += 1,
+                        Command::ExpireNomination { .. } => self.expired_holds += 1,
+                        Command::ExpireDrain { .. } => self.drain_expiries += 1,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
     fn apply_plan(&mut self, commands: &[Command]) -> Result<(), SimError> {
+        if let Some(record) = &mut self.record {
+            record.extend_from_slice(commands);
+        }
         for cmd in commands {
             match self.apply(cmd)? {
                 Outcome::Rejected(r) => {
@@ -427,7 +604,8 @@ impl Simulation {
             let slot = self.state.node_slot(node).expect("reserved on a known node").0;
             let (lo, hi) = self.cfg.claim_delay_ms;
             let delay = self.rng.range(lo, hi.max(lo));
-            self.at(self.now + delay, Ev::Claim { alloc, task: task as TaskIndex, node: slot, epoch });
+            let life = self.life[slot as usize];
+            self.at(self.now + delay, Ev::Claim { alloc, task: task as TaskIndex, node: slot, epoch, life });
         }
         self.at(self.now + self.cfg.admission.stale_reservation_ms, Ev::Tick);
     }
@@ -474,6 +652,11 @@ impl Simulation {
             preempted_allocations: self.state.allocs().values().filter(|a| a.preempted_count > 0).count() as u64,
             max_preempted_count: self.state.allocs().values().map(|a| a.preempted_count).max().unwrap_or(0),
             rejected_reports: self.rejected_reports,
+            nodes_lost: self.nodes_lost,
+            forced_teardowns: self.forced_teardowns,
+            expired_holds: self.expired_holds,
+            drain_expiries: self.drain_expiries,
+            reclaims: self.reclaims,
             admission_passes: self.admission_passes,
             commands: self.commands,
             queue_delay_s: Distribution::of(all),

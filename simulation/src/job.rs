@@ -1,6 +1,6 @@
 //! A job the simulator will submit: when, what, and how long it runs.
 
-use muster_scheduler::sm::AllocSpec;
+use muster_core::sm::AllocSpec;
 
 /// One simulated submission.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,7 +1,7 @@
 //! Muster's deterministic discrete-event simulator.
 //!
-//! It drives the real state machine (`muster_scheduler::sm`) and admission
-//! policy (`muster_scheduler::policy`) with simulated nodes, simulated agents
+//! It drives the real state machine (`muster_core::sm`) and admission
+//! policy (`muster_core::policy`) with simulated nodes, simulated agents
 //! and simulated time, from a seeded synthetic workload ([`WorkloadConfig`])
 //! or a real trace ([`load_trace`]), and reports utilisation, queueing delay
 //! and the final state digest ([`Report`]). Same seed, same digest.

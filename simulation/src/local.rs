@@ -39,9 +39,9 @@ pub struct LocalConfig {
     /// Teardown tasks not acked this long after the start are forced.
     pub teardown_force_after: Duration,
     /// Priority-preemption knobs.
-    pub preemption: muster_scheduler::policy::PreemptionConfig,
+    pub preemption: muster_core::policy::PreemptionConfig,
     /// Elastic-reclamation knobs.
-    pub reclaim: muster_scheduler::policy::ReclaimConfig,
+    pub reclaim: muster_core::policy::ReclaimConfig,
     /// The `muster.vcluster` label of agent `i`'s node (`node-{i+1}`), for
     /// the first agents; the rest carry none.
     pub node_vclusters: Vec<String>,
@@ -95,8 +95,8 @@ impl Default for LocalConfig {
             node_lost_after: Duration::from_secs(30),
             stop_grace: Duration::from_secs(15),
             teardown_force_after: Duration::from_secs(45),
-            preemption: muster_scheduler::policy::PreemptionConfig::default(),
-            reclaim: muster_scheduler::policy::ReclaimConfig::default(),
+            preemption: muster_core::policy::PreemptionConfig::default(),
+            reclaim: muster_core::policy::ReclaimConfig::default(),
             node_vclusters: Vec::new(),
             // The agents' GPUs are fake: nothing to check their health by.
             watchdog: muster_agent::watchdog::WatchdogConfig {
@@ -249,7 +249,7 @@ impl LocalCluster {
             labels: {
                 let mut labels = BTreeMap::from([("gpu".to_string(), "fake".to_string())]);
                 if let Some(vc) = self.cfg.node_vclusters.get(i as usize).filter(|v| !v.is_empty()) {
-                    labels.insert(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), vc.clone());
+                    labels.insert(muster_core::sm::VCLUSTER_LABEL.to_string(), vc.clone());
                 }
                 labels
             },
@@ -261,6 +261,7 @@ impl LocalCluster {
             exit_when_stopped: false,
             task_shim: None,
             tls: self.tls.get(&muster_tls::Role::Agent(node_id.clone())).cloned(),
+            clock: Default::default(),
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

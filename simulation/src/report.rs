@@ -78,6 +78,16 @@ pub struct Report {
     pub max_preempted_count: u32,
     /// Agent claims and reports refused as stale (the attempt was torn down or re-placed).
     pub rejected_reports: u64,
+    /// Nodes the leader's tick marked lost (crashed nodes holding work).
+    pub nodes_lost: u64,
+    /// Teardowns forced at their deadline (an agent never acked).
+    pub forced_teardowns: u64,
+    /// Preemptors' holds on nodes that expired.
+    pub expired_holds: u64,
+    /// Node drains that reached their deadline.
+    pub drain_expiries: u64,
+    /// Gangs reclaimed by the vCluster that lent their nodes.
+    pub reclaims: u64,
     /// Admission passes run.
     pub admission_passes: u64,
     /// Commands applied.
@@ -152,6 +162,12 @@ impl fmt::Display for Report {
             f,
             "preemptions    {} gangs preempted for a higher class ({} allocations, at most {} times each)",
             self.preemptions, self.preempted_allocations, self.max_preempted_count
+        )?;
+        writeln!(
+            f,
+            "leader tick    {} nodes marked lost, {} teardowns forced, {} holds expired, {} drains timed out, {} \
+             reclaims",
+            self.nodes_lost, self.forced_teardowns, self.expired_holds, self.drain_expiries, self.reclaims
         )?;
         writeln!(f, "queueing delay {}", self.queue_delay_s)?;
         writeln!(f, "  >= 8 GPUs    {}", self.queue_delay_large_s)?;

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use flate2::read::GzDecoder;
-use muster_scheduler::sm::{AllocSpec, Limits, Resources};
+use muster_core::sm::{AllocSpec, Limits, Resources};
 use thiserror::Error;
 
 use crate::job::Job;

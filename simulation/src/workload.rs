@@ -1,7 +1,7 @@
 //! The seeded synthetic workload: Poisson arrivals, a mix of gang sizes and
 //! GPU counts, log-uniform durations, and random preemption classes.
 
-use muster_scheduler::sm::{AllocSpec, CheckpointMode, Resources};
+use muster_core::sm::{AllocSpec, CheckpointMode, Resources};
 
 use crate::job::Job;
 use crate::rng::SimRng;

@@ -26,4 +26,4 @@ pub use preemption::{
     plan_preemptions, score, waits_for_start,
 };
 pub use reclaim::{DEFAULT_RETURN_GRACE_MS, Reclaim, ReclaimConfig, plan_reclaims, reclaim_due_ms};
-pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_expired_nominations, plan_force_drains};
+pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_expired_nominations, plan_forced_teardowns};

@@ -23,7 +23,7 @@ use crate::sm::{CheckpointMode, Command, State};
 pub const DEFAULT_FORCE_AFTER_MS: u64 = 45_000;
 
 /// The force drains due at `now_ms`, in allocation order.
-pub fn plan_force_drains(state: &State, now_ms: u64, force_after_ms: u64, cfg: &PreemptionConfig) -> Vec<Command> {
+pub fn plan_forced_teardowns(state: &State, now_ms: u64, force_after_ms: u64, cfg: &PreemptionConfig) -> Vec<Command> {
     state
         .tearing_down()
         .filter_map(|id| {

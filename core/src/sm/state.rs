@@ -236,7 +236,24 @@ pub struct State {
     vclusters: BTreeMap<String, VCluster>,
     #[serde(skip)]
     index: Indexes,
+    /// Nodes whose agents may have something new to hear since the last
+    /// [`State::take_touched_nodes`]; never serialized, never compared.
+    #[serde(skip)]
+    touched: Touched,
 }
+
+/// The nodes touched by applied commands: not part of the replicated state
+/// (two states are equal whatever they hold).
+#[derive(Clone, Debug, Default)]
+struct Touched(BTreeSet<NodeSlot>);
+
+impl PartialEq for Touched {
+    fn eq(&self, _: &Touched) -> bool {
+        true
+    }
+}
+
+impl Eq for Touched {}
 
 impl Default for State {
     fn default() -> Self {
@@ -259,6 +276,7 @@ impl State {
             tokens: BTreeMap::new(),
             vclusters: BTreeMap::new(),
             index: Indexes::default(),
+            touched: Touched::default(),
         };
         s.rebuild_indexes();
         s
@@ -501,6 +519,14 @@ impl State {
 
     // ----- the entry point -----------------------------------------------
 
+    /// The nodes whose agents may have something new to hear (a task placed,
+    /// started, stopping or gone; a status or drain change) since the last
+    /// call, in slot order; clears the set. The agent hub wakes only those
+    /// nodes' streams after an entry applies.
+    pub fn take_touched_nodes(&mut self) -> BTreeSet<NodeSlot> {
+        std::mem::take(&mut self.touched.0)
+    }
+
     /// Applies one command. Never panics on bad input: a command that does not
     /// fit the state is rejected and changes nothing (the clock excepted).
     pub fn apply(&mut self, cmd: &Command, ctx: &ApplyCtx) -> Outcome {
@@ -573,6 +599,7 @@ impl State {
                 continue;
             }
             if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id)) {
+                self.touched.0.extend(a.tasks.iter().filter_map(|t| t.node));
                 a.revision += 1;
                 a.history.push_back(AllocEvent { revision: a.revision, time_ms: self.now_ms, event: e.clone() });
                 if a.history.len() > HISTORY_LIMIT {
@@ -580,6 +607,7 @@ impl State {
                 }
             }
             if let Some(slot) = e.node().and_then(|id| self.index.node_by_id.get(id).copied()) {
+                self.touched.0.insert(slot);
                 let n = &mut self.nodes[slot.0 as usize];
                 n.revision += 1;
                 n.history.push_back(AllocEvent { revision: n.revision, time_ms: self.now_ms, event: e.clone() });
@@ -663,6 +691,7 @@ impl State {
 
     /// Moves a node to `status`, keeping every index in step.
     fn set_node_status(&mut self, slot: NodeSlot, status: NodeStatus) {
+        self.touched.0.insert(slot);
         let old = self.node(slot).status;
         self.unindex_node(slot);
         if let Some(set) = self.index.by_status.get_mut(&old) {
@@ -2197,6 +2226,7 @@ impl State {
     }
 
     fn occupy(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
+        self.touched.0.insert(slot);
         self.index.tasks_by_node.entry(slot).or_default().insert(task);
         self.add_holder(slot, task.0, *usage);
         self.unindex_node(slot);
@@ -2207,6 +2237,7 @@ impl State {
     }
 
     fn release(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
+        self.touched.0.insert(slot);
         if let Some(holders) = self.index.holders.get_mut(slot.0 as usize)
             && let Ok(i) = holders.binary_search_by_key(&task.0, |h| h.alloc)
         {

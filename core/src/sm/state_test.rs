@@ -556,8 +556,8 @@ fn a_cancelled_task_that_never_acks_is_forced_at_the_teardown_deadline() {
     f.ok(Command::CancelAllocation { alloc: id });
     let cfg = crate::policy::PreemptionConfig::default();
     let force = crate::policy::DEFAULT_FORCE_AFTER_MS;
-    assert!(crate::policy::plan_force_drains(&f.s, f.t + force - 1, force, &cfg).is_empty());
-    let cmds = crate::policy::plan_force_drains(&f.s, f.t + force, force, &cfg);
+    assert!(crate::policy::plan_forced_teardowns(&f.s, f.t + force - 1, force, &cfg).is_empty());
+    let cmds = crate::policy::plan_forced_teardowns(&f.s, f.t + force, force, &cfg);
     assert_eq!(cmds, vec![Command::ForceDrain { alloc: id, epoch: 1 }]);
     f.t += force;
     let ev = f.ok(cmds[0].clone());
@@ -1147,8 +1147,8 @@ fn force_drain_moves_stuck_tasks_and_completes_in_the_same_command() {
     f.t = 10_000;
     f.fail(id, 0, 0, epoch);
     f.ack(id, 1, 1, 1);
-    assert_eq!(crate::policy::plan_force_drains(&f.s, 54_999, 45_000, &Default::default()), vec![]);
-    let plan = crate::policy::plan_force_drains(&f.s, 55_000, 45_000, &Default::default());
+    assert_eq!(crate::policy::plan_forced_teardowns(&f.s, 54_999, 45_000, &Default::default()), vec![]);
+    let plan = crate::policy::plan_forced_teardowns(&f.s, 55_000, 45_000, &Default::default());
     assert_eq!(plan, vec![Command::ForceDrain { alloc: id, epoch: 1 }]);
     assert_eq!(
         f.rejected(Command::ForceDrain { alloc: id, epoch: 2 }),
@@ -1646,4 +1646,53 @@ fn a_trip_in_a_gang_tears_the_siblings_down() {
         f.rejected(Command::TripWatchdog { alloc: id, task: 0, node: n(0), epoch, kind: WatchdogKind::Stall }),
         Rejection::WrongTaskStatus { .. } | Rejection::WrongNode { .. } | Rejection::StaleTaskEpoch { .. }
     ));
+}
+
+/// Apply names the nodes each command touched, so that the agent hub wakes
+/// only their streams: a placement, a start, a stop and a drain touch
+/// their node and no other; a submit touches none.
+#[test]
+fn apply_names_exactly_the_nodes_it_touched() {
+    let mut s = State::default();
+    let t = ApplyCtx { time_ms: 1_000 };
+    for i in 0..3 {
+        let node = NodeId::new(format!("n{i}"));
+        let resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_000_000, cpus: 64 };
+        assert!(
+            s.apply(&Command::RegisterNode { node: node.clone(), resources, labels: BTreeMap::new() }, &t)
+                .is_accepted()
+        );
+        assert!(s.apply(&Command::NodeReady { node }, &t).is_accepted());
+    }
+    s.take_touched_nodes();
+    let spec = AllocSpec::new("u", 1, Resources { gpus: 8, vram_mb: 1, mem_mb: 1, cpus: 1 }, vec!["x".into()]);
+    let out = s.apply(&Command::Submit { spec }, &t);
+    let [Event::Submitted { alloc, .. }] = out.events()[..] else { panic!("{out:?}") };
+    assert!(s.take_touched_nodes().is_empty(), "a queued submit touches no node");
+    let n1 = NodeId::new("n1");
+    let one = |s: &mut State| s.take_touched_nodes().into_iter().collect::<Vec<_>>();
+    assert!(s.apply(&Command::ReserveGang { alloc, epoch: 1, nodes: vec![n1.clone()] }, &t).is_accepted());
+    assert_eq!(one(&mut s), [NodeSlot(1)]);
+    assert!(s.apply(&Command::StartTask { alloc, task: 0, node: n1.clone(), epoch: 1 }, &t).is_accepted());
+    assert_eq!(one(&mut s), [NodeSlot(1)]);
+    assert!(s.apply(&Command::CancelAllocation { alloc }, &t).is_accepted());
+    assert_eq!(one(&mut s), [NodeSlot(1)], "a stopping task's node hears of it");
+    let ack = Command::TaskPreempted { alloc, task: 0, node: n1, epoch: 1, checkpoint_failed: false };
+    assert!(s.apply(&ack, &t).is_accepted());
+    assert_eq!(one(&mut s), [NodeSlot(1)], "the node it left");
+    let drain = Command::DrainNode { node: NodeId::new("n2"), timeout_ms: 1, reason: "r".into(), by: "op".into() };
+    assert!(s.apply(&drain, &t).is_accepted());
+    assert_eq!(one(&mut s), [NodeSlot(2)]);
+    // A rejected command touches nothing.
+    assert!(!s.apply(&Command::NodeReady { node: NodeId::new("n2") }, &t).is_accepted());
+    assert!(s.take_touched_nodes().is_empty());
+    // The set is not state: a restored copy (which holds none) is equal,
+    // digest and all.
+    let resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_000_000, cpus: 64 };
+    let again = Command::RegisterNode { node: NodeId::new("n0"), resources, labels: BTreeMap::new() };
+    assert!(s.apply(&again, &t).is_accepted());
+    let restored = State::from_snapshot(&s.to_snapshot()).unwrap();
+    assert_eq!(restored, s);
+    assert_eq!(restored.state_digest(), s.state_digest());
+    assert_eq!(one(&mut s), [NodeSlot(0)]);
 }

@@ -19,7 +19,6 @@ use muster_tls::Caller;
 use super::auth::{caller_name, new_token_secret, token_sha256};
 use super::client_api::linearizable;
 use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
-use super::proposer::now_ms;
 use super::replica::{Shared, status_of};
 use crate::sm::{Command, Outcome, Token, TokenRole};
 
@@ -68,7 +67,7 @@ impl AdminService for AdminApi {
         let backup = muster_raft_store::Backup {
             index: applied.map_or(0, |l| l.index),
             digest,
-            taken_at_ms: now_ms(),
+            taken_at_ms: self.s.clock.wall_ms(),
             taken_from: self.s.id,
             state,
         };
@@ -187,7 +186,7 @@ impl AdminService for AdminApi {
             name: q.name,
             role,
             sha256: token_sha256(&secret),
-            expires_ms: now_ms().saturating_add(ttl_ms),
+            expires_ms: self.s.clock.wall_ms().saturating_add(ttl_ms),
             by,
         };
         match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {

@@ -27,10 +27,13 @@
 //! with UNAVAILABLE and the new leader's address, and agents reconnect there
 //! with their running tasks (which keep running).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use muster_clock::SharedClock;
+use muster_core::sync::{SentMemory, StopHow, SyncConfig, TaskKey, plan_sync};
+use muster_core::tick::{Heard, Silence};
 use muster_proto::checkpoint_blob;
 use muster_proto::v1;
 use muster_proto::v1::agent_message::Msg as In;
@@ -38,7 +41,6 @@ use muster_proto::v1::agent_service_server::AgentService;
 use muster_proto::v1::scheduler_message::Msg as Out;
 use openraft::ServerState;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -46,53 +48,46 @@ use super::convert::{not_leader_status, propose_error_to_status, rejection_to_st
 use super::replica::Shared;
 use crate::policy::PreemptionConfig;
 use crate::sm::{
-    AllocId, CheckpointMode, Command, Event, MAX_AGENT_REASON_BYTES, NodeId, NodeStatus, Outcome, Resources, TaskIndex,
-    TaskStatus, WatchdogKind,
+    Command, Event, MAX_AGENT_REASON_BYTES, NodeId, NodeStatus, Outcome, Resources, TaskStatus, WatchdogKind,
 };
 
-/// The label a node's gang-peer address is kept under.
-pub const ADDRESS_LABEL: &str = "muster.address";
+pub use muster_core::sync::ADDRESS_LABEL;
 
 /// The largest message on an agent stream: room for a checkpoint at the
 /// state machine's cap plus framing. Agents set the same on their end.
 pub const MAX_AGENT_MESSAGE_BYTES: usize = 16 << 20;
 
-/// When each node was last heard from, kept in memory on the leader only.
-#[derive(Clone, Default)]
+/// When each node was last heard from, kept in memory on the leader only
+/// (the leader's tick reads it through [`Silence`]), on the replica's
+/// monotonic clock.
+#[derive(Clone, Debug)]
 pub struct Liveness {
-    inner: Arc<Mutex<LivenessInner>>,
-}
-
-#[derive(Default)]
-struct LivenessInner {
-    last_seen: BTreeMap<NodeId, Instant>,
-    leading_since: Option<Instant>,
+    heard: Arc<Mutex<Heard>>,
+    clock: SharedClock,
 }
 
 impl Liveness {
+    /// Nothing heard yet, timed on `clock`.
+    pub fn new(clock: SharedClock) -> Liveness {
+        Liveness { heard: Arc::default(), clock }
+    }
+
     /// A message from `node` arrived now.
     pub fn touch(&self, node: &NodeId) {
-        self.inner.lock().expect("liveness lock").last_seen.insert(node.clone(), Instant::now());
+        let now = self.clock.mono_ms();
+        self.heard.lock().expect("liveness lock").touch(node, now);
     }
 
     /// This replica became leader now: every node gets a full grace window.
     pub fn lead_from_now(&self) {
-        let mut inner = self.inner.lock().expect("liveness lock");
-        inner.last_seen.clear();
-        inner.leading_since = Some(Instant::now());
+        let now = self.clock.mono_ms();
+        self.heard.lock().expect("liveness lock").lead_from(now);
     }
+}
 
-    /// How long `node` has been silent, counting from when this replica
-    /// started leading at the earliest.
-    pub fn silent_for(&self, node: &NodeId) -> Duration {
-        let inner = self.inner.lock().expect("liveness lock");
-        let since = match (inner.last_seen.get(node), inner.leading_since) {
-            (Some(seen), Some(lead)) => (*seen).max(lead),
-            (Some(seen), None) => *seen,
-            (None, Some(lead)) => lead,
-            (None, None) => return Duration::ZERO,
-        };
-        since.elapsed()
+impl Silence for Liveness {
+    fn silent_ms(&self, node: &NodeId, mono_ms: u64) -> u64 {
+        self.heard.lock().expect("liveness lock").silent_ms(node, mono_ms)
     }
 }
 
@@ -272,7 +267,7 @@ impl AgentService for AgentHub {
     }
 }
 
-type Key = (AllocId, TaskIndex, u64);
+type Key = TaskKey;
 
 fn key_of(t: &Option<v1::TaskRef>) -> Result<Key, Status> {
     let t = t.as_ref().ok_or_else(|| Status::invalid_argument("invalid task: is required"))?;
@@ -283,29 +278,14 @@ fn task_ref(k: Key) -> v1::TaskRef {
     v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
 }
 
-/// How a preempting task is to be stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StopHow {
-    /// SIGTERM, this grace, SIGKILL.
-    Preempt { grace_ms: u32 },
-    /// Ask for a checkpoint first.
-    Hint,
-}
-
 struct Session {
     s: Shared,
     cfg: HubConfig,
     preemption: PreemptionConfig,
     node: NodeId,
     tx: mpsc::Sender<Result<v1::SchedulerMessage, Status>>,
-    /// Assignments already pushed on this stream.
-    assigned: BTreeSet<Key>,
-    /// What the agent says it runs.
-    agent_running: BTreeSet<Key>,
-    /// Preempts already pushed on this stream, with their preemption epoch.
-    preempt_sent: BTreeSet<(Key, u64)>,
-    /// The node status (and drain deadline) last told to the agent.
-    told: Option<(NodeStatus, u64)>,
+    /// What this stream has told its agent.
+    sent: SentMemory,
 }
 
 impl Session {
@@ -349,10 +329,7 @@ impl Session {
             preemption,
             node,
             tx,
-            assigned: BTreeSet::new(),
-            preempt_sent: BTreeSet::new(),
-            told: None,
-            agent_running: reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect(),
+            sent: SentMemory::new(reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch))),
         };
         let max_checkpoint_bytes = session.s.reader.read(|st| st.limits().max_checkpoint_bytes as u64);
         session
@@ -371,10 +348,22 @@ impl Session {
         result
     }
 
+    /// Serves the stream: messages from the agent, and a sync whenever an
+    /// applied entry touched this node (and only then: other nodes' entries
+    /// never wake this stream). Ends when this replica stops leading.
     async fn serve(&mut self, mut inbound: Streaming<v1::AgentMessage>) -> Result<(), Status> {
         let session = self;
-        let mut metrics = session.s.raft.metrics();
-        let mut applied = metrics.borrow().last_applied;
+        let node = session.node.clone();
+        let Some(slot) = session.s.reader.read(|st| st.node_slot(&node)) else {
+            return Err(Status::internal("a registered node has no slot"));
+        };
+        let mut touched = session.s.reader.watch_touches(slot.0);
+        let mut leading = session.s.leading.clone();
+        if !*leading.borrow_and_update() {
+            return Err(leader_status(&session.s));
+        }
+        // Whatever applied between the first sync and the watch is not missed.
+        session.sync(false).await?;
         loop {
             tokio::select! {
                 msg = inbound.message() => match msg {
@@ -384,14 +373,10 @@ impl Session {
                         return Ok(());
                     }
                 },
-                changed = metrics.changed() => {
-                    if changed.is_err() || metrics.borrow().state != ServerState::Leader {
+                () = touched.changed() => session.sync(false).await?,
+                changed = leading.changed() => {
+                    if changed.is_err() || !*leading.borrow_and_update() {
                         return Err(leader_status(&session.s));
-                    }
-                    let now = metrics.borrow().last_applied;
-                    if now != applied {
-                        applied = now;
-                        session.sync(false).await?;
                     }
                 }
             }
@@ -427,7 +412,7 @@ impl Session {
                 .filter_map(|(alloc, task)| {
                     let t = &st.alloc(alloc).expect("index names a known allocation").tasks[task as usize];
                     let key = (alloc, task, t.reservation_epoch);
-                    (t.status == TaskStatus::Running && !self.agent_running.contains(&key)).then_some(key)
+                    (t.status == TaskStatus::Running && !self.sent.agent_running().contains(&key)).then_some(key)
                 })
                 .collect()
         });
@@ -481,106 +466,45 @@ impl Session {
         Ok(())
     }
 
-    /// Tells the agent its node's lifecycle status when it changed since the
-    /// last notice (always once per stream).
-    async fn notify_status(&mut self) -> Result<(), Status> {
-        let node = self.node.clone();
-        let now = self.s.reader.read(|st| {
-            let n = st.node(st.node_slot(&node)?);
-            Some((n.status, n.drain.as_ref().map_or(0, |d| d.deadline_ms)))
-        });
-        let Some(now) = now else { return Ok(()) };
-        if self.told == Some(now) {
+    /// Sends what [`plan_sync`] decides for this node now: the node's
+    /// status when it changed, new assignments, preempts and hints, stops.
+    /// On a heartbeat (`repeat`) every preempt not yet acked is sent again.
+    async fn sync(&mut self, repeat: bool) -> Result<(), Status> {
+        let cfg = SyncConfig {
+            stop_grace_ms: self.cfg.stop_grace.as_millis() as u32,
+            preemption_grace_ms: self.preemption.grace_ms as u32,
+        };
+        let plan = self.s.reader.read(|st| plan_sync(st, &self.node, &self.sent, repeat, &cfg));
+        if plan.is_empty() {
+            self.sent.sent(&plan);
             return Ok(());
         }
-        self.told = Some(now);
-        let (status, deadline_ms) = now;
-        let detail = match status {
-            NodeStatus::Draining => "draining: no new work; running tasks finish",
-            NodeStatus::Stopping => "stopping: the drain deadline passed; remaining tasks are being moved",
-            NodeStatus::Stopped => "stopped: the machine may be powered off",
-            NodeStatus::Terminated => "terminated",
-            NodeStatus::Pending => "pending",
-            NodeStatus::Ready => "ready",
-            NodeStatus::Lost => "lost",
-        };
-        tracing::info!(node = %self.node, status = status.as_str(), "telling the agent its node status");
-        self.send(Out::NodeNotice(v1::NodeNotice {
-            status: super::convert::node_status_to_proto(status) as i32,
-            detail: detail.to_string(),
-            deadline_ms,
-        }))
-        .await
-    }
-
-    /// Pushes new assignments and preempts, and stops what the agent should
-    /// not run. On a heartbeat (`repeat`) every preempt not yet acked is sent
-    /// again.
-    async fn sync(&mut self, repeat: bool) -> Result<(), Status> {
-        let node = self.node.clone();
-        let stop_grace_ms = self.cfg.stop_grace.as_millis() as u32;
-        let preemption_grace_ms = self.preemption.grace_ms as u32;
-        self.notify_status().await?;
-        let (assign, preempt, owned) = self.s.reader.read(|st| {
-            let mut assign = Vec::new();
-            let mut preempt = Vec::new();
-            let mut owned = BTreeSet::new();
-            let Some(slot) = st.node_slot(&node) else { return (assign, preempt, owned) };
-            for (alloc, task) in st.tasks_on_node(slot) {
-                let a = st.alloc(alloc).expect("index names a known allocation");
-                let t = &a.tasks[task as usize];
-                let key = (alloc, task, t.reservation_epoch);
-                owned.insert(key);
-                if t.status == TaskStatus::Preempting
-                    && (repeat || !self.preempt_sent.contains(&(key, t.preemption_epoch)))
-                {
-                    let how = match a.teardown {
-                        Some(td) if td.asks_checkpoint() && a.spec.checkpoint == CheckpointMode::None => {
-                            StopHow::Preempt { grace_ms: preemption_grace_ms }
-                        }
-                        Some(td) if td.asks_checkpoint() => StopHow::Hint,
-                        _ => StopHow::Preempt { grace_ms: stop_grace_ms },
-                    };
-                    preempt.push((key, t.preemption_epoch, how));
-                }
-                if t.status == TaskStatus::Reserved && !self.assigned.contains(&key) {
-                    let peers = a
-                        .tasks
-                        .iter()
-                        .map(|p| {
-                            p.node.map_or_else(String::new, |s| {
-                                let n = st.node(s);
-                                n.labels.get(ADDRESS_LABEL).cloned().unwrap_or_else(|| n.id.to_string())
-                            })
-                        })
-                        .collect();
-                    assign.push((
-                        key,
-                        v1::Assign {
-                            task: Some(task_ref(key)),
-                            gang_size: a.spec.gang_size,
-                            command: a.spec.command.clone(),
-                            env: a.spec.env.clone().into_iter().collect(),
-                            peers,
-                            gpus: a.spec.resources.gpus,
-                            checkpoint: t.checkpoint.as_ref().map(|c| c.data.clone()).unwrap_or_default(),
-                            checkpoint_epoch: t.checkpoint.as_ref().map_or(0, |c| c.epoch),
-                            walltime_s: a.spec.walltime_s,
-                            stall_timeout_s: a.spec.stall_timeout_s,
-                            checkpointing: a.spec.checkpoint != CheckpointMode::None,
-                        },
-                    ));
-                }
-            }
-            (assign, preempt, owned)
-        });
-        for (key, msg) in assign {
-            self.assigned.insert(key);
-            self.send(Out::Assign(msg)).await?;
+        if let Some((status, deadline_ms)) = plan.notice {
+            tracing::info!(node = %self.node, status = status.as_str(), "telling the agent its node status");
+            self.send(Out::NodeNotice(v1::NodeNotice {
+                status: super::convert::node_status_to_proto(status) as i32,
+                detail: status_detail(status).to_string(),
+                deadline_ms,
+            }))
+            .await?;
         }
-        self.assigned.retain(|k| owned.contains(k));
-        for (key, epoch, how) in preempt {
-            self.preempt_sent.insert((key, epoch));
+        for a in &plan.assign {
+            self.send(Out::Assign(v1::Assign {
+                task: Some(task_ref(a.key)),
+                gang_size: a.gang_size,
+                command: a.command.clone(),
+                env: a.env.iter().cloned().collect(),
+                peers: a.peers.clone(),
+                gpus: a.gpus,
+                checkpoint: a.checkpoint.clone(),
+                checkpoint_epoch: a.checkpoint_epoch,
+                walltime_s: a.walltime_s,
+                stall_timeout_s: a.stall_timeout_s,
+                checkpointing: a.checkpointing,
+            }))
+            .await?;
+        }
+        for &(key, epoch, how) in &plan.preempt {
             let msg = match how {
                 StopHow::Preempt { grace_ms } => {
                     Out::Preempt(v1::Preempt { task: Some(task_ref(key)), preemption_epoch: epoch, grace_ms })
@@ -590,22 +514,20 @@ impl Session {
                     preemption_epoch: epoch,
                     timeout_ms: self.preemption.checkpoint_timeout_ms.min(u64::from(u32::MAX)) as u32,
                     max_deferral_ms: self.preemption.max_deferral_ms.min(u64::from(u32::MAX)) as u32,
-                    grace_ms: preemption_grace_ms,
+                    grace_ms: cfg.preemption_grace_ms,
                 }),
             };
             self.send(msg).await?;
         }
-        self.preempt_sent.retain(|(k, _)| owned.contains(k));
-        let unowned: Vec<Key> = self.agent_running.iter().filter(|k| !owned.contains(k)).copied().collect();
-        for key in unowned {
-            self.agent_running.remove(&key);
+        for &key in &plan.stop {
             self.send(Out::Stop(v1::Stop {
                 task: Some(task_ref(key)),
-                grace_ms: self.cfg.stop_grace.as_millis() as u32,
+                grace_ms: cfg.stop_grace_ms,
                 reason: "the task is no longer placed on this node (cancelled, re-placed or failed)".into(),
             }))
             .await?;
         }
+        self.sent.sent(&plan);
         Ok(())
     }
 
@@ -621,7 +543,7 @@ impl Session {
                 Ok(())
             }
             Some(In::Heartbeat(h)) => {
-                self.agent_running = h.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)).collect();
+                self.sent.agent_runs_now(h.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)));
                 self.revive_if_lost().await?;
                 self.sync(true).await?;
                 self.send(Out::HeartbeatAck(v1::HeartbeatAck {})).await
@@ -677,7 +599,7 @@ impl Session {
             }
             Some(In::Preempted(p)) => {
                 let key = key_of(&p.task)?;
-                self.agent_running.remove(&key);
+                self.sent.agent_stopped(&key);
                 let cmd = Command::TaskPreempted {
                     alloc: key.0,
                     task: key.1,
@@ -709,7 +631,7 @@ impl Session {
                                 _ => None,
                             })
                             .unwrap_or(1);
-                        self.agent_running.insert(key);
+                        self.sent.agent_started(key);
                         self.send(Out::Granted(v1::ClaimGranted { task: Some(task_ref(key)), attempt })).await
                     }
                     Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await,
@@ -717,7 +639,7 @@ impl Session {
             }
             Some(In::WatchdogTripped(w)) => {
                 let key = key_of(&w.task)?;
-                self.agent_running.remove(&key);
+                self.sent.agent_stopped(&key);
                 let kind = WatchdogKind::parse(&w.kind)
                     .ok_or_else(|| Status::invalid_argument(format!("invalid kind: {:?} is not a watchdog", w.kind)))?;
                 tracing::warn!(
@@ -748,7 +670,7 @@ impl Session {
             }
             Some(In::Exited(e)) => {
                 let key = key_of(&e.task)?;
-                self.agent_running.remove(&key);
+                self.sent.agent_stopped(&key);
                 let node = self.node.clone();
                 let cmd = if e.exit_code == Some(0) && e.error.is_empty() {
                     Command::FinishTask { alloc: key.0, task: key.1, node, epoch: key.2 }
@@ -770,6 +692,19 @@ impl Session {
 }
 
 /// An agent's reason cut to what a command may carry.
+/// What a node notice says about a status.
+fn status_detail(status: NodeStatus) -> &'static str {
+    match status {
+        NodeStatus::Draining => "draining: no new work; running tasks finish",
+        NodeStatus::Stopping => "stopping: the drain deadline passed; remaining tasks are being moved",
+        NodeStatus::Stopped => "stopped: the machine may be powered off",
+        NodeStatus::Terminated => "terminated",
+        NodeStatus::Pending => "pending",
+        NodeStatus::Ready => "ready",
+        NodeStatus::Lost => "lost",
+    }
+}
+
 fn agent_reason(mut reason: String) -> String {
     if reason.len() > MAX_AGENT_REASON_BYTES {
         let mut cut = MAX_AGENT_REASON_BYTES - 3;
@@ -827,7 +762,7 @@ mod tests {
         assert!(registry.answer(&a, real));
         assert_eq!(fetch.await.unwrap().unwrap().data, b"real");
 
-        let ids: BTreeSet<u64> = (1..=64).map(unguessable_id).collect();
+        let ids: std::collections::BTreeSet<u64> = (1..=64).map(unguessable_id).collect();
         assert_eq!(ids.len(), 64);
         let sequential = (1..=64u64).filter(|&n| ids.contains(&n) || ids.contains(&(req.request_id + n))).count();
         assert_eq!(sequential, 0, "ids are not a counter");

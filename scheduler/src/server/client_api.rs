@@ -290,7 +290,7 @@ impl AllocationService for ClientApi {
             linearizable(&self.s).await?;
             let cfg = self.s.preemption;
             let plan = self.s.reader.read(|st| {
-                let now = super::proposer::now_ms().max(st.now_ms());
+                let now = self.s.now(st);
                 convert::explanation_to_proto(crate::policy::explain_spec(st, &spec, now, &cfg), st, now)
             });
             return Ok(Response::new(v1::SubmitResponse { id: 0, duplicate: false, plan: Some(plan) }));
@@ -349,7 +349,7 @@ impl AllocationService for ClientApi {
             .s
             .reader
             .read(|st| {
-                let now = super::proposer::now_ms().max(st.now_ms());
+                let now = self.s.now(st);
                 crate::policy::explain_with_admission(st, id, now, &cfg, &admission)
                     .map(|e| convert::explanation_to_proto(e, st, now))
             })

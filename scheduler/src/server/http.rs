@@ -28,7 +28,6 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::health::Readiness;
-use super::proposer::now_ms;
 use super::replica::{Shared, status_of};
 
 /// What the handlers share.
@@ -136,7 +135,7 @@ async fn overview(AxState(s): AxState<HttpState>) -> Response {
     replicas.push(replica_json(&me));
     replicas.sort_by_key(|r| r["id"].as_u64());
     let cfg = s.shared.preemption;
-    let mut body = s.shared.reader.read(|st| super::dashboard::overview(st, now_ms(), &cfg));
+    let mut body = s.shared.reader.read(|st| super::dashboard::overview(st, s.shared.now(st), &cfg));
     body["self"] = replica_json(&me);
     body["replicas"] = Value::Array(replicas);
     body["ready"] = json!(s.readiness.borrow().ready);

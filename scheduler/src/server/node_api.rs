@@ -19,7 +19,6 @@ use tonic::{Request, Response, Status};
 use super::auth::bound_by;
 use super::client_api::linearizable;
 use super::convert::{node_event_to_proto, node_to_proto, propose_error_to_status, rejection_to_status};
-use super::proposer::now_ms;
 use super::replica::Shared;
 use crate::policy::{drain_timeout_ms, plan_admission, plan_scale_down, planned_nodes};
 use crate::sm::{Command, NodeId, NodeStatus, Outcome};
@@ -152,7 +151,7 @@ impl NodeService for NodeApi {
         let default_ms = self.s.drain_timeout.as_millis() as u64;
         let admission = self.s.admission;
         let (picked, short_by) = self.s.reader.read(|st| {
-            let plan = plan_admission(st, now_ms().max(st.now_ms()), &admission);
+            let plan = plan_admission(st, self.s.now(st), &admission);
             let soon = planned_nodes(st, &plan.commands);
             let (choice, short_by) = plan_scale_down(st, q.count, &selector, &soon);
             let picked: Vec<(v1::ScaleDownChoice, u64)> = choice

@@ -17,8 +17,7 @@
 //! Metrics: `muster_raft_batch_commands` (histogram), `muster_raft_commit_seconds`
 //! (histogram), `muster_raft_proposals_total{result}` (counter).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use muster_clock::SharedClock;
 use muster_raft_store::CommandBatch;
 use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{mpsc, oneshot};
@@ -55,9 +54,10 @@ pub struct Proposer {
 impl Proposer {
     /// Starts the proposer task for `raft`; at most `max_batch` commands go
     /// into one entry.
-    pub fn start(raft: MusterRaft, max_batch: usize) -> Proposer {
+    /// Each entry carries `clock`'s wall time.
+    pub fn start(raft: MusterRaft, max_batch: usize, clock: SharedClock) -> Proposer {
         let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(raft, rx, max_batch.max(1)));
+        tokio::spawn(run(raft, rx, max_batch.max(1), clock));
         Proposer { tx }
     }
 
@@ -89,12 +89,7 @@ impl Proposer {
     }
 }
 
-/// The leader's wall clock, in ms since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
+async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize, clock: SharedClock) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < max_batch {
@@ -106,7 +101,7 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
         let commands = batch.iter().map(|p| p.command.clone()).collect();
         let size = batch.len();
         let started = std::time::Instant::now();
-        let result = raft.client_write(CommandBatch { time_ms: now_ms(), commands }).await;
+        let result = raft.client_write(CommandBatch { time_ms: clock.wall_ms(), commands }).await;
         metrics::histogram!("muster_raft_batch_commands").record(size as f64);
         metrics::histogram!("muster_raft_commit_seconds").record(started.elapsed().as_secs_f64());
         metrics::counter!("muster_raft_proposals_total", "result" => if result.is_ok() { "committed" } else { "failed" })

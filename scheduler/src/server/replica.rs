@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use muster_clock::SharedClock;
 use muster_proto::v1;
 use muster_proto::v1::admin_service_server::AdminServiceServer;
 use muster_proto::v1::agent_service_server::AgentServiceServer;
@@ -38,7 +39,7 @@ use super::admin_api::AdminApi;
 use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness, MAX_AGENT_MESSAGE_BYTES};
 use super::client_api::ClientApi;
 use super::health::Readiness;
-use super::leader::{LeaderConfig, LeaderLoops};
+use super::leader::LeaderLoops;
 use super::node_api::NodeApi;
 use super::proposer::Proposer;
 use super::raft_net::{MAX_RAFT_MESSAGE_BYTES, Network, RaftRpc};
@@ -46,6 +47,7 @@ use super::{MusterRaft, hex};
 use crate::policy::AdmissionConfig;
 use crate::policy::PreemptionConfig;
 use crate::sm::State;
+use muster_core::tick::LeaderConfig;
 
 /// Raft timing and compaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,6 +126,8 @@ pub struct ReplicaConfig {
     /// Serve plain HTTP here: `/metrics`, `/healthz`, `/readyz`, `/ui`
     /// (port 0 picks one: see [`Replica::http_addr`]).
     pub http: Option<SocketAddr>,
+    /// The one clock every path of this replica reads.
+    pub clock: SharedClock,
 }
 
 /// Deliberate bugs the chaos harness must catch (`muster server --inject-bug`).
@@ -176,6 +180,7 @@ impl ReplicaConfig {
             drain_timeout: Duration::from_millis(crate::policy::DEFAULT_DRAIN_TIMEOUT_MS),
             inject_bug: None,
             http: None,
+            clock: SharedClock::system(),
         }
     }
 }
@@ -217,6 +222,11 @@ pub struct Shared {
     pub admission_wake: Arc<Notify>,
     /// When each agent was last heard from (leader only, memory only).
     pub liveness: Liveness,
+    /// The one clock every path of this replica reads.
+    pub clock: SharedClock,
+    /// Whether this replica leads now (one watcher of Raft's metrics feeds
+    /// it, so that agent streams need not each wake on every entry).
+    pub leading: watch::Receiver<bool>,
     /// The agent streams this replica holds.
     pub agents: AgentRegistry,
     /// Priority-preemption knobs (explanations and dry runs use them too).
@@ -234,6 +244,15 @@ pub struct Shared {
     pub unproposed: Arc<std::sync::atomic::AtomicU64>,
     /// Linearizable reads waiting to share a leadership confirmation.
     pub reads: super::read_index::ReadBatcher,
+}
+
+impl Shared {
+    /// Now, for any decision this replica makes: the clock's wall time, never
+    /// behind the time of the last applied entry (so a replica whose clock
+    /// lags the leader's never sees a replicated deadline as still ahead).
+    pub fn now(&self, st: &State) -> u64 {
+        self.clock.wall_ms().max(st.now_ms())
+    }
 }
 
 /// A running replica.
@@ -285,7 +304,21 @@ impl Replica {
         let raft = MusterRaft::new(cfg.id, Arc::new(raft_cfg), Network::new(cfg.tls.clone()), log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        let proposer = Proposer::start(raft.clone(), cfg.max_batch);
+        let proposer = Proposer::start(raft.clone(), cfg.max_batch, cfg.clock.clone());
+        let leading = {
+            let (tx, rx) = watch::channel(false);
+            let mut metrics = raft.metrics();
+            tokio::spawn(async move {
+                loop {
+                    let now = metrics.borrow_and_update().state == ServerState::Leader;
+                    tx.send_if_modified(|v| std::mem::replace(v, now) != now);
+                    if metrics.changed().await.is_err() {
+                        return;
+                    }
+                }
+            });
+            rx
+        };
         let shared = Shared {
             id: cfg.id,
             advertise: cfg.advertise.clone(),
@@ -293,7 +326,9 @@ impl Replica {
             reader,
             proposer,
             admission_wake: Arc::new(Notify::new()),
-            liveness: Liveness::default(),
+            liveness: Liveness::new(cfg.clock.clone()),
+            clock: cfg.clock.clone(),
+            leading,
             agents: AgentRegistry::default(),
             preemption: cfg.preemption,
             walltime_defaults: Arc::new(cfg.walltime_defaults.clone()),
@@ -329,10 +364,10 @@ impl Replica {
             Some(tls) => {
                 let tls_cfg = tls.server_config().timeout(cfg.limits.handshake_timeout);
                 builder = builder.tls_config(tls_cfg).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
-                let tokens = shared.reader.clone();
+                let tokens = shared.clone();
                 muster_tls::AuthLayer::new(Arc::new(super::auth::policy))
                     .with_tokens(Arc::new(move |secret: &str| {
-                        tokens.read(|st| super::auth::resolve_token(st, secret, super::proposer::now_ms()))
+                        tokens.reader.read(|st| super::auth::resolve_token(st, secret, tokens.now(st)))
                     }))
                     .on_admit(prove)
             }
@@ -382,12 +417,14 @@ impl Replica {
             shared.clone(),
             LeaderConfig {
                 admission: cfg.admission,
-                interval: cfg.admission_interval,
-                node_lost_after: cfg.node_lost_after,
-                teardown_force_after: cfg.teardown_force_after,
                 preemption: cfg.preemption,
                 reclaim: cfg.reclaim,
+                preempt: true,
+                node_lost_after_ms: cfg.node_lost_after.as_millis() as u64,
+                teardown_force_after_ms: cfg.teardown_force_after.as_millis() as u64,
+                liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
             },
+            cfg.admission_interval,
         );
         super::observe::set_cycle_threshold(cfg.preemption.cycle_threshold);
         tokio::spawn(export_metrics(shared.clone()));

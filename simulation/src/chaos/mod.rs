@@ -219,7 +219,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     let mut logs = Vec::new();
     let mut unreadable = Vec::new();
     for id in 1..=3 {
-        match muster_raft_store::read_applied_log::<muster_scheduler::sm::State>(&procs.data_dir(id)) {
+        match muster_raft_store::read_applied_log::<muster_core::sm::State>(&procs.data_dir(id)) {
             Ok(records) => logs.push(checks::ReplicaLog { replica: id, records }),
             Err(e) => unreadable.push(e.to_string()),
         }

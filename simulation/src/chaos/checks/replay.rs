@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
+use muster_core::sm::{ApplyCtx, Command, State};
 use muster_proto::v1;
 use muster_raft_store::{AppliedRecord, CommandBatch};
-use muster_scheduler::sm::{ApplyCtx, Command, State};
 
 use super::CheckResult;
 
@@ -115,7 +115,7 @@ fn replay_with(
 mod tests {
     use std::collections::BTreeMap;
 
-    use muster_scheduler::sm::{AllocSpec, NodeId, Resources};
+    use muster_core::sm::{AllocSpec, NodeId, Resources};
 
     use super::*;
 

@@ -1,0 +1,218 @@
+//! The agent-sync planner: what the leader tells one node's agent, decided
+//! from the state and from what this stream has already been told.
+//!
+//! ```text
+//!   entry touching node N applied ──▶ N's stream: plan_sync(&State, N, &SentMemory, repeat)
+//!                                         ──▶ SyncPlan { notice, assign, preempt, stop }
+//!                                         ──▶ the hub sends it, then SentMemory::sent(&plan)
+//! ```
+//!
+//! - **Notice**: the node's status (and drain deadline) when it changed
+//!   since the last notice; always once per stream.
+//! - **Assign**: each task newly reserved on this node, once per stream.
+//! - **Preempt / Hint**: each task the state has stopping on this node, once
+//!   per stream and preemption epoch, and again on every heartbeat
+//!   (`repeat`) until its ack commits. A priority preemption's victim that
+//!   can checkpoint gets a checkpoint hint instead; one that cannot gets
+//!   the preemption grace.
+//! - **Stop**: each task the agent said it runs (at registration) that is
+//!   no longer placed on this node.
+//!
+//! Nothing about a teardown lives in [`SentMemory`]: a new leader's first
+//! plan finds the stopping tasks in the replicated state and signals them
+//! again.
+
+use std::collections::BTreeSet;
+
+use crate::sm::{AllocId, CheckpointMode, NodeId, NodeStatus, State, TaskIndex, TaskStatus};
+
+/// The label a node's gang-peer address is kept under.
+pub const ADDRESS_LABEL: &str = "muster.address";
+
+/// One attempt of one task: allocation, task index, reservation epoch.
+pub type TaskKey = (AllocId, TaskIndex, u64);
+
+/// The stop graces the planner hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncConfig {
+    /// SIGTERM → SIGKILL grace for a task stopped by a teardown, a cancel or
+    /// a drain, ms.
+    pub stop_grace_ms: u32,
+    /// The same, for a priority preemption's victim (after its checkpoint,
+    /// or at once when it cannot checkpoint), ms.
+    pub preemption_grace_ms: u32,
+}
+
+/// How a stopping task is to be stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopHow {
+    /// SIGTERM, this grace, SIGKILL.
+    Preempt {
+        /// The grace, ms.
+        grace_ms: u32,
+    },
+    /// Ask for a checkpoint first (the hint carries the deadlines).
+    Hint,
+}
+
+/// A task newly reserved on the node: what its agent needs to start it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// The attempt.
+    pub key: TaskKey,
+    /// Tasks in the gang.
+    pub gang_size: u32,
+    /// The command line.
+    pub command: Vec<String>,
+    /// Extra environment, in name order.
+    pub env: Vec<(String, String)>,
+    /// Each gang task's node address (its `muster.address` label, else its
+    /// id; empty for a task not placed).
+    pub peers: Vec<String>,
+    /// GPUs the task holds.
+    pub gpus: u32,
+    /// The checkpoint to resume from (empty: none), and its epoch.
+    pub checkpoint: Vec<u8>,
+    /// The epoch of that checkpoint.
+    pub checkpoint_epoch: u64,
+    /// The walltime, s.
+    pub walltime_s: u64,
+    /// The stall timeout, s (0: the agent's default).
+    pub stall_timeout_s: u32,
+    /// Whether the gang checkpoints (so the agent saves one on exit).
+    pub checkpointing: bool,
+}
+
+/// What one stream has told its agent so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SentMemory {
+    assigned: BTreeSet<TaskKey>,
+    preempted: BTreeSet<(TaskKey, u64)>,
+    agent_running: BTreeSet<TaskKey>,
+    told: Option<(NodeStatus, u64)>,
+}
+
+impl SentMemory {
+    /// A fresh stream whose agent said it runs `running`.
+    pub fn new(running: impl IntoIterator<Item = TaskKey>) -> SentMemory {
+        SentMemory { agent_running: running.into_iter().collect(), ..SentMemory::default() }
+    }
+
+    /// What the agent said it runs and has not been told to stop.
+    pub fn agent_running(&self) -> &BTreeSet<TaskKey> {
+        &self.agent_running
+    }
+
+    /// The agent's own list of what it runs (a heartbeat's) replaces ours.
+    pub fn agent_runs_now(&mut self, running: impl IntoIterator<Item = TaskKey>) {
+        self.agent_running = running.into_iter().collect();
+    }
+
+    /// The agent started `key` (its claim was granted).
+    pub fn agent_started(&mut self, key: TaskKey) {
+        self.agent_running.insert(key);
+    }
+
+    /// The agent reported `key` ended (exited, stopped, tripped a watchdog).
+    pub fn agent_stopped(&mut self, key: &TaskKey) {
+        self.agent_running.remove(key);
+    }
+
+    /// Records that `plan` was sent, and forgets whatever the node no
+    /// longer holds.
+    pub fn sent(&mut self, plan: &SyncPlan) {
+        if let Some(notice) = plan.notice {
+            self.told = Some(notice);
+        }
+        self.assigned.extend(plan.assign.iter().map(|a| a.key));
+        self.assigned.retain(|k| plan.owned.contains(k));
+        self.preempted.extend(plan.preempt.iter().map(|&(key, epoch, _)| (key, epoch)));
+        self.preempted.retain(|(k, _)| plan.owned.contains(k));
+        for key in &plan.stop {
+            self.agent_running.remove(key);
+        }
+    }
+}
+
+/// What to send one agent now, in this order: notice, assignments,
+/// preempts and hints, stops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncPlan {
+    /// The node's status and drain deadline (0: none), when it changed.
+    pub notice: Option<(NodeStatus, u64)>,
+    /// Tasks newly reserved on the node.
+    pub assign: Vec<Assignment>,
+    /// Stopping tasks to signal: attempt, preemption epoch, how.
+    pub preempt: Vec<(TaskKey, u64, StopHow)>,
+    /// Tasks the agent runs that the node no longer holds.
+    pub stop: Vec<TaskKey>,
+    /// Every attempt the node holds now.
+    owned: BTreeSet<TaskKey>,
+}
+
+impl SyncPlan {
+    /// Whether there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.notice.is_none() && self.assign.is_empty() && self.preempt.is_empty() && self.stop.is_empty()
+    }
+}
+
+/// Plans what to tell `node`'s agent, given what this stream has told it
+/// (`sent`). With `repeat` (a heartbeat) every stopping task not yet acked
+/// is signalled again. An unknown node gets an empty plan.
+pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg: &SyncConfig) -> SyncPlan {
+    let mut plan = SyncPlan::default();
+    let Some(slot) = st.node_slot(node) else { return plan };
+    let n = st.node(slot);
+    let status = (n.status, n.drain.as_ref().map_or(0, |d| d.deadline_ms));
+    if sent.told != Some(status) {
+        plan.notice = Some(status);
+    }
+    for (alloc, task) in st.tasks_on_node(slot) {
+        let a = st.alloc(alloc).expect("index names a known allocation");
+        let t = &a.tasks[task as usize];
+        let key = (alloc, task, t.reservation_epoch);
+        plan.owned.insert(key);
+        if t.status == TaskStatus::Preempting && (repeat || !sent.preempted.contains(&(key, t.preemption_epoch))) {
+            let how = match a.teardown {
+                Some(td) if td.asks_checkpoint() && a.spec.checkpoint == CheckpointMode::None => {
+                    StopHow::Preempt { grace_ms: cfg.preemption_grace_ms }
+                }
+                Some(td) if td.asks_checkpoint() => StopHow::Hint,
+                _ => StopHow::Preempt { grace_ms: cfg.stop_grace_ms },
+            };
+            plan.preempt.push((key, t.preemption_epoch, how));
+        }
+        if t.status == TaskStatus::Reserved && !sent.assigned.contains(&key) {
+            let peers = a
+                .tasks
+                .iter()
+                .map(|p| {
+                    p.node.map_or_else(String::new, |s| {
+                        let n = st.node(s);
+                        n.labels.get(ADDRESS_LABEL).cloned().unwrap_or_else(|| n.id.to_string())
+                    })
+                })
+                .collect();
+            plan.assign.push(Assignment {
+                key,
+                gang_size: a.spec.gang_size,
+                command: a.spec.command.clone(),
+                env: a.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                peers,
+                gpus: a.spec.resources.gpus,
+                checkpoint: t.checkpoint.as_ref().map(|c| c.data.clone()).unwrap_or_default(),
+                checkpoint_epoch: t.checkpoint.as_ref().map_or(0, |c| c.epoch),
+                walltime_s: a.spec.walltime_s,
+                stall_timeout_s: a.spec.stall_timeout_s,
+                checkpointing: a.spec.checkpoint != CheckpointMode::None,
+            });
+        }
+    }
+    plan.stop = sent.agent_running.iter().filter(|k| !plan.owned.contains(k)).copied().collect();
+    plan
+}
+
+#[cfg(test)]
+#[path = "sync_test.rs"]
+mod sync_test;

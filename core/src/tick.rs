@@ -1,0 +1,327 @@
+//! The leader's tick: every decision the leader proposes on its own, in one
+//! order, with its timers as data.
+//!
+//! ```text
+//!   shell: read the clock ──▶ Tick::begin(time, wake, &mut timers)
+//!          loop { pass = tick.next(&State, &silence) ──▶ propose pass.commands() ──▶ wait for apply }
+//! ```
+//!
+//! A tick runs up to four passes, in this order:
+//!
+//! 1. **Node lost** (every `liveness_every_ms`): a node that may hold work,
+//!    holds some, and has been silent for `node_lost_after_ms` is marked
+//!    lost. Silence is the shell's memory of heartbeats ([`Heard`]), not
+//!    replicated state: a new leader gives every node a full window.
+//! 2. **Deadlines** (with the node-lost pass): forced teardowns past their
+//!    force deadline, preemptors' holds that expired, drains past their
+//!    deadline. All three deadlines are entry times in the replicated state.
+//! 3. **Admission** (when woken: a submit, a release, the admission interval,
+//!    or an earlier pass of this tick proposing something).
+//! 4. **Reclaim or preemption** (after admission, at most once per
+//!    `min_pass_interval_ms`): lenders take borrowed nodes back first; a pass
+//!    that reclaims does not also preempt, since both read the same view.
+//!
+//! Each pass reads the state the previous pass's commands left, so the shell
+//! proposes a pass's commands and waits for them to apply before it asks for
+//! the next. The leader (`muster-scheduler`'s leader loop) and the simulator
+//! (`muster-sim`) drive the same [`Tick`]; neither decides anything itself.
+
+use std::collections::BTreeMap;
+
+use crate::policy::{
+    AdmissionConfig, AdmissionPlan, PreemptionConfig, ReclaimConfig, plan_admission, plan_drain_expiries,
+    plan_expired_nominations, plan_forced_teardowns, plan_preemptions, plan_reclaims,
+};
+use crate::sm::{Command, NodeId, State};
+
+/// How often the node-lost and deadline passes run.
+pub const DEFAULT_LIVENESS_EVERY_MS: u64 = 1_000;
+
+/// The leader's settings: what its passes decide with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LeaderConfig {
+    /// Admission policy knobs.
+    pub admission: AdmissionConfig,
+    /// Priority-preemption knobs.
+    pub preemption: PreemptionConfig,
+    /// Elastic-reclamation knobs.
+    pub reclaim: ReclaimConfig,
+    /// Whether the reclaim-or-preemption pass runs at all. The leader always
+    /// runs it; a simulation studying admission alone turns it off.
+    pub preempt: bool,
+    /// A node silent this long while holding work is marked lost, ms.
+    pub node_lost_after_ms: u64,
+    /// A teardown's stopping tasks are forced to stopped this long after it
+    /// started (longer for a preemption's victims: their checkpoint
+    /// deadline comes first), ms.
+    pub teardown_force_after_ms: u64,
+    /// How often the node-lost and deadline passes run, ms.
+    pub liveness_every_ms: u64,
+}
+
+impl Default for LeaderConfig {
+    fn default() -> Self {
+        LeaderConfig {
+            admission: AdmissionConfig::default(),
+            preemption: PreemptionConfig::default(),
+            reclaim: ReclaimConfig::default(),
+            preempt: true,
+            node_lost_after_ms: 30_000,
+            teardown_force_after_ms: crate::policy::DEFAULT_FORCE_AFTER_MS,
+            liveness_every_ms: DEFAULT_LIVENESS_EVERY_MS,
+        }
+    }
+}
+
+/// Times on the shell's clock that a tick reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TickTime {
+    /// Wall time, ms since the Unix epoch, never behind the state's own
+    /// `now_ms`: replicated deadlines are compared with it.
+    pub wall_ms: u64,
+    /// Monotonic time, ms on any fixed origin: pass intervals and silence
+    /// are measured with it, so a wall-clock jump cannot mark a node lost.
+    pub mono_ms: u64,
+}
+
+/// When each pass last ran, in monotonic ms. A new leader starts with fresh
+/// timers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassTimers {
+    last_liveness_ms: Option<u64>,
+    last_preemption_ms: Option<u64>,
+}
+
+impl PassTimers {
+    /// When the node-lost and deadline passes are next due.
+    pub fn liveness_due_ms(&self, cfg: &LeaderConfig) -> u64 {
+        self.last_liveness_ms.map_or(0, |t| t.saturating_add(cfg.liveness_every_ms))
+    }
+
+    /// When a reclaim-or-preemption pass may next run.
+    pub fn preemption_due_ms(&self, cfg: &LeaderConfig) -> u64 {
+        self.last_preemption_ms.map_or(0, |t| t.saturating_add(cfg.preemption.min_pass_interval_ms))
+    }
+}
+
+/// Why the shell runs a tick now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wake {
+    /// Something admission should look at: a submit, a release, a
+    /// reservation that may have gone stale, or the admission interval.
+    pub admission: bool,
+}
+
+/// How long each node has been silent: the shell's memory of heartbeats.
+pub trait Silence {
+    /// How long `node` has been silent at monotonic time `mono_ms`.
+    fn silent_ms(&self, node: &NodeId, mono_ms: u64) -> u64;
+}
+
+/// When the leader last heard from each node, in monotonic ms. Kept by the
+/// leader's shell, never replicated: a new leader starts it afresh with
+/// [`Heard::lead_from`], which gives every node a full window.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Heard {
+    last: BTreeMap<NodeId, u64>,
+    leading_since_ms: Option<u64>,
+}
+
+impl Heard {
+    /// A message from `node` arrived at `mono_ms`.
+    pub fn touch(&mut self, node: &NodeId, mono_ms: u64) {
+        let last = self.last.entry(node.clone()).or_insert(mono_ms);
+        *last = (*last).max(mono_ms);
+    }
+
+    /// This replica started leading at `mono_ms`: forget what an earlier
+    /// term heard, and count every node's silence from now at the earliest.
+    pub fn lead_from(&mut self, mono_ms: u64) {
+        self.last.clear();
+        self.leading_since_ms = Some(mono_ms);
+    }
+}
+
+impl Silence for Heard {
+    fn silent_ms(&self, node: &NodeId, mono_ms: u64) -> u64 {
+        let since = match (self.last.get(node), self.leading_since_ms) {
+            (Some(&seen), Some(lead)) => seen.max(lead),
+            (Some(&seen), None) => seen,
+            (None, Some(lead)) => lead,
+            (None, None) => return 0,
+        };
+        mono_ms.saturating_sub(since)
+    }
+}
+
+/// Which of the tick's passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PassKind {
+    /// Silent nodes holding work are marked lost.
+    NodeLost,
+    /// Forced teardowns, expired holds, drains past their deadline.
+    Deadlines,
+    /// Admission.
+    Admission,
+    /// Reclaim, or else priority preemption.
+    Preemption,
+}
+
+/// One pass's decision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pass {
+    /// `MarkNodeLost` for each silent node holding work, in slot order.
+    NodeLost(Vec<Command>),
+    /// Forced teardowns, then expired holds, then drain expiries.
+    Deadlines(Vec<Command>),
+    /// The admission pass's plan (its commands, planned starts, counters).
+    Admission(AdmissionPlan),
+    /// Reclaims, or (when nothing is reclaimed) preemptions.
+    Preemption {
+        /// How many of `commands` are reclaims (they come first).
+        reclaims: usize,
+        /// The commands.
+        commands: Vec<Command>,
+    },
+}
+
+impl Pass {
+    /// Which pass.
+    pub fn kind(&self) -> PassKind {
+        match self {
+            Pass::NodeLost(_) => PassKind::NodeLost,
+            Pass::Deadlines(_) => PassKind::Deadlines,
+            Pass::Admission(_) => PassKind::Admission,
+            Pass::Preemption { .. } => PassKind::Preemption,
+        }
+    }
+
+    /// The commands to propose, in order.
+    pub fn commands(&self) -> &[Command] {
+        match self {
+            Pass::NodeLost(c) | Pass::Deadlines(c) | Pass::Preemption { commands: c, .. } => c,
+            Pass::Admission(plan) => &plan.commands,
+        }
+    }
+
+    /// The commands to propose, in order, by value.
+    pub fn into_commands(self) -> Vec<Command> {
+        match self {
+            Pass::NodeLost(c) | Pass::Deadlines(c) | Pass::Preemption { commands: c, .. } => c,
+            Pass::Admission(plan) => plan.commands,
+        }
+    }
+}
+
+/// One tick in progress: which passes are still to run.
+#[derive(Clone, Debug)]
+pub struct Tick {
+    time: TickTime,
+    cfg: LeaderConfig,
+    liveness: bool,
+    admission: bool,
+    preemption_allowed: bool,
+    next: Option<PassKind>,
+    proposed: bool,
+}
+
+impl Tick {
+    /// Starts a tick at `time`, woken for `wake`. Decides which timed
+    /// passes are due and moves `timers` on for them.
+    pub fn begin(time: TickTime, wake: Wake, timers: &mut PassTimers, cfg: &LeaderConfig) -> Tick {
+        let liveness = time.mono_ms >= timers.liveness_due_ms(cfg);
+        if liveness {
+            timers.last_liveness_ms = Some(time.mono_ms);
+        }
+        // The preemption timer moves only when the pass runs (after
+        // admission); the interval is checked here, once.
+        let preemption_allowed = cfg.preempt && time.mono_ms >= timers.preemption_due_ms(cfg);
+        Tick {
+            time,
+            cfg: *cfg,
+            liveness,
+            admission: wake.admission,
+            preemption_allowed,
+            next: Some(PassKind::NodeLost),
+            proposed: false,
+        }
+    }
+
+    /// Whether this tick runs the node-lost and deadline passes.
+    pub fn liveness_due(&self) -> bool {
+        self.liveness
+    }
+
+    /// The next pass with something to propose, read from `state` as the
+    /// previous passes' commands left it; `None` when the tick is over.
+    /// `timers` records a preemption pass when one runs.
+    pub fn next(&mut self, state: &State, silence: &dyn Silence, timers: &mut PassTimers) -> Option<Pass> {
+        while let Some(kind) = self.next {
+            self.next = match kind {
+                PassKind::NodeLost => Some(PassKind::Deadlines),
+                PassKind::Deadlines => Some(PassKind::Admission),
+                PassKind::Admission => Some(PassKind::Preemption),
+                PassKind::Preemption => None,
+            };
+            let pass = match kind {
+                PassKind::NodeLost if self.liveness => Pass::NodeLost(self.lost_nodes(state, silence)),
+                PassKind::Deadlines if self.liveness => Pass::Deadlines(self.deadlines(state)),
+                PassKind::Admission if self.admission || self.proposed => {
+                    self.admission = true;
+                    Pass::Admission(plan_admission(state, self.time.wall_ms, &self.cfg.admission))
+                }
+                PassKind::Preemption if self.admission && self.preemption_allowed => {
+                    if state.lenders().next().is_none() && state.preemptor_queue().next().is_none() {
+                        continue; // nothing to decide: the timer stays put
+                    }
+                    timers.last_preemption_ms = Some(self.time.mono_ms);
+                    self.preemption(state)
+                }
+                _ => continue,
+            };
+            if pass.commands().is_empty() && !matches!(pass, Pass::Admission(_)) {
+                continue;
+            }
+            self.proposed |= !pass.commands().is_empty();
+            return Some(pass);
+        }
+        None
+    }
+
+    fn lost_nodes(&self, state: &State, silence: &dyn Silence) -> Vec<Command> {
+        state
+            .nodes()
+            .iter()
+            .filter(|n| n.status.may_hold_work() && state.tasks_on_node(n.slot).next().is_some())
+            .filter(|n| silence.silent_ms(&n.id, self.time.mono_ms) >= self.cfg.node_lost_after_ms)
+            .map(|n| Command::MarkNodeLost { node: n.id.clone() })
+            .collect()
+    }
+
+    fn deadlines(&self, state: &State) -> Vec<Command> {
+        let now = self.time.wall_ms;
+        let mut cmds = plan_forced_teardowns(state, now, self.cfg.teardown_force_after_ms, &self.cfg.preemption);
+        cmds.extend(plan_expired_nominations(state, now));
+        cmds.extend(plan_drain_expiries(state, now));
+        cmds
+    }
+
+    fn preemption(&self, state: &State) -> Pass {
+        let now = self.time.wall_ms;
+        let (cfg, reclaim) = (&self.cfg.preemption, &self.cfg.reclaim);
+        // Lenders take their nodes back first: borrowed work was never
+        // theirs to keep.
+        let commands: Vec<Command> =
+            plan_reclaims(state, now, reclaim, cfg).into_iter().map(|r| r.command(state, cfg)).collect();
+        if !commands.is_empty() {
+            return Pass::Preemption { reclaims: commands.len(), commands };
+        }
+        let commands =
+            plan_preemptions(state, now, cfg).into_iter().map(|(alloc, d)| d.command(state, alloc, cfg)).collect();
+        Pass::Preemption { reclaims: 0, commands }
+    }
+}
+
+#[cfg(test)]
+#[path = "tick_test.rs"]
+mod tick_test;
