@@ -16,3 +16,6 @@ pub mod replicated;
 pub mod sm;
 pub mod sync;
 pub mod tick;
+
+#[cfg(test)]
+mod testkit;

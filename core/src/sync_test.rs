@@ -4,135 +4,112 @@ use std::collections::BTreeMap;
 
 use super::{ADDRESS_LABEL, SentMemory, StopHow, SyncConfig, plan_sync};
 use crate::policy::{PreemptionConfig, plan_preemptions};
-use crate::sm::{AllocId, AllocSpec, ApplyCtx, CheckpointMode, Command, Event, NodeId, NodeStatus, Resources, State};
+use crate::sm::{AllocId, CheckpointMode, Command, NodeStatus};
+use crate::testkit::{Fixture, GPU_NODE, n, spec};
 
 const CFG: SyncConfig = SyncConfig { stop_grace_ms: 15_000, preemption_grace_ms: 30_000 };
 
-fn node(i: u32) -> NodeId {
-    NodeId::new(format!("n{i}"))
+/// `nodes` ready nodes, each advertising a gang-peer address.
+fn cluster(nodes: u32) -> Fixture {
+    let mut c = Fixture::new(nodes);
+    for i in 0..nodes {
+        let labels = BTreeMap::from([(ADDRESS_LABEL.to_string(), format!("10.0.0.{i}:7000"))]);
+        c.ok(Command::RegisterNode { node: n(i), resources: GPU_NODE, labels });
+    }
+    c
 }
 
-struct Cluster {
-    s: State,
-    t: u64,
+/// Submits a gang of 8-GPU tasks with an environment variable set.
+fn submit(c: &mut Fixture, gang: u32, class: u8, checkpoint: CheckpointMode) -> AllocId {
+    let mut s = spec(gang, 8);
+    s.preemption_class = class;
+    s.checkpoint = checkpoint;
+    s.env.insert("A".into(), "1".into());
+    c.submit(s)
 }
 
-impl Cluster {
-    fn new(nodes: u32) -> Cluster {
-        let mut c = Cluster { s: State::default(), t: 1_000 };
-        for i in 0..nodes {
-            let labels: BTreeMap<String, String> = [(ADDRESS_LABEL.to_string(), format!("10.0.0.{i}:7000"))].into();
-            let resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_000_000, cpus: 64 };
-            c.ok(Command::RegisterNode { node: node(i), resources, labels });
-            c.ok(Command::NodeReady { node: node(i) });
-        }
-        c
-    }
-
-    fn ok(&mut self, cmd: Command) -> Vec<Event> {
-        let out = self.s.apply(&cmd, &ApplyCtx { time_ms: self.t });
-        assert!(out.is_accepted(), "{cmd:?}: {out:?}");
-        out.events().to_vec()
-    }
-
-    fn submit(&mut self, gang: u32, class: u8, checkpoint: CheckpointMode) -> AllocId {
-        let mut spec =
-            AllocSpec::new("u", gang, Resources { gpus: 8, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }, vec!["x".into()]);
-        spec.preemption_class = class;
-        spec.checkpoint = checkpoint;
-        spec.env.insert("A".into(), "1".into());
-        match self.ok(Command::Submit { spec })[..] {
-            [Event::Submitted { alloc, .. }] => alloc,
-            ref e => panic!("{e:?}"),
-        }
-    }
-
-    fn reserve(&mut self, id: AllocId, nodes: &[u32]) {
-        self.ok(Command::ReserveGang { alloc: id, epoch: 1, nodes: nodes.iter().map(|&i| node(i)).collect() });
-    }
-
-    fn run(&mut self, id: AllocId, nodes: &[u32]) {
-        self.reserve(id, nodes);
-        for (task, &i) in nodes.iter().enumerate() {
-            self.ok(Command::StartTask { alloc: id, task: task as u32, node: node(i), epoch: 1 });
-        }
+/// Reserves `id` on `nodes` and starts every task.
+fn run(c: &mut Fixture, id: AllocId, nodes: &[u32]) {
+    let epoch = c.reserve(id, nodes);
+    for (task, &i) in nodes.iter().enumerate() {
+        c.start(id, task as u32, i, epoch);
     }
 }
 
 #[test]
 fn a_notice_goes_once_per_status_and_again_when_it_changes() {
-    let mut c = Cluster::new(1);
-    let id = c.submit(1, 0, CheckpointMode::None);
-    c.run(id, &[0]);
+    let mut c = cluster(1);
+    let id = submit(&mut c, 1, 0, CheckpointMode::None);
+    run(&mut c, id, &[0]);
     let mut sent = SentMemory::default();
-    let plan = plan_sync(&c.s, &node(0), &sent, false, &CFG);
+    let plan = plan_sync(&c.s, &n(0), &sent, false, &CFG);
     assert_eq!(plan.notice, Some((NodeStatus::Ready, 0)), "every stream is told once");
     sent.sent(&plan);
-    assert!(plan_sync(&c.s, &node(0), &sent, false, &CFG).is_empty());
-    assert!(plan_sync(&c.s, &node(0), &sent, true, &CFG).is_empty(), "a heartbeat repeats no notice");
+    assert!(plan_sync(&c.s, &n(0), &sent, false, &CFG).is_empty());
+    assert!(plan_sync(&c.s, &n(0), &sent, true, &CFG).is_empty(), "a heartbeat repeats no notice");
     // A node with work drains until its deadline.
-    c.ok(Command::DrainNode { node: node(0), timeout_ms: 60_000, reason: "r".into(), by: "op".into() });
-    let plan = plan_sync(&c.s, &node(0), &sent, false, &CFG);
+    c.ok(Command::DrainNode { node: n(0), timeout_ms: 60_000, reason: "r".into(), by: "op".into() });
+    let plan = plan_sync(&c.s, &n(0), &sent, false, &CFG);
     assert_eq!(plan.notice, Some((NodeStatus::Draining, c.t + 60_000)), "{plan:?}");
     sent.sent(&plan);
-    assert!(plan_sync(&c.s, &node(0), &sent, false, &CFG).notice.is_none());
+    assert!(plan_sync(&c.s, &n(0), &sent, false, &CFG).notice.is_none());
 }
 
 #[test]
 fn a_reserved_task_is_assigned_once_with_its_peers_addresses() {
-    let mut c = Cluster::new(2);
-    let id = c.submit(2, 0, CheckpointMode::None);
+    let mut c = cluster(2);
+    let id = submit(&mut c, 2, 0, CheckpointMode::None);
     c.reserve(id, &[0, 1]);
     let mut sent = SentMemory::default();
-    let plan = plan_sync(&c.s, &node(1), &sent, false, &CFG);
+    let plan = plan_sync(&c.s, &n(1), &sent, false, &CFG);
     let [a] = &plan.assign[..] else { panic!("{plan:?}") };
     assert_eq!(a.key, (id, 1, 1));
     assert_eq!(a.peers, ["10.0.0.0:7000", "10.0.0.1:7000"]);
     assert_eq!((a.gang_size, a.gpus, a.env.clone()), (2, 8, vec![("A".to_string(), "1".to_string())]));
     assert!(!a.checkpointing);
     sent.sent(&plan);
-    assert!(plan_sync(&c.s, &node(1), &sent, false, &CFG).assign.is_empty(), "assigned once per stream");
-    assert!(plan_sync(&c.s, &node(1), &sent, true, &CFG).assign.is_empty(), "a heartbeat does not repeat it");
+    assert!(plan_sync(&c.s, &n(1), &sent, false, &CFG).assign.is_empty(), "assigned once per stream");
+    assert!(plan_sync(&c.s, &n(1), &sent, true, &CFG).assign.is_empty(), "a heartbeat does not repeat it");
     // A fresh stream (a reconnect) is told again.
-    assert_eq!(plan_sync(&c.s, &node(1), &SentMemory::default(), false, &CFG).assign.len(), 1);
+    assert_eq!(plan_sync(&c.s, &n(1), &SentMemory::default(), false, &CFG).assign.len(), 1);
     // Once it runs it is no longer an assignment.
-    c.ok(Command::StartTask { alloc: id, task: 1, node: node(1), epoch: 1 });
-    assert!(plan_sync(&c.s, &node(1), &SentMemory::default(), false, &CFG).assign.is_empty());
+    c.ok(Command::StartTask { alloc: id, task: 1, node: n(1), epoch: 1 });
+    assert!(plan_sync(&c.s, &n(1), &SentMemory::default(), false, &CFG).assign.is_empty());
 }
 
 #[test]
 fn a_cancelled_task_is_told_to_stop_with_the_stop_grace_and_again_on_heartbeats() {
-    let mut c = Cluster::new(1);
-    let id = c.submit(1, 0, CheckpointMode::None);
-    c.run(id, &[0]);
+    let mut c = cluster(1);
+    let id = submit(&mut c, 1, 0, CheckpointMode::None);
+    run(&mut c, id, &[0]);
     let mut sent = SentMemory::default();
-    sent.sent(&plan_sync(&c.s, &node(0), &sent, false, &CFG));
+    sent.sent(&plan_sync(&c.s, &n(0), &sent, false, &CFG));
     c.ok(Command::CancelAllocation { alloc: id });
-    let plan = plan_sync(&c.s, &node(0), &sent, false, &CFG);
+    let plan = plan_sync(&c.s, &n(0), &sent, false, &CFG);
     let [(key, epoch, how)] = plan.preempt[..] else { panic!("{plan:?}") };
     assert_eq!((key, how), ((id, 0, 1), StopHow::Preempt { grace_ms: CFG.stop_grace_ms }));
     sent.sent(&plan);
-    assert!(plan_sync(&c.s, &node(0), &sent, false, &CFG).preempt.is_empty(), "signalled once per entry");
-    let again = plan_sync(&c.s, &node(0), &sent, true, &CFG);
+    assert!(plan_sync(&c.s, &n(0), &sent, false, &CFG).preempt.is_empty(), "signalled once per entry");
+    let again = plan_sync(&c.s, &n(0), &sent, true, &CFG);
     assert_eq!(again.preempt, [(key, epoch, how)], "a heartbeat repeats it until the ack commits");
 }
 
 #[test]
 fn a_priority_victim_gets_a_hint_if_it_checkpoints_and_the_preemption_grace_if_not() {
-    let mut c = Cluster::new(2);
-    let saver = c.submit(1, 0, CheckpointMode::Auto);
-    c.run(saver, &[0]);
-    let plain = c.submit(1, 0, CheckpointMode::None);
-    c.run(plain, &[1]);
-    c.submit(2, 9, CheckpointMode::None);
+    let mut c = cluster(2);
+    let saver = submit(&mut c, 1, 0, CheckpointMode::Auto);
+    run(&mut c, saver, &[0]);
+    let plain = submit(&mut c, 1, 0, CheckpointMode::None);
+    run(&mut c, plain, &[1]);
+    submit(&mut c, 2, 9, CheckpointMode::None);
     c.t = 1_000_000;
     let cfg = PreemptionConfig::default();
     let decisions = plan_preemptions(&c.s, c.t, &cfg);
     let [(alloc, d)] = &decisions[..] else { panic!("{decisions:?}") };
     c.ok(d.command(&c.s, *alloc, &cfg));
-    let hint = plan_sync(&c.s, &node(0), &SentMemory::default(), false, &CFG);
+    let hint = plan_sync(&c.s, &n(0), &SentMemory::default(), false, &CFG);
     assert_eq!(hint.preempt[..].iter().map(|p| p.2).collect::<Vec<_>>(), [StopHow::Hint]);
-    let kill = plan_sync(&c.s, &node(1), &SentMemory::default(), false, &CFG);
+    let kill = plan_sync(&c.s, &n(1), &SentMemory::default(), false, &CFG);
     assert_eq!(
         kill.preempt[..].iter().map(|p| p.2).collect::<Vec<_>>(),
         [StopHow::Preempt { grace_ms: CFG.preemption_grace_ms }]
@@ -141,20 +118,20 @@ fn a_priority_victim_gets_a_hint_if_it_checkpoints_and_the_preemption_grace_if_n
 
 #[test]
 fn a_task_the_agent_runs_but_the_node_no_longer_holds_is_stopped_once() {
-    let mut c = Cluster::new(1);
-    let id = c.submit(1, 0, CheckpointMode::None);
-    c.run(id, &[0]);
+    let mut c = cluster(1);
+    let id = submit(&mut c, 1, 0, CheckpointMode::None);
+    run(&mut c, id, &[0]);
     let stale = (id, 0, 7);
     let mut sent = SentMemory::new([(id, 0, 1), stale]);
-    let plan = plan_sync(&c.s, &node(0), &sent, false, &CFG);
+    let plan = plan_sync(&c.s, &n(0), &sent, false, &CFG);
     assert_eq!(plan.stop, [stale], "only the attempt the node does not hold");
     sent.sent(&plan);
     assert_eq!(sent.agent_running().iter().copied().collect::<Vec<_>>(), [(id, 0, 1)]);
-    assert!(plan_sync(&c.s, &node(0), &sent, false, &CFG).stop.is_empty());
+    assert!(plan_sync(&c.s, &n(0), &sent, false, &CFG).stop.is_empty());
 }
 
 #[test]
 fn an_unknown_node_gets_an_empty_plan() {
-    let c = Cluster::new(1);
-    assert!(plan_sync(&c.s, &node(9), &SentMemory::default(), true, &CFG).is_empty());
+    let c = cluster(1);
+    assert!(plan_sync(&c.s, &n(9), &SentMemory::default(), true, &CFG).is_empty());
 }

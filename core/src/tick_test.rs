@@ -1,68 +1,36 @@
 //! Unit tests of the leader's tick: pass order, timers, silence.
 
-use std::collections::BTreeMap;
-
 use super::{Heard, LeaderConfig, Pass, PassKind, PassTimers, Silence, Tick, TickTime, Wake};
-use crate::sm::{AllocId, AllocSpec, ApplyCtx, Command, Event, NodeId, Resources, State};
+use crate::sm::{AllocId, AllocSpec, Command};
+use crate::testkit::{Fixture, n, spec};
 
-fn node(i: u32) -> NodeId {
-    NodeId::new(format!("n{i}"))
+/// Submits a one-task job of `gpus` GPUs.
+fn submit(c: &mut Fixture, gpus: u32) -> AllocId {
+    c.submit(spec(1, gpus))
 }
 
-struct Cluster {
-    s: State,
-    t: u64,
+/// Runs a one-task 8-GPU job on node `i`.
+fn run_on(c: &mut Fixture, i: u32) -> AllocId {
+    let id = submit(c, 8);
+    let epoch = c.reserve(id, &[i]);
+    c.start(id, 0, i, epoch);
+    id
 }
 
-impl Cluster {
-    fn new(nodes: u32) -> Cluster {
-        let mut c = Cluster { s: State::default(), t: 1_000 };
-        for i in 0..nodes {
-            let resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_000_000, cpus: 64 };
-            c.ok(Command::RegisterNode { node: node(i), resources, labels: BTreeMap::new() });
-            c.ok(Command::NodeReady { node: node(i) });
+/// Runs a whole tick the way a shell does: each pass's commands are applied
+/// before the next pass reads.
+fn tick(c: &mut Fixture, time: TickTime, wake: Wake, timers: &mut PassTimers, silence: &dyn Silence) -> Vec<Pass> {
+    let cfg = LeaderConfig::default();
+    let mut tick = Tick::begin(time, wake, timers, &cfg);
+    let mut passes = Vec::new();
+    c.t = time.wall_ms;
+    while let Some(pass) = tick.next(&c.s, silence, timers) {
+        for cmd in pass.commands() {
+            c.ok(cmd.clone());
         }
-        c
+        passes.push(pass);
     }
-
-    fn ok(&mut self, cmd: Command) -> Vec<Event> {
-        let out = self.s.apply(&cmd, &ApplyCtx { time_ms: self.t });
-        assert!(out.is_accepted(), "{cmd:?}: {out:?}");
-        out.events().to_vec()
-    }
-
-    fn submit(&mut self, gang: u32, gpus: u32) -> AllocId {
-        let spec =
-            AllocSpec::new("u", gang, Resources { gpus, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }, vec!["x".into()]);
-        match self.ok(Command::Submit { spec })[..] {
-            [Event::Submitted { alloc, .. }] => alloc,
-            ref e => panic!("{e:?}"),
-        }
-    }
-
-    /// Runs a one-task job on node `n`.
-    fn run_on(&mut self, n: u32) -> AllocId {
-        let id = self.submit(1, 8);
-        self.ok(Command::ReserveGang { alloc: id, epoch: 1, nodes: vec![node(n)] });
-        self.ok(Command::StartTask { alloc: id, task: 0, node: node(n), epoch: 1 });
-        id
-    }
-
-    /// Runs a whole tick the way a shell does: each pass's commands are
-    /// applied before the next pass reads.
-    fn tick(&mut self, time: TickTime, wake: Wake, timers: &mut PassTimers, silence: &dyn Silence) -> Vec<Pass> {
-        let cfg = LeaderConfig::default();
-        let mut tick = Tick::begin(time, wake, timers, &cfg);
-        let mut passes = Vec::new();
-        self.t = time.wall_ms;
-        while let Some(pass) = tick.next(&self.s, silence, timers) {
-            for cmd in pass.commands() {
-                self.ok(cmd.clone());
-            }
-            passes.push(pass);
-        }
-        passes
-    }
+    passes
 }
 
 fn at(ms: u64) -> TickTime {
@@ -76,73 +44,73 @@ fn kinds(passes: &[Pass]) -> Vec<PassKind> {
 #[test]
 fn heard_counts_silence_from_the_later_of_last_message_and_leading() {
     let mut h = Heard::default();
-    assert_eq!(h.silent_ms(&node(0), 5_000), 0, "not leading: nobody is silent");
-    h.touch(&node(0), 1_000);
-    assert_eq!(h.silent_ms(&node(0), 5_000), 4_000);
+    assert_eq!(h.silent_ms(&n(0), 5_000), 0, "not leading: nobody is silent");
+    h.touch(&n(0), 1_000);
+    assert_eq!(h.silent_ms(&n(0), 5_000), 4_000);
     h.lead_from(10_000);
-    assert_eq!(h.silent_ms(&node(0), 12_000), 2_000, "a new leader forgets the old term's silence");
-    assert_eq!(h.silent_ms(&node(1), 12_000), 2_000, "never heard: silent since leading");
-    h.touch(&node(1), 11_500);
-    h.touch(&node(1), 11_000);
-    assert_eq!(h.silent_ms(&node(1), 12_000), 500, "an older message never moves last-heard back");
+    assert_eq!(h.silent_ms(&n(0), 12_000), 2_000, "a new leader forgets the old term's silence");
+    assert_eq!(h.silent_ms(&n(1), 12_000), 2_000, "never heard: silent since leading");
+    h.touch(&n(1), 11_500);
+    h.touch(&n(1), 11_000);
+    assert_eq!(h.silent_ms(&n(1), 12_000), 500, "an older message never moves last-heard back");
 }
 
 #[test]
 fn a_silent_node_is_marked_lost_then_admission_places_the_failed_over_work() {
-    let mut c = Cluster::new(2);
-    let job = c.run_on(0);
+    let mut c = Fixture::new(2);
+    let job = run_on(&mut c, 0);
     let mut h = Heard::default();
     h.lead_from(1_000);
     let mut timers = PassTimers::default();
     // Node 1 keeps talking; node 0 went silent at 1 s.
-    h.touch(&node(1), 40_000);
-    let passes = c.tick(at(40_000), Wake::default(), &mut timers, &h);
+    h.touch(&n(1), 40_000);
+    let passes = tick(&mut c, at(40_000), Wake::default(), &mut timers, &h);
     assert_eq!(kinds(&passes), [PassKind::NodeLost, PassKind::Admission], "{passes:#?}");
-    assert_eq!(passes[0].commands(), [Command::MarkNodeLost { node: node(0) }]);
+    assert_eq!(passes[0].commands(), [Command::MarkNodeLost { node: n(0) }]);
     // Nothing woke admission, but the node-lost pass proposed: admission
     // runs in the same tick and puts the failed-over task on node 1.
     assert!(
-        matches!(passes[1].commands(), [Command::ReserveGang { alloc, nodes, .. }] if *alloc == job && *nodes == [node(1)]),
+        matches!(passes[1].commands(), [Command::ReserveGang { alloc, nodes, .. }] if *alloc == job && *nodes == [n(1)]),
         "{passes:#?}"
     );
 }
 
 #[test]
 fn liveness_runs_at_most_once_per_interval() {
-    let mut c = Cluster::new(1);
-    c.run_on(0);
+    let mut c = Fixture::new(1);
+    run_on(&mut c, 0);
     let lost_after = LeaderConfig::default().node_lost_after_ms;
     let mut timers = PassTimers::default();
     let mut h = Heard::default();
     h.lead_from(0);
-    h.touch(&node(0), 100_000);
-    assert!(c.tick(at(100_000), Wake::default(), &mut timers, &h).is_empty());
+    h.touch(&n(0), 100_000);
+    assert!(tick(&mut c, at(100_000), Wake::default(), &mut timers, &h).is_empty());
     // 500 ms later the node counts as silent, but the pass is not due.
     let mut silent = Heard::default();
     silent.lead_from(100_000 - lost_after);
-    assert!(c.tick(at(100_500), Wake::default(), &mut timers, &silent).is_empty());
+    assert!(tick(&mut c, at(100_500), Wake::default(), &mut timers, &silent).is_empty());
     assert_eq!(timers.liveness_due_ms(&LeaderConfig::default()), 101_000);
-    let passes = c.tick(at(101_000), Wake::default(), &mut timers, &silent);
+    let passes = tick(&mut c, at(101_000), Wake::default(), &mut timers, &silent);
     assert_eq!(kinds(&passes)[0], PassKind::NodeLost);
 }
 
 #[test]
 fn silence_is_measured_on_the_monotonic_clock() {
-    let mut c = Cluster::new(1);
-    c.run_on(0);
+    let mut c = Fixture::new(1);
+    run_on(&mut c, 0);
     let mut h = Heard::default();
     h.lead_from(0);
-    h.touch(&node(0), 1_000);
+    h.touch(&n(0), 1_000);
     let mut timers = PassTimers::default();
     // The wall clock jumped an hour ahead; the monotonic one did not.
     let jumped = TickTime { wall_ms: 3_600_000, mono_ms: 2_000 };
-    assert!(c.tick(jumped, Wake::default(), &mut timers, &h).is_empty());
+    assert!(tick(&mut c, jumped, Wake::default(), &mut timers, &h).is_empty());
 }
 
 #[test]
 fn a_stuck_teardown_is_forced_at_its_deadline_and_not_before() {
-    let mut c = Cluster::new(1);
-    let job = c.run_on(0);
+    let mut c = Fixture::new(1);
+    let job = run_on(&mut c, 0);
     c.ok(Command::CancelAllocation { alloc: job });
     let started = c.t;
     let force_after = LeaderConfig::default().teardown_force_after_ms;
@@ -150,52 +118,51 @@ fn a_stuck_teardown_is_forced_at_its_deadline_and_not_before() {
     h.lead_from(started);
     let mut timers = PassTimers::default();
     let early = at(started + force_after - 1);
-    h.touch(&node(0), early.mono_ms);
-    assert!(c.tick(early, Wake::default(), &mut timers, &h).is_empty());
+    h.touch(&n(0), early.mono_ms);
+    assert!(tick(&mut c, early, Wake::default(), &mut timers, &h).is_empty());
     let due = at(started + force_after + 1_000);
-    h.touch(&node(0), due.mono_ms);
-    let passes = c.tick(due, Wake::default(), &mut timers, &h);
+    h.touch(&n(0), due.mono_ms);
+    let passes = tick(&mut c, due, Wake::default(), &mut timers, &h);
     assert_eq!(kinds(&passes)[0], PassKind::Deadlines);
     assert!(matches!(passes[0].commands(), [Command::ForceDrain { alloc, .. }] if *alloc == job), "{passes:#?}");
 }
 
 #[test]
 fn admission_runs_when_woken_and_an_empty_plan_is_still_reported() {
-    let mut c = Cluster::new(1);
+    let mut c = Fixture::new(1);
     let mut timers = PassTimers::default();
     let h = Heard::default();
-    let passes = c.tick(at(5_000), Wake { admission: true }, &mut timers, &h);
+    let passes = tick(&mut c, at(5_000), Wake { admission: true }, &mut timers, &h);
     assert_eq!(kinds(&passes), [PassKind::Admission], "an empty plan still counts as a pass");
     assert!(passes[0].commands().is_empty());
-    let job = c.submit(1, 8);
-    let passes = c.tick(at(5_100), Wake { admission: true }, &mut timers, &h);
+    let job = submit(&mut c, 8);
+    let passes = tick(&mut c, at(5_100), Wake { admission: true }, &mut timers, &h);
     assert!(matches!(passes[0].commands(), [Command::ReserveGang { alloc, .. }] if *alloc == job));
     // Not woken, nothing proposed earlier: no admission pass.
-    c.submit(1, 8);
-    assert!(c.tick(at(5_200), Wake::default(), &mut timers, &h).is_empty());
+    submit(&mut c, 8);
+    assert!(tick(&mut c, at(5_200), Wake::default(), &mut timers, &h).is_empty());
 }
 
 #[test]
 fn preemption_runs_after_admission_at_most_once_per_interval() {
-    let mut c = Cluster::new(1);
-    c.run_on(0);
+    let mut c = Fixture::new(1);
+    run_on(&mut c, 0);
     let cfg = LeaderConfig::default();
-    let mut spec =
-        AllocSpec::new("u", 1, Resources { gpus: 8, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }, vec!["x".into()]);
-    spec.preemption_class = 9;
-    c.ok(Command::Submit { spec });
+    let mut urgent: AllocSpec = spec(1, 8);
+    urgent.preemption_class = 9;
+    c.submit(urgent);
     let mut h = Heard::default();
     h.lead_from(0);
     let mut timers = PassTimers::default();
-    h.touch(&node(0), 200_000);
-    let passes = c.tick(at(200_000), Wake { admission: true }, &mut timers, &h);
+    h.touch(&n(0), 200_000);
+    let passes = tick(&mut c, at(200_000), Wake { admission: true }, &mut timers, &h);
     assert_eq!(kinds(&passes), [PassKind::Admission, PassKind::Preemption], "{passes:#?}");
     assert!(
         matches!(passes[1], Pass::Preemption { reclaims: 0, ref commands } if matches!(commands[..], [Command::Preempt { .. }]))
     );
     assert_eq!(timers.preemption_due_ms(&cfg), 200_000 + cfg.preemption.min_pass_interval_ms);
     // Within the interval, admission runs alone.
-    h.touch(&node(0), 200_100);
-    let passes = c.tick(at(200_100), Wake { admission: true }, &mut timers, &h);
+    h.touch(&n(0), 200_100);
+    let passes = tick(&mut c, at(200_100), Wake { admission: true }, &mut timers, &h);
     assert_eq!(kinds(&passes), [PassKind::Admission]);
 }

@@ -69,13 +69,13 @@ enum Wake {
     TouchedNodes,
 }
 
-struct Result {
+struct Figures {
     wall_per_entry: Duration,
     cpu_per_entry_s: f64,
     wakes_per_entry: f64,
 }
 
-async fn measure(way: Wake, streams: u32, entries: u64) -> Result {
+async fn measure(way: Wake, streams: u32, entries: u64) -> Figures {
     let state = Arc::new(RwLock::new(cluster(streams)));
     let touches = Arc::new(Touches::default());
     let (applied_tx, applied_rx) = watch::channel(0u64);
@@ -144,7 +144,7 @@ async fn measure(way: Wake, streams: u32, entries: u64) -> Result {
     for t in tasks {
         t.abort();
     }
-    Result {
+    Figures {
         wall_per_entry: wall / entries as u32,
         cpu_per_entry_s: cpu / entries as f64,
         wakes_per_entry: total as f64 / entries as f64,

@@ -527,9 +527,7 @@ impl Simulation {
                 self.at(next, Ev::Tick);
             }
         }
-        let mut timers = self.timers;
-        while let Some(pass) = tick.next(&self.state, &self.down, &mut timers) {
-            self.timers = timers;
+        while let Some(pass) = tick.next(&self.state, &self.down, &mut self.timers) {
             self.passed(&pass);
             let preempted = matches!(pass, Pass::Preemption { .. }) && !pass.commands().is_empty();
             self.apply_plan(pass.commands())?;
@@ -538,7 +536,6 @@ impl Simulation {
                 self.at(self.now + self.leader.preemption.hold_ms(), Ev::Tick);
             }
         }
-        self.timers = timers;
         if self.leader.preempt
             && self.state.preemptor_queue().next().is_some()
             && self.now < self.timers.preemption_due_ms(&self.leader)

@@ -1287,17 +1287,9 @@ impl State {
         let (slot, status) =
             self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
         if status == TaskStatus::Preempting {
-            let teardown = self.allocs[&id].teardown.expect("a preempting task belongs to a teardown");
-            self.leave_node(id, task, slot, TaskStatus::Preempted, exit_code);
             let mut events = vec![
                 Event::TaskFailed { alloc: id, task, exit_code, charged: false },
-                Event::TaskPreempted {
-                    alloc: id,
-                    task,
-                    epoch: teardown.epoch,
-                    forced: false,
-                    checkpoint_failed: false,
-                },
+                self.stopped(id, task, slot, exit_code, false, false),
             ];
             events.extend(self.settle(id));
             return Ok(events);
@@ -1389,15 +1381,7 @@ impl State {
             self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
         let cap = self.limits.watchdog_max_retries;
         if status == TaskStatus::Preempting {
-            let teardown = self.allocs[&id].teardown.expect("a preempting task belongs to a teardown");
-            self.leave_node(id, task, slot, TaskStatus::Preempted, None);
-            let mut events = vec![Event::TaskPreempted {
-                alloc: id,
-                task,
-                epoch: teardown.epoch,
-                forced: false,
-                checkpoint_failed: false,
-            }];
+            let mut events = vec![self.stopped(id, task, slot, None, false, false)];
             events.extend(self.settle(id));
             return Ok(events);
         }
@@ -1484,14 +1468,30 @@ impl State {
     ) -> Applied {
         let slot = self.check_preempting(id, task, node, epoch)?;
         let asked = self.allocs[&id].teardown.is_some_and(|td| td.asks_checkpoint());
-        let checkpoint_failed = checkpoint_failed && asked;
-        self.leave_node(id, task, slot, TaskStatus::Preempted, None);
+        let mut events = vec![self.stopped(id, task, slot, None, false, checkpoint_failed && asked)];
+        events.extend(self.settle(id));
+        Ok(events)
+    }
+
+    /// A stopping (preempting) task's process is gone: it leaves its node as
+    /// preempted under its teardown's epoch, charged an attempt when the
+    /// checkpoint it owed never came. `forced`: the leader forced it at the
+    /// deadline (or its node was lost) rather than its agent confirming.
+    fn stopped(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        slot: NodeSlot,
+        exit_code: Option<i32>,
+        forced: bool,
+        checkpoint_failed: bool,
+    ) -> Event {
+        let epoch = self.allocs[&id].tasks[task as usize].preemption_epoch;
+        self.leave_node(id, task, slot, TaskStatus::Preempted, exit_code);
         if checkpoint_failed {
             self.charge_failed_checkpoint(id, task);
         }
-        let mut events = vec![Event::TaskPreempted { alloc: id, task, epoch, forced: false, checkpoint_failed }];
-        events.extend(self.settle(id));
-        Ok(events)
+        Event::TaskPreempted { alloc: id, task, epoch, forced, checkpoint_failed }
     }
 
     /// A preempted task that did not checkpoint in time: charged an attempt
@@ -1627,11 +1627,7 @@ impl State {
         let mut events = Vec::new();
         let checkpoint_failed = teardown.asks_checkpoint();
         for (task, slot) in stuck {
-            self.leave_node(id, task, slot, TaskStatus::Preempted, None);
-            if checkpoint_failed {
-                self.charge_failed_checkpoint(id, task);
-            }
-            events.push(Event::TaskPreempted { alloc: id, task, epoch, forced: true, checkpoint_failed });
+            events.push(self.stopped(id, task, slot, None, true, checkpoint_failed));
         }
         events.extend(self.settle(id));
         Ok(events)
@@ -1956,15 +1952,7 @@ impl State {
                     events.extend(self.settle(id));
                 }
                 TaskStatus::Preempting => {
-                    let epoch = t.preemption_epoch;
-                    self.leave_node(id, task, slot, TaskStatus::Preempted, None);
-                    events.push(Event::TaskPreempted {
-                        alloc: id,
-                        task,
-                        epoch,
-                        forced: true,
-                        checkpoint_failed: false,
-                    });
+                    events.push(self.stopped(id, task, slot, None, true, false));
                     events.extend(self.settle(id));
                 }
                 other => unreachable!("task {id}/{task} on a node while {other:?}"),

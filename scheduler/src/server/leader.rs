@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use muster_core::tick::{LeaderConfig, Pass, PassTimers, Silence, Tick, TickTime, Wake};
-use openraft::ServerState;
 use tokio::task::JoinHandle;
 
 use super::proposer::ProposeError;
@@ -37,7 +36,8 @@ impl LeaderLoops {
 }
 
 async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
-    let mut metrics = s.raft.metrics();
+    // Leadership changes only: not every applied entry.
+    let mut leading = s.leading.clone();
     let mut admission_tick = tokio::time::interval(interval);
     admission_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut liveness_tick = tokio::time::interval(Duration::from_millis(cfg.liveness_every_ms.max(1)));
@@ -45,10 +45,9 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
     let mut was_leading = false;
     let mut timers = PassTimers::default();
     loop {
-        let leading = metrics.borrow().state == ServerState::Leader;
-        if !leading {
+        if !*leading.borrow_and_update() {
             was_leading = false;
-            if metrics.changed().await.is_err() {
+            if leading.changed().await.is_err() {
                 return;
             }
             continue;
@@ -62,7 +61,7 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
             _ = admission_tick.tick() => Wake { admission: true },
             _ = s.admission_wake.notified() => Wake { admission: true },
             _ = liveness_tick.tick() => Wake { admission: false },
-            changed = metrics.changed() => if changed.is_err() { return } else { continue },
+            changed = leading.changed() => if changed.is_err() { return } else { continue },
         };
         let time = s.reader.read(|st| TickTime { wall_ms: s.now(st), mono_ms: s.clock.mono_ms() });
         let mut tick = Tick::begin(time, wake, &mut timers, &cfg);

@@ -1,0 +1,110 @@
+//! What the core's tests share: a state with n ready 8-GPU nodes and a
+//! clock, and helpers that apply commands and check every invariant after
+//! each one.
+
+use std::collections::BTreeMap;
+
+use crate::sm::*;
+
+pub(crate) const GPU_NODE: Resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_000_000, cpus: 96 };
+
+pub(crate) fn res(gpus: u32) -> Resources {
+    Resources { gpus, vram_mb: if gpus > 0 { 40_000 } else { 0 }, mem_mb: 16_000, cpus: 4 }
+}
+
+pub(crate) fn spec(gang: u32, gpus: u32) -> AllocSpec {
+    AllocSpec::new("alice", gang, res(gpus), vec!["train".into()])
+}
+
+pub(crate) fn n(i: u32) -> NodeId {
+    NodeId::new(format!("n{i}"))
+}
+
+/// A state with `nodes` 8-GPU nodes named n0, n1, … and a clock at 1000 ms.
+pub(crate) struct Fixture {
+    /// The state.
+    pub(crate) s: State,
+    /// The time the next command applies at, ms.
+    pub(crate) t: u64,
+}
+
+impl Fixture {
+    pub(crate) fn new(nodes: u32) -> Fixture {
+        let mut f = Fixture { s: State::default(), t: 1_000 };
+        for i in 0..nodes {
+            f.ok(Command::RegisterNode { node: n(i), resources: GPU_NODE, labels: BTreeMap::new() });
+            f.ok(Command::NodeReady { node: n(i) });
+        }
+        f
+    }
+
+    pub(crate) fn apply(&mut self, cmd: Command) -> Outcome {
+        let out = self.s.apply(&cmd, &ApplyCtx { time_ms: self.t });
+        self.s.check_invariants().unwrap_or_else(|e| panic!("invariant broken after {cmd:?}: {e}"));
+        out
+    }
+
+    pub(crate) fn ok(&mut self, cmd: Command) -> Vec<Event> {
+        match self.apply(cmd.clone()) {
+            Outcome::Accepted(events) => events,
+            Outcome::Rejected(r) => panic!("{cmd:?} rejected: {r}"),
+        }
+    }
+
+    /// Applies a command that must be refused, and checks nothing changed.
+    pub(crate) fn rejected(&mut self, cmd: Command) -> Rejection {
+        let mut before = self.s.clone();
+        before.advance_clock(self.t); // only the clock may move on a rejection
+        match self.apply(cmd.clone()) {
+            Outcome::Accepted(events) => panic!("{cmd:?} accepted: {events:?}"),
+            Outcome::Rejected(r) => {
+                assert_eq!(self.s, before, "a rejected {cmd:?} changed the state");
+                r
+            }
+        }
+    }
+
+    pub(crate) fn submit(&mut self, spec: AllocSpec) -> AllocId {
+        match self.ok(Command::Submit { spec })[..] {
+            [Event::Submitted { alloc, duplicate: false }] => alloc,
+            ref other => panic!("unexpected events {other:?}"),
+        }
+    }
+
+    pub(crate) fn reserve(&mut self, alloc: AllocId, nodes: &[u32]) -> u64 {
+        let epoch = self.s.alloc(alloc).unwrap().reservation_epoch + 1;
+        self.ok(Command::ReserveGang { alloc, epoch, nodes: nodes.iter().map(|&i| n(i)).collect() });
+        epoch
+    }
+
+    pub(crate) fn start(&mut self, alloc: AllocId, task: TaskIndex, node: u32, epoch: u64) {
+        self.ok(Command::StartTask { alloc, task, node: n(node), epoch });
+    }
+
+    /// Submits a gang, reserves it on nodes 0..gang and starts every task.
+    pub(crate) fn running(&mut self, gang: u32, gpus: u32) -> (AllocId, u64) {
+        let id = self.submit(spec(gang, gpus));
+        let nodes: Vec<u32> = (0..gang).collect();
+        let epoch = self.reserve(id, &nodes);
+        for i in 0..gang {
+            self.start(id, i, i, epoch);
+        }
+        (id, epoch)
+    }
+
+    pub(crate) fn fail(&mut self, alloc: AllocId, task: TaskIndex, node: u32, epoch: u64) -> Vec<Event> {
+        self.ok(Command::FailTask { alloc, task, node: n(node), epoch, exit_code: Some(1) })
+    }
+
+    pub(crate) fn status(&self, alloc: AllocId) -> AllocStatus {
+        self.s.alloc(alloc).unwrap().status
+    }
+
+    pub(crate) fn task(&self, alloc: AllocId, task: TaskIndex) -> &Task {
+        &self.s.alloc(alloc).unwrap().tasks[task as usize]
+    }
+
+    pub(crate) fn used_gpus(&self, node: u32) -> u32 {
+        self.s.node(self.s.node_slot(&n(node)).unwrap()).used.gpus
+    }
+}
