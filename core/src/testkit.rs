@@ -108,3 +108,73 @@ impl Fixture {
         self.s.node(self.s.node_slot(&n(node)).unwrap()).used.gpus
     }
 }
+
+/// Teardown, preemption and watchdog helpers.
+impl Fixture {
+    pub(crate) fn ack(&mut self, alloc: AllocId, task: TaskIndex, node: u32, epoch: u64) -> Vec<Event> {
+        self.ok(Command::TaskPreempted { alloc, task, node: n(node), epoch, checkpoint_failed: false })
+    }
+
+    pub(crate) fn attempts(&self, alloc: AllocId) -> Vec<u32> {
+        self.s.alloc(alloc).unwrap().tasks.iter().map(|t| t.attempts).collect()
+    }
+
+    /// Cancels `alloc` and acks the stop of each of its tasks that ran, as
+    /// their agents would: it ends cancelled, holding nothing.
+    pub(crate) fn cancel_and_stop(&mut self, alloc: AllocId) {
+        self.ok(Command::CancelAllocation { alloc });
+        let a = self.s.alloc(alloc).unwrap();
+        let stopping: Vec<(TaskIndex, NodeId, u64)> = a
+            .tasks
+            .iter()
+            .filter(|t| t.status == TaskStatus::Preempting)
+            .map(|t| (t.index, self.s.node(t.node.unwrap()).id.clone(), t.preemption_epoch))
+            .collect();
+        for (task, node, epoch) in stopping {
+            self.ok(Command::TaskPreempted { alloc, task, node, epoch, checkpoint_failed: false });
+        }
+        assert_eq!(self.status(alloc), AllocStatus::Cancelled);
+    }
+
+    pub(crate) fn statuses(&self, alloc: AllocId) -> Vec<TaskStatus> {
+        self.s.alloc(alloc).unwrap().tasks.iter().map(|t| t.status).collect()
+    }
+
+    /// Submits a gang of `gang` × `gpus` at `class` and runs it on `nodes`.
+    pub(crate) fn running_on(&mut self, gang: u32, gpus: u32, class: u8, nodes: &[u32]) -> (AllocId, u64) {
+        let mut sp = spec(gang, gpus);
+        sp.preemption_class = class;
+        let id = self.submit(sp);
+        let epoch = self.reserve(id, nodes);
+        for (i, &node) in nodes.iter().enumerate() {
+            self.start(id, i as TaskIndex, node, epoch);
+        }
+        (id, epoch)
+    }
+
+    pub(crate) fn queued(&mut self, gang: u32, gpus: u32, class: u8) -> AllocId {
+        let mut sp = spec(gang, gpus);
+        sp.preemption_class = class;
+        self.submit(sp)
+    }
+
+    pub(crate) fn preempt(&mut self, alloc: AllocId, victims: &[(AllocId, u64)], nodes: &[u32]) -> Outcome {
+        self.apply(Command::Preempt {
+            alloc,
+            victims: victims.to_vec(),
+            nodes: nodes.iter().map(|&i| n(i)).collect(),
+            hold_ms: 60_000,
+        })
+    }
+
+    pub(crate) fn trip(
+        &mut self,
+        alloc: AllocId,
+        task: TaskIndex,
+        node: u32,
+        epoch: u64,
+        kind: WatchdogKind,
+    ) -> Vec<Event> {
+        self.ok(Command::TripWatchdog { alloc, task, node: n(node), epoch, kind })
+    }
+}

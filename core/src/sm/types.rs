@@ -1,6 +1,6 @@
 //! The nouns of the state machine: nodes, allocations, tasks and their statuses.
 //!
-//! Everything here is plain data. Transitions live in `state.rs`; validation of
+//! Everything here is plain data. Transitions live in `state/`; validation of
 //! user input lives in `validate.rs`.
 
 use std::collections::{BTreeMap, VecDeque};

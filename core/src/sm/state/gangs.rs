@@ -1,0 +1,452 @@
+//! Gangs: submit, reserve, roll back, start, finish and fail tasks, watchdog trips.
+
+use super::*;
+
+impl State {
+    /// What an earlier submit with the same owner and idempotency key made
+    /// of this spec: the allocation when the spec is the same (a retry),
+    /// `IdempotencyConflict` when it differs, `None` when the key is new (or
+    /// absent). Keys are scoped by owner.
+    pub fn submitted_before(&self, spec: &AllocSpec) -> Option<Result<AllocId, Rejection>> {
+        let key = spec.idempotency_key.as_ref()?;
+        let &existing = self.idempotency.get(&(spec.owner.clone(), key.clone()))?;
+        Some(if self.allocs[&existing].spec == *spec {
+            Ok(existing)
+        } else {
+            Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing })
+        })
+    }
+
+    pub(super) fn submit(&mut self, spec: &AllocSpec) -> Applied {
+        validate_spec(spec, &self.limits)?;
+        if let Some(earlier) = self.submitted_before(spec) {
+            return earlier.map(|alloc| vec![Event::Submitted { alloc, duplicate: true }]);
+        }
+        // Every allocation belongs to a vCluster that exists (`default`
+        // always does).
+        if self.vcluster(&spec.vcluster).is_none() {
+            return Err(Rejection::UnknownVCluster(spec.vcluster.clone()));
+        }
+        if let Some(reason) = self.submit_quota_excess(spec) {
+            return Err(Rejection::OverQuota { vcluster: spec.vcluster.clone(), reason });
+        }
+        let id = self.next_alloc_id;
+        self.next_alloc_id += 1;
+        let tasks = (0..spec.gang_size)
+            .map(|index| Task {
+                index,
+                status: TaskStatus::Blocked,
+                node: None,
+                attempts: 0,
+                runs: 0,
+                reservation_epoch: 0,
+                reserved_at_ms: None,
+                started_at_ms: None,
+                finished_at_ms: None,
+                exit_code: None,
+                run_nodes: Vec::new(),
+                preemption_epoch: 0,
+                checkpoint: None,
+                watchdog_trips: 0,
+                last_watchdog: None,
+                drain_retries: 0,
+            })
+            .collect();
+        self.allocs.insert(
+            id,
+            Allocation {
+                id,
+                spec: spec.clone(),
+                submit_time_ms: self.now_ms,
+                queued_since_ms: self.now_ms,
+                status: AllocStatus::Queued,
+                reservation_epoch: 0,
+                first_reserved_at_ms: None,
+                revision: 0,
+                history: VecDeque::new(),
+                finished_at_ms: None,
+                tasks,
+                preemption_epoch: 0,
+                teardown: None,
+                preempted_count: 0,
+                suspended: false,
+                nomination: None,
+                retry_first: false,
+                avoid_nodes: Vec::new(),
+            },
+        );
+        if let Some(key) = &spec.idempotency_key {
+            self.idempotency.insert((spec.owner.clone(), key.clone()), id);
+        }
+        self.reindex_alloc(id);
+        Ok(vec![Event::Submitted { alloc: id, duplicate: false }])
+    }
+
+    pub(super) fn reserve_gang(&mut self, id: AllocId, epoch: u64, nodes: &[NodeId]) -> Applied {
+        let a = self.live_alloc(id)?;
+        if !a.is_queued() {
+            return Err(Rejection::NotQueued { alloc: id, status: a.status });
+        }
+        if a.nomination.is_some() {
+            return Err(Rejection::AlreadyNominated { alloc: id });
+        }
+        if epoch != a.reservation_epoch + 1 {
+            return Err(Rejection::StaleReservationEpoch { alloc: id, expected: a.reservation_epoch + 1, got: epoch });
+        }
+        let slots = self.check_nodes(a, nodes, &BTreeMap::new())?;
+        if let Some(reason) = self.quota_excess(a, &slots, None, &[]) {
+            return Err(Rejection::QuotaExceeded { alloc: id, reason });
+        }
+        if let Some(reason) = self.borrow_excess(a, &slots, 0, 0) {
+            return Err(Rejection::BorrowRefused { alloc: id, reason });
+        }
+        Ok(vec![self.place_gang(id, &slots)])
+    }
+
+    /// Checks a placement of gang `a`, task `i` on `nodes[i]`: one node per
+    /// task, each known, distinct, ready, held for nobody, and with room for
+    /// a task once `freed` (capacity about to be released there) is counted.
+    pub(super) fn check_nodes(
+        &self,
+        a: &Allocation,
+        nodes: &[NodeId],
+        freed: &BTreeMap<NodeSlot, Usage>,
+    ) -> Result<Vec<NodeSlot>, Rejection> {
+        if nodes.len() != a.spec.gang_size as usize {
+            return Err(Rejection::WrongNodeCount {
+                alloc: a.id,
+                expected: a.spec.gang_size,
+                got: u32::try_from(nodes.len()).unwrap_or(u32::MAX),
+            });
+        }
+        let mut slots = Vec::with_capacity(nodes.len());
+        let mut seen = BTreeSet::new();
+        for (task, node_id) in nodes.iter().enumerate() {
+            let slot = self.node_slot(node_id).ok_or_else(|| Rejection::UnknownNode(node_id.clone()))?;
+            if !seen.insert(slot) {
+                return Err(Rejection::NodeRepeated(node_id.clone()));
+            }
+            let node = self.node(slot);
+            if node.status != NodeStatus::Ready {
+                return Err(Rejection::NodeNotReady(node_id.clone()));
+            }
+            if let Some(holder) = self.held_for(slot) {
+                return Err(Rejection::NodeHeld { node: node_id.clone(), holder });
+            }
+            let free = node.free().plus(&freed.get(&slot).copied().unwrap_or_default());
+            if !fits(&a.spec.resources, &node.resources, &free) {
+                return Err(Rejection::InsufficientCapacity {
+                    node: node_id.clone(),
+                    alloc: a.id,
+                    task: task as TaskIndex,
+                });
+            }
+            slots.push(slot);
+        }
+        Ok(slots)
+    }
+
+    /// Whether `a` is a service running on a node of its own vCluster (the
+    /// seed: services are preempted only on borrowed nodes).
+    pub fn service_at_home(&self, a: &Allocation) -> bool {
+        let own = self.home_key(&a.spec.vcluster);
+        a.spec.vcluster_type == VClusterType::Service
+            && a.tasks.iter().any(|t| t.node.is_some_and(|s| self.node_home(s) == own))
+    }
+
+    /// The home key each of `nodes` gets (home keys already assigned): the
+    /// first vCluster (by name) that lists it explicitly, else the first
+    /// whose home labels it carries, else 0.
+    pub(super) fn homes_of<'n>(&self, nodes: impl Iterator<Item = &'n Node>) -> Vec<u32> {
+        let builtin = HomeNodes::default_for(DEFAULT_VCLUSTER);
+        let selectors: Vec<(u32, &HomeNodes)> = (1..self.home_keys())
+            .map(|k| {
+                let name = self.home_name(k).expect("every key names a vCluster");
+                (k, self.vclusters.get(name).map_or(&builtin, |v| &v.spec.home))
+            })
+            .collect();
+        // Explicit lists, the first name winning (later ones inserted first).
+        let mut listed: BTreeMap<&NodeId, u32> = BTreeMap::new();
+        for &(k, home) in selectors.iter().rev() {
+            if let HomeNodes::Nodes(ids) = home {
+                listed.extend(ids.iter().map(|id| (id, k)));
+            }
+        }
+        nodes
+            .map(|node| {
+                listed.get(&node.id).copied().unwrap_or_else(|| {
+                    let labelled = |(_, h): &&(u32, &HomeNodes)| matches!(h, HomeNodes::Labels(_)) && h.matches(node);
+                    selectors.iter().find(labelled).map_or(0, |&(k, _)| k)
+                })
+            })
+            .collect()
+    }
+
+    /// Reserves a queued gang (already checked) on `slots`, task `i` on
+    /// `slots[i]`, under the next reservation epoch.
+    pub(super) fn place_gang(&mut self, id: AllocId, slots: &[NodeSlot]) -> Event {
+        let now = self.now_ms;
+        let usage = Usage::of(&self.allocs[&id].spec.resources);
+        for (task, &slot) in slots.iter().enumerate() {
+            self.occupy(slot, &usage, (id, task as TaskIndex));
+        }
+        let nodes = slots.iter().map(|&s| self.node(s).id.clone()).collect();
+        let a = self.allocs.get_mut(&id).expect("checked above");
+        a.reservation_epoch += 1;
+        let epoch = a.reservation_epoch;
+        a.first_reserved_at_ms.get_or_insert(now);
+        a.suspended = false;
+        for (task, slot) in a.tasks.iter_mut().zip(slots) {
+            task.status = TaskStatus::Reserved;
+            task.node = Some(*slot);
+            task.reservation_epoch = epoch;
+            task.reserved_at_ms = Some(now);
+            task.started_at_ms = None;
+            task.drain_retries = 0;
+        }
+        self.refresh(id);
+        // Out of the queue now (its key was removed with the flag as it was).
+        let a = self.allocs.get_mut(&id).expect("checked above");
+        a.retry_first = false;
+        a.avoid_nodes.clear();
+        Event::GangReserved { alloc: id, epoch, nodes }
+    }
+
+    /// Returns an unclaimed reservation to the queue. When some tasks of the
+    /// gang already run, rolling the rest back alone would leave them waiting
+    /// for peers that never come (the gang-scheduling seed's stuck state):
+    /// the first unclaimed task triggers a teardown instead (uncharged: it
+    /// never started), and the gang avoids its node next time.
+    pub(super) fn rollback_gang(&mut self, id: AllocId, epoch: u64) -> Applied {
+        let a = self.live_alloc(id)?;
+        if epoch != a.reservation_epoch {
+            return Err(Rejection::StaleReservationEpoch { alloc: id, expected: a.reservation_epoch, got: epoch });
+        }
+        let Some(first) = a.tasks.iter().find(|t| t.status == TaskStatus::Reserved).map(|t| t.index) else {
+            return Err(Rejection::NothingReserved { alloc: id });
+        };
+        let mut events = vec![Event::GangRolledBack { alloc: id, epoch }];
+        if a.has_running() {
+            events.extend(self.abandon_reserved(id, first, true));
+        } else {
+            self.release_reserved(id);
+            events.extend(self.settle(id));
+        }
+        Ok(events)
+    }
+
+    /// An unclaimed task whose siblings run will never be claimed (its node
+    /// died, or its reservation went stale): it returns to blocked uncharged
+    /// (it never started: the seeds map an unclaimed reservation back to
+    /// blocked), and triggers a teardown of the running siblings. A node that
+    /// let a reservation go stale while it stays up is avoided by the gang's
+    /// next placement, as after a watchdog trip.
+    pub(super) fn abandon_reserved(&mut self, id: AllocId, task: TaskIndex, avoid_node: bool) -> Vec<Event> {
+        let t = &self.allocs[&id].tasks[task as usize];
+        let slot = t.node.expect("a reserved task has a node");
+        let usage = Usage::of(&self.allocs[&id].spec.resources);
+        self.release(slot, &usage, (id, task));
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let t = &mut a.tasks[task as usize];
+        t.status = TaskStatus::Blocked;
+        t.node = None;
+        t.reserved_at_ms = None;
+        if avoid_node && let Err(at) = a.avoid_nodes.binary_search(&slot) {
+            a.avoid_nodes.insert(at, slot);
+        }
+        let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code: None, charged: false }];
+        events.extend(self.start_teardown_or_settle(id, task));
+        events
+    }
+
+    pub(super) fn start_task(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
+        self.check_report(id, task, node, epoch, &[TaskStatus::Reserved])?;
+        let now = self.now_ms;
+        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        t.status = TaskStatus::Running;
+        t.attempts += 1;
+        t.runs += 1;
+        t.run_nodes.extend(t.node);
+        t.started_at_ms = Some(now);
+        t.exit_code = None;
+        let attempt = t.runs;
+        let slot = t.node.expect("a reserved task has a node");
+        self.restart_walltime(id, slot);
+        self.refresh(id);
+        Ok(vec![Event::TaskStarted { alloc: id, task, node: node.clone(), attempt }])
+    }
+
+    /// A task's process exited successfully. During a teardown (the process
+    /// finished before the preempt reached it) the task is done all the
+    /// same: finished work is never overwritten, and the gang will fail at
+    /// completion because it cannot be restarted whole.
+    pub(super) fn finish_task(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
+        let (slot, _) = self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        self.leave_node(id, task, slot, TaskStatus::Done, Some(0));
+        let mut events = vec![Event::TaskFinished { alloc: id, task }];
+        events.extend(self.settle(id));
+        Ok(events)
+    }
+
+    /// A task's process failed. A running task triggers the seed's
+    /// PreemptGang (or, with no sibling running, FailGang): it keeps its
+    /// charged attempt and returns to blocked. A preempting task that fails
+    /// on its way down has simply stopped: it is preempted (its attempt was
+    /// refunded when the teardown started).
+    pub(super) fn fail_task(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        exit_code: Option<i32>,
+    ) -> Applied {
+        let (slot, status) =
+            self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        if status == TaskStatus::Preempting {
+            let mut events = vec![
+                Event::TaskFailed { alloc: id, task, exit_code, charged: false },
+                self.stopped(id, task, slot, exit_code, false, false),
+            ];
+            events.extend(self.settle(id));
+            return Ok(events);
+        }
+        if let Some(events) = self.retry_on_draining_node(id, task, slot, exit_code) {
+            return Ok(events);
+        }
+        Ok(self.fail_running(id, task, slot, exit_code))
+    }
+
+    /// The checkpoint an attempt was given could not be restored on its
+    /// node: dropped, so no later attempt trips on it. The task runs on.
+    pub(super) fn drop_checkpoint(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        reason: &str,
+    ) -> Applied {
+        check_agent_reason(reason)?;
+        self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        self.allocs.get_mut(&id).expect("checked").tasks[task as usize].checkpoint = None;
+        Ok(vec![Event::CheckpointDropped { alloc: id, task, node: node.clone(), reason: reason.to_string() }])
+    }
+
+    /// A claimed task that could not start: failed like any other failure
+    /// (with no exit code), with the agent's reason in its events first.
+    pub(super) fn fail_task_to_start(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        reason: &str,
+    ) -> Applied {
+        check_agent_reason(reason)?;
+        let mut events = self.fail_task(id, task, node, epoch, None)?;
+        events.insert(0, Event::TaskStartFailed { alloc: id, task, node: node.clone(), reason: reason.to_string() });
+        Ok(events)
+    }
+
+    /// The seed's failure during drain: a single task that fails on its
+    /// draining node (not yet stopping) is reserved there again, under a new
+    /// reservation epoch, while it has retries left and has been retried
+    /// there fewer than `drain_max_retries` times; its capacity never leaves
+    /// the node. A gang task goes through teardown instead (its peers run
+    /// elsewhere), and so does a task past either limit.
+    pub(super) fn retry_on_draining_node(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        slot: NodeSlot,
+        exit_code: Option<i32>,
+    ) -> Option<Vec<Event>> {
+        let a = &self.allocs[&id];
+        let t = &a.tasks[task as usize];
+        if self.node(slot).status != NodeStatus::Draining
+            || a.spec.gang_size != 1
+            || t.attempts >= a.spec.max_retries
+            || t.drain_retries >= self.limits.drain_max_retries
+        {
+            return None;
+        }
+        let now = self.now_ms;
+        let node = self.node(slot).id.clone();
+        let a = self.allocs.get_mut(&id).expect("checked");
+        a.reservation_epoch += 1;
+        let epoch = a.reservation_epoch;
+        let t = &mut a.tasks[task as usize];
+        t.status = TaskStatus::Reserved;
+        t.reservation_epoch = epoch;
+        t.reserved_at_ms = Some(now);
+        t.started_at_ms = None;
+        t.finished_at_ms = Some(now);
+        t.exit_code = exit_code;
+        t.drain_retries += 1;
+        let retry = t.drain_retries;
+        self.restart_walltime(id, slot);
+        self.refresh(id);
+        Some(vec![
+            Event::TaskFailed { alloc: id, task, exit_code, charged: true },
+            Event::RetriedOnDrainingNode { alloc: id, task, node, epoch, retry },
+        ])
+    }
+
+    /// A watchdog stopped a running task: it leaves its node (the capacity
+    /// is free in this same command), is refunded its attempt (a wedge is
+    /// not a failure of the retry budget), counts a trip, and, like a
+    /// failure, tears down its running siblings or settles the gang. The
+    /// gang goes first in its class and avoids this node on its next
+    /// placement; past the cap, `settle` fails it with the reason. A task
+    /// already being preempted has simply stopped.
+    pub(super) fn trip_watchdog(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        kind: crate::sm::types::WatchdogKind,
+    ) -> Applied {
+        let (slot, status) =
+            self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        let cap = self.limits.watchdog_max_retries;
+        if status == TaskStatus::Preempting {
+            let mut events = vec![self.stopped(id, task, slot, None, false, false)];
+            events.extend(self.settle(id));
+            return Ok(events);
+        }
+        self.leave_node(id, task, slot, TaskStatus::Blocked, None);
+        let a = self.allocs.get_mut(&id).expect("checked");
+        let t = &mut a.tasks[task as usize];
+        t.node = None;
+        t.attempts = t.attempts.saturating_sub(1);
+        t.watchdog_trips += 1;
+        t.last_watchdog = Some(kind);
+        let trips = t.watchdog_trips;
+        a.retry_first = true;
+        if let Err(at) = a.avoid_nodes.binary_search(&slot) {
+            a.avoid_nodes.insert(at, slot);
+        }
+        let mut events =
+            vec![Event::WatchdogTripped { alloc: id, task, node: node.clone(), kind, trips, retried: trips <= cap }];
+        events.extend(self.start_teardown_or_settle(id, task));
+        Ok(events)
+    }
+
+    /// Fails a running task (already checked): the body of `FailTask`, also
+    /// used when its node is lost. The task keeps its claim-time attempt.
+    pub(super) fn fail_running(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        slot: NodeSlot,
+        exit_code: Option<i32>,
+    ) -> Vec<Event> {
+        self.leave_node(id, task, slot, TaskStatus::Blocked, exit_code);
+        self.allocs.get_mut(&id).expect("checked").tasks[task as usize].node = None;
+        let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code, charged: true }];
+        events.extend(self.start_teardown_or_settle(id, task));
+        events
+    }
+}

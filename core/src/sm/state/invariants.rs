@@ -1,0 +1,134 @@
+//! Every invariant of the state, checked by tests, the simulator and snapshot decoding.
+
+use super::*;
+
+impl State {
+    /// Checks every invariant of the state; `Err` names the first one broken.
+    /// Tests and the simulator call this; a broken invariant is a bug.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut used = vec![Usage::default(); self.nodes.len()];
+        for a in self.allocs.values() {
+            let has = |s: TaskStatus| a.tasks.iter().any(|t| t.status == s);
+            if has(TaskStatus::Blocked) && has(TaskStatus::Reserved) {
+                return Err(format!("allocation {} is partly reserved", a.id));
+            }
+            if has(TaskStatus::Blocked) && has(TaskStatus::Running) {
+                return Err(format!("allocation {} is partly running", a.id));
+            }
+            match a.teardown {
+                Some(td) => {
+                    if a.status != AllocStatus::TearingDown {
+                        return Err(format!("allocation {} has a teardown but is {:?}", a.id, a.status));
+                    }
+                    if has(TaskStatus::Running) || has(TaskStatus::Reserved) || !has(TaskStatus::Preempting) {
+                        return Err(format!("allocation {}'s teardown has no task preempting, or one placed", a.id));
+                    }
+                    if a.tasks.iter().any(|t| t.status == TaskStatus::Preempting && t.preemption_epoch != td.epoch) {
+                        return Err(format!("allocation {} has a task preempting under an old epoch", a.id));
+                    }
+                    if td.epoch != a.preemption_epoch {
+                        return Err(format!("allocation {}'s teardown epoch is not its latest", a.id));
+                    }
+                }
+                None => {
+                    if a.status == AllocStatus::TearingDown || has(TaskStatus::Preempting) || has(TaskStatus::Preempted)
+                    {
+                        return Err(format!("allocation {} is preempting outside a teardown", a.id));
+                    }
+                }
+            }
+            if a.status.is_terminal() && a.tasks.iter().any(|t| t.checkpoint.is_some()) {
+                return Err(format!("terminal allocation {} still keeps checkpoints", a.id));
+            }
+            if a.tasks.len() != a.spec.gang_size as usize {
+                return Err(format!(
+                    "allocation {} has {} tasks for a gang of {}",
+                    a.id,
+                    a.tasks.len(),
+                    a.spec.gang_size
+                ));
+            }
+            let mut nodes = BTreeSet::new();
+            for t in &a.tasks {
+                match (t.status.holds_capacity(), t.node) {
+                    (true, Some(slot)) => {
+                        if !nodes.insert(slot) {
+                            return Err(format!("allocation {} has two tasks on one node", a.id));
+                        }
+                        let u = &mut used[slot.0 as usize];
+                        *u = u.plus(&Usage::of(&a.spec.resources));
+                    }
+                    (true, None) => return Err(format!("allocation {} task {} is placed nowhere", a.id, t.index)),
+                    (false, _) => {}
+                }
+                if a.status.is_terminal() && t.status.holds_capacity() {
+                    return Err(format!("terminal allocation {} still holds capacity", a.id));
+                }
+            }
+            if let Some(n) = &a.nomination {
+                if !a.is_queued() {
+                    return Err(format!("allocation {} holds nodes but is {:?}", a.id, a.status));
+                }
+                if n.nodes.len() != a.spec.gang_size as usize {
+                    return Err(format!(
+                        "allocation {} holds {} nodes for a gang of {}",
+                        a.id,
+                        n.nodes.len(),
+                        a.tasks.len()
+                    ));
+                }
+                for v in &n.waiting_for {
+                    let by = self.allocs.get(v).and_then(|v| v.teardown).and_then(|td| td.preempted_by());
+                    if by != Some(a.id) {
+                        return Err(format!("allocation {} waits for {v}, which is not being preempted for it", a.id));
+                    }
+                }
+                if n.waiting_for.is_empty() {
+                    return Err(format!("allocation {} holds nodes but waits for no victim", a.id));
+                }
+            }
+            if a.suspended != (a.status == AllocStatus::Suspended) {
+                return Err(format!("allocation {} is {:?} with suspended = {}", a.id, a.status, a.suspended));
+            }
+            // A reclamation preempts whatever the class, and a cancel during
+            // a preemption keeps its preemptor.
+            let reclaim = matches!(
+                a.teardown.map(|td| td.cause),
+                Some(TeardownCause::Preempted { reason: PreemptReason::Reclaim, .. } | TeardownCause::Cancelled { .. })
+            );
+            if let Some(by) = a.teardown.and_then(|td| td.preempted_by())
+                && !reclaim
+                && self.allocs.get(&by).is_none_or(|p| p.spec.preemption_class <= a.spec.preemption_class)
+            {
+                return Err(format!("allocation {} is preempted for {by}, which is not of a higher class", a.id));
+            }
+            if (a.is_queued() && a.nomination.is_none()) != self.index.queue.contains(&QueueKey::of(a)) {
+                return Err(format!("queue index out of step for allocation {}", a.id));
+            }
+        }
+        for (node, used) in self.nodes.iter().zip(&used) {
+            if node.used != *used {
+                return Err(format!("node {} records {:?} used but its tasks hold {:?}", node.id, node.used, used));
+            }
+            if !Usage::of(&node.resources).covers(used) {
+                return Err(format!("node {} is over-committed", node.id));
+            }
+            if !node.status.may_hold_work() && *used != Usage::default() {
+                return Err(format!("{} node {} still holds tasks", node.status.as_str(), node.id));
+            }
+            let draining = matches!(node.status, NodeStatus::Draining | NodeStatus::Stopping);
+            if draining != node.drain.is_some() {
+                return Err(format!("node {} is {} with drain {:?}", node.id, node.status.as_str(), node.drain));
+            }
+            if draining && self.tasks_on_node(node.slot).next().is_none() {
+                return Err(format!("{} node {} holds nothing but did not stop", node.status.as_str(), node.id));
+            }
+        }
+        let mut fresh = self.clone();
+        fresh.rebuild_indexes();
+        if fresh.index != self.index {
+            return Err("derived indexes differ from a rebuild".to_string());
+        }
+        Ok(())
+    }
+}

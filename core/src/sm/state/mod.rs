@@ -1,0 +1,423 @@
+//! The replicated state and its one entry point, [`State::apply`].
+//!
+//! ```text
+//!            Submit                 ReserveGang              StartTask
+//!   (none) ─────────▶ Blocked ──────────────────▶ Reserved ───────────▶ Running
+//!                       ▲  ▲   RollbackGang (no task    │                 │ │
+//!                       │  └──────── started yet) ◀─────┘      FinishTask │ │ FailTask
+//!                       │                                                 ▼ │
+//!                       │            retries left, whole gang settled   Done│
+//!                       └───────────────────────────────────────────────────┘
+//!                                   out of retries / a sibling Done ─▶ Failed
+//!
+//!   Gang teardown (a task fails, its node is lost, or its reservation goes
+//!   stale while siblings run), in the same command:
+//!     trigger ─▶ Blocked (keeps its attempt)   Running siblings ─▶ Preempting (refunded)
+//!     Reserved siblings ─▶ Blocked             Blocked / Done stay
+//!   Preempting ── TaskPreempted{epoch} | ForceDrain | node lost | exit ──▶ Preempted
+//!   last one stopped ─▶ Preempted ─▶ Blocked; gang Queued, or Failed when a task
+//!   is out of retries or already Done
+//!
+//!   CancelAllocation, nothing running: reserved tasks released, every
+//!   unfinished task ─▶ Cancelled. Tasks running or stopping: a teardown with
+//!   cause Cancelled (a new epoch; capacity held until each stop is acked or
+//!   forced), and when the last one stops, every unfinished task ─▶ Cancelled
+//! ```
+//!
+//! Every handler checks everything before it changes anything, so a rejected
+//! command leaves the state exactly as it was. Derived indexes (node lookup,
+//! free-capacity index, queue, reservations) are kept in step with every
+//! change and rebuilt after a snapshot is decoded; they are not part of the
+//! snapshot or the digest.
+//!
+//! This file holds the state's types, its constructor and `apply`; the
+//! handlers live beside it by concern: `reads`, `gangs` (submit, reserve,
+//! start, finish, fail), `teardown` (teardowns and cancels), `checkpoints`,
+//! `preempt` (priority preemption, reclamation, held nodes), `nodes`
+//! (registration and lifecycle), `tokens`, `vclusters` (and quotas),
+//! `index` (shared checks and moves, derived indexes) and `invariants`.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::Command;
+use super::event::{Event, Outcome};
+use super::rejection::Rejection;
+use super::types::DEFAULT_VCLUSTER;
+use super::types::{
+    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, Drain, HISTORY_LIMIT,
+    NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex,
+    TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
+};
+use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
+use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
+
+mod checkpoints;
+mod gangs;
+mod index;
+mod invariants;
+mod nodes;
+mod preempt;
+mod reads;
+mod teardown;
+mod tokens;
+mod vclusters;
+
+/// What `apply` may know besides the command: the entry's leader-stamped time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApplyCtx {
+    /// The leader's wall clock when it proposed the entry, in ms since the epoch.
+    pub time_ms: u64,
+}
+
+/// The admission order of a queued gang: largest first, then higher class,
+/// then a retry after a watchdog trip, then higher priority, then earlier
+/// submit, then lower id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueKey {
+    /// Gang size, descending.
+    pub gang_size: Reverse<u32>,
+    /// Preemption class, descending.
+    pub class: Reverse<u8>,
+    /// A watchdog retry goes first in its class.
+    pub retry_first: Reverse<bool>,
+    /// Priority, descending.
+    pub priority: Reverse<i32>,
+    /// Submit time, ascending.
+    pub submit_time_ms: u64,
+    /// Id, ascending (the final tie-break).
+    pub alloc: AllocId,
+}
+
+impl QueueKey {
+    /// The key of an allocation.
+    pub fn of(a: &Allocation) -> QueueKey {
+        QueueKey {
+            gang_size: Reverse(a.spec.gang_size),
+            class: Reverse(a.spec.preemption_class),
+            retry_first: Reverse(a.retry_first),
+            priority: Reverse(a.spec.priority),
+            submit_time_ms: a.submit_time_ms,
+            alloc: a.id,
+        }
+    }
+}
+
+/// What admission needs to know to tell whether two gangs compete for the
+/// same capacity in the same way: gang size and per-task resources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Shape {
+    /// Gang size.
+    pub gang_size: u32,
+    /// Per-task resources.
+    pub resources: Resources,
+}
+
+impl Shape {
+    /// The least shape (a range start).
+    pub const MIN: Shape = Shape { gang_size: 0, resources: Resources { gpus: 0, vram_mb: 0, mem_mb: 0, cpus: 0 } };
+
+    /// The shape of an allocation.
+    pub fn of(a: &Allocation) -> Shape {
+        Shape { gang_size: a.spec.gang_size, resources: a.spec.resources }
+    }
+}
+
+/// Lookups derived from the replicated fields; never serialized.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Indexes {
+    node_by_id: BTreeMap<NodeId, NodeSlot>,
+    /// Ready nodes not held for a preemptor by (home key, free GPUs,
+    /// slot): the capacity index admission walks.
+    free_gpus: BTreeSet<(u32, u32, NodeSlot)>,
+    /// Queued allocations in admission order.
+    queue: BTreeSet<QueueKey>,
+    /// Queued allocations grouped by their vCluster's home key and shape,
+    /// each group in admission order.
+    queue_by_shape: BTreeMap<(u32, Shape), BTreeSet<QueueKey>>,
+    /// Queued allocations in submit order.
+    queue_fifo: BTreeSet<AllocId>,
+    /// Allocations holding at least one unclaimed reservation.
+    reserved: BTreeSet<AllocId>,
+    /// Tasks holding capacity (reserved, running or preempting), by node.
+    tasks_by_node: BTreeMap<NodeSlot, BTreeSet<(AllocId, TaskIndex)>>,
+    /// Allocations with a teardown in progress.
+    tearing_down: BTreeSet<AllocId>,
+    /// Nodes held for a preemptor, and for which.
+    held: BTreeMap<NodeSlot, AllocId>,
+    /// Queued allocations (not waiting on held nodes) that may preempt
+    /// (class ≥ 1): highest class first, then admission order.
+    preemptors: BTreeSet<(Reverse<u8>, QueueKey)>,
+    /// Per node (by slot), what each task holding capacity there holds and
+    /// its class, sorted by allocation: preemption bounds a node's freeable
+    /// capacity from this without looking up allocations.
+    holders: Vec<Vec<Holder>>,
+    /// Nodes by lifecycle status.
+    by_status: BTreeMap<NodeStatus, BTreeSet<NodeSlot>>,
+    /// Draining or stopping nodes whose last task left during the command
+    /// being applied (always empty between commands): they stop at its end.
+    emptied: Vec<NodeSlot>,
+    /// What each vCluster's reserved, running and preempting tasks hold
+    /// (hard quotas are checked against it).
+    vc_load: BTreeMap<String, VcLoad>,
+    /// Each vCluster's live (not finished) allocations and the GPUs their
+    /// gangs ask for: the demand a `reject`-mode quota counts at submission.
+    vc_live: BTreeMap<String, VcDemand>,
+    /// The vClusters in name order: vCluster `home_names[k - 1]` has home
+    /// key `k`; key 0 is "no home" (a shared node every vCluster may use).
+    home_names: Vec<String>,
+    /// Each vCluster's home key.
+    home_key: BTreeMap<String, u32>,
+    /// Each node's home key, by slot.
+    node_home: Vec<u32>,
+    /// Per lending vCluster (home key): the other vClusters' allocations
+    /// holding capacity on its nodes, and how many tasks each.
+    lent: BTreeMap<u32, BTreeMap<AllocId, u32>>,
+    /// Queued gangs not holding nodes, per vCluster home key.
+    vc_queued: BTreeMap<u32, u32>,
+}
+
+/// A vCluster's live allocations and the GPUs their gangs need.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VcDemand {
+    /// GPUs the live gangs need in all.
+    pub gpus: u64,
+    /// The live allocations.
+    pub allocs: BTreeSet<AllocId>,
+}
+
+/// Counts one fewer under `key`, dropping it at zero (so a derived index
+/// equals its rebuild, which never holds zeros).
+fn decrement<K: Ord>(map: &mut BTreeMap<K, u32>, key: K) {
+    let n = map.get_mut(&key).expect("counted");
+    *n -= 1;
+    if *n == 0 {
+        map.remove(&key);
+    }
+}
+
+/// What one vCluster's tasks holding capacity hold: the quantities its
+/// hard quotas limit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VcLoad {
+    /// GPUs held.
+    pub gpus: u64,
+    /// GPUs held on other vClusters' home nodes (borrowed capacity).
+    pub borrowed_gpus: u64,
+    /// Tasks holding capacity, by allocation.
+    pub allocs: BTreeMap<AllocId, u32>,
+    /// Tasks holding capacity, by node.
+    pub nodes: BTreeMap<NodeSlot, u32>,
+}
+
+impl VcLoad {
+    /// Adds a gang of `a` placed on `slots` (an admission pass's own
+    /// reservations, before they are applied).
+    pub fn add_gang(&mut self, a: &Allocation, slots: &[NodeSlot]) {
+        self.gpus += u64::from(a.spec.resources.gpus) * slots.len() as u64;
+        *self.allocs.entry(a.id).or_default() += slots.len() as u32;
+        for s in slots {
+            *self.nodes.entry(*s).or_default() += 1;
+        }
+    }
+}
+
+/// A task holding capacity on a node, as the preemption policy sees it
+/// before looking its allocation up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The allocation.
+    pub alloc: AllocId,
+    /// Its preemption class.
+    pub class: u8,
+    /// What the task holds.
+    pub usage: Usage,
+    /// When its walltime ends: its start (or, not yet started, its
+    /// reservation) plus the walltime. Backfill's projection reads it.
+    pub walltime_ends_ms: u64,
+}
+
+/// The whole replicated state of the scheduler.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    limits: Limits,
+    now_ms: u64,
+    next_alloc_id: AllocId,
+    nodes: Vec<Node>,
+    allocs: BTreeMap<AllocId, Allocation>,
+    idempotency: BTreeMap<(String, String), AllocId>,
+    /// Bearer tokens by id (hashes only).
+    tokens: BTreeMap<String, Token>,
+    /// vClusters by name (the built-in `default` only once changed).
+    vclusters: BTreeMap<String, VCluster>,
+    #[serde(skip)]
+    index: Indexes,
+    /// Nodes whose agents may have something new to hear since the last
+    /// [`State::take_touched_nodes`]; never serialized, never compared.
+    #[serde(skip)]
+    touched: Touched,
+}
+
+/// The nodes touched by applied commands: not part of the replicated state
+/// (two states are equal whatever they hold).
+#[derive(Clone, Debug, Default)]
+struct Touched(BTreeSet<NodeSlot>);
+
+impl PartialEq for Touched {
+    fn eq(&self, _: &Touched) -> bool {
+        true
+    }
+}
+
+impl Eq for Touched {}
+
+impl Default for State {
+    fn default() -> Self {
+        State::new(Limits::default())
+    }
+}
+
+type Applied = Result<Vec<Event>, Rejection>;
+
+impl State {
+    /// An empty state with these limits.
+    pub fn new(limits: Limits) -> State {
+        let mut s = State {
+            limits,
+            now_ms: 0,
+            next_alloc_id: 1,
+            nodes: Vec::new(),
+            allocs: BTreeMap::new(),
+            idempotency: BTreeMap::new(),
+            tokens: BTreeMap::new(),
+            vclusters: BTreeMap::new(),
+            index: Indexes::default(),
+            touched: Touched::default(),
+        };
+        s.rebuild_indexes();
+        s
+    }
+
+    // ----- the entry point -----------------------------------------------
+
+    /// The nodes whose agents may have something new to hear (a task placed,
+    /// started, stopping or gone; a status or drain change) since the last
+    /// call, in slot order; clears the set. The agent hub wakes only those
+    /// nodes' streams after an entry applies.
+    pub fn take_touched_nodes(&mut self) -> BTreeSet<NodeSlot> {
+        std::mem::take(&mut self.touched.0)
+    }
+
+    /// Applies one command. Never panics on bad input: a command that does not
+    /// fit the state is rejected and changes nothing (the clock excepted).
+    pub fn apply(&mut self, cmd: &Command, ctx: &ApplyCtx) -> Outcome {
+        self.now_ms = self.now_ms.max(ctx.time_ms);
+        let result = match cmd {
+            Command::RegisterNode { node, resources, labels } => self.register_node(node, resources, labels),
+            Command::Submit { spec } => self.submit(spec),
+            Command::ReserveGang { alloc, epoch, nodes } => self.reserve_gang(*alloc, *epoch, nodes),
+            Command::RollbackGang { alloc, epoch } => self.rollback_gang(*alloc, *epoch),
+            Command::StartTask { alloc, task, node, epoch } => self.start_task(*alloc, *task, node, *epoch),
+            Command::FinishTask { alloc, task, node, epoch } => self.finish_task(*alloc, *task, node, *epoch),
+            Command::FailTask { alloc, task, node, epoch, exit_code } => {
+                self.fail_task(*alloc, *task, node, *epoch, *exit_code)
+            }
+            Command::CancelAllocation { alloc } => self.cancel(*alloc),
+            Command::TaskPreempted { alloc, task, node, epoch, checkpoint_failed } => {
+                self.task_preempted(*alloc, *task, node, *epoch, *checkpoint_failed)
+            }
+            Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
+                self.save_checkpoint(*alloc, *task, node, *epoch, data)
+            }
+            Command::FailTaskToStart { alloc, task, node, epoch, reason } => {
+                self.fail_task_to_start(*alloc, *task, node, *epoch, reason)
+            }
+            Command::SaveExitCheckpoint { alloc, task, node, epoch, data } => {
+                self.save_exit_checkpoint(*alloc, *task, node, *epoch, data)
+            }
+            Command::DropCheckpoint { alloc, task, node, epoch, reason } => {
+                self.drop_checkpoint(*alloc, *task, node, *epoch, reason)
+            }
+            Command::ForceDrain { alloc, epoch } => self.force_drain(*alloc, *epoch),
+            Command::Preempt { alloc, victims, nodes, hold_ms } => {
+                self.preempt(*alloc, victims, nodes, *hold_ms, false)
+            }
+            Command::Reclaim { alloc, victims, nodes, hold_ms } => self.preempt(*alloc, victims, nodes, *hold_ms, true),
+            Command::ExpireNomination { alloc } => self.expire_nomination(*alloc),
+            Command::TripWatchdog { alloc, task, node, epoch, kind } => {
+                self.trip_watchdog(*alloc, *task, node, *epoch, *kind)
+            }
+            Command::MarkNodeLost { node } => self.mark_node_lost(node),
+            Command::NodeReady { node } => self.node_ready(node),
+            Command::DrainNode { node, timeout_ms, reason, by } => self.drain_node(node, *timeout_ms, reason, by),
+            Command::CancelDrain { node, by } => self.cancel_drain(node, by),
+            Command::ExpireDrain { node } => self.expire_drain(node),
+            Command::StopNode { node, reason, by } => self.stop_node(node, reason, by),
+            Command::RestartNode { node, by } => self.restart_node(node, by),
+            Command::TerminateNode { node, by } => self.terminate_node(node, by),
+            Command::CreateToken { id, name, role, sha256, expires_ms, by } => {
+                self.create_token(id, name, *role, *sha256, *expires_ms, by)
+            }
+            Command::RevokeToken { id, by } => self.revoke_token(id, by),
+            Command::CreateVCluster { name, spec, by } => self.put_vcluster(name, spec, by, true),
+            Command::UpdateVCluster { name, spec, by } => self.put_vcluster(name, spec, by, false),
+        };
+        match result {
+            Ok(mut events) => {
+                events.extend(self.stop_emptied_nodes());
+                self.record_history(&events);
+                Outcome::Accepted(events)
+            }
+            Err(rejection) => Outcome::Rejected(rejection),
+        }
+    }
+
+    /// Appends each event to its allocation's or node's history (a
+    /// duplicate submit changed nothing and is not recorded).
+    fn record_history(&mut self, events: &[Event]) {
+        for e in events {
+            if matches!(e, Event::Submitted { duplicate: true, .. }) {
+                continue;
+            }
+            if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id)) {
+                self.touched.0.extend(a.tasks.iter().filter_map(|t| t.node));
+                a.revision += 1;
+                a.history.push_back(AllocEvent { revision: a.revision, time_ms: self.now_ms, event: e.clone() });
+                if a.history.len() > HISTORY_LIMIT {
+                    a.history.pop_front();
+                }
+            }
+            if let Some(slot) = e.node().and_then(|id| self.index.node_by_id.get(id).copied()) {
+                self.touched.0.insert(slot);
+                let n = &mut self.nodes[slot.0 as usize];
+                n.revision += 1;
+                n.history.push_back(AllocEvent { revision: n.revision, time_ms: self.now_ms, event: e.clone() });
+                if n.history.len() > NODE_HISTORY_LIMIT {
+                    n.history.pop_front();
+                }
+            }
+        }
+    }
+}
+
+/// A finished allocation's checkpoints will never be restored: drop them so
+/// they stop weighing on every snapshot.
+/// A reason an agent gives (a start failure, an unusable checkpoint) is at
+/// most [`super::command::MAX_AGENT_REASON_BYTES`].
+pub(super) fn check_agent_reason(reason: &str) -> Result<(), Rejection> {
+    if reason.len() > super::command::MAX_AGENT_REASON_BYTES {
+        return Err(Rejection::InvalidNode {
+            field: "reason".into(),
+            reason: format!("{} bytes, over {}", reason.len(), super::command::MAX_AGENT_REASON_BYTES),
+        });
+    }
+    Ok(())
+}
+
+pub(super) fn drop_checkpoints(a: &mut Allocation) {
+    for t in &mut a.tasks {
+        t.checkpoint = None;
+    }
+}
