@@ -1,0 +1,272 @@
+//! The node agent: one long-lived stream to the leader, the executor, and
+//! reconnection.
+//!
+//! ```text
+//!   loop:
+//!     connect to the leader (hint from a refusal, else the next replica)
+//!     send Register{node, resources, running tasks}
+//!     Assign ──▶ Claim ──▶ ClaimGranted ──▶ executor::spawn ──▶ (exit) ──▶ TaskExited ──▶ Recorded
+//!     Stop ──▶ SIGTERM → grace → SIGKILL to the task's process group
+//!     Preempt{epoch} ──▶ the same stop, once (repeats are no-ops) ──▶ (exit) ──▶
+//!         CheckpointUpload (if MUSTER_CHECKPOINT_DIR holds files) ──▶ Preempted{epoch} ──▶ Recorded
+//!     CheckpointHint{epoch} ──▶ request file + SIGUSR1, once ──▶ done / exit / deadline (see
+//!         `hint`) ──▶ the same stop ──▶ CheckpointUpload ──▶ Preempted{epoch, checkpoint_failed}
+//!     every heartbeat interval: Heartbeat{running}
+//!   on any stream error: keep the processes running, back off (jittered), reconnect
+//! ```
+//!
+//! Exit and preempted reports (with their checkpoint) are kept until the
+//! leader confirms them (`Recorded`) and are re-sent after a reconnect. A
+//! `Preempt` for a task this agent does not run (it restarted, or the process
+//! already ended) is acked at once. Each running attempt's process group is
+//! recorded in `WORK_DIR/running/`; an agent that starts and finds records
+//! from a previous life kills those groups first (it can no longer watch
+//! them), then registers with nothing running, and the leader fails what it
+//! thought ran there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use muster_clock::SharedClock;
+use muster_proto::v1;
+use muster_proto::v1::agent_message::Msg as Out;
+use muster_proto::v1::agent_service_client::AgentServiceClient;
+use muster_proto::v1::scheduler_message::Msg as In;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::checkpoint;
+use crate::executor::{self, Exit, TaskLaunch};
+use crate::hint::{Hint, HintWatch, Verdict};
+use crate::watchdog::{self, ProgressFile, Sampler, WatchdogConfig, Watchdogs};
+
+mod record;
+mod reports;
+mod session;
+mod task;
+#[cfg(test)]
+mod tests;
+
+use record::*;
+use reports::*;
+use task::*;
+
+/// The checkpoint cap until the leader says otherwise (its default).
+const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 4 << 20;
+
+/// The largest message on the stream (a checkpoint at the cap, plus framing).
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// The agent's settings.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// This node's id.
+    pub node_id: String,
+    /// Scheduler replicas, `host:port`.
+    pub schedulers: Vec<String>,
+    /// What the node offers.
+    pub resources: v1::Resources,
+    /// Node labels.
+    pub labels: BTreeMap<String, String>,
+    /// `host:port` gang peers reach this node at.
+    pub address: String,
+    /// Where logs and process records live.
+    pub work_dir: PathBuf,
+    /// Shortest and longest pause between reconnects.
+    pub backoff: (Duration, Duration),
+    /// Watchdog knobs (the budget and stall window come with each task).
+    pub watchdog: WatchdogConfig,
+    /// Makes the sampler each attempt's watchdogs read the process group
+    /// with (`/proc` and NVML by default; tests inject fakes).
+    pub sampler: fn() -> Box<dyn Sampler>,
+    /// Exit (`run` returns) once the scheduler says the node is stopped and
+    /// nothing runs here, so a wrapper script can power the machine off.
+    pub exit_when_stopped: bool,
+    /// Keep tasks across agent restarts (`muster agent --keep-tasks`): the
+    /// `muster` binary whose `task-shim` runs each task. Tasks then outlive
+    /// this agent (it leaves them running when it exits), and the next agent
+    /// with the same work dir adopts them. `None`: tasks are this agent's
+    /// children, stopped when it exits; leftovers of an earlier agent are
+    /// killed at start.
+    pub task_shim: Option<PathBuf>,
+    /// This node's agent certificate and the cluster CA; `None` connects
+    /// without TLS (`--insecure`).
+    pub tls: Option<muster_tls::TlsMaterial>,
+    /// The one clock the agent and its hint code read.
+    pub clock: SharedClock,
+}
+
+/// Heartbeat intervals without a word from the leader (it acks every
+/// heartbeat) before the agent drops the stream and looks for a leader.
+pub const LEADER_SILENT_INTERVALS: u32 = 3;
+
+/// The file in the work dir holding the node's lifecycle status as the
+/// scheduler last told it (`ready`, `draining`, `stopped`, …), for scripts.
+pub const NODE_STATUS_FILE: &str = "node-status";
+
+/// The default sampler: `/proc` for memory and CPU, NVML for GPUs if present.
+pub fn proc_sampler() -> Box<dyn Sampler> {
+    Box::new(watchdog::ProcSampler::default())
+}
+
+type Key = (u64, u32, u64);
+
+fn key_of(t: &Option<v1::TaskRef>) -> Option<Key> {
+    t.as_ref().map(|t| (t.alloc_id, t.task_index, t.epoch))
+}
+
+fn task_ref(k: Key) -> v1::TaskRef {
+    v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
+}
+
+/// A running agent. Dropping the shutdown sender (or sending `true`) stops
+/// it; running tasks are stopped with the grace.
+pub struct Agent {
+    cfg: AgentConfig,
+    running: BTreeMap<Key, Running>,
+    /// Assignments received but not yet granted.
+    assigned: BTreeMap<Key, v1::Assign>,
+    /// Assignments not yet claimed because processes this agent still runs
+    /// hold the GPUs they need (tasks the leader no longer places here, in
+    /// their stop grace): claimed as GPUs come free.
+    deferred: BTreeMap<Key, v1::Assign>,
+    /// Exit and preempted reports not yet confirmed by the leader.
+    unrecorded: BTreeMap<Key, Report>,
+    /// The largest checkpoint the leader stores.
+    max_checkpoint_bytes: usize,
+    free_gpus: BTreeSet<u32>,
+    exits_tx: mpsc::UnboundedSender<(Key, Ended)>,
+    exits_rx: mpsc::UnboundedReceiver<(Key, Ended)>,
+    leader_hint: Option<String>,
+    next: usize,
+    jitter: u64,
+    /// Told the node is stopped, with `exit_when_stopped` set.
+    exit_now: bool,
+    /// Attempts an earlier agent left running (with `task_shim`), adopted
+    /// when `run` starts.
+    leftovers: Vec<(Key, Record)>,
+}
+
+enum SessionEnd {
+    Shutdown,
+    Reconnect,
+}
+
+impl Agent {
+    /// An agent with this configuration. Process groups an earlier agent
+    /// with the same work dir left behind are adopted when it runs (with
+    /// `task_shim`), or killed now (without).
+    pub fn new(cfg: AgentConfig) -> std::io::Result<Agent> {
+        let records = cfg.work_dir.join("running");
+        fs::create_dir_all(&records)?;
+        let mut leftovers = Vec::new();
+        for entry in fs::read_dir(&records)? {
+            let path = entry?.path();
+            let key = path.file_name().and_then(|n| n.to_str()).and_then(parse_key);
+            let record = fs::read_to_string(&path).map_err(|_| None).and_then(|t| Record::decode(&t));
+            match (key, record) {
+                (Some(key), Ok(r)) if cfg.task_shim.is_some() => {
+                    leftovers.push((key, r));
+                    continue;
+                }
+                (_, Ok(Record { pgid, .. }) | Err(Some(pgid))) if pgid > 1 => {
+                    tracing::warn!(pgid, "killing a process group left by a previous agent");
+                    executor::signal_group(pgid, libc::SIGKILL);
+                }
+                _ => {}
+            }
+            let _ = fs::remove_file(&path);
+        }
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        let free_gpus = (0..cfg.resources.gpus).collect();
+        let jitter =
+            cfg.node_id.bytes().fold(0x9E37_79B9_7F4A_7C15u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3));
+        Ok(Agent {
+            cfg,
+            running: BTreeMap::new(),
+            assigned: BTreeMap::new(),
+            deferred: BTreeMap::new(),
+            unrecorded: BTreeMap::new(),
+            max_checkpoint_bytes: DEFAULT_MAX_CHECKPOINT_BYTES,
+            free_gpus,
+            exits_tx,
+            exits_rx,
+            leader_hint: None,
+            next: 0,
+            jitter,
+            exit_now: false,
+            leftovers,
+        })
+    }
+
+    /// Runs until `shutdown` turns true.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        self.adopt_leftovers();
+        let mut failures = 0u32;
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            match self.session(&mut shutdown).await {
+                Ok(SessionEnd::Shutdown) => break,
+                Ok(SessionEnd::Reconnect) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    metrics::counter!("muster_agent_stream_failures_total").increment(1);
+                    tracing::debug!(node = %self.cfg.node_id, error = %e, "agent stream failed");
+                }
+            }
+            let pause = self.backoff(failures);
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+        if self.cfg.task_shim.is_some() {
+            // --keep-tasks: the next agent adopts them.
+            tracing::info!(node = %self.cfg.node_id, tasks = self.running.len(), "agent exiting; its tasks keep running");
+            return;
+        }
+        let grace = Duration::from_secs(5);
+        let mut waiting = 0;
+        for (_, r) in std::mem::take(&mut self.running) {
+            if let Some(ctrl) = r.ctrl {
+                let _ = ctrl.send(Control::Stop(grace));
+                waiting += 1;
+            }
+        }
+        // Let the stopped tasks' waiters finish (and remove their records).
+        let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(1);
+        while waiting > 0 {
+            match tokio::time::timeout_at(deadline, self.exits_rx.recv()).await {
+                Ok(Some((key, _))) => {
+                    let _ = fs::remove_file(self.record_path(key));
+                    waiting -= 1;
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Exponential backoff with deterministic per-node jitter.
+    fn backoff(&mut self, failures: u32) -> Duration {
+        let (lo, hi) = self.cfg.backoff;
+        let base = lo.saturating_mul(1u32 << failures.min(6)).min(hi);
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        let extra = base.as_millis() as u64 / 2;
+        base + Duration::from_millis(if extra == 0 { 0 } else { self.jitter % extra })
+    }
+
+    fn pick_address(&mut self) -> String {
+        if let Some(hint) = self.leader_hint.take() {
+            return hint;
+        }
+        let addr = self.cfg.schedulers[self.next % self.cfg.schedulers.len()].clone();
+        self.next += 1;
+        addr
+    }
+}

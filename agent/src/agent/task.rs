@@ -1,0 +1,431 @@
+//! One attempt: starting it, adopting it after a restart, its waiter (stops, hints, watchdogs), and what its end reports.
+
+use super::*;
+
+/// What the agent tells a running task's waiter.
+pub(super) enum Control {
+    /// SIGTERM, this grace, SIGKILL.
+    Stop(Duration),
+    /// Ask it to checkpoint first.
+    Hint(Hint),
+}
+
+/// How an attempt ended, from its waiter.
+pub(super) struct Ended {
+    pub(super) exit: Result<Exit, String>,
+    /// It was hinted and did not checkpoint before the deadline.
+    pub(super) checkpoint_failed: bool,
+    /// A watchdog stopped it.
+    pub(super) watchdog: Option<watchdog::Trip>,
+}
+
+pub(super) struct Running {
+    /// The waiter's control channel; `None` once told to stop.
+    pub(super) ctrl: Option<mpsc::UnboundedSender<Control>>,
+    pub(super) gpus: Vec<u32>,
+    pub(super) attempt: u32,
+    /// The preemption epoch of the first `Preempt` for this attempt.
+    pub(super) preempt: Option<u64>,
+    /// The allocation checkpoints: the directory is uploaded at any exit.
+    pub(super) checkpointing: bool,
+    /// The fingerprint of the checkpoint this attempt was given (what the
+    /// leader already holds): an unchanged directory is not uploaded again.
+    pub(super) restored: Option<u64>,
+}
+
+impl Agent {
+    /// Takes over the attempts an earlier agent left: a live one is watched
+    /// again (its watchdogs' budget counted from its real start); one that
+    /// ended meanwhile is reported with the status its shim wrote. Either
+    /// way it is listed at the next `Register`.
+    pub(super) fn adopt_leftovers(&mut self) {
+        for (key, r) in std::mem::take(&mut self.leftovers) {
+            for g in &r.gpus {
+                self.free_gpus.remove(g);
+            }
+            let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
+            self.running.insert(
+                key,
+                Running {
+                    ctrl: Some(ctrl_tx),
+                    gpus: r.gpus.clone(),
+                    attempt: r.attempt,
+                    preempt: None,
+                    checkpointing: r.checkpointing,
+                    restored: None,
+                },
+            );
+            let status = executor::status_path(&self.cfg.work_dir, key.0, key.1, key.2);
+            if executor::alive(r.pgid) && executor::is_shim(r.pgid) {
+                let ran = Duration::from_millis(self.cfg.clock.wall_ms().saturating_sub(r.started_ms));
+                let limits = watchdog::Limits {
+                    budget: (r.walltime_s > 0).then(|| Duration::from_secs(r.walltime_s).saturating_sub(ran)),
+                    stall: (r.stall_s > 0).then(|| Duration::from_secs(u64::from(r.stall_s))),
+                    gpu_health: r.gpu_health,
+                };
+                tracing::info!(
+                    alloc_id = key.0,
+                    task = key.1,
+                    attempt = r.attempt,
+                    pgid = r.pgid,
+                    "adopted a task the previous agent left running"
+                );
+                self.watch(key, r.attempt, executor::adopt(r.pgid, status), limits, ctrl_rx);
+            } else {
+                let exit = executor::read_status(&status)
+                    .ok_or_else(|| "the task ended while its agent was down, and its exit status was lost".to_string());
+                tracing::info!(alloc_id = key.0, task = key.1, exit = ?exit, "a task the previous agent left ended meanwhile");
+                let _ = self.exits_tx.send((key, Ended { exit, checkpoint_failed: false, watchdog: None }));
+            }
+        }
+    }
+
+    /// Watches a started (or adopted) attempt until it ends, then tells the
+    /// session through `exits`.
+    pub(super) fn watch(
+        &self,
+        key: Key,
+        attempt: u32,
+        mut task: executor::RunningTask,
+        limits: watchdog::Limits,
+        ctrl_rx: mpsc::UnboundedReceiver<Control>,
+    ) {
+        let dogs = Watchdogs::new(self.cfg.watchdog, limits, tokio::time::Instant::now());
+        let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
+        let guard = Guard {
+            dogs,
+            progress: ProgressFile::new(progress),
+            sampler: (self.cfg.sampler)(),
+            poll: self.cfg.watchdog.poll,
+        };
+        let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        let exits = self.exits_tx.clone();
+        let clock = self.cfg.clock.clone();
+        tokio::spawn(async move {
+            let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard, &clock).await;
+            let _ = exits.send((key, ended));
+        });
+    }
+
+    pub(super) fn record_path(&self, k: Key) -> PathBuf {
+        self.cfg.work_dir.join("running").join(format!("{}-{}-{}", k.0, k.1, k.2))
+    }
+
+    /// Starts a granted attempt. A checkpoint that cannot be restored here
+    /// does not keep the task from running: it starts without it (said in
+    /// its stderr log), and the returned message tells the leader.
+    pub(super) fn start(&mut self, key: Key, a: v1::Assign, attempt: u32) -> Option<v1::CheckpointUnusable> {
+        let gpus: Vec<u32> = self.free_gpus.iter().take(a.gpus as usize).copied().collect();
+        for g in &gpus {
+            self.free_gpus.remove(g);
+        }
+        let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        let mut env: BTreeMap<String, String> = a.env.into_iter().collect();
+        let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
+        if let Some(parent) = progress.parent() {
+            let _ = fs::create_dir_all(parent);
+        }
+        let _ = fs::remove_file(&progress);
+        env.insert("MUSTER_PROGRESS_FILE".into(), progress.display().to_string());
+        env.insert("MUSTER_NODE_ID".into(), self.cfg.node_id.clone());
+        let limits = watchdog::Limits {
+            budget: (a.walltime_s > 0).then(|| Duration::from_secs(a.walltime_s)),
+            stall: (a.stall_timeout_s > 0).then(|| Duration::from_secs(u64::from(a.stall_timeout_s))),
+            gpu_health: a.gpus > 0 && self.cfg.watchdog.gpu_health,
+        };
+        let (walltime_s, stall_s, checkpointing) = (a.walltime_s, a.stall_timeout_s, a.checkpointing);
+        let mut restored_print = (!a.checkpoint.is_empty()).then(|| checkpoint::fingerprint(&a.checkpoint));
+        let mut unusable = None;
+        let unpacked = match a.checkpoint.is_empty() {
+            true => Ok(false),
+            false => checkpoint::unpack(&a.checkpoint, &checkpoint_dir).map(|()| true),
+        };
+        let restored = match unpacked {
+            Ok(true) => {
+                env.insert("MUSTER_RESUME".into(), "1".into());
+                if let Some(data) = checkpoint::inline_data(&a.checkpoint) {
+                    env.insert("CHECKPOINT_DATA".into(), data);
+                }
+                Ok(())
+            }
+            Ok(false) => checkpoint::reset(&checkpoint_dir),
+            Err(e) => {
+                let reason = format!("the stored checkpoint could not be restored ({e}); the task starts without it");
+                tracing::warn!(alloc_id = key.0, task = key.1, attempt, error = %e, "checkpoint not restored");
+                unusable = Some(v1::CheckpointUnusable {
+                    task: Some(task_ref(key)),
+                    checkpoint_epoch: a.checkpoint_epoch,
+                    reason,
+                });
+                restored_print = None;
+                checkpoint::reset(&checkpoint_dir)
+            }
+        }
+        .map_err(|e| format!("cannot create {}: {e}", checkpoint_dir.display()));
+        let launch = TaskLaunch {
+            alloc: key.0,
+            task: key.1,
+            gang_size: a.gang_size,
+            epoch: key.2,
+            attempt,
+            command: a.command,
+            env,
+            peers: a.peers,
+            gpu_ids: gpus.clone(),
+            checkpoint_dir,
+        };
+        let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
+        let spawned = restored.and_then(|()| {
+            executor::spawn(&launch, &self.cfg.work_dir, self.cfg.task_shim.as_deref()).map_err(|e| e.to_string())
+        });
+        match spawned {
+            Ok(task) => {
+                let record = Record {
+                    pgid: task.pgid(),
+                    attempt,
+                    gpus: gpus.clone(),
+                    walltime_s,
+                    stall_s,
+                    gpu_health: limits.gpu_health,
+                    started_ms: self.cfg.clock.wall_ms(),
+                    checkpointing,
+                };
+                let _ = fs::write(self.record_path(key), record.encode());
+                if let Some(u) = &unusable {
+                    // After the spawn, which creates the attempt's log files.
+                    self.note_in_log(key, attempt, &format!("muster: {}", u.reason));
+                }
+                tracing::info!(
+                    alloc_id = key.0,
+                    task = key.1,
+                    attempt,
+                    pgid = task.pgid(),
+                    resumed = !a.checkpoint.is_empty(),
+                    "task started"
+                );
+                self.watch(key, attempt, task, limits, ctrl_rx);
+            }
+            Err(e) => {
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "task did not start");
+                let _ = self.exits_tx.send((key, Ended { exit: Err(e), checkpoint_failed: false, watchdog: None }));
+            }
+        }
+        self.running.insert(
+            key,
+            Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None, checkpointing, restored: restored_print },
+        );
+        unusable
+    }
+
+    /// What an attempt's end reports. Whenever a process of a checkpointing
+    /// allocation ends (on its own, killed by a peer's failure or by
+    /// SIGKILL, stopped by a watchdog, or preempted), what it left in its
+    /// checkpoint directory goes with the report if it changed since the
+    /// checkpoint the attempt was given: the next attempt resumes from it.
+    /// A successful exit uploads nothing: a finished task never runs again.
+    pub(super) fn finished(&mut self, key: Key, ended: Ended) -> Report {
+        let Ended { exit, checkpoint_failed, watchdog } = ended;
+        let running = self.running.remove(&key);
+        let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
+        let (checkpointing, restored) = running.as_ref().map_or((false, None), |r| (r.checkpointing, r.restored));
+        if let Some(r) = running {
+            self.free_gpus.extend(r.gpus);
+        }
+        let _ = fs::remove_file(self.record_path(key));
+        let _ = fs::remove_file(executor::status_path(&self.cfg.work_dir, key.0, key.1, key.2));
+        let (exit_code, signal, error) = match exit {
+            Ok(Exit::Code(c)) => (Some(c), None, String::new()),
+            Ok(Exit::Signal(s)) => (None, Some(s), String::new()),
+            Err(e) => (None, None, e),
+        };
+        let succeeded = exit_code == Some(0) && preempt.is_none() && watchdog.is_none();
+        let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        let upload = if checkpointing && !succeeded && error.is_empty() {
+            self.changed_checkpoint(key, attempt, restored, preempt)
+        } else {
+            None
+        };
+        let bytes = upload.as_ref().map_or(0, |c| c.data.len());
+        let report = match preempt {
+            None if watchdog.is_some() => {
+                let trip = watchdog.expect("guarded");
+                let _ = fs::remove_dir_all(&dir);
+                tracing::warn!(alloc_id = key.0, task = key.1, kind = trip.kind, detail = %trip.detail, checkpoint_bytes = bytes, "watchdog tripped; task stopped");
+                self.note_in_log(
+                    key,
+                    attempt,
+                    &format!("muster: stopped by the {} watchdog: {}", trip.kind, trip.detail),
+                );
+                Report::Watchdog {
+                    trip: v1::WatchdogTripped {
+                        task: Some(task_ref(key)),
+                        kind: trip.kind.to_string(),
+                        detail: trip.detail,
+                    },
+                    checkpoint: upload,
+                }
+            }
+            Some(epoch) => {
+                if checkpoint_failed {
+                    tracing::warn!(
+                        alloc_id = key.0,
+                        task = key.1,
+                        epoch,
+                        "no checkpoint before the deadline; task killed"
+                    );
+                    self.note_in_log(key, attempt, "muster: no checkpoint before the deadline; the task was killed");
+                }
+                tracing::info!(
+                    alloc_id = key.0, task = key.1, epoch, exit_code = ?exit_code, signal = ?signal,
+                    checkpoint_bytes = bytes, "task preempted"
+                );
+                Report::Preempted {
+                    checkpoint: upload,
+                    ack: v1::Preempted {
+                        task: Some(task_ref(key)),
+                        preemption_epoch: epoch,
+                        exit_code,
+                        signal,
+                        checkpoint_failed,
+                    },
+                }
+            }
+            None => {
+                let _ = fs::remove_dir_all(&dir);
+                tracing::info!(alloc_id = key.0, task = key.1, exit_code = ?exit_code, signal = ?signal, checkpoint_bytes = bytes, "task exited");
+                if !error.is_empty() {
+                    self.note_in_log(key, attempt, &format!("muster: the task did not start: {error}"));
+                }
+                Report::Exited {
+                    exit: v1::TaskExited { task: Some(task_ref(key)), exit_code, signal, error },
+                    checkpoint: upload,
+                }
+            }
+        };
+        self.unrecorded.insert(key, report.clone());
+        report
+    }
+
+    /// The task's checkpoint directory packed for upload, unless it holds
+    /// nothing, is what the attempt was given, or is over the cap (said in
+    /// the attempt's log). Under a preemption it answers that round's epoch;
+    /// otherwise it is an exit upload, fenced by the reservation epoch.
+    pub(super) fn changed_checkpoint(
+        &self,
+        key: Key,
+        attempt: u32,
+        restored: Option<u64>,
+        preempt: Option<u64>,
+    ) -> Option<v1::CheckpointUpload> {
+        let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        match checkpoint::pack(&dir, self.max_checkpoint_bytes) {
+            Ok(Some(data)) if restored == Some(checkpoint::fingerprint(&data)) => {
+                tracing::info!(
+                    alloc_id = key.0,
+                    task = key.1,
+                    "checkpoint unchanged since the attempt began; not uploaded"
+                );
+                None
+            }
+            Ok(data) => data.map(|data| v1::CheckpointUpload {
+                task: Some(task_ref(key)),
+                preemption_epoch: preempt.unwrap_or(0),
+                data,
+                on_exit: preempt.is_none(),
+            }),
+            Err(e) => {
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "checkpoint not saved");
+                self.note_in_log(key, attempt, &format!("muster: checkpoint not saved: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Appends a line to an attempt's stderr log, where its owner looks.
+    pub(super) fn note_in_log(&self, key: Key, attempt: u32, line: &str) {
+        use std::io::Write;
+        let (_, err) = executor::log_paths(&self.cfg.work_dir, key.0, key.1, attempt);
+        if let Some(parent) = err.parent() {
+            let _ = fs::create_dir_all(parent);
+        }
+        if let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(err) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+/// An attempt's watchdogs and what feeds them.
+pub(super) struct Guard {
+    pub(super) dogs: Watchdogs,
+    pub(super) progress: ProgressFile,
+    pub(super) sampler: Box<dyn Sampler>,
+    pub(super) poll: Duration,
+}
+
+/// How long a tripped task gets between SIGTERM and SIGKILL: it is hung.
+pub(super) const WATCHDOG_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits for an attempt to end, obeying the agent: a stop stops it; a hint
+/// starts the checkpoint protocol, polled every 200 ms, which stops it once
+/// the task is done or out of time. Until a stop or hint, the watchdogs are
+/// polled (beats from the progress file), and a trip stops it.
+pub(super) async fn watch_task(
+    task: &mut executor::RunningTask,
+    mut ctrl: mpsc::UnboundedReceiver<Control>,
+    checkpoint_dir: &std::path::Path,
+    mut guard: Guard,
+    clock: &SharedClock,
+) -> Ended {
+    let mut hint: Option<HintWatch> = None;
+    let mut poll = tokio::time::interval(Duration::from_millis(200));
+    let mut dog_tick = tokio::time::interval(guard.poll);
+    let pgid = task.pgid();
+    let mut trip = None;
+    let (exit, checkpoint_failed) = loop {
+        tokio::select! {
+            exit = task.wait() => break (exit, false),
+            _ = dog_tick.tick(), if hint.is_none() => {
+                let now = tokio::time::Instant::now();
+                if guard.progress.changed() {
+                    guard.dogs.beat(now);
+                }
+                let sampler = &mut guard.sampler;
+                match guard.dogs.poll(now, || sampler.sample(pgid)) {
+                    watchdog::Verdict::Fine => {}
+                    watchdog::Verdict::Busy(why) => {
+                        metrics::counter!("muster_watchdog_suspected_stalls_total").increment(1);
+                        tracing::info!(pgid, why = %why, "suspected stall, but the task is busy");
+                    }
+                    watchdog::Verdict::Trip(t) => {
+                        metrics::counter!("muster_agent_watchdog_trips_total", "kind" => t.kind).increment(1);
+                        trip = Some(t);
+                        break (task.stop(WATCHDOG_GRACE).await, false);
+                    }
+                }
+            }
+            Some(c) = ctrl.recv() => match c {
+                Control::Stop(grace) => break (task.stop(grace).await, false),
+                Control::Hint(h) if hint.is_none() => match HintWatch::start(h, checkpoint_dir, tokio::time::Instant::now(), clock.wall_ms()) {
+                    Ok(w) => {
+                        executor::signal_group(task.pgid(), libc::SIGUSR1);
+                        hint = Some(w);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot write the checkpoint request; stopping the task");
+                        break (task.stop(h.grace).await, false);
+                    }
+                },
+                Control::Hint(_) => {}
+            },
+            _ = poll.tick(), if hint.is_some() => {
+                let w = hint.as_mut().expect("guarded");
+                match w.check(tokio::time::Instant::now()) {
+                    Verdict::Wait => {}
+                    Verdict::Done => break (task.stop(w.hint().grace).await, false),
+                    Verdict::TimedOut => break (task.stop(w.hint().grace).await, true),
+                }
+            }
+        }
+    };
+    Ended { exit: exit.map_err(|e| e.to_string()), checkpoint_failed, watchdog: trip }
+}

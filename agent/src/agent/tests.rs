@@ -1,0 +1,152 @@
+//! Unit tests of the agent: records, claims deferred while GPUs are busy, unusable checkpoints.
+
+use super::*;
+
+#[test]
+fn a_task_record_round_trips_and_an_old_one_gives_its_pgid() {
+    let r = Record {
+        pgid: 4242,
+        attempt: 2,
+        gpus: vec![0, 3],
+        walltime_s: 3600,
+        stall_s: 120,
+        gpu_health: true,
+        started_ms: 1_795_000_000_000,
+        checkpointing: false,
+    };
+    assert_eq!(Record::decode(&r.encode()), Ok(r.clone()));
+    let none = Record { gpus: vec![], gpu_health: false, checkpointing: true, ..r.clone() };
+    let older = r.encode().replace(" checkpointing=0", "");
+    assert!(Record::decode(&older).unwrap().checkpointing, "a record without the field assumes checkpointing");
+    assert_eq!(Record::decode(&none.encode()), Ok(none));
+    assert_eq!(Record::decode("4242\n"), Err(Some(4242)), "a record from before --keep-tasks");
+    assert_eq!(Record::decode("pgid=7 attempt=x"), Err(Some(7)), "a torn record still names its group");
+    assert_eq!(Record::decode("garbage"), Err(None));
+    assert_eq!(parse_key("12-3-4"), Some((12, 3, 4)));
+    assert_eq!(parse_key("12-3"), None);
+    assert_eq!(parse_key("12-3-4-5"), None);
+}
+
+fn test_config(dir: &std::path::Path) -> AgentConfig {
+    AgentConfig {
+        node_id: "n1".into(),
+        schedulers: vec!["127.0.0.1:1".into()],
+        resources: v1::Resources { gpus: 0, vram_mb: 0, mem_mb: 1_000, cpus: 1 },
+        labels: BTreeMap::new(),
+        address: "n1".into(),
+        work_dir: dir.to_path_buf(),
+        backoff: (Duration::from_millis(50), Duration::from_millis(100)),
+        watchdog: crate::watchdog::WatchdogConfig::default(),
+        sampler: proc_sampler,
+        exit_when_stopped: false,
+        task_shim: None,
+        tls: None,
+        clock: Default::default(),
+    }
+}
+
+/// Issue 22, item 8: a stored checkpoint that does not unpack here (well
+/// formed and safe, but `a` is both a file and a directory) does not fail
+/// the attempt: the task starts without it, its stderr log says so, and
+/// the leader is told, so that nobody is charged for it.
+#[tokio::test]
+async fn a_checkpoint_that_cannot_be_restored_starts_the_task_without_it_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::new(test_config(dir.path())).unwrap();
+    let blob = muster_proto::checkpoint_blob::encode([("a", &b"x"[..]), ("a/b", &b"y"[..])]);
+    let key = (7, 0, 1);
+    let assign = v1::Assign {
+        task: Some(task_ref(key)),
+        gang_size: 1,
+        command: vec!["sh".into(), "-c".into(), "echo resume=${MUSTER_RESUME:-no}".into()],
+        checkpoint: blob,
+        checkpoint_epoch: 3,
+        checkpointing: true,
+        ..Default::default()
+    };
+    let unusable = agent.start(key, assign, 1).expect("the leader is told");
+    assert_eq!((unusable.task, unusable.checkpoint_epoch), (Some(task_ref(key)), 3));
+    assert!(unusable.reason.contains("could not be restored"), "{}", unusable.reason);
+    let (ended_key, ended) =
+        tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
+    assert_eq!(ended_key, key);
+    assert!(matches!(ended.exit, Ok(Exit::Code(0))), "the task ran");
+    let (out, err) = executor::log_paths(dir.path(), 7, 0, 1);
+    assert_eq!(fs::read_to_string(out).unwrap(), "resume=no\n", "started without the checkpoint");
+    let err = fs::read_to_string(err).unwrap();
+    assert!(err.contains("muster: the stored checkpoint could not be restored"), "{err}");
+    assert!(fs::read_dir(checkpoint::dir(dir.path(), 7, 0)).unwrap().next().is_none(), "an empty directory");
+}
+
+/// An agent never starts a task on GPUs a process it still runs holds
+/// (one the leader no longer places here, in its stop grace): it claims
+/// the assignment only once the GPUs are free.
+#[tokio::test]
+async fn an_assignment_waits_for_gpus_a_stopping_task_still_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(dir.path());
+    cfg.resources.gpus = 4;
+    let mut agent = Agent::new(cfg).unwrap();
+    let assign = |key: Key, gpus: u32, cmd: &str| v1::Assign {
+        task: Some(task_ref(key)),
+        gang_size: 1,
+        gpus,
+        command: vec!["sh".into(), "-c".into(), cmd.into()],
+        ..Default::default()
+    };
+    let stale = (1, 0, 1);
+    assert!(agent.start(stale, assign(stale, 4, "sleep 60"), 1).is_none());
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = sent.clone();
+    let send = move |o: Out| {
+        log.lock().unwrap().push(o);
+        std::future::ready(Ok::<(), String>(()))
+    };
+    let next = (2, 0, 1);
+    let msg = v1::SchedulerMessage { msg: Some(In::Assign(assign(next, 2, "true"))) };
+    agent.handle(msg, &send).await.unwrap();
+    assert!(sent.lock().unwrap().is_empty(), "no claim while the stopping task holds every GPU");
+    assert!(agent.deferred.contains_key(&next));
+    // The stale task is stopped; once it has exited, the claim goes out.
+    let stop = v1::Stop { task: Some(task_ref(stale)), grace_ms: 1_000, reason: "re-placed".into() };
+    agent.handle(v1::SchedulerMessage { msg: Some(In::Stop(stop)) }, &send).await.unwrap();
+    let (key, ended) = tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
+    assert_eq!(key, stale);
+    agent.finished(key, ended);
+    agent.claim_deferred(&send).await.unwrap();
+    {
+        let sent = sent.lock().unwrap();
+        assert!(
+            matches!(sent.as_slice(), [Out::Claim(c)] if c.task == Some(task_ref(next))),
+            "claimed once its GPUs were free: {sent:?}"
+        );
+    }
+    // The stream breaks before the grant: the next stream's leader sends
+    // the assignment again, and the old claim no longer holds GPUs.
+    assert_eq!(agent.spare_gpus(), 2);
+    agent.forget_claims();
+    assert_eq!(agent.spare_gpus(), 4, "a lost claim does not hold GPUs forever");
+}
+
+#[test]
+fn a_register_lists_tasks_whose_end_is_not_yet_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::new(test_config(dir.path())).unwrap();
+    assert!(agent.registered_tasks().is_empty());
+    let exited = (7, 0, 1);
+    agent.unrecorded.insert(
+        exited,
+        Report::Exited {
+            exit: v1::TaskExited { task: Some(task_ref(exited)), exit_code: Some(0), ..Default::default() },
+            checkpoint: None,
+        },
+    );
+    let preempted = (8, 1, 2);
+    let ack = v1::Preempted { task: Some(task_ref(preempted)), preemption_epoch: 1, ..Default::default() };
+    agent.unrecorded.insert(preempted, Report::Preempted { checkpoint: None, ack });
+    // The exited task is listed until its report is recorded; a preempted
+    // one is not (the leader is tearing it down, not counting it as running).
+    assert_eq!(agent.registered_tasks(), vec![task_ref(exited)]);
+    agent.unrecorded.remove(&exited);
+    assert!(agent.registered_tasks().is_empty());
+}
