@@ -33,7 +33,7 @@ impl Fixture {
         let mut f = Fixture { s: State::default(), t: 1_000 };
         for i in 0..nodes {
             f.ok(Command::RegisterNode { node: n(i), resources: GPU_NODE, labels: BTreeMap::new() });
-            f.ok(Command::NodeReady { node: n(i) });
+            f.ok(Command::MarkNodeReady { node: n(i) });
         }
         f
     }
@@ -112,7 +112,7 @@ impl Fixture {
 /// Teardown, preemption and watchdog helpers.
 impl Fixture {
     pub(crate) fn ack(&mut self, alloc: AllocId, task: TaskIndex, node: u32, epoch: u64) -> Vec<Event> {
-        self.ok(Command::TaskPreempted { alloc, task, node: n(node), epoch, checkpoint_failed: false })
+        self.ok(Command::ConfirmPreempted { alloc, task, node: n(node), epoch, checkpoint_failed: false })
     }
 
     pub(crate) fn attempts(&self, alloc: AllocId) -> Vec<u32> {
@@ -131,7 +131,7 @@ impl Fixture {
             .map(|t| (t.index, self.s.node(t.node.unwrap()).id.clone(), t.preemption_epoch))
             .collect();
         for (task, node, epoch) in stopping {
-            self.ok(Command::TaskPreempted { alloc, task, node, epoch, checkpoint_failed: false });
+            self.ok(Command::ConfirmPreempted { alloc, task, node, epoch, checkpoint_failed: false });
         }
         assert_eq!(self.status(alloc), AllocStatus::Cancelled);
     }

@@ -124,7 +124,7 @@ fn a_stuck_teardown_is_forced_at_its_deadline_and_not_before() {
     h.touch(&n(0), due.mono_ms);
     let passes = tick(&mut c, due, Wake::default(), &mut timers, &h);
     assert_eq!(kinds(&passes)[0], PassKind::Deadlines);
-    assert!(matches!(passes[0].commands(), [Command::ForceDrain { alloc, .. }] if *alloc == job), "{passes:#?}");
+    assert!(matches!(passes[0].commands(), [Command::ForceTeardown { alloc, .. }] if *alloc == job), "{passes:#?}");
 }
 
 #[test]

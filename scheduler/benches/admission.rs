@@ -65,7 +65,7 @@ fn build(nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>) -> State {
             },
         };
         assert!(s.apply(&cmd, &ctx).is_accepted());
-        let ready = Command::NodeReady { node: NodeId::new(format!("node-{i:05}")) };
+        let ready = Command::MarkNodeReady { node: NodeId::new(format!("node-{i:05}")) };
         assert!(s.apply(&ready, &ctx).is_accepted());
     }
     let busy = (f64::from(nodes) * busy_share) as u32;

@@ -53,7 +53,7 @@ fn cluster(n: u32) -> State {
     for i in 0..n {
         let node = NodeId::new(format!("node-{i:05}"));
         ok(&mut st, Command::RegisterNode { node: node.clone(), resources: NODE, labels: BTreeMap::new() });
-        ok(&mut st, Command::NodeReady { node: node.clone() });
+        ok(&mut st, Command::MarkNodeReady { node: node.clone() });
         let spec = AllocSpec::new("u", 1, Resources { gpus: 8, ..NODE }, vec!["x".into()]);
         let [Event::Submitted { alloc, .. }] = ok(&mut st, Command::Submit { spec })[..] else { panic!() };
         ok(&mut st, Command::ReserveGang { alloc, epoch: 1, nodes: vec![node.clone()] });

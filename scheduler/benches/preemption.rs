@@ -66,7 +66,7 @@ fn build(nodes: u32) -> State {
     for i in 0..nodes {
         let cmd = Command::RegisterNode { node: node(i), resources: NODE, labels: BTreeMap::new() };
         assert!(s.apply(&cmd, &ctx).is_accepted());
-        assert!(s.apply(&Command::NodeReady { node: node(i) }, &ctx).is_accepted());
+        assert!(s.apply(&Command::MarkNodeReady { node: node(i) }, &ctx).is_accepted());
     }
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     // Start times spread over the last two hours, in order (the clock only
@@ -130,7 +130,7 @@ fn main() {
             times.push(t.elapsed());
         }
         let what = match last.unwrap() {
-            Ok(d) => format!("{} victim(s), cost {} < value {}", d.victims.len(), d.cost, d.value),
+            Ok(d) => format!("{} victim(s), cost {} < value {}", d.victims.len(), d.cost_gpu_s, d.value_gpu_s),
             Err(e) => e.to_string(),
         };
         println!(
@@ -155,7 +155,8 @@ fn main() {
         let mut cost = 0;
         for _ in 0..rounds.min(7) {
             let t = Instant::now();
-            cost = black_box(decide(&state, &p, NOW, &wide, &BTreeSet::new(), &BTreeSet::new())).map_or(0, |d| d.cost);
+            cost = black_box(decide(&state, &p, NOW, &wide, &BTreeSet::new(), &BTreeSet::new()))
+                .map_or(0, |d| d.cost_gpu_s);
             times.push(t.elapsed());
         }
         println!(

@@ -53,8 +53,8 @@ pub struct SimConfig {
     /// stops (SIGTERM, checkpoint, exit) and acks after a delay in this
     /// range, ms.
     pub preempt_ack_ms: (u64, u64),
-    /// Teardowns not acked this long after they started are force-drained, ms.
-    pub force_drain_ms: u64,
+    /// Teardowns not acked this long after they started are forced to end, ms.
+    pub force_teardown_ms: u64,
     /// Check every invariant after every this many commands (0: only at the end).
     pub check_every: u64,
     /// Priority preemption after each admission pass (`None`: off). A
@@ -82,7 +82,7 @@ impl Default for SimConfig {
             lost_claim_prob: 0.0,
             failure_prob: 0.0,
             preempt_ack_ms: (200, 5_000),
-            force_drain_ms: muster_core::policy::DEFAULT_FORCE_AFTER_MS,
+            force_teardown_ms: muster_core::policy::DEFAULT_FORCE_AFTER_MS,
             check_every: 0,
             preemption: None,
             node_failures: 0,
@@ -211,7 +211,7 @@ impl Simulation {
             reclaim: Default::default(),
             preempt: cfg.preemption.is_some(),
             node_lost_after_ms: cfg.node_lost_after_ms,
-            teardown_force_after_ms: cfg.force_drain_ms,
+            teardown_force_after_ms: cfg.force_teardown_ms,
             liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
         };
         let life = vec![0; cfg.nodes as usize];
@@ -306,7 +306,7 @@ impl Simulation {
                 Command::RegisterNode { node: id.clone(), resources: self.cfg.node, labels: BTreeMap::new() };
             let out = self.apply(&register)?;
             assert!(out.is_accepted(), "simulated node refused: {out:?}");
-            let out = self.apply(&Command::NodeReady { node: id })?;
+            let out = self.apply(&Command::MarkNodeReady { node: id })?;
             assert!(out.is_accepted(), "simulated node not made ready: {out:?}");
         }
         if let Some(first) = self.jobs.first() {
@@ -402,7 +402,7 @@ impl Simulation {
                 self.report_exit(
                     alloc,
                     task,
-                    &Command::TaskPreempted { alloc, task, node, epoch, checkpoint_failed: false },
+                    &Command::ConfirmPreempted { alloc, task, node, epoch, checkpoint_failed: false },
                 )
             }
             Ev::Tick => Ok(true),
@@ -489,7 +489,7 @@ impl Simulation {
                     }
                     let force_after = match (self.cfg.preemption, self.state.alloc(*alloc).and_then(|a| a.teardown)) {
                         (Some(p), Some(td)) if td.preempted_by().is_some() => p.force_after_ms(true),
-                        _ => self.cfg.force_drain_ms,
+                        _ => self.cfg.force_teardown_ms,
                     };
                     self.at(self.now + force_after, Ev::Tick);
                 }
@@ -568,7 +568,7 @@ impl Simulation {
             Pass::Deadlines(cmds) => {
                 for cmd in cmds {
                     match cmd {
-                        Command::ForceDrain { .. } => self.forced_teardowns += 1,
+                        Command::ForceTeardown { .. } => self.forced_teardowns += 1,
                         Command::ExpireNomination { .. } => self.expired_holds += 1,
                         Command::ExpireDrain { .. } => self.drain_expiries += 1,
                         _ => {}

@@ -30,7 +30,7 @@ impl Cluster {
                 resources: node_res(g),
                 labels: BTreeMap::new(),
             });
-            c.apply(Command::NodeReady { node: NodeId::new(format!("n{i}")) });
+            c.apply(Command::MarkNodeReady { node: NodeId::new(format!("n{i}")) });
         }
         c
     }

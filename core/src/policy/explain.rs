@@ -265,7 +265,7 @@ mod tests {
             let resources = Resources { gpus, vram_mb, mem_mb: 100_000, cpus: 16 };
             let cmd = Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources, labels: BTreeMap::new() };
             assert!(s.apply(&cmd, &ApplyCtx { time_ms: 1 }).is_accepted());
-            let ready = Command::NodeReady { node: NodeId::new(format!("n{i}")) };
+            let ready = Command::MarkNodeReady { node: NodeId::new(format!("n{i}")) };
             assert!(s.apply(&ready, &ApplyCtx { time_ms: 1 }).is_accepted());
         }
         s

@@ -187,18 +187,18 @@ pub struct VictimCost {
     pub gpus: u64,
     /// Seconds it has run since it (re)started.
     pub elapsed_s: u64,
-    /// G × checkpoint time.
-    pub checkpoint: u64,
-    /// G × elapsed, for checkpoint none.
-    pub recompute: u64,
-    /// G × elapsed × fraction of walltime done.
-    pub value: u64,
+    /// G × checkpoint time, GPU-seconds.
+    pub checkpoint_gpu_s: u64,
+    /// G × elapsed, for checkpoint none, GPU-seconds.
+    pub recompute_gpu_s: u64,
+    /// G × elapsed × fraction of walltime done, GPU-seconds.
+    pub value_gpu_s: u64,
 }
 
 impl VictimCost {
     /// The total cost.
     pub fn total(&self) -> u64 {
-        self.checkpoint.saturating_add(self.recompute).saturating_add(self.value)
+        self.checkpoint_gpu_s.saturating_add(self.recompute_gpu_s).saturating_add(self.value_gpu_s)
     }
 }
 
@@ -227,9 +227,9 @@ pub fn score(a: &Allocation, now_ms: u64, cfg: &PreemptionConfig) -> VictimCost 
         epoch: a.reservation_epoch,
         gpus: g,
         elapsed_s,
-        checkpoint: g.saturating_mul(checkpoint_s),
-        recompute,
-        value,
+        checkpoint_gpu_s: g.saturating_mul(checkpoint_s),
+        recompute_gpu_s: recompute,
+        value_gpu_s: value,
     }
 }
 
@@ -240,10 +240,10 @@ pub struct Decision {
     pub victims: Vec<VictimCost>,
     /// The preemptor's nodes, by task index.
     pub nodes: Vec<NodeSlot>,
-    /// The victims' total cost.
-    pub cost: u64,
-    /// The preemptor's value.
-    pub value: u64,
+    /// The victims' total cost, GPU-seconds.
+    pub cost_gpu_s: u64,
+    /// The preemptor's value, GPU-seconds.
+    pub value_gpu_s: u64,
 }
 
 impl Decision {
@@ -335,10 +335,10 @@ pub enum NoPreemption {
     },
     /// The cheapest set found costs at least the preemptor's value.
     TooCostly {
-        /// Its cost.
-        cost: u64,
-        /// The preemptor's value.
-        value: u64,
+        /// Its cost, GPU-seconds.
+        cost_gpu_s: u64,
+        /// The preemptor's value, GPU-seconds.
+        value_gpu_s: u64,
         /// How many victims.
         victims: usize,
     },
@@ -365,7 +365,7 @@ impl fmt::Display for NoPreemption {
                 in_ms.div_ceil(1000),
                 wait_ms / 1000
             ),
-            NoPreemption::TooCostly { cost, value, victims } => write!(
+            NoPreemption::TooCostly { cost_gpu_s: cost, value_gpu_s: value, victims } => write!(
                 f,
                 "no preemption: the cheapest set ({victims} victims) costs {cost} GPU-s, not below the gang's value of \
                  {value} GPU-s"
@@ -515,7 +515,7 @@ pub fn decide(
         let cost = victims.iter().map(VictimCost::total).fold(0u64, u64::saturating_add);
         let value = p.value();
         if cost >= value {
-            last = Some(NoPreemption::TooCostly { cost, value, victims: victims.len() });
+            last = Some(NoPreemption::TooCostly { cost_gpu_s: cost, value_gpu_s: value, victims: victims.len() });
             continue;
         }
         // The preemptor's nodes: those the victims free, then ones that fit now.
@@ -529,7 +529,7 @@ pub fn decide(
         fitting_now.sort_unstable();
         placed.extend(fitting_now.iter().map(|&(_, slot)| slot).take(n - placed.len()));
         debug_assert_eq!(placed.len(), n);
-        return Ok(Decision { victims, nodes: placed, cost, value });
+        return Ok(Decision { victims, nodes: placed, cost_gpu_s: cost, value_gpu_s: value });
     }
     if let Some(costly) = last {
         return Err(costly);
@@ -693,11 +693,10 @@ fn choose(
     }
     let empty = BTreeMap::new();
     // Fewest victims first: one that frees enough alone, the cheapest.
-    let single = candidates
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| gain(state, need, eligible, &empty, c).0 >= deficit)
-        .min_by_key(|(_, c)| (c.cost.total(), c.cost.checkpoint, std::cmp::Reverse(c.cost.gpus), c.cost.alloc));
+    let single =
+        candidates.iter().enumerate().filter(|(_, c)| gain(state, need, eligible, &empty, c).0 >= deficit).min_by_key(
+            |(_, c)| (c.cost.total(), c.cost.checkpoint_gpu_s, std::cmp::Reverse(c.cost.gpus), c.cost.alloc),
+        );
     if let Some((i, _)) = single {
         return Some(vec![i]);
     }
@@ -744,7 +743,7 @@ fn choose(
 
 /// Whether candidate `a` (gain `ga`) beats `b` (gain `gb`) in a greedy step.
 fn better(a: &Candidate, ga: (usize, usize), b: &Candidate, gb: (usize, usize)) -> bool {
-    let key = |c: &Candidate, g: (usize, usize)| (g.0 > 0, c.cost.total(), g.0, c.cost.checkpoint, c.cost.alloc);
+    let key = |c: &Candidate, g: (usize, usize)| (g.0 > 0, c.cost.total(), g.0, c.cost.checkpoint_gpu_s, c.cost.alloc);
     let (ka, kb) = (key(a, ga), key(b, gb));
     if ka.0 != kb.0 {
         return ka.0;

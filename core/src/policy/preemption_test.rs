@@ -34,7 +34,7 @@ impl Cluster {
                 labels.insert(VCLUSTER_LABEL.to_string(), vc.to_string());
             }
             c.ok(Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources: node_res(gpus), labels });
-            c.ok(Command::NodeReady { node: NodeId::new(format!("n{i}")) });
+            c.ok(Command::MarkNodeReady { node: NodeId::new(format!("n{i}")) });
         }
         // The vClusters the nodes name exist (allocations may only name one
         // that does).
@@ -111,9 +111,9 @@ impl Cluster {
                 format!("{:?}", a.spec.checkpoint).to_lowercase(),
                 c.gpus,
                 c.elapsed_s,
-                c.checkpoint,
-                c.recompute,
-                c.value,
+                c.checkpoint_gpu_s,
+                c.recompute_gpu_s,
+                c.value_gpu_s,
                 c.total()
             );
         }
@@ -125,8 +125,8 @@ impl Cluster {
                     out,
                     "  => preempt [{}] (cost {} < value {}), place on [{}]",
                     victims.join(", "),
-                    d.cost,
-                    d.value,
+                    d.cost_gpu_s,
+                    d.value_gpu_s,
                     nodes.join(", ")
                 );
             }
@@ -334,7 +334,13 @@ fn two_allocations_cannot_preempt_each_other_back_and_forth() {
     assert_eq!(plan.len(), 1);
     let cmd = plan[0].1.command(&c.s, high, &cfg());
     c.ok(cmd);
-    c.ok(Command::TaskPreempted { alloc: low, task: 0, node: NodeId::new("n0"), epoch: 1, checkpoint_failed: false });
+    c.ok(Command::ConfirmPreempted {
+        alloc: low,
+        task: 0,
+        node: NodeId::new("n0"),
+        epoch: 1,
+        checkpoint_failed: false,
+    });
     c.ok(Command::StartTask { alloc: high, task: 0, node: NodeId::new("n0"), epoch: 1 });
     // The suspended low-class gang waits; it can never preempt the higher class back.
     for minutes in [1, 10, 100] {
@@ -397,7 +403,13 @@ fn each_earlier_preemption_lengthens_the_protection_after_a_restart() {
     let plan = plan_preemptions(&c.s, c.t, &cfg());
     let cmd = plan[0].1.command(&c.s, hi, &cfg());
     c.ok(cmd);
-    c.ok(Command::TaskPreempted { alloc: low, task: 0, node: NodeId::new("n0"), epoch: 1, checkpoint_failed: false });
+    c.ok(Command::ConfirmPreempted {
+        alloc: low,
+        task: 0,
+        node: NodeId::new("n0"),
+        epoch: 1,
+        checkpoint_failed: false,
+    });
     c.ok(Command::CancelAllocation { alloc: hi });
     // The suspended gang runs again (preempted once: protected 2 × 2 min).
     c.ok(Command::ReserveGang { alloc: low, epoch: 2, nodes: vec![NodeId::new("n0")] });

@@ -1,11 +1,11 @@
-//! The leader's force-drain pass over gang teardowns.
+//! The leader's forced-teardown deadlines over gang teardowns.
 //!
 //! A task told to stop for a teardown normally acks within the grace. One
 //! whose node died mid-teardown, or whose agent never answers, would hold its
 //! gang (and its node's capacity) forever; after `force_after_ms` counted
 //! from the teardown's replicated start time, the leader proposes
-//! [`Command::ForceDrain`] for it. `apply` moves the stuck tasks to preempted
-//! and completes the gang in the same command, so force drain and completion
+//! [`Command::ForceTeardown`] for it. `apply` moves the stuck tasks to preempted
+//! and completes the gang in the same command, so the forced end and completion
 //! land on one tick. A new leader computes the same deadlines from the same
 //! replicated state.
 //!
@@ -22,7 +22,7 @@ use crate::sm::{CheckpointMode, Command, State};
 /// The seed's default: a 15 s SIGTERM grace plus 30 s of slack.
 pub const DEFAULT_FORCE_AFTER_MS: u64 = 45_000;
 
-/// The force drains due at `now_ms`, in allocation order.
+/// The forced teardowns due at `now_ms`, in allocation order.
 pub fn plan_forced_teardowns(state: &State, now_ms: u64, force_after_ms: u64, cfg: &PreemptionConfig) -> Vec<Command> {
     state
         .tearing_down()
@@ -35,7 +35,7 @@ pub fn plan_forced_teardowns(state: &State, now_ms: u64, force_after_ms: u64, cf
                 force_after_ms
             };
             (now_ms >= td.started_at_ms.saturating_add(after))
-                .then_some(Command::ForceDrain { alloc: id, epoch: td.epoch })
+                .then_some(Command::ForceTeardown { alloc: id, epoch: td.epoch })
         })
         .collect()
 }

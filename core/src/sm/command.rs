@@ -89,7 +89,7 @@ pub enum Command {
     },
     /// A preempting task's agent reports the process stopped (after SIGTERM,
     /// the grace and SIGKILL if needed).
-    TaskPreempted {
+    ConfirmPreempted {
         /// The allocation.
         alloc: AllocId,
         /// The task.
@@ -154,10 +154,10 @@ pub enum Command {
         /// Opaque bytes, at most the checkpoint limit.
         data: Vec<u8>,
     },
-    /// The leader's force-drain pass: every task of the teardown `epoch`
+    /// The leader's deadline pass: every task of the teardown `epoch`
     /// still preempting is moved to preempted without an ack (its node died
     /// mid-teardown, or its agent never answers).
-    ForceDrain {
+    ForceTeardown {
         /// The allocation.
         alloc: AllocId,
         /// The teardown's preemption epoch (must be current).
@@ -171,7 +171,7 @@ pub enum Command {
     },
     /// A pending node's agent has registered and reconciled: the node takes
     /// work.
-    NodeReady {
+    MarkNodeReady {
         /// The node.
         node: NodeId,
     },
@@ -351,17 +351,17 @@ impl Command {
             Command::FinishTask { .. } => "finish_task",
             Command::FailTask { .. } => "fail_task",
             Command::CancelAllocation { .. } => "cancel_allocation",
-            Command::TaskPreempted { .. } => "task_preempted",
+            Command::ConfirmPreempted { .. } => "confirm_preempted",
             Command::SaveCheckpoint { .. } => "save_checkpoint",
             Command::SaveExitCheckpoint { .. } => "save_exit_checkpoint",
             Command::FailTaskToStart { .. } => "fail_task_to_start",
             Command::DropCheckpoint { .. } => "drop_checkpoint",
-            Command::ForceDrain { .. } => "force_drain",
+            Command::ForceTeardown { .. } => "force_teardown",
             Command::Preempt { .. } => "preempt",
             Command::ExpireNomination { .. } => "expire_nomination",
             Command::TripWatchdog { .. } => "trip_watchdog",
             Command::MarkNodeLost { .. } => "mark_node_lost",
-            Command::NodeReady { .. } => "node_ready",
+            Command::MarkNodeReady { .. } => "mark_node_ready",
             Command::DrainNode { .. } => "drain_node",
             Command::CancelDrain { .. } => "cancel_drain",
             Command::ExpireDrain { .. } => "expire_drain",

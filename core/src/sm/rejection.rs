@@ -221,7 +221,7 @@ pub enum Rejection {
         /// The epoch given.
         got: u64,
     },
-    /// An ack, checkpoint or force drain named a preemption epoch that is not
+    /// An ack, checkpoint or forced teardown named a preemption epoch that is not
     /// the task's (or teardown's) current one: it belongs to an earlier round.
     #[error("allocation {alloc}: preemption epoch {got} is stale (current {current})")]
     StalePreemptionEpoch {
@@ -232,7 +232,7 @@ pub enum Rejection {
         /// The epoch given.
         got: u64,
     },
-    /// A force drain for an allocation with no teardown in progress.
+    /// A forced teardown for an allocation with no teardown in progress.
     #[error("allocation {alloc} is not being torn down")]
     NotTearingDown {
         /// The allocation.

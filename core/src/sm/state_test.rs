@@ -23,7 +23,7 @@ fn register_node_adds_a_pending_node_and_re_registration_updates_it() {
     let slot = f.s.node_slot(&n(0)).unwrap();
     assert_eq!(f.s.node(slot).status, NodeStatus::Pending);
     assert!(f.s.free_gpu_index().is_empty(), "a pending node takes no work");
-    assert_eq!(f.ok(Command::NodeReady { node: n(0) }), vec![Event::NodeReady { node: n(0) }]);
+    assert_eq!(f.ok(Command::MarkNodeReady { node: n(0) }), vec![Event::NodeReady { node: n(0) }]);
     assert_eq!(f.s.node(slot).status, NodeStatus::Ready);
     assert_eq!(f.s.node(slot).registered_at_ms, 1_000);
     let labels = BTreeMap::from([("pool".to_string(), "a100".to_string())]);
@@ -461,7 +461,7 @@ fn a_cancelled_task_that_never_acks_is_forced_at_the_teardown_deadline() {
     let force = crate::policy::DEFAULT_FORCE_AFTER_MS;
     assert!(crate::policy::plan_forced_teardowns(&f.s, f.t + force - 1, force, &cfg).is_empty());
     let cmds = crate::policy::plan_forced_teardowns(&f.s, f.t + force, force, &cfg);
-    assert_eq!(cmds, vec![Command::ForceDrain { alloc: id, epoch: 1 }]);
+    assert_eq!(cmds, vec![Command::ForceTeardown { alloc: id, epoch: 1 }]);
     f.t += force;
     let ev = f.ok(cmds[0].clone());
     assert!(matches!(ev.last(), Some(Event::AllocationCancelled { stopped, .. }) if stopped.len() == 2), "{ev:?}");
@@ -620,7 +620,7 @@ fn tasks_on_node_follows_placement() {
     f.ok(Command::CancelAllocation { alloc: id });
     assert_eq!(f.s.tasks_on_node(s0).collect::<Vec<_>>(), vec![(id, 1)], "stopping, not yet stopped");
     assert_eq!(f.s.tasks_on_node(s1).count(), 0);
-    f.ok(Command::TaskPreempted { alloc: id, task: 1, node: n(0), epoch: 1, checkpoint_failed: false });
+    f.ok(Command::ConfirmPreempted { alloc: id, task: 1, node: n(0), epoch: 1, checkpoint_failed: false });
     assert_eq!(f.s.tasks_on_node(s0).count() + f.s.tasks_on_node(s1).count(), 0);
 }
 
@@ -674,7 +674,7 @@ fn apply_names_exactly_the_nodes_it_touched() {
             s.apply(&Command::RegisterNode { node: node.clone(), resources, labels: BTreeMap::new() }, &t)
                 .is_accepted()
         );
-        assert!(s.apply(&Command::NodeReady { node }, &t).is_accepted());
+        assert!(s.apply(&Command::MarkNodeReady { node }, &t).is_accepted());
     }
     s.take_touched_nodes();
     let spec = AllocSpec::new("u", 1, Resources { gpus: 8, vram_mb: 1, mem_mb: 1, cpus: 1 }, vec!["x".into()]);
@@ -689,14 +689,14 @@ fn apply_names_exactly_the_nodes_it_touched() {
     assert_eq!(one(&mut s), [NodeSlot(1)]);
     assert!(s.apply(&Command::CancelAllocation { alloc }, &t).is_accepted());
     assert_eq!(one(&mut s), [NodeSlot(1)], "a stopping task's node hears of it");
-    let ack = Command::TaskPreempted { alloc, task: 0, node: n1, epoch: 1, checkpoint_failed: false };
+    let ack = Command::ConfirmPreempted { alloc, task: 0, node: n1, epoch: 1, checkpoint_failed: false };
     assert!(s.apply(&ack, &t).is_accepted());
     assert_eq!(one(&mut s), [NodeSlot(1)], "the node it left");
     let drain = Command::DrainNode { node: NodeId::new("n2"), timeout_ms: 1, reason: "r".into(), by: "op".into() };
     assert!(s.apply(&drain, &t).is_accepted());
     assert_eq!(one(&mut s), [NodeSlot(2)]);
     // A rejected command touches nothing.
-    assert!(!s.apply(&Command::NodeReady { node: NodeId::new("n2") }, &t).is_accepted());
+    assert!(!s.apply(&Command::MarkNodeReady { node: NodeId::new("n2") }, &t).is_accepted());
     assert!(s.take_touched_nodes().is_empty());
     // The set is not state: a restored copy (which holds none) is equal,
     // digest and all.

@@ -593,7 +593,7 @@ pub struct Teardown {
     pub epoch: u64,
     /// Why.
     pub cause: TeardownCause,
-    /// Entry time of the start: the force-drain deadline counts from here.
+    /// Entry time of the start: the forced-teardown deadline counts from here.
     pub started_at_ms: u64,
     /// Tasks of a preemption that did not checkpoint in time (unresponsive,
     /// or forced): each was charged an attempt, and the gang is requeued

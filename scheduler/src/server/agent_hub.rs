@@ -9,7 +9,7 @@
 //!   Heartbeat ──▶ liveness (memory only) ──▶ sync (and Preempt again, for every
 //!                 preempting task not yet acked) ──▶ HeartbeatAck
 //!   CheckpointUpload ──▶ SaveCheckpoint, or SaveExitCheckpoint when on_exit (Raft)
-//!   Preempted ──▶ TaskPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
+//!   Preempted ──▶ ConfirmPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
 //! ```
 //!
 //! Sync pushes `Preempt{epoch, grace}` for each task of this node the state
@@ -458,7 +458,7 @@ impl Session {
         let pending =
             self.s.reader.read(|st| st.node_slot(&node).is_some_and(|s| st.node(s).status == NodeStatus::Pending));
         if pending {
-            match self.s.proposer.propose(Command::NodeReady { node }).await.map_err(propose_error_to_status)? {
+            match self.s.proposer.propose(Command::MarkNodeReady { node }).await.map_err(propose_error_to_status)? {
                 Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
                 Outcome::Rejected(r) => tracing::debug!(node = %self.node, rejection = %r, "node ready refused"),
             }
@@ -600,7 +600,7 @@ impl Session {
             Some(In::Preempted(p)) => {
                 let key = key_of(&p.task)?;
                 self.sent.agent_stopped(&key);
-                let cmd = Command::TaskPreempted {
+                let cmd = Command::ConfirmPreempted {
                     alloc: key.0,
                     task: key.1,
                     node: self.node.clone(),

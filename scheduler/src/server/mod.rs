@@ -8,8 +8,8 @@
 //! - [`client_api`], [`node_api`], [`vcluster_api`] and [`admin_api`]: the
 //!   gRPC services users and operators call.
 //! - [`agent_hub`]: the leader's end of the agent streams.
-//! - [`leader`]: loops that run only on the leader (admission, liveness,
-//!   teardown force drain).
+//! - [`leader`]: the leader loop that drives the pure tick (node lost,
+//!   deadlines, admission, preemption) while this replica leads.
 //! - [`observe`]: metrics and log lines derived from committed outcomes.
 //! - [`convert`]: protobuf ↔ state-machine types and statuses, at the edge.
 //! - [`read_index`]: linearizable reads, sharing leadership confirmations.

@@ -207,7 +207,7 @@ impl Default for Run {
             let resources = Resources { gpus: 8, vram_mb: 40_000, mem_mb: 256_000, cpus: 32 };
             let cmd = Command::RegisterNode { node: node(i), resources, labels: labels(i) };
             assert!(state.apply(&cmd, &ApplyCtx { time_ms: 1_000 }).is_accepted());
-            let ready = Command::NodeReady { node: node(i) };
+            let ready = Command::MarkNodeReady { node: node(i) };
             assert!(state.apply(&ready, &ApplyCtx { time_ms: 1_000 }).is_accepted());
         }
         // Classes not divisible by 4 submit to `ml`, which exists (without quotas, and
@@ -265,12 +265,12 @@ impl Run {
                     resources: Resources { gpus: u32::from(*gpus), vram_mb: 40_000, mem_mb: 256_000, cpus: 32 },
                     labels: labels(*i),
                 },
-                Command::NodeReady { node: node(*i) },
+                Command::MarkNodeReady { node: node(*i) },
             ],
             Op::Lifecycle { node: i, action, timeout_ms } => {
                 let (node, by) = (node(*i), "prop".to_string());
                 vec![match action {
-                    0 => Command::NodeReady { node },
+                    0 => Command::MarkNodeReady { node },
                     1..=3 => Command::DrainNode { node, timeout_ms: u64::from(*timeout_ms), reason: "test".into(), by },
                     4 => Command::CancelDrain { node, by },
                     5 => Command::StopNode { node, reason: String::new(), by },
@@ -337,7 +337,7 @@ impl Run {
                 .into_iter()
                 .collect(),
             Op::Ack { pick, stale, failed } => Self::pick(&self.preempting(), *pick)
-                .map(|(alloc, task, node, epoch)| Command::TaskPreempted {
+                .map(|(alloc, task, node, epoch)| Command::ConfirmPreempted {
                     alloc,
                     task,
                     node,
@@ -420,7 +420,7 @@ impl Run {
             Op::ForceDrain { pick, stale } => {
                 let ids: Vec<AllocId> = self.state.tearing_down().collect();
                 Self::pick(&ids, *pick)
-                    .map(|alloc| Command::ForceDrain {
+                    .map(|alloc| Command::ForceTeardown {
                         alloc,
                         epoch: self.state.alloc(alloc).unwrap().preemption_epoch + u64::from(*stale),
                     })

@@ -167,7 +167,7 @@ mod arbitrary {
             any_u64().prop_map(|alloc| Command::CancelAllocation { alloc }),
             node().prop_map(|node| Command::MarkNodeLost { node }),
             (any_u64(), any_u32(), node(), any_u64(), any::<bool>()).prop_map(
-                |(alloc, task, node, epoch, checkpoint_failed)| Command::TaskPreempted {
+                |(alloc, task, node, epoch, checkpoint_failed)| Command::ConfirmPreempted {
                     alloc,
                     task,
                     node,
@@ -194,8 +194,8 @@ mod arbitrary {
             (any_u64(), any_u32(), node(), any_u64(), proptest::collection::vec(any::<u8>(), 0..16)).prop_map(
                 |(alloc, task, node, epoch, data)| Command::SaveExitCheckpoint { alloc, task, node, epoch, data }
             ),
-            (any_u64(), any_u64()).prop_map(|(alloc, epoch)| Command::ForceDrain { alloc, epoch }),
-            node().prop_map(|node| Command::NodeReady { node }),
+            (any_u64(), any_u64()).prop_map(|(alloc, epoch)| Command::ForceTeardown { alloc, epoch }),
+            node().prop_map(|node| Command::MarkNodeReady { node }),
             (node(), any_u64(), ".{0,8}", ".{0,4}").prop_map(|(node, timeout_ms, reason, by)| Command::DrainNode {
                 node,
                 timeout_ms,

@@ -249,7 +249,7 @@ async fn t70_simulator_and_leader_loop_propose_the_same_commands() {
     for i in 0..6 {
         let node = NodeId::new(format!("n{i}"));
         ok(&mut st, t, Command::RegisterNode { node: node.clone(), resources: NODE, labels: BTreeMap::new() });
-        ok(&mut st, t, Command::NodeReady { node });
+        ok(&mut st, t, Command::MarkNodeReady { node });
     }
     let submit = |st: &mut State, t: u64, gang: u32, gpus: u32, class: u8| {
         let mut spec = AllocSpec::new("u", gang, Resources { gpus, ..NODE }, vec!["x".into()]);
@@ -315,7 +315,7 @@ async fn t70_simulator_and_leader_loop_propose_the_same_commands() {
         admission: cfg.admission,
         preemption: cfg.preemption.unwrap(),
         node_lost_after_ms: cfg.node_lost_after_ms,
-        teardown_force_after_ms: cfg.force_drain_ms,
+        teardown_force_after_ms: cfg.force_teardown_ms,
         ..LeaderConfig::default()
     };
     let mut timers = PassTimers::default();
@@ -324,7 +324,7 @@ async fn t70_simulator_and_leader_loop_propose_the_same_commands() {
     let leader_cmds = shell.proposed.into_inner().unwrap();
 
     let kinds: Vec<&str> = leader_cmds.iter().map(Command::name).collect();
-    for want in ["mark_node_lost", "force_drain", "reserve_gang", "preempt"] {
+    for want in ["mark_node_lost", "force_teardown", "reserve_gang", "preempt"] {
         assert!(kinds.contains(&want), "the scenario exercises {want}: {kinds:?}");
     }
     assert_eq!(sim_cmds, leader_cmds, "the simulator and the leader loop decided alike");

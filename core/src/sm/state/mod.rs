@@ -14,7 +14,7 @@
 //!   stale while siblings run), in the same command:
 //!     trigger ─▶ Blocked (keeps its attempt)   Running siblings ─▶ Preempting (refunded)
 //!     Reserved siblings ─▶ Blocked             Blocked / Done stay
-//!   Preempting ── TaskPreempted{epoch} | ForceDrain | node lost | exit ──▶ Preempted
+//!   Preempting ── ConfirmPreempted{epoch} | ForceTeardown | node lost | exit ──▶ Preempted
 //!   last one stopped ─▶ Preempted ─▶ Blocked; gang Queued, or Failed when a task
 //!   is out of retries or already Done
 //!
@@ -325,7 +325,7 @@ impl State {
                 self.fail_task(*alloc, *task, node, *epoch, *exit_code)
             }
             Command::CancelAllocation { alloc } => self.cancel(*alloc),
-            Command::TaskPreempted { alloc, task, node, epoch, checkpoint_failed } => {
+            Command::ConfirmPreempted { alloc, task, node, epoch, checkpoint_failed } => {
                 self.task_preempted(*alloc, *task, node, *epoch, *checkpoint_failed)
             }
             Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
@@ -340,7 +340,7 @@ impl State {
             Command::DropCheckpoint { alloc, task, node, epoch, reason } => {
                 self.drop_checkpoint(*alloc, *task, node, *epoch, reason)
             }
-            Command::ForceDrain { alloc, epoch } => self.force_drain(*alloc, *epoch),
+            Command::ForceTeardown { alloc, epoch } => self.force_teardown(*alloc, *epoch),
             Command::Preempt { alloc, victims, nodes, hold_ms } => {
                 self.preempt(*alloc, victims, nodes, *hold_ms, false)
             }
@@ -350,7 +350,7 @@ impl State {
                 self.trip_watchdog(*alloc, *task, node, *epoch, *kind)
             }
             Command::MarkNodeLost { node } => self.mark_node_lost(node),
-            Command::NodeReady { node } => self.node_ready(node),
+            Command::MarkNodeReady { node } => self.node_ready(node),
             Command::DrainNode { node, timeout_ms, reason, by } => self.drain_node(node, *timeout_ms, reason, by),
             Command::CancelDrain { node, by } => self.cancel_drain(node, by),
             Command::ExpireDrain { node } => self.expire_drain(node),

@@ -3,7 +3,7 @@
 use super::*;
 
 impl State {
-    /// A new node joins as pending (its agent proposes `NodeReady` once it
+    /// A new node joins as pending (its agent proposes `MarkNodeReady` once it
     /// has reconciled). A known node's resources and labels are updated; a
     /// lost one is ready again; every other status is kept (a draining or
     /// stopped node whose agent restarts stays out of service), and a

@@ -126,7 +126,7 @@ impl State {
 
     /// Moves every task of teardown `epoch` still preempting to preempted,
     /// without an ack; the gang then completes.
-    pub(super) fn force_drain(&mut self, id: AllocId, epoch: u64) -> Applied {
+    pub(super) fn force_teardown(&mut self, id: AllocId, epoch: u64) -> Applied {
         let a = self.live_alloc(id)?;
         let teardown = a.teardown.ok_or(Rejection::NotTearingDown { alloc: id })?;
         if teardown.epoch != epoch {

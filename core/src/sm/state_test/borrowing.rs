@@ -17,7 +17,7 @@ fn cluster(labels: &[&str]) -> Fixture {
             l.insert(VCLUSTER_LABEL.to_string(), vc.to_string());
         }
         f.ok(Command::RegisterNode { node: n(i as u32), resources: GPU_NODE, labels: l });
-        f.ok(Command::NodeReady { node: n(i as u32) });
+        f.ok(Command::MarkNodeReady { node: n(i as u32) });
     }
     f
 }
@@ -185,7 +185,7 @@ fn reclamation_preempts_borrowed_work_after_the_grace_and_gives_the_nodes_back()
     assert_eq!(task.status, TaskStatus::Preempting, "asked to checkpoint and stop");
     f.s.check_invariants().unwrap();
     // It checkpoints and stops: the node goes to the home gang at once.
-    f.ok(Command::TaskPreempted {
+    f.ok(Command::ConfirmPreempted {
         alloc: borrower,
         task: 0,
         node: n(1),

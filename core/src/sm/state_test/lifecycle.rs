@@ -31,7 +31,7 @@ const ACTIONS: [Action; 8] = [
 fn command(action: Action, node: NodeId) -> Command {
     let by = "ops".to_string();
     match action {
-        Action::Ready => Command::NodeReady { node },
+        Action::Ready => Command::MarkNodeReady { node },
         Action::Drain => Command::DrainNode { node, timeout_ms: 60_000, reason: "scale-down".into(), by },
         Action::CancelDrain => Command::CancelDrain { node, by },
         Action::ExpireDrain => Command::ExpireDrain { node },
@@ -79,7 +79,7 @@ impl Fixture {
         if status == NodeStatus::Pending {
             return;
         }
-        self.ok(Command::NodeReady { node: n(i) });
+        self.ok(Command::MarkNodeReady { node: n(i) });
         match status {
             NodeStatus::Ready => {}
             NodeStatus::Draining | NodeStatus::Stopping | NodeStatus::Lost => {

@@ -130,7 +130,7 @@ fn an_unresponsive_victim_is_charged_and_its_gang_requeued_not_suspended() {
     let p = f.queued(1, 8, 6);
     assert!(f.preempt(p, &[(v, e)], &[0]).is_accepted());
     f.ack(v, 0, 0, 1);
-    let ev = f.ok(Command::TaskPreempted { alloc: v, task: 1, node: n(1), epoch: 1, checkpoint_failed: true });
+    let ev = f.ok(Command::ConfirmPreempted { alloc: v, task: 1, node: n(1), epoch: 1, checkpoint_failed: true });
     assert!(ev.iter().any(|e| matches!(e, Event::TaskPreempted { task: 1, checkpoint_failed: true, .. })));
     assert!(ev.iter().any(|e| matches!(e, Event::TeardownCompleted { outcome: TeardownOutcome::Blocked, .. })));
     assert_eq!(f.status(v), AllocStatus::Queued, "requeued, not suspended");
@@ -150,7 +150,7 @@ fn a_victim_forced_at_the_deadline_is_charged_and_one_out_of_retries_fails() {
     f.start(v, 0, 0, e);
     let p = f.queued(1, 8, 6);
     assert!(f.preempt(p, &[(v, e)], &[0]).is_accepted());
-    let ev = f.ok(Command::ForceDrain { alloc: v, epoch: 1 });
+    let ev = f.ok(Command::ForceTeardown { alloc: v, epoch: 1 });
     assert!(ev.iter().any(|e| matches!(e, Event::TaskPreempted { forced: true, checkpoint_failed: true, .. })));
     assert_eq!(f.status(v), AllocStatus::Failed, "1 of 1 retries used");
     assert_eq!(f.status(p), AllocStatus::Reserved);

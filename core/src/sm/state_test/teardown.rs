@@ -179,7 +179,7 @@ fn acks_and_checkpoints_with_a_stale_epoch_or_from_elsewhere_are_refused() {
     f.start(id, 1, 1, epoch);
     // A late ack of round 1 while the task runs again.
     assert_eq!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
+        f.rejected(Command::ConfirmPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
         Rejection::WrongTaskStatus {
             alloc: id,
             task: 1,
@@ -190,7 +190,7 @@ fn acks_and_checkpoints_with_a_stale_epoch_or_from_elsewhere_are_refused() {
     f.fail(id, 0, 0, epoch);
     let stale = Rejection::StalePreemptionEpoch { alloc: id, current: 2, got: 1 };
     assert_eq!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
+        f.rejected(Command::ConfirmPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
         stale
     );
     assert_eq!(
@@ -198,12 +198,12 @@ fn acks_and_checkpoints_with_a_stale_epoch_or_from_elsewhere_are_refused() {
         stale
     );
     assert_eq!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(2), epoch: 2, checkpoint_failed: false }),
+        f.rejected(Command::ConfirmPreempted { alloc: id, task: 1, node: n(2), epoch: 2, checkpoint_failed: false }),
         Rejection::WrongNode { alloc: id, task: 1, node: n(2) }
     );
     // The trigger was never told to stop: nothing to ack.
     assert_eq!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 0, node: n(0), epoch: 0, checkpoint_failed: false }),
+        f.rejected(Command::ConfirmPreempted { alloc: id, task: 0, node: n(0), epoch: 0, checkpoint_failed: false }),
         Rejection::WrongTaskStatus {
             alloc: id,
             task: 0,
@@ -353,7 +353,7 @@ fn checkpoints_over_the_cap_or_of_a_no_checkpoint_allocation_are_refused() {
 }
 
 #[test]
-fn force_drain_moves_stuck_tasks_and_completes_in_the_same_command() {
+fn force_teardown_moves_stuck_tasks_and_completes_in_the_same_command() {
     let mut f = Fixture::new(3);
     let (id, epoch) = f.running(3, 8);
     f.t = 10_000;
@@ -361,9 +361,9 @@ fn force_drain_moves_stuck_tasks_and_completes_in_the_same_command() {
     f.ack(id, 1, 1, 1);
     assert_eq!(crate::policy::plan_forced_teardowns(&f.s, 54_999, 45_000, &Default::default()), vec![]);
     let plan = crate::policy::plan_forced_teardowns(&f.s, 55_000, 45_000, &Default::default());
-    assert_eq!(plan, vec![Command::ForceDrain { alloc: id, epoch: 1 }]);
+    assert_eq!(plan, vec![Command::ForceTeardown { alloc: id, epoch: 1 }]);
     assert_eq!(
-        f.rejected(Command::ForceDrain { alloc: id, epoch: 2 }),
+        f.rejected(Command::ForceTeardown { alloc: id, epoch: 2 }),
         Rejection::StalePreemptionEpoch { alloc: id, current: 1, got: 2 }
     );
     f.t = 55_000;
@@ -384,10 +384,10 @@ fn force_drain_moves_stuck_tasks_and_completes_in_the_same_command() {
         ]
     );
     assert_eq!(f.used_gpus(2), 0);
-    assert_eq!(f.rejected(Command::ForceDrain { alloc: id, epoch: 1 }), Rejection::NotTearingDown { alloc: id });
+    assert_eq!(f.rejected(Command::ForceTeardown { alloc: id, epoch: 1 }), Rejection::NotTearingDown { alloc: id });
     // The late ack of the forced task is refused: the task is blocked now.
     assert!(matches!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 2, node: n(2), epoch: 1, checkpoint_failed: false }),
+        f.rejected(Command::ConfirmPreempted { alloc: id, task: 2, node: n(2), epoch: 1, checkpoint_failed: false }),
         Rejection::WrongTaskStatus { status: TaskStatus::Blocked, .. }
     ));
 }
@@ -503,7 +503,7 @@ fn cancel_during_a_teardown_moves_the_stopping_tasks_to_a_cancel_round_and_holds
     assert_eq!((f.used_gpus(1), f.used_gpus(2)), (8, 8), "the siblings may still run");
     assert_eq!(f.attempts(id), vec![1, 0, 0], "the bystanders are not refunded twice");
     assert_eq!(
-        f.rejected(Command::TaskPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
+        f.rejected(Command::ConfirmPreempted { alloc: id, task: 1, node: n(1), epoch: 1, checkpoint_failed: false }),
         Rejection::StalePreemptionEpoch { alloc: id, current: 2, got: 1 }
     );
     f.ack(id, 1, 1, 2);
