@@ -1,20 +1,20 @@
 //! The `muster` binary, run as a user would.
 
+mod cli_cluster;
 mod cluster;
+mod dev_cli;
 mod dev_proc;
-mod t110_security;
-mod t120_ecosystem;
-mod t130_vclusters;
-mod t140_hold_the_line;
-mod t60_failover;
-mod t70_cli_cluster;
-mod t80_e2e;
-mod t84_teardown;
-mod t88_preemption;
-mod t91_dev_cli;
-mod t96_watchdogs;
-mod t99_node_lifecycle;
+mod e2e;
+mod ecosystem;
+mod failover;
+mod hardening;
+mod node_lifecycle;
+mod preemption;
+mod security;
+mod teardown;
 mod tls;
+mod vclusters;
+mod watchdogs;
 
 use std::process::{Command, Output};
 
@@ -381,7 +381,7 @@ fn t97_muster_beat_appends_to_the_progress_file_and_explains_itself_outside_a_ta
 fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stopped_on_return() {
     use std::time::{Duration, Instant};
 
-    use crate::t80_e2e::proc_alive;
+    use crate::e2e::proc_alive;
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", cluster::free_port());
     let nodes = ["a1", "a2", "a3"];

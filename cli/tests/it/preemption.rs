@@ -10,7 +10,7 @@ use muster_scheduler::sm::{AllocId, Event, TeardownOutcome};
 use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::WAIT;
-use crate::t80_e2e::{get, submit, until};
+use crate::e2e::{get, submit, until};
 
 fn config(agents: u32, checkpoint_timeout_ms: u64) -> LocalConfig {
     LocalConfig {
@@ -137,7 +137,7 @@ async fn t88_a_high_class_gang_preempts_the_cheapest_victims_which_resume_from_c
 
     // The dry run names the victims before anything happens.
     let preemptor_spec = job(4, 8, "sleep 1; echo preemptor done", 60);
-    let plan = crate::t80_e2e::leader_client(&c)
+    let plan = crate::e2e::leader_client(&c)
         .await
         .submit(v1::SubmitRequest { spec: Some(preemptor_spec.clone()), dry_run: true })
         .await
@@ -266,7 +266,7 @@ fn preempted_events(c: &LocalCluster, id: AllocId) -> Vec<bool> {
 async fn cancel(c: &LocalCluster, id: u64) {
     let deadline = Instant::now() + WAIT;
     loop {
-        match crate::t80_e2e::leader_client(c).await.cancel(v1::CancelRequest { id }).await {
+        match crate::e2e::leader_client(c).await.cancel(v1::CancelRequest { id }).await {
             Ok(_) => return,
             Err(e) if e.code() == tonic::Code::FailedPrecondition => return,
             Err(e) => assert!(Instant::now() < deadline, "cancel failed: {e}"),

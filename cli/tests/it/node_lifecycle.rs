@@ -13,7 +13,7 @@ use muster_scheduler::policy::PreemptionConfig;
 use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::{WAIT, channel};
-use crate::t80_e2e::{get, leader_client, status, submit, until};
+use crate::e2e::{get, leader_client, status, submit, until};
 
 fn config(agents: u32) -> LocalConfig {
     LocalConfig {
