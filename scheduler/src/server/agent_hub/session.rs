@@ -1,284 +1,8 @@
-//! The leader's end of the agent streams (`muster.v1.AgentService.Connect`).
-//!
-//! ```text
-//!   Register ──▶ RegisterNode (Raft) ──▶ Registered ──▶ sync
-//!   every applied entry ──▶ sync: Assign what is newly reserved on this node,
-//!                                 Stop what the agent runs but no longer owns
-//!   Claim ──▶ StartTask (Raft) ──▶ ClaimGranted | Refused
-//!   TaskExited ──▶ FinishTask | FailTask (Raft)
-//!   Heartbeat ──▶ liveness (memory only) ──▶ sync (and Preempt again, for every
-//!                 preempting task not yet acked) ──▶ HeartbeatAck
-//!   CheckpointUpload ──▶ SaveCheckpoint, or SaveExitCheckpoint when on_exit (Raft)
-//!   Preempted ──▶ ConfirmPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
-//! ```
-//!
-//! Sync pushes `Preempt{epoch, grace}` for each task of this node the state
-//! has preempting, the moment its teardown commits; heartbeats repeat it until
-//! the ack commits. A priority preemption's victim that can checkpoint gets
-//! `CheckpointHint{epoch, timeout, max deferral, grace}` instead; one that
-//! cannot gets `Preempt` with the preemption grace (30 s). Nothing about a teardown lives in this memory: a new
-//! leader's sync finds the preempting tasks in the replicated state and
-//! signals them again.
-//!
-//! The node id is fixed by the stream's `Register`: every later command is
-//! made for that node, so an agent can only claim or report tasks placed on
-//! its own node; anything else is refused with `PERMISSION_DENIED`. Only the
-//! leader serves streams; when this replica stops leading, each stream ends
-//! with UNAVAILABLE and the new leader's address, and agents reconnect there
-//! with their running tasks (which keep running).
+//! One agent's stream: register, reconcile, send what `plan_sync` plans, turn agent messages into commands.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use super::*;
 
-use muster_clock::SharedClock;
-use muster_core::sync::{SentMemory, StopHow, SyncConfig, TaskKey, plan_sync};
-use muster_core::tick::{Heard, Silence};
-use muster_proto::checkpoint_blob;
-use muster_proto::v1;
-use muster_proto::v1::agent_message::Msg as In;
-use muster_proto::v1::agent_service_server::AgentService;
-use muster_proto::v1::scheduler_message::Msg as Out;
-use openraft::ServerState;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
-
-use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
-use super::replica::Shared;
-use crate::policy::PreemptionConfig;
-use crate::sm::{
-    Command, Event, MAX_AGENT_REASON_BYTES, NodeId, NodeStatus, Outcome, Resources, TaskStatus, WatchdogKind,
-};
-
-pub use muster_core::sync::ADDRESS_LABEL;
-
-/// The largest message on an agent stream: room for a checkpoint at the
-/// state machine's cap plus framing. Agents set the same on their end.
-pub const MAX_AGENT_MESSAGE_BYTES: usize = 16 << 20;
-
-/// When each node was last heard from, kept in memory on the leader only
-/// (the leader's tick reads it through [`Silence`]), on the replica's
-/// monotonic clock.
-#[derive(Clone, Debug)]
-pub struct Liveness {
-    heard: Arc<Mutex<Heard>>,
-    clock: SharedClock,
-}
-
-impl Liveness {
-    /// Nothing heard yet, timed on `clock`.
-    pub fn new(clock: SharedClock) -> Liveness {
-        Liveness { heard: Arc::default(), clock }
-    }
-
-    /// A message from `node` arrived now.
-    pub fn touch(&self, node: &NodeId) {
-        let now = self.clock.mono_ms();
-        self.heard.lock().expect("liveness lock").touch(node, now);
-    }
-
-    /// This replica became leader now: every node gets a full grace window.
-    pub fn lead_from_now(&self) {
-        let now = self.clock.mono_ms();
-        self.heard.lock().expect("liveness lock").lead_from(now);
-    }
-}
-
-impl Silence for Liveness {
-    fn silent_ms(&self, node: &NodeId, mono_ms: u64) -> u64 {
-        self.heard.lock().expect("liveness lock").silent_ms(node, mono_ms)
-    }
-}
-
-type Outbound = mpsc::Sender<Result<v1::SchedulerMessage, Status>>;
-
-/// The agent streams this replica holds, by node, and log requests waiting
-/// for an agent's answer.
-#[derive(Clone, Default)]
-pub struct AgentRegistry {
-    inner: Arc<Mutex<RegistryInner>>,
-}
-
-#[derive(Default)]
-struct RegistryInner {
-    streams: BTreeMap<NodeId, Outbound>,
-    /// Log requests waiting, by request id: the node asked and the waiter.
-    pending: BTreeMap<u64, (NodeId, tokio::sync::oneshot::Sender<v1::LogData>)>,
-    next_request: u64,
-}
-
-/// A fresh request id nobody can guess: a counter through SipHash under the
-/// process's random keys (`RandomState` seeds them from the OS), so another
-/// agent cannot aim a reply at someone's `alloc logs -f`.
-fn unguessable_id(counter: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(counter);
-    h.finish()
-}
-
-impl AgentRegistry {
-    // `muster_agent_streams` moves by increments so that several replicas
-    // in one process (`muster dev`) add up rather than overwrite.
-    fn attach(&self, node: &NodeId, tx: &Outbound) {
-        if self.inner.lock().expect("registry lock").streams.insert(node.clone(), tx.clone()).is_none() {
-            metrics::gauge!("muster_agent_streams").increment(1.0);
-        }
-    }
-
-    fn detach(&self, node: &NodeId, tx: &Outbound) {
-        let mut inner = self.inner.lock().expect("registry lock");
-        if inner.streams.get(node).is_some_and(|t| t.same_channel(tx)) {
-            inner.streams.remove(node);
-            metrics::gauge!("muster_agent_streams").decrement(1.0);
-        }
-    }
-
-    /// Agent streams held open.
-    pub fn len(&self) -> usize {
-        self.inner.lock().expect("registry lock").streams.len()
-    }
-
-    /// Whether no agent stream is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// An agent's reply to a log request. Only the node the request was
-    /// sent to may answer it; a reply from any other stream is dropped (and
-    /// the request keeps waiting for its own node).
-    fn answer(&self, from: &NodeId, data: v1::LogData) -> bool {
-        let mut inner = self.inner.lock().expect("registry lock");
-        match inner.pending.get(&data.request_id) {
-            Some((asked, _)) if asked == from => {
-                let (_, waiter) = inner.pending.remove(&data.request_id).expect("just found");
-                let _ = waiter.send(data);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Asks `node`'s agent for part of a log file.
-    pub async fn fetch_logs(&self, node: &NodeId, mut req: v1::FetchLogs) -> Result<v1::LogData, Status> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let stream = {
-            let mut inner = self.inner.lock().expect("registry lock");
-            let stream = inner
-                .streams
-                .get(node)
-                .cloned()
-                .ok_or_else(|| Status::unavailable(format!("node {node} has no agent connected to the leader")))?;
-            inner.next_request += 1;
-            req.request_id = unguessable_id(inner.next_request);
-            while inner.pending.contains_key(&req.request_id) {
-                inner.next_request += 1;
-                req.request_id = unguessable_id(inner.next_request);
-            }
-            inner.pending.insert(req.request_id, (node.clone(), tx));
-            stream
-        };
-        let id = req.request_id;
-        stream
-            .send(Ok(v1::SchedulerMessage { msg: Some(Out::FetchLogs(req)) }))
-            .await
-            .map_err(|_| Status::unavailable(format!("node {node}'s agent stream closed")))?;
-        match tokio::time::timeout(Duration::from_secs(10), rx).await {
-            Ok(Ok(data)) => Ok(data),
-            _ => {
-                self.inner.lock().expect("registry lock").pending.remove(&id);
-                Err(Status::deadline_exceeded(format!("node {node}'s agent did not answer for the logs")))
-            }
-        }
-    }
-}
-
-/// Agent-stream settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HubConfig {
-    /// How often agents heartbeat.
-    pub heartbeat_interval: Duration,
-    /// SIGTERM → SIGKILL grace when the leader stops or preempts a task.
-    pub stop_grace: Duration,
-    /// How long an agent has to send `Register`.
-    pub register_timeout: Duration,
-}
-
-impl Default for HubConfig {
-    fn default() -> Self {
-        HubConfig {
-            heartbeat_interval: Duration::from_secs(5),
-            stop_grace: Duration::from_secs(15),
-            register_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// The agent service of one replica.
-pub struct AgentHub {
-    s: Shared,
-    cfg: HubConfig,
-    preemption: PreemptionConfig,
-}
-
-impl AgentHub {
-    /// The agent service over a replica's shared parts.
-    pub fn new(s: Shared, cfg: HubConfig, preemption: PreemptionConfig) -> Self {
-        AgentHub { s, cfg, preemption }
-    }
-}
-
-fn leader_status(s: &Shared) -> Status {
-    let m = s.raft.metrics().borrow().clone();
-    let leader = m.current_leader.and_then(|id| {
-        m.membership_config.membership().nodes().find(|(n, _)| **n == id).map(|(_, node)| (id, node.addr.clone()))
-    });
-    not_leader_status(leader)
-}
-
-/// Whether this replica leads now (a cheap local read: a check made on its
-/// state before proposing is only sound on the leader, whose applied state
-/// holds every acknowledged write).
-pub(super) fn is_leader(s: &Shared) -> bool {
-    s.raft.metrics().borrow().state == ServerState::Leader
-}
-
-#[tonic::async_trait]
-impl AgentService for AgentHub {
-    type ConnectStream = ReceiverStream<Result<v1::SchedulerMessage, Status>>;
-
-    async fn connect(
-        &self,
-        req: Request<Streaming<v1::AgentMessage>>,
-    ) -> Result<Response<Self::ConnectStream>, Status> {
-        if !is_leader(&self.s) {
-            return Err(leader_status(&self.s));
-        }
-        let (tx, rx) = mpsc::channel(1024);
-        let caller = muster_tls::Caller::of(&req);
-        let (s, cfg, preemption, inbound) = (self.s.clone(), self.cfg, self.preemption, req.into_inner());
-        tokio::spawn(async move {
-            if let Err(status) = Session::run(s, cfg, preemption, caller, inbound, tx.clone()).await {
-                let _ = tx.send(Err(status)).await;
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-type Key = TaskKey;
-
-fn key_of(t: &Option<v1::TaskRef>) -> Result<Key, Status> {
-    let t = t.as_ref().ok_or_else(|| Status::invalid_argument("invalid task: is required"))?;
-    Ok((t.alloc_id, t.task_index, t.epoch))
-}
-
-fn task_ref(k: Key) -> v1::TaskRef {
-    v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
-}
-
-struct Session {
+pub(super) struct Session {
     s: Shared,
     cfg: HubConfig,
     preemption: PreemptionConfig,
@@ -289,7 +13,7 @@ struct Session {
 }
 
 impl Session {
-    async fn run(
+    pub(super) async fn run(
         s: Shared,
         cfg: HubConfig,
         preemption: PreemptionConfig,
@@ -305,7 +29,7 @@ impl Session {
         };
         // The certificate fixes the node: every later message on this stream
         // is checked against `node`, so agent A can never act on B's tasks.
-        super::auth::check_agent_node(&caller, &reg.node_id)?;
+        crate::server::auth::check_agent_node(&caller, &reg.node_id)?;
         let r = reg.resources.ok_or_else(|| Status::invalid_argument("invalid resources: is required"))?;
         let node = NodeId::new(reg.node_id);
         let mut labels: BTreeMap<String, String> = reg.labels.into_iter().collect();
@@ -351,7 +75,7 @@ impl Session {
     /// Serves the stream: messages from the agent, and a sync whenever an
     /// applied entry touched this node (and only then: other nodes' entries
     /// never wake this stream). Ends when this replica stops leading.
-    async fn serve(&mut self, mut inbound: Streaming<v1::AgentMessage>) -> Result<(), Status> {
+    pub(super) async fn serve(&mut self, mut inbound: Streaming<v1::AgentMessage>) -> Result<(), Status> {
         let session = self;
         let node = session.node.clone();
         let Some(slot) = session.s.reader.read(|st| st.node_slot(&node)) else {
@@ -383,14 +107,14 @@ impl Session {
         }
     }
 
-    async fn send(&self, msg: Out) -> Result<(), Status> {
+    pub(super) async fn send(&self, msg: Out) -> Result<(), Status> {
         self.tx
             .send(Ok(v1::SchedulerMessage { msg: Some(msg) }))
             .await
             .map_err(|_| Status::cancelled("the agent went away"))
     }
 
-    async fn refuse(&self, key: Key, status: &Status) -> Result<(), Status> {
+    pub(super) async fn refuse(&self, key: Key, status: &Status) -> Result<(), Status> {
         self.send(Out::Refused(v1::Refused {
             task: Some(task_ref(key)),
             code: format!("{:?}", status.code()).to_uppercase_snake(),
@@ -404,7 +128,7 @@ impl Session {
     /// run any more (the agent restarted, or never got its claim granted)
     /// has failed. A preempting task it does not list is left to sync: the
     /// agent acks (re-sending its checkpoint) when told `Preempt` again.
-    async fn reconcile(&mut self) -> Result<(), Status> {
+    pub(super) async fn reconcile(&mut self) -> Result<(), Status> {
         let node = self.node.clone();
         let gone: Vec<Key> = self.s.reader.read(|st| {
             let Some(slot) = st.node_slot(&node) else { return Vec::new() };
@@ -431,7 +155,7 @@ impl Session {
     /// open (it was frozen, not disconnected) is registered again: the flag
     /// clears once, and the sync that follows stops what it ran for tasks
     /// that were re-placed meanwhile (their epochs moved on).
-    async fn revive_if_lost(&mut self) -> Result<(), Status> {
+    pub(super) async fn revive_if_lost(&mut self) -> Result<(), Status> {
         let node = self.node.clone();
         let again = self.s.reader.read(|st| {
             let slot = st.node_slot(&node)?;
@@ -453,7 +177,7 @@ impl Session {
 
     /// A new node is pending until its agent has registered and reconciled
     /// (and holds this stream): then it takes work.
-    async fn ready_if_pending(&mut self) -> Result<(), Status> {
+    pub(super) async fn ready_if_pending(&mut self) -> Result<(), Status> {
         let node = self.node.clone();
         let pending =
             self.s.reader.read(|st| st.node_slot(&node).is_some_and(|s| st.node(s).status == NodeStatus::Pending));
@@ -469,7 +193,7 @@ impl Session {
     /// Sends what [`plan_sync`] decides for this node now: the node's
     /// status when it changed, new assignments, preempts and hints, stops.
     /// On a heartbeat (`repeat`) every preempt not yet acked is sent again.
-    async fn sync(&mut self, repeat: bool) -> Result<(), Status> {
+    pub(super) async fn sync(&mut self, repeat: bool) -> Result<(), Status> {
         let cfg = SyncConfig {
             stop_grace_ms: self.cfg.stop_grace.as_millis() as u32,
             preemption_grace_ms: self.preemption.grace_ms as u32,
@@ -482,7 +206,7 @@ impl Session {
         if let Some((status, deadline_ms)) = plan.notice {
             tracing::info!(node = %self.node, status = status.as_str(), "telling the agent its node status");
             self.send(Out::NodeNotice(v1::NodeNotice {
-                status: super::convert::node_status_to_proto(status) as i32,
+                status: crate::server::convert::node_status_to_proto(status) as i32,
                 detail: status_detail(status).to_string(),
                 deadline_ms,
             }))
@@ -531,7 +255,7 @@ impl Session {
         Ok(())
     }
 
-    async fn handle(&mut self, m: v1::AgentMessage) -> Result<(), Status> {
+    pub(super) async fn handle(&mut self, m: v1::AgentMessage) -> Result<(), Status> {
         self.s.liveness.touch(&self.node);
         match m.msg {
             None => Err(Status::invalid_argument("invalid message: empty")),
@@ -693,7 +417,7 @@ impl Session {
 
 /// An agent's reason cut to what a command may carry.
 /// What a node notice says about a status.
-fn status_detail(status: NodeStatus) -> &'static str {
+pub(super) fn status_detail(status: NodeStatus) -> &'static str {
     match status {
         NodeStatus::Draining => "draining: no new work; running tasks finish",
         NodeStatus::Stopping => "stopping: the drain deadline passed; remaining tasks are being moved",
@@ -705,7 +429,7 @@ fn status_detail(status: NodeStatus) -> &'static str {
     }
 }
 
-fn agent_reason(mut reason: String) -> String {
+pub(super) fn agent_reason(mut reason: String) -> String {
     if reason.len() > MAX_AGENT_REASON_BYTES {
         let mut cut = MAX_AGENT_REASON_BYTES - 3;
         while !reason.is_char_boundary(cut) {
@@ -717,7 +441,7 @@ fn agent_reason(mut reason: String) -> String {
     reason
 }
 
-trait UpperSnake {
+pub(super) trait UpperSnake {
     fn to_uppercase_snake(&self) -> String;
 }
 
@@ -732,39 +456,5 @@ impl UpperSnake for String {
             out.push(c.to_ascii_uppercase());
         }
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 22, item 7: a log reply is taken only from the node the request
-    /// went to, and request ids cannot be guessed from earlier ones.
-    #[tokio::test]
-    async fn a_log_reply_counts_only_from_the_node_asked() {
-        let registry = AgentRegistry::default();
-        let (a, b) = (NodeId::new("node-a"), NodeId::new("node-b"));
-        let (tx_a, mut rx_a) = mpsc::channel(4);
-        let (tx_b, _rx_b) = mpsc::channel(4);
-        registry.attach(&a, &tx_a);
-        registry.attach(&b, &tx_b);
-        let asking = registry.clone();
-        let fetch =
-            tokio::spawn(async move { asking.fetch_logs(&NodeId::new("node-a"), v1::FetchLogs::default()).await });
-        let Some(Ok(v1::SchedulerMessage { msg: Some(Out::FetchLogs(req)) })) = rx_a.recv().await else {
-            panic!("node-a was asked")
-        };
-        let forged =
-            v1::LogData { request_id: req.request_id, data: b"injected".to_vec(), eof: true, ..Default::default() };
-        assert!(!registry.answer(&b, forged), "node-b cannot answer node-a's request");
-        let real = v1::LogData { request_id: req.request_id, data: b"real".to_vec(), ..Default::default() };
-        assert!(registry.answer(&a, real));
-        assert_eq!(fetch.await.unwrap().unwrap().data, b"real");
-
-        let ids: std::collections::BTreeSet<u64> = (1..=64).map(unguessable_id).collect();
-        assert_eq!(ids.len(), 64);
-        let sequential = (1..=64u64).filter(|&n| ids.contains(&n) || ids.contains(&(req.request_id + n))).count();
-        assert_eq!(sequential, 0, "ids are not a counter");
     }
 }

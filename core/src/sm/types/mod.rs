@@ -1,0 +1,25 @@
+//! The nouns of the state machine: nodes, allocations, tasks and their statuses.
+//!
+//! Everything here is plain data, one file per entity. Transitions live in `state/`; validation of
+//! user input lives in `validate.rs`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+mod allocation;
+mod node;
+mod resources;
+mod spec;
+mod task;
+mod teardown;
+mod token;
+
+pub use allocation::*;
+pub use node::*;
+pub use resources::*;
+pub use spec::*;
+pub use task::*;
+pub use teardown::*;
+pub use token::*;

@@ -1,0 +1,189 @@
+//! What a user submits: the allocation spec, checkpoint modes, vCluster types, watchdog kinds.
+
+use super::*;
+
+/// How an allocation saves and restores its progress when preempted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum CheckpointMode {
+    /// The scheduler asks for a checkpoint before preempting.
+    Auto,
+    /// The task checkpoints on its own schedule; the scheduler only signals.
+    Manual,
+    /// The task cannot checkpoint; preemption loses its progress.
+    None,
+}
+
+/// The kind of a vCluster: it decides how its allocations may be preempted
+/// (the preemption-policy seed's per-vCluster table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum VClusterType {
+    /// Class-based, checkpoint-aware preemption.
+    #[default]
+    HpcBatch,
+    /// Preemptible; the checkpoint term of its cost is weighted double.
+    MlTraining,
+    /// Preempted only where it runs on borrowed nodes (another vCluster's).
+    Service,
+    /// Never preempted (class 10, no exceptions).
+    Sensitive,
+    /// Preemptible; short-lived, so its remaining-walltime value counts half.
+    Interactive,
+}
+
+impl VClusterType {
+    /// The API spelling: `hpc-batch`, `ml-training`, `service`, `sensitive`,
+    /// `interactive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VClusterType::HpcBatch => "hpc-batch",
+            VClusterType::MlTraining => "ml-training",
+            VClusterType::Service => "service",
+            VClusterType::Sensitive => "sensitive",
+            VClusterType::Interactive => "interactive",
+        }
+    }
+
+    /// Parses the API spelling.
+    pub fn parse(s: &str) -> Option<VClusterType> {
+        Some(match s {
+            "hpc-batch" => VClusterType::HpcBatch,
+            "ml-training" => VClusterType::MlTraining,
+            "service" => VClusterType::Service,
+            "sensitive" => VClusterType::Sensitive,
+            "interactive" => VClusterType::Interactive,
+            _ => return None,
+        })
+    }
+}
+
+/// Which watchdog stopped a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum WatchdogKind {
+    /// It ran for its whole walltime budget.
+    Budget,
+    /// It stopped beating, and its GPU was idle and its memory static.
+    Stall,
+    /// Its GPU was idle and its memory static for the health window.
+    GpuHealth,
+}
+
+impl WatchdogKind {
+    /// `budget`, `stall` or `gpu_health` (API, metric labels, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchdogKind::Budget => "budget",
+            WatchdogKind::Stall => "stall",
+            WatchdogKind::GpuHealth => "gpu_health",
+        }
+    }
+
+    /// Parses the API spelling.
+    pub fn parse(s: &str) -> Option<WatchdogKind> {
+        Some(match s {
+            "budget" => WatchdogKind::Budget,
+            "stall" => WatchdogKind::Stall,
+            "gpu_health" => WatchdogKind::GpuHealth,
+            _ => return None,
+        })
+    }
+}
+
+/// The node label naming the vCluster a node belongs to (absent: the default
+/// vCluster). A task on a node of another vCluster runs on borrowed capacity.
+pub const VCLUSTER_LABEL: &str = "muster.vcluster";
+
+/// The default checkpoint-time estimate of an `Auto` allocation that gives
+/// none, in seconds.
+pub const DEFAULT_CHECKPOINT_ESTIMATE_S: u32 = 60;
+
+/// What a user submits: one gang of `gang_size` identical tasks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocSpec {
+    /// Who submitted it (user or service account).
+    pub owner: String,
+    /// N: how many tasks must be placed together (1 for a plain job).
+    pub gang_size: u32,
+    /// What each task needs.
+    pub resources: Resources,
+    /// 0 (first to be preempted) ..= 10 (never preempted).
+    pub preemption_class: u8,
+    /// Tie-breaker within a class: higher goes first.
+    pub priority: i32,
+    /// How progress survives preemption.
+    pub checkpoint: CheckpointMode,
+    /// The wall-clock budget of one attempt, in seconds.
+    pub walltime_s: u64,
+    /// How many failed attempts a task may accumulate before its gang fails
+    /// (the seed's `MaxRetries`: 3 means the third real failure is terminal).
+    pub max_retries: u32,
+    /// argv of each task's process.
+    pub command: Vec<String>,
+    /// Extra environment of each task's process.
+    pub env: BTreeMap<String, String>,
+    /// A retried submit with the same owner and key returns the same allocation.
+    pub idempotency_key: Option<String>,
+    /// The vCluster it belongs to (quotas and borrowing come with the
+    /// vCluster issue; every allocation already names one).
+    pub vcluster: String,
+    /// Its vCluster's type (how it may be preempted).
+    pub vcluster_type: VClusterType,
+    /// A sensitive allocation (class 10 only) is never preempted.
+    pub sensitive: bool,
+    /// How long a checkpoint takes, as the user estimates it (seconds); the
+    /// preemption cost of an `Auto` allocation counts it.
+    pub checkpoint_estimate_s: u32,
+    /// The stall watchdog's window in seconds (0: off). Opt-in: a task that
+    /// beats (touches `MUSTER_PROGRESS_FILE`) and then stays silent this
+    /// long, with its GPU idle and memory static, is stopped and retried.
+    pub stall_timeout_s: u32,
+}
+
+/// The vCluster of an allocation that names none.
+pub const DEFAULT_VCLUSTER: &str = "default";
+
+impl AllocSpec {
+    /// A spec with the defaults users get when they leave fields out: class 0,
+    /// priority 0, checkpoint `Auto` taking about a minute, one hour of
+    /// walltime, 3 retries, no env, no idempotency key, the default vCluster
+    /// of type hpc-batch, not sensitive.
+    pub fn new(owner: impl Into<String>, gang_size: u32, resources: Resources, command: Vec<String>) -> AllocSpec {
+        AllocSpec {
+            owner: owner.into(),
+            gang_size,
+            resources,
+            preemption_class: 0,
+            priority: 0,
+            checkpoint: CheckpointMode::Auto,
+            walltime_s: 3600,
+            max_retries: 3,
+            command,
+            env: BTreeMap::new(),
+            idempotency_key: None,
+            vcluster: DEFAULT_VCLUSTER.to_string(),
+            vcluster_type: VClusterType::HpcBatch,
+            sensitive: false,
+            checkpoint_estimate_s: DEFAULT_CHECKPOINT_ESTIMATE_S,
+            stall_timeout_s: 0,
+        }
+    }
+
+    /// Marked sensitive, or in a sensitive vCluster (class 10 only).
+    pub fn is_sensitive(&self) -> bool {
+        self.sensitive || self.vcluster_type == VClusterType::Sensitive
+    }
+
+    /// Whether no preemption may ever choose it, whatever its state: class
+    /// 10, sensitive, a sensitive vCluster, or checkpoint `none` at class 7
+    /// or above (all progress lost, high priority).
+    pub fn never_preempted(&self) -> Option<&'static str> {
+        if self.preemption_class >= crate::sm::MAX_PREEMPTION_CLASS {
+            Some("class 10 is never preempted")
+        } else if self.is_sensitive() {
+            Some("sensitive allocations are never preempted")
+        } else if self.checkpoint == CheckpointMode::None && self.preemption_class >= 7 {
+            Some("checkpoint none at class 7 or above is non-preemptible")
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Tasks: their status, attempts, checkpoints.
+
+use super::*;
+
+/// A task's status. (A suspended gang's tasks are blocked; suspension is the
+/// allocation's status.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TaskStatus {
+    /// Waiting for its gang to be placed.
+    Blocked,
+    /// Placed on a node by a reservation; not yet claimed.
+    Reserved,
+    /// Claimed by its node's agent; its process runs.
+    Running,
+    /// Its gang is being torn down (a sibling failed) or preempted (a higher
+    /// class needs its nodes): its agent has been told to stop the process
+    /// (after a checkpoint hint, or SIGTERM, grace, SIGKILL), may upload a
+    /// checkpoint, and must acknowledge with the task's preemption epoch.
+    /// Still holds capacity.
+    Preempting,
+    /// Stopped for a teardown (acknowledged, or forced at the timeout); waits
+    /// for the rest of its gang to stop. Holds nothing.
+    Preempted,
+    /// Exited successfully.
+    Done,
+    /// Out of retries, or its gang failed.
+    Failed,
+    /// Cancelled by a user or operator.
+    Cancelled,
+}
+
+impl Task {
+    /// The node its latest attempt ran on.
+    pub fn last_node(&self) -> Option<NodeSlot> {
+        self.run_nodes.last().copied()
+    }
+
+    /// The node attempt `run` (1 for the first) ran on.
+    pub fn run_node(&self, run: u32) -> Option<NodeSlot> {
+        self.run_nodes.get((run as usize).checked_sub(1)?).copied()
+    }
+}
+
+impl TaskStatus {
+    /// Whether the task holds capacity on a node.
+    pub fn holds_capacity(self) -> bool {
+        matches!(self, TaskStatus::Reserved | TaskStatus::Running | TaskStatus::Preempting)
+    }
+
+    /// Whether the task will never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Done | TaskStatus::Failed | TaskStatus::Cancelled)
+    }
+}
+
+/// One member of a gang.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Its index in the gang.
+    pub index: TaskIndex,
+    /// Its status.
+    pub status: TaskStatus,
+    /// The node it is reserved on or runs on.
+    pub node: Option<NodeSlot>,
+    /// Claims charged against the retry budget (refunded when the task was
+    /// only a bystander of a sibling's failure).
+    pub attempts: u32,
+    /// Attempts started, never refunded: numbers `MUSTER_ATTEMPT` and the
+    /// attempt logs (a refunded bystander's next run must not reuse a number).
+    pub runs: u32,
+    /// The reservation epoch it was placed under (0: never placed).
+    pub reservation_epoch: u64,
+    /// When its current reservation was made.
+    pub reserved_at_ms: Option<u64>,
+    /// When its current attempt started.
+    pub started_at_ms: Option<u64>,
+    /// When it last left `Running`.
+    pub finished_at_ms: Option<u64>,
+    /// The exit code of its last attempt, if it exited with one.
+    pub exit_code: Option<i32>,
+    /// The node each attempt ran on, in order (run `n` on `run_nodes[n - 1]`;
+    /// kept after it ends: each attempt's logs live on its node).
+    pub run_nodes: Vec<NodeSlot>,
+    /// The gang teardown this task was last told to stop for (0: never).
+    /// Acks and checkpoint uploads must carry it.
+    pub preemption_epoch: u64,
+    /// The latest checkpoint saved while it was preempting; given to every
+    /// later attempt until a newer one replaces it.
+    pub checkpoint: Option<Checkpoint>,
+    /// Times a watchdog stopped it (retried elsewhere up to the cap; not
+    /// charged to the retry budget).
+    pub watchdog_trips: u32,
+    /// The watchdog that stopped its latest stopped attempt, if one did.
+    pub last_watchdog: Option<WatchdogKind>,
+    /// Failures retried in place on its draining node since it was last
+    /// placed by admission (the worker-draining seed: at most 3).
+    pub drain_retries: u32,
+}
+
+/// Opaque bytes a task left in its checkpoint directory while being
+/// preempted. The scheduler never parses them.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The preemption epoch it was saved under.
+    pub epoch: u64,
+    /// Entry time of the save.
+    pub saved_at_ms: u64,
+    /// The bytes (the agent's archive of the directory).
+    pub data: Vec<u8>,
+}
+
+impl fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("epoch", &self.epoch)
+            .field("saved_at_ms", &self.saved_at_ms)
+            .field("bytes", &self.data.len())
+            .finish()
+    }
+}

@@ -1,0 +1,150 @@
+//! The leader's end of the agent streams (`muster.v1.AgentService.Connect`).
+//!
+//! ```text
+//!   Register ──▶ RegisterNode (Raft) ──▶ Registered ──▶ sync
+//!   an entry touching this node ──▶ sync: what `plan_sync` plans (a notice,
+//!                                 Assign, Preempt | CheckpointHint, Stop)
+//!   Claim ──▶ StartTask (Raft) ──▶ ClaimGranted | Refused
+//!   TaskExited ──▶ FinishTask | FailTask (Raft)
+//!   Heartbeat ──▶ liveness (memory only) ──▶ sync (and Preempt again, for every
+//!                 preempting task not yet acked) ──▶ HeartbeatAck
+//!   CheckpointUpload ──▶ SaveCheckpoint, or SaveExitCheckpoint when on_exit (Raft)
+//!   Preempted ──▶ ConfirmPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
+//! ```
+//!
+//! What to send is decided by the pure `muster_core::sync::plan_sync`; this
+//! module only sends it. A stream wakes when an entry touched its node
+//! (`session.rs`), on each heartbeat, and when it registers; `liveness.rs`
+//! keeps when each node was last heard from, and `registry.rs` the streams
+//! and the log requests waiting for an agent. Nothing about a teardown lives
+//! in a stream's memory: a new leader's first sync finds the preempting
+//! tasks in the replicated state and signals them again.
+//!
+//! The node id is fixed by the stream's `Register`: every later command is
+//! made for that node, so an agent can only claim or report tasks placed on
+//! its own node; anything else is refused with `PERMISSION_DENIED`. Only the
+//! leader serves streams; when this replica stops leading, each stream ends
+//! with UNAVAILABLE and the new leader's address, and agents reconnect there
+//! with their running tasks (which keep running).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use muster_clock::SharedClock;
+use muster_core::sync::{SentMemory, StopHow, SyncConfig, TaskKey, plan_sync};
+use muster_core::tick::{Heard, Silence};
+use muster_proto::checkpoint_blob;
+use muster_proto::v1;
+use muster_proto::v1::agent_message::Msg as In;
+use muster_proto::v1::agent_service_server::AgentService;
+use muster_proto::v1::scheduler_message::Msg as Out;
+use openraft::ServerState;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
+use super::replica::Shared;
+use crate::policy::PreemptionConfig;
+use crate::sm::{
+    Command, Event, MAX_AGENT_REASON_BYTES, NodeId, NodeStatus, Outcome, Resources, TaskStatus, WatchdogKind,
+};
+
+pub use muster_core::sync::ADDRESS_LABEL;
+
+mod liveness;
+mod registry;
+mod session;
+
+pub use liveness::Liveness;
+pub use registry::AgentRegistry;
+use session::Session;
+
+/// The largest message on an agent stream: room for a checkpoint at the
+/// state machine's cap plus framing. Agents set the same on their end.
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Agent-stream settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HubConfig {
+    /// How often agents heartbeat.
+    pub heartbeat_interval: Duration,
+    /// SIGTERM → SIGKILL grace when the leader stops or preempts a task.
+    pub stop_grace: Duration,
+    /// How long an agent has to send `Register`.
+    pub register_timeout: Duration,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        HubConfig {
+            heartbeat_interval: Duration::from_secs(5),
+            stop_grace: Duration::from_secs(15),
+            register_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The agent service of one replica.
+pub struct AgentHub {
+    s: Shared,
+    cfg: HubConfig,
+    preemption: PreemptionConfig,
+}
+
+impl AgentHub {
+    /// The agent service over a replica's shared parts.
+    pub fn new(s: Shared, cfg: HubConfig, preemption: PreemptionConfig) -> Self {
+        AgentHub { s, cfg, preemption }
+    }
+}
+
+fn leader_status(s: &Shared) -> Status {
+    let m = s.raft.metrics().borrow().clone();
+    let leader = m.current_leader.and_then(|id| {
+        m.membership_config.membership().nodes().find(|(n, _)| **n == id).map(|(_, node)| (id, node.addr.clone()))
+    });
+    not_leader_status(leader)
+}
+
+/// Whether this replica leads now (a cheap local read: a check made on its
+/// state before proposing is only sound on the leader, whose applied state
+/// holds every acknowledged write).
+pub(super) fn is_leader(s: &Shared) -> bool {
+    s.raft.metrics().borrow().state == ServerState::Leader
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentHub {
+    type ConnectStream = ReceiverStream<Result<v1::SchedulerMessage, Status>>;
+
+    async fn connect(
+        &self,
+        req: Request<Streaming<v1::AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        if !is_leader(&self.s) {
+            return Err(leader_status(&self.s));
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        let caller = muster_tls::Caller::of(&req);
+        let (s, cfg, preemption, inbound) = (self.s.clone(), self.cfg, self.preemption, req.into_inner());
+        tokio::spawn(async move {
+            if let Err(status) = Session::run(s, cfg, preemption, caller, inbound, tx.clone()).await {
+                let _ = tx.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+type Key = TaskKey;
+
+fn key_of(t: &Option<v1::TaskRef>) -> Result<Key, Status> {
+    let t = t.as_ref().ok_or_else(|| Status::invalid_argument("invalid task: is required"))?;
+    Ok((t.alloc_id, t.task_index, t.epoch))
+}
+
+fn task_ref(k: Key) -> v1::TaskRef {
+    v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
+}

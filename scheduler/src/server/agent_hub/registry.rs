@@ -1,0 +1,140 @@
+//! The agent streams this replica holds, and log requests waiting for an agent's answer.
+
+use super::*;
+
+pub(super) type Outbound = mpsc::Sender<Result<v1::SchedulerMessage, Status>>;
+
+/// The agent streams this replica holds, by node, and log requests waiting
+/// for an agent's answer.
+#[derive(Clone, Default)]
+pub struct AgentRegistry {
+    inner: Arc<Mutex<RegistryInner>>,
+}
+
+#[derive(Default)]
+pub(super) struct RegistryInner {
+    streams: BTreeMap<NodeId, Outbound>,
+    /// Log requests waiting, by request id: the node asked and the waiter.
+    pending: BTreeMap<u64, (NodeId, tokio::sync::oneshot::Sender<v1::LogData>)>,
+    next_request: u64,
+}
+
+/// A fresh request id nobody can guess: a counter through SipHash under the
+/// process's random keys (`RandomState` seeds them from the OS), so another
+/// agent cannot aim a reply at someone's `alloc logs -f`.
+pub(super) fn unguessable_id(counter: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(counter);
+    h.finish()
+}
+
+impl AgentRegistry {
+    // `muster_agent_streams` moves by increments so that several replicas
+    // in one process (`muster dev`) add up rather than overwrite.
+    pub(super) fn attach(&self, node: &NodeId, tx: &Outbound) {
+        if self.inner.lock().expect("registry lock").streams.insert(node.clone(), tx.clone()).is_none() {
+            metrics::gauge!("muster_agent_streams").increment(1.0);
+        }
+    }
+
+    pub(super) fn detach(&self, node: &NodeId, tx: &Outbound) {
+        let mut inner = self.inner.lock().expect("registry lock");
+        if inner.streams.get(node).is_some_and(|t| t.same_channel(tx)) {
+            inner.streams.remove(node);
+            metrics::gauge!("muster_agent_streams").decrement(1.0);
+        }
+    }
+
+    /// Agent streams held open.
+    pub fn len(&self) -> usize {
+        self.inner.lock().expect("registry lock").streams.len()
+    }
+
+    /// Whether no agent stream is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An agent's reply to a log request. Only the node the request was
+    /// sent to may answer it; a reply from any other stream is dropped (and
+    /// the request keeps waiting for its own node).
+    pub(super) fn answer(&self, from: &NodeId, data: v1::LogData) -> bool {
+        let mut inner = self.inner.lock().expect("registry lock");
+        match inner.pending.get(&data.request_id) {
+            Some((asked, _)) if asked == from => {
+                let (_, waiter) = inner.pending.remove(&data.request_id).expect("just found");
+                let _ = waiter.send(data);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Asks `node`'s agent for part of a log file.
+    pub async fn fetch_logs(&self, node: &NodeId, mut req: v1::FetchLogs) -> Result<v1::LogData, Status> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stream = {
+            let mut inner = self.inner.lock().expect("registry lock");
+            let stream = inner
+                .streams
+                .get(node)
+                .cloned()
+                .ok_or_else(|| Status::unavailable(format!("node {node} has no agent connected to the leader")))?;
+            inner.next_request += 1;
+            req.request_id = unguessable_id(inner.next_request);
+            while inner.pending.contains_key(&req.request_id) {
+                inner.next_request += 1;
+                req.request_id = unguessable_id(inner.next_request);
+            }
+            inner.pending.insert(req.request_id, (node.clone(), tx));
+            stream
+        };
+        let id = req.request_id;
+        stream
+            .send(Ok(v1::SchedulerMessage { msg: Some(Out::FetchLogs(req)) }))
+            .await
+            .map_err(|_| Status::unavailable(format!("node {node}'s agent stream closed")))?;
+        match tokio::time::timeout(Duration::from_secs(10), rx).await {
+            Ok(Ok(data)) => Ok(data),
+            _ => {
+                self.inner.lock().expect("registry lock").pending.remove(&id);
+                Err(Status::deadline_exceeded(format!("node {node}'s agent did not answer for the logs")))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 22, item 7: a log reply is taken only from the node the request
+    /// went to, and request ids cannot be guessed from earlier ones.
+    #[tokio::test]
+    async fn a_log_reply_counts_only_from_the_node_asked() {
+        let registry = AgentRegistry::default();
+        let (a, b) = (NodeId::new("node-a"), NodeId::new("node-b"));
+        let (tx_a, mut rx_a) = mpsc::channel(4);
+        let (tx_b, _rx_b) = mpsc::channel(4);
+        registry.attach(&a, &tx_a);
+        registry.attach(&b, &tx_b);
+        let asking = registry.clone();
+        let fetch =
+            tokio::spawn(async move { asking.fetch_logs(&NodeId::new("node-a"), v1::FetchLogs::default()).await });
+        let Some(Ok(v1::SchedulerMessage { msg: Some(Out::FetchLogs(req)) })) = rx_a.recv().await else {
+            panic!("node-a was asked")
+        };
+        let forged =
+            v1::LogData { request_id: req.request_id, data: b"injected".to_vec(), eof: true, ..Default::default() };
+        assert!(!registry.answer(&b, forged), "node-b cannot answer node-a's request");
+        let real = v1::LogData { request_id: req.request_id, data: b"real".to_vec(), ..Default::default() };
+        assert!(registry.answer(&a, real));
+        assert_eq!(fetch.await.unwrap().unwrap().data, b"real");
+
+        let ids: std::collections::BTreeSet<u64> = (1..=64).map(unguessable_id).collect();
+        assert_eq!(ids.len(), 64);
+        let sequential = (1..=64u64).filter(|&n| ids.contains(&n) || ids.contains(&(req.request_id + n))).count();
+        assert_eq!(sequential, 0, "ids are not a counter");
+    }
+}
