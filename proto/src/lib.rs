@@ -9,6 +9,11 @@
 
 pub mod checkpoint_blob;
 
+/// The largest message on an agent stream, both ways: room for a checkpoint
+/// at the state machine's cap plus framing. The leader's hub and the agent
+/// both set it.
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 16 << 20;
+
 /// The `muster.v1` package.
 #[allow(missing_docs, clippy::all)]
 pub mod v1 {

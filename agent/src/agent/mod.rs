@@ -56,8 +56,8 @@ use task::*;
 /// The checkpoint cap until the leader says otherwise (its default).
 const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 4 << 20;
 
-/// The largest message on the stream (a checkpoint at the cap, plus framing).
-const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// The largest message on the stream: the leader's own limit.
+const MAX_MESSAGE_BYTES: usize = muster_proto::MAX_AGENT_MESSAGE_BYTES;
 
 /// The agent's settings.
 #[derive(Clone, Debug)]
@@ -111,7 +111,8 @@ pub fn proc_sampler() -> Box<dyn Sampler> {
     Box::new(watchdog::ProcSampler::default())
 }
 
-type Key = (u64, u32, u64);
+/// One attempt: allocation, task index, reservation epoch.
+type Key = muster_core::sync::TaskKey;
 
 fn key_of(t: &Option<v1::TaskRef>) -> Option<Key> {
     t.as_ref().map(|t| (t.alloc_id, t.task_index, t.epoch))

@@ -34,9 +34,9 @@ pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, State
 pub use state::{ApplyCtx, Holder, QueueKey, Shape, State, VcLoad};
 pub use types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S,
-    DEFAULT_VCLUSTER, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,
-    PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole,
-    Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, fits,
+    DEFAULT_MAX_RETRIES, DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId,
+    NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause,
+    TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, fits,
 };
 pub use validate::{
     DEFAULT_MAX_CHECKPOINT_BYTES, DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES,

@@ -18,7 +18,8 @@ use muster_tls::Caller;
 
 use super::auth::{caller_name, new_token_secret, token_sha256};
 use super::client_api::linearizable;
-use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
+use super::convert::{propose_error_to_status, rejection_to_status};
+use super::proposer::ProposeError;
 use super::replica::{Shared, status_of};
 use crate::sm::{Command, Outcome, Token, TokenRole};
 
@@ -39,13 +40,7 @@ impl AdminApi {
 }
 
 fn write_error(e: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> Status {
-    match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-            not_leader_status(f.leader_id.zip(f.leader_node.map(|n| n.addr)))
-        }
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => Status::failed_precondition(e.to_string()),
-        RaftError::Fatal(e) => Status::unavailable(e.to_string()),
-    }
+    propose_error_to_status(ProposeError::from(e))
 }
 
 fn valid_address(addr: &str) -> bool {

@@ -17,10 +17,7 @@ pub const LEADER_ID_HEADER: &str = "x-muster-leader-id";
 /// Metadata key naming the leader's address on a redirect.
 pub const LEADER_ADDR_HEADER: &str = "x-muster-leader-addr";
 
-/// Walltime when a submit leaves it out (0).
-pub const DEFAULT_WALLTIME_S: u64 = 3600;
-/// Retry budget when a submit leaves it out (0).
-pub const DEFAULT_MAX_RETRIES: u32 = 3;
+pub use crate::sm::{DEFAULT_MAX_RETRIES, DEFAULT_WALLTIME_S};
 
 fn invalid(field: &str, reason: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("invalid {field}: {reason}"))
@@ -557,12 +554,33 @@ pub fn propose_error_to_status(e: ProposeError) -> Status {
     match e {
         ProposeError::NotLeader { leader } => not_leader_status(leader),
         ProposeError::Raft(msg) => Status::unavailable(format!("the write did not complete: {msg}")),
+        // Not UNAVAILABLE: retrying this replica cannot help; another can.
+        e @ ProposeError::Storage(_) => Status::internal(format!("{e}; ask another replica")),
+        ProposeError::Membership(msg) => Status::failed_precondition(msg),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed storage is fatal on this replica, so it is not the
+    /// retryable UNAVAILABLE a lost leadership or a shutdown gets.
+    #[test]
+    fn a_storage_failure_is_internal_and_names_itself_not_unavailable() {
+        use openraft::error::{ClientWriteError, Fatal, RaftError};
+        use openraft::{ErrorSubject, ErrorVerb, StorageError, StorageIOError};
+        let io = StorageIOError::new(ErrorSubject::Logs, ErrorVerb::Write, openraft::AnyError::error("EIO on fsync"));
+        let fatal: RaftError<u64, ClientWriteError<u64, openraft::BasicNode>> =
+            RaftError::Fatal(Fatal::StorageError(StorageError::from(io)));
+        let st = propose_error_to_status(ProposeError::from(fatal));
+        assert_eq!(st.code(), tonic::Code::Internal, "{st:?}");
+        assert!(st.message().contains("storage failed") && st.message().contains("EIO on fsync"), "{st:?}");
+        let stopped: RaftError<u64, ClientWriteError<u64, openraft::BasicNode>> = RaftError::Fatal(Fatal::Stopped);
+        assert_eq!(propose_error_to_status(ProposeError::from(stopped)).code(), tonic::Code::Unavailable);
+        let not_leader = propose_error_to_status(ProposeError::NotLeader { leader: None });
+        assert_eq!(not_leader.code(), tonic::Code::Unavailable);
+    }
 
     fn good() -> v1::AllocationSpec {
         v1::AllocationSpec {

@@ -19,7 +19,8 @@
 
 use muster_clock::SharedClock;
 use muster_raft_store::CommandBatch;
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::BasicNode;
+use openraft::error::{ClientWriteError, Fatal, RaftError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::MusterRaft;
@@ -38,6 +39,30 @@ pub enum ProposeError {
     /// or may not have been committed.
     #[error("the write did not complete: {0}")]
     Raft(String),
+    /// This replica's storage failed: Raft stopped here for good (fatal, not
+    /// worth retrying on this replica). The command may or may not have been
+    /// committed by the others.
+    #[error("this replica's storage failed and it stopped: {0}")]
+    Storage(String),
+    /// A membership change was refused (another one is in progress, or the
+    /// change is not allowed).
+    #[error("{0}")]
+    Membership(String),
+}
+
+impl From<RaftError<u64, ClientWriteError<u64, BasicNode>>> for ProposeError {
+    /// The one mapping of a failed Raft write, for proposals and membership
+    /// changes alike.
+    fn from(e: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> Self {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                ProposeError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }
+            }
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => ProposeError::Membership(e.to_string()),
+            RaftError::Fatal(Fatal::StorageError(e)) => ProposeError::Storage(e.to_string()),
+            RaftError::Fatal(other) => ProposeError::Raft(other.to_string()),
+        }
+    }
 }
 
 struct Pending {
@@ -115,12 +140,10 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
                 }
             }
             Err(e) => {
-                let err = match e {
-                    RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-                        ProposeError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }
-                    }
-                    other => ProposeError::Raft(other.to_string()),
-                };
+                let err = ProposeError::from(e);
+                if let ProposeError::Storage(msg) = &err {
+                    tracing::error!(error = %msg, "storage failed; this replica stops serving writes");
+                }
                 for p in batch {
                     let _ = p.reply.send(Err(err.clone()));
                 }

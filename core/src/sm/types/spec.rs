@@ -141,6 +141,12 @@ pub struct AllocSpec {
 /// The vCluster of an allocation that names none.
 pub const DEFAULT_VCLUSTER: &str = "default";
 
+/// Walltime when a submit leaves it out (0), s: the budget watchdog's limit.
+pub const DEFAULT_WALLTIME_S: u64 = 3600;
+
+/// Retry budget when a submit leaves it out (0).
+pub const DEFAULT_MAX_RETRIES: u32 = 3;
+
 impl AllocSpec {
     /// A spec with the defaults users get when they leave fields out: class 0,
     /// priority 0, checkpoint `Auto` taking about a minute, one hour of
@@ -154,8 +160,8 @@ impl AllocSpec {
             preemption_class: 0,
             priority: 0,
             checkpoint: CheckpointMode::Auto,
-            walltime_s: 3600,
-            max_retries: 3,
+            walltime_s: DEFAULT_WALLTIME_S,
+            max_retries: DEFAULT_MAX_RETRIES,
             command,
             env: BTreeMap::new(),
             idempotency_key: None,

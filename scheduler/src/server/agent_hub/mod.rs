@@ -61,9 +61,7 @@ pub use liveness::Liveness;
 pub use registry::AgentRegistry;
 use session::Session;
 
-/// The largest message on an agent stream: room for a checkpoint at the
-/// state machine's cap plus framing. Agents set the same on their end.
-pub const MAX_AGENT_MESSAGE_BYTES: usize = 16 << 20;
+pub use muster_proto::MAX_AGENT_MESSAGE_BYTES;
 
 /// Agent-stream settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
