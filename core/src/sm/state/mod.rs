@@ -402,8 +402,6 @@ impl State {
     }
 }
 
-/// A finished allocation's checkpoints will never be restored: drop them so
-/// they stop weighing on every snapshot.
 /// A reason an agent gives (a start failure, an unusable checkpoint) is at
 /// most [`super::command::MAX_AGENT_REASON_BYTES`].
 pub(super) fn check_agent_reason(reason: &str) -> Result<(), Rejection> {
@@ -416,6 +414,8 @@ pub(super) fn check_agent_reason(reason: &str) -> Result<(), Rejection> {
     Ok(())
 }
 
+/// A finished allocation's checkpoints will never be restored: drop them so
+/// they stop weighing on every snapshot.
 pub(super) fn drop_checkpoints(a: &mut Allocation) {
     for t in &mut a.tasks {
         t.checkpoint = None;

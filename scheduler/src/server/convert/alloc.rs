@@ -1,0 +1,252 @@
+//! Allocations and their specs: the submitted spec checked field by field,
+//! and the wire form of what the state holds.
+
+use muster_proto::v1;
+use tonic::Status;
+
+use super::invalid;
+use super::{DEFAULT_MAX_RETRIES, DEFAULT_WALLTIME_S, rejection_to_status};
+use crate::sm::{
+    AllocSpec, AllocStatus, Allocation, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_VCLUSTER, Limits,
+    MAX_PREEMPTION_CLASS, Resources, State, TaskStatus, TeardownCause, VClusterType, validate_spec,
+};
+
+/// Converts and validates a submitted spec. Unset walltime and retries take
+/// their defaults; everything else must be given.
+pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Result<AllocSpec, Status> {
+    let p = spec.ok_or_else(|| invalid("spec", "is required"))?;
+    let r = p.resources.ok_or_else(|| invalid("spec.resources", "is required"))?;
+    let class = u8::try_from(p.preemption_class).ok().filter(|c| *c <= MAX_PREEMPTION_CLASS).ok_or_else(|| {
+        invalid("spec.preemption_class", format!("{} is outside 0..={MAX_PREEMPTION_CLASS}", p.preemption_class))
+    })?;
+    let checkpoint = match v1::CheckpointMode::try_from(p.checkpoint) {
+        Ok(v1::CheckpointMode::Unspecified | v1::CheckpointMode::Auto) => CheckpointMode::Auto,
+        Ok(v1::CheckpointMode::Manual) => CheckpointMode::Manual,
+        Ok(v1::CheckpointMode::None) => CheckpointMode::None,
+        Err(_) => return Err(invalid("spec.checkpoint", format!("unknown mode {}", p.checkpoint))),
+    };
+    let vcluster_type = if p.vcluster_type.is_empty() {
+        VClusterType::HpcBatch
+    } else {
+        VClusterType::parse(&p.vcluster_type).ok_or_else(|| {
+            invalid(
+                "spec.vcluster_type",
+                format!("{:?} is not one of hpc-batch, ml-training, service, sensitive, interactive", p.vcluster_type),
+            )
+        })?
+    };
+    let spec = AllocSpec {
+        owner: p.owner,
+        gang_size: p.gang_size,
+        resources: Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus },
+        preemption_class: class,
+        priority: p.priority,
+        checkpoint,
+        walltime_s: if p.walltime_s == 0 { DEFAULT_WALLTIME_S } else { p.walltime_s },
+        max_retries: if p.max_retries == 0 { DEFAULT_MAX_RETRIES } else { p.max_retries },
+        command: p.command,
+        env: p.env.into_iter().collect(),
+        idempotency_key: Some(p.idempotency_key).filter(|k| !k.is_empty()),
+        vcluster: if p.vcluster.is_empty() { DEFAULT_VCLUSTER.to_string() } else { p.vcluster },
+        vcluster_type,
+        sensitive: p.sensitive,
+        checkpoint_estimate_s: if p.checkpoint_estimate_s == 0 {
+            DEFAULT_CHECKPOINT_ESTIMATE_S
+        } else {
+            p.checkpoint_estimate_s
+        },
+        stall_timeout_s: p.stall_timeout_s,
+    };
+    validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
+    Ok(spec)
+}
+
+/// The wire form of a spec.
+pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
+    v1::AllocationSpec {
+        owner: s.owner.clone(),
+        gang_size: s.gang_size,
+        resources: Some(resources_to_proto(&s.resources)),
+        preemption_class: u32::from(s.preemption_class),
+        priority: s.priority,
+        checkpoint: match s.checkpoint {
+            CheckpointMode::Auto => v1::CheckpointMode::Auto,
+            CheckpointMode::Manual => v1::CheckpointMode::Manual,
+            CheckpointMode::None => v1::CheckpointMode::None,
+        } as i32,
+        walltime_s: s.walltime_s,
+        max_retries: s.max_retries,
+        command: s.command.clone(),
+        env: s.env.clone().into_iter().collect(),
+        idempotency_key: s.idempotency_key.clone().unwrap_or_default(),
+        vcluster: s.vcluster.clone(),
+        vcluster_type: s.vcluster_type.as_str().to_string(),
+        sensitive: s.sensitive,
+        checkpoint_estimate_s: s.checkpoint_estimate_s,
+        stall_timeout_s: s.stall_timeout_s,
+    }
+}
+
+fn resources_to_proto(r: &Resources) -> v1::Resources {
+    v1::Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus }
+}
+
+/// The wire form of an allocation status.
+pub fn alloc_status_to_proto(s: AllocStatus) -> v1::AllocationStatus {
+    match s {
+        AllocStatus::Queued => v1::AllocationStatus::Queued,
+        AllocStatus::Suspended => v1::AllocationStatus::Suspended,
+        AllocStatus::Reserved => v1::AllocationStatus::Reserved,
+        AllocStatus::Running => v1::AllocationStatus::Running,
+        AllocStatus::TearingDown => v1::AllocationStatus::TearingDown,
+        AllocStatus::Done => v1::AllocationStatus::Done,
+        AllocStatus::Failed => v1::AllocationStatus::Failed,
+        AllocStatus::Cancelled => v1::AllocationStatus::Cancelled,
+    }
+}
+
+/// An allocation-status filter: `None` for unspecified (any).
+pub fn alloc_status_filter(raw: i32) -> Result<Option<AllocStatus>, Status> {
+    Ok(Some(match v1::AllocationStatus::try_from(raw) {
+        Ok(v1::AllocationStatus::Unspecified) => return Ok(None),
+        Ok(v1::AllocationStatus::Queued) => AllocStatus::Queued,
+        Ok(v1::AllocationStatus::Suspended) => AllocStatus::Suspended,
+        Ok(v1::AllocationStatus::Reserved) => AllocStatus::Reserved,
+        Ok(v1::AllocationStatus::Running) => AllocStatus::Running,
+        Ok(v1::AllocationStatus::TearingDown) => AllocStatus::TearingDown,
+        Ok(v1::AllocationStatus::Done) => AllocStatus::Done,
+        Ok(v1::AllocationStatus::Failed) => AllocStatus::Failed,
+        Ok(v1::AllocationStatus::Cancelled) => AllocStatus::Cancelled,
+        Err(_) => return Err(invalid("status", format!("unknown status {raw}"))),
+    }))
+}
+
+fn task_status_to_proto(s: TaskStatus) -> v1::TaskStatus {
+    match s {
+        TaskStatus::Blocked => v1::TaskStatus::Blocked,
+        TaskStatus::Reserved => v1::TaskStatus::Reserved,
+        TaskStatus::Running => v1::TaskStatus::Running,
+        TaskStatus::Preempting => v1::TaskStatus::Preempting,
+        TaskStatus::Preempted => v1::TaskStatus::Preempted,
+        TaskStatus::Done => v1::TaskStatus::Done,
+        TaskStatus::Failed => v1::TaskStatus::Failed,
+        TaskStatus::Cancelled => v1::TaskStatus::Cancelled,
+    }
+}
+
+/// The wire form of an allocation.
+pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
+    v1::Allocation {
+        id: a.id,
+        spec: Some(spec_to_proto(&a.spec)),
+        submit_time_ms: a.submit_time_ms,
+        status: alloc_status_to_proto(a.status) as i32,
+        reservation_epoch: a.reservation_epoch,
+        tasks: a
+            .tasks
+            .iter()
+            .map(|t| v1::Task {
+                index: t.index,
+                status: task_status_to_proto(t.status) as i32,
+                node_id: t.node.map(|s| state.node(s).id.to_string()).unwrap_or_default(),
+                attempts: t.attempts,
+                reservation_epoch: t.reservation_epoch,
+                reserved_at_ms: t.reserved_at_ms,
+                started_at_ms: t.started_at_ms,
+                finished_at_ms: t.finished_at_ms,
+                exit_code: t.exit_code,
+                preemption_epoch: t.preemption_epoch,
+                checkpoint_bytes: t.checkpoint.as_ref().map_or(0, |c| c.data.len() as u64),
+                checkpoint_epoch: t.checkpoint.as_ref().map(|c| c.epoch),
+                runs: t.runs,
+                last_node_id: t.last_node().map(|s| state.node(s).id.to_string()).unwrap_or_default(),
+                watchdog_trips: t.watchdog_trips,
+                last_watchdog: t.last_watchdog.map(|k| k.as_str().to_string()).unwrap_or_default(),
+                borrowed_from: t
+                    .node
+                    .filter(|_| t.status.holds_capacity())
+                    .and_then(|s| state.borrowed_from(s, a))
+                    .unwrap_or_default()
+                    .to_string(),
+            })
+            .collect(),
+        finished_at_ms: a.finished_at_ms,
+        preemption_epoch: a.preemption_epoch,
+        teardown: a.teardown.map(|td| {
+            let (trigger, preempted_by, reason) = match td.cause {
+                TeardownCause::TaskFailed { trigger } => (Some(trigger), 0, String::new()),
+                TeardownCause::Preempted { by, reason } => (None, by, reason.as_str().to_string()),
+                TeardownCause::NodeDrain => (None, 0, "drain".to_string()),
+                TeardownCause::Cancelled { preempted_by } => (None, preempted_by.unwrap_or(0), "cancel".to_string()),
+            };
+            v1::Teardown {
+                epoch: td.epoch,
+                trigger,
+                started_at_ms: td.started_at_ms,
+                preempted_by,
+                reason,
+                failed_checkpoints: td.failed_checkpoints,
+            }
+        }),
+        preempted_count: a.preempted_count,
+        nomination: a.nomination.as_ref().map(|n| v1::Nomination {
+            node_ids: n.nodes.iter().map(|&s| state.node(s).id.to_string()).collect(),
+            waiting_for: n.waiting_for.clone(),
+            decided_at_ms: n.decided_at_ms,
+            expires_at_ms: n.expires_at_ms,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> v1::AllocationSpec {
+        v1::AllocationSpec {
+            owner: "alice".into(),
+            gang_size: 2,
+            resources: Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+            command: vec!["sleep".into(), "1".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_apply_and_the_spec_round_trips() {
+        let spec = spec_from_proto(Some(good()), &Limits::default()).unwrap();
+        assert_eq!((spec.walltime_s, spec.max_retries, spec.checkpoint), (3600, 3, CheckpointMode::Auto));
+        assert_eq!(spec.idempotency_key, None);
+        let back = spec_from_proto(Some(spec_to_proto(&spec)), &Limits::default()).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let limits = Limits::default();
+        let cases: Vec<(Option<v1::AllocationSpec>, &str)> = vec![
+            (None, "invalid spec:"),
+            (Some(v1::AllocationSpec { resources: None, ..good() }), "invalid spec.resources:"),
+            (Some(v1::AllocationSpec { preemption_class: 11, ..good() }), "invalid spec.preemption_class:"),
+            (Some(v1::AllocationSpec { preemption_class: 300, ..good() }), "invalid spec.preemption_class:"),
+            (Some(v1::AllocationSpec { checkpoint: 9, ..good() }), "invalid spec.checkpoint:"),
+            (Some(v1::AllocationSpec { gang_size: 0, ..good() }), "invalid spec.gang_size:"),
+            (Some(v1::AllocationSpec { command: vec![], ..good() }), "invalid spec.command:"),
+            (Some(v1::AllocationSpec { owner: String::new(), ..good() }), "invalid spec.owner:"),
+        ];
+        // Every resource amount is bounded (issue 22, item 12).
+        let with = |r: v1::Resources| Some(v1::AllocationSpec { resources: Some(r), ..good() });
+        let r = good().resources.unwrap();
+        let cases = cases.into_iter().chain([
+            (with(v1::Resources { mem_mb: u64::MAX, ..r }), "invalid spec.resources.mem_mb:"),
+            (with(v1::Resources { vram_mb: u64::MAX, ..r }), "invalid spec.resources.vram_mb:"),
+            (with(v1::Resources { cpus: u32::MAX, ..r }), "invalid spec.resources.cpus:"),
+            (with(v1::Resources { gpus: u32::MAX, ..r }), "invalid spec.resources.gpus:"),
+        ]);
+        for (spec, prefix) in cases {
+            let status = spec_from_proto(spec, &limits).unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(status.message().starts_with(prefix), "{prefix:?} vs {:?}", status.message());
+        }
+    }
+}

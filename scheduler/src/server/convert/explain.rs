@@ -1,0 +1,54 @@
+//! Why an allocation waits, on the wire.
+
+use muster_proto::v1;
+
+use super::alloc_status_to_proto;
+use crate::sm::State;
+
+/// The wire form of an explanation.
+pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State, now_ms: u64) -> v1::Explanation {
+    let preemption = e.preemption.map(|p| match p {
+        Ok(d) => v1::PreemptionPlan {
+            victims: d
+                .victims
+                .iter()
+                .map(|v| v1::Victim {
+                    id: v.alloc,
+                    preemption_class: u32::from(v.class),
+                    gpus: v.gpus,
+                    elapsed_s: v.elapsed_s,
+                    checkpoint_cost: v.checkpoint_gpu_s,
+                    recompute_cost: v.recompute_gpu_s,
+                    value_cost: v.value_gpu_s,
+                    total_cost: v.total(),
+                })
+                .collect(),
+            node_ids: d.nodes.iter().map(|&s| st.node(s).id.to_string()).collect(),
+            total_cost: d.cost_gpu_s,
+            value: d.value_gpu_s,
+            reason: String::new(),
+        },
+        Err(why) => v1::PreemptionPlan { reason: why.to_string(), ..Default::default() },
+    });
+    v1::Explanation {
+        planned_start: e.planned_start.map(|p| v1::PlannedStart {
+            start_ms: p.start_ms,
+            in_ms: p.start_ms.saturating_sub(now_ms),
+            node_ids: p.nodes.iter().map(|&s| st.node(s).id.to_string()).collect(),
+        }),
+        preemption,
+        id: e.alloc,
+        status: alloc_status_to_proto(e.status) as i32,
+        summary: e.summary,
+        classes: e
+            .classes
+            .into_iter()
+            .map(|c| v1::NodeClassReason {
+                class: c.class,
+                nodes: c.nodes,
+                can_take_now: c.can_take_now,
+                reason: c.reason,
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,25 @@
+//! Protobuf ↔ state-machine types, and errors → gRPC statuses, in one place
+//! at the edge. Every field is checked here (naming the field the user sent)
+//! and again in `apply`.
+
+mod alloc;
+mod events;
+mod explain;
+mod node;
+mod status;
+
+use tonic::Status;
+
+pub use alloc::{alloc_status_filter, alloc_status_to_proto, alloc_to_proto, spec_from_proto, spec_to_proto};
+pub use events::{describe_event, format_time_ms};
+pub use explain::explanation_to_proto;
+pub use node::{node_event_to_proto, node_status_to_proto, node_to_proto};
+pub use status::{
+    LEADER_ADDR_HEADER, LEADER_ID_HEADER, not_leader_status, propose_error_to_status, rejection_to_status,
+};
+
+pub use crate::sm::{DEFAULT_MAX_RETRIES, DEFAULT_WALLTIME_S};
+
+fn invalid(field: &str, reason: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("invalid {field}: {reason}"))
+}
