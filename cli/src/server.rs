@@ -93,6 +93,15 @@ pub struct ServerArgs {
     /// the node's muster.drain-timeout label gives one.
     #[arg(long, default_value = "4h")]
     drain_timeout: String,
+    /// How long a finished allocation stays in the live state (then only
+    /// `muster history` has it), or `off` to keep every one.
+    #[arg(long, default_value = "3h")]
+    retention: String,
+    /// How long after its submit an idempotency key is still honoured once
+    /// its allocation is forgotten (a retried submit within it is answered
+    /// with the original allocation, never run twice).
+    #[arg(long, default_value = "24h")]
+    idempotency_window: String,
     /// Append every applied log entry to <data-dir>/applied.log, kept past
     /// log compaction, for replay (`muster chaos`) and audit. Not fsynced;
     /// grows without bound.
@@ -245,6 +254,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
     let walltime_defaults = parse_walltime_defaults(&args.default_walltime)?;
     let drain_timeout_s = crate::alloc::parse_duration_s(&args.drain_timeout).context("--drain-timeout")?;
+    let retention = match args.retention.as_str() {
+        "off" => None,
+        value => Some(muster_scheduler::policy::RetentionConfig {
+            retention_ms: positive_duration("--retention", value)?.as_millis() as u64,
+            key_window_ms: crate::alloc::parse_duration_s(&args.idempotency_window)
+                .context("--idempotency-window")?
+                .saturating_mul(1000),
+            ..Default::default()
+        }),
+    };
     let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
     let peers = match &args.peers {
         Some(list) => parse_peers(list)?,
@@ -291,6 +310,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.reclaim = reclaim;
     cfg.walltime_defaults = walltime_defaults;
     cfg.drain_timeout = Duration::from_secs(drain_timeout_s);
+    cfg.retention = retention;
     cfg.inject_bug = match args.inject_bug.as_deref() {
         None => None,
         Some(name) => Some(muster_scheduler::server::InjectedBug::parse(name).with_context(|| {

@@ -14,7 +14,8 @@
 //!    replicated state: a new leader gives every node a full window.
 //! 2. **Deadlines** (with the node-lost pass): forced teardowns past their
 //!    force deadline, preemptors' holds that expired, drains past their
-//!    deadline. All three deadlines are entry times in the replicated state.
+//!    deadline, and a forget of finished allocations past the retention
+//!    window. Every deadline is an entry time in the replicated state.
 //! 3. **Admission** (when woken: a submit, a release, the admission interval,
 //!    or an earlier pass of this tick proposing something).
 //! 4. **Reclaim or preemption** (after admission, at most once per
@@ -29,8 +30,8 @@
 use std::collections::BTreeMap;
 
 use crate::policy::{
-    AdmissionConfig, AdmissionPlan, PreemptionConfig, ReclaimConfig, plan_admission, plan_drain_expiries,
-    plan_expired_nominations, plan_forced_teardowns, plan_preemptions, plan_reclaims,
+    AdmissionConfig, AdmissionPlan, PreemptionConfig, ReclaimConfig, RetentionConfig, plan_admission,
+    plan_drain_expiries, plan_expired_nominations, plan_forced_teardowns, plan_forget, plan_preemptions, plan_reclaims,
 };
 use crate::sm::{Command, NodeId, State};
 
@@ -57,6 +58,8 @@ pub struct LeaderConfig {
     pub teardown_force_after_ms: u64,
     /// How often the node-lost and deadline passes run, ms.
     pub liveness_every_ms: u64,
+    /// When finished allocations leave the live state (`None`: never).
+    pub retention: Option<RetentionConfig>,
 }
 
 impl Default for LeaderConfig {
@@ -69,6 +72,7 @@ impl Default for LeaderConfig {
             node_lost_after_ms: 30_000,
             teardown_force_after_ms: crate::policy::DEFAULT_FORCE_AFTER_MS,
             liveness_every_ms: DEFAULT_LIVENESS_EVERY_MS,
+            retention: Some(RetentionConfig::default()),
         }
     }
 }
@@ -159,7 +163,8 @@ impl Silence for Heard {
 pub enum PassKind {
     /// Silent nodes holding work are marked lost.
     NodeLost,
-    /// Forced teardowns, expired holds, drains past their deadline.
+    /// Forced teardowns, expired holds, drains past their deadline, and
+    /// finished allocations past the retention window.
     Deadlines,
     /// Admission.
     Admission,
@@ -172,7 +177,8 @@ pub enum PassKind {
 pub enum Pass {
     /// `MarkNodeLost` for each silent node holding work, in slot order.
     NodeLost(Vec<Command>),
-    /// Forced teardowns, then expired holds, then drain expiries.
+    /// Forced teardowns, then expired holds, then drain expiries, then a
+    /// forget of what is past its retention.
     Deadlines(Vec<Command>),
     /// The admission pass's plan (its commands, planned starts, counters).
     Admission(AdmissionPlan),
@@ -303,6 +309,7 @@ impl Tick {
         let mut cmds = plan_forced_teardowns(state, now, self.cfg.teardown_force_after_ms, &self.cfg.preemption);
         cmds.extend(plan_expired_nominations(state, now));
         cmds.extend(plan_drain_expiries(state, now));
+        cmds.extend(self.cfg.retention.and_then(|r| plan_forget(state, now, &r)));
         cmds
     }
 

@@ -166,3 +166,28 @@ fn preemption_runs_after_admission_at_most_once_per_interval() {
     let passes = tick(&mut c, at(200_100), Wake { admission: true }, &mut timers, &h);
     assert_eq!(kinds(&passes), [PassKind::Admission]);
 }
+
+#[test]
+fn finished_allocations_are_forgotten_in_the_deadline_pass_after_the_retention_window() {
+    let mut c = Fixture::new(1);
+    let job = submit(&mut c, 1);
+    c.ok(Command::CancelAllocation { alloc: job });
+    let ended = c.t;
+    let retention = LeaderConfig::default().retention.expect("on by default");
+    let mut h = Heard::default();
+    h.lead_from(ended);
+    let mut timers = PassTimers::default();
+    assert!(tick(&mut c, at(ended + retention.retention_ms - 1), Wake::default(), &mut timers, &h).is_empty());
+    let passes = tick(&mut c, at(ended + retention.retention_ms + 60_000), Wake::default(), &mut timers, &h);
+    assert_eq!(kinds(&passes)[0], PassKind::Deadlines);
+    assert!(matches!(passes[0].commands(), [Command::ForgetFinished { .. }]), "{passes:#?}");
+    assert!(c.s.was_forgotten(job));
+    // With retention off nothing is ever forgotten.
+    let other = submit(&mut c, 1);
+    c.ok(Command::CancelAllocation { alloc: other });
+    let cfg = LeaderConfig { retention: None, ..LeaderConfig::default() };
+    let mut timers = PassTimers::default();
+    let late = at(c.t + 100 * retention.retention_ms);
+    let mut t = Tick::begin(late, Wake::default(), &mut timers, &cfg);
+    assert!(t.next(&c.s, &h, &mut timers).is_none());
+}

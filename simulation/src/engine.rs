@@ -213,6 +213,8 @@ impl Simulation {
             node_lost_after_ms: cfg.node_lost_after_ms,
             teardown_force_after_ms: cfg.force_teardown_ms,
             liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
+            // The report counts outcomes from the final state.
+            retention: None,
         };
         let life = vec![0; cfg.nodes as usize];
         Simulation {

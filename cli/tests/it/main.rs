@@ -10,6 +10,7 @@ mod failover;
 mod hardening;
 mod node_lifecycle;
 mod preemption;
+mod retention;
 mod security;
 mod teardown;
 mod tls;

@@ -8,6 +8,7 @@ mod explain;
 mod nodes;
 mod preemption;
 mod reclaim;
+mod retention;
 mod teardown;
 
 #[cfg(test)]
@@ -26,4 +27,5 @@ pub use preemption::{
     plan_preemptions, score, waits_for_start,
 };
 pub use reclaim::{DEFAULT_RETURN_GRACE_MS, Reclaim, ReclaimConfig, plan_reclaims, reclaim_due_ms};
+pub use retention::{DEFAULT_KEY_WINDOW_MS, DEFAULT_RETENTION_MS, RetentionConfig, plan_forget};
 pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_expired_nominations, plan_forced_teardowns};

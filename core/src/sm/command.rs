@@ -333,6 +333,20 @@ pub enum Command {
         /// Opaque bytes, at most the checkpoint limit.
         data: Vec<u8>,
     },
+    /// Forget finished allocations (done, failed or cancelled) whose end is
+    /// at least `retention_ms` before the entry's time, oldest first, and
+    /// idempotency keys whose window has passed; at most `max` of each.
+    /// Apply decides from the entry's own time, so every replica forgets
+    /// the same ones. Their records live on in the job history.
+    ForgetFinished {
+        /// How long a finished allocation stays in the live state, ms.
+        retention_ms: u64,
+        /// How long after its submit an idempotency key is honoured at
+        /// least (it is also honoured while its allocation is held), ms.
+        key_window_ms: u64,
+        /// Most allocations, and most keys, one entry forgets.
+        max: u32,
+    },
 }
 
 /// The longest reason from an agent a command carries (a start failure, an
@@ -373,6 +387,7 @@ impl Command {
             Command::CreateVCluster { .. } => "create_vcluster",
             Command::UpdateVCluster { .. } => "update_vcluster",
             Command::Reclaim { .. } => "reclaim",
+            Command::ForgetFinished { .. } => "forget_finished",
         }
     }
 }

@@ -338,6 +338,17 @@ pub enum Event {
         /// What the agent said.
         reason: String,
     },
+    /// Finished allocations past the retention window, and idempotency
+    /// keys past theirs, left the live state (their records are in the job
+    /// history).
+    Forgotten {
+        /// Allocations forgotten.
+        allocs: u32,
+        /// Idempotency keys forgotten.
+        keys: u32,
+        /// The newest allocation end forgotten (entry time, ms; 0: none).
+        through_ms: u64,
+    },
 }
 
 impl Event {
@@ -357,7 +368,8 @@ impl Event {
             | Event::DrainTimedOut { .. }
             | Event::NodeStopped { .. }
             | Event::NodeRestarted { .. }
-            | Event::NodeTerminated { .. } => None,
+            | Event::NodeTerminated { .. }
+            | Event::Forgotten { .. } => None,
             Event::Submitted { alloc, .. }
             | Event::GangReserved { alloc, .. }
             | Event::GangRolledBack { alloc, .. }

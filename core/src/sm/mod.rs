@@ -31,7 +31,9 @@ pub use command::{Command, MAX_AGENT_REASON_BYTES};
 pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
-pub use state::{ApplyCtx, Holder, QueueKey, Shape, State, VcLoad};
+pub use state::{
+    ApplyCtx, ForgottenKey, Holder, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, QueueKey, Shape, State, VcLoad, spec_sha256,
+};
 pub use types::{
     AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S,
     DEFAULT_MAX_RETRIES, DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId,

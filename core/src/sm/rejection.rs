@@ -318,6 +318,12 @@ pub enum Rejection {
         /// When it expires.
         expires_at_ms: u64,
     },
+    /// A forget with nothing past its window at the entry's time.
+    #[error("nothing to forget: no finished allocation or idempotency key is past its retention")]
+    NothingToForget,
+    /// A forget whose parameters make no sense.
+    #[error("invalid forget: {0}")]
+    InvalidForget(String),
 }
 
 fn allowed_names(allowed: &[NodeStatus]) -> String {

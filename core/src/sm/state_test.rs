@@ -3,6 +3,7 @@
 mod borrowing;
 mod lifecycle;
 mod preemption;
+mod retention;
 mod teardown;
 mod tokens;
 mod vclusters;
@@ -548,7 +549,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "a1cfa181b9b62d3def1d166714c6455a56b0f036d9c38e8c952d7cecf0270f73"
+        "4fca3729edc8d358757a75f45b535f813dd7cebd8c6de135505c190351a90546"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

@@ -94,6 +94,20 @@ fn may_cancel(caller: &muster_tls::Caller, id: AllocId, owner: &str) -> Result<(
     }
 }
 
+/// NOT_FOUND for an allocation the live state does not hold: never
+/// submitted, or finished and forgotten after the retention window (its
+/// record is in the job history).
+pub(crate) fn alloc_missing(st: &crate::sm::State, id: u64) -> Status {
+    if st.was_forgotten(id) {
+        Status::not_found(format!(
+            "allocation {id} finished and left the live state after the retention window (muster server \
+             --retention); its record is in the job history"
+        ))
+    } else {
+        Status::not_found(format!("allocation {id} does not exist"))
+    }
+}
+
 #[tonic::async_trait]
 impl AllocationService for ClientApi {
     type WatchStream = ReceiverStream<Result<v1::AllocationEvent, Status>>;
@@ -104,7 +118,7 @@ impl AllocationService for ClientApi {
         let q = req.into_inner();
         linearizable(&self.s).await?;
         let (node, attempt) = self.s.reader.read(|st| {
-            let a = st.alloc(q.id).ok_or_else(|| Status::not_found(format!("allocation {} does not exist", q.id)))?;
+            let a = st.alloc(q.id).ok_or_else(|| alloc_missing(st, q.id))?;
             let t = a
                 .tasks
                 .get(q.task as usize)
@@ -177,9 +191,7 @@ impl AllocationService for ClientApi {
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         linearizable(&self.s).await?;
-        if self.s.reader.read(|st| st.alloc(q.id).is_none()) {
-            return Err(Status::not_found(format!("allocation {} does not exist", q.id)));
-        }
+        self.s.reader.read(|st| st.alloc(q.id).map(|_| ()).ok_or_else(|| alloc_missing(st, q.id)))?;
         let (tx, rx) = mpsc::channel(64);
         let s = self.s.clone();
         // After the first linearizable read, this replica's applied state
@@ -194,8 +206,10 @@ impl AllocationService for ClientApi {
                     let _ = tx.send(Err(status)).await;
                     return;
                 }
-                let (batch, ended) = s.reader.read(|st| {
-                    let a = st.alloc(q.id).expect("allocations are never removed");
+                let read = s.reader.read(|st| {
+                    // Forgotten only once finished, and a finished watch has
+                    // ended, unless retention outran this stream's first read.
+                    let Some(a) = st.alloc(q.id) else { return Err(alloc_missing(st, q.id)) };
                     let status = alloc_status_to_proto(a.status) as i32;
                     let oldest = a.history.front().map_or(a.revision + 1, |h| h.revision);
                     let truncated = first && cursor + 1 < oldest;
@@ -217,8 +231,15 @@ impl AllocationService for ClientApi {
                             }
                         })
                         .collect();
-                    (batch, a.status.is_terminal())
+                    Ok((batch, a.status.is_terminal()))
                 });
+                let (batch, ended) = match read {
+                    Ok(read) => read,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
                 for e in batch {
                     cursor = e.revision;
                     first = false;
@@ -323,7 +344,7 @@ impl AllocationService for ClientApi {
         // A follower's state may lag: it proposes, and is told to redirect.
         if super::agent_hub::is_leader(&self.s) {
             self.s.reader.read(|st| {
-                let a = st.alloc(id).ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))?;
+                let a = st.alloc(id).ok_or_else(|| alloc_missing(st, id))?;
                 may_cancel(&caller, id, &a.spec.owner)?;
                 st.precheck(&Command::CancelAllocation { alloc: id }).map_err(|r| rejection_to_status(&r))
             })?;
@@ -336,24 +357,20 @@ impl AllocationService for ClientApi {
         self.s.admission_wake.notify_one();
         self.s
             .reader
-            .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)))
+            .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)).ok_or_else(|| alloc_missing(st, id)))
             .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))
     }
 
     async fn explain(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Explanation>, Status> {
         let id = req.into_inner().id;
         linearizable(&self.s).await?;
         let (cfg, admission) = (self.s.preemption, self.s.admission);
-        let e = self
-            .s
-            .reader
-            .read(|st| {
-                let now = self.s.now(st);
-                crate::policy::explain_with_admission(st, id, now, &cfg, &admission)
-                    .map(|e| convert::explanation_to_proto(e, st, now))
-            })
-            .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))?;
+        let e = self.s.reader.read(|st| {
+            let now = self.s.now(st);
+            crate::policy::explain_with_admission(st, id, now, &cfg, &admission)
+                .map(|e| convert::explanation_to_proto(e, st, now))
+                .ok_or_else(|| alloc_missing(st, id))
+        })?;
         Ok(Response::new(e))
     }
 
@@ -362,9 +379,8 @@ impl AllocationService for ClientApi {
         linearizable(&self.s).await?;
         self.s
             .reader
-            .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)))
+            .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)).ok_or_else(|| alloc_missing(st, id)))
             .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("allocation {id} does not exist")))
     }
 
     async fn list(&self, req: Request<v1::ListRequest>) -> Result<Response<v1::ListResponse>, Status> {

@@ -110,6 +110,8 @@ pub struct ReplicaConfig {
     /// A teardown's tasks that have not acked this long after it started are
     /// forced to preempted.
     pub teardown_force_after: Duration,
+    /// When finished allocations leave the live state (`None`: never).
+    pub retention: Option<crate::policy::RetentionConfig>,
     /// Priority-preemption knobs (the leader decides; agents are told the
     /// checkpoint deadlines).
     pub preemption: PreemptionConfig,
@@ -174,6 +176,7 @@ impl ReplicaConfig {
             hub: HubConfig::default(),
             node_lost_after: Duration::from_secs(30),
             teardown_force_after: Duration::from_millis(crate::policy::DEFAULT_FORCE_AFTER_MS),
+            retention: Some(crate::policy::RetentionConfig::default()),
             preemption: PreemptionConfig::default(),
             reclaim: crate::policy::ReclaimConfig::default(),
             walltime_defaults: BTreeMap::new(),
@@ -423,6 +426,7 @@ impl Replica {
                 node_lost_after_ms: cfg.node_lost_after.as_millis() as u64,
                 teardown_force_after_ms: cfg.teardown_force_after.as_millis() as u64,
                 liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
+                retention: cfg.retention,
             },
             cfg.admission_interval,
         );

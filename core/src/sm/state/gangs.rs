@@ -6,11 +6,19 @@ impl State {
     /// What an earlier submit with the same owner and idempotency key made
     /// of this spec: the allocation when the spec is the same (a retry),
     /// `IdempotencyConflict` when it differs, `None` when the key is new (or
-    /// absent). Keys are scoped by owner.
+    /// absent). Keys are scoped by owner, and outlive a forgotten
+    /// allocation until their window ends (see `retention`).
     pub fn submitted_before(&self, spec: &AllocSpec) -> Option<Result<AllocId, Rejection>> {
         let key = spec.idempotency_key.as_ref()?;
-        let &existing = self.idempotency.get(&(spec.owner.clone(), key.clone()))?;
-        Some(if self.allocs[&existing].spec == *spec {
+        let name = (spec.owner.clone(), key.clone());
+        let (existing, same) = match self.idempotency.get(&name) {
+            Some(&id) => (id, self.allocs[&id].spec == *spec),
+            None => {
+                let f = self.forgotten_keys.get(&name)?;
+                (f.alloc, f.spec_sha256 == spec_sha256(spec))
+            }
+        };
+        Some(if same {
             Ok(existing)
         } else {
             Err(Rejection::IdempotencyConflict { key: key.clone(), alloc: existing })

@@ -190,6 +190,9 @@ impl State {
         } else {
             self.index.tearing_down.remove(&id);
         }
+        if a.status.is_terminal() {
+            self.index.finished.insert((a.finished_at_ms.unwrap_or(a.submit_time_ms), id));
+        }
     }
 
     pub(super) fn index_node(&mut self, slot: NodeSlot) {
@@ -321,6 +324,8 @@ impl State {
             self.index.by_status.entry(self.node(slot).status).or_default().insert(slot);
             self.index_node(slot);
         }
+        self.index.key_expiry =
+            self.forgotten_keys.iter().map(|((owner, key), f)| (f.expires_ms, owner.clone(), key.clone())).collect();
         let ids: Vec<AllocId> = self.allocs.keys().copied().collect();
         for id in ids {
             self.reindex_alloc(id);

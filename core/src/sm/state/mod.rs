@@ -34,7 +34,7 @@
 //! handlers live beside it by concern: `reads`, `gangs` (submit, reserve,
 //! start, finish, fail), `teardown` (teardowns and cancels), `checkpoints`,
 //! `preempt` (priority preemption, reclamation, held nodes), `nodes`
-//! (registration and lifecycle), `tokens`, `vclusters` (and quotas),
+//! (registration and lifecycle), `tokens`, `vclusters` (and quotas), `retention`,
 //! `index` (shared checks and moves, derived indexes) and `invariants`.
 
 use std::cmp::Reverse;
@@ -53,6 +53,7 @@ use super::types::{
 };
 use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
 use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
+pub use retention::{ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
 
 mod checkpoints;
 mod gangs;
@@ -61,6 +62,7 @@ mod invariants;
 mod nodes;
 mod preempt;
 mod reads;
+mod retention;
 mod teardown;
 mod tokens;
 mod vclusters;
@@ -177,6 +179,10 @@ struct Indexes {
     lent: BTreeMap<u32, BTreeMap<AllocId, u32>>,
     /// Queued gangs not holding nodes, per vCluster home key.
     vc_queued: BTreeMap<u32, u32>,
+    /// Finished allocations by (end, id): what retention forgets first.
+    finished: BTreeSet<(u64, AllocId)>,
+    /// Forgotten idempotency keys by (expiry, owner, key).
+    key_expiry: BTreeSet<(u64, String, String)>,
 }
 
 /// A vCluster's live allocations and the GPUs their gangs need.
@@ -248,6 +254,11 @@ pub struct State {
     nodes: Vec<Node>,
     allocs: BTreeMap<AllocId, Allocation>,
     idempotency: BTreeMap<(String, String), AllocId>,
+    /// Idempotency keys whose allocation was forgotten, until their window
+    /// ends.
+    forgotten_keys: BTreeMap<(String, String), ForgottenKey>,
+    /// Allocations forgotten after their retention window, in all.
+    forgotten_allocs: u64,
     /// Bearer tokens by id (hashes only).
     tokens: BTreeMap<String, Token>,
     /// vClusters by name (the built-in `default` only once changed).
@@ -291,6 +302,8 @@ impl State {
             nodes: Vec::new(),
             allocs: BTreeMap::new(),
             idempotency: BTreeMap::new(),
+            forgotten_keys: BTreeMap::new(),
+            forgotten_allocs: 0,
             tokens: BTreeMap::new(),
             vclusters: BTreeMap::new(),
             index: Indexes::default(),
@@ -363,6 +376,9 @@ impl State {
             Command::RevokeToken { id, by } => self.revoke_token(id, by),
             Command::CreateVCluster { name, spec, by } => self.put_vcluster(name, spec, by, true),
             Command::UpdateVCluster { name, spec, by } => self.put_vcluster(name, spec, by, false),
+            Command::ForgetFinished { retention_ms, key_window_ms, max } => {
+                self.forget_finished(*retention_ms, *key_window_ms, *max)
+            }
         };
         match result {
             Ok(mut events) => {

@@ -114,6 +114,13 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         Event::CheckpointDropped { task, node, reason, .. } => {
             ("checkpoint_dropped", format!("task {task}'s checkpoint was dropped on {node}: {reason}"))
         }
+        Event::Forgotten { allocs, keys, through_ms } => (
+            "forgotten",
+            format!(
+                "{allocs} finished allocations (ended through {}) and {keys} idempotency keys left the live state",
+                format_time_ms(*through_ms)
+            ),
+        ),
         Event::TaskStartFailed { task, node, reason, .. } => {
             ("task_start_failed", format!("task {task} did not start on {node}: {reason}"))
         }

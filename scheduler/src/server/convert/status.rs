@@ -56,7 +56,9 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::CheckpointDisabled { .. }
         | Rejection::NothingReserved { .. }
         | Rejection::AlreadyTerminal { .. }
-        | Rejection::AlreadyCancelling { .. } => Status::failed_precondition(msg),
+        | Rejection::AlreadyCancelling { .. }
+        | Rejection::NothingToForget => Status::failed_precondition(msg),
+        Rejection::InvalidForget(reason) => invalid("forget", reason),
     }
 }
 

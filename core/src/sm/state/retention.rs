@@ -1,0 +1,116 @@
+//! Retention: finished allocations leave the live state after a window, and
+//! idempotency keys after theirs. The job history keeps their records.
+//!
+//! ```text
+//!   finished (done, failed, cancelled) at t ── ForgetFinished at t + retention ──▶ gone
+//!                                                  (ids are never reused: get/watch answer
+//!                                                   NOT_FOUND, naming the history)
+//!   idempotency key of a submit at s: honoured while its allocation is held,
+//!   and until s + key window, whichever is later (a tombstone with the spec's
+//!   hash answers a retried submit after the allocation is gone)
+//! ```
+
+use sha2::{Digest as _, Sha256};
+
+use super::*;
+
+/// The least retention a forget may use: an allocation is never forgotten
+/// in the same breath as it finishes.
+pub const MIN_RETENTION_MS: u64 = 1_000;
+
+/// The most allocations (and keys) one forget may drop: bounds the cost of
+/// one entry on every replica.
+pub const MAX_FORGET_PER_ENTRY: u32 = 10_000;
+
+/// An idempotency key whose allocation was forgotten, kept until its window
+/// ends so that a retried submit still finds what it made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForgottenKey {
+    /// The allocation the key made.
+    pub alloc: AllocId,
+    /// SHA-256 of the submitted spec's canonical (postcard) encoding: a retry
+    /// must send the same spec.
+    pub spec_sha256: [u8; 32],
+    /// When the key stops being honoured (entry time, ms).
+    pub expires_ms: u64,
+}
+
+/// The hash a [`ForgottenKey`] keeps of a spec.
+pub fn spec_sha256(spec: &AllocSpec) -> [u8; 32] {
+    let bytes = postcard::to_stdvec(spec).expect("encoding a spec into memory cannot fail");
+    Sha256::digest(&bytes).into()
+}
+
+impl State {
+    /// Whether allocation `id` existed and was forgotten after its
+    /// retention window (ids are never reused).
+    pub fn was_forgotten(&self, id: AllocId) -> bool {
+        id >= 1 && id < self.next_alloc_id && !self.allocs.contains_key(&id)
+    }
+
+    /// How many allocations have been forgotten since the cluster began.
+    pub fn forgotten_allocs(&self) -> u64 {
+        self.forgotten_allocs
+    }
+
+    /// Finished allocations still held, oldest end first, as (end, id).
+    pub fn finished(&self) -> impl Iterator<Item = (u64, AllocId)> + '_ {
+        self.index.finished.iter().copied()
+    }
+
+    /// Idempotency keys kept after their allocation was forgotten.
+    pub fn forgotten_keys(&self) -> usize {
+        self.forgotten_keys.len()
+    }
+
+    /// Whether a forget at `now_ms` with this retention has something to do.
+    pub fn forget_due(&self, now_ms: u64, retention_ms: u64) -> bool {
+        let cutoff = now_ms.saturating_sub(retention_ms);
+        self.index.finished.first().is_some_and(|&(end, _)| end <= cutoff)
+            || self.index.key_expiry.first().is_some_and(|(exp, _, _)| *exp <= now_ms)
+    }
+
+    pub(super) fn forget_finished(&mut self, retention_ms: u64, key_window_ms: u64, max: u32) -> Applied {
+        if retention_ms < MIN_RETENTION_MS {
+            return Err(Rejection::InvalidForget(format!(
+                "retention_ms {retention_ms} is under the least, {MIN_RETENTION_MS}"
+            )));
+        }
+        if max == 0 || max > MAX_FORGET_PER_ENTRY {
+            return Err(Rejection::InvalidForget(format!("max {max} is not within 1..={MAX_FORGET_PER_ENTRY}")));
+        }
+        let now = self.now_ms;
+        let cutoff = now.saturating_sub(retention_ms);
+        let allocs: Vec<(u64, AllocId)> =
+            self.index.finished.iter().take_while(|(end, _)| *end <= cutoff).take(max as usize).copied().collect();
+        let keys: Vec<(u64, String, String)> =
+            self.index.key_expiry.iter().take_while(|(exp, _, _)| *exp <= now).take(max as usize).cloned().collect();
+        if allocs.is_empty() && keys.is_empty() {
+            return Err(Rejection::NothingToForget);
+        }
+        for (exp, owner, key) in &keys {
+            self.index.key_expiry.remove(&(*exp, owner.clone(), key.clone()));
+            self.forgotten_keys.remove(&(owner.clone(), key.clone()));
+        }
+        let mut through_ms = 0;
+        for &(end, id) in &allocs {
+            through_ms = end;
+            self.index.finished.remove(&(end, id));
+            let a = self.allocs.remove(&id).expect("a finished allocation is held");
+            self.forgotten_allocs += 1;
+            let Some(key) = a.spec.idempotency_key.clone() else { continue };
+            let name = (a.spec.owner.clone(), key);
+            if self.idempotency.get(&name) != Some(&id) {
+                continue;
+            }
+            self.idempotency.remove(&name);
+            let expires_ms = a.submit_time_ms.saturating_add(key_window_ms);
+            if expires_ms > now {
+                self.index.key_expiry.insert((expires_ms, name.0.clone(), name.1.clone()));
+                self.forgotten_keys
+                    .insert(name, ForgottenKey { alloc: id, spec_sha256: spec_sha256(&a.spec), expires_ms });
+            }
+        }
+        Ok(vec![Event::Forgotten { allocs: allocs.len() as u32, keys: keys.len() as u32, through_ms }])
+    }
+}

@@ -1,0 +1,141 @@
+//! Retention: finished allocations and idempotency keys leave the live
+//! state after their windows, decided from the entry's own time.
+
+use super::*;
+
+const HOUR: u64 = 3_600_000;
+
+fn forget(retention_ms: u64, key_window_ms: u64) -> Command {
+    Command::ForgetFinished { retention_ms, key_window_ms, max: 100 }
+}
+
+fn finish(f: &mut Fixture, id: AllocId, epoch: u64, gang: u32) {
+    for i in 0..gang {
+        f.ok(Command::FinishTask { alloc: id, task: i, node: n(i), epoch });
+    }
+    assert_eq!(f.status(id), AllocStatus::Done);
+}
+
+#[test]
+fn a_finished_allocation_is_forgotten_only_after_the_retention_window() {
+    let mut f = Fixture::new(2);
+    let (done, epoch) = f.running(2, 1);
+    let queued = f.submit(spec(1, 1));
+    f.t += 1_000;
+    finish(&mut f, done, epoch, 2);
+    let ended = f.t;
+    // Not yet: nothing is due, and a forget says so without changing anything.
+    f.t = ended + HOUR - 1;
+    assert!(!f.s.forget_due(f.t, HOUR));
+    assert_eq!(f.rejected(forget(HOUR, HOUR)), Rejection::NothingToForget);
+    f.t = ended + HOUR;
+    assert!(f.s.forget_due(f.t, HOUR));
+    assert_eq!(f.ok(forget(HOUR, HOUR)), vec![Event::Forgotten { allocs: 1, keys: 0, through_ms: ended }]);
+    assert!(f.s.alloc(done).is_none());
+    assert!(f.s.was_forgotten(done));
+    assert_eq!(f.s.forgotten_allocs(), 1);
+    // Live allocations are never forgotten, however old; unknown ids were
+    // never forgotten.
+    assert!(f.s.alloc(queued).is_some());
+    assert!(!f.s.was_forgotten(queued) && !f.s.was_forgotten(99) && !f.s.was_forgotten(0));
+    assert!(!f.s.forget_due(f.t + 100 * HOUR, HOUR));
+    // Ids are never reused.
+    assert!(f.submit(spec(1, 1)) > queued);
+}
+
+#[test]
+fn forgetting_is_oldest_first_bounded_per_entry_and_the_same_on_every_replica() {
+    let mut f = Fixture::new(1);
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let id = f.submit(spec(1, 1));
+        f.ok(Command::CancelAllocation { alloc: id });
+        ids.push(id);
+        f.t += 1_000;
+    }
+    let replica = f.s.clone();
+    f.t += HOUR;
+    let cmd = Command::ForgetFinished { retention_ms: HOUR, key_window_ms: 0, max: 2 };
+    let events = f.ok(cmd.clone());
+    assert!(matches!(events[..], [Event::Forgotten { allocs: 2, keys: 0, .. }]));
+    assert!(f.s.alloc(ids[0]).is_none() && f.s.alloc(ids[1]).is_none() && f.s.alloc(ids[2]).is_some());
+    // Another replica applying the same entry (same time) reaches the same state.
+    let mut other = replica;
+    other.apply(&cmd, &ApplyCtx { time_ms: f.t });
+    assert_eq!(other.state_digest(), f.s.state_digest());
+    assert_eq!(f.s.finished().map(|(_, id)| id).collect::<Vec<_>>(), ids[2..].to_vec());
+}
+
+#[test]
+fn a_forget_with_bad_parameters_is_refused() {
+    let mut f = Fixture::new(0);
+    let id = f.submit(spec(1, 1));
+    f.ok(Command::CancelAllocation { alloc: id });
+    f.t += HOUR;
+    for cmd in [
+        Command::ForgetFinished { retention_ms: MIN_RETENTION_MS - 1, key_window_ms: 0, max: 10 },
+        Command::ForgetFinished { retention_ms: HOUR, key_window_ms: 0, max: 0 },
+        Command::ForgetFinished { retention_ms: HOUR, key_window_ms: 0, max: MAX_FORGET_PER_ENTRY + 1 },
+    ] {
+        assert!(matches!(f.rejected(cmd), Rejection::InvalidForget(_)));
+    }
+}
+
+#[test]
+fn an_idempotency_key_outlives_its_forgotten_allocation_until_its_window_ends() {
+    let mut f = Fixture::new(1);
+    let keyed = AllocSpec { idempotency_key: Some("req-7".into()), ..spec(1, 1) };
+    let submitted = f.t;
+    let id = f.submit(keyed.clone());
+    f.ok(Command::CancelAllocation { alloc: id });
+    f.t += HOUR;
+    f.ok(forget(HOUR, 24 * HOUR));
+    assert!(f.s.alloc(id).is_none());
+    assert_eq!(f.s.forgotten_keys(), 1);
+    // A retry of the same submit finds what it made; it is not run again.
+    assert_eq!(f.ok(Command::Submit { spec: keyed.clone() }), vec![Event::Submitted { alloc: id, duplicate: true }]);
+    assert!(f.s.allocs().is_empty());
+    // A different spec under the key is still a conflict.
+    let changed = AllocSpec { gang_size: 2, ..keyed.clone() };
+    assert_eq!(
+        f.rejected(Command::Submit { spec: changed }),
+        Rejection::IdempotencyConflict { key: "req-7".into(), alloc: id }
+    );
+    // The snapshot carries the key (and its index is rebuilt).
+    let restored = State::from_snapshot(&f.s.to_snapshot()).unwrap();
+    assert_eq!(restored, f.s);
+    restored.check_invariants().unwrap();
+    // Once the window has passed, the key goes; the next submit is new.
+    f.t = submitted + 24 * HOUR;
+    assert!(f.s.forget_due(f.t, HOUR));
+    assert_eq!(f.ok(forget(HOUR, 24 * HOUR)), vec![Event::Forgotten { allocs: 0, keys: 1, through_ms: 0 }]);
+    assert_eq!(f.s.forgotten_keys(), 0);
+    assert!(f.submit(keyed) > id);
+}
+
+#[test]
+fn a_key_whose_window_ended_before_its_allocation_is_dropped_with_it() {
+    let mut f = Fixture::new(1);
+    let keyed = AllocSpec { idempotency_key: Some("old".into()), ..spec(1, 1) };
+    let id = f.submit(keyed.clone());
+    f.ok(Command::CancelAllocation { alloc: id });
+    f.t += 2 * HOUR;
+    f.ok(forget(HOUR, HOUR));
+    assert_eq!(f.s.forgotten_keys(), 0);
+    assert!(f.submit(keyed) > id, "the key's window had ended: a new allocation");
+}
+
+#[test]
+fn forgotten_allocations_leave_quotas_and_indexes_as_a_rebuild_would() {
+    let mut f = Fixture::new(2);
+    let (a, ea) = f.running(2, 4);
+    finish(&mut f, a, ea, 2);
+    let b = f.submit(spec(2, 4));
+    f.t += HOUR;
+    f.ok(forget(HOUR, 0));
+    // The fixture checks the derived indexes against a rebuild after every
+    // command; the queued gang still places on the freed nodes.
+    let epoch = f.reserve(b, &[0, 1]);
+    assert_eq!(epoch, 1);
+    assert_eq!(f.s.allocs().len(), 1);
+}
