@@ -26,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "proto/muster/v1/raft.proto",
                 "proto/muster/v1/scheduler.proto",
                 "proto/muster/v1/agent.proto",
+                "proto/muster/v1/history.proto",
             ],
             &["proto"],
         )?;

@@ -22,6 +22,7 @@ mod chaos;
 mod client;
 mod cluster;
 mod dev;
+mod history;
 mod node;
 mod output;
 mod restore;
@@ -52,6 +53,8 @@ use crate::output::Output;
   muster node list --output json
   muster node drain gpu-07 --timeout 2h --reason \"kernel upgrade\"
   muster cluster status
+  muster history --owner alice --since 7d --output csv
+  muster usage --since 30d --by owner
 
 Exit codes: 0 success; 1 the command failed or was refused (one line on stderr says why);
 2 the command line itself is wrong."
@@ -61,15 +64,12 @@ struct Cli {
     command: Cmd,
 }
 
-/// How client commands find the cluster and print results.
+/// How client commands find the cluster.
 #[derive(Args, Debug)]
-struct ClientArgs {
+struct ConnArgs {
     /// Scheduler replicas, host:port[,host:port…]; leader hints are followed.
     #[arg(long, env = "MUSTER_SCHEDULER", default_value = "127.0.0.1:7001", global = true)]
     scheduler: String,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Output::Text, global = true)]
-    output: Output,
     #[command(flatten)]
     tls: client::TlsArgs,
     /// Which certificate in the TLS dir to use (e.g. admin-alice); default:
@@ -82,11 +82,27 @@ struct ClientArgs {
     token: Option<String>,
 }
 
-impl ClientArgs {
+impl ConnArgs {
     fn cluster(&self) -> anyhow::Result<client::Cluster> {
         let tls = self.tls.load_client(self.identity.as_deref())?;
         let bearer = client::Bearer::new(self.token.as_deref())?;
         Ok(client::Cluster::new(client::parse_addresses(&self.scheduler)?, tls).with_token(bearer))
+    }
+}
+
+/// How client commands find the cluster and print results.
+#[derive(Args, Debug)]
+struct ClientArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Text, global = true)]
+    output: Output,
+}
+
+impl ClientArgs {
+    fn cluster(&self) -> anyhow::Result<client::Cluster> {
+        self.conn.cluster()
     }
 }
 
@@ -127,6 +143,22 @@ enum Cmd {
         client: ClientArgs,
         #[command(subcommand)]
         cmd: vcluster::VClusterCmd,
+    },
+    /// The job history: finished allocations, kept after the live state
+    /// forgets them (filter by owner, vCluster, status and time).
+    History {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(flatten)]
+        args: history::HistoryArgs,
+    },
+    /// GPU-hours and job counts per owner and vCluster over a period, from
+    /// the job history.
+    Usage {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(flatten)]
+        args: history::UsageArgs,
     },
     /// Inspect and change the cluster of scheduler replicas.
     Cluster {
@@ -251,6 +283,8 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
                 let mut cluster = client.cluster()?;
                 cluster::run(&mut cluster, cmd, client.output).await
             }
+            Cmd::History { conn, args } => history::history(&mut conn.cluster()?, args).await,
+            Cmd::Usage { conn, args } => history::usage(&mut conn.cluster()?, args).await,
             Cmd::Simulate(_)
             | Cmd::Probe
             | Cmd::Beat

@@ -11,6 +11,7 @@
 
 #![deny(missing_docs)]
 
+pub mod history;
 pub mod policy;
 pub mod replicated;
 pub mod sm;

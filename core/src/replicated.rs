@@ -36,6 +36,9 @@ pub trait StateMachineApp: Default + Sized + Send + Sync + 'static {
     type Command: Serialize + for<'de> Deserialize<'de> + Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static;
     /// The result of one command.
     type Outcome: Serialize + for<'de> Deserialize<'de> + Clone + std::fmt::Debug + PartialEq + Send + Sync + 'static;
+    /// What applying leaves for the shell to store outside the state (for
+    /// Muster, the job-history record of each finished allocation).
+    type Record: Send + 'static;
 
     /// Applies every command of one entry, in order, at the entry's time.
     fn apply_batch(&mut self, batch: &CommandBatch<Self::Command>) -> Vec<Self::Outcome>;
@@ -55,11 +58,19 @@ pub trait StateMachineApp: Default + Sized + Send + Sync + 'static {
     fn take_touched(&mut self) -> Vec<u32> {
         Vec::new()
     }
+
+    /// The records the entries applied since the last call left (and, right
+    /// after a restore, those the snapshot offers); clears them. None by
+    /// default.
+    fn take_records(&mut self) -> Vec<Self::Record> {
+        Vec::new()
+    }
 }
 
 impl StateMachineApp for State {
     type Command = Command;
     type Outcome = Outcome;
+    type Record = crate::history::JobRecord;
 
     fn apply_batch(&mut self, batch: &CommandBatch<Command>) -> Vec<Outcome> {
         let ctx = ApplyCtx { time_ms: batch.time_ms };
@@ -80,6 +91,10 @@ impl StateMachineApp for State {
 
     fn take_touched(&mut self) -> Vec<u32> {
         self.take_touched_nodes().into_iter().map(|s| s.0).collect()
+    }
+
+    fn take_records(&mut self) -> Vec<crate::history::JobRecord> {
+        self.take_finished_records()
     }
 }
 

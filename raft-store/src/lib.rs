@@ -33,6 +33,7 @@ mod config;
 mod crash_image;
 mod disk;
 mod log_store;
+mod records;
 mod state_machine;
 mod touches;
 
@@ -45,5 +46,6 @@ pub use config::RaftConfig;
 pub use crash_image::restore_crash_image;
 pub use disk::{OpenError, StoreFault, StoreOptions, open, open_with};
 pub use log_store::LogStore;
+pub use records::Records;
 pub use state_machine::{AppReader, StateMachineStore};
 pub use touches::{TouchWatch, Touches};

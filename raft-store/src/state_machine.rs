@@ -17,6 +17,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::disk::Disk;
+use crate::records::Records;
 use crate::touches::{TouchWatch, Touches};
 use crate::{RaftConfig, StateMachineApp, applied_log, codec};
 
@@ -37,28 +38,35 @@ struct Inner<A> {
 }
 
 /// openraft's state-machine storage for the application `A`.
-pub struct StateMachineStore<A> {
+pub struct StateMachineStore<A: StateMachineApp> {
     disk: Disk,
     inner: Arc<RwLock<Inner<A>>>,
     touches: Arc<Touches>,
+    records: Arc<Records<A::Record>>,
 }
 
-impl<A> Clone for StateMachineStore<A> {
+impl<A: StateMachineApp> Clone for StateMachineStore<A> {
     fn clone(&self) -> Self {
-        StateMachineStore { disk: self.disk.clone(), inner: self.inner.clone(), touches: self.touches.clone() }
+        StateMachineStore {
+            disk: self.disk.clone(),
+            inner: self.inner.clone(),
+            touches: self.touches.clone(),
+            records: self.records.clone(),
+        }
     }
 }
 
 /// A read-only handle on the applied application state, for queries and
 /// status (`applied index`, digest) beside openraft.
-pub struct AppReader<A> {
+pub struct AppReader<A: StateMachineApp> {
     inner: Arc<RwLock<Inner<A>>>,
     touches: Arc<Touches>,
+    records: Arc<Records<A::Record>>,
 }
 
-impl<A> Clone for AppReader<A> {
+impl<A: StateMachineApp> Clone for AppReader<A> {
     fn clone(&self) -> Self {
-        AppReader { inner: self.inner.clone(), touches: self.touches.clone() }
+        AppReader { inner: self.inner.clone(), touches: self.touches.clone(), records: self.records.clone() }
     }
 }
 
@@ -67,6 +75,13 @@ impl<A: StateMachineApp> AppReader<A> {
     /// [`StateMachineApp::take_touched`]) or a snapshot replaced the state.
     pub fn watch_touches(&self, key: u32) -> TouchWatch {
         self.touches.watch(key)
+    }
+
+    /// The records applied entries left (see
+    /// [`StateMachineApp::take_records`]), for the one consumer that stores
+    /// them.
+    pub fn records(&self) -> &Records<A::Record> {
+        &self.records
     }
 
     /// Runs `f` on the applied state.
@@ -101,12 +116,15 @@ impl<A: StateMachineApp> StateMachineStore<A> {
                 snapshots_built: 0,
             },
         };
-        Ok(StateMachineStore { disk, inner: Arc::new(RwLock::new(inner)), touches: Arc::default() })
+        let mut inner = inner;
+        let records: Arc<Records<A::Record>> = Arc::default();
+        records.push(inner.app.take_records());
+        Ok(StateMachineStore { disk, inner: Arc::new(RwLock::new(inner)), touches: Arc::default(), records })
     }
 
     /// A read-only handle on the applied state.
     pub fn reader(&self) -> AppReader<A> {
-        AppReader { inner: self.inner.clone(), touches: self.touches.clone() }
+        AppReader { inner: self.inner.clone(), touches: self.touches.clone(), records: self.records.clone() }
     }
 
     async fn store_snapshot(&self, meta: &SnapshotMeta<u64, BasicNode>, data: &[u8]) -> Result<(), StorageError<u64>> {
@@ -176,8 +194,10 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
             }
         }
         let touched = inner.app.take_touched();
+        let records = inner.app.take_records();
         drop(inner);
         self.touches.touch(&touched);
+        self.records.push(records);
         metrics::histogram!("muster_raft_apply_seconds").record(started.elapsed().as_secs_f64());
         Ok(responses)
     }
@@ -204,8 +224,10 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
         inner.app = app;
         inner.applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
+        let records = inner.app.take_records();
         drop(inner);
         self.touches.touch_all();
+        self.records.push(records);
         Ok(())
     }
 

@@ -35,10 +35,11 @@ pub use state::{
     ApplyCtx, ForgottenKey, Holder, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, QueueKey, Shape, State, VcLoad, spec_sha256,
 };
 pub use types::{
-    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S,
-    DEFAULT_MAX_RETRIES, DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId,
-    NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause,
-    TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, fits,
+    ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, Checkpoint,
+    CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_MAX_RETRIES, DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Drain,
+    HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task,
+    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL,
+    VClusterType, WatchdogKind, fits,
 };
 pub use validate::{
     DEFAULT_MAX_CHECKPOINT_BYTES, DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES,

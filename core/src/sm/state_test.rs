@@ -1,6 +1,7 @@
 //! One test per transition and per rejection of [`State::apply`].
 
 mod borrowing;
+mod history;
 mod lifecycle;
 mod preemption;
 mod retention;
@@ -549,7 +550,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "4fca3729edc8d358757a75f45b535f813dd7cebd8c6de135505c190351a90546"
+        "646e723ec075dd7b61377e8417da8ddc6f8166cc19f83ec663bc1efb82906a6f"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

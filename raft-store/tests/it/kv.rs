@@ -19,6 +19,7 @@ pub struct Set(pub String, pub String);
 impl StateMachineApp for Kv {
     type Command = Set;
     type Outcome = Option<String>;
+    type Record = ();
 
     fn apply_batch(&mut self, batch: &CommandBatch<Set>) -> Vec<Option<String>> {
         self.last_time_ms = batch.time_ms;

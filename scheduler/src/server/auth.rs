@@ -11,6 +11,8 @@
 //! | NodeService/* (lifecycle) | | | ✓ | | |
 //! | VClusterService/GetVCluster, ListVClusters | | | ✓ | ✓ | ✓ |
 //! | VClusterService/CreateVCluster, UpdateVCluster | | | ✓ | | |
+//! | HistoryService/ListHistory, Usage | | | ✓ | ✓ | ✓ |
+//! | HistoryService/FetchRecords (a replica catching up) | ✓ | | | | |
 //! | AdminService/Status | ✓ (the dashboard asks its peers) | | ✓ | ✓ | ✓ |
 //! | AdminService/* (membership, snapshot, election, backup) | | | ✓ | | |
 //! | grpc.health.v1.Health/* | ✓ | ✓ | ✓ | ✓ | ✓ |
@@ -168,6 +170,8 @@ fn allowed(path: &str) -> Option<Allowed> {
         ("muster.v1.NodeService", _) => Allowed::Admins,
         ("muster.v1.VClusterService", "GetVCluster" | "ListVClusters") => Allowed::Readers,
         ("muster.v1.VClusterService", _) => Allowed::Admins,
+        ("muster.v1.HistoryService", "ListHistory" | "Usage") => Allowed::Readers,
+        ("muster.v1.HistoryService", "FetchRecords") => Allowed::Servers,
         ("muster.v1.AdminService", "Status") => Allowed::ReadersAndServers,
         ("muster.v1.AdminService", _) => Allowed::Admins,
         ("grpc.health.v1.Health", _) => Allowed::Anyone,
@@ -224,6 +228,9 @@ mod tests {
             ("/muster.v1.VClusterService/UpdateVCluster", &["admin"]),
             ("/muster.v1.VClusterService/ListVClusters", &["admin", "client", "reader"]),
             ("/muster.v1.AdminService/Status", &["server", "admin", "client", "reader"]),
+            ("/muster.v1.HistoryService/ListHistory", &["admin", "client", "reader"]),
+            ("/muster.v1.HistoryService/Usage", &["admin", "client", "reader"]),
+            ("/muster.v1.HistoryService/FetchRecords", &["server"]),
             ("/muster.v1.AdminService/ChangeMembership", &["admin"]),
             ("/muster.v1.AdminService/Backup", &["admin"]),
             ("/grpc.health.v1.Health/Check", &["server", "agent", "admin", "client", "reader"]),

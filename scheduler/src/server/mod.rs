@@ -25,6 +25,7 @@ pub mod client_api;
 pub mod convert;
 pub mod dashboard;
 pub mod health;
+pub mod history;
 pub mod http;
 pub mod leader;
 pub mod limits;

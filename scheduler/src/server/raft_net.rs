@@ -63,7 +63,7 @@ impl Network {
         Network { channels: Arc::default(), tls: tls.map(Arc::new) }
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, String> {
+    pub(crate) fn channel(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().expect("channel pool lock");
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());

@@ -26,6 +26,7 @@ use muster_proto::v1;
 use muster_proto::v1::admin_service_server::AdminServiceServer;
 use muster_proto::v1::agent_service_server::AgentServiceServer;
 use muster_proto::v1::allocation_service_server::AllocationServiceServer;
+use muster_proto::v1::history_service_server::HistoryServiceServer;
 use muster_proto::v1::node_service_server::NodeServiceServer;
 use muster_proto::v1::raft_service_server::RaftServiceServer;
 use muster_proto::v1::v_cluster_service_server::VClusterServiceServer;
@@ -291,6 +292,10 @@ impl Replica {
         }
         let (log, sm) = muster_raft_store::open_with::<State>(&cfg.data_dir, &store)?;
         let reader = sm.reader();
+        let history = Arc::new(
+            muster_history::HistoryStore::open(&cfg.data_dir.join("history.sqlite"))
+                .map_err(|e| StartError::Config(e.to_string()))?,
+        );
         let raft_cfg = Config {
             cluster_name: "muster".into(),
             heartbeat_interval: cfg.raft.heartbeat_ms,
@@ -392,6 +397,7 @@ impl Replica {
             .add_service(NodeServiceServer::new(NodeApi::new(shared.clone())))
             .add_service(VClusterServiceServer::new(super::vcluster_api::VClusterApi::new(shared.clone())))
             .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
+            .add_service(HistoryServiceServer::new(super::history::HistoryApi::new(shared.clone(), history.clone())))
             .add_service(
                 AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub, cfg.preemption))
                     .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
@@ -433,6 +439,13 @@ impl Replica {
         super::observe::set_cycle_threshold(cfg.preemption.cycle_threshold);
         tokio::spawn(export_metrics(shared.clone()));
         tokio::spawn(export_state_metrics(shared.clone(), stop.subscribe()));
+        tokio::spawn(super::history::run_writer(shared.clone(), history.clone(), stop.subscribe()));
+        tokio::spawn(super::history::run_catch_up(
+            shared.clone(),
+            history.clone(),
+            Network::new(cfg.tls.clone()),
+            stop.subscribe(),
+        ));
         let (readiness_tx, readiness) = watch::channel(Readiness::starting());
         let health = tokio::spawn(super::health::run(shared.clone(), health_reporter, readiness_tx));
         let (http_addr, http) = match http_listener {
@@ -574,7 +587,7 @@ const STATE_METRICS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Keeps the gauges read from the applied state current, once a second:
 /// `muster_sm_queue_depth`, `muster_queue_depth{class}`,
-/// `muster_sm_allocations`, `muster_sm_nodes`, `muster_nodes{state}`,
+/// `muster_sm_allocations`, `muster_sm_forgotten_allocations`, `muster_sm_nodes`, `muster_nodes{state}`,
 /// `muster_nodes_flagged_dead` (nodes marked lost), `muster_gpus{state}`.
 /// Ends when the replica stops.
 async fn export_state_metrics(shared: Shared, mut stop: watch::Receiver<bool>) {
@@ -585,12 +598,13 @@ async fn export_state_metrics(shared: Shared, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let (queued, by_class, allocs, nodes, by_status, gpus) = shared.reader.read(|st| {
+        let (queued, by_class, allocs, nodes, by_status, gpus, forgotten) = shared.reader.read(|st| {
             let by_status = crate::sm::NodeStatus::ALL.map(|s| (s, st.node_count(s)));
             let by_class = super::dashboard::queue_by_class(st);
             let gpus = super::dashboard::gpu_totals(st);
-            (st.queue_len(), by_class, st.allocs().len(), st.nodes().len(), by_status, gpus)
+            (st.queue_len(), by_class, st.allocs().len(), st.nodes().len(), by_status, gpus, st.forgotten_allocs())
         });
+        metrics::gauge!("muster_sm_forgotten_allocations").set(forgotten as f64);
         for (status, count) in by_status {
             if status == crate::sm::NodeStatus::Lost {
                 metrics::gauge!("muster_nodes_flagged_dead").set(count as f64);

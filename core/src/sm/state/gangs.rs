@@ -58,6 +58,8 @@ impl State {
                 watchdog_trips: 0,
                 last_watchdog: None,
                 drain_retries: 0,
+                attempt_log: Vec::new(),
+                attempts_dropped: 0,
             })
             .collect();
         self.allocs.insert(
@@ -81,6 +83,7 @@ impl State {
                 nomination: None,
                 retry_first: false,
                 avoid_nodes: Vec::new(),
+                finish_seq: 0,
             },
         );
         if let Some(key) = &spec.idempotency_key {

@@ -190,8 +190,12 @@ impl State {
         } else {
             self.index.tearing_down.remove(&id);
         }
-        if a.status.is_terminal() {
-            self.index.finished.insert((a.finished_at_ms.unwrap_or(a.submit_time_ms), id));
+        if a.status.is_terminal() && self.index.finished.insert((a.finished_at_ms.unwrap_or(a.submit_time_ms), id)) {
+            if a.finish_seq == 0 {
+                self.finished_total += 1;
+                self.allocs.get_mut(&id).expect("indexed").finish_seq = self.finished_total;
+            }
+            self.touched.finished.push(id);
         }
     }
 
@@ -208,7 +212,7 @@ impl State {
     }
 
     pub(super) fn occupy(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
-        self.touched.0.insert(slot);
+        self.touched.nodes.insert(slot);
         self.index.tasks_by_node.entry(slot).or_default().insert(task);
         self.add_holder(slot, task.0, *usage);
         self.unindex_node(slot);
@@ -219,7 +223,7 @@ impl State {
     }
 
     pub(super) fn release(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
-        self.touched.0.insert(slot);
+        self.touched.nodes.insert(slot);
         if let Some(holders) = self.index.holders.get_mut(slot.0 as usize)
             && let Ok(i) = holders.binary_search_by_key(&task.0, |h| h.alloc)
         {
@@ -341,5 +345,7 @@ impl State {
                 self.add_holder(slot, id, usage);
             }
         }
+        self.touched.finished.sort_by_key(|id| self.allocs[id].finish_seq);
+        self.flush_finished();
     }
 }

@@ -47,14 +47,17 @@ use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::DEFAULT_VCLUSTER;
 use super::types::{
-    AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Checkpoint, CheckpointMode, Drain, HISTORY_LIMIT,
-    NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task, TaskIndex,
-    TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
+    ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, Checkpoint,
+    CheckpointMode, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,
+    PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole,
+    Usage, VClusterType, fits,
 };
 use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
 use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
+use crate::history::JobRecord;
 pub use retention::{ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
 
+mod attempts;
 mod checkpoints;
 mod gangs;
 mod index;
@@ -259,6 +262,8 @@ pub struct State {
     forgotten_keys: BTreeMap<(String, String), ForgottenKey>,
     /// Allocations forgotten after their retention window, in all.
     forgotten_allocs: u64,
+    /// Allocations that have finished, in all (the last `finish_seq`).
+    finished_total: u64,
     /// Bearer tokens by id (hashes only).
     tokens: BTreeMap<String, Token>,
     /// vClusters by name (the built-in `default` only once changed).
@@ -271,10 +276,18 @@ pub struct State {
     touched: Touched,
 }
 
-/// The nodes touched by applied commands: not part of the replicated state
-/// (two states are equal whatever they hold).
+/// What applied commands left for the shell: the nodes they touched, and
+/// the records of allocations that finished. Not part of the replicated
+/// state (two states are equal whatever they hold).
 #[derive(Clone, Debug, Default)]
-struct Touched(BTreeSet<NodeSlot>);
+struct Touched {
+    nodes: BTreeSet<NodeSlot>,
+    /// Allocations that finished (or, after a rebuild, are held finished)
+    /// and whose record is not yet built.
+    finished: Vec<AllocId>,
+    /// Built records, for [`State::take_finished_records`].
+    records: Vec<JobRecord>,
+}
 
 impl PartialEq for Touched {
     fn eq(&self, _: &Touched) -> bool {
@@ -304,6 +317,7 @@ impl State {
             idempotency: BTreeMap::new(),
             forgotten_keys: BTreeMap::new(),
             forgotten_allocs: 0,
+            finished_total: 0,
             tokens: BTreeMap::new(),
             vclusters: BTreeMap::new(),
             index: Indexes::default(),
@@ -320,7 +334,26 @@ impl State {
     /// call, in slot order; clears the set. The agent hub wakes only those
     /// nodes' streams after an entry applies.
     pub fn take_touched_nodes(&mut self) -> BTreeSet<NodeSlot> {
-        std::mem::take(&mut self.touched.0)
+        std::mem::take(&mut self.touched.nodes)
+    }
+
+    /// The job-history records of allocations that finished since the last
+    /// call, in the order they finished; clears them. After a snapshot is
+    /// decoded they also hold every finished allocation it still holds, so
+    /// a replica that skipped entries stores what it can of them (the
+    /// store ignores a sequence number it has).
+    pub fn take_finished_records(&mut self) -> Vec<JobRecord> {
+        std::mem::take(&mut self.touched.records)
+    }
+
+    /// Builds the records of the allocations that finished.
+    fn flush_finished(&mut self) {
+        for id in std::mem::take(&mut self.touched.finished) {
+            if let Some(a) = self.allocs.get(&id) {
+                let record = JobRecord::of(self, a);
+                self.touched.records.push(record);
+            }
+        }
     }
 
     /// Applies one command. Never panics on bad input: a command that does not
@@ -384,6 +417,8 @@ impl State {
             Ok(mut events) => {
                 events.extend(self.stop_emptied_nodes());
                 self.record_history(&events);
+                self.log_attempts(&events);
+                self.flush_finished();
                 Outcome::Accepted(events)
             }
             Err(rejection) => Outcome::Rejected(rejection),
@@ -398,7 +433,7 @@ impl State {
                 continue;
             }
             if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id)) {
-                self.touched.0.extend(a.tasks.iter().filter_map(|t| t.node));
+                self.touched.nodes.extend(a.tasks.iter().filter_map(|t| t.node));
                 a.revision += 1;
                 a.history.push_back(AllocEvent { revision: a.revision, time_ms: self.now_ms, event: e.clone() });
                 if a.history.len() > HISTORY_LIMIT {
@@ -406,7 +441,7 @@ impl State {
                 }
             }
             if let Some(slot) = e.node().and_then(|id| self.index.node_by_id.get(id).copied()) {
-                self.touched.0.insert(slot);
+                self.touched.nodes.insert(slot);
                 let n = &mut self.nodes[slot.0 as usize];
                 n.revision += 1;
                 n.history.push_back(AllocEvent { revision: n.revision, time_ms: self.now_ms, event: e.clone() });

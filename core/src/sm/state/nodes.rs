@@ -77,7 +77,7 @@ impl State {
 
     /// Moves a node to `status`, keeping every index in step.
     pub(super) fn set_node_status(&mut self, slot: NodeSlot, status: NodeStatus) {
-        self.touched.0.insert(slot);
+        self.touched.nodes.insert(slot);
         let old = self.node(slot).status;
         self.unindex_node(slot);
         if let Some(set) = self.index.by_status.get_mut(&old) {

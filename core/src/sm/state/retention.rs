@@ -53,6 +53,12 @@ impl State {
         self.forgotten_allocs
     }
 
+    /// Allocations that have finished since the cluster began (the last
+    /// record's sequence number).
+    pub fn finished_total(&self) -> u64 {
+        self.finished_total
+    }
+
     /// Finished allocations still held, oldest end first, as (end, id).
     pub fn finished(&self) -> impl Iterator<Item = (u64, AllocId)> + '_ {
         self.index.finished.iter().copied()

@@ -27,6 +27,36 @@ pub enum AllocStatus {
 }
 
 impl AllocStatus {
+    /// The status's name (snake case).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllocStatus::Queued => "queued",
+            AllocStatus::Suspended => "suspended",
+            AllocStatus::Reserved => "reserved",
+            AllocStatus::Running => "running",
+            AllocStatus::TearingDown => "tearing_down",
+            AllocStatus::Done => "done",
+            AllocStatus::Failed => "failed",
+            AllocStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the name [`AllocStatus::as_str`] gives.
+    pub fn parse(s: &str) -> Option<AllocStatus> {
+        [
+            AllocStatus::Queued,
+            AllocStatus::Suspended,
+            AllocStatus::Reserved,
+            AllocStatus::Running,
+            AllocStatus::TearingDown,
+            AllocStatus::Done,
+            AllocStatus::Failed,
+            AllocStatus::Cancelled,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
+
     /// Whether the allocation will never change again.
     pub fn is_terminal(self) -> bool {
         matches!(self, AllocStatus::Done | AllocStatus::Failed | AllocStatus::Cancelled)
@@ -90,6 +120,9 @@ pub struct Allocation {
     /// Nodes where a task of it tripped a watchdog since it was last
     /// placed: admission places it elsewhere when it can.
     pub avoid_nodes: Vec<NodeSlot>,
+    /// Its place among all allocations in the order they finished (1 for
+    /// the first; 0 while live): the job history's sequence number.
+    pub finish_seq: u64,
 }
 
 impl Allocation {

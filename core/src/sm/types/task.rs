@@ -95,6 +95,83 @@ pub struct Task {
     /// Failures retried in place on its draining node since it was last
     /// placed by admission (the worker-draining seed: at most 3).
     pub drain_retries: u32,
+    /// Its attempts, oldest first (at most [`ATTEMPT_LOG_LIMIT`]; older
+    /// ones are dropped and counted in `attempts_dropped`): what the job
+    /// history records of each.
+    pub attempt_log: Vec<Attempt>,
+    /// Attempts dropped from the front of `attempt_log`.
+    pub attempts_dropped: u32,
+}
+
+/// How many attempts a task's log keeps (a task retried more often keeps
+/// its latest ones).
+pub const ATTEMPT_LOG_LIMIT: usize = 32;
+
+/// One attempt of a task: a start on a node, and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Its number (1 for the first; `MUSTER_ATTEMPT`).
+    pub run: u32,
+    /// The node it ran on.
+    pub node: NodeSlot,
+    /// Entry time of its start.
+    pub started_ms: u64,
+    /// Entry time of its end (`None`: still running or stopping).
+    pub ended_ms: Option<u64>,
+    /// How it ended.
+    pub end: AttemptEnd,
+    /// Its exit code, when it exited with one (`None` after an exit: killed
+    /// by a signal).
+    pub exit_code: Option<i32>,
+    /// Stopped by a priority preemption or a reclamation.
+    pub preempted: bool,
+    /// The watchdog that stopped it, if one did.
+    pub watchdog: Option<WatchdogKind>,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum AttemptEnd {
+    /// Still running, or being stopped.
+    Running,
+    /// Exited successfully.
+    Done,
+    /// Exited with a failure, was killed, or could not start.
+    Failed,
+    /// Stopped for a gang teardown, a preemption or a drain.
+    Stopped,
+    /// Its node was lost.
+    Lost,
+    /// Stopped by a cancel.
+    Cancelled,
+}
+
+impl AttemptEnd {
+    /// The name the history and the CLI use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptEnd::Running => "running",
+            AttemptEnd::Done => "done",
+            AttemptEnd::Failed => "failed",
+            AttemptEnd::Stopped => "stopped",
+            AttemptEnd::Lost => "lost",
+            AttemptEnd::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the name [`AttemptEnd::as_str`] gives.
+    pub fn parse(s: &str) -> Option<AttemptEnd> {
+        [
+            AttemptEnd::Running,
+            AttemptEnd::Done,
+            AttemptEnd::Failed,
+            AttemptEnd::Stopped,
+            AttemptEnd::Lost,
+            AttemptEnd::Cancelled,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
 }
 
 /// Opaque bytes a task left in its checkpoint directory while being

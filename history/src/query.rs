@@ -1,0 +1,153 @@
+//! What `muster history` and `muster usage` ask of the database.
+
+use std::collections::BTreeMap;
+
+use muster_core::history::JobRecord;
+use muster_core::sm::AllocStatus;
+use rusqlite::types::Value;
+
+use crate::store::{HistoryError, HistoryStore};
+
+/// Which records `list` returns: every condition given must hold. Records
+/// come in the order they finished.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Only this allocation.
+    pub id: Option<u64>,
+    /// Only this owner's.
+    pub owner: Option<String>,
+    /// Only this vCluster's.
+    pub vcluster: Option<String>,
+    /// Only those that ended so.
+    pub status: Option<AllocStatus>,
+    /// Only those that ended at or after this time, ms.
+    pub since_ms: Option<u64>,
+    /// Only those that ended before this time, ms.
+    pub until_ms: Option<u64>,
+    /// Only those with a higher sequence number (paging).
+    pub after_seq: u64,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// How `usage` groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// One row per owner.
+    Owner,
+    /// One row per vCluster.
+    VCluster,
+    /// One row per owner and vCluster.
+    OwnerAndVCluster,
+}
+
+/// One row of a usage report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UsageRow {
+    /// The owner (empty when grouped by vCluster alone).
+    pub owner: String,
+    /// The vCluster (empty when grouped by owner alone).
+    pub vcluster: String,
+    /// Allocations that finished in the period.
+    pub jobs: u64,
+    /// Of those, done.
+    pub done: u64,
+    /// Of those, failed.
+    pub failed: u64,
+    /// Of those, cancelled.
+    pub cancelled: u64,
+    /// GPU-seconds of finished allocations' attempts within the period
+    /// (an attempt that straddles an end of the period counts its part).
+    pub gpu_seconds: u64,
+}
+
+impl HistoryStore {
+    /// The records `f` selects.
+    pub fn list(&self, f: &Filter) -> Result<Vec<JobRecord>, HistoryError> {
+        let mut cond = vec!["seq > ?".to_string()];
+        let mut args: Vec<Value> = vec![Value::Integer(f.after_seq as i64)];
+        if let Some(id) = f.id {
+            cond.push("id = ?".into());
+            args.push(Value::Integer(id as i64));
+        }
+        if let Some(owner) = &f.owner {
+            cond.push("owner = ?".into());
+            args.push(Value::Text(owner.clone()));
+        }
+        if let Some(vc) = &f.vcluster {
+            cond.push("vcluster = ?".into());
+            args.push(Value::Text(vc.clone()));
+        }
+        if let Some(status) = f.status {
+            cond.push("status = ?".into());
+            args.push(Value::Text(status.as_str().into()));
+        }
+        if let Some(since) = f.since_ms {
+            cond.push("end_ms >= ?".into());
+            args.push(Value::Integer(since as i64));
+        }
+        if let Some(until) = f.until_ms {
+            cond.push("end_ms < ?".into());
+            args.push(Value::Integer(until as i64));
+        }
+        args.push(Value::Integer(i64::from(f.limit)));
+        let tail = format!("WHERE {} ORDER BY seq LIMIT ?", cond.join(" AND "));
+        self.select(&tail, rusqlite::params_from_iter(args))
+    }
+
+    /// GPU-seconds and job counts per group over `[since_ms, until_ms)`.
+    pub fn usage(&self, since_ms: u64, until_ms: u64, group: Group) -> Result<Vec<UsageRow>, HistoryError> {
+        let (key, names) = match group {
+            Group::Owner => ("j.owner, ''", "owner"),
+            Group::VCluster => ("'', j.vcluster", "vcluster"),
+            Group::OwnerAndVCluster => ("j.owner, j.vcluster", "owner, vcluster"),
+        };
+        let conn = self.reader();
+        let mut rows: BTreeMap<(String, String), UsageRow> = BTreeMap::new();
+        let counts = format!(
+            "SELECT {key}, COUNT(*), SUM(j.status = 'done'), SUM(j.status = 'failed'), SUM(j.status = 'cancelled') \
+             FROM jobs j WHERE j.end_ms >= ?1 AND j.end_ms < ?2 GROUP BY {names}"
+        );
+        let mut stmt = conn.prepare(&counts).map_err(|e| self.sqlite(e))?;
+        let it = stmt
+            .query_map([since_ms as i64, until_ms as i64], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    [r.get::<_, i64>(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
+                ))
+            })
+            .map_err(|e| self.sqlite(e))?;
+        for row in it {
+            let (owner, vcluster, [jobs, done, failed, cancelled]) = row.map_err(|e| self.sqlite(e))?;
+            let r = rows.entry((owner.clone(), vcluster.clone())).or_insert(UsageRow {
+                owner,
+                vcluster,
+                ..Default::default()
+            });
+            (r.jobs, r.done, r.failed, r.cancelled) = (jobs as u64, done as u64, failed as u64, cancelled as u64);
+        }
+        drop(stmt);
+        let gpu = format!(
+            "SELECT {key}, SUM(a.gpus * MAX(0, MIN(a.end_ms, ?2) - MAX(a.start_ms, ?1))) / 1000 \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.end_ms > ?1 AND a.start_ms < ?2 GROUP BY {names}"
+        );
+        let mut stmt = conn.prepare(&gpu).map_err(|e| self.sqlite(e))?;
+        let it = stmt
+            .query_map([since_ms as i64, until_ms as i64], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?))
+            })
+            .map_err(|e| self.sqlite(e))?;
+        for row in it {
+            let (owner, vcluster, gpu_s) = row.map_err(|e| self.sqlite(e))?;
+            let r = rows.entry((owner.clone(), vcluster.clone())).or_insert(UsageRow {
+                owner,
+                vcluster,
+                ..Default::default()
+            });
+            r.gpu_seconds = gpu_s as u64;
+        }
+        Ok(rows.into_values().collect())
+    }
+}

@@ -1,0 +1,170 @@
+use muster_core::history::{AttemptRecord, JobRecord};
+use muster_core::sm::{AllocStatus, AttemptEnd, Resources, WatchdogKind};
+
+use super::*;
+
+const H: u64 = 3_600_000;
+
+fn record(seq: u64, owner: &str, vcluster: &str, status: AllocStatus, attempts: &[(u64, u64)]) -> JobRecord {
+    let resources = Resources { gpus: 2, vram_mb: 1_000, mem_mb: 2_000, cpus: 4 };
+    let attempts: Vec<AttemptRecord> = attempts
+        .iter()
+        .enumerate()
+        .map(|(i, &(start_ms, end_ms))| AttemptRecord {
+            task: 0,
+            run: i as u32 + 1,
+            node: format!("node-{i}"),
+            start_ms,
+            end_ms,
+            end: if i + 1 == attempts.len() { AttemptEnd::Done } else { AttemptEnd::Failed },
+            exit_code: if i + 1 == attempts.len() { Some(0) } else { None },
+            gpu_seconds: 2 * (end_ms - start_ms) / 1000,
+            preempted: i == 0 && attempts.len() > 1,
+            watchdog: (i == 0 && attempts.len() > 2).then_some(WatchdogKind::Stall),
+        })
+        .collect();
+    JobRecord {
+        seq,
+        id: seq + 100,
+        owner: owner.into(),
+        vcluster: vcluster.into(),
+        class: 3,
+        priority: -1,
+        gang_size: 1,
+        resources,
+        command: vec!["python".into(), "train.py".into(), "--lr=0.1 'quoted'".into()],
+        submit_ms: attempts.first().map_or(0, |a| a.start_ms.saturating_sub(1_000)),
+        start_ms: attempts.first().map(|a| a.start_ms),
+        end_ms: attempts.last().map_or(1_000, |a| a.end_ms),
+        status,
+        reason: if status == AllocStatus::Done { String::new() } else { "out of retries".into() },
+        preemptions: 1,
+        watchdog_trips: 0,
+        gpu_seconds: attempts.iter().map(|a| a.gpu_seconds).sum(),
+        attempts,
+    }
+}
+
+fn open() -> (tempfile::TempDir, HistoryStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = HistoryStore::open(&dir.path().join("history.sqlite")).unwrap();
+    (dir, store)
+}
+
+#[test]
+fn records_round_trip_and_are_stored_at_most_once() {
+    let (_dir, h) = open();
+    let a = record(1, "alice", "ml", AllocStatus::Done, &[(0, H), (2 * H, 3 * H), (4 * H, 5 * H)]);
+    let b = record(2, "bob", "batch", AllocStatus::Failed, &[]);
+    assert_eq!(h.insert(&[a.clone(), b.clone()]).unwrap(), 2);
+    // A replayed entry or a re-offered snapshot offers them again.
+    assert_eq!(h.insert(&[a.clone(), b.clone()]).unwrap(), 0);
+    assert_eq!(h.count().unwrap(), 2);
+    let all = h.list(&Filter { limit: 10, ..Default::default() }).unwrap();
+    assert_eq!(all, vec![a.clone(), b]);
+    assert!(h.has_id(a.id).unwrap() && !h.has_id(999).unwrap());
+}
+
+#[test]
+fn filters_select_by_owner_vcluster_status_time_and_page() {
+    let (_dir, h) = open();
+    let records: Vec<JobRecord> = (1..=6)
+        .map(|i| {
+            let owner = if i % 2 == 0 { "alice" } else { "bob" };
+            let status = if i % 3 == 0 { AllocStatus::Cancelled } else { AllocStatus::Done };
+            record(i, owner, if i <= 3 { "ml" } else { "batch" }, status, &[(i * H, i * H + H)])
+        })
+        .collect();
+    h.insert(&records).unwrap();
+    let ids = |f: Filter| -> Vec<u64> {
+        h.list(&Filter { limit: if f.limit == 0 { 100 } else { f.limit }, ..f })
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .collect()
+    };
+    assert_eq!(ids(Filter { owner: Some("alice".into()), ..Default::default() }), vec![2, 4, 6]);
+    assert_eq!(ids(Filter { vcluster: Some("ml".into()), ..Default::default() }), vec![1, 2, 3]);
+    assert_eq!(ids(Filter { status: Some(AllocStatus::Cancelled), ..Default::default() }), vec![3, 6]);
+    assert_eq!(ids(Filter { since_ms: Some(4 * H), until_ms: Some(6 * H), ..Default::default() }), vec![3, 4]);
+    assert_eq!(ids(Filter { id: Some(105), ..Default::default() }), vec![5]);
+    assert_eq!(ids(Filter { after_seq: 2, limit: 2, ..Default::default() }), vec![3, 4]);
+    assert!(ids(Filter { owner: Some("alice' OR '1'='1".into()), ..Default::default() }).is_empty());
+}
+
+#[test]
+fn gaps_in_the_sequence_are_found_as_ranges() {
+    let (_dir, h) = open();
+    assert_eq!(h.missing(0, 10).unwrap(), vec![]);
+    assert_eq!(h.missing(5, 10).unwrap(), vec![(1, 5)]);
+    let recs: Vec<JobRecord> =
+        [3, 4, 7, 10].iter().map(|&s| record(s, "a", "v", AllocStatus::Done, &[(0, 1_000)])).collect();
+    h.insert(&recs).unwrap();
+    assert_eq!(h.missing(12, 10).unwrap(), vec![(1, 2), (5, 6), (8, 9), (11, 12)]);
+    assert_eq!(h.missing(10, 10).unwrap(), vec![(1, 2), (5, 6), (8, 9)]);
+    assert_eq!(h.missing(12, 2).unwrap(), vec![(1, 2), (5, 6)]);
+    assert_eq!(h.missing(4, 10).unwrap(), vec![(1, 2)]);
+    assert_eq!(h.max_seq().unwrap(), 10);
+    assert_eq!(h.by_seq(4, 9, 10).unwrap().iter().map(|r| r.seq).collect::<Vec<_>>(), vec![4, 7]);
+}
+
+#[test]
+fn usage_clips_attempts_to_the_period_and_groups() {
+    let (_dir, h) = open();
+    h.insert(&[
+        // alice/ml: one 2-GPU attempt over hours 0-2.
+        record(1, "alice", "ml", AllocStatus::Done, &[(0, 2 * H)]),
+        // alice/batch: 1-2 and 3-4, failed.
+        record(2, "alice", "batch", AllocStatus::Failed, &[(H, 2 * H), (3 * H, 4 * H)]),
+        // bob/ml: 5-6, outside the period.
+        record(3, "bob", "ml", AllocStatus::Done, &[(5 * H, 6 * H)]),
+    ])
+    .unwrap();
+    let by_owner = h.usage(H, 5 * H, Group::Owner).unwrap();
+    // Hour 1-2 of record 1 (2 GPU-h), all of record 2 (4 GPU-h); only
+    // records 1 and 2 ended in [1 h, 5 h), and bob's attempt starts at 5 h.
+    assert_eq!(
+        by_owner,
+        vec![UsageRow {
+            owner: "alice".into(),
+            vcluster: String::new(),
+            jobs: 2,
+            done: 1,
+            failed: 1,
+            cancelled: 0,
+            gpu_seconds: 6 * 3_600
+        }]
+    );
+    let both = h.usage(0, 10 * H, Group::OwnerAndVCluster).unwrap();
+    let summary: Vec<(&str, &str, u64, u64)> =
+        both.iter().map(|r| (r.owner.as_str(), r.vcluster.as_str(), r.jobs, r.gpu_seconds / 3_600)).collect();
+    assert_eq!(summary, vec![("alice", "batch", 1, 4), ("alice", "ml", 1, 4), ("bob", "ml", 1, 2)]);
+    let by_vc = h.usage(0, 10 * H, Group::VCluster).unwrap();
+    assert_eq!(by_vc.iter().map(|r| (r.vcluster.as_str(), r.jobs)).collect::<Vec<_>>(), vec![("batch", 1), ("ml", 2)]);
+}
+
+#[test]
+fn a_backup_copies_everything_and_merging_it_back_adds_only_what_is_missing() {
+    let (dir, h) = open();
+    let recs: Vec<JobRecord> = (1..=5).map(|s| record(s, "a", "v", AllocStatus::Done, &[(0, 1_000)])).collect();
+    h.insert(&recs).unwrap();
+    let copy = dir.path().join("copy.sqlite");
+    h.backup_to(&copy).unwrap();
+    let (_d2, other) = open();
+    other.insert(&recs[..2]).unwrap();
+    assert_eq!(other.merge_from(&copy).unwrap(), 3);
+    assert_eq!(other.list(&Filter { limit: 10, ..Default::default() }).unwrap(), recs);
+}
+
+#[test]
+fn a_reopened_store_keeps_its_records_and_a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.sqlite");
+    HistoryStore::open(&path).unwrap().insert(&[record(1, "a", "v", AllocStatus::Done, &[])]).unwrap();
+    assert_eq!(HistoryStore::open(&path).unwrap().count().unwrap(), 1);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+    drop(conn);
+    let err = HistoryStore::open(&path).err().expect("refused").to_string();
+    assert!(err.contains("newer"), "{err}");
+}

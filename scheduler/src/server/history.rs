@@ -1,0 +1,322 @@
+//! The job history on a replica: the store (`<data-dir>/history.sqlite`),
+//! the writer that stores the records applied entries leave, the catch-up
+//! that fetches records this replica skipped from its peers, and the
+//! `HistoryService` that `muster history` and `muster usage` call.
+//!
+//! ```text
+//!   apply ──records──▶ Records queue ──writer──▶ SQLite (INSERT OR IGNORE by seq)
+//!   every 2 s: stored < finished_total and nothing queued?
+//!       ──▶ gaps = missing(finished_total) ──FetchRecords──▶ a peer ──▶ SQLite
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use muster_core::history::{AttemptRecord, JobRecord};
+use muster_history::{Filter, Group, HistoryStore};
+use muster_proto::v1;
+use muster_proto::v1::history_service_client::HistoryServiceClient;
+use muster_proto::v1::history_service_server::HistoryService;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use super::convert::alloc_status_to_proto;
+use super::replica::Shared;
+use crate::sm::AllocStatus;
+
+/// How often a replica checks for records it lacks.
+pub const CATCH_UP_EVERY: Duration = Duration::from_secs(2);
+
+/// Most records one `FetchRecords` answer carries.
+pub const FETCH_LIMIT: usize = 2_000;
+
+/// Most records one `ListHistory` answer carries.
+pub const MAX_HISTORY_PAGE: u32 = 10_000;
+
+/// Stores what applied entries leave, until `stop`.
+pub async fn run_writer(shared: Shared, store: Arc<HistoryStore>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let records = shared.reader.records().take();
+        if !records.is_empty() {
+            let n = records.len();
+            let s = store.clone();
+            match tokio::task::spawn_blocking(move || s.insert(&records)).await {
+                Ok(Ok(new)) => {
+                    metrics::counter!("muster_history_records_written_total").increment(new as u64);
+                    tracing::debug!(offered = n, new, "job history: records stored");
+                }
+                Ok(Err(e)) => {
+                    // The records are derived from the log: the catch-up
+                    // fetches them again once the store works.
+                    metrics::counter!("muster_history_write_errors_total").increment(1);
+                    tracing::error!(error = %e, records = n, "job history: cannot store records");
+                }
+                Err(e) => tracing::error!(error = %e, "job history: the writer task failed"),
+            }
+            continue;
+        }
+        tokio::select! {
+            _ = shared.reader.records().ready() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// What this replica holds of the history, and what it lacks.
+pub fn lag(shared: &Shared, store: &HistoryStore) -> Result<(u64, u64), muster_history::HistoryError> {
+    let total = shared.reader.read(|st| st.finished_total());
+    let stored = store.count()?;
+    Ok((stored, total.saturating_sub(stored)))
+}
+
+/// Fetches records this replica lacks from its peers, every
+/// [`CATCH_UP_EVERY`], until `stop`; exports the history's size and lag.
+pub async fn run_catch_up(
+    shared: Shared,
+    store: Arc<HistoryStore>,
+    peers: super::raft_net::Network,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(CATCH_UP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let s = store.clone();
+        let sh = shared.clone();
+        let Ok(Ok((stored, missing))) = tokio::task::spawn_blocking(move || lag(&sh, &s)).await else { continue };
+        metrics::gauge!("muster_history_records").set(stored as f64);
+        metrics::gauge!("muster_history_missing").set(missing as f64);
+        if missing == 0 || !shared.reader.records().is_empty() {
+            continue; // nothing lacking, or the writer has work still queued
+        }
+        let total = shared.reader.read(|st| st.finished_total());
+        let s = store.clone();
+        let Ok(Ok(gaps)) = tokio::task::spawn_blocking(move || s.missing(total, 64)).await else { continue };
+        for (first, last) in gaps {
+            if let Err(e) = fetch_gap(&shared, &store, &peers, first, last).await {
+                tracing::warn!(first, last, error = %e, "job history: no peer could fill a gap yet");
+            }
+        }
+    }
+}
+
+/// Asks each other member in turn for records `first..=last` until one
+/// answers, and stores them.
+async fn fetch_gap(
+    shared: &Shared,
+    store: &Arc<HistoryStore>,
+    peers: &super::raft_net::Network,
+    first: u64,
+    last: u64,
+) -> Result<(), String> {
+    let members: Vec<(u64, String)> = {
+        let m = shared.raft.metrics().borrow().clone();
+        m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect()
+    };
+    let mut errors = Vec::new();
+    let mut from = first;
+    'peers: for (id, addr) in members.into_iter().filter(|(id, _)| *id != shared.id) {
+        let channel = peers.channel(&addr).map_err(|e| e.to_string())?;
+        let mut client = HistoryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+        while from <= last {
+            let reply = match client.fetch_records(v1::FetchRecordsRequest { first: from, last }).await {
+                Ok(r) => r.into_inner(),
+                Err(status) => {
+                    errors.push(format!("replica {id}: {}", status.message()));
+                    continue 'peers;
+                }
+            };
+            let records: Vec<JobRecord> =
+                postcard::from_bytes(&reply.records).map_err(|e| format!("replica {id} sent bad records: {e}"))?;
+            if records.is_empty() {
+                errors.push(format!("replica {id} lacks them too"));
+                continue 'peers;
+            }
+            from = records.last().expect("non-empty").seq + 1;
+            let s = store.clone();
+            let n = tokio::task::spawn_blocking(move || s.insert(&records))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            metrics::counter!("muster_history_records_fetched_total").increment(n as u64);
+            tracing::info!(from_replica = id, records = n, "job history: fetched records this replica skipped");
+        }
+        return Ok(());
+    }
+    Err(errors.join("; "))
+}
+
+/// The gRPC `HistoryService`.
+pub struct HistoryApi {
+    shared: Shared,
+    store: Arc<HistoryStore>,
+}
+
+impl HistoryApi {
+    /// The service over `store`.
+    pub fn new(shared: Shared, store: Arc<HistoryStore>) -> HistoryApi {
+        HistoryApi { shared, store }
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&HistoryStore) -> Result<T, muster_history::HistoryError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| Status::internal(format!("job history: {e}")))?
+            .map_err(|e| Status::internal(e.to_string()))
+    }
+
+    async fn missing(&self) -> Result<(u64, u64), Status> {
+        let shared = self.shared.clone();
+        self.blocking(move |s| lag(&shared, s)).await
+    }
+}
+
+fn status_filter(raw: i32) -> Result<Option<AllocStatus>, Status> {
+    match super::convert::alloc_status_filter(raw)? {
+        None => Ok(None),
+        Some(s) if s.is_terminal() => Ok(Some(s)),
+        Some(s) => Err(Status::invalid_argument(format!(
+            "invalid status: the history holds finished allocations only (done, failed, cancelled), not {}",
+            s.as_str()
+        ))),
+    }
+}
+
+/// The wire form of a record.
+pub fn record_to_proto(r: &JobRecord) -> v1::HistoryRecord {
+    v1::HistoryRecord {
+        seq: r.seq,
+        id: r.id,
+        owner: r.owner.clone(),
+        vcluster: r.vcluster.clone(),
+        preemption_class: u32::from(r.class),
+        priority: r.priority,
+        gang_size: r.gang_size,
+        resources: Some(v1::Resources {
+            gpus: r.resources.gpus,
+            vram_mb: r.resources.vram_mb,
+            mem_mb: r.resources.mem_mb,
+            cpus: r.resources.cpus,
+        }),
+        command: r.command.clone(),
+        submit_time_ms: r.submit_ms,
+        start_time_ms: r.start_ms.unwrap_or(0),
+        end_time_ms: r.end_ms,
+        status: alloc_status_to_proto(r.status) as i32,
+        reason: r.reason.clone(),
+        preemptions: r.preemptions,
+        watchdog_trips: r.watchdog_trips,
+        gpu_seconds: r.gpu_seconds,
+        attempts: r.attempts.iter().map(attempt_to_proto).collect(),
+    }
+}
+
+fn attempt_to_proto(a: &AttemptRecord) -> v1::HistoryAttempt {
+    v1::HistoryAttempt {
+        task: a.task,
+        attempt: a.run,
+        node_id: a.node.clone(),
+        start_ms: a.start_ms,
+        end_ms: a.end_ms,
+        outcome: a.end.as_str().to_string(),
+        exit_code: a.exit_code,
+        gpu_seconds: a.gpu_seconds,
+        preempted: a.preempted,
+        watchdog: a.watchdog.map(|w| w.as_str().to_string()).unwrap_or_default(),
+    }
+}
+
+#[tonic::async_trait]
+impl HistoryService for HistoryApi {
+    async fn list_history(&self, req: Request<v1::HistoryQuery>) -> Result<Response<v1::HistoryPage>, Status> {
+        let q = req.into_inner();
+        let limit = match q.limit {
+            0 => 1_000,
+            n if n > MAX_HISTORY_PAGE => {
+                return Err(Status::invalid_argument(format!(
+                    "invalid limit: {n} is above the maximum of {MAX_HISTORY_PAGE}"
+                )));
+            }
+            n => n,
+        };
+        if q.until_ms != 0 && q.until_ms <= q.since_ms {
+            return Err(Status::invalid_argument("invalid until_ms: it must be after since_ms"));
+        }
+        let filter = Filter {
+            id: (q.id != 0).then_some(q.id),
+            owner: (!q.owner.is_empty()).then_some(q.owner),
+            vcluster: (!q.vcluster.is_empty()).then_some(q.vcluster),
+            status: status_filter(q.status)?,
+            since_ms: (q.since_ms != 0).then_some(q.since_ms),
+            until_ms: (q.until_ms != 0).then_some(q.until_ms),
+            after_seq: q.after_seq,
+            limit,
+        };
+        let records = self.blocking(move |s| s.list(&filter)).await?;
+        let (stored, missing) = self.missing().await?;
+        let next_after_seq = if records.len() == limit as usize { records.last().map_or(0, |r| r.seq) } else { 0 };
+        Ok(Response::new(v1::HistoryPage {
+            records: records.iter().map(record_to_proto).collect(),
+            next_after_seq,
+            stored,
+            missing,
+        }))
+    }
+
+    async fn usage(&self, req: Request<v1::UsageQuery>) -> Result<Response<v1::UsageReport>, Status> {
+        let q = req.into_inner();
+        if q.until_ms <= q.since_ms {
+            return Err(Status::invalid_argument("invalid until_ms: it must be after since_ms"));
+        }
+        let group = match q.group_by.as_str() {
+            "owner" => Group::Owner,
+            "vcluster" => Group::VCluster,
+            "" | "owner,vcluster" | "vcluster,owner" => Group::OwnerAndVCluster,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "invalid group_by: {other:?} (owner, vcluster or owner,vcluster)"
+                )));
+            }
+        };
+        let (since, until) = (q.since_ms, q.until_ms);
+        let rows = self.blocking(move |s| s.usage(since, until, group)).await?;
+        let (_, missing) = self.missing().await?;
+        Ok(Response::new(v1::UsageReport {
+            rows: rows
+                .into_iter()
+                .map(|r| v1::UsageRow {
+                    owner: r.owner,
+                    vcluster: r.vcluster,
+                    jobs: r.jobs,
+                    done: r.done,
+                    failed: r.failed,
+                    cancelled: r.cancelled,
+                    gpu_seconds: r.gpu_seconds,
+                })
+                .collect(),
+            since_ms: since,
+            until_ms: until,
+            missing,
+        }))
+    }
+
+    async fn fetch_records(
+        &self,
+        req: Request<v1::FetchRecordsRequest>,
+    ) -> Result<Response<v1::FetchRecordsResponse>, Status> {
+        let q = req.into_inner();
+        if q.first == 0 || q.last < q.first {
+            return Err(Status::invalid_argument("invalid first/last: a range 1 ≤ first ≤ last"));
+        }
+        let records = self.blocking(move |s| s.by_seq(q.first, q.last, FETCH_LIMIT)).await?;
+        let bytes = postcard::to_stdvec(&records).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(v1::FetchRecordsResponse { records: bytes }))
+    }
+}
