@@ -16,6 +16,7 @@ pub mod agent;
 pub mod checkpoint;
 pub mod executor;
 pub mod hint;
+pub mod janitor;
 mod probe;
 pub mod watchdog;
 
@@ -35,12 +36,28 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "counter",
         "agent streams to the leader that failed (then retried with backoff)",
     ),
+    (
+        "muster_agent_work_dir_bytes",
+        "gauge",
+        "bytes of checkpoints, attempt logs and progress files in the agent's work dir, after the last sweep",
+    ),
+    (
+        "muster_agent_janitor_removed_total",
+        "counter",
+        "checkpoint directories and attempts' logs the work-dir janitor removed, by kind",
+    ),
 ];
 
 /// Gives the agent's metrics their help text and registers them at zero.
 pub fn describe_metrics() {
-    for (name, _, help) in METRICS {
-        metrics::describe_counter!(*name, *help);
+    for (name, kind, help) in METRICS {
+        match *kind {
+            "gauge" => metrics::describe_gauge!(*name, *help),
+            _ => metrics::describe_counter!(*name, *help),
+        }
+    }
+    for kind in ["checkpoint", "log"] {
+        metrics::counter!("muster_agent_janitor_removed_total", "kind" => kind).increment(0);
     }
     metrics::counter!("muster_watchdog_suspected_stalls_total").increment(0);
     metrics::counter!("muster_agent_stream_failures_total").increment(0);

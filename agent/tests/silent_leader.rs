@@ -65,6 +65,7 @@ async fn an_agent_leaves_a_leader_that_stops_answering_heartbeats() {
         task_shim: None,
         tls: None,
         clock: Default::default(),
+        janitor: Default::default(),
     };
     let (stop, stopped) = watch::channel(false);
     let agent = tokio::spawn(Agent::new(cfg).unwrap().run(stopped));

@@ -73,6 +73,18 @@ pub struct AgentArgs {
     /// it, the agent stops its tasks when it exits.
     #[arg(long)]
     keep_tasks: bool,
+    /// Remove attempt logs and progress files this long after they were
+    /// last written (never a running attempt's).
+    #[arg(long, default_value = "7d")]
+    log_retention: String,
+    /// Cap the work dir (checkpoints, logs, progress files) at this size,
+    /// e.g. 50G: over it, the oldest logs of attempts not running are
+    /// removed first. Default: no cap.
+    #[arg(long, value_name = "SIZE")]
+    work_dir_max: Option<String>,
+    /// How often the work dir is swept (tests shorten it).
+    #[arg(long, default_value = "60s", hide = true)]
+    work_dir_sweep_every: String,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
 }
@@ -85,6 +97,20 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if args.stall_confirm_samples == 0 || !(0.0..=100.0).contains(&args.gpu_idle_pct) {
         bail!("--stall-confirm-samples must be at least 1 and --gpu-idle-pct between 0 and 100");
     }
+    let log_retention = crate::alloc::parse_duration_s(&args.log_retention).context("--log-retention")?;
+    if log_retention == 0 {
+        bail!("--log-retention must be at least 1s");
+    }
+    let sweep_every = crate::alloc::parse_duration_s(&args.work_dir_sweep_every).context("--work-dir-sweep-every")?;
+    if sweep_every == 0 {
+        bail!("--work-dir-sweep-every must be at least 1s");
+    }
+    let max_bytes = args
+        .work_dir_max
+        .as_deref()
+        .map(muster_agent::janitor::parse_size)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--work-dir-max {e}"))?;
     if let Some(addr) = args.metrics {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
@@ -134,6 +160,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         },
         tls: args.tls.load(&muster_tls::Role::new("agent", &args.node_id)?)?,
         clock: Default::default(),
+        janitor: muster_agent::janitor::JanitorConfig {
+            log_retention: Duration::from_secs(log_retention),
+            max_bytes,
+            every: Duration::from_secs(sweep_every),
+        },
     };
     let agent = Agent::new(cfg).with_context(|| format!("cannot use work dir {}", args.work_dir.display()))?;
     let (stop, stopped) = watch::channel(false);

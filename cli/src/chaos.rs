@@ -33,6 +33,11 @@ pub struct ChaosArgs {
     /// ack-before-fsync), to see a check catch it.
     #[arg(long)]
     inject_bug: Option<String>,
+    /// The servers' --retention (e.g. 20s): finished allocations are then
+    /// forgotten during the run, and the checks read them from the job
+    /// history. Default: the servers' own (3h).
+    #[arg(long)]
+    retention: Option<String>,
     /// Only these faults, comma-separated (default: all; see
     /// docs/reliability.md for the list).
     #[arg(long, value_delimiter = ',')]
@@ -52,6 +57,12 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         && muster_scheduler::server::InjectedBug::parse(bug).is_none()
     {
         bail!("--inject-bug {bug:?}: the known bugs are {}", muster_scheduler::server::InjectedBug::NAMES.join(", "));
+    }
+    if let Some(r) = &args.retention {
+        let s = crate::alloc::parse_duration_s(r).context("--retention")?;
+        if s == 0 {
+            bail!("--retention must be at least 1s");
+        }
     }
     let known = muster_sim::chaos::fault_kinds();
     if let Some(f) = args.faults.iter().find(|f| !known.contains(&f.as_str())) {
@@ -73,6 +84,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         agents: args.agents,
         inject_bug: args.inject_bug.clone(),
         faults: args.faults.clone(),
+        retention: args.retention.clone(),
     };
     let report = run(&cfg).await.map_err(anyhow::Error::msg)?;
     if args.json {

@@ -379,6 +379,7 @@ fn record_json(r: &v1::HistoryRecord) -> serde_json::Value {
             "gpus": x.gpus, "vram_mb": x.vram_mb, "mem_mb": x.mem_mb, "cpus": x.cpus
         })),
         "command": r.command,
+        "idempotency_key": (!r.idempotency_key.is_empty()).then_some(&r.idempotency_key),
         "submit_time": format_time_ms(r.submit_time_ms),
         "start_time": (r.start_time_ms != 0).then(|| format_time_ms(r.start_time_ms)),
         "end_time": format_time_ms(r.end_time_ms),

@@ -71,6 +71,19 @@ pub struct SimulateArgs {
     /// silence, its tasks fail over, and it registers again 10 min later.
     #[arg(long, default_value_t = 0)]
     node_failures: u32,
+    /// Forget finished allocations this long after they end, as a replica
+    /// does with `muster server --retention` (default: keep them all). The
+    /// report is the same; the state, and memory, stay bounded.
+    #[arg(long)]
+    retention: Option<String>,
+}
+
+/// This process's peak resident memory (`VmHWM`), MB, where Linux says.
+fn peak_memory_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
 }
 
 fn probability(name: &str, p: f64) -> anyhow::Result<f64> {
@@ -139,6 +152,16 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         check_every: args.check_every,
         preemption: args.preemption.then(muster_scheduler::policy::PreemptionConfig::default),
         node_failures: args.node_failures,
+        retention: match &args.retention {
+            None => None,
+            Some(r) => {
+                let s = crate::alloc::parse_duration_s(r).context("--retention")?;
+                if s == 0 {
+                    bail!("--retention must be at least 1s");
+                }
+                Some(muster_scheduler::policy::RetentionConfig { retention_ms: s * 1000, ..Default::default() })
+            }
+        },
         ..SimConfig::default()
     };
     let started = Instant::now();
@@ -149,6 +172,9 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     } else {
         out!("{report}");
         out!("simulated in  {:.2} s of wall time", wall.as_secs_f64());
+        if let Some(mb) = peak_memory_mb() {
+            out!("peak memory   {mb:.0} MB (resident, the whole process)");
+        }
     }
     Ok(())
 }

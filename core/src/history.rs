@@ -28,6 +28,8 @@ pub struct JobRecord {
     pub resources: Resources,
     /// The command each task ran.
     pub command: Vec<String>,
+    /// The submit's idempotency key, if it had one.
+    pub idempotency_key: Option<String>,
     /// Entry time of the submit.
     pub submit_ms: u64,
     /// Entry time of its first task start (`None`: never ran).
@@ -122,6 +124,7 @@ impl JobRecord {
             gang_size: a.spec.gang_size,
             resources: a.spec.resources,
             command: a.spec.command.clone(),
+            idempotency_key: a.spec.idempotency_key.clone(),
             submit_ms: a.submit_time_ms,
             start_ms: attempts.iter().map(|at| at.start_ms).min(),
             end_ms,

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
 
 /// The schema's version (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The schema, as created.
 pub const SCHEMA: &str = "
@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     mem_mb         INTEGER NOT NULL,      -- per task
     cpus           INTEGER NOT NULL,      -- per task
     command        TEXT    NOT NULL,      -- JSON array of strings
+    idempotency_key TEXT,                 -- the submit's key; NULL: none
     submit_ms      INTEGER NOT NULL,
     start_ms       INTEGER,               -- first task start; NULL if it never ran
     end_ms         INTEGER NOT NULL,
@@ -109,6 +110,10 @@ impl HistoryStore {
         if found > SCHEMA_VERSION {
             return Err(HistoryError::NewerSchema { path: path.to_path_buf(), found });
         }
+        if found == 1 {
+            // Version 1 lacked the idempotency key.
+            write.execute_batch("ALTER TABLE jobs ADD COLUMN idempotency_key TEXT").map_err(err)?;
+        }
         write.execute_batch(SCHEMA).map_err(err)?;
         write.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(err)?;
         let read = Connection::open(path).map_err(err)?;
@@ -143,8 +148,8 @@ impl HistoryStore {
                 .prepare_cached(
                     "INSERT OR IGNORE INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, \
                      mem_mb, cpus, command, submit_ms, start_ms, end_ms, status, reason, preemptions, \
-                     watchdog_trips, gpu_seconds) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
-                     ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+                     watchdog_trips, gpu_seconds, idempotency_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
+                     ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
                 )
                 .map_err(|e| self.sqlite(e))?;
             let mut attempt = tx
@@ -177,6 +182,7 @@ impl HistoryStore {
                         r.preemptions,
                         r.watchdog_trips,
                         r.gpu_seconds as i64,
+                        r.idempotency_key,
                     ])
                     .map_err(|e| self.sqlite(e))?;
                 if inserted == 0 {
@@ -297,7 +303,8 @@ impl HistoryStore {
         let conn = self.reader();
         let sql = format!(
             "SELECT seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, command, \
-             submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds FROM jobs {tail}"
+             submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds, idempotency_key \
+             FROM jobs {tail}"
         );
         let mut stmt = conn.prepare_cached(&sql).map_err(|e| self.sqlite(e))?;
         let rows = stmt
@@ -325,6 +332,7 @@ impl HistoryStore {
                     preemptions: r.get(17)?,
                     watchdog_trips: r.get(18)?,
                     gpu_seconds: r.get::<_, i64>(19)? as u64,
+                    idempotency_key: r.get(20)?,
                 })
             })
             .map_err(|e| self.sqlite(e))?;
@@ -418,6 +426,7 @@ struct JobRow {
     preemptions: u32,
     watchdog_trips: u32,
     gpu_seconds: u64,
+    idempotency_key: Option<String>,
 }
 
 impl JobRow {
@@ -435,6 +444,7 @@ impl JobRow {
             gang_size: self.gang_size,
             resources: self.resources,
             command,
+            idempotency_key: self.idempotency_key,
             submit_ms: self.submit_ms,
             start_ms: self.start_ms,
             end_ms: self.end_ms,

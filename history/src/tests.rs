@@ -33,6 +33,7 @@ fn record(seq: u64, owner: &str, vcluster: &str, status: AllocStatus, attempts: 
         gang_size: 1,
         resources,
         command: vec!["python".into(), "train.py".into(), "--lr=0.1 'quoted'".into()],
+        idempotency_key: seq.is_multiple_of(2).then(|| format!("key-{seq}")),
         submit_ms: attempts.first().map_or(0, |a| a.start_ms.saturating_sub(1_000)),
         start_ms: attempts.first().map(|a| a.start_ms),
         end_ms: attempts.last().map_or(1_000, |a| a.end_ms),
@@ -167,4 +168,24 @@ fn a_reopened_store_keeps_its_records_and_a_newer_schema_is_refused() {
     drop(conn);
     let err = HistoryStore::open(&path).err().expect("refused").to_string();
     assert!(err.contains("newer"), "{err}");
+}
+
+#[test]
+fn a_version_1_database_gains_the_idempotency_key_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.sqlite");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let v1 = SCHEMA.replace("    idempotency_key TEXT,                 -- the submit's key; NULL: none\n", "");
+    assert_ne!(v1, SCHEMA);
+    conn.execute_batch(&v1).unwrap();
+    conn.pragma_update(None, "user_version", 1).unwrap();
+    drop(conn);
+    let h = HistoryStore::open(&path).unwrap();
+    let r = record(2, "a", "v", AllocStatus::Done, &[(0, 1_000)]);
+    h.insert(std::slice::from_ref(&r)).unwrap();
+    assert_eq!(h.list(&Filter { limit: 1, ..Default::default() }).unwrap(), vec![r]);
+    drop(h);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
 }

@@ -27,7 +27,11 @@ use crate::state_machine::StoredSnapshot;
 use crate::{StateMachineApp, codec};
 
 /// The first bytes of a backup file.
-pub const BACKUP_MAGIC: &[u8; 8] = b"MUSTERBK";
+pub const BACKUP_MAGIC: &[u8; 8] = b"MUSTERB2";
+
+/// The first bytes of a backup file from before backups carried the
+/// application's side data (still read: their `extra` is empty).
+pub const BACKUP_MAGIC_V1: &[u8; 8] = b"MUSTERBK";
 
 /// A backup: the application state at a committed index.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +47,19 @@ pub struct Backup {
     pub taken_from: u64,
     /// The application's snapshot bytes.
     pub state: Vec<u8>,
+    /// What the application keeps beside the state, opaque here (for
+    /// Muster, the serving replica's job-history database); empty: none.
+    pub extra: Vec<u8>,
+}
+
+/// A version-1 backup's body.
+#[derive(Serialize, Deserialize)]
+struct BackupV1 {
+    index: u64,
+    digest: [u8; 32],
+    taken_at_ms: u64,
+    taken_from: u64,
+    state: Vec<u8>,
 }
 
 /// Why a backup could not be read or restored.
@@ -84,10 +101,21 @@ impl Backup {
         out
     }
 
-    /// Reads a backup file's bytes.
+    /// Reads a backup file's bytes (either version).
     pub fn decode(bytes: &[u8]) -> Result<Backup, BackupError> {
-        let body = bytes.strip_prefix(BACKUP_MAGIC.as_slice()).ok_or(BackupError::NotABackup)?;
-        codec::decode(body).map_err(|e| BackupError::Corrupt(e.to_string()))
+        if let Some(body) = bytes.strip_prefix(BACKUP_MAGIC.as_slice()) {
+            return codec::decode(body).map_err(|e| BackupError::Corrupt(e.to_string()));
+        }
+        let body = bytes.strip_prefix(BACKUP_MAGIC_V1.as_slice()).ok_or(BackupError::NotABackup)?;
+        let v1: BackupV1 = codec::decode(body).map_err(|e| BackupError::Corrupt(e.to_string()))?;
+        Ok(Backup {
+            index: v1.index,
+            digest: v1.digest,
+            taken_at_ms: v1.taken_at_ms,
+            taken_from: v1.taken_from,
+            state: v1.state,
+            extra: Vec::new(),
+        })
     }
 
     /// Checks that the state restores to the recorded digest.
@@ -144,4 +172,27 @@ pub fn restore_data_dir<A: StateMachineApp>(
     fs::rename(&tmp, &path).map_err(io(&path))?;
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backup_round_trips_and_a_version_1_file_still_reads() {
+        let b = Backup {
+            index: 7,
+            digest: [3; 32],
+            taken_at_ms: 1_000,
+            taken_from: 2,
+            state: b"state".to_vec(),
+            extra: b"history".to_vec(),
+        };
+        assert_eq!(Backup::decode(&b.encode()).unwrap(), b);
+        let v1 = BackupV1 { index: 7, digest: [3; 32], taken_at_ms: 1_000, taken_from: 2, state: b"state".to_vec() };
+        let mut bytes = BACKUP_MAGIC_V1.to_vec();
+        bytes.extend(codec::encode(&v1).unwrap());
+        assert_eq!(Backup::decode(&bytes).unwrap(), Backup { extra: Vec::new(), ..b });
+        assert!(matches!(Backup::decode(b"MUSTERXXjunk"), Err(BackupError::NotABackup)));
+    }
 }

@@ -19,7 +19,7 @@
 //! commands and so the same final state digest.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use muster_core::policy::{AdmissionConfig, PreemptionConfig};
 use muster_core::sm::{
@@ -69,6 +69,10 @@ pub struct SimConfig {
     pub node_repair_ms: u64,
     /// A node silent this long while holding work is marked lost, ms.
     pub node_lost_after_ms: u64,
+    /// When finished allocations leave the simulated state (`None`: kept to
+    /// the end). The report counts outcomes from each allocation's record
+    /// as it finishes, so it is the same either way.
+    pub retention: Option<muster_core::policy::RetentionConfig>,
 }
 
 impl Default for SimConfig {
@@ -88,6 +92,7 @@ impl Default for SimConfig {
             node_failures: 0,
             node_repair_ms: 10 * 60_000,
             node_lost_after_ms: 30_000,
+            retention: None,
         }
     }
 }
@@ -162,7 +167,18 @@ pub struct Simulation {
     job_of: BTreeMap<AllocId, usize>,
     /// Running attempts: when they started.
     running: BTreeMap<(AllocId, TaskIndex), u64>,
-    started_whole: BTreeMap<AllocId, u64>,
+    /// Live gangs that have run whole at least once.
+    started_whole: BTreeSet<AllocId>,
+    /// Each gang's queue delay (submit to first running whole), s, and
+    /// those of gangs of 8 GPUs or more.
+    delays_s: Vec<f64>,
+    delays_large_s: Vec<f64>,
+    /// Finished allocations, from their records: done, failed, preempted at
+    /// least once, the most preemptions of one.
+    finished_done: u64,
+    finished_failed: u64,
+    finished_preempted: u64,
+    finished_max_preempted: u32,
     busy_gpu_ms: u128,
     commands: u64,
     rejected_reports: u64,
@@ -213,8 +229,7 @@ impl Simulation {
             node_lost_after_ms: cfg.node_lost_after_ms,
             teardown_force_after_ms: cfg.force_teardown_ms,
             liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
-            // The report counts outcomes from the final state.
-            retention: None,
+            retention: cfg.retention,
         };
         let life = vec![0; cfg.nodes as usize];
         Simulation {
@@ -228,7 +243,13 @@ impl Simulation {
             node_ids,
             job_of: BTreeMap::new(),
             running: BTreeMap::new(),
-            started_whole: BTreeMap::new(),
+            started_whole: BTreeSet::new(),
+            delays_s: Vec::new(),
+            delays_large_s: Vec::new(),
+            finished_done: 0,
+            finished_failed: 0,
+            finished_preempted: 0,
+            finished_max_preempted: 0,
             busy_gpu_ms: 0,
             commands: 0,
             rejected_reports: 0,
@@ -268,6 +289,18 @@ impl Simulation {
     fn apply(&mut self, cmd: &Command) -> Result<Outcome, SimError> {
         let out = self.state.apply(cmd, &ApplyCtx { time_ms: self.now });
         self.commands += 1;
+        for r in self.state.take_finished_records() {
+            match r.status {
+                AllocStatus::Done => self.finished_done += 1,
+                AllocStatus::Failed => self.finished_failed += 1,
+                _ => {}
+            }
+            if r.preemptions > 0 {
+                self.finished_preempted += 1;
+            }
+            self.finished_max_preempted = self.finished_max_preempted.max(r.preemptions);
+            self.started_whole.remove(&r.id);
+        }
         if self.cfg.check_every > 0 && self.commands.is_multiple_of(self.cfg.check_every) {
             self.check()?;
         }
@@ -379,8 +412,12 @@ impl Simulation {
                 };
                 self.at(end, Ev::Exit { alloc, task, node, epoch, ok, life });
                 let a = self.state.alloc(alloc).expect("accepted claim of a known allocation");
-                if a.status == AllocStatus::Running && !self.started_whole.contains_key(&alloc) {
-                    self.started_whole.insert(alloc, self.now);
+                if a.status == AllocStatus::Running && self.started_whole.insert(alloc) {
+                    let delay_s = (self.now - a.submit_time_ms) as f64 / 1000.0;
+                    self.delays_s.push(delay_s);
+                    if a.spec.gang_size * a.spec.resources.gpus >= 8 {
+                        self.delays_large_s.push(delay_s);
+                    }
                 }
                 Ok(false)
             }
@@ -611,17 +648,7 @@ impl Simulation {
 
     fn report(&self) -> Report {
         let first_submit = self.jobs.first().map_or(0, |j| j.submit_ms);
-        let mut all = Vec::new();
-        let mut large = Vec::new();
-        for (alloc, &started) in &self.started_whole {
-            let a = self.state.alloc(*alloc).expect("known");
-            let delay_s = (started - a.submit_time_ms) as f64 / 1000.0;
-            all.push(delay_s);
-            if a.spec.gang_size * a.spec.resources.gpus >= 8 {
-                large.push(delay_s);
-            }
-        }
-        let count = |s: AllocStatus| self.state.allocs().values().filter(|a| a.status == s).count() as u64;
+        let live = || self.state.allocs().values().filter(|a| !a.status.is_terminal());
         let gpus_total = u64::from(self.cfg.nodes) * u64::from(self.cfg.node.gpus);
         let makespan_ms = self.last_finish_ms.saturating_sub(first_submit);
         let utilisation = if makespan_ms == 0 || gpus_total == 0 {
@@ -639,17 +666,17 @@ impl Simulation {
             nodes: self.cfg.nodes,
             gpus_total,
             allocations: self.jobs.len() as u64,
-            completed: count(AllocStatus::Done),
-            failed: count(AllocStatus::Failed),
-            unfinished: self.state.allocs().values().filter(|a| !a.status.is_terminal()).count() as u64,
+            completed: self.finished_done,
+            failed: self.finished_failed,
+            unfinished: live().count() as u64,
             rejected_submits: self.jobs.len() as u64 - self.job_of.len() as u64,
             tasks_started: self.tasks_started,
             task_failures: self.task_failures,
             rollbacks: self.rollbacks,
             teardowns: self.teardowns,
             preemptions: self.preemptions,
-            preempted_allocations: self.state.allocs().values().filter(|a| a.preempted_count > 0).count() as u64,
-            max_preempted_count: self.state.allocs().values().map(|a| a.preempted_count).max().unwrap_or(0),
+            preempted_allocations: self.finished_preempted + live().filter(|a| a.preempted_count > 0).count() as u64,
+            max_preempted_count: live().map(|a| a.preempted_count).fold(self.finished_max_preempted, u32::max),
             rejected_reports: self.rejected_reports,
             nodes_lost: self.nodes_lost,
             forced_teardowns: self.forced_teardowns,
@@ -658,8 +685,8 @@ impl Simulation {
             reclaims: self.reclaims,
             admission_passes: self.admission_passes,
             commands: self.commands,
-            queue_delay_s: Distribution::of(all),
-            queue_delay_large_s: Distribution::of(large),
+            queue_delay_s: Distribution::of(self.delays_s.clone()),
+            queue_delay_large_s: Distribution::of(self.delays_large_s.clone()),
             planned_starts: self.planned_starts,
             planned_start_late: self.late,
             planned_start_max_late_s: self.max_late_ms as f64 / 1000.0,

@@ -262,6 +262,7 @@ impl LocalCluster {
             task_shim: None,
             tls: self.tls.get(&muster_tls::Role::Agent(node_id.clone())).cloned(),
             clock: Default::default(),
+            janitor: Default::default(),
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

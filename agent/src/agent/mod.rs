@@ -96,6 +96,8 @@ pub struct AgentConfig {
     pub tls: Option<muster_tls::TlsMaterial>,
     /// The one clock the agent and its hint code read.
     pub clock: SharedClock,
+    /// Work-dir cleaning: log retention and the size cap.
+    pub janitor: crate::janitor::JanitorConfig,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every

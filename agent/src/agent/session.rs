@@ -44,6 +44,8 @@ impl Agent {
         let mut every = Duration::from_secs(5);
         let mut heartbeat = tokio::time::interval(every);
         let mut last_heard = tokio::time::Instant::now();
+        let mut janitor = tokio::time::interval(self.cfg.janitor.every);
+        janitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 msg = inbound.message() => match msg {
@@ -66,6 +68,7 @@ impl Agent {
                         return Err(status.message().to_string());
                     }
                 },
+                _ = janitor.tick() => self.sweep_work_dir().await,
                 _ = heartbeat.tick() => {
                     // The leader acks every heartbeat: silence means it is
                     // frozen or cut off while the connection stays open.
@@ -174,9 +177,12 @@ impl Agent {
             }
             Some(In::Recorded(r)) => {
                 if let Some(key) = key_of(&r.task)
-                    && let Some(Report::Preempted { .. }) = self.unrecorded.remove(&key)
+                    && self.unrecorded.remove(&key).is_some()
+                    && !self.running.keys().any(|k| (k.0, k.1) == (key.0, key.1))
                 {
-                    // The checkpoint (if any) is in the replicated state now.
+                    // The attempt is over and the leader has its report: the
+                    // checkpoint (if any) is in the replicated state, and a
+                    // later attempt unpacks it into a fresh directory.
                     let _ = fs::remove_dir_all(checkpoint::dir(&self.cfg.work_dir, key.0, key.1));
                 }
             }

@@ -34,6 +34,42 @@ pub(super) struct Running {
 }
 
 impl Agent {
+    /// Sweeps the work dir (see [`crate::janitor`]): what this agent runs,
+    /// was assigned, or has not had confirmed stays.
+    pub(super) async fn sweep_work_dir(&mut self) {
+        let mut in_use = crate::janitor::InUse::default();
+        for (k, r) in &self.running {
+            in_use.tasks.insert((k.0, k.1));
+            in_use.attempts.insert((k.0, k.1, r.attempt));
+        }
+        for k in self.assigned.keys().chain(self.deferred.keys()).chain(self.unrecorded.keys()) {
+            in_use.tasks.insert((k.0, k.1));
+        }
+        let (dir, cfg) = (self.cfg.work_dir.clone(), self.cfg.janitor);
+        let now = std::time::UNIX_EPOCH + Duration::from_millis(self.cfg.clock.wall_ms());
+        let swept = tokio::task::spawn_blocking(move || crate::janitor::sweep(&dir, &in_use, now, &cfg)).await;
+        match swept {
+            Ok(Ok(s)) => {
+                metrics::gauge!("muster_agent_work_dir_bytes").set(s.work_dir_bytes as f64);
+                metrics::counter!("muster_agent_janitor_removed_total", "kind" => "checkpoint")
+                    .increment(s.checkpoints_removed);
+                metrics::counter!("muster_agent_janitor_removed_total", "kind" => "log").increment(s.logs_removed);
+                if s.checkpoints_removed + s.logs_removed > 0 {
+                    tracing::info!(
+                        node = %self.cfg.node_id,
+                        checkpoints = s.checkpoints_removed,
+                        attempts_logs = s.logs_removed,
+                        freed_bytes = s.bytes_freed,
+                        work_dir_bytes = s.work_dir_bytes,
+                        "work dir swept"
+                    );
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(node = %self.cfg.node_id, error = %e, "cannot sweep the work dir"),
+            Err(e) => tracing::warn!(node = %self.cfg.node_id, error = %e, "the work-dir sweep failed"),
+        }
+    }
+
     /// Takes over the attempts an earlier agent left: a live one is watched
     /// again (its watchdogs' budget counted from its real start); one that
     /// ended meanwhile is reported with the status its shim wrote. Either

@@ -42,6 +42,7 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         task_shim: None,
         tls: None,
         clock: Default::default(),
+        janitor: Default::default(),
     }
 }
 

@@ -48,6 +48,7 @@ async fn t147_a_finished_allocation_is_forgotten_after_the_retention_window_and_
     };
     let err = stderr(&gone);
     assert!(err.contains("allocation 1") && err.contains("retention"), "{err}");
+    assert!(err.contains("muster history --id 1"), "it says where the record is: {err}");
     // The live one stays; the list no longer shows the forgotten one.
     assert!(run(&["alloc", "get", "2"]).status.success());
     let list = stdout(&run(&["alloc", "list"]));
@@ -101,7 +102,8 @@ fn t149_history_and_usage_answer_for_real_work_after_it_is_forgotten_and_after_a
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let server = ["--retention", "1s", "--agent-heartbeat-ms", "500", "--preempt-grace-ms", "1000"];
-    let mut procs = Procs::start(dir.path(), &addr, &server, &["h1", "h2"]);
+    let agent = ["--log-retention", "3s", "--work-dir-sweep-every", "1s"];
+    let mut procs = Procs::start_with(dir.path(), &addr, &server, &["h1", "h2"], &agent);
     // 1: task 0 fails its first attempt (exit 3), then both succeed.
     let flaky = r#"if [ "$MUSTER_ATTEMPT" = 1 ] && [ "$MUSTER_TASK_INDEX" = 0 ]; then exit 3; fi; sleep 1"#;
     let o = until_ok(&addr, &["submit", "-n", "2", "--gpus", "1", "--", "sh", "-c", flaky]);
@@ -187,6 +189,23 @@ fn t149_history_and_usage_answer_for_real_work_after_it_is_forgotten_and_after_a
     let text = stdout(&until_ok(&addr, &["usage", "--since", "1h"]));
     assert!(text.lines().nth(1).unwrap().starts_with("OWNER"), "{text}");
 
+    // The agents cleaned up after the work: no checkpoint directory is left
+    // once each attempt's report was recorded, and the logs go after the
+    // log retention.
+    let subdirs = |p: std::path::PathBuf| std::fs::read_dir(p).map_or(0, |d| d.count());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left: usize = ["h1", "h2"]
+            .iter()
+            .map(|n| subdirs(dir.path().join(n).join("checkpoints")) + subdirs(dir.path().join(n).join("logs")))
+            .sum();
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} checkpoint or log directories were never removed");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
     // The history is on disk: a restarted replica still answers.
     drop(procs);
     procs = Procs::start(dir.path(), &addr, &server, &[]);
@@ -246,4 +265,47 @@ async fn t150_a_replica_replaced_with_an_empty_data_dir_gets_the_same_history_fr
     let log = std::fs::read_to_string(dir.path().join("replica-3.log")).unwrap();
     assert!(log.contains("job history: fetched records this replica skipped"), "{log}");
     converged(&cluster.addrs).await;
+}
+
+#[test]
+fn t151_a_backup_carries_the_history_into_the_restored_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let procs = Procs::start(&dir.path().join("old"), &addr, &["--retention", "1s"], &[]);
+    for id in 1..=3 {
+        until_ok(&addr, &["submit", "--gpus", "1", "--", "true"]);
+        until_ok(&addr, &["alloc", "cancel", &id.to_string()]);
+    }
+    let deadline = Instant::now() + WAIT;
+    while muster(&["alloc", "get", "3", "--scheduler", &addr]).status.success() {
+        assert!(Instant::now() < deadline, "never forgotten");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let before = json(&until_ok(&addr, &["history", "--output", "json"]));
+    assert_eq!(before.as_array().unwrap().len(), 3);
+    let file = dir.path().join("muster.backup");
+    until_ok(&addr, &["cluster", "backup", "--out", file.to_str().unwrap()]);
+    drop(procs);
+
+    // A new one-member cluster from the backup: the state holds none of the
+    // three (forgotten before the backup), the history all of them.
+    let new_addr = format!("127.0.0.1:{}", free_port());
+    let data = dir.path().join("new").join("server");
+    let peers = format!("1={new_addr}");
+    let o = muster(&[
+        "restore",
+        "--backup",
+        file.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--peers",
+        &peers,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("3 job-history records"), "{}", stdout(&o));
+    let _new = Procs::start(&dir.path().join("new"), &new_addr, &["--retention", "1s"], &[]);
+    let after = json(&until_ok(&new_addr, &["history", "--output", "json"]));
+    assert_eq!(after, before);
+    let o = muster(&["alloc", "get", "2", "--scheduler", &new_addr]);
+    assert!(!o.status.success() && stderr(&o).contains("retention"), "{}", stderr(&o));
 }

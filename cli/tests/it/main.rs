@@ -550,12 +550,25 @@ fn scrape(metrics: &str) -> Option<String> {
 }
 
 /// The short chaos run of CI: real replicas and agents under the seeded
-/// nemesis for 30 s, then every check.
+/// nemesis for 30 s, then every check. Retention is 5 s, so most finished
+/// allocations are forgotten during the run and the checks read them from
+/// the job history.
 #[test]
 fn t100_a_short_chaos_run_passes_every_check() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let o = muster(&["chaos", "--duration", "30s", "--seed", "11", "--json", "--dir", run.to_str().unwrap()]);
+    let o = muster(&[
+        "chaos",
+        "--duration",
+        "30s",
+        "--seed",
+        "11",
+        "--retention",
+        "5s",
+        "--json",
+        "--dir",
+        run.to_str().unwrap(),
+    ]);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr)));
     assert!(o.status.success(), "{report:#}");
@@ -564,6 +577,7 @@ fn t100_a_short_chaos_run_passes_every_check() {
         report["faults"].as_array().unwrap().iter().map(|f| f["kind"].as_str().unwrap()).collect();
     assert!(kinds.len() >= 3, "several kinds of fault: {kinds:?}");
     assert!(report["ops"]["ok"].as_u64().unwrap() >= 10, "{report:#}");
+    assert!(report["forgotten"].as_u64().unwrap() >= 1, "some were forgotten during the run: {report:#}");
     for check in [
         "acked_exactly_once",
         "replicas_agree",

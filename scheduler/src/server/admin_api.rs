@@ -59,12 +59,22 @@ impl AdminService for AdminApi {
         // the call.
         linearizable(&self.s).await?;
         let (applied, state, digest) = self.s.reader.export();
+        // The history as this replica has it now: every record of the
+        // state's finished allocations that its writer has stored (the
+        // restored cluster fetches any it lacks from its peers, and rebuilds
+        // those the state still holds).
+        let store = self.s.history.clone();
+        let extra = tokio::task::spawn_blocking(move || super::history::export(&store))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(format!("cannot copy the job history: {e}")))?;
         let backup = muster_raft_store::Backup {
             index: applied.map_or(0, |l| l.index),
             digest,
             taken_at_ms: self.s.clock.wall_ms(),
             taken_from: self.s.id,
             state,
+            extra,
         };
         let bytes = backup.encode();
         let (index, state_digest, total_bytes) = (backup.index, super::hex(&digest), bytes.len() as u64);

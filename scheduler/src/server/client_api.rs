@@ -101,7 +101,7 @@ pub(crate) fn alloc_missing(st: &crate::sm::State, id: u64) -> Status {
     if st.was_forgotten(id) {
         Status::not_found(format!(
             "allocation {id} finished and left the live state after the retention window (muster server \
-             --retention); its record is in the job history"
+             --retention); its record is in the job history: muster history --id {id}"
         ))
     } else {
         Status::not_found(format!("allocation {id} does not exist"))

@@ -156,8 +156,9 @@ pub struct HistoryApi {
 }
 
 impl HistoryApi {
-    /// The service over `store`.
-    pub fn new(shared: Shared, store: Arc<HistoryStore>) -> HistoryApi {
+    /// The service over the replica's history.
+    pub fn new(shared: Shared) -> HistoryApi {
+        let store = shared.history.clone();
         HistoryApi { shared, store }
     }
 
@@ -215,6 +216,7 @@ pub fn record_to_proto(r: &JobRecord) -> v1::HistoryRecord {
         watchdog_trips: r.watchdog_trips,
         gpu_seconds: r.gpu_seconds,
         attempts: r.attempts.iter().map(attempt_to_proto).collect(),
+        idempotency_key: r.idempotency_key.clone().unwrap_or_default(),
     }
 }
 
@@ -319,4 +321,18 @@ impl HistoryService for HistoryApi {
         let bytes = postcard::to_stdvec(&records).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(v1::FetchRecordsResponse { records: bytes }))
     }
+}
+
+/// A consistent copy of the whole history database, as bytes (for a
+/// backup): written to a temporary file beside it, read, removed.
+pub fn export(store: &HistoryStore) -> Result<Vec<u8>, String> {
+    let dir = store.path().parent().unwrap_or(std::path::Path::new("."));
+    let tmp = dir.join(format!("history-backup-{}.sqlite", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let result = store
+        .backup_to(&tmp)
+        .map_err(|e| e.to_string())
+        .and_then(|()| std::fs::read(&tmp).map_err(|e| format!("{}: {e}", tmp.display())));
+    let _ = std::fs::remove_file(&tmp);
+    result
 }

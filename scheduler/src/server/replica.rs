@@ -248,6 +248,8 @@ pub struct Shared {
     pub unproposed: Arc<std::sync::atomic::AtomicU64>,
     /// Linearizable reads waiting to share a leadership confirmation.
     pub reads: super::read_index::ReadBatcher,
+    /// This replica's job history (`<data-dir>/history.sqlite`).
+    pub history: Arc<muster_history::HistoryStore>,
 }
 
 impl Shared {
@@ -345,6 +347,7 @@ impl Replica {
             inject_bug: cfg.inject_bug,
             unproposed: Arc::default(),
             reads: Default::default(),
+            history: history.clone(),
         };
         if let Some(bug) = cfg.inject_bug {
             tracing::warn!(bug = ?bug, "running with a deliberately injected bug (chaos-check tests only)");
@@ -397,7 +400,7 @@ impl Replica {
             .add_service(NodeServiceServer::new(NodeApi::new(shared.clone())))
             .add_service(VClusterServiceServer::new(super::vcluster_api::VClusterApi::new(shared.clone())))
             .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
-            .add_service(HistoryServiceServer::new(super::history::HistoryApi::new(shared.clone(), history.clone())))
+            .add_service(HistoryServiceServer::new(super::history::HistoryApi::new(shared.clone())))
             .add_service(
                 AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub, cfg.preemption))
                     .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)

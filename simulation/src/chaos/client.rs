@@ -128,11 +128,12 @@ impl Client {
         }
     }
 
-    /// Reads allocation `id`: its status in lower case, or `absent`.
+    /// Reads allocation `id`: its status in lower case, `absent`, or
+    /// `forgotten`.
     pub async fn get(&mut self, id: u64) -> Answer<String> {
         match self.call(move |mut c| async move { c.get(v1::GetRequest { id }).await }).await {
             Answer::Ok(Ok(a)) => Answer::Ok(status_name(a.status)),
-            Answer::Ok(Err(s)) if s.code() == Code::NotFound => Answer::Ok("absent".into()),
+            Answer::Ok(Err(s)) if s.code() == Code::NotFound => Answer::Ok(not_found(&s)),
             Answer::Ok(Err(s)) => Answer::Failed(format!("{:?}: {}", s.code(), s.message())),
             Answer::Failed(e) => Answer::Failed(e),
             Answer::Unknown(e) => Answer::Unknown(e),
@@ -143,7 +144,7 @@ impl Client {
     pub async fn cancel(&mut self, id: u64) -> Answer<String> {
         match self.call(move |mut c| async move { c.cancel(v1::CancelRequest { id }).await }).await {
             Answer::Ok(Ok(_)) => Answer::Ok("cancelled".into()),
-            Answer::Ok(Err(s)) if s.code() == Code::NotFound => Answer::Ok("absent".into()),
+            Answer::Ok(Err(s)) if s.code() == Code::NotFound => Answer::Ok(not_found(&s)),
             Answer::Ok(Err(s)) if s.code() == Code::FailedPrecondition && s.message().contains("already") => {
                 Answer::Ok("already-ended".into())
             }
@@ -221,4 +222,63 @@ pub async fn history(addr: &str, id: u64) -> Result<Vec<v1::AllocationEvent>, St
             Ok(Ok(Some(e))) => out.push(e),
         }
     }
+}
+
+/// What a NOT_FOUND for an allocation says: `forgotten` (it ended and left
+/// the live state after the retention window) or `absent` (never there).
+fn not_found(s: &tonic::Status) -> String {
+    if s.message().contains("retention") { "forgotten" } else { "absent" }.into()
+}
+
+/// Every job-history record, read from the leader's real address.
+pub async fn job_history(addr: &str) -> Result<Vec<v1::HistoryRecord>, String> {
+    let channel = connect(addr, Duration::from_secs(2)).await?;
+    let mut client = muster_proto::v1::history_service_client::HistoryServiceClient::new(channel)
+        .max_decoding_message_size(64 << 20);
+    let mut out = Vec::new();
+    let mut after_seq = 0;
+    loop {
+        let q = v1::HistoryQuery { after_seq, limit: 10_000, ..Default::default() };
+        let page = client.list_history(q).await.map_err(|s| s.message().to_string())?.into_inner();
+        if page.missing > 0 {
+            return Err(format!("the leader's history lacks {} records", page.missing));
+        }
+        out.extend(page.records);
+        if page.next_after_seq == 0 {
+            return Ok(out);
+        }
+        after_seq = page.next_after_seq;
+    }
+}
+
+/// A forgotten allocation, as the checks see it, from its record.
+pub fn as_allocation(r: v1::HistoryRecord) -> v1::Allocation {
+    v1::Allocation {
+        id: r.id,
+        status: r.status,
+        spec: Some(v1::AllocationSpec {
+            owner: r.owner,
+            gang_size: r.gang_size,
+            resources: r.resources,
+            command: r.command,
+            idempotency_key: r.idempotency_key,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The committed starts of a forgotten allocation's attempts, as the
+/// `task_started` events its watch would have shown.
+pub fn starts_of(r: &v1::HistoryRecord) -> Vec<v1::AllocationEvent> {
+    r.attempts
+        .iter()
+        .map(|a| v1::AllocationEvent {
+            id: r.id,
+            kind: "task_started".into(),
+            detail: format!("task {} started on {} (attempt {})", a.task, a.node_id, a.attempt),
+            time_ms: a.start_ms,
+            ..Default::default()
+        })
+        .collect()
 }

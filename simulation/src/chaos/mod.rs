@@ -19,7 +19,7 @@ mod procs;
 mod proxy;
 mod workload;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,22 @@ pub struct ChaosConfig {
     pub inject_bug: Option<String>,
     /// The fault kinds the nemesis picks from (empty: all of [`fault_kinds`]).
     pub faults: Vec<String>,
+    /// The servers' `--retention` (`None`: their default, 3 h): set it short
+    /// and finished allocations are forgotten during the run; the checks
+    /// then read them from the job history.
+    pub retention: Option<String>,
+}
+
+/// The flags a configuration adds to every server.
+fn server_args(cfg: &ChaosConfig) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(bug) = &cfg.inject_bug {
+        args.extend(["--inject-bug".to_string(), bug.clone()]);
+    }
+    if let Some(r) = &cfg.retention {
+        args.extend(["--retention".to_string(), r.clone()]);
+    }
+    args
 }
 
 /// Every fault the nemesis knows, in docs/reliability.md's order.
@@ -107,6 +123,9 @@ pub struct Report {
     pub ops: OpCounts,
     /// Allocations at the end.
     pub allocations: usize,
+    /// Of those, forgotten by the live state after the retention window
+    /// and read from the job history.
+    pub forgotten: usize,
     /// How long the liveness phase took, s.
     pub liveness_s: f64,
     /// The checks.
@@ -127,7 +146,7 @@ impl Report {
             *kinds.entry(f.kind).or_default() += 1;
         }
         let mut out = format!(
-            "muster chaos: seed {}, {} s of faults, {} agents\n  faults      {}\n  operations  {} ok, {} failed, {} unknown ({} allocations submitted)\n  allocations {} (liveness phase {:.1} s)\n",
+            "muster chaos: seed {}, {} s of faults, {} agents\n  faults      {}\n  operations  {} ok, {} failed, {} unknown ({} allocations submitted)\n  allocations {} ({} read from the job history; liveness phase {:.1} s)\n",
             self.seed,
             self.duration_s,
             self.agents,
@@ -137,6 +156,7 @@ impl Report {
             self.ops.unknown,
             self.ops.keys,
             self.allocations,
+            self.forgotten,
             self.liveness_s,
         );
         for c in &self.checks {
@@ -173,8 +193,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         proxies.push(Proxy::start(r.clone(), cfg.seed.wrapping_add(i as u64)).await.map_err(|e| e.to_string())?);
     }
     let proxied: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
-    let mut procs =
-        Procs::new(&cfg.muster_bin, &cfg.dir, real.clone(), proxied.clone(), cfg.agents, cfg.inject_bug.clone());
+    let mut procs = Procs::new(&cfg.muster_bin, &cfg.dir, real.clone(), proxied.clone(), cfg.agents, server_args(cfg));
     // Everything runs over mutual TLS with its own role's certificate.
     let roles: Vec<muster_tls::Role> = (1..=3)
         .map(muster_tls::Role::Server)
@@ -204,15 +223,31 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     // The liveness phase: everything ends, the replicas converge.
     let quiet = Instant::now();
     let deadline = quiet + cfg.liveness_timeout;
-    let (allocs, leader) = settle(&real, deadline).await;
+    let (mut allocs, leader) = settle(&real, deadline).await;
     let statuses = converge(&real, deadline).await;
     let liveness_s = quiet.elapsed().as_secs_f64();
     let mut histories = BTreeMap::new();
+    let mut forgotten = 0;
     if let Some(l) = leader {
         for a in &allocs {
             if let Ok(h) = client::history(&real[l as usize - 1], a.id).await {
                 histories.insert(a.id, h);
             }
+        }
+        // Allocations forgotten after the retention window: their records
+        // stand in for them (the checks read id, key, resources, status and
+        // the committed starts).
+        match client::job_history(&real[l as usize - 1]).await {
+            Ok(records) => {
+                let live: BTreeSet<u64> = allocs.iter().map(|a| a.id).collect();
+                for r in records.into_iter().filter(|r| !live.contains(&r.id)) {
+                    forgotten += 1;
+                    histories.insert(r.id, client::starts_of(&r));
+                    allocs.push(client::as_allocation(r));
+                }
+                allocs.sort_by_key(|a| a.id);
+            }
+            Err(e) => tracing::warn!(error = %e, "chaos: cannot read the job history"),
         }
     }
     procs.shutdown();
@@ -262,17 +297,19 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
             keys: ops.iter().map(|o| o.key.as_str()).collect::<std::collections::BTreeSet<_>>().len(),
         },
         allocations: allocs.len(),
+        forgotten,
         liveness_s,
         checks: results,
         passed,
         dir: cfg.dir.clone(),
         reproduce: format!(
-            "muster chaos --seed {} --duration {}s --agents {}{}{} --dir {}",
+            "muster chaos --seed {} --duration {}s --agents {}{}{}{} --dir {}",
             cfg.seed,
             cfg.duration.as_secs(),
             cfg.agents,
             if cfg.faults.is_empty() { String::new() } else { format!(" --faults {}", cfg.faults.join(",")) },
             cfg.inject_bug.as_ref().map(|b| format!(" --inject-bug {b}")).unwrap_or_default(),
+            cfg.retention.as_ref().map(|r| format!(" --retention {r}")).unwrap_or_default(),
             cfg.dir.display()
         ),
     };

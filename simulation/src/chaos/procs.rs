@@ -51,7 +51,9 @@ pub struct Procs {
     servers: Vec<Option<Child>>,
     agents: Vec<Option<Child>>,
     agent_ids: Vec<String>,
-    inject_bug: Option<String>,
+    /// Flags every server gets besides the fixed ones (`--inject-bug`,
+    /// `--retention`).
+    server_args: Vec<String>,
 }
 
 fn signal(child: &Child, sig: libc::c_int) {
@@ -73,7 +75,7 @@ impl Procs {
         real: Vec<String>,
         proxied: Vec<String>,
         agents: u32,
-        inject_bug: Option<String>,
+        server_args: Vec<String>,
     ) -> Procs {
         Procs {
             bin: bin.to_path_buf(),
@@ -83,7 +85,7 @@ impl Procs {
             proxied,
             agents: (0..agents).map(|_| None).collect(),
             agent_ids: (0..agents).map(|i| format!("c{}", i + 1)).collect(),
-            inject_bug,
+            server_args,
         }
     }
 
@@ -104,7 +106,7 @@ impl Procs {
             .args(SERVER_FLAGS)
             .arg("--tls-dir")
             .arg(self.tls_dir())
-            .args(self.inject_bug.iter().flat_map(|b| ["--inject-bug", b.as_str()]))
+            .args(&self.server_args)
             .env("RUST_LOG", "info,openraft=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

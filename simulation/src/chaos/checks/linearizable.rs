@@ -34,6 +34,9 @@ pub enum Obj {
     Cancelling,
     /// Ended this way (`done`, `failed`, `cancelled`).
     Terminal(Ended),
+    /// Ended, and then forgotten by the live state after the retention
+    /// window (a get answers NOT_FOUND naming the retention).
+    Forgotten,
 }
 
 /// How an allocation ended.
@@ -74,10 +77,12 @@ pub struct Entry {
 /// The states the object may be in after `call` from `s` (none: the
 /// recorded answer is impossible from `s`).
 fn step(s: Obj, call: &Call) -> Vec<Obj> {
-    // The scheduler may end a live allocation before the call.
+    // The scheduler may end a live allocation before the call, and forget
+    // an ended one.
     let before: Vec<Obj> = match s {
-        Obj::Live => vec![Obj::Live, Obj::Terminal(Ended::Done), Obj::Terminal(Ended::Failed)],
-        Obj::Cancelling => vec![Obj::Cancelling, Obj::Terminal(Ended::Cancelled)],
+        Obj::Live => vec![Obj::Live, Obj::Terminal(Ended::Done), Obj::Terminal(Ended::Failed), Obj::Forgotten],
+        Obj::Cancelling => vec![Obj::Cancelling, Obj::Terminal(Ended::Cancelled), Obj::Forgotten],
+        Obj::Terminal(e) => vec![Obj::Terminal(e), Obj::Forgotten],
         other => vec![other],
     };
     let mut out = Vec::new();
@@ -159,6 +164,7 @@ fn ended(name: &str) -> Option<Obj> {
         "failed" => Obj::Terminal(Ended::Failed),
         "cancelled" => Obj::Terminal(Ended::Cancelled),
         "absent" => Obj::Absent,
+        "forgotten" => Obj::Forgotten,
         "tearing_down" | "tearing-down" => Obj::Cancelling,
         _ => Obj::Live,
     })
@@ -176,6 +182,7 @@ pub fn client_api_linearizable(ops: &[Op]) -> CheckResult {
             ("get", "ok") => Call::Get(op.result.as_deref().and_then(ended)),
             ("get", _) => Call::Get(None),
             ("cancel", "ok") if op.result.as_deref() == Some("absent") => Call::Get(Some(Obj::Absent)),
+            ("cancel", "ok") if op.result.as_deref() == Some("forgotten") => Call::Get(Some(Obj::Forgotten)),
             ("cancel", "ok") => Call::Cancel(Some(op.result.as_deref() == Some("cancelled"))),
             ("cancel", _) => Call::Cancel(None),
             _ => continue,
@@ -246,6 +253,33 @@ mod tests {
             e(Call::Submit, 0, Some(1)),
             e(Call::Cancel(Some(false)), 2, Some(3)),
             e(Call::Get(DONE), 4, Some(5))
+        ]));
+    }
+
+    #[test]
+    fn an_ended_allocation_may_be_forgotten_and_stays_forgotten() {
+        const FORGOTTEN: Option<Obj> = Some(Obj::Forgotten);
+        assert!(linearizable(&[
+            e(Call::Submit, 0, Some(1)),
+            e(Call::Get(DONE), 2, Some(3)),
+            e(Call::Get(FORGOTTEN), 4, Some(5)),
+            e(Call::Get(FORGOTTEN), 6, Some(7))
+        ]));
+        // Forgotten without having been seen to end: it ended in between.
+        assert!(linearizable(&[e(Call::Submit, 0, Some(1)), e(Call::Get(FORGOTTEN), 2, Some(3))]));
+        // Never forgotten before it was submitted, and never back again.
+        assert!(!linearizable(&[e(Call::Get(FORGOTTEN), 0, Some(1)), e(Call::Submit, 2, Some(3))]));
+        assert!(!linearizable(&[
+            e(Call::Submit, 0, Some(1)),
+            e(Call::Get(FORGOTTEN), 2, Some(3)),
+            e(Call::Get(DONE), 4, Some(5))
+        ]));
+        // Forgetting is not losing: absent after an acknowledged submit is
+        // still a violation.
+        assert!(!linearizable(&[
+            e(Call::Submit, 0, Some(1)),
+            e(Call::Get(DONE), 2, Some(3)),
+            e(Call::Get(ABSENT), 4, Some(5))
         ]));
     }
 

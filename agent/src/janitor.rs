@@ -1,0 +1,328 @@
+//! Keeps a node's work dir from filling its disk.
+//!
+//! ```text
+//!   WORK_DIR/checkpoints/alloc-A/task-T/        removed once no attempt of (A, T) is here
+//!   WORK_DIR/logs/alloc-A/task-T/attempt-N.out  removed after the log retention, or
+//!   WORK_DIR/logs/alloc-A/task-T/attempt-N.err  oldest first while the work dir is over
+//!   WORK_DIR/progress/alloc-A/task-T/attempt-N  its size cap; never a running attempt's
+//! ```
+//!
+//! A checkpoint directory is a working copy: whatever a task left there that
+//! matters was uploaded (at its exit or its preemption) and is in the
+//! replicated state, and every new attempt unpacks the stored checkpoint
+//! into a fresh directory or starts it empty. So a directory no attempt on
+//! this node uses is never needed again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// The janitor's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JanitorConfig {
+    /// Attempt logs and progress files older than this are removed.
+    pub log_retention: Duration,
+    /// The work dir's size cap in bytes: over it, the oldest logs of attempts
+    /// not running are removed first (`None`: no cap).
+    pub max_bytes: Option<u64>,
+    /// How often it sweeps.
+    pub every: Duration,
+}
+
+impl Default for JanitorConfig {
+    fn default() -> Self {
+        JanitorConfig {
+            log_retention: Duration::from_secs(7 * 86_400),
+            max_bytes: None,
+            every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the agent uses now: attempts it runs, and (allocation, task) pairs
+/// with an attempt here it runs, was assigned or has not had confirmed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InUse {
+    /// (allocation, task): their checkpoint directories stay.
+    pub tasks: BTreeSet<(u64, u32)>,
+    /// (allocation, task, attempt): their logs and progress files stay.
+    pub attempts: BTreeSet<(u64, u32, u32)>,
+}
+
+/// What one sweep did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Checkpoint directories removed.
+    pub checkpoints_removed: u64,
+    /// Attempts whose logs and progress files were removed.
+    pub logs_removed: u64,
+    /// Bytes freed.
+    pub bytes_freed: u64,
+    /// The work dir's size after the sweep (checkpoints, logs, progress).
+    pub work_dir_bytes: u64,
+}
+
+/// One attempt's files.
+#[derive(Default)]
+struct AttemptFiles {
+    paths: Vec<PathBuf>,
+    bytes: u64,
+    newest: Option<SystemTime>,
+}
+
+/// `alloc-A` → A, `task-T` → T, `attempt-N[.ext]` → N.
+fn number(name: &str, prefix: &str) -> Option<u64> {
+    let rest = name.strip_prefix(prefix)?;
+    let digits = rest.split('.').next()?;
+    digits.parse().ok()
+}
+
+/// The `(A, T, dir)` of every `ROOT/alloc-A/task-T` directory.
+fn task_dirs(root: &Path) -> io::Result<Vec<(u64, u32, PathBuf)>> {
+    let mut out = Vec::new();
+    let Ok(allocs) = fs::read_dir(root) else { return Ok(out) };
+    for a in allocs {
+        let a = a?;
+        let Some(alloc) = a.file_name().to_str().and_then(|n| number(n, "alloc-")) else { continue };
+        let Ok(tasks) = fs::read_dir(a.path()) else { continue };
+        for t in tasks {
+            let t = t?;
+            let Some(task) = t.file_name().to_str().and_then(|n| number(n, "task-")) else { continue };
+            out.push((alloc, task as u32, t.path()));
+        }
+    }
+    Ok(out)
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Removes empty `alloc-A/task-T` and `alloc-A` directories under `root`,
+/// except those of tasks in use: a running task may write into its
+/// (still empty) checkpoint directory or create its progress file at any
+/// moment.
+fn prune_empty(root: &Path, in_use: &BTreeSet<(u64, u32)>) -> io::Result<()> {
+    for (alloc, task, dir) in task_dirs(root)? {
+        if !in_use.contains(&(alloc, task)) {
+            let _ = fs::remove_dir(dir); // only if empty
+        }
+    }
+    let Ok(allocs) = fs::read_dir(root) else { return Ok(()) };
+    for a in allocs.flatten() {
+        let _ = fs::remove_dir(a.path()); // only if empty
+    }
+    Ok(())
+}
+
+/// Sweeps `work_dir` once at `now`.
+pub fn sweep(work_dir: &Path, in_use: &InUse, now: SystemTime, cfg: &JanitorConfig) -> io::Result<Sweep> {
+    let mut done = Sweep::default();
+    // Checkpoint directories no attempt here uses.
+    let checkpoints = work_dir.join("checkpoints");
+    let mut checkpoint_bytes = 0;
+    for (alloc, task, dir) in task_dirs(&checkpoints)? {
+        let bytes = dir_bytes(&dir);
+        if in_use.tasks.contains(&(alloc, task)) {
+            checkpoint_bytes += bytes;
+        } else if fs::remove_dir_all(&dir).is_ok() {
+            done.checkpoints_removed += 1;
+            done.bytes_freed += bytes;
+        }
+    }
+    prune_empty(&checkpoints, &in_use.tasks)?;
+    // Every attempt's logs and progress file, by (A, T, N).
+    let mut attempts: BTreeMap<(u64, u32, u32), AttemptFiles> = BTreeMap::new();
+    for root in [work_dir.join("logs"), work_dir.join("progress")] {
+        for (alloc, task, dir) in task_dirs(&root)? {
+            for f in fs::read_dir(&dir)?.flatten() {
+                let Some(n) = f.file_name().to_str().and_then(|n| number(n, "attempt-")) else { continue };
+                let Ok(meta) = f.metadata() else { continue };
+                let entry = attempts.entry((alloc, task, n as u32)).or_default();
+                entry.paths.push(f.path());
+                entry.bytes += meta.len();
+                let modified = meta.modified().unwrap_or(now);
+                entry.newest = Some(entry.newest.map_or(modified, |m| m.max(modified)));
+            }
+        }
+    }
+    let remove = |key: &(u64, u32, u32), files: &AttemptFiles, done: &mut Sweep| {
+        for p in &files.paths {
+            let _ = fs::remove_file(p);
+        }
+        done.logs_removed += 1;
+        done.bytes_freed += files.bytes;
+        tracing::debug!(alloc = key.0, task = key.1, attempt = key.2, bytes = files.bytes, "removed an attempt's logs");
+    };
+    let cutoff = now.checked_sub(cfg.log_retention).unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut kept: Vec<((u64, u32, u32), AttemptFiles)> = Vec::new();
+    for (key, files) in attempts {
+        let running = in_use.attempts.contains(&key);
+        if !running && files.newest.is_some_and(|m| m < cutoff) {
+            remove(&key, &files, &mut done);
+        } else {
+            kept.push((key, files));
+        }
+    }
+    // Over the cap: the oldest logs of attempts not running go first.
+    let mut total = checkpoint_bytes + kept.iter().map(|(_, f)| f.bytes).sum::<u64>();
+    if let Some(max) = cfg.max_bytes
+        && total > max
+    {
+        kept.sort_by_key(|(key, f)| (f.newest, *key));
+        let mut rest = Vec::new();
+        for (key, files) in kept {
+            if total > max && !in_use.attempts.contains(&key) {
+                total -= files.bytes;
+                remove(&key, &files, &mut done);
+            } else {
+                rest.push((key, files));
+            }
+        }
+        if total > max {
+            tracing::warn!(
+                bytes = total,
+                max,
+                "the work dir is over its cap with only running tasks' logs and checkpoints left"
+            );
+        }
+    }
+    prune_empty(&work_dir.join("logs"), &in_use.tasks)?;
+    prune_empty(&work_dir.join("progress"), &in_use.tasks)?;
+    done.work_dir_bytes = total;
+    Ok(done)
+}
+
+/// Parses a size: `500M`, `50G`, `2T`, `1048576` (bytes); binary units.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size (e.g. 500M, 50G)"))?;
+    let mult: u64 = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(format!("{s:?}: the unit must be K, M, G or T")),
+    };
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("{s:?} is not a size above zero"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    /// Writes `bytes` bytes to `path`, last modified `age` before `now`.
+    fn file(path: &Path, bytes: usize, now: SystemTime, age: Duration) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, vec![b'x'; bytes]).unwrap();
+        File::options().write(true).open(path).unwrap().set_modified(now - age).unwrap();
+    }
+
+    fn attempt(work: &Path, a: u64, t: u32, n: u32, bytes: usize, now: SystemTime, age: Duration) {
+        let logs = work.join("logs").join(format!("alloc-{a}")).join(format!("task-{t}"));
+        file(&logs.join(format!("attempt-{n}.out")), bytes, now, age);
+        file(&logs.join(format!("attempt-{n}.err")), bytes, now, age);
+        file(
+            &work.join("progress").join(format!("alloc-{a}")).join(format!("task-{t}")).join(format!("attempt-{n}")),
+            1,
+            now,
+            age,
+        );
+    }
+
+    fn exists(work: &Path, a: u64, t: u32, n: u32) -> bool {
+        work.join("logs").join(format!("alloc-{a}")).join(format!("task-{t}")).join(format!("attempt-{n}.out")).exists()
+    }
+
+    #[test]
+    fn old_logs_go_recent_and_running_ones_stay_and_unused_checkpoints_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path();
+        let now = SystemTime::now();
+        attempt(work, 1, 0, 1, 10, now, 8 * DAY); // old, finished
+        attempt(work, 1, 0, 2, 10, now, DAY); // recent
+        attempt(work, 2, 0, 1, 10, now, 30 * DAY); // old but running
+        file(&work.join("checkpoints/alloc-1/task-0/state.pt"), 100, now, DAY);
+        file(&work.join("checkpoints/alloc-2/task-0/state.pt"), 100, now, DAY);
+        let in_use = InUse { tasks: [(2, 0)].into(), attempts: [(2, 0, 1)].into() };
+        let s = sweep(work, &in_use, now, &JanitorConfig::default()).unwrap();
+        assert_eq!((s.checkpoints_removed, s.logs_removed), (1, 1));
+        assert!(!exists(work, 1, 0, 1) && exists(work, 1, 0, 2) && exists(work, 2, 0, 1));
+        assert!(!work.join("progress/alloc-1/task-0/attempt-1").exists());
+        assert!(!work.join("checkpoints/alloc-1").exists(), "empty directories go too");
+        assert!(work.join("checkpoints/alloc-2/task-0/state.pt").exists());
+        assert_eq!(s.work_dir_bytes, 100 + 21 + 21);
+        assert_eq!(s.bytes_freed, 100 + 21);
+    }
+
+    /// A running task's checkpoint directory is often empty until it is
+    /// asked to stop, and its progress file's directory until it first
+    /// beats: removing them would make its writes fail.
+    #[test]
+    fn a_running_tasks_empty_directories_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path();
+        for root in ["checkpoints", "progress", "logs"] {
+            fs::create_dir_all(work.join(root).join("alloc-1/task-1")).unwrap();
+            fs::create_dir_all(work.join(root).join("alloc-2/task-0")).unwrap();
+        }
+        let in_use = InUse { tasks: [(1, 1)].into(), attempts: [(1, 1, 1)].into() };
+        sweep(work, &in_use, SystemTime::now(), &JanitorConfig::default()).unwrap();
+        for root in ["checkpoints", "progress", "logs"] {
+            assert!(work.join(root).join("alloc-1/task-1").is_dir(), "{root}");
+            assert!(!work.join(root).join("alloc-2").exists(), "{root}");
+        }
+    }
+
+    #[test]
+    fn over_the_cap_the_oldest_logs_go_first_but_never_a_running_attempts() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path();
+        let now = SystemTime::now();
+        attempt(work, 1, 0, 1, 1000, now, Duration::from_secs(300)); // running, oldest
+        attempt(work, 2, 0, 1, 1000, now, Duration::from_secs(200));
+        attempt(work, 3, 0, 1, 1000, now, Duration::from_secs(100));
+        attempt(work, 4, 0, 1, 1000, now, Duration::from_secs(10));
+        let in_use = InUse { tasks: [(1, 0)].into(), attempts: [(1, 0, 1)].into() };
+        let cfg = JanitorConfig { max_bytes: Some(4_500), ..JanitorConfig::default() };
+        let s = sweep(work, &in_use, now, &cfg).unwrap();
+        // 4 × 2001 bytes: two must go, the oldest two not running (2, 3).
+        assert_eq!(s.logs_removed, 2);
+        assert!(exists(work, 1, 0, 1) && !exists(work, 2, 0, 1) && !exists(work, 3, 0, 1) && exists(work, 4, 0, 1));
+        assert!(s.work_dir_bytes <= 4_500);
+        // Only running work left over the cap: it stays.
+        let cfg = JanitorConfig { max_bytes: Some(1), ..cfg };
+        let in_use = InUse { tasks: [(1, 0)].into(), attempts: [(1, 0, 1), (4, 0, 1)].into() };
+        let s = sweep(work, &in_use, now, &cfg).unwrap();
+        assert_eq!(s.logs_removed, 0);
+        assert!(exists(work, 1, 0, 1) && exists(work, 4, 0, 1));
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("500M"), Ok(500 << 20));
+        assert_eq!(parse_size("50G"), Ok(50 << 30));
+        assert_eq!(parse_size("2TiB"), Ok(2 << 40));
+        assert_eq!(parse_size("8kb"), Ok(8 << 10));
+        for bad in ["", "G", "5X", "0", "-1G", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}
