@@ -177,8 +177,10 @@ fn finished_allocations_are_forgotten_in_the_deadline_pass_after_the_retention_w
     let mut h = Heard::default();
     h.lead_from(ended);
     let mut timers = PassTimers::default();
-    assert!(tick(&mut c, at(ended + retention.retention_ms - 1), Wake::default(), &mut timers, &h).is_empty());
-    let passes = tick(&mut c, at(ended + retention.retention_ms + 60_000), Wake::default(), &mut timers, &h);
+    // Past the window, but not yet by the batching minute: nothing yet.
+    let window = retention.retention_ms;
+    assert!(tick(&mut c, at(ended + window + retention.batch_ms - 1_000), Wake::default(), &mut timers, &h).is_empty());
+    let passes = tick(&mut c, at(ended + window + retention.batch_ms), Wake::default(), &mut timers, &h);
     assert_eq!(kinds(&passes)[0], PassKind::Deadlines);
     assert!(matches!(passes[0].commands(), [Command::ForgetFinished { .. }]), "{passes:#?}");
     assert!(c.s.was_forgotten(job));

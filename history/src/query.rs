@@ -62,10 +62,38 @@ pub struct UsageRow {
 }
 
 impl HistoryStore {
+    /// The sequence numbers of the records that ended in `[since, until)`, as
+    /// `(after, last)`: records finish in entry-time order, so a time range
+    /// is a range of `seq` (found on the `end_ms` index) and every filter
+    /// below becomes a range scan of an index ordered by `seq`.
+    fn seq_range(&self, since_ms: Option<u64>, until_ms: Option<u64>) -> Result<(u64, u64), HistoryError> {
+        let conn = self.reader();
+        let after = match since_ms {
+            None => 0,
+            Some(since) => conn
+                .query_row("SELECT MIN(seq) FROM jobs WHERE end_ms >= ?1", [since as i64], |r| {
+                    r.get::<_, Option<i64>>(0)
+                })
+                .map_err(|e| self.sqlite(e))?
+                .map_or(u64::MAX >> 1, |s| s as u64 - 1),
+        };
+        let last = match until_ms {
+            None => u64::MAX >> 1,
+            Some(until) => conn
+                .query_row("SELECT MAX(seq) FROM jobs WHERE end_ms < ?1", [until as i64], |r| {
+                    r.get::<_, Option<i64>>(0)
+                })
+                .map_err(|e| self.sqlite(e))?
+                .map_or(0, |s| s as u64),
+        };
+        Ok((after, last))
+    }
+
     /// The records `f` selects.
     pub fn list(&self, f: &Filter) -> Result<Vec<JobRecord>, HistoryError> {
-        let mut cond = vec!["seq > ?".to_string()];
-        let mut args: Vec<Value> = vec![Value::Integer(f.after_seq as i64)];
+        let (after, last) = self.seq_range(f.since_ms, f.until_ms)?;
+        let mut cond = vec!["seq > ?".to_string(), "seq <= ?".to_string()];
+        let mut args: Vec<Value> = vec![Value::Integer(f.after_seq.max(after) as i64), Value::Integer(last as i64)];
         if let Some(id) = f.id {
             cond.push("id = ?".into());
             args.push(Value::Integer(id as i64));

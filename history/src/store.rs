@@ -37,8 +37,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     gpu_seconds    INTEGER NOT NULL       -- over all attempts
 );
 CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (end_ms);
-CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner, end_ms);
-CREATE INDEX IF NOT EXISTS jobs_by_vcluster ON jobs (vcluster, end_ms);
+DROP INDEX IF EXISTS jobs_by_owner;
+DROP INDEX IF EXISTS jobs_by_vcluster;
+CREATE INDEX IF NOT EXISTS jobs_by_owner_seq ON jobs (owner, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_vcluster_seq ON jobs (vcluster, seq);
 CREATE TABLE IF NOT EXISTS attempts (
     job_id      INTEGER NOT NULL REFERENCES jobs (id),
     task        INTEGER NOT NULL,

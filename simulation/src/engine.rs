@@ -164,7 +164,10 @@ pub struct Simulation {
     seq: u64,
     now: u64,
     node_ids: Vec<NodeId>,
+    /// The job each live allocation came from.
     job_of: BTreeMap<AllocId, usize>,
+    /// Submits the state accepted.
+    accepted_submits: u64,
     /// Running attempts: when they started.
     running: BTreeMap<(AllocId, TaskIndex), u64>,
     /// Live gangs that have run whole at least once.
@@ -242,6 +245,7 @@ impl Simulation {
             now: 0,
             node_ids,
             job_of: BTreeMap::new(),
+            accepted_submits: 0,
             running: BTreeMap::new(),
             started_whole: BTreeSet::new(),
             delays_s: Vec::new(),
@@ -299,7 +303,11 @@ impl Simulation {
                 self.finished_preempted += 1;
             }
             self.finished_max_preempted = self.finished_max_preempted.max(r.preemptions);
+            // What the simulated agents kept about it is no longer needed.
             self.started_whole.remove(&r.id);
+            self.job_of.remove(&r.id);
+            self.progress_ms.remove(&r.id);
+            self.first_planned.remove(&r.id);
         }
         if self.cfg.check_every > 0 && self.commands.is_multiple_of(self.cfg.check_every) {
             self.check()?;
@@ -387,6 +395,7 @@ impl Simulation {
                 let out = self.apply(&Command::Submit { spec: self.jobs[i].spec.clone() })?;
                 if let [Event::Submitted { alloc, duplicate: false }] = out.events() {
                     self.job_of.insert(*alloc, i);
+                    self.accepted_submits += 1;
                 }
                 Ok(true)
             }
@@ -669,7 +678,7 @@ impl Simulation {
             completed: self.finished_done,
             failed: self.finished_failed,
             unfinished: live().count() as u64,
-            rejected_submits: self.jobs.len() as u64 - self.job_of.len() as u64,
+            rejected_submits: self.jobs.len() as u64 - self.accepted_submits,
             tasks_started: self.tasks_started,
             task_failures: self.task_failures,
             rollbacks: self.rollbacks,
