@@ -170,6 +170,18 @@ fn csv_row(fields: &[String]) -> String {
     fields.iter().map(|f| csv(f)).collect::<Vec<_>>().join(",")
 }
 
+/// The header and each row as lines of columns padded to a common width.
+fn aligned(header: &[&str], rows: &[Vec<String>]) -> (String, Vec<String>) {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).chain([header[i].chars().count()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        cells.zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+    };
+    let head = line(&mut header.iter().copied());
+    (head, rows.iter().map(|r| line(&mut r.iter().map(String::as_str))).collect())
+}
+
 fn warn_missing(missing: u64) {
     if missing > 0 {
         eprintln!(
@@ -312,22 +324,10 @@ fn print_history(records: &[v1::HistoryRecord], attempts: bool, output: TableOut
                     ]
                 })
                 .collect();
-            let widths: Vec<usize> = (0..header.len())
-                .map(|i| rows.iter().map(|r| r[i].chars().count()).chain([header[i].len()]).max().unwrap_or(0))
-                .collect();
-            let line = |cells: &[String]| {
-                cells
-                    .iter()
-                    .zip(&widths)
-                    .map(|(c, w)| format!("{c:<w$}"))
-                    .collect::<Vec<_>>()
-                    .join("  ")
-                    .trim_end()
-                    .to_string()
-            };
-            out!("{}", line(&header.map(String::from)));
-            for (r, cells) in records.iter().zip(&rows) {
-                out!("{}", line(cells));
+            let (head, lines) = aligned(&header, &rows);
+            out!("{head}");
+            for (r, line) in records.iter().zip(lines) {
+                out!("{line}");
                 if !r.reason.is_empty() && r.status != v1::AllocationStatus::Done as i32 {
                     out!("    reason: {}", r.reason);
                 }
@@ -496,22 +496,10 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
                 return Ok(());
             }
             out!("usage from {} to {}", format_time_ms(since_ms), format_time_ms(until_ms));
-            let widths: Vec<usize> = (0..header.len())
-                .map(|i| rows.iter().map(|r| r[i].chars().count()).chain([header[i].len()]).max().unwrap_or(0))
-                .collect();
-            let line = |cells: Vec<String>| {
-                cells
-                    .iter()
-                    .zip(&widths)
-                    .map(|(c, w)| format!("{c:<w$}"))
-                    .collect::<Vec<_>>()
-                    .join("  ")
-                    .trim_end()
-                    .to_string()
-            };
-            out!("{}", line(header.iter().map(|h| h.to_string()).collect()));
-            for r in rows {
-                out!("{}", line(r));
+            let (head, lines) = aligned(&header, &rows);
+            out!("{head}");
+            for line in lines {
+                out!("{line}");
             }
             if report.rows.is_empty() {
                 eprintln!("muster: nothing finished in that period");
