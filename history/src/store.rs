@@ -102,11 +102,12 @@ impl HistoryStore {
     pub fn open(path: &Path) -> Result<HistoryStore, HistoryError> {
         let err = |source| HistoryError::Sqlite { path: path.to_path_buf(), source };
         let write = Connection::open(path).map_err(err)?;
-        // WAL: readers never block the writer. NORMAL: a transaction is
-        // durable at the next checkpoint; a record lost to a power cut comes
-        // back from the log replay or a peer (the history is derived data).
+        // WAL: readers never block the writer. FULL: every transaction (a
+        // batch of records) is on disk when it commits, so a record is never
+        // lost to a power cut after the live state may have forgotten its
+        // allocation.
         write.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
-        write.pragma_update(None, "synchronous", "NORMAL").map_err(err)?;
+        write.pragma_update(None, "synchronous", "FULL").map_err(err)?;
         write.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
         let found: i64 = write.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(err)?;
         if found > SCHEMA_VERSION {

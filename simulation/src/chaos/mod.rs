@@ -237,7 +237,14 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         // Allocations forgotten after the retention window: their records
         // stand in for them (the checks read id, key, resources, status and
         // the committed starts).
-        match client::job_history(&real[l as usize - 1]).await {
+        // A replica that restarted may still be fetching records it lacks
+        // from its peers: give it until the deadline.
+        let mut read = client::job_history(&real[l as usize - 1]).await;
+        while read.is_err() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            read = client::job_history(&real[l as usize - 1]).await;
+        }
+        match read {
             Ok(records) => {
                 let live: BTreeSet<u64> = allocs.iter().map(|a| a.id).collect();
                 for r in records.into_iter().filter(|r| !live.contains(&r.id)) {
