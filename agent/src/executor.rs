@@ -53,6 +53,8 @@ pub struct TaskLaunch {
     pub env: BTreeMap<String, String>,
     /// The addresses of the gang's nodes, in task order.
     pub peers: Vec<String>,
+    /// The gang's rendezvous ports on task 0's node (`MASTER_PORT` first).
+    pub ports: Vec<u16>,
     /// The GPU indices this task may use (`CUDA_VISIBLE_DEVICES`).
     pub gpu_ids: Vec<u32>,
     /// Where the task may leave a checkpoint when preempted
@@ -257,6 +259,8 @@ pub fn spawn(launch: &TaskLaunch, work_dir: &Path, shim: Option<&Path>) -> Resul
     fs::create_dir_all(&dir).map_err(logs)?;
     let stdout = File::create(&out_path).map_err(logs)?;
     let stderr = File::create(&err_path).map_err(logs)?;
+    let hosts = dir.join(format!("attempt-{}.hostfile", launch.attempt));
+    fs::write(&hosts, crate::launcher::hostfile(&launch.peers, launch.gpu_ids.len())).map_err(logs)?;
     let mut cmd = match shim {
         None => Command::new(program),
         Some(shim) => {
@@ -271,6 +275,7 @@ pub fn spawn(launch: &TaskLaunch, work_dir: &Path, shim: Option<&Path>) -> Resul
     };
     cmd.args(&launch.command[1..])
         .current_dir(work_dir)
+        .envs(crate::launcher::launcher_env(launch, &hosts))
         .envs(&launch.env)
         .env("MUSTER_ALLOC_ID", launch.alloc.to_string())
         .env("MUSTER_TASK_INDEX", launch.task.to_string())
@@ -350,6 +355,7 @@ mod tests {
             command: command.iter().map(|s| s.to_string()).collect(),
             env: [("USER_VAR".to_string(), "x y".to_string())].into(),
             peers: vec!["n0:1".into(), "n1:1".into()],
+            ports: vec![29500],
             gpu_ids: vec![4, 5],
             checkpoint_dir: PathBuf::from("/tmp/ckpt"),
         }
@@ -365,6 +371,21 @@ mod tests {
         let (out, err) = log_paths(dir.path(), 7, 1, 2);
         assert_eq!(fs::read_to_string(out).unwrap(), "7/1/2/2/3 n0:1,n1:1 4,5 x y /tmp/ckpt\n");
         assert_eq!(fs::read_to_string(err).unwrap(), "oops\n");
+    }
+
+    #[tokio::test]
+    async fn a_task_starts_with_the_launcher_environment_and_the_users_env_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = launch(&[
+            "sh",
+            "-c",
+            "echo $RANK/$WORLD_SIZE/$MASTER_ADDR:$MASTER_PORT/$LOCAL_RANK $USER_VAR; cat $MUSTER_HOSTFILE",
+        ]);
+        l.env.insert("MASTER_PORT".into(), "1234".into());
+        let mut t = spawn(&l, dir.path(), None).unwrap();
+        assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+        let (out, _) = log_paths(dir.path(), 7, 1, 2);
+        assert_eq!(fs::read_to_string(out).unwrap(), "1/2/n0:1234/0 x y\nn0 slots=2\nn1 slots=2\n");
     }
 
     #[tokio::test]

@@ -8,6 +8,8 @@
 //! - [`checkpoint`]: packing a preempted task's checkpoint directory for the
 //!   leader, and restoring it for the next attempt.
 //! - [`hint`]: the checkpoint-hint protocol of a priority preemption.
+//! - [`launcher`]: the standard launcher environment (ranks, rendezvous,
+//!   hostfile) every task starts with.
 //! - [`watchdog`]: the budget, stall and GPU-health watchdogs of an attempt.
 
 #![deny(missing_docs)]
@@ -17,10 +19,13 @@ pub mod checkpoint;
 pub mod executor;
 pub mod hint;
 pub mod janitor;
+pub mod launcher;
 mod probe;
 pub mod watchdog;
 
-pub use probe::{NodeResources, ProbeError, parse_meminfo_mb, probe_resources};
+pub use probe::{
+    NodeResources, ProbeError, cpu_model, gpu_model, label_value, parse_meminfo_mb, probe_labels, probe_resources,
+};
 
 /// Every metric an agent exports: name, type, help (`docs/metrics.md`
 /// lists the same).

@@ -66,6 +66,77 @@ pub fn nvml_gpus() -> Option<(u32, u64)> {
     Some((count, smallest.unwrap_or(0)))
 }
 
+/// The labels an agent puts on its node by itself: `hostname`,
+/// `cpu.model`, and with NVML `gpu.model` (short, e.g. `H100`),
+/// `gpu.product` (the whole name, spaces as `-`), `gpu.memory_mb` (the
+/// smallest GPU's), `gpu.count` and `driver.version`. Labels set with
+/// `muster agent --label` win over these.
+pub fn probe_labels() -> std::collections::BTreeMap<String, String> {
+    let mut labels = std::collections::BTreeMap::new();
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let h = h.trim();
+        if !h.is_empty() {
+            labels.insert("hostname".to_string(), h.to_string());
+        }
+    }
+    if let Some(cpu) = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|t| cpu_model(&t)) {
+        labels.insert("cpu.model".to_string(), cpu);
+    }
+    if let Ok(nvml) = nvml_wrapper::Nvml::init() {
+        let names: Vec<String> =
+            (0..nvml.device_count().unwrap_or(0)).filter_map(|i| nvml.device_by_index(i).ok()?.name().ok()).collect();
+        if let Some(name) = names.first() {
+            labels.insert("gpu.model".to_string(), gpu_model(name));
+            labels.insert("gpu.product".to_string(), label_value(name));
+            labels.insert("gpu.count".to_string(), names.len().to_string());
+        }
+        if let Some((_, vram_mb)) = nvml_gpus().filter(|&(n, _)| n > 0) {
+            labels.insert("gpu.memory_mb".to_string(), vram_mb.to_string());
+        }
+        if let Ok(v) = nvml.sys_driver_version() {
+            labels.insert("driver.version".to_string(), label_value(&v));
+        }
+    }
+    labels
+}
+
+/// A free-form name as a label value: runs of spaces and characters a
+/// constraint cannot hold become one `-`.
+pub fn label_value(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.trim().chars() {
+        if c.is_whitespace() || c.is_control() || matches!(c, ',' | '(' | ')' | '=' | '!') {
+            if !out.ends_with('-') {
+                out.push('-');
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out.trim_matches('-').to_string()
+}
+
+/// The short model of an NVML device name: `NVIDIA H100 80GB HBM3` → `H100`,
+/// `NVIDIA A100-SXM4-80GB` → `A100`, `Tesla V100-SXM2-16GB` → `V100`,
+/// `NVIDIA GeForce RTX 4090` → `RTX-4090`.
+pub fn gpu_model(name: &str) -> String {
+    let words: Vec<&str> =
+        name.split_whitespace().filter(|w| !matches!(*w, "NVIDIA" | "Tesla" | "GeForce" | "Quadro")).collect();
+    let Some(first) = words.first() else { return label_value(name) };
+    let head = first.split('-').next().unwrap_or(first);
+    match (head, words.get(1)) {
+        ("RTX" | "TITAN" | "GTX", Some(next)) => label_value(&format!("{head}-{next}")),
+        _ => label_value(head),
+    }
+}
+
+/// The `model name` of the first CPU in `/proc/cpuinfo` text, as a label value.
+pub fn cpu_model(cpuinfo: &str) -> Option<String> {
+    let line = cpuinfo.lines().find(|l| l.starts_with("model name"))?;
+    let v = label_value(line.split_once(':')?.1);
+    (!v.is_empty()).then_some(v)
+}
+
 /// Discovers this machine's resources.
 pub fn probe_resources() -> Result<NodeResources, ProbeError> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
@@ -97,6 +168,32 @@ mod tests {
             None => assert_eq!(probe_resources().unwrap().vram_mb, 0),
             Some((count, vram_mb)) => assert!(count == 0 || vram_mb > 0),
         }
+    }
+
+    #[test]
+    fn gpu_and_cpu_names_become_short_label_values() {
+        assert_eq!(gpu_model("NVIDIA H100 80GB HBM3"), "H100");
+        assert_eq!(gpu_model("NVIDIA A100-SXM4-80GB"), "A100");
+        assert_eq!(gpu_model("Tesla V100-SXM2-16GB"), "V100");
+        assert_eq!(gpu_model("NVIDIA GeForce RTX 4090"), "RTX-4090");
+        assert_eq!(gpu_model("NVIDIA L40S"), "L40S");
+        assert_eq!(label_value("NVIDIA H100 80GB HBM3"), "NVIDIA-H100-80GB-HBM3");
+        assert_eq!(label_value(" Intel(R) Xeon(R) CPU @ 2.20GHz "), "Intel-R-Xeon-R-CPU-@-2.20GHz");
+        let info = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t: x\n";
+        assert_eq!(cpu_model(info).as_deref(), Some("AMD-EPYC-7B13"));
+        assert_eq!(cpu_model("processor: 0\n"), None);
+        // Every value is one a constraint can name.
+        for v in [gpu_model("NVIDIA GeForce RTX 4090"), label_value(" Intel(R) Xeon(R) CPU @ 2.20GHz ")] {
+            let e = muster_core::sm::LabelExpr::parse(&format!("k={v}")).unwrap();
+            assert_eq!(e.to_string(), format!("k={v}"));
+        }
+    }
+
+    #[test]
+    fn this_machine_labels_itself_with_its_hostname_and_cpu() {
+        let labels = probe_labels();
+        assert!(labels.get("hostname").is_some_and(|h| !h.is_empty()), "{labels:?}");
+        assert!(labels.contains_key("cpu.model") || !std::path::Path::new("/proc/cpuinfo").exists(), "{labels:?}");
     }
 
     #[test]

@@ -57,6 +57,7 @@ async fn an_agent_leaves_a_leader_that_stops_answering_heartbeats() {
         resources: v1::Resources { gpus: 0, vram_mb: 0, mem_mb: 1_000, cpus: 1 },
         labels: Default::default(),
         address: "n1".into(),
+        ports: Default::default(),
         work_dir: dir.path().to_path_buf(),
         backoff: (Duration::from_millis(50), Duration::from_millis(100)),
         watchdog: WatchdogConfig::default(),

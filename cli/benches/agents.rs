@@ -122,6 +122,7 @@ fn main() {
                         node_id: format!("sim-{i:05}"),
                         resources: Some(v1::Resources { gpus: 8, vram_mb: 80_000, mem_mb: 512_000, cpus: 64 }),
                         address: format!("10.0.{}.{}:29500", i / 250, i % 250),
+                        ports: "29500-29999".into(),
                         ..Default::default()
                     })),
                 })

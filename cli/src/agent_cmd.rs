@@ -31,12 +31,21 @@ pub struct AgentArgs {
     /// CPU cores to offer (default: all this process may use).
     #[arg(long)]
     cpus: Option<u32>,
-    /// Labels, KEY=VALUE (repeatable).
+    /// Labels, KEY=VALUE (repeatable), for placement constraints and
+    /// packing (e.g. rack=r12). The agent adds hostname, cpu.model and, with
+    /// NVML, gpu.model, gpu.product, gpu.memory_mb, gpu.count and
+    /// driver.version itself; a --label of the same key wins.
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
     /// host:port other tasks of a gang reach this node at (MUSTER_GANG_PEERS).
     #[arg(long)]
     address: Option<String>,
+    /// TCP ports this node offers for gangs' rendezvous, FIRST-LAST (or
+    /// none): a gang whose task 0 runs here gets MASTER_PORT from them,
+    /// never one another live gang holds. Keep them out of the ephemeral
+    /// range (/proc/sys/net/ipv4/ip_local_port_range).
+    #[arg(long, default_value = "29500-29999", value_name = "FIRST-LAST")]
+    rendezvous_ports: String,
     /// Where task logs and process records live.
     #[arg(long)]
     work_dir: PathBuf,
@@ -124,7 +133,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if gpus > 0 && vram_mb == 0 {
         bail!("--vram-mb is required when offering GPUs that NVML cannot see (memory per GPU, MiB)");
     }
-    let mut labels = BTreeMap::new();
+    let ports = muster_scheduler::sm::PortRange::parse(&args.rendezvous_ports)
+        .map_err(|e| anyhow::anyhow!("--rendezvous-ports {e}"))?;
+    // What the agent finds (GPU model, driver, CPU, hostname), then the
+    // operator's --label flags over it.
+    let mut labels: BTreeMap<String, String> = muster_agent::probe_labels();
     for kv in &args.labels {
         let (k, v) = kv.split_once('=').with_context(|| format!("--label {kv:?} is not KEY=VALUE"))?;
         labels.insert(k.to_string(), v.to_string());
@@ -140,6 +153,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         },
         labels,
         address: args.address.unwrap_or_else(|| args.node_id.clone()),
+        ports,
         work_dir: args.work_dir.clone(),
         backoff: (Duration::from_millis(200), Duration::from_secs(5)),
         watchdog: WatchdogConfig {

@@ -80,6 +80,22 @@ pub struct SubmitArgs {
     /// GPU idle and memory static (`--stall-timeout` alone: 120s; default: off).
     #[arg(long, num_args = 0..=1, default_missing_value = "120s", value_name = "DURATION")]
     stall_timeout: Option<String>,
+    /// Run only on nodes whose labels meet EXPR (repeatable; all must hold):
+    /// key=value, key!=value, "key in (a,b)", "key notin (a,b)", key
+    /// (exists), !key (absent). Agents label nodes with gpu.model,
+    /// gpu.memory_mb, gpu.count, driver.version, cpu.model, hostname and
+    /// their --label flags (`muster node list` shows them).
+    #[arg(long = "constraint", value_name = "EXPR")]
+    constraints: Vec<String>,
+    /// Put every task under one value of this topology label (rack, block,
+    /// switch, …): KEY or KEY:required waits for one value with room for
+    /// the whole gang; KEY:preferred packs when it can and spreads when not.
+    #[arg(long, value_name = "KEY[:required|:preferred]")]
+    pack_by: Option<String>,
+    /// Rendezvous ports to reserve on task 0's node: MASTER_PORT is the
+    /// first, MUSTER_PORTS lists them all (0: none).
+    #[arg(long, default_value_t = 1)]
+    ports: u32,
     /// Validate and show the plan (placement, or what it would preempt and
     /// why) without submitting.
     #[arg(long)]
@@ -117,6 +133,13 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
             u32::try_from(v).ok().filter(|v| *v > 0).context("--stall-timeout must be 1 s to 136 years")
         })?,
     };
+    // Checked here for a clear message; the server checks again.
+    for c in &args.constraints {
+        muster_scheduler::sm::LabelExpr::parse_list(c).map_err(|e| anyhow::anyhow!("--constraint {e}"))?;
+    }
+    if let Some(p) = &args.pack_by {
+        muster_scheduler::sm::Packing::parse(p).map_err(|e| anyhow::anyhow!("--pack-by {e}"))?;
+    }
     let estimate = parse_duration_s(&args.checkpoint_estimate).context("--checkpoint-estimate")?;
     let checkpoint_estimate_s = u32::try_from(estimate).ok().filter(|s| *s > 0).with_context(|| {
         format!("--checkpoint-estimate {:?} must be between 1 s and 136 years", args.checkpoint_estimate)
@@ -143,6 +166,9 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         sensitive: args.sensitive,
         checkpoint_estimate_s,
         stall_timeout_s,
+        ports: Some(args.ports),
+        constraints: args.constraints.clone(),
+        pack_by: args.pack_by.clone().unwrap_or_default(),
     })
 }
 
@@ -294,6 +320,9 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
         "sensitive": spec.sensitive,
         "checkpoint_estimate_s": spec.checkpoint_estimate_s,
         "stall_timeout_s": spec.stall_timeout_s,
+        "rendezvous_ports": a.ports,
+        "constraints": spec.constraints,
+        "pack_by": spec.pack_by,
         "preempted_count": a.preempted_count,
         "teardown": a.teardown.as_ref().map(|td| json!({
             "epoch": td.epoch,
@@ -407,6 +436,11 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                                 td.preempted_by
                             ),
                         }
+                    }
+                    if let Some(&port) = a.ports.first() {
+                        let node = a.tasks.first().map_or("", |t| t.node_id.as_str());
+                        let all: Vec<String> = a.ports.iter().map(u32::to_string).collect();
+                        out!("          rendezvous: MASTER_PORT {port} on {node} (ports {})", all.join(","));
                     }
                     if let Some(n) = &a.nomination {
                         out!(

@@ -54,11 +54,49 @@ pub struct DevArgs {
     /// home nodes is preempted for it (the return grace), ms.
     #[arg(long, default_value_t = muster_scheduler::policy::DEFAULT_RETURN_GRACE_MS)]
     reclaim_grace_ms: u64,
+    /// A label of one node, NODE:KEY=VALUE (repeatable): `--node-label
+    /// node-1:gpu.model=H100 --node-label node-1:rack=r1` gives node-1 a GPU
+    /// model and a rack for `muster submit --constraint` and `--pack-by`.
+    #[arg(long = "node-label", value_name = "NODE:KEY=VALUE")]
+    node_labels: Vec<String>,
+    /// The TCP ports the agents offer for gangs' rendezvous, FIRST-LAST:
+    /// split into equal blocks, one per agent, since all share this machine.
+    #[arg(long, default_value = "29500-29999", value_name = "FIRST-LAST")]
+    rendezvous_ports: String,
+}
+
+/// `node-2:rack=r1` flags as each agent's extra labels, node-1 first.
+fn parse_node_labels(flags: &[String], agents: u32) -> anyhow::Result<Vec<BTreeMap<String, String>>> {
+    let mut out = vec![BTreeMap::new(); agents as usize];
+    for flag in flags {
+        let parsed = flag.split_once(':').and_then(|(node, kv)| {
+            let i: usize = node.strip_prefix("node-")?.parse().ok()?;
+            let (k, v) = kv.split_once('=')?;
+            Some((i, k, v))
+        });
+        let Some((i, k, v)) = parsed else {
+            bail!("--node-label {flag:?} is not NODE:KEY=VALUE (e.g. node-1:rack=r1)");
+        };
+        if i == 0 || i > agents as usize {
+            bail!("--node-label {flag:?}: there is no such node (node-1 to node-{agents})");
+        }
+        if k.is_empty() || v.is_empty() {
+            bail!("--node-label {flag:?}: the key and the value must not be empty");
+        }
+        out[i - 1].insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     if args.agents == 0 {
         bail!("--agents must be at least 1");
+    }
+    let node_labels = parse_node_labels(&args.node_labels, args.agents)?;
+    let rendezvous_ports = muster_scheduler::sm::PortRange::parse(&args.rendezvous_ports)
+        .map_err(|e| anyhow::anyhow!("--rendezvous-ports {e}"))?;
+    if u32::from(rendezvous_ports.count) < args.agents {
+        bail!("--rendezvous-ports {rendezvous_ports} holds fewer ports than the {} agents", args.agents);
     }
     let tmp;
     let dir = match &args.data_dir {
@@ -86,6 +124,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         insecure: args.insecure,
         http_port: Some(args.http_port),
         node_vclusters: args.node_vclusters.clone(),
+        rendezvous_ports,
+        node_labels,
         reclaim: muster_scheduler::policy::ReclaimConfig {
             return_grace_ms: args.reclaim_grace_ms,
             ..Default::default()

@@ -326,5 +326,8 @@ fn probe() -> anyhow::Result<()> {
     out!("mem_mb   {}", r.mem_mb);
     out!("gpus     {}", r.gpus);
     out!("vram_mb  {}", r.vram_mb);
+    for (k, v) in muster_agent::probe_labels() {
+        out!("label    {k}={v}");
+    }
     Ok(())
 }

@@ -81,6 +81,8 @@ pub struct Assignment {
     pub stall_timeout_s: u32,
     /// Whether the gang checkpoints (so the agent saves one on exit).
     pub checkpointing: bool,
+    /// The gang's rendezvous ports on task 0's node (`MASTER_PORT` first).
+    pub ports: Vec<u16>,
 }
 
 /// What one stream has told its agent so far.
@@ -206,6 +208,7 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
                 walltime_s: a.spec.walltime_s,
                 stall_timeout_s: a.spec.stall_timeout_s,
                 checkpointing: a.spec.checkpoint != CheckpointMode::None,
+                ports: a.ports.clone(),
             });
         }
     }

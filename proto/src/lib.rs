@@ -49,6 +49,9 @@ mod tests {
             sensitive: false,
             checkpoint_estimate_s: 90,
             stall_timeout_s: 120,
+            ports: Some(2),
+            constraints: vec!["gpu.model in (H100,A100)".into()],
+            pack_by: "rack".into(),
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

@@ -11,9 +11,14 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use muster_scheduler::policy::{AdmissionConfig, plan_admission};
-use muster_scheduler::sm::{AllocSpec, ApplyCtx, Command, NodeId, Quota, Resources, State, Usage, VClusterSpec, fits};
+use muster_scheduler::sm::{
+    AllocSpec, ApplyCtx, Command, LabelExpr, NodeId, Packing, Quota, Resources, State, Usage, VClusterSpec, fits,
+};
 
 const NODE: Resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_024_000, cpus: 96 };
+
+/// The GPU models of a mixed fleet.
+const MODELS: [&str; 4] = ["A100", "H100", "H200", "L40S"];
 
 /// xorshift64*: deterministic inputs without a dependency.
 struct Rng(u64);
@@ -41,8 +46,10 @@ impl Rng {
 
 /// `nodes` nodes, of which `busy_share` (0..1) have every GPU taken by a
 /// running single-node job, and `gangs` queued gangs of mixed shapes; with
-/// `quota`, every gang belongs to one vCluster capped at that many GPUs.
-fn build(nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>) -> State {
+/// `quota`, every gang belongs to one vCluster capped at that many GPUs;
+/// `mixed`, nodes carry one of four GPU models and a rack of 32, a quarter
+/// of the gangs ask for a model and a tenth must be packed in one rack.
+fn build(nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>, mixed: bool) -> State {
     let mut s = State::default();
     let ctx = ApplyCtx { time_ms: 1_000 };
     if let Some(max_gpus) = quota {
@@ -58,10 +65,16 @@ fn build(nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>) -> State {
             node: NodeId::new(format!("node-{i:05}")),
             resources: NODE,
             // The capped vCluster's gangs run on its home nodes.
-            labels: if quota.is_some() {
-                BTreeMap::from([(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), "capped".to_string())])
-            } else {
-                BTreeMap::new()
+            labels: {
+                let mut labels = BTreeMap::new();
+                if quota.is_some() {
+                    labels.insert(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), "capped".to_string());
+                }
+                if mixed {
+                    labels.insert("gpu.model".to_string(), MODELS[i as usize % MODELS.len()].to_string());
+                    labels.insert("rack".to_string(), format!("r{:03}", i / 32));
+                }
+                labels
             },
         };
         assert!(s.apply(&cmd, &ctx).is_accepted());
@@ -88,6 +101,15 @@ fn build(nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>) -> State {
         spec.priority = (rng.next() % 4) as i32;
         if quota.is_some() {
             spec.vcluster = "capped".into();
+        }
+        if mixed {
+            let roll = rng.next() % 20;
+            if roll < 5 {
+                let model = MODELS[(rng.next() % MODELS.len() as u64) as usize];
+                spec.placement.constraints = LabelExpr::parse_list(&format!("gpu.model={model}")).unwrap();
+            } else if roll < 7 {
+                spec.placement.pack_by = Some(Packing::parse("rack").unwrap());
+            }
         }
         assert!(s.apply(&Command::Submit { spec }, &ApplyCtx { time_ms: 1_000 + u64::from(i) }).is_accepted());
     }
@@ -127,8 +149,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn scenario(name: &str, nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>, rounds: usize) {
-    let state = build(nodes, gangs, busy_share, quota);
+fn scenario(name: &str, nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>, mixed: bool, rounds: usize) {
+    let state = build(nodes, gangs, busy_share, quota, mixed);
     let cfg = AdmissionConfig::default();
     let now = 10_000;
     let mut plan_times = Vec::new();
@@ -193,11 +215,15 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let rounds = if quick { 3 } else { 21 };
     println!("admission pass benchmark ({rounds} rounds per scenario, one thread)");
-    scenario("empty cluster, 10k queued", 1_000, 10_000, 0.0, None, rounds);
-    scenario("empty cluster, 10k queued", 10_000, 10_000, 0.0, None, rounds);
-    scenario("90% busy cluster, 10k queued", 10_000, 10_000, 0.9, None, rounds);
-    scenario("full cluster, 10k queued (no fit)", 10_000, 10_000, 1.0, None, rounds);
+    scenario("empty cluster, 10k queued", 1_000, 10_000, 0.0, None, false, rounds);
+    scenario("empty cluster, 10k queued", 10_000, 10_000, 0.0, None, false, rounds);
+    scenario("90% busy cluster, 10k queued", 10_000, 10_000, 0.9, None, false, rounds);
+    scenario("full cluster, 10k queued (no fit)", 10_000, 10_000, 1.0, None, false, rounds);
     // Every gang in one vCluster capped at 256 GPUs: the pass walks the
     // gangs its quota holds back (the naive peer ignores quotas).
-    scenario("empty, 10k queued in a 256-GPU quota", 10_000, 10_000, 0.0, Some(256), rounds);
+    scenario("empty, 10k queued in a 256-GPU quota", 10_000, 10_000, 0.0, Some(256), false, rounds);
+    // Four GPU models and racks of 32: a quarter of the gangs name a model,
+    // a tenth must be packed in one rack (the naive peer ignores both).
+    scenario("mixed fleet, constraints, empty", 10_000, 10_000, 0.0, None, true, rounds);
+    scenario("mixed fleet, constraints, 90% busy", 10_000, 10_000, 0.9, None, true, rounds);
 }

@@ -121,6 +121,7 @@ fn main() {
             resources: Resources { gpus, vram_mb: 10_000, mem_mb: 1_000, cpus: 1 },
             walltime_s: 4 * 3600,
             home: None,
+            placement: Default::default(),
         };
         let mut times = Vec::new();
         let mut last = None;
@@ -150,6 +151,7 @@ fn main() {
             resources: Resources { gpus: 3, vram_mb: 10_000, mem_mb: 1_000, cpus: 1 },
             walltime_s: 4 * 3600,
             home: None,
+            placement: Default::default(),
         };
         let mut times = Vec::new();
         let mut cost = 0;

@@ -45,6 +45,9 @@ pub struct LocalConfig {
     /// The `muster.vcluster` label of agent `i`'s node (`node-{i+1}`), for
     /// the first agents; the rest carry none.
     pub node_vclusters: Vec<String>,
+    /// More labels of agent `i`'s node, for the first agents (a GPU model,
+    /// a rack: what constraints and packing select on).
+    pub node_labels: Vec<BTreeMap<String, String>>,
     /// The agents' watchdog knobs.
     pub watchdog: muster_agent::watchdog::WatchdogConfig,
     /// Run without TLS or authorisation.
@@ -56,6 +59,10 @@ pub struct LocalConfig {
     /// Give each replica an HTTP listener (metrics, probes, dashboard) on
     /// loopback: replica N on `http_port + N - 1`, or any free port when 0.
     pub http_port: Option<u16>,
+    /// The rendezvous ports of the whole cluster, split into equal blocks,
+    /// one per agent (they share this machine, so no two may offer the
+    /// same port).
+    pub rendezvous_ports: muster_core::sm::PortRange,
 }
 
 /// The admin identity a local cluster issues for its operator.
@@ -98,6 +105,7 @@ impl Default for LocalConfig {
             preemption: muster_core::policy::PreemptionConfig::default(),
             reclaim: muster_core::policy::ReclaimConfig::default(),
             node_vclusters: Vec::new(),
+            node_labels: Vec::new(),
             // The agents' GPUs are fake: nothing to check their health by.
             watchdog: muster_agent::watchdog::WatchdogConfig {
                 gpu_health: false,
@@ -106,6 +114,19 @@ impl Default for LocalConfig {
             insecure: false,
             tls_dir: None,
             http_port: None,
+            rendezvous_ports: muster_core::sm::PortRange { first: 29_500, count: 500 },
+        }
+    }
+}
+
+impl LocalConfig {
+    /// Agent `i`'s block of the cluster's rendezvous ports.
+    pub fn agent_ports(&self, i: u32) -> muster_core::sm::PortRange {
+        let r = self.rendezvous_ports;
+        let block = r.count / (self.agents.max(1) as u16).max(1);
+        match u16::try_from(i).ok().and_then(|i| i.checked_mul(block)) {
+            Some(offset) if block > 0 => muster_core::sm::PortRange { first: r.first + offset, count: block },
+            _ => muster_core::sm::PortRange::default(),
         }
     }
 }
@@ -247,13 +268,17 @@ impl LocalCluster {
                 cpus: self.cfg.cpus_per_agent,
             },
             labels: {
-                let mut labels = BTreeMap::from([("gpu".to_string(), "fake".to_string())]);
+                let mut labels = BTreeMap::from([("gpu.model".to_string(), "fake".to_string())]);
+                if let Some(more) = self.cfg.node_labels.get(i as usize) {
+                    labels.extend(more.clone());
+                }
                 if let Some(vc) = self.cfg.node_vclusters.get(i as usize).filter(|v| !v.is_empty()) {
                     labels.insert(muster_core::sm::VCLUSTER_LABEL.to_string(), vc.clone());
                 }
                 labels
             },
             address: format!("127.0.0.1:{}", 29_500 + i),
+            ports: self.cfg.agent_ports(i),
             work_dir: self.dir.join(&node_id),
             backoff: (Duration::from_millis(100), Duration::from_secs(2)),
             watchdog: self.cfg.watchdog,

@@ -72,6 +72,8 @@ pub struct AgentConfig {
     pub labels: BTreeMap<String, String>,
     /// `host:port` gang peers reach this node at.
     pub address: String,
+    /// The TCP ports this node offers for gangs' rendezvous (empty: none).
+    pub ports: muster_core::sm::PortRange,
     /// Where logs and process records live.
     pub work_dir: PathBuf,
     /// Shortest and longest pause between reconnects.

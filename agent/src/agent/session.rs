@@ -26,6 +26,7 @@ impl Agent {
             version: env!("CARGO_PKG_VERSION").to_string(),
             running: self.registered_tasks(),
             address: self.cfg.address.clone(),
+            ports: if self.cfg.ports.count == 0 { String::new() } else { self.cfg.ports.to_string() },
         }))
         .await?;
         let mut client = AgentServiceClient::new(channel)

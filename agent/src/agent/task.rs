@@ -207,6 +207,7 @@ impl Agent {
             command: a.command,
             env,
             peers: a.peers,
+            ports: a.ports.iter().filter_map(|&p| u16::try_from(p).ok()).collect(),
             gpu_ids: gpus.clone(),
             checkpoint_dir,
         };

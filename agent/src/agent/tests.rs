@@ -34,6 +34,7 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         resources: v1::Resources { gpus: 0, vram_mb: 0, mem_mb: 1_000, cpus: 1 },
         labels: BTreeMap::new(),
         address: "n1".into(),
+        ports: Default::default(),
         work_dir: dir.to_path_buf(),
         backoff: (Duration::from_millis(50), Duration::from_millis(100)),
         watchdog: crate::watchdog::WatchdogConfig::default(),

@@ -231,7 +231,7 @@ async fn t83_a_leader_change_does_not_restart_running_tasks() {
         let i: u32 = t.node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
         let dir = c.agent_dir(i).join(format!("logs/alloc-{id}/task-{}", t.index));
         let attempts: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(attempts.len(), 2, "only attempt-1.out and attempt-1.err: {attempts:?}");
+        assert_eq!(attempts.len(), 3, "only attempt-1's out, err and hostfile: {attempts:?}");
         assert_eq!(std::fs::read_to_string(dir.join("attempt-1.out")).unwrap(), "finished\n");
     }
     c.restart_replica(old).await.unwrap();

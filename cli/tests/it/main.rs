@@ -4,6 +4,7 @@ mod cli_cluster;
 mod cluster;
 mod dev_cli;
 mod dev_proc;
+mod distributed;
 mod e2e;
 mod ecosystem;
 mod failover;
@@ -103,6 +104,8 @@ fn t50_probe_reports_this_machines_resources() {
     assert!(value("cpus") >= 1);
     assert!(value("mem_mb") >= 256);
     let _ = value("gpus");
+    // The labels `muster agent` puts on its node by itself.
+    assert!(text.lines().any(|l| l.starts_with("label    hostname=")), "{text}");
 }
 
 #[test]

@@ -96,6 +96,7 @@ fn register(node: &str, gpus: u32) -> v1::AgentMessage {
     up(Up::Register(v1::Register {
         node_id: node.into(),
         resources: Some(v1::Resources { gpus, vram_mb: 80_000, mem_mb: 64_000, cpus: 8 }),
+        ports: "29500-29599".into(),
         ..Default::default()
     }))
 }

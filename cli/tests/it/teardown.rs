@@ -193,6 +193,7 @@ impl Ghost {
                 tx.send(up(Up::Register(v1::Register {
                     node_id: "ghost".into(),
                     resources: Some(v1::Resources { gpus: 8, vram_mb: 80_000, mem_mb: 256_000, cpus: 32 }),
+                    ports: "29500-29599".into(),
                     ..Default::default()
                 })))
                 .await

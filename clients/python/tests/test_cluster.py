@@ -120,6 +120,30 @@ def test_dry_run_plans_and_submits_nothing(client: Client) -> None:
     assert impossible.plan is not None and "5" in impossible.plan.summary
 
 
+def test_placement_and_rendezvous_ports_reach_the_scheduler(client: Client) -> None:
+    # muster dev's nodes are labelled gpu.model=fake: no node has an H100.
+    r = client.submit(["true"], constraints=["gpu.model=H100"], pack_by="rack:preferred")
+    try:
+        a = client.get(r.id)
+        assert list(a.spec.constraints) == ["gpu.model=H100"] and a.spec.pack_by == "rack:preferred"
+        assert client.explain(r.id).summary == "no ready node has gpu.model=H100"
+    finally:
+        client.cancel(r.id)
+    ok = client.submit(["sleep", "5"], gang_size=2, ports=2, constraints=["gpu.model in (fake)"])
+    try:
+        deadline = time.monotonic() + 60
+        while len(client.get(ok.id).ports) != 2:
+            assert time.monotonic() < deadline, client.get(ok.id)
+            time.sleep(0.1)
+    finally:
+        client.cancel(ok.id)
+    with pytest.raises(ValueError, match="constraints must be a list"):
+        client.submit(["true"], constraints="gpu.model=H100")  # type: ignore[arg-type]
+    with pytest.raises(MusterError) as bad:
+        client.submit(["true"], constraints=["gpu.model in (H100"])
+    assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT and "spec.constraints" in bad.value.message
+
+
 def test_a_follower_address_alone_leads_to_the_leader(client: Client, dev: DevCluster) -> None:
     followers = [a for a in dev.addresses if client.status(a).role == "follower"]
     assert followers

@@ -85,6 +85,9 @@ pub struct PassStats {
     pub gangs_considered: usize,
     /// Gangs held back by their vCluster's hard quota.
     pub quota_waits: usize,
+    /// Gangs that found room but no node among their places with the
+    /// rendezvous ports they ask for free.
+    pub port_waits: usize,
     /// Gangs placed.
     pub gangs_placed: usize,
     /// Of those, gangs placed partly or wholly on borrowed nodes.
@@ -137,6 +140,9 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
         let usage = Usage::of(&a.spec.resources);
         for t in a.tasks.iter().filter(|t| t.status == TaskStatus::Reserved) {
             capacity.give(t.node.expect("a reserved task has a node"), &usage);
+        }
+        if a.tasks[0].status == TaskStatus::Reserved {
+            capacity.give_ports(a.tasks[0].node.expect("a reserved task has a node"), a.ports.len() as u32);
         }
         plan.commands.push(Command::RollbackGang { alloc: id, epoch: a.reservation_epoch });
         plan.stats.rollbacks += 1;
@@ -466,7 +472,6 @@ impl<'a> Pass<'a> {
             return Tried::Skipped;
         }
         let need = a.spec.resources;
-        let n = a.spec.gang_size as usize;
         let homes = [home, 0];
         self.nodes.clear();
         // A node a planned start needs only if this gang ends by then.
@@ -476,18 +481,16 @@ impl<'a> Pass<'a> {
         // After a watchdog trip, elsewhere if it can be; the same node if not.
         let placed = need.gpus <= capacity.max_free_gpus(&homes)
             && ((!avoid.is_empty()
-                && capacity.find_where(&need, n, &homes, &mut self.nodes, |s| {
-                    in_time(s) && avoid.binary_search(&s).is_err()
-                }))
+                && capacity.place(a, &homes, &mut self.nodes, |s| in_time(s) && avoid.binary_search(&s).is_err()))
                 || {
                     self.nodes.clear();
-                    capacity.find_where(&need, n, &homes, &mut self.nodes, in_time)
+                    capacity.place(a, &homes, &mut self.nodes, in_time)
                 });
         if !placed {
             // Room, but only on nodes a planned start needs?
             let held = !self.needed.is_empty() && {
                 self.nodes.clear();
-                need.gpus <= capacity.max_free_gpus(&homes) && capacity.find(&need, n, &homes, &[], &mut self.nodes)
+                need.gpus <= capacity.max_free_gpus(&homes) && capacity.place(a, &homes, &mut self.nodes, |_| true)
             };
             if held {
                 let e = self.held_from.entry(held_key).or_insert(end);
@@ -501,6 +504,10 @@ impl<'a> Pass<'a> {
         }
         if self.over_quota(a, &self.nodes) {
             plan.stats.quota_waits += 1;
+            return Tried::Skipped;
+        }
+        if !self.port_first(a, capacity) {
+            plan.stats.port_waits += 1;
             return Tried::Skipped;
         }
         self.reserve(a, plan, capacity, 0);
@@ -521,7 +528,13 @@ impl<'a> Pass<'a> {
             return;
         }
         let needed = &self.needed;
-        let nodes = capacity.nodes_of(&[home, 0], 0).filter(|s| !needed.contains_key(s)).map(|s| (s, capacity.free(s)));
+        let placement = &a.spec.placement;
+        let state = self.state;
+        let nodes = capacity
+            .nodes_of(&[home, 0], 0)
+            .filter(|s| !needed.contains_key(s))
+            .filter(|&s| placement.is_any() || placement.admits(&state.node(s).labels))
+            .map(|s| (s, capacity.free(s)));
         let rolled_back = &self.rolled_back;
         let projected =
             project(self.state, &a.spec.resources, a.spec.gang_size as usize, self.now_ms, nodes, &self.ends, |id| {
@@ -555,13 +568,25 @@ impl<'a> Pass<'a> {
         let in_time = |slot: NodeSlot| needed.get(&slot).is_none_or(|p| p.lets(a, end));
         self.nodes.clear();
         // Home first (it fails alone: the walk tried), then lenders.
-        capacity.find_where(&need, n, &[home, 0], &mut self.nodes, in_time);
+        let placement = &a.spec.placement;
+        let admits = |slot: NodeSlot| placement.is_any() || placement.admits(&state.node(slot).labels);
+        capacity.find_where(&need, n, &[home, 0], &mut self.nodes, |s| in_time(s) && admits(s));
         let lenders: Vec<u32> = (1..state.home_keys()).filter(|&k| k != home && state.queued_in(k) == 0).collect();
         let at_home = self.nodes.len();
-        if !capacity.find_where(&need, n, &lenders, &mut self.nodes, |slot| state.lendable(slot) && in_time(slot)) {
+        if !capacity.find_where(&need, n, &lenders, &mut self.nodes, |slot| {
+            state.lendable(slot) && in_time(slot) && admits(slot)
+        }) {
             // Fewer free nodes now than this shape needs: so for the rest.
             self.failed_borrow.insert(shape);
             return;
+        }
+        // Borrowed capacity is a top-up wherever it is: a gang that must be
+        // packed borrows only when the top-up happens to share its value.
+        if let Some(p) = placement.pack_by.as_ref().filter(|p| p.required) {
+            let first = state.node(self.nodes[0]).labels.get(&p.key);
+            if self.nodes.iter().any(|&s| state.node(s).labels.get(&p.key) != first) {
+                return;
+            }
         }
         let borrowed = (self.nodes.len() - at_home) as u64 * u64::from(need.gpus);
         let pending = self.pending_borrowed.get(&home).copied().unwrap_or(0);
@@ -569,11 +594,30 @@ impl<'a> Pass<'a> {
         if self.over_quota(a, &self.nodes) || state.borrow_excess(a, &self.nodes, pending, gone).is_some() {
             return;
         }
+        if !self.port_first(a, capacity) {
+            plan.stats.port_waits += 1;
+            return;
+        }
         self.reserve(a, plan, capacity, borrowed);
         plan.stats.gangs_borrowing += 1;
     }
 
-    /// Reserves `a` on `self.nodes` in the plan.
+    /// Puts first (task 0's place) a node of `self.nodes` with the
+    /// rendezvous ports `a` asks for free; false if none has them.
+    fn port_first(&mut self, a: &Allocation, capacity: &Overlay) -> bool {
+        if a.spec.ports == 0 {
+            return true;
+        }
+        match self.nodes.iter().position(|&s| capacity.free_ports(s) >= a.spec.ports) {
+            Some(i) => {
+                self.nodes.swap(0, i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Reserves `a` on `self.nodes` in the plan (task 0 on the first).
     fn reserve(&mut self, a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay, borrowed_gpus: u64) {
         let state = self.state;
         let home = state.home_key(&a.spec.vcluster);
@@ -588,6 +632,7 @@ impl<'a> Pass<'a> {
         }
         let usage = Usage::of(&a.spec.resources);
         let end = self.end_of(a);
+        capacity.take_ports(self.nodes[0], a.spec.ports);
         for &slot in &self.nodes {
             capacity.take(slot, &usage);
             if self.backfill {
@@ -636,11 +681,13 @@ struct Overlay<'a> {
     index: BTreeSet<(u32, u32, NodeSlot)>,
     /// Free consumables of the nodes this pass changed.
     touched: BTreeMap<NodeSlot, Usage>,
+    /// Rendezvous ports this pass took (+) or gave back (−), per node.
+    ports: BTreeMap<NodeSlot, i64>,
 }
 
 impl<'a> Overlay<'a> {
     fn new(state: &'a State) -> Self {
-        Overlay { state, index: state.free_gpu_index().clone(), touched: BTreeMap::new() }
+        Overlay { state, index: state.free_gpu_index().clone(), touched: BTreeMap::new(), ports: BTreeMap::new() }
     }
 
     fn free(&self, slot: NodeSlot) -> Usage {
@@ -668,6 +715,24 @@ impl<'a> Overlay<'a> {
         self.set_free(slot, free.plus(usage));
     }
 
+    /// Rendezvous ports free on `slot` as of this point of the pass.
+    fn free_ports(&self, slot: NodeSlot) -> u32 {
+        let delta = self.ports.get(&slot).copied().unwrap_or(0);
+        (i64::from(self.state.free_port_count(slot)) - delta).max(0) as u32
+    }
+
+    fn take_ports(&mut self, slot: NodeSlot, n: u32) {
+        if n > 0 {
+            *self.ports.entry(slot).or_default() += i64::from(n);
+        }
+    }
+
+    fn give_ports(&mut self, slot: NodeSlot, n: u32) {
+        if n > 0 {
+            *self.ports.entry(slot).or_default() -= i64::from(n);
+        }
+    }
+
     /// The most free GPUs on any ready node of these homes.
     fn max_free_gpus(&self, homes: &[u32]) -> u32 {
         homes
@@ -692,11 +757,59 @@ impl<'a> Overlay<'a> {
         })
     }
 
-    /// Collects `n` distinct ready nodes of these homes, none in `avoid`
-    /// (sorted), that can each take one task of `need`, preferring the
-    /// fewest free GPUs (best fit). False if there are fewer than `n`.
-    fn find(&self, need: &Resources, n: usize, homes: &[u32], avoid: &[NodeSlot], out: &mut Vec<NodeSlot>) -> bool {
-        self.find_where(need, n, homes, out, |slot| avoid.binary_search(&slot).is_err())
+    /// Collects the nodes of these homes gang `a` may take, each passing
+    /// `ok`, by its placement: best fit among the nodes meeting its
+    /// constraints, all under one value of its packing label when it packs
+    /// (preferred packing falls back to spreading). False if it falls short.
+    fn place(&self, a: &Allocation, homes: &[u32], out: &mut Vec<NodeSlot>, ok: impl Fn(NodeSlot) -> bool) -> bool {
+        let (need, n, p) = (&a.spec.resources, a.spec.gang_size as usize, &a.spec.placement);
+        if p.is_any() {
+            return self.find_where(need, n, homes, out, ok);
+        }
+        let admits = |slot: NodeSlot| ok(slot) && p.admits(&self.state.node(slot).labels);
+        match &p.pack_by {
+            Some(pack) if self.find_packed(need, n, homes, &pack.key, out, &admits) => true,
+            Some(pack) if pack.required => false,
+            _ => {
+                out.clear();
+                self.find_where(need, n, homes, out, admits)
+            }
+        }
+    }
+
+    /// Puts into `out` (empty) `n` nodes passing `ok` that share one value
+    /// of label `key`: of the values with room for the gang, the one with
+    /// the fewest nodes that could take a task now (tightest fit, so the
+    /// values with the most room stay whole for larger gangs), then the
+    /// least value; best fit within it.
+    fn find_packed(
+        &self,
+        need: &Resources,
+        n: usize,
+        homes: &[u32],
+        key: &str,
+        out: &mut Vec<NodeSlot>,
+        ok: &impl Fn(NodeSlot) -> bool,
+    ) -> bool {
+        let mut by_value: BTreeMap<&str, Vec<NodeSlot>> = BTreeMap::new();
+        for slot in self.nodes_of(homes, need.gpus) {
+            let node = self.state.node(slot);
+            if let Some(v) = node.labels.get(key)
+                && ok(slot)
+                && fits(need, &node.resources, &self.free(slot))
+            {
+                by_value.entry(v.as_str()).or_default().push(slot);
+            }
+        }
+        let best = by_value.values().filter(|s| s.len() >= n).min_by_key(|s| s.len());
+        match best {
+            Some(slots) => {
+                out.clear();
+                out.extend(&slots[..n]);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Tops `out` up to `n` nodes of these homes that pass `ok` and can

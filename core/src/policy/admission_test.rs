@@ -422,3 +422,107 @@ fn a_gang_that_starts_within_the_preemption_wait_preempts_nothing() {
         assert!(!crate::policy::plan_preemptions(&c.s, c.now, &now).is_empty());
     }
 }
+
+/// Task 0 goes where its gang's rendezvous ports are free: a pass never
+/// gives two gangs the last port of a node, and a gang that finds room but
+/// no port waits without blocking others.
+#[test]
+fn task_0_lands_on_a_node_with_free_rendezvous_ports() {
+    let mut c = Cluster::new(&[]);
+    for (i, ports) in ["none", "29500-29500", "none"].iter().enumerate() {
+        let node = NodeId::new(format!("n{i}"));
+        let labels = BTreeMap::from([(crate::sm::PORTS_LABEL.to_string(), ports.to_string())]);
+        c.apply(Command::RegisterNode { node: node.clone(), resources: node_res(8), labels });
+        c.apply(Command::MarkNodeReady { node });
+    }
+    let a = c.submit_with(2, 1, |s| s.ports = 1);
+    let b = c.submit_with(2, 1, |s| s.ports = 1);
+    let free = c.submit(2, 1);
+    let plan = c.pass(&default_cfg());
+    assert_eq!(c.nodes_of(a)[0], "n1");
+    assert_eq!(c.s.alloc(a).unwrap().ports, vec![29500]);
+    // b fits on GPUs but n1's one port is a's: it waits; the portless gang goes.
+    assert_eq!(c.status(b), AllocStatus::Queued);
+    assert_eq!(c.status(free), AllocStatus::Reserved);
+    assert_eq!(plan.stats.port_waits, 1);
+}
+
+/// A cluster whose nodes carry labels: (GPUs, labels) per node.
+fn labelled(nodes: &[(u32, &[(&str, &str)])]) -> Cluster {
+    let mut c = Cluster::new(&[]);
+    for (i, (g, labels)) in nodes.iter().enumerate() {
+        let node = NodeId::new(format!("n{i}"));
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        c.apply(Command::RegisterNode { node: node.clone(), resources: node_res(*g), labels });
+        c.apply(Command::MarkNodeReady { node });
+    }
+    c
+}
+
+fn placement(constraints: &str, pack_by: Option<&str>) -> crate::sm::Placement {
+    crate::sm::Placement {
+        constraints: if constraints.is_empty() {
+            vec![]
+        } else {
+            crate::sm::LabelExpr::parse_list(constraints).unwrap()
+        },
+        pack_by: pack_by.map(|p| crate::sm::Packing::parse(p).unwrap()),
+    }
+}
+
+#[test]
+fn constrained_gangs_go_only_to_matching_nodes_and_do_not_block_others() {
+    let h100: &[(&str, &str)] = &[("gpu.model", "H100")];
+    let a100: &[(&str, &str)] = &[("gpu.model", "A100")];
+    let mut c = labelled(&[(8, a100), (8, h100), (8, a100), (8, h100)]);
+    let h = c.submit_with(2, 8, |s| s.placement = placement("gpu.model=H100", None));
+    // Same shape, but the H100s are taken: it waits, and the unconstrained
+    // gang of the same shape behind it still goes (the failed-shape memo
+    // tells placements apart).
+    let h2 = c.submit_with(2, 8, |s| s.placement = placement("gpu.model=H100", None));
+    let any = c.submit(2, 8);
+    c.pass(&default_cfg());
+    assert_eq!(c.nodes_of(h), ["n1", "n3"]);
+    assert_eq!(c.status(h2), AllocStatus::Queued);
+    assert_eq!(c.nodes_of(any), ["n0", "n2"]);
+    // notin and exists work the same way.
+    let mut c = labelled(&[(8, a100), (8, h100), (8, &[])]);
+    let not_a = c.submit_with(1, 8, |s| s.placement = placement("gpu.model notin (A100),gpu.model", None));
+    c.pass(&default_cfg());
+    assert_eq!(c.nodes_of(not_a), ["n1"]);
+}
+
+#[test]
+fn a_packed_gang_lands_in_one_rack_and_leaves_the_emptiest_rack_whole() {
+    // Rack r1: three free nodes; rack r2: two free nodes; n5 has no rack.
+    let r1: &[(&str, &str)] = &[("rack", "r1")];
+    let r2: &[(&str, &str)] = &[("rack", "r2")];
+    let mut c = labelled(&[(8, r1), (8, r2), (8, r1), (8, r2), (8, r1), (8, &[])]);
+    // A gang of 2 fits in either rack: it takes the tighter one (r2) and
+    // leaves r1 whole for the gang of 3 that comes next.
+    let small = c.submit_with(2, 8, |s| s.placement = placement("", Some("rack")));
+    c.pass(&default_cfg());
+    assert_eq!(c.nodes_of(small), ["n1", "n3"]);
+    let big = c.submit_with(3, 8, |s| s.placement = placement("", Some("rack")));
+    c.pass(&default_cfg());
+    assert_eq!(c.nodes_of(big), ["n0", "n2", "n4"]);
+    // No rack has room for two more: required waits, preferred spreads.
+    let must = c.submit_with(2, 4, |s| s.placement = placement("", Some("rack:required")));
+    let may = c.submit_with(1, 8, |s| s.placement = placement("", Some("rack:preferred")));
+    c.pass(&default_cfg());
+    assert_eq!(c.status(must), AllocStatus::Queued);
+    assert_eq!(c.nodes_of(may), ["n5"]);
+}
+
+#[test]
+fn explain_names_the_constraint_no_node_meets() {
+    let a100: &[(&str, &str)] = &[("gpu.model", "A100")];
+    let mut c = labelled(&[(8, a100), (8, a100)]);
+    let h = c.submit_with(1, 1, |s| s.placement = placement("gpu.model=H100", None));
+    let e = crate::policy::explain(&c.s, h, c.now, &Default::default()).unwrap();
+    assert_eq!(e.summary, "no ready node has gpu.model=H100");
+    assert!(e.classes.iter().any(|k| k.reason == "not a place for this gang: has no gpu.model=H100"), "{e:?}");
+    let r = c.submit_with(3, 1, |s| s.placement = placement("", Some("rack")));
+    let e = crate::policy::explain(&c.s, r, c.now, &Default::default()).unwrap();
+    assert_eq!(e.summary, "no ready node is a place for this gang: 2 nodes: lacks the rack label it packs by");
+}

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::admission::{AdmissionConfig, plan_admission};
 use super::backfill::{PlannedStart, planned_start};
 use super::preemption::{Decision, NoPreemption, PreemptionConfig, Preemptor, decide, waits_for};
-use crate::sm::{AllocId, AllocSpec, AllocStatus, Command, NodeStatus, Resources, State, Usage, fits};
+use crate::sm::{
+    AllocId, AllocSpec, AllocStatus, Command, LabelOp, NodeStatus, Placement, Resources, State, Usage, fits,
+};
 
 /// One class of nodes and what it means for the gang.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,7 +102,7 @@ struct Tally {
 /// Explains allocation `id` at `now_ms`, or `None` if it does not exist.
 pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) -> Option<Explanation> {
     let a = state.alloc(id)?;
-    let mut e = explain_gang(state, a.spec.resources, a.spec.gang_size, a.status, a.is_queued());
+    let mut e = explain_gang(state, &a.spec, a.status, a.is_queued());
     e.alloc = id;
     if let Some(n) = &a.nomination {
         e.summary = format!(
@@ -176,7 +178,7 @@ pub fn explain_with_admission(
 /// The dry run of submitting `spec` at `now_ms`: where it stands against
 /// the cluster now, and what it would preempt.
 pub fn explain_spec(state: &State, spec: &AllocSpec, now_ms: u64, cfg: &PreemptionConfig) -> Explanation {
-    let mut e = explain_gang(state, spec.resources, spec.gang_size, AllocStatus::Queued, true);
+    let mut e = explain_gang(state, spec, AllocStatus::Queued, true);
     let p = Preemptor {
         alloc: None,
         class: spec.preemption_class,
@@ -184,18 +186,60 @@ pub fn explain_spec(state: &State, spec: &AllocSpec, now_ms: u64, cfg: &Preempti
         resources: spec.resources,
         walltime_s: spec.walltime_s,
         home: Some(state.home_key(&spec.vcluster)),
+        placement: spec.placement.clone(),
     };
     e.preemption = Some(decide(state, &p, now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
     e
 }
 
-fn explain_gang(state: &State, need: Resources, n: u32, status: AllocStatus, pending: bool) -> Explanation {
+/// Why a node with `labels` is not a place for a gang with `placement`.
+fn misplaced(placement: &Placement, labels: &BTreeMap<String, String>) -> Option<String> {
+    if let Some(c) = placement.unmet(labels) {
+        return Some(match c.op {
+            LabelOp::Eq(_) => format!("has no {c}"),
+            _ => format!("does not meet {c}"),
+        });
+    }
+    match &placement.pack_by {
+        Some(p) if p.required && !labels.contains_key(&p.key) => Some(format!("lacks the {} label it packs by", p.key)),
+        _ => None,
+    }
+}
+
+/// `2 nodes: has no gpu.model=H100; 1 node: does not meet rack`.
+fn tally(whys: &BTreeMap<String, u32>) -> String {
+    let each: Vec<String> =
+        whys.iter().map(|(why, &k)| format!("{k} node{}: {why}", if k == 1 { "" } else { "s" })).collect();
+    each.join("; ")
+}
+
+fn explain_gang(state: &State, spec: &AllocSpec, status: AllocStatus, pending: bool) -> Explanation {
+    let (need, n) = (spec.resources, spec.gang_size);
     let id = 0;
-    let mut classes: BTreeMap<(NodeStatus, Resources), Tally> = BTreeMap::new();
+    let mut classes: BTreeMap<(NodeStatus, Resources, Option<String>), Tally> = BTreeMap::new();
     let mut held = 0;
+    // Ready nodes left out by the placement, by why; and, for a gang that
+    // packs, the ready nodes that could ever take a task, by label value.
+    let mut left_out: BTreeMap<String, u32> = BTreeMap::new();
+    let mut per_value: BTreeMap<&str, u32> = BTreeMap::new();
     for node in state.nodes() {
-        let entry = classes.entry((node.status, node.resources)).or_default();
+        let why = misplaced(&spec.placement, &node.labels);
+        if let (Some(w), NodeStatus::Ready) = (&why, node.status) {
+            *left_out.entry(w.clone()).or_default() += 1;
+        }
+        let placeable = why.is_none();
+        let entry = classes.entry((node.status, node.resources, why)).or_default();
         entry.nodes += 1;
+        if !placeable {
+            continue;
+        }
+        if let Some(p) = &spec.placement.pack_by
+            && node.status == NodeStatus::Ready
+            && never_fits(&need, &node.resources).is_none()
+            && let Some(v) = node.labels.get(&p.key)
+        {
+            *per_value.entry(v.as_str()).or_default() += 1;
+        }
         if node.status == NodeStatus::Ready && state.held_for(node.slot).is_some() {
             held += 1;
             *entry.short.entry("held for a preemptor").or_default() += 1;
@@ -211,8 +255,10 @@ fn explain_gang(state: &State, need: Resources, n: u32, status: AllocStatus, pen
     let mut free_now = 0;
     let reasons = classes
         .into_iter()
-        .map(|((status, res), Tally { nodes, can, short })| {
-            let reason = if let Some(why) = out_of_service(status) {
+        .map(|((status, res, misplaced), Tally { nodes, can, short })| {
+            let reason = if let Some(why) = misplaced {
+                format!("not a place for this gang: {why}")
+            } else if let Some(why) = out_of_service(status) {
                 why.to_string()
             } else if let Some(why) = never_fits(&need, &res) {
                 format!("can never take a task: {why}")
@@ -233,6 +279,28 @@ fn explain_gang(state: &State, need: Resources, n: u32, status: AllocStatus, pen
         format!("allocation is not pending: it is {status:?}").to_lowercase()
     } else if state.nodes().is_empty() {
         "no nodes are registered".to_string()
+    } else if feasible_ever == 0 && !left_out.is_empty() {
+        match left_out.keys().next().and_then(|w| w.strip_prefix("has no ")) {
+            Some(what) if left_out.len() == 1 => format!("no ready node has {what}"),
+            _ => format!("no ready node is a place for this gang: {}", tally(&left_out)),
+        }
+    } else if feasible_ever < n && !left_out.is_empty() {
+        format!(
+            "only {feasible_ever} ready nodes could ever take one of the gang's {n} tasks; the others are left out by \
+             its placement ({})",
+            tally(&left_out)
+        )
+    } else if let Some(p) = spec.placement.pack_by.as_ref().filter(|p| p.required && per_value.values().all(|&k| k < n))
+    {
+        let best = per_value.iter().max_by_key(|(_, k)| **k);
+        format!(
+            "the gang of {n} must run under one value of {}, and none has {n} nodes that could take a task ({})",
+            p.key,
+            best.map_or_else(
+                || format!("no ready node has {}", p.key),
+                |(v, k)| format!("the most is {k}, {}={v}", p.key)
+            )
+        )
     } else if feasible_ever < n {
         format!(
             "the gang of {n} is larger than any feasible set: only {feasible_ever} ready nodes could ever take one of its tasks"

@@ -88,6 +88,7 @@ impl Cluster {
             resources: Resources { gpus, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 },
             walltime_s: 3600,
             home: None,
+            placement: Default::default(),
         }
     }
 
@@ -468,4 +469,33 @@ fn a_victim_is_forced_only_after_the_agent_s_longest_checkpoint_path_with_a_full
     let defaults = PreemptionConfig::default();
     assert_eq!(defaults.force_after_ms(true), 900_000 + 300_000 + defaults.grace_ms + defaults.force_slack_ms);
     assert_eq!(defaults.force_after_ms(false), defaults.grace_ms + defaults.force_slack_ms);
+}
+
+/// A preemptor that must run on H100s frees only H100 nodes, and a packed
+/// one takes victims' nodes only under one rack.
+#[test]
+fn preemption_honours_constraints_and_packing() {
+    let mut c = Cluster::new(&[(8, ""), (8, ""), (8, "")]);
+    let on = |c: &mut Cluster, i: u32, labels: &[(&str, &str)]| {
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        c.ok(Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources: node_res(8), labels });
+    };
+    on(&mut c, 0, &[("gpu.model", "A100"), ("rack", "r1")]);
+    on(&mut c, 1, &[("gpu.model", "H100"), ("rack", "r1")]);
+    on(&mut c, 2, &[("gpu.model", "H100"), ("rack", "r2")]);
+    let victims: Vec<AllocId> = (0..3).map(|i| c.run(8, 2, &[i], 2_000, |_| {})).collect();
+    let now = 20 * MIN;
+    let mut p = Cluster::preemptor(1, 8, 8);
+    p.placement.constraints = crate::sm::LabelExpr::parse_list("gpu.model=H100").unwrap();
+    let d = decide(&c.s, &p, now, &PreemptionConfig::default(), &BTreeSet::new(), &BTreeSet::new()).unwrap();
+    let node = c.s.node(d.nodes[0]).id.to_string();
+    assert!(node == "n1" || node == "n2", "{node}");
+    assert!(d.victims.iter().all(|v| v.alloc != victims[0]), "the A100 node's work is spared: {d:?}");
+    // Two tasks under one rack: only r1 has two nodes.
+    let mut p = Cluster::preemptor(2, 8, 8);
+    p.placement.pack_by = Some(crate::sm::Packing::parse("rack").unwrap());
+    let d = decide(&c.s, &p, now, &PreemptionConfig::default(), &BTreeSet::new(), &BTreeSet::new()).unwrap();
+    let mut nodes: Vec<String> = d.nodes.iter().map(|&s| c.s.node(s).id.to_string()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n0", "n1"]);
 }

@@ -36,10 +36,11 @@ pub use state::{
 };
 pub use types::{
     ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, Checkpoint,
-    CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_MAX_RETRIES, DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Drain,
-    HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PreemptReason, Resources, Task,
-    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL,
-    VClusterType, WatchdogKind, fits,
+    CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_MAX_RETRIES, DEFAULT_RENDEZVOUS_PORTS, DEFAULT_VCLUSTER,
+    DEFAULT_WALLTIME_S, Drain, HISTORY_LIMIT, LabelExpr, LabelOp, MAX_CONSTRAINTS, MAX_RENDEZVOUS_PORTS,
+    NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination, PORTS_LABEL, Packing, Placement, PortRange,
+    PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole,
+    Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, fits,
 };
 pub use validate::{
     DEFAULT_MAX_CHECKPOINT_BYTES, DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES,

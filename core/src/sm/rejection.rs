@@ -184,6 +184,37 @@ pub enum Rejection {
         /// The task.
         task: TaskIndex,
     },
+    /// A node does not meet one of the gang's label constraints.
+    #[error("node {node} does not meet constraint {constraint} of allocation {alloc}")]
+    ConstraintUnmet {
+        /// The node.
+        node: NodeId,
+        /// The allocation.
+        alloc: AllocId,
+        /// The constraint, as written.
+        constraint: String,
+    },
+    /// A gang that must be packed was placed across values of its topology
+    /// label (or on a node without it).
+    #[error("allocation {alloc} must run under one value of label {key}")]
+    PackingBroken {
+        /// The allocation.
+        alloc: AllocId,
+        /// The topology label.
+        key: String,
+    },
+    /// Task 0's node has fewer free rendezvous ports than the gang asks for.
+    #[error("node {node} has {free} free rendezvous port(s); allocation {alloc} needs {wanted} on task 0's node")]
+    NoFreePorts {
+        /// The node.
+        node: NodeId,
+        /// The allocation.
+        alloc: AllocId,
+        /// Ports the gang asks for.
+        wanted: u32,
+        /// Ports free there.
+        free: u32,
+    },
     /// A re-registration would leave the node with less than its tasks hold.
     #[error("node {0} cannot shrink below the capacity its tasks hold")]
     ShrinkBelowUsage(NodeId),

@@ -3,6 +3,8 @@
 mod borrowing;
 mod history;
 mod lifecycle;
+mod placement;
+mod ports;
 mod preemption;
 mod retention;
 mod teardown;
@@ -550,7 +552,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "646e723ec075dd7b61377e8417da8ddc6f8166cc19f83ec663bc1efb82906a6f"
+        "23ddd0615a7d956852cb053b6d7844d5d4acc8bd0d34b50ad4a14b9afd4f30aa"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

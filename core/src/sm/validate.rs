@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::rejection::Rejection;
-use super::types::{AllocSpec, NodeId, Resources};
+use super::types::{
+    AllocSpec, LabelExpr, MAX_CONSTRAINTS, MAX_RENDEZVOUS_PORTS, NodeId, PORTS_LABEL, Packing, Placement, PortRange,
+    Resources,
+};
 
 /// The highest preemption class (never preempted).
 pub const MAX_PREEMPTION_CLASS: u8 = 10;
@@ -135,6 +138,10 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
     if spec.max_retries == 0 || spec.max_retries > limits.max_retries {
         return Err(invalid("max_retries", format!("{} is outside 1..={}", spec.max_retries, limits.max_retries)));
     }
+    validate_placement(&spec.placement, limits)?;
+    if spec.ports > MAX_RENDEZVOUS_PORTS {
+        return Err(invalid("ports", format!("{} is above the maximum of {MAX_RENDEZVOUS_PORTS}", spec.ports)));
+    }
     validate_command(&spec.command, limits)?;
     validate_env(&spec.env, limits)?;
     let vc = &spec.vcluster;
@@ -194,6 +201,28 @@ fn validate_task_resources(r: &Resources, limits: &Limits) -> Result<(), Rejecti
     }
     if r.gpus == 0 && r.vram_mb > 0 {
         return Err(invalid("resources.vram_mb", "asks for GPU memory without asking for a GPU"));
+    }
+    Ok(())
+}
+
+fn validate_placement(p: &Placement, limits: &Limits) -> Result<(), Rejection> {
+    if p.constraints.len() > MAX_CONSTRAINTS {
+        return Err(invalid(
+            "constraints",
+            format!("{} expressions, the limit is {MAX_CONSTRAINTS}", p.constraints.len()),
+        ));
+    }
+    // Each must read back as written: what the CLI and the API parse.
+    for c in &p.constraints {
+        let text = c.to_string();
+        if text.len() > limits.max_name_bytes * 4 || LabelExpr::parse(&text).as_ref() != Ok(c) {
+            return Err(invalid("constraints", format!("{text:?} is not a valid label expression")));
+        }
+    }
+    if let Some(pack) = &p.pack_by
+        && Packing::parse(&pack.to_string()).as_ref() != Ok(pack)
+    {
+        return Err(invalid("pack_by", format!("{:?} is not a label key", pack.key)));
     }
     Ok(())
 }
@@ -263,6 +292,9 @@ pub fn validate_node(
         if v.len() > limits.max_name_bytes {
             return Err(invalid_node("labels", format!("the value of {k} is too long")));
         }
+    }
+    if let Some(v) = labels.get(PORTS_LABEL) {
+        PortRange::parse(v).map_err(|r| invalid_node(&format!("labels.{PORTS_LABEL}"), r))?;
     }
     if let Some(v) = labels.get(DRAIN_TIMEOUT_LABEL) {
         let s = parse_duration_s(v).map_err(|r| invalid_node(&format!("labels.{DRAIN_TIMEOUT_LABEL}"), r))?;

@@ -84,7 +84,10 @@ proptest! {
 mod arbitrary {
     use std::collections::BTreeMap;
 
-    use muster_scheduler::sm::{AllocSpec, ApplyCtx, CheckpointMode, Command, NodeId, Resources, State};
+    use muster_scheduler::sm::{
+        AllocSpec, ApplyCtx, CheckpointMode, Command, LabelExpr, NodeId, PORTS_LABEL, Packing, Placement, Resources,
+        State,
+    };
     use proptest::prelude::*;
 
     fn any_u64() -> impl Strategy<Value = u64> {
@@ -134,6 +137,16 @@ mod arbitrary {
                     sensitive: class % 7 == 0,
                     checkpoint_estimate_s: 60,
                     stall_timeout_s: 0,
+                    // Nodes offer two ports: some gangs want none, some
+                    // run them out.
+                    ports: priority.rem_euclid(3) as u32,
+                    // Nodes sit in two racks: some gangs pack by rack, some
+                    // want rack r0.
+                    placement: match class % 4 {
+                        1 => Placement { constraints: vec![], pack_by: Some(Packing::parse("rack").unwrap()) },
+                        2 => Placement { constraints: LabelExpr::parse_list("rack=r0").unwrap(), pack_by: None },
+                        _ => Placement::default(),
+                    },
                 },
             )
     }
@@ -143,7 +156,10 @@ mod arbitrary {
             (node(), resources()).prop_map(|(node, resources)| Command::RegisterNode {
                 node,
                 resources,
-                labels: BTreeMap::new()
+                labels: BTreeMap::from([
+                    (PORTS_LABEL.to_string(), "100-101".to_string()),
+                    ("rack".to_string(), format!("r{}", resources.gpus % 2)),
+                ])
             }),
             spec().prop_map(|spec| Command::Submit { spec }),
             (any_u64(), any_u64(), proptest::collection::vec(node(), 0..4))

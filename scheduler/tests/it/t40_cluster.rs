@@ -310,6 +310,7 @@ async fn an_agent_cannot_claim_or_report_another_nodes_task() {
             msg: Some(AgentMsg::Register(v1::Register {
                 node_id: name.into(),
                 resources: Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 10_000, cpus: 4 }),
+                ports: "29500-29599".into(),
                 ..Default::default()
             })),
         })

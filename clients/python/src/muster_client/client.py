@@ -339,6 +339,9 @@ class Client:
         sensitive: bool = False,
         checkpoint_estimate_s: int = 60,
         stall_timeout_s: int = 0,
+        ports: int = 1,
+        constraints: Sequence[str] = (),
+        pack_by: str = "",
         dry_run: bool = False,
         timeout: float | None = None,
     ) -> SubmitResult:
@@ -354,6 +357,11 @@ class Client:
         validates and plans only: ``id`` is 0 and ``plan`` says where it would
         stand. ``owner``: None records the caller's verified identity (the
         name in its certificate or token); only an admin may name another.
+        ``ports``: rendezvous ports reserved on task 0's node (the first is the
+        gang's ``MASTER_PORT``; 0: none). ``constraints``: label expressions
+        every node of the gang must meet (``"gpu.model=H100"``, ``"rack in
+        (r1,r2)"``); ``pack_by``: a topology label all tasks must share
+        (``"rack"``, or ``"rack:preferred"``).
         """
         if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
             raise ValueError("command must be a list of arguments, e.g. ['sh', '-c', 'echo hi']")
@@ -371,7 +379,9 @@ class Client:
         for name, value in (("idempotency_key", idempotency_key), ("owner", owner)):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, not {value!r}")
-        for name, value in (("vcluster", vcluster), ("vcluster_type", vcluster_type)):
+        if isinstance(constraints, (str, bytes)) or not all(isinstance(c, str) for c in constraints):
+            raise ValueError("constraints must be a list of label expressions, e.g. ['gpu.model=H100']")
+        for name, value in (("vcluster", vcluster), ("vcluster_type", vcluster_type), ("pack_by", pack_by)):
             if not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, not {value!r}")
         spec = types_pb.AllocationSpec(
@@ -396,6 +406,9 @@ class Client:
             sensitive=bool(sensitive),
             checkpoint_estimate_s=_uint("checkpoint_estimate_s", checkpoint_estimate_s),
             stall_timeout_s=_uint("stall_timeout_s", stall_timeout_s),
+            ports=_uint("ports", ports),
+            constraints=list(constraints),
+            pack_by=pack_by,
         )
         req = pb.SubmitRequest(spec=spec, dry_run=bool(dry_run))
         resp: pb.SubmitResponse = self._call(

@@ -39,6 +39,7 @@ mod choose;
 mod outcome;
 mod score;
 
+use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 pub(in crate::policy) use choose::top_sum;
@@ -168,6 +169,9 @@ pub fn decide(
         if p.home.is_some_and(|h| ![h, 0].contains(&state.node_home(node.slot))) {
             continue;
         }
+        if !p.placement.is_any() && !p.placement.admits(&node.labels) {
+            continue;
+        }
         if !fits(&need, &node.resources, &Usage::of(&node.resources)) {
             continue;
         }
@@ -202,6 +206,7 @@ pub fn decide(
     if p.class == 0 {
         return Err(NoPreemption::LowestClass);
     }
+    fitting_now.sort_unstable();
     let deficit = n - fitting_now.len();
     let not_enough = |fitting: usize, candidates: usize, mut excluded: Excluded, higher: &mut Vec<AllocId>| {
         higher.sort_unstable();
@@ -274,9 +279,23 @@ pub fn decide(
             .copied()
             .take(n)
             .collect();
-        fitting_now.sort_unstable();
         placed.extend(fitting_now.iter().map(|&(_, slot)| slot).take(n - placed.len()));
         debug_assert_eq!(placed.len(), n);
+        // A gang that must be packed takes these nodes only if they share
+        // one value of its label (choosing victims rack by rack is left to
+        // later windows and passes).
+        if let Some(pack) = p.placement.pack_by.as_ref().filter(|k| k.required) {
+            let first = state.node(placed[0]).labels.get(&pack.key);
+            if placed.iter().any(|&s| state.node(s).labels.get(&pack.key) != first) {
+                continue;
+            }
+        }
+        // Task 0 holds the gang's rendezvous ports: on the node with the
+        // most free (the first such, so plain clusters keep their order).
+        let ports = |slot: &NodeSlot| state.free_port_count(*slot);
+        if let Some(best) = placed.iter().enumerate().max_by_key(|&(i, s)| (ports(s), Reverse(i))).map(|(i, _)| i) {
+            placed.swap(0, best);
+        }
         return Ok(Decision { victims, nodes: placed, cost_gpu_s: cost, value_gpu_s: value });
     }
     if let Some(costly) = last {

@@ -2,11 +2,11 @@
 //! in GPU-seconds (the formulas are in the parent module's docs).
 
 use super::PreemptionConfig;
-use crate::sm::{AllocId, Allocation, CheckpointMode, Resources, State, VClusterType};
+use crate::sm::{AllocId, Allocation, CheckpointMode, Placement, Resources, State, VClusterType};
 
 /// What a decision needs to know of the preemptor (an allocation, or a spec
 /// not yet submitted, for a dry run).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Preemptor {
     /// Its id (`None` for a dry run).
     pub alloc: Option<AllocId>,
@@ -21,6 +21,8 @@ pub struct Preemptor {
     /// The home key of its vCluster: it may take only that vCluster's home
     /// nodes and shared ones (`None`: any node).
     pub home: Option<u32>,
+    /// Where its tasks may run (constraints, packing).
+    pub placement: Placement,
 }
 
 impl Preemptor {
@@ -33,6 +35,7 @@ impl Preemptor {
             resources: a.spec.resources,
             walltime_s: a.spec.walltime_s,
             home: Some(state.home_key(&a.spec.vcluster)),
+            placement: a.spec.placement.clone(),
         }
     }
 

@@ -84,6 +84,7 @@ impl State {
                 retry_first: false,
                 avoid_nodes: Vec::new(),
                 finish_seq: 0,
+                ports: Vec::new(),
             },
         );
         if let Some(key) = &spec.idempotency_key {
@@ -152,7 +153,31 @@ impl State {
                     task: task as TaskIndex,
                 });
             }
+            if let Some(c) = a.spec.placement.unmet(&node.labels) {
+                return Err(Rejection::ConstraintUnmet {
+                    node: node_id.clone(),
+                    alloc: a.id,
+                    constraint: c.to_string(),
+                });
+            }
+            if task == 0 && a.spec.ports > 0 {
+                let free = self.free_port_count(slot);
+                if free < a.spec.ports {
+                    return Err(Rejection::NoFreePorts {
+                        node: node_id.clone(),
+                        alloc: a.id,
+                        wanted: a.spec.ports,
+                        free,
+                    });
+                }
+            }
             slots.push(slot);
+        }
+        if let Some(p) = a.spec.placement.pack_by.as_ref().filter(|p| p.required) {
+            let values: BTreeSet<Option<&String>> = slots.iter().map(|&s| self.node(s).labels.get(&p.key)).collect();
+            if values.len() != 1 || values.contains(&None) {
+                return Err(Rejection::PackingBroken { alloc: a.id, key: p.key.clone() });
+            }
         }
         Ok(slots)
     }
@@ -201,6 +226,7 @@ impl State {
         for (task, &slot) in slots.iter().enumerate() {
             self.occupy(slot, &usage, (id, task as TaskIndex));
         }
+        self.take_ports(id, slots[0]);
         let nodes = slots.iter().map(|&s| self.node(s).id.clone()).collect();
         let a = self.allocs.get_mut(&id).expect("checked above");
         a.reservation_epoch += 1;

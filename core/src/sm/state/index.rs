@@ -224,6 +224,9 @@ impl State {
 
     pub(super) fn release(&mut self, slot: NodeSlot, usage: &Usage, task: (AllocId, TaskIndex)) {
         self.touched.nodes.insert(slot);
+        if task.1 == 0 {
+            self.return_ports(task.0, slot);
+        }
         if let Some(holders) = self.index.holders.get_mut(slot.0 as usize)
             && let Ok(i) = holders.binary_search_by_key(&task.0, |h| h.alloc)
         {
@@ -262,6 +265,47 @@ impl State {
         assert!(node.used.covers(usage), "node {} releases more than it holds", node.id);
         node.used = node.used.minus(usage);
         self.index_node(slot);
+    }
+
+    /// Rendezvous ports of `slot`'s range that no gang holds, lowest first.
+    pub fn free_ports(&self, slot: NodeSlot) -> impl Iterator<Item = u16> + '_ {
+        let held = self.index.ports_held.get(&slot);
+        let range = self.node(slot).ports();
+        (0..range.count).map(move |i| range.first + i).filter(move |p| held.is_none_or(|h| !h.contains(p)))
+    }
+
+    /// How many rendezvous ports of `slot` no gang holds.
+    pub fn free_port_count(&self, slot: NodeSlot) -> u32 {
+        let range = self.node(slot).ports();
+        let held = self.index.ports_held.get(&slot).map_or(0, |h| h.iter().filter(|&&p| range.contains(p)).count());
+        u32::from(range.count) - held as u32
+    }
+
+    /// Gives `id` the lowest free rendezvous ports its spec asks for on
+    /// `slot` (task 0's node; checked to have them).
+    pub(super) fn take_ports(&mut self, id: AllocId, slot: NodeSlot) {
+        let want = self.allocs[&id].spec.ports as usize;
+        let ports: Vec<u16> = self.free_ports(slot).take(want).collect();
+        assert_eq!(ports.len(), want, "task 0's node was checked to have the ports");
+        if !ports.is_empty() {
+            self.index.ports_held.entry(slot).or_default().extend(ports.iter().copied());
+        }
+        self.allocs.get_mut(&id).expect("placing a known allocation").ports = ports;
+    }
+
+    /// Returns the rendezvous ports `id` holds on `slot` (its task 0 left).
+    fn return_ports(&mut self, id: AllocId, slot: NodeSlot) {
+        let ports = std::mem::take(&mut self.allocs.get_mut(&id).expect("releasing a known allocation").ports);
+        if ports.is_empty() {
+            return;
+        }
+        let held = self.index.ports_held.get_mut(&slot).expect("held ports are indexed");
+        for p in &ports {
+            assert!(held.remove(p), "allocation {id} returns port {p} it does not hold on {slot:?}");
+        }
+        if held.is_empty() {
+            self.index.ports_held.remove(&slot);
+        }
     }
 
     /// The task of `id` holding `slot` (re)started or was reserved again
@@ -343,7 +387,14 @@ impl State {
             for (slot, task) in placed {
                 self.index.tasks_by_node.entry(slot).or_default().insert((id, task));
                 self.add_holder(slot, id, usage);
+                if task == 0 {
+                    let held = self.index.ports_held.entry(slot).or_default();
+                    for &p in &self.allocs[&id].ports {
+                        assert!(held.insert(p), "port {p} held twice on {slot:?}");
+                    }
+                }
             }
+            self.index.ports_held.retain(|_, h| !h.is_empty());
         }
         self.touched.finished.sort_by_key(|id| self.allocs[id].finish_seq);
         self.flush_finished();

@@ -7,7 +7,22 @@ impl State {
     /// Tests and the simulator call this; a broken invariant is a bug.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut used = vec![Usage::default(); self.nodes.len()];
+        let mut ports: BTreeMap<NodeSlot, BTreeSet<u16>> = BTreeMap::new();
         for a in self.allocs.values() {
+            // Rendezvous ports: held exactly while task 0 holds capacity, as
+            // many as asked, none twice on one node.
+            let task0 = a.tasks.first().filter(|t| t.status.holds_capacity()).and_then(|t| t.node);
+            match task0 {
+                Some(slot) if a.ports.len() == a.spec.ports as usize => {
+                    for &p in &a.ports {
+                        if !ports.entry(slot).or_default().insert(p) {
+                            return Err(format!("port {p} of node {} is held twice", self.node(slot).id));
+                        }
+                    }
+                }
+                None if a.ports.is_empty() => {}
+                _ => return Err(format!("allocation {} holds ports {:?} out of step with task 0", a.id, a.ports)),
+            }
             let has = |s: TaskStatus| a.tasks.iter().any(|t| t.status == s);
             if has(TaskStatus::Blocked) && has(TaskStatus::Reserved) {
                 return Err(format!("allocation {} is partly reserved", a.id));
@@ -105,6 +120,10 @@ impl State {
             if (a.is_queued() && a.nomination.is_none()) != self.index.queue.contains(&QueueKey::of(a)) {
                 return Err(format!("queue index out of step for allocation {}", a.id));
             }
+        }
+        ports.retain(|_, p| !p.is_empty());
+        if ports != self.index.ports_held {
+            return Err("rendezvous port index out of step".to_string());
         }
         for (node, used) in self.nodes.iter().zip(&used) {
             if node.used != *used {

@@ -41,6 +41,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
 
 use super::command::Command;
 use super::event::{Event, Outcome};
@@ -49,8 +50,8 @@ use super::types::DEFAULT_VCLUSTER;
 use super::types::{
     ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, Checkpoint,
     CheckpointMode, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,
-    PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole,
-    Usage, VClusterType, fits,
+    Placement, PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token,
+    TokenRole, Usage, VClusterType, fits,
 };
 use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
 use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
@@ -111,23 +112,39 @@ impl QueueKey {
 }
 
 /// What admission needs to know to tell whether two gangs compete for the
-/// same capacity in the same way: gang size and per-task resources.
+/// same capacity in the same way: gang size, per-task resources and where
+/// they may go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Shape {
     /// Gang size.
     pub gang_size: u32,
     /// Per-task resources.
     pub resources: Resources,
+    /// The placement's fingerprint ([`placement_key`]; 0: anywhere).
+    pub placement: u64,
 }
 
 impl Shape {
     /// The least shape (a range start).
-    pub const MIN: Shape = Shape { gang_size: 0, resources: Resources { gpus: 0, vram_mb: 0, mem_mb: 0, cpus: 0 } };
+    pub const MIN: Shape =
+        Shape { gang_size: 0, resources: Resources { gpus: 0, vram_mb: 0, mem_mb: 0, cpus: 0 }, placement: 0 };
 
     /// The shape of an allocation.
     pub fn of(a: &Allocation) -> Shape {
-        Shape { gang_size: a.spec.gang_size, resources: a.spec.resources }
+        Shape { gang_size: a.spec.gang_size, resources: a.spec.resources, placement: placement_key(&a.spec.placement) }
     }
+}
+
+/// A placement's fingerprint: 0 for "anywhere", else the first 8 bytes of
+/// the SHA-256 of its encoding (content-derived, so every replica and every
+/// rebuild groups gangs alike).
+pub fn placement_key(p: &Placement) -> u64 {
+    if p.is_any() {
+        return 0;
+    }
+    let bytes = postcard::to_stdvec(p).expect("encoding a placement into memory cannot fail");
+    let digest = sha2::Sha256::digest(&bytes);
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")).max(1)
 }
 
 /// Lookups derived from the replicated fields; never serialized.
@@ -186,6 +203,8 @@ struct Indexes {
     finished: BTreeSet<(u64, AllocId)>,
     /// Forgotten idempotency keys by (expiry, owner, key).
     key_expiry: BTreeSet<(u64, String, String)>,
+    /// Rendezvous ports held on each node (by task 0 of a placed gang).
+    ports_held: BTreeMap<NodeSlot, BTreeSet<u16>>,
 }
 
 /// A vCluster's live allocations and the GPUs their gangs need.

@@ -123,6 +123,10 @@ pub struct Allocation {
     /// Its place among all allocations in the order they finished (1 for
     /// the first; 0 while live): the job history's sequence number.
     pub finish_seq: u64,
+    /// The rendezvous ports it holds on task 0's node (lowest free ones of
+    /// the node's range, picked when the gang is placed; released with
+    /// task 0's capacity).
+    pub ports: Vec<u16>,
 }
 
 impl Allocation {

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 mod allocation;
 mod node;
+mod placement;
 mod resources;
 mod spec;
 mod task;
@@ -18,6 +19,7 @@ mod token;
 
 pub use allocation::*;
 pub use node::*;
+pub use placement::*;
 pub use resources::*;
 pub use spec::*;
 pub use task::*;

@@ -94,7 +94,9 @@ pub struct Node {
     pub slot: NodeSlot,
     /// What it has.
     pub resources: Resources,
-    /// Free-form labels (pool, rack, GPU model); selectors come later.
+    /// Labels: what the agent found (GPU model, CPU model, hostname), what
+    /// the operator set, and Muster's own (`muster.*`: vCluster, address,
+    /// rendezvous ports, drain timeout).
     pub labels: BTreeMap<String, String>,
     /// Lifecycle status.
     pub status: NodeStatus,
@@ -121,5 +123,67 @@ impl Node {
     /// Consumables not held by any reserved or running task.
     pub fn free(&self) -> Usage {
         Usage::of(&self.resources).minus(&self.used)
+    }
+
+    /// The rendezvous ports its agent offers (its `muster.ports` label;
+    /// none without one, or with one that does not parse, which
+    /// registration refuses).
+    pub fn ports(&self) -> PortRange {
+        self.labels.get(PORTS_LABEL).and_then(|v| PortRange::parse(v).ok()).unwrap_or_default()
+    }
+}
+
+/// The node label naming the rendezvous ports its agent offers, `FIRST-LAST`
+/// (inclusive): admission reserves a gang's `MASTER_PORT` from it on task
+/// 0's node.
+pub const PORTS_LABEL: &str = "muster.ports";
+
+/// A range of TCP ports a node offers for gangs' rendezvous, `first ..=
+/// last`; empty when `count` is 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PortRange {
+    /// The lowest port.
+    pub first: u16,
+    /// How many ports, from `first` up.
+    pub count: u16,
+}
+
+impl PortRange {
+    /// Parses `29500-29599` (inclusive), or `none` for no ports.
+    pub fn parse(s: &str) -> Result<PortRange, String> {
+        let s = s.trim();
+        if s == "none" {
+            return Ok(PortRange::default());
+        }
+        let (a, b) =
+            s.split_once('-').ok_or_else(|| format!("{s:?} is not a port range FIRST-LAST (e.g. 29500-29599)"))?;
+        let port = |p: &str| p.trim().parse::<u16>().map_err(|_| format!("{p:?} is not a port (1-65535)"));
+        let (first, last) = (port(a)?, port(b)?);
+        if first == 0 || last < first {
+            return Err(format!("{s:?}: the range must run from a port ≥ 1 up to one no lower"));
+        }
+        let count = u16::try_from(u32::from(last) - u32::from(first) + 1)
+            .map_err(|_| format!("{s:?} holds more than {} ports", u16::MAX))?;
+        Ok(PortRange { first, count })
+    }
+
+    /// Whether `port` is in the range.
+    pub fn contains(&self, port: u16) -> bool {
+        port >= self.first && u32::from(port) < u32::from(self.first) + u32::from(self.count)
+    }
+
+    /// The ports, lowest first.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        (0..self.count).map(|i| self.first + i)
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.count == 0 {
+            f.write_str("none")
+        } else {
+            write!(f, "{}-{}", self.first, u32::from(self.first) + u32::from(self.count) - 1)
+        }
     }
 }

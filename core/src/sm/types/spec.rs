@@ -136,6 +136,12 @@ pub struct AllocSpec {
     /// beats (touches `MUSTER_PROGRESS_FILE`) and then stays silent this
     /// long, with its GPU idle and memory static, is stopped and retried.
     pub stall_timeout_s: u32,
+    /// Rendezvous ports to reserve on task 0's node for the gang's
+    /// launcher (`MASTER_PORT` is the first; all of them are in
+    /// `MUSTER_PORTS`). No two live gangs on a node hold the same port.
+    pub ports: u32,
+    /// Where its tasks may run: label constraints and topology packing.
+    pub placement: Placement,
 }
 
 /// The vCluster of an allocation that names none.
@@ -147,11 +153,19 @@ pub const DEFAULT_WALLTIME_S: u64 = 3600;
 /// Retry budget when a submit leaves it out (0).
 pub const DEFAULT_MAX_RETRIES: u32 = 3;
 
+/// Rendezvous ports a submit gets when it does not say (`MASTER_PORT`).
+pub const DEFAULT_RENDEZVOUS_PORTS: u32 = 1;
+
+/// The most rendezvous ports one allocation may ask for.
+pub const MAX_RENDEZVOUS_PORTS: u32 = 16;
+
 impl AllocSpec {
     /// A spec with the defaults users get when they leave fields out: class 0,
     /// priority 0, checkpoint `Auto` taking about a minute, one hour of
     /// walltime, 3 retries, no env, no idempotency key, the default vCluster
-    /// of type hpc-batch, not sensitive.
+    /// of type hpc-batch, not sensitive, and no rendezvous ports (the API
+    /// edge asks for [`DEFAULT_RENDEZVOUS_PORTS`] when a submit leaves the
+    /// field out), placed wherever it fits.
     pub fn new(owner: impl Into<String>, gang_size: u32, resources: Resources, command: Vec<String>) -> AllocSpec {
         AllocSpec {
             owner: owner.into(),
@@ -170,6 +184,8 @@ impl AllocSpec {
             sensitive: false,
             checkpoint_estimate_s: DEFAULT_CHECKPOINT_ESTIMATE_S,
             stall_timeout_s: 0,
+            ports: 0,
+            placement: Placement::default(),
         }
     }
 

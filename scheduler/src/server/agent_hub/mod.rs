@@ -48,7 +48,8 @@ use super::convert::{not_leader_status, propose_error_to_status, rejection_to_st
 use super::replica::Shared;
 use crate::policy::PreemptionConfig;
 use crate::sm::{
-    Command, Event, MAX_AGENT_REASON_BYTES, NodeId, NodeStatus, Outcome, Resources, TaskStatus, WatchdogKind,
+    Command, Event, MAX_AGENT_REASON_BYTES, NodeId, NodeStatus, Outcome, PORTS_LABEL, PortRange, Resources, TaskStatus,
+    WatchdogKind,
 };
 
 pub use muster_core::sync::ADDRESS_LABEL;

@@ -36,6 +36,11 @@ impl Session {
         if !reg.address.is_empty() {
             labels.insert(ADDRESS_LABEL.to_string(), reg.address);
         }
+        if !reg.ports.is_empty() {
+            let ports =
+                PortRange::parse(&reg.ports).map_err(|e| Status::invalid_argument(format!("invalid ports: {e}")))?;
+            labels.insert(PORTS_LABEL.to_string(), ports.to_string());
+        }
         let register = Command::RegisterNode {
             node: node.clone(),
             resources: Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus },
@@ -225,6 +230,7 @@ impl Session {
                 walltime_s: a.walltime_s,
                 stall_timeout_s: a.stall_timeout_s,
                 checkpointing: a.checkpointing,
+                ports: a.ports.iter().map(|&p| u32::from(p)).collect(),
             }))
             .await?;
         }

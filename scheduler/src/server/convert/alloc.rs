@@ -7,8 +7,9 @@ use tonic::Status;
 use super::invalid;
 use super::{DEFAULT_MAX_RETRIES, DEFAULT_WALLTIME_S, rejection_to_status};
 use crate::sm::{
-    AllocSpec, AllocStatus, Allocation, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_VCLUSTER, Limits,
-    MAX_PREEMPTION_CLASS, Resources, State, TaskStatus, TeardownCause, VClusterType, validate_spec,
+    AllocSpec, AllocStatus, Allocation, CheckpointMode, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_RENDEZVOUS_PORTS,
+    DEFAULT_VCLUSTER, LabelExpr, Limits, MAX_PREEMPTION_CLASS, Packing, Placement, Resources, State, TaskStatus,
+    TeardownCause, VClusterType, validate_spec,
 };
 
 /// Converts and validates a submitted spec. Unset walltime and retries take
@@ -35,6 +36,15 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
             )
         })?
     };
+    let mut constraints = Vec::new();
+    for c in &p.constraints {
+        constraints.extend(LabelExpr::parse_list(c).map_err(|e| invalid("spec.constraints", e))?);
+    }
+    let pack_by = Some(p.pack_by.trim())
+        .filter(|s| !s.is_empty())
+        .map(Packing::parse)
+        .transpose()
+        .map_err(|e| invalid("spec.pack_by", e))?;
     let spec = AllocSpec {
         owner: p.owner,
         gang_size: p.gang_size,
@@ -56,6 +66,8 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
             p.checkpoint_estimate_s
         },
         stall_timeout_s: p.stall_timeout_s,
+        ports: p.ports.unwrap_or(DEFAULT_RENDEZVOUS_PORTS),
+        placement: Placement { constraints, pack_by },
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -84,6 +96,9 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         sensitive: s.sensitive,
         checkpoint_estimate_s: s.checkpoint_estimate_s,
         stall_timeout_s: s.stall_timeout_s,
+        ports: Some(s.ports),
+        constraints: s.placement.constraints.iter().map(ToString::to_string).collect(),
+        pack_by: s.placement.pack_by.as_ref().map(ToString::to_string).unwrap_or_default(),
     }
 }
 
@@ -195,6 +210,7 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
             decided_at_ms: n.decided_at_ms,
             expires_at_ms: n.expires_at_ms,
         }),
+        ports: a.ports.iter().map(|&p| u32::from(p)).collect(),
     }
 }
 

@@ -50,6 +50,9 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::NodeRepeated(_)
         | Rejection::NodeNotReady(_)
         | Rejection::InsufficientCapacity { .. }
+        | Rejection::NoFreePorts { .. }
+        | Rejection::ConstraintUnmet { .. }
+        | Rejection::PackingBroken { .. }
         | Rejection::ShrinkBelowUsage(_)
         | Rejection::WrongTaskStatus { .. }
         | Rejection::NotTearingDown { .. }

@@ -98,7 +98,7 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "resources", "labels", "version", "running", "address")
+    __slots__ = ("node_id", "resources", "labels", "version", "running", "address", "ports")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,13 +112,15 @@ class Register(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     resources: _types_pb2.Resources
     labels: _containers.ScalarMap[str, str]
     version: str
     running: _containers.RepeatedCompositeFieldContainer[TaskRef]
     address: str
-    def __init__(self, node_id: _Optional[str] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., address: _Optional[str] = ...) -> None: ...
+    ports: str
+    def __init__(self, node_id: _Optional[str] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., address: _Optional[str] = ..., ports: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("running",)
@@ -243,7 +245,7 @@ class Registered(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_checkpoint_bytes: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
-    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "checkpoint", "checkpoint_epoch", "walltime_s", "stall_timeout_s", "checkpointing")
+    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "checkpoint", "checkpoint_epoch", "walltime_s", "stall_timeout_s", "checkpointing", "ports")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +264,7 @@ class Assign(_message.Message):
     WALLTIME_S_FIELD_NUMBER: _ClassVar[int]
     STALL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     gang_size: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -273,7 +276,8 @@ class Assign(_message.Message):
     walltime_s: int
     stall_timeout_s: int
     checkpointing: bool
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., checkpoint: _Optional[bytes] = ..., checkpoint_epoch: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ...) -> None: ...
+    ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., checkpoint: _Optional[bytes] = ..., checkpoint_epoch: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClaimGranted(_message.Message):
     __slots__ = ("task", "attempt")

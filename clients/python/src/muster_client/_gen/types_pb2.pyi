@@ -92,7 +92,7 @@ class Resources(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., vram_mb: _Optional[int] = ..., mem_mb: _Optional[int] = ..., cpus: _Optional[int] = ...) -> None: ...
 
 class AllocationSpec(_message.Message):
-    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s")
+    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,9 @@ class AllocationSpec(_message.Message):
     SENSITIVE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ESTIMATE_S_FIELD_NUMBER: _ClassVar[int]
     STALL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    PACK_BY_FIELD_NUMBER: _ClassVar[int]
     owner: str
     gang_size: int
     resources: Resources
@@ -132,7 +135,10 @@ class AllocationSpec(_message.Message):
     sensitive: bool
     checkpoint_estimate_s: int
     stall_timeout_s: int
-    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ...) -> None: ...
+    ports: int
+    constraints: _containers.RepeatedScalarFieldContainer[str]
+    pack_by: str
+    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("index", "status", "node_id", "attempts", "reservation_epoch", "reserved_at_ms", "started_at_ms", "finished_at_ms", "exit_code", "preemption_epoch", "checkpoint_bytes", "checkpoint_epoch", "last_node_id", "runs", "watchdog_trips", "last_watchdog", "borrowed_from")
@@ -173,7 +179,7 @@ class Task(_message.Message):
     def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., node_id: _Optional[str] = ..., attempts: _Optional[int] = ..., reservation_epoch: _Optional[int] = ..., reserved_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_epoch: _Optional[int] = ..., last_node_id: _Optional[str] = ..., runs: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., last_watchdog: _Optional[str] = ..., borrowed_from: _Optional[str] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination")
+    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +191,7 @@ class Allocation(_message.Message):
     TEARDOWN_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
     NOMINATION_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: AllocationSpec
     submit_time_ms: int
@@ -196,7 +203,8 @@ class Allocation(_message.Message):
     teardown: Teardown
     preempted_count: int
     nomination: Nomination
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ...) -> None: ...
+    ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Teardown(_message.Message):
     __slots__ = ("epoch", "trigger", "started_at_ms", "preempted_by", "reason", "failed_checkpoints")

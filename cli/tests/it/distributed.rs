@@ -1,0 +1,218 @@
+//! Distributed jobs: the launcher environment and rendezvous ports the
+//! scheduler reserves, with real processes that bind and connect.
+
+use std::time::{Duration, Instant};
+
+use muster_proto::v1;
+use muster_scheduler::sm::PortRange;
+use muster_sim::local::{LocalCluster, LocalConfig};
+
+use crate::cluster::WAIT;
+use crate::e2e::{gang, status, submit, until};
+
+/// A rank that meets its gang the way torch's TCPStore does: task 0 binds
+/// MASTER_ADDR:MASTER_PORT and waits for every other rank to connect;
+/// the others connect (retrying while task 0 starts). Task 0 then marks
+/// its gang met and holds the port until the test says go.
+const RANK: &str = r#"
+import os, socket, sys, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+shared = os.environ["SHARED"]
+assert os.environ["NODE_RANK"] == str(rank) and os.environ["LOCAL_RANK"] == "0"
+hosts = open(os.environ["MUSTER_HOSTFILE"]).read().split("\n")
+assert len([h for h in hosts if h.endswith(" slots=1")]) == world, hosts
+if rank == 0:
+    s = socket.socket()
+    s.bind(addr)  # no SO_REUSEADDR: a port another gang holds fails here
+    s.listen(world)
+    peers = [s.accept()[0] for _ in range(world - 1)]
+    open(os.path.join(shared, "met-" + os.environ["MUSTER_ALLOC_ID"]), "w").close()
+    while not os.path.exists(os.path.join(shared, "go")):
+        time.sleep(0.05)
+    for p in peers:
+        p.sendall(b"go")
+else:
+    deadline = time.time() + 60
+    while True:
+        try:
+            c = socket.create_connection(addr, timeout=5)
+            break
+        except OSError:
+            if time.time() > deadline:
+                sys.exit("task 0 never listened")
+            time.sleep(0.1)
+    assert c.recv(2) == b"go"
+"#;
+
+/// A block of `n` ports on 127.0.0.1 that are free now (none fixed).
+fn free_ports(n: u16) -> PortRange {
+    loop {
+        let first = crate::cluster::free_port();
+        if first.checked_add(n).is_none() {
+            continue;
+        }
+        let all_free = (first..first + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
+        if all_free {
+            return PortRange { first, count: n };
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t152_two_gangs_whose_task_0_share_a_node_meet_on_their_own_reserved_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let cfg = LocalConfig {
+        agents: 2,
+        heartbeat: Duration::from_millis(500),
+        stop_grace: Duration::from_secs(1),
+        rendezvous_ports: free_ports(8),
+        ..crate::tls::local_config()
+    };
+    let c = LocalCluster::start(&dir.path().join("cluster"), cfg).await.unwrap();
+    let spec = || {
+        let mut s = gang(2, "", 1);
+        s.resources = Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 100, cpus: 1 });
+        s.command = vec!["python3".into(), "-c".into(), RANK.into()];
+        s.env.insert("SHARED".into(), shared.display().to_string());
+        s
+    };
+    let a = submit(&c, spec()).await;
+    let b = submit(&c, spec()).await;
+    // Both gangs meet while both hold their task 0's port.
+    let deadline = Instant::now() + WAIT;
+    while !(shared.join(format!("met-{a}")).exists() && shared.join(format!("met-{b}")).exists()) {
+        for id in [a, b] {
+            let x = crate::e2e::get(&c, id).await;
+            assert!(!matches!(status(&x), v1::AllocationStatus::Failed), "gang {id} failed: {x:?}");
+        }
+        assert!(Instant::now() < deadline, "the gangs never met");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (ga, gb) = (crate::e2e::get(&c, a).await, crate::e2e::get(&c, b).await);
+    assert_eq!(ga.tasks[0].node_id, gb.tasks[0].node_id, "best fit, then slot order, puts both task 0s on one node");
+    assert_eq!((ga.ports.len(), gb.ports.len()), (1, 1));
+    assert_ne!(ga.ports, gb.ports, "two live gangs on one node never share a port");
+    std::fs::write(shared.join("go"), "").unwrap();
+    for id in [a, b] {
+        let done = until(&c, id, "done", |x| status(x) == v1::AllocationStatus::Done).await;
+        assert!(done.ports.is_empty(), "ports return with the capacity: {done:?}");
+    }
+    c.shutdown().await;
+}
+
+/// `muster dev` with labelled nodes, driven through the CLI: a constrained
+/// gang runs only on matching nodes, a packed gang in one rack, explain
+/// names the constraint no node meets, and bad expressions are refused
+/// before anything reaches the log.
+#[test]
+fn t153_constraints_and_packing_through_the_cli() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let labels = [
+        "node-1:gpu.model=H100",
+        "node-1:rack=r1",
+        "node-2:gpu.model=A100",
+        "node-2:rack=r1",
+        "node-3:gpu.model=H100",
+        "node-3:rack=r2",
+        "node-4:gpu.model=A100",
+        "node-4:rack=r2",
+    ];
+    let mut args = vec!["dev".to_string(), "--data-dir".into(), dir.path().join("dev").display().to_string()];
+    for l in labels {
+        args.extend(["--node-label".to_string(), l.to_string()]);
+    }
+    let mut dev = Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
+    let sched = loop {
+        let line = lines.next().expect("muster dev printed its replicas").unwrap();
+        if let Some(rest) = line.trim().strip_prefix("replicas") {
+            break rest.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    let td = dir.path().join("dev").join("tls").display().to_string();
+    let run = |args: &[&str]| {
+        // The connection flags go before the task's command (`-- …`).
+        let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let mut all: Vec<&str> = args[..at].to_vec();
+        all.extend(["--scheduler", &sched, "--tls-dir", &td]);
+        if at == args.len() {
+            all.extend(["--output", "json"]);
+        }
+        all.extend(&args[at..]);
+        crate::muster(&all)
+    };
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = run(args);
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    };
+    let deadline = Instant::now() + WAIT;
+    while json(&["node", "list"])["nodes"].as_array().unwrap().iter().filter(|n| n["status"] == "ready").count() < 4 {
+        assert!(Instant::now() < deadline, "agents never registered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let submit = |extra: &[&str]| -> String {
+        let mut a = vec!["submit", "--output", "json", "--gpus", "2"];
+        a.extend(extra);
+        a.extend(["--", "sleep", "30"]);
+        let o = run(&a);
+        assert!(o.status.success(), "{a:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["id"].as_u64().unwrap().to_string()
+    };
+    let nodes_of = |id: &str| -> Vec<String> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let a = json(&["alloc", "get", id]);
+            if a["status"] == "running" {
+                let mut n: Vec<String> =
+                    a["tasks"].as_array().unwrap().iter().map(|t| t["node"].as_str().unwrap().to_string()).collect();
+                n.sort();
+                return n;
+            }
+            assert!(Instant::now() < deadline, "never running: {a}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    // Only the H100 nodes, for two gangs in a row.
+    for _ in 0..2 {
+        let id = submit(&["-n", "2", "--constraint", "gpu.model=H100"]);
+        assert_eq!(nodes_of(&id), ["node-1", "node-3"]);
+    }
+    let id = submit(&["--constraint", "gpu.model in (A100,L40S)", "--constraint", "rack!=r1"]);
+    assert_eq!(nodes_of(&id), ["node-4"]);
+    // One rack for a packed gang of two.
+    let id = submit(&["-n", "2", "--pack-by", "rack"]);
+    let packed = nodes_of(&id);
+    assert!(packed == ["node-1", "node-2"] || packed == ["node-3", "node-4"], "{packed:?}");
+    // No node has a B200: explain says so.
+    let id = submit(&["--constraint", "gpu.model=B200"]);
+    let e = json(&["alloc", "explain", &id]);
+    assert_eq!(e["summary"], "no ready node has gpu.model=B200", "{e}");
+    // Bad expressions: a clear error, a non-zero exit, nothing submitted.
+    let before = json(&["alloc", "list"])["allocations"].as_array().unwrap().len();
+    for (flag, value, message) in [
+        ("--constraint", "gpu.model in (H100", "unbalanced '('"),
+        ("--constraint", "gpu model=H100", "is not a label key"),
+        ("--pack-by", "rack:sometimes", "the mode is required or preferred"),
+    ] {
+        let o = run(&["submit", flag, value, "--", "true"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(message), "{flag} {value}: {err}");
+    }
+    assert_eq!(json(&["alloc", "list"])["allocations"].as_array().unwrap().len(), before);
+    unsafe { libc::kill(dev.id() as i32, libc::SIGINT) };
+    let _ = dev.wait();
+}
