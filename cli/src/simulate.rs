@@ -25,6 +25,12 @@ pub struct SimulateArgs {
     /// GPUs per node.
     #[arg(long, default_value_t = 8)]
     gpus_per_node: u32,
+    /// A heterogeneous fleet instead of --nodes and --gpus-per-node: a CSV
+    /// with the header count,gpus,gpu_model,vram_mb,mem_mb,cpus,labels (one
+    /// row per node class; labels KEY=VALUE joined by ';'). The report then
+    /// gives utilisation and queueing delay per GPU model.
+    #[arg(long, value_name = "CSV", conflicts_with_all = ["nodes", "gpus_per_node"])]
+    node_list: Option<PathBuf>,
     /// Synthetic allocations to submit (ignored with --trace).
     #[arg(long, default_value_t = 1000)]
     allocations: u32,
@@ -111,11 +117,30 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     {
         bail!("--arrival-rate must be a positive number, got {rate}");
     }
-    let node = Resources {
-        gpus: args.gpus_per_node,
-        vram_mb: 80_000,
-        mem_mb: 128_000 * u64::from(args.gpus_per_node),
-        cpus: 12 * args.gpus_per_node,
+    let fleet = match &args.node_list {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            muster_sim::parse_fleet(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => Vec::new(),
+    };
+    // Trace jobs are cut into tasks of at most the largest node's GPUs;
+    // the trace says nothing of GPU memory, so a task asks for what every
+    // GPU of the fleet has (half the smallest's).
+    let smallest_vram = fleet.iter().filter(|f| f.resources.gpus > 0).map(|f| f.resources.vram_mb).min();
+    let node = match fleet.iter().map(|f| f.resources).max_by_key(|r| (r.gpus, r.mem_mb, r.cpus)) {
+        Some(largest) => Resources { vram_mb: smallest_vram.unwrap_or(largest.vram_mb), ..largest },
+        None => Resources {
+            gpus: args.gpus_per_node,
+            vram_mb: 80_000,
+            mem_mb: 128_000 * u64::from(args.gpus_per_node),
+            cpus: 12 * args.gpus_per_node,
+        },
+    };
+    let gpus_total: u64 = if fleet.is_empty() {
+        u64::from(args.nodes) * u64::from(args.gpus_per_node)
+    } else {
+        fleet.iter().map(|f| u64::from(f.resources.gpus)).sum()
     };
     let synthetic = args.trace.is_none();
     let jobs = match &args.trace {
@@ -130,7 +155,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
                 target_load: args.load,
                 ..WorkloadConfig::default()
             };
-            workload.generate(args.seed, &node, u64::from(args.nodes) * u64::from(args.gpus_per_node))
+            workload.generate(args.seed, &node, gpus_total)
         }
     };
     let order = match args.policy {
@@ -152,6 +177,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         check_every: args.check_every,
         preemption: args.preemption.then(muster_scheduler::policy::PreemptionConfig::default),
         node_failures: args.node_failures,
+        fleet,
         retention: match &args.retention {
             None => None,
             Some(r) => {

@@ -23,7 +23,8 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use muster_core::policy::{AdmissionConfig, PreemptionConfig};
 use muster_core::sm::{
-    AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex, TeardownCause,
+    AllocId, AllocStatus, ApplyCtx, Command, Event, LabelOp, NodeId, Outcome, Resources, State, TaskIndex,
+    TeardownCause,
 };
 use muster_core::tick::{LeaderConfig, Pass, PassTimers, Silence, Tick, TickTime, Wake};
 
@@ -73,6 +74,24 @@ pub struct SimConfig {
     /// the end). The report counts outcomes from each allocation's record
     /// as it finishes, so it is the same either way.
     pub retention: Option<muster_core::policy::RetentionConfig>,
+    /// A heterogeneous fleet (`muster simulate --node-list`): when not
+    /// empty, these are the nodes, and `nodes` and `node` are ignored.
+    pub fleet: Vec<crate::fleet::FleetNode>,
+}
+
+impl SimConfig {
+    /// Node `i`: its resources and labels.
+    pub fn node_at(&self, i: usize) -> (Resources, BTreeMap<String, String>) {
+        match self.fleet.get(i) {
+            Some(f) => (f.resources, f.labels.clone()),
+            None => (self.node, BTreeMap::new()),
+        }
+    }
+
+    /// How many nodes the cluster has.
+    pub fn node_count(&self) -> u32 {
+        if self.fleet.is_empty() { self.nodes } else { self.fleet.len() as u32 }
+    }
 }
 
 impl Default for SimConfig {
@@ -93,6 +112,7 @@ impl Default for SimConfig {
             node_repair_ms: 10 * 60_000,
             node_lost_after_ms: 30_000,
             retention: None,
+            fleet: Vec::new(),
         }
     }
 }
@@ -169,7 +189,7 @@ pub struct Simulation {
     /// Submits the state accepted.
     accepted_submits: u64,
     /// Running attempts: when they started.
-    running: BTreeMap<(AllocId, TaskIndex), u64>,
+    running: BTreeMap<(AllocId, TaskIndex), (u64, u32)>,
     /// Live gangs that have run whole at least once.
     started_whole: BTreeSet<AllocId>,
     /// Each gang's queue delay (submit to first running whole), s, and
@@ -183,6 +203,12 @@ pub struct Simulation {
     finished_preempted: u64,
     finished_max_preempted: u32,
     busy_gpu_ms: u128,
+    /// Each node's `gpu.model` (`-`: none), by slot.
+    models: Vec<String>,
+    /// GPU-ms used, by node model.
+    busy_by_model: BTreeMap<String, u128>,
+    /// Queueing delays, by the GPU model a job asked for (`any`: none).
+    delays_by_model: BTreeMap<String, Vec<f64>>,
     commands: u64,
     rejected_reports: u64,
     admission_passes: u64,
@@ -223,7 +249,10 @@ impl Simulation {
     /// A simulation of `jobs` on the cluster `cfg` describes.
     pub fn new(cfg: SimConfig, jobs: Vec<Job>) -> Simulation {
         let rng = SimRng::new(cfg.seed ^ 0x5EED_A6E7_0000_0000);
-        let node_ids = (0..cfg.nodes).map(|i| NodeId::new(format!("node-{i:05}"))).collect();
+        let node_ids = (0..cfg.node_count()).map(|i| NodeId::new(format!("node-{i:05}"))).collect();
+        let models: Vec<String> = (0..cfg.node_count() as usize)
+            .map(|i| cfg.node_at(i).1.get("gpu.model").cloned().unwrap_or_else(|| "-".to_string()))
+            .collect();
         let leader = LeaderConfig {
             admission: cfg.admission,
             preemption: cfg.preemption.unwrap_or_default(),
@@ -234,7 +263,7 @@ impl Simulation {
             liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
             retention: cfg.retention,
         };
-        let life = vec![0; cfg.nodes as usize];
+        let life = vec![0; cfg.node_count() as usize];
         Simulation {
             cfg,
             jobs,
@@ -255,6 +284,9 @@ impl Simulation {
             finished_preempted: 0,
             finished_max_preempted: 0,
             busy_gpu_ms: 0,
+            models,
+            busy_by_model: BTreeMap::new(),
+            delays_by_model: BTreeMap::new(),
             commands: 0,
             rejected_reports: 0,
             admission_passes: 0,
@@ -344,9 +376,9 @@ impl Simulation {
 
     /// Runs to the end: every job submitted and nothing left to happen.
     pub fn run(mut self) -> Result<(Report, State), SimError> {
-        for id in self.node_ids.clone() {
-            let register =
-                Command::RegisterNode { node: id.clone(), resources: self.cfg.node, labels: BTreeMap::new() };
+        for (i, id) in self.node_ids.clone().into_iter().enumerate() {
+            let (resources, labels) = self.cfg.node_at(i);
+            let register = Command::RegisterNode { node: id.clone(), resources, labels };
             let out = self.apply(&register)?;
             assert!(out.is_accepted(), "simulated node refused: {out:?}");
             let out = self.apply(&Command::MarkNodeReady { node: id })?;
@@ -356,12 +388,12 @@ impl Simulation {
             self.at(first.submit_ms, Ev::Arrive(0));
         }
         if let (Some(first), Some(last)) = (self.jobs.first(), self.jobs.last())
-            && self.cfg.nodes > 0
+            && self.cfg.node_count() > 0
         {
             let (from, to) = (first.submit_ms, last.submit_ms.max(first.submit_ms + 1));
             for _ in 0..self.cfg.node_failures {
                 let at = self.rng.range(from, to);
-                let node = self.rng.range(0, u64::from(self.cfg.nodes) - 1) as u32;
+                let node = self.rng.range(0, u64::from(self.cfg.node_count()) - 1) as u32;
                 self.at(at, Ev::Crash(node));
             }
         }
@@ -410,7 +442,7 @@ impl Simulation {
                     return Ok(false);
                 }
                 self.tasks_started += 1;
-                self.running.insert((alloc, task), self.now);
+                self.running.insert((alloc, task), (self.now, node));
                 // A gang preempted after checkpointing resumes where it stopped.
                 let done = self.progress_ms.get(&alloc).copied().unwrap_or(0);
                 let duration = self.jobs[self.job_of[&alloc]].duration_ms.saturating_sub(done).max(1);
@@ -424,6 +456,17 @@ impl Simulation {
                 if a.status == AllocStatus::Running && self.started_whole.insert(alloc) {
                     let delay_s = (self.now - a.submit_time_ms) as f64 / 1000.0;
                     self.delays_s.push(delay_s);
+                    let wanted = a
+                        .spec
+                        .placement
+                        .constraints
+                        .iter()
+                        .find_map(|c| match &c.op {
+                            LabelOp::Eq(m) if c.key == "gpu.model" => Some(m.clone()),
+                            _ => None,
+                        })
+                        .unwrap_or_else(|| "any".to_string());
+                    self.delays_by_model.entry(wanted).or_default().push(delay_s);
                     if a.spec.gang_size * a.spec.resources.gpus >= 8 {
                         self.delays_large_s.push(delay_s);
                     }
@@ -471,7 +514,8 @@ impl Simulation {
             Ev::Repair(node) => {
                 let id = self.node_ids[node as usize].clone();
                 self.down.since.remove(&id);
-                let register = Command::RegisterNode { node: id, resources: self.cfg.node, labels: BTreeMap::new() };
+                let (resources, labels) = self.cfg.node_at(node as usize);
+                let register = Command::RegisterNode { node: id, resources, labels };
                 // Marked lost by now (a crash outlasts the lost window): it
                 // comes back ready, empty.
                 let out = self.apply(&register)?;
@@ -492,11 +536,19 @@ impl Simulation {
             self.rejected_reports += 1;
             return Ok(false);
         };
-        let started = self.running.remove(&(alloc, task)).expect("an accepted exit of a running task");
-        let gpus = u128::from(self.state.alloc(alloc).expect("known").spec.resources.gpus);
-        self.busy_gpu_ms += u128::from(self.now - started) * gpus;
+        let run = self.running.remove(&(alloc, task)).expect("an accepted exit of a running task");
+        self.charge(alloc, run);
         self.on_events(&events);
         Ok(true)
+    }
+
+    /// Counts the GPU time of a task of `alloc` that ran from `started` on
+    /// node `slot` until now.
+    fn charge(&mut self, alloc: AllocId, (started, slot): (u64, u32)) {
+        let gpus = u128::from(self.state.alloc(alloc).expect("known").spec.resources.gpus);
+        let used = u128::from(self.now - started) * gpus;
+        self.busy_gpu_ms += used;
+        *self.busy_by_model.entry(self.models[slot as usize].clone()).or_default() += used;
     }
 
     /// What the simulated agents do about committed events.
@@ -542,16 +594,14 @@ impl Simulation {
                     self.at(self.now + force_after, Ev::Tick);
                 }
                 Event::TaskPreempted { alloc, task, forced: true, .. } => {
-                    if let Some(started) = self.running.remove(&(*alloc, *task)) {
-                        let gpus = u128::from(self.state.alloc(*alloc).expect("known").spec.resources.gpus);
-                        self.busy_gpu_ms += u128::from(self.now - started) * gpus;
+                    if let Some(run) = self.running.remove(&(*alloc, *task)) {
+                        self.charge(*alloc, run);
                     }
                 }
                 Event::NodeLost { tasks, .. } => {
                     for key in tasks {
-                        if let Some(started) = self.running.remove(key) {
-                            let gpus = u128::from(self.state.alloc(key.0).expect("known").spec.resources.gpus);
-                            self.busy_gpu_ms += u128::from(self.now - started) * gpus;
+                        if let Some(run) = self.running.remove(key) {
+                            self.charge(key.0, run);
                         }
                     }
                 }
@@ -655,10 +705,37 @@ impl Simulation {
         self.at(self.now + self.cfg.admission.stale_reservation_ms, Ev::Tick);
     }
 
+    /// Utilisation and queueing per GPU model, for a fleet of several.
+    fn per_model(&self, makespan_ms: u64) -> Vec<crate::report::ModelReport> {
+        let mut fleet: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+        for (i, model) in self.models.iter().enumerate() {
+            let e = fleet.entry(model.as_str()).or_default();
+            e.0 += 1;
+            e.1 += u64::from(self.cfg.node_at(i).0.gpus);
+        }
+        if fleet.len() < 2 {
+            return Vec::new();
+        }
+        fleet
+            .into_iter()
+            .map(|(model, (nodes, gpus))| {
+                let busy = self.busy_by_model.get(model).copied().unwrap_or(0) as f64;
+                let capacity = makespan_ms as f64 * gpus as f64;
+                crate::report::ModelReport {
+                    model: model.to_string(),
+                    nodes,
+                    gpus,
+                    utilisation: if capacity > 0.0 { busy / capacity } else { 0.0 },
+                    queue_delay_s: Distribution::of(self.delays_by_model.get(model).cloned().unwrap_or_default()),
+                }
+            })
+            .collect()
+    }
+
     fn report(&self) -> Report {
         let first_submit = self.jobs.first().map_or(0, |j| j.submit_ms);
         let live = || self.state.allocs().values().filter(|a| !a.status.is_terminal());
-        let gpus_total = u64::from(self.cfg.nodes) * u64::from(self.cfg.node.gpus);
+        let gpus_total: u64 = (0..self.cfg.node_count() as usize).map(|i| u64::from(self.cfg.node_at(i).0.gpus)).sum();
         let makespan_ms = self.last_finish_ms.saturating_sub(first_submit);
         let utilisation = if makespan_ms == 0 || gpus_total == 0 {
             0.0
@@ -672,7 +749,7 @@ impl Simulation {
                 self.cfg.admission.order,
                 if self.cfg.admission.backfill { "+backfill" } else { "" }
             ),
-            nodes: self.cfg.nodes,
+            nodes: self.cfg.node_count(),
             gpus_total,
             allocations: self.jobs.len() as u64,
             completed: self.finished_done,
@@ -703,6 +780,9 @@ impl Simulation {
             utilisation,
             makespan_s: makespan_ms as f64 / 1000.0,
             state_digest: self.state.state_digest().to_string(),
+            per_model: self.per_model(makespan_ms),
+            queue_delay_any_model_s: (self.delays_by_model.len() > 1 || !self.delays_by_model.contains_key("any"))
+                .then(|| Distribution::of(self.delays_by_model.get("any").cloned().unwrap_or_default())),
         }
     }
 }

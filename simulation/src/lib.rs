@@ -16,6 +16,7 @@
 
 pub mod chaos;
 mod engine;
+mod fleet;
 mod job;
 pub mod local;
 mod report;
@@ -24,8 +25,9 @@ mod trace;
 mod workload;
 
 pub use engine::{SimConfig, SimError, Simulation};
+pub use fleet::{FleetNode, MAX_FLEET_NODES, parse_fleet};
 pub use job::Job;
-pub use report::{Distribution, Report};
+pub use report::{Distribution, ModelReport, Report};
 pub use rng::SimRng;
 pub use trace::{TraceError, load_trace, parse_timestamp, parse_trace};
 pub use workload::WorkloadConfig;

@@ -113,6 +113,27 @@ pub struct Report {
     pub makespan_s: f64,
     /// SHA-256 of the final state.
     pub state_digest: String,
+    /// Per GPU model of the fleet (nodes without a `gpu.model` label as
+    /// `-`), when the fleet has more than one: its utilisation, and the
+    /// queueing delay of the jobs that asked for it.
+    pub per_model: Vec<ModelReport>,
+    /// Queueing delay of the jobs that asked for no GPU model, when some did.
+    pub queue_delay_any_model_s: Option<Distribution>,
+}
+
+/// One GPU model's share of a heterogeneous run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ModelReport {
+    /// The model (`gpu.model` label).
+    pub model: String,
+    /// Nodes of this model.
+    pub nodes: u32,
+    /// Their GPUs.
+    pub gpus: u64,
+    /// Busy GPU time on them / (their GPUs × makespan).
+    pub utilisation: f64,
+    /// Queueing delay of the jobs that asked for this model.
+    pub queue_delay_s: Distribution,
 }
 
 fn duration(s: f64) -> String {
@@ -186,6 +207,24 @@ impl fmt::Display for Report {
             self.utilisation * 100.0,
             duration(self.makespan_s)
         )?;
+        for m in &self.per_model {
+            let asked = if m.queue_delay_s.count == 0 {
+                "no job asked for it".to_string()
+            } else {
+                format!("jobs asking for it: queueing delay {}", m.queue_delay_s)
+            };
+            writeln!(
+                f,
+                "  {:<12} {} nodes, {} GPUs: utilisation {:.1} %; {asked}",
+                m.model,
+                m.nodes,
+                m.gpus,
+                m.utilisation * 100.0
+            )?;
+        }
+        if let Some(any) = &self.queue_delay_any_model_s {
+            writeln!(f, "  any model    jobs asking for none: queueing delay {any}")?;
+        }
         writeln!(f, "log            {} commands, {} admission passes", self.commands, self.admission_passes)?;
         write!(f, "state digest   {}", self.state_digest)
     }

@@ -4,14 +4,15 @@
 //! otherwise a gang of `ceil(g / p)` identical tasks of `ceil(g / tasks)` GPUs
 //! each (Philly's 16-GPU job on 8-GPU nodes: a gang of 2 × 8 GPUs). Jobs are
 //! ordered by submit time (the file is not) and times are made relative to
-//! the first submit.
+//! the first submit. An optional `gpu_model` column is replayed as a
+//! `gpu.model=…` constraint.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use flate2::read::GzDecoder;
-use muster_core::sm::{AllocSpec, Limits, Resources};
+use muster_core::sm::{AllocSpec, LabelExpr, Limits, Resources};
 use thiserror::Error;
 
 use crate::job::Job;
@@ -70,9 +71,11 @@ pub fn parse_trace(reader: impl BufRead, node: &Resources, limit: Option<usize>)
     let col = |name: &'static str| columns.iter().position(|c| *c == name).ok_or(TraceError::MissingColumn(name));
     let (c_time, c_duration, c_gpus) = (col("timestamp")?, col("duration")?, col("num_gpus")?);
     let c_cluster = columns.iter().position(|c| *c == "cluster");
+    // Optional: the GPU model a job asked for, replayed as a constraint.
+    let c_model = columns.iter().position(|c| *c == "gpu_model");
     let limits = Limits::default();
 
-    let mut rows: Vec<(u64, usize, u64, u32, String)> = Vec::new();
+    let mut rows: Vec<(u64, usize, u64, u32, String, Option<String>)> = Vec::new();
     for (i, line) in lines.enumerate() {
         let line_no = i + 2;
         let line = line.map_err(io)?;
@@ -91,7 +94,16 @@ pub fn parse_trace(reader: impl BufRead, node: &Resources, limit: Option<usize>)
             .ok_or_else(|| bad(format!("bad duration {:?}", fields[c_duration])))?;
         let gpus: u32 = field(c_gpus)?.parse().map_err(|_| bad(format!("bad num_gpus {:?}", fields[c_gpus])))?;
         let owner = c_cluster.and_then(|c| fields.get(c)).map_or("trace", |s| s).to_string();
-        rows.push((submit_s, line_no, (duration * 1000.0).round() as u64, gpus, owner));
+        let model = c_model.and_then(|c| fields.get(c)).map(|m| m.trim()).filter(|m| !m.is_empty());
+        let model = match model {
+            Some(m) => Some(
+                LabelExpr::parse(&format!("gpu.model={m}"))
+                    .map_err(|e| bad(format!("bad gpu_model: {e}")))?
+                    .to_string(),
+            ),
+            None => None,
+        };
+        rows.push((submit_s, line_no, (duration * 1000.0).round() as u64, gpus, owner, model));
     }
     rows.sort_by_key(|r| (r.0, r.1));
     if let Some(limit) = limit {
@@ -101,7 +113,7 @@ pub fn parse_trace(reader: impl BufRead, node: &Resources, limit: Option<usize>)
     let per_node = node.gpus.max(1);
     Ok(rows
         .into_iter()
-        .map(|(submit_s, _, duration_ms, gpus, owner)| {
+        .map(|(submit_s, _, duration_ms, gpus, owner, model)| {
             let gang = gpus.div_ceil(per_node).max(1);
             let task_gpus = gpus.div_ceil(gang);
             let share = u64::from(task_gpus.max(1));
@@ -112,6 +124,9 @@ pub fn parse_trace(reader: impl BufRead, node: &Resources, limit: Option<usize>)
                 cpus: (node.cpus * task_gpus.max(1) / per_node / 2).max(1),
             };
             let mut spec = AllocSpec::new(owner, gang, resources, vec!["trace-job".into()]);
+            if let Some(m) = model {
+                spec.placement.constraints = LabelExpr::parse_list(&m).expect("checked above");
+            }
             spec.walltime_s = (duration_ms / 1000 * 2 + 600).min(limits.max_walltime_s);
             // A job longer than the longest walltime allowed (16 of Philly's
             // 82,247 ran past 30 days) runs until the budget watchdog would

@@ -76,6 +76,47 @@ fn t30_simulate_replays_the_shipped_trace() {
 }
 
 #[test]
+fn t31_simulate_replays_a_trace_on_a_mixed_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.csv");
+    std::fs::write(
+        &fleet,
+        "count,gpus,gpu_model,vram_mb,mem_mb,cpus,labels\n4,8,H100,81920,1024000,96,rack=r1\n\
+         4,4,A100,40960,512000,48,rack=r2\n",
+    )
+    .unwrap();
+    // A jobs asking for H100s, for A100s, and for anything: 8-GPU jobs fit
+    // only the H100 nodes whole, the rest split into gangs.
+    let mut trace = String::from("timestamp,duration,num_gpus,gpu_model\n");
+    for i in 0..60 {
+        let model = ["H100", "A100", ""][i % 3];
+        trace.push_str(&format!("2017-10-09 07:{:02}:00,{},{},{model}\n", i % 60, 600 + 60 * i, [1, 4, 8][i % 3]));
+    }
+    let tr = dir.path().join("trace.csv");
+    std::fs::write(&tr, trace).unwrap();
+    let args = ["simulate", "--node-list", fleet.to_str().unwrap(), "--trace", tr.to_str().unwrap()];
+    let o = muster(&[&args[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["nodes"].as_u64(), v["gpus_total"].as_u64(), v["completed"].as_u64()), (Some(8), Some(48), Some(60)));
+    let models: Vec<&str> = v["per_model"].as_array().unwrap().iter().map(|m| m["model"].as_str().unwrap()).collect();
+    assert_eq!(models, ["A100", "H100"], "{v}");
+    for m in v["per_model"].as_array().unwrap() {
+        assert_eq!(m["queue_delay_s"]["count"].as_u64(), Some(20), "each model's jobs ran: {m}");
+        assert!(m["utilisation"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    assert_eq!(v["queue_delay_any_model_s"]["count"].as_u64(), Some(20));
+    let text = stdout(&muster(&args));
+    assert!(text.contains("H100         4 nodes, 32 GPUs: utilisation"), "{text}");
+    // Flags that describe another fleet are refused, and so is a bad list.
+    let o = muster(&[&args[..], &["--nodes", "5"]].concat());
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+    std::fs::write(&fleet, "count,gpus\n0,8\n").unwrap();
+    let o = muster(&args);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("line 2: count must be at least 1"), "{o:?}");
+}
+
+#[test]
 fn t40_bad_input_is_a_clear_error_and_a_non_zero_exit() {
     let cases: [(&[&str], &str); 5] = [
         (&["simulate", "--nodes", "0"], "--nodes must be at least 1"),
