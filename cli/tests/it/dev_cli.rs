@@ -14,12 +14,16 @@ fn json(args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
-#[test]
-fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
-    let dir = tempfile::tempdir().unwrap();
+/// Starts `muster dev --data-dir DATA EXTRA…`; returns it, the replica
+/// addresses it printed, and the rest of its output.
+pub(crate) fn start_dev(
+    data: &std::path::Path,
+    extra: &[String],
+) -> (std::process::Child, String, std::io::Lines<BufReader<std::process::ChildStdout>>) {
     let mut dev = Command::new(env!("CARGO_BIN_EXE_muster"))
         .args(["dev", "--data-dir"])
-        .arg(dir.path().join("dev"))
+        .arg(data)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -31,6 +35,13 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
             break rest.trim().to_string();
         }
     };
+    (dev, sched, lines)
+}
+
+#[test]
+fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut dev, sched, mut lines) = start_dev(&dir.path().join("dev"), &[]);
     // `muster dev` made its own CA; the CLI uses its admin certificate.
     let tls_dir = dir.path().join("dev").join("tls");
     let tls_line = lines.find(|l| l.as_ref().is_ok_and(|l| l.trim().starts_with("tls"))).unwrap().unwrap();

@@ -109,9 +109,6 @@ async fn t152_two_gangs_whose_task_0_share_a_node_meet_on_their_own_reserved_por
 /// before anything reaches the log.
 #[test]
 fn t153_constraints_and_packing_through_the_cli() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-
     let dir = tempfile::tempdir().unwrap();
     let labels = [
         "node-1:gpu.model=H100",
@@ -123,23 +120,8 @@ fn t153_constraints_and_packing_through_the_cli() {
         "node-4:gpu.model=A100",
         "node-4:rack=r2",
     ];
-    let mut args = vec!["dev".to_string(), "--data-dir".into(), dir.path().join("dev").display().to_string()];
-    for l in labels {
-        args.extend(["--node-label".to_string(), l.to_string()]);
-    }
-    let mut dev = Command::new(env!("CARGO_BIN_EXE_muster"))
-        .args(&args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
-    let sched = loop {
-        let line = lines.next().expect("muster dev printed its replicas").unwrap();
-        if let Some(rest) = line.trim().strip_prefix("replicas") {
-            break rest.trim().to_string();
-        }
-    };
+    let args: Vec<String> = labels.iter().flat_map(|l| ["--node-label".to_string(), l.to_string()]).collect();
+    let (mut dev, sched, lines) = crate::dev_cli::start_dev(&dir.path().join("dev"), &args);
     std::thread::spawn(move || lines.for_each(drop));
     let td = dir.path().join("dev").join("tls").display().to_string();
     let run = |args: &[&str]| {
