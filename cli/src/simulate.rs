@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use muster_scheduler::policy::{AdmissionConfig, Order};
+use muster_scheduler::policy::{AdmissionConfig, Order, PackChoice};
 use muster_scheduler::sm::Resources;
 use muster_sim::{SimConfig, Simulation, WorkloadConfig, load_trace};
 
@@ -15,6 +15,16 @@ pub enum Policy {
     LargestFirst,
     /// Strict first-come-first-served: the pass stops at the first misfit.
     Fifo,
+}
+
+/// Which rack a packed gang takes.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PackChoiceArg {
+    /// The rack with the fewest nodes that could take a task (the server's
+    /// choice): the emptiest racks stay whole for larger gangs.
+    Tightest,
+    /// The first rack with room in best-fit order (a baseline).
+    FirstFit,
 }
 
 #[derive(Args, Debug)]
@@ -31,6 +41,13 @@ pub struct SimulateArgs {
     /// gives utilisation and queueing delay per GPU model.
     #[arg(long, value_name = "CSV", conflicts_with_all = ["nodes", "gpus_per_node"])]
     node_list: Option<PathBuf>,
+    /// Every gang of more than one task must run under one value of this
+    /// node label (e.g. rack, from --node-list's labels).
+    #[arg(long, value_name = "KEY")]
+    pack_by: Option<String>,
+    /// Which value a packed gang takes, of those with room for it.
+    #[arg(long, value_enum, default_value_t = PackChoiceArg::Tightest, requires = "pack_by")]
+    pack_choice: PackChoiceArg,
     /// Synthetic allocations to submit (ignored with --trace).
     #[arg(long, default_value_t = 1000)]
     allocations: u32,
@@ -158,6 +175,13 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             workload.generate(args.seed, &node, gpus_total)
         }
     };
+    let mut jobs = jobs;
+    if let Some(key) = &args.pack_by {
+        let pack = muster_scheduler::sm::Packing::parse(key).map_err(|e| anyhow::anyhow!("--pack-by {e}"))?;
+        for job in jobs.iter_mut().filter(|j| j.spec.gang_size > 1) {
+            job.spec.placement.pack_by = Some(pack.clone());
+        }
+    }
     let order = match args.policy {
         Policy::LargestFirst => Order::LargestFirst,
         Policy::Fifo => Order::Fifo,
@@ -171,7 +195,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         nodes: args.nodes,
         node,
         seed: args.seed,
-        admission: AdmissionConfig { order, backfill: !args.no_backfill, ..AdmissionConfig::default() },
+        admission: AdmissionConfig {
+            order,
+            backfill: !args.no_backfill,
+            pack_choice: match args.pack_choice {
+                PackChoiceArg::Tightest => PackChoice::Tightest,
+                PackChoiceArg::FirstFit => PackChoice::FirstFit,
+            },
+            ..AdmissionConfig::default()
+        },
         failure_prob,
         lost_claim_prob,
         check_every: args.check_every,

@@ -198,3 +198,141 @@ fn t153_constraints_and_packing_through_the_cli() {
     unsafe { libc::kill(dev.id() as i32, libc::SIGINT) };
     let _ = dev.wait();
 }
+
+/// Whether `python3` imports torch; without it the test is skipped, and
+/// under MUSTER_REQUIRE_TOOLS (CI, which installs it) that is a failure.
+fn torch_importable() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import torch, torch.distributed"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
+            "torch is not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs it)"
+        );
+        eprintln!("skipping: python3 -m pip install torch to run the PyTorch DDP test");
+    }
+    ok
+}
+
+/// The pid of the process running task `task` of allocation `alloc`
+/// (its environment names them), if one runs.
+fn pid_of(alloc: u64, task: u32) -> Option<i32> {
+    let want = [format!("MUSTER_ALLOC_ID={alloc}"), format!("MUSTER_TASK_INDEX={task}")];
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let environ = std::fs::read(e.path().join("environ")).ok()?;
+        let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+        let has = |w: &String| vars.contains(&w.as_bytes());
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        (want.iter().all(has) && String::from_utf8_lossy(&cmdline).contains("train.py")).then_some(pid)
+    })
+}
+
+/// A task's latest attempt log.
+fn last_log(c: &LocalCluster, alloc: u64, t: &v1::Task) -> String {
+    let i: u32 = t.last_node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+    let path = c.agent_dir(i).join(format!("logs/alloc-{alloc}/task-{}/attempt-{}.out", t.index, t.runs));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The parameter digest each rank printed at the end of its last attempt.
+fn final_digests(c: &LocalCluster, a: &v1::Allocation) -> Vec<String> {
+    a.tasks
+        .iter()
+        .map(|t| {
+            let log = last_log(c, a.id, t);
+            let line = log.lines().find(|l| l.contains("params sha256")).unwrap_or_else(|| panic!("{log}"));
+            line.rsplit(' ').next().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// The example PyTorch DDP job (gloo, CPU) as a gang of four on a local
+/// cluster, with no wrapper: the launcher environment and a reserved port
+/// are all it needs. One rank is SIGKILLed mid-run: its peers' collective
+/// fails and they exit, the gang is placed again, and every rank resumes
+/// from its checkpoint, not from step 0; at the end every rank's
+/// parameters are equal. A second gang whose task 0 shares the first's
+/// node runs beside it on its own port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t154_a_pytorch_ddp_gang_resumes_from_its_checkpoints_after_a_rank_is_killed() {
+    if !torch_importable() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LocalConfig {
+        heartbeat: Duration::from_millis(500),
+        stop_grace: Duration::from_secs(2),
+        rendezvous_ports: free_ports(40),
+        ..crate::tls::local_config()
+    };
+    let c = LocalCluster::start(&dir.path().join("cluster"), cfg).await.unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/torch_ddp/train.py");
+    let job = |n: u32, steps: &str| {
+        let mut s = gang(n, "", 3);
+        s.resources = Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 });
+        s.checkpoint = v1::CheckpointMode::Manual as i32;
+        s.command = ["python3", script, "--steps", steps, "--checkpoint-every", "5", "--step-seconds", "0.1"]
+            .map(String::from)
+            .to_vec();
+        s
+    };
+    let a = submit(&c, job(4, "80")).await;
+    let b = submit(&c, job(2, "30")).await;
+    let long = Instant::now() + Duration::from_secs(300);
+    // Both gangs run; their task 0s share a node, on different ports.
+    loop {
+        let (ga, gb) = (crate::e2e::get(&c, a).await, crate::e2e::get(&c, b).await);
+        if status(&ga) == v1::AllocationStatus::Running && status(&gb) == v1::AllocationStatus::Running {
+            assert_eq!(ga.tasks[0].node_id, gb.tasks[0].node_id);
+            assert_ne!(ga.ports, gb.ports);
+            break;
+        }
+        assert!(Instant::now() < long, "the gangs never ran together: {ga:?} {gb:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Rank 1 of the big gang has saved step 15: kill it outright.
+    let ga = crate::e2e::get(&c, a).await;
+    loop {
+        if last_log(&c, a, &ga.tasks[1]).contains("step 15 ") {
+            break;
+        }
+        assert!(Instant::now() < long, "rank 1 never reached step 15: {}", last_log(&c, a, &ga.tasks[1]));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = pid_of(a, 1).expect("rank 1 runs");
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    for id in [a, b] {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let done = loop {
+            let x = crate::e2e::get(&c, id).await;
+            match status(&x) {
+                v1::AllocationStatus::Done => break x,
+                v1::AllocationStatus::Failed => panic!("gang {id} failed: {x:?}"),
+                _ => {}
+            }
+            assert!(Instant::now() < deadline, "gang {id} never finished: {x:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let digests = final_digests(&c, &done);
+        assert!(digests.iter().all(|d| *d == digests[0]), "every rank ends with the same parameters: {digests:?}");
+        if id == a {
+            for t in &done.tasks {
+                assert!(t.runs >= 2, "the gang ran again after the kill: {done:?}");
+                let log = last_log(&c, a, t);
+                let step: u32 = log
+                    .lines()
+                    .find_map(|l| l.split("resumed from step ").nth(1))
+                    .unwrap_or_else(|| panic!("task {} did not resume: {log}", t.index))
+                    .trim()
+                    .parse()
+                    .unwrap();
+                assert!(step >= 10, "task {} resumed from step {step}, not from its checkpoint: {log}", t.index);
+            }
+        }
+    }
+    c.shutdown().await;
+}

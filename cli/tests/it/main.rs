@@ -117,6 +117,37 @@ fn t31_simulate_replays_a_trace_on_a_mixed_fleet() {
 }
 
 #[test]
+fn t32_simulate_packs_gangs_by_rack() {
+    let racks = concat!(env!("CARGO_MANIFEST_DIR"), "/../simulation/fleets/racks.csv");
+    let run = |choice: &str| {
+        let args = [
+            "simulate",
+            "--node-list",
+            racks,
+            "--allocations",
+            "300",
+            "--seed",
+            "3",
+            "--pack-by",
+            "rack",
+            "--pack-choice",
+            choice,
+            "--json",
+        ];
+        let o = muster(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let (tight, first) = (run("tightest"), run("first-fit"));
+    for v in [&tight, &first] {
+        assert_eq!(v["unfinished"].as_u64(), Some(0), "every packed gang ran: {v}");
+    }
+    assert_ne!(tight["state_digest"], first["state_digest"], "the choice changes placements");
+    let o = muster(&["simulate", "--pack-choice", "first-fit"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--pack-by"), "{o:?}");
+}
+
+#[test]
 fn t40_bad_input_is_a_clear_error_and_a_non_zero_exit() {
     let cases: [(&[&str], &str); 5] = [
         (&["simulate", "--nodes", "0"], "--nodes must be at least 1"),

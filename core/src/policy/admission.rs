@@ -40,8 +40,8 @@ use std::ops::Bound::{Excluded, Unbounded};
 
 use super::backfill::{PendingEnds, PlannedStart, project};
 use crate::sm::{
-    AllocId, Allocation, CheckpointMode, Command, NodeSlot, NodeStatus, QueueKey, Resources, Shape, State, TaskStatus,
-    Usage, VcLoad, fits,
+    AllocId, Allocation, CheckpointMode, Command, LabelOp, NodeSlot, NodeStatus, Placement, QueueKey, Resources, Shape,
+    State, TaskStatus, Usage, VcLoad, fits,
 };
 
 /// In which order queued gangs are tried.
@@ -58,6 +58,19 @@ pub enum Order {
     Fifo,
 }
 
+/// Which value of a packing label a packed gang takes, of those with room
+/// for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PackChoice {
+    /// The one with the fewest nodes with enough free GPUs for a task, so the
+    /// values with the most room stay whole for larger gangs.
+    #[default]
+    Tightest,
+    /// The first to have room in best-fit order (a baseline to compare
+    /// against: it breaks up whichever rack comes first).
+    FirstFit,
+}
+
 /// The knobs of the admission cycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdmissionConfig {
@@ -70,11 +83,18 @@ pub struct AdmissionConfig {
     /// their walltime ends by then. Off: a gang that does not fit is simply
     /// skipped (largest-first) or stops the pass (FIFO).
     pub backfill: bool,
+    /// Which rack (value of its packing label) a packed gang takes.
+    pub pack_choice: PackChoice,
 }
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
-        AdmissionConfig { stale_reservation_ms: 30_000, order: Order::LargestFirst, backfill: true }
+        AdmissionConfig {
+            stale_reservation_ms: 30_000,
+            order: Order::LargestFirst,
+            backfill: true,
+            pack_choice: PackChoice::Tightest,
+        }
     }
 }
 
@@ -121,7 +141,7 @@ pub struct AdmissionPlan {
 /// Runs one admission pass over `state` at `now_ms`.
 pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> AdmissionPlan {
     let mut plan = AdmissionPlan::default();
-    let mut capacity = Overlay::new(state);
+    let mut capacity = Overlay::new(state, cfg.pack_choice);
 
     // 1. Stale reservations. In a gang with a started task the rollback
     //    starts a teardown of the running tasks instead (the gang is not
@@ -683,11 +703,93 @@ struct Overlay<'a> {
     touched: BTreeMap<NodeSlot, Usage>,
     /// Rendezvous ports this pass took (+) or gave back (−), per node.
     ports: BTreeMap<NodeSlot, i64>,
+    /// Which rack a packed gang takes.
+    pack_choice: PackChoice,
+    /// Per packing label used in this pass, its values' nodes (built at the
+    /// first packed gang, kept in step after).
+    racks: BTreeMap<String, Racks>,
+}
+
+/// One packing label's values as a pass sees them.
+struct Racks {
+    /// Each node's value (by slot), as an index into `nodes`.
+    value_of: Vec<Option<u32>>,
+    /// Per value (in label order), its ready nodes not held for a
+    /// preemptor, by (home key, free GPUs, slot)…
+    nodes: Vec<BTreeSet<(u32, u32, NodeSlot)>>,
+    /// …and how many of them have each number of free GPUs, per home key.
+    counts: Vec<BTreeMap<u32, Vec<u32>>>,
+    /// Each value's index.
+    ids: BTreeMap<String, u32>,
+}
+
+impl Racks {
+    fn build(state: &State, key: &str, index: &BTreeSet<(u32, u32, NodeSlot)>) -> Racks {
+        let labelled: Vec<Option<&str>> = state.nodes().iter().map(|n| n.labels.get(key).map(String::as_str)).collect();
+        let values: BTreeSet<&str> = labelled.iter().flatten().copied().collect();
+        let ids: BTreeMap<&str, u32> = values.iter().enumerate().map(|(i, v)| (*v, i as u32)).collect();
+        let value_of: Vec<Option<u32>> = labelled.iter().map(|v| v.map(|v| ids[v])).collect();
+        // The index is sorted, so each value's nodes arrive sorted: build
+        // the sets in bulk.
+        let mut sorted: Vec<Vec<(u32, u32, NodeSlot)>> = vec![Vec::new(); values.len()];
+        let mut counts: Vec<BTreeMap<u32, Vec<u32>>> = vec![BTreeMap::new(); values.len()];
+        for &(home, free, slot) in index {
+            if let Some(v) = value_of[slot.0 as usize] {
+                sorted[v as usize].push((home, free, slot));
+                let by_free = counts[v as usize].entry(home).or_default();
+                if by_free.len() <= free as usize {
+                    by_free.resize(free as usize + 1, 0);
+                }
+                by_free[free as usize] += 1;
+            }
+        }
+        Racks {
+            value_of,
+            nodes: sorted.into_iter().map(BTreeSet::from_iter).collect(),
+            counts,
+            ids: ids.iter().map(|(v, &i)| (v.to_string(), i)).collect(),
+        }
+    }
+
+    fn insert(&mut self, (home, free, slot): (u32, u32, NodeSlot)) {
+        if let Some(v) = self.value_of[slot.0 as usize] {
+            self.nodes[v as usize].insert((home, free, slot));
+            let by_free = self.counts[v as usize].entry(home).or_default();
+            if by_free.len() <= free as usize {
+                by_free.resize(free as usize + 1, 0);
+            }
+            by_free[free as usize] += 1;
+        }
+    }
+
+    fn remove(&mut self, (home, free, slot): (u32, u32, NodeSlot)) {
+        if let Some(v) = self.value_of[slot.0 as usize]
+            && self.nodes[v as usize].remove(&(home, free, slot))
+        {
+            self.counts[v as usize].get_mut(&home).expect("counted")[free as usize] -= 1;
+        }
+    }
+
+    /// Nodes of value `v` in these homes with at least `gpus` free.
+    fn room(&self, v: usize, homes: &[u32], gpus: u32) -> usize {
+        homes
+            .iter()
+            .filter_map(|h| self.counts[v].get(h))
+            .map(|by_free| by_free.iter().skip(gpus as usize).map(|&k| k as usize).sum::<usize>())
+            .sum()
+    }
 }
 
 impl<'a> Overlay<'a> {
-    fn new(state: &'a State) -> Self {
-        Overlay { state, index: state.free_gpu_index().clone(), touched: BTreeMap::new(), ports: BTreeMap::new() }
+    fn new(state: &'a State, pack_choice: PackChoice) -> Self {
+        Overlay {
+            state,
+            index: state.free_gpu_index().clone(),
+            touched: BTreeMap::new(),
+            ports: BTreeMap::new(),
+            pack_choice,
+            racks: BTreeMap::new(),
+        }
     }
 
     fn free(&self, slot: NodeSlot) -> Usage {
@@ -697,10 +799,19 @@ impl<'a> Overlay<'a> {
     fn set_free(&mut self, slot: NodeSlot, free: Usage) {
         let before = self.free(slot);
         let home = self.state.node_home(slot);
-        self.index.remove(&(home, before.gpus, slot));
+        let was = self.index.remove(&(home, before.gpus, slot));
         self.touched.insert(slot, free);
-        if self.state.node(slot).status == NodeStatus::Ready && self.state.held_for(slot).is_none() {
+        let is = self.state.node(slot).status == NodeStatus::Ready && self.state.held_for(slot).is_none();
+        if is {
             self.index.insert((home, free.gpus, slot));
+        }
+        for racks in self.racks.values_mut() {
+            if was {
+                racks.remove((home, before.gpus, slot));
+            }
+            if is {
+                racks.insert((home, free.gpus, slot));
+            }
         }
     }
 
@@ -761,29 +872,82 @@ impl<'a> Overlay<'a> {
     /// `ok`, by its placement: best fit among the nodes meeting its
     /// constraints, all under one value of its packing label when it packs
     /// (preferred packing falls back to spreading). False if it falls short.
-    fn place(&self, a: &Allocation, homes: &[u32], out: &mut Vec<NodeSlot>, ok: impl Fn(NodeSlot) -> bool) -> bool {
+    fn place(&mut self, a: &Allocation, homes: &[u32], out: &mut Vec<NodeSlot>, ok: impl Fn(NodeSlot) -> bool) -> bool {
         let (need, n, p) = (&a.spec.resources, a.spec.gang_size as usize, &a.spec.placement);
         if p.is_any() {
             return self.find_where(need, n, homes, out, ok);
         }
-        let admits = |slot: NodeSlot| ok(slot) && p.admits(&self.state.node(slot).labels);
+        let state = self.state;
+        let admits = |slot: NodeSlot| ok(slot) && p.admits(&state.node(slot).labels);
         match &p.pack_by {
             Some(pack) if self.find_packed(need, n, homes, &pack.key, out, &admits) => true,
             Some(pack) if pack.required => false,
             _ => {
                 out.clear();
-                self.find_where(need, n, homes, out, admits)
+                self.find_constrained(need, n, homes, p, out, &admits)
             }
         }
     }
 
-    /// Puts into `out` (empty) `n` nodes passing `ok` that share one value
-    /// of label `key`: of the values with room for the gang, the one with
-    /// the fewest nodes that could take a task now (tightest fit, so the
-    /// values with the most room stay whole for larger gangs), then the
-    /// least value; best fit within it.
+    /// Best fit over the nodes meeting `p`'s constraints. A constraint that
+    /// names values of a label (`=`, `in`) walks only those values' nodes,
+    /// merged in best-fit order, so a gang asking for a rare GPU model does
+    /// not wade through every other model's nodes.
+    fn find_constrained(
+        &mut self,
+        need: &Resources,
+        n: usize,
+        homes: &[u32],
+        p: &Placement,
+        out: &mut Vec<NodeSlot>,
+        admits: &impl Fn(NodeSlot) -> bool,
+    ) -> bool {
+        let named = p.constraints.iter().find_map(|c| match &c.op {
+            LabelOp::Eq(v) => Some((c.key.as_str(), std::slice::from_ref(v))),
+            LabelOp::In(vs) => Some((c.key.as_str(), vs.as_slice())),
+            _ => None,
+        });
+        let Some((key, values)) = named else {
+            return self.find_where(need, n, homes, out, admits);
+        };
+        if !self.racks.contains_key(key) {
+            let racks = Racks::build(self.state, key, &self.index);
+            self.racks.insert(key.to_string(), racks);
+        }
+        let racks = &self.racks[key];
+        let mut ranges: Vec<_> = values
+            .iter()
+            .filter_map(|v| racks.ids.get(v))
+            .flat_map(|&v| {
+                homes.iter().map(move |&h| {
+                    racks.nodes[v as usize].range((h, need.gpus, NodeSlot(0))..=(h, u32::MAX, NodeSlot(u32::MAX)))
+                })
+            })
+            .map(Iterator::peekable)
+            .collect();
+        while out.len() < n {
+            let Some(best) =
+                ranges.iter_mut().enumerate().filter_map(|(i, r)| r.peek().map(|&&(_, g, s)| ((g, s), i))).min()
+            else {
+                return false;
+            };
+            let &(_, _, slot) = ranges[best.1].next().expect("peeked");
+            if admits(slot) && fits(need, &self.state.node(slot).resources, &self.free(slot)) {
+                out.push(slot);
+            }
+        }
+        true
+    }
+
+    /// Puts into `out` `n` nodes passing `ok` that share one value of label
+    /// `key`. Tightest: of the values with room for the gang, the one with
+    /// the fewest nodes with enough free GPUs (so the values with the most
+    /// room stay whole for larger gangs), then the least value; first fit:
+    /// the least value with room. Best fit within it. The label's values
+    /// are indexed once per pass, so a packed gang costs O(values + the
+    /// chosen value's nodes), not a scan of every node.
     fn find_packed(
-        &self,
+        &mut self,
         need: &Resources,
         n: usize,
         homes: &[u32],
@@ -791,25 +955,37 @@ impl<'a> Overlay<'a> {
         out: &mut Vec<NodeSlot>,
         ok: &impl Fn(NodeSlot) -> bool,
     ) -> bool {
-        let mut by_value: BTreeMap<&str, Vec<NodeSlot>> = BTreeMap::new();
-        for slot in self.nodes_of(homes, need.gpus) {
-            let node = self.state.node(slot);
-            if let Some(v) = node.labels.get(key)
-                && ok(slot)
-                && fits(need, &node.resources, &self.free(slot))
-            {
-                by_value.entry(v.as_str()).or_default().push(slot);
-            }
+        if !self.racks.contains_key(key) {
+            let racks = Racks::build(self.state, key, &self.index);
+            self.racks.insert(key.to_string(), racks);
         }
-        let best = by_value.values().filter(|s| s.len() >= n).min_by_key(|s| s.len());
-        match best {
-            Some(slots) => {
+        let racks = &self.racks[key];
+        let mut order: Vec<(usize, usize)> = (0..racks.nodes.len())
+            .map(|v| (racks.room(v, homes, need.gpus), v))
+            .filter(|&(room, _)| room >= n)
+            .collect();
+        if self.pack_choice == PackChoice::Tightest {
+            order.sort_unstable();
+        }
+        let mut found: Vec<(u32, NodeSlot)> = Vec::new();
+        for (_, v) in order {
+            found.clear();
+            for &h in homes {
+                let range = racks.nodes[v].range((h, need.gpus, NodeSlot(0))..=(h, u32::MAX, NodeSlot(u32::MAX)));
+                for &(_, free, slot) in range {
+                    if ok(slot) && fits(need, &self.state.node(slot).resources, &self.free(slot)) {
+                        found.push((free, slot));
+                    }
+                }
+            }
+            if found.len() >= n {
+                found.sort_unstable();
                 out.clear();
-                out.extend(&slots[..n]);
-                true
+                out.extend(found[..n].iter().map(|&(_, s)| s));
+                return true;
             }
-            None => false,
         }
+        false
     }
 
     /// Tops `out` up to `n` nodes of these homes that pass `ok` and can

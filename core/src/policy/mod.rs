@@ -16,7 +16,7 @@ mod admission_test;
 #[cfg(test)]
 mod preemption_test;
 
-pub use admission::{AdmissionConfig, AdmissionPlan, Order, PassStats, plan_admission};
+pub use admission::{AdmissionConfig, AdmissionPlan, Order, PackChoice, PassStats, plan_admission};
 pub use backfill::{PlannedStart, expected_end_ms, planned_start};
 pub use explain::{ClassReason, Explanation, explain, explain_spec, explain_with_admission};
 pub use nodes::{

@@ -1,0 +1,120 @@
+"""A PyTorch DDP training job for Muster: no wrapper, no flags to find peers.
+
+Muster starts one copy per task of the gang with the standard launcher
+environment (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR, and MASTER_PORT from
+the gang's reserved port), so ``init_process_group`` finds its rendezvous
+through its default ``env://``. Run it as a gang of four on CPUs (gloo):
+
+    muster submit -n 4 --checkpoint manual -- python3 "$PWD/examples/torch_ddp/train.py" --steps 200
+
+Every ``--checkpoint-every`` steps each rank saves the model, optimiser and
+step into ``MUSTER_CHECKPOINT_DIR`` (written to a temporary name, then
+renamed, so a SIGKILL never leaves a torn file), keeping the last two. When
+a rank dies, its peers' collective fails and they exit too; Muster tears the
+gang down, uploads each rank's checkpoint directory, places the gang again
+and restores the directories. The ranks then agree on the newest step every
+one of them has saved, and continue from there, not from step 0.
+
+At the end each rank prints a SHA-256 of its parameters: DDP keeps them
+equal on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+KEEP = 2
+
+
+def checkpoint_dir() -> str:
+    d = os.environ.get("MUSTER_CHECKPOINT_DIR", "checkpoints")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def saved_steps(d: str) -> list[int]:
+    steps = []
+    for name in os.listdir(d):
+        if name.startswith("step-") and name.endswith(".pt"):
+            try:
+                steps.append(int(name[len("step-") : -len(".pt")]))
+            except ValueError:
+                pass
+    return sorted(steps)
+
+
+def save(d: str, step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    path = os.path.join(d, f"step-{step}.pt")
+    tmp = path + ".tmp"
+    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for old in saved_steps(d)[:-KEEP]:
+        os.remove(os.path.join(d, f"step-{old}.pt"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--step-seconds", type=float, default=0.0, help="pause per step (tests: time to act mid-run)")
+    args = p.parse_args()
+
+    # env://: MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE come from Muster.
+    dist.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = DDP(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    d = checkpoint_dir()
+    mine = saved_steps(d)
+    # The newest step every rank has: ranks run in lockstep, so they differ
+    # by at most one save, and each keeps the last two.
+    latest = torch.tensor([mine[-1] if mine else 0])
+    dist.all_reduce(latest, op=dist.ReduceOp.MIN)
+    start = int(latest.item())
+    if start > 0:
+        state = torch.load(os.path.join(d, f"step-{start}.pt"))
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        print(f"rank {rank}/{world}: resumed from step {start}", flush=True)
+    else:
+        print(f"rank {rank}/{world}: starting at step 0 ({os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']})", flush=True)
+
+    for step in range(start + 1, args.steps + 1):
+        g = torch.Generator().manual_seed(step * 1000 + rank)  # each rank its own shard
+        x = torch.randn(64, 16, generator=g)
+        y = x.sum(dim=1, keepdim=True).sin()
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()  # DDP all-reduces the gradients here
+        opt.step()
+        if step % args.checkpoint_every == 0:
+            save(d, step, model.module, opt)
+            print(f"rank {rank}: step {step} loss {loss.item():.4f} (checkpoint saved)", flush=True)
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
+
+    digest = hashlib.sha256()
+    for t in model.module.state_dict().values():
+        digest.update(repr(t.detach().flatten().tolist()).encode())  # exact, and no numpy needed
+    print(f"rank {rank}: done at step {args.steps}; params sha256 {digest.hexdigest()}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
