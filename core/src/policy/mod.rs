@@ -4,6 +4,7 @@
 
 mod admission;
 mod backfill;
+mod capacity;
 mod explain;
 mod nodes;
 mod preemption;
