@@ -218,6 +218,14 @@ impl<'a> Overlay<'a> {
         }
     }
 
+    /// Builds the index of label `key`'s values, once per pass.
+    fn index_label(&mut self, key: &str) {
+        if !self.racks.contains_key(key) {
+            let racks = Racks::build(self.state, key, &self.index);
+            self.racks.insert(key.to_string(), racks);
+        }
+    }
+
     /// Best fit over the nodes meeting `p`'s constraints. A constraint that
     /// names values of a label (`=`, `in`) walks only those values' nodes,
     /// merged in best-fit order, so a gang asking for a rare GPU model does
@@ -239,10 +247,7 @@ impl<'a> Overlay<'a> {
         let Some((key, values)) = named else {
             return self.find_where(need, n, homes, out, admits);
         };
-        if !self.racks.contains_key(key) {
-            let racks = Racks::build(self.state, key, &self.index);
-            self.racks.insert(key.to_string(), racks);
-        }
+        self.index_label(key);
         let racks = &self.racks[key];
         let mut ranges: Vec<_> = values
             .iter()
@@ -284,10 +289,7 @@ impl<'a> Overlay<'a> {
         out: &mut Vec<NodeSlot>,
         ok: &impl Fn(NodeSlot) -> bool,
     ) -> bool {
-        if !self.racks.contains_key(key) {
-            let racks = Racks::build(self.state, key, &self.index);
-            self.racks.insert(key.to_string(), racks);
-        }
+        self.index_label(key);
         let racks = &self.racks[key];
         let mut order: Vec<(usize, usize)> = (0..racks.nodes.len())
             .map(|v| (racks.room(v, homes, need.gpus), v))
