@@ -39,6 +39,9 @@ pub async fn connect(addr: &str, timeout: Duration, tls: Option<&TlsMaterial>) -
     endpoint.connect().await.map_err(|e| anyhow!("cannot connect to {addr}: {e}"))
 }
 
+/// How long a CLI call may take, leader search and retries included.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
+
 enum Attempt {
     /// A replica answered UNAVAILABLE without naming a leader.
     NoLeaderYet(anyhow::Error),
@@ -129,18 +132,22 @@ impl Cluster {
     }
 
     /// Runs `call` against the leader, following hints, trying each replica.
-    /// While replicas answer but know no leader (an election is under way),
-    /// it waits and tries again for up to 10 s.
+    /// While replicas answer but no leader does (an election is under way,
+    /// or followers still name a leader that just died), it waits and tries
+    /// again, backing off from 50 ms to 500 ms, until the call's deadline
+    /// ([`CALL_DEADLINE`]). When no replica answers at all it fails at once.
     pub async fn call<T, F, Fut>(&mut self, mut call: F) -> anyhow::Result<T>
     where
         F: FnMut(Chan) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + CALL_DEADLINE;
+        let mut backoff = Duration::from_millis(50);
         loop {
             match self.call_once(&mut call).await {
                 Err(Attempt::NoLeaderYet(_)) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    tokio::time::sleep(backoff.min(deadline - tokio::time::Instant::now())).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
                 Err(Attempt::NoLeaderYet(e) | Attempt::Failed(e)) => return Err(e),
                 Ok(v) => return Ok(v),
@@ -153,6 +160,7 @@ impl Cluster {
         F: FnMut(Chan) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
+        // Some replica answered (it is up) without leading.
         let mut leaderless = false;
         let mut queue: Vec<String> = self.leader.iter().cloned().chain(self.addrs.iter().cloned()).collect();
         let mut tried: Vec<String> = Vec::new();
@@ -178,17 +186,18 @@ impl Cluster {
                 Err(status) if status.code() == Code::Unavailable => {
                     let hint =
                         status.metadata().get(LEADER_ADDR_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+                    // Alive, but not the leader: whatever it names, the
+                    // cluster is up, so a failure to reach a leader now is an
+                    // election (or a dead leader not yet noticed), not a
+                    // wrong address.
+                    leaderless = true;
                     match hint {
                         Some(leader) if hops < 5 => {
                             hops += 1;
                             tried.retain(|a| *a != leader);
                             queue.insert(0, leader);
                         }
-                        _ => {
-                            // Alive but unable to name a leader: an election is under way.
-                            leaderless = true;
-                            problems.push(format!("{addr}: {}", describe(&status)))
-                        }
+                        _ => problems.push(format!("{addr}: {}", describe(&status))),
                     }
                 }
                 Err(status) => return Err(Attempt::Failed(anyhow!("{}", describe(&status)))),

@@ -148,3 +148,43 @@ async fn t61_a_cluster_restored_from_a_backup_has_its_state_and_takes_work() {
     assert_eq!(client.submit_until_acked("brand-new").await, 11);
     converged(&new.addrs).await;
 }
+
+/// A CLI call made right after the leader's `kill -9`, while the followers
+/// still name the dead leader, waits for the new leader instead of failing
+/// (it retries within its deadline while some replica answers); with no
+/// replica up at all it fails, naming them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t62_a_cli_call_during_an_election_waits_for_the_new_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), &[]);
+    let old = leader(&cluster.addrs, None).await;
+    // The dead leader first, as a client that last talked to it would.
+    let mut order = cluster.addrs.clone();
+    order.swap(0, old as usize - 1);
+    let scheduler = order.join(",");
+    let submit = |key: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["submit", "--scheduler", &scheduler, "--idempotency-key", key, "--output", "json", "--", "true"])
+            .env("MUSTER_TLS_DIR", crate::tls::dir())
+            .output()
+            .unwrap()
+    };
+    for round in 0..2 {
+        let old = leader(&cluster.addrs, None).await;
+        cluster.kill(old);
+        let o = submit(&format!("during-election-{round}"));
+        assert!(
+            o.status.success(),
+            "round {round}: the call failed instead of waiting: {}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            cluster.logs()
+        );
+        cluster.spawn(old);
+    }
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    let o = submit("nobody-home");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot reach the scheduler leader"), "{o:?}");
+}

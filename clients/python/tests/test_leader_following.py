@@ -62,6 +62,15 @@ def not_leader(leader: Replica | None) -> Callable[..., pb.SubmitResponse]:
     return refuse
 
 
+def not_leader_at(address: str) -> Callable[..., pb.SubmitResponse]:
+    def refuse(_req: object, context: grpc.ServicerContext) -> pb.SubmitResponse:
+        context.set_trailing_metadata((("x-muster-leader-id", "1"), ("x-muster-leader-addr", address)))
+        context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
+        raise AssertionError("unreachable")
+
+    return refuse
+
+
 def accept(_req: object, _context: grpc.ServicerContext) -> pb.SubmitResponse:
     return pb.SubmitResponse(id=7)
 
@@ -105,6 +114,23 @@ def test_retries_while_no_leader_is_known(replicas: list[Replica]) -> None:
     with Client(r.address, insecure=True, timeout=10) as c:
         assert c.submit(["true"]).id == 7
     assert r.calls == 4
+
+
+def test_waits_while_followers_still_name_a_dead_leader(replicas: list[Replica]) -> None:
+    # The leader was just killed: the follower names it for a while, then
+    # an election makes the follower itself the leader.
+    follower = replicas[0]
+    dead = closed_port_address()
+    answers = iter([not_leader_at(dead)] * 3)
+
+    def then_lead(req: pb.SubmitRequest, context: grpc.ServicerContext) -> pb.SubmitResponse:
+        return next(answers, accept)(req, context)
+
+    follower.submit = then_lead
+    with Client([dead, follower.address], insecure=True, timeout=10) as c:
+        assert c.submit(["true"]).id == 7
+        assert c.leader == follower.address
+    assert follower.calls == 4
 
 
 def test_gives_up_at_the_timeout_naming_the_replicas(replicas: list[Replica]) -> None:
