@@ -18,9 +18,13 @@
 //!    window. Every deadline is an entry time in the replicated state.
 //! 3. **Admission** (when woken: a submit, a release, the admission interval,
 //!    or an earlier pass of this tick proposing something).
-//! 4. **Reclaim or preemption** (after admission, at most once per
-//!    `min_pass_interval_ms`): lenders take borrowed nodes back first; a pass
+//! 4. **Reclaim or preemption** (after admission, when lenders wait or
+//!    preemptors are still blocked): at most once per `min_pass_interval_ms`
+//!    for the preemptors an earlier pass looked at, and after a 50 ms floor
+//!    for a newly blocked one. Lenders take borrowed nodes back first; a pass
 //!    that reclaims does not also preempt, since both read the same view.
+//!    A pass that had to wait says until when
+//!    ([`Tick::preemption_waits_until`]), and the shell wakes then.
 //!
 //! Each pass reads the state the previous pass's commands left, so the shell
 //! proposes a pass's commands and waits for them to apply before it asks for
@@ -88,12 +92,21 @@ pub struct TickTime {
     pub mono_ms: u64,
 }
 
+/// The shortest gap between two preemption passes, ms, even for a newly
+/// blocked preemptor (a burst of submits runs one pass per tick at most,
+/// and ticks this close together share one).
+pub const FRESH_PREEMPTION_FLOOR_MS: u64 = 50;
+
 /// When each pass last ran, in monotonic ms. A new leader starts with fresh
 /// timers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PassTimers {
     last_liveness_ms: Option<u64>,
     last_preemption_ms: Option<u64>,
+    /// The newest allocation (ids grow with submits) among the preemptors
+    /// the last preemption pass looked at: a newer one is a reason to run
+    /// again before the interval ends.
+    newest_preemptor: u64,
 }
 
 impl PassTimers {
@@ -102,9 +115,16 @@ impl PassTimers {
         self.last_liveness_ms.map_or(0, |t| t.saturating_add(cfg.liveness_every_ms))
     }
 
-    /// When a reclaim-or-preemption pass may next run.
+    /// When a reclaim-or-preemption pass may next run for the preemptors
+    /// it has already looked at.
     pub fn preemption_due_ms(&self, cfg: &LeaderConfig) -> u64 {
         self.last_preemption_ms.map_or(0, |t| t.saturating_add(cfg.preemption.min_pass_interval_ms))
+    }
+
+    /// When one may next run for a newly blocked preemptor.
+    pub fn fresh_preemption_due_ms(&self, cfg: &LeaderConfig) -> u64 {
+        self.last_preemption_ms
+            .map_or(0, |t| t.saturating_add(FRESH_PREEMPTION_FLOOR_MS.min(cfg.preemption.min_pass_interval_ms)))
     }
 }
 
@@ -226,9 +246,10 @@ pub struct Tick {
     cfg: LeaderConfig,
     liveness: bool,
     admission: bool,
-    preemption_allowed: bool,
     next: Option<PassKind>,
     proposed: bool,
+    /// A preemption pass had work but had to wait: when it may run (mono ms).
+    preemption_waits_until: Option<u64>,
 }
 
 impl Tick {
@@ -239,18 +260,25 @@ impl Tick {
         if liveness {
             timers.last_liveness_ms = Some(time.mono_ms);
         }
-        // The preemption timer moves only when the pass runs (after
-        // admission); the interval is checked here, once.
-        let preemption_allowed = cfg.preempt && time.mono_ms >= timers.preemption_due_ms(cfg);
         Tick {
             time,
             cfg: *cfg,
             liveness,
             admission: wake.admission,
-            preemption_allowed,
             next: Some(PassKind::NodeLost),
             proposed: false,
+            preemption_waits_until: None,
         }
+    }
+
+    /// When the reclaim-or-preemption pass should run again (monotonic ms):
+    /// it had something to decide but had to wait for its interval, or it
+    /// ran and its interval ends then. The shell wakes admission at that
+    /// time, so a preemptor still blocked is retried then rather than at
+    /// the next submit or admission interval; a tick that finds nothing to
+    /// decide asks for nothing more.
+    pub fn preemption_waits_until(&self) -> Option<u64> {
+        self.preemption_waits_until
     }
 
     /// Whether this tick runs the node-lost and deadline passes.
@@ -276,11 +304,32 @@ impl Tick {
                     self.admission = true;
                     Pass::Admission(plan_admission(state, self.time.wall_ms, &self.cfg.admission))
                 }
-                PassKind::Preemption if self.admission && self.preemption_allowed => {
-                    if state.lenders().next().is_none() && state.preemptor_queue().next().is_none() {
+                PassKind::Preemption if self.admission && self.cfg.preempt => {
+                    // Reason to run: lenders waiting, or preemptors still
+                    // blocked after admission. The interval bounds how
+                    // often the same preemptors are retried; a preemptor
+                    // newer than any the last pass saw may go after a short
+                    // floor (checkpoint-less victims then stop at once, not
+                    // up to an interval later).
+                    let newest = state.preemptor_queue().map(|(_, k)| k.alloc).max();
+                    if state.lenders().next().is_none() && newest.is_none() {
                         continue; // nothing to decide: the timer stays put
                     }
+                    let fresh = newest.is_some_and(|id| id > timers.newest_preemptor);
+                    let due = if fresh {
+                        timers.fresh_preemption_due_ms(&self.cfg)
+                    } else {
+                        timers.preemption_due_ms(&self.cfg)
+                    };
+                    if self.time.mono_ms < due {
+                        self.preemption_waits_until = Some(due);
+                        continue;
+                    }
                     timers.last_preemption_ms = Some(self.time.mono_ms);
+                    timers.newest_preemptor = timers.newest_preemptor.max(newest.unwrap_or(0));
+                    // Whoever this pass cannot serve is retried after the
+                    // interval (a victim's minimum runtime may end by then).
+                    self.preemption_waits_until = Some(timers.preemption_due_ms(&self.cfg));
                     self.preemption(state)
                 }
                 _ => continue,

@@ -168,6 +168,42 @@ fn preemption_runs_after_admission_at_most_once_per_interval() {
 }
 
 #[test]
+fn a_newly_blocked_preemptor_does_not_wait_out_the_interval() {
+    let mut c = Fixture::new(2);
+    run_on(&mut c, 0);
+    run_on(&mut c, 1);
+    let cfg = LeaderConfig::default();
+    let mut h = Heard::default();
+    h.lead_from(0);
+    h.touch(&n(0), 300_000);
+    h.touch(&n(1), 300_000);
+    let mut timers = PassTimers::default();
+    let urgent = |class| AllocSpec { preemption_class: class, ..spec(1, 8) };
+    c.submit(urgent(9));
+    let passes = tick(&mut c, at(300_000), Wake { admission: true }, &mut timers, &h);
+    assert_eq!(kinds(&passes), [PassKind::Admission, PassKind::Preemption]);
+    // A second class-9 job 100 ms later: blocked, and newer than anything
+    // the last pass saw, so the pass runs now for it (not 1 s later).
+    c.submit(urgent(9));
+    let mut t = Tick::begin(at(300_010), Wake { admission: true }, &mut timers, &cfg);
+    while let Some(p) = t.next(&c.s, &h, &mut timers) {
+        assert_ne!(p.kind(), PassKind::Preemption, "inside the 50 ms floor");
+    }
+    assert_eq!(t.preemption_waits_until(), Some(300_000 + super::FRESH_PREEMPTION_FLOOR_MS), "the shell is told when");
+    let passes = tick(&mut c, at(300_100), Wake { admission: true }, &mut timers, &h);
+    assert_eq!(kinds(&passes), [PassKind::Admission, PassKind::Preemption], "{passes:#?}");
+    // A third finds no victim left (both nodes are held): it stays blocked,
+    // and with nothing new the interval holds again; the shell learns when
+    // it ends.
+    c.submit(urgent(9));
+    let passes = tick(&mut c, at(300_200), Wake { admission: true }, &mut timers, &h);
+    assert_eq!(kinds(&passes), [PassKind::Admission], "the pass ran and found nothing to propose");
+    let mut t = Tick::begin(at(300_300), Wake { admission: true }, &mut timers, &cfg);
+    while t.next(&c.s, &h, &mut timers).is_some() {}
+    assert_eq!(t.preemption_waits_until(), Some(300_200 + cfg.preemption.min_pass_interval_ms));
+}
+
+#[test]
 fn finished_allocations_are_forgotten_in_the_deadline_pass_after_the_retention_window() {
     let mut c = Fixture::new(1);
     let job = submit(&mut c, 1);

@@ -634,12 +634,9 @@ impl Simulation {
                 self.at(self.now + self.leader.preemption.hold_ms(), Ev::Tick);
             }
         }
-        if self.leader.preempt
-            && self.state.preemptor_queue().next().is_some()
-            && self.now < self.timers.preemption_due_ms(&self.leader)
-        {
-            // At most one preemption pass per interval, as the leader runs it.
-            let next = self.timers.preemption_due_ms(&self.leader);
+        if let Some(next) = tick.preemption_waits_until() {
+            // A preemption pass had to wait for its interval: come back then,
+            // as the leader does.
             if self.preemption_tick_at != Some(next) {
                 self.preemption_tick_at = Some(next);
                 self.at(next, Ev::Tick);

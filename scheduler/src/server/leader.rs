@@ -4,8 +4,9 @@
 //! It stops the moment this replica does not lead.
 //!
 //! A tick runs when the admission interval elapses, when a submit or a
-//! release wakes admission, and every `liveness_every_ms` for the node-lost
-//! and deadline passes. What each pass decides, and in which order, is
+//! release wakes admission, when a preemption pass that had to wait for its
+//! interval may run, and every `liveness_every_ms` for the node-lost and
+//! deadline passes. What each pass decides, and in which order, is
 //! `muster_core::tick`'s; the simulator drives the same [`Tick`].
 
 use std::time::Duration;
@@ -44,6 +45,8 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
     liveness_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was_leading = false;
     let mut timers = PassTimers::default();
+    // A preemption pass that had to wait for its interval runs then.
+    let mut preemption_at: Option<tokio::time::Instant> = None;
     loop {
         if !*leading.borrow_and_update() {
             was_leading = false;
@@ -56,16 +59,27 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
             was_leading = true;
             s.liveness.lead_from_now();
             timers = PassTimers::default();
+            preemption_at = None;
         }
+        let retry = async {
+            match preemption_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let wake = tokio::select! {
             _ = admission_tick.tick() => Wake { admission: true },
             _ = s.admission_wake.notified() => Wake { admission: true },
+            _ = retry => Wake { admission: true },
             _ = liveness_tick.tick() => Wake { admission: false },
             changed = leading.changed() => if changed.is_err() { return } else { continue },
         };
         let time = s.reader.read(|st| TickTime { wall_ms: s.now(st), mono_ms: s.clock.mono_ms() });
         let mut tick = Tick::begin(time, wake, &mut timers, &cfg);
         drive(&mut tick, &mut timers, &s, &mut record).await;
+        preemption_at = tick
+            .preemption_waits_until()
+            .map(|due| tokio::time::Instant::now() + Duration::from_millis(due.saturating_sub(time.mono_ms)));
     }
 }
 
