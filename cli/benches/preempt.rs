@@ -44,6 +44,10 @@ fn job(class: u32, checkpoint: v1::CheckpointMode, command: &str) -> v1::Allocat
     }
 }
 
+async fn submit(c: &mut AllocationServiceClient<Channel>, spec: v1::AllocationSpec) -> u64 {
+    c.submit(v1::SubmitRequest { spec: Some(spec), dry_run: false }).await.unwrap().into_inner().id
+}
+
 async fn status(c: &mut AllocationServiceClient<Channel>, id: u64) -> v1::Allocation {
     loop {
         if let Ok(r) = c.get(v1::GetRequest { id }).await {
@@ -79,15 +83,7 @@ async fn run(insecure: bool, rounds: usize) -> Vec<f64> {
     // Fill every node with class-2 work that cannot checkpoint.
     let mut victims = Vec::new();
     for _ in 0..4 {
-        let id = c
-            .submit(v1::SubmitRequest {
-                spec: Some(job(2, v1::CheckpointMode::None, "exec sleep 600")),
-                dry_run: false,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .id;
+        let id = submit(&mut c, job(2, v1::CheckpointMode::None, "exec sleep 600")).await;
         victims.push(id);
     }
     for &v in &victims {
@@ -96,15 +92,7 @@ async fn run(insecure: bool, rounds: usize) -> Vec<f64> {
     let mut took = Vec::new();
     for _ in 0..rounds {
         let t = Instant::now();
-        let id = c
-            .submit(v1::SubmitRequest {
-                spec: Some(job(8, v1::CheckpointMode::None, "exec sleep 600")),
-                dry_run: false,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .id;
+        let id = submit(&mut c, job(8, v1::CheckpointMode::None, "exec sleep 600")).await;
         until_running(&mut c, id).await;
         took.push(t.elapsed().as_secs_f64() * 1e3);
         // Give the node back; the suspended victim runs again.
