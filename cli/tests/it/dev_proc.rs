@@ -173,3 +173,22 @@ pub fn tool(name: &str) -> Option<PathBuf> {
     }
     found
 }
+
+/// Whether `python3` imports `modules` (a Python package the tests drive);
+/// skipped with `install` named when it does not, and under
+/// `MUSTER_REQUIRE_TOOLS` a failure, as for [`tool`].
+pub fn python_imports(modules: &str, what: &str, install: &str) -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
+            "{what} is not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs it)"
+        );
+        eprintln!("skipping: {install} to run the {what} tests");
+    }
+    ok
+}

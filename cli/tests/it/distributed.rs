@@ -199,24 +199,6 @@ fn t153_constraints_and_packing_through_the_cli() {
     let _ = dev.wait();
 }
 
-/// Whether `python3` imports torch; without it the test is skipped, and
-/// under MUSTER_REQUIRE_TOOLS (CI, which installs it) that is a failure.
-fn torch_importable() -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import torch, torch.distributed"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
-            "torch is not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs it)"
-        );
-        eprintln!("skipping: python3 -m pip install torch to run the PyTorch DDP test");
-    }
-    ok
-}
-
 /// The pid of the process running task `task` of allocation `alloc`
 /// (its environment names them), if one runs.
 fn pid_of(alloc: u64, task: u32) -> Option<i32> {
@@ -259,7 +241,7 @@ fn final_digests(c: &LocalCluster, a: &v1::Allocation) -> Vec<String> {
 /// node runs beside it on its own port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t154_a_pytorch_ddp_gang_resumes_from_its_checkpoints_after_a_rank_is_killed() {
-    if !torch_importable() {
+    if !crate::dev_proc::python_imports("torch, torch.distributed", "PyTorch", "python3 -m pip install torch") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

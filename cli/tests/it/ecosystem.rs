@@ -372,17 +372,11 @@ fn repo() -> std::path::PathBuf {
 /// (`pip install -e 'clients/python[test]'`, which `.ci/run` does).
 #[test]
 fn t125_the_python_client_suite_passes() {
-    let importable = Command::new("python3")
-        .args(["-c", "import muster_client, grpc, pytest"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !importable {
-        assert!(
-            std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
-            "the Python client is not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs it)"
-        );
-        eprintln!("skipping: pip install -e 'clients/python[test]' to run the Python client's tests");
+    if !crate::dev_proc::python_imports(
+        "muster_client, grpc, pytest",
+        "Python client",
+        "pip install -e 'clients/python[test]'",
+    ) {
         return;
     }
     let o = Command::new("python3")
