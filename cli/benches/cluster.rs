@@ -3,9 +3,19 @@
 //! concurrent clients, commit latency percentiles, and the time from
 //! `kill -9` of the leader to the first commit by its successor.
 //!
+//! After each level it prints where a commit's time went on the leader and
+//! a follower (means from their `/metrics`): log sync, apply, proposal to
+//! applied, and commands per entry.
+//!
 //! Run: `cargo bench -p muster --bench cluster` (builds the release binary).
 //! Options after `--`: `--seconds N` per concurrency level (default 5),
-//! `--kills N` failover rounds (default 3).
+//! `--kills N` failover rounds (default 3), `--heartbeat-ms N` (the servers'
+//! Raft heartbeat; their default otherwise), `--tls` (mutual TLS between
+//! replicas and for the clients; the default is `--insecure`).
+//!
+//! A figure means something only as a ratio against a peer measured in the
+//! same run on the same machine: `cli/benches/vs-etcd.sh` alternates this
+//! bench with etcd's and prints the ratios.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -17,7 +27,8 @@ use std::time::{Duration, Instant};
 use muster_proto::v1;
 use muster_proto::v1::admin_service_client::AdminServiceClient;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use muster_tls::{Role, TlsMaterial};
+use tonic::transport::Channel;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -25,14 +36,37 @@ fn free_port() -> u16 {
 
 struct Servers {
     addrs: Vec<String>,
+    /// The certificates (`--tls`), or `None` for `--insecure`.
+    tls: Option<std::path::PathBuf>,
+    /// The bench's own client certificate (`--tls`).
+    client: Option<TlsMaterial>,
+    /// `--heartbeat-ms` for the servers (their default when `None`).
+    heartbeat_ms: Option<u64>,
+    /// Each replica's `/metrics` address.
+    http: Vec<String>,
     children: Vec<Option<Child>>,
     dir: std::path::PathBuf,
 }
 
 impl Servers {
-    fn start(dir: &Path) -> Servers {
+    fn start(dir: &Path, tls: bool, heartbeat_ms: Option<u64>) -> Servers {
         let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let mut s = Servers { addrs, children: vec![None, None, None], dir: dir.to_path_buf() };
+        let http = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let certs = dir.join("tls");
+        let client = tls.then(|| {
+            let roles: Vec<Role> = (1..=3).map(Role::Server).chain([Role::Admin("bench".into())]).collect();
+            muster_sim::local::ensure_certs(&certs, &roles).expect("issue the bench's certificates").pop().unwrap()
+        });
+        let tls = tls.then_some(certs);
+        let mut s = Servers {
+            addrs,
+            tls,
+            client,
+            heartbeat_ms,
+            http,
+            children: vec![None, None, None],
+            dir: dir.to_path_buf(),
+        };
         for id in 1..=3 {
             s.spawn(id);
         }
@@ -41,21 +75,30 @@ impl Servers {
 
     fn spawn(&mut self, id: usize) {
         let peers: Vec<String> = self.addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
-        let child = Command::new(env!("CARGO_BIN_EXE_muster"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_muster"));
+        cmd.arg("server");
+        match &self.tls {
+            Some(dir) => cmd.env("MUSTER_TLS_DIR", dir),
+            None => cmd.arg("--insecure"),
+        };
+        let child = cmd
             .args([
-                "server",
-                "--insecure",
                 "--id",
                 &id.to_string(),
                 "--listen",
                 &self.addrs[id - 1],
                 "--peers",
                 &peers.join(","),
+                "--http",
+                &self.http[id - 1],
             ])
+            .args(self.heartbeat_ms.map(|h| vec!["--heartbeat-ms".to_string(), h.to_string()]).unwrap_or_default())
             .arg("--data-dir")
             .arg(self.dir.join(format!("data-{id}")))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::create(self.dir.join(format!("err-{id}.log"))).map(Stdio::from).unwrap_or(Stdio::null()),
+            )
             .spawn()
             .expect("spawn muster server");
         self.children[id - 1] = Some(child);
@@ -77,8 +120,8 @@ impl Drop for Servers {
     }
 }
 
-async fn channel(addr: &str) -> Option<Channel> {
-    Endpoint::from_shared(format!("http://{addr}"))
+async fn channel(addr: &str, tls: Option<&TlsMaterial>) -> Option<Channel> {
+    muster_tls::endpoint(addr, tls)
         .ok()?
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true)
@@ -87,13 +130,13 @@ async fn channel(addr: &str) -> Option<Channel> {
         .ok()
 }
 
-async fn leader(addrs: &[String], not: Option<usize>) -> usize {
+async fn leader(addrs: &[String], tls: Option<&TlsMaterial>, not: Option<usize>) -> usize {
     loop {
         for (i, a) in addrs.iter().enumerate() {
             if Some(i + 1) == not {
                 continue;
             }
-            if let Some(ch) = channel(a).await
+            if let Some(ch) = channel(a, tls).await
                 && let Ok(s) = AdminServiceClient::new(ch).status(v1::StatusRequest {}).await
                 && s.get_ref().role == "leader"
             {
@@ -115,15 +158,78 @@ fn spec(key: String) -> v1::AllocationSpec {
     }
 }
 
+/// Sums and counts of the commit path's histograms on one replica.
+#[derive(Clone, Copy, Default)]
+struct CommitPath {
+    sync: (f64, f64),
+    commit: (f64, f64),
+    apply: (f64, f64),
+    batch: (f64, f64),
+    admission: (f64, f64),
+}
+
+impl CommitPath {
+    /// Scrapes `/metrics` at `addr` (plain HTTP/1.0).
+    fn scrape(addr: &str) -> CommitPath {
+        use std::io::{Read, Write};
+        let mut text = String::new();
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n");
+            let _ = s.read_to_string(&mut text);
+        }
+        let get = |name: &str| -> (f64, f64) {
+            let value = |suffix: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(&format!("{name}{suffix} ")) || l.starts_with(&format!("{name}{suffix}{{")))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0)
+            };
+            (value("_sum"), value("_count"))
+        };
+        CommitPath {
+            sync: get("muster_raft_log_sync_seconds"),
+            commit: get("muster_raft_commit_seconds"),
+            apply: get("muster_raft_apply_seconds"),
+            batch: get("muster_raft_batch_commands"),
+            admission: get("muster_admission_pass_seconds"),
+        }
+    }
+
+    /// Mean per sample between two scrapes, in ms (or commands for `batch`).
+    fn mean(after: (f64, f64), before: (f64, f64), scale: f64) -> f64 {
+        let n = after.1 - before.1;
+        if n <= 0.0 { 0.0 } else { (after.0 - before.0) / n * scale }
+    }
+}
+
+/// The leader's and one follower's mean commit-path times between two
+/// scrapes: where a commit's time goes.
+fn breakdown(leader: (CommitPath, CommitPath), follower: (CommitPath, CommitPath)) -> String {
+    let (la, lb) = leader;
+    let (fa, fb) = follower;
+    format!(
+        "        commit path (means): leader log sync {:.3} ms, follower log sync {:.3} ms, apply {:.3} ms, \
+         proposal->applied {:.3} ms, {:.1} commands/entry; {:.0} admission passes of {:.1} ms",
+        CommitPath::mean(la.sync, lb.sync, 1e3),
+        CommitPath::mean(fa.sync, fb.sync, 1e3),
+        CommitPath::mean(la.apply, lb.apply, 1e3),
+        CommitPath::mean(la.commit, lb.commit, 1e3),
+        CommitPath::mean(la.batch, lb.batch, 1.0),
+        la.admission.1 - lb.admission.1,
+        CommitPath::mean(la.admission, lb.admission, 1e3),
+    )
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
-async fn load(addr: &str, clients: usize, seconds: u64, seq: Arc<AtomicU64>) {
+async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u64, seq: Arc<AtomicU64>) {
     // A few connections, many streams each (HTTP/2), like real clients.
     let mut channels = Vec::new();
     for _ in 0..clients.clamp(1, 8) {
-        channels.push(channel(addr).await.expect("leader reachable"));
+        channels.push(channel(addr, tls).await.expect("leader reachable"));
     }
     let warmup = Duration::from_millis(500);
     let start = Instant::now();
@@ -160,7 +266,7 @@ async fn load(addr: &str, clients: usize, seconds: u64, seq: Arc<AtomicU64>) {
 }
 
 async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> Duration {
-    let old = leader(&servers.addrs, None).await;
+    let old = leader(&servers.addrs, servers.client.as_ref(), None).await;
     // Keep the cluster busy up to the kill.
     let kill_at = Instant::now();
     servers.kill(old);
@@ -169,7 +275,7 @@ async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> Duration {
             if i + 1 == old {
                 continue;
             }
-            if let Some(ch) = channel(a).await {
+            if let Some(ch) = channel(a, servers.client.as_ref()).await {
                 let mut req = tonic::Request::new(v1::SubmitRequest {
                     spec: Some(spec(format!("f{}", seq.fetch_add(1, Ordering::Relaxed)))),
                     dry_run: false,
@@ -197,16 +303,26 @@ fn main() {
     };
     let seconds = opt("--seconds", 5);
     let kills = opt("--kills", 3);
+    let tls = args.iter().any(|a| a == "--tls");
+    let heartbeat_ms = args.iter().any(|a| a == "--heartbeat-ms").then(|| opt("--heartbeat-ms", 50));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let mut servers = Servers::start(dir.path());
-        let l = leader(&servers.addrs, None).await;
-        println!("3 replicas on loopback, fsync on every append; leader is replica {l}");
+        let mut servers = Servers::start(dir.path(), tls, heartbeat_ms);
+        let l = leader(&servers.addrs, servers.client.as_ref(), None).await;
+        println!(
+            "3 replicas on loopback, fsync on every append, {}; leader is replica {l}",
+            if tls { "mutual TLS" } else { "--insecure" }
+        );
+        println!("(a figure counts only as a ratio against a peer measured in the same run on this machine)");
         let seq = Arc::new(AtomicU64::new(0));
         for clients in [1, 16, 256] {
-            let l = leader(&servers.addrs, None).await;
-            load(&servers.addrs[l - 1], clients, seconds, seq.clone()).await;
+            let l = leader(&servers.addrs, servers.client.as_ref(), None).await;
+            let f = if l == 1 { 2 } else { 1 };
+            let before = (CommitPath::scrape(&servers.http[l - 1]), CommitPath::scrape(&servers.http[f - 1]));
+            load(&servers.addrs[l - 1], servers.client.as_ref(), clients, seconds, seq.clone()).await;
+            let after = (CommitPath::scrape(&servers.http[l - 1]), CommitPath::scrape(&servers.http[f - 1]));
+            println!("{}", breakdown((after.0, before.0), (after.1, before.1)));
         }
         let mut times = Vec::new();
         for _ in 0..kills {

@@ -5,6 +5,11 @@
 //! each listed replica; a replica that answers UNAVAILABLE with the leader in
 //! metadata sends the call there. Unreachable replicas are skipped; when none
 //! answers, the error names them all.
+//!
+//! The last leader that answered is remembered between runs, per list of
+//! replicas, in `$XDG_CACHE_HOME/muster/` (or `~/.cache/muster/`), so a CLI
+//! call dials the leader first instead of discovering it again. A stale
+//! hint costs one redirect; `MUSTER_LEADER_CACHE=off` disables it.
 
 use std::future::Future;
 use std::time::Duration;
@@ -80,6 +85,8 @@ pub type Chan = tonic::service::interceptor::InterceptedService<Channel, Bearer>
 pub struct Cluster {
     addrs: Vec<String>,
     leader: Option<String>,
+    /// What the leader cache holds for these replicas.
+    remembered: Option<String>,
     tls: Option<TlsMaterial>,
     bearer: Bearer,
 }
@@ -108,10 +115,54 @@ pub fn describe(status: &Status) -> String {
     format!("{code}: {}", status.message())
 }
 
+/// Where the leader of `addrs` is remembered between runs (`None`: nowhere
+/// to keep it, or `MUSTER_LEADER_CACHE=off`).
+fn leader_cache(addrs: &[String]) -> Option<std::path::PathBuf> {
+    if std::env::var("MUSTER_LEADER_CACHE").is_ok_and(|v| v == "off") {
+        return None;
+    }
+    let base =
+        std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()).map(std::path::PathBuf::from).or_else(|| {
+            std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| std::path::PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("muster").join(leader_cache_name(addrs)))
+}
+
+/// The cache file's name for a list of replicas: the sorted list, so any
+/// order of the same replicas shares it (`leader-10.0.0.1_7000+10.0.0.2_7000`).
+pub fn leader_cache_name(addrs: &[String]) -> String {
+    let mut sorted: Vec<String> = addrs.iter().map(|a| a.replace([':', '/'], "_")).collect();
+    sorted.sort();
+    format!("leader-{}", sorted.join("+"))
+}
+
+/// The remembered leader of `addrs`, if it still parses as `host:port`.
+fn cached_leader(addrs: &[String]) -> Option<String> {
+    let text = std::fs::read_to_string(leader_cache(addrs)?).ok()?;
+    let addr = text.trim();
+    parse_addresses(addr).ok().filter(|a| a.len() == 1).map(|mut a| a.remove(0))
+}
+
+/// Remembers `leader` for `addrs` (best effort: a cache that cannot be
+/// written costs only a discovery next time).
+fn remember_leader(addrs: &[String], leader: &str) {
+    let Some(path) = leader_cache(addrs) else { return };
+    let Some(dir) = path.parent() else { return };
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, format!("{leader}\n")))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 impl Cluster {
-    /// A client for these replicas.
+    /// A client for these replicas, starting from the leader remembered for
+    /// them.
     pub fn new(addrs: Vec<String>, tls: Option<TlsMaterial>) -> Cluster {
-        Cluster { addrs, leader: None, tls, bearer: Bearer::default() }
+        let leader = cached_leader(&addrs);
+        Cluster { addrs, remembered: leader.clone(), leader, tls, bearer: Bearer::default() }
     }
 
     /// Sends `bearer`'s token with every call.
@@ -180,6 +231,10 @@ impl Cluster {
             };
             match call(channel).await {
                 Ok(v) => {
+                    if self.remembered.as_deref() != Some(addr.as_str()) {
+                        remember_leader(&self.addrs, &addr);
+                        self.remembered = Some(addr.clone());
+                    }
                     self.leader = Some(addr);
                     return Ok(v);
                 }

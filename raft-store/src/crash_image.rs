@@ -1,11 +1,10 @@
 //! The crash-consistency shim: a simulated power loss.
 //!
 //! With [`StoreOptions::crash_image`](crate::StoreOptions) set, every
-//! successful durable point — a sled flush plus fsync, or a snapshot file
-//! written and renamed into place — records what is on stable storage at
-//! that moment in `<data-dir>/crash-image/`: the whole log tree (log entries,
-//! vote, committed, purge marker) as of the fsync, and a hard link to the
-//! snapshot file. [`restore_crash_image`] then replaces the data dir's log
+//! successful durable point — a log `fdatasync`, or a snapshot file written
+//! and renamed into place — records what is on stable storage at that moment
+//! in `<data-dir>/crash-image/`: the whole log (entries, vote, committed,
+//! purge marker) as of the sync, and a hard link to the snapshot file. [`restore_crash_image`] then replaces the data dir's log
 //! and snapshot with the image, which is exactly what a machine that lost
 //! power would find: everything fsynced, nothing written since.
 //!
@@ -16,15 +15,16 @@
 //! ```
 //!
 //! The model is the pessimistic one (no unsynced write survives); it proves
-//! that whatever the store acknowledged was fsynced first. It does not test
-//! sled's own recovery from a torn file, which is sled's business.
+//! that whatever the store acknowledged was fsynced first. Recovery from a
+//! torn record is the log file's own test.
 
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::codec;
-use crate::disk::{OpenError, open_sled};
+use crate::disk::OpenError;
+use crate::log_file::LogFile;
 
 const IMAGE_DIR: &str = "crash-image";
 const TREE_FILE: &str = "tree.bin";
@@ -34,13 +34,8 @@ pub(crate) fn image_dir(data_dir: &Path) -> PathBuf {
     data_dir.join(IMAGE_DIR)
 }
 
-/// Records the log tree's contents (as of the fsync just done) as the image.
-pub(crate) fn record_tree(data_dir: &Path, tree: &sled::Tree) -> io::Result<()> {
-    let pairs = tree
-        .iter()
-        .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(io::Error::other)?;
+/// Records the log's contents (as of the sync just done) as the image.
+pub(crate) fn record_log(data_dir: &Path, pairs: Vec<(Vec<u8>, Vec<u8>)>) -> io::Result<()> {
     let bytes = codec::encode(&pairs).map_err(io::Error::other)?;
     let dir = image_dir(data_dir);
     fs::create_dir_all(&dir)?;
@@ -65,7 +60,7 @@ pub(crate) fn record_snapshot(data_dir: &Path, snapshot: &Path) -> io::Result<()
 }
 
 /// Simulates a power loss on a data dir whose process is gone: the log
-/// database and snapshot become what the last durable point recorded in the
+/// and snapshot become what the last durable point recorded in the
 /// crash image (empty when nothing was ever made durable). The image stays,
 /// so a store reopened with the shim carries on recording.
 pub fn restore_crash_image(data_dir: &Path) -> Result<(), OpenError> {
@@ -95,13 +90,5 @@ pub fn restore_crash_image(data_dir: &Path) -> Result<(), OpenError> {
     if image.join(SNAPSHOT_FILE).exists() {
         fs::copy(image.join(SNAPSHOT_FILE), data_dir.join("snapshot.bin")).map_err(io_err)?;
     }
-    let (db, tree) = open_sled(&log_dir)?;
-    let mut batch = sled::Batch::default();
-    for (k, v) in pairs {
-        batch.insert(k, v);
-    }
-    let sled_err = |source| OpenError::Sled { path: log_dir.clone(), source };
-    tree.apply_batch(batch).map_err(sled_err)?;
-    db.flush().map_err(sled_err)?;
-    Ok(())
+    LogFile::create_from_pairs(&log_dir, pairs).map_err(|source| OpenError::Io { path: log_dir, source })
 }

@@ -1,12 +1,7 @@
-//! The data directory: one sled database for the log and its metadata, one
-//! file for the current snapshot, and the fsyncs that make an acknowledged
-//! write durable.
-//!
-//! sled's own flush writes with `sync_file_range`, which survives a process
-//! crash but not a power loss, and does not sync blob files at all; after
-//! every flush we `fsync` the data file and any blob files ourselves. sled's
-//! `flush_async` can hang under concurrency (sled #1308, #1241, #1357), so
-//! the blocking `flush` runs on tokio's blocking pool instead.
+//! The data directory: the Raft log (plain append-only files, see
+//! [`log_file`](crate::log_file)), one file for the current snapshot, and the
+//! flusher thread that makes appended entries durable before openraft counts
+//! them.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -15,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
 
+use crate::log_file::LogFile;
 use crate::log_store::LogStore;
 use crate::state_machine::StateMachineStore;
 use crate::{StateMachineApp, applied_log, codec, crash_image};
@@ -45,7 +41,7 @@ pub enum StoreFault {
 /// Why a data directory could not be opened.
 #[derive(Debug, Error)]
 pub enum OpenError {
-    /// The directory could not be created or read.
+    /// The directory could not be created or read, or its log is damaged.
     #[error("data dir {path}: {source}")]
     Io {
         /// The directory.
@@ -53,13 +49,11 @@ pub enum OpenError {
         /// The error.
         source: io::Error,
     },
-    /// sled refused to open (another process holds it, or it is corrupt).
-    #[error("cannot open the log database in {path}: {source}")]
-    Sled {
-        /// The directory.
+    /// Another process (or a replica in this one) has the log open.
+    #[error("cannot open the log in {path}: {}", crate::log_file::IN_USE)]
+    InUse {
+        /// The log directory.
         path: PathBuf,
-        /// The error.
-        source: sled::Error,
     },
     /// The stored snapshot is unreadable.
     #[error("the snapshot in {path} is unreadable: {reason}")]
@@ -71,52 +65,74 @@ pub enum OpenError {
     },
 }
 
-/// sled's largest inline item is a quarter of a segment; 8 MiB segments keep
-/// log entries (batches of commands) inline, where our fsync covers them.
-const SEGMENT_SIZE: usize = 8 << 20;
-
 /// Shared handle on the data directory.
 #[derive(Clone)]
 pub(crate) struct Disk {
     pub(crate) dir: PathBuf,
-    pub(crate) db: sled::Db,
-    /// The single tree holding log entries and log metadata, so that one
-    /// `Batch` changes both atomically.
-    pub(crate) log: sled::Tree,
-    data_file: Arc<File>,
+    /// The log and its metadata.
+    pub(crate) log: Arc<LogFile>,
     pub(crate) opts: StoreOptions,
     /// Serialises durable points with the crash image's recording of them.
     image_lock: Arc<Mutex<()>>,
     /// The applied log, when kept.
     pub(crate) applied: Option<Arc<Mutex<File>>>,
+    /// Appends waiting for durability, handed to the flusher thread.
+    flusher: std::sync::mpsc::Sender<Box<dyn FnOnce(io::Result<()>) + Send>>,
 }
 
 impl Disk {
-    /// Flushes sled and fsyncs its files, on the blocking pool.
-    pub(crate) async fn sync(&self) -> io::Result<()> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.sync_blocking())
-            .await
-            .map_err(|e| io::Error::other(format!("flush task failed: {e}")))?
+    /// Calls `done` once everything written so far is durable. The flusher
+    /// thread takes every waiting append at once and makes them durable with
+    /// one sync (group fsync), so an append returns as soon as it is written
+    /// and the leader replicates while it syncs.
+    pub(crate) fn flush_then(
+        &self,
+        callback: openraft::storage::LogFlushed<crate::RaftConfig<impl crate::StateMachineApp>>,
+    ) {
+        let done: Box<dyn FnOnce(io::Result<()>) + Send> = Box::new(move |r| callback.log_io_completed(r));
+        if let Err(refused) = self.flusher.send(done) {
+            (refused.0)(Err(io::Error::other("the log flusher has stopped")));
+        }
+    }
+
+    /// Held while a sync runs when the crash shim records images (so an
+    /// image holds exactly what that sync made durable); `None` otherwise.
+    pub(crate) fn image_guard(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        self.opts.crash_image.then(|| self.image_lock.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn sync_blocking(&self) -> io::Result<()> {
         let _image = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.db.flush()?;
-        self.data_file.sync_all()?;
-        let blobs = self.dir.join("log").join("blobs");
-        if let Ok(entries) = fs::read_dir(&blobs) {
-            for entry in entries {
-                File::open(entry?.path())?.sync_all()?;
-            }
-            File::open(&blobs)?.sync_all()?;
-        }
+        let started = std::time::Instant::now();
+        self.log.sync()?;
+        metrics::histogram!("muster_raft_log_sync_seconds").record(started.elapsed().as_secs_f64());
+        self.record_image()
+    }
+
+    /// With the crash shim on, records the log as of the durable point just
+    /// reached (the caller holds the image lock, so no write interleaves).
+    pub(crate) fn record_image(&self) -> io::Result<()> {
         if self.opts.crash_image {
-            // Openraft calls the log store from one task, so nothing wrote
-            // to the tree between the flush and this read.
-            crash_image::record_tree(&self.dir, &self.log)?;
+            crash_image::record_log(&self.dir, self.log.pairs())?;
         }
         Ok(())
+    }
+
+    /// Runs a durable log change (vote, truncate, purge) with the image lock
+    /// held, then syncs the appended entries and records the image.
+    pub(crate) async fn durably(
+        &self,
+        change: impl FnOnce(&LogFile) -> io::Result<()> + Send + 'static,
+    ) -> io::Result<()> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _image = this.image_lock.lock().unwrap_or_else(|e| e.into_inner());
+            change(&this.log)?;
+            this.log.sync()?;
+            this.record_image()
+        })
+        .await
+        .map_err(|e| io::Error::other(format!("log write task failed: {e}")))?
     }
 
     pub(crate) fn snapshot_path(&self) -> PathBuf {
@@ -170,21 +186,24 @@ pub fn open_with<A: StateMachineApp>(
     let io_err = |source| OpenError::Io { path: dir.to_path_buf(), source };
     fs::create_dir_all(dir).map_err(io_err)?;
     let log_dir = dir.join("log");
-    let (db, log) = open_sled(&log_dir)?;
-    let data_file = File::open(log_dir.join("db")).map_err(io_err)?;
+    let log = LogFile::open(&log_dir, purged_index).map_err(|source| match source.kind() {
+        io::ErrorKind::WouldBlock => OpenError::InUse { path: log_dir.clone() },
+        _ => OpenError::Io { path: log_dir.clone(), source },
+    })?;
     let applied = match opts.applied_log {
         true => Some(Arc::new(Mutex::new(applied_log::open_writer(dir).map_err(io_err)?))),
         false => None,
     };
+    let (flusher, waiting) = std::sync::mpsc::channel();
     let disk = Disk {
         dir: dir.to_path_buf(),
-        db,
-        log,
-        data_file: Arc::new(data_file),
+        log: Arc::new(log),
         opts: opts.clone(),
         image_lock: Arc::default(),
         applied,
+        flusher,
     };
+    spawn_flusher(disk.clone(), waiting).map_err(io_err)?;
     let snapshot = match disk.read_snapshot_file().map_err(io_err)? {
         None => None,
         Some(bytes) => Some(
@@ -197,25 +216,33 @@ pub fn open_with<A: StateMachineApp>(
     Ok((LogStore::new(disk), sm))
 }
 
-/// Opens the sled database in `log_dir` and its log tree.
-///
-/// sled finishes writes of a dropped database on its own thread pool, which
-/// holds the file lock a moment longer: a reopen in the same process (a
-/// restart test, the crash shim) retries the lock for up to a second. A
-/// lock another process holds is still refused.
-pub(crate) fn open_sled(log_dir: &Path) -> Result<(sled::Db, sled::Tree), OpenError> {
-    let err = |source| OpenError::Sled { path: log_dir.to_path_buf(), source };
-    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    let db = loop {
-        match sled::Config::new().path(log_dir).segment_size(SEGMENT_SIZE).open() {
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < give_up =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(20));
+type Waiting = Box<dyn FnOnce(io::Result<()>) + Send>;
+
+/// The flusher thread: waits for an append, takes every append waiting, syncs
+/// once, and calls them all back. It holds only a weak handle's worth of the
+/// disk: it ends when every `Disk` (and so every sender) is gone.
+fn spawn_flusher(disk: Disk, waiting: std::sync::mpsc::Receiver<Waiting>) -> io::Result<()> {
+    // The thread must not keep its own sender alive.
+    let Disk { dir, log, opts, image_lock, applied, .. } = disk;
+    let (unused, _) = std::sync::mpsc::channel();
+    let disk = Disk { dir, log, opts, image_lock, applied, flusher: unused };
+    std::thread::Builder::new().name("raft-log-flush".into()).spawn(move || {
+        while let Ok(first) = waiting.recv() {
+            let mut batch = vec![first];
+            batch.extend(waiting.try_iter());
+            let result = disk.sync_blocking();
+            for done in batch {
+                done(match &result {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                });
             }
-            result => break result.map_err(err)?,
         }
-    };
-    let log = db.open_tree("raft").map_err(err)?;
-    Ok((db, log))
+    })?;
+    Ok(())
+}
+
+/// The index of a stored purge marker (an encoded log id).
+fn purged_index(bytes: &[u8]) -> Option<u64> {
+    codec::decode::<openraft::LogId<u64>>(bytes).ok().map(|id| id.index)
 }

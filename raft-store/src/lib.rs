@@ -1,10 +1,11 @@
-//! Raft storage for Muster: openraft 0.9's storage-v2 traits on sled,
-//! generic over the application's state machine.
+//! Raft storage for Muster: openraft 0.9's storage-v2 traits on plain
+//! append-only files, generic over the application's state machine.
 //!
 //! ```text
 //!   openraft ──▶ LogStore<A>           (RaftLogStorage, RaftLogReader)
-//!            │     one sled tree: "L"+index → entry, "M:vote", "M:committed", "M:purged"
-//!            │     append/vote acknowledged only after sled flush + fsync
+//!            │     log/seg-*.log: checksummed records; vote/purged/committed .meta
+//!            │     append returns once written; the flusher thread fdatasyncs
+//!            │     every waiting append at once, then openraft hears of them
 //!            └─▶ StateMachineStore<A>  (RaftStateMachine, RaftSnapshotBuilder)
 //!                  A in memory; snapshots in `snapshot.bin` (write, fsync, rename)
 //!                  restart: restore the snapshot, openraft re-applies the
@@ -32,6 +33,7 @@ pub mod codec;
 mod config;
 mod crash_image;
 mod disk;
+mod log_file;
 mod log_store;
 mod records;
 mod state_machine;

@@ -188,3 +188,56 @@ async fn t62_a_cli_call_during_an_election_waits_for_the_new_leader() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot reach the scheduler leader"), "{o:?}");
 }
+
+/// The CLI remembers the leader between runs, per list of replicas: the
+/// next call dials it first, a stale hint costs one redirect and is
+/// corrected, and `MUSTER_LEADER_CACHE=off` keeps nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t63_the_cli_remembers_the_leader_between_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &[]);
+    let l = leader(&cluster.addrs, None).await;
+    let leader_addr = cluster.addrs[l as usize - 1].clone();
+    let follower_addr = cluster.addrs[if l == 1 { 1 } else { 0 }].clone();
+    let submit = |scheduler: &str, key: &str, extra_env: &[(&str, &str)]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["submit", "--scheduler", scheduler, "--idempotency-key", key, "--output", "json", "--", "true"])
+            .env("MUSTER_TLS_DIR", crate::tls::dir())
+            .env("XDG_CACHE_HOME", cache.path())
+            .envs(extra_env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let remembered = || -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(cache.path().join("muster")) else { return Vec::new() };
+        entries.map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap().trim().to_string()).collect()
+    };
+    let all = cluster.addrs.join(",");
+    let o = submit(&all, "first", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(remembered(), vec![leader_addr.clone()], "the leader that answered is remembered");
+
+    // A stale hint (a follower) costs one redirect and is corrected.
+    let file = std::fs::read_dir(cache.path().join("muster")).unwrap().next().unwrap().unwrap().path();
+    std::fs::write(&file, format!("{follower_addr}\n")).unwrap();
+    let o = submit(&all, "stale", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(remembered(), vec![leader_addr.clone()]);
+
+    // The hint is dialled first: a list whose only replica is dead still
+    // reaches the leader remembered for it.
+    let dead =
+        format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let o = submit(&dead, "dead-list", &[]);
+    assert!(!o.status.success(), "nothing remembered for this list yet: the dead replica is all it has");
+    std::fs::write(cache.path().join("muster").join(format!("leader-{}", dead.replace(':', "_"))), &leader_addr)
+        .unwrap();
+    let o = submit(&dead, "dead-list", &[]);
+    assert!(o.status.success(), "the remembered leader was not dialled: {}", String::from_utf8_lossy(&o.stderr));
+
+    std::fs::remove_dir_all(cache.path().join("muster")).unwrap();
+    let o = submit(&all, "off", &[("MUSTER_LEADER_CACHE", "off")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(remembered().is_empty(), "MUSTER_LEADER_CACHE=off keeps nothing");
+}

@@ -1,4 +1,4 @@
-//! openraft's storage conformance suite against our sled store.
+//! openraft's storage conformance suite against our log-file store.
 
 use muster_raft_store::{LogStore, RaftConfig, StateMachineStore, open};
 use openraft::StorageError;

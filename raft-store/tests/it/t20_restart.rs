@@ -91,7 +91,7 @@ fn a_data_dir_in_use_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let _held = reopen(dir.path());
     let err = open::<Kv>(dir.path()).err().expect("second open refused");
-    assert!(err.to_string().contains("cannot open the log database"), "{err}");
+    assert!(err.to_string().contains("is in use by another process"), "{err}");
 }
 
 #[test]

@@ -21,9 +21,12 @@ use muster_clock::SharedClock;
 use muster_raft_store::CommandBatch;
 use openraft::BasicNode;
 use openraft::error::{ClientWriteError, Fatal, RaftError};
+use openraft::raft::ClientWriteResponse;
 use tokio::sync::{mpsc, oneshot};
 
-use super::MusterRaft;
+use std::collections::VecDeque;
+
+use super::{MusterRaft, TypeConfig};
 use crate::sm::{Command, Outcome};
 
 /// Why a proposal did not produce an outcome.
@@ -114,40 +117,87 @@ impl Proposer {
     }
 }
 
+/// Entries handed to Raft and not yet applied. Two lets the next entry's
+/// local fsync run while the previous one is out at the followers; more
+/// would only split batches (openraft 0.9 syncs each entry on its own).
+const IN_FLIGHT: usize = 2;
+
+/// One entry handed to Raft: its callers, and where its outcome arrives.
+struct InFlight {
+    batch: Vec<Pending>,
+    outcome: oneshot::Receiver<Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, BasicNode>>>,
+    started: std::time::Instant,
+}
+
 async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize, clock: SharedClock) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+    let mut open = true;
+    while open || !in_flight.is_empty() {
+        tokio::select! {
+            // The oldest entry's outcome (they apply in log order).
+            outcome = async { (&mut in_flight.front_mut().expect("guarded").outcome).await }, if !in_flight.is_empty() => {
+                let done = in_flight.pop_front().expect("guarded");
+                let result = match outcome {
+                    Ok(r) => r.map_err(|e| ProposeError::from(RaftError::APIError(e))),
+                    Err(_) => Err(ProposeError::Raft("the replica is shutting down".into())),
+                };
+                finish(done, result);
+            }
+            first = rx.recv(), if open && in_flight.len() < IN_FLIGHT => {
+                let Some(first) = first else { open = false; continue };
+                let mut batch = vec![first];
+                while batch.len() < max_batch {
+                    match rx.try_recv() {
+                        Ok(p) => batch.push(p),
+                        Err(_) => break,
+                    }
+                }
+                let commands = batch.iter().map(|p| p.command.clone()).collect();
+                let started = std::time::Instant::now();
+                match raft.client_write_ff(CommandBatch { time_ms: clock.wall_ms(), commands }).await {
+                    Ok(outcome) => in_flight.push_back(InFlight { batch, outcome, started }),
+                    Err(fatal) => {
+                        let err = ProposeError::from(RaftError::<u64, ClientWriteError<u64, BasicNode>>::Fatal(fatal));
+                        finish((batch, started), Err(err));
+                    }
+                }
             }
         }
-        let commands = batch.iter().map(|p| p.command.clone()).collect();
-        let size = batch.len();
-        let started = std::time::Instant::now();
-        let result = raft.client_write(CommandBatch { time_ms: clock.wall_ms(), commands }).await;
-        metrics::histogram!("muster_raft_batch_commands").record(size as f64);
-        metrics::histogram!("muster_raft_commit_seconds").record(started.elapsed().as_secs_f64());
-        metrics::counter!("muster_raft_proposals_total", "result" => if result.is_ok() { "committed" } else { "failed" })
-            .increment(size as u64);
-        match result {
-            Ok(resp) => {
-                debug_assert_eq!(resp.data.len(), size, "one outcome per command");
-                for (p, outcome) in batch.into_iter().zip(resp.data) {
-                    super::observe::observe(&outcome);
-                    let _ = p.reply.send(Ok(outcome));
-                }
-            }
-            Err(e) => {
-                let err = ProposeError::from(e);
-                if let ProposeError::Storage(msg) = &err {
-                    tracing::error!(error = %msg, "storage failed; this replica stops serving writes");
-                }
-                for p in batch {
-                    let _ = p.reply.send(Err(err.clone()));
-                }
+    }
+}
+
+/// Answers an entry's callers and records its metrics.
+fn finish(
+    done: impl Into<(Vec<Pending>, std::time::Instant)>,
+    result: Result<ClientWriteResponse<TypeConfig>, ProposeError>,
+) {
+    let (batch, started) = done.into();
+    let size = batch.len();
+    metrics::histogram!("muster_raft_batch_commands").record(size as f64);
+    metrics::histogram!("muster_raft_commit_seconds").record(started.elapsed().as_secs_f64());
+    metrics::counter!("muster_raft_proposals_total", "result" => if result.is_ok() { "committed" } else { "failed" })
+        .increment(size as u64);
+    match result {
+        Ok(resp) => {
+            debug_assert_eq!(resp.data.len(), size, "one outcome per command");
+            for (p, outcome) in batch.into_iter().zip(resp.data) {
+                super::observe::observe(&outcome);
+                let _ = p.reply.send(Ok(outcome));
             }
         }
+        Err(err) => {
+            if let ProposeError::Storage(msg) = &err {
+                tracing::error!(error = %msg, "storage failed; this replica stops serving writes");
+            }
+            for p in batch {
+                let _ = p.reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+impl From<InFlight> for (Vec<Pending>, std::time::Instant) {
+    fn from(f: InFlight) -> Self {
+        (f.batch, f.started)
     }
 }

@@ -10,7 +10,7 @@
 //!                          ▼                 ▼
 //!                     openraft::Raft ◀── Proposer (batches) ◀── leader loops
 //!                          │
-//!                LogStore / StateMachineStore (sled + snapshot.bin)
+//!                LogStore / StateMachineStore (log files + snapshot.bin)
 //!
 //!   --http ──▶ axum: /metrics · /healthz · /readyz · /ui
 //! ```
@@ -66,8 +66,8 @@ pub struct RaftTuning {
 impl Default for RaftTuning {
     fn default() -> Self {
         RaftTuning {
-            heartbeat_ms: 100,
-            election_timeout_ms: (300, 600),
+            heartbeat_ms: 50,
+            election_timeout_ms: (150, 300),
             snapshot_every: 10_000,
             keep_behind_snapshot: 1_000,
         }

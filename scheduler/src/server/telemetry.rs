@@ -89,6 +89,7 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_raft_batch_commands", Histogram, "commands per proposed log entry (group commit)"),
     m("muster_raft_commit_seconds", Histogram, "proposal to applied, per entry"),
     m("muster_raft_apply_seconds", Histogram, "applying one batch of committed entries to the state machine"),
+    m("muster_raft_log_sync_seconds", Histogram, "making appended log entries durable (write, flush and fsync)"),
     l("muster_raft_proposals_total", Counter, "result", &["committed", "failed"], "commands proposed by this replica"),
     m("muster_sm_queue_depth", Gauge, "allocations waiting for admission"),
     l("muster_queue_depth", Gauge, "class", &[], "allocations waiting for admission, by preemption class"),

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Muster's commit path against etcd, measured in the same run on the same
+# machine: installs etcd 3.4 from Debian when missing, then alternates
+# etcd's put benchmark (../shared/peers/etcd/run.sh) with `cargo bench -p
+# muster --bench cluster`, ROUNDS times, and prints each round's ratios at
+# 1, 16 and 256 clients. Only these same-run ratios count; a figure from
+# another machine or another session is not a comparison.
+#
+#   cli/benches/vs-etcd.sh                 # 3 rounds, --insecure
+#   ROUNDS=5 cli/benches/vs-etcd.sh --tls  # extra arguments go to Muster's bench
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+peer="${ETCD_RUN:-$root/../shared/peers/etcd/run.sh}"
+rounds="${ROUNDS:-3}"
+if [ ! -x "$peer" ] && [ ! -f "$peer" ]; then
+  echo "vs-etcd: no etcd peer script at $peer (set ETCD_RUN)" >&2
+  exit 2
+fi
+if ! command -v etcd >/dev/null || ! command -v go >/dev/null; then
+  echo "vs-etcd: installing etcd and Go from Debian" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server golang-go golang-etcd-server-dev >/dev/null
+fi
+cd "$root"
+cargo bench -p muster --bench cluster --no-run >/dev/null 2>&1
+out="$(mktemp -d)"
+for r in $(seq 1 "$rounds"); do
+  bash "$peer" >"$out/etcd-$r.txt" 2>"$out/etcd-$r.err"
+  cargo bench -q -p muster --bench cluster -- --kills 0 "$@" >"$out/muster-$r.txt" 2>"$out/muster-$r.err"
+done
+python3 - "$out" "$rounds" <<'EOF'
+import re, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def etcd(path):
+    rows = {}
+    for line in open(path):
+        m = re.search(r"clients=(\d+) .*rps=([\d.]+) p50=([\d.]+)ms p99=([\d.]+)ms", line)
+        if m:
+            rows[int(m[1])] = tuple(float(x) for x in m.groups()[1:])
+    return rows
+def muster(path):
+    rows = {}
+    for line in open(path):
+        m = re.search(r"^\s*(\d+) clients:\s+([\d.]+) committed submits/s\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms", line)
+        if m:
+            rows[int(m[1])] = tuple(float(x) for x in m.groups()[1:])
+    return rows
+print("Muster vs etcd, same run, same machine (ratios > 1: Muster better)")
+print(f"{'round':>5} {'clients':>7} | {'etcd/s':>8} {'muster/s':>9} {'x':>5} | {'etcd p50':>8} {'muster p50':>10} | {'etcd p99':>8} {'muster p99':>10}")
+for r in range(1, rounds + 1):
+    e, m = etcd(f"{out}/etcd-{r}.txt"), muster(f"{out}/muster-{r}.txt")
+    for c in sorted(set(e) & set(m)):
+        (er, e50, e99), (mr, m50, m99) = e[c], m[c]
+        print(f"{r:>5} {c:>7} | {er:>8.0f} {mr:>9.0f} {mr / er:>5.2f} | {e50:>6.2f}ms {m50:>8.2f}ms | {e99:>6.1f}ms {m99:>8.1f}ms")
+print(f"(raw outputs in {out})")
+EOF
