@@ -96,7 +96,14 @@ impl<A: StateMachineApp> AppReader<A> {
         (inner.applied, inner.app.snapshot(), inner.app.digest())
     }
 
+    /// The last applied log id (cheap: no digest).
+    pub fn applied(&self) -> Option<LogId<u64>> {
+        self.inner.read().expect("state machine lock poisoned").applied
+    }
+
     /// The last applied log id and the digest of the state at that point.
+    /// The digest hashes the whole state under the read lock (applies wait):
+    /// for explicit requests only, never on a timer.
     pub fn applied_and_digest(&self) -> (Option<LogId<u64>>, [u8; 32]) {
         let inner = self.inner.read().expect("state machine lock poisoned");
         (inner.applied, inner.app.digest())

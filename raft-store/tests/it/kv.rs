@@ -7,6 +7,16 @@ use muster_raft_store::{CommandBatch, RaftConfig, RestoreError, StateMachineApp,
 use openraft::{BasicNode, CommittedLeaderId, Entry, EntryPayload, LogId, Membership};
 use serde::{Deserialize, Serialize};
 
+thread_local! {
+    /// Digests computed on this thread (each one hashes the whole state).
+    static DIGESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many digests this thread has computed.
+pub fn digests_here() -> u64 {
+    DIGESTS.with(|n| n.get())
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Kv {
     pub map: BTreeMap<String, String>,
@@ -35,6 +45,7 @@ impl StateMachineApp for Kv {
     }
 
     fn digest(&self) -> [u8; 32] {
+        DIGESTS.with(|n| n.set(n.get() + 1));
         let mut d = [0u8; 32];
         for (i, b) in self.snapshot().iter().enumerate() {
             d[i % 32] ^= b.rotate_left(i as u32 % 8);

@@ -58,6 +58,13 @@ async fn snapshot_purge_and_applied_state_survive_a_restart() {
     assert_eq!(applied, Some(log_id(1, 30)));
     assert_eq!(membership.log_id(), &Some(log_id(1, 1)));
     assert_eq!(sm.reader().applied_and_digest(), (Some(log_id(1, 30)), digest));
+    // Readiness polls the applied index twice a second on every replica:
+    // that read must not hash the whole state under the lock applies need.
+    let before = crate::kv::digests_here();
+    assert_eq!(sm.reader().applied(), Some(log_id(1, 30)));
+    assert_eq!(crate::kv::digests_here(), before, "reading the applied index computed a digest");
+    let _ = sm.reader().applied_and_digest();
+    assert_eq!(crate::kv::digests_here(), before + 1);
     let current = sm.get_current_snapshot().await.unwrap().expect("snapshot kept");
     assert_eq!(current.meta, meta);
     assert_eq!(sm.reader().read(|kv| kv.map.get("k0").cloned()), Some("v30".to_string()));

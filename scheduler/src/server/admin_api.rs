@@ -156,7 +156,7 @@ impl AdminService for AdminApi {
     }
 
     async fn trigger_snapshot(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
-        let target = self.s.reader.applied_and_digest().0.map_or(0, |l| l.index);
+        let target = self.s.reader.applied().map_or(0, |l| l.index);
         self.s.raft.trigger().snapshot().await.map_err(|e| Status::unavailable(e.to_string()))?;
         self.s
             .raft

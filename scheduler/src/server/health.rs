@@ -110,7 +110,7 @@ pub async fn check(shared: &Shared) -> Readiness {
         Ok(c) => c,
         Err(e) => return decide(Err(e.to_string()), m.current_leader, 0, 0),
     };
-    let applied = shared.reader.applied_and_digest().0.map_or(0, |l| l.index);
+    let applied = shared.reader.applied().map_or(0, |l| l.index);
     decide(Ok(()), m.current_leader, applied, committed)
 }
 
