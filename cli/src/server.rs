@@ -47,7 +47,7 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 4096)]
     max_batch: usize,
     /// Leader heartbeat in ms (the election timeout is 3–6 heartbeats).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
     /// SIGTERM → SIGKILL grace agents give a task being stopped or preempted, ms.
     #[arg(long, default_value_t = 15_000)]

@@ -66,8 +66,8 @@ pub struct RaftTuning {
 impl Default for RaftTuning {
     fn default() -> Self {
         RaftTuning {
-            heartbeat_ms: 50,
-            election_timeout_ms: (150, 300),
+            heartbeat_ms: 100,
+            election_timeout_ms: (300, 600),
             snapshot_every: 10_000,
             keep_behind_snapshot: 1_000,
         }
