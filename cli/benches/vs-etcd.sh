@@ -24,9 +24,18 @@ fi
 cd "$root"
 cargo bench -p muster --bench cluster --no-run >/dev/null 2>&1
 out="$(mktemp -d)"
+# A failed run names itself and shows the end of its stderr.
+run() {
+  local name="$1"; shift
+  if ! "$@" >"$out/$name.txt" 2>"$out/$name.err"; then
+    echo "vs-etcd: $name failed; the end of $out/$name.err:" >&2
+    tail -n 15 "$out/$name.err" >&2
+    exit 1
+  fi
+}
 for r in $(seq 1 "$rounds"); do
-  bash "$peer" >"$out/etcd-$r.txt" 2>"$out/etcd-$r.err"
-  cargo bench -q -p muster --bench cluster -- --kills 0 "$@" >"$out/muster-$r.txt" 2>"$out/muster-$r.err"
+  run "etcd-$r" bash "$peer"
+  run "muster-$r" cargo bench -q -p muster --bench cluster -- --kills 0 "$@"
 done
 python3 - "$out" "$rounds" <<'EOF'
 import re, sys
