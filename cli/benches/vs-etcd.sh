@@ -40,24 +40,16 @@ done
 python3 - "$out" "$rounds" <<'EOF'
 import re, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-def etcd(path):
-    rows = {}
-    for line in open(path):
-        m = re.search(r"clients=(\d+) .*rps=([\d.]+) p50=([\d.]+)ms p99=([\d.]+)ms", line)
-        if m:
-            rows[int(m[1])] = tuple(float(x) for x in m.groups()[1:])
-    return rows
-def muster(path):
-    rows = {}
-    for line in open(path):
-        m = re.search(r"^\s*(\d+) clients:\s+([\d.]+) committed submits/s\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms", line)
-        if m:
-            rows[int(m[1])] = tuple(float(x) for x in m.groups()[1:])
-    return rows
+# clients -> (per second, p50 ms, p99 ms), from each bench's own lines
+ETCD = r"clients=(\d+) .*rps=([\d.]+) p50=([\d.]+)ms p99=([\d.]+)ms"
+MUSTER = r"^\s*(\d+) clients:\s+([\d.]+) committed submits/s\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms"
+def rows(path, pattern):
+    found = (re.search(pattern, line) for line in open(path))
+    return {int(m[1]): tuple(float(x) for x in m.groups()[1:]) for m in found if m}
 print("Muster vs etcd, same run, same machine (ratios > 1: Muster better)")
 print(f"{'round':>5} {'clients':>7} | {'etcd/s':>8} {'muster/s':>9} {'x':>5} | {'etcd p50':>8} {'muster p50':>10} | {'etcd p99':>8} {'muster p99':>10}")
 for r in range(1, rounds + 1):
-    e, m = etcd(f"{out}/etcd-{r}.txt"), muster(f"{out}/muster-{r}.txt")
+    e, m = rows(f"{out}/etcd-{r}.txt", ETCD), rows(f"{out}/muster-{r}.txt", MUSTER)
     for c in sorted(set(e) & set(m)):
         (er, e50, e99), (mr, m50, m99) = e[c], m[c]
         print(f"{r:>5} {c:>7} | {er:>8.0f} {mr:>9.0f} {mr / er:>5.2f} | {e50:>6.2f}ms {m50:>8.2f}ms | {e99:>6.1f}ms {m99:>8.1f}ms")

@@ -101,38 +101,27 @@ impl Disk {
         self.opts.crash_image.then(|| self.image_lock.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    fn sync_blocking(&self) -> io::Result<()> {
-        let _image = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let started = std::time::Instant::now();
-        self.log.sync()?;
-        metrics::histogram!("muster_raft_log_sync_seconds").record(started.elapsed().as_secs_f64());
-        self.record_image()
-    }
-
-    /// With the crash shim on, records the log as of the durable point just
-    /// reached (the caller holds the image lock, so no write interleaves).
-    pub(crate) fn record_image(&self) -> io::Result<()> {
-        if self.opts.crash_image {
-            crash_image::record_log(&self.dir, self.log.pairs())?;
+    /// What a durable point needs (the flusher thread holds one of its own,
+    /// so that it does not keep the flusher's channel open).
+    fn durable_point(&self) -> DurablePoint {
+        DurablePoint {
+            dir: self.dir.clone(),
+            log: self.log.clone(),
+            crash_image: self.opts.crash_image,
+            image_lock: self.image_lock.clone(),
         }
-        Ok(())
     }
 
-    /// Runs a durable log change (vote, truncate, purge) with the image lock
-    /// held, then syncs the appended entries and records the image.
+    /// Runs a durable log change (vote, truncate, purge), then syncs the
+    /// appended entries and records the image.
     pub(crate) async fn durably(
         &self,
         change: impl FnOnce(&LogFile) -> io::Result<()> + Send + 'static,
     ) -> io::Result<()> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let _image = this.image_lock.lock().unwrap_or_else(|e| e.into_inner());
-            change(&this.log)?;
-            this.log.sync()?;
-            this.record_image()
-        })
-        .await
-        .map_err(|e| io::Error::other(format!("log write task failed: {e}")))?
+        let point = self.durable_point();
+        tokio::task::spawn_blocking(move || point.reach(change))
+            .await
+            .map_err(|e| io::Error::other(format!("log write task failed: {e}")))?
     }
 
     pub(crate) fn snapshot_path(&self) -> PathBuf {
@@ -203,7 +192,7 @@ pub fn open_with<A: StateMachineApp>(
         applied,
         flusher,
     };
-    spawn_flusher(disk.clone(), waiting).map_err(io_err)?;
+    spawn_flusher(disk.durable_point(), waiting).map_err(io_err)?;
     let snapshot = match disk.read_snapshot_file().map_err(io_err)? {
         None => None,
         Some(bytes) => Some(
@@ -218,19 +207,40 @@ pub fn open_with<A: StateMachineApp>(
 
 type Waiting = Box<dyn FnOnce(io::Result<()>) + Send>;
 
+/// A durable point of the log: a change (or none), one sync, and the crash
+/// image of what it made durable, all under the image lock.
+struct DurablePoint {
+    dir: PathBuf,
+    log: Arc<LogFile>,
+    crash_image: bool,
+    image_lock: Arc<Mutex<()>>,
+}
+
+impl DurablePoint {
+    fn reach(&self, change: impl FnOnce(&LogFile) -> io::Result<()>) -> io::Result<()> {
+        let _image = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
+        change(&self.log)?;
+        let started = std::time::Instant::now();
+        self.log.sync()?;
+        metrics::histogram!("muster_raft_log_sync_seconds").record(started.elapsed().as_secs_f64());
+        // Appends take the image lock while the shim is on, so nothing was
+        // written between the sync and this read.
+        if self.crash_image {
+            crash_image::record_log(&self.dir, self.log.pairs())?;
+        }
+        Ok(())
+    }
+}
+
 /// The flusher thread: waits for an append, takes every append waiting, syncs
-/// once, and calls them all back. It holds only a weak handle's worth of the
-/// disk: it ends when every `Disk` (and so every sender) is gone.
-fn spawn_flusher(disk: Disk, waiting: std::sync::mpsc::Receiver<Waiting>) -> io::Result<()> {
-    // The thread must not keep its own sender alive.
-    let Disk { dir, log, opts, image_lock, applied, .. } = disk;
-    let (unused, _) = std::sync::mpsc::channel();
-    let disk = Disk { dir, log, opts, image_lock, applied, flusher: unused };
+/// once, and calls them all back. It ends when every `Disk` (and so every
+/// sender) is gone.
+fn spawn_flusher(point: DurablePoint, waiting: std::sync::mpsc::Receiver<Waiting>) -> io::Result<()> {
     std::thread::Builder::new().name("raft-log-flush".into()).spawn(move || {
         while let Ok(first) = waiting.recv() {
             let mut batch = vec![first];
             batch.extend(waiting.try_iter());
-            let result = disk.sync_blocking();
+            let result = point.reach(|_| Ok(()));
             for done in batch {
                 done(match &result {
                     Ok(()) => Ok(()),

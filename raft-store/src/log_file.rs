@@ -150,22 +150,17 @@ fn record(index: u64, bytes: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(bytes);
 }
 
-/// Writes `bytes` (with a checksum) to `dir/name` by temp file and rename;
-/// `durable` syncs the file and the directory.
-fn write_meta(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+/// Writes `bytes` (with a checksum) to `dir/name` durably: temp file,
+/// sync, rename, sync of the directory.
+fn write_meta(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp)?;
     f.write_all(&crc32fast::hash(bytes).to_le_bytes())?;
     f.write_all(bytes)?;
-    if durable {
-        f.sync_data()?;
-    }
+    f.sync_data()?;
     drop(f);
     fs::rename(&tmp, dir.join(name))?;
-    if durable {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    sync_dir(dir)
 }
 
 /// Overwrites `file` from its start with `[len][crc32][bytes]` (not synced).
@@ -322,7 +317,7 @@ impl LogFile {
         let mut inner = self.lock();
         match m {
             Meta::Committed => write_in_place(&self.committed, &bytes)?,
-            Meta::Vote | Meta::Purged => write_meta(&self.dir, m.file(), &bytes, true)?,
+            Meta::Vote | Meta::Purged => write_meta(&self.dir, m.file(), &bytes)?,
         }
         inner.meta.insert(m.key(), bytes);
         Ok(())
@@ -414,7 +409,7 @@ impl LogFile {
     /// else.
     pub(crate) fn purge(&self, upto: u64, marker: Vec<u8>) -> io::Result<()> {
         let mut inner = self.lock();
-        write_meta(&self.dir, Meta::Purged.file(), &marker, true)?;
+        write_meta(&self.dir, Meta::Purged.file(), &marker)?;
         inner.meta.insert(Meta::Purged.key(), marker);
         inner.purged = Some(upto);
         inner.entries = inner.entries.split_off(&(upto.saturating_add(1)));
@@ -455,7 +450,7 @@ impl LogFile {
                 write_in_place(&f, &v)?;
                 f.sync_all()?;
             } else if let Some(m) = Meta::ALL.iter().find(|m| m.key() == k.as_slice()) {
-                write_meta(dir, m.file(), &v, true)?;
+                write_meta(dir, m.file(), &v)?;
             } else if k.len() == 9 && k[0] == b'L' {
                 items.push((u64::from_be_bytes(k[1..].try_into().unwrap()), v));
             } else {

@@ -141,7 +141,7 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
                     Ok(r) => r.map_err(|e| ProposeError::from(RaftError::APIError(e))),
                     Err(_) => Err(ProposeError::Raft("the replica is shutting down".into())),
                 };
-                finish(done, result);
+                finish(done.batch, done.started, result);
             }
             first = rx.recv(), if open && in_flight.len() < IN_FLIGHT => {
                 let Some(first) = first else { open = false; continue };
@@ -158,7 +158,7 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
                     Ok(outcome) => in_flight.push_back(InFlight { batch, outcome, started }),
                     Err(fatal) => {
                         let err = ProposeError::from(RaftError::<u64, ClientWriteError<u64, BasicNode>>::Fatal(fatal));
-                        finish((batch, started), Err(err));
+                        finish(batch, started, Err(err));
                     }
                 }
             }
@@ -168,10 +168,10 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
 
 /// Answers an entry's callers and records its metrics.
 fn finish(
-    done: impl Into<(Vec<Pending>, std::time::Instant)>,
+    batch: Vec<Pending>,
+    started: std::time::Instant,
     result: Result<ClientWriteResponse<TypeConfig>, ProposeError>,
 ) {
-    let (batch, started) = done.into();
     let size = batch.len();
     metrics::histogram!("muster_raft_batch_commands").record(size as f64);
     metrics::histogram!("muster_raft_commit_seconds").record(started.elapsed().as_secs_f64());
@@ -193,11 +193,5 @@ fn finish(
                 let _ = p.reply.send(Err(err.clone()));
             }
         }
-    }
-}
-
-impl From<InFlight> for (Vec<Pending>, std::time::Instant) {
-    fn from(f: InFlight) -> Self {
-        (f.batch, f.started)
     }
 }
