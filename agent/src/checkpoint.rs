@@ -69,10 +69,22 @@ pub enum UnpackError {
     },
 }
 
-/// A task's checkpoint directory: `WORK_DIR/checkpoints/alloc-A/task-T`.
+/// A task's checkpoint directory: `WORK_DIR/checkpoints/alloc-A-task-T`.
 pub fn dir(work_dir: &Path, alloc: u64, task: u32) -> PathBuf {
-    work_dir.join("checkpoints").join(format!("alloc-{alloc}")).join(format!("task-{task}"))
+    work_dir.join("checkpoints").join(format!("alloc-{alloc}-task-{task}"))
 }
+
+/// The (allocation, task) a checkpoint directory's name belongs to.
+pub fn parse_dir_name(name: &str) -> Option<(u64, u32)> {
+    let (alloc, task) = name.strip_prefix("alloc-")?.split_once("-task-")?;
+    Some((alloc.parse().ok()?, task.parse().ok()?))
+}
+
+/// Where emptied checkpoint directories wait to be reused:
+/// `WORK_DIR/checkpoints/spare/`. A node starting hundreds of tasks a second
+/// then neither creates nor removes a directory per task; on ext4 every
+/// removal slows later creations in its directory for a while.
+const SPARE: &str = "spare";
 
 fn collect(root: &Path, rel: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<(), PackError> {
     let here = root.join(rel);
@@ -159,14 +171,37 @@ pub fn unpack(blob: &[u8], dir: &Path) -> Result<(), UnpackError> {
     Ok(())
 }
 
-/// Empties `dir`, creating it if needed.
+/// Empties `dir`, creating it if needed (from a spare directory when one
+/// waits).
 pub fn reset(dir: &Path) -> io::Result<()> {
     match fs::remove_dir_all(dir) {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let spares = dir.parent().map(|p| p.join(SPARE));
+            let spare = spares.and_then(|s| fs::read_dir(s).ok()?.flatten().next());
+            if let Some(spare) = spare
+                && fs::rename(spare.path(), dir).is_ok()
+            {
+                return Ok(());
+            }
+        }
         Err(e) => return Err(e),
     }
     fs::create_dir_all(dir)
+}
+
+/// The task is over here: its checkpoint directory goes, kept as a spare
+/// when it is empty (no files to remove), removed with what it holds
+/// otherwise.
+pub fn retire(dir: &Path) {
+    let empty = fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+    if let (true, Some(parent), Some(name)) = (empty, dir.parent(), dir.file_name()) {
+        let spares = parent.join(SPARE);
+        if fs::create_dir_all(&spares).is_ok() && fs::rename(dir, spares.join(name)).is_ok() {
+            return;
+        }
+    }
+    let _ = fs::remove_dir_all(dir);
 }
 
 /// The content of a blob holding exactly one file of at most
@@ -199,6 +234,34 @@ pub fn base64(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_directory_is_reused_and_a_full_one_removed() {
+        let work = tempfile::tempdir().unwrap();
+        let (a, b, c) = (dir(work.path(), 1, 0), dir(work.path(), 2, 3), dir(work.path(), 3, 0));
+        assert_eq!(parse_dir_name("alloc-2-task-3"), Some((2, 3)));
+        assert_eq!(parse_dir_name(SPARE), None);
+        reset(&a).unwrap();
+        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+        let first = inode(&a);
+        retire(&a);
+        assert!(!a.exists());
+        reset(&b).unwrap();
+        assert_eq!(inode(&b), first, "the spare became the next task's directory");
+        fs::write(b.join("state"), "x").unwrap();
+        retire(&b);
+        assert!(!b.exists());
+        assert_eq!(
+            fs::read_dir(work.path().join("checkpoints").join(SPARE)).unwrap().count(),
+            0,
+            "not kept with files"
+        );
+        reset(&c).unwrap();
+        assert!(fs::read_dir(&c).unwrap().next().is_none());
+        fs::write(c.join("old"), "x").unwrap();
+        reset(&c).unwrap();
+        assert!(fs::read_dir(&c).unwrap().next().is_none(), "a reset empties");
+    }
 
     #[test]
     fn temporary_files_are_never_packed_and_the_packing_fingerprints_the_directory() {

@@ -1,10 +1,12 @@
 //! Keeps a node's work dir from filling its disk.
 //!
 //! ```text
-//!   WORK_DIR/checkpoints/alloc-A/task-T/        removed once no attempt of (A, T) is here
-//!   WORK_DIR/logs/alloc-A/task-T/attempt-N.out  removed after the log retention, or
-//!   WORK_DIR/logs/alloc-A/task-T/attempt-N.err  oldest first while the work dir is over
-//!   WORK_DIR/progress/alloc-A/task-T/attempt-N  its size cap; never a running attempt's
+//!   WORK_DIR/checkpoints/alloc-A-task-T/            removed once no attempt of (A, T) is here
+//!   WORK_DIR/checkpoints/spare/                     emptied ones, reused by the next tasks
+//!   WORK_DIR/logs/alloc-A/task-T/attempt-N.out       removed after the log retention,
+//!   WORK_DIR/logs/alloc-A/task-T/attempt-N.err       or oldest first while the work
+//!   WORK_DIR/logs/alloc-A/task-T/attempt-N.hostfile  dir is over its size cap; never
+//!   WORK_DIR/logs/alloc-A/task-T/attempt-N.progress  a running attempt's
 //! ```
 //!
 //! A checkpoint directory is a working copy: whatever a task left there that
@@ -108,10 +110,9 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Removes empty `alloc-A/task-T` and `alloc-A` directories under `root`,
-/// except those of tasks in use: a running task may write into its
-/// (still empty) checkpoint directory or create its progress file at any
-/// moment.
+/// Removes empty `alloc-A/task-T` and `alloc-A` log directories under
+/// `root`, except those of tasks in use: a running task may create its
+/// progress file there at any moment.
 fn prune_empty(root: &Path, in_use: &BTreeSet<(u64, u32)>) -> io::Result<()> {
     for (alloc, task, dir) in task_dirs(root)? {
         if !in_use.contains(&(alloc, task)) {
@@ -129,31 +130,35 @@ fn prune_empty(root: &Path, in_use: &BTreeSet<(u64, u32)>) -> io::Result<()> {
 pub fn sweep(work_dir: &Path, in_use: &InUse, now: SystemTime, cfg: &JanitorConfig) -> io::Result<Sweep> {
     let mut done = Sweep::default();
     // Checkpoint directories no attempt here uses.
-    let checkpoints = work_dir.join("checkpoints");
     let mut checkpoint_bytes = 0;
-    for (alloc, task, dir) in task_dirs(&checkpoints)? {
+    let checkpoints = fs::read_dir(work_dir.join("checkpoints")).into_iter().flatten().flatten();
+    for entry in checkpoints {
+        let Some((alloc, task)) = entry.file_name().to_str().and_then(crate::checkpoint::parse_dir_name) else {
+            continue;
+        };
+        let dir = entry.path();
         let bytes = dir_bytes(&dir);
         if in_use.tasks.contains(&(alloc, task)) {
             checkpoint_bytes += bytes;
-        } else if fs::remove_dir_all(&dir).is_ok() {
-            done.checkpoints_removed += 1;
-            done.bytes_freed += bytes;
+        } else {
+            crate::checkpoint::retire(&dir);
+            if !dir.exists() {
+                done.checkpoints_removed += 1;
+                done.bytes_freed += bytes;
+            }
         }
     }
-    prune_empty(&checkpoints, &in_use.tasks)?;
-    // Every attempt's logs and progress file, by (A, T, N).
+    // Every attempt's logs, host file and progress file, by (A, T, N).
     let mut attempts: BTreeMap<(u64, u32, u32), AttemptFiles> = BTreeMap::new();
-    for root in [work_dir.join("logs"), work_dir.join("progress")] {
-        for (alloc, task, dir) in task_dirs(&root)? {
-            for f in fs::read_dir(&dir)?.flatten() {
-                let Some(n) = f.file_name().to_str().and_then(|n| number(n, "attempt-")) else { continue };
-                let Ok(meta) = f.metadata() else { continue };
-                let entry = attempts.entry((alloc, task, n as u32)).or_default();
-                entry.paths.push(f.path());
-                entry.bytes += meta.len();
-                let modified = meta.modified().unwrap_or(now);
-                entry.newest = Some(entry.newest.map_or(modified, |m| m.max(modified)));
-            }
+    for (alloc, task, dir) in task_dirs(&work_dir.join("logs"))? {
+        for f in fs::read_dir(&dir)?.flatten() {
+            let Some(n) = f.file_name().to_str().and_then(|n| number(n, "attempt-")) else { continue };
+            let Ok(meta) = f.metadata() else { continue };
+            let entry = attempts.entry((alloc, task, n as u32)).or_default();
+            entry.paths.push(f.path());
+            entry.bytes += meta.len();
+            let modified = meta.modified().unwrap_or(now);
+            entry.newest = Some(entry.newest.map_or(modified, |m| m.max(modified)));
         }
     }
     let remove = |key: &(u64, u32, u32), files: &AttemptFiles, done: &mut Sweep| {
@@ -198,7 +203,6 @@ pub fn sweep(work_dir: &Path, in_use: &InUse, now: SystemTime, cfg: &JanitorConf
         }
     }
     prune_empty(&work_dir.join("logs"), &in_use.tasks)?;
-    prune_empty(&work_dir.join("progress"), &in_use.tasks)?;
     done.work_dir_bytes = total;
     Ok(done)
 }
@@ -238,12 +242,7 @@ mod tests {
         let logs = work.join("logs").join(format!("alloc-{a}")).join(format!("task-{t}"));
         file(&logs.join(format!("attempt-{n}.out")), bytes, now, age);
         file(&logs.join(format!("attempt-{n}.err")), bytes, now, age);
-        file(
-            &work.join("progress").join(format!("alloc-{a}")).join(format!("task-{t}")).join(format!("attempt-{n}")),
-            1,
-            now,
-            age,
-        );
+        file(&logs.join(format!("attempt-{n}.progress")), 1, now, age);
     }
 
     fn exists(work: &Path, a: u64, t: u32, n: u32) -> bool {
@@ -258,36 +257,35 @@ mod tests {
         attempt(work, 1, 0, 1, 10, now, 8 * DAY); // old, finished
         attempt(work, 1, 0, 2, 10, now, DAY); // recent
         attempt(work, 2, 0, 1, 10, now, 30 * DAY); // old but running
-        file(&work.join("checkpoints/alloc-1/task-0/state.pt"), 100, now, DAY);
-        file(&work.join("checkpoints/alloc-2/task-0/state.pt"), 100, now, DAY);
+        file(&work.join("checkpoints/alloc-1-task-0/state.pt"), 100, now, DAY);
+        file(&work.join("checkpoints/alloc-2-task-0/state.pt"), 100, now, DAY);
         let in_use = InUse { tasks: [(2, 0)].into(), attempts: [(2, 0, 1)].into() };
         let s = sweep(work, &in_use, now, &JanitorConfig::default()).unwrap();
         assert_eq!((s.checkpoints_removed, s.logs_removed), (1, 1));
         assert!(!exists(work, 1, 0, 1) && exists(work, 1, 0, 2) && exists(work, 2, 0, 1));
-        assert!(!work.join("progress/alloc-1/task-0/attempt-1").exists());
-        assert!(!work.join("checkpoints/alloc-1").exists(), "empty directories go too");
-        assert!(work.join("checkpoints/alloc-2/task-0/state.pt").exists());
+        assert!(!work.join("logs/alloc-1/task-0/attempt-1.progress").exists());
+        assert!(!work.join("checkpoints/alloc-1-task-0").exists());
+        assert!(work.join("checkpoints/alloc-2-task-0/state.pt").exists());
         assert_eq!(s.work_dir_bytes, 100 + 21 + 21);
         assert_eq!(s.bytes_freed, 100 + 21);
     }
 
     /// A running task's checkpoint directory is often empty until it is
-    /// asked to stop, and its progress file's directory until it first
-    /// beats: removing them would make its writes fail.
+    /// asked to stop, and its log directory holds its progress file, which
+    /// it may create at any moment: removing them would make its writes fail.
     #[test]
     fn a_running_tasks_empty_directories_stay() {
         let dir = tempfile::tempdir().unwrap();
         let work = dir.path();
-        for root in ["checkpoints", "progress", "logs"] {
-            fs::create_dir_all(work.join(root).join("alloc-1/task-1")).unwrap();
-            fs::create_dir_all(work.join(root).join("alloc-2/task-0")).unwrap();
+        for (a, t) in [(1, 1), (2, 0)] {
+            fs::create_dir_all(crate::checkpoint::dir(work, a, t)).unwrap();
+            fs::create_dir_all(work.join("logs").join(format!("alloc-{a}/task-{t}"))).unwrap();
         }
         let in_use = InUse { tasks: [(1, 1)].into(), attempts: [(1, 1, 1)].into() };
-        sweep(work, &in_use, SystemTime::now(), &JanitorConfig::default()).unwrap();
-        for root in ["checkpoints", "progress", "logs"] {
-            assert!(work.join(root).join("alloc-1/task-1").is_dir(), "{root}");
-            assert!(!work.join(root).join("alloc-2").exists(), "{root}");
-        }
+        let s = sweep(work, &in_use, SystemTime::now(), &JanitorConfig::default()).unwrap();
+        assert!(crate::checkpoint::dir(work, 1, 1).is_dir() && work.join("logs/alloc-1/task-1").is_dir());
+        assert!(!crate::checkpoint::dir(work, 2, 0).exists() && !work.join("logs/alloc-2").exists());
+        assert_eq!(s.checkpoints_removed, 1);
     }
 
     #[test]

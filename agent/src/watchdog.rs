@@ -280,13 +280,12 @@ impl ProgressFile {
     }
 }
 
-/// The progress file of an attempt: `WORK_DIR/progress/alloc-A/task-T/attempt-N`.
+/// The progress file of an attempt, beside its logs:
+/// `WORK_DIR/logs/alloc-A/task-T/attempt-N.progress` (one directory per
+/// task for all of an attempt's files keeps a start to few new inodes).
 pub fn progress_path(work_dir: &Path, alloc: u64, task: u32, attempt: u32) -> PathBuf {
-    work_dir
-        .join("progress")
-        .join(format!("alloc-{alloc}"))
-        .join(format!("task-{task}"))
-        .join(format!("attempt-{attempt}"))
+    let (out, _) = crate::executor::log_paths(work_dir, alloc, task, attempt);
+    out.with_extension("progress")
 }
 
 /// Reads process groups from `/proc`, and GPU utilisation per process from

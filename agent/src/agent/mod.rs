@@ -152,6 +152,8 @@ pub struct Agent {
     /// Attempts an earlier agent left running (with `task_shim`), adopted
     /// when `run` starts.
     leftovers: Vec<(Key, Record)>,
+    /// The records of started attempts, for the agent after this one.
+    records: Records,
 }
 
 enum SessionEnd {
@@ -164,15 +166,12 @@ impl Agent {
     /// with the same work dir left behind are adopted when it runs (with
     /// `task_shim`), or killed now (without).
     pub fn new(cfg: AgentConfig) -> std::io::Result<Agent> {
-        let records = cfg.work_dir.join("running");
-        fs::create_dir_all(&records)?;
+        let (mut records, found) = Records::open(cfg.work_dir.join("running"))?;
         let mut leftovers = Vec::new();
-        for entry in fs::read_dir(&records)? {
-            let path = entry?.path();
-            let key = path.file_name().and_then(|n| n.to_str()).and_then(parse_key);
-            let record = fs::read_to_string(&path).map_err(|_| None).and_then(|t| Record::decode(&t));
+        for Found { slot, key, record } in found {
             match (key, record) {
                 (Some(key), Ok(r)) if cfg.task_shim.is_some() => {
+                    records.adopt(slot, key);
                     leftovers.push((key, r));
                     continue;
                 }
@@ -182,7 +181,7 @@ impl Agent {
                 }
                 _ => {}
             }
-            let _ = fs::remove_file(&path);
+            records.release(slot);
         }
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         let free_gpus = (0..cfg.resources.gpus).collect();
@@ -203,6 +202,7 @@ impl Agent {
             jitter,
             exit_now: false,
             leftovers,
+            records,
         })
     }
 
@@ -247,7 +247,7 @@ impl Agent {
         while waiting > 0 {
             match tokio::time::timeout_at(deadline, self.exits_rx.recv()).await {
                 Ok(Some((key, _))) => {
-                    let _ = fs::remove_file(self.record_path(key));
+                    self.records.clear(key);
                     waiting -= 1;
                 }
                 _ => break,

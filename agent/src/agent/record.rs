@@ -1,11 +1,14 @@
-//! The on-disk record of a started attempt (`WORK_DIR/running/<alloc>-<task>-<epoch>`), for the agent after this one.
+//! The on-disk records of started attempts (`WORK_DIR/running/slot-N`), for
+//! the agent after this one.
+
+use std::io;
 
 use super::*;
 
-/// What `running/<alloc>-<task>-<epoch>` says about a started attempt, for
-/// the agent after this one: `pgid=… attempt=… gpus=0,1 walltime_s=…
-/// stall_s=… gpu_health=0|1 started_ms=…` (an old record holds the pgid
-/// alone).
+/// What a slot says about a started attempt, for the agent after this one:
+/// `key=<alloc>-<task>-<epoch> pgid=… attempt=… gpus=0,1 walltime_s=…
+/// stall_s=… gpu_health=0|1 started_ms=… checkpointing=0|1` (an old record
+/// holds the pgid alone).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Record {
     pub(super) pgid: i32,
@@ -71,4 +74,113 @@ pub(super) fn parse_key(name: &str) -> Option<Key> {
     let mut it = name.split('-');
     let k = (it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?);
     it.next().is_none().then_some(k)
+}
+
+/// One record found when the agent starts.
+pub(super) struct Found {
+    pub(super) slot: u32,
+    /// `None` when the record is torn.
+    pub(super) key: Option<Key>,
+    pub(super) record: Result<Record, Option<i32>>,
+}
+
+/// The records of the attempts this agent started: `WORK_DIR/running/slot-N`,
+/// each empty (free) or holding one record. A slot is rewritten in place and
+/// emptied when its attempt ends, never created or removed per task: on a
+/// node starting hundreds of tasks a second, every removed file makes each
+/// later file creation in its directory slower for a while (ext4 scans
+/// past recently freed inodes).
+pub(super) struct Records {
+    dir: PathBuf,
+    taken: BTreeMap<Key, u32>,
+    free: BTreeSet<u32>,
+    slots: u32,
+}
+
+impl Records {
+    /// Opens `dir` (created when missing) and returns what it holds. Every
+    /// record found keeps its slot until [`Records::adopt`] names its key or
+    /// [`Records::release`] frees it. A record in the older one-file-per-key
+    /// form (`<alloc>-<task>-<epoch>`) moves into a slot.
+    pub(super) fn open(dir: PathBuf) -> io::Result<(Records, Vec<Found>)> {
+        fs::create_dir_all(&dir)?;
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&dir)? {
+            names.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        let mut records = Records { dir, taken: BTreeMap::new(), free: BTreeSet::new(), slots: 0 };
+        let mut older = Vec::new();
+        for name in names {
+            match name.strip_prefix("slot-").and_then(|n| n.parse::<u32>().ok()) {
+                Some(n) => records.slots = records.slots.max(n + 1),
+                None => older.push(name),
+            }
+        }
+        let mut found = Vec::new();
+        for n in 0..records.slots {
+            let text = fs::read_to_string(records.path(n)).unwrap_or_default();
+            if text.trim().is_empty() {
+                records.free.insert(n);
+                continue;
+            }
+            let key = text.split_whitespace().find_map(|f| f.strip_prefix("key=")).and_then(parse_key);
+            found.push(Found { slot: n, key, record: Record::decode(&text) });
+        }
+        for name in older {
+            let path = records.dir.join(&name);
+            let (Some(key), Ok(text)) = (parse_key(&name), fs::read_to_string(&path)) else { continue };
+            let slot = records.claim();
+            fs::write(records.path(slot), format!("key={name} {}", text.trim()))?;
+            fs::remove_file(&path)?;
+            found.push(Found { slot, key: Some(key), record: Record::decode(&text) });
+        }
+        Ok((records, found))
+    }
+
+    fn path(&self, slot: u32) -> PathBuf {
+        self.dir.join(format!("slot-{slot}"))
+    }
+
+    /// The lowest free slot, or a new one.
+    fn claim(&mut self) -> u32 {
+        self.free.pop_first().unwrap_or_else(|| {
+            self.slots += 1;
+            self.slots - 1
+        })
+    }
+
+    /// A found record's attempt is this agent's now: its slot stays until
+    /// [`Records::clear`].
+    pub(super) fn adopt(&mut self, slot: u32, key: Key) {
+        self.taken.insert(key, slot);
+    }
+
+    /// A found record is done with: its slot is emptied.
+    pub(super) fn release(&mut self, slot: u32) {
+        let _ = fs::write(self.path(slot), "");
+        self.free.insert(slot);
+    }
+
+    /// Records a started attempt.
+    pub(super) fn put(&mut self, key: Key, r: &Record) {
+        let slot = match self.taken.get(&key) {
+            Some(&s) => s,
+            None => self.claim(),
+        };
+        self.taken.insert(key, slot);
+        let _ = fs::write(self.path(slot), format!("key={}-{}-{} {}", key.0, key.1, key.2, r.encode()));
+    }
+
+    /// The attempt ended: its slot is emptied for the next.
+    pub(super) fn clear(&mut self, key: Key) {
+        if let Some(slot) = self.taken.remove(&key) {
+            self.release(slot);
+        }
+    }
+
+    /// The directory (for tests).
+    #[cfg(test)]
+    pub(super) fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
 }

@@ -184,7 +184,7 @@ impl Agent {
                     // The attempt is over and the leader has its report: the
                     // checkpoint (if any) is in the replicated state, and a
                     // later attempt unpacks it into a fresh directory.
-                    let _ = fs::remove_dir_all(checkpoint::dir(&self.cfg.work_dir, key.0, key.1));
+                    checkpoint::retire(&checkpoint::dir(&self.cfg.work_dir, key.0, key.1));
                 }
             }
             None => {}

@@ -143,10 +143,6 @@ impl Agent {
         });
     }
 
-    pub(super) fn record_path(&self, k: Key) -> PathBuf {
-        self.cfg.work_dir.join("running").join(format!("{}-{}-{}", k.0, k.1, k.2))
-    }
-
     /// Starts a granted attempt. A checkpoint that cannot be restored here
     /// does not keep the task from running: it starts without it (said in
     /// its stderr log), and the returned message tells the leader.
@@ -227,7 +223,7 @@ impl Agent {
                     started_ms: self.cfg.clock.wall_ms(),
                     checkpointing,
                 };
-                let _ = fs::write(self.record_path(key), record.encode());
+                self.records.put(key, &record);
                 if let Some(u) = &unusable {
                     // After the spawn, which creates the attempt's log files.
                     self.note_in_log(key, attempt, &format!("muster: {}", u.reason));
@@ -268,7 +264,7 @@ impl Agent {
         if let Some(r) = running {
             self.free_gpus.extend(r.gpus);
         }
-        let _ = fs::remove_file(self.record_path(key));
+        self.records.clear(key);
         let _ = fs::remove_file(executor::status_path(&self.cfg.work_dir, key.0, key.1, key.2));
         let (exit_code, signal, error) = match exit {
             Ok(Exit::Code(c)) => (Some(c), None, String::new()),
@@ -286,7 +282,7 @@ impl Agent {
         let report = match preempt {
             None if watchdog.is_some() => {
                 let trip = watchdog.expect("guarded");
-                let _ = fs::remove_dir_all(&dir);
+                checkpoint::retire(&dir);
                 tracing::warn!(alloc_id = key.0, task = key.1, kind = trip.kind, detail = %trip.detail, checkpoint_bytes = bytes, "watchdog tripped; task stopped");
                 self.note_in_log(
                     key,
@@ -328,7 +324,7 @@ impl Agent {
                 }
             }
             None => {
-                let _ = fs::remove_dir_all(&dir);
+                checkpoint::retire(&dir);
                 tracing::info!(alloc_id = key.0, task = key.1, exit_code = ?exit_code, signal = ?signal, checkpoint_bytes = bytes, "task exited");
                 if !error.is_empty() {
                     self.note_in_log(key, attempt, &format!("muster: the task did not start: {error}"));

@@ -27,6 +27,49 @@ fn a_task_record_round_trips_and_an_old_one_gives_its_pgid() {
     assert_eq!(parse_key("12-3-4-5"), None);
 }
 
+/// Records live in reused slots: starting and ending attempts creates no
+/// file once the slots exist, the next agent finds what still runs (key
+/// included), and a record in the older one-file-per-key form moves into a
+/// slot.
+#[test]
+fn records_reuse_their_slots_and_the_next_agent_finds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = dir.path().join("running");
+    let r = |pgid| Record {
+        pgid,
+        attempt: 1,
+        gpus: vec![0],
+        walltime_s: 0,
+        stall_s: 0,
+        gpu_health: false,
+        started_ms: 1,
+        checkpointing: false,
+    };
+    let files = || fs::read_dir(&running).unwrap().count();
+    let (mut records, found) = Records::open(running.clone()).unwrap();
+    assert!(found.is_empty());
+    records.put((1, 0, 1), &r(100));
+    records.put((2, 0, 1), &r(200));
+    assert_eq!(files(), 2);
+    for n in 3..50 {
+        records.clear((n - 2, 0, 1));
+        records.put((n, 0, 1), &r(100 * n as i32));
+    }
+    assert_eq!(files(), 2, "ended attempts free their slots for the next");
+    assert_eq!(records.dir(), running.as_path());
+    fs::write(running.join("60-1-2"), r(600).encode()).unwrap();
+    fs::write(running.join("slot-7"), "pgid=9 attempt=x").unwrap();
+    let (_, mut found) = Records::open(running.clone()).unwrap();
+    found.sort_by_key(|f| f.record.as_ref().map_or(0, |r| r.pgid));
+    let seen: Vec<String> =
+        found.iter().map(|f| format!("{:?} {:?}", f.key, f.record.as_ref().map(|r| r.pgid))).collect();
+    assert_eq!(
+        seen,
+        ["None Err(Some(9))", "Some((60, 1, 2)) Ok(600)", "Some((48, 0, 1)) Ok(4800)", "Some((49, 0, 1)) Ok(4900)"]
+    );
+    assert!(!running.join("60-1-2").exists(), "the older form moved into a slot");
+}
+
 fn test_config(dir: &std::path::Path) -> AgentConfig {
     AgentConfig {
         node_id: "n1".into(),

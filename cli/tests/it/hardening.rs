@@ -175,7 +175,7 @@ async fn t141_a_rank_killed_mid_run_loses_no_checkpoint_of_its_gang() {
     let epoch = running.tasks[0].reservation_epoch;
     let step_of = |t: &v1::Task| {
         let agent = t.node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
-        let f = c.agent_dir(agent).join(format!("checkpoints/alloc-{id}/task-{}/step", t.index));
+        let f = c.agent_dir(agent).join(format!("checkpoints/alloc-{id}-task-{}/step", t.index));
         std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0)
     };
     let deadline = Instant::now() + WAIT;

@@ -190,9 +190,11 @@ fn t149_history_and_usage_answer_for_real_work_after_it_is_forgotten_and_after_a
     assert!(text.lines().nth(1).unwrap().starts_with("OWNER"), "{text}");
 
     // The agents cleaned up after the work: no checkpoint directory is left
-    // once each attempt's report was recorded, and the logs go after the
-    // log retention.
-    let subdirs = |p: std::path::PathBuf| std::fs::read_dir(p).map_or(0, |d| d.count());
+    // once each attempt's report was recorded (emptied ones wait in
+    // `spare/` for the next task), and the logs go after the log retention.
+    let subdirs = |p: std::path::PathBuf| {
+        std::fs::read_dir(p).map_or(0, |d| d.flatten().filter(|e| e.file_name() != "spare").count())
+    };
     let deadline = Instant::now() + WAIT;
     loop {
         let left: usize = ["h1", "h2"]

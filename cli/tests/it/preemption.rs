@@ -291,7 +291,7 @@ async fn t88c_a_leader_kill_mid_preemption_finishes_it() {
     progressed(&c, &a, 3).await;
     let hi = submit(&c, job(1, 8, "echo hi", 60)).await;
     // The hint reached the task: its request file exists.
-    let request = c.agent_dir(0).join(format!("checkpoints/alloc-{victim}/task-0/.muster/request"));
+    let request = c.agent_dir(0).join(format!("checkpoints/alloc-{victim}-task-0/.muster/request"));
     let deadline = Instant::now() + WAIT;
     while !request.exists() {
         assert!(Instant::now() < deadline, "no checkpoint request at {}", request.display());

@@ -1,0 +1,251 @@
+//! Gangs end to end: a local cluster (three replicas, N agents of 8 fake
+//! GPUs each, real child processes) runs four-task gangs, one whole node per
+//! task, whose tasks run `true`. Two phases:
+//!
+//! - **idle**: one submitter, one gang at a time; submit → all four tasks
+//!   running (as its `Watch` stream reports them), p50/p99;
+//! - **load**: C concurrent gRPC submitters, each submitting a gang and
+//!   waiting for it to finish before the next; gangs completed per second,
+//!   and submit → all-running under that load (queueing included: N/4 gangs
+//!   fit at once).
+//!
+//! After each phase it prints what the leader committed per gang (from its
+//! `/metrics`): entries, commands, and admission passes.
+//!
+//! Run: `cargo bench -p muster --bench gangs`. Options after `--`:
+//! `--agents N` (default 16), `--submitters C` (default 16), `--rounds R`
+//! idle gangs (default 50), `--seconds S` of load (default 10), `--tls`
+//! (mutual TLS; the default is insecure).
+//!
+//! Slurm's figure for the same experiment (18.9 four-node gangs/s on the
+//! same kind of machine) is in `../shared/peers/`; it is a reference, not a
+//! same-run ratio.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use muster_proto::v1;
+use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+use muster_sim::local::{LocalCluster, LocalConfig};
+use tonic::transport::Channel;
+
+async fn client(c: &LocalCluster) -> AllocationServiceClient<Channel> {
+    loop {
+        if let Some(id) = c.leader_id() {
+            let addr = &c.scheduler_addrs()[id as usize - 1];
+            let tls = c.admin_tls();
+            if let Ok(ep) = muster_tls::endpoint(addr, tls.as_ref())
+                && let Ok(ch) = ep.connect().await
+            {
+                return AllocationServiceClient::new(ch);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn gang(gpus: u32) -> v1::AllocationSpec {
+    v1::AllocationSpec {
+        owner: "bench".into(),
+        gang_size: 4,
+        resources: Some(v1::Resources { gpus, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+        preemption_class: 5,
+        command: vec!["true".into()],
+        ports: Some(0),
+        ..Default::default()
+    }
+}
+
+/// Submits one gang and follows it to the end. Returns submit → the fourth
+/// `task_started` the watch delivered, or `None` when it did not succeed.
+async fn one(c: &mut AllocationServiceClient<Channel>, gpus: u32) -> Option<Duration> {
+    let t0 = Instant::now();
+    let id = c.submit(v1::SubmitRequest { spec: Some(gang(gpus)), dry_run: false }).await.ok()?.into_inner().id;
+    let mut events = c.watch(v1::WatchRequest { id, from_revision: 0 }).await.ok()?.into_inner();
+    let mut started = 0;
+    let mut all_running = None;
+    while let Ok(Some(e)) = events.message().await {
+        match e.kind.as_str() {
+            "task_started" => {
+                started += 1;
+                if started == 4 {
+                    all_running = Some(t0.elapsed());
+                }
+            }
+            "allocation_done" => return all_running,
+            "allocation_failed" | "allocation_cancelled" => {
+                eprintln!("gang {id} ended {}: {}", e.kind, e.detail);
+                return None;
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+fn latencies(name: &str, mut d: Vec<Duration>) {
+    d.sort();
+    if d.is_empty() {
+        println!("{name:<6} no gang completed");
+        return;
+    }
+    println!(
+        "{name:<6} submit -> all 4 running: n={} p50 {:.1} ms  p99 {:.1} ms  min {:.1} ms  max {:.1} ms",
+        d.len(),
+        pct(&d, 0.5),
+        pct(&d, 0.99),
+        pct(&d, 0.0),
+        pct(&d, 1.0)
+    );
+}
+
+/// Counters from the leader's `/metrics` that say what a gang cost.
+#[derive(Clone, Copy, Default)]
+struct Costs {
+    entries: f64,
+    commands: f64,
+    passes: f64,
+}
+
+impl Costs {
+    fn scrape(addr: std::net::SocketAddr) -> Costs {
+        use std::io::{Read, Write};
+        let mut body = String::new();
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n");
+            let _ = s.read_to_string(&mut body);
+        }
+        let value = |name: &str| {
+            body.lines()
+                .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        Costs {
+            entries: value("muster_raft_batch_commands_count"),
+            commands: value("muster_raft_batch_commands_sum"),
+            passes: value("muster_admission_pass_seconds_count"),
+        }
+    }
+
+    fn per_gang(self, before: Costs, gangs: usize) -> String {
+        let g = gangs.max(1) as f64;
+        format!(
+            "per gang on the leader: {:.1} entries, {:.1} commands, {:.1} admission passes",
+            (self.entries - before.entries) / g,
+            (self.commands - before.commands) / g,
+            (self.passes - before.passes) / g
+        )
+    }
+}
+
+fn leader_http(c: &LocalCluster) -> Option<std::net::SocketAddr> {
+    let id = c.leader_id()?;
+    c.http_addrs().into_iter().find(|(r, _)| *r == id).map(|(_, a)| a)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let opt = |name: &str, default: u64| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let agents = opt("--agents", 16) as u32;
+    let submitters = opt("--submitters", 16) as usize;
+    let rounds = opt("--rounds", 50) as usize;
+    let seconds = opt("--seconds", 10);
+    let tls = args.iter().any(|a| a == "--tls");
+    let gpus = 8;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg =
+        LocalConfig { agents, gpus_per_agent: gpus, insecure: !tls, http_port: Some(0), ..LocalConfig::default() };
+    let cluster = LocalCluster::start(dir.path(), cfg).await.unwrap();
+    let mut c = client(&cluster).await;
+    // Every agent registered before the clock starts.
+    let nodes = muster_proto::v1::node_service_client::NodeServiceClient::new(
+        muster_tls::endpoint(
+            &cluster.scheduler_addrs()[cluster.leader_id().unwrap() as usize - 1],
+            cluster.admin_tls().as_ref(),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .unwrap(),
+    );
+    loop {
+        let n = nodes.clone().list_nodes(v1::ListNodesRequest::default()).await.map(|r| r.into_inner().nodes.len());
+        if n.is_ok_and(|n| n == agents as usize) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "four-task gangs of `true`, one 8-GPU node per task, {agents} agents, {}",
+        if tls { "mutual TLS" } else { "insecure" }
+    );
+    println!("(Slurm's 18.9 gangs/s is another machine's reference; only a peer in the same run is a ratio)");
+    // Warm up: connections, the first spawn.
+    for _ in 0..3 {
+        one(&mut c, gpus).await;
+    }
+
+    let http = leader_http(&cluster);
+    let before = http.map(Costs::scrape).unwrap_or_default();
+    let mut idle = Vec::new();
+    for _ in 0..rounds {
+        if let Some(d) = one(&mut c, gpus).await {
+            idle.push(d);
+        }
+    }
+    latencies("idle", idle.clone());
+    if let Some(h) = http {
+        println!("       {}", Costs::scrape(h).per_gang(before, idle.len()));
+    }
+
+    let before = http.map(Costs::scrape).unwrap_or_default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..submitters {
+        let mut c = c.clone();
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(d) = one(&mut c, gpus).await {
+                    done.push(d);
+                }
+            }
+            done
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut loaded = Vec::new();
+    for w in workers {
+        loaded.extend(w.await.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "load   {submitters} submitters: {} gangs completed in {elapsed:.1} s = {:.1} gangs/s",
+        loaded.len(),
+        loaded.len() as f64 / elapsed
+    );
+    let n = loaded.len();
+    latencies("load", loaded);
+    if let Some(h) = http {
+        println!("       {}", Costs::scrape(h).per_gang(before, n));
+    }
+    cluster.shutdown().await;
+}
