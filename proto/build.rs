@@ -17,8 +17,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // clash with the generated `connect`; callers build channels themselves.
     // The descriptor set feeds gRPC server reflection (grpcurl and friends).
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    // Every client and server starts its streams with small buffers
+    // (`src/codec.rs`): a leader holds one stream per node agent.
     tonic_prost_build::configure()
         .build_transport(false)
+        .codec_path("crate::codec::SmallBufferCodec")
         .file_descriptor_set_path(out_dir.join("muster_descriptor.bin"))
         .compile_protos(
             &[

@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod checkpoint_blob;
+pub mod codec;
 
 /// The largest message on an agent stream, both ways: room for a checkpoint
 /// at the state machine's cap plus framing. The leader's hub and the agent

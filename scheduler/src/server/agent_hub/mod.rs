@@ -41,7 +41,6 @@ use muster_proto::v1::agent_service_server::AgentService;
 use muster_proto::v1::scheduler_message::Msg as Out;
 use openraft::ServerState;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
@@ -59,7 +58,8 @@ mod registry;
 mod session;
 
 pub use liveness::Liveness;
-pub use registry::AgentRegistry;
+use registry::Outbound;
+pub use registry::{AgentRegistry, OutboundStream};
 use session::Session;
 
 pub use muster_proto::MAX_AGENT_MESSAGE_BYTES;
@@ -116,7 +116,7 @@ pub(super) fn is_leader(s: &Shared) -> bool {
 
 #[tonic::async_trait]
 impl AgentService for AgentHub {
-    type ConnectStream = ReceiverStream<Result<v1::SchedulerMessage, Status>>;
+    type ConnectStream = OutboundStream;
 
     async fn connect(
         &self,
@@ -130,10 +130,10 @@ impl AgentService for AgentHub {
         let (s, cfg, preemption, inbound) = (self.s.clone(), self.cfg, self.preemption, req.into_inner());
         tokio::spawn(async move {
             if let Err(status) = Session::run(s, cfg, preemption, caller, inbound, tx.clone()).await {
-                let _ = tx.send(Err(status)).await;
+                let _ = tx.send(Box::new(Err(status))).await;
             }
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(OutboundStream(rx)))
     }
 }
 

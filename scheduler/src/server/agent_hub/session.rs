@@ -7,7 +7,7 @@ pub(super) struct Session {
     cfg: HubConfig,
     preemption: PreemptionConfig,
     node: NodeId,
-    tx: mpsc::Sender<Result<v1::SchedulerMessage, Status>>,
+    tx: Outbound,
     /// What this stream has told its agent.
     sent: SentMemory,
 }
@@ -19,7 +19,7 @@ impl Session {
         preemption: PreemptionConfig,
         caller: muster_tls::Caller,
         mut inbound: Streaming<v1::AgentMessage>,
-        tx: mpsc::Sender<Result<v1::SchedulerMessage, Status>>,
+        tx: Outbound,
     ) -> Result<(), Status> {
         let first = tokio::time::timeout(cfg.register_timeout, inbound.message())
             .await
@@ -114,7 +114,7 @@ impl Session {
 
     pub(super) async fn send(&self, msg: Out) -> Result<(), Status> {
         self.tx
-            .send(Ok(v1::SchedulerMessage { msg: Some(msg) }))
+            .send(Box::new(Ok(v1::SchedulerMessage { msg: Some(msg) })))
             .await
             .map_err(|_| Status::cancelled("the agent went away"))
     }
