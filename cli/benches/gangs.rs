@@ -17,6 +17,11 @@
 //! idle gangs (default 50), `--seconds S` of load (default 10), `--tls`
 //! (mutual TLS; the default is insecure).
 //!
+//! The cluster's data (Raft logs, agents' work dirs) goes under `TMPDIR`.
+//! On a journal-less ext4 a directory that has seen heavy file churn makes
+//! every file creation slow, and this bench creates several per task: run
+//! it on a fresh file system to compare builds (docs/performance.md).
+//!
 //! Slurm's figure for the same experiment (18.9 four-node gangs/s on the
 //! same kind of machine) is in `../shared/peers/`; it is a reference, not a
 //! same-run ratio.
