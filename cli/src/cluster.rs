@@ -121,6 +121,15 @@ pub async fn status(cluster: &Cluster, out: Output) -> anyhow::Result<()> {
             }
         }
     }
+    if leader_id.is_none() {
+        // The table above says what each replica sees; scripts and probes
+        // get a failure, since nothing can be committed.
+        let reachable = rows.iter().filter(|(_, s)| s.is_ok()).count();
+        bail!(
+            "no leader: {reachable} of {} replicas answer and none leads (an election in progress, or no quorum)",
+            rows.len()
+        );
+    }
     Ok(())
 }
 

@@ -108,3 +108,38 @@ fn t71_an_unreachable_or_malformed_scheduler_is_one_clear_line() {
         muster(&["server", "--id", "1", "--listen", "127.0.0.1:0", "--data-dir", "/tmp/x", "--peers", "2=127.0.0.1:5"]);
     assert!(stderr(&o).contains("--peers must include this replica"), "{}", stderr(&o));
 }
+
+/// Issue 27: `cluster status` without a leader still prints what every
+/// replica sees, and exits non-zero so that scripts and probes notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t72_cluster_status_without_a_leader_prints_the_replicas_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), &[]);
+    let first = leader(&cluster.addrs, None).await;
+    let o = muster(&with_scheduler(&["cluster", "status"], &cluster.addrs[0]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&format!("leader: replica {first}")), "{}", stdout(&o));
+
+    // Leave one follower alone: it can never win an election.
+    let survivor = (1..=3).find(|&id| id != first).unwrap();
+    for id in (1..=3).filter(|&id| id != survivor) {
+        cluster.kill(id);
+    }
+    let addr = cluster.addrs[survivor as usize - 1].clone();
+    let deadline = std::time::Instant::now() + crate::cluster::WAIT;
+    loop {
+        let o = muster(&with_scheduler(&["cluster", "status"], &addr));
+        if !o.status.success() {
+            assert!(stdout(&o).contains("leader: none"), "{}", stdout(&o));
+            assert!(stdout(&o).contains("unreachable"), "the table still lists every replica: {}", stdout(&o));
+            assert!(stderr(&o).contains("no leader: 1 of 3 replicas answer"), "{}", stderr(&o));
+            let json = muster(&with_scheduler(&["cluster", "status", "--output", "json"], &addr));
+            assert!(!json.status.success());
+            let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+            assert!(v["leader_id"].is_null(), "{v}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "status kept naming a leader: {}", stdout(&o));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

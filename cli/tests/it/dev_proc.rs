@@ -169,9 +169,19 @@ pub fn tool(name: &str) -> Option<PathBuf> {
             std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
             "{name} is not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs it)"
         );
-        eprintln!("skipping: {name} is not installed (.ci/run installs it)");
+        announce_skip(&format!("{name} is not installed (.ci/run installs it)"));
     }
     found
+}
+
+/// Says that the running test is skipped, in `cargo test`'s default output:
+/// `SKIPPED <test>: <why>`. The line goes straight to the process's stderr,
+/// which the test harness does not capture (it captures the print macros),
+/// so a skip never looks like a pass.
+pub fn announce_skip(why: &str) {
+    use std::io::Write;
+    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
 }
 
 /// Whether `python3` imports `modules` (a Python package the tests drive);
@@ -188,7 +198,7 @@ pub fn python_imports(modules: &str, what: &str, install: &str) -> bool {
             std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
             "{what} is not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs it)"
         );
-        eprintln!("skipping: {install} to run the {what} tests");
+        announce_skip(&format!("{what} is not installed; {install} to run it"));
     }
     ok
 }

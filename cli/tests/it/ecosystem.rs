@@ -139,6 +139,35 @@ fn t121_a_replica_without_a_leader_is_alive_but_not_ready() {
     assert_eq!(health.2, tonic::Code::NotFound);
 }
 
+/// Issue 27: a test skipped for a missing tool says so in `cargo test`'s
+/// default (captured) output, and `MUSTER_REQUIRE_TOOLS` turns the skip into
+/// a failure. Runs t122 in this test binary with no grpcurl on PATH.
+#[test]
+fn t122b_a_skip_for_a_missing_tool_is_visible_and_required_tools_fail() {
+    let empty = tempfile::tempdir().unwrap();
+    let run = |require: bool| {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["ecosystem::t122_grpcurl_lists_and_calls_musters_services", "--exact"])
+            .env("PATH", empty.path())
+            .env_remove("MUSTER_REQUIRE_TOOLS");
+        if require {
+            cmd.env("MUSTER_REQUIRE_TOOLS", "1");
+        }
+        cmd.output().unwrap()
+    };
+    let o = run(false);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("1 passed"), "{out}");
+    assert!(
+        err.contains("SKIPPED ecosystem::t122_grpcurl_lists_and_calls_musters_services: grpcurl is not installed"),
+        "the skip is not in the default output: {err}"
+    );
+    let o = run(true);
+    assert!(!o.status.success(), "a required tool's absence must fail");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("MUSTER_REQUIRE_TOOLS is set"));
+}
+
 /// grpcurl, with the dev CA, lists every service through reflection,
 /// describes them, checks health and calls a method.
 #[test]
