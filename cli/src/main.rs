@@ -244,7 +244,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cmd {
             Cmd::Server(args) => {
-                init_logging("info,openraft=warn");
+                init_logging(SERVER_LOG_FILTER);
                 server::run(args).await
             }
             Cmd::Agent(args) => {
@@ -256,7 +256,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
                 chaos::run_chaos(args).await
             }
             Cmd::Dev(args) => {
-                init_logging("warn,openraft=error");
+                init_logging(DEV_LOG_FILTER);
                 dev::run(args).await
             }
             Cmd::Submit { client, args } => {
@@ -297,6 +297,22 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
         }
     })
 }
+
+/// openraft's modules that log every retry to a down peer (twice a second,
+/// with the whole tonic error chain) and every routine vote: the server's
+/// network layer says instead, once, when a peer goes and comes back.
+macro_rules! openraft_quiet {
+    () => {
+        "openraft::replication=off,openraft::engine::handler::replication_handler=off,openraft::core::raft_core=off"
+    };
+}
+
+/// The default log filter of `muster server` (`RUST_LOG` replaces it).
+const SERVER_LOG_FILTER: &str = concat!("info,openraft=warn,", openraft_quiet!());
+
+/// The default log filter of `muster dev`: its own story on stdout, and
+/// only what needs a person on stderr.
+const DEV_LOG_FILTER: &str = concat!("warn,openraft=error,", openraft_quiet!());
 
 fn init_logging(default: &str) {
     tracing_subscriber::fmt()

@@ -241,3 +241,33 @@ async fn t63_the_cli_remembers_the_leader_between_runs() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(remembered().is_empty(), "MUSTER_LEADER_CACHE=off keeps nothing");
 }
+
+/// Issue 27: a routine failover is a few readable lines in the survivors'
+/// logs, not chains of ERRORs. Each survivor says once that the dead
+/// replica is unreachable, however long it stays down, and writes no ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t64_a_failover_logs_no_errors_and_a_down_peer_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), &[]);
+    let old = leader(&cluster.addrs, None).await;
+    let log = |id: u64| std::fs::read_to_string(dir.path().join(format!("replica-{id}.log"))).unwrap_or_default();
+    let survivors: Vec<u64> = (1..=3).filter(|&id| id != old).collect();
+    let before: Vec<usize> = survivors.iter().map(|&id| log(id).len()).collect();
+    cluster.kill(old);
+    leader(&cluster.addrs, Some(old)).await;
+    // openraft retries the dead peer twice a second: give it time to.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut leads = 0;
+    for (&id, &from) in survivors.iter().zip(&before) {
+        let text = log(id);
+        let since = &text[from..];
+        leads += since.lines().filter(|l| l.contains("this replica leads")).count();
+        assert!(!since.contains(" ERROR "), "replica {id} logged errors for a routine failover:\n{since}");
+        let down =
+            since.lines().filter(|l| l.contains("replica unreachable") && l.contains(&format!("peer={old}"))).count();
+        assert!(down <= 1, "replica {id} said {down} times that replica {old} is down:\n{since}");
+        let warnings = since.lines().filter(|l| l.contains(" WARN ")).count();
+        assert!(warnings <= 3, "replica {id}: {warnings} warnings for one failover:\n{since}");
+    }
+    assert!(leads >= 1, "the new leader says so in its log");
+}

@@ -49,6 +49,9 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
     let mut preemption_at: Option<tokio::time::Instant> = None;
     loop {
         if !*leading.borrow_and_update() {
+            if was_leading {
+                tracing::info!(id = s.id, "this replica stopped leading");
+            }
             was_leading = false;
             if leading.changed().await.is_err() {
                 return;
@@ -56,6 +59,8 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
             continue;
         }
         if !was_leading {
+            let term = s.raft.metrics().borrow().current_term;
+            tracing::info!(id = s.id, term, "this replica leads");
             was_leading = true;
             s.liveness.lead_from_now();
             timers = PassTimers::default();

@@ -7,6 +7,11 @@
 //! peer's Raft error crosses the wire as itself. A peer that cannot be
 //! reached (or does not answer within the RPC's deadline) is reported as
 //! `Unreachable`, which makes openraft back off before retrying.
+//!
+//! openraft logs every failed call to a down peer, twice a second, with the
+//! whole error chain; the server's default log filter silences those
+//! modules. Instead this network says once when a peer stops answering
+//! (WARN, with the root cause) and once when it answers again (INFO).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -54,13 +59,39 @@ pub fn lazy_channel(
 pub struct Network {
     channels: Arc<Mutex<BTreeMap<String, Channel>>>,
     tls: Option<Arc<TlsMaterial>>,
+    reach: Reachability,
+}
+
+/// Which peers last failed to answer, so that a change is logged once.
+#[derive(Clone, Default)]
+pub(crate) struct Reachability(Arc<Mutex<BTreeMap<u64, bool>>>);
+
+impl Reachability {
+    /// Records a call's outcome; returns whether it changed what is known
+    /// (the first failure after success, the first success after failure).
+    /// A peer never heard from counts as reachable.
+    pub(crate) fn record(&self, peer: u64, answered: bool) -> bool {
+        let mut known = self.0.lock().expect("reachability lock");
+        let was = known.insert(peer, answered).unwrap_or(true);
+        was != answered
+    }
+}
+
+/// The innermost cause of an error ("Connection refused (os error 111)"),
+/// not the chain of wrappers around it.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut e = e;
+    while let Some(next) = e.source() {
+        e = next;
+    }
+    e.to_string()
 }
 
 impl Network {
     /// A network whose connections present `tls` (this replica's server
     /// certificate), or plain when `None` (insecure mode).
     pub fn new(tls: Option<TlsMaterial>) -> Network {
-        Network { channels: Arc::default(), tls: tls.map(Arc::new) }
+        Network { channels: Arc::default(), tls: tls.map(Arc::new), reach: Reachability::default() }
     }
 
     pub(crate) fn channel(&self, addr: &str) -> Result<Channel, String> {
@@ -84,14 +115,16 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         });
-        Peer { target, client }
+        Peer { target, addr: node.addr.clone(), client, reach: self.reach.clone() }
     }
 }
 
 /// A client for one peer.
 pub struct Peer {
     target: u64,
+    addr: String,
     client: Result<RaftServiceClient<Channel>, String>,
+    reach: Reachability,
 }
 
 #[derive(Clone, Copy)]
@@ -130,8 +163,21 @@ impl Peer {
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
         let reply = match reply {
-            Ok(r) => r.into_inner(),
+            Ok(r) => {
+                if self.reach.record(self.target, true) {
+                    tracing::info!(peer = self.target, addr = %self.addr, "replica reachable again");
+                }
+                r.into_inner()
+            }
             Err(status) if matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled) => {
+                if self.reach.record(self.target, false) {
+                    tracing::warn!(
+                        peer = self.target,
+                        addr = %self.addr,
+                        cause = %root_cause(&status),
+                        "replica unreachable; retrying quietly"
+                    );
+                }
                 return Err(RPCError::Unreachable(Unreachable::new(&status)));
             }
             Err(status) => return Err(RPCError::Network(NetworkError::new(&status))),
@@ -205,5 +251,23 @@ impl RaftService for RaftRpc {
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let rpc: InstallSnapshotRequest<TypeConfig> = decode_request(req)?;
         encode_reply(&self.raft.install_snapshot(rpc).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_is_reported_once_when_it_goes_and_once_when_it_comes_back() {
+        let r = Reachability::default();
+        assert!(!r.record(2, true), "never heard from counts as reachable");
+        assert!(r.record(2, false), "the first failure is news");
+        assert!(!r.record(2, false) && !r.record(2, false), "repeats are not");
+        assert!(!r.record(3, true), "each peer on its own");
+        assert!(r.record(2, true), "back again is news");
+        assert!(!r.record(2, true));
+        let wrapped = std::io::Error::other(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(root_cause(&wrapped), std::io::Error::from(std::io::ErrorKind::ConnectionRefused).to_string());
     }
 }
