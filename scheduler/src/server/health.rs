@@ -141,6 +141,11 @@ pub async fn run(shared: Shared, reporter: HealthReporter, tx: watch::Sender<Rea
             last = Some(r.ready);
         }
         let stopped = !r.alive;
+        if stopped {
+            // openraft's own account of it is filtered out by default
+            // (its core module logs every routine vote too): say it here.
+            tracing::error!(reason = %r.reason, "Raft stopped; this replica can no longer serve");
+        }
         if tx.send(r).is_err() || stopped {
             if stopped {
                 reporter.set_service_status(RAFT_SERVICE, ServingStatus::NotServing).await;
