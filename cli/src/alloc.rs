@@ -388,11 +388,17 @@ fn task_line(t: &v1::Task) -> String {
     )
 }
 
+/// The header of [`alloc_line`]'s table.
+fn alloc_header() -> String {
+    format!("{:>8}  {:<12}  {:<12}  {:<13}  {:>5}  COMMAND", "ID", "STATUS", "OWNER", "TASKS x GPUS", "CLASS")
+}
+
+/// One allocation: its shape, class and command.
 fn alloc_line(a: &v1::Allocation) -> String {
     let spec = a.spec.clone().unwrap_or_default();
     let r = spec.resources.unwrap_or_default();
     format!(
-        "{:>8}  {:<12}  {:<12}  {:>4} x {:>2} GPU  class {:>2}  {}",
+        "{:>8}  {:<12}  {:<12}  {:>4} x {:>2} GPU  {:>5}  {}",
         a.id,
         status_name(a.status),
         spec.owner,
@@ -413,11 +419,12 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
             match out {
                 Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
                 Output::Text => {
+                    out!("{}", alloc_header());
                     out!("{}", alloc_line(&a));
                     out!(
-                        "          submitted at {} ms; preempted {} time(s){}",
-                        a.submit_time_ms,
-                        a.preempted_count,
+                        "          submitted {}; {}{}",
+                        crate::output::when(a.submit_time_ms, crate::output::now_ms()),
+                        crate::output::preempted(u64::from(a.preempted_count)),
                         if a.status == v1::AllocationStatus::Suspended as i32 {
                             "; suspended: resumes from its checkpoints when placed"
                         } else {
@@ -591,7 +598,9 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                         serde_json::to_string_pretty(&json!({ "allocations": list, "next_page_token": token }))?
                     );
                 }
+                Output::Text if rows.is_empty() => out!("no allocations"),
                 Output::Text => {
+                    out!("{}", alloc_header());
                     for a in &rows {
                         out!("{}", alloc_line(a));
                     }

@@ -502,7 +502,10 @@ async fn preemption_demo(
     for &id in &low {
         let a = &finals[&id];
         let kept = if submitted_at.get(&id) == Some(&a.submit_time_ms) { "kept" } else { "CHANGED" };
-        out!("  allocation {id}: preempted {} time(s); original submit time {kept}", a.preempted_count);
+        out!(
+            "  allocation {id}: {}; original submit time {kept}",
+            crate::output::preempted(u64::from(a.preempted_count))
+        );
         for t in &a.tasks {
             let log =
                 dir.join(&t.last_node_id).join(format!("logs/alloc-{id}/task-{}/attempt-{}.out", t.index, t.runs));

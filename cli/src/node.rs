@@ -141,19 +141,22 @@ fn node_json(n: &v1::Node) -> serde_json::Value {
     })
 }
 
+/// The header of [`node_line`]'s table.
+fn node_header() -> String {
+    format!("{:<16}  {:<10}  {:<7}  {:<17}  {:<9}  TASKS", "NODE", "STATUS", "GPUS", "MEMORY (MB)", "CPUS")
+}
+
+/// One node: what it has in use of what it offers.
 fn node_line(n: &v1::Node) -> String {
     let r = n.resources.unwrap_or_default();
     let u = n.used.unwrap_or_default();
     format!(
-        "{:<16}  {:<10}  GPUs {:>3}/{:<3}  mem {:>8}/{:<8} MB  CPUs {:>4}/{:<4}  tasks {}",
+        "{:<16}  {:<10}  {:<7}  {:<17}  {:<9}  {}",
         n.id,
         status_name(n.status),
-        u.gpus,
-        r.gpus,
-        u.mem_mb,
-        r.mem_mb,
-        u.cpus,
-        r.cpus,
+        format!("{}/{}", u.gpus, r.gpus),
+        format!("{}/{}", u.mem_mb, r.mem_mb),
+        format!("{}/{}", u.cpus, r.cpus),
         n.tasks
     )
 }
@@ -171,6 +174,7 @@ fn print_node(n: &v1::Node, out: Output) -> anyhow::Result<()> {
     match out {
         Output::Json => out!("{}", serde_json::to_string_pretty(&node_json(n))?),
         Output::Text => {
+            out!("{}", node_header());
             out!("{}", node_line(n));
             if let Some(d) = &n.drain {
                 out!(
@@ -246,6 +250,7 @@ pub async fn run(cluster: &mut Cluster, cmd: NodeCmd, out: Output) -> anyhow::Re
                 ),
                 Output::Text if nodes.is_empty() => out!("no nodes registered"),
                 Output::Text => {
+                    out!("{}", node_header());
                     for n in &nodes {
                         out!("{}", node_line(n));
                     }

@@ -58,7 +58,13 @@ pub async fn run(cluster: &mut Cluster, cmd: TokenCmd, out: Output) -> anyhow::R
                     out!("{}", serde_json::to_string_pretty(&json!({ "token": info_json(&t), "secret": r.secret }))?)
                 }
                 Output::Text => {
-                    out!("created token {} ({} for {}), expires at {} ms", t.id, t.role, t.name, t.expires_ms);
+                    out!(
+                        "created token {} ({} for {}), expires {}",
+                        t.id,
+                        t.role,
+                        t.name,
+                        crate::output::when(t.expires_ms, crate::output::now_ms())
+                    );
                     out!("secret (shown once): {}", r.secret);
                     out!("use: export MUSTER_TOKEN={}", r.secret);
                 }
@@ -75,13 +81,12 @@ pub async fn run(cluster: &mut Cluster, cmd: TokenCmd, out: Output) -> anyhow::R
                     out!("{}", serde_json::to_string_pretty(&json!({ "tokens": tokens }))?);
                 }
                 Output::Text => {
-                    out!("{:<16}  {:<7}  {:<20}  {:>15}  state", "id", "role", "name", "expires_ms");
-                    let now_ms = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64);
+                    out!("{:<16}  {:<7}  {:<20}  {:<8}  EXPIRES", "ID", "ROLE", "NAME", "STATE");
+                    let now_ms = crate::output::now_ms();
                     for t in &r.tokens {
                         let state = token_state(t, now_ms);
-                        out!("{:<16}  {:<7}  {:<20}  {:>15}  {state}", t.id, t.role, t.name, t.expires_ms);
+                        let expires = crate::output::when(t.expires_ms, now_ms);
+                        out!("{:<16}  {:<7}  {:<20}  {state:<8}  {expires}", t.id, t.role, t.name);
                     }
                 }
             }

@@ -60,6 +60,10 @@ async fn t70_cli_drives_a_real_cluster() {
 
     let o = run(&["alloc", "list", "--status", "queued"]);
     assert!(stdout(&o).contains("sleep 1"), "{}", stdout(&o));
+    let header = stdout(&o).lines().next().unwrap_or_default().to_string();
+    assert!(header.contains("ID") && header.contains("OWNER") && header.contains("COMMAND"), "{header}");
+    let o = run(&["alloc", "list", "--status", "done"]);
+    assert_eq!(stdout(&o).trim(), "no allocations");
 
     let (index, digest) = converged(&cluster.addrs).await;
     let o = run(&["cluster", "status", "--output", "json"]);

@@ -66,6 +66,11 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
         assert!(Instant::now() < deadline, "agents never registered: {nodes}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Text tables start with a header row.
+    let text = crate::stdout(&muster(&["node", "list", "--scheduler", &sched, "--tls-dir", &td]));
+    let mut rows = text.lines();
+    assert!(rows.next().is_some_and(|h| h.starts_with("NODE") && h.contains("STATUS") && h.contains("GPUS")), "{text}");
+    assert_eq!(rows.filter(|l| l.contains("0/8")).count(), 4, "{text}");
 
     let mut submit: Vec<&str> = vec!["submit", "--gang-size", "4", "--gpus", "1", "--class", "5"];
     submit.extend(s);

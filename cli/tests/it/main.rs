@@ -197,8 +197,8 @@ fn t90_dev_demo_shows_a_teardown_and_a_priority_preemption() {
     for needle in ["preemption_decided", "preemption_started", "gang suspended", "[5] allocation_done"] {
         assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
     }
-    assert_eq!(text.matches("preempted 1 time(s); original submit time kept").count(), 2, "{text}");
-    assert_eq!(text.matches("preempted 0 time(s); original submit time kept").count(), 1, "{text}");
+    assert_eq!(text.matches("preempted once; original submit time kept").count(), 2, "{text}");
+    assert_eq!(text.matches("never preempted; original submit time kept").count(), 1, "{text}");
     assert_eq!(text.matches(": resumed from step ").count(), 6, "three teardown and three preemption resumes:\n{text}");
 }
 
@@ -427,7 +427,10 @@ while true; do sleep 0.1; done"#;
     ] {
         assert!(body.contains(needle), "{needle} missing:\n{body}");
     }
-    assert!(get_a.contains("preempted 1 time(s)"), "{get_a}");
+    assert!(get_a.contains("preempted once"), "{get_a}");
+    // Times for people: RFC 3339 and how long ago, never raw milliseconds.
+    assert!(get_a.contains("submitted 20") && get_a.contains(" ago)"), "{get_a}");
+    assert!(!get_a.contains(" ms;"), "{get_a}");
     // Submitted without --walltime: class 1 took the server's class default
     // (2 h), class 5 the general one (1 h).
     assert!(json_a.contains("\"walltime_s\": 7200"), "{json_a}");
