@@ -201,10 +201,26 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     talk.extend(["--", "sh", "-c", "echo out-$MUSTER_TASK_INDEX; echo err-$MUSTER_TASK_INDEX >&2"]);
     let talk_id = json(&talk)["id"].as_u64().unwrap().to_string();
     assert!(muster(&["alloc", "watch", &talk_id, "--scheduler", &sched, "--tls-dir", &td]).status.success());
+    // By default both, stderr's lines marked; --stdout and --stderr pick one.
     let o = muster(&["alloc", "logs", &talk_id, "--task", "1", "--scheduler", &sched, "--tls-dir", &td]);
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "out-1\n", "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "out-1\n[stderr] err-1\n", "{}", String::from_utf8_lossy(&o.stderr));
+    let o = muster(&["alloc", "logs", &talk_id, "--task", "1", "--stdout", "--scheduler", &sched, "--tls-dir", &td]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "out-1\n");
     let o = muster(&["alloc", "logs", &talk_id, "--task", "0", "--stderr", "--scheduler", &sched, "--tls-dir", &td]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "err-0\n");
+    // A task that failed with its reason on stderr alone: shown, and said.
+    let mut quiet: Vec<&str> = vec!["submit"];
+    quiet.extend(s);
+    quiet.extend(["--", "sh", "-c", "echo 'no such file: train.py' >&2; exit 2"]);
+    let quiet_id = json(&quiet)["id"].as_u64().unwrap().to_string();
+    let _ = muster(&["alloc", "watch", &quiet_id, "--scheduler", &sched, "--tls-dir", &td]);
+    let o = muster(&["alloc", "logs", &quiet_id, "--scheduler", &sched, "--tls-dir", &td]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "[stderr] no such file: train.py\n");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("wrote to stderr only"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = muster(&["alloc", "logs", &talk_id, "--task", "7", "--scheduler", &sched, "--tls-dir", &td]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("has no task 7"), "{}", String::from_utf8_lossy(&o.stderr));
 
