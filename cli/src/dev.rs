@@ -47,7 +47,9 @@ pub struct DevArgs {
     http_port: u16,
     /// The `muster.vcluster` label of each node in turn (node-1 first),
     /// comma-separated: `ml,ml,batch,batch` makes node-1 and node-2 home to
-    /// vCluster ml. Nodes past the list carry none (home to `default`).
+    /// vCluster ml, and creates each vCluster named (its defaults; change
+    /// them with `muster vcluster update`). Nodes past the list carry none
+    /// (home to `default`).
     #[arg(long, value_delimiter = ',')]
     node_vclusters: Vec<String>,
     /// How long a vCluster's queued gang waits before borrowed work on its
@@ -145,6 +147,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     match cluster.tls_dir() {
         Some(t) => out!("  tls       {} (mutual TLS; you are admin-{})", t.display(), muster_sim::local::DEV_ADMIN),
         None => out!("  tls       none (--insecure)"),
+    }
+    // The vClusters the nodes were labelled for exist, each home to its nodes.
+    let mut named: Vec<&str> =
+        args.node_vclusters.iter().map(String::as_str).filter(|n| !n.is_empty() && *n != "default").collect();
+    named.sort_unstable();
+    named.dedup();
+    if !named.is_empty() {
+        let mut client = Cluster::new(crate::client::parse_addresses(&addrs)?, tls.clone());
+        for name in named {
+            crate::vcluster::ensure(&mut client, name).await?;
+            let homes: Vec<String> = (0..args.node_vclusters.len())
+                .filter(|&i| args.node_vclusters[i] == name)
+                .map(|i| format!("node-{}", i + 1))
+                .collect();
+            out!("  vcluster  {name}: home to {}", homes.join(" "));
+        }
     }
     let result = if args.demo {
         match demo(&addrs, tls.clone(), &dir, args.agents.min(4)).await {

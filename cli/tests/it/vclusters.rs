@@ -216,8 +216,15 @@ fn t133_a_vcluster_borrows_idle_nodes_and_gives_them_back_when_reclaimed() {
     let dev =
         crate::dev_proc::Dev::start_with(&["--node-vclusters", "ml,ml,batch,batch", "--reclaim-grace-ms", "3000"]);
     let ok = |args: &[&str]| dev.ok(args);
-    ok(&["vcluster", "create", "ml", "--type", "ml-training", "--borrow-limit", "100%"]);
-    ok(&["vcluster", "create", "batch"]);
+    // `muster dev --node-vclusters` made the vClusters it labelled nodes for.
+    let names: Vec<String> = ok(&["vcluster", "list"])["vclusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.contains(&"ml".to_string()) && names.contains(&"batch".to_string()), "{names:?}");
+    ok(&["vcluster", "update", "ml", "--type", "ml-training", "--borrow-limit", "100%"]);
     let homes = ok(&["vcluster", "get", "batch"]);
     let mut ids: Vec<&str> = homes["home_node_ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     ids.sort();
