@@ -165,8 +165,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         }
     }
     let result = if args.demo {
-        match demo(&addrs, tls.clone(), &dir, args.agents.min(4)).await {
-            Ok(()) if args.agents >= 4 => preemption_demo(&addrs, tls, &dir, args.agents, args.gpus).await,
+        let clock = Instant::now();
+        match demo(&addrs, tls.clone(), &dir, args.agents.min(4), clock).await {
+            Ok(()) if args.agents >= 4 => preemption_demo(&addrs, tls, &dir, args.agents, args.gpus, clock).await,
             Ok(()) => {
                 out!("(the preemption demo needs at least 4 agents)");
                 Ok(())
@@ -219,7 +220,14 @@ fn read_number(path: &std::path::Path) -> Option<u32> {
 /// Submits a gang of `n` checkpointing shell processes, kills task 0 once
 /// every task has made progress, and follows the teardown and the resumed
 /// gang to the end.
-async fn demo(addrs: &str, tls: Option<muster_tls::TlsMaterial>, dir: &std::path::Path, n: u32) -> anyhow::Result<()> {
+/// `started` is the demo's clock: both parts print times from it.
+async fn demo(
+    addrs: &str,
+    tls: Option<muster_tls::TlsMaterial>,
+    dir: &std::path::Path,
+    n: u32,
+    started: Instant,
+) -> anyhow::Result<()> {
     let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?, tls);
     let spec = v1::AllocationSpec {
         owner: "demo".into(),
@@ -231,7 +239,6 @@ async fn demo(addrs: &str, tls: Option<muster_tls::TlsMaterial>, dir: &std::path
         idempotency_key: "muster-dev-demo".into(),
         ..Default::default()
     };
-    let started = Instant::now();
     let id = loop {
         let spec = spec.clone();
         match cluster
@@ -386,6 +393,7 @@ async fn preemption_demo(
     dir: &std::path::Path,
     agents: u32,
     gpus: u32,
+    started: Instant,
 ) -> anyhow::Result<()> {
     let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?, tls);
     let job = |name: &str, n: u32, class: u32, estimate_s: u32, command: &str| v1::AllocationSpec {
@@ -398,7 +406,6 @@ async fn preemption_demo(
         idempotency_key: format!("muster-dev-demo-{name}"),
         ..Default::default()
     };
-    let started = Instant::now();
     let release = |on: bool| {
         for i in 1..=agents {
             let path = dir.join(format!("node-{i}")).join("demo-release");

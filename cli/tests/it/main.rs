@@ -200,6 +200,9 @@ fn t90_dev_demo_shows_a_teardown_and_a_priority_preemption() {
     assert_eq!(text.matches("preempted once; original submit time kept").count(), 2, "{text}");
     assert_eq!(text.matches("never preempted; original submit time kept").count(), 1, "{text}");
     assert_eq!(text.matches(": resumed from step ").count(), 6, "three teardown and three preemption resumes:\n{text}");
+    // One clock from start to end: the second part does not start it again.
+    let times: Vec<f64> = text.lines().filter_map(|l| l.trim_start().split_once("s ")?.0.parse::<f64>().ok()).collect();
+    assert!(times.len() > 10 && times.windows(2).all(|w| w[0] <= w[1]), "the demo's clock went back: {times:?}");
 }
 
 #[test]
