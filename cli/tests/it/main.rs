@@ -307,7 +307,8 @@ fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
     let get = loop {
         let o = muster(&["alloc", "get", "1", "--scheduler", &addr]);
         let text = stdout(&o);
-        if text.lines().next().is_some_and(|allocation| allocation.contains(" done ")) {
+        // Under the header row, the allocation's own line.
+        if text.lines().nth(1).is_some_and(|allocation| allocation.contains(" done ")) {
             break text;
         }
         assert!(std::time::Instant::now() < deadline, "the gang never finished: {text}");
