@@ -201,6 +201,15 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     talk.extend(["--", "sh", "-c", "echo out-$MUSTER_TASK_INDEX; echo err-$MUSTER_TASK_INDEX >&2"]);
     let talk_id = json(&talk)["id"].as_u64().unwrap().to_string();
     assert!(muster(&["alloc", "watch", &talk_id, "--scheduler", &sched, "--tls-dir", &td]).status.success());
+    // Watched again once done, each replayed event shows the status it led
+    // to, not today's.
+    let replay = crate::stdout(&muster(&["alloc", "watch", &talk_id, "--scheduler", &sched, "--tls-dir", &td]));
+    let status_beside = |kind: &str| {
+        let line = replay.lines().find(|l| l.split_whitespace().nth(2) == Some(kind)).unwrap_or_default();
+        line.split_whitespace().nth(1).unwrap_or_default().to_string()
+    };
+    assert_eq!(status_beside("submitted"), "queued", "{replay}");
+    assert_eq!(status_beside("allocation_done"), "done", "{replay}");
     // By default both, stderr's lines marked; --stdout and --stderr pick one.
     let o = muster(&["alloc", "logs", &talk_id, "--task", "1", "--scheduler", &sched, "--tls-dir", &td]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "out-1\n[stderr] err-1\n", "{}", String::from_utf8_lossy(&o.stderr));

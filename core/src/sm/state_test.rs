@@ -552,7 +552,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "23ddd0615a7d956852cb053b6d7844d5d4acc8bd0d34b50ad4a14b9afd4f30aa"
+        "8ac13be4aeac423f9c05b6430d613cc3453746bfed5bcc3726b17b94b0791c00"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

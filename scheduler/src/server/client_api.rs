@@ -226,7 +226,7 @@ impl AllocationService for ClientApi {
                                 time_ms: h.time_ms,
                                 kind: kind.to_string(),
                                 detail,
-                                status,
+                                status: h.status.map_or(status, |s| alloc_status_to_proto(s) as i32),
                                 truncated: truncated && i == 0,
                             }
                         })

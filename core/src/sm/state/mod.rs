@@ -454,7 +454,13 @@ impl State {
             if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id)) {
                 self.touched.nodes.extend(a.tasks.iter().filter_map(|t| t.node));
                 a.revision += 1;
-                a.history.push_back(AllocEvent { revision: a.revision, time_ms: self.now_ms, event: e.clone() });
+                let status = Some(a.status);
+                a.history.push_back(AllocEvent {
+                    revision: a.revision,
+                    time_ms: self.now_ms,
+                    event: e.clone(),
+                    status,
+                });
                 if a.history.len() > HISTORY_LIMIT {
                     a.history.pop_front();
                 }
@@ -463,7 +469,12 @@ impl State {
                 self.touched.nodes.insert(slot);
                 let n = &mut self.nodes[slot.0 as usize];
                 n.revision += 1;
-                n.history.push_back(AllocEvent { revision: n.revision, time_ms: self.now_ms, event: e.clone() });
+                n.history.push_back(AllocEvent {
+                    revision: n.revision,
+                    time_ms: self.now_ms,
+                    event: e.clone(),
+                    status: None,
+                });
                 if n.history.len() > NODE_HISTORY_LIMIT {
                     n.history.pop_front();
                 }

@@ -75,6 +75,10 @@ pub struct AllocEvent {
     pub time_ms: u64,
     /// What happened.
     pub event: crate::sm::Event,
+    /// The allocation's status once the command that recorded this event
+    /// was applied (`None` in a node's history), so that a watch replaying
+    /// history shows each event beside the status it led to.
+    pub status: Option<AllocStatus>,
 }
 
 /// An allocation and its gang of tasks.
