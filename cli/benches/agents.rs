@@ -14,6 +14,8 @@
 //! its TLS session. The servers allow that many connections from one
 //! address (`--max-connections-per-peer`), since all come from loopback.
 
+mod common;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -62,15 +64,8 @@ fn usage(pid: u32) -> (u64, u64) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let opt = |name: &str, default: u64| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let agents = opt("--agents", 2000) as usize;
-    let seconds = opt("--seconds", 30);
+    let agents = common::opt("--agents", 2000) as usize;
+    let seconds = common::opt("--seconds", 30);
     let tls = args.iter().any(|a| a == "--tls");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
@@ -139,7 +134,7 @@ fn main() {
         let idle_cpu = (t1 - t0) as f64 / 100.0 / idle_window.elapsed().as_secs_f64();
 
         let started = Instant::now();
-        let per_channel = if tls { 1 } else { opt("--agents-per-connection", 50).max(1) as usize };
+        let per_channel = if tls { 1 } else { common::opt("--agents-per-connection", 50).max(1) as usize };
         let mut channels: Vec<Channel> = Vec::new();
         for c in 0..agents.div_ceil(per_channel) {
             channels.push(channel(&addrs[leader], agent_certs.get(c)).await);

@@ -17,6 +17,8 @@
 //! same run on the same machine: `cli/benches/vs-etcd.sh` alternates this
 //! bench with etcd's and prints the ratios.
 
+mod common;
+
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -171,12 +173,7 @@ struct CommitPath {
 impl CommitPath {
     /// Scrapes `/metrics` at `addr` (plain HTTP/1.0).
     fn scrape(addr: &str) -> CommitPath {
-        use std::io::{Read, Write};
-        let mut text = String::new();
-        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
-            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n");
-            let _ = s.read_to_string(&mut text);
-        }
+        let text = common::metrics(addr);
         let get = |name: &str| -> (f64, f64) {
             let value = |suffix: &str| {
                 text.lines()
@@ -294,17 +291,10 @@ async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> Duration {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let opt = |name: &str, default: u64| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let seconds = opt("--seconds", 5);
-    let kills = opt("--kills", 3);
+    let seconds = common::opt("--seconds", 5);
+    let kills = common::opt("--kills", 3);
     let tls = args.iter().any(|a| a == "--tls");
-    let heartbeat_ms = args.iter().any(|a| a == "--heartbeat-ms").then(|| opt("--heartbeat-ms", 50));
+    let heartbeat_ms = args.iter().any(|a| a == "--heartbeat-ms").then(|| common::opt("--heartbeat-ms", 50));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();

@@ -26,6 +26,8 @@
 //! same kind of machine) is in `../shared/peers/`; it is a reference, not a
 //! same-run ratio.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -34,21 +36,6 @@ use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use muster_sim::local::{LocalCluster, LocalConfig};
 use tonic::transport::Channel;
-
-async fn client(c: &LocalCluster) -> AllocationServiceClient<Channel> {
-    loop {
-        if let Some(id) = c.leader_id() {
-            let addr = &c.scheduler_addrs()[id as usize - 1];
-            let tls = c.admin_tls();
-            if let Ok(ep) = muster_tls::endpoint(addr, tls.as_ref())
-                && let Ok(ch) = ep.connect().await
-            {
-                return AllocationServiceClient::new(ch);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn gang(gpus: u32) -> v1::AllocationSpec {
     v1::AllocationSpec {
@@ -120,12 +107,7 @@ struct Costs {
 
 impl Costs {
     fn scrape(addr: std::net::SocketAddr) -> Costs {
-        use std::io::{Read, Write};
-        let mut body = String::new();
-        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
-            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n");
-            let _ = s.read_to_string(&mut body);
-        }
+        let body = common::metrics(addr);
         let value = |name: &str| {
             body.lines()
                 .filter(|l| l.starts_with(name) && !l.starts_with('#'))
@@ -158,17 +140,10 @@ fn leader_http(c: &LocalCluster) -> Option<std::net::SocketAddr> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let opt = |name: &str, default: u64| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let agents = opt("--agents", 16) as u32;
-    let submitters = opt("--submitters", 16) as usize;
-    let rounds = opt("--rounds", 50) as usize;
-    let seconds = opt("--seconds", 10);
+    let agents = common::opt("--agents", 16) as u32;
+    let submitters = common::opt("--submitters", 16) as usize;
+    let rounds = common::opt("--rounds", 50) as usize;
+    let seconds = common::opt("--seconds", 10);
     let tls = args.iter().any(|a| a == "--tls");
     let gpus = 8;
 
@@ -176,18 +151,9 @@ async fn main() {
     let cfg =
         LocalConfig { agents, gpus_per_agent: gpus, insecure: !tls, http_port: Some(0), ..LocalConfig::default() };
     let cluster = LocalCluster::start(dir.path(), cfg).await.unwrap();
-    let mut c = client(&cluster).await;
+    let mut c = AllocationServiceClient::new(cluster.leader_channel().await);
     // Every agent registered before the clock starts.
-    let nodes = muster_proto::v1::node_service_client::NodeServiceClient::new(
-        muster_tls::endpoint(
-            &cluster.scheduler_addrs()[cluster.leader_id().unwrap() as usize - 1],
-            cluster.admin_tls().as_ref(),
-        )
-        .unwrap()
-        .connect()
-        .await
-        .unwrap(),
-    );
+    let nodes = muster_proto::v1::node_service_client::NodeServiceClient::new(cluster.leader_channel().await);
     loop {
         let n = nodes.clone().list_nodes(v1::ListNodesRequest::default()).await.map(|r| r.into_inner().nodes.len());
         if n.is_ok_and(|n| n == agents as usize) {

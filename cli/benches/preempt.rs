@@ -10,27 +10,14 @@
 //! the same experiment on the same kind of machine (`../shared/peers/`);
 //! only a peer measured in the same run on the same machine is a ratio.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use muster_sim::local::{LocalCluster, LocalConfig};
 use tonic::transport::Channel;
-
-async fn client(c: &LocalCluster) -> AllocationServiceClient<Channel> {
-    loop {
-        if let Some(id) = c.leader_id() {
-            let addr = &c.scheduler_addrs()[id as usize - 1];
-            let tls = c.admin_tls();
-            if let Ok(ep) = muster_tls::endpoint(addr, tls.as_ref())
-                && let Ok(ch) = ep.connect().await
-            {
-                return AllocationServiceClient::new(ch);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn job(class: u32, checkpoint: v1::CheckpointMode, command: &str) -> v1::AllocationSpec {
     v1::AllocationSpec {
@@ -79,7 +66,7 @@ async fn run(insecure: bool, rounds: usize) -> Vec<f64> {
         ..LocalConfig::default()
     };
     let cluster = LocalCluster::start(dir.path(), cfg).await.unwrap();
-    let mut c = client(&cluster).await;
+    let mut c = AllocationServiceClient::new(cluster.leader_channel().await);
     // Fill every node with class-2 work that cannot checkpoint.
     let mut victims = Vec::new();
     for _ in 0..4 {
@@ -120,13 +107,7 @@ fn summary(name: &str, mut ms: Vec<f64>) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let rounds = common::opt("--rounds", 20) as usize;
     println!("class-8 job into a full cluster of class-2 checkpoint-none work, grace 0: submit -> running");
     println!("(a ratio counts only against a peer measured in the same run on the same machine)");
     summary("insecure", run(true, rounds).await);

@@ -602,11 +602,10 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
         }
         AllocCmd::Logs { id, task, attempt, stdout, stderr, follow } => {
             let req = |stderr: bool| v1::LogsRequest { id, task, attempt, stderr, follow };
+            let fail = |s: tonic::Status| anyhow::anyhow!(crate::client::describe(&s));
             if stdout || stderr {
                 let mut stream = open_logs(cluster, req(stderr)).await?;
-                while let Some(chunk) =
-                    stream.message().await.map_err(|s| anyhow::anyhow!(crate::client::describe(&s)))?
-                {
+                while let Some(chunk) = stream.message().await.map_err(fail)? {
                     if !emit(&chunk.data)? {
                         return Ok(());
                     }
@@ -620,7 +619,6 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
             let mut marked = Marked::default();
             let (mut wrote_out, mut wrote_err) = (false, false);
             let (mut out_done, mut err_done) = (false, false);
-            let fail = |s: tonic::Status| anyhow::anyhow!(crate::client::describe(&s));
             while !(out_done && err_done) {
                 let (data, is_err) = tokio::select! {
                     m = out_stream.message(), if !out_done => match m.map_err(fail)? {

@@ -153,21 +153,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         args.node_vclusters.iter().map(String::as_str).filter(|n| !n.is_empty() && *n != "default").collect();
     named.sort_unstable();
     named.dedup();
-    if !named.is_empty() {
-        let mut client = Cluster::new(crate::client::parse_addresses(&addrs)?, tls.clone());
-        for name in named {
-            crate::vcluster::ensure(&mut client, name).await?;
-            let homes: Vec<String> = (0..args.node_vclusters.len())
-                .filter(|&i| args.node_vclusters[i] == name)
-                .map(|i| format!("node-{}", i + 1))
-                .collect();
-            out!("  vcluster  {name}: home to {}", homes.join(" "));
-        }
+    let mut client = Cluster::new(crate::client::parse_addresses(&addrs)?, tls);
+    for name in named {
+        crate::vcluster::ensure(&mut client, name).await?;
+        let homes: Vec<String> = args
+            .node_vclusters
+            .iter()
+            .enumerate()
+            .filter(|(_, vc)| *vc == name)
+            .map(|(i, _)| format!("node-{}", i + 1))
+            .collect();
+        out!("  vcluster  {name}: home to {}", homes.join(" "));
     }
     let result = if args.demo {
         let clock = Instant::now();
-        match demo(&addrs, tls.clone(), &dir, args.agents.min(4), clock).await {
-            Ok(()) if args.agents >= 4 => preemption_demo(&addrs, tls, &dir, args.agents, args.gpus, clock).await,
+        match demo(&mut client, &dir, args.agents.min(4), clock).await {
+            Ok(()) if args.agents >= 4 => preemption_demo(&mut client, &dir, args.agents, args.gpus, clock).await,
             Ok(()) => {
                 out!("(the preemption demo needs at least 4 agents)");
                 Ok(())
@@ -221,14 +222,7 @@ fn read_number(path: &std::path::Path) -> Option<u32> {
 /// every task has made progress, and follows the teardown and the resumed
 /// gang to the end.
 /// `started` is the demo's clock: both parts print times from it.
-async fn demo(
-    addrs: &str,
-    tls: Option<muster_tls::TlsMaterial>,
-    dir: &std::path::Path,
-    n: u32,
-    started: Instant,
-) -> anyhow::Result<()> {
-    let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?, tls);
+async fn demo(cluster: &mut Cluster, dir: &std::path::Path, n: u32, started: Instant) -> anyhow::Result<()> {
     let spec = v1::AllocationSpec {
         owner: "demo".into(),
         gang_size: n,
@@ -388,14 +382,12 @@ async fn get_alloc(cluster: &mut Cluster, id: u64) -> anyhow::Result<v1::Allocat
 /// single that checkpoints slowly), submits a class-8 gang of `agents - 1`
 /// whole nodes, and follows the preemption to the end.
 async fn preemption_demo(
-    addrs: &str,
-    tls: Option<muster_tls::TlsMaterial>,
+    cluster: &mut Cluster,
     dir: &std::path::Path,
     agents: u32,
     gpus: u32,
     started: Instant,
 ) -> anyhow::Result<()> {
-    let mut cluster = Cluster::new(crate::client::parse_addresses(addrs)?, tls);
     let job = |name: &str, n: u32, class: u32, estimate_s: u32, command: &str| v1::AllocationSpec {
         owner: "demo".into(),
         gang_size: n,
@@ -421,7 +413,7 @@ async fn preemption_demo(
     }
     specs.push(("slow", job("slow", 1, 2, 900, HINTED)));
     for (kind, spec) in specs {
-        let id = submit_spec(&mut cluster, spec.clone(), false).await?.id;
+        let id = submit_spec(cluster, spec.clone(), false).await?.id;
         out!(
             "  allocation {id}: {} x {gpus} GPUs, class 2, checkpoint estimate {} s ({kind})",
             spec.gang_size,
@@ -434,7 +426,7 @@ async fn preemption_demo(
     let mut submitted_at = BTreeMap::new();
     for &id in &low {
         loop {
-            let a = get_alloc(&mut cluster, id).await?;
+            let a = get_alloc(cluster, id).await?;
             let progressed = status_name(a.status) == "running"
                 && a.tasks.iter().all(|t| {
                     read_number(&dir.join(&t.node_id).join(format!("progress-{id}-{}", t.index))).unwrap_or(0) >= 5
@@ -453,7 +445,7 @@ async fn preemption_demo(
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let n = agents - 1;
     let gang = job("preemptor", n, 8, 60, "echo preemptor task $MUSTER_TASK_INDEX running; sleep 2");
-    let plan = submit_spec(&mut cluster, gang.clone(), true).await?.plan.context("a dry run returns a plan")?;
+    let plan = submit_spec(cluster, gang.clone(), true).await?.plan.context("a dry run returns a plan")?;
     out!("{:>6.1}s  dry run of a class-8 gang of {n} x {gpus} GPUs: {}", started.elapsed().as_secs_f64(), plan.summary);
     if let Some(p) = &plan.preemption {
         for v in &p.victims {
@@ -473,8 +465,8 @@ async fn preemption_demo(
             out!("          total {} GPU-s, below the gang's value of {} GPU-s", p.total_cost, p.value);
         }
     }
-    let hi = submit_spec(&mut cluster, gang, false).await?.id;
-    let since_ms = get_alloc(&mut cluster, hi).await?.submit_time_ms;
+    let hi = submit_spec(cluster, gang, false).await?.id;
+    let since_ms = get_alloc(cluster, hi).await?.submit_time_ms;
     out!("{:>6.1}s  submitted allocation {hi}: the class-8 gang", started.elapsed().as_secs_f64());
     let mut watchers = Vec::new();
     for id in std::iter::once(hi).chain(low.iter().copied()) {
@@ -497,7 +489,7 @@ async fn preemption_demo(
     let mut finals = BTreeMap::new();
     let mut released = false;
     while finals.len() < all.len() {
-        if !released && matches!(status_name(get_alloc(&mut cluster, hi).await?.status), "running" | "done") {
+        if !released && matches!(status_name(get_alloc(cluster, hi).await?.status), "running" | "done") {
             release(true);
             released = true;
         }
@@ -505,7 +497,7 @@ async fn preemption_demo(
             if finals.contains_key(&id) {
                 continue;
             }
-            let a = get_alloc(&mut cluster, id).await?;
+            let a = get_alloc(cluster, id).await?;
             match status_name(a.status) {
                 "done" => {
                     finals.insert(id, a);

@@ -210,27 +210,14 @@ async fn get(cluster: &mut Cluster, name: &str) -> anyhow::Result<v1::VCluster> 
 }
 
 /// Creates vCluster `name` with the defaults (type hpc-batch, home nodes
-/// labelled `muster.vcluster=<name>`) unless it exists; retried while the
-/// cluster elects its first leader. Returns whether it was created.
-pub async fn ensure(cluster: &mut Cluster, name: &str) -> anyhow::Result<bool> {
-    let started = std::time::Instant::now();
-    loop {
-        let tried = match get(cluster, name).await {
-            Ok(_) => return Ok(false),
-            Err(_) => {
-                put(cluster, v1::VClusterRequest { name: name.to_string(), spec: Some(Default::default()) }, true)
-                    .await
-                    .map(|_| true)
-            }
-        };
-        match tried {
-            Ok(created) => return Ok(created),
-            Err(e) if started.elapsed() > std::time::Duration::from_secs(30) => {
-                return Err(e.context(format!("cannot create vCluster {name}")));
-            }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
-        }
+/// labelled `muster.vcluster=<name>`) unless it exists. Each call waits
+/// through an election ([`Cluster::call`]).
+pub async fn ensure(cluster: &mut Cluster, name: &str) -> anyhow::Result<()> {
+    if get(cluster, name).await.is_err() {
+        let req = v1::VClusterRequest { name: name.to_string(), spec: Some(Default::default()) };
+        put(cluster, req, true).await.with_context(|| format!("cannot create vCluster {name}"))?;
     }
+    Ok(())
 }
 
 /// Creates (`create`) or updates a vCluster through the leader.

@@ -320,6 +320,20 @@ impl LocalCluster {
         self.replicas.iter().flatten().find(|r| r.status().role == "leader").map(|r| r.id())
     }
 
+    /// A channel to the replica that leads, as the operator (`admin-dev`
+    /// unless insecure); waits until one leads and accepts the connection.
+    pub async fn leader_channel(&self) -> tonic::transport::Channel {
+        loop {
+            if let Some(id) = self.leader_id()
+                && let Ok(ep) = muster_tls::endpoint(&self.addrs[id as usize - 1], self.admin_tls().as_ref())
+                && let Ok(ch) = ep.connect().await
+            {
+                return ch;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Kills agent `i` abruptly: its stream drops, its processes keep running.
     pub fn kill_agent(&mut self, i: u32) {
         if let Some(a) = self.agents[i as usize].take() {
