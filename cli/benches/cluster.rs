@@ -9,9 +9,12 @@
 //!
 //! Run: `cargo bench -p muster --bench cluster` (builds the release binary).
 //! Options after `--`: `--seconds N` per concurrency level (default 5),
-//! `--kills N` failover rounds (default 3), `--heartbeat-ms N` (the servers'
-//! Raft heartbeat; their default otherwise), `--tls` (mutual TLS between
-//! replicas and for the clients; the default is `--insecure`).
+//! `--kills N` failover rounds (default 3), `--agents N` real `muster
+//! agent` processes running one long gang through the kills (default 8;
+//! each kill also reports when all of them stream to the new leader, and
+//! the end says whether any task restarted), `--heartbeat-ms N` (the
+//! servers' Raft heartbeat; their default otherwise), `--tls` (mutual TLS
+//! between replicas, agents and the clients; the default is `--insecure`).
 //!
 //! A figure means something only as a ratio against a peer measured in the
 //! same run on the same machine: `cli/benches/vs-etcd.sh` alternates this
@@ -56,7 +59,11 @@ impl Servers {
         let http = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let certs = dir.join("tls");
         let client = tls.then(|| {
-            let roles: Vec<Role> = (1..=3).map(Role::Server).chain([Role::Admin("bench".into())]).collect();
+            let roles: Vec<Role> = (1..=3)
+                .map(Role::Server)
+                .chain((0..MAX_AGENTS).map(|i| Role::Agent(format!("bench-{i}"))))
+                .chain([Role::Admin("bench".into())])
+                .collect();
             muster_sim::local::ensure_certs(&certs, &roles).expect("issue the bench's certificates").pop().unwrap()
         });
         let tls = tls.then_some(certs);
@@ -112,6 +119,75 @@ impl Servers {
             c.wait().unwrap();
         }
     }
+
+    /// Starts `muster agent` `bench-i` (one fake GPU) against the replicas.
+    fn agent(&self, i: usize) -> Child {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_muster"));
+        cmd.arg("agent");
+        match &self.tls {
+            Some(dir) => cmd.env("MUSTER_TLS_DIR", dir),
+            None => cmd.arg("--insecure"),
+        };
+        cmd.args(["--scheduler", &self.addrs.join(","), "--node-id", &format!("bench-{i}")])
+            .args(["--gpus", "1", "--vram-mb", "1000", "--mem-mb", "1000", "--cpus", "1"])
+            .arg("--work-dir")
+            .arg(self.dir.join(format!("agent-{i}")))
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(self.dir.join(format!("agent-{i}.log")))
+                    .map(Stdio::from)
+                    .unwrap_or(Stdio::null()),
+            )
+            .spawn()
+            .expect("spawn muster agent")
+    }
+}
+
+/// The most agents `--agents` may start (certificates are issued for them).
+const MAX_AGENTS: usize = 64;
+
+/// How many agent streams the replica whose `/metrics` is at `http` holds.
+fn agent_streams(http: &str) -> usize {
+    common::metrics(http)
+        .lines()
+        .find_map(|l| l.strip_prefix("muster_agent_streams "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as usize)
+}
+
+/// Each task of allocation `id`: whether it runs, and how many attempts it
+/// has started.
+async fn runs(servers: &Servers, id: u64) -> Vec<(bool, u32)> {
+    let l = leader(&servers.addrs, servers.client.as_ref(), None).await;
+    let ch = channel(&servers.addrs[l - 1], servers.client.as_ref()).await.expect("the leader answers");
+    let a = AllocationServiceClient::new(ch).get(v1::GetRequest { id }).await.expect("get the gang").into_inner();
+    a.tasks.iter().map(|t| (t.status == v1::TaskStatus::Running as i32, t.runs)).collect()
+}
+
+/// Starts `n` agents and runs a gang of `n` long tasks on them, one per
+/// node; returns the agents and the gang's id once every task runs.
+async fn agents_with_a_gang(servers: &Servers, n: usize) -> (Vec<Child>, u64) {
+    let agents: Vec<Child> = (0..n).map(|i| servers.agent(i)).collect();
+    let l = leader(&servers.addrs, servers.client.as_ref(), None).await;
+    while agent_streams(&servers.http[l - 1]) < n {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ch = channel(&servers.addrs[l - 1], servers.client.as_ref()).await.expect("the leader answers");
+    let gang = v1::AllocationSpec {
+        gang_size: n as u32,
+        command: vec!["sleep".into(), "3600".into()],
+        ..spec("agents-gang".into())
+    };
+    let id = AllocationServiceClient::new(ch)
+        .submit(v1::SubmitRequest { spec: Some(gang), dry_run: false })
+        .await
+        .expect("submit the agents' gang")
+        .into_inner()
+        .id;
+    while !runs(servers, id).await.iter().all(|(running, _)| *running) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (agents, id)
 }
 
 impl Drop for Servers {
@@ -262,7 +338,9 @@ async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u6
     );
 }
 
-async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> Duration {
+/// Kills the leader; returns when the kill happened, how long until its
+/// successor committed a submit, and the successor.
+async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> (Instant, Duration, usize) {
     let old = leader(&servers.addrs, servers.client.as_ref(), None).await;
     // Keep the cluster busy up to the kill.
     let kill_at = Instant::now();
@@ -281,7 +359,7 @@ async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> Duration {
                 if AllocationServiceClient::new(ch).submit(req).await.is_ok() {
                     let took = kill_at.elapsed();
                     servers.spawn(old);
-                    return took;
+                    return (kill_at, took, i + 1);
                 }
             }
         }
@@ -293,6 +371,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seconds = common::opt("--seconds", 5);
     let kills = common::opt("--kills", 3);
+    let n_agents = (common::opt("--agents", 8) as usize).min(MAX_AGENTS);
     let tls = args.iter().any(|a| a == "--tls");
     let heartbeat_ms = args.iter().any(|a| a == "--heartbeat-ms").then(|| common::opt("--heartbeat-ms", 50));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -314,20 +393,44 @@ fn main() {
             let after = (CommitPath::scrape(&servers.http[l - 1]), CommitPath::scrape(&servers.http[f - 1]));
             println!("{}", breakdown((after.0, before.0), (after.1, before.1)));
         }
-        let mut times = Vec::new();
+        if kills == 0 {
+            return;
+        }
+        let (mut agents, gang) =
+            if n_agents > 0 { agents_with_a_gang(&servers, n_agents).await } else { (Vec::new(), 0) };
+        let (mut times, mut back) = (Vec::new(), Vec::new());
         for _ in 0..kills {
             tokio::time::sleep(Duration::from_secs(2)).await;
-            let t = failover(&mut servers, seq.clone()).await;
-            println!("kill -9 leader -> first commit by the new leader: {:>6.0} ms", t.as_secs_f64() * 1e3);
+            let (kill_at, t, new) = failover(&mut servers, seq.clone()).await;
+            while agent_streams(&servers.http[new - 1]) < n_agents {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let all_back = kill_at.elapsed();
+            println!(
+                "kill -9 leader -> first commit by the new leader: {:>6.0} ms; all {n_agents} agents on it: {:>6.0} ms",
+                t.as_secs_f64() * 1e3,
+                all_back.as_secs_f64() * 1e3
+            );
             times.push(t);
+            back.push(all_back);
         }
         times.sort();
-        if !times.is_empty() {
-            println!(
-                "failover: median {:.0} ms, worst {:.0} ms",
-                pct(&times, 0.5).as_secs_f64() * 1e3,
-                times.last().unwrap().as_secs_f64() * 1e3
-            );
+        back.sort();
+        println!(
+            "failover: median {:.0} ms, worst {:.0} ms; agents back: median {:.0} ms, worst {:.0} ms",
+            pct(&times, 0.5).as_secs_f64() * 1e3,
+            times.last().unwrap().as_secs_f64() * 1e3,
+            pct(&back, 0.5).as_secs_f64() * 1e3,
+            back.last().unwrap().as_secs_f64() * 1e3
+        );
+        if n_agents > 0 {
+            let tasks = runs(&servers, gang).await;
+            let restarted = tasks.iter().filter(|(running, runs)| !running || *runs != 1).count();
+            println!("the agents' gang after {kills} kills: {restarted} of {n_agents} tasks restarted or stopped");
+            for a in &mut agents {
+                let _ = a.kill();
+                let _ = a.wait();
+            }
         }
     });
 }

@@ -46,7 +46,7 @@ pub struct ServerArgs {
     /// Most commands batched into one log entry.
     #[arg(long, default_value_t = 4096)]
     max_batch: usize,
-    /// Leader heartbeat in ms (the election timeout is 3–6 heartbeats).
+    /// Leader heartbeat in ms (the election timeout is 4–5 heartbeats).
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
     /// SIGTERM → SIGKILL grace agents give a task being stopped or preempted, ms.
@@ -299,7 +299,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.raft.snapshot_every = args.snapshot_every;
     cfg.raft.keep_behind_snapshot = args.keep_log_behind_snapshot;
     cfg.raft.heartbeat_ms = args.heartbeat_ms;
-    cfg.raft.election_timeout_ms = (args.heartbeat_ms * 3, args.heartbeat_ms * 6);
+    cfg.raft.election_timeout_ms = (args.heartbeat_ms * 4, args.heartbeat_ms * 5);
     cfg.max_batch = args.max_batch;
     cfg.hub.stop_grace = Duration::from_millis(args.preempt_grace_ms);
     cfg.hub.heartbeat_interval = Duration::from_millis(args.agent_heartbeat_ms);

@@ -145,6 +145,8 @@ pub struct Agent {
     exits_tx: mpsc::UnboundedSender<(Key, Ended)>,
     exits_rx: mpsc::UnboundedReceiver<(Key, Ended)>,
     leader_hint: Option<String>,
+    /// The current session's stream was accepted by a leader.
+    established: bool,
     next: usize,
     jitter: u64,
     /// Told the node is stopped, with `exit_when_stopped` set.
@@ -198,6 +200,7 @@ impl Agent {
             exits_tx,
             exits_rx,
             leader_hint: None,
+            established: false,
             next: 0,
             jitter,
             exit_now: false,
@@ -209,21 +212,38 @@ impl Agent {
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.adopt_leftovers();
+        // Rounds in a row in which no replica took the stream.
         let mut failures = 0u32;
+        // Attempts made without a pause since the last pause.
+        let mut quick = 0usize;
         loop {
             if *shutdown.borrow() {
                 break;
             }
-            match self.session(&mut shutdown).await {
+            let outcome = self.session(&mut shutdown).await;
+            if std::mem::take(&mut self.established) {
+                // The stream ran: whatever ended it, start afresh.
+                (failures, quick) = (0, 0);
+            }
+            let failed = match outcome {
                 Ok(SessionEnd::Shutdown) => break,
-                Ok(SessionEnd::Reconnect) => failures = 0,
+                Ok(SessionEnd::Reconnect) => false,
                 Err(e) => {
-                    failures += 1;
                     metrics::counter!("muster_agent_stream_failures_total").increment(1);
                     tracing::debug!(node = %self.cfg.node_id, error = %e, "agent stream failed");
+                    true
                 }
-            }
-            let pause = self.backoff(failures);
+            };
+            // Without a pause: the leader a replica named, or after a
+            // failure the next replica, each replica once; then back off.
+            let pause = if (failed || self.leader_hint.is_some()) && quick < self.cfg.schedulers.len() {
+                quick += 1;
+                Duration::ZERO
+            } else {
+                quick = 0;
+                failures = if failed { failures + 1 } else { 0 };
+                self.backoff(failures)
+            };
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.changed() => {}

@@ -33,7 +33,10 @@ impl Agent {
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let mut inbound = match client.connect(ReceiverStream::new(out_rx)).await {
-            Ok(r) => r.into_inner(),
+            Ok(r) => {
+                self.established = true;
+                r.into_inner()
+            }
             Err(status) => {
                 if let Some(leader) = status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok()) {
                     self.leader_hint = Some(leader.to_string());

@@ -81,6 +81,27 @@ impl Cluster {
         }
     }
 
+    /// Freezes replica `id` (SIGSTOP): its sockets stay open, it answers nothing.
+    pub fn pause(&self, id: u64) {
+        self.signal(id, libc::SIGSTOP);
+    }
+
+    /// Thaws a frozen replica (SIGCONT).
+    pub fn resume(&self, id: u64) {
+        self.signal(id, libc::SIGCONT);
+    }
+
+    fn signal(&self, id: u64, sig: i32) {
+        let child = self.children[id as usize - 1].as_ref().expect("replica running");
+        // SAFETY: kill has no memory-safety preconditions.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0, "signal {sig} to replica {id}");
+    }
+
+    /// Replica `id`'s log so far.
+    pub fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(self.dir.join(format!("replica-{id}.log"))).unwrap_or_default()
+    }
+
     pub fn logs(&self) -> String {
         (1..=3)
             .map(|id| {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
-use crate::cluster::{Client, Cluster, converged, leader};
+use crate::cluster::{Client, Cluster, converged, leader, status};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t60_killing_the_leader_loses_nothing_acknowledged() {
@@ -270,4 +270,56 @@ async fn t64_a_failover_logs_no_errors_and_a_down_peer_once() {
         assert!(warnings <= 3, "replica {id}: {warnings} warnings for one failover:\n{since}");
     }
     assert!(leads >= 1, "the new leader says so in its log");
+}
+
+/// Issue 26: a leader whose process dies is noticed through its closed
+/// connections, and the lowest-numbered survivor replaces it in a single
+/// election as soon as the leader lease allows; a leader that is only
+/// frozen (SIGSTOP: its sockets stay open) is not taken for gone, and is
+/// replaced by openraft's election timer instead. A 500 ms heartbeat puts
+/// the two paths 2 s apart, far more than a loaded machine's delays: the
+/// lease is 2.5 s, and no follower's timer fires before 4.5 s of silence,
+/// so a successor sooner than that was elected by the fast path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t65_a_dead_leader_is_noticed_at_once_and_a_frozen_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), &["--heartbeat-ms", "500"]);
+    let timer_floor = Duration::from_millis(500 * 5 + 500 * 4);
+    let addrs = cluster.addrs.clone();
+    let addr = |id: u64| addrs[id as usize - 1].clone();
+    let old = leader(&cluster.addrs, None).await;
+    let term = status(&addr(old)).await.unwrap().term;
+    let survivors: Vec<u64> = (1..=3).filter(|&id| id != old).collect();
+    let before: Vec<usize> = survivors.iter().map(|&id| cluster.log(id).len()).collect();
+    let gone = |text: &str| {
+        text.lines().filter(|l| l.contains("process is gone") && l.contains(&format!("leader={old}"))).count()
+    };
+
+    let killed = std::time::Instant::now();
+    cluster.kill(old);
+    let new = leader(&cluster.addrs, Some(old)).await;
+    let took = killed.elapsed();
+    let now = status(&addr(new)).await.unwrap();
+    assert!(took < timer_floor, "replaced after {took:?}: by the timer, not the fast path\n{}", cluster.logs());
+    for (&id, &from) in survivors.iter().zip(&before) {
+        let since = cluster.log(id)[from..].to_string();
+        assert_eq!(gone(&since), 1, "replica {id} saw leader {old} go once:\n{since}");
+    }
+    assert_eq!(new, survivors[0], "the lowest-numbered survivor campaigns first\n{}", cluster.logs());
+    assert_eq!(now.term, term + 1, "one election, no split vote\n{}", cluster.logs());
+
+    // Frozen, not dead: nothing closes, so only the timer replaces it.
+    cluster.spawn(old);
+    crate::cluster::converged(&cluster.addrs).await;
+    let frozen = new;
+    let others: Vec<u64> = (1..=3).filter(|&id| id != frozen).collect();
+    let before: Vec<usize> = others.iter().map(|&id| cluster.log(id).len()).collect();
+    cluster.pause(frozen);
+    let next = leader(&[addr(others[0]), addr(others[1])], None).await;
+    cluster.resume(frozen);
+    for (&id, &from) in others.iter().zip(&before) {
+        let since = cluster.log(id)[from..].to_string();
+        assert!(!since.contains("process is gone"), "replica {id} took frozen leader {frozen} for gone:\n{since}");
+    }
+    eprintln!("killed {old}: {new} led at term {} after {took:?}; froze {frozen}: {next} leads", now.term);
 }

@@ -4,6 +4,8 @@
 //!
 //! - [`replica`]: storage, Raft, the gRPC server and the loops of one replica.
 //! - [`raft_net`]: Raft RPCs between replicas over tonic.
+//! - [`leader_watch`]: noticing a leader's process is gone, for a quick
+//!   election.
 //! - [`proposer`]: group commit of commands into log entries.
 //! - [`client_api`], [`node_api`], [`vcluster_api`] and [`admin_api`]: the
 //!   gRPC services users and operators call.
@@ -28,6 +30,7 @@ pub mod health;
 pub mod history;
 pub mod http;
 pub mod leader;
+pub mod leader_watch;
 pub mod limits;
 pub mod node_api;
 pub mod observe;

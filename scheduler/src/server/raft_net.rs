@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use muster_proto::v1;
 use muster_proto::v1::RaftPayload;
 use muster_proto::v1::raft_service_client::RaftServiceClient;
 use muster_proto::v1::raft_service_server::RaftService;
@@ -217,12 +218,15 @@ impl RaftNetwork<TypeConfig> for Peer {
 /// The server side: peers' Raft requests into the local `Raft`.
 pub struct RaftRpc {
     raft: MusterRaft,
+    id: u64,
+    stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl RaftRpc {
-    /// Serves Raft RPCs for `raft`.
-    pub fn new(raft: MusterRaft) -> Self {
-        RaftRpc { raft }
+    /// Serves Raft RPCs for `raft`, the replica `id`; `Follow` streams end
+    /// when `stop` turns true.
+    pub fn new(raft: MusterRaft, id: u64, stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        RaftRpc { raft, id, stop }
     }
 }
 
@@ -238,6 +242,25 @@ fn encode_reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status
 
 #[tonic::async_trait]
 impl RaftService for RaftRpc {
+    type FollowStream = tokio_stream::wrappers::ReceiverStream<Result<v1::FollowEvent, Status>>;
+
+    /// Names this replica once, then holds the stream open until the
+    /// follower goes or this replica stops (see `leader_watch`).
+    async fn follow(&self, req: Request<v1::FollowRequest>) -> Result<Response<Self::FollowStream>, Status> {
+        let follower = req.into_inner().follower_id;
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.try_send(Ok(v1::FollowEvent { replica_id: self.id })).expect("a new channel has room");
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => {}
+                _ = tx.closed() => {}
+            }
+            tracing::debug!(follower, "follow stream closed");
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> = decode_request(req)?;
         encode_reply(&self.raft.append_entries(rpc).await)

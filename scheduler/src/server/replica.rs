@@ -41,6 +41,7 @@ use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness, MAX_AGENT_M
 use super::client_api::ClientApi;
 use super::health::Readiness;
 use super::leader::LeaderLoops;
+use super::leader_watch::WatchTiming;
 use super::node_api::NodeApi;
 use super::proposer::Proposer;
 use super::raft_net::{MAX_RAFT_MESSAGE_BYTES, Network, RaftRpc};
@@ -67,7 +68,7 @@ impl Default for RaftTuning {
     fn default() -> Self {
         RaftTuning {
             heartbeat_ms: 100,
-            election_timeout_ms: (300, 600),
+            election_timeout_ms: (400, 500),
             snapshot_every: 10_000,
             keep_behind_snapshot: 1_000,
         }
@@ -250,6 +251,11 @@ pub struct Shared {
     pub reads: super::read_index::ReadBatcher,
     /// This replica's job history (`<data-dir>/history.sqlite`).
     pub history: Arc<muster_history::HistoryStore>,
+    /// A leader whose process this replica saw go (see `leader_watch`).
+    pub leader_gone: watch::Receiver<Option<u64>>,
+    /// How long a follower holds an agent's connection while it waits for
+    /// a gone leader's successor.
+    pub successor_wait: Duration,
 }
 
 impl Shared {
@@ -315,6 +321,8 @@ impl Replica {
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         let proposer = Proposer::start(raft.clone(), cfg.max_batch, cfg.clock.clone());
+        let (leader_gone_tx, leader_gone) = watch::channel(None);
+        let watch_timing = WatchTiming::new(cfg.raft.heartbeat_ms, cfg.raft.election_timeout_ms);
         let leading = {
             let (tx, rx) = watch::channel(false);
             let mut metrics = raft.metrics();
@@ -348,6 +356,8 @@ impl Replica {
             unproposed: Arc::default(),
             reads: Default::default(),
             history: history.clone(),
+            leader_gone,
+            successor_wait: 2 * watch_timing.lease + watch_timing.stagger,
         };
         if let Some(bug) = cfg.inject_bug {
             tracing::warn!(bug = ?bug, "running with a deliberately injected bug (chaos-check tests only)");
@@ -392,7 +402,7 @@ impl Replica {
         let server = builder
             .layer(auth)
             .add_service(
-                RaftServiceServer::new(RaftRpc::new(raft.clone()))
+                RaftServiceServer::new(RaftRpc::new(raft.clone(), cfg.id, stop.subscribe()))
                     .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
             )
@@ -441,6 +451,14 @@ impl Replica {
         );
         super::observe::set_cycle_threshold(cfg.preemption.cycle_threshold);
         tokio::spawn(export_metrics(shared.clone()));
+        tokio::spawn(super::leader_watch::run(
+            raft.clone(),
+            cfg.id,
+            Network::new(cfg.tls.clone()),
+            watch_timing,
+            leader_gone_tx,
+            stop.subscribe(),
+        ));
         tokio::spawn(export_state_metrics(shared.clone(), stop.subscribe()));
         tokio::spawn(super::history::run_writer(shared.clone(), history.clone(), stop.subscribe()));
         tokio::spawn(super::history::run_catch_up(

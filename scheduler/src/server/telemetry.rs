@@ -91,6 +91,12 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_raft_apply_seconds", Histogram, "applying one batch of committed entries to the state machine"),
     m("muster_raft_log_sync_seconds", Histogram, "making appended log entries durable (write, flush and fsync)"),
     l("muster_raft_proposals_total", Counter, "result", &["committed", "failed"], "commands proposed by this replica"),
+    m(
+        "muster_raft_leader_gone_total",
+        Counter,
+        "leaders this follower saw go: their stream ended and nothing listens at their address",
+    ),
+    m("muster_raft_fast_elections_total", Counter, "elections this follower started for a gone leader's place"),
     m("muster_sm_queue_depth", Gauge, "allocations waiting for admission"),
     l("muster_queue_depth", Gauge, "class", &[], "allocations waiting for admission, by preemption class"),
     m("muster_sm_allocations", Gauge, "allocations known (all statuses)"),

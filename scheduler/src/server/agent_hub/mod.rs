@@ -99,12 +99,11 @@ impl AgentHub {
     }
 }
 
-fn leader_status(s: &Shared) -> Status {
-    let m = s.raft.metrics().borrow().clone();
-    let leader = m.current_leader.and_then(|id| {
-        m.membership_config.membership().nodes().find(|(n, _)| **n == id).map(|(_, node)| (id, node.addr.clone()))
-    });
-    not_leader_status(leader)
+/// UNAVAILABLE naming the leader an agent should go to: the one this
+/// replica follows, or, while a gone leader's successor is being elected,
+/// that successor once known (a bounded wait).
+async fn leader_status(s: &Shared) -> Status {
+    not_leader_status(super::leader_watch::successor_hint(&s.raft, &s.leader_gone, s.successor_wait).await)
 }
 
 /// Whether this replica leads now (a cheap local read: a check made on its
@@ -123,7 +122,12 @@ impl AgentService for AgentHub {
         req: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
         if !is_leader(&self.s) {
-            return Err(leader_status(&self.s));
+            // During an election, name the successor rather than a leader
+            // that is gone; this replica may turn out to be it.
+            let status = leader_status(&self.s).await;
+            if !is_leader(&self.s) {
+                return Err(status);
+            }
         }
         let (tx, rx) = mpsc::channel(1024);
         let caller = muster_tls::Caller::of(&req);

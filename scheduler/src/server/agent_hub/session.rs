@@ -89,7 +89,7 @@ impl Session {
         let mut touched = session.s.reader.watch_touches(slot.0);
         let mut leading = session.s.leading.clone();
         if !*leading.borrow_and_update() {
-            return Err(leader_status(&session.s));
+            return Err(leader_status(&session.s).await);
         }
         // Whatever applied between the first sync and the watch is not missed.
         session.sync(false).await?;
@@ -105,7 +105,7 @@ impl Session {
                 () = touched.changed() => session.sync(false).await?,
                 changed = leading.changed() => {
                     if changed.is_err() || !*leading.borrow_and_update() {
-                        return Err(leader_status(&session.s));
+                        return Err(leader_status(&session.s).await);
                     }
                 }
             }
