@@ -4,6 +4,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FollowRequest(_message.Message):
+    __slots__ = ("follower_id",)
+    FOLLOWER_ID_FIELD_NUMBER: _ClassVar[int]
+    follower_id: int
+    def __init__(self, follower_id: _Optional[int] = ...) -> None: ...
+
+class FollowEvent(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: int
+    def __init__(self, replica_id: _Optional[int] = ...) -> None: ...
+
 class RaftPayload(_message.Message):
     __slots__ = ("data",)
     DATA_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class RaftServiceStub:
                 request_serializer=muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
                 response_deserializer=muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
                 _registered_method=True)
+        self.Follow = channel.unary_stream(
+                '/muster.v1.RaftService/Follow',
+                request_serializer=muster_dot_v1_dot_raft__pb2.FollowRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_raft__pb2.FollowEvent.FromString,
+                _registered_method=True)
 
 
 class RaftServiceServicer:
@@ -75,6 +80,16 @@ class RaftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Follow(self, request, context):
+        """A follower holds this stream open to the leader it follows. The leader
+        sends one event naming itself and nothing more; the stream ends when the
+        leader's process does (or the replica shuts down), which tells the
+        follower to check whether anything still listens at the leader's address.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +107,11 @@ def add_RaftServiceServicer_to_server(servicer, server):
                     servicer.InstallSnapshot,
                     request_deserializer=muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
                     response_serializer=muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
+            ),
+            'Follow': grpc.unary_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=muster_dot_v1_dot_raft__pb2.FollowRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_raft__pb2.FollowEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +195,33 @@ class RaftService:
             '/muster.v1.RaftService/InstallSnapshot',
             muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
             muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/muster.v1.RaftService/Follow',
+            muster_dot_v1_dot_raft__pb2.FollowRequest.SerializeToString,
+            muster_dot_v1_dot_raft__pb2.FollowEvent.FromString,
             options,
             channel_credentials,
             insecure,
