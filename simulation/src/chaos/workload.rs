@@ -43,15 +43,18 @@ pub fn now_ms() -> u64 {
 }
 
 /// The task: journal its start, a beat every 250 ms, and its end (also when
-/// stopped with SIGTERM).
+/// stopped with SIGTERM). A stamp reads the clock again when the first
+/// `date` was killed by the SIGTERM sent to the task's whole process
+/// group, so that no line is written without its time.
 fn script(beats: u64) -> String {
     format!(
         r#"j="$CHAOS_JOURNAL"; id="$MUSTER_ALLOC_ID $MUSTER_TASK_INDEX $MUSTER_ATTEMPT $MUSTER_EPOCH $MUSTER_NODE_ID"
-echo "start $id $(date +%s%3N)" >> "$j"
-trap 'echo "end $id $(date +%s%3N)" >> "$j"; exit 143' TERM
+stamp() {{ t=$(date +%s%3N); [ -n "$t" ] || t=$(date +%s%3N); echo "$1 $id $t" >> "$j"; }}
+stamp start
+trap 'stamp end; exit 143' TERM
 i=0
-while [ $i -lt {beats} ]; do sleep 0.25; echo "beat $id $(date +%s%3N)" >> "$j"; i=$((i+1)); done
-echo "end $id $(date +%s%3N)" >> "$j""#
+while [ $i -lt {beats} ]; do sleep 0.25; stamp beat; i=$((i+1)); done
+stamp end"#
     )
 }
 
