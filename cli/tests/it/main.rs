@@ -1,5 +1,6 @@
 //! The `muster` binary, run as a user would.
 
+mod build;
 mod cli_cluster;
 mod cluster;
 mod dev_cli;
