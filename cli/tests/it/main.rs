@@ -13,6 +13,7 @@ mod hardening;
 mod history;
 mod node_lifecycle;
 mod preemption;
+mod readme;
 mod security;
 mod teardown;
 mod tls;
@@ -183,7 +184,10 @@ fn t50_probe_reports_this_machines_resources() {
 
 #[test]
 fn t90_dev_demo_shows_a_teardown_and_a_priority_preemption() {
-    let o = muster(&["dev", "--demo"]);
+    // The README's main command, as it gives the arguments.
+    let args = readme::demo_args();
+    assert_eq!(args, ["dev", "--demo"]);
+    let o = muster(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let text = stdout(&o);
     assert!(o.status.success(), "{text}\n{}", String::from_utf8_lossy(&o.stderr));
     assert!(text.contains("completed: every task ran on its own node"), "{text}");
