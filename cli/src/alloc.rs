@@ -753,11 +753,11 @@ fn print_explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Re
                     );
                     for v in &p.victims {
                         out!(
-                            "  victim {:>6}  class {:>2}  {:>4} GPU(s)  running {:>6} s  cost {:>8} = checkpoint {} + recompute {} + value {}",
+                            "  victim {:>6}  class {:>2}  {:>4} GPU(s)  running {:>11}  cost {:>8} = checkpoint {} + recompute {} + value {}",
                             v.id,
                             v.preemption_class,
                             v.gpus,
-                            v.elapsed_s,
+                            crate::output::duration(v.elapsed_s * 1000),
                             v.total_cost,
                             v.checkpoint_cost,
                             v.recompute_cost,

@@ -415,9 +415,9 @@ async fn preemption_demo(
     for (kind, spec) in specs {
         let id = submit_spec(cluster, spec.clone(), false).await?.id;
         out!(
-            "  allocation {id}: {} x {gpus} GPUs, class 2, checkpoint estimate {} s ({kind})",
+            "  allocation {id}: {} x {gpus} GPUs, class 2, checkpoint estimate {} ({kind})",
             spec.gang_size,
-            spec.checkpoint_estimate_s
+            crate::output::duration(u64::from(spec.checkpoint_estimate_s) * 1000)
         );
         low.push(id);
     }

@@ -30,23 +30,7 @@ pub fn when(ms: u64, now_ms: u64) -> String {
     }
 }
 
-/// A duration in words, to two units at most: `45 s`, `3 min 20 s`,
-/// `2 h 5 min`, `6 days 23 h`.
-pub fn duration(ms: u64) -> String {
-    let s = ms / 1_000;
-    let (d, h, m) = (s / 86_400, s % 86_400 / 3_600, s % 3_600 / 60);
-    let days = |d: u64| if d == 1 { "1 day".to_string() } else { format!("{d} days") };
-    match () {
-        _ if d > 0 && h > 0 => format!("{} {h} h", days(d)),
-        _ if d > 0 => days(d),
-        _ if h > 0 && m > 0 => format!("{h} h {m} min"),
-        _ if h > 0 => format!("{h} h"),
-        _ if m > 0 && !s.is_multiple_of(60) => format!("{m} min {} s", s % 60),
-        _ if m > 0 => format!("{m} min"),
-        _ if s > 0 => format!("{s} s"),
-        _ => format!("{ms} ms"),
-    }
-}
+pub use muster_scheduler::words::duration;
 
 /// How often something happened: `never`, `once`, `twice`, `N times`.
 pub fn times(n: u64) -> String {
@@ -76,10 +60,6 @@ mod tests {
         assert_eq!(when(now - 200_000, now), "2026-11-24T00:57:25Z (3 min 20 s ago)");
         assert_eq!(when(now + 7 * 86_400_000, now), "2026-12-01T01:00:45Z (in 7 days)");
         assert_eq!(when(now, now), "2026-11-24T01:00:45Z (just now)");
-        assert_eq!(duration(45_000), "45 s");
-        assert_eq!(duration(2 * 3_600_000 + 5 * 60_000 + 9_000), "2 h 5 min");
-        assert_eq!(duration(86_400_000 + 3_600_000), "1 day 1 h");
-        assert_eq!(duration(250), "250 ms");
         assert_eq!([times(0), times(1), times(2), times(7)], ["never", "once", "twice", "7 times"]);
         assert_eq!([preempted(0), preempted(3)], ["never preempted", "preempted 3 times"]);
     }

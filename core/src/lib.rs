@@ -17,6 +17,7 @@ pub mod replicated;
 pub mod sm;
 pub mod sync;
 pub mod tick;
+pub mod words;
 
 #[cfg(test)]
 mod testkit;

@@ -7,4 +7,4 @@
 
 pub mod server;
 
-pub use muster_core::{policy, sm};
+pub use muster_core::{policy, sm, words};

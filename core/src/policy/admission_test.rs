@@ -316,7 +316,7 @@ fn backfill_plans_a_start_for_the_first_gang_that_does_not_fit() {
     // The explanation shows it, from the state alone.
     let e = crate::policy::explain(&c.s, big, c.now, &Default::default()).unwrap();
     assert_eq!(e.planned_start.as_ref().map(|p| p.start_ms), Some(1_000 + 3_600_000));
-    assert!(e.summary.contains("planned start in 3600 s on n0, n1, n2, n3"), "{}", e.summary);
+    assert!(e.summary.contains("planned start in 1 h on n0, n1, n2, n3"), "{}", e.summary);
 }
 
 #[test]
@@ -336,7 +336,7 @@ fn backfill_runs_work_ahead_only_if_it_ends_by_the_planned_start() {
     // Its explanation names the gang it waits behind.
     let pcfg = crate::policy::PreemptionConfig::default();
     let e = crate::policy::explain_with_admission(&c.s, long, c.now, &pcfg, &cfg).unwrap();
-    let expect = format!("held for allocation {big}'s planned start in 3600 s");
+    let expect = format!("held for allocation {big}'s planned start in 1 h");
     assert!(e.summary.contains(&expect), "{}", e.summary);
 }
 

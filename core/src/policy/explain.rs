@@ -123,10 +123,10 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
         if let Some(p) = &e.planned_start {
             let nodes: Vec<String> = p.nodes.iter().map(|&s| state.node(s).id.to_string()).collect();
             e.summary = format!(
-                "{}; planned start in {} s on {} (when running work reaches its walltime: smaller gangs run \
+                "{}; planned start in {} on {} (when running work reaches its walltime: smaller gangs run \
                  first only if they end by then)",
                 e.summary,
-                (p.start_ms - now_ms).div_ceil(1000),
+                crate::words::duration((p.start_ms - now_ms).div_ceil(1000) * 1000),
                 nodes.join(", ")
             );
         }
@@ -164,11 +164,11 @@ pub fn explain_with_admission(
     let ahead = plan.planned.iter().find(|p| p.nodes.iter().any(|&s| [home, 0].contains(&state.node_home(s))));
     if let (true, Some(p)) = (fits_now, ahead) {
         e.summary = format!(
-            "held for allocation {}'s planned start in {} s: the nodes this gang could take now are kept for it, and \
-             this gang's walltime of {} s would run past that; it runs when other nodes free up, or after {} starts",
+            "held for allocation {}'s planned start in {}: the nodes this gang could take now are kept for it, and \
+             this gang's walltime of {} would run past that; it runs when other nodes free up, or after {} starts",
             p.alloc,
-            p.start_ms.saturating_sub(now_ms).div_ceil(1000),
-            a.spec.walltime_s,
+            crate::words::duration(p.start_ms.saturating_sub(now_ms).div_ceil(1000) * 1000),
+            crate::words::duration(a.spec.walltime_s * 1000),
             p.alloc
         );
     }
