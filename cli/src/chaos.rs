@@ -30,7 +30,7 @@ pub struct ChaosArgs {
     #[arg(long)]
     json: bool,
     /// Run the servers with a deliberate bug (ack-before-commit,
-    /// ack-before-fsync), to see a check catch it.
+    /// ack-before-fsync, ack-despite-fsync-error), to see a check catch it.
     #[arg(long)]
     inject_bug: Option<String>,
     /// The servers' --retention (e.g. 20s): finished allocations are then
@@ -42,6 +42,11 @@ pub struct ChaosArgs {
     /// docs/reliability.md for the list).
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
+    /// A campaign: this many runs of --duration each, with seeds --seed,
+    /// --seed + 1, …, one after another, summed up at the end (with --dir,
+    /// each run gets DIR/seed-N).
+    #[arg(long, default_value_t = 1)]
+    runs: u32,
 }
 
 pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
@@ -68,35 +73,57 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     if let Some(f) = args.faults.iter().find(|f| !known.contains(&f.as_str())) {
         bail!("--faults: unknown fault {f:?}; the faults are {}", known.join(", "));
     }
-    let chosen = args.dir.is_some();
-    let dir = args
-        .dir
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("muster-chaos-{}-{}", args.seed, std::process::id())));
-    if dir.exists() && std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    if let Some(dir) = &args.dir
+        && dir.exists()
+        && std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+    {
         bail!("--dir {} is not empty: a chaos run needs fresh data dirs", dir.display());
     }
-    let cfg = ChaosConfig {
-        muster_bin: std::env::current_exe().context("cannot find the muster binary")?,
-        dir: dir.clone(),
-        seed: args.seed,
-        duration: std::time::Duration::from_secs(duration),
-        liveness_timeout: std::time::Duration::from_secs(liveness),
-        agents: args.agents,
-        inject_bug: args.inject_bug.clone(),
-        faults: args.faults.clone(),
-        retention: args.retention.clone(),
-    };
-    let report = run(&cfg).await.map_err(anyhow::Error::msg)?;
-    if args.json {
-        out!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        out!("{}", report.summary().trim_end());
+    let mut reports = Vec::new();
+    for n in 0..args.runs {
+        let seed = args.seed.wrapping_add(u64::from(n));
+        let dir = match (&args.dir, args.runs) {
+            (Some(d), 1) => d.clone(),
+            (Some(d), _) => d.join(format!("seed-{seed}")),
+            (None, _) => std::env::temp_dir().join(format!("muster-chaos-{seed}-{}", std::process::id())),
+        };
+        let cfg = ChaosConfig {
+            muster_bin: std::env::current_exe().context("cannot find the muster binary")?,
+            dir: dir.clone(),
+            seed,
+            duration: std::time::Duration::from_secs(duration),
+            liveness_timeout: std::time::Duration::from_secs(liveness),
+            agents: args.agents,
+            inject_bug: args.inject_bug.clone(),
+            faults: args.faults.clone(),
+            retention: args.retention.clone(),
+        };
+        let report = run(&cfg).await.map_err(anyhow::Error::msg)?;
+        if args.json && args.runs == 1 {
+            out!("{}", serde_json::to_string_pretty(&report)?);
+        } else if !args.json {
+            out!("{}", report.summary().trim_end());
+        }
+        if report.passed && args.dir.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        reports.push(report);
     }
-    if !report.passed {
-        bail!("a check failed (seed {}); everything is kept in {}", args.seed, dir.display());
+    if args.runs > 1 {
+        if args.json {
+            let passed = reports.iter().all(|r| r.passed);
+            out!("{}", serde_json::to_string_pretty(&serde_json::json!({ "runs": reports, "passed": passed }))?);
+        } else {
+            out!("\n{}", muster_sim::chaos::campaign_summary(&reports).trim_end());
+        }
     }
-    if !chosen {
-        let _ = std::fs::remove_dir_all(&dir);
+    let failed: Vec<String> =
+        reports.iter().filter(|r| !r.passed).map(|r| format!("(seed {}) in {}", r.seed, r.dir.display())).collect();
+    if !failed.is_empty() {
+        bail!("a check failed {}; everything is kept there", failed.join(", "));
     }
     Ok(())
 }

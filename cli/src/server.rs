@@ -112,10 +112,20 @@ pub struct ServerArgs {
     #[arg(long, hide = true)]
     crash_image: bool,
     /// A deliberate bug, to prove the chaos checks catch one
-    /// (ack-before-commit, ack-before-fsync). Tests only.
+    /// (ack-before-commit, ack-before-fsync, ack-despite-fsync-error). Tests only.
     #[arg(long, hide = true)]
     inject_bug: Option<String>,
+    /// Injected disk faults: the log reads this control file before each
+    /// append and sync (fsync-eio, append-enospc, slow-sync MS; absent:
+    /// none). Tests and `muster chaos` only.
+    #[arg(long, hide = true, value_name = "PATH")]
+    disk_fault_file: Option<PathBuf>,
 }
+
+/// The exit status of a replica whose storage failed (an fsync or a write
+/// of its log): it stopped serving, and a supervisor should start it again
+/// once the disk is fixed; it reads back what is on disk.
+pub const EXIT_STORAGE_FAILED: i32 = 75;
 
 /// A duration flag that must be at least a second.
 fn positive_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
@@ -296,6 +306,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
     cfg.store.applied_log = args.keep_applied_log;
     cfg.store.crash_image = args.crash_image;
+    cfg.store.disk_fault_file = args.disk_fault_file.clone();
     cfg.raft.snapshot_every = args.snapshot_every;
     cfg.raft.keep_behind_snapshot = args.keep_log_behind_snapshot;
     cfg.raft.heartbeat_ms = args.heartbeat_ms;
@@ -330,6 +341,17 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        why = replica.stopped() => {
+            // Fail-stop: a replica whose disk failed serves nothing more; its
+            // supervisor restarts it, and it reads back what is on disk.
+            eprintln!(
+                "muster server: replica {} stopped: {why}; exiting with status {EXIT_STORAGE_FAILED} so that its \
+                 supervisor restarts it from what is on disk",
+                replica.id()
+            );
+            tokio::time::timeout(Duration::from_secs(5), replica.shutdown()).await.ok();
+            std::process::exit(EXIT_STORAGE_FAILED);
+        }
     }
     eprintln!("muster server: shutting down");
     tokio::time::timeout(Duration::from_secs(10), replica.shutdown()).await.ok();

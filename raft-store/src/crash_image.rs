@@ -17,10 +17,17 @@
 //! The model is the pessimistic one (no unsynced write survives); it proves
 //! that whatever the store acknowledged was fsynced first. Recovery from a
 //! torn record is the log file's own test.
+//!
+//! The shim also keeps, in `crash-image/acked`, the last log index the store
+//! told openraft was durable. [`acked_beyond_durable`] compares the two
+//! before a simulated power loss: a replica that acknowledged an entry its
+//! last durable point does not hold lied to the cluster about it, whether or
+//! not a later fault turns that into a lost write.
 
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::codec;
 use crate::disk::OpenError;
@@ -29,6 +36,7 @@ use crate::log_file::LogFile;
 const IMAGE_DIR: &str = "crash-image";
 const TREE_FILE: &str = "tree.bin";
 const SNAPSHOT_FILE: &str = "snapshot.bin";
+const ACKED_FILE: &str = "acked";
 
 pub(crate) fn image_dir(data_dir: &Path) -> PathBuf {
     data_dir.join(IMAGE_DIR)
@@ -59,6 +67,97 @@ pub(crate) fn record_snapshot(data_dir: &Path, snapshot: &Path) -> io::Result<()
     fs::rename(&tmp, dir.join(SNAPSHOT_FILE))
 }
 
+/// The last log index the store acknowledged to openraft as durable, kept
+/// in the crash image's directory (not synced: only a process kill and a
+/// simulated power loss are ever applied to it, and the page cache
+/// survives the first while the harness reads it before the second).
+pub(crate) struct AckedRecord {
+    file: PathBuf,
+    value: Mutex<u64>,
+}
+
+impl AckedRecord {
+    /// The record of `data_dir` (0 when none was kept yet).
+    pub(crate) fn open(data_dir: &Path) -> io::Result<AckedRecord> {
+        let dir = image_dir(data_dir);
+        fs::create_dir_all(&dir)?;
+        let file = dir.join(ACKED_FILE);
+        let value = read_acked(&file)?.unwrap_or(0);
+        Ok(AckedRecord { file, value: Mutex::new(value) })
+    }
+
+    /// Entries up to `index` were acknowledged.
+    pub(crate) fn raise(&self, index: u64) {
+        self.set(|v| v.max(index));
+    }
+
+    /// Entries after `index` are no longer acknowledged (truncated).
+    pub(crate) fn lower_to(&self, index: u64) {
+        self.set(|v| v.min(index));
+    }
+
+    fn set(&self, f: impl FnOnce(u64) -> u64) {
+        let mut value = self.value.lock().unwrap_or_else(|e| e.into_inner());
+        let next = f(*value);
+        if next != *value {
+            *value = next;
+            if let Err(e) = fs::write(&self.file, next.to_le_bytes()) {
+                tracing::warn!(error = %e, "cannot record the acknowledged index (crash shim)");
+            }
+        }
+    }
+}
+
+fn read_acked(file: &Path) -> io::Result<Option<u64>> {
+    match fs::read(file) {
+        Ok(bytes) => Ok(bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A log's contents as key/value pairs (see `LogFile::pairs`).
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The image's pairs (empty when nothing was ever made durable).
+fn image_pairs(data_dir: &Path) -> Result<Pairs, OpenError> {
+    let image = image_dir(data_dir);
+    match fs::read(image.join(TREE_FILE)) {
+        Ok(bytes) => codec::decode(&bytes).map_err(|e| OpenError::Snapshot {
+            path: image.join(TREE_FILE),
+            reason: format!("crash image unreadable: {e}"),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(OpenError::Io { path: data_dir.to_path_buf(), source: e }),
+    }
+}
+
+/// The last log index the image holds: its last entry, or what its purge
+/// marker covers.
+fn durable_last(pairs: &Pairs) -> u64 {
+    pairs
+        .iter()
+        .filter_map(|(k, v)| match k.as_slice() {
+            [b'L', index @ ..] if index.len() == 8 => Some(u64::from_be_bytes(index.try_into().expect("8 bytes"))),
+            k if k == crate::log_file::Meta::Purged.key() => crate::disk::purged_index(v),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Before a simulated power loss of a data dir kept with the crash shim:
+/// `Some((acknowledged, durable))` when its replica acknowledged log
+/// entries past what its last durable point holds, `None` when everything
+/// it acknowledged is durable (or it kept no record).
+pub fn acked_beyond_durable(data_dir: &Path) -> Result<Option<(u64, u64)>, OpenError> {
+    let acked = read_acked(&image_dir(data_dir).join(ACKED_FILE))
+        .map_err(|source| OpenError::Io { path: data_dir.to_path_buf(), source })?;
+    let Some(acked) = acked else { return Ok(None) };
+    let durable = durable_last(&image_pairs(data_dir)?);
+    Ok((acked > durable).then_some((acked, durable)))
+}
+
 /// Simulates a power loss on a data dir whose process is gone: the log
 /// and snapshot become what the last durable point recorded in the
 /// crash image (empty when nothing was ever made durable). The image stays,
@@ -66,14 +165,14 @@ pub(crate) fn record_snapshot(data_dir: &Path, snapshot: &Path) -> io::Result<()
 pub fn restore_crash_image(data_dir: &Path) -> Result<(), OpenError> {
     let io_err = |source| OpenError::Io { path: data_dir.to_path_buf(), source };
     let image = image_dir(data_dir);
-    let pairs: Vec<(Vec<u8>, Vec<u8>)> = match fs::read(image.join(TREE_FILE)) {
-        Ok(bytes) => codec::decode(&bytes).map_err(|e| OpenError::Snapshot {
-            path: image.join(TREE_FILE),
-            reason: format!("crash image unreadable: {e}"),
-        })?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(io_err(e)),
-    };
+    let pairs = image_pairs(data_dir)?;
+    // After the power loss the replica has acknowledged only what survived.
+    if let Some(acked) = read_acked(&image.join(ACKED_FILE)).map_err(io_err)? {
+        let durable = durable_last(&pairs);
+        if acked > durable {
+            fs::write(image.join(ACKED_FILE), durable.to_le_bytes()).map_err(io_err)?;
+        }
+    }
     let log_dir = data_dir.join("log");
     match fs::remove_dir_all(&log_dir) {
         Ok(()) => {}

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
 
-use crate::log_file::LogFile;
+use crate::faults::FaultSwitch;
+use crate::log_file::{LogFile, SyncErrors};
 use crate::log_store::LogStore;
 use crate::state_machine::StateMachineStore;
 use crate::{StateMachineApp, applied_log, codec, crash_image};
@@ -29,6 +30,9 @@ pub struct StoreOptions {
     pub crash_image: bool,
     /// A deliberate storage bug, to prove the crash shim catches one.
     pub fault: Option<StoreFault>,
+    /// Read injected disk faults from this control file (tests and chaos
+    /// only; see [`DiskFault`](crate::DiskFault)).
+    pub disk_fault_file: Option<PathBuf>,
 }
 
 /// Deliberate storage bugs (tests of the crash-consistency checks only).
@@ -36,6 +40,9 @@ pub struct StoreOptions {
 pub enum StoreFault {
     /// Acknowledge appended log entries without flushing or fsyncing them.
     AckBeforeFsync,
+    /// Acknowledge appended log entries even when their `fdatasync` failed,
+    /// and keep writing (the "fsyncgate" mistake).
+    AckDespiteSyncError,
 }
 
 /// Why a data directory could not be opened.
@@ -78,6 +85,8 @@ pub(crate) struct Disk {
     pub(crate) applied: Option<Arc<Mutex<File>>>,
     /// Appends waiting for durability, handed to the flusher thread.
     flusher: std::sync::mpsc::Sender<Box<dyn FnOnce(io::Result<()>) + Send>>,
+    /// With the crash shim: the last log index acknowledged to openraft.
+    pub(crate) acked: Option<Arc<crash_image::AckedRecord>>,
 }
 
 impl Disk {
@@ -87,9 +96,16 @@ impl Disk {
     /// and the leader replicates while it syncs.
     pub(crate) fn flush_then(
         &self,
+        last: u64,
         callback: openraft::storage::LogFlushed<crate::RaftConfig<impl crate::StateMachineApp>>,
     ) {
-        let done: Box<dyn FnOnce(io::Result<()>) + Send> = Box::new(move |r| callback.log_io_completed(r));
+        let acked = self.acked.clone();
+        let done: Box<dyn FnOnce(io::Result<()>) + Send> = Box::new(move |r| {
+            if let (Ok(()), Some(a)) = (&r, &acked) {
+                a.raise(last);
+            }
+            callback.log_io_completed(r)
+        });
         if let Err(refused) = self.flusher.send(done) {
             (refused.0)(Err(io::Error::other("the log flusher has stopped")));
         }
@@ -109,6 +125,7 @@ impl Disk {
             log: self.log.clone(),
             crash_image: self.opts.crash_image,
             image_lock: self.image_lock.clone(),
+            ack_despite_sync_error: self.opts.fault == Some(StoreFault::AckDespiteSyncError),
         }
     }
 
@@ -175,10 +192,20 @@ pub fn open_with<A: StateMachineApp>(
     let io_err = |source| OpenError::Io { path: dir.to_path_buf(), source };
     fs::create_dir_all(dir).map_err(io_err)?;
     let log_dir = dir.join("log");
-    let log = LogFile::open(&log_dir, purged_index).map_err(|source| match source.kind() {
-        io::ErrorKind::WouldBlock => OpenError::InUse { path: log_dir.clone() },
-        _ => OpenError::Io { path: log_dir.clone(), source },
-    })?;
+    let sync_errors = match opts.fault {
+        Some(StoreFault::AckDespiteSyncError) => SyncErrors::CarryOn,
+        _ => SyncErrors::Stop,
+    };
+    let log = LogFile::open(&log_dir, purged_index)
+        .map_err(|source| match source.kind() {
+            io::ErrorKind::WouldBlock => OpenError::InUse { path: log_dir.clone() },
+            _ => OpenError::Io { path: log_dir.clone(), source },
+        })?
+        .with_faults(opts.disk_fault_file.clone().map(FaultSwitch), sync_errors);
+    let acked = match opts.crash_image {
+        true => Some(Arc::new(crash_image::AckedRecord::open(dir).map_err(io_err)?)),
+        false => None,
+    };
     let applied = match opts.applied_log {
         true => Some(Arc::new(Mutex::new(applied_log::open_writer(dir).map_err(io_err)?))),
         false => None,
@@ -191,6 +218,7 @@ pub fn open_with<A: StateMachineApp>(
         image_lock: Arc::default(),
         applied,
         flusher,
+        acked,
     };
     spawn_flusher(disk.durable_point(), waiting).map_err(io_err)?;
     let snapshot = match disk.read_snapshot_file().map_err(io_err)? {
@@ -214,6 +242,8 @@ struct DurablePoint {
     log: Arc<LogFile>,
     crash_image: bool,
     image_lock: Arc<Mutex<()>>,
+    /// The injected bug: a failed sync is reported as done.
+    ack_despite_sync_error: bool,
 }
 
 impl DurablePoint {
@@ -221,7 +251,15 @@ impl DurablePoint {
         let _image = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
         change(&self.log)?;
         let started = std::time::Instant::now();
-        self.log.sync()?;
+        match self.log.sync() {
+            Ok(()) => {}
+            // Nothing reached the disk: no image, but the bug says done.
+            Err(e) if self.ack_despite_sync_error => {
+                tracing::warn!(error = %e, "log sync failed; acknowledging anyway (injected bug)");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
         metrics::histogram!("muster_raft_log_sync_seconds").record(started.elapsed().as_secs_f64());
         // Appends take the image lock while the shim is on, so nothing was
         // written between the sync and this read.
@@ -253,6 +291,6 @@ fn spawn_flusher(point: DurablePoint, waiting: std::sync::mpsc::Receiver<Waiting
 }
 
 /// The index of a stored purge marker (an encoded log id).
-fn purged_index(bytes: &[u8]) -> Option<u64> {
+pub(crate) fn purged_index(bytes: &[u8]) -> Option<u64> {
     codec::decode::<openraft::LogId<u64>>(bytes).ok().map(|id| id.index)
 }

@@ -38,6 +38,8 @@ use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::faults::{self, DiskFault, FaultSwitch};
+
 /// A segment past this size is closed and a new one started.
 const SEGMENT_BYTES: u64 = 64 << 20;
 /// Record header: length, checksum, index.
@@ -96,6 +98,34 @@ struct Inner {
     meta: BTreeMap<&'static [u8], Vec<u8>>,
     /// Entries at or below this index are purged (skipped on open).
     purged: Option<u64>,
+    /// How far the last successful sync reached: (segment, length).
+    /// Everything before it is on stable storage.
+    synced: (u64, u64),
+    /// Why the log stopped taking writes: a sync failed (see [`LogFile::sync`]).
+    failed: Option<String>,
+}
+
+impl Inner {
+    fn refuse_if_failed(&self) -> io::Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(why) => Err(io::Error::other(format!(
+                "the log takes no more writes after a failed sync ({why}); restart the replica"
+            ))),
+        }
+    }
+}
+
+/// What the log does when `fdatasync` fails.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum SyncErrors {
+    /// Stop: keep only what the last good sync made durable and take no
+    /// more writes (production).
+    #[default]
+    Stop,
+    /// Report the error and carry on as if the data were safe: the classic
+    /// mistake, kept only so that a test can prove the chaos checks catch it.
+    CarryOn,
 }
 
 /// The log directory.
@@ -106,6 +136,9 @@ pub(crate) struct LogFile {
     committed: File,
     /// `LOCK`, held exclusively while the log is open.
     _lock: File,
+    /// Injected disk faults (tests and chaos only).
+    faults: Option<FaultSwitch>,
+    sync_errors: SyncErrors,
 }
 
 /// Why the log directory is not ours to open.
@@ -245,7 +278,8 @@ impl LogFile {
             }
         }
         firsts.sort_unstable();
-        let mut inner = Inner { entries: BTreeMap::new(), segments: BTreeMap::new(), meta, purged };
+        let mut inner =
+            Inner { entries: BTreeMap::new(), segments: BTreeMap::new(), meta, purged, synced: (0, 0), failed: None };
         let mut last: Option<u64> = None;
         for (n, &first) in firsts.iter().enumerate() {
             let path = dir.join(segment_name(first));
@@ -298,9 +332,61 @@ impl LogFile {
                 f.sync_all()?;
             }
             let file = OpenOptions::new().append(true).open(&path)?;
+            if is_last {
+                // What was read back is what later reads will trust: make
+                // it durable now (a process restart keeps unsynced pages).
+                file.sync_data()?;
+                inner.synced = (first, at as u64);
+            }
             inner.segments.insert(first, Segment { file: Arc::new(file), len: at as u64 });
         }
-        Ok(LogFile { dir: dir.to_path_buf(), inner: Mutex::new(inner), committed, _lock: lock })
+        Ok(LogFile {
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(inner),
+            committed,
+            _lock: lock,
+            faults: None,
+            sync_errors: SyncErrors::Stop,
+        })
+    }
+
+    /// Reads injected disk faults from `switch` (tests and chaos only), and
+    /// handles a failed sync as `sync_errors` says.
+    pub(crate) fn with_faults(mut self, switch: Option<FaultSwitch>, sync_errors: SyncErrors) -> LogFile {
+        self.faults = switch;
+        self.sync_errors = sync_errors;
+        self
+    }
+
+    fn fault(&self) -> Option<DiskFault> {
+        self.faults.as_ref().and_then(FaultSwitch::current)
+    }
+
+    /// A sync failed. Its pages may be gone from the cache without having
+    /// reached the disk, and a retried `fdatasync` can report success for
+    /// them ("fsyncgate"), so the log never syncs again: it drops every
+    /// entry the last good sync did not cover, cuts the file back to that
+    /// point, and refuses further writes until the replica restarts and
+    /// reads back what is really on disk.
+    fn fail(&self, e: io::Error) -> io::Error {
+        if self.sync_errors == SyncErrors::CarryOn {
+            return e;
+        }
+        let mut inner = self.lock();
+        let (segment, len) = inner.synced;
+        inner.entries.retain(|_, l| (l.segment, l.offset) < (segment, len));
+        let later: Vec<u64> = inner.segments.range(segment + 1..).map(|(&k, _)| k).collect();
+        for k in later {
+            inner.segments.remove(&k);
+            let _ = fs::remove_file(self.dir.join(segment_name(k)));
+        }
+        if let Some(seg) = inner.segments.get_mut(&segment) {
+            let _ = seg.file.set_len(len);
+            seg.len = len;
+        }
+        tracing::error!(error = %e, "a log sync failed: the log keeps what the last good sync made durable and takes no more writes");
+        inner.failed = Some(e.to_string());
+        io::Error::new(e.kind(), format!("log sync failed: {e}"))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -315,6 +401,7 @@ impl LogFile {
     /// Stores a metadata value; the vote and purge marker durably.
     pub(crate) fn set_meta(&self, m: Meta, bytes: Vec<u8>) -> io::Result<()> {
         let mut inner = self.lock();
+        inner.refuse_if_failed()?;
         match m {
             Meta::Committed => write_in_place(&self.committed, &bytes)?,
             Meta::Vote | Meta::Purged => write_meta(&self.dir, m.file(), &bytes)?,
@@ -326,7 +413,9 @@ impl LogFile {
     /// Writes entries (index, encoded) after the last one; not yet durable.
     pub(crate) fn append(&self, items: Vec<(u64, Vec<u8>)>) -> io::Result<()> {
         let Some(&(first_index, _)) = items.first() else { return Ok(()) };
+        let fault = self.fault();
         let mut inner = self.lock();
+        inner.refuse_if_failed()?;
         let active = inner.segments.last_key_value().map(|(&k, s)| (k, s.len));
         let segment = match active {
             Some((k, len)) if len < SEGMENT_BYTES => k,
@@ -334,12 +423,20 @@ impl LogFile {
                 // Close the full segment (synced now, so the flusher only
                 // ever syncs the active one), then start the next.
                 if let Some((_, s)) = inner.segments.last_key_value() {
-                    s.file.sync_data()?;
+                    let closed = match fault {
+                        Some(DiskFault::SyncFails) => Err(faults::eio()),
+                        _ => s.file.sync_data(),
+                    };
+                    if let Err(e) = closed {
+                        drop(inner);
+                        return Err(self.fail(e));
+                    }
                 }
                 let path = self.dir.join(segment_name(first_index));
                 let file = OpenOptions::new().create(true).append(true).open(&path)?;
                 sync_dir(&self.dir)?;
                 inner.segments.insert(first_index, Segment { file: Arc::new(file), len: 0 });
+                inner.synced = (first_index, 0);
                 first_index
             }
         };
@@ -351,7 +448,12 @@ impl LogFile {
             record(*index, bytes, &mut buf);
         }
         let seg = inner.segments.get_mut(&segment).expect("active segment");
-        if let Err(e) = (&*seg.file).write_all(&buf) {
+        let written = match fault {
+            // A full disk: part of the write lands, then ENOSPC.
+            Some(DiskFault::Full) => (&*seg.file).write_all(&buf[..buf.len() / 2]).and(Err(faults::enospc())),
+            _ => (&*seg.file).write_all(&buf),
+        };
+        if let Err(e) = written {
             // Leave no partial record behind a later append.
             seg.file.set_len(start)?;
             return Err(e);
@@ -365,11 +467,29 @@ impl LogFile {
 
     /// Makes everything appended so far durable (the active segment's
     /// `fdatasync`; closed segments were synced when they closed).
+    /// A sync that fails stops the log for good (see [`LogFile::fail`]).
     pub(crate) fn sync(&self) -> io::Result<()> {
-        let active = self.lock().segments.last_key_value().map(|(_, s)| s.file.clone());
-        match active {
-            Some(file) => file.sync_data(),
-            None => Ok(()),
+        let active = {
+            let inner = self.lock();
+            inner.refuse_if_failed()?;
+            inner.segments.last_key_value().map(|(&k, s)| (k, s.len, s.file.clone()))
+        };
+        let Some((segment, len, file)) = active else { return Ok(()) };
+        let synced = match self.fault() {
+            Some(DiskFault::SyncFails) => Err(faults::eio()),
+            Some(DiskFault::SlowSync(d)) => {
+                std::thread::sleep(d);
+                file.sync_data()
+            }
+            _ => file.sync_data(),
+        };
+        match synced {
+            Ok(()) => {
+                let mut inner = self.lock();
+                inner.synced = inner.synced.max((segment, len));
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e)),
         }
     }
 
@@ -386,6 +506,7 @@ impl LogFile {
     /// Removes every entry from `since` on, durably.
     pub(crate) fn truncate(&self, since: u64) -> io::Result<()> {
         let mut inner = self.lock();
+        inner.refuse_if_failed()?;
         let removed = inner.entries.split_off(&since);
         let Some((_, first)) = removed.first_key_value() else { return Ok(()) };
         let (segment, offset) = (first.segment, first.offset);
@@ -397,7 +518,12 @@ impl LogFile {
         let seg = inner.segments.get_mut(&segment).expect("the segment of a live entry");
         seg.file.set_len(offset)?;
         seg.len = offset;
-        seg.file.sync_all()?;
+        let file = seg.file.clone();
+        inner.synced = inner.synced.min((segment, offset));
+        drop(inner);
+        if let Err(e) = file.sync_all() {
+            return Err(self.fail(e));
+        }
         if !later.is_empty() {
             sync_dir(&self.dir)?;
         }
@@ -409,6 +535,7 @@ impl LogFile {
     /// else.
     pub(crate) fn purge(&self, upto: u64, marker: Vec<u8>) -> io::Result<()> {
         let mut inner = self.lock();
+        inner.refuse_if_failed()?;
         write_meta(&self.dir, Meta::Purged.file(), &marker)?;
         inner.meta.insert(Meta::Purged.key(), marker);
         inner.purged = Some(upto);

@@ -113,6 +113,10 @@ impl<A: StateMachineApp> RaftLogStorage<C<A>> for LogStore<A> {
         for entry in entries {
             items.push((entry.log_id.index, codec::encode(&entry).map_err(write_logs_err)?));
         }
+        let Some(&(last, _)) = items.last() else {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
         {
             // With the crash shim on, an append waits for a sync in progress,
             // so the image records exactly what that sync made durable.
@@ -120,17 +124,26 @@ impl<A: StateMachineApp> RaftLogStorage<C<A>> for LogStore<A> {
             self.disk.log.append(items).map_err(write_logs_err)?;
         }
         if self.disk.opts.fault == Some(StoreFault::AckBeforeFsync) {
+            if let Some(a) = &self.disk.acked {
+                a.raise(last);
+            }
             callback.log_io_completed(Ok(()));
             return Ok(());
         }
         // The entries are readable now (replication can send them while they
         // sync); openraft counts them as this replica's only once the
         // flusher has made them durable and calls back.
-        self.disk.flush_then(callback);
+        self.disk.flush_then(last, callback);
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        // Entries from here on are no longer acknowledged: say so before
+        // they go, so that a power loss at any moment finds the record at
+        // or below what is durable.
+        if let Some(a) = &self.disk.acked {
+            a.lower_to(log_id.index.saturating_sub(1));
+        }
         self.disk.durably(move |log| log.truncate(log_id.index)).await.map_err(write_logs_err)
     }
 

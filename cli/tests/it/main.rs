@@ -672,6 +672,7 @@ fn t100_a_short_chaos_run_passes_every_check() {
         "journal_consistent",
         "linearizable",
         "committed_log_replays",
+        "acked_entries_durable",
         "no_crashes",
     ] {
         assert!(
@@ -679,6 +680,65 @@ fn t100_a_short_chaos_run_passes_every_check() {
             "{check}"
         );
     }
+}
+
+/// Issue 28: failing, full and slow disks. A replica whose fsync fails or
+/// whose disk fills stops (status 75) without acknowledging what it did not
+/// persist, and comes back on what its disk kept (after a power cycle, for
+/// the failed disk); every check holds, `acked_entries_durable` included.
+#[test]
+fn t103_a_chaos_run_with_failing_full_and_slow_disks_passes_every_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "30s", "--seed", "8", "--faults", "disk-eio,disk-full,slow-disk", "--json"];
+    let o = muster(&[&args[..], &["--dir", run.to_str().unwrap()]].concat());
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr)));
+    assert!(o.status.success(), "{report:#}");
+    let faults = report["faults"].as_array().unwrap();
+    let stopped = faults
+        .iter()
+        .filter(|f| f["kind"] != "slow-disk" && f["note"].as_str().unwrap().contains("stopped with status 75"))
+        .count();
+    assert!(stopped >= 1, "a failed or full disk stopped its replica: {faults:#?}");
+    let durable = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "acked_entries_durable").unwrap();
+    assert!(!durable["detail"].as_str().unwrap().starts_with("0 power losses"), "{durable}");
+}
+
+/// Issue 28: a campaign is one command over several seeds, summed up on one
+/// screen: faults per kind, calls, each check's passes, the slowest
+/// recovery. CI keeps it short; docs/reliability.md gives the release gate.
+#[test]
+fn t105_a_chaos_campaign_runs_several_seeds_and_sums_them_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("campaign");
+    let args = ["chaos", "--runs", "2", "--duration", "10s", "--seed", "21", "--faults", "kill-leader,disk-full"];
+    let o = muster(&[&args[..], &["--dir", run.to_str().unwrap()]].concat());
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("muster chaos campaign: 2 run(s) (seeds 21, 22), 20 s of faults"), "{text}");
+    assert!(text.contains("passed in 2 of 2 runs") && !text.contains("FAIL"), "{text}");
+    assert!(text.contains("every check of every run passed"), "{text}");
+    assert!(run.join("seed-21/report.json").exists() && run.join("seed-22/report.json").exists());
+    let o = muster(&["chaos", "--runs", "0"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--runs must be at least 1"));
+}
+
+/// The fsyncgate bug: a log store that acknowledges entries whose fsync
+/// failed. A failing disk, then a power cycle of its machine, and
+/// `acked_entries_durable` names the replica that acknowledged entries its
+/// disk never held.
+#[test]
+fn t104_a_chaos_run_catches_an_injected_ack_despite_fsync_error_bug() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "15s", "--seed", "9", "--faults", "disk-eio", "--inject-bug"];
+    let o = muster(&[&args[..], &["ack-despite-fsync-error", "--json", "--dir", run.to_str().unwrap()]].concat());
+    assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let durable = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "acked_entries_durable").unwrap();
+    assert_eq!(durable["passed"], false, "{report:#}");
+    assert!(durable["detail"].as_str().unwrap().contains("but its disk held only up to"), "{durable}");
 }
 
 /// The checks have teeth: with servers that acknowledge a submit before it
@@ -727,7 +787,9 @@ fn t101_a_chaos_run_catches_an_injected_ack_before_commit_bug() {
     assert!(err.contains("a check failed (seed 3)"), "{err}");
     let o = muster(&["chaos", "--inject-bug", "nonsense"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("ack-before-commit, ack-before-fsync"));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("ack-before-commit, ack-before-fsync, ack-despite-fsync-error")
+    );
     let o = muster(&["chaos", "--faults", "kill-leader,meteor"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);

@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use muster_raft_store::{
-    AppliedRecord, CommandBatch, LogStore, RaftConfig, StateMachineStore, StoreFault, StoreOptions, open_with,
-    read_applied_log, restore_crash_image,
+    AppliedRecord, CommandBatch, DiskFault, LogStore, RaftConfig, StateMachineStore, StoreFault, StoreOptions,
+    acked_beyond_durable, open_with, read_applied_log, restore_crash_image, set_disk_fault,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
@@ -105,7 +105,7 @@ struct ShimBuilder;
 impl StoreBuilder<C, LogStore<Kv>, StateMachineStore<Kv>, TempDir> for ShimBuilder {
     async fn build(&self) -> Result<(TempDir, LogStore<Kv>, StateMachineStore<Kv>), StorageError<u64>> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let opts = StoreOptions { applied_log: true, crash_image: true, fault: None };
+        let opts = StoreOptions { applied_log: true, crash_image: true, ..StoreOptions::default() };
         let (log, sm) = open_with::<Kv>(dir.path(), &opts).expect("open a fresh data dir");
         Ok((dir, log, sm))
     }
@@ -155,4 +155,95 @@ async fn the_applied_log_keeps_every_applied_entry_past_compaction_and_restarts(
     let err = read_applied_log::<Kv>(dir.path()).unwrap_err().to_string();
     assert!(err.contains("does not decode"), "{err}");
     assert!(read_applied_log::<Kv>(tempfile::tempdir().unwrap().path()).unwrap().is_empty());
+}
+
+/// A store with the shim reading injected disk faults from `dir/fault`.
+fn faulty(dir: &Path, fault: Option<StoreFault>) -> StoreOptions {
+    StoreOptions { disk_fault_file: Some(dir.join("fault")), fault, ..shim() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_is_never_acknowledged_and_the_log_stops_at_the_last_good_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, control) = (dir.path().join("data"), dir.path().join("fault"));
+    {
+        let (mut log, _sm) = open(&data, &faulty(dir.path(), None));
+        log.blocking_append(entries(1, 5)).await.unwrap();
+        set_disk_fault(&control, Some(DiskFault::SyncFails)).unwrap();
+        let err = log.blocking_append(entries(6, 8)).await.unwrap_err().to_string();
+        assert!(err.contains("Input/output error") || err.contains("os error 5"), "{err}");
+        assert_eq!(acked_beyond_durable(&data).unwrap(), None, "nothing unsynced was acknowledged");
+        // Never again, even once the disk answers: a retried fsync could
+        // report success for pages that never reached it.
+        set_disk_fault(&control, None).unwrap();
+        let err = log.blocking_append(entries(6, 6)).await.unwrap_err().to_string();
+        assert!(err.contains("no more writes"), "{err}");
+        let kept: Vec<u64> = log.try_get_log_entries(0..=8).await.unwrap().iter().map(|e| e.log_id.index).collect();
+        assert_eq!(kept, (1..=5).collect::<Vec<_>>(), "the unsynced entries are dropped at once");
+    }
+    // Restarted on the same disk (a process restart), and after a power loss.
+    let (mut log, _sm) = open(&data, &faulty(dir.path(), None));
+    assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(log_id(1, 5)));
+    log.blocking_append(entries(6, 7)).await.unwrap();
+    drop(log);
+    assert_eq!(acked_beyond_durable(&data).unwrap(), None);
+    restore_crash_image(&data).unwrap();
+    let (mut log, _sm) = open(&data, &shim());
+    assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(log_id(1, 7)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_acknowledges_despite_a_failed_fsync_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, control) = (dir.path().join("data"), dir.path().join("fault"));
+    let (mut log, _sm) = open(&data, &faulty(dir.path(), Some(StoreFault::AckDespiteSyncError)));
+    log.blocking_append(entries(1, 5)).await.unwrap();
+    set_disk_fault(&control, Some(DiskFault::SyncFails)).unwrap();
+    log.blocking_append(entries(6, 8)).await.expect("the bug acknowledges anyway");
+    drop(log);
+    assert_eq!(acked_beyond_durable(&data).unwrap(), Some((8, 5)), "acknowledged 6..=8, durable up to 5");
+    restore_crash_image(&data).unwrap();
+    assert_eq!(acked_beyond_durable(&data).unwrap(), None, "after the power loss it acknowledges what survived");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_acknowledges_before_fsync_is_caught_before_anything_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let buggy = StoreOptions { fault: Some(StoreFault::AckBeforeFsync), ..shim() };
+    let (mut log, _sm) = open(dir.path(), &buggy);
+    log.blocking_append(entries(1, 4)).await.unwrap();
+    drop(log);
+    assert_eq!(acked_beyond_durable(dir.path()).unwrap(), Some((4, 0)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_the_append_and_leaves_no_partial_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, control) = (dir.path().join("data"), dir.path().join("fault"));
+    {
+        let (mut log, _sm) = open(&data, &faulty(dir.path(), None));
+        log.blocking_append(entries(1, 5)).await.unwrap();
+        set_disk_fault(&control, Some(DiskFault::Full)).unwrap();
+        let err = log.blocking_append(entries(6, 8)).await.unwrap_err().to_string();
+        assert!(err.contains("No space left") || err.contains("os error 28"), "{err}");
+        // Space again: a full disk is not a lying one, the log carries on.
+        set_disk_fault(&control, None).unwrap();
+        log.blocking_append(entries(6, 8)).await.unwrap();
+    }
+    let (mut log, _sm) = open(&data, &shim());
+    let kept: Vec<u64> = log.try_get_log_entries(0..=8).await.unwrap().iter().map(|e| e.log_id.index).collect();
+    assert_eq!(kept, (1..=8).collect::<Vec<_>>(), "no torn record between 5 and 6");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_disk_is_slow_but_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, control) = (dir.path().join("data"), dir.path().join("fault"));
+    let (mut log, _sm) = open(&data, &faulty(dir.path(), None));
+    set_disk_fault(&control, Some(DiskFault::SlowSync(std::time::Duration::from_millis(60)))).unwrap();
+    let started = std::time::Instant::now();
+    log.blocking_append(entries(1, 3)).await.unwrap();
+    assert!(started.elapsed() >= std::time::Duration::from_millis(60), "the sync waited for the slow disk");
+    drop(log);
+    assert_eq!(acked_beyond_durable(&data).unwrap(), None);
 }

@@ -144,6 +144,9 @@ pub enum InjectedBug {
     /// The log store acknowledges appended entries without fsyncing them: a
     /// power loss of a majority loses acknowledged allocations.
     AckBeforeFsync,
+    /// The log store acknowledges appended entries even when their fsync
+    /// failed, and keeps writing ("fsyncgate").
+    AckDespiteFsyncError,
 }
 
 impl InjectedBug {
@@ -152,12 +155,13 @@ impl InjectedBug {
         match s {
             "ack-before-commit" => Some(InjectedBug::AckBeforeCommit),
             "ack-before-fsync" => Some(InjectedBug::AckBeforeFsync),
+            "ack-despite-fsync-error" => Some(InjectedBug::AckDespiteFsyncError),
             _ => None,
         }
     }
 
     /// Every bug's flag value.
-    pub const NAMES: &'static [&'static str] = &["ack-before-commit", "ack-before-fsync"];
+    pub const NAMES: &'static [&'static str] = &["ack-before-commit", "ack-before-fsync", "ack-despite-fsync-error"];
 }
 
 impl ReplicaConfig {
@@ -295,8 +299,12 @@ impl Replica {
         };
         super::telemetry::describe();
         let mut store = cfg.store.clone();
-        if cfg.inject_bug == Some(InjectedBug::AckBeforeFsync) {
-            store.fault = Some(muster_raft_store::StoreFault::AckBeforeFsync);
+        match cfg.inject_bug {
+            Some(InjectedBug::AckBeforeFsync) => store.fault = Some(muster_raft_store::StoreFault::AckBeforeFsync),
+            Some(InjectedBug::AckDespiteFsyncError) => {
+                store.fault = Some(muster_raft_store::StoreFault::AckDespiteSyncError);
+            }
+            _ => {}
         }
         let (log, sm) = muster_raft_store::open_with::<State>(&cfg.data_dir, &store)?;
         let reader = sm.reader();
@@ -520,6 +528,21 @@ impl Replica {
     /// This replica's view of the cluster.
     pub fn status(&self) -> v1::ReplicaStatus {
         status_of(&self.shared)
+    }
+
+    /// Resolves, with the reason, once Raft has stopped on its own (its log
+    /// failed to write or sync): the replica then serves nothing, and its
+    /// process should exit so that a supervisor restarts it.
+    pub async fn stopped(&self) -> String {
+        let mut metrics = self.shared.raft.metrics();
+        loop {
+            if let Err(e) = &metrics.borrow_and_update().running_state {
+                return e.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "Raft stopped".into();
+            }
+        }
     }
 
     /// Stops serving, stops Raft and releases the data dir.

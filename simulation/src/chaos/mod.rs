@@ -12,6 +12,7 @@
 //!         ─▶ checks ─▶ report (JSON + one screen)
 //! ```
 
+mod campaign;
 mod checks;
 mod client;
 mod nemesis;
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use campaign::campaign_summary;
 pub use checks::CheckResult;
 pub use nemesis::Fault;
 pub use workload::Op;
@@ -136,6 +138,34 @@ pub struct Report {
     pub dir: PathBuf,
     /// The command that runs the same schedule again.
     pub reproduce: String,
+    /// The fault after whose healing writes took longest to succeed again.
+    pub slowest_recovery: Option<Recovery>,
+}
+
+/// How long after a fault was healed the first submit was acknowledged.
+#[derive(Clone, Debug, Serialize)]
+pub struct Recovery {
+    /// The fault's kind.
+    pub kind: &'static str,
+    /// What it hit.
+    pub target: String,
+    /// From its healing to that acknowledgement, ms.
+    pub after_ms: u64,
+}
+
+/// The fault whose healing was followed longest by no acknowledged submit.
+fn slowest_recovery(faults: &[Fault], ops: &[Op]) -> Option<Recovery> {
+    faults
+        .iter()
+        .filter_map(|f| {
+            let first = ops
+                .iter()
+                .filter(|o| o.kind == "submit" && o.outcome == "ok" && o.complete_ms >= f.end_ms)
+                .map(|o| o.complete_ms)
+                .min()?;
+            Some(Recovery { kind: f.kind, target: f.target.clone(), after_ms: first - f.end_ms })
+        })
+        .max_by_key(|r| r.after_ms)
 }
 
 impl Report {
@@ -159,6 +189,14 @@ impl Report {
             self.forgotten,
             self.liveness_s,
         );
+        if let Some(r) = &self.slowest_recovery {
+            out.push_str(&format!(
+                "  recovery    slowest {:.1} s: the first acknowledged submit after {} of {} was healed\n",
+                r.after_ms as f64 / 1000.0,
+                r.kind,
+                r.target
+            ));
+        }
         for c in &self.checks {
             out.push_str(&format!("  {:<4} {:<22} {}\n", if c.passed { "ok" } else { "FAIL" }, c.name, c.detail));
         }
@@ -283,6 +321,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         replay.detail = format!("{}; {}", unreadable.join("; "), replay.detail);
     }
     results.push(replay);
+    results.push(checks::acked_entries_durable(&procs.power_losses));
     results.push(CheckResult {
         name: "no_crashes",
         passed: crashed.is_empty(),
@@ -291,6 +330,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     let ops_json = serde_json::to_string_pretty(&ops).unwrap_or_default();
     let _ = std::fs::write(cfg.dir.join("history.json"), ops_json);
     let passed = results.iter().all(|c| c.passed);
+    let slowest = slowest_recovery(&faults, &ops);
     let report = Report {
         seed: cfg.seed,
         duration_s: cfg.duration.as_secs(),
@@ -309,6 +349,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         checks: results,
         passed,
         dir: cfg.dir.clone(),
+        slowest_recovery: slowest,
         reproduce: format!(
             "muster chaos --seed {} --duration {}s --agents {}{}{}{} --dir {}",
             cfg.seed,

@@ -13,6 +13,9 @@
 //! | `lagging-follower` | cut a follower off until the leader has snapshotted and purged the log past it (at most 20 s), then heal: it must catch up by snapshot |
 //! | `kill-agent` | `kill -9` an agent; restart it 1–3 s later (its tasks are killed by the new agent and re-placed) |
 //! | `pause-agent` | SIGSTOP an agent for 1–3 s (less than the 8 s it takes to be flagged dead) |
+//! | `disk-eio` | a replica's `fdatasync`s fail with EIO for 2–4 s; it must stop (status 75) without acknowledging what it did not persist; then its machine is power-cycled and it restarts on what its disk kept |
+//! | `disk-full` | a replica's log writes fail with ENOSPC, half written, for 2–4 s; it must stop (status 75) and restart cleanly |
+//! | `slow-disk` | a replica's `fdatasync`s take 200–600 ms longer for 3–5 s; it keeps serving, slowly |
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -24,6 +27,7 @@ use super::procs::Procs;
 use super::proxy::{Proxy, Slowness};
 use super::workload::now_ms;
 use crate::SimRng;
+use muster_raft_store::DiskFault;
 
 /// One fault injected.
 #[derive(Clone, Debug, Serialize)]
@@ -52,7 +56,13 @@ pub const KINDS: &[(u32, &str)] = &[
     (1, "lagging-follower"),
     (2, "kill-agent"),
     (1, "pause-agent"),
+    (1, "disk-eio"),
+    (1, "disk-full"),
+    (1, "slow-disk"),
 ];
+
+/// The status `muster server` exits with when its storage failed.
+const EXIT_STORAGE_FAILED: i32 = 75;
 
 /// Tells every proxy which processes are replicas (after any restart).
 pub fn refresh_known(procs: &Procs, proxies: &[Proxy]) {
@@ -199,6 +209,42 @@ pub async fn run(
                 tokio::time::sleep(hold(&mut rng, 3_000, 5_000)).await;
                 heal_network(proxies);
                 ("all links".to_string(), "75 ms ± 50 ms, 50 % held".to_string())
+            }
+            "disk-eio" | "disk-full" | "slow-disk" => {
+                let target = rng.range(1, procs.real.len() as u64);
+                let (fault, held) = match kind {
+                    "disk-eio" => (DiskFault::SyncFails, hold(&mut rng, 2_000, 4_000)),
+                    "disk-full" => (DiskFault::Full, hold(&mut rng, 2_000, 4_000)),
+                    _ => (DiskFault::SlowSync(hold(&mut rng, 200, 600)), hold(&mut rng, 3_000, 5_000)),
+                };
+                let per_sync = match fault {
+                    DiskFault::SlowSync(d) => {
+                        format!("{} ms more per sync for {:.1} s", d.as_millis(), held.as_secs_f64())
+                    }
+                    _ => String::new(),
+                };
+                let mut notes: Vec<String> = procs.set_disk_fault(target, Some(fault)).err().into_iter().collect();
+                tokio::time::sleep(held).await;
+                notes.extend(procs.set_disk_fault(target, None).err());
+                let exit = procs.server_exit(target);
+                match exit {
+                    Some(status) if status.code() == Some(EXIT_STORAGE_FAILED) => {
+                        notes.push(format!("stopped with status {EXIT_STORAGE_FAILED}"));
+                    }
+                    Some(status) => procs.unexpected_exit(format!("replica {target} exited {status} under {kind}")),
+                    None if kind == "slow-disk" => notes.push(per_sync),
+                    None => notes.push("kept running: no write met the fault".into()),
+                }
+                if kind == "disk-eio" {
+                    // A machine whose disk failed is power-cycled: the
+                    // replica comes back on what its disk kept.
+                    notes.extend(procs.power_loss_server(target).err());
+                    notes.extend(procs.spawn_server(target).err().map(|e| format!("restart failed: {e}")));
+                } else if exit.is_some() {
+                    notes.extend(procs.spawn_server(target).err().map(|e| format!("restart failed: {e}")));
+                }
+                refresh_known(procs, proxies);
+                (format!("replica {target}"), notes.join("; "))
             }
             "kill-agent" => {
                 let i = rng.range(0, agents as u64 - 1) as usize;

@@ -54,6 +54,21 @@ pub struct Procs {
     /// Flags every server gets besides the fixed ones (`--inject-bug`,
     /// `--retention`).
     server_args: Vec<String>,
+    /// Every simulated power loss: whether the replica had made durable
+    /// everything it acknowledged (the `acked_entries_durable` check).
+    pub power_losses: Vec<PowerLoss>,
+    /// Processes seen to exit on their own during the run, and how.
+    exits: Vec<String>,
+}
+
+/// One simulated power loss of a replica, and what its crash image said.
+#[derive(Clone, Debug)]
+pub struct PowerLoss {
+    /// The replica.
+    pub replica: u64,
+    /// `Some((acknowledged, durable))` when it had acknowledged log entries
+    /// past what its last durable point held.
+    pub acked_beyond_durable: Option<(u64, u64)>,
 }
 
 fn signal(child: &Child, sig: libc::c_int) {
@@ -86,6 +101,8 @@ impl Procs {
             agents: (0..agents).map(|_| None).collect(),
             agent_ids: (0..agents).map(|i| format!("c{}", i + 1)).collect(),
             server_args,
+            power_losses: Vec::new(),
+            exits: Vec::new(),
         }
     }
 
@@ -104,6 +121,8 @@ impl Procs {
             .arg("--data-dir")
             .arg(self.data_dir(id))
             .args(SERVER_FLAGS)
+            .arg("--disk-fault-file")
+            .arg(self.disk_fault_file(id))
             .arg("--tls-dir")
             .arg(self.tls_dir())
             .args(&self.server_args)
@@ -159,10 +178,32 @@ impl Procs {
     }
 
     /// `kill -9` replica `id` and turn its data dir into what the last fsync
-    /// made durable, as a power loss would.
+    /// made durable, as a power loss would; first records whether it had
+    /// acknowledged more than that.
     pub fn power_loss_server(&mut self, id: u64) -> Result<(), String> {
         self.kill_server(id);
-        muster_raft_store::restore_crash_image(&self.data_dir(id)).map_err(|e| e.to_string())
+        let dir = self.data_dir(id);
+        let acked_beyond_durable = muster_raft_store::acked_beyond_durable(&dir).map_err(|e| e.to_string())?;
+        self.power_losses.push(PowerLoss { replica: id, acked_beyond_durable });
+        muster_raft_store::restore_crash_image(&dir).map_err(|e| e.to_string())
+    }
+
+    /// The control file of replica `id`'s injected disk faults.
+    fn disk_fault_file(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("disk-fault-{id}"))
+    }
+
+    /// Gives replica `id`'s disk `fault` (`None`: heals it).
+    pub fn set_disk_fault(&self, id: u64, fault: Option<muster_raft_store::DiskFault>) -> Result<(), String> {
+        muster_raft_store::set_disk_fault(&self.disk_fault_file(id), fault).map_err(|e| e.to_string())
+    }
+
+    /// How replica `id` exited, if it has (it is then no longer running).
+    pub fn server_exit(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        let slot = &mut self.servers[id as usize - 1];
+        let status = slot.as_mut().and_then(|c| c.try_wait().ok().flatten())?;
+        *slot = None;
+        Some(status)
     }
 
     /// SIGSTOP (`true`) or SIGCONT replica `id`.
@@ -189,10 +230,15 @@ impl Procs {
         }
     }
 
+    /// Records a process that exited on its own when it should not have.
+    pub fn unexpected_exit(&mut self, what: String) {
+        self.exits.push(what);
+    }
+
     /// Whether every process that should run still does (one that exited by
-    /// itself crashed).
+    /// itself crashed), and the unexpected exits seen during the run.
     pub fn crashed(&mut self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = self.exits.clone();
         for (i, c) in self.servers.iter_mut().enumerate() {
             if let Some(c) = c
                 && let Ok(Some(status)) = c.try_wait()

@@ -5,6 +5,7 @@
 
 mod acked;
 mod agree;
+mod durable;
 mod journal;
 mod linearizable;
 mod overbooked;
@@ -13,6 +14,7 @@ mod terminal;
 
 pub use acked::acked_exactly_once;
 pub use agree::replicas_agree;
+pub use durable::acked_entries_durable;
 pub use journal::{Journal, journal_consistent};
 pub use linearizable::client_api_linearizable;
 pub use overbooked::gpus_never_overbooked;
