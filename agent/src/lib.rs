@@ -42,6 +42,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "agent streams to the leader that failed (then retried with backoff)",
     ),
     (
+        "muster_agent_fenced_total",
+        "counter",
+        "times no leader answered this node for half its node-lost window and the agent stopped its tasks (self-fencing)",
+    ),
+    (
         "muster_agent_work_dir_bytes",
         "gauge",
         "bytes of checkpoints, attempt logs and progress files in the agent's work dir, after the last sweep",
@@ -66,6 +71,7 @@ pub fn describe_metrics() {
     }
     metrics::counter!("muster_watchdog_suspected_stalls_total").increment(0);
     metrics::counter!("muster_agent_stream_failures_total").increment(0);
+    metrics::counter!("muster_agent_fenced_total").increment(0);
     for kind in ["budget", "stall", "gpu_health"] {
         metrics::counter!("muster_agent_watchdog_trips_total", "kind" => kind).increment(0);
     }

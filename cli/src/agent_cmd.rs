@@ -94,6 +94,13 @@ pub struct AgentArgs {
     /// How often the work dir is swept (tests shorten it).
     #[arg(long, default_value = "60s", hide = true)]
     work_dir_sweep_every: String,
+    /// Keep tasks running when no leader has answered this node for half
+    /// the leader's node-lost window (30 s by default). Without it the agent
+    /// stops them then, before a leader may fail them over to other nodes,
+    /// so that no task runs twice; with it, a partitioned node's tasks run
+    /// on, and may run twice once the leader has placed them elsewhere.
+    #[arg(long)]
+    keep_running_when_cut_off: bool,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
 }
@@ -174,6 +181,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         },
         tls: args.tls.load(&muster_tls::Role::new("agent", &args.node_id)?)?,
         clock: Default::default(),
+        fence: !args.keep_running_when_cut_off,
         janitor: muster_agent::janitor::JanitorConfig {
             log_retention: Duration::from_secs(log_retention),
             max_bytes,

@@ -30,7 +30,8 @@ pub struct ChaosArgs {
     #[arg(long)]
     json: bool,
     /// Run the servers with a deliberate bug (ack-before-commit,
-    /// ack-before-fsync, ack-despite-fsync-error), to see a check catch it.
+    /// ack-before-fsync, ack-despite-fsync-error), or the agents without
+    /// self-fencing (no-agent-fencing), to see a check catch it.
     #[arg(long)]
     inject_bug: Option<String>,
     /// The servers' --retention (e.g. 20s): finished allocations are then
@@ -42,6 +43,10 @@ pub struct ChaosArgs {
     /// docs/reliability.md for the list).
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
+    /// How long each task of the workload runs, in seconds: LOW-HIGH
+    /// (long tasks outlive a node's failover).
+    #[arg(long, default_value = "0.5-3", value_name = "LOW-HIGH")]
+    task_seconds: String,
     /// A campaign: this many runs of --duration each, with seeds --seed,
     /// --seed + 1, …, one after another, summed up at the end (with --dir,
     /// each run gets DIR/seed-N).
@@ -60,8 +65,13 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     }
     if let Some(bug) = &args.inject_bug
         && muster_scheduler::server::InjectedBug::parse(bug).is_none()
+        && bug != muster_sim::chaos::NO_AGENT_FENCING
     {
-        bail!("--inject-bug {bug:?}: the known bugs are {}", muster_scheduler::server::InjectedBug::NAMES.join(", "));
+        bail!(
+            "--inject-bug {bug:?}: the known bugs are {}, {}",
+            muster_scheduler::server::InjectedBug::NAMES.join(", "),
+            muster_sim::chaos::NO_AGENT_FENCING
+        );
     }
     if let Some(r) = &args.retention {
         let s = crate::alloc::parse_duration_s(r).context("--retention")?;
@@ -76,6 +86,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
+    let task_ms = parse_task_seconds(&args.task_seconds)?;
     if let Some(dir) = &args.dir
         && dir.exists()
         && std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
@@ -100,6 +111,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
             inject_bug: args.inject_bug.clone(),
             faults: args.faults.clone(),
             retention: args.retention.clone(),
+            task_ms,
         };
         let report = run(&cfg).await.map_err(anyhow::Error::msg)?;
         if args.json && args.runs == 1 {
@@ -126,4 +138,32 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         bail!("a check failed {}; everything is kept there", failed.join(", "));
     }
     Ok(())
+}
+
+/// `--task-seconds LOW-HIGH` in milliseconds.
+fn parse_task_seconds(v: &str) -> anyhow::Result<(u64, u64)> {
+    let bad = || {
+        anyhow::anyhow!("--task-seconds {v:?}: give LOW-HIGH in seconds, e.g. 0.5-3, with 0.25 <= LOW <= HIGH <= 600")
+    };
+    let (lo, hi) = v.split_once('-').ok_or_else(bad)?;
+    let ms = |s: &str| s.trim().parse::<f64>().ok().filter(|x| x.is_finite()).map(|x| (x * 1000.0) as u64);
+    let (lo, hi) = (ms(lo).ok_or_else(bad)?, ms(hi).ok_or_else(bad)?);
+    if lo < 250 || lo > hi || hi > 600_000 {
+        return Err(bad());
+    }
+    Ok((lo, hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_seconds_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_task_seconds("0.5-3").unwrap(), (500, 3_000));
+        assert_eq!(parse_task_seconds("15-25").unwrap(), (15_000, 25_000));
+        for bad in ["3", "3-1", "0.1-1", "a-b", "1-900"] {
+            assert!(parse_task_seconds(bad).unwrap_err().to_string().contains("LOW-HIGH"), "{bad}");
+        }
+    }
 }

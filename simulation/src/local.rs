@@ -288,6 +288,7 @@ impl LocalCluster {
             tls: self.tls.get(&muster_tls::Role::Agent(node_id.clone())).cloned(),
             clock: Default::default(),
             janitor: Default::default(),
+            fence: true,
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

@@ -42,6 +42,7 @@ use crate::executor::{self, Exit, TaskLaunch};
 use crate::hint::{Hint, HintWatch, Verdict};
 use crate::watchdog::{self, ProgressFile, Sampler, WatchdogConfig, Watchdogs};
 
+mod fence;
 mod record;
 mod reports;
 mod session;
@@ -100,6 +101,10 @@ pub struct AgentConfig {
     pub clock: SharedClock,
     /// Work-dir cleaning: log retention and the size cap.
     pub janitor: crate::janitor::JanitorConfig,
+    /// Stop the running tasks once no leader has answered for half its
+    /// node-lost window, before a leader may place them again (see
+    /// `fence.rs`); `false` keeps them running (`--keep-running-when-cut-off`).
+    pub fence: bool,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -147,6 +152,10 @@ pub struct Agent {
     leader_hint: Option<String>,
     /// The current session's stream was accepted by a leader.
     established: bool,
+    /// When the tasks must stop if no leader answers (self-fencing).
+    fence: fence::Fence,
+    /// When the current session's `Register` went out.
+    register_sent: tokio::time::Instant,
     next: usize,
     jitter: u64,
     /// Told the node is stopped, with `exit_when_stopped` set.
@@ -189,6 +198,7 @@ impl Agent {
         let free_gpus = (0..cfg.resources.gpus).collect();
         let jitter =
             cfg.node_id.bytes().fold(0x9E37_79B9_7F4A_7C15u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3));
+        let fence_on = cfg.fence;
         Ok(Agent {
             cfg,
             running: BTreeMap::new(),
@@ -201,6 +211,8 @@ impl Agent {
             exits_rx,
             leader_hint: None,
             established: false,
+            fence: fence::Fence::new(fence_on, tokio::time::Instant::now()),
+            register_sent: tokio::time::Instant::now(),
             next: 0,
             jitter,
             exit_now: false,
@@ -220,7 +232,9 @@ impl Agent {
             if *shutdown.borrow() {
                 break;
             }
+            self.fence_if_due();
             let outcome = self.session(&mut shutdown).await;
+            self.fence.stream_ended();
             if std::mem::take(&mut self.established) {
                 // The stream ran: whatever ended it, start afresh.
                 (failures, quick) = (0, 0);
@@ -244,9 +258,11 @@ impl Agent {
                 failures = if failed { failures + 1 } else { 0 };
                 self.backoff(failures)
             };
+            let fence = self.fence_deadline();
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.changed() => {}
+                _ = sleep_until_some(fence) => {}
             }
         }
         if self.cfg.task_shim.is_some() {
@@ -275,6 +291,39 @@ impl Agent {
         }
     }
 
+    /// When the running tasks must stop if no leader answers first; `None`
+    /// with nothing running, or with fencing off or done.
+    fn fence_deadline(&self) -> Option<tokio::time::Instant> {
+        self.fence.due().filter(|_| self.running.values().any(|r| r.ctrl.is_some()))
+    }
+
+    /// Stops every running task once the fence is due: no leader has
+    /// answered for half its node-lost window, so one may soon place them
+    /// elsewhere (`fence.rs`).
+    fn fence_if_due(&mut self) {
+        let Some(due) = self.fence_deadline() else { return };
+        let now = tokio::time::Instant::now();
+        if now < due {
+            return;
+        }
+        let grace = self.fence.grace();
+        let mut stopped = 0;
+        for r in self.running.values_mut() {
+            if let Some(ctrl) = r.ctrl.take() {
+                let _ = ctrl.send(Control::Stop(grace));
+                stopped += 1;
+            }
+        }
+        self.fence.fenced();
+        metrics::counter!("muster_agent_fenced_total").increment(1);
+        tracing::warn!(
+            node = %self.cfg.node_id,
+            tasks = stopped,
+            silent_s = self.fence.silent_for(now).as_secs_f64(),
+            "no leader has answered this node for half its node-lost window: stopping its tasks before a leader places them elsewhere"
+        );
+    }
+
     /// Exponential backoff with deterministic per-node jitter.
     fn backoff(&mut self, failures: u32) -> Duration {
         let (lo, hi) = self.cfg.backoff;
@@ -293,5 +342,13 @@ impl Agent {
         let addr = self.cfg.schedulers[self.next % self.cfg.schedulers.len()].clone();
         self.next += 1;
         addr
+    }
+}
+
+/// Sleeps until `at`, or forever when `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

@@ -5,14 +5,20 @@ use super::*;
 impl Agent {
     pub(super) async fn session(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<SessionEnd, String> {
         let addr = self.pick_address();
-        let channel = muster_tls::endpoint(&addr, self.cfg.tls.as_ref())
+        let endpoint = muster_tls::endpoint(&addr, self.cfg.tls.as_ref())
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(2))
             .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .connect()
-            .await
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .keep_alive_timeout(Duration::from_secs(10));
+        let connect = endpoint.connect();
+        // A connection that hangs must not keep the fence from firing.
+        let channel = match self.fence_deadline() {
+            Some(due) => tokio::time::timeout_at(due, connect)
+                .await
+                .map_err(|_| format!("{addr}: no connection before the fence was due"))?,
+            None => connect.await,
+        }
+        .map_err(|e| format!("{addr}: {e}"))?;
         self.forget_claims();
         let (out, out_rx) = mpsc::channel::<v1::AgentMessage>(1024);
         let send = |msg: Out| {
@@ -32,6 +38,7 @@ impl Agent {
         let mut client = AgentServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        self.register_sent = tokio::time::Instant::now();
         let mut inbound = match client.connect(ReceiverStream::new(out_rx)).await {
             Ok(r) => {
                 self.established = true;
@@ -73,6 +80,7 @@ impl Agent {
                     }
                 },
                 _ = janitor.tick() => self.sweep_work_dir().await,
+                _ = super::sleep_until_some(self.fence_deadline()) => self.fence_if_due(),
                 _ = heartbeat.tick() => {
                     // The leader acks every heartbeat: silence means it is
                     // frozen or cut off while the connection stays open.
@@ -81,6 +89,7 @@ impl Agent {
                         return Err(format!("{addr}: no answer for {LEADER_SILENT_INTERVALS} heartbeat intervals"));
                     }
                     send(Out::Heartbeat(v1::Heartbeat { running: self.running.keys().map(|k| task_ref(*k)).collect() })).await?;
+                    self.fence.heartbeat_sent(tokio::time::Instant::now());
                     self.claim_deferred(&send).await?;
                 }
                 Some((key, exit)) = self.exits_rx.recv() => {
@@ -102,6 +111,7 @@ impl Agent {
         match m.msg {
             Some(In::Registered(r)) => {
                 tracing::info!(node = %self.cfg.node_id, "registered with the leader");
+                self.fence.registered(self.register_sent, r.node_lost_after_ms);
                 if r.max_checkpoint_bytes > 0 {
                     self.max_checkpoint_bytes = usize::try_from(r.max_checkpoint_bytes).unwrap_or(usize::MAX);
                 }
@@ -174,7 +184,7 @@ impl Agent {
                 }
             }
             Some(In::NodeNotice(n)) => self.node_notice(&n),
-            Some(In::HeartbeatAck(_)) => {}
+            Some(In::HeartbeatAck(_)) => self.fence.heartbeat_answered(),
             Some(In::FetchLogs(f)) => {
                 let reply = self.read_logs(&f);
                 send(Out::LogData(reply)).await?;

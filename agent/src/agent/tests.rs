@@ -87,6 +87,7 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         tls: None,
         clock: Default::default(),
         janitor: Default::default(),
+        fence: true,
     }
 }
 

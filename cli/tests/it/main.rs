@@ -724,6 +724,46 @@ fn t105_a_chaos_campaign_runs_several_seeds_and_sums_them_up() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--runs must be at least 1"));
 }
 
+/// Issue 28: an agent cut off from every replica while its (long) tasks
+/// run. It stops them half a node-lost window after a leader last answered
+/// it, before the leader marks the node lost and places them elsewhere, so
+/// no task runs twice (`journal_consistent`); a shorter cut off is survived.
+#[test]
+fn t106_a_partitioned_agent_fences_its_tasks_and_none_runs_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "30s", "--seed", "13", "--agents", "4", "--faults", "partition-agent"];
+    let o = muster(&[&args[..], &["--task-seconds", "15-25", "--json", "--dir", run.to_str().unwrap()]].concat());
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr)));
+    assert!(o.status.success(), "{report:#}");
+    let notes: Vec<&str> = report["faults"].as_array().unwrap().iter().map(|f| f["note"].as_str().unwrap()).collect();
+    assert!(notes.iter().any(|n| n.contains("past the leader marking it lost")), "{notes:?}");
+    let fenced = (1..=4)
+        .map(|i| std::fs::read_to_string(run.join(format!("agent-c{i}.log"))).unwrap_or_default())
+        .filter(|log| log.contains("stopping its tasks before a leader places them elsewhere"))
+        .count();
+    assert!(fenced >= 1, "a cut-off agent stopped its tasks");
+}
+
+/// The same partitions with agents that keep their tasks running when cut
+/// off (`--keep-running-when-cut-off`): the leader places the lost node's
+/// tasks elsewhere while they still run, and `journal_consistent` names the
+/// attempts that ran at once.
+#[test]
+fn t107_a_chaos_run_catches_agents_that_do_not_fence_themselves() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "30s", "--seed", "14", "--agents", "4", "--faults", "partition-agent"];
+    let bug = ["--inject-bug", "no-agent-fencing", "--task-seconds", "15-25", "--json", "--dir"];
+    let o = muster(&[&args[..], &bug[..], &[run.to_str().unwrap()]].concat());
+    assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let journal = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "journal_consistent").unwrap();
+    assert_eq!(journal["passed"], false, "{report:#}");
+    assert!(journal["detail"].as_str().unwrap().contains("still ran at"), "{journal}");
+}
+
 /// The fsyncgate bug: a log store that acknowledges entries whose fsync
 /// failed. A failing disk, then a power cycle of its machine, and
 /// `acked_entries_durable` names the replica that acknowledged entries its

@@ -420,9 +420,13 @@ impl Replica {
             .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
             .add_service(HistoryServiceServer::new(super::history::HistoryApi::new(shared.clone())))
             .add_service(
-                AgentServiceServer::new(AgentHub::new(shared.clone(), cfg.hub, cfg.preemption))
-                    .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_AGENT_MESSAGE_BYTES),
+                AgentServiceServer::new(AgentHub::new(
+                    shared.clone(),
+                    HubConfig { node_lost_after: cfg.node_lost_after, ..cfg.hub },
+                    cfg.preemption,
+                ))
+                .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_AGENT_MESSAGE_BYTES),
             )
             .add_service(health_service)
             .add_service(reflection_v1)

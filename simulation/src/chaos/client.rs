@@ -173,6 +173,19 @@ pub async fn status(addr: &str) -> Option<v1::ReplicaStatus> {
         .map(|r| r.into_inner())
 }
 
+/// Node `id`'s status as the leader among `real` sees it.
+pub async fn node_status(real: &[String], id: &str) -> Option<v1::NodeStatus> {
+    let l = leader(real).await?;
+    let channel = connect(&real[l as usize - 1], Duration::from_millis(500)).await.ok()?;
+    let mut nodes = muster_proto::v1::node_service_client::NodeServiceClient::new(channel);
+    let node = tokio::time::timeout(Duration::from_millis(800), nodes.get_node(v1::GetNodeRequest { id: id.into() }))
+        .await
+        .ok()?
+        .ok()?
+        .into_inner();
+    v1::NodeStatus::try_from(node.status).ok()
+}
+
 /// The replica (1-based id) that says it leads with the highest term.
 pub async fn leader(real: &[String]) -> Option<u64> {
     let mut best: Option<(u64, u64)> = None;

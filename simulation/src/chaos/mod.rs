@@ -58,18 +58,36 @@ pub struct ChaosConfig {
     /// and finished allocations are forgotten during the run; the checks
     /// then read them from the job history.
     pub retention: Option<String>,
+    /// How long each task runs, ms (low, high).
+    pub task_ms: (u64, u64),
 }
+
+/// How long a task runs unless told otherwise: 0.5–3 s.
+pub const DEFAULT_TASK_MS: (u64, u64) = (500, 3_000);
 
 /// The flags a configuration adds to every server.
 fn server_args(cfg: &ChaosConfig) -> Vec<String> {
     let mut args = Vec::new();
-    if let Some(bug) = &cfg.inject_bug {
+    if let Some(bug) = cfg.inject_bug.as_ref().filter(|b| b.as_str() != NO_AGENT_FENCING) {
         args.extend(["--inject-bug".to_string(), bug.clone()]);
     }
     if let Some(r) = &cfg.retention {
         args.extend(["--retention".to_string(), r.clone()]);
     }
     args
+}
+
+/// The one deliberate bug of the agents rather than the servers: they keep
+/// their tasks running when cut off from every leader
+/// (`--keep-running-when-cut-off`), so a partitioned node's tasks run twice.
+pub const NO_AGENT_FENCING: &str = "no-agent-fencing";
+
+/// The flags a configuration adds to every agent.
+fn agent_args(cfg: &ChaosConfig) -> Vec<String> {
+    match cfg.inject_bug.as_deref() {
+        Some(NO_AGENT_FENCING) => vec!["--keep-running-when-cut-off".to_string()],
+        _ => Vec::new(),
+    }
 }
 
 /// Every fault the nemesis knows, in docs/reliability.md's order.
@@ -223,7 +241,7 @@ fn free_port() -> Result<String, String> {
 pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     let menu = fault_menu(&cfg.faults)?;
     std::fs::create_dir_all(cfg.dir.join("agents")).map_err(|e| format!("{}: {e}", cfg.dir.display()))?;
-    let journal = cfg.dir.join("journal.log");
+    let journal = cfg.dir.join("journal.log"); // Procs::journal
     std::fs::write(&journal, "").map_err(|e| e.to_string())?;
     let real: Vec<String> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
     let mut proxies = Vec::new();
@@ -231,7 +249,14 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         proxies.push(Proxy::start(r.clone(), cfg.seed.wrapping_add(i as u64)).await.map_err(|e| e.to_string())?);
     }
     let proxied: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
-    let mut procs = Procs::new(&cfg.muster_bin, &cfg.dir, real.clone(), proxied.clone(), cfg.agents, server_args(cfg));
+    let mut procs = Procs::new(
+        &cfg.muster_bin,
+        &cfg.dir,
+        real.clone(),
+        proxied.clone(),
+        cfg.agents,
+        (server_args(cfg), agent_args(cfg)),
+    );
     // Everything runs over mutual TLS with its own role's certificate.
     let roles: Vec<muster_tls::Role> = (1..=3)
         .map(muster_tls::Role::Server)
@@ -247,12 +272,13 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     for i in 0..cfg.agents as usize {
         procs.spawn_agent(i).map_err(|e| format!("cannot start muster agent: {e}"))?;
     }
+    nemesis::refresh_known(&procs, &proxies);
     wait_ready(&real, cfg.agents).await?;
 
     // The fault phase.
     let until = Instant::now() + cfg.duration;
     let (ops, faults) = tokio::join!(
-        workload::run(proxied.clone(), cfg.seed, &journal, until),
+        workload::run(proxied.clone(), cfg.seed, &journal, until, cfg.task_ms),
         nemesis::run(&mut procs, &proxies, &menu, cfg.seed, until),
     );
     nemesis::heal_network(&proxies);
@@ -351,13 +377,18 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         dir: cfg.dir.clone(),
         slowest_recovery: slowest,
         reproduce: format!(
-            "muster chaos --seed {} --duration {}s --agents {}{}{}{} --dir {}",
+            "muster chaos --seed {} --duration {}s --agents {}{}{}{}{} --dir {}",
             cfg.seed,
             cfg.duration.as_secs(),
             cfg.agents,
             if cfg.faults.is_empty() { String::new() } else { format!(" --faults {}", cfg.faults.join(",")) },
             cfg.inject_bug.as_ref().map(|b| format!(" --inject-bug {b}")).unwrap_or_default(),
             cfg.retention.as_ref().map(|r| format!(" --retention {r}")).unwrap_or_default(),
+            if cfg.task_ms == DEFAULT_TASK_MS {
+                String::new()
+            } else {
+                format!(" --task-seconds {}-{}", cfg.task_ms.0 as f64 / 1000.0, cfg.task_ms.1 as f64 / 1000.0)
+            },
             cfg.dir.display()
         ),
     };

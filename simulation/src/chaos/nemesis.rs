@@ -15,6 +15,7 @@
 //! | `pause-agent` | SIGSTOP an agent for 1–3 s (less than the 8 s it takes to be flagged dead) |
 //! | `disk-eio` | a replica's `fdatasync`s fail with EIO for 2–4 s; it must stop (status 75) without acknowledging what it did not persist; then its machine is power-cycled and it restarts on what its disk kept |
 //! | `disk-full` | a replica's log writes fail with ENOSPC, half written, for 2–4 s; it must stop (status 75) and restart cleanly |
+//! | `partition-agent` | cut an agent off from every replica: the first time (and every other time) until the leader has marked the node lost and placed its tasks elsewhere, plus 2–4 s; otherwise for 5–7 s (past the agent's fence at half the 8 s node-lost window, short of the window); no task may run twice |
 //! | `slow-disk` | a replica's `fdatasync`s take 200–600 ms longer for 3–5 s; it keeps serving, slowly |
 
 use std::collections::BTreeSet;
@@ -27,6 +28,7 @@ use super::procs::Procs;
 use super::proxy::{Proxy, Slowness};
 use super::workload::now_ms;
 use crate::SimRng;
+use muster_proto::v1;
 use muster_raft_store::DiskFault;
 
 /// One fault injected.
@@ -59,17 +61,44 @@ pub const KINDS: &[(u32, &str)] = &[
     (1, "disk-eio"),
     (1, "disk-full"),
     (1, "slow-disk"),
+    (2, "partition-agent"),
 ];
 
 /// The status `muster server` exits with when its storage failed.
 const EXIT_STORAGE_FAILED: i32 = 75;
 
-/// Tells every proxy which processes are replicas (after any restart).
+/// Tells every proxy which processes are replicas and agents (after any
+/// restart), so that their connections can be told apart and cut.
 pub fn refresh_known(procs: &Procs, proxies: &[Proxy]) {
-    let pids: Vec<u32> = procs.server_pids().into_iter().map(|(_, p)| p).collect();
+    let pids: Vec<u32> = procs.server_pids().into_iter().map(|(_, p)| p).chain(procs.agent_pids()).collect();
     for p in proxies {
         p.set_known(pids.clone());
     }
+}
+
+/// The index of the agent that runs the most attempts now, by the journal
+/// (an attempt that has started and not ended); `None` when none runs.
+fn busiest(journal: &std::path::Path, agents: &[String]) -> Option<usize> {
+    let text = std::fs::read_to_string(journal).ok()?;
+    let mut running: std::collections::BTreeMap<(String, String, String), String> = Default::default();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if let [kind, alloc, task, attempt, _epoch, node, _ms] = w.as_slice() {
+            let key = (alloc.to_string(), task.to_string(), attempt.to_string());
+            match *kind {
+                "end" => {
+                    running.remove(&key);
+                }
+                _ => {
+                    running.insert(key, node.to_string());
+                }
+            }
+        }
+    }
+    let count = |id: &String| running.values().filter(|n| *n == id).count();
+    let (i, most) =
+        agents.iter().enumerate().map(|(i, id)| (i, count(id))).max_by_key(|&(i, n)| (n, usize::MAX - i))?;
+    (most > 0).then_some(i)
 }
 
 /// Cuts replica `id` off both ways: nobody reaches it through its proxy,
@@ -116,6 +145,7 @@ pub async fn run(
     let mut rng = SimRng::new(seed ^ 0x0BAD_F00D);
     let mut faults = Vec::new();
     let agents = procs.agent_ids().len();
+    let mut agent_partitions = 0u32;
     // Let the cluster settle and the workload start.
     tokio::time::sleep(Duration::from_secs(2)).await;
     while Instant::now() + Duration::from_secs(3) < until {
@@ -251,7 +281,51 @@ pub async fn run(
                 procs.kill_agent(i);
                 tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
                 let note = procs.spawn_agent(i).err().map(|e| format!("restart failed: {e}")).unwrap_or_default();
+                refresh_known(procs, proxies);
                 (procs.agent_ids()[i].clone(), note)
+            }
+            "partition-agent" => {
+                // The agent running the most attempts, so that the cut
+                // bites (waiting a little for one that runs anything).
+                let mut busy = busiest(&procs.journal(), procs.agent_ids());
+                let wait_for_work = Instant::now() + Duration::from_secs(10);
+                while busy.is_none() && Instant::now() < wait_for_work.min(until) {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    busy = busiest(&procs.journal(), procs.agent_ids());
+                }
+                let i = busy.unwrap_or_else(|| rng.range(0, agents as u64 - 1) as usize);
+                let id = procs.agent_ids()[i].clone();
+                // Alternately past the leader marking the node lost, and short of it.
+                let past_lost = agent_partitions.is_multiple_of(2);
+                agent_partitions += 1;
+                let pid: BTreeSet<u32> = procs.agent_pid(i).into_iter().collect();
+                let cut = Instant::now();
+                for p in proxies {
+                    p.set_blocked(pid.clone());
+                }
+                let lost = if past_lost {
+                    // Until the leader has marked the node lost (and placed
+                    // its tasks elsewhere), and a little longer.
+                    let give_up = Instant::now() + Duration::from_secs(20);
+                    let mut lost = false;
+                    while !lost && Instant::now() < give_up {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        lost = client::node_status(&procs.real, &id).await == Some(v1::NodeStatus::Lost);
+                    }
+                    tokio::time::sleep(hold(&mut rng, 2_000, 4_000)).await;
+                    lost
+                } else {
+                    // Past the agent's fence (half the 8 s window), short of the window.
+                    tokio::time::sleep(hold(&mut rng, 5_000, 7_000)).await;
+                    false
+                };
+                heal_network(proxies);
+                let note = format!(
+                    "cut off from every replica for {:.1} s{}",
+                    cut.elapsed().as_secs_f64(),
+                    if lost { ", past the leader marking it lost" } else { "" }
+                );
+                (id, note)
             }
             _ => {
                 let i = rng.range(0, agents as u64 - 1) as usize;

@@ -54,6 +54,8 @@ pub struct Procs {
     /// Flags every server gets besides the fixed ones (`--inject-bug`,
     /// `--retention`).
     server_args: Vec<String>,
+    /// Flags every agent gets besides the fixed ones.
+    agent_args: Vec<String>,
     /// Every simulated power loss: whether the replica had made durable
     /// everything it acknowledged (the `acked_entries_durable` check).
     pub power_losses: Vec<PowerLoss>,
@@ -90,7 +92,7 @@ impl Procs {
         real: Vec<String>,
         proxied: Vec<String>,
         agents: u32,
-        server_args: Vec<String>,
+        (server_args, agent_args): (Vec<String>, Vec<String>),
     ) -> Procs {
         Procs {
             bin: bin.to_path_buf(),
@@ -101,6 +103,7 @@ impl Procs {
             agents: (0..agents).map(|_| None).collect(),
             agent_ids: (0..agents).map(|i| format!("c{}", i + 1)).collect(),
             server_args,
+            agent_args,
             power_losses: Vec::new(),
             exits: Vec::new(),
         }
@@ -145,12 +148,23 @@ impl Procs {
             .arg(self.dir.join("agents").join(&id))
             .arg("--tls-dir")
             .arg(self.tls_dir())
+            .args(&self.agent_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log(&self.dir, &format!("agent-{id}"))?)
             .spawn()?;
         self.agents[i] = Some(child);
         Ok(())
+    }
+
+    /// The pid of agent `i`, while it runs.
+    pub fn agent_pid(&self, i: usize) -> Option<u32> {
+        self.agents[i].as_ref().map(Child::id)
+    }
+
+    /// The pids of the running agents (for the proxies).
+    pub fn agent_pids(&self) -> Vec<u32> {
+        self.agents.iter().flatten().map(Child::id).collect()
     }
 
     /// The pids of the running replicas, by id (for the proxies).
@@ -165,6 +179,11 @@ impl Procs {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// The shared execution journal the tasks append to.
+    pub fn journal(&self) -> PathBuf {
+        self.dir.join("journal.log")
     }
 
     /// The run's CA and certificates (servers, agents, the harness's admin).

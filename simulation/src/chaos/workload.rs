@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use muster_proto::v1;
 use serde::Serialize;
 
+use super::DEFAULT_TASK_MS;
 use super::client::{Answer, Client};
 use crate::SimRng;
 
@@ -59,7 +60,7 @@ stamp end"#
 }
 
 /// One allocation of the mix.
-fn spec(rng: &mut SimRng, key: String, journal: &Path) -> v1::AllocationSpec {
+fn spec(rng: &mut SimRng, key: String, journal: &Path, task_ms: (u64, u64)) -> v1::AllocationSpec {
     let gang_size = rng.weighted(&[(5, 1u32), (3, 2), (2, 3)]);
     let gpus = rng.weighted(&[(3, 1u32), (2, 2)]);
     let class = rng.range(0, 9) as u32;
@@ -73,7 +74,7 @@ fn spec(rng: &mut SimRng, key: String, journal: &Path) -> v1::AllocationSpec {
         checkpoint_estimate_s: 5,
         walltime_s: 120,
         max_retries: 8,
-        command: vec!["sh".into(), "-c".into(), script(rng.range(2, 12))],
+        command: vec!["sh".into(), "-c".into(), script(rng.range(task_ms.0 / 250, task_ms.1 / 250).max(1))],
         env: [("CHAOS_JOURNAL".to_string(), journal.display().to_string())].into(),
         idempotency_key: key,
         ..Default::default()
@@ -101,17 +102,21 @@ fn record<T: Clone>(
 /// retried with its key for up to 20 s; half the time it is read back at
 /// once), a read of an earlier one (30 %), a cancel of one (8 %). Returns
 /// every call.
-pub async fn run(addrs: Vec<String>, seed: u64, journal: &Path, until: Instant) -> Vec<Op> {
+/// Each task runs for about `task_ms` (low, high) milliseconds.
+pub async fn run(addrs: Vec<String>, seed: u64, journal: &Path, until: Instant, task_ms: (u64, u64)) -> Vec<Op> {
     let mut rng = SimRng::new(seed ^ 0x05EE_D0FC_4A05);
     let mut client = Client::new(addrs, Duration::from_secs(2));
     let mut ops = Vec::new();
     let mut acked: Vec<(String, u64)> = Vec::new();
     let mut n = 0u64;
+    // Longer tasks, fewer submissions: the cluster must be able to drain
+    // what was submitted in the liveness phase.
+    let slower = ((task_ms.0 + task_ms.1) / 2).div_ceil((DEFAULT_TASK_MS.0 + DEFAULT_TASK_MS.1) / 2).max(1);
     while Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(rng.range(150, 600))).await;
+        tokio::time::sleep(Duration::from_millis(rng.range(150, 600) * slower)).await;
         n += 1;
         let key = format!("chaos-{seed}-{n}");
-        let spec = spec(&mut rng, key.clone(), journal);
+        let spec = spec(&mut rng, key.clone(), journal, task_ms);
         let give_up = Instant::now() + Duration::from_secs(20);
         loop {
             let invoke_ms = now_ms();

@@ -73,6 +73,9 @@ pub struct HubConfig {
     pub stop_grace: Duration,
     /// How long an agent has to send `Register`.
     pub register_timeout: Duration,
+    /// A silent node holding work is marked lost after this long (agents
+    /// are told, and fence themselves in half of it).
+    pub node_lost_after: Duration,
 }
 
 impl Default for HubConfig {
@@ -81,6 +84,7 @@ impl Default for HubConfig {
             heartbeat_interval: Duration::from_secs(5),
             stop_grace: Duration::from_secs(15),
             register_timeout: Duration::from_secs(30),
+            node_lost_after: Duration::from_secs(30),
         }
     }
 }

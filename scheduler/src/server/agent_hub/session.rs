@@ -66,6 +66,7 @@ impl Session {
                 node_id: session.node.to_string(),
                 heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u32,
                 max_checkpoint_bytes,
+                node_lost_after_ms: u32::try_from(cfg.node_lost_after.as_millis()).unwrap_or(u32::MAX),
             }))
             .await?;
         session.reconcile().await?;

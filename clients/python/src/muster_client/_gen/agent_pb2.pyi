@@ -235,14 +235,16 @@ class Recorded(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval_ms", "max_checkpoint_bytes")
+    __slots__ = ("node_id", "heartbeat_interval_ms", "max_checkpoint_bytes", "node_lost_after_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NODE_LOST_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval_ms: int
     max_checkpoint_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_checkpoint_bytes: _Optional[int] = ...) -> None: ...
+    node_lost_after_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_checkpoint_bytes: _Optional[int] = ..., node_lost_after_ms: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
     __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "checkpoint", "checkpoint_epoch", "walltime_s", "stall_timeout_s", "checkpointing", "ports")
