@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use muster_agent::agent::{Agent, AgentConfig, proc_sampler};
-use muster_agent::watchdog::WatchdogConfig;
+use muster_agent::agent::Agent;
 use muster_proto::v1;
 use muster_proto::v1::agent_message::Msg as Out;
 use muster_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
@@ -18,6 +17,8 @@ use muster_proto::v1::scheduler_message::Msg as In;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
+
+mod common;
 
 /// Registers the agent, assigns one task, grants its claim, and answers
 /// heartbeats until `silent` turns true; then answers nothing, ever.
@@ -116,24 +117,7 @@ async fn cut_off_agent(
             .serve_with_incoming(TcpListenerStream::new(listener))
             .await;
     });
-    let cfg = AgentConfig {
-        node_id: "n1".into(),
-        schedulers: vec![addr.to_string()],
-        resources: v1::Resources { gpus: 0, vram_mb: 0, mem_mb: 1_000, cpus: 1 },
-        labels: Default::default(),
-        address: "n1".into(),
-        ports: Default::default(),
-        work_dir: dir.join("work"),
-        backoff: (Duration::from_millis(50), Duration::from_millis(100)),
-        watchdog: WatchdogConfig::default(),
-        sampler: proc_sampler,
-        exit_when_stopped: false,
-        task_shim: None,
-        tls: None,
-        clock: Default::default(),
-        janitor: Default::default(),
-        fence,
-    };
+    let cfg = common::config(addr.to_string(), &dir.join("work"), fence);
     let (stop, stopped) = watch::channel(false);
     let agent = tokio::spawn(Agent::new(cfg).unwrap().run(stopped));
     let pid = pid_of(&pid_file).await;

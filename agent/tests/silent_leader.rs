@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use muster_agent::agent::{Agent, AgentConfig, proc_sampler};
-use muster_agent::watchdog::WatchdogConfig;
+use muster_agent::agent::Agent;
 use muster_proto::v1;
 use muster_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
+
+mod common;
 
 /// Registers every agent, then never answers a heartbeat.
 struct SilentLeader {
@@ -56,24 +57,7 @@ async fn an_agent_leaves_a_leader_that_stops_answering_heartbeats() {
         .serve_with_incoming(TcpListenerStream::new(listener));
     let server = tokio::spawn(server);
     let dir = tempfile::tempdir().unwrap();
-    let cfg = AgentConfig {
-        node_id: "n1".into(),
-        schedulers: vec![addr.to_string()],
-        resources: v1::Resources { gpus: 0, vram_mb: 0, mem_mb: 1_000, cpus: 1 },
-        labels: Default::default(),
-        address: "n1".into(),
-        ports: Default::default(),
-        work_dir: dir.path().to_path_buf(),
-        backoff: (Duration::from_millis(50), Duration::from_millis(100)),
-        watchdog: WatchdogConfig::default(),
-        sampler: proc_sampler,
-        exit_when_stopped: false,
-        task_shim: None,
-        tls: None,
-        clock: Default::default(),
-        janitor: Default::default(),
-        fence: true,
-    };
+    let cfg = common::config(addr.to_string(), dir.path(), true);
     let (stop, stopped) = watch::channel(false);
     let agent = tokio::spawn(Agent::new(cfg).unwrap().run(stopped));
     // Heartbeats every 100 ms, silence tolerated for three: a second connect
