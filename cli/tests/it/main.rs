@@ -764,6 +764,31 @@ fn t107_a_chaos_run_catches_agents_that_do_not_fence_themselves() {
     assert!(journal["detail"].as_str().unwrap().contains("still ran at"), "{journal}");
 }
 
+/// Issue 28: agents restarted under running work. Every second chaos agent
+/// runs with `--keep-tasks`: stopped with SIGTERM (or killed), it leaves its
+/// tasks running, and the next agent adopts them; the others' successors
+/// kill what they find. No attempt runs twice, and every check holds.
+#[test]
+fn t108_agents_restarted_with_keep_tasks_adopt_their_tasks_and_none_runs_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "25s", "--seed", "17", "--agents", "4", "--faults", "restart-agent,kill-agent"];
+    let o = muster(&[&args[..], &["--task-seconds", "2-8", "--json", "--dir", run.to_str().unwrap()]].concat());
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr)));
+    assert!(o.status.success(), "{report:#}");
+    let faults = report["faults"].as_array().unwrap();
+    assert!(
+        faults.iter().any(|f| f["kind"] == "restart-agent" && f["note"] == "exited 0, tasks left running"),
+        "{faults:#?}"
+    );
+    let adopted = ["c2", "c4"]
+        .iter()
+        .map(|id| std::fs::read_to_string(run.join(format!("agent-{id}.log"))).unwrap_or_default())
+        .any(|log| log.contains("adopted a task the previous agent left running"));
+    assert!(adopted, "a restarted agent adopted what its predecessor left running");
+}
+
 /// The fsyncgate bug: a log store that acknowledges entries whose fsync
 /// failed. A failing disk, then a power cycle of its machine, and
 /// `acked_entries_durable` names the replica that acknowledged entries its

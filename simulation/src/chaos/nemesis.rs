@@ -13,6 +13,7 @@
 //! | `lagging-follower` | cut a follower off until the leader has snapshotted and purged the log past it (at most 20 s), then heal: it must catch up by snapshot |
 //! | `kill-agent` | `kill -9` an agent; restart it 1–3 s later (its tasks are killed by the new agent and re-placed) |
 //! | `pause-agent` | SIGSTOP an agent for 1–3 s (less than the 8 s it takes to be flagged dead) |
+//! | `restart-agent` | stop an agent run with `--keep-tasks` (SIGTERM: it exits, its tasks run on), start it again 1–3 s later: it adopts what still runs and reports what ended meanwhile |
 //! | `disk-eio` | a replica's `fdatasync`s fail with EIO for 2–4 s; it must stop (status 75) without acknowledging what it did not persist; then its machine is power-cycled and it restarts on what its disk kept |
 //! | `disk-full` | a replica's log writes fail with ENOSPC, half written, for 2–4 s; it must stop (status 75) and restart cleanly |
 //! | `partition-agent` | cut an agent off from every replica: the first time (and every other time) until the leader has marked the node lost and placed its tasks elsewhere, plus 2–4 s; otherwise for 5–7 s (past the agent's fence at half the 8 s node-lost window, short of the window); no task may run twice |
@@ -62,6 +63,7 @@ pub const KINDS: &[(u32, &str)] = &[
     (1, "disk-full"),
     (1, "slow-disk"),
     (2, "partition-agent"),
+    (1, "restart-agent"),
 ];
 
 /// The status `muster server` exits with when its storage failed.
@@ -281,6 +283,40 @@ pub async fn run(
                 procs.kill_agent(i);
                 tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
                 let note = procs.spawn_agent(i).err().map(|e| format!("restart failed: {e}")).unwrap_or_default();
+                refresh_known(procs, proxies);
+                (procs.agent_ids()[i].clone(), note)
+            }
+            "restart-agent" => {
+                let keepers: Vec<usize> = (0..agents).filter(|&i| procs.keeps_tasks(i)).collect();
+                let i = match keepers.len() {
+                    0 => rng.range(0, agents as u64 - 1) as usize,
+                    n => keepers[rng.range(0, n as u64 - 1) as usize],
+                };
+                let exit = match procs.terminate_agent(i) {
+                    Some(mut child) => {
+                        let give_up = Instant::now() + Duration::from_secs(10);
+                        let mut status = child.try_wait().ok().flatten();
+                        while status.is_none() && Instant::now() < give_up {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            status = child.try_wait().ok().flatten();
+                        }
+                        if status.is_none() {
+                            let _ = child.kill();
+                            status = child.wait().ok();
+                        }
+                        status
+                    }
+                    None => None,
+                };
+                tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
+                let mut note = match exit {
+                    Some(status) if status.success() => "exited 0, tasks left running".to_string(),
+                    Some(status) => format!("exited {status}"),
+                    None => "was not running".to_string(),
+                };
+                if let Err(e) = procs.spawn_agent(i) {
+                    note = format!("{note}; restart failed: {e}");
+                }
                 refresh_known(procs, proxies);
                 (procs.agent_ids()[i].clone(), note)
             }

@@ -149,6 +149,7 @@ impl Procs {
             .arg("--tls-dir")
             .arg(self.tls_dir())
             .args(&self.agent_args)
+            .args(self.keeps_tasks(i).then_some("--keep-tasks"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log(&self.dir, &format!("agent-{id}"))?)
@@ -240,6 +241,21 @@ impl Procs {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Whether agent `i` runs with `--keep-tasks` (every second one: its
+    /// tasks outlive it, and the next agent adopts them).
+    pub fn keeps_tasks(&self, i: usize) -> bool {
+        i % 2 == 1
+    }
+
+    /// Asks agent `i` to stop as an operator would (SIGTERM); returns its
+    /// process, to wait for.
+    pub fn terminate_agent(&mut self, i: usize) -> Option<Child> {
+        let c = self.agents[i].take()?;
+        signal(&c, libc::SIGCONT);
+        signal(&c, libc::SIGTERM);
+        Some(c)
     }
 
     /// SIGSTOP (`true`) or SIGCONT agent `i`.
