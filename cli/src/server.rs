@@ -112,7 +112,8 @@ pub struct ServerArgs {
     #[arg(long, hide = true)]
     crash_image: bool,
     /// A deliberate bug, to prove the chaos checks catch one
-    /// (ack-before-commit, ack-before-fsync, ack-despite-fsync-error). Tests only.
+    /// (ack-before-commit, ack-before-fsync, ack-despite-fsync-error,
+    /// unpaced-leader-clock, removed-voters-linger). Tests only.
     #[arg(long, hide = true)]
     inject_bug: Option<String>,
     /// Injected disk faults: the log reads this control file before each
@@ -120,6 +121,12 @@ pub struct ServerArgs {
     /// none). Tests and `muster chaos` only.
     #[arg(long, hide = true, value_name = "PATH")]
     disk_fault_file: Option<PathBuf>,
+    /// Injected clock faults: this replica's wall clock reads the host's
+    /// moved by what this control file says (OFFSET_MS, or OFFSET_MS
+    /// DRIFT_PER_MILLE SINCE_MS; absent: not moved). Tests and `muster chaos`
+    /// only.
+    #[arg(long, hide = true, value_name = "PATH")]
+    clock_offset_file: Option<PathBuf>,
 }
 
 /// The exit status of a replica whose storage failed (an fsync or a write
@@ -307,6 +314,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.store.applied_log = args.keep_applied_log;
     cfg.store.crash_image = args.crash_image;
     cfg.store.disk_fault_file = args.disk_fault_file.clone();
+    if let Some(file) = &args.clock_offset_file {
+        cfg.clock = muster_clock::SharedClock::new(muster_clock::ShiftedClock::new(file));
+    }
     cfg.raft.snapshot_every = args.snapshot_every;
     cfg.raft.keep_behind_snapshot = args.keep_log_behind_snapshot;
     cfg.raft.heartbeat_ms = args.heartbeat_ms;

@@ -1,4 +1,4 @@
-//! The one clock each shell reads.
+//! The one clock each shell reads, and the leader's pace for replicated time.
 //!
 //! Muster's core never reads a clock: the replica, the agent and the agent's
 //! hint code read one here and pass the times in. Each shell holds one
@@ -21,6 +21,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
+
+mod pace;
+mod shift;
+
+pub use pace::{Pacer, SLEW_PER_MILLE};
+pub use shift::{Shift, ShiftedClock, set_shift};
 
 /// Wall and monotonic time.
 pub trait Clock: Send + Sync + fmt::Debug {

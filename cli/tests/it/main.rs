@@ -673,6 +673,7 @@ fn t100_a_short_chaos_run_passes_every_check() {
         "linearizable",
         "committed_log_replays",
         "acked_entries_durable",
+        "deadlines_on_time",
         "no_crashes",
     ] {
         assert!(
@@ -787,6 +788,102 @@ fn t108_agents_restarted_with_keep_tasks_adopt_their_tasks_and_none_runs_twice()
         .map(|id| std::fs::read_to_string(run.join(format!("agent-{id}.log"))).unwrap_or_default())
         .any(|log| log.contains("adopted a task the previous agent left running"));
     assert!(adopted, "a restarted agent adopted what its predecessor left running");
+}
+
+/// Issue 28: clock faults. The leader's wall clock jumps minutes ahead and
+/// back, and a follower's drifts before the leader is killed so that it may
+/// lead on its skewed clock. Replicated time is paced on the monotonic
+/// clock: `deadlines_on_time` finds it at 0.9–1.1× real time within every
+/// term and never further off than the skews injected, and every other
+/// check holds.
+#[test]
+fn t109_clock_jumps_and_skews_leave_every_deadline_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args =
+        ["chaos", "--duration", "40s", "--seed", "2", "--faults", "clock-jump-forward,clock-jump-back,clock-skew"];
+    let o = muster(&[&args[..], &["--json", "--dir", run.to_str().unwrap()]].concat());
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr)));
+    assert!(o.status.success(), "{report:#}");
+    let faults = report["faults"].as_array().unwrap();
+    assert!(faults.iter().any(|f| f["clock_ms"].as_i64().unwrap() >= 5_000), "a jump ahead: {faults:#?}");
+    assert!(faults.iter().any(|f| f["clock_ms"].as_i64().unwrap() <= -5_000), "a jump back: {faults:#?}");
+    assert!(faults.iter().any(|f| f["kind"] == "clock-skew"), "{faults:#?}");
+    let check = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "deadlines_on_time").unwrap();
+    assert!(check["detail"].as_str().unwrap().contains("entries pinned to real time"), "{check}");
+}
+
+/// A leader that stamps entries with its raw wall clock (the injected bug
+/// `unpaced-leader-clock`): a jump ahead fires every deadline within it at
+/// once, a jump back stops replicated time, and `deadlines_on_time` names
+/// the stretch of the term where the replicated clock left real time's pace.
+#[test]
+fn t160_a_chaos_run_catches_a_leader_stamping_its_raw_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "25s", "--seed", "3", "--faults", "clock-jump-forward,clock-jump-back"];
+    let o = muster(
+        &[&args[..], &["--inject-bug", "unpaced-leader-clock", "--json", "--dir", run.to_str().unwrap()]].concat(),
+    );
+    assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let check = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "deadlines_on_time").unwrap();
+    assert_eq!(check["passed"], false, "{report:#}");
+    let detail = check["detail"].as_str().unwrap();
+    assert!(detail.contains("more than 1.1×") || detail.contains("less than 0.9×"), "{check}");
+}
+
+/// Issue 28: membership changes under load. The cluster grows from 3 voters
+/// to 5, a voter is replaced by a fresh replica with a new id, two voters
+/// are removed, between leader kills and power losses. Every check holds
+/// over the replicas that remain, which report the membership the harness
+/// made, and the replay still covers the log from entry 1 through the
+/// retired replicas' logs.
+#[test]
+fn t161_replicas_join_leave_and_are_replaced_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let faults = "grow-cluster,shrink-cluster,replace-replica,kill-leader,power-loss-replica";
+    let args = ["chaos", "--duration", "30s", "--seed", "5", "--faults", faults, "--json"];
+    let o = muster(&[&args[..], &["--dir", run.to_str().unwrap()]].concat());
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr)));
+    assert!(o.status.success(), "{report:#}");
+    let notes: Vec<&str> = report["faults"].as_array().unwrap().iter().map(|f| f["note"].as_str().unwrap()).collect();
+    assert!(notes.iter().any(|n| n.contains("joined and were promoted; voters 1, 2, 3, 4, 5")), "{notes:?}");
+    assert!(notes.iter().any(|n| n.contains("removed and retired")), "{notes:?}");
+    assert!(notes.iter().any(|n| n.contains("joined on its machine") || n.contains("was removed")), "{notes:?}");
+    let checks = report["checks"].as_array().unwrap();
+    let agree = checks.iter().find(|c| c["name"] == "replicas_agree").unwrap();
+    assert!(agree["detail"].as_str().unwrap().contains("all voters, as the harness made them"), "{agree}");
+    let replay = checks.iter().find(|c| c["name"] == "committed_log_replays").unwrap();
+    assert!(replay["detail"].as_str().unwrap().starts_with("replayed entries 1..="), "{replay}");
+}
+
+/// A cluster that keeps removed voters on as learners (the injected bug
+/// `removed-voters-linger`): the leader replicates for ever to machines that
+/// were taken away, whose addresses now serve new members. Those refuse
+/// traffic meant for their predecessors (`x-muster-raft-to`), so nothing
+/// else breaks, and `replicas_agree` names the learners left behind.
+#[test]
+fn t162_a_chaos_run_catches_removed_voters_that_linger() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "20s", "--seed", "3", "--faults", "grow-cluster,shrink-cluster,replace-replica"];
+    let o = muster(
+        &[&args[..], &["--inject-bug", "removed-voters-linger", "--json", "--dir", run.to_str().unwrap()]].concat(),
+    );
+    assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let checks = report["checks"].as_array().unwrap();
+    let agree = checks.iter().find(|c| c["name"] == "replicas_agree").unwrap();
+    assert_eq!(agree["passed"], false, "{report:#}");
+    assert!(agree["detail"].as_str().unwrap().contains("and learners [1"), "{agree}");
+    for check in ["acked_exactly_once", "committed_log_replays", "no_crashes"] {
+        let c = checks.iter().find(|c| c["name"] == check).unwrap();
+        assert_eq!(c["passed"], true, "{c}");
+    }
 }
 
 /// The fsyncgate bug: a log store that acknowledges entries whose fsync

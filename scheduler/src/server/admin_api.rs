@@ -134,10 +134,11 @@ impl AdminService for AdminApi {
         let remove_voters: BTreeSet<u64> = remove.intersection(&voters).copied().collect();
         if !remove_voters.is_empty() {
             // retain = false: a removed voter does not stay on as a learner.
+            let retain = self.s.inject_bug == Some(super::replica::InjectedBug::RemovedVotersLinger);
             let resp = self
                 .s
                 .raft
-                .change_membership(ChangeMembers::RemoveVoters(remove_voters), false)
+                .change_membership(ChangeMembers::RemoveVoters(remove_voters), retain)
                 .await
                 .map_err(write_error)?;
             log_index = resp.log_id.index;
@@ -191,7 +192,7 @@ impl AdminService for AdminApi {
             name: q.name,
             role,
             sha256: token_sha256(&secret),
-            expires_ms: self.s.clock.wall_ms().saturating_add(ttl_ms),
+            expires_ms: self.s.reader.read(|st| self.s.now(st)).saturating_add(ttl_ms),
             by,
         };
         match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {

@@ -30,6 +30,7 @@ pub mod health;
 pub mod history;
 pub mod http;
 pub mod leader;
+pub mod leader_time;
 pub mod leader_watch;
 pub mod limits;
 pub mod node_api;

@@ -17,7 +17,6 @@
 //! Metrics: `muster_raft_batch_commands` (histogram), `muster_raft_commit_seconds`
 //! (histogram), `muster_raft_proposals_total{result}` (counter).
 
-use muster_clock::SharedClock;
 use muster_raft_store::CommandBatch;
 use openraft::BasicNode;
 use openraft::error::{ClientWriteError, Fatal, RaftError};
@@ -26,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use std::collections::VecDeque;
 
+use super::leader_time::LeaderTime;
 use super::{MusterRaft, TypeConfig};
 use crate::sm::{Command, Outcome};
 
@@ -82,10 +82,10 @@ pub struct Proposer {
 impl Proposer {
     /// Starts the proposer task for `raft`; at most `max_batch` commands go
     /// into one entry.
-    /// Each entry carries `clock`'s wall time.
-    pub fn start(raft: MusterRaft, max_batch: usize, clock: SharedClock) -> Proposer {
+    /// Each entry carries the replicated time `time` reads.
+    pub fn start(raft: MusterRaft, max_batch: usize, time: LeaderTime) -> Proposer {
         let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(raft, rx, max_batch.max(1), clock));
+        tokio::spawn(run(raft, rx, max_batch.max(1), time));
         Proposer { tx }
     }
 
@@ -129,7 +129,7 @@ struct InFlight {
     started: std::time::Instant,
 }
 
-async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize, clock: SharedClock) {
+async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize, time: LeaderTime) {
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut open = true;
     while open || !in_flight.is_empty() {
@@ -154,7 +154,7 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
                 }
                 let commands = batch.iter().map(|p| p.command.clone()).collect();
                 let started = std::time::Instant::now();
-                match raft.client_write_ff(CommandBatch { time_ms: clock.wall_ms(), commands }).await {
+                match raft.client_write_ff(CommandBatch { time_ms: time.now(), commands }).await {
                     Ok(outcome) => in_flight.push_back(InFlight { batch, outcome, started }),
                     Err(fatal) => {
                         let err = ProposeError::from(RaftError::<u64, ClientWriteError<u64, BasicNode>>::Fatal(fatal));

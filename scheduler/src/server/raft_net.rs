@@ -158,6 +158,7 @@ impl Peer {
         let data = codec::encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = Request::new(RaftPayload { data });
         request.set_timeout(option.hard_ttl());
+        request.metadata_mut().insert(TO_HEADER, self.target.into());
         let reply = match rpc {
             Rpc::Append => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,
@@ -230,6 +231,25 @@ impl RaftRpc {
     }
 }
 
+/// The replica a Raft request is meant for. A machine whose address
+/// passed to a new member (a replica replaced on the same host:port while
+/// the old one is still in the membership) refuses its predecessor's
+/// traffic instead of taking a leader's own requests, or another member's
+/// votes, for its own.
+const TO_HEADER: &str = "x-muster-raft-to";
+
+/// Refuses a request addressed to another replica id (a request without the
+/// header is taken: an older peer's).
+fn addressed_to(req: &Request<RaftPayload>, me: u64) -> Result<(), Status> {
+    let to = req.metadata().get(TO_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    match to {
+        Some(to) if to != me => Err(Status::failed_precondition(format!(
+            "this address serves replica {me}, not replica {to}: remove replica {to} from the cluster"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn decode_request<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
     codec::decode(&req.into_inner().data)
         .map_err(|e| Status::invalid_argument(format!("raft payload does not decode: {e}")))
@@ -262,16 +282,19 @@ impl RaftService for RaftRpc {
     }
 
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        addressed_to(&req, self.id)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode_request(req)?;
         encode_reply(&self.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        addressed_to(&req, self.id)?;
         let rpc: VoteRequest<u64> = decode_request(req)?;
         encode_reply(&self.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        addressed_to(&req, self.id)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode_request(req)?;
         encode_reply(&self.raft.install_snapshot(rpc).await)
     }
@@ -292,5 +315,21 @@ mod tests {
         assert!(!r.record(2, true));
         let wrapped = std::io::Error::other(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(root_cause(&wrapped), std::io::Error::from(std::io::ErrorKind::ConnectionRefused).to_string());
+    }
+
+    #[test]
+    fn a_request_for_another_replica_is_refused() {
+        let to = |id: Option<u64>| {
+            let mut r = Request::new(RaftPayload { data: vec![] });
+            if let Some(id) = id {
+                r.metadata_mut().insert(TO_HEADER, id.into());
+            }
+            r
+        };
+        assert!(addressed_to(&to(Some(4)), 4).is_ok());
+        assert!(addressed_to(&to(None), 4).is_ok(), "a peer that does not say is taken at its word");
+        let e = addressed_to(&to(Some(2)), 4).unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.message().contains("serves replica 4, not replica 2"), "{}", e.message());
     }
 }

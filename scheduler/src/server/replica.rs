@@ -147,6 +147,13 @@ pub enum InjectedBug {
     /// The log store acknowledges appended entries even when their fsync
     /// failed, and keeps writing ("fsyncgate").
     AckDespiteFsyncError,
+    /// The leader stamps entries, and compares deadlines, with its raw wall
+    /// clock rather than the paced replicated time: a jump of its clock
+    /// fires every deadline within the jump at once.
+    UnpacedLeaderClock,
+    /// A voter removed from the cluster stays on as a learner: the leader
+    /// keeps replicating to a machine that was taken away, for ever.
+    RemovedVotersLinger,
 }
 
 impl InjectedBug {
@@ -156,12 +163,20 @@ impl InjectedBug {
             "ack-before-commit" => Some(InjectedBug::AckBeforeCommit),
             "ack-before-fsync" => Some(InjectedBug::AckBeforeFsync),
             "ack-despite-fsync-error" => Some(InjectedBug::AckDespiteFsyncError),
+            "unpaced-leader-clock" => Some(InjectedBug::UnpacedLeaderClock),
+            "removed-voters-linger" => Some(InjectedBug::RemovedVotersLinger),
             _ => None,
         }
     }
 
     /// Every bug's flag value.
-    pub const NAMES: &'static [&'static str] = &["ack-before-commit", "ack-before-fsync", "ack-despite-fsync-error"];
+    pub const NAMES: &'static [&'static str] = &[
+        "ack-before-commit",
+        "ack-before-fsync",
+        "ack-despite-fsync-error",
+        "unpaced-leader-clock",
+        "removed-voters-linger",
+    ];
 }
 
 impl ReplicaConfig {
@@ -233,6 +248,8 @@ pub struct Shared {
     pub liveness: Liveness,
     /// The one clock every path of this replica reads.
     pub clock: SharedClock,
+    /// Replicated time as this replica stamps it while it leads.
+    pub time: super::leader_time::LeaderTime,
     /// Whether this replica leads now (one watcher of Raft's metrics feeds
     /// it, so that agent streams need not each wake on every entry).
     pub leading: watch::Receiver<bool>,
@@ -263,11 +280,15 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Now, for any decision this replica makes: the clock's wall time, never
-    /// behind the time of the last applied entry (so a replica whose clock
-    /// lags the leader's never sees a replicated deadline as still ahead).
+    /// Now, for any decision this replica makes: while it leads, the
+    /// replicated time it stamps on entries ([`LeaderTime`]); otherwise the
+    /// clock's wall time. Never behind the time of the last applied entry
+    /// (so a replica whose clock lags the leader's never sees a replicated
+    /// deadline as still ahead).
+    ///
+    /// [`LeaderTime`]: super::leader_time::LeaderTime
     pub fn now(&self, st: &State) -> u64 {
-        self.clock.wall_ms().max(st.now_ms())
+        if *self.leading.borrow() { self.time.at_least(st.now_ms()) } else { self.clock.wall_ms().max(st.now_ms()) }
     }
 }
 
@@ -328,7 +349,13 @@ impl Replica {
         let raft = MusterRaft::new(cfg.id, Arc::new(raft_cfg), Network::new(cfg.tls.clone()), log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
-        let proposer = Proposer::start(raft.clone(), cfg.max_batch, cfg.clock.clone());
+        let time = super::leader_time::LeaderTime::new(
+            cfg.clock.clone(),
+            reader.clone(),
+            raft.metrics(),
+            cfg.inject_bug == Some(InjectedBug::UnpacedLeaderClock),
+        );
+        let proposer = Proposer::start(raft.clone(), cfg.max_batch, time.clone());
         let (leader_gone_tx, leader_gone) = watch::channel(None);
         let watch_timing = WatchTiming::new(cfg.raft.heartbeat_ms, cfg.raft.election_timeout_ms);
         let leading = {
@@ -354,6 +381,7 @@ impl Replica {
             admission_wake: Arc::new(Notify::new()),
             liveness: Liveness::new(cfg.clock.clone()),
             clock: cfg.clock.clone(),
+            time,
             leading,
             agents: AgentRegistry::default(),
             preemption: cfg.preemption,

@@ -71,7 +71,8 @@ mod tests {
     use crate::chaos::{CheckResult, Fault, OpCounts, Recovery};
 
     fn report(seed: u64, passed: bool, recovery_ms: u64) -> Report {
-        let fault = |kind| Fault { kind, target: "replica 1".into(), start_ms: 0, end_ms: 1, note: String::new() };
+        let fault =
+            |kind| Fault { kind, target: "replica 1".into(), start_ms: 0, end_ms: 1, note: String::new(), clock_ms: 0 };
         Report {
             seed,
             duration_s: 600,

@@ -66,7 +66,7 @@ impl Client {
     {
         let mut target = self.leader;
         let mut last = String::from("no replica tried");
-        for _ in 0..4 {
+        for _ in 0..=self.addrs.len() {
             let addr = self.addrs[target].clone();
             let channel = match connect(&addr, self.timeout).await {
                 Ok(c) => c,
@@ -188,16 +188,22 @@ pub async fn node_status(real: &[String], id: &str) -> Option<v1::NodeStatus> {
 
 /// The replica (1-based id) that says it leads with the highest term.
 pub async fn leader(real: &[String]) -> Option<u64> {
-    let mut best: Option<(u64, u64)> = None;
+    leader_at(real).await.map(|(id, _)| id)
+}
+
+/// The leader of the highest term among `real`, and the address of `real`
+/// it answered on.
+pub async fn leader_at(real: &[String]) -> Option<(u64, String)> {
+    let mut best: Option<(u64, u64, &String)> = None;
     for addr in real {
         if let Some(s) = status(addr).await
             && s.role == "leader"
-            && best.is_none_or(|(term, _)| s.term > term)
+            && best.is_none_or(|(term, _, _)| s.term > term)
         {
-            best = Some((s.term, s.id));
+            best = Some((s.term, s.id, addr));
         }
     }
-    best.map(|(_, id)| id)
+    best.map(|(_, id, addr)| (id, addr.clone()))
 }
 
 /// Every allocation, read from the leader's real address.

@@ -1,10 +1,12 @@
-//! `muster chaos`: three real `muster server` processes and K real `muster
-//! agent` processes on loopback, each replica's port behind a TCP proxy the
-//! harness controls; a submitter sending allocations with idempotency keys
-//! and recording every attempt; a seeded nemesis (kill -9, SIGSTOP/SIGCONT,
-//! partitions, slow links, a follower kept away past a snapshot, agents
-//! killed and paused); then a quiet liveness phase with every fault healed,
-//! and the checks (docs/reliability.md).
+//! `muster chaos`: three real `muster server` processes (five while the
+//! cluster is grown) and K real `muster agent` processes on loopback, each
+//! replica's port behind a TCP proxy the harness controls; a submitter
+//! sending allocations with idempotency keys and recording every attempt; a
+//! seeded nemesis (kill -9, SIGSTOP/SIGCONT, partitions, slow links, a
+//! follower kept away past a snapshot, failing disks, clock jumps,
+//! membership changes, agents killed, paused, restarted and cut off); then a
+//! quiet liveness phase with every fault healed, and the checks
+//! (docs/reliability.md).
 //!
 //! ```text
 //!   start ─▶ fault phase (workload ∥ nemesis, `duration`) ─▶ heal everything
@@ -15,6 +17,7 @@
 mod campaign;
 mod checks;
 mod client;
+mod membership;
 mod nemesis;
 mod procs;
 mod proxy;
@@ -243,7 +246,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     std::fs::create_dir_all(cfg.dir.join("agents")).map_err(|e| format!("{}: {e}", cfg.dir.display()))?;
     let journal = cfg.dir.join("journal.log"); // Procs::journal
     std::fs::write(&journal, "").map_err(|e| e.to_string())?;
-    let real: Vec<String> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let real: Vec<String> = (0..procs::MACHINES).map(|_| free_port()).collect::<Result<_, _>>()?;
     let mut proxies = Vec::new();
     for (i, r) in real.iter().enumerate() {
         proxies.push(Proxy::start(r.clone(), cfg.seed.wrapping_add(i as u64)).await.map_err(|e| e.to_string())?);
@@ -258,14 +261,16 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         (server_args(cfg), agent_args(cfg)),
     );
     // Everything runs over mutual TLS with its own role's certificate.
-    let roles: Vec<muster_tls::Role> = (1..=3)
+    let roles: Vec<muster_tls::Role> = procs
+        .members()
+        .into_iter()
         .map(muster_tls::Role::Server)
         .chain(procs.agent_ids().iter().map(|id| muster_tls::Role::Agent(id.clone())))
         .chain([muster_tls::Role::Admin("chaos".into())])
         .collect();
     let materials = crate::local::ensure_certs(&procs.tls_dir(), &roles)?;
     client::set_tls(materials.last().cloned());
-    for id in 1..=3 {
+    for id in procs.members() {
         procs.spawn_server(id).map_err(|e| format!("cannot start muster server: {e}"))?;
     }
     nemesis::refresh_known(&procs, &proxies);
@@ -273,7 +278,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         procs.spawn_agent(i).map_err(|e| format!("cannot start muster agent: {e}"))?;
     }
     nemesis::refresh_known(&procs, &proxies);
-    wait_ready(&real, cfg.agents).await?;
+    wait_ready(&procs.member_addrs(), cfg.agents).await?;
 
     // The fault phase.
     let until = Instant::now() + cfg.duration;
@@ -287,14 +292,15 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     // The liveness phase: everything ends, the replicas converge.
     let quiet = Instant::now();
     let deadline = quiet + cfg.liveness_timeout;
-    let (mut allocs, leader) = settle(&real, deadline).await;
-    let statuses = converge(&real, deadline).await;
+    let members = procs.members();
+    let (mut allocs, leader) = settle(&procs.member_addrs(), deadline).await;
+    let statuses = converge(&procs.member_addrs(), deadline).await;
     let liveness_s = quiet.elapsed().as_secs_f64();
     let mut histories = BTreeMap::new();
     let mut forgotten = 0;
-    if let Some(l) = leader {
+    if let Some(leader) = leader {
         for a in &allocs {
-            if let Ok(h) = client::history(&real[l as usize - 1], a.id).await {
+            if let Ok(h) = client::history(&leader, a.id).await {
                 histories.insert(a.id, h);
             }
         }
@@ -303,10 +309,10 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         // the committed starts).
         // A replica that restarted may still be fetching records it lacks
         // from its peers: give it until the deadline.
-        let mut read = client::job_history(&real[l as usize - 1]).await;
+        let mut read = client::job_history(&leader).await;
         while read.is_err() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            read = client::job_history(&real[l as usize - 1]).await;
+            read = client::job_history(&leader).await;
         }
         match read {
             Ok(records) => {
@@ -324,8 +330,10 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     procs.shutdown();
     let mut logs = Vec::new();
     let mut unreadable = Vec::new();
-    for id in 1..=3 {
-        match muster_raft_store::read_applied_log::<muster_core::sm::State>(&procs.data_dir(id)) {
+    // Every replica that ever ran, retired ones too (a replica that joined
+    // late holds only what it applied after its snapshot).
+    for id in procs.all_ids().into_iter().filter(|&id| procs.applied_log_dir(id).exists()) {
+        match muster_raft_store::read_applied_log::<muster_core::sm::State>(&procs.applied_log_dir(id)) {
             Ok(records) => logs.push(checks::ReplicaLog { replica: id, records }),
             Err(e) => unreadable.push(e.to_string()),
         }
@@ -335,7 +343,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     let parsed = checks::Journal::parse(&text);
     let mut results = vec![
         checks::acked_exactly_once(&ops, &allocs),
-        checks::replicas_agree(&statuses),
+        checks::replicas_agree_as_members(&statuses, &members),
         checks::all_terminal(&allocs),
         checks::journal_consistent(&parsed, &histories),
         checks::gpus_never_overbooked(&parsed, &allocs, procs::AGENT_GPUS),
@@ -348,6 +356,9 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     }
     results.push(replay);
     results.push(checks::acked_entries_durable(&procs.power_losses));
+    let ahead = faults.iter().map(|f| f.clock_ms.max(0) as u64).max().unwrap_or(0);
+    let behind = faults.iter().map(|f| (-f.clock_ms).max(0) as u64).max().unwrap_or(0);
+    results.push(checks::deadlines_on_time(&logs, &ops, ahead, behind));
     results.push(CheckResult {
         name: "no_crashes",
         passed: crashed.is_empty(),
@@ -400,8 +411,8 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
 async fn wait_ready(real: &[String], agents: u32) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Some(l) = client::leader(real).await
-            && let Ok(ch) = client::connect(&real[l as usize - 1], Duration::from_secs(2)).await
+        if let Some((_, addr)) = client::leader_at(real).await
+            && let Ok(ch) = client::connect(&addr, Duration::from_secs(2)).await
             && let Ok(r) = muster_proto::v1::node_service_client::NodeServiceClient::new(ch)
                 .list_nodes(muster_proto::v1::ListNodesRequest {})
                 .await
@@ -420,15 +431,15 @@ async fn wait_ready(real: &[String], agents: u32) -> Result<(), String> {
 }
 
 /// Waits until every allocation is terminal (or the deadline); returns the
-/// last listing and the leader it came from.
-async fn settle(real: &[String], deadline: Instant) -> (Vec<muster_proto::v1::Allocation>, Option<u64>) {
+/// last listing and the (control) address of the leader it came from.
+async fn settle(real: &[String], deadline: Instant) -> (Vec<muster_proto::v1::Allocation>, Option<String>) {
     let mut last = (Vec::new(), None);
     loop {
-        if let Some(l) = client::leader(real).await
-            && let Ok(allocs) = client::list_all(&real[l as usize - 1]).await
+        if let Some((_, addr)) = client::leader_at(real).await
+            && let Ok(allocs) = client::list_all(&addr).await
         {
             let done = checks::all_terminal(&allocs).passed;
-            last = (allocs, Some(l));
+            last = (allocs, Some(addr));
             if done {
                 return last;
             }

@@ -18,6 +18,12 @@
 //! | `disk-full` | a replica's log writes fail with ENOSPC, half written, for 2–4 s; it must stop (status 75) and restart cleanly |
 //! | `partition-agent` | cut an agent off from every replica: the first time (and every other time) until the leader has marked the node lost and placed its tasks elsewhere, plus 2–4 s; otherwise for 5–7 s (past the agent's fence at half the 8 s node-lost window, short of the window); no task may run twice |
 //! | `slow-disk` | a replica's `fdatasync`s take 200–600 ms longer for 3–5 s; it keeps serving, slowly |
+//! | `clock-jump-forward` | the leader's wall clock jumps 5 s – 2 min ahead for 3–6 s, then back |
+//! | `clock-jump-back` | the leader's wall clock jumps 5 s – 2 min back for 3–6 s, then forward again |
+//! | `grow-cluster` | two fresh replicas (new ids, empty data dirs) join as learners and are promoted: 3 voters become 5 (at 5, it shrinks instead) |
+//! | `shrink-cluster` | two voters, the leader one of them half the time, are removed, stopped and retired: 5 become 3 (at 3, it grows instead) |
+//! | `replace-replica` | a voter, the leader half the time, is replaced by a fresh replica with a new id (see `membership.rs`) |
+//! | `clock-skew` | a follower's clock runs 2–8 % fast or slow for 4–8 s; then the leader is killed (and restarted 1–2 s later), so the skewed replica may lead on its skewed clock; it is put right 1–2 s later |
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -45,6 +51,9 @@ pub struct Fault {
     pub end_ms: u64,
     /// Anything worth knowing (e.g. how far behind a lagging follower was).
     pub note: String,
+    /// The largest shift of a replica's wall clock it made, ms (ahead when
+    /// positive); 0 for every other kind.
+    pub clock_ms: i64,
 }
 
 /// Every fault and its weight in the schedule.
@@ -64,6 +73,12 @@ pub const KINDS: &[(u32, &str)] = &[
     (1, "slow-disk"),
     (2, "partition-agent"),
     (1, "restart-agent"),
+    (1, "clock-jump-forward"),
+    (1, "clock-jump-back"),
+    (1, "clock-skew"),
+    (1, "grow-cluster"),
+    (1, "shrink-cluster"),
+    (1, "replace-replica"),
 ];
 
 /// The status `muster server` exits with when its storage failed.
@@ -107,8 +122,9 @@ fn busiest(journal: &std::path::Path, agents: &[String]) -> Option<usize> {
 /// and its own connections to the others are refused by theirs.
 fn partition(procs: &Procs, proxies: &[Proxy], id: u64) {
     let pid = procs.server_pids().into_iter().find(|&(i, _)| i == id).map(|(_, p)| p);
+    let machine = procs.machine(id);
     for (i, p) in proxies.iter().enumerate() {
-        if i as u64 + 1 == id {
+        if i == machine {
             p.set_isolated(true);
         } else {
             p.set_blocked(pid.into_iter().collect());
@@ -123,6 +139,18 @@ pub fn heal_network(proxies: &[Proxy]) {
         p.set_blocked(BTreeSet::new());
         p.set_slow(None);
     }
+}
+
+/// A member other than `id`, at random.
+fn other_than(procs: &Procs, id: u64, rng: &mut SimRng) -> u64 {
+    let others: Vec<u64> = procs.members().into_iter().filter(|&m| m != id).collect();
+    others[rng.range(0, others.len() as u64 - 1) as usize]
+}
+
+/// Any member, at random.
+fn any_member(procs: &Procs, rng: &mut SimRng) -> u64 {
+    let members = procs.members();
+    members[rng.range(0, members.len() as u64 - 1) as usize]
 }
 
 async fn leader_or_wait(real: &[String], until: Instant) -> Option<u64> {
@@ -151,24 +179,26 @@ pub async fn run(
     // Let the cluster settle and the workload start.
     tokio::time::sleep(Duration::from_secs(2)).await;
     while Instant::now() + Duration::from_secs(3) < until {
-        let kind = rng.weighted(kinds);
+        let mut kind = rng.weighted(kinds);
         let hold = |rng: &mut SimRng, lo: u64, hi: u64| Duration::from_millis(rng.range(lo, hi));
         let start_ms = now_ms();
+        let mut clock_ms = 0i64;
         let (target, note) = match kind {
             "kill-leader" | "pause-leader" | "partition-leader" | "partition-follower" | "lagging-follower" => {
-                let Some(leader) = leader_or_wait(&procs.real, Instant::now() + Duration::from_secs(10)).await else {
+                let Some(leader) =
+                    leader_or_wait(&procs.member_addrs(), Instant::now() + Duration::from_secs(10)).await
+                else {
                     faults.push(Fault {
                         kind: "no-leader",
                         target: String::new(),
                         start_ms,
                         end_ms: now_ms(),
                         note: "no leader for 10 s".into(),
+                        clock_ms: 0,
                     });
                     continue;
                 };
-                let n = procs.real.len() as u64;
-                let target =
-                    if kind.ends_with("follower") { (leader + rng.range(1, n - 1) - 1) % n + 1 } else { leader };
+                let target = if kind.ends_with("follower") { other_than(procs, leader, &mut rng) } else { leader };
                 let note = match kind {
                     "kill-leader" => {
                         procs.kill_server(target);
@@ -185,13 +215,11 @@ pub async fn run(
                     }
                     "lagging-follower" => {
                         partition(procs, proxies, target);
-                        let behind =
-                            client::status(&procs.real[target as usize - 1]).await.map_or(0, |s| s.applied_index);
+                        let behind = client::status(procs.addr(target)).await.map_or(0, |s| s.applied_index);
                         let give_up = Instant::now() + Duration::from_secs(20);
                         let mut purged = false;
                         while Instant::now() < give_up && Instant::now() < until {
-                            let snap =
-                                client::status(&procs.real[leader as usize - 1]).await.map_or(0, |s| s.snapshot_index);
+                            let snap = client::status(procs.addr(leader)).await.map_or(0, |s| s.snapshot_index);
                             if snap > behind + 30 {
                                 purged = true;
                                 break;
@@ -211,7 +239,7 @@ pub async fn run(
                 (format!("replica {target}"), note)
             }
             "power-loss-replica" => {
-                let target = rng.range(1, procs.real.len() as u64);
+                let target = any_member(procs, &mut rng);
                 let mut note = procs.power_loss_server(target).err().unwrap_or_default();
                 tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
                 if let Err(e) = procs.spawn_server(target) {
@@ -221,7 +249,7 @@ pub async fn run(
                 (format!("replica {target}"), note)
             }
             "power-loss-all" => {
-                let ids: Vec<u64> = (1..=procs.real.len() as u64).collect();
+                let ids = procs.members();
                 let mut notes = Vec::new();
                 for &id in &ids {
                     notes.extend(procs.power_loss_server(id).err());
@@ -243,7 +271,7 @@ pub async fn run(
                 ("all links".to_string(), "75 ms ± 50 ms, 50 % held".to_string())
             }
             "disk-eio" | "disk-full" | "slow-disk" => {
-                let target = rng.range(1, procs.real.len() as u64);
+                let target = any_member(procs, &mut rng);
                 let (fault, held) = match kind {
                     "disk-eio" => (DiskFault::SyncFails, hold(&mut rng, 2_000, 4_000)),
                     "disk-full" => (DiskFault::Full, hold(&mut rng, 2_000, 4_000)),
@@ -277,6 +305,69 @@ pub async fn run(
                 }
                 refresh_known(procs, proxies);
                 (format!("replica {target}"), notes.join("; "))
+            }
+            "clock-jump-forward" | "clock-jump-back" | "clock-skew" => {
+                let Some(leader) =
+                    leader_or_wait(&procs.member_addrs(), Instant::now() + Duration::from_secs(10)).await
+                else {
+                    faults.push(Fault {
+                        kind: "no-leader",
+                        target: String::new(),
+                        start_ms,
+                        end_ms: now_ms(),
+                        note: "no leader for 10 s".into(),
+                        clock_ms: 0,
+                    });
+                    continue;
+                };
+                let mut notes = Vec::new();
+                let target = if kind == "clock-skew" {
+                    let follower = other_than(procs, leader, &mut rng);
+                    let fast = rng.chance(0.5);
+                    let per_mille = rng.range(20, 80) as i64 * if fast { 1 } else { -1 };
+                    let since = now_ms();
+                    let shift = muster_clock::Shift { offset_ms: 0, drift_per_mille: per_mille, since_ms: since };
+                    notes.extend(procs.set_clock(follower, Some(shift)).err());
+                    tokio::time::sleep(hold(&mut rng, 4_000, 8_000)).await;
+                    // The leader goes: the skewed replica may succeed it.
+                    procs.kill_server(leader);
+                    tokio::time::sleep(hold(&mut rng, 1_000, 2_000)).await;
+                    notes.extend(procs.spawn_server(leader).err().map(|e| format!("restart of {leader} failed: {e}")));
+                    refresh_known(procs, proxies);
+                    tokio::time::sleep(hold(&mut rng, 1_000, 2_000)).await;
+                    let successor = client::leader(&procs.member_addrs()).await;
+                    clock_ms = (now_ms().saturating_sub(since) as i64 * per_mille) / 1000;
+                    notes.extend(procs.set_clock(follower, None).err());
+                    notes.push(format!(
+                        "{:.1} % {} until {} ms {}; leader {leader} killed; {}",
+                        per_mille.abs() as f64 / 10.0,
+                        if fast { "fast" } else { "slow" },
+                        clock_ms.abs(),
+                        if fast { "ahead" } else { "behind" },
+                        match successor {
+                            Some(l) if l == follower => "the skewed replica led".to_string(),
+                            Some(l) => format!("replica {l} led"),
+                            None => "no leader yet".to_string(),
+                        }
+                    ));
+                    follower
+                } else {
+                    let size = rng.range(5_000, 120_000) as i64;
+                    clock_ms = if kind == "clock-jump-forward" { size } else { -size };
+                    let shift = muster_clock::Shift { offset_ms: clock_ms, ..Default::default() };
+                    notes.extend(procs.set_clock(leader, Some(shift)).err());
+                    let held = hold(&mut rng, 3_000, 6_000);
+                    tokio::time::sleep(held).await;
+                    notes.extend(procs.set_clock(leader, None).err());
+                    notes.push(format!("{clock_ms:+} ms for {:.1} s", held.as_secs_f64()));
+                    leader
+                };
+                (format!("replica {target}"), notes.join("; "))
+            }
+            "grow-cluster" | "shrink-cluster" | "replace-replica" => {
+                let (made, target, note) = super::membership::run(procs, proxies, &mut rng, kind).await;
+                kind = made;
+                (target, note)
             }
             "kill-agent" => {
                 let i = rng.range(0, agents as u64 - 1) as usize;
@@ -346,7 +437,7 @@ pub async fn run(
                     let mut lost = false;
                     while !lost && Instant::now() < give_up {
                         tokio::time::sleep(Duration::from_millis(250)).await;
-                        lost = client::node_status(&procs.real, &id).await == Some(v1::NodeStatus::Lost);
+                        lost = client::node_status(&procs.member_addrs(), &id).await == Some(v1::NodeStatus::Lost);
                     }
                     tokio::time::sleep(hold(&mut rng, 2_000, 4_000)).await;
                     lost
@@ -371,7 +462,7 @@ pub async fn run(
                 (procs.agent_ids()[i].clone(), String::new())
             }
         };
-        faults.push(Fault { kind, target, start_ms, end_ms: now_ms(), note });
+        faults.push(Fault { kind, target, start_ms, end_ms: now_ms(), note, clock_ms });
         tokio::time::sleep(hold(&mut rng, 1_000, 2_500)).await;
     }
     heal_network(proxies);

@@ -1,8 +1,15 @@
-//! The real processes under test: three `muster server` replicas, each
-//! advertising its proxy's address, and `muster agent`s that reach the
-//! replicas through the proxies. Killed with SIGKILL, paused with SIGSTOP,
-//! resumed with SIGCONT; everything left is killed when dropped.
+//! The real processes under test: `muster server` replicas, each advertising
+//! its machine's proxy address, and `muster agent`s that reach the replicas
+//! through the proxies. Killed with SIGKILL, paused with SIGSTOP, resumed
+//! with SIGCONT; everything left is killed when dropped.
+//!
+//! There are [`MACHINES`] machines (a listening port and its proxy each).
+//! Replicas 1–3 start on the first three; a replica that joins later takes
+//! a free machine and the next unused id (ids are never reused: a replica
+//! that comes back with an empty data dir is a new member), and a removed
+//! one frees its machine.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -40,15 +47,26 @@ const SERVER_FLAGS: &[&str] = &[
 /// GPUs each agent offers.
 pub const AGENT_GPUS: u32 = 4;
 
+/// Machines a replica can run on: a cluster of 3 may grow to 5.
+pub const MACHINES: usize = 5;
+
+/// The replicas the cluster starts with (ids 1–3, on machines 0–2).
+pub const INITIAL_REPLICAS: u64 = 3;
+
 /// The processes of one chaos run.
 pub struct Procs {
     bin: PathBuf,
     dir: PathBuf,
-    /// Where each replica listens (the harness's control path).
+    /// Where each machine's replica listens (the harness's control path).
     pub real: Vec<String>,
-    /// Where each replica is reached by everyone else (its proxy).
+    /// Where each machine's replica is reached by everyone else (its proxy).
     pub proxied: Vec<String>,
-    servers: Vec<Option<Child>>,
+    /// The replica each machine holds, if any: the members, as the harness
+    /// made them.
+    machines: Vec<Option<u64>>,
+    /// Every replica id ever used, and its machine (retired ones too).
+    placed: BTreeMap<u64, usize>,
+    servers: BTreeMap<u64, Child>,
     agents: Vec<Option<Child>>,
     agent_ids: Vec<String>,
     /// Flags every server gets besides the fixed ones (`--inject-bug`,
@@ -94,10 +112,13 @@ impl Procs {
         agents: u32,
         (server_args, agent_args): (Vec<String>, Vec<String>),
     ) -> Procs {
+        let initial = (1..=INITIAL_REPLICAS).map(Some);
         Procs {
             bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
-            servers: (0..real.len()).map(|_| None).collect(),
+            machines: initial.chain(std::iter::repeat(None)).take(real.len()).collect(),
+            placed: (1..=INITIAL_REPLICAS).map(|id| (id, id as usize - 1)).collect(),
+            servers: BTreeMap::new(),
             real,
             proxied,
             agents: (0..agents).map(|_| None).collect(),
@@ -114,18 +135,86 @@ impl Procs {
         &self.agent_ids
     }
 
-    /// Starts (or restarts) replica `id` (1-based) on its data dir.
+    /// The members, as the harness made them (replicas on a machine), by id.
+    pub fn members(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.machines.iter().flatten().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Where member `id` listens (the harness's control path).
+    pub fn addr(&self, id: u64) -> &str {
+        &self.real[self.machine(id)]
+    }
+
+    /// Where everyone else reaches replica `id` (its machine's proxy).
+    pub fn advertised(&self, id: u64) -> &str {
+        &self.proxied[self.machine(id)]
+    }
+
+    /// The machine replica `id` runs (or ran) on.
+    pub fn machine(&self, id: u64) -> usize {
+        self.placed[&id]
+    }
+
+    /// The control addresses of the members.
+    pub fn member_addrs(&self) -> Vec<String> {
+        self.members().into_iter().map(|id| self.addr(id).to_string()).collect()
+    }
+
+    /// Every replica id ever used, retired ones included.
+    pub fn all_ids(&self) -> Vec<u64> {
+        self.placed.keys().copied().collect()
+    }
+
+    /// A new replica on a free machine, with the next unused id and an
+    /// empty data dir (not started yet); `None` when no machine is free.
+    pub fn new_replica(&mut self) -> Option<u64> {
+        let machine = self.machines.iter().position(Option::is_none)?;
+        let id = self.placed.keys().next_back().map_or(1, |l| l + 1);
+        self.machines[machine] = Some(id);
+        self.placed.insert(id, machine);
+        Some(id)
+    }
+
+    /// Stops replica `id` for good (it was removed from the cluster) and
+    /// frees its machine. Its data dir is renamed `retired-ID`: nothing
+    /// starts on it again, but its applied log still counts for the replay
+    /// check.
+    pub fn retire(&mut self, id: u64) -> Result<(), String> {
+        self.kill_server(id);
+        if let Some(m) = self.machines.iter_mut().find(|m| **m == Some(id)) {
+            *m = None;
+        }
+        let (from, to) = (self.data_dir(id), self.dir.join(format!("retired-{id}")));
+        match std::fs::rename(&from, &to) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("{}: {e}", from.display())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Where replica `id`'s applied log is: its data dir, or its retired one.
+    pub fn applied_log_dir(&self, id: u64) -> PathBuf {
+        let retired = self.dir.join(format!("retired-{id}"));
+        if retired.exists() { retired } else { self.data_dir(id) }
+    }
+
+    /// Starts (or restarts) replica `id` on its data dir. The first three
+    /// form the cluster; a later one starts empty and waits to be added.
     pub fn spawn_server(&mut self, id: u64) -> std::io::Result<()> {
-        let i = id as usize - 1;
-        let peers: Vec<String> = self.proxied.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
+        let i = self.machine(id);
+        let peers: Vec<String> =
+            (1..=INITIAL_REPLICAS).map(|j| format!("{j}={}", self.proxied[j as usize - 1])).collect();
         let child = Command::new(&self.bin)
             .args(["server", "--id", &id.to_string(), "--listen", &self.real[i], "--advertise", &self.proxied[i]])
-            .args(["--peers", &peers.join(",")])
+            .args(if id <= INITIAL_REPLICAS { vec!["--peers".to_string(), peers.join(",")] } else { Vec::new() })
             .arg("--data-dir")
             .arg(self.data_dir(id))
             .args(SERVER_FLAGS)
             .arg("--disk-fault-file")
             .arg(self.disk_fault_file(id))
+            .arg("--clock-offset-file")
+            .arg(self.clock_file(id))
             .arg("--tls-dir")
             .arg(self.tls_dir())
             .args(&self.server_args)
@@ -134,7 +223,7 @@ impl Procs {
             .stdout(Stdio::null())
             .stderr(log(&self.dir, &format!("replica-{id}"))?)
             .spawn()?;
-        self.servers[i] = Some(child);
+        self.servers.insert(id, child);
         Ok(())
     }
 
@@ -170,12 +259,12 @@ impl Procs {
 
     /// The pids of the running replicas, by id (for the proxies).
     pub fn server_pids(&self) -> Vec<(u64, u32)> {
-        self.servers.iter().enumerate().filter_map(|(i, c)| c.as_ref().map(|c| (i as u64 + 1, c.id()))).collect()
+        self.servers.iter().map(|(&id, c)| (id, c.id())).collect()
     }
 
     /// `kill -9` replica `id`.
     pub fn kill_server(&mut self, id: u64) {
-        if let Some(mut c) = self.servers[id as usize - 1].take() {
+        if let Some(mut c) = self.servers.remove(&id) {
             signal(&c, libc::SIGCONT);
             let _ = c.kill();
             let _ = c.wait();
@@ -218,17 +307,26 @@ impl Procs {
         muster_raft_store::set_disk_fault(&self.disk_fault_file(id), fault).map_err(|e| e.to_string())
     }
 
+    /// The control file of replica `id`'s clock shift.
+    fn clock_file(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("clock-{id}"))
+    }
+
+    /// Moves replica `id`'s wall clock by `shift` (`None`: puts it right).
+    pub fn set_clock(&self, id: u64, shift: Option<muster_clock::Shift>) -> Result<(), String> {
+        muster_clock::set_shift(&self.clock_file(id), shift).map_err(|e| e.to_string())
+    }
+
     /// How replica `id` exited, if it has (it is then no longer running).
     pub fn server_exit(&mut self, id: u64) -> Option<std::process::ExitStatus> {
-        let slot = &mut self.servers[id as usize - 1];
-        let status = slot.as_mut().and_then(|c| c.try_wait().ok().flatten())?;
-        *slot = None;
+        let status = self.servers.get_mut(&id).and_then(|c| c.try_wait().ok().flatten())?;
+        self.servers.remove(&id);
         Some(status)
     }
 
     /// SIGSTOP (`true`) or SIGCONT replica `id`.
     pub fn pause_server(&self, id: u64, pause: bool) {
-        if let Some(c) = &self.servers[id as usize - 1] {
+        if let Some(c) = self.servers.get(&id) {
             signal(c, if pause { libc::SIGSTOP } else { libc::SIGCONT });
         }
     }
@@ -274,11 +372,9 @@ impl Procs {
     /// itself crashed), and the unexpected exits seen during the run.
     pub fn crashed(&mut self) -> Vec<String> {
         let mut out = self.exits.clone();
-        for (i, c) in self.servers.iter_mut().enumerate() {
-            if let Some(c) = c
-                && let Ok(Some(status)) = c.try_wait()
-            {
-                out.push(format!("replica {} exited {status}", i + 1));
+        for (id, c) in self.servers.iter_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                out.push(format!("replica {id} exited {status}"));
             }
         }
         for (i, c) in self.agents.iter_mut().enumerate() {
@@ -307,7 +403,7 @@ impl Procs {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for mut c in self.servers.iter_mut().filter_map(Option::take) {
+        for (_, mut c) in std::mem::take(&mut self.servers) {
             signal(&c, libc::SIGCONT);
             let _ = c.kill();
             let _ = c.wait();

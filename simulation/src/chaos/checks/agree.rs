@@ -1,5 +1,6 @@
-//! Every replica reports the same applied index and state digest once the
-//! cluster is quiet.
+//! Every replica that remains a member reports the same applied index and
+//! state digest once the cluster is quiet, and the membership the harness
+//! made.
 
 use muster_proto::v1;
 
@@ -27,6 +28,28 @@ pub fn replicas_agree(statuses: &[Option<v1::ReplicaStatus>]) -> CheckResult {
     CheckResult::new("replicas_agree", violations, checked)
 }
 
+/// [`replicas_agree`], and every member reports the membership the harness
+/// made: exactly `members`, all voters.
+pub fn replicas_agree_as_members(statuses: &[Option<v1::ReplicaStatus>], members: &[u64]) -> CheckResult {
+    let mut r = replicas_agree(statuses);
+    let mut wrong = Vec::new();
+    for s in statuses.iter().flatten() {
+        let voters: Vec<u64> = s.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+        let learners: Vec<u64> = s.members.iter().filter(|m| !m.voter).map(|m| m.id).collect();
+        if voters != members || !learners.is_empty() {
+            wrong.push(format!("replica {} reports voters {voters:?} and learners {learners:?}", s.id));
+        }
+    }
+    if !wrong.is_empty() {
+        let failed = format!("the harness made the members {members:?}, all voters, but {}", wrong.join("; "));
+        r.detail = if r.passed { failed } else { format!("{}; {failed}", r.detail) };
+        r.passed = false;
+    } else if r.passed {
+        r.detail = format!("{}; members {members:?}, all voters, as the harness made them", r.detail);
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,5 +64,23 @@ mod tests {
         assert!(!replicas_agree(&[s(1, 9, "ab"), s(2, 9, "ac"), s(3, 9, "ab")]).passed);
         assert!(!replicas_agree(&[s(1, 9, "ab"), s(2, 8, "ab"), s(3, 9, "ab")]).passed);
         assert!(!replicas_agree(&[s(1, 9, "ab"), None, s(3, 9, "ab")]).passed);
+    }
+
+    #[test]
+    fn members_other_than_the_harness_made_fail() {
+        let member = |id, voter| v1::Member { id, address: String::new(), voter };
+        let with = |id, members: Vec<v1::Member>| s(id, 9, "ab").map(|st| v1::ReplicaStatus { members, ..st });
+        let five: Vec<v1::Member> = [1, 2, 4, 5, 6].into_iter().map(|id| member(id, true)).collect();
+        let all: Vec<_> = [1, 2, 4, 5, 6].into_iter().map(|id| with(id, five.clone())).collect();
+        let r = replicas_agree_as_members(&all, &[1, 2, 4, 5, 6]);
+        assert!(r.passed && r.detail.contains("members [1, 2, 4, 5, 6], all voters"), "{}", r.detail);
+        // A replica the harness removed is still a voter.
+        let r = replicas_agree_as_members(&all, &[1, 2, 4, 5]);
+        assert!(!r.passed && r.detail.contains("reports voters [1, 2, 4, 5, 6]"), "{}", r.detail);
+        // A learner never promoted.
+        let mut half = five.clone();
+        half[4].voter = false;
+        let r = replicas_agree_as_members(&[with(1, half)], &[1, 2, 4, 5, 6]);
+        assert!(!r.passed && r.detail.contains("learners [6]"), "{}", r.detail);
     }
 }

@@ -5,6 +5,7 @@
 
 mod acked;
 mod agree;
+mod clock;
 mod durable;
 mod journal;
 mod linearizable;
@@ -13,7 +14,8 @@ mod replay;
 mod terminal;
 
 pub use acked::acked_exactly_once;
-pub use agree::replicas_agree;
+pub use agree::{replicas_agree, replicas_agree_as_members};
+pub use clock::deadlines_on_time;
 pub use durable::acked_entries_durable;
 pub use journal::{Journal, journal_consistent};
 pub use linearizable::client_api_linearizable;
