@@ -101,6 +101,11 @@ pub struct AgentArgs {
     /// on, and may run twice once the leader has placed them elsewhere.
     #[arg(long)]
     keep_running_when_cut_off: bool,
+    /// A deliberate bug, to prove the chaos checks catch it: at start,
+    /// neither adopt nor kill the tasks an earlier agent left running.
+    /// Tests only.
+    #[arg(long, hide = true)]
+    forget_leftovers: bool,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
 }
@@ -182,6 +187,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         tls: args.tls.load(&muster_tls::Role::new("agent", &args.node_id)?)?,
         clock: Default::default(),
         fence: !args.keep_running_when_cut_off,
+        forget_leftovers: args.forget_leftovers,
         janitor: muster_agent::janitor::JanitorConfig {
             log_retention: Duration::from_secs(log_retention),
             max_bytes,

@@ -31,8 +31,8 @@ pub struct ChaosArgs {
     json: bool,
     /// Run the servers with a deliberate bug (ack-before-commit,
     /// ack-before-fsync, ack-despite-fsync-error, unpaced-leader-clock,
-    /// removed-voters-linger), or the agents without self-fencing
-    /// (no-agent-fencing), to see a check catch it.
+    /// removed-voters-linger), or the agents' (no-agent-fencing,
+    /// forget-leftovers), to see a check catch it.
     #[arg(long)]
     inject_bug: Option<String>,
     /// The servers' --retention (e.g. 20s): finished allocations are then
@@ -49,10 +49,14 @@ pub struct ChaosArgs {
     #[arg(long, default_value = "0.5-3", value_name = "LOW-HIGH")]
     task_seconds: String,
     /// A campaign: this many runs of --duration each, with seeds --seed,
-    /// --seed + 1, …, one after another, summed up at the end (with --dir,
-    /// each run gets DIR/seed-N).
+    /// --seed + 1, …, one after another (or --parallel at a time), summed up
+    /// at the end (with --dir, each run gets DIR/seed-N).
     #[arg(long, default_value_t = 1)]
     runs: u32,
+    /// Runs of a campaign side by side, this many at a time (each its own
+    /// cluster; they share one CA). More faults an hour, more load.
+    #[arg(long, default_value_t = 1)]
+    parallel: u32,
 }
 
 pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
@@ -66,12 +70,12 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     }
     if let Some(bug) = &args.inject_bug
         && muster_scheduler::server::InjectedBug::parse(bug).is_none()
-        && bug != muster_sim::chaos::NO_AGENT_FENCING
+        && !muster_sim::chaos::AGENT_BUGS.contains(&bug.as_str())
     {
         bail!(
             "--inject-bug {bug:?}: the known bugs are {}, {}",
             muster_scheduler::server::InjectedBug::NAMES.join(", "),
-            muster_sim::chaos::NO_AGENT_FENCING
+            muster_sim::chaos::AGENT_BUGS.join(", ")
         );
     }
     if let Some(r) = &args.retention {
@@ -87,6 +91,9 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
+    if !(1..=4).contains(&args.parallel) {
+        bail!("--parallel must be between 1 and 4");
+    }
     let task_ms = parse_task_seconds(&args.task_seconds)?;
     if let Some(dir) = &args.dir
         && dir.exists()
@@ -94,36 +101,56 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     {
         bail!("--dir {} is not empty: a chaos run needs fresh data dirs", dir.display());
     }
+    // Side by side, runs share one CA (the harness's client holds one
+    // certificate); one after another, each run has its own.
+    let shared_tls = (args.parallel > 1).then(|| match &args.dir {
+        Some(d) => d.join("tls"),
+        None => std::env::temp_dir().join(format!("muster-chaos-tls-{}", std::process::id())),
+    });
+    let bin = std::env::current_exe().context("cannot find the muster binary")?;
     let mut reports = Vec::new();
-    for n in 0..args.runs {
-        let seed = args.seed.wrapping_add(u64::from(n));
-        let dir = match (&args.dir, args.runs) {
-            (Some(d), 1) => d.clone(),
-            (Some(d), _) => d.join(format!("seed-{seed}")),
-            (None, _) => std::env::temp_dir().join(format!("muster-chaos-{seed}-{}", std::process::id())),
-        };
-        let cfg = ChaosConfig {
-            muster_bin: std::env::current_exe().context("cannot find the muster binary")?,
-            dir: dir.clone(),
-            seed,
-            duration: std::time::Duration::from_secs(duration),
-            liveness_timeout: std::time::Duration::from_secs(liveness),
-            agents: args.agents,
-            inject_bug: args.inject_bug.clone(),
-            faults: args.faults.clone(),
-            retention: args.retention.clone(),
-            task_ms,
-        };
-        let report = run(&cfg).await.map_err(anyhow::Error::msg)?;
-        if args.json && args.runs == 1 {
-            out!("{}", serde_json::to_string_pretty(&report)?);
-        } else if !args.json {
-            out!("{}", report.summary().trim_end());
+    let seeds: Vec<u64> = (0..args.runs).map(|n| args.seed.wrapping_add(u64::from(n))).collect();
+    for batch in seeds.chunks(args.parallel as usize) {
+        let mut running = tokio::task::JoinSet::new();
+        for &seed in batch {
+            let dir = match (&args.dir, args.runs) {
+                (Some(d), 1) => d.clone(),
+                (Some(d), _) => d.join(format!("seed-{seed}")),
+                (None, _) => std::env::temp_dir().join(format!("muster-chaos-{seed}-{}", std::process::id())),
+            };
+            let cfg = ChaosConfig {
+                muster_bin: bin.clone(),
+                dir,
+                seed,
+                duration: std::time::Duration::from_secs(duration),
+                liveness_timeout: std::time::Duration::from_secs(liveness),
+                agents: args.agents,
+                inject_bug: args.inject_bug.clone(),
+                faults: args.faults.clone(),
+                retention: args.retention.clone(),
+                task_ms,
+                tls_dir: shared_tls.clone(),
+            };
+            running.spawn(async move { run(&cfg).await.map(|r| (r, cfg.dir)) });
         }
-        if report.passed && args.dir.is_none() {
-            let _ = std::fs::remove_dir_all(&dir);
+        let mut done = Vec::new();
+        while let Some(joined) = running.join_next().await {
+            let (report, dir) = joined.context("a chaos run panicked")?.map_err(anyhow::Error::msg)?;
+            if args.json && args.runs == 1 {
+                out!("{}", serde_json::to_string_pretty(&report)?);
+            } else if !args.json {
+                out!("{}", report.summary().trim_end());
+            }
+            if report.passed && args.dir.is_none() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            done.push(report);
         }
-        reports.push(report);
+        done.sort_by_key(|r| r.seed);
+        reports.extend(done);
+    }
+    if let Some(tls) = shared_tls.filter(|_| args.dir.is_none() && reports.iter().all(|r| r.passed)) {
+        let _ = std::fs::remove_dir_all(tls);
     }
     if args.runs > 1 {
         if args.json {

@@ -289,6 +289,7 @@ impl LocalCluster {
             clock: Default::default(),
             janitor: Default::default(),
             fence: true,
+            forget_leftovers: false,
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

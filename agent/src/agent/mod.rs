@@ -105,6 +105,10 @@ pub struct AgentConfig {
     /// node-lost window, before a leader may place them again (see
     /// `fence.rs`); `false` keeps them running (`--keep-running-when-cut-off`).
     pub fence: bool,
+    /// Neither adopt nor kill what an earlier agent left running: a
+    /// deliberate bug (`--forget-leftovers`, tests only), whose tasks then run
+    /// on unwatched while the leader places them again.
+    pub forget_leftovers: bool,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -180,6 +184,10 @@ impl Agent {
         let (mut records, found) = Records::open(cfg.work_dir.join("running"))?;
         let mut leftovers = Vec::new();
         for Found { slot, key, record } in found {
+            if cfg.forget_leftovers {
+                records.release(slot);
+                continue;
+            }
             match (key, record) {
                 (Some(key), Ok(r)) if cfg.task_shim.is_some() => {
                     records.adopt(slot, key);

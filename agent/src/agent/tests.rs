@@ -88,6 +88,7 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         clock: Default::default(),
         janitor: Default::default(),
         fence: true,
+        forget_leftovers: false,
     }
 }
 

@@ -28,5 +28,6 @@ pub fn config(addr: String, work_dir: &Path, fence: bool) -> AgentConfig {
         clock: Default::default(),
         janitor: Default::default(),
         fence,
+        forget_leftovers: false,
     }
 }

@@ -706,14 +706,27 @@ fn t103_a_chaos_run_with_failing_full_and_slow_disks_passes_every_check() {
     assert!(!durable["detail"].as_str().unwrap().starts_with("0 power losses"), "{durable}");
 }
 
-/// Issue 28: a campaign is one command over several seeds, summed up on one
-/// screen: faults per kind, calls, each check's passes, the slowest
-/// recovery. CI keeps it short; docs/reliability.md gives the release gate.
+/// Issue 28: a campaign is one command over several seeds (here two side by
+/// side, each its own cluster), summed up on one screen: faults per kind,
+/// calls, each check's passes, the slowest recovery. CI keeps it short;
+/// docs/reliability.md gives the release gate.
 #[test]
 fn t105_a_chaos_campaign_runs_several_seeds_and_sums_them_up() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("campaign");
-    let args = ["chaos", "--runs", "2", "--duration", "10s", "--seed", "21", "--faults", "kill-leader,disk-full"];
+    let args = [
+        "chaos",
+        "--runs",
+        "2",
+        "--parallel",
+        "2",
+        "--duration",
+        "10s",
+        "--seed",
+        "21",
+        "--faults",
+        "kill-leader,disk-full",
+    ];
     let o = muster(&[&args[..], &["--dir", run.to_str().unwrap()]].concat());
     let text = stdout(&o);
     assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
@@ -723,6 +736,8 @@ fn t105_a_chaos_campaign_runs_several_seeds_and_sums_them_up() {
     assert!(run.join("seed-21/report.json").exists() && run.join("seed-22/report.json").exists());
     let o = muster(&["chaos", "--runs", "0"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--runs must be at least 1"));
+    let o = muster(&["chaos", "--runs", "2", "--parallel", "9"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--parallel must be between 1 and 4"));
 }
 
 /// Issue 28: an agent cut off from every replica while its (long) tasks
@@ -884,6 +899,24 @@ fn t162_a_chaos_run_catches_removed_voters_that_linger() {
         let c = checks.iter().find(|c| c["name"] == check).unwrap();
         assert_eq!(c["passed"], true, "{c}");
     }
+}
+
+/// Agents that forget what their predecessor left running (the injected bug
+/// `forget-leftovers`): restarted after a `--keep-tasks` agent, they neither
+/// adopt nor kill its tasks, the leader places them again, and
+/// `journal_consistent` names the attempts that ran at once.
+#[test]
+fn t163_a_chaos_run_catches_agents_that_forget_their_predecessors_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "25s", "--seed", "17", "--agents", "4", "--faults", "restart-agent"];
+    let bug = ["--inject-bug", "forget-leftovers", "--task-seconds", "2-8", "--json", "--dir"];
+    let o = muster(&[&args[..], &bug[..], &[run.to_str().unwrap()]].concat());
+    assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let journal = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "journal_consistent").unwrap();
+    assert_eq!(journal["passed"], false, "{report:#}");
+    assert!(journal["detail"].as_str().unwrap().contains("still ran at"), "{journal}");
 }
 
 /// The fsyncgate bug: a log store that acknowledges entries whose fsync

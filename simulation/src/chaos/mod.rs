@@ -63,6 +63,10 @@ pub struct ChaosConfig {
     pub retention: Option<String>,
     /// How long each task runs, ms (low, high).
     pub task_ms: (u64, u64),
+    /// Where the run's CA and certificates live (`None`: `dir/tls`). Runs
+    /// of a campaign that run side by side share one: the harness's client
+    /// holds one certificate.
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// How long a task runs unless told otherwise: 0.5–3 s.
@@ -71,7 +75,7 @@ pub const DEFAULT_TASK_MS: (u64, u64) = (500, 3_000);
 /// The flags a configuration adds to every server.
 fn server_args(cfg: &ChaosConfig) -> Vec<String> {
     let mut args = Vec::new();
-    if let Some(bug) = cfg.inject_bug.as_ref().filter(|b| b.as_str() != NO_AGENT_FENCING) {
+    if let Some(bug) = cfg.inject_bug.as_ref().filter(|b| !AGENT_BUGS.contains(&b.as_str())) {
         args.extend(["--inject-bug".to_string(), bug.clone()]);
     }
     if let Some(r) = &cfg.retention {
@@ -85,10 +89,20 @@ fn server_args(cfg: &ChaosConfig) -> Vec<String> {
 /// (`--keep-running-when-cut-off`), so a partitioned node's tasks run twice.
 pub const NO_AGENT_FENCING: &str = "no-agent-fencing";
 
+/// The deliberate bug of agents that forget their predecessor's tasks:
+/// started after an agent that left its tasks running (`--keep-tasks`), they
+/// neither adopt nor kill them (`--forget-leftovers`), so the leader places
+/// them again while they still run.
+pub const FORGET_LEFTOVERS: &str = "forget-leftovers";
+
+/// The deliberate bugs of the agents rather than the servers.
+pub const AGENT_BUGS: &[&str] = &[NO_AGENT_FENCING, FORGET_LEFTOVERS];
+
 /// The flags a configuration adds to every agent.
 fn agent_args(cfg: &ChaosConfig) -> Vec<String> {
     match cfg.inject_bug.as_deref() {
         Some(NO_AGENT_FENCING) => vec!["--keep-running-when-cut-off".to_string()],
+        Some(FORGET_LEFTOVERS) => vec!["--forget-leftovers".to_string()],
         _ => Vec::new(),
     }
 }
@@ -259,6 +273,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         proxied.clone(),
         cfg.agents,
         (server_args(cfg), agent_args(cfg)),
+        cfg.tls_dir.clone().unwrap_or_else(|| cfg.dir.join("tls")),
     );
     // Everything runs over mutual TLS with its own role's certificate.
     let roles: Vec<muster_tls::Role> = procs

@@ -79,6 +79,8 @@ pub struct Procs {
     pub power_losses: Vec<PowerLoss>,
     /// Processes seen to exit on their own during the run, and how.
     exits: Vec<String>,
+    /// The CA and certificates (servers, agents, the harness's admin).
+    tls_dir: PathBuf,
 }
 
 /// One simulated power loss of a replica, and what its crash image said.
@@ -111,6 +113,7 @@ impl Procs {
         proxied: Vec<String>,
         agents: u32,
         (server_args, agent_args): (Vec<String>, Vec<String>),
+        tls_dir: PathBuf,
     ) -> Procs {
         let initial = (1..=INITIAL_REPLICAS).map(Some);
         Procs {
@@ -127,6 +130,7 @@ impl Procs {
             agent_args,
             power_losses: Vec::new(),
             exits: Vec::new(),
+            tls_dir,
         }
     }
 
@@ -278,7 +282,7 @@ impl Procs {
 
     /// The run's CA and certificates (servers, agents, the harness's admin).
     pub fn tls_dir(&self) -> PathBuf {
-        self.dir.join("tls")
+        self.tls_dir.clone()
     }
 
     /// Replica `id`'s data dir.
