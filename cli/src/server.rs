@@ -113,7 +113,8 @@ pub struct ServerArgs {
     crash_image: bool,
     /// A deliberate bug, to prove the chaos checks catch one
     /// (ack-before-commit, ack-before-fsync, ack-despite-fsync-error,
-    /// unpaced-leader-clock, removed-voters-linger). Tests only.
+    /// ack-despite-write-error, unpaced-leader-clock, removed-voters-linger).
+    /// Tests only.
     #[arg(long, hide = true)]
     inject_bug: Option<String>,
     /// Injected disk faults: the log reads this control file before each

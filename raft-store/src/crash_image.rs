@@ -158,6 +158,38 @@ pub fn acked_beyond_durable(data_dir: &Path) -> Result<Option<(u64, u64)>, OpenE
     Ok((acked > durable).then_some((acked, durable)))
 }
 
+/// After a replica's process is gone (stopped, or exited on a storage
+/// error) but before it restarts on its data dir, with the crash shim:
+/// `Some((acknowledged, readable))` when it acknowledged log entries past
+/// the last one its log reads back (a record it left torn in the middle of
+/// its log cuts off everything after it on open), `None` when all it
+/// acknowledged reads back. The log is read from a copy
+/// (`<data-dir>/readback/`, removed after), so nothing the replica will
+/// start on is changed.
+pub fn acked_beyond_readable(data_dir: &Path) -> Result<Option<(u64, u64)>, OpenError> {
+    let io_err = |source| OpenError::Io { path: data_dir.to_path_buf(), source };
+    let Some(acked) = read_acked(&image_dir(data_dir).join(ACKED_FILE)).map_err(io_err)? else { return Ok(None) };
+    let copy = data_dir.join("readback");
+    match fs::remove_dir_all(&copy) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(e)),
+        _ => {}
+    }
+    fs::create_dir_all(&copy).map_err(io_err)?;
+    let log_dir = data_dir.join("log");
+    if log_dir.exists() {
+        for entry in fs::read_dir(&log_dir).map_err(io_err)? {
+            let entry = entry.map_err(io_err)?;
+            if entry.file_type().map_err(io_err)?.is_file() && entry.file_name() != "LOCK" {
+                fs::copy(entry.path(), copy.join(entry.file_name())).map_err(io_err)?;
+            }
+        }
+    }
+    let readable = LogFile::open(&copy, crate::disk::purged_index).map(|log| log.last_index().unwrap_or(0));
+    fs::remove_dir_all(&copy).map_err(io_err)?;
+    let readable = readable.map_err(|source| OpenError::Io { path: log_dir, source })?;
+    Ok((acked > readable).then_some((acked, readable)))
+}
+
 /// Simulates a power loss on a data dir whose process is gone: the log
 /// and snapshot become what the last durable point recorded in the
 /// crash image (empty when nothing was ever made durable). The image stays,

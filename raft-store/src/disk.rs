@@ -43,6 +43,10 @@ pub enum StoreFault {
     /// Acknowledge appended log entries even when their `fdatasync` failed,
     /// and keep writing (the "fsyncgate" mistake).
     AckDespiteSyncError,
+    /// Acknowledge appended log entries even when their write failed (a full
+    /// disk), leaving the partial record where it landed and writing the
+    /// next ones after it.
+    AckDespiteWriteError,
 }
 
 /// Why a data directory could not be opened.
@@ -201,7 +205,8 @@ pub fn open_with<A: StateMachineApp>(
             io::ErrorKind::WouldBlock => OpenError::InUse { path: log_dir.clone() },
             _ => OpenError::Io { path: log_dir.clone(), source },
         })?
-        .with_faults(opts.disk_fault_file.clone().map(FaultSwitch), sync_errors);
+        .with_faults(opts.disk_fault_file.clone().map(FaultSwitch), sync_errors)
+        .ignoring_write_errors(opts.fault == Some(StoreFault::AckDespiteWriteError));
     let acked = match opts.crash_image {
         true => Some(Arc::new(crash_image::AckedRecord::open(dir).map_err(io_err)?)),
         false => None,

@@ -46,7 +46,7 @@ pub use muster_core::replicated::{CommandBatch, RestoreError, StateMachineApp};
 pub use applied_log::{AppliedLogError, AppliedRecord, read_applied_log};
 pub use backup::{BACKUP_MAGIC, Backup, BackupError, restore_data_dir};
 pub use config::RaftConfig;
-pub use crash_image::{acked_beyond_durable, restore_crash_image};
+pub use crash_image::{acked_beyond_durable, acked_beyond_readable, restore_crash_image};
 pub use disk::{OpenError, StoreFault, StoreOptions, open, open_with};
 pub use faults::{DiskFault, set_disk_fault};
 pub use log_store::LogStore;

@@ -139,6 +139,8 @@ pub(crate) struct LogFile {
     /// Injected disk faults (tests and chaos only).
     faults: Option<FaultSwitch>,
     sync_errors: SyncErrors,
+    /// The injected bug of a store that ignores failed writes.
+    ignore_write_errors: bool,
 }
 
 /// Why the log directory is not ours to open.
@@ -347,7 +349,27 @@ impl LogFile {
             _lock: lock,
             faults: None,
             sync_errors: SyncErrors::Stop,
+            ignore_write_errors: false,
         })
+    }
+
+    /// Treats a failed write as done: the partial record stays where it
+    /// landed and later records follow it. A deliberate bug, kept only so
+    /// that a test can prove the chaos checks catch it.
+    pub(crate) fn ignoring_write_errors(mut self, ignore: bool) -> LogFile {
+        self.ignore_write_errors = ignore;
+        self
+    }
+
+    /// The last entry's index, or the purge marker's when no entry is left.
+    pub(crate) fn last_index(&self) -> Option<u64> {
+        let inner = self.lock();
+        inner
+            .entries
+            .keys()
+            .next_back()
+            .copied()
+            .or_else(|| inner.meta.get(Meta::Purged.key()).and_then(|b| crate::disk::purged_index(b)))
     }
 
     /// Reads injected disk faults from `switch` (tests and chaos only), and
@@ -454,9 +476,13 @@ impl LogFile {
             _ => (&*seg.file).write_all(&buf),
         };
         if let Err(e) = written {
-            // Leave no partial record behind a later append.
-            seg.file.set_len(start)?;
-            return Err(e);
+            if self.ignore_write_errors {
+                tracing::error!(error = %e, "a log write failed; carrying on as if it had landed (injected bug)");
+            } else {
+                // Leave no partial record behind a later append.
+                seg.file.set_len(start)?;
+                return Err(e);
+            }
         }
         seg.len += buf.len() as u64;
         for ((index, offset), (_, bytes)) in located.into_iter().zip(items) {

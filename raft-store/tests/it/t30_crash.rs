@@ -7,7 +7,7 @@ use std::path::Path;
 
 use muster_raft_store::{
     AppliedRecord, CommandBatch, DiskFault, LogStore, RaftConfig, StateMachineStore, StoreFault, StoreOptions,
-    acked_beyond_durable, open_with, read_applied_log, restore_crash_image, set_disk_fault,
+    acked_beyond_durable, acked_beyond_readable, open_with, read_applied_log, restore_crash_image, set_disk_fault,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
@@ -230,9 +230,30 @@ async fn a_full_disk_fails_the_append_and_leaves_no_partial_record() {
         set_disk_fault(&control, None).unwrap();
         log.blocking_append(entries(6, 8)).await.unwrap();
     }
+    assert_eq!(acked_beyond_readable(&data).unwrap(), None, "everything acknowledged reads back");
     let (mut log, _sm) = open(&data, &shim());
     let kept: Vec<u64> = log.try_get_log_entries(0..=8).await.unwrap().iter().map(|e| e.log_id.index).collect();
     assert_eq!(kept, (1..=8).collect::<Vec<_>>(), "no torn record between 5 and 6");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_acknowledges_despite_a_failed_write_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, control) = (dir.path().join("data"), dir.path().join("fault"));
+    {
+        let (mut log, _sm) = open(&data, &faulty(dir.path(), Some(StoreFault::AckDespiteWriteError)));
+        log.blocking_append(entries(1, 5)).await.unwrap();
+        set_disk_fault(&control, Some(DiskFault::Full)).unwrap();
+        log.blocking_append(entries(6, 8)).await.expect("the bug acknowledges anyway");
+        set_disk_fault(&control, None).unwrap();
+        log.blocking_append(entries(9, 10)).await.unwrap();
+    }
+    // The torn record cuts off everything after it when the log is read
+    // back: entries the replica acknowledged are gone.
+    let (acked, readable) = acked_beyond_readable(&data).unwrap().expect("caught");
+    assert_eq!(acked, 10);
+    assert!(readable < 8, "read back up to {readable} only");
+    assert!(!data.join("readback").exists(), "the copy read back is removed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

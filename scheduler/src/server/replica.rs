@@ -154,6 +154,9 @@ pub enum InjectedBug {
     /// A voter removed from the cluster stays on as a learner: the leader
     /// keeps replicating to a machine that was taken away, for ever.
     RemovedVotersLinger,
+    /// The log store acknowledges appended entries even when their write
+    /// failed (a full disk), leaving the torn record in the log.
+    AckDespiteWriteError,
 }
 
 impl InjectedBug {
@@ -165,6 +168,7 @@ impl InjectedBug {
             "ack-despite-fsync-error" => Some(InjectedBug::AckDespiteFsyncError),
             "unpaced-leader-clock" => Some(InjectedBug::UnpacedLeaderClock),
             "removed-voters-linger" => Some(InjectedBug::RemovedVotersLinger),
+            "ack-despite-write-error" => Some(InjectedBug::AckDespiteWriteError),
             _ => None,
         }
     }
@@ -174,6 +178,7 @@ impl InjectedBug {
         "ack-before-commit",
         "ack-before-fsync",
         "ack-despite-fsync-error",
+        "ack-despite-write-error",
         "unpaced-leader-clock",
         "removed-voters-linger",
     ];
@@ -324,6 +329,9 @@ impl Replica {
             Some(InjectedBug::AckBeforeFsync) => store.fault = Some(muster_raft_store::StoreFault::AckBeforeFsync),
             Some(InjectedBug::AckDespiteFsyncError) => {
                 store.fault = Some(muster_raft_store::StoreFault::AckDespiteSyncError);
+            }
+            Some(InjectedBug::AckDespiteWriteError) => {
+                store.fault = Some(muster_raft_store::StoreFault::AckDespiteWriteError);
             }
             _ => {}
         }

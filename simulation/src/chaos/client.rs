@@ -175,8 +175,8 @@ pub async fn status(addr: &str) -> Option<v1::ReplicaStatus> {
 
 /// Node `id`'s status as the leader among `real` sees it.
 pub async fn node_status(real: &[String], id: &str) -> Option<v1::NodeStatus> {
-    let l = leader(real).await?;
-    let channel = connect(&real[l as usize - 1], Duration::from_millis(500)).await.ok()?;
+    let (_, addr) = leader_at(real).await?;
+    let channel = connect(&addr, Duration::from_millis(500)).await.ok()?;
     let mut nodes = muster_proto::v1::node_service_client::NodeServiceClient::new(channel);
     let node = tokio::time::timeout(Duration::from_millis(800), nodes.get_node(v1::GetNodeRequest { id: id.into() }))
         .await

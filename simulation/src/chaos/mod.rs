@@ -370,7 +370,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         replay.detail = format!("{}; {}", unreadable.join("; "), replay.detail);
     }
     results.push(replay);
-    results.push(checks::acked_entries_durable(&procs.power_losses));
+    results.push(checks::acked_entries_durable(&procs.power_losses, &procs.readbacks));
     let ahead = faults.iter().map(|f| f.clock_ms.max(0) as u64).max().unwrap_or(0);
     let behind = faults.iter().map(|f| (-f.clock_ms).max(0) as u64).max().unwrap_or(0);
     results.push(checks::deadlines_on_time(&logs, &ops, ahead, behind));

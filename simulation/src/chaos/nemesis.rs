@@ -286,14 +286,25 @@ pub async fn run(
                 let mut notes: Vec<String> = procs.set_disk_fault(target, Some(fault)).err().into_iter().collect();
                 tokio::time::sleep(held).await;
                 notes.extend(procs.set_disk_fault(target, None).err());
-                let exit = procs.server_exit(target);
+                let mut exit = procs.server_exit(target);
                 match exit {
                     Some(status) if status.code() == Some(EXIT_STORAGE_FAILED) => {
                         notes.push(format!("stopped with status {EXIT_STORAGE_FAILED}"));
                     }
                     Some(status) => procs.unexpected_exit(format!("replica {target} exited {status} under {kind}")),
                     None if kind == "slow-disk" => notes.push(per_sync),
-                    None => notes.push("kept running: no write met the fault".into()),
+                    None => {
+                        // No write met the fault, or one did and the replica
+                        // carried on: restarted all the same once the disk is
+                        // fixed, its log read back first.
+                        notes.push("kept running; restarted".into());
+                        procs.kill_server(target);
+                        exit = Some(std::process::ExitStatus::default());
+                    }
+                }
+                if exit.is_some() {
+                    // What the replica restarts on must hold all it acknowledged.
+                    procs.read_back(target);
                 }
                 if kind == "disk-eio" {
                     // A machine whose disk failed is power-cycled: the

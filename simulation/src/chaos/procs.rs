@@ -77,10 +77,24 @@ pub struct Procs {
     /// Every simulated power loss: whether the replica had made durable
     /// everything it acknowledged (the `acked_entries_durable` check).
     pub power_losses: Vec<PowerLoss>,
+    /// Every read-back of a replica's log after a disk fault, before it
+    /// restarted (the same check).
+    pub readbacks: Vec<Readback>,
     /// Processes seen to exit on their own during the run, and how.
     exits: Vec<String>,
     /// The CA and certificates (servers, agents, the harness's admin).
     tls_dir: PathBuf,
+}
+
+/// A replica's log read back after a disk fault, before it restarted.
+#[derive(Clone, Debug)]
+pub struct Readback {
+    /// The replica.
+    pub replica: u64,
+    /// `Ok(Some((acknowledged, readable)))` when it had acknowledged log
+    /// entries past the last one its log reads back; `Err` when the log
+    /// does not open at all.
+    pub acked_beyond_readable: Result<Option<(u64, u64)>, String>,
 }
 
 /// One simulated power loss of a replica, and what its crash image said.
@@ -129,6 +143,7 @@ impl Procs {
             server_args,
             agent_args,
             power_losses: Vec::new(),
+            readbacks: Vec::new(),
             exits: Vec::new(),
             tls_dir,
         }
@@ -299,6 +314,13 @@ impl Procs {
         let acked_beyond_durable = muster_raft_store::acked_beyond_durable(&dir).map_err(|e| e.to_string())?;
         self.power_losses.push(PowerLoss { replica: id, acked_beyond_durable });
         muster_raft_store::restore_crash_image(&dir).map_err(|e| e.to_string())
+    }
+
+    /// Reads back the log of replica `id`, whose process is gone, and
+    /// records whether it holds everything the replica acknowledged.
+    pub fn read_back(&mut self, id: u64) {
+        let found = muster_raft_store::acked_beyond_readable(&self.data_dir(id)).map_err(|e| e.to_string());
+        self.readbacks.push(Readback { replica: id, acked_beyond_readable: found });
     }
 
     /// The control file of replica `id`'s injected disk faults.
