@@ -106,6 +106,15 @@ pub struct AgentArgs {
     /// Tests only.
     #[arg(long, hide = true)]
     forget_leftovers: bool,
+    /// Injected disk faults: the file reading `full` makes the agent's
+    /// writes that need new space (its records of started attempts) fail
+    /// with ENOSPC. Tests and `muster chaos` only.
+    #[arg(long, hide = true, value_name = "PATH")]
+    disk_fault_file: Option<PathBuf>,
+    /// A deliberate bug, to prove the chaos checks catch it: start an attempt
+    /// even when its record cannot be written. Tests only.
+    #[arg(long, hide = true)]
+    start_without_record: bool,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
 }
@@ -188,6 +197,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         clock: Default::default(),
         fence: !args.keep_running_when_cut_off,
         forget_leftovers: args.forget_leftovers,
+        disk_fault_file: args.disk_fault_file.clone(),
+        start_without_record: args.start_without_record,
         janitor: muster_agent::janitor::JanitorConfig {
             log_retention: Duration::from_secs(log_retention),
             max_bytes,

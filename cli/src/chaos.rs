@@ -32,7 +32,8 @@ pub struct ChaosArgs {
     /// Run the servers with a deliberate bug (ack-before-commit,
     /// ack-before-fsync, ack-despite-fsync-error, ack-despite-write-error,
     /// unpaced-leader-clock, removed-voters-linger), or the agents'
-    /// (no-agent-fencing, forget-leftovers), to see a check catch it.
+    /// (no-agent-fencing, forget-leftovers, start-without-record), to see a
+    /// check catch it.
     #[arg(long)]
     inject_bug: Option<String>,
     /// The servers' --retention (e.g. 20s): finished allocations are then

@@ -290,6 +290,8 @@ impl LocalCluster {
             janitor: Default::default(),
             fence: true,
             forget_leftovers: false,
+            disk_fault_file: None,
+            start_without_record: false,
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

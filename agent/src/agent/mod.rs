@@ -109,6 +109,14 @@ pub struct AgentConfig {
     /// deliberate bug (`--forget-leftovers`, tests only), whose tasks then run
     /// on unwatched while the leader places them again.
     pub forget_leftovers: bool,
+    /// Injected disk faults (`--disk-fault-file`, tests and chaos only): the
+    /// file reading `full` makes the agent's writes that need new space
+    /// fail with ENOSPC.
+    pub disk_fault_file: Option<PathBuf>,
+    /// Start an attempt even when its record cannot be written: a
+    /// deliberate bug (`--start-without-record`, tests only), whose tasks
+    /// the next agent can neither adopt nor kill.
+    pub start_without_record: bool,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -181,7 +189,7 @@ impl Agent {
     /// with the same work dir left behind are adopted when it runs (with
     /// `task_shim`), or killed now (without).
     pub fn new(cfg: AgentConfig) -> std::io::Result<Agent> {
-        let (mut records, found) = Records::open(cfg.work_dir.join("running"))?;
+        let (mut records, found) = Records::open(cfg.work_dir.join("running"), cfg.disk_fault_file.clone())?;
         let mut leftovers = Vec::new();
         for Found { slot, key, record } in found {
             if cfg.forget_leftovers {

@@ -2,6 +2,7 @@
 //! the agent after this one.
 
 use std::io;
+use std::os::unix::fs::FileExt;
 
 use super::*;
 
@@ -85,30 +86,45 @@ pub(super) struct Found {
 }
 
 /// The records of the attempts this agent started: `WORK_DIR/running/slot-N`,
-/// each empty (free) or holding one record. A slot is rewritten in place and
-/// emptied when its attempt ends, never created or removed per task: on a
+/// each blank (free) or holding one record. A slot is rewritten in place and
+/// blanked when its attempt ends, never created or removed per task: on a
 /// node starting hundreds of tasks a second, every removed file makes each
 /// later file creation in its directory slower for a while (ext4 scans
 /// past recently freed inodes).
+///
+/// **A full disk.** Every slot is [`SLOT_BYTES`] long and only ever
+/// overwritten in place, so once a slot exists, writing a record into it
+/// needs no new space. An attempt's slot is reserved before its process is
+/// spawned ([`Records::reserve`]); when the disk has no room for a new slot,
+/// the attempt is not started (its start fails, and the leader places it
+/// again) rather than run unrecorded, where the agent after this one could
+/// neither adopt nor kill it.
 pub(super) struct Records {
     dir: PathBuf,
     taken: BTreeMap<Key, u32>,
     free: BTreeSet<u32>,
     slots: u32,
+    /// Injected disk faults (`muster agent --disk-fault-file`, tests and
+    /// chaos only): the file reading `full` makes every write that needs new
+    /// space fail with ENOSPC.
+    fault_file: Option<PathBuf>,
 }
+
+/// The size of every record slot: a record is padded to it with spaces.
+pub(super) const SLOT_BYTES: usize = 512;
 
 impl Records {
     /// Opens `dir` (created when missing) and returns what it holds. Every
     /// record found keeps its slot until [`Records::adopt`] names its key or
     /// [`Records::release`] frees it. A record in the older one-file-per-key
     /// form (`<alloc>-<task>-<epoch>`) moves into a slot.
-    pub(super) fn open(dir: PathBuf) -> io::Result<(Records, Vec<Found>)> {
+    pub(super) fn open(dir: PathBuf, fault_file: Option<PathBuf>) -> io::Result<(Records, Vec<Found>)> {
         fs::create_dir_all(&dir)?;
         let mut names = Vec::new();
         for entry in fs::read_dir(&dir)? {
             names.push(entry?.file_name().to_string_lossy().into_owned());
         }
-        let mut records = Records { dir, taken: BTreeMap::new(), free: BTreeSet::new(), slots: 0 };
+        let mut records = Records { dir, taken: BTreeMap::new(), free: BTreeSet::new(), slots: 0, fault_file };
         let mut older = Vec::new();
         for name in names {
             match name.strip_prefix("slot-").and_then(|n| n.parse::<u32>().ok()) {
@@ -130,7 +146,7 @@ impl Records {
             let path = records.dir.join(&name);
             let (Some(key), Ok(text)) = (parse_key(&name), fs::read_to_string(&path)) else { continue };
             let slot = records.claim();
-            fs::write(records.path(slot), format!("key={name} {}", text.trim()))?;
+            records.write_slot(slot, &format!("key={name} {}", text.trim()))?;
             fs::remove_file(&path)?;
             found.push(Found { slot, key: Some(key), record: Record::decode(&text) });
         }
@@ -155,20 +171,64 @@ impl Records {
         self.taken.insert(key, slot);
     }
 
-    /// A found record is done with: its slot is emptied.
+    /// A found record is done with: its slot is blanked (in place).
     pub(super) fn release(&mut self, slot: u32) {
-        let _ = fs::write(self.path(slot), "");
+        if let Err(e) = self.write_slot(slot, "") {
+            tracing::warn!(slot, error = %e, "cannot blank a record slot");
+        }
         self.free.insert(slot);
     }
 
-    /// Records a started attempt.
-    pub(super) fn put(&mut self, key: Key, r: &Record) {
+    /// Whether the injected disk fault says the disk is full.
+    fn disk_full(&self) -> bool {
+        self.fault_file.as_ref().and_then(|f| fs::read_to_string(f).ok()).is_some_and(|t| t.trim() == "full")
+    }
+
+    /// Writes `text`, padded to [`SLOT_BYTES`], over slot `slot` in place.
+    /// Only a slot that does not exist yet (or is short) needs new space.
+    fn write_slot(&self, slot: u32, text: &str) -> io::Result<()> {
+        let mut bytes = text.as_bytes().to_vec();
+        if bytes.len() > SLOT_BYTES {
+            return Err(io::Error::other(format!("a record of {} bytes does not fit a slot", bytes.len())));
+        }
+        bytes.resize(SLOT_BYTES, b' ');
+        let path = self.path(slot);
+        let grows = fs::metadata(&path).map_or(true, |m| m.len() < SLOT_BYTES as u64);
+        if grows && self.disk_full() {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        let f = fs::OpenOptions::new().create(true).write(true).truncate(false).open(&path)?;
+        f.write_all_at(&bytes, 0)
+    }
+
+    /// Reserves a slot for an attempt about to start (before its process is
+    /// spawned), so that recording it later needs no new space.
+    pub(super) fn reserve(&mut self, key: Key) -> io::Result<()> {
+        let slot = match self.taken.get(&key) {
+            Some(&s) => s,
+            None => self.claim(),
+        };
+        match self.write_slot(slot, &format!("key={}-{}-{} starting", key.0, key.1, key.2)) {
+            Ok(()) => {
+                self.taken.insert(key, slot);
+                Ok(())
+            }
+            Err(e) => {
+                self.taken.remove(&key);
+                self.free.insert(slot);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records a started attempt (in its reserved slot, or a new one).
+    pub(super) fn put(&mut self, key: Key, r: &Record) -> io::Result<()> {
         let slot = match self.taken.get(&key) {
             Some(&s) => s,
             None => self.claim(),
         };
         self.taken.insert(key, slot);
-        let _ = fs::write(self.path(slot), format!("key={}-{}-{} {}", key.0, key.1, key.2, r.encode()));
+        self.write_slot(slot, &format!("key={}-{}-{} {}", key.0, key.1, key.2, r.encode()))
     }
 
     /// The attempt ended: its slot is emptied for the next.

@@ -208,7 +208,16 @@ impl Agent {
             checkpoint_dir,
         };
         let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
-        let spawned = restored.and_then(|()| {
+        // Its record's slot first: an attempt the next agent could not find
+        // is never started (see `Records`).
+        let reserved = match self.records.reserve(key) {
+            Err(e) if !self.cfg.start_without_record => Err(format!(
+                "cannot record the attempt in {}: {e}; not started",
+                self.cfg.work_dir.join("running").display()
+            )),
+            _ => Ok(()),
+        };
+        let spawned = restored.and(reserved).and_then(|()| {
             executor::spawn(&launch, &self.cfg.work_dir, self.cfg.task_shim.as_deref()).map_err(|e| e.to_string())
         });
         match spawned {
@@ -223,7 +232,14 @@ impl Agent {
                     started_ms: self.cfg.clock.wall_ms(),
                     checkpointing,
                 };
-                self.records.put(key, &record);
+                if let Err(e) = self.records.put(key, &record)
+                    && !self.cfg.start_without_record
+                {
+                    // Its reserved slot would not take it: stop it now
+                    // rather than leave it where no agent can find it.
+                    tracing::error!(alloc_id = key.0, task = key.1, error = %e, "cannot record a started attempt; killing it");
+                    executor::signal_group(task.pgid(), libc::SIGKILL);
+                }
                 if let Some(u) = &unusable {
                     // After the spawn, which creates the attempt's log files.
                     self.note_in_log(key, attempt, &format!("muster: {}", u.reason));

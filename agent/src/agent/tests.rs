@@ -46,20 +46,21 @@ fn records_reuse_their_slots_and_the_next_agent_finds_them() {
         checkpointing: false,
     };
     let files = || fs::read_dir(&running).unwrap().count();
-    let (mut records, found) = Records::open(running.clone()).unwrap();
+    let (mut records, found) = Records::open(running.clone(), None).unwrap();
     assert!(found.is_empty());
-    records.put((1, 0, 1), &r(100));
-    records.put((2, 0, 1), &r(200));
+    records.put((1, 0, 1), &r(100)).unwrap();
+    records.put((2, 0, 1), &r(200)).unwrap();
     assert_eq!(files(), 2);
     for n in 3..50 {
         records.clear((n - 2, 0, 1));
-        records.put((n, 0, 1), &r(100 * n as i32));
+        records.reserve((n, 0, 1)).unwrap();
+        records.put((n, 0, 1), &r(100 * n as i32)).unwrap();
     }
     assert_eq!(files(), 2, "ended attempts free their slots for the next");
     assert_eq!(records.dir(), running.as_path());
     fs::write(running.join("60-1-2"), r(600).encode()).unwrap();
     fs::write(running.join("slot-7"), "pgid=9 attempt=x").unwrap();
-    let (_, mut found) = Records::open(running.clone()).unwrap();
+    let (_, mut found) = Records::open(running.clone(), None).unwrap();
     found.sort_by_key(|f| f.record.as_ref().map_or(0, |r| r.pgid));
     let seen: Vec<String> =
         found.iter().map(|f| format!("{:?} {:?}", f.key, f.record.as_ref().map(|r| r.pgid))).collect();
@@ -89,6 +90,8 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         janitor: Default::default(),
         fence: true,
         forget_leftovers: false,
+        disk_fault_file: None,
+        start_without_record: false,
     }
 }
 
@@ -196,4 +199,37 @@ fn a_register_lists_tasks_whose_end_is_not_yet_recorded() {
     assert_eq!(agent.registered_tasks(), vec![task_ref(exited)]);
     agent.unrecorded.remove(&exited);
     assert!(agent.registered_tasks().is_empty());
+}
+
+/// A full disk: a new slot cannot be reserved, so the attempt is not
+/// started; a slot that exists takes its record in place all the same, and
+/// blanked slots keep their size for the next attempt.
+#[test]
+fn a_full_disk_refuses_new_slots_but_existing_ones_take_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (running, fault) = (dir.path().join("running"), dir.path().join("fault"));
+    let r = Record {
+        pgid: 7,
+        attempt: 1,
+        gpus: vec![],
+        walltime_s: 0,
+        stall_s: 0,
+        gpu_health: false,
+        started_ms: 1,
+        checkpointing: false,
+    };
+    let (mut records, _) = Records::open(running.clone(), Some(fault.clone())).unwrap();
+    records.reserve((1, 0, 1)).unwrap();
+    fs::write(&fault, "full").unwrap();
+    let e = records.reserve((2, 0, 1)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    records.put((1, 0, 1), &r).unwrap();
+    records.clear((1, 0, 1));
+    assert_eq!(fs::metadata(running.join("slot-0")).unwrap().len(), record::SLOT_BYTES as u64);
+    records.reserve((3, 0, 1)).unwrap();
+    records.put((3, 0, 1), &r).unwrap();
+    let (_, found) = Records::open(running.clone(), None).unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].key, Some((3, 0, 1)));
+    assert_eq!(found[0].record.as_ref().map(|r| r.pgid), Ok(7));
 }

@@ -29,5 +29,7 @@ pub fn config(addr: String, work_dir: &Path, fence: bool) -> AgentConfig {
         janitor: Default::default(),
         fence,
         forget_leftovers: false,
+        disk_fault_file: None,
+        start_without_record: false,
     }
 }

@@ -958,6 +958,42 @@ fn t164_a_chaos_run_catches_a_store_that_acknowledges_a_failed_write() {
     assert!(durable["detail"].as_str().unwrap().contains("but its log read back only up to"), "{durable}");
 }
 
+/// Issue 28: a full agent disk. The busiest agent's disk fills, so it cannot
+/// record new attempts and refuses to start them (the leader places them
+/// again); then it dies and restarts with room: everything it started is
+/// recorded, found and killed or adopted, and no attempt runs twice.
+#[test]
+fn t165_a_full_agent_disk_refuses_starts_and_nothing_runs_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "30s", "--seed", "19", "--agents", "4", "--faults", "agent-disk-full"];
+    let o = muster(&[&args[..], &["--task-seconds", "2-8", "--json", "--dir", run.to_str().unwrap()]].concat());
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), String::from_utf8_lossy(&o.stderr)));
+    assert!(o.status.success(), "{report:#}");
+    let faults = report["faults"].as_array().unwrap();
+    assert!(faults.len() >= 2, "{faults:#?}");
+    assert!(faults.iter().all(|f| f["note"].as_str().unwrap().contains("then killed and restarted")), "{faults:#?}");
+}
+
+/// Agents that start an attempt even when its record cannot be written (the
+/// injected bug `start-without-record`): on a full disk they run what the
+/// agent after them can neither adopt nor kill, the leader places it again,
+/// and `journal_consistent` names the attempts that ran at once.
+#[test]
+fn t166_a_chaos_run_catches_agents_that_start_unrecorded_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let args = ["chaos", "--duration", "40s", "--seed", "19", "--agents", "4", "--faults", "agent-disk-full"];
+    let bug = ["--inject-bug", "start-without-record", "--task-seconds", "2-8", "--json", "--dir"];
+    let o = muster(&[&args[..], &bug[..], &[run.to_str().unwrap()]].concat());
+    assert!(!o.status.success(), "the bug went unnoticed: {}", stdout(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let journal = report["checks"].as_array().unwrap().iter().find(|c| c["name"] == "journal_consistent").unwrap();
+    assert_eq!(journal["passed"], false, "{report:#}");
+    assert!(journal["detail"].as_str().unwrap().contains("still ran at"), "{journal}");
+}
+
 /// The checks have teeth: with servers that acknowledge a submit before it
 /// is committed (a deliberately injected bug), a short run fails
 /// `acked_exactly_once` and `linearizable`, keeps its directory and says how

@@ -95,14 +95,20 @@ pub const NO_AGENT_FENCING: &str = "no-agent-fencing";
 /// them again while they still run.
 pub const FORGET_LEFTOVERS: &str = "forget-leftovers";
 
+/// The deliberate bug of agents that start an attempt even when its record
+/// cannot be written (`--start-without-record`): on a full disk, the agent
+/// after them can neither adopt nor kill what they started.
+pub const START_WITHOUT_RECORD: &str = "start-without-record";
+
 /// The deliberate bugs of the agents rather than the servers.
-pub const AGENT_BUGS: &[&str] = &[NO_AGENT_FENCING, FORGET_LEFTOVERS];
+pub const AGENT_BUGS: &[&str] = &[NO_AGENT_FENCING, FORGET_LEFTOVERS, START_WITHOUT_RECORD];
 
 /// The flags a configuration adds to every agent.
 fn agent_args(cfg: &ChaosConfig) -> Vec<String> {
     match cfg.inject_bug.as_deref() {
         Some(NO_AGENT_FENCING) => vec!["--keep-running-when-cut-off".to_string()],
         Some(FORGET_LEFTOVERS) => vec!["--forget-leftovers".to_string()],
+        Some(START_WITHOUT_RECORD) => vec!["--start-without-record".to_string()],
         _ => Vec::new(),
     }
 }

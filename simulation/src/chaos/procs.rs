@@ -258,12 +258,41 @@ impl Procs {
             .arg(self.tls_dir())
             .args(&self.agent_args)
             .args(self.keeps_tasks(i).then_some("--keep-tasks"))
+            .arg("--disk-fault-file")
+            .arg(self.agent_disk_file(i))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log(&self.dir, &format!("agent-{id}"))?)
             .spawn()?;
         self.agents[i] = Some(child);
         Ok(())
+    }
+
+    /// The control file of agent `i`'s injected disk faults.
+    fn agent_disk_file(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("agent-disk-{}", self.agent_ids[i]))
+    }
+
+    /// Fills agent `i`'s disk (`true`) or makes room on it again.
+    pub fn set_agent_disk_full(&self, i: usize, full: bool) -> Result<(), String> {
+        let path = self.agent_disk_file(i);
+        let done = if full {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, "full").and_then(|()| std::fs::rename(&tmp, &path))
+        } else {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        };
+        done.map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// How many attempts agent `i` has refused to start so far, by its log.
+    pub fn agent_refused_starts(&self, i: usize) -> usize {
+        let log =
+            std::fs::read_to_string(self.dir.join(format!("agent-{}.log", self.agent_ids[i]))).unwrap_or_default();
+        log.lines().filter(|l| l.contains("cannot record the attempt")).count()
     }
 
     /// The pid of agent `i`, while it runs.
