@@ -143,6 +143,21 @@ pub fn heal_network(proxies: &[Proxy]) {
     }
 }
 
+/// How long a fault that needs the leader waits for one.
+const LEADER_WAIT: Duration = Duration::from_secs(10);
+
+/// What is recorded when a fault that needs the leader finds none.
+fn no_leader(start_ms: u64) -> Fault {
+    Fault {
+        kind: "no-leader",
+        target: String::new(),
+        start_ms,
+        end_ms: now_ms(),
+        note: format!("no leader for {} s", LEADER_WAIT.as_secs()),
+        clock_ms: 0,
+    }
+}
+
 /// A member other than `id`, at random.
 fn other_than(procs: &Procs, id: u64, rng: &mut SimRng) -> u64 {
     let others: Vec<u64> = procs.members().into_iter().filter(|&m| m != id).collect();
@@ -187,17 +202,8 @@ pub async fn run(
         let mut clock_ms = 0i64;
         let (target, note) = match kind {
             "kill-leader" | "pause-leader" | "partition-leader" | "partition-follower" | "lagging-follower" => {
-                let Some(leader) =
-                    leader_or_wait(&procs.member_addrs(), Instant::now() + Duration::from_secs(10)).await
-                else {
-                    faults.push(Fault {
-                        kind: "no-leader",
-                        target: String::new(),
-                        start_ms,
-                        end_ms: now_ms(),
-                        note: "no leader for 10 s".into(),
-                        clock_ms: 0,
-                    });
+                let Some(leader) = leader_or_wait(&procs.member_addrs(), Instant::now() + LEADER_WAIT).await else {
+                    faults.push(no_leader(start_ms));
                     continue;
                 };
                 let target = if kind.ends_with("follower") { other_than(procs, leader, &mut rng) } else { leader };
@@ -320,17 +326,8 @@ pub async fn run(
                 (format!("replica {target}"), notes.join("; "))
             }
             "clock-jump-forward" | "clock-jump-back" | "clock-skew" => {
-                let Some(leader) =
-                    leader_or_wait(&procs.member_addrs(), Instant::now() + Duration::from_secs(10)).await
-                else {
-                    faults.push(Fault {
-                        kind: "no-leader",
-                        target: String::new(),
-                        start_ms,
-                        end_ms: now_ms(),
-                        note: "no leader for 10 s".into(),
-                        clock_ms: 0,
-                    });
+                let Some(leader) = leader_or_wait(&procs.member_addrs(), Instant::now() + LEADER_WAIT).await else {
+                    faults.push(no_leader(start_ms));
                     continue;
                 };
                 let mut notes = Vec::new();
