@@ -186,11 +186,6 @@ pub async fn node_status(real: &[String], id: &str) -> Option<v1::NodeStatus> {
     v1::NodeStatus::try_from(node.status).ok()
 }
 
-/// The replica (1-based id) that says it leads with the highest term.
-pub async fn leader(real: &[String]) -> Option<u64> {
-    leader_at(real).await.map(|(id, _)| id)
-}
-
 /// The leader of the highest term among `real`, and the address of `real`
 /// it answered on.
 pub async fn leader_at(real: &[String]) -> Option<(u64, String)> {

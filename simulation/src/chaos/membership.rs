@@ -22,7 +22,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use super::client;
-use super::nemesis::refresh_known;
+use super::nemesis::{leader_of, refresh_known};
 use super::procs::Procs;
 use super::proxy::Proxy;
 use crate::SimRng;
@@ -42,7 +42,7 @@ where
     let give_up = Instant::now() + CALL_FOR;
     let mut last = "no leader answered".to_string();
     while Instant::now() < give_up {
-        if let Some(l) = client::leader(&procs.member_addrs()).await
+        if let Some(l) = leader_of(procs).await
             && let Ok(ch) = client::connect(procs.addr(l), Duration::from_secs(2)).await
         {
             match tokio::time::timeout(
@@ -107,7 +107,7 @@ async fn victims(procs: &Procs, rng: &mut SimRng, n: usize) -> (Vec<u64>, bool) 
     let mut members = procs.members();
     let mut out = Vec::new();
     let mut leader = false;
-    if let Some(l) = client::leader(&procs.member_addrs()).await
+    if let Some(l) = leader_of(procs).await
         && rng.chance(0.5)
     {
         members.retain(|&m| m != l);

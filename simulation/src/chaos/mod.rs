@@ -254,9 +254,18 @@ impl Report {
     }
 }
 
+/// A loopback port nobody listens on, never handed out before in this
+/// process: runs side by side share the CA, so a replica of one run must
+/// never answer on an address of another.
 fn free_port() -> Result<String, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot bind a loopback port: {e}"))?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.to_string())
+    static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot bind a loopback port: {e}"))?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        if HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner()).insert(addr.port()) {
+            return Ok(addr.to_string());
+        }
+    }
 }
 
 /// Runs one chaos test. `Err` is for a harness that could not run at all

@@ -170,9 +170,16 @@ fn any_member(procs: &Procs, rng: &mut SimRng) -> u64 {
     members[rng.range(0, members.len() as u64 - 1) as usize]
 }
 
-async fn leader_or_wait(real: &[String], until: Instant) -> Option<u64> {
+/// The member that says it leads with the highest term (an id the harness
+/// did not make is no member: it is ignored).
+pub(super) async fn leader_of(procs: &Procs) -> Option<u64> {
+    let (id, _) = client::leader_at(&procs.member_addrs()).await?;
+    procs.members().contains(&id).then_some(id)
+}
+
+async fn leader_or_wait(procs: &Procs, until: Instant) -> Option<u64> {
     while Instant::now() < until {
-        if let Some(l) = client::leader(real).await {
+        if let Some(l) = leader_of(procs).await {
             return Some(l);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -202,7 +209,7 @@ pub async fn run(
         let mut clock_ms = 0i64;
         let (target, note) = match kind {
             "kill-leader" | "pause-leader" | "partition-leader" | "partition-follower" | "lagging-follower" => {
-                let Some(leader) = leader_or_wait(&procs.member_addrs(), Instant::now() + LEADER_WAIT).await else {
+                let Some(leader) = leader_or_wait(procs, Instant::now() + LEADER_WAIT).await else {
                     faults.push(no_leader(start_ms));
                     continue;
                 };
@@ -326,7 +333,7 @@ pub async fn run(
                 (format!("replica {target}"), notes.join("; "))
             }
             "clock-jump-forward" | "clock-jump-back" | "clock-skew" => {
-                let Some(leader) = leader_or_wait(&procs.member_addrs(), Instant::now() + LEADER_WAIT).await else {
+                let Some(leader) = leader_or_wait(procs, Instant::now() + LEADER_WAIT).await else {
                     faults.push(no_leader(start_ms));
                     continue;
                 };
@@ -345,7 +352,7 @@ pub async fn run(
                     notes.extend(procs.spawn_server(leader).err().map(|e| format!("restart of {leader} failed: {e}")));
                     refresh_known(procs, proxies);
                     tokio::time::sleep(hold(&mut rng, 1_000, 2_000)).await;
-                    let successor = client::leader(&procs.member_addrs()).await;
+                    let successor = leader_of(procs).await;
                     clock_ms = (now_ms().saturating_sub(since) as i64 * per_mille) / 1000;
                     notes.extend(procs.set_clock(follower, None).err());
                     notes.push(format!(

@@ -66,6 +66,8 @@ pub struct Procs {
     machines: Vec<Option<u64>>,
     /// Every replica id ever used, and its machine (retired ones too).
     placed: BTreeMap<u64, usize>,
+    /// The ports of machines without a replica, held until one starts.
+    holds: Vec<Option<PortHold>>,
     servers: BTreeMap<u64, Child>,
     agents: Vec<Option<Child>>,
     agent_ids: Vec<String>,
@@ -95,6 +97,49 @@ pub struct Readback {
     /// entries past the last one its log reads back; `Err` when the log
     /// does not open at all.
     pub acked_beyond_readable: Result<Option<(u64, u64)>, String>,
+}
+
+/// A loopback port held for a machine whose replica is not running: bound,
+/// not listening, so that no outgoing connection takes it as its local port
+/// (and no other process binds it) before the next replica listens there,
+/// while a connection to it is still refused at once.
+struct PortHold(libc::c_int);
+
+impl PortHold {
+    /// Holds `addr`'s port, if it is free (best effort: a port still in
+    /// TIME_WAIT after its last listener cannot be held).
+    fn new(addr: &str) -> Option<PortHold> {
+        let port: u16 = addr.rsplit(':').next()?.parse().ok()?;
+        // SAFETY: plain socket calls on a descriptor this function owns; it
+        // is closed on every path that does not return it.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            if fd < 0 {
+                return None;
+            }
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: port.to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes([127, 0, 0, 1]) },
+                sin_zero: [0; 8],
+            };
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            if libc::bind(fd, (&sin as *const libc::sockaddr_in).cast(), len) != 0 {
+                libc::close(fd);
+                return None;
+            }
+            Some(PortHold(fd))
+        }
+    }
+}
+
+impl Drop for PortHold {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is this hold's own, closed once.
+        unsafe {
+            libc::close(self.0);
+        }
+    }
 }
 
 /// One simulated power loss of a replica, and what its crash image said.
@@ -130,7 +175,13 @@ impl Procs {
         tls_dir: PathBuf,
     ) -> Procs {
         let initial = (1..=INITIAL_REPLICAS).map(Some);
+        let holds = real
+            .iter()
+            .enumerate()
+            .map(|(m, a)| (m as u64 >= INITIAL_REPLICAS).then(|| PortHold::new(a)).flatten())
+            .collect();
         Procs {
+            holds,
             bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
             machines: initial.chain(std::iter::repeat(None)).take(real.len()).collect(),
@@ -202,8 +253,9 @@ impl Procs {
     /// check.
     pub fn retire(&mut self, id: u64) -> Result<(), String> {
         self.kill_server(id);
-        if let Some(m) = self.machines.iter_mut().find(|m| **m == Some(id)) {
-            *m = None;
+        if let Some(m) = self.machines.iter().position(|m| *m == Some(id)) {
+            self.machines[m] = None;
+            self.holds[m] = PortHold::new(&self.real[m]);
         }
         let (from, to) = (self.data_dir(id), self.dir.join(format!("retired-{id}")));
         match std::fs::rename(&from, &to) {
@@ -222,6 +274,7 @@ impl Procs {
     /// form the cluster; a later one starts empty and waits to be added.
     pub fn spawn_server(&mut self, id: u64) -> std::io::Result<()> {
         let i = self.machine(id);
+        self.holds[i] = None;
         let peers: Vec<String> =
             (1..=INITIAL_REPLICAS).map(|j| format!("{j}={}", self.proxied[j as usize - 1])).collect();
         let child = Command::new(&self.bin)
@@ -469,5 +522,22 @@ impl Procs {
 impl Drop for Procs {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_port_refuses_connections_and_binds_until_released() {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let hold = PortHold::new(&addr).expect("a free port is held");
+        let refused = std::net::TcpStream::connect(&addr).unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "held, not listening");
+        assert!(std::net::TcpListener::bind(&addr).is_err(), "nobody else binds it");
+        assert!(PortHold::new(&addr).is_none());
+        drop(hold);
+        assert!(std::net::TcpListener::bind(&addr).is_ok(), "released");
     }
 }
