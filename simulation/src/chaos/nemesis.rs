@@ -301,32 +301,37 @@ pub async fn run(
                 let mut notes: Vec<String> = procs.set_disk_fault(target, Some(fault)).err().into_iter().collect();
                 tokio::time::sleep(held).await;
                 notes.extend(procs.set_disk_fault(target, None).err());
-                let mut exit = procs.server_exit(target);
-                match exit {
+                // Whether the replica is down now (it stopped, or is stopped).
+                let stopped = match procs.server_exit(target) {
                     Some(status) if status.code() == Some(EXIT_STORAGE_FAILED) => {
                         notes.push(format!("stopped with status {EXIT_STORAGE_FAILED}"));
+                        true
                     }
-                    Some(status) => procs.unexpected_exit(format!("replica {target} exited {status} under {kind}")),
-                    None if kind == "slow-disk" => notes.push(per_sync),
+                    Some(status) => {
+                        procs.unexpected_exit(format!("replica {target} exited {status} under {kind}"));
+                        true
+                    }
+                    None if kind == "slow-disk" => {
+                        notes.push(per_sync);
+                        false
+                    }
                     None => {
                         // No write met the fault, or one did and the replica
                         // carried on: restarted all the same once the disk is
                         // fixed, its log read back first.
                         notes.push("kept running; restarted".into());
                         procs.kill_server(target);
-                        exit = Some(std::process::ExitStatus::default());
+                        true
                     }
-                }
-                if exit.is_some() {
+                };
+                if stopped {
                     // What the replica restarts on must hold all it acknowledged.
                     procs.read_back(target);
-                }
-                if kind == "disk-eio" {
-                    // A machine whose disk failed is power-cycled: the
-                    // replica comes back on what its disk kept.
-                    notes.extend(procs.power_loss_server(target).err());
-                    notes.extend(procs.spawn_server(target).err().map(|e| format!("restart failed: {e}")));
-                } else if exit.is_some() {
+                    if kind == "disk-eio" {
+                        // A machine whose disk failed is power-cycled: the
+                        // replica comes back on what its disk kept.
+                        notes.extend(procs.power_loss_server(target).err());
+                    }
                     notes.extend(procs.spawn_server(target).err().map(|e| format!("restart failed: {e}")));
                 }
                 refresh_known(procs, proxies);
