@@ -31,7 +31,8 @@ pub struct ChaosArgs {
     json: bool,
     /// Run the servers with a deliberate bug (ack-before-commit,
     /// ack-before-fsync, ack-despite-fsync-error, ack-despite-write-error,
-    /// unpaced-leader-clock, removed-voters-linger), or the agents'
+    /// unpaced-leader-clock, removed-voters-linger, spare-failed-gang-peers,
+    /// refuse-slow-writes), or the agents'
     /// (no-agent-fencing, forget-leftovers, start-without-record), to see a
     /// check catch it.
     #[arg(long)]

@@ -204,6 +204,15 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// One rank of a chaos-test gang (what `muster chaos` runs as each
+    /// task): beats with its gang's master over the chaos fabric and
+    /// journals its life; see muster_sim::chaos::rank.
+    #[command(name = "chaos-rank", hide = true)]
+    ChaosRank {
+        /// Beats (250 ms each) the gang runs once every rank has joined.
+        #[arg(long)]
+        beats: u64,
+    },
     /// Print a shell completion script: muster completions bash > /etc/bash_completion.d/muster
     Completions {
         /// The shell.
@@ -221,6 +230,10 @@ fn main() -> ExitCode {
         Cmd::Beat => beat(),
         Cmd::TaskShim { status, command } => {
             let code = muster_agent::executor::run_shim(&status, &command);
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
+        Cmd::ChaosRank { beats } => {
+            let code = muster_sim::chaos::rank::main(beats);
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
         Cmd::Completions { shell } => {
@@ -291,6 +304,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             | Cmd::Completions { .. }
             | Cmd::Tls { .. }
             | Cmd::TaskShim { .. }
+            | Cmd::ChaosRank { .. }
             | Cmd::Restore(_) => {
                 unreachable!("run synchronously")
             }

@@ -113,7 +113,8 @@ pub struct ServerArgs {
     crash_image: bool,
     /// A deliberate bug, to prove the chaos checks catch one
     /// (ack-before-commit, ack-before-fsync, ack-despite-fsync-error,
-    /// ack-despite-write-error, unpaced-leader-clock, removed-voters-linger).
+    /// ack-despite-write-error, unpaced-leader-clock, removed-voters-linger,
+    /// spare-failed-gang-peers, refuse-slow-writes).
     /// Tests only.
     #[arg(long, hide = true)]
     inject_bug: Option<String>,

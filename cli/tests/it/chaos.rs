@@ -350,3 +350,47 @@ fn t166_a_chaos_run_catches_agents_that_start_unrecorded_attempts() {
     let run = chaos(&[&args[..], &["--inject-bug", "start-without-record", "--task-seconds", "2-8"]].concat()).fails();
     assert!(run.detail("journal_consistent", false).contains("still ran at"));
 }
+
+/// Issue 28: a partition between a gang's peers only. The busiest agent's
+/// node is cut off from every other node's ranks (the gang fabric; the
+/// control plane is untouched): ranks that lose their master give up after
+/// 2 s and exit 1, while masters wait, blocked as in a collective. The
+/// leader tears each broken gang down, stops every rank, and places it
+/// again; no attempt runs twice and no two placements of a gang overlap.
+#[test]
+fn t167_a_partition_between_gang_peers_breaks_gangs_that_restart_cleanly() {
+    let run = chaos(&["--duration", "30s", "--seed", "7", "--faults", "partition-gang"]).passes();
+    let gave_up: usize = run
+        .notes()
+        .iter()
+        .filter_map(|n| n.split("; ").nth(1)?.strip_suffix(" ranks gave up")?.parse::<usize>().ok())
+        .sum();
+    assert!(gave_up >= 1, "some rank lost its peers: {:?}", run.notes());
+    assert!(run.detail("journal_consistent", true).contains("no gang's placements overlapping"));
+    run.detail("all_terminal", true);
+}
+
+/// A leader that never tells a failed gang's other ranks to stop (the
+/// injected bug `spare-failed-gang-peers`): after a peer partition the
+/// masters run on, blocked, past the force deadline, while the gang is
+/// placed again, and `journal_consistent` names the placements that ran at
+/// once.
+#[test]
+fn t168_a_chaos_run_catches_a_leader_that_spares_a_failed_gangs_peers() {
+    let args = ["--duration", "30s", "--seed", "7", "--faults", "partition-gang"];
+    let run = chaos(&[&args[..], &["--inject-bug", "spare-failed-gang-peers"]].concat()).fails();
+    let detail = run.detail("journal_consistent", false);
+    assert!(detail.contains("of placement") && detail.contains("still ran on"), "{detail}");
+}
+
+/// Servers that refuse a submit whose write is merely slow (the injected
+/// bug `refuse-slow-writes`: ABORTED after 250 ms, though the entry stays
+/// proposed). A slow disk makes writes slow; the client takes a refusal as
+/// final and gives the key up, and `acked_exactly_once` finds the
+/// allocation it was told was never made.
+#[test]
+fn t169_a_chaos_run_catches_a_slow_write_reported_as_refused() {
+    let args = ["--duration", "30s", "--seed", "5", "--faults", "slow-disk"];
+    let run = chaos(&[&args[..], &["--inject-bug", "refuse-slow-writes"]].concat()).fails();
+    assert!(run.detail("acked_exactly_once", false).contains("was refused each time it was sent, but exists as"));
+}

@@ -319,8 +319,18 @@ impl AllocationService for ClientApi {
         if self.s.inject_bug == Some(super::replica::InjectedBug::AckBeforeCommit) {
             return Ok(Response::new(self.ack_before_commit(spec)));
         }
-        let outcome = self.s.proposer.propose(Command::Submit { spec }).await.map_err(propose_error_to_status)?;
-        match outcome {
+        let propose = self.s.proposer.propose(Command::Submit { spec });
+        let outcome = if self.s.inject_bug == Some(super::replica::InjectedBug::RefuseSlowWrites) {
+            // The bug: a write that is merely slow is refused, though it
+            // stays proposed and may well commit.
+            match tokio::time::timeout(super::replica::SLOW_WRITE_REFUSED_AFTER, propose).await {
+                Ok(outcome) => outcome,
+                Err(_) => return Err(Status::aborted("the write was refused: it took too long")),
+            }
+        } else {
+            propose.await
+        };
+        match outcome.map_err(propose_error_to_status)? {
             Outcome::Accepted(events) => match events.as_slice() {
                 [Event::Submitted { alloc, duplicate }] => {
                     self.s.admission_wake.notify_one();

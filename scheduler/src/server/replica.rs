@@ -157,7 +157,19 @@ pub enum InjectedBug {
     /// The log store acknowledges appended entries even when their write
     /// failed (a full disk), leaving the torn record in the log.
     AckDespiteWriteError,
+    /// When a gang is torn down because one of its tasks failed, the leader
+    /// never tells the gang's other ranks to stop: they run on after the
+    /// force deadline while the gang is placed again.
+    SpareFailedGangPeers,
+    /// A submit whose write has not committed within
+    /// [`SLOW_WRITE_REFUSED_AFTER`] is answered ABORTED, a definite refusal,
+    /// though the entry stays proposed and may commit: the answer must
+    /// have been "did not complete" (the client cannot know).
+    RefuseSlowWrites,
 }
+
+/// How long a submit waits with the injected bug `refuse-slow-writes`.
+pub const SLOW_WRITE_REFUSED_AFTER: Duration = Duration::from_millis(250);
 
 impl InjectedBug {
     /// Parses the flag's value.
@@ -169,6 +181,8 @@ impl InjectedBug {
             "unpaced-leader-clock" => Some(InjectedBug::UnpacedLeaderClock),
             "removed-voters-linger" => Some(InjectedBug::RemovedVotersLinger),
             "ack-despite-write-error" => Some(InjectedBug::AckDespiteWriteError),
+            "spare-failed-gang-peers" => Some(InjectedBug::SpareFailedGangPeers),
+            "refuse-slow-writes" => Some(InjectedBug::RefuseSlowWrites),
             _ => None,
         }
     }
@@ -181,6 +195,8 @@ impl InjectedBug {
         "ack-despite-write-error",
         "unpaced-leader-clock",
         "removed-voters-linger",
+        "spare-failed-gang-peers",
+        "refuse-slow-writes",
     ];
 }
 

@@ -51,6 +51,10 @@ pub struct Client {
     timeout: Duration,
 }
 
+/// How a call that no leader answered fails (never applied: no replica
+/// took it, or each said it does not lead).
+pub const NO_LEADER: &str = "no leader answered";
+
 impl Client {
     /// A client of these (proxied) replica addresses.
     pub fn new(addrs: Vec<String>, timeout: Duration) -> Client {
@@ -108,7 +112,7 @@ impl Client {
                 _ => return Answer::Ok(Err(status)),
             }
         }
-        Answer::Failed(format!("no leader answered ({last})"))
+        Answer::Failed(format!("{NO_LEADER} ({last})"))
     }
 
     /// Submits `spec` once: the allocation id when acknowledged.

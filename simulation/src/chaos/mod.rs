@@ -17,10 +17,12 @@
 mod campaign;
 mod checks;
 mod client;
+mod fabric;
 mod membership;
 mod nemesis;
 mod procs;
 mod proxy;
+pub mod rank;
 mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -311,12 +313,15 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     wait_ready(&procs.member_addrs(), cfg.agents).await?;
 
     // The fault phase.
+    let fabric = fabric::Fabric::start().await.map_err(|e| format!("cannot start the gang fabric: {e}"))?;
+    let tasks = workload::Tasks { bin: cfg.muster_bin.clone(), journal: journal.clone(), fabric: fabric.addr() };
     let until = Instant::now() + cfg.duration;
     let (ops, faults) = tokio::join!(
-        workload::run(proxied.clone(), cfg.seed, &journal, until, cfg.task_ms),
-        nemesis::run(&mut procs, &proxies, &menu, cfg.seed, until),
+        workload::run(proxied.clone(), cfg.seed, &tasks, until, cfg.task_ms),
+        nemesis::run(&mut procs, &proxies, &fabric, &menu, cfg.seed, until),
     );
     nemesis::heal_network(&proxies);
+    fabric.heal();
     let crashed = procs.crashed();
 
     // The liveness phase: everything ends, the replicas converge.

@@ -24,6 +24,7 @@
 //! | `grow-cluster` | two fresh replicas (new ids, empty data dirs) join as learners and are promoted: 3 voters become 5 (at 5, it shrinks instead) |
 //! | `shrink-cluster` | two voters, the leader one of them half the time, are removed, stopped and retired: 5 become 3 (at 3, it grows instead) |
 //! | `replace-replica` | a voter, the leader half the time, is replaced by a fresh replica with a new id (see `membership.rs`) |
+//! | `partition-gang` | cut the busiest agent's node off from every other node's ranks (the gang fabric, not the control plane) for 3–6 s: ranks that lose their master give up after 2 s and exit 1, while the master waits, blocked as in a collective, until the leader tears the gang down |
 //! | `clock-skew` | a follower's clock runs 2–8 % fast or slow for 4–8 s; then the leader is killed (and restarted 1–2 s later), so the skewed replica may lead on its skewed clock; it is put right 1–2 s later |
 
 use std::collections::BTreeSet;
@@ -32,6 +33,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::client;
+use super::fabric::Fabric;
 use super::procs::Procs;
 use super::proxy::{Proxy, Slowness};
 use super::workload::now_ms;
@@ -81,6 +83,7 @@ pub const KINDS: &[(u32, &str)] = &[
     (1, "grow-cluster"),
     (1, "shrink-cluster"),
     (1, "replace-replica"),
+    (2, "partition-gang"),
 ];
 
 /// The status `muster server` exits with when its storage failed.
@@ -105,7 +108,7 @@ fn busiest(journal: &std::path::Path, agents: &[String]) -> Option<usize> {
         if let [kind, alloc, task, attempt, _epoch, node, _ms] = w.as_slice() {
             let key = (alloc.to_string(), task.to_string(), attempt.to_string());
             match *kind {
-                "end" => {
+                "end" | "lost" => {
                     running.remove(&key);
                 }
                 _ => {
@@ -118,6 +121,27 @@ fn busiest(journal: &std::path::Path, agents: &[String]) -> Option<usize> {
     let (i, most) =
         agents.iter().enumerate().map(|(i, id)| (i, count(id))).max_by_key(|&(i, n)| (n, usize::MAX - i))?;
     (most > 0).then_some(i)
+}
+
+/// How many ranks gave up on their peers (journalled `lost`) since `since_ms`.
+fn ranks_lost_since(journal: &std::path::Path, since_ms: u64) -> usize {
+    let text = std::fs::read_to_string(journal).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("lost "))
+        .filter(|l| l.rsplit(' ').next().and_then(|ms| ms.parse::<u64>().ok()).is_some_and(|ms| ms >= since_ms))
+        .count()
+}
+
+/// Waits up to 10 s (not past `until`) for an agent that runs anything,
+/// and returns the busiest one's index (any agent when none runs).
+async fn busiest_or_any(procs: &Procs, rng: &mut SimRng, until: Instant) -> usize {
+    let mut busy = busiest(&procs.journal(), procs.agent_ids());
+    let wait_for_work = Instant::now() + Duration::from_secs(10);
+    while busy.is_none() && Instant::now() < wait_for_work.min(until) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        busy = busiest(&procs.journal(), procs.agent_ids());
+    }
+    busy.unwrap_or_else(|| rng.range(0, procs.agent_ids().len() as u64 - 1) as usize)
 }
 
 /// Cuts replica `id` off both ways: nobody reaches it through its proxy,
@@ -192,6 +216,7 @@ async fn leader_or_wait(procs: &Procs, until: Instant) -> Option<u64> {
 pub async fn run(
     procs: &mut Procs,
     proxies: &[Proxy],
+    fabric: &Fabric,
     kinds: &[(u32, &'static str)],
     seed: u64,
     until: Instant,
@@ -458,13 +483,7 @@ pub async fn run(
             "partition-agent" => {
                 // The agent running the most attempts, so that the cut
                 // bites (waiting a little for one that runs anything).
-                let mut busy = busiest(&procs.journal(), procs.agent_ids());
-                let wait_for_work = Instant::now() + Duration::from_secs(10);
-                while busy.is_none() && Instant::now() < wait_for_work.min(until) {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    busy = busiest(&procs.journal(), procs.agent_ids());
-                }
-                let i = busy.unwrap_or_else(|| rng.range(0, agents as u64 - 1) as usize);
+                let i = busiest_or_any(procs, &mut rng, until).await;
                 let id = procs.agent_ids()[i].clone();
                 // Alternately past the leader marking the node lost, and short of it.
                 let past_lost = agent_partitions.is_multiple_of(2);
@@ -497,6 +516,23 @@ pub async fn run(
                     if lost { ", past the leader marking it lost" } else { "" }
                 );
                 (id, note)
+            }
+            "partition-gang" => {
+                let i = busiest_or_any(procs, &mut rng, until).await;
+                let id = procs.agent_ids()[i].clone();
+                let cut_ms = now_ms();
+                fabric.cut(&id);
+                let held = hold(&mut rng, 3_000, 6_000);
+                tokio::time::sleep(held).await;
+                fabric.heal();
+                let lost = ranks_lost_since(&procs.journal(), cut_ms);
+                (
+                    id,
+                    format!(
+                        "cut off from the other nodes' ranks for {:.1} s; {lost} ranks gave up",
+                        held.as_secs_f64()
+                    ),
+                )
             }
             _ => {
                 let i = rng.range(0, agents as u64 - 1) as usize;

@@ -2,10 +2,11 @@
 //! each with its own idempotency key, retried with the same key until
 //! answered; reads them back (often right after the acknowledgement) and
 //! cancels some. Every attempt is recorded with its timestamps for the
-//! checks. Each task appends its start, beats and end to a shared execution
-//! journal.
+//! checks. Each task is one rank of its gang ([`super::rank`]): it beats
+//! with its peers over the gang fabric, and appends its start, beats and end
+//! to a shared execution journal.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use muster_proto::v1;
@@ -43,24 +44,18 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The task: journal its start, a beat every 250 ms, and its end (also when
-/// stopped with SIGTERM). A stamp reads the clock again when the first
-/// `date` was killed by the SIGTERM sent to the task's whole process
-/// group, so that no line is written without its time.
-fn script(beats: u64) -> String {
-    format!(
-        r#"j="$CHAOS_JOURNAL"; id="$MUSTER_ALLOC_ID $MUSTER_TASK_INDEX $MUSTER_ATTEMPT $MUSTER_EPOCH $MUSTER_NODE_ID"
-stamp() {{ t=$(date +%s%3N); [ -n "$t" ] || t=$(date +%s%3N); echo "$1 $id $t" >> "$j"; }}
-stamp start
-trap 'stamp end; exit 143' TERM
-i=0
-while [ $i -lt {beats} ]; do sleep 0.25; stamp beat; i=$((i+1)); done
-stamp end"#
-    )
+/// What every task runs, and where it reaches the harness.
+pub struct Tasks {
+    /// The `muster` binary: each task is `muster chaos-rank` ([`super::rank`]).
+    pub bin: PathBuf,
+    /// The shared execution journal.
+    pub journal: PathBuf,
+    /// The gang fabric's address ([`super::fabric`]).
+    pub fabric: String,
 }
 
 /// One allocation of the mix.
-fn spec(rng: &mut SimRng, key: String, journal: &Path, task_ms: (u64, u64)) -> v1::AllocationSpec {
+fn spec(rng: &mut SimRng, key: String, tasks: &Tasks, task_ms: (u64, u64)) -> v1::AllocationSpec {
     let gang_size = rng.weighted(&[(5, 1u32), (3, 2), (2, 3)]);
     let gpus = rng.weighted(&[(3, 1u32), (2, 2)]);
     let class = rng.range(0, 9) as u32;
@@ -74,11 +69,26 @@ fn spec(rng: &mut SimRng, key: String, journal: &Path, task_ms: (u64, u64)) -> v
         checkpoint_estimate_s: 5,
         walltime_s: 120,
         max_retries: 8,
-        command: vec!["sh".into(), "-c".into(), script(rng.range(task_ms.0 / 250, task_ms.1 / 250).max(1))],
-        env: [("CHAOS_JOURNAL".to_string(), journal.display().to_string())].into(),
+        command: vec![
+            tasks.bin.display().to_string(),
+            "chaos-rank".into(),
+            "--beats".into(),
+            rng.range(task_ms.0 / 250, task_ms.1 / 250).max(1).to_string(),
+        ],
+        env: [
+            ("CHAOS_JOURNAL".to_string(), tasks.journal.display().to_string()),
+            ("CHAOS_FABRIC".to_string(), tasks.fabric.clone()),
+        ]
+        .into(),
         idempotency_key: key,
         ..Default::default()
     }
+}
+
+/// Whether a failed call's error is a replica's definite refusal (a gRPC
+/// status it answered), not a call that found no leader.
+pub fn is_refusal(error: &str) -> bool {
+    !error.starts_with(super::client::NO_LEADER)
 }
 
 fn record<T: Clone>(
@@ -98,12 +108,13 @@ fn record<T: Clone>(
     ops.push(Op { key: key.to_string(), kind, invoke_ms, complete_ms, outcome, alloc, result, error });
 }
 
-/// Until `until`: every 150–600 ms a new allocation (an unanswered submit is
-/// retried with its key for up to 20 s; half the time it is read back at
+/// Until `until`: every 150–600 ms a new allocation (an unanswered submit,
+/// or one that found no leader, is retried with its key for up to 20 s; a
+/// refused one is not; half the time it is read back at
 /// once), a read of an earlier one (30 %), a cancel of one (8 %). Returns
 /// every call.
 /// Each task runs for about `task_ms` (low, high) milliseconds.
-pub async fn run(addrs: Vec<String>, seed: u64, journal: &Path, until: Instant, task_ms: (u64, u64)) -> Vec<Op> {
+pub async fn run(addrs: Vec<String>, seed: u64, tasks: &Tasks, until: Instant, task_ms: (u64, u64)) -> Vec<Op> {
     let mut rng = SimRng::new(seed ^ 0x05EE_D0FC_4A05);
     let mut client = Client::new(addrs, Duration::from_secs(2));
     let mut ops = Vec::new();
@@ -116,7 +127,7 @@ pub async fn run(addrs: Vec<String>, seed: u64, journal: &Path, until: Instant, 
         tokio::time::sleep(Duration::from_millis(rng.range(150, 600) * slower)).await;
         n += 1;
         let key = format!("chaos-{seed}-{n}");
-        let spec = spec(&mut rng, key.clone(), journal, task_ms);
+        let spec = spec(&mut rng, key.clone(), tasks, task_ms);
         let give_up = Instant::now() + Duration::from_secs(20);
         loop {
             let invoke_ms = now_ms();
@@ -131,7 +142,9 @@ pub async fn run(addrs: Vec<String>, seed: u64, journal: &Path, until: Instant, 
                 }
                 break;
             }
-            if Instant::now() >= give_up {
+            // A definite refusal from a replica is final, as for any real
+            // client: the key is given up (and must then never exist).
+            if Instant::now() >= give_up || matches!(&answer, Answer::Failed(e) if is_refusal(e)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

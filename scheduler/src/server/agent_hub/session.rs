@@ -10,6 +10,9 @@ pub(super) struct Session {
     tx: Outbound,
     /// What this stream has told its agent.
     sent: SentMemory,
+    /// With the injected bug `spare-failed-gang-peers`: the attempts this
+    /// stream never stops.
+    spared: std::collections::BTreeSet<TaskKey>,
 }
 
 impl Session {
@@ -59,6 +62,7 @@ impl Session {
             node,
             tx,
             sent: SentMemory::new(reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch))),
+            spared: Default::default(),
         };
         let max_checkpoint_bytes = session.s.reader.read(|st| st.limits().max_checkpoint_bytes as u64);
         session
@@ -196,6 +200,28 @@ impl Session {
         Ok(())
     }
 
+    /// The injected bug `spare-failed-gang-peers` (chaos-check tests only):
+    /// when a gang is torn down because a task failed, its other ranks are
+    /// never told to stop, neither by the teardown nor after the force
+    /// deadline moves them off the node. They run on, blocked on their dead
+    /// peer, while the gang is placed again.
+    fn spare_failed_gang_peers(&mut self, plan: &mut muster_core::sync::SyncPlan) {
+        let failed: Vec<TaskKey> = self.s.reader.read(|st| {
+            plan.preempt
+                .iter()
+                .filter(|(k, _, _)| {
+                    st.alloc(k.0)
+                        .and_then(|a| a.teardown)
+                        .is_some_and(|td| matches!(td.cause, muster_core::sm::TeardownCause::TaskFailed { .. }))
+                })
+                .map(|&(k, _, _)| k)
+                .collect()
+        });
+        self.spared.extend(failed);
+        plan.preempt.retain(|(k, _, _)| !self.spared.contains(k));
+        plan.stop.retain(|k| !self.spared.contains(k));
+    }
+
     /// Sends what [`plan_sync`] decides for this node now: the node's
     /// status when it changed, new assignments, preempts and hints, stops.
     /// On a heartbeat (`repeat`) every preempt not yet acked is sent again.
@@ -204,7 +230,10 @@ impl Session {
             stop_grace_ms: self.cfg.stop_grace.as_millis() as u32,
             preemption_grace_ms: self.preemption.grace_ms as u32,
         };
-        let plan = self.s.reader.read(|st| plan_sync(st, &self.node, &self.sent, repeat, &cfg));
+        let mut plan = self.s.reader.read(|st| plan_sync(st, &self.node, &self.sent, repeat, &cfg));
+        if self.s.inject_bug == Some(crate::server::replica::InjectedBug::SpareFailedGangPeers) {
+            self.spare_failed_gang_peers(&mut plan);
+        }
         if plan.is_empty() {
             self.sent.sent(&plan);
             return Ok(());

@@ -1,5 +1,6 @@
 //! Every acknowledged submission exists exactly once; a submission whose
-//! every attempt timed out (or failed) may exist at most once; nothing
+//! every attempt timed out (or failed) may exist at most once; one that a
+//! replica refused outright, every time it was sent, does not exist; nothing
 //! exists that was never submitted.
 
 use std::collections::BTreeMap;
@@ -7,7 +8,7 @@ use std::collections::BTreeMap;
 use muster_proto::v1;
 
 use super::CheckResult;
-use crate::chaos::workload::Op;
+use crate::chaos::workload::{Op, is_refusal};
 
 /// Checks the submit history against the final allocations.
 pub fn acked_exactly_once(ops: &[Op], allocs: &[v1::Allocation]) -> CheckResult {
@@ -17,11 +18,15 @@ pub fn acked_exactly_once(ops: &[Op], allocs: &[v1::Allocation]) -> CheckResult 
         by_key.entry(key).or_default().push(a.id);
     }
     let mut acked: BTreeMap<&str, Option<u64>> = BTreeMap::new();
+    // Keys whose every submit so far was refused.
+    let mut refused: BTreeMap<&str, bool> = BTreeMap::new();
     for op in ops.iter().filter(|o| o.kind == "submit") {
         let e = acked.entry(op.key.as_str()).or_default();
         if op.outcome == "ok" {
             *e = op.alloc;
         }
+        let was_refusal = op.outcome == "failed" && op.error.as_deref().is_some_and(is_refusal);
+        *refused.entry(op.key.as_str()).or_insert(true) &= was_refusal;
     }
     let mut violations = Vec::new();
     let (mut ok, mut unknown) = (0, 0);
@@ -33,6 +38,9 @@ pub fn acked_exactly_once(ops: &[Op], allocs: &[v1::Allocation]) -> CheckResult 
                 if found != [*id] {
                     violations.push(format!("{key} was acknowledged as {id} but exists as {found:?}"));
                 }
+            }
+            None if refused[key] && !found.is_empty() => {
+                violations.push(format!("{key} was refused each time it was sent, but exists as {found:?}"));
             }
             None => {
                 unknown += 1;
@@ -78,5 +86,14 @@ mod tests {
         assert!(!twice.passed);
         let phantom = acked_exactly_once(&ops, &[alloc(1, "a"), alloc(3, "c"), alloc(4, "z")]);
         assert!(!phantom.passed && phantom.detail.contains("never submitted"));
+        // A refusal is definite; a call that found no leader may have been
+        // sent before the connection broke.
+        let refused = Op { error: Some("Aborted: the write was refused".into()), ..op("d", "failed", None) };
+        let no_leader = Op { error: Some("no leader answered (transport error)".into()), ..op("e", "failed", None) };
+        let ops = [&ops[..], &[refused, no_leader]].concat();
+        let fine = acked_exactly_once(&ops, &[alloc(1, "a"), alloc(3, "c"), alloc(5, "e")]);
+        assert!(fine.passed, "{}", fine.detail);
+        let applied = acked_exactly_once(&ops, &[alloc(1, "a"), alloc(3, "c"), alloc(4, "d")]);
+        assert!(!applied.passed && applied.detail.contains("d was refused each time it was sent, but exists as [4]"));
     }
 }

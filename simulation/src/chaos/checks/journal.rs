@@ -6,10 +6,15 @@
 //! - no attempt started twice (on two nodes, or twice on one);
 //! - no task ran on two nodes at once, and no attempt ran on after a later
 //!   attempt of its task had started (it was superseded): each attempt's last
-//!   journal line comes no later than the next attempt's start.
+//!   journal line comes no later than the next attempt's start;
+//! - no two placements of a gang ran at once: every rank of a placement
+//!   (reservation epoch) had written its last line before any rank of a
+//!   later placement started. A rank left running when its gang was placed
+//!   again would talk to the wrong peers, or write their checkpoints.
 //!
-//! Each task appends `start|beat|end ALLOC TASK ATTEMPT EPOCH NODE MS` lines
-//! (beats every 250 ms; `end` also on SIGTERM).
+//! Each task appends `start|beat|end|lost ALLOC TASK ATTEMPT EPOCH NODE MS`
+//! lines (beats every 250 ms; `end` also on SIGTERM; `lost` when a rank
+//! gave up on its peers).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -134,8 +139,48 @@ pub fn journal_consistent(journal: &Journal, histories: &BTreeMap<u64, Vec<v1::A
             }
         }
     }
-    let checked = format!("{} attempts, each granted, started once, none overlapping", journal.attempts.len());
+    violations.extend(placements_overlapping(journal));
+    let checked = format!(
+        "{} attempts, each granted, started once, none overlapping, no gang's placements overlapping",
+        journal.attempts.len()
+    );
     CheckResult::new("journal_consistent", violations, checked)
+}
+
+/// Each allocation's placements (epochs) in order: a rank of an earlier
+/// one that still ran after a rank of a later one started.
+fn placements_overlapping(journal: &Journal) -> Vec<String> {
+    // (allocation, epoch) → the latest line of any rank (its time, task,
+    // node) and the earliest start (its time, task, node).
+    type Rank = (u64, u32, String);
+    let mut spans: BTreeMap<(u64, u64), (Rank, Rank)> = BTreeMap::new();
+    for (&(alloc, task, _), a) in &journal.attempts {
+        let last = (a.last_ms, task, a.node.clone());
+        let first = (a.start_ms, task, a.node.clone());
+        let span = spans.entry((alloc, a.epoch)).or_insert_with(|| (last.clone(), first.clone()));
+        if last.0 > span.0.0 {
+            span.0 = last;
+        }
+        if first.0 < span.1.0 {
+            span.1 = first;
+        }
+    }
+    let mut violations = Vec::new();
+    let mut latest: Option<(u64, u64, Rank)> = None; // (alloc, epoch, latest line so far)
+    for (&(alloc, epoch), (last, first)) in &spans {
+        match &latest {
+            Some((a, e, before)) if *a == alloc && before.0 > first.0 => violations.push(format!(
+                "allocation {alloc}: task {} of placement {e} still ran on {} at {} after task {} of placement {epoch} started on {} at {}",
+                before.1, before.2, before.0, first.1, first.2, first.0
+            )),
+            _ => {}
+        }
+        let keep = latest.as_ref().is_some_and(|(a, _, before)| *a == alloc && before.0 >= last.0);
+        if !keep {
+            latest = Some((alloc, epoch, last.clone()));
+        }
+    }
+    violations
 }
 
 #[cfg(test)]
@@ -175,5 +220,35 @@ mod tests {
         let twice = format!("{good}start 1 0 2 2 c3 1500\n");
         let r = journal_consistent(&Journal::parse(&twice), &histories);
         assert!(!r.passed && r.detail.contains("started 2 times"), "{}", r.detail);
+    }
+
+    /// A gang's rank left running (task 1 of placement 1, which never
+    /// ended) while the gang was placed again: each task's own attempts do
+    /// not overlap, but the placements do.
+    #[test]
+    fn a_rank_running_on_into_the_gangs_next_placement_is_caught() {
+        let histories = BTreeMap::from([(
+            1,
+            vec![started(0, "c1", 1), started(1, "c2", 1), started(0, "c3", 2), started(1, "c4", 2)],
+        )]);
+        let good = "start 1 0 1 1 c1 1000\nstart 1 1 1 1 c2 1010\nlost 1 1 1 1 c2 3000\nend 1 0 1 1 c1 3500\n\
+                    start 1 0 2 2 c3 4000\nstart 1 1 2 2 c4 4010\nend 1 0 2 2 c3 6000\nend 1 1 2 2 c4 6000\n";
+        let r = journal_consistent(&Journal::parse(good), &histories);
+        assert!(r.passed, "{}", r.detail);
+        // Task 0 of the first placement beats on after the second started.
+        let spared = good.replace("end 1 0 1 1 c1 3500", "beat 1 0 1 1 c1 4500");
+        let r = journal_consistent(&Journal::parse(&spared), &histories);
+        assert!(!r.passed, "{}", r.detail);
+        assert!(
+            r.detail.contains(
+                "task 0 of placement 1 still ran on c1 at 4500 after task 0 of placement 2 started on c3 at 4000"
+            ),
+            "{}",
+            r.detail
+        );
+        // Another allocation's placements are another matter.
+        let other = good.replace("start 1 0 2 2 c3 4000", "start 2 0 1 1 c3 2000");
+        let r = placements_overlapping(&Journal::parse(&other));
+        assert!(r.is_empty(), "{r:?}");
     }
 }
