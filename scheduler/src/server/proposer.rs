@@ -14,8 +14,19 @@
 //! Throughput is then bounded by batch size over commit latency rather than
 //! by one fsync per transition.
 //!
+//! An entry whose outcome does not come is answered "did not complete"
+//! after [`NO_OUTCOME_FOLLOWING`] (this replica no longer leads) or
+//! [`NO_OUTCOME_LEADING`], and leaves the pipeline: openraft answers an
+//! entry only when this replica applies it from its log or truncates it, so
+//! an entry a snapshot covered (installed after this replica lost the
+//! leadership) is never answered, and would hold the pipeline, and every
+//! write behind it, for good.
+//!
 //! Metrics: `muster_raft_batch_commands` (histogram), `muster_raft_commit_seconds`
-//! (histogram), `muster_raft_proposals_total{result}` (counter).
+//! (histogram), `muster_raft_proposals_total{result}` (counter),
+//! `muster_raft_outcomes_missing_total` (counter).
+
+use std::time::Duration;
 
 use muster_raft_store::CommandBatch;
 use openraft::BasicNode;
@@ -84,8 +95,13 @@ impl Proposer {
     /// into one entry.
     /// Each entry carries the replicated time `time` reads.
     pub fn start(raft: MusterRaft, max_batch: usize, time: LeaderTime) -> Proposer {
+        Proposer::start_on(raft, max_batch, move || time.now())
+    }
+
+    /// [`Proposer::start`] on any [`Log`], stamping entries with `now`.
+    fn start_on<L: Log>(log: L, max_batch: usize, now: impl Fn() -> u64 + Send + 'static) -> Proposer {
         let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(raft, rx, max_batch.max(1), time));
+        tokio::spawn(run(log, rx, max_batch.max(1), now));
         Proposer { tx }
     }
 
@@ -122,16 +138,47 @@ impl Proposer {
 /// would only split batches (openraft 0.9 syncs each entry on its own).
 const IN_FLIGHT: usize = 2;
 
+/// How long an entry may wait for its outcome while this replica does not
+/// lead (a leader that lost its leadership has its entries committed or
+/// truncated by the next one within an election or two).
+pub const NO_OUTCOME_FOLLOWING: Duration = Duration::from_secs(3);
+
+/// How long an entry may wait for its outcome while this replica leads.
+pub const NO_OUTCOME_LEADING: Duration = Duration::from_secs(10);
+
+/// Where an entry's outcome arrives.
+type OutcomeRx = oneshot::Receiver<Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, BasicNode>>>;
+
+/// Where the proposer writes: Raft, or a test's stand-in.
+trait Log: Send + Sync + 'static {
+    /// Hands `batch` to the log: its outcome arrives on the receiver.
+    fn write(&self, batch: CommandBatch<Command>) -> impl Future<Output = Result<OutcomeRx, Fatal<u64>>> + Send;
+    /// Whether this replica leads now.
+    fn leads(&self) -> bool;
+}
+
+impl Log for MusterRaft {
+    fn write(&self, batch: CommandBatch<Command>) -> impl Future<Output = Result<OutcomeRx, Fatal<u64>>> + Send {
+        self.client_write_ff(batch)
+    }
+
+    fn leads(&self) -> bool {
+        self.metrics().borrow().state.is_leader()
+    }
+}
+
 /// One entry handed to Raft: its callers, and where its outcome arrives.
 struct InFlight {
     batch: Vec<Pending>,
-    outcome: oneshot::Receiver<Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, BasicNode>>>,
-    started: std::time::Instant,
+    outcome: OutcomeRx,
+    started: tokio::time::Instant,
 }
 
-async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize, time: LeaderTime) {
+async fn run<L: Log>(log: L, mut rx: mpsc::Receiver<Pending>, max_batch: usize, now: impl Fn() -> u64) {
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut open = true;
+    let mut look = tokio::time::interval(Duration::from_millis(500));
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while open || !in_flight.is_empty() {
         tokio::select! {
             // The oldest entry's outcome (they apply in log order).
@@ -143,6 +190,24 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
                 };
                 finish(done.batch, done.started, result);
             }
+            // An outcome that is not coming: answer, and free the pipeline.
+            _ = look.tick(), if !in_flight.is_empty() => {
+                let leads = log.leads();
+                let bound = if leads { NO_OUTCOME_LEADING } else { NO_OUTCOME_FOLLOWING };
+                let waited = in_flight.front().expect("guarded").started.elapsed();
+                if waited >= bound {
+                    let done = in_flight.pop_front().expect("guarded");
+                    tracing::warn!(
+                        waited_ms = waited.as_millis() as u64,
+                        leads,
+                        commands = done.batch.len(),
+                        "an entry's outcome never came; answering that the write did not complete"
+                    );
+                    metrics::counter!("muster_raft_outcomes_missing_total").increment(1);
+                    let msg = format!("no outcome after {:.1} s (it may still commit)", waited.as_secs_f64());
+                    finish(done.batch, done.started, Err(ProposeError::Raft(msg)));
+                }
+            }
             first = rx.recv(), if open && in_flight.len() < IN_FLIGHT => {
                 let Some(first) = first else { open = false; continue };
                 let mut batch = vec![first];
@@ -153,8 +218,8 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
                     }
                 }
                 let commands = batch.iter().map(|p| p.command.clone()).collect();
-                let started = std::time::Instant::now();
-                match raft.client_write_ff(CommandBatch { time_ms: time.now(), commands }).await {
+                let started = tokio::time::Instant::now();
+                match log.write(CommandBatch { time_ms: now(), commands }).await {
                     Ok(outcome) => in_flight.push_back(InFlight { batch, outcome, started }),
                     Err(fatal) => {
                         let err = ProposeError::from(RaftError::<u64, ClientWriteError<u64, BasicNode>>::Fatal(fatal));
@@ -169,7 +234,7 @@ async fn run(raft: MusterRaft, mut rx: mpsc::Receiver<Pending>, max_batch: usize
 /// Answers an entry's callers and records its metrics.
 fn finish(
     batch: Vec<Pending>,
-    started: std::time::Instant,
+    started: tokio::time::Instant,
     result: Result<ClientWriteResponse<TypeConfig>, ProposeError>,
 ) {
     let size = batch.len();
@@ -193,5 +258,116 @@ fn finish(
                 let _ = p.reply.send(Err(err.clone()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use openraft::{CommittedLeaderId, LogId};
+
+    use super::*;
+
+    type OutcomeTx = oneshot::Sender<Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, BasicNode>>>;
+
+    /// A log that keeps every entry's reply channel for the test to answer
+    /// (or never).
+    #[derive(Clone, Default)]
+    struct Held {
+        replies: Arc<Mutex<Vec<(usize, OutcomeTx)>>>,
+        leads: Arc<AtomicBool>,
+    }
+
+    impl Log for Held {
+        fn write(&self, batch: CommandBatch<Command>) -> impl Future<Output = Result<OutcomeRx, Fatal<u64>>> + Send {
+            let (tx, rx) = oneshot::channel();
+            self.replies.lock().unwrap().push((batch.commands.len(), tx));
+            async move { Ok(rx) }
+        }
+
+        fn leads(&self) -> bool {
+            self.leads.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Held {
+        /// Answers the oldest unanswered entry as applied.
+        fn apply_next(&self) {
+            let (n, tx) = self.replies.lock().unwrap().remove(0);
+            let data = vec![Outcome::Accepted(Vec::new()); n];
+            let log_id = LogId::new(CommittedLeaderId::new(1, 1), 1);
+            let _ = tx.send(Ok(ClientWriteResponse { log_id, data, membership: None }));
+        }
+
+        fn held(&self) -> usize {
+            self.replies.lock().unwrap().len()
+        }
+    }
+
+    fn command() -> Command {
+        Command::ExpireNomination { alloc: 1 }
+    }
+
+    /// Entries whose outcome never comes (as for entries a snapshot covered
+    /// after this replica lost its leadership) fill the pipeline; each is
+    /// answered "did not complete" once it has waited its bound (shorter
+    /// when this replica does not lead), and writes flow again.
+    #[tokio::test(start_paused = true)]
+    async fn an_outcome_that_never_comes_frees_the_pipeline_after_its_bound() {
+        let log = Held::default();
+        log.leads.store(true, Ordering::SeqCst);
+        // One command per entry, so that each fills a place in the pipeline.
+        let proposer = Proposer::start_on(log.clone(), 1, || 0);
+        let stuck: Vec<_> = (0..IN_FLIGHT)
+            .map(|_| {
+                let p = proposer.clone();
+                tokio::spawn(async move { p.propose(command()).await })
+            })
+            .collect();
+        while log.held() < IN_FLIGHT {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The pipeline is full: a third write waits, whatever time passes
+        // short of the leader's bound.
+        let p = proposer.clone();
+        let third = tokio::spawn(async move { p.propose(command()).await });
+        tokio::time::sleep(NO_OUTCOME_FOLLOWING + Duration::from_secs(1)).await;
+        assert_eq!(log.held(), IN_FLIGHT, "nothing gave up while leading, short of {NO_OUTCOME_LEADING:?}");
+        assert!(!third.is_finished());
+        // This replica stops leading: past the follower's bound, the stuck
+        // entries are answered and the third goes out, and is applied.
+        log.leads.store(false, Ordering::SeqCst);
+        for s in stuck {
+            let err = s.await.unwrap().unwrap_err();
+            assert!(matches!(&err, ProposeError::Raft(m) if m.contains("no outcome after")), "{err}");
+        }
+        while log.held() < IN_FLIGHT + 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The stuck entries' channels are still held (their outcome may yet
+        // come, to nobody): answer the third, which is last.
+        let (n, tx) = log.replies.lock().unwrap().pop().unwrap();
+        let data = vec![Outcome::Accepted(Vec::new()); n];
+        let log_id = LogId::new(CommittedLeaderId::new(2, 1), 3);
+        let _ = tx.send(Ok(ClientWriteResponse { log_id, data, membership: None }));
+        assert!(matches!(third.await.unwrap(), Ok(Outcome::Accepted(_))));
+        // A late outcome for an abandoned entry reaches nobody and harms nothing.
+        log.apply_next();
+        assert!(matches!(proposer.propose_all(vec![]).await.as_slice(), []));
+    }
+
+    /// While leading, an entry waits up to the leader's bound, no longer.
+    #[tokio::test(start_paused = true)]
+    async fn a_leaders_entry_waits_its_longer_bound() {
+        let log = Held::default();
+        log.leads.store(true, Ordering::SeqCst);
+        let proposer = Proposer::start_on(log.clone(), 8, || 0);
+        let started = tokio::time::Instant::now();
+        let err = proposer.propose(command()).await.unwrap_err();
+        let waited = started.elapsed();
+        assert!(waited >= NO_OUTCOME_LEADING && waited < NO_OUTCOME_LEADING + Duration::from_secs(1), "{waited:?}");
+        assert!(err.to_string().contains("the write did not complete: no outcome after 10"), "{err}");
     }
 }

@@ -92,6 +92,11 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_raft_log_sync_seconds", Histogram, "making appended log entries durable (write, flush and fsync)"),
     l("muster_raft_proposals_total", Counter, "result", &["committed", "failed"], "commands proposed by this replica"),
     m(
+        "muster_raft_outcomes_missing_total",
+        Counter,
+        "entries whose outcome never came within its bound (3 s following, 10 s leading): answered as not completed",
+    ),
+    m(
         "muster_raft_leader_gone_total",
         Counter,
         "leaders this follower saw go: their stream ended and nothing listens at their address",
