@@ -343,10 +343,13 @@ fn t165_a_full_agent_disk_refuses_starts_and_nothing_runs_twice() {
 /// Agents that start an attempt even when its record cannot be written (the
 /// injected bug `start-without-record`): on a full disk they run what the
 /// agent after them can neither adopt nor kill, the leader places it again,
-/// and `journal_consistent` names the attempts that ran at once.
+/// and `journal_consistent` names the attempts that ran at once. (Only an
+/// unrecorded solo task or gang master outlives its re-placement: a gang's
+/// other ranks give up as soon as their master is killed. So the run is
+/// long enough for several disk faults.)
 #[test]
 fn t166_a_chaos_run_catches_agents_that_start_unrecorded_attempts() {
-    let args = ["--duration", "40s", "--seed", "19", "--agents", "4", "--faults", "agent-disk-full"];
+    let args = ["--duration", "60s", "--seed", "19", "--agents", "4", "--faults", "agent-disk-full"];
     let run = chaos(&[&args[..], &["--inject-bug", "start-without-record", "--task-seconds", "2-8"]].concat()).fails();
     assert!(run.detail("journal_consistent", false).contains("still ran at"));
 }
