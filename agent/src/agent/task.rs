@@ -215,7 +215,12 @@ impl Agent {
                 "cannot record the attempt in {}: {e}; not started",
                 self.cfg.work_dir.join("running").display()
             )),
-            _ => Ok(()),
+            Err(e) => {
+                // The deliberate bug: started all the same.
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "starting an attempt without its record");
+                Ok(())
+            }
+            Ok(()) => Ok(()),
         };
         let spawned = restored.and(reserved).and_then(|()| {
             executor::spawn(&launch, &self.cfg.work_dir, self.cfg.task_shim.as_deref()).map_err(|e| e.to_string())

@@ -45,13 +45,21 @@ else:
     assert c.recv(2) == b"go"
 "#;
 
-/// A block of `n` ports on 127.0.0.1 that are free now (none fixed).
+/// A block of `n` ports on 127.0.0.1 that are free now (none fixed),
+/// below the ephemeral range, as `muster agent --rendezvous-ports` asks:
+/// an ephemeral port is any socket's to take (the chaos tests running
+/// beside this one open thousands), and a rank's bind would then fail.
 fn free_ports(n: u16) -> PortRange {
+    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    let (low, high) = (10_000u16, ephemeral_low.saturating_sub(n));
+    assert!(high > low, "no room below the ephemeral range ({ephemeral_low})");
+    let mut seed = u64::from(std::process::id()) ^ std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_nanos() as u64);
     loop {
-        let first = crate::cluster::free_port();
-        if first.checked_add(n).is_none() {
-            continue;
-        }
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let first = low + ((seed >> 33) % u64::from(high - low)) as u16;
         let all_free = (first..first + n).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok());
         if all_free {
             return PortRange { first, count: n };

@@ -18,7 +18,7 @@
 //! | `disk-full` | a replica's log writes fail with ENOSPC, half written, for 2–4 s; it must stop (status 75) and restart cleanly |
 //! | `partition-agent` | cut an agent off from every replica: the first time (and every other time) until the leader has marked the node lost and placed its tasks elsewhere, plus 2–4 s; otherwise for 5–7 s (past the agent's fence at half the 8 s node-lost window, short of the window); no task may run twice |
 //! | `slow-disk` | a replica's `fdatasync`s take 200–600 ms longer for 3–5 s; it keeps serving, slowly |
-//! | `agent-disk-full` | the busiest agent's disk fills for 3–5 s (its writes that need new space fail with ENOSPC: new attempts cannot be recorded, so they are refused); then it dies (`kill -9`), its disk gets room, and it restarts 1–2 s later: what it started must still be found |
+//! | `agent-disk-full` | the busiest agent's disk fills for 3–5 s, and on until a start has met it (at most 10 s) (its writes that need new space fail with ENOSPC: new attempts cannot be recorded, so they are refused); then it dies (`kill -9`), its disk gets room, and it restarts 1–2 s later: what it started must still be found |
 //! | `clock-jump-forward` | the leader's wall clock jumps 5 s – 2 min ahead for 3–6 s, then back |
 //! | `clock-jump-back` | the leader's wall clock jumps 5 s – 2 min back for 3–6 s, then forward again |
 //! | `grow-cluster` | two fresh replicas (new ids, empty data dirs) join as learners and are promoted: 3 voters become 5 (at 5, it shrinks instead) |
@@ -429,8 +429,14 @@ pub async fn run(
                     .unwrap_or_else(|| rng.range(0, agents as u64 - 1) as usize);
                 let refused = procs.agent_refused_starts(i);
                 let mut notes: Vec<String> = procs.set_agent_disk_full(i, true).err().into_iter().collect();
-                let held = hold(&mut rng, 3_000, 5_000);
-                tokio::time::sleep(held).await;
+                // 3–5 s, and on until a start has met the full disk (at
+                // most 10 s in all), so that the fault bites.
+                let full = Instant::now();
+                tokio::time::sleep(hold(&mut rng, 3_000, 5_000)).await;
+                while procs.agent_refused_starts(i) == refused && full.elapsed() < Duration::from_secs(10) {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                let held = full.elapsed();
                 procs.kill_agent(i);
                 notes.extend(procs.set_agent_disk_full(i, false).err());
                 tokio::time::sleep(hold(&mut rng, 1_000, 2_000)).await;

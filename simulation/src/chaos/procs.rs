@@ -345,7 +345,9 @@ impl Procs {
     pub fn agent_refused_starts(&self, i: usize) -> usize {
         let log =
             std::fs::read_to_string(self.dir.join(format!("agent-{}.log", self.agent_ids[i]))).unwrap_or_default();
-        log.lines().filter(|l| l.contains("cannot record the attempt")).count()
+        log.lines()
+            .filter(|l| l.contains("cannot record the attempt") || l.contains("starting an attempt without its record"))
+            .count()
     }
 
     /// The pid of agent `i`, while it runs.
