@@ -109,12 +109,12 @@ pub fn main(beats: u64) -> i32 {
     journal.finish(status)
 }
 
-/// What a peer's reader reports.
+/// What a rank's reader on the master's side reports.
 enum Heard {
-    /// A rank joined (the master's side): its index and where to write.
+    /// The rank joined: its index and where to write to it.
     Joined(u32, OwnedWriteHalf),
-    /// A line from the peer.
-    Line(u32, String),
+    /// The rank said something (it is alive).
+    Spoke(u32),
 }
 
 /// Task 0: registers, waits for every rank, beats with them, ends them.
@@ -139,8 +139,8 @@ async fn master(journal: &mut Journal, beats: u64, gang: u32, fabric: &str, id: 
                     let Ok(first) = read_line(&mut r).await else { return };
                     let Some(rank) = first.strip_prefix("rank ").and_then(|r| r.parse().ok()) else { return };
                     let _ = tx.send(Heard::Joined(rank, w));
-                    while let Ok(line) = read_line(&mut r).await {
-                        let _ = tx.send(Heard::Line(rank, line));
+                    while read_line(&mut r).await.is_ok() {
+                        let _ = tx.send(Heard::Spoke(rank));
                     }
                     // A closed connection is silence, as for a rank
                     // blocked in a collective whose peer died.
@@ -159,7 +159,7 @@ async fn master(journal: &mut Journal, beats: u64, gang: u32, fabric: &str, id: 
                 Heard::Joined(rank, w) => {
                     ranks.insert(rank, (w, Instant::now()));
                 }
-                Heard::Line(rank, _) => {
+                Heard::Spoke(rank) => {
                     if let Some((_, heard)) = ranks.get_mut(&rank) {
                         *heard = Instant::now();
                     }
@@ -204,10 +204,10 @@ async fn rank(journal: &mut Journal, task: u32, fabric: &str, id: &(String, Stri
         return GAVE_UP;
     }
     let (mut r, mut w) = s.into_split();
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
         while let Ok(line) = read_line(&mut r).await {
-            let _ = tx.send(Heard::Line(0, line));
+            let _ = tx.send(line);
         }
     });
     let join_by = Instant::now() + JOIN_WAIT + RANK_PATIENCE;
@@ -217,7 +217,7 @@ async fn rank(journal: &mut Journal, task: u32, fabric: &str, id: &(String, Stri
     loop {
         tokio::select! {
             h = rx.recv() => match h {
-                Some(Heard::Line(_, line)) if line == "done" => return 0,
+                Some(line) if line == "done" => return 0,
                 Some(_) => heard = Some(Instant::now()),
                 // The master's connection closed: a peer is gone.
                 None => return GAVE_UP,
