@@ -244,6 +244,10 @@ struct CommitPath {
     apply: (f64, f64),
     batch: (f64, f64),
     admission: (f64, f64),
+    /// An AppendEntries call with entries, as its sender timed it.
+    append_rpc: (f64, f64),
+    /// The same call, as the follower serving it timed it.
+    append_serve: (f64, f64),
 }
 
 impl CommitPath {
@@ -266,6 +270,8 @@ impl CommitPath {
             apply: get("muster_raft_apply_seconds"),
             batch: get("muster_raft_batch_commands"),
             admission: get("muster_admission_pass_seconds"),
+            append_rpc: get("muster_raft_append_rpc_seconds"),
+            append_serve: get("muster_raft_append_serve_seconds"),
         }
     }
 
@@ -282,10 +288,13 @@ fn breakdown(leader: (CommitPath, CommitPath), follower: (CommitPath, CommitPath
     let (la, lb) = leader;
     let (fa, fb) = follower;
     format!(
-        "        commit path (means): leader log sync {:.3} ms, follower log sync {:.3} ms, apply {:.3} ms, \
+        "        commit path (means): leader log sync {:.3} ms, follower log sync {:.3} ms, \
+         append to a follower {:.3} ms (of which the follower's handling {:.3} ms), apply {:.3} ms, \
          proposal->applied {:.3} ms, {:.1} commands/entry; {:.0} admission passes of {:.1} ms",
         CommitPath::mean(la.sync, lb.sync, 1e3),
         CommitPath::mean(fa.sync, fb.sync, 1e3),
+        CommitPath::mean(la.append_rpc, lb.append_rpc, 1e3),
+        CommitPath::mean(fa.append_serve, fb.append_serve, 1e3),
         CommitPath::mean(la.apply, lb.apply, 1e3),
         CommitPath::mean(la.commit, lb.commit, 1e3),
         CommitPath::mean(la.batch, lb.batch, 1.0),
@@ -336,6 +345,25 @@ async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u6
         pct(&all, 0.99).as_secs_f64() * 1e3,
         all.len()
     );
+}
+
+/// The client's share of a commit: `n` sequential resubmits of one
+/// idempotency key to the leader, each answered from its state as a
+/// duplicate (the same call and handler as a commit, without Raft); p50
+/// and p99.
+async fn bare_calls(addr: &str, tls: Option<&TlsMaterial>, n: usize) -> (Duration, Duration) {
+    let mut client = AllocationServiceClient::new(channel(addr, tls).await.expect("leader reachable"));
+    let submit = || v1::SubmitRequest { spec: Some(spec("bare-call".into())), dry_run: false };
+    client.submit(submit()).await.expect("submit");
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let reply = client.submit(submit()).await.expect("resubmit");
+        lat.push(t.elapsed());
+        assert!(reply.get_ref().duplicate, "a resubmit is answered as a duplicate");
+    }
+    lat.sort();
+    (pct(&lat, 0.50), pct(&lat, 0.99))
 }
 
 /// Kills the leader; returns when the kill happened, how long until its
@@ -392,6 +420,14 @@ fn main() {
             load(&servers.addrs[l - 1], servers.client.as_ref(), clients, seconds, seq.clone()).await;
             let after = (CommitPath::scrape(&servers.http[l - 1]), CommitPath::scrape(&servers.http[f - 1]));
             println!("{}", breakdown((after.0, before.0), (after.1, before.1)));
+            if clients == 1 {
+                let (p50, p99) = bare_calls(&servers.addrs[l - 1], servers.client.as_ref(), 2_000).await;
+                println!(
+                    "        the same call answered without Raft (a resubmit): p50 {:.3} ms, p99 {:.3} ms",
+                    p50.as_secs_f64() * 1e3,
+                    p99.as_secs_f64() * 1e3
+                );
+            }
         }
         if kills == 0 {
             return;

@@ -158,6 +158,9 @@ fn main() {
         snap.len() as f64 / 1e6,
         build_s * 1e3
     );
+    let (clone_s, copy) = timed(5, || st.clone());
+    println!("clone of that state: {:.1} ms", clone_s * 1e3);
+    drop(copy);
     let replay: Vec<Command> = (0..10_000).map(|i| Command::Submit { spec: spec(live + i) }).collect();
     let (restart_s, restored) = timed(5, || {
         let mut s = State::from_snapshot(&snap).expect("decodes");

@@ -196,7 +196,13 @@ impl RaftNetwork<TypeConfig> for Peer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        self.call(Rpc::Append, &rpc, &option).await
+        // Heartbeats carry no entries: only appends are timed.
+        let timed = (!rpc.entries.is_empty()).then(std::time::Instant::now);
+        let reply = self.call(Rpc::Append, &rpc, &option).await;
+        if let (Some(started), Ok(_)) = (timed, &reply) {
+            metrics::histogram!("muster_raft_append_rpc_seconds").record(started.elapsed().as_secs_f64());
+        }
+        reply
     }
 
     async fn install_snapshot(
@@ -284,7 +290,12 @@ impl RaftService for RaftRpc {
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         addressed_to(&req, self.id)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode_request(req)?;
-        encode_reply(&self.raft.append_entries(rpc).await)
+        let timed = (!rpc.entries.is_empty()).then(std::time::Instant::now);
+        let reply = self.raft.append_entries(rpc).await;
+        if let Some(started) = timed {
+            metrics::histogram!("muster_raft_append_serve_seconds").record(started.elapsed().as_secs_f64());
+        }
+        encode_reply(&reply)
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {

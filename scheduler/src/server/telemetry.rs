@@ -89,7 +89,21 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_raft_batch_commands", Histogram, "commands per proposed log entry (group commit)"),
     m("muster_raft_commit_seconds", Histogram, "proposal to applied, per entry"),
     m("muster_raft_apply_seconds", Histogram, "applying one batch of committed entries to the state machine"),
-    m("muster_raft_log_sync_seconds", Histogram, "making appended log entries durable (write, flush and fsync)"),
+    m(
+        "muster_raft_log_sync_seconds",
+        Histogram,
+        "making appended log entries durable (one fdatasync per group of appends)",
+    ),
+    m(
+        "muster_raft_append_rpc_seconds",
+        Histogram,
+        "an AppendEntries call carrying entries, sent to a follower until its answer: transport both ways plus the follower's handling",
+    ),
+    m(
+        "muster_raft_append_serve_seconds",
+        Histogram,
+        "a follower's handling of an AppendEntries call carrying entries, from decoded request to answer (its log write and sync included)",
+    ),
     l("muster_raft_proposals_total", Counter, "result", &["committed", "failed"], "commands proposed by this replica"),
     m(
         "muster_raft_outcomes_missing_total",
