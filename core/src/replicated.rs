@@ -46,6 +46,13 @@ pub trait StateMachineApp: Default + Sized + Send + Sync + 'static {
     /// The whole state as snapshot bytes.
     fn snapshot(&self) -> Vec<u8>;
 
+    /// A copy whose [`snapshot`](StateMachineApp::snapshot) and
+    /// [`digest`](StateMachineApp::digest) are this state's, cheap enough
+    /// to take under the lock that guards the state, so that the slow
+    /// encoding runs after the lock is let go and applies do not wait for
+    /// it. Nothing is applied to the copy.
+    fn encoding_copy(&self) -> Self;
+
     /// The state a snapshot holds.
     fn restore(bytes: &[u8]) -> Result<Self, RestoreError>;
 
@@ -79,6 +86,10 @@ impl StateMachineApp for State {
 
     fn snapshot(&self) -> Vec<u8> {
         self.to_snapshot()
+    }
+
+    fn encoding_copy(&self) -> Self {
+        State::encoding_copy(self)
     }
 
     fn restore(bytes: &[u8]) -> Result<Self, RestoreError> {

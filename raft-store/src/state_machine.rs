@@ -102,11 +102,14 @@ impl<A: StateMachineApp> AppReader<A> {
     }
 
     /// The last applied log id and the digest of the state at that point.
-    /// The digest hashes the whole state under the read lock (applies wait):
-    /// for explicit requests only, never on a timer.
+    /// The digest hashes the whole state (of an encoding copy, after the
+    /// lock is let go): for explicit requests only, never on a timer.
     pub fn applied_and_digest(&self) -> (Option<LogId<u64>>, [u8; 32]) {
-        let inner = self.inner.read().expect("state machine lock poisoned");
-        (inner.applied, inner.app.digest())
+        let (applied, copy) = {
+            let inner = self.inner.read().expect("state machine lock poisoned");
+            (inner.applied, inner.app.encoding_copy())
+        };
+        (applied, copy.digest())
     }
 }
 
@@ -155,8 +158,15 @@ impl<A: StateMachineApp> RaftSnapshotBuilder<C<A>> for StateMachineStore<A> {
             };
             let meta =
                 SnapshotMeta { last_log_id: inner.applied, last_membership: inner.membership.clone(), snapshot_id };
-            (meta, inner.app.snapshot())
+            (meta, inner.app.encoding_copy())
         };
+        // Encoded off the lock (and off the async workers): applies and
+        // reads go on meanwhile.
+        let started = std::time::Instant::now();
+        let data = tokio::task::spawn_blocking(move || data.snapshot()).await.map_err(|e| {
+            StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(format!("encoding task: {e}"))))
+        })?;
+        metrics::histogram!("muster_raft_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
         self.store_snapshot(&meta, &data).await?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }

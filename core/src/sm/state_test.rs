@@ -531,6 +531,24 @@ fn snapshot_restores_the_same_state_and_digest() {
 }
 
 #[test]
+fn an_encoding_copy_encodes_as_the_state_did_when_it_was_taken() {
+    let mut f = Fixture::new(3);
+    let (running, _) = f.running(2, 4);
+    f.submit(AllocSpec { idempotency_key: Some("k".into()), ..spec(3, 8) });
+    let (bytes, digest) = (f.s.to_snapshot(), f.s.state_digest());
+    let copy = f.s.encoding_copy();
+    assert_eq!(copy.to_snapshot(), bytes, "the same bytes");
+    assert_eq!(copy.state_digest(), digest);
+    // Changes to the state after the copy (to a shared allocation, and a
+    // new one) leave the copy as it was.
+    f.cancel_and_stop(running);
+    f.submit(spec(1, 1));
+    assert_ne!(f.s.state_digest(), digest);
+    assert_eq!(copy.to_snapshot(), bytes, "the copy did not move");
+    assert_eq!(State::from_snapshot(&copy.to_snapshot()).unwrap().state_digest(), digest);
+}
+
+#[test]
 fn snapshot_refuses_foreign_or_newer_bytes() {
     let f = Fixture::new(1);
     let mut bytes = f.s.to_snapshot();

@@ -40,6 +40,10 @@ impl StateMachineApp for Kv {
         codec::encode(self).unwrap()
     }
 
+    fn encoding_copy(&self) -> Self {
+        self.clone()
+    }
+
     fn restore(bytes: &[u8]) -> Result<Self, RestoreError> {
         codec::decode(bytes).map_err(|e| RestoreError(e.to_string()))
     }

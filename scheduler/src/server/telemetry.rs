@@ -95,6 +95,11 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         "making appended log entries durable (one fdatasync per group of appends)",
     ),
     m(
+        "muster_raft_snapshot_encode_seconds",
+        Histogram,
+        "encoding a snapshot from a copy of the state taken under its lock, after letting the lock go",
+    ),
+    m(
         "muster_raft_append_rpc_seconds",
         Histogram,
         "an AppendEntries call carrying entries, sent to a follower until its answer: transport both ways plus the follower's handling",

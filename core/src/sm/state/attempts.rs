@@ -4,6 +4,7 @@
 //! preemption, a lost node, a cancel).
 
 use super::*;
+use std::sync::Arc;
 
 impl State {
     /// Brings the attempt logs of every allocation `events` name up to date.
@@ -42,7 +43,7 @@ impl State {
         }
         let now = self.now_ms;
         for id in ids {
-            if let Some(a) = self.allocs.get_mut(&id) {
+            if let Some(a) = self.allocs.get_mut(&id).map(Arc::make_mut) {
                 for t in &mut a.tasks {
                     sync_attempts(t, now);
                 }
@@ -56,7 +57,7 @@ impl State {
         let open = self
             .allocs
             .get_mut(&alloc)
-            .and_then(|a| a.tasks.get_mut(task as usize))
+            .and_then(|a| Arc::make_mut(a).tasks.get_mut(task as usize))
             .and_then(|t| t.attempt_log.last_mut())
             .filter(|a| a.ended_ms.is_none());
         if let Some(a) = open {

@@ -1,6 +1,7 @@
 //! Checkpoints: pre-log checks and saving them (on preemption hints and on exit).
 
 use super::*;
+use std::sync::Arc;
 
 impl State {
     /// Checks a command the edge judges before proposing as apply would,
@@ -59,7 +60,7 @@ impl State {
         self.check_checkpoint(id, task, data)?;
         self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
         let now = self.now_ms;
-        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        let t = &mut self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked").tasks[task as usize];
         let epoch = t.preemption_epoch;
         t.checkpoint = Some(Checkpoint { epoch, saved_at_ms: now, data: data.to_vec() });
         Ok(vec![Event::CheckpointSaved {
@@ -84,7 +85,7 @@ impl State {
         self.check_checkpoint(id, task, data)?;
         self.check_preempting(id, task, node, epoch)?;
         let now = self.now_ms;
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         let after_ms = a.teardown.map_or(0, |td| now.saturating_sub(td.started_at_ms));
         let preempted = a.teardown.is_some_and(|td| td.asks_checkpoint());
         let t = &mut a.tasks[task as usize];

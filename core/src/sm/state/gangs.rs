@@ -1,6 +1,7 @@
 //! Gangs: submit, reserve, roll back, start, finish and fail tasks, watchdog trips.
 
 use super::*;
+use std::sync::Arc;
 
 impl State {
     /// What an earlier submit with the same owner and idempotency key made
@@ -64,7 +65,7 @@ impl State {
             .collect();
         self.allocs.insert(
             id,
-            Allocation {
+            Arc::new(Allocation {
                 id,
                 spec: spec.clone(),
                 submit_time_ms: self.now_ms,
@@ -85,7 +86,7 @@ impl State {
                 avoid_nodes: Vec::new(),
                 finish_seq: 0,
                 ports: Vec::new(),
-            },
+            }),
         );
         if let Some(key) = &spec.idempotency_key {
             self.idempotency.insert((spec.owner.clone(), key.clone()), id);
@@ -228,7 +229,7 @@ impl State {
         }
         self.take_ports(id, slots[0]);
         let nodes = slots.iter().map(|&s| self.node(s).id.clone()).collect();
-        let a = self.allocs.get_mut(&id).expect("checked above");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked above");
         a.reservation_epoch += 1;
         let epoch = a.reservation_epoch;
         a.first_reserved_at_ms.get_or_insert(now);
@@ -243,7 +244,7 @@ impl State {
         }
         self.refresh(id);
         // Out of the queue now (its key was removed with the flag as it was).
-        let a = self.allocs.get_mut(&id).expect("checked above");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked above");
         a.retry_first = false;
         a.avoid_nodes.clear();
         Event::GangReserved { alloc: id, epoch, nodes }
@@ -283,7 +284,7 @@ impl State {
         let slot = t.node.expect("a reserved task has a node");
         let usage = Usage::of(&self.allocs[&id].spec.resources);
         self.release(slot, &usage, (id, task));
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         let t = &mut a.tasks[task as usize];
         t.status = TaskStatus::Blocked;
         t.node = None;
@@ -299,7 +300,7 @@ impl State {
     pub(super) fn start_task(&mut self, id: AllocId, task: TaskIndex, node: &NodeId, epoch: u64) -> Applied {
         self.check_report(id, task, node, epoch, &[TaskStatus::Reserved])?;
         let now = self.now_ms;
-        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        let t = &mut self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked").tasks[task as usize];
         t.status = TaskStatus::Running;
         t.attempts += 1;
         t.runs += 1;
@@ -366,7 +367,7 @@ impl State {
     ) -> Applied {
         check_agent_reason(reason)?;
         self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
-        self.allocs.get_mut(&id).expect("checked").tasks[task as usize].checkpoint = None;
+        self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked").tasks[task as usize].checkpoint = None;
         Ok(vec![Event::CheckpointDropped { alloc: id, task, node: node.clone(), reason: reason.to_string() }])
     }
 
@@ -410,7 +411,7 @@ impl State {
         }
         let now = self.now_ms;
         let node = self.node(slot).id.clone();
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         a.reservation_epoch += 1;
         let epoch = a.reservation_epoch;
         let t = &mut a.tasks[task as usize];
@@ -454,7 +455,7 @@ impl State {
             return Ok(events);
         }
         self.leave_node(id, task, slot, TaskStatus::Blocked, None);
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         let t = &mut a.tasks[task as usize];
         t.node = None;
         t.attempts = t.attempts.saturating_sub(1);
@@ -481,7 +482,7 @@ impl State {
         exit_code: Option<i32>,
     ) -> Vec<Event> {
         self.leave_node(id, task, slot, TaskStatus::Blocked, exit_code);
-        self.allocs.get_mut(&id).expect("checked").tasks[task as usize].node = None;
+        self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked").tasks[task as usize].node = None;
         let mut events = vec![Event::TaskFailed { alloc: id, task, exit_code, charged: true }];
         events.extend(self.start_teardown_or_settle(id, task));
         events

@@ -1,6 +1,7 @@
 //! Shared checks and moves: reports, leaving a node, settling a gang, and the derived indexes.
 
 use super::*;
+use std::sync::Arc;
 
 impl State {
     pub(super) fn live_alloc(&self, id: AllocId) -> Result<&Allocation, Rejection> {
@@ -52,7 +53,7 @@ impl State {
         let now = self.now_ms;
         let usage = Usage::of(&self.allocs[&id].spec.resources);
         self.release(slot, &usage, (id, task));
-        let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+        let t = &mut self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked").tasks[task as usize];
         t.status = status;
         t.finished_at_ms = Some(now);
         t.exit_code = exit_code;
@@ -70,7 +71,7 @@ impl State {
         let before = self.allocs[&id].status;
         let mut events = self.complete_teardown(id);
         self.refresh(id);
-        let a = self.allocs.get_mut(&id).expect("settle of a known allocation");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("settle of a known allocation");
         if a.status.is_terminal() {
             // A cancel's teardown just completed.
         } else if a.tasks.iter().all(|t| t.status == TaskStatus::Done) {
@@ -118,7 +119,7 @@ impl State {
 
     /// Re-derives a live allocation's status from its tasks.
     pub(super) fn refresh(&mut self, id: AllocId) {
-        let a = self.allocs.get_mut(&id).expect("refresh of a known allocation");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("refresh of a known allocation");
         if a.status.is_terminal() {
             return;
         }
@@ -193,7 +194,7 @@ impl State {
         if a.status.is_terminal() && self.index.finished.insert((a.finished_at_ms.unwrap_or(a.submit_time_ms), id)) {
             if a.finish_seq == 0 {
                 self.finished_total += 1;
-                self.allocs.get_mut(&id).expect("indexed").finish_seq = self.finished_total;
+                self.allocs.get_mut(&id).map(Arc::make_mut).expect("indexed").finish_seq = self.finished_total;
             }
             self.touched.finished.push(id);
         }
@@ -290,12 +291,14 @@ impl State {
         if !ports.is_empty() {
             self.index.ports_held.entry(slot).or_default().extend(ports.iter().copied());
         }
-        self.allocs.get_mut(&id).expect("placing a known allocation").ports = ports;
+        self.allocs.get_mut(&id).map(Arc::make_mut).expect("placing a known allocation").ports = ports;
     }
 
     /// Returns the rendezvous ports `id` holds on `slot` (its task 0 left).
     fn return_ports(&mut self, id: AllocId, slot: NodeSlot) {
-        let ports = std::mem::take(&mut self.allocs.get_mut(&id).expect("releasing a known allocation").ports);
+        let ports = std::mem::take(
+            &mut self.allocs.get_mut(&id).map(Arc::make_mut).expect("releasing a known allocation").ports,
+        );
         if ports.is_empty() {
             return;
         }

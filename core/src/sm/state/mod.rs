@@ -39,6 +39,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
@@ -274,7 +275,9 @@ pub struct State {
     now_ms: u64,
     next_alloc_id: AllocId,
     nodes: Vec<Node>,
-    allocs: BTreeMap<AllocId, Allocation>,
+    /// Shared with any copy taken for encoding (see
+    /// [`State::encoding_copy`]) until either side changes one.
+    allocs: BTreeMap<AllocId, Arc<Allocation>>,
     idempotency: BTreeMap<(String, String), AllocId>,
     /// Idempotency keys whose allocation was forgotten, until their window
     /// ends.
@@ -325,6 +328,29 @@ impl Default for State {
 type Applied = Result<Vec<Event>, Rejection>;
 
 impl State {
+    /// A copy to encode (snapshot, digest) after letting go of the lock
+    /// that guards this state. It is cheap: allocations are shared, and
+    /// copied only when either side later changes one; the derived indexes
+    /// are left out (encoding skips them). Its snapshot and digest are this
+    /// state's; it is not a state to apply to.
+    pub fn encoding_copy(&self) -> State {
+        State {
+            limits: self.limits.clone(),
+            now_ms: self.now_ms,
+            next_alloc_id: self.next_alloc_id,
+            nodes: self.nodes.clone(),
+            allocs: self.allocs.clone(),
+            idempotency: self.idempotency.clone(),
+            forgotten_keys: self.forgotten_keys.clone(),
+            forgotten_allocs: self.forgotten_allocs,
+            finished_total: self.finished_total,
+            tokens: self.tokens.clone(),
+            vclusters: self.vclusters.clone(),
+            index: Indexes::default(),
+            touched: Touched::default(),
+        }
+    }
+
     /// An empty state with these limits.
     pub fn new(limits: Limits) -> State {
         let mut s = State {
@@ -451,7 +477,7 @@ impl State {
             if matches!(e, Event::Submitted { duplicate: true, .. }) {
                 continue;
             }
-            if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id)) {
+            if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id).map(Arc::make_mut)) {
                 self.touched.nodes.extend(a.tasks.iter().filter_map(|t| t.node));
                 a.revision += 1;
                 let status = Some(a.status);

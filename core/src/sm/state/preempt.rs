@@ -1,6 +1,7 @@
 //! Priority preemption and reclamation: decisions, held nodes (nominations), victims released.
 
 use super::*;
+use std::sync::Arc;
 
 impl State {
     /// Victim `victim` of preemptor `by` no longer holds capacity. When it
@@ -8,7 +9,7 @@ impl State {
     /// on its held nodes now (or, if one of them can no longer take it, its
     /// hold is dropped and it waits in the queue like any gang).
     pub(super) fn victim_released(&mut self, victim: AllocId, by: AllocId) -> Vec<Event> {
-        let Some(p) = self.allocs.get_mut(&by) else { return Vec::new() };
+        let Some(p) = self.allocs.get_mut(&by).map(Arc::make_mut) else { return Vec::new() };
         let Some(nomination) = p.nomination.as_mut() else { return Vec::new() };
         nomination.waiting_for.retain(|&v| v != victim);
         if !nomination.waiting_for.is_empty() {
@@ -32,7 +33,7 @@ impl State {
 
     /// Lets a preemptor's held nodes go (it returns to the queue).
     pub(super) fn drop_nomination(&mut self, id: AllocId) {
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         let Some(nomination) = a.nomination.take() else { return };
         for slot in nomination.nodes {
             self.unindex_node(slot);
@@ -149,7 +150,7 @@ impl State {
             self.unindex_node(slot);
             self.index.held.insert(slot, id);
         }
-        let p = self.allocs.get_mut(&id).expect("checked");
+        let p = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         p.nomination = Some(Nomination {
             nodes: slots,
             waiting_for: victim_ids.clone(),
@@ -191,7 +192,7 @@ impl State {
         let count = reserved.len() as u32;
         for (task, slot) in reserved {
             self.release(slot, &usage, (id, task));
-            let t = &mut self.allocs.get_mut(&id).expect("checked").tasks[task as usize];
+            let t = &mut self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked").tasks[task as usize];
             t.status = TaskStatus::Blocked;
             t.node = None;
             t.reserved_at_ms = None;

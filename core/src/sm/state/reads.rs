@@ -1,6 +1,7 @@
 //! Read-only views of the state: lookups, indexes and queues the policies and the API read.
 
 use super::*;
+use std::sync::Arc;
 
 impl State {
     /// The validation limits.
@@ -35,11 +36,11 @@ impl State {
 
     /// One allocation.
     pub fn alloc(&self, id: AllocId) -> Option<&Allocation> {
-        self.allocs.get(&id)
+        self.allocs.get(&id).map(Arc::as_ref)
     }
 
     /// Every allocation, by id.
-    pub fn allocs(&self) -> &BTreeMap<AllocId, Allocation> {
+    pub fn allocs(&self) -> &BTreeMap<AllocId, Arc<Allocation>> {
         &self.allocs
     }
 

@@ -1,6 +1,7 @@
 //! Gang teardowns and cancels: stopping tasks, their acks, forced ends, completion.
 
 use super::*;
+use std::sync::Arc;
 
 impl State {
     /// After `trigger` failed: if siblings still run, they are torn down
@@ -23,7 +24,7 @@ impl State {
     pub(super) fn begin_teardown(&mut self, id: AllocId, cause: TeardownCause) -> Event {
         let now = self.now_ms;
         let released = self.release_reserved(id);
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         a.preemption_epoch += 1;
         let epoch = a.preemption_epoch;
         a.teardown = Some(Teardown { epoch, cause, started_at_ms: now, failed_checkpoints: 0 });
@@ -87,7 +88,7 @@ impl State {
     /// A preempted task that did not checkpoint in time: charged an attempt
     /// (it was refunded when the preemption started) and counted.
     pub(super) fn charge_failed_checkpoint(&mut self, id: AllocId, task: TaskIndex) {
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         a.tasks[task as usize].attempts += 1;
         if let Some(td) = a.teardown.as_mut() {
             td.failed_checkpoints += 1;
@@ -159,7 +160,7 @@ impl State {
     /// more preemption; and its preemptor learns that these nodes are free.
     pub(super) fn complete_teardown(&mut self, id: AllocId) -> Vec<Event> {
         let now = self.now_ms;
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         let Some(teardown) = a.teardown else { return Vec::new() };
         if a.tasks.iter().any(|t| matches!(t.status, TaskStatus::Running | TaskStatus::Preempting)) {
             return Vec::new();
@@ -266,7 +267,7 @@ impl State {
     /// these nodes until now.
     pub(super) fn end_cancelled(&mut self, id: AllocId, stopped: Vec<(TaskIndex, NodeSlot)>) -> Event {
         let now = self.now_ms;
-        let a = self.allocs.get_mut(&id).expect("checked");
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         for t in a.tasks.iter_mut().filter(|t| !t.status.is_terminal()) {
             if t.status == TaskStatus::Preempted {
                 t.node = None; // it has left its node

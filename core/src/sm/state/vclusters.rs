@@ -1,6 +1,7 @@
 //! vClusters: create and update, home nodes, quotas and their loads.
 
 use super::*;
+use std::sync::Arc;
 
 impl State {
     /// A vCluster by name (the built-in `default` even if never changed).
@@ -149,8 +150,11 @@ impl State {
         let empty = VcLoad::default();
         let load = self.index.vc_load.get(&vc.name).unwrap_or(&empty);
         let pending = pending.unwrap_or(&empty);
-        let gone: Vec<&Allocation> =
-            minus.iter().filter(|m| load.allocs.contains_key(m)).filter_map(|m| self.allocs.get(m)).collect();
+        let gone: Vec<&Allocation> = minus
+            .iter()
+            .filter(|m| load.allocs.contains_key(m))
+            .filter_map(|m| self.allocs.get(m).map(Arc::as_ref))
+            .collect();
         let name = &vc.name;
         if let Some(max) = q.max_gpus {
             let freed: u64 =
