@@ -250,6 +250,8 @@ pub struct Tick {
     proposed: bool,
     /// A preemption pass had work but had to wait: when it may run (mono ms).
     preemption_waits_until: Option<u64>,
+    /// Whether this tick got as far as the reclaim-or-preemption pass.
+    preemption_considered: bool,
 }
 
 impl Tick {
@@ -268,6 +270,7 @@ impl Tick {
             next: Some(PassKind::NodeLost),
             proposed: false,
             preemption_waits_until: None,
+            preemption_considered: false,
         }
     }
 
@@ -279,6 +282,14 @@ impl Tick {
     /// decide asks for nothing more.
     pub fn preemption_waits_until(&self) -> Option<u64> {
         self.preemption_waits_until
+    }
+
+    /// Whether this tick looked at the reclaim-or-preemption pass at all. A
+    /// tick that did not (the liveness passes alone, or one that ended
+    /// early) says nothing about preemption: a wait an earlier tick asked
+    /// for still stands.
+    pub fn preemption_considered(&self) -> bool {
+        self.preemption_considered
     }
 
     /// Whether this tick runs the node-lost and deadline passes.
@@ -305,6 +316,7 @@ impl Tick {
                     Pass::Admission(plan_admission(state, self.time.wall_ms, &self.cfg.admission))
                 }
                 PassKind::Preemption if self.admission && self.cfg.preempt => {
+                    self.preemption_considered = true;
                     // Reason to run: lenders waiting, or preemptors still
                     // blocked after admission. The interval bounds how
                     // often the same preemptors are retried; a preemptor

@@ -190,6 +190,13 @@ fn a_newly_blocked_preemptor_does_not_wait_out_the_interval() {
         assert_ne!(p.kind(), PassKind::Preemption, "inside the 50 ms floor");
     }
     assert_eq!(t.preemption_waits_until(), Some(300_000 + super::FRESH_PREEMPTION_FLOOR_MS), "the shell is told when");
+    assert!(t.preemption_considered());
+    // A liveness tick inside the wait never looks at preemption, so it says
+    // nothing about the wait (the shell keeps it).
+    let mut live = Tick::begin(at(300_020), Wake { admission: false }, &mut timers, &cfg);
+    while live.next(&c.s, &h, &mut timers).is_some() {}
+    assert!(!live.preemption_considered());
+    assert_eq!(live.preemption_waits_until(), None);
     let passes = tick(&mut c, at(300_100), Wake { admission: true }, &mut timers, &h);
     assert_eq!(kinds(&passes), [PassKind::Admission, PassKind::Preemption], "{passes:#?}");
     // A third finds no victim left (both nodes are held): it stays blocked,

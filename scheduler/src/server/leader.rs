@@ -82,9 +82,26 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
         let time = s.reader.read(|st| TickTime { wall_ms: s.now(st), mono_ms: s.clock.mono_ms() });
         let mut tick = Tick::begin(time, wake, &mut timers, &cfg);
         drive(&mut tick, &mut timers, &s, &mut record).await;
-        preemption_at = tick
-            .preemption_waits_until()
-            .map(|due| tokio::time::Instant::now() + Duration::from_millis(due.saturating_sub(time.mono_ms)));
+        preemption_at = preemption_retry(preemption_at, &tick, time.mono_ms, tokio::time::Instant::now());
+    }
+}
+
+/// When the loop next wakes for a preemption pass that had to wait, after
+/// `tick` (begun at `mono_ms`, ended at `now`): the wait it asked for; none
+/// when it looked and found nothing left to wait for; and the earlier wait,
+/// `before`, when it never looked (a liveness tick between a wait and its
+/// end must not drop it, or a blocked preemptor waits for the next
+/// admission interval instead).
+fn preemption_retry(
+    before: Option<tokio::time::Instant>,
+    tick: &Tick,
+    mono_ms: u64,
+    now: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    match tick.preemption_waits_until() {
+        Some(due) => Some(now + Duration::from_millis(due.saturating_sub(mono_ms))),
+        None if tick.preemption_considered() => None,
+        None => before,
     }
 }
 
@@ -170,5 +187,42 @@ fn record(pass: &Pass, seconds: f64) {
             }
         }
         Pass::Preemption { .. } => metrics::histogram!("muster_preemption_decision_seconds").record(seconds),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use muster_core::sm::NodeId;
+
+    struct Quiet;
+
+    impl Silence for Quiet {
+        fn silent_ms(&self, _: &NodeId, _: u64) -> u64 {
+            0
+        }
+    }
+
+    /// A tick of an empty state woken for `wake`, run to its end.
+    fn ended(wake: Wake) -> Tick {
+        let cfg = LeaderConfig::default();
+        let mut timers = PassTimers::default();
+        let mut tick = Tick::begin(TickTime { wall_ms: 5_000, mono_ms: 5_000 }, wake, &mut timers, &cfg);
+        let state = State::default();
+        while tick.next(&state, &Quiet, &mut timers).is_some() {}
+        tick
+    }
+
+    #[test]
+    fn a_tick_that_never_looked_at_preemption_keeps_the_wait_an_earlier_one_asked_for() {
+        let now = tokio::time::Instant::now();
+        let waiting = Some(now + Duration::from_millis(40));
+        let liveness_only = ended(Wake { admission: false });
+        assert_eq!(preemption_retry(waiting, &liveness_only, 5_000, now), waiting);
+        assert_eq!(preemption_retry(None, &liveness_only, 5_000, now), None);
+        // One that looked and found nothing to decide ends the wait.
+        let looked = ended(Wake { admission: true });
+        assert!(looked.preemption_considered());
+        assert_eq!(preemption_retry(waiting, &looked, 5_000, now), None);
     }
 }
