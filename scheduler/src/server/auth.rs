@@ -216,6 +216,7 @@ mod tests {
     fn each_role_reaches_exactly_its_methods() {
         let cases = [
             ("/muster.v1.RaftService/AppendEntries", ["server"].as_slice()),
+            ("/muster.v1.RaftService/AppendStream", &["server"]),
             ("/muster.v1.RaftService/InstallSnapshot", &["server"]),
             ("/muster.v1.AgentService/Connect", &["agent"]),
             ("/muster.v1.AllocationService/Submit", &["admin", "client"]),

@@ -90,8 +90,8 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
 /// `tick` (begun at `mono_ms`, ended at `now`): the wait it asked for; none
 /// when it looked and found nothing left to wait for; and the earlier wait,
 /// `before`, when it never looked (a liveness tick between a wait and its
-/// end must not drop it, or a blocked preemptor waits for the next
-/// admission interval instead).
+/// end must not drop it, or a blocked preemptor waits until admission
+/// wakes for another reason, up to the admission interval).
 fn preemption_retry(
     before: Option<tokio::time::Instant>,
     tick: &Tick,

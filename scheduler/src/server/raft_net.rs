@@ -4,7 +4,10 @@
 //!
 //! Payloads are versioned postcard encodings of openraft's own types inside a
 //! protobuf `bytes` field; the reply is `Result<response, RaftError>`, so a
-//! peer's Raft error crosses the wire as itself. A peer that cannot be
+//! peer's Raft error crosses the wire as itself. Appends (heartbeats
+//! included) go over one `AppendStream` per peer, a message and its reply
+//! at a time, and fall back to unary `AppendEntries` calls for a peer that
+//! does not know the stream; votes and snapshot chunks are unary calls. A peer that cannot be
 //! reached (or does not answer within the RPC's deadline) is reported as
 //! `Unreachable`, which makes openraft back off before retrying.
 //!
@@ -116,7 +119,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         });
-        Peer { target, addr: node.addr.clone(), client, reach: self.reach.clone() }
+        Peer { target, addr: node.addr.clone(), client, reach: self.reach.clone(), appends: AppendPath::Closed }
     }
 }
 
@@ -126,6 +129,31 @@ pub struct Peer {
     addr: String,
     client: Result<RaftServiceClient<Channel>, String>,
     reach: Reachability,
+    /// Where appends go: the peer's `AppendStream`, once opened.
+    appends: AppendPath,
+}
+
+/// How a peer takes appends. openraft sends one append at a time to each
+/// peer and awaits its reply, so one stream carries them in turn: a
+/// message and its reply cost two frames instead of a call's headers,
+/// trailers and per-call task on both sides.
+enum AppendPath {
+    /// No stream is open; the next append opens one.
+    Closed,
+    /// Requests go in on `tx`, replies come back on `rx`, in order.
+    Open { tx: tokio::sync::mpsc::Sender<RaftPayload>, rx: tonic::Streaming<RaftPayload> },
+    /// The peer does not know `AppendStream` (an older version): unary calls.
+    Unary,
+}
+
+/// What became of an append sent over the stream.
+enum Streamed {
+    /// The peer's reply payload.
+    Reply(RaftPayload),
+    /// The peer has no `AppendStream`: send it as a call.
+    Unsupported,
+    /// The stream failed (it is closed now; the next append opens another).
+    Failed(Status),
 }
 
 #[derive(Clone, Copy)]
@@ -164,12 +192,25 @@ impl Peer {
             Rpc::Vote => client.vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
+        self.answer(reply.map(Response::into_inner))
+    }
+
+    /// A peer's reply (or the call's failure) as openraft wants it, noting
+    /// whether the peer answered.
+    fn answer<Resp, E>(
+        &self,
+        reply: Result<RaftPayload, Status>,
+    ) -> Result<Resp, RPCError<u64, BasicNode, RaftError<u64, E>>>
+    where
+        Resp: DeserializeOwned,
+        E: DeserializeOwned + std::error::Error,
+    {
         let reply = match reply {
             Ok(r) => {
                 if self.reach.record(self.target, true) {
                     tracing::info!(peer = self.target, addr = %self.addr, "replica reachable again");
                 }
-                r.into_inner()
+                r
             }
             Err(status) if matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled) => {
                 if self.reach.record(self.target, false) {
@@ -188,6 +229,53 @@ impl Peer {
             codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
+
+    /// Sends one encoded append over the peer's `AppendStream` (opening it
+    /// first when none is open) and waits up to `ttl` for its reply. Any
+    /// failure closes the stream: a reply that comes late would answer the
+    /// wrong request.
+    async fn stream_append(&mut self, data: Vec<u8>, ttl: Duration) -> Streamed {
+        let Ok(client) = &mut self.client else {
+            return Streamed::Failed(Status::unavailable("no channel to this peer"));
+        };
+        if matches!(self.appends, AppendPath::Closed) {
+            let (tx, requests) = tokio::sync::mpsc::channel(1);
+            let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
+            request.metadata_mut().insert(TO_HEADER, self.target.into());
+            match tokio::time::timeout(ttl, client.append_stream(request)).await {
+                Ok(Ok(replies)) => self.appends = AppendPath::Open { tx, rx: replies.into_inner() },
+                Ok(Err(status)) if status.code() == Code::Unimplemented => {
+                    tracing::info!(peer = self.target, "peer has no AppendStream; appending with unary calls");
+                    self.appends = AppendPath::Unary;
+                    return Streamed::Unsupported;
+                }
+                Ok(Err(status)) => return Streamed::Failed(status),
+                Err(_) => return Streamed::Failed(Status::deadline_exceeded("opening the append stream timed out")),
+            }
+        }
+        let AppendPath::Open { tx, rx } = &mut self.appends else {
+            return Streamed::Unsupported;
+        };
+        let exchange = async {
+            tx.send(RaftPayload { data }).await.map_err(|_| Status::unavailable("the append stream closed"))?;
+            match rx.message().await {
+                Ok(Some(reply)) => Ok(reply),
+                Ok(None) => Err(Status::unavailable("the peer ended the append stream")),
+                Err(status) => Err(status),
+            }
+        };
+        match tokio::time::timeout(ttl, exchange).await {
+            Ok(Ok(reply)) => Streamed::Reply(reply),
+            Ok(Err(status)) => {
+                self.appends = AppendPath::Closed;
+                Streamed::Failed(status)
+            }
+            Err(_) => {
+                self.appends = AppendPath::Closed;
+                Streamed::Failed(Status::deadline_exceeded("no reply on the append stream in time"))
+            }
+        }
+    }
 }
 
 impl RaftNetwork<TypeConfig> for Peer {
@@ -198,7 +286,17 @@ impl RaftNetwork<TypeConfig> for Peer {
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
         // Heartbeats carry no entries: only appends are timed.
         let timed = (!rpc.entries.is_empty()).then(std::time::Instant::now);
-        let reply = self.call(Rpc::Append, &rpc, &option).await;
+        let reply = match self.appends {
+            AppendPath::Unary => self.call(Rpc::Append, &rpc, &option).await,
+            _ => {
+                let data = codec::encode(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+                match self.stream_append(data, option.hard_ttl()).await {
+                    Streamed::Reply(reply) => self.answer(Ok(reply)),
+                    Streamed::Failed(status) => self.answer(Err(status)),
+                    Streamed::Unsupported => self.call(Rpc::Append, &rpc, &option).await,
+                }
+            }
+        };
         if let (Some(started), Ok(_)) = (timed, &reply) {
             metrics::histogram!("muster_raft_append_rpc_seconds").record(started.elapsed().as_secs_f64());
         }
@@ -246,7 +344,7 @@ const TO_HEADER: &str = "x-muster-raft-to";
 
 /// Refuses a request addressed to another replica id (a request without the
 /// header is taken: an older peer's).
-fn addressed_to(req: &Request<RaftPayload>, me: u64) -> Result<(), Status> {
+fn addressed_to<T>(req: &Request<T>, me: u64) -> Result<(), Status> {
     let to = req.metadata().get(TO_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     match to {
         Some(to) if to != me => Err(Status::failed_precondition(format!(
@@ -257,8 +355,23 @@ fn addressed_to(req: &Request<RaftPayload>, me: u64) -> Result<(), Status> {
 }
 
 fn decode_request<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
-    codec::decode(&req.into_inner().data)
-        .map_err(|e| Status::invalid_argument(format!("raft payload does not decode: {e}")))
+    decode_payload(&req.into_inner())
+}
+
+fn decode_payload<T: DeserializeOwned>(payload: &RaftPayload) -> Result<T, Status> {
+    codec::decode(&payload.data).map_err(|e| Status::invalid_argument(format!("raft payload does not decode: {e}")))
+}
+
+/// One append, from a call or the stream: into the local Raft, timed when
+/// it carries entries.
+async fn serve_append(raft: &MusterRaft, payload: RaftPayload) -> Result<RaftPayload, Status> {
+    let rpc: AppendEntriesRequest<TypeConfig> = decode_payload(&payload)?;
+    let timed = (!rpc.entries.is_empty()).then(std::time::Instant::now);
+    let reply = raft.append_entries(rpc).await;
+    if let Some(started) = timed {
+        metrics::histogram!("muster_raft_append_serve_seconds").record(started.elapsed().as_secs_f64());
+    }
+    encode_reply(&reply).map(Response::into_inner)
 }
 
 fn encode_reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
@@ -289,13 +402,31 @@ impl RaftService for RaftRpc {
 
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         addressed_to(&req, self.id)?;
-        let rpc: AppendEntriesRequest<TypeConfig> = decode_request(req)?;
-        let timed = (!rpc.entries.is_empty()).then(std::time::Instant::now);
-        let reply = self.raft.append_entries(rpc).await;
-        if let Some(started) = timed {
-            metrics::histogram!("muster_raft_append_serve_seconds").record(started.elapsed().as_secs_f64());
-        }
-        encode_reply(&reply)
+        serve_append(&self.raft, req.into_inner()).await.map(Response::new)
+    }
+
+    type AppendStreamStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<RaftPayload, Status>> + Send>>;
+
+    /// Answers each append on the stream in turn; a request that does not
+    /// decode ends the stream with its error.
+    async fn append_stream(
+        &self,
+        req: Request<tonic::Streaming<RaftPayload>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        use tokio_stream::StreamExt;
+        addressed_to(&req, self.id)?;
+        let raft = self.raft.clone();
+        let replies = req.into_inner().then(move |request| {
+            let raft = raft.clone();
+            async move { serve_append(&raft, request?).await }
+        });
+        let mut failed = false;
+        let replies = replies.take_while(move |reply| {
+            let go_on = !failed;
+            failed |= reply.is_err();
+            go_on
+        });
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
@@ -314,6 +445,151 @@ impl RaftService for RaftRpc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use muster_proto::v1::raft_service_server::RaftServiceServer;
+    use openraft::Vote;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// How a fake peer treats `AppendStream`.
+    #[derive(Clone, Copy)]
+    enum Streams {
+        /// Answers each message.
+        Answer,
+        /// Does not know the method (an older peer).
+        Unknown,
+        /// Takes messages and never answers.
+        Silent,
+    }
+
+    /// A peer that answers every append with success and counts how each
+    /// arrived.
+    #[derive(Clone)]
+    struct FakePeer {
+        streams: Streams,
+        opened: Arc<AtomicUsize>,
+        streamed: Arc<AtomicUsize>,
+        unary: Arc<AtomicUsize>,
+    }
+
+    fn success() -> RaftPayload {
+        let reply: Result<AppendEntriesResponse<u64>, RaftError<u64>> = Ok(AppendEntriesResponse::Success);
+        RaftPayload { data: codec::encode(&reply).unwrap() }
+    }
+
+    #[tonic::async_trait]
+    impl RaftService for FakePeer {
+        type FollowStream = tokio_stream::wrappers::ReceiverStream<Result<v1::FollowEvent, Status>>;
+        type AppendStreamStream =
+            std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<RaftPayload, Status>> + Send>>;
+
+        async fn follow(&self, _: Request<v1::FollowRequest>) -> Result<Response<Self::FollowStream>, Status> {
+            Err(Status::unimplemented("not in this fake"))
+        }
+
+        async fn append_entries(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+            self.unary.fetch_add(1, Ordering::SeqCst);
+            Ok(Response::new(success()))
+        }
+
+        async fn append_stream(
+            &self,
+            req: Request<tonic::Streaming<RaftPayload>>,
+        ) -> Result<Response<Self::AppendStreamStream>, Status> {
+            use tokio_stream::StreamExt;
+            if matches!(self.streams, Streams::Unknown) {
+                return Err(Status::unimplemented("unknown method"));
+            }
+            self.opened.fetch_add(1, Ordering::SeqCst);
+            let (streamed, answer) = (self.streamed.clone(), matches!(self.streams, Streams::Answer));
+            let replies = req.into_inner().filter_map(move |m| {
+                m.ok()?;
+                streamed.fetch_add(1, Ordering::SeqCst);
+                answer.then(|| Ok(success()))
+            });
+            Ok(Response::new(Box::pin(replies)))
+        }
+
+        async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not in this fake"))
+        }
+
+        async fn install_snapshot(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not in this fake"))
+        }
+    }
+
+    /// Serves `fake` on a free loopback port; returns openraft's client for
+    /// it, as replica 2.
+    async fn peer_of(fake: FakePeer) -> Peer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RaftServiceServer::new(fake))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        Network::new(None).new_client(2, &BasicNode::new(addr)).await
+    }
+
+    fn fake(streams: Streams) -> FakePeer {
+        FakePeer { streams, opened: Arc::default(), streamed: Arc::default(), unary: Arc::default() }
+    }
+
+    fn heartbeat() -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            entries: vec![],
+            leader_commit: None,
+        }
+    }
+
+    /// Generous: a loaded machine still answers a loopback call in time.
+    const TTL: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn appends_go_over_one_stream_in_turn() {
+        let f = fake(Streams::Answer);
+        let mut peer = peer_of(f.clone()).await;
+        for _ in 0..5 {
+            let reply = peer.append_entries(heartbeat(), RPCOption::new(TTL)).await.unwrap();
+            assert_eq!(reply, AppendEntriesResponse::Success);
+        }
+        assert_eq!(f.opened.load(Ordering::SeqCst), 1, "one stream for all five");
+        assert_eq!(f.streamed.load(Ordering::SeqCst), 5);
+        assert_eq!(f.unary.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_peer_without_the_stream_gets_unary_calls() {
+        let f = fake(Streams::Unknown);
+        let mut peer = peer_of(f.clone()).await;
+        for _ in 0..3 {
+            let reply = peer.append_entries(heartbeat(), RPCOption::new(TTL)).await.unwrap();
+            assert_eq!(reply, AppendEntriesResponse::Success);
+        }
+        assert_eq!(f.unary.load(Ordering::SeqCst), 3, "every append answered, as calls");
+        assert!(matches!(peer.appends, AppendPath::Unary), "asked once, not again");
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_does_not_answer_in_time_is_dropped_and_opened_again() {
+        let f = fake(Streams::Silent);
+        let mut peer = peer_of(f.clone()).await;
+        // Each append opens a stream if none is open, and waits 300 ms for
+        // a reply that never comes (on a loaded machine the opening itself
+        // may take longer: that fails the same way, and the next one tries
+        // again).
+        for _ in 0..100 {
+            let r = peer.append_entries(heartbeat(), RPCOption::new(Duration::from_millis(300))).await;
+            assert!(matches!(r, Err(RPCError::Unreachable(_))), "{r:?}");
+            assert!(matches!(peer.appends, AppendPath::Closed), "a late reply would answer the wrong request");
+            if f.opened.load(Ordering::SeqCst) >= 2 {
+                break;
+            }
+        }
+        assert_eq!(f.opened.load(Ordering::SeqCst), 2, "a new stream for a later append");
+        assert_eq!(f.unary.load(Ordering::SeqCst), 0);
+    }
 
     #[test]
     fn a_peer_is_reported_once_when_it_goes_and_once_when_it_comes_back() {
