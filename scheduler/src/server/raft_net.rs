@@ -141,9 +141,15 @@ enum AppendPath {
     /// No stream is open; the next append opens one.
     Closed,
     /// Requests go in on `tx`, replies come back on `rx`, in order.
-    Open { tx: tokio::sync::mpsc::Sender<RaftPayload>, rx: tonic::Streaming<RaftPayload> },
+    Open(Box<OpenStream>),
     /// The peer does not know `AppendStream` (an older version): unary calls.
     Unary,
+}
+
+/// An open `AppendStream`.
+struct OpenStream {
+    tx: tokio::sync::mpsc::Sender<RaftPayload>,
+    rx: tonic::Streaming<RaftPayload>,
 }
 
 /// What became of an append sent over the stream.
@@ -196,7 +202,9 @@ impl Peer {
     }
 
     /// A peer's reply (or the call's failure) as openraft wants it, noting
-    /// whether the peer answered.
+    /// whether the peer answered. (The error is openraft's own type, as the
+    /// `RaftNetwork` trait returns it.)
+    #[allow(clippy::result_large_err)]
     fn answer<Resp, E>(
         &self,
         reply: Result<RaftPayload, Status>,
@@ -243,7 +251,9 @@ impl Peer {
             let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
             request.metadata_mut().insert(TO_HEADER, self.target.into());
             match tokio::time::timeout(ttl, client.append_stream(request)).await {
-                Ok(Ok(replies)) => self.appends = AppendPath::Open { tx, rx: replies.into_inner() },
+                Ok(Ok(replies)) => {
+                    self.appends = AppendPath::Open(Box::new(OpenStream { tx, rx: replies.into_inner() }))
+                }
                 Ok(Err(status)) if status.code() == Code::Unimplemented => {
                     tracing::info!(peer = self.target, "peer has no AppendStream; appending with unary calls");
                     self.appends = AppendPath::Unary;
@@ -253,9 +263,10 @@ impl Peer {
                 Err(_) => return Streamed::Failed(Status::deadline_exceeded("opening the append stream timed out")),
             }
         }
-        let AppendPath::Open { tx, rx } = &mut self.appends else {
+        let AppendPath::Open(open) = &mut self.appends else {
             return Streamed::Unsupported;
         };
+        let OpenStream { tx, rx } = &mut **open;
         let exchange = async {
             tx.send(RaftPayload { data }).await.map_err(|_| Status::unavailable("the append stream closed"))?;
             match rx.message().await {

@@ -102,12 +102,12 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m(
         "muster_raft_append_rpc_seconds",
         Histogram,
-        "an AppendEntries call carrying entries, sent to a follower until its answer: transport both ways plus the follower's handling",
+        "an append carrying entries, sent to a follower until its answer: transport both ways plus the follower's handling",
     ),
     m(
         "muster_raft_append_serve_seconds",
         Histogram,
-        "a follower's handling of an AppendEntries call carrying entries, from decoded request to answer (its log write and sync included)",
+        "a follower's handling of an append carrying entries, from decoded request to answer (its log write and sync included)",
     ),
     l("muster_raft_proposals_total", Counter, "result", &["committed", "failed"], "commands proposed by this replica"),
     m(
