@@ -150,6 +150,11 @@ enum AppendPath {
 struct OpenStream {
     tx: tokio::sync::mpsc::Sender<RaftPayload>,
     rx: tonic::Streaming<RaftPayload>,
+    /// A request was sent and its reply not yet read. Still set when an
+    /// append starts, it means the last one was cut short (openraft drops
+    /// an append that outlives its own timeout): that reply may yet come
+    /// and would answer the wrong request, so the stream is not used again.
+    waiting: bool,
 }
 
 /// What became of an append sent over the stream.
@@ -240,19 +245,26 @@ impl Peer {
 
     /// Sends one encoded append over the peer's `AppendStream` (opening it
     /// first when none is open) and waits up to `ttl` for its reply. Any
-    /// failure closes the stream: a reply that comes late would answer the
-    /// wrong request.
+    /// failure closes the stream, and so does an append whose caller gave
+    /// up on it before its reply came: a reply that comes late would answer
+    /// the wrong request.
     async fn stream_append(&mut self, data: Vec<u8>, ttl: Duration) -> Streamed {
         let Ok(client) = &mut self.client else {
             return Streamed::Failed(Status::unavailable("no channel to this peer"));
         };
+        if let AppendPath::Open(open) = &self.appends
+            && open.waiting
+        {
+            self.appends = AppendPath::Closed;
+        }
         if matches!(self.appends, AppendPath::Closed) {
             let (tx, requests) = tokio::sync::mpsc::channel(1);
             let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
             request.metadata_mut().insert(TO_HEADER, self.target.into());
             match tokio::time::timeout(ttl, client.append_stream(request)).await {
                 Ok(Ok(replies)) => {
-                    self.appends = AppendPath::Open(Box::new(OpenStream { tx, rx: replies.into_inner() }))
+                    self.appends =
+                        AppendPath::Open(Box::new(OpenStream { tx, rx: replies.into_inner(), waiting: false }))
                 }
                 Ok(Err(status)) if status.code() == Code::Unimplemented => {
                     tracing::info!(peer = self.target, "peer has no AppendStream; appending with unary calls");
@@ -266,7 +278,8 @@ impl Peer {
         let AppendPath::Open(open) = &mut self.appends else {
             return Streamed::Unsupported;
         };
-        let OpenStream { tx, rx } = &mut **open;
+        let OpenStream { tx, rx, waiting } = &mut **open;
+        *waiting = true;
         let exchange = async {
             tx.send(RaftPayload { data }).await.map_err(|_| Status::unavailable("the append stream closed"))?;
             match rx.message().await {
@@ -276,7 +289,10 @@ impl Peer {
             }
         };
         match tokio::time::timeout(ttl, exchange).await {
-            Ok(Ok(reply)) => Streamed::Reply(reply),
+            Ok(Ok(reply)) => {
+                *waiting = false;
+                Streamed::Reply(reply)
+            }
             Ok(Err(status)) => {
                 self.appends = AppendPath::Closed;
                 Streamed::Failed(status)
@@ -469,6 +485,9 @@ mod tests {
         Unknown,
         /// Takes messages and never answers.
         Silent,
+        /// Answers the second message of the first stream late (after 2 s)
+        /// with `Conflict`, and every other one at once with `Success`.
+        SlowSecond,
     }
 
     /// A peer that answers every append with success and counts how each
@@ -482,7 +501,11 @@ mod tests {
     }
 
     fn success() -> RaftPayload {
-        let reply: Result<AppendEntriesResponse<u64>, RaftError<u64>> = Ok(AppendEntriesResponse::Success);
+        payload(AppendEntriesResponse::Success)
+    }
+
+    fn payload(r: AppendEntriesResponse<u64>) -> RaftPayload {
+        let reply: Result<AppendEntriesResponse<u64>, RaftError<u64>> = Ok(r);
         RaftPayload { data: codec::encode(&reply).unwrap() }
     }
 
@@ -509,13 +532,28 @@ mod tests {
             if matches!(self.streams, Streams::Unknown) {
                 return Err(Status::unimplemented("unknown method"));
             }
-            self.opened.fetch_add(1, Ordering::SeqCst);
-            let (streamed, answer) = (self.streamed.clone(), matches!(self.streams, Streams::Answer));
-            let replies = req.into_inner().filter_map(move |m| {
-                m.ok()?;
-                streamed.fetch_add(1, Ordering::SeqCst);
-                answer.then(|| Ok(success()))
-            });
+            let stream = self.opened.fetch_add(1, Ordering::SeqCst);
+            let (streamed, streams) = (self.streamed.clone(), self.streams);
+            let mut on_this_stream = 0;
+            let replies = req
+                .into_inner()
+                .then(move |m| {
+                    streamed.fetch_add(1, Ordering::SeqCst);
+                    on_this_stream += 1;
+                    let slow = stream == 0 && on_this_stream == 2;
+                    async move {
+                        m.ok()?;
+                        match streams {
+                            Streams::SlowSecond if slow => {
+                                tokio::time::sleep(Duration::from_secs(2)).await;
+                                Some(Ok(payload(AppendEntriesResponse::Conflict)))
+                            }
+                            Streams::Answer | Streams::SlowSecond => Some(Ok(success())),
+                            Streams::Silent | Streams::Unknown => None,
+                        }
+                    }
+                })
+                .filter_map(|reply| reply);
             Ok(Response::new(Box::pin(replies)))
         }
 
@@ -580,6 +618,23 @@ mod tests {
         }
         assert_eq!(f.unary.load(Ordering::SeqCst), 3, "every append answered, as calls");
         assert!(matches!(peer.appends, AppendPath::Unary), "asked once, not again");
+    }
+
+    #[tokio::test]
+    async fn an_append_given_up_before_its_reply_never_takes_another_ones_reply() {
+        let f = fake(Streams::SlowSecond);
+        let mut peer = peer_of(f.clone()).await;
+        let first = peer.append_entries(heartbeat(), RPCOption::new(TTL)).await.unwrap();
+        assert_eq!(first, AppendEntriesResponse::Success, "the stream is open");
+        // openraft wraps each append in a timeout of its own and drops it
+        // when that fires; the fake answers this one 2 s later.
+        let cut =
+            tokio::time::timeout(Duration::from_millis(100), peer.append_entries(heartbeat(), RPCOption::new(TTL)));
+        assert!(cut.await.is_err(), "given up before the reply");
+        // The next append must get its own answer, not the late Conflict.
+        let reply = peer.append_entries(heartbeat(), RPCOption::new(TTL)).await.unwrap();
+        assert_eq!(reply, AppendEntriesResponse::Success);
+        assert_eq!(f.opened.load(Ordering::SeqCst), 2, "the cut-short stream was not used again");
     }
 
     #[tokio::test]
