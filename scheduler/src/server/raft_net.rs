@@ -435,7 +435,9 @@ impl RaftService for RaftRpc {
     type AppendStreamStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<RaftPayload, Status>> + Send>>;
 
     /// Answers each append on the stream in turn; a request that does not
-    /// decode ends the stream with its error.
+    /// decode ends the stream with its error. The stream ends when this
+    /// replica stops, as `Follow` streams do: a graceful shutdown waits for
+    /// every open stream, and a leader's would never end on its own.
     async fn append_stream(
         &self,
         req: Request<tonic::Streaming<RaftPayload>>,
@@ -447,12 +449,24 @@ impl RaftService for RaftRpc {
             let raft = raft.clone();
             async move { serve_append(&raft, request?).await }
         });
-        let mut failed = false;
-        let replies = replies.take_while(move |reply| {
-            let go_on = !failed;
-            failed |= reply.is_err();
-            go_on
+        let stop = self.stop.clone();
+        let stopping = tokio_stream::once(()).then(move |()| {
+            let mut stop = stop.clone();
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            }
         });
+        let mut failed = false;
+        let replies = replies
+            .map(Some)
+            .merge(stopping.map(|()| None))
+            .take_while(Option::is_some)
+            .filter_map(|reply| reply)
+            .take_while(move |reply| {
+                let go_on = !failed;
+                failed |= reply.is_err();
+                go_on
+            });
         Ok(Response::new(Box::pin(replies)))
     }
 
