@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14muster/v1/raft.proto\x12\tmuster.v1\"$\n\rFollowRequest\x12\x13\n\x0b\x66ollower_id\x18\x01 \x01(\x04\"!\n\x0b\x46ollowEvent\x12\x12\n\nreplica_id\x18\x01 \x01(\x04\"\x1b\n\x0bRaftPayload\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\x87\x02\n\x0bRaftService\x12?\n\rAppendEntries\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12\x36\n\x04Vote\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12\x41\n\x0fInstallSnapshot\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12<\n\x06\x46ollow\x12\x18.muster.v1.FollowRequest\x1a\x16.muster.v1.FollowEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14muster/v1/raft.proto\x12\tmuster.v1\"$\n\rFollowRequest\x12\x13\n\x0b\x66ollower_id\x18\x01 \x01(\x04\"!\n\x0b\x46ollowEvent\x12\x12\n\nreplica_id\x18\x01 \x01(\x04\"\x1b\n\x0bRaftPayload\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xcb\x02\n\x0bRaftService\x12?\n\rAppendEntries\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12\x42\n\x0c\x41ppendStream\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload(\x01\x30\x01\x12\x36\n\x04Vote\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12\x41\n\x0fInstallSnapshot\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12<\n\x06\x46ollow\x12\x18.muster.v1.FollowRequest\x1a\x16.muster.v1.FollowEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,5 +38,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RAFTPAYLOAD']._serialized_start=108
   _globals['_RAFTPAYLOAD']._serialized_end=135
   _globals['_RAFTSERVICE']._serialized_start=138
-  _globals['_RAFTSERVICE']._serialized_end=401
+  _globals['_RAFTSERVICE']._serialized_end=469
 # @@protoc_insertion_point(module_scope)

@@ -39,6 +39,11 @@ class RaftServiceStub:
                 request_serializer=muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
                 response_deserializer=muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
                 _registered_method=True)
+        self.AppendStream = channel.stream_stream(
+                '/muster.v1.RaftService/AppendStream',
+                request_serializer=muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
+                _registered_method=True)
         self.Vote = channel.unary_unary(
                 '/muster.v1.RaftService/Vote',
                 request_serializer=muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
@@ -61,6 +66,16 @@ class RaftServiceServicer:
 
     def AppendEntries(self, request, context):
         """openraft AppendEntriesRequest -> Result<AppendEntriesResponse, RaftError>.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendStream(self, request_iterator, context):
+        """The same, over one long-lived stream from a leader to a follower:
+        each request message is answered by exactly one reply message, in
+        order. A leader opens it for its appends and falls back to
+        AppendEntries when a peer does not know it (UNIMPLEMENTED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -95,6 +110,11 @@ def add_RaftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'AppendEntries': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendEntries,
+                    request_deserializer=muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
+                    response_serializer=muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
+            ),
+            'AppendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AppendStream,
                     request_deserializer=muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
                     response_serializer=muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
             ),
@@ -139,6 +159,33 @@ class RaftService:
             request,
             target,
             '/muster.v1.RaftService/AppendEntries',
+            muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
+            muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/muster.v1.RaftService/AppendStream',
             muster_dot_v1_dot_raft__pb2.RaftPayload.SerializeToString,
             muster_dot_v1_dot_raft__pb2.RaftPayload.FromString,
             options,
