@@ -193,15 +193,7 @@ fn record(pass: &Pass, seconds: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use muster_core::sm::NodeId;
-
-    struct Quiet;
-
-    impl Silence for Quiet {
-        fn silent_ms(&self, _: &NodeId, _: u64) -> u64 {
-            0
-        }
-    }
+    use muster_core::tick::Heard;
 
     /// A tick of an empty state woken for `wake`, run to its end.
     fn ended(wake: Wake) -> Tick {
@@ -209,7 +201,7 @@ mod tests {
         let mut timers = PassTimers::default();
         let mut tick = Tick::begin(TickTime { wall_ms: 5_000, mono_ms: 5_000 }, wake, &mut timers, &cfg);
         let state = State::default();
-        while tick.next(&state, &Quiet, &mut timers).is_some() {}
+        while tick.next(&state, &Heard::default(), &mut timers).is_some() {}
         tick
     }
 

@@ -7,9 +7,10 @@
 //! peer's Raft error crosses the wire as itself. Appends (heartbeats
 //! included) go over one `AppendStream` per peer, a message and its reply
 //! at a time, and fall back to unary `AppendEntries` calls for a peer that
-//! does not know the stream; votes and snapshot chunks are unary calls. A peer that cannot be
-//! reached (or does not answer within the RPC's deadline) is reported as
-//! `Unreachable`, which makes openraft back off before retrying.
+//! does not know the stream; votes and snapshot chunks are unary calls. A
+//! peer that cannot be reached (or does not answer within the RPC's
+//! deadline) is reported as `Unreachable`, which makes openraft back off
+//! before retrying.
 //!
 //! openraft logs every failed call to a down peer, twice a second, with the
 //! whole error chain; the server's default log filter silences those
@@ -252,12 +253,8 @@ impl Peer {
         let Ok(client) = &mut self.client else {
             return Streamed::Failed(Status::unavailable("no channel to this peer"));
         };
-        if let AppendPath::Open(open) = &self.appends
-            && open.waiting
-        {
-            self.appends = AppendPath::Closed;
-        }
-        if matches!(self.appends, AppendPath::Closed) {
+        // No stream, or one whose last append was cut short: open another.
+        if !matches!(&self.appends, AppendPath::Open(open) if !open.waiting) {
             let (tx, requests) = tokio::sync::mpsc::channel(1);
             let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
             request.metadata_mut().insert(TO_HEADER, self.target.into());
@@ -276,7 +273,7 @@ impl Peer {
             }
         }
         let AppendPath::Open(open) = &mut self.appends else {
-            return Streamed::Unsupported;
+            unreachable!("an append stream was opened above");
         };
         let OpenStream { tx, rx, waiting } = &mut **open;
         *waiting = true;
