@@ -119,8 +119,8 @@ pub struct ServerArgs {
     #[arg(long, hide = true)]
     inject_bug: Option<String>,
     /// Injected disk faults: the log reads this control file before each
-    /// append and sync (fsync-eio, append-enospc, slow-sync MS; absent:
-    /// none). Tests and `muster chaos` only.
+    /// append and sync (fsync-eio, append-enospc, slow-sync MS, stall-sync;
+    /// absent: none). Tests and `muster chaos` only.
     #[arg(long, hide = true, value_name = "PATH")]
     disk_fault_file: Option<PathBuf>,
     /// Injected clock faults: this replica's wall clock reads the host's

@@ -8,6 +8,7 @@
 //! | `fsync-eio` | every `fdatasync` fails with EIO (a failing disk) |
 //! | `append-enospc` | every append writes half its bytes and fails with ENOSPC (a full disk) |
 //! | `slow-sync MS` | every `fdatasync` takes MS milliseconds longer (a slow or overloaded disk) |
+//! | `stall-sync` | every `fdatasync` waits until the fault is cleared (a stalled disk: a hung network volume) |
 //!
 //! The store reads the file before each append and sync, so a fault takes
 //! effect and clears within one operation.
@@ -26,6 +27,8 @@ pub enum DiskFault {
     Full,
     /// `fdatasync` takes this much longer.
     SlowSync(Duration),
+    /// `fdatasync` waits until the fault is cleared.
+    StalledSync,
 }
 
 impl DiskFault {
@@ -36,11 +39,12 @@ impl DiskFault {
             [] => Ok(None),
             ["fsync-eio"] => Ok(Some(DiskFault::SyncFails)),
             ["append-enospc"] => Ok(Some(DiskFault::Full)),
+            ["stall-sync"] => Ok(Some(DiskFault::StalledSync)),
             ["slow-sync", ms] => ms
                 .parse::<u64>()
                 .map(|ms| Some(DiskFault::SlowSync(Duration::from_millis(ms))))
                 .map_err(|_| format!("slow-sync takes milliseconds, not {ms:?}")),
-            _ => Err(format!("unknown disk fault {line:?}: fsync-eio, append-enospc or slow-sync MS")),
+            _ => Err(format!("unknown disk fault {line:?}: fsync-eio, append-enospc, slow-sync MS or stall-sync")),
         }
     }
 
@@ -50,6 +54,7 @@ impl DiskFault {
             DiskFault::SyncFails => "fsync-eio".into(),
             DiskFault::Full => "append-enospc".into(),
             DiskFault::SlowSync(d) => format!("slow-sync {}", d.as_millis()),
+            DiskFault::StalledSync => "stall-sync".into(),
         }
     }
 }
@@ -101,9 +106,15 @@ mod tests {
         assert_eq!(DiskFault::parse("fsync-eio\n"), Ok(Some(DiskFault::SyncFails)));
         assert_eq!(DiskFault::parse("append-enospc"), Ok(Some(DiskFault::Full)));
         assert_eq!(DiskFault::parse("slow-sync 250"), Ok(Some(DiskFault::SlowSync(Duration::from_millis(250)))));
+        assert_eq!(DiskFault::parse("stall-sync"), Ok(Some(DiskFault::StalledSync)));
         assert!(DiskFault::parse("slow-sync soon").unwrap_err().contains("milliseconds"));
         assert!(DiskFault::parse("melt").unwrap_err().contains("unknown disk fault"));
-        for f in [DiskFault::SyncFails, DiskFault::Full, DiskFault::SlowSync(Duration::from_millis(7))] {
+        for f in [
+            DiskFault::SyncFails,
+            DiskFault::Full,
+            DiskFault::SlowSync(Duration::from_millis(7)),
+            DiskFault::StalledSync,
+        ] {
             assert_eq!(DiskFault::parse(&f.line()), Ok(Some(f)));
         }
     }

@@ -507,6 +507,12 @@ impl LogFile {
                 std::thread::sleep(d);
                 file.sync_data()
             }
+            Some(DiskFault::StalledSync) => {
+                while self.fault() == Some(DiskFault::StalledSync) {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                file.sync_data()
+            }
             _ => file.sync_data(),
         };
         match synced {

@@ -162,6 +162,19 @@ fn t103_a_chaos_run_with_failing_full_and_slow_disks_passes_every_check() {
     assert!(!detail.starts_with("0 power losses") && !detail.contains(" 0 read-backs"), "{detail}");
 }
 
+/// A leader whose disk stalls has already sent its newest entries to its
+/// followers (it replicates while its own flush is in flight) but counts
+/// itself for none of them. The followers elect a successor, which may
+/// commit those entries; the old leader steps down when its flush
+/// completes. Nothing acknowledged is lost or doubled, and every check
+/// holds.
+#[test]
+fn t175_a_stalled_leader_disk_loses_and_doubles_nothing() {
+    let run = chaos(&["--duration", "25s", "--seed", "3", "--faults", "stall-leader-disk"]).passes();
+    let stalls = run.faults().iter().filter(|f| f["kind"] == "stall-leader-disk").count();
+    assert!(stalls >= 2, "{:#?}", run.faults());
+}
+
 /// The fsyncgate bug: a log store that acknowledges entries whose fsync
 /// failed. A failing disk, then a power cycle of its machine, and
 /// `acked_entries_durable` names the replica that acknowledged entries its

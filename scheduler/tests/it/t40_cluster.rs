@@ -1,6 +1,6 @@
 //! An in-process cluster of three replicas on loopback: commits, redirects,
-//! equal digests, and a follower catching up by snapshot after the log it
-//! missed was purged.
+//! equal digests, a follower catching up by snapshot after the log it missed
+//! was purged, and a leader replicating while its own disk stalls.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+use muster_raft_store::{DiskFault, set_disk_fault};
 use muster_scheduler::server::convert::LEADER_ADDR_HEADER;
 use muster_scheduler::server::{RaftTuning, Replica, ReplicaConfig};
 use muster_scheduler::sm::{AllocSpec, Command, Event, Resources};
@@ -35,9 +36,15 @@ fn config(
     tuning: &RaftTuning,
 ) -> ReplicaConfig {
     let mut cfg = ReplicaConfig::new(id, addr.to_string(), dir.join(format!("r{id}")));
+    cfg.store.disk_fault_file = Some(fault_file(dir, id));
     cfg.initial_members = members.clone();
     cfg.raft = tuning.clone();
     cfg
+}
+
+/// The control file of replica `id`'s disk faults (absent: a healthy disk).
+fn fault_file(dir: &Path, id: u64) -> std::path::PathBuf {
+    dir.join(format!("disk-fault-{id}"))
 }
 
 async fn start_cluster(dir: &Path, tuning: &RaftTuning) -> (Vec<Replica>, BTreeMap<u64, String>) {
@@ -177,6 +184,59 @@ async fn three_replicas_commit_batches_and_agree() {
     let got = client.get(v1::GetRequest { id: 8 }).await.unwrap().into_inner();
     assert_eq!(got.spec.unwrap().idempotency_key, "key-7");
 
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
+
+/// A leader sends a new entry to its followers while its own log flush is
+/// still in flight (openraft as patched in `vendor/openraft`): with the
+/// leader's disk stalled, both followers store the entry in the leader's
+/// term, before any election could have moved it. The leader counts itself
+/// only once its own flush is done, so the write commits when the disk
+/// comes back, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn followers_store_an_entry_while_the_leaders_flush_is_stalled() {
+    let dir = tempfile::tempdir().unwrap();
+    // A stalled leader sends no heartbeats: elections only after 20 s of
+    // silence, so the followers' term tells that no election happened.
+    let tuning = RaftTuning { election_timeout_ms: (20_000, 30_000), ..RaftTuning::default() };
+    let (replicas, _) = start_cluster(dir.path(), &tuning).await;
+    let all: Vec<&Replica> = replicas.iter().collect();
+    propose(&replicas, submit(0)).await;
+    let l = leader(&replicas).await;
+    let (index, term) = (replicas[l].status().last_log_index, replicas[l].status().term);
+    converged(&all, index).await;
+
+    let stall = fault_file(dir.path(), replicas[l].id());
+    set_disk_fault(&stall, Some(DiskFault::StalledSync)).unwrap();
+    let proposer = replicas[l].proposer().clone();
+    let write = tokio::spawn(async move { proposer.propose(submit(1)).await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    for follower in replicas.iter().filter(|r| r.id() != replicas[l].id()) {
+        loop {
+            let s = follower.status();
+            assert_eq!(s.term, term, "an election happened while the leader's disk stalled");
+            if s.last_log_index > index {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "replica {} never received the entry while the leader's flush stalled: {s:?}",
+                follower.id()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(!write.is_finished(), "the write committed before the leader's own flush was done");
+
+    set_disk_fault(&stall, None).unwrap();
+    match write.await.unwrap().expect("the write commits once the leader's disk is back").events() {
+        [Event::Submitted { alloc, .. }] => assert_eq!(*alloc, 2),
+        other => panic!("{other:?}"),
+    }
+    let l = leader(&replicas).await;
+    converged(&all, replicas[l].status().applied_index).await;
     for r in replicas {
         r.shutdown().await;
     }

@@ -74,6 +74,7 @@ pub const KINDS: &[(u32, &str)] = &[
     (1, "disk-eio"),
     (1, "disk-full"),
     (1, "slow-disk"),
+    (1, "stall-leader-disk"),
     (2, "partition-agent"),
     (1, "restart-agent"),
     (1, "agent-disk-full"),
@@ -233,7 +234,8 @@ pub async fn run(
         let start_ms = now_ms();
         let mut clock_ms = 0i64;
         let (target, note) = match kind {
-            "kill-leader" | "pause-leader" | "partition-leader" | "partition-follower" | "lagging-follower" => {
+            "kill-leader" | "pause-leader" | "partition-leader" | "partition-follower" | "lagging-follower"
+            | "stall-leader-disk" => {
                 let Some(leader) = leader_or_wait(procs, Instant::now() + LEADER_WAIT).await else {
                     faults.push(no_leader(start_ms));
                     continue;
@@ -252,6 +254,18 @@ pub async fn run(
                         tokio::time::sleep(hold(&mut rng, 2_000, 4_000)).await;
                         procs.pause_server(target, false);
                         String::new()
+                    }
+                    "stall-leader-disk" => {
+                        // Every sync waits until the disk comes back: the
+                        // leader has sent its newest entries to its followers
+                        // but cannot count itself, nor answer or heartbeat.
+                        let held = hold(&mut rng, 1_000, 3_000);
+                        let mut notes: Vec<String> =
+                            procs.set_disk_fault(target, Some(DiskFault::StalledSync)).err().into_iter().collect();
+                        tokio::time::sleep(held).await;
+                        notes.extend(procs.set_disk_fault(target, None).err());
+                        notes.push(format!("syncs held for {:.1} s", held.as_secs_f64()));
+                        notes.join("; ")
                     }
                     "lagging-follower" => {
                         partition(procs, proxies, target);
