@@ -100,12 +100,27 @@ fn followed(raft: &MusterRaft, me: u64) -> Option<(u64, String, BTreeSet<u64>)> 
     Some((leader, addr, membership.voter_ids().collect()))
 }
 
-/// Whether `addr` refuses a TCP connection at once: no process listens
-/// there. A timeout or any other error means it may still be alive.
-async fn refuses(addr: &str) -> bool {
-    match tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
-        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
-        Ok(Ok(_)) | Err(_) => false,
+/// How long apart [`refuses`] dials an address that accepted.
+const PROBE_GAP: Duration = Duration::from_millis(10);
+
+/// Whether nothing listens at `addr`: a dial refused at once, within
+/// `window`. A killed process's connections can break a moment before the
+/// kernel closes its listening socket, and a dial in between is accepted
+/// or reset; so such a dial is tried again, `PROBE_GAP` apart, until
+/// `window` ends. A dial with no answer (a partition, a lost host) means
+/// the leader may still be alive: openraft's timer handles that case.
+async fn refuses(addr: &str, window: Duration) -> bool {
+    let until = tokio::time::Instant::now() + window;
+    loop {
+        match tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+            Err(_) => return false,
+            Ok(_) => {}
+        }
+        if tokio::time::Instant::now() + PROBE_GAP >= until {
+            return false;
+        }
+        tokio::time::sleep(PROBE_GAP).await;
     }
 }
 
@@ -144,7 +159,7 @@ pub async fn run(
             _ = leader_changes(&raft, me, leader) => continue,
             _ = stop.wait_for(|s| *s) => return,
         };
-        if followed(&raft, me).is_some_and(|(l, ..)| l == leader) && refuses(&addr).await {
+        if followed(&raft, me).is_some_and(|(l, ..)| l == leader) && refuses(&addr, timing.retry).await {
             tracing::warn!(leader, addr = %addr, why = %ended, "the leader's process is gone: nothing listens at its address");
             metrics::counter!("muster_raft_leader_gone_total").increment(1);
             gone.send_replace(Some(leader));
@@ -173,6 +188,7 @@ pub async fn run(
         }
         // The stream ended but the leader still listens (it restarted, shut
         // a connection, or refused the call): open it again shortly.
+        tracing::debug!(leader, why = %ended, "the follow stream ended; the leader still listens");
         tokio::select! {
             _ = tokio::time::sleep(timing.retry) => {}
             _ = stop.wait_for(|s| *s) => return,
@@ -283,8 +299,24 @@ mod tests {
     async fn a_refused_dial_means_nothing_listens_and_a_listener_means_alive() {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        assert!(!refuses(&addr).await, "a listener accepts");
+        assert!(!refuses(&addr, Duration::from_millis(50)).await, "a listener accepts");
         drop(l);
-        assert!(refuses(&addr).await, "nothing listens after it closes");
+        assert!(refuses(&addr, Duration::ZERO).await, "nothing listens after it closes");
+    }
+
+    /// The leader's connections broke, but its dying process still holds
+    /// the listening socket for a moment: the first dial is accepted, and
+    /// the next one, after the socket closed, is refused. One accepted dial
+    /// alone does not make the leader alive.
+    #[tokio::test]
+    async fn a_listener_that_closes_while_probed_is_found_gone() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let closing = tokio::spawn(async move {
+            let _ = l.accept().await;
+            drop(l);
+        });
+        assert!(refuses(&addr, Duration::from_secs(30)).await, "found gone once the listener closed");
+        closing.await.unwrap();
     }
 }
