@@ -15,6 +15,8 @@
 //! the end says whether any task restarted), `--heartbeat-ms N` (the
 //! servers' Raft heartbeat; their default otherwise), `--tls` (mutual TLS
 //! between replicas, agents and the clients; the default is `--insecure`).
+//! `MUSTER_BENCH_KEEP=1` keeps the servers' data dirs and logs (`err-N.log`,
+//! one per replica across its restarts) and prints where.
 //!
 //! A figure means something only as a ratio against a peer measured in the
 //! same run on the same machine: `cli/benches/vs-etcd.sh` alternates this
@@ -106,7 +108,12 @@ impl Servers {
             .arg(self.dir.join(format!("data-{id}")))
             .stdout(Stdio::null())
             .stderr(
-                std::fs::File::create(self.dir.join(format!("err-{id}.log"))).map(Stdio::from).unwrap_or(Stdio::null()),
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join(format!("err-{id}.log")))
+                    .map(Stdio::from)
+                    .unwrap_or(Stdio::null()),
             )
             .spawn()
             .expect("spawn muster server");
@@ -338,6 +345,10 @@ async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u6
         all.extend(t.await.unwrap());
     }
     all.sort();
+    if all.is_empty() {
+        println!("{clients:>4} clients: no submit started after the warm-up was answered within the level");
+        return;
+    }
     println!(
         "{clients:>4} clients: {:>8.0} committed submits/s   p50 {:>7.2} ms   p99 {:>7.2} ms   ({} submits)",
         all.len() as f64 / seconds as f64,
@@ -404,7 +415,12 @@ fn main() {
     let heartbeat_ms = args.iter().any(|a| a == "--heartbeat-ms").then(|| common::opt("--heartbeat-ms", 50));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let dir = tempfile::tempdir().unwrap();
+        // MUSTER_BENCH_KEEP=1 keeps the servers' data dirs and logs.
+        let keep = std::env::var_os("MUSTER_BENCH_KEEP").is_some();
+        let dir = tempfile::Builder::new().disable_cleanup(keep).tempdir().unwrap();
+        if keep {
+            println!("the servers' data and logs stay in {}", dir.path().display());
+        }
         let mut servers = Servers::start(dir.path(), tls, heartbeat_ms);
         let l = leader(&servers.addrs, servers.client.as_ref(), None).await;
         println!(

@@ -49,23 +49,41 @@ fn gang(gpus: u32) -> v1::AllocationSpec {
     }
 }
 
-/// Submits one gang and follows it to the end. Returns submit → the fourth
-/// `task_started` the watch delivered, or `None` when it did not succeed.
-async fn one(c: &mut AllocationServiceClient<Channel>, gpus: u32) -> Option<Duration> {
+/// When one gang's events came, counted from its submit.
+#[derive(Clone, Default)]
+struct Timeline {
+    reserved: Option<Duration>,
+    started: Vec<Duration>,
+}
+
+impl Timeline {
+    /// Submit → the fourth `task_started`.
+    fn all_running(&self) -> Option<Duration> {
+        (self.started.len() >= 4).then(|| self.started[3])
+    }
+
+    fn show(&self) -> String {
+        let ms = |d: &Duration| format!("{:.1}", d.as_secs_f64() * 1e3);
+        format!(
+            "reserved at +{} ms, its tasks started at +{} ms",
+            self.reserved.as_ref().map_or("?".into(), ms),
+            self.started.iter().map(ms).collect::<Vec<_>>().join(", +")
+        )
+    }
+}
+
+/// Submits one gang and follows it to the end. Returns when its events
+/// came, or `None` when it did not succeed.
+async fn one(c: &mut AllocationServiceClient<Channel>, gpus: u32) -> Option<Timeline> {
     let t0 = Instant::now();
     let id = c.submit(v1::SubmitRequest { spec: Some(gang(gpus)), dry_run: false }).await.ok()?.into_inner().id;
     let mut events = c.watch(v1::WatchRequest { id, from_revision: 0 }).await.ok()?.into_inner();
-    let mut started = 0;
-    let mut all_running = None;
+    let mut timeline = Timeline::default();
     while let Ok(Some(e)) = events.message().await {
         match e.kind.as_str() {
-            "task_started" => {
-                started += 1;
-                if started == 4 {
-                    all_running = Some(t0.elapsed());
-                }
-            }
-            "allocation_done" => return all_running,
+            "gang_reserved" => timeline.reserved = Some(t0.elapsed()),
+            "task_started" => timeline.started.push(t0.elapsed()),
+            "allocation_done" => return timeline.all_running().is_some().then_some(timeline),
             "allocation_failed" | "allocation_cancelled" => {
                 eprintln!("gang {id} ended {}: {}", e.kind, e.detail);
                 return None;
@@ -81,7 +99,8 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
-fn latencies(name: &str, mut d: Vec<Duration>) {
+fn latencies(name: &str, gangs: &[Timeline]) {
+    let mut d: Vec<Duration> = gangs.iter().filter_map(Timeline::all_running).collect();
     d.sort();
     if d.is_empty() {
         println!("{name:<6} no gang completed");
@@ -95,6 +114,9 @@ fn latencies(name: &str, mut d: Vec<Duration>) {
         pct(&d, 0.0),
         pct(&d, 1.0)
     );
+    if let Some(slowest) = gangs.iter().max_by_key(|t| t.all_running()) {
+        println!("       the slowest: {}", slowest.show());
+    }
 }
 
 /// Counters from the leader's `/metrics` that say what a gang cost.
@@ -130,6 +152,12 @@ impl Costs {
             (self.passes - before.passes) / g
         )
     }
+}
+
+/// The leader's id and its term (0 and 0 while none leads).
+fn leadership(c: &LocalCluster) -> (u64, u64) {
+    let id = c.leader_id().unwrap_or(0);
+    (id, c.replica(id).map_or(0, |r| r.status().term))
 }
 
 fn leader_http(c: &LocalCluster) -> Option<std::net::SocketAddr> {
@@ -179,12 +207,13 @@ async fn main() {
             idle.push(d);
         }
     }
-    latencies("idle", idle.clone());
+    latencies("idle", &idle);
     if let Some(h) = http {
         println!("       {}", Costs::scrape(h).per_gang(before, idle.len()));
     }
 
     let before = http.map(Costs::scrape).unwrap_or_default();
+    let leading = leadership(&cluster);
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -214,9 +243,19 @@ async fn main() {
         loaded.len() as f64 / elapsed
     );
     let n = loaded.len();
-    latencies("load", loaded);
-    if let Some(h) = http {
-        println!("       {}", Costs::scrape(h).per_gang(before, n));
+    latencies("load", &loaded);
+    match leadership(&cluster) {
+        now if now == leading => {
+            if let Some(h) = http {
+                println!("       {}", Costs::scrape(h).per_gang(before, n));
+            }
+            println!("       one leader throughout (replica {}, term {})", leading.0, leading.1);
+        }
+        // An election under load: the old leader's counters tell only part.
+        now => println!(
+            "       leadership moved during the load: replica {} in term {} -> replica {} in term {}",
+            leading.0, leading.1, now.0, now.1
+        ),
     }
     cluster.shutdown().await;
 }
