@@ -162,6 +162,8 @@ pub struct Agent {
     exits_tx: mpsc::UnboundedSender<(Key, Ended)>,
     exits_rx: mpsc::UnboundedReceiver<(Key, Ended)>,
     leader_hint: Option<String>,
+    /// The address the current (or last) session dialled.
+    addr: String,
     /// The current session's stream was accepted by a leader.
     established: bool,
     /// When the tasks must stop if no leader answers (self-fencing).
@@ -182,6 +184,67 @@ pub struct Agent {
 enum SessionEnd {
     Shutdown,
     Reconnect,
+}
+
+/// What the agent does after a connection attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Try again at once.
+    AtOnce,
+    /// A replica named the leader whose stream just broke: it has most
+    /// likely not noticed yet (its leader watch takes a few milliseconds).
+    /// Wait [`NOTICE_PAUSE`] and ask a replica again, instead of dialling
+    /// the dead leader.
+    Notice,
+    /// Back off, after this many rounds in a row in which no replica took
+    /// the stream.
+    BackOff(u32),
+}
+
+/// How long an agent waits before asking again when a replica names the
+/// leader it just lost.
+const NOTICE_PAUSE: Duration = Duration::from_millis(50);
+
+/// The agent's reconnection budget.
+#[derive(Debug, Default)]
+struct Retries {
+    /// Rounds in a row in which no replica took the stream.
+    failures: u32,
+    /// Attempts made without a pause since the last pause.
+    quick: usize,
+    /// The leader whose accepted stream broke, until a replica names it.
+    lost: Option<String>,
+}
+
+impl Retries {
+    /// The stream to `addr`, which a leader had accepted, broke.
+    fn lost(&mut self, addr: &str) {
+        self.lost = Some(addr.to_string());
+    }
+
+    /// After an attempt that failed, or that a replica answered by naming
+    /// a leader (`named`), the agent goes again at once, to each replica
+    /// once and to the leader it names, and then backs off. The first
+    /// replica to name the leader whose stream just broke gets a short
+    /// pause instead: followers learn that a leader's process is gone a
+    /// few milliseconds after its agents do, and until then they name it.
+    /// Dialling it would fail at once, and the quick attempts would run
+    /// out in those milliseconds, leaving the agent a whole backoff behind
+    /// the election. A leader that is in fact alive is named again, and
+    /// followed then.
+    fn next(&mut self, failed: bool, named: Option<&str>, replicas: usize) -> Next {
+        if named.is_some() && named == self.lost.as_deref() {
+            self.lost = None;
+            return Next::Notice;
+        }
+        if (failed || named.is_some()) && self.quick < replicas {
+            self.quick += 1;
+            return Next::AtOnce;
+        }
+        self.quick = 0;
+        self.failures = if failed { self.failures + 1 } else { 0 };
+        Next::BackOff(self.failures)
+    }
 }
 
 impl Agent {
@@ -226,6 +289,7 @@ impl Agent {
             exits_tx,
             exits_rx,
             leader_hint: None,
+            addr: String::new(),
             established: false,
             fence: fence::Fence::new(fence_on, tokio::time::Instant::now()),
             register_sent: tokio::time::Instant::now(),
@@ -240,10 +304,7 @@ impl Agent {
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.adopt_leftovers();
-        // Rounds in a row in which no replica took the stream.
-        let mut failures = 0u32;
-        // Attempts made without a pause since the last pause.
-        let mut quick = 0usize;
+        let mut retries = Retries::default();
         loop {
             if *shutdown.borrow() {
                 break;
@@ -251,9 +312,10 @@ impl Agent {
             self.fence_if_due();
             let outcome = self.session(&mut shutdown).await;
             self.fence.stream_ended();
-            if std::mem::take(&mut self.established) {
+            let established = std::mem::take(&mut self.established);
+            if established {
                 // The stream ran: whatever ended it, start afresh.
-                (failures, quick) = (0, 0);
+                retries = Retries::default();
             }
             let failed = match outcome {
                 Ok(SessionEnd::Shutdown) => break,
@@ -261,18 +323,19 @@ impl Agent {
                 Err(e) => {
                     metrics::counter!("muster_agent_stream_failures_total").increment(1);
                     tracing::debug!(node = %self.cfg.node_id, error = %e, "agent stream failed");
+                    if established {
+                        retries.lost(&self.addr);
+                    }
                     true
                 }
             };
-            // Without a pause: the leader a replica named, or after a
-            // failure the next replica, each replica once; then back off.
-            let pause = if (failed || self.leader_hint.is_some()) && quick < self.cfg.schedulers.len() {
-                quick += 1;
-                Duration::ZERO
-            } else {
-                quick = 0;
-                failures = if failed { failures + 1 } else { 0 };
-                self.backoff(failures)
+            let pause = match retries.next(failed, self.leader_hint.as_deref(), self.cfg.schedulers.len()) {
+                Next::AtOnce => Duration::ZERO,
+                Next::Notice => {
+                    self.leader_hint = None;
+                    NOTICE_PAUSE
+                }
+                Next::BackOff(failures) => self.backoff(failures),
             };
             let fence = self.fence_deadline();
             tokio::select! {
@@ -340,7 +403,8 @@ impl Agent {
         );
     }
 
-    /// Exponential backoff with deterministic per-node jitter.
+    /// Exponential backoff with deterministic per-node jitter, after
+    /// `failures` rounds in a row in which no replica took the stream.
     fn backoff(&mut self, failures: u32) -> Duration {
         let (lo, hi) = self.cfg.backoff;
         let base = lo.saturating_mul(1u32 << failures.min(6)).min(hi);

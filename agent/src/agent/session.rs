@@ -5,6 +5,7 @@ use super::*;
 impl Agent {
     pub(super) async fn session(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<SessionEnd, String> {
         let addr = self.pick_address();
+        self.addr = addr.clone();
         let endpoint = muster_tls::endpoint(&addr, self.cfg.tls.as_ref())
             .map_err(|e| e.to_string())?
             .connect_timeout(Duration::from_secs(2))

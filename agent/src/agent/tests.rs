@@ -1,4 +1,5 @@
-//! Unit tests of the agent: records, claims deferred while GPUs are busy, unusable checkpoints.
+//! Unit tests of the agent: records, claims deferred while GPUs are busy,
+//! unusable checkpoints, the reconnection budget.
 
 use super::*;
 
@@ -232,4 +233,43 @@ fn a_full_disk_refuses_new_slots_but_existing_ones_take_records() {
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].key, Some((3, 0, 1)));
     assert_eq!(found[0].record.as_ref().map(|r| r.pgid), Ok(7));
+}
+
+/// A failover seen from an agent, three replicas: its stream to leader
+/// L breaks; a follower that has not yet noticed names L; the agent waits
+/// a moment instead of dialling L; the next follower names the successor
+/// S, which the agent dials at once. A leader named a second time is
+/// followed (it may be alive: only the agent's connection broke).
+#[test]
+fn a_follower_naming_the_lost_leader_gets_a_short_pause_not_a_backoff() {
+    let mut r = Retries::default();
+    r.lost("L");
+    assert_eq!(r.next(true, None, 3), Next::AtOnce);
+    assert_eq!(r.next(false, Some("L"), 3), Next::Notice);
+    assert_eq!(r.next(false, Some("S"), 3), Next::AtOnce);
+    let mut alive = Retries::default();
+    alive.lost("L");
+    assert_eq!(alive.next(true, None, 3), Next::AtOnce);
+    assert_eq!(alive.next(false, Some("L"), 3), Next::Notice);
+    assert_eq!(alive.next(false, Some("L"), 3), Next::AtOnce, "named again: followed");
+}
+
+/// Replicas that keep failing, or keep naming each other, make the agent
+/// back off after one attempt per replica, longer each round it fails.
+#[test]
+fn an_agent_backs_off_after_one_quick_attempt_per_replica() {
+    let mut r = Retries::default();
+    for _ in 0..3 {
+        assert_eq!(r.next(true, None, 3), Next::AtOnce);
+    }
+    assert_eq!(r.next(true, None, 3), Next::BackOff(1));
+    for _ in 0..3 {
+        assert_eq!(r.next(true, None, 3), Next::AtOnce);
+    }
+    assert_eq!(r.next(true, None, 3), Next::BackOff(2));
+    let mut named = Retries::default();
+    for _ in 0..3 {
+        assert_eq!(named.next(false, Some("X"), 3), Next::AtOnce);
+    }
+    assert_eq!(named.next(false, Some("X"), 3), Next::BackOff(0), "named, not failed: the shortest pause");
 }
