@@ -207,6 +207,22 @@ async fn followers_store_an_entry_while_the_leaders_flush_is_stalled() {
     let l = leader(&replicas).await;
     let (index, term) = (replicas[l].status().last_log_index, replicas[l].status().term);
     converged(&all, index).await;
+    // The leader has taken in both followers' answers: no append to either
+    // is in flight, so the next entry goes to both at once (openraft sends a
+    // follower one append at a time).
+    replicas[l]
+        .raft()
+        .wait(Some(WAIT))
+        .metrics(
+            |m| {
+                m.replication.as_ref().is_some_and(|r| {
+                    r.len() == 3 && r.values().all(|matched| matched.is_some_and(|id| id.index >= index))
+                })
+            },
+            "both followers' answers taken in",
+        )
+        .await
+        .unwrap();
 
     let stall = fault_file(dir.path(), replicas[l].id());
     set_disk_fault(&stall, Some(DiskFault::StalledSync)).unwrap();
