@@ -395,12 +395,16 @@ async fn serve_append(raft: &MusterRaft, payload: RaftPayload) -> Result<RaftPay
     if let Some(started) = timed {
         metrics::histogram!("muster_raft_append_serve_seconds").record(started.elapsed().as_secs_f64());
     }
-    encode_reply(&reply).map(Response::into_inner)
+    encode_payload(&reply)
+}
+
+fn encode_payload<T: Serialize>(value: &T) -> Result<RaftPayload, Status> {
+    let data = codec::encode(value).map_err(|e| Status::internal(format!("raft reply does not encode: {e}")))?;
+    Ok(RaftPayload { data })
 }
 
 fn encode_reply<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
-    let data = codec::encode(value).map_err(|e| Status::internal(format!("raft reply does not encode: {e}")))?;
-    Ok(Response::new(RaftPayload { data }))
+    encode_payload(value).map(Response::new)
 }
 
 #[tonic::async_trait]
