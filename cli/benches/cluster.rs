@@ -377,6 +377,102 @@ async fn bare_calls(addr: &str, tls: Option<&TlsMaterial>, n: usize) -> (Duratio
     (pct(&lat, 0.50), pct(&lat, 0.99))
 }
 
+/// The transport's and the server layers' share: `n` sequential gRPC
+/// health checks of the leader (the same connection, TLS, auth and
+/// timeout layers as a submit; a handler that only reads a map). p50 and
+/// p99.
+async fn health_calls(addr: &str, tls: Option<&TlsMaterial>, n: usize) -> (Duration, Duration) {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let mut client = HealthClient::new(channel(addr, tls).await.expect("leader reachable"));
+    let check = || HealthCheckRequest { service: String::new() };
+    client.check(check()).await.expect("health check");
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        client.check(check()).await.expect("health check");
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    (pct(&lat, 0.50), pct(&lat, 0.99))
+}
+
+/// `--bare-health-server`: tonic's own floor on this machine. Serves
+/// only gRPC health, over plain HTTP/2 with `TCP_NODELAY` and none of a
+/// replica's layers (TLS, auth, timeouts, connection limits), on a
+/// loopback port it prints, until it is killed.
+fn bare_health_server() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let incoming = tonic::transport::server::TcpIncoming::bind(([127, 0, 0, 1], 0).into())
+            .expect("bind a loopback port")
+            .with_nodelay(Some(true));
+        println!("{}", incoming.local_addr().expect("bound").port());
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        tonic::transport::Server::builder().add_service(health).serve_with_incoming(incoming).await.expect("serve");
+    });
+}
+
+/// [`bare_health_server`] in a process of its own, killed when dropped:
+/// what a gRPC call costs here without anything of Muster's.
+struct BareTonic {
+    child: Child,
+    addr: String,
+}
+
+impl BareTonic {
+    fn start() -> BareTonic {
+        use std::io::BufRead;
+        let mut child = Command::new(std::env::current_exe().expect("this bench's path"))
+            .arg("--bare-health-server")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the bare tonic server");
+        let mut port = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut port).expect("its port");
+        BareTonic { child, addr: format!("127.0.0.1:{}", port.trim()) }
+    }
+}
+
+impl Drop for BareTonic {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Health checks per second from `clients` concurrent callers for
+/// `seconds`, over the same channels as [`load`]'s submits.
+async fn health_load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u64) -> f64 {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let mut channels = Vec::new();
+    for _ in 0..clients.clamp(1, 8) {
+        channels.push(channel(addr, tls).await.expect("server reachable"));
+    }
+    let warmup = Duration::from_millis(500);
+    let start = Instant::now();
+    let end = start + warmup + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let mut client = HealthClient::new(channels[c % channels.len()].clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < end {
+                let t = Instant::now();
+                client.check(HealthCheckRequest { service: String::new() }).await.expect("health check");
+                n += u64::from(t > start + warmup);
+            }
+            n
+        }));
+    }
+    let mut calls = 0;
+    for t in tasks {
+        calls += t.await.unwrap();
+    }
+    calls as f64 / seconds as f64
+}
+
 /// Kills the leader; returns when the kill happened, how long until its
 /// successor committed a submit, and the successor.
 async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> (Instant, Duration, usize) {
@@ -408,6 +504,9 @@ async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> (Instant, Durat
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--bare-health-server") {
+        return bare_health_server();
+    }
     let seconds = common::opt("--seconds", 5);
     let kills = common::opt("--kills", 3);
     let n_agents = (common::opt("--agents", 8) as usize).min(MAX_AGENTS);
@@ -421,11 +520,18 @@ fn main() {
         if keep {
             println!("the servers' data and logs stay in {}", dir.path().display());
         }
+        let (floor50, floor99) = common::sync_floor(dir.path(), 1_000);
         let mut servers = Servers::start(dir.path(), tls, heartbeat_ms);
         let l = leader(&servers.addrs, servers.client.as_ref(), None).await;
         println!(
             "3 replicas on loopback, fsync on every append, {}; leader is replica {l}",
             if tls { "mutual TLS" } else { "--insecure" }
+        );
+        println!(
+            "this disk: fdatasync of an appended 400-byte block p50 {:.3} ms, p99 {:.3} ms (1,000 before the servers \
+             start)",
+            floor50.as_secs_f64() * 1e3,
+            floor99.as_secs_f64() * 1e3
         );
         println!("(a figure counts only as a ratio against a peer measured in the same run on this machine)");
         let seq = Arc::new(AtomicU64::new(0));
@@ -442,6 +548,30 @@ fn main() {
                     "        the same call answered without Raft (a resubmit): p50 {:.3} ms, p99 {:.3} ms",
                     p50.as_secs_f64() * 1e3,
                     p99.as_secs_f64() * 1e3
+                );
+                let (p50, p99) = health_calls(&servers.addrs[l - 1], servers.client.as_ref(), 2_000).await;
+                println!(
+                    "        a gRPC health check of the leader (transport and server layers): p50 {:.3} ms, p99 {:.3} ms",
+                    p50.as_secs_f64() * 1e3,
+                    p99.as_secs_f64() * 1e3
+                );
+                let bare = BareTonic::start();
+                let (p50, p99) = health_calls(&bare.addr, None, 2_000).await;
+                println!(
+                    "        the same check of a bare tonic server (plain HTTP/2, no layers, its own process): p50 {:.3} \
+                     ms, p99 {:.3} ms",
+                    p50.as_secs_f64() * 1e3,
+                    p99.as_secs_f64() * 1e3
+                );
+            }
+            if clients == 256 {
+                // The ceiling the transport sets: calls that do no work.
+                let on_leader = health_load(&servers.addrs[l - 1], servers.client.as_ref(), clients, seconds).await;
+                let bare = BareTonic::start();
+                let on_bare = health_load(&bare.addr, None, clients, seconds).await;
+                println!(
+                    "        {clients} clients of gRPC health checks instead, no Raft: {on_leader:.0}/s from the leader, \
+                     {on_bare:.0}/s from a bare tonic server (the transport's ceiling on this machine)"
                 );
             }
         }

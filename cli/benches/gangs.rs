@@ -52,8 +52,10 @@ fn gang(gpus: u32) -> v1::AllocationSpec {
 /// When one gang's events came, counted from its submit.
 #[derive(Clone, Default)]
 struct Timeline {
+    answered: Option<Duration>,
     reserved: Option<Duration>,
     started: Vec<Duration>,
+    finished: Option<Instant>,
 }
 
 impl Timeline {
@@ -65,7 +67,8 @@ impl Timeline {
     fn show(&self) -> String {
         let ms = |d: &Duration| format!("{:.1}", d.as_secs_f64() * 1e3);
         format!(
-            "reserved at +{} ms, its tasks started at +{} ms",
+            "submit answered at +{} ms, reserved at +{} ms, its tasks started at +{} ms",
+            self.answered.as_ref().map_or("?".into(), ms),
             self.reserved.as_ref().map_or("?".into(), ms),
             self.started.iter().map(ms).collect::<Vec<_>>().join(", +")
         )
@@ -77,13 +80,16 @@ impl Timeline {
 async fn one(c: &mut AllocationServiceClient<Channel>, gpus: u32) -> Option<Timeline> {
     let t0 = Instant::now();
     let id = c.submit(v1::SubmitRequest { spec: Some(gang(gpus)), dry_run: false }).await.ok()?.into_inner().id;
+    let mut timeline = Timeline { answered: Some(t0.elapsed()), ..Timeline::default() };
     let mut events = c.watch(v1::WatchRequest { id, from_revision: 0 }).await.ok()?.into_inner();
-    let mut timeline = Timeline::default();
     while let Ok(Some(e)) = events.message().await {
         match e.kind.as_str() {
             "gang_reserved" => timeline.reserved = Some(t0.elapsed()),
             "task_started" => timeline.started.push(t0.elapsed()),
-            "allocation_done" => return timeline.all_running().is_some().then_some(timeline),
+            "allocation_done" => {
+                timeline.finished = Some(Instant::now());
+                return timeline.all_running().is_some().then_some(timeline);
+            }
             "allocation_failed" | "allocation_cancelled" => {
                 eprintln!("gang {id} ended {}: {}", e.kind, e.detail);
                 return None;
@@ -116,6 +122,55 @@ fn latencies(name: &str, gangs: &[Timeline]) {
     );
     if let Some(slowest) = gangs.iter().max_by_key(|t| t.all_running()) {
         println!("       the slowest: {}", slowest.show());
+    }
+}
+
+/// The longest time in which no gang finished, and when it began (from
+/// `start`): a stall of the whole pipeline shows here.
+fn longest_gap(start: Instant, gangs: &[Timeline]) -> Option<(Duration, Duration)> {
+    let mut done: Vec<Instant> = gangs.iter().filter_map(|t| t.finished).collect();
+    done.sort();
+    done.windows(2).map(|w| (w[1] - w[0], w[0] - start)).max()
+}
+
+/// How many observations of histogram `name` on a `/metrics` page took
+/// longer than the bucket bound `le` (every label set summed; in this
+/// bench the replicas share one process, so one page counts all three).
+fn slower_than(body: &str, name: &str, le: &str) -> f64 {
+    let sum = |prefix: &str, tail: &str| {
+        body.lines()
+            .filter(|l| l.starts_with(prefix) && l.contains(tail))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    sum(&format!("{name}_count"), "") - sum(&format!("{name}_bucket"), &format!("le=\"{le}\""))
+}
+
+/// Slow steps counted on a `/metrics` page: where a stall can come from.
+#[derive(Clone, Copy, Default)]
+struct Slow {
+    syncs: f64,
+    commits: f64,
+    passes: f64,
+}
+
+impl Slow {
+    fn scrape(addr: std::net::SocketAddr) -> Slow {
+        let body = common::metrics(addr);
+        Slow {
+            syncs: slower_than(&body, "muster_raft_log_sync_seconds", "0.1"),
+            commits: slower_than(&body, "muster_raft_commit_seconds", "0.1"),
+            passes: slower_than(&body, "muster_admission_pass_seconds", "0.1"),
+        }
+    }
+
+    fn since(self, before: Slow) -> String {
+        format!(
+            "over 100 ms in the load (all replicas): {} log syncs, {} commits, {} admission passes",
+            self.syncs - before.syncs,
+            self.commits - before.commits,
+            self.passes - before.passes
+        )
     }
 }
 
@@ -213,9 +268,11 @@ async fn main() {
     }
 
     let before = http.map(Costs::scrape).unwrap_or_default();
+    let slow_before = http.map(Slow::scrape).unwrap_or_default();
     let leading = leadership(&cluster);
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
+    let probe = common::DiskProbe::start(dir.path(), started);
     let mut workers = Vec::new();
     for _ in 0..submitters {
         let mut c = c.clone();
@@ -237,6 +294,7 @@ async fn main() {
         loaded.extend(w.await.unwrap());
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let disk = probe.finish();
     println!(
         "load   {submitters} submitters: {} gangs completed in {elapsed:.1} s = {:.1} gangs/s",
         loaded.len(),
@@ -244,6 +302,17 @@ async fn main() {
     );
     let n = loaded.len();
     latencies("load", &loaded);
+    if let Some((gap, at)) = longest_gap(started, &loaded) {
+        println!(
+            "       longest time with no gang finishing: {:.1} ms, from +{:.2} s",
+            gap.as_secs_f64() * 1e3,
+            at.as_secs_f64()
+        );
+    }
+    if let Some(h) = http {
+        println!("       {}", Slow::scrape(h).since(slow_before));
+    }
+    println!("       {disk}");
     match leadership(&cluster) {
         now if now == leading => {
             if let Some(h) = http {

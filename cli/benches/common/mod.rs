@@ -20,3 +20,80 @@ pub fn metrics(addr: impl std::net::ToSocketAddrs) -> String {
     }
     text
 }
+
+/// `fdatasync` of one appended 400-byte block, `n` times back to back, in
+/// a file under `dir`: the disk's floor for one replica's share of a
+/// commit in this run. p50 and p99.
+pub fn sync_floor(dir: &std::path::Path, n: usize) -> (std::time::Duration, std::time::Duration) {
+    use std::io::Write;
+    let path = dir.join("sync-floor.probe");
+    let mut file = std::fs::File::create(&path).expect("create the sync probe file");
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n.max(1) {
+        file.write_all(&[0u8; 400]).expect("write the sync probe");
+        let t = std::time::Instant::now();
+        file.sync_data().expect("sync the sync probe");
+        lat.push(t.elapsed());
+    }
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    lat.sort();
+    let at = |p: f64| lat[((p * lat.len() as f64).ceil() as usize).clamp(1, lat.len()) - 1];
+    (at(0.50), at(0.99))
+}
+
+/// A thread that appends a block to a file under a directory and syncs
+/// it every 10 ms, timing each sync, until [`DiskProbe::finish`]: shows
+/// whether the disk itself stalled during a phase of a bench.
+pub struct DiskProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(std::time::Duration, std::time::Duration)>>,
+}
+
+impl DiskProbe {
+    /// Starts probing a file in `dir`; times are counted from `origin`.
+    pub fn start(dir: &std::path::Path, origin: std::time::Instant) -> DiskProbe {
+        use std::io::Write;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let path = dir.join("disk.probe");
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut file = std::fs::File::create(&path).expect("create the disk probe file");
+            let mut syncs = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                file.write_all(&[0u8; 400]).expect("write the disk probe");
+                let t = std::time::Instant::now();
+                file.sync_data().expect("sync the disk probe");
+                syncs.push((t - origin, t.elapsed()));
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            drop(file);
+            let _ = std::fs::remove_file(&path);
+            syncs
+        });
+        DiskProbe { stop, thread }
+    }
+
+    /// Stops the probe; one line on what it saw: p50, p99 and the slowest
+    /// sync, with when it began.
+    pub fn finish(self) -> String {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let syncs = self.thread.join().expect("the disk probe thread");
+        let Some(&(at, slowest)) = syncs.iter().max_by_key(|(_, took)| *took) else {
+            return "the disk probe made no sync".into();
+        };
+        let mut took: Vec<_> = syncs.iter().map(|(_, t)| *t).collect();
+        took.sort();
+        let pct = |p: f64| took[((p * took.len() as f64).ceil() as usize).clamp(1, took.len()) - 1];
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "a probe's fdatasync every 10 ms on the same disk: n={} p50 {:.2} ms  p99 {:.2} ms  slowest {:.1} ms at +{:.2} s",
+            took.len(),
+            ms(pct(0.5)),
+            ms(pct(0.99)),
+            ms(slowest),
+            at.as_secs_f64()
+        )
+    }
+}
