@@ -333,6 +333,73 @@ fn finishing_every_task_completes_the_allocation_and_frees_its_nodes() {
     );
 }
 
+/// What [`State::held_gpus`] must equal: every live allocation's placed
+/// tasks, walked one by one.
+fn held_gpus_by_walking(s: &State) -> (u64, u64) {
+    let (mut reserved, mut running) = (0, 0);
+    for a in s.allocs().values().filter(|a| !a.status.is_terminal()) {
+        for t in a.tasks.iter().filter(|t| t.node.is_some()) {
+            match t.status {
+                TaskStatus::Running | TaskStatus::Preempting => running += u64::from(a.spec.resources.gpus),
+                TaskStatus::Reserved => reserved += u64::from(a.spec.resources.gpus),
+                _ => {}
+            }
+        }
+    }
+    (reserved, running)
+}
+
+#[test]
+fn held_gpus_counts_reserved_running_and_stopping_tasks_and_ignores_the_queue() {
+    let mut f = Fixture::new(5);
+    let check = |f: &Fixture, want: (u64, u64)| {
+        assert_eq!(f.s.held_gpus(), want);
+        assert_eq!(held_gpus_by_walking(&f.s), want);
+    };
+    check(&f, (0, 0));
+    for _ in 0..50 {
+        f.submit(spec(4, 8)); // never fits beside the rest: stays queued
+    }
+    check(&f, (0, 0));
+    let (running, epoch) = f.running(2, 4); // n0, n1
+    check(&f, (0, 8));
+    let reserved = f.submit(spec(2, 2));
+    let r_epoch = f.reserve(reserved, &[2, 3]);
+    check(&f, (4, 8));
+    f.start(reserved, 0, 2, r_epoch);
+    check(&f, (2, 10));
+    // A cancelled running task holds its GPUs while it stops; its
+    // unstarted sibling lets go at once.
+    f.ok(Command::CancelAllocation { alloc: reserved });
+    check(&f, (0, 10));
+    f.ack(reserved, 0, 2, f.s.alloc(reserved).unwrap().tasks[0].preemption_epoch);
+    check(&f, (0, 8));
+    f.ok(Command::FinishTask { alloc: running, task: 0, node: n(0), epoch });
+    check(&f, (0, 4));
+    f.ok(Command::FinishTask { alloc: running, task: 1, node: n(1), epoch });
+    check(&f, (0, 0));
+}
+
+#[test]
+fn queued_by_class_counts_the_queue_as_it_changes() {
+    let mut f = Fixture::new(2);
+    let by_walking = |f: &Fixture| {
+        let mut m = BTreeMap::new();
+        for k in f.s.queue() {
+            *m.entry(k.class.0).or_insert(0u32) += 1;
+        }
+        m
+    };
+    let a = f.queued(1, 8, 0);
+    let b = f.queued(1, 8, 3);
+    f.queued(1, 8, 3);
+    assert_eq!(f.s.queued_by_class(), &BTreeMap::from([(0, 1), (3, 2)]));
+    f.reserve(a, &[0]);
+    f.ok(Command::CancelAllocation { alloc: b });
+    assert_eq!(f.s.queued_by_class(), &BTreeMap::from([(3, 1)]));
+    assert_eq!(f.s.queued_by_class(), &by_walking(&f));
+}
+
 #[test]
 fn finish_refuses_a_task_that_is_not_running() {
     let mut f = Fixture::new(1);

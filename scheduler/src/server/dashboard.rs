@@ -157,28 +157,14 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
 
 /// Queued allocations by preemption class.
 pub fn queue_by_class(st: &State) -> BTreeMap<u8, u32> {
-    let mut by_class = BTreeMap::new();
-    for k in st.queue() {
-        *by_class.entry(k.class.0).or_default() += 1;
-    }
-    by_class
+    st.queued_by_class().clone()
 }
 
 /// GPUs free (on ready nodes: what admission may place on), reserved
 /// (placed, not yet started) and running (running or stopping tasks): the
 /// `muster_gpus` gauge and the dashboard's totals.
 pub fn gpu_totals(st: &State) -> (u64, u64, u64) {
-    let mut reserved = 0u64;
-    let mut running = 0u64;
-    for a in st.allocs().values().filter(|a| !a.status.is_terminal()) {
-        for t in a.tasks.iter().filter(|t| t.node.is_some()) {
-            match t.status {
-                TaskStatus::Running | TaskStatus::Preempting => running += u64::from(a.spec.resources.gpus),
-                TaskStatus::Reserved => reserved += u64::from(a.spec.resources.gpus),
-                _ => {}
-            }
-        }
-    }
+    let (reserved, running) = st.held_gpus();
     let free = st.nodes_in(crate::sm::NodeStatus::Ready).map(|s| u64::from(st.node(s).free().gpus)).sum();
     (free, reserved, running)
 }

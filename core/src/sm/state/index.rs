@@ -157,10 +157,12 @@ impl State {
             self.index.queue_fifo.insert(id);
             if self.index.queue_by_shape.entry(shape).or_default().insert(key) {
                 *self.index.vc_queued.entry(home).or_default() += 1;
+                *self.index.queued_by_class.entry(a.spec.preemption_class).or_default() += 1;
             }
         } else if self.index.queue.remove(&key) {
             self.index.queue_fifo.remove(&id);
             decrement(&mut self.index.vc_queued, home);
+            decrement(&mut self.index.queued_by_class, a.spec.preemption_class);
             let group = self.index.queue_by_shape.get_mut(&shape).expect("a queued shape has a group");
             group.remove(&key);
             if group.is_empty() {

@@ -162,6 +162,8 @@ struct Indexes {
     queue_by_shape: BTreeMap<(u32, Shape), BTreeSet<QueueKey>>,
     /// Queued allocations in submit order.
     queue_fifo: BTreeSet<AllocId>,
+    /// How many allocations in `queue` each preemption class has.
+    queued_by_class: BTreeMap<u8, u32>,
     /// Allocations holding at least one unclaimed reservation.
     reserved: BTreeSet<AllocId>,
     /// Tasks holding capacity (reserved, running or preempting), by node.

@@ -54,6 +54,12 @@ impl State {
         self.index.queue.len()
     }
 
+    /// How many allocations are queued in each preemption class (classes
+    /// with none are absent).
+    pub fn queued_by_class(&self) -> &BTreeMap<u8, u32> {
+        &self.index.queued_by_class
+    }
+
     /// Queued allocations grouped by their vCluster's home key and shape;
     /// each group in admission order.
     pub fn queue_by_shape(&self) -> &BTreeMap<(u32, Shape), BTreeSet<QueueKey>> {
@@ -197,6 +203,26 @@ impl State {
     /// The tasks reserved on, running on or being preempted on a node.
     pub fn tasks_on_node(&self, slot: NodeSlot) -> impl Iterator<Item = (AllocId, TaskIndex)> + '_ {
         self.index.tasks_by_node.get(&slot).into_iter().flatten().copied()
+    }
+
+    /// GPUs held by placed tasks: (reserved, running), where running
+    /// counts running and preempting tasks. It walks the per-node index of
+    /// the tasks holding capacity, not every allocation, so its cost
+    /// follows the cluster's busy capacity, not the length of the queue.
+    pub fn held_gpus(&self) -> (u64, u64) {
+        let (mut reserved, mut running) = (0u64, 0u64);
+        for &(id, task) in self.index.tasks_by_node.values().flatten() {
+            let Some(a) = self.allocs.get(&id).filter(|a| !a.status.is_terminal()) else {
+                continue;
+            };
+            let gpus = u64::from(a.spec.resources.gpus);
+            match a.tasks.get(task as usize).map(|t| t.status) {
+                Some(TaskStatus::Running | TaskStatus::Preempting) => running += gpus,
+                Some(TaskStatus::Reserved) => reserved += gpus,
+                _ => {}
+            }
+        }
+        (reserved, running)
     }
 
     /// Ready nodes not held for a preemptor, ordered by (home key, free
