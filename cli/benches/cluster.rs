@@ -314,15 +314,34 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
-async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u64, seq: Arc<AtomicU64>) {
-    // A few connections, many streams each (HTTP/2), like real clients.
+/// The connections a level's clients share: a few, many streams each
+/// (HTTP/2), like real clients.
+async fn channels(addr: &str, tls: Option<&TlsMaterial>, clients: usize) -> Vec<Channel> {
     let mut channels = Vec::new();
     for _ in 0..clients.clamp(1, 8) {
-        channels.push(channel(addr, tls).await.expect("leader reachable"));
+        channels.push(channel(addr, tls).await.expect("server reachable"));
     }
-    let warmup = Duration::from_millis(500);
-    let start = Instant::now();
-    let end = start + warmup + Duration::from_secs(seconds);
+    channels
+}
+
+/// A level's clock: calls started before `start + warmup` are not counted,
+/// and none starts after `end`.
+struct Level {
+    start: Instant,
+    warmup: Duration,
+    end: Instant,
+}
+
+impl Level {
+    fn new(seconds: u64) -> Level {
+        let (start, warmup) = (Instant::now(), Duration::from_millis(500));
+        Level { start, warmup, end: start + warmup + Duration::from_secs(seconds) }
+    }
+}
+
+async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u64, seq: Arc<AtomicU64>) {
+    let channels = channels(addr, tls, clients).await;
+    let Level { start, warmup, end } = Level::new(seconds);
     let mut tasks = Vec::new();
     for c in 0..clients {
         let mut client = AllocationServiceClient::new(channels[c % channels.len()].clone());
@@ -446,13 +465,8 @@ impl Drop for BareTonic {
 async fn health_load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u64) -> f64 {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
-    let mut channels = Vec::new();
-    for _ in 0..clients.clamp(1, 8) {
-        channels.push(channel(addr, tls).await.expect("server reachable"));
-    }
-    let warmup = Duration::from_millis(500);
-    let start = Instant::now();
-    let end = start + warmup + Duration::from_secs(seconds);
+    let channels = channels(addr, tls, clients).await;
+    let Level { start, warmup, end } = Level::new(seconds);
     let mut tasks = Vec::new();
     for c in 0..clients {
         let mut client = HealthClient::new(channels[c % channels.len()].clone());
