@@ -442,24 +442,29 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     Ok(report)
 }
 
-/// Waits for a leader and `agents` ready nodes.
+/// Waits for a leader and `agents` ready nodes; a failure says what it
+/// last saw.
 async fn wait_ready(real: &[String], agents: u32) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = "no replica named a leader".to_string();
     loop {
-        if let Some((_, addr)) = client::leader_at(real).await
-            && let Ok(ch) = client::connect(&addr, Duration::from_secs(2)).await
-            && let Ok(r) = muster_proto::v1::node_service_client::NodeServiceClient::new(ch)
-                .list_nodes(muster_proto::v1::ListNodesRequest {})
-                .await
-        {
-            let ready =
-                r.into_inner().nodes.iter().filter(|n| n.status == muster_proto::v1::NodeStatus::Ready as i32).count();
-            if ready == agents as usize {
-                return Ok(());
+        if let Some((_, addr)) = client::leader_at(real).await {
+            seen = format!("the leader at {addr} did not answer ListNodes");
+            if let Ok(ch) = client::connect(&addr, Duration::from_secs(2)).await
+                && let Ok(r) = muster_proto::v1::node_service_client::NodeServiceClient::new(ch)
+                    .list_nodes(muster_proto::v1::ListNodesRequest {})
+                    .await
+            {
+                let nodes = r.into_inner().nodes;
+                let ready = nodes.iter().filter(|n| n.status == muster_proto::v1::NodeStatus::Ready as i32).count();
+                if ready == agents as usize {
+                    return Ok(());
+                }
+                seen = format!("the leader at {addr} had {} nodes registered, {ready} ready", nodes.len());
             }
         }
         if Instant::now() > deadline {
-            return Err(format!("the cluster never had a leader and {agents} ready nodes"));
+            return Err(format!("the cluster never had a leader and {agents} ready nodes in 60 s (last seen: {seen})"));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
