@@ -310,10 +310,6 @@ fn breakdown(leader: (CommitPath, CommitPath), follower: (CommitPath, CommitPath
     )
 }
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
-}
-
 /// The connections a level's clients share: a few, many streams each
 /// (HTTP/2), like real clients.
 async fn channels(addr: &str, tls: Option<&TlsMaterial>, clients: usize) -> Vec<Channel> {
@@ -371,8 +367,8 @@ async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u6
     println!(
         "{clients:>4} clients: {:>8.0} committed submits/s   p50 {:>7.2} ms   p99 {:>7.2} ms   ({} submits)",
         all.len() as f64 / seconds as f64,
-        pct(&all, 0.50).as_secs_f64() * 1e3,
-        pct(&all, 0.99).as_secs_f64() * 1e3,
+        common::pct(&all, 0.50).as_secs_f64() * 1e3,
+        common::pct(&all, 0.99).as_secs_f64() * 1e3,
         all.len()
     );
 }
@@ -393,7 +389,7 @@ async fn bare_calls(addr: &str, tls: Option<&TlsMaterial>, n: usize) -> (Duratio
         assert!(reply.get_ref().duplicate, "a resubmit is answered as a duplicate");
     }
     lat.sort();
-    (pct(&lat, 0.50), pct(&lat, 0.99))
+    (common::pct(&lat, 0.50), common::pct(&lat, 0.99))
 }
 
 /// The transport's and the server layers' share: `n` sequential gRPC
@@ -413,7 +409,7 @@ async fn health_calls(addr: &str, tls: Option<&TlsMaterial>, n: usize) -> (Durat
         lat.push(t.elapsed());
     }
     lat.sort();
-    (pct(&lat, 0.50), pct(&lat, 0.99))
+    (common::pct(&lat, 0.50), common::pct(&lat, 0.99))
 }
 
 /// `--bare-health-server`: tonic's own floor on this machine. Serves
@@ -614,9 +610,9 @@ fn main() {
         back.sort();
         println!(
             "failover: median {:.0} ms, worst {:.0} ms; agents back: median {:.0} ms, worst {:.0} ms",
-            pct(&times, 0.5).as_secs_f64() * 1e3,
+            common::pct(&times, 0.5).as_secs_f64() * 1e3,
             times.last().unwrap().as_secs_f64() * 1e3,
-            pct(&back, 0.5).as_secs_f64() * 1e3,
+            common::pct(&back, 0.5).as_secs_f64() * 1e3,
             back.last().unwrap().as_secs_f64() * 1e3
         );
         if n_agents > 0 {

@@ -100,9 +100,9 @@ async fn one(c: &mut AllocationServiceClient<Channel>, gpus: u32) -> Option<Time
     None
 }
 
+/// Percentile `p` of sorted durations, in milliseconds.
 fn pct(sorted: &[Duration], p: f64) -> f64 {
-    let i = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i].as_secs_f64() * 1e3
+    common::pct(sorted, p).as_secs_f64() * 1e3
 }
 
 fn latencies(name: &str, gangs: &[Timeline]) {
@@ -133,68 +133,40 @@ fn longest_gap(start: Instant, gangs: &[Timeline]) -> Option<(Duration, Duration
     done.windows(2).map(|w| (w[1] - w[0], w[0] - start)).max()
 }
 
-/// How many observations of histogram `name` on a `/metrics` page took
-/// longer than the bucket bound `le` (every label set summed; in this
-/// bench the replicas share one process, so one page counts all three).
-fn slower_than(body: &str, name: &str, le: &str) -> f64 {
-    let sum = |prefix: &str, tail: &str| {
-        body.lines()
-            .filter(|l| l.starts_with(prefix) && l.contains(tail))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
-    sum(&format!("{name}_count"), "") - sum(&format!("{name}_bucket"), &format!("le=\"{le}\""))
-}
-
-/// Slow steps counted on a `/metrics` page: where a stall can come from.
-#[derive(Clone, Copy, Default)]
-struct Slow {
-    syncs: f64,
-    commits: f64,
-    passes: f64,
-}
-
-impl Slow {
-    fn scrape(addr: std::net::SocketAddr) -> Slow {
-        let body = common::metrics(addr);
-        Slow {
-            syncs: slower_than(&body, "muster_raft_log_sync_seconds", "0.1"),
-            commits: slower_than(&body, "muster_raft_commit_seconds", "0.1"),
-            passes: slower_than(&body, "muster_admission_pass_seconds", "0.1"),
-        }
-    }
-
-    fn since(self, before: Slow) -> String {
-        format!(
-            "over 100 ms in the load (all replicas): {} log syncs, {} commits, {} admission passes",
-            self.syncs - before.syncs,
-            self.commits - before.commits,
-            self.passes - before.passes
-        )
-    }
-}
-
-/// Counters from the leader's `/metrics` that say what a gang cost.
+/// Counters from the leader's `/metrics` that say what a gang cost, and
+/// how many slow steps there were (in this bench the replicas share one
+/// process, so those count all three): where a stall can come from.
 #[derive(Clone, Copy, Default)]
 struct Costs {
     entries: f64,
     commands: f64,
     passes: f64,
+    slow_syncs: f64,
+    slow_commits: f64,
+    slow_passes: f64,
 }
 
 impl Costs {
     fn scrape(addr: std::net::SocketAddr) -> Costs {
         let body = common::metrics(addr);
-        let value = |name: &str| {
+        // The values of the samples whose line starts with `name` and holds
+        // `labels`, summed over every label set.
+        let sum = |name: &str, labels: &str| {
             body.lines()
-                .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+                .filter(|l| l.starts_with(name) && l.contains(labels))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>()
         };
+        let over_100ms = |histogram: &str| {
+            sum(&format!("{histogram}_count"), "") - sum(&format!("{histogram}_bucket"), "le=\"0.1\"")
+        };
         Costs {
-            entries: value("muster_raft_batch_commands_count"),
-            commands: value("muster_raft_batch_commands_sum"),
-            passes: value("muster_admission_pass_seconds_count"),
+            entries: sum("muster_raft_batch_commands_count", ""),
+            commands: sum("muster_raft_batch_commands_sum", ""),
+            passes: sum("muster_admission_pass_seconds_count", ""),
+            slow_syncs: over_100ms("muster_raft_log_sync_seconds"),
+            slow_commits: over_100ms("muster_raft_commit_seconds"),
+            slow_passes: over_100ms("muster_admission_pass_seconds"),
         }
     }
 
@@ -205,6 +177,15 @@ impl Costs {
             (self.entries - before.entries) / g,
             (self.commands - before.commands) / g,
             (self.passes - before.passes) / g
+        )
+    }
+
+    fn slow_since(self, before: Costs) -> String {
+        format!(
+            "over 100 ms in the load (all replicas): {} log syncs, {} commits, {} admission passes",
+            self.slow_syncs - before.slow_syncs,
+            self.slow_commits - before.slow_commits,
+            self.slow_passes - before.slow_passes
         )
     }
 }
@@ -268,7 +249,6 @@ async fn main() {
     }
 
     let before = http.map(Costs::scrape).unwrap_or_default();
-    let slow_before = http.map(Slow::scrape).unwrap_or_default();
     let leading = leadership(&cluster);
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
@@ -309,14 +289,15 @@ async fn main() {
             at.as_secs_f64()
         );
     }
-    if let Some(h) = http {
-        println!("       {}", Slow::scrape(h).since(slow_before));
+    let after = http.map(Costs::scrape);
+    if let Some(after) = after {
+        println!("       {}", after.slow_since(before));
     }
     println!("       {disk}");
     match leadership(&cluster) {
         now if now == leading => {
-            if let Some(h) = http {
-                println!("       {}", Costs::scrape(h).per_gang(before, n));
+            if let Some(after) = after {
+                println!("       {}", after.per_gang(before, n));
             }
             println!("       one leader throughout (replica {}, term {})", leading.0, leading.1);
         }

@@ -21,25 +21,31 @@ pub fn metrics(addr: impl std::net::ToSocketAddrs) -> String {
     text
 }
 
+/// Percentile `p` (0 to 1) of `sorted`, which must not be empty.
+pub fn pct(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+    sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+/// Appends one 400-byte block to `file` and times its `fdatasync`.
+fn timed_sync(file: &mut std::fs::File) -> std::time::Duration {
+    use std::io::Write;
+    file.write_all(&[0u8; 400]).expect("write a sync probe");
+    let t = std::time::Instant::now();
+    file.sync_data().expect("sync a sync probe");
+    t.elapsed()
+}
+
 /// `fdatasync` of one appended 400-byte block, `n` times back to back, in
 /// a file under `dir`: the disk's floor for one replica's share of a
 /// commit in this run. p50 and p99.
 pub fn sync_floor(dir: &std::path::Path, n: usize) -> (std::time::Duration, std::time::Duration) {
-    use std::io::Write;
     let path = dir.join("sync-floor.probe");
     let mut file = std::fs::File::create(&path).expect("create the sync probe file");
-    let mut lat = Vec::with_capacity(n);
-    for _ in 0..n.max(1) {
-        file.write_all(&[0u8; 400]).expect("write the sync probe");
-        let t = std::time::Instant::now();
-        file.sync_data().expect("sync the sync probe");
-        lat.push(t.elapsed());
-    }
+    let mut lat: Vec<_> = (0..n.max(1)).map(|_| timed_sync(&mut file)).collect();
     drop(file);
     let _ = std::fs::remove_file(&path);
     lat.sort();
-    let at = |p: f64| lat[((p * lat.len() as f64).ceil() as usize).clamp(1, lat.len()) - 1];
-    (at(0.50), at(0.99))
+    (pct(&lat, 0.50), pct(&lat, 0.99))
 }
 
 /// A thread that appends a block to a file under a directory and syncs
@@ -53,7 +59,6 @@ pub struct DiskProbe {
 impl DiskProbe {
     /// Starts probing a file in `dir`; times are counted from `origin`.
     pub fn start(dir: &std::path::Path, origin: std::time::Instant) -> DiskProbe {
-        use std::io::Write;
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let path = dir.join("disk.probe");
@@ -62,10 +67,8 @@ impl DiskProbe {
             let mut file = std::fs::File::create(&path).expect("create the disk probe file");
             let mut syncs = Vec::new();
             while !flag.load(Ordering::Relaxed) {
-                file.write_all(&[0u8; 400]).expect("write the disk probe");
-                let t = std::time::Instant::now();
-                file.sync_data().expect("sync the disk probe");
-                syncs.push((t - origin, t.elapsed()));
+                let began = std::time::Instant::now() - origin;
+                syncs.push((began, timed_sync(&mut file)));
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
             drop(file);
@@ -85,13 +88,12 @@ impl DiskProbe {
         };
         let mut took: Vec<_> = syncs.iter().map(|(_, t)| *t).collect();
         took.sort();
-        let pct = |p: f64| took[((p * took.len() as f64).ceil() as usize).clamp(1, took.len()) - 1];
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         format!(
             "a probe's fdatasync every 10 ms on the same disk: n={} p50 {:.2} ms  p99 {:.2} ms  slowest {:.1} ms at +{:.2} s",
             took.len(),
-            ms(pct(0.5)),
-            ms(pct(0.99)),
+            ms(pct(&took, 0.5)),
+            ms(pct(&took, 0.99)),
             ms(slowest),
             at.as_secs_f64()
         )

@@ -99,7 +99,7 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
             recent.push((h.time_ms, a.id, item));
         }
     }
-    let by_class = queue_by_class(st);
+    let by_class = st.queued_by_class();
     // In the order admission considers them.
     let queue: Vec<Value> = st
         .queue()
@@ -153,11 +153,6 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
         "running": running,
         "recent": recent,
     })
-}
-
-/// Queued allocations by preemption class.
-pub fn queue_by_class(st: &State) -> BTreeMap<u8, u32> {
-    st.queued_by_class().clone()
 }
 
 /// GPUs free (on ready nodes: what admission may place on), reserved

@@ -701,7 +701,7 @@ async fn export_state_metrics(shared: Shared, mut stop: watch::Receiver<bool>) {
         }
         let (queued, by_class, allocs, nodes, by_status, gpus, forgotten) = shared.reader.read(|st| {
             let by_status = crate::sm::NodeStatus::ALL.map(|s| (s, st.node_count(s)));
-            let by_class = super::dashboard::queue_by_class(st);
+            let by_class = st.queued_by_class().clone();
             let gpus = super::dashboard::gpu_totals(st);
             (st.queue_len(), by_class, st.allocs().len(), st.nodes().len(), by_status, gpus, st.forgotten_allocs())
         });
