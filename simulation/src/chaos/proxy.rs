@@ -37,6 +37,12 @@ pub struct Slowness {
     pub loss: f64,
 }
 
+struct Conn {
+    peer_port: u16,
+    pid: Option<u32>,
+    task: JoinHandle<()>,
+}
+
 #[derive(Default)]
 struct State {
     isolated: bool,
@@ -45,7 +51,9 @@ struct State {
     /// Processes a connection may come from (the replicas), to identify.
     known: Vec<u32>,
     slow: Option<Slowness>,
-    conns: BTreeMap<u64, (Option<u32>, JoinHandle<()>)>,
+    /// Open connections: the client's port, its process once identified,
+    /// and the task forwarding it.
+    conns: BTreeMap<u64, Conn>,
     next: u64,
     rng: Option<SimRng>,
 }
@@ -57,10 +65,10 @@ impl State {
 
     /// Aborts the open connections the current rules refuse.
     fn cut(&mut self) {
-        let refused: Vec<u64> = self.conns.iter().filter(|(_, (pid, _))| !self.allows(*pid)).map(|(k, _)| *k).collect();
+        let refused: Vec<u64> = self.conns.iter().filter(|(_, c)| !self.allows(c.pid)).map(|(k, _)| *k).collect();
         for k in refused {
-            if let Some((_, task)) = self.conns.remove(&k) {
-                task.abort();
+            if let Some(c) = self.conns.remove(&k) {
+                c.task.abort();
             }
         }
     }
@@ -108,9 +116,26 @@ impl Proxy {
         });
     }
 
-    /// The processes a connection may be identified as.
+    /// The processes a connection may be identified as. Open connections
+    /// not identified yet are looked up again: a process started just
+    /// before it was made known may already have connected, and a
+    /// connection left unidentified could never be cut.
     pub fn set_known(&self, pids: Vec<u32>) {
-        self.with(|s| s.known = pids);
+        let port = self.addr.port();
+        let unknown: Vec<(u64, u16)> = self.with(|s| {
+            s.known = pids.clone();
+            s.conns.iter().filter(|(_, c)| c.pid.is_none()).map(|(k, c)| (*k, c.peer_port)).collect()
+        });
+        let found: Vec<(u64, u32)> =
+            unknown.into_iter().filter_map(|(k, peer)| source_pid(peer, port, &pids).map(|p| (k, p))).collect();
+        self.with(|s| {
+            for (k, pid) in found {
+                if let Some(c) = s.conns.get_mut(&k) {
+                    c.pid = Some(pid);
+                }
+            }
+            s.cut();
+        });
     }
 
     /// Slows every link through it (None: full speed).
@@ -121,7 +146,7 @@ impl Proxy {
     /// Open connections.
     #[cfg(test)]
     pub fn connections(&self) -> usize {
-        self.with(|s| s.conns.values().filter(|(_, t)| !t.is_finished()).count())
+        self.with(|s| s.conns.values().filter(|c| !c.task.is_finished()).count())
     }
 }
 
@@ -129,8 +154,8 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.accept.abort();
         self.with(|s| {
-            for (_, (_, t)) in std::mem::take(&mut s.conns) {
-                t.abort();
+            for (_, c) in std::mem::take(&mut s.conns) {
+                c.task.abort();
             }
         });
     }
@@ -142,14 +167,14 @@ async fn accept_loop(listener: TcpListener, port: u16, target: String, state: Ar
         let known = state.lock().expect("proxy lock").known.clone();
         let pid = source_pid(peer.port(), port, &known);
         let mut s = state.lock().expect("proxy lock");
-        s.conns.retain(|_, (_, t)| !t.is_finished());
+        s.conns.retain(|_, c| !c.task.is_finished());
         if !s.allows(pid) {
             continue; // dropped: the connection closes
         }
         let id = s.next;
         s.next += 1;
         let task = tokio::spawn(forward(inbound, target.clone(), state.clone()));
-        s.conns.insert(id, (pid, task));
+        s.conns.insert(id, Conn { peer_port: peer.port(), pid, task });
     }
 }
 
@@ -243,8 +268,8 @@ mod tests {
         assert_eq!(socket_inode(table, 1, 2), None);
     }
 
-    #[tokio::test]
-    async fn forwards_identifies_its_own_process_and_cuts_when_blocked() {
+    /// A loopback echo server's address.
+    async fn echo_server() -> String {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let target = echo.local_addr().unwrap().to_string();
         tokio::spawn(async move {
@@ -260,7 +285,19 @@ mod tests {
                 });
             }
         });
-        let proxy = Proxy::start(target, 1).await.unwrap();
+        target
+    }
+
+    /// Whether `c` was closed (read to its end or reset within 10 s).
+    async fn closed(c: &mut TcpStream) -> bool {
+        let mut rest = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut rest)).await.unwrap();
+        n.is_err() || n.unwrap() == 0
+    }
+
+    #[tokio::test]
+    async fn forwards_identifies_its_own_process_and_cuts_when_blocked() {
+        let proxy = Proxy::start(echo_server().await, 1).await.unwrap();
         let me = std::process::id();
         proxy.set_known(vec![me]);
         let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
@@ -271,9 +308,7 @@ mod tests {
         // This process is identified as the source, so blocking it cuts the
         // connection and refuses the next one.
         proxy.set_blocked(BTreeSet::from([me]));
-        let mut rest = Vec::new();
-        let n = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut rest)).await.unwrap();
-        assert!(n.is_err() || n.unwrap() == 0, "cut");
+        assert!(closed(&mut c).await, "cut");
         let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
         let _ = c.write_all(b"ping").await;
         let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut b)).await.unwrap();
@@ -288,5 +323,26 @@ mod tests {
         assert_eq!(&b, b"pong");
         assert!(t.elapsed() >= Duration::from_millis(100), "50 ms each way");
         assert_eq!(proxy.connections(), 1);
+    }
+
+    /// A process that connected before it was made known (an agent spawned
+    /// just before the harness lists its pid) is identified when it is, so
+    /// a later cut still reaches its open connection.
+    #[tokio::test]
+    async fn a_connection_made_before_its_process_was_known_is_still_cut() {
+        let proxy = Proxy::start(echo_server().await, 2).await.unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+        c.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).await.unwrap();
+        // Unknown when accepted: blocking this process cannot cut it yet.
+        let me = std::process::id();
+        proxy.set_blocked(BTreeSet::from([me]));
+        c.write_all(b"ping").await.unwrap();
+        c.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ping", "not identified, so not cut");
+        // Made known: identified and cut at once.
+        proxy.set_known(vec![me]);
+        assert!(closed(&mut c).await, "cut once known");
     }
 }
