@@ -37,9 +37,14 @@ pub struct Slowness {
     pub loss: f64,
 }
 
+/// One forwarded connection.
 struct Conn {
+    /// The client's end of it: its port on 127.0.0.1, to look it up in
+    /// `/proc/net/tcp` again.
     peer_port: u16,
+    /// The known process holding the client end, once identified.
     pid: Option<u32>,
+    /// The task forwarding its bytes.
     task: JoinHandle<()>,
 }
 
@@ -48,11 +53,11 @@ struct State {
     isolated: bool,
     /// Processes whose connections are refused.
     blocked: BTreeSet<u32>,
-    /// Processes a connection may come from (the replicas), to identify.
+    /// Processes a connection may come from (the replicas and agents), to
+    /// identify.
     known: Vec<u32>,
     slow: Option<Slowness>,
-    /// Open connections: the client's port, its process once identified,
-    /// and the task forwarding it.
+    /// Open connections.
     conns: BTreeMap<u64, Conn>,
     next: u64,
     rng: Option<SimRng>,
