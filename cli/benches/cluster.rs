@@ -412,11 +412,14 @@ async fn health_calls(addr: &str, tls: Option<&TlsMaterial>, n: usize) -> (Durat
     (common::pct(&lat, 0.50), common::pct(&lat, 0.99))
 }
 
-/// `--bare-health-server`: tonic's own floor on this machine. Serves
-/// only gRPC health, over plain HTTP/2 with `TCP_NODELAY` and none of a
-/// replica's layers (TLS, auth, timeouts, connection limits), on a
-/// loopback port it prints, until it is killed.
-fn bare_health_server() {
+/// `--bare-health-server [--tls-dir DIR]`: tonic's own floor on this
+/// machine. Serves only gRPC health, over HTTP/2 with `TCP_NODELAY` and
+/// none of a replica's layers (auth, timeouts, connection limits), on a
+/// loopback port it prints, until it is killed. With `--tls-dir` it
+/// speaks mutual TLS with replica 1's certificate from DIR, as a replica
+/// does: what TLS costs a call without anything of Muster's.
+fn bare_health_server(tls_dir: Option<String>) {
+    let tls = tls_dir.map(|d| TlsMaterial::load(Path::new(&d), &Role::Server(1)).expect("replica 1's certificate"));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let incoming = tonic::transport::server::TcpIncoming::bind(([127, 0, 0, 1], 0).into())
@@ -424,7 +427,11 @@ fn bare_health_server() {
             .with_nodelay(Some(true));
         println!("{}", incoming.local_addr().expect("bound").port());
         let (_reporter, health) = tonic_health::server::health_reporter();
-        tonic::transport::Server::builder().add_service(health).serve_with_incoming(incoming).await.expect("serve");
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(m) = &tls {
+            builder = builder.tls_config(m.server_config()).expect("a server TLS configuration");
+        }
+        builder.add_service(health).serve_with_incoming(incoming).await.expect("serve");
     });
 }
 
@@ -436,13 +443,15 @@ struct BareTonic {
 }
 
 impl BareTonic {
-    fn start() -> BareTonic {
+    /// Plain HTTP/2, or mutual TLS with the certificates in `tls_dir`.
+    fn start(tls_dir: Option<&Path>) -> BareTonic {
         use std::io::BufRead;
-        let mut child = Command::new(std::env::current_exe().expect("this bench's path"))
-            .arg("--bare-health-server")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the bare tonic server");
+        let mut cmd = Command::new(std::env::current_exe().expect("this bench's path"));
+        cmd.arg("--bare-health-server");
+        if let Some(d) = tls_dir {
+            cmd.arg("--tls-dir").arg(d);
+        }
+        let mut child = cmd.stdout(Stdio::piped()).spawn().expect("start the bare tonic server");
         let mut port = String::new();
         std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut port).expect("its port");
         BareTonic { child, addr: format!("127.0.0.1:{}", port.trim()) }
@@ -515,7 +524,8 @@ async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> (Instant, Durat
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--bare-health-server") {
-        return bare_health_server();
+        let tls_dir = args.iter().position(|a| a == "--tls-dir").and_then(|i| args.get(i + 1)).cloned();
+        return bare_health_server(tls_dir);
     }
     let seconds = common::opt("--seconds", 5);
     let kills = common::opt("--kills", 3);
@@ -565,7 +575,7 @@ fn main() {
                     p50.as_secs_f64() * 1e3,
                     p99.as_secs_f64() * 1e3
                 );
-                let bare = BareTonic::start();
+                let bare = BareTonic::start(None);
                 let (p50, p99) = health_calls(&bare.addr, None, 2_000).await;
                 println!(
                     "        the same check of a bare tonic server (plain HTTP/2, no layers, its own process): p50 {:.3} \
@@ -573,16 +583,32 @@ fn main() {
                     p50.as_secs_f64() * 1e3,
                     p99.as_secs_f64() * 1e3
                 );
+                if let Some(dir) = &servers.tls {
+                    let bare = BareTonic::start(Some(dir));
+                    let (p50, p99) = health_calls(&bare.addr, servers.client.as_ref(), 2_000).await;
+                    println!(
+                        "        the same check of a bare tonic server with mutual TLS (no layers, its own process): \
+                         p50 {:.3} ms, p99 {:.3} ms",
+                        p50.as_secs_f64() * 1e3,
+                        p99.as_secs_f64() * 1e3
+                    );
+                }
             }
             if clients == 256 {
                 // The ceiling the transport sets: calls that do no work.
                 let on_leader = health_load(&servers.addrs[l - 1], servers.client.as_ref(), clients, seconds).await;
-                let bare = BareTonic::start();
+                let bare = BareTonic::start(None);
                 let on_bare = health_load(&bare.addr, None, clients, seconds).await;
+                drop(bare);
                 println!(
                     "        {clients} clients of gRPC health checks instead, no Raft: {on_leader:.0}/s from the leader, \
                      {on_bare:.0}/s from a bare tonic server (the transport's ceiling on this machine)"
                 );
+                if let Some(dir) = &servers.tls {
+                    let bare = BareTonic::start(Some(dir));
+                    let on_bare = health_load(&bare.addr, servers.client.as_ref(), clients, seconds).await;
+                    println!("        the same from a bare tonic server with mutual TLS: {on_bare:.0}/s");
+                }
             }
         }
         if kills == 0 {
