@@ -14,13 +14,15 @@
 //! each kill also reports when all of them stream to the new leader, and
 //! the end says whether any task restarted), `--heartbeat-ms N` (the
 //! servers' Raft heartbeat; their default otherwise), `--tls` (mutual TLS
-//! between replicas, agents and the clients; the default is `--insecure`).
+//! between replicas, agents and the clients, and a bare tonic server timed
+//! with TLS as well as without; the default is `--insecure`).
 //! `MUSTER_BENCH_KEEP=1` keeps the servers' data dirs and logs (`err-N.log`,
 //! one per replica across its restarts) and prints where.
 //!
 //! A figure means something only as a ratio against a peer measured in the
 //! same run on the same machine: `cli/benches/vs-etcd.sh` alternates this
-//! bench with etcd's and prints the ratios.
+//! bench with etcd's and prints the ratios (`--tls-ab`: this bench with and
+//! without TLS in every round, and TLS's cost pair by pair).
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The `muster` binary, run as a user would.
 
+mod bench_report;
 mod build;
 mod chaos;
 mod cli_cluster;
