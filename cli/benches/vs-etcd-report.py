@@ -14,35 +14,30 @@ MUSTER = r"^\s*(\d+) clients:\s+([\d.]+) committed submits/s\s+p50\s+([\d.]+) ms
 def rows(path, pattern):
     found = (re.search(pattern, line) for line in open(path))
     return {int(m[1]): tuple(float(x) for x in m.groups()[1:]) for m in found if m}
-print("Muster vs etcd, same run, same machine (ratios > 1: Muster better)")
-print(f"{'round':>5} {'clients':>7} | {'etcd/s':>8} {'muster/s':>9} {'x':>5} | {'etcd p50':>8} {'muster p50':>10} | {'etcd p99':>8} {'muster p99':>10}")
-for r in range(1, rounds + 1):
-    e, m = rows(f"{out}/etcd-{r}.txt", ETCD), rows(f"{out}/muster-{r}.txt", MUSTER)
-    for c in sorted(set(e) & set(m)):
-        (er, e50, e99), (mr, m50, m99) = e[c], m[c]
-        print(f"{r:>5} {c:>7} | {er:>8.0f} {mr:>9.0f} {mr / er:>5.2f} | {e50:>6.2f}ms {m50:>8.2f}ms | {e99:>6.1f}ms {m99:>8.1f}ms")
+def versus_etcd(title, prefix, label):
+    """Each round's etcd run against the Muster run in PREFIX-R.txt."""
+    print(title)
+    print(f"{'round':>5} {'clients':>7} | {'etcd/s':>8} {label + '/s':>9} {'x':>5} | {'etcd p50':>8} {label + ' p50':>10} | {'etcd p99':>8} {label + ' p99':>10}")
+    for r in range(1, rounds + 1):
+        e, m = rows(f"{out}/etcd-{r}.txt", ETCD), rows(f"{out}/{prefix}-{r}.txt", MUSTER)
+        for c in sorted(set(e) & set(m)):
+            (er, e50, e99), (mr, m50, m99) = e[c], m[c]
+            print(f"{r:>5} {c:>7} | {er:>8.0f} {mr:>9.0f} {mr / er:>5.2f} | {e50:>6.2f}ms {m50:>8.2f}ms | {e99:>6.1f}ms {m99:>8.1f}ms")
+versus_etcd("Muster vs etcd, same run, same machine (ratios > 1: Muster better)", "muster", "muster")
 if ab:
     print()
-    print("Muster with mutual TLS vs etcd (plain), same rounds")
-    print(f"{'round':>5} {'clients':>7} | {'etcd/s':>8} {'tls/s':>9} {'x':>5} | {'etcd p50':>8} {'tls p50':>10} | {'etcd p99':>8} {'tls p99':>10}")
-    for r in range(1, rounds + 1):
-        e, t = rows(f"{out}/etcd-{r}.txt", ETCD), rows(f"{out}/tls-{r}.txt", MUSTER)
-        for c in sorted(set(e) & set(t)):
-            (er, e50, e99), (tr, t50, t99) = e[c], t[c]
-            print(f"{r:>5} {c:>7} | {er:>8.0f} {tr:>9.0f} {tr / er:>5.2f} | {e50:>6.2f}ms {t50:>8.2f}ms | {e99:>6.1f}ms {t99:>8.1f}ms")
+    versus_etcd("Muster with mutual TLS vs etcd (plain), same rounds", "tls", "tls")
     print()
     print("The cost of mutual TLS, same rounds (throughput and p50 with TLS against without; 0 % = none)")
     print(f"{'round':>5} {'clients':>7} | {'plain/s':>8} {'tls/s':>9} {'cost':>6} | {'plain p50':>9} {'tls p50':>8} {'cost':>6}")
-    for r in range(1, rounds + 1):
-        m, t = rows(f"{out}/muster-{r}.txt", MUSTER), rows(f"{out}/tls-{r}.txt", MUSTER)
-        for c in sorted(set(m) & set(t)):
-            (mr, m50, _), (tr, t50, _) = m[c], t[c]
-            print(f"{r:>5} {c:>7} | {mr:>8.0f} {tr:>9.0f} {100 * (1 - tr / mr):>5.1f}% | {m50:>7.2f}ms {t50:>6.2f}ms {100 * (t50 / m50 - 1):>5.1f}%")
     costs = {}
     for r in range(1, rounds + 1):
         m, t = rows(f"{out}/muster-{r}.txt", MUSTER), rows(f"{out}/tls-{r}.txt", MUSTER)
         for c in sorted(set(m) & set(t)):
-            costs.setdefault(c, []).append((1 - t[c][0] / m[c][0], t[c][1] / m[c][1] - 1))
+            (mr, m50, _), (tr, t50, _) = m[c], t[c]
+            cost, slower = 1 - tr / mr, t50 / m50 - 1
+            costs.setdefault(c, []).append((cost, slower))
+            print(f"{r:>5} {c:>7} | {mr:>8.0f} {tr:>9.0f} {100 * cost:>5.1f}% | {m50:>7.2f}ms {t50:>6.2f}ms {100 * slower:>5.1f}%")
     for c, pairs in sorted(costs.items()):
         n = len(pairs)
         print(f"{'mean':>5} {c:>7} | {'':>8} {'':>9} {100 * sum(x for x, _ in pairs) / n:>5.1f}% | {'':>7}   {'':>6}   {100 * sum(y for _, y in pairs) / n:>5.1f}%   ({n} rounds)")
