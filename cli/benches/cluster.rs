@@ -414,6 +414,11 @@ async fn health_calls(addr: &str, tls: Option<&TlsMaterial>, n: usize) -> (Durat
     (common::pct(&lat, 0.50), common::pct(&lat, 0.99))
 }
 
+/// One line of a level's report: what was timed, and its p50 and p99.
+fn print_p50_p99(what: &str, (p50, p99): (Duration, Duration)) {
+    println!("        {what}: p50 {:.3} ms, p99 {:.3} ms", p50.as_secs_f64() * 1e3, p99.as_secs_f64() * 1e3);
+}
+
 /// `--bare-health-server [--tls-dir DIR]`: tonic's own floor on this
 /// machine. Serves only gRPC health, over HTTP/2 with `TCP_NODELAY` and
 /// none of a replica's layers (auth, timeouts, connection limits), on a
@@ -565,34 +570,24 @@ fn main() {
             let after = (CommitPath::scrape(&servers.http[l - 1]), CommitPath::scrape(&servers.http[f - 1]));
             println!("{}", breakdown((after.0, before.0), (after.1, before.1)));
             if clients == 1 {
-                let (p50, p99) = bare_calls(&servers.addrs[l - 1], servers.client.as_ref(), 2_000).await;
-                println!(
-                    "        the same call answered without Raft (a resubmit): p50 {:.3} ms, p99 {:.3} ms",
-                    p50.as_secs_f64() * 1e3,
-                    p99.as_secs_f64() * 1e3
+                let (leader, client) = (&servers.addrs[l - 1], servers.client.as_ref());
+                print_p50_p99(
+                    "the same call answered without Raft (a resubmit)",
+                    bare_calls(leader, client, 2_000).await,
                 );
-                let (p50, p99) = health_calls(&servers.addrs[l - 1], servers.client.as_ref(), 2_000).await;
-                println!(
-                    "        a gRPC health check of the leader (transport and server layers): p50 {:.3} ms, p99 {:.3} ms",
-                    p50.as_secs_f64() * 1e3,
-                    p99.as_secs_f64() * 1e3
+                print_p50_p99(
+                    "a gRPC health check of the leader (transport and server layers)",
+                    health_calls(leader, client, 2_000).await,
                 );
-                let bare = BareTonic::start(None);
-                let (p50, p99) = health_calls(&bare.addr, None, 2_000).await;
-                println!(
-                    "        the same check of a bare tonic server (plain HTTP/2, no layers, its own process): p50 {:.3} \
-                     ms, p99 {:.3} ms",
-                    p50.as_secs_f64() * 1e3,
-                    p99.as_secs_f64() * 1e3
-                );
+                let mut bares = vec![(None, None, "(plain HTTP/2, no layers, its own process)")];
                 if let Some(dir) = &servers.tls {
-                    let bare = BareTonic::start(Some(dir));
-                    let (p50, p99) = health_calls(&bare.addr, servers.client.as_ref(), 2_000).await;
-                    println!(
-                        "        the same check of a bare tonic server with mutual TLS (no layers, its own process): \
-                         p50 {:.3} ms, p99 {:.3} ms",
-                        p50.as_secs_f64() * 1e3,
-                        p99.as_secs_f64() * 1e3
+                    bares.push((Some(dir.as_path()), client, "with mutual TLS (no layers, its own process)"));
+                }
+                for (dir, client, how) in bares {
+                    let bare = BareTonic::start(dir);
+                    print_p50_p99(
+                        &format!("the same check of a bare tonic server {how}"),
+                        health_calls(&bare.addr, client, 2_000).await,
                     );
                 }
             }
