@@ -1,65 +1,84 @@
 //! Checkpoint directories: what a task leaves in `MUSTER_CHECKPOINT_DIR` is
-//! packed into one opaque blob for the leader when its process ends, and
-//! unpacked into the directory of the task's next attempt. The blob format
-//! is `muster_proto::checkpoint_blob` (the leader checks uploads with it).
+//! packed, as a stream, into one blob in the task's checkpoint store when
+//! its process ends, and unpacked from the store, checked against the
+//! manifest's size and SHA-256, into the directory of its next attempt.
 //!
-//! Paths are packed in sorted order (so the same directory packs to the
-//! same bytes). Only regular files
-//! are packed; symlinks and other special files are skipped, and so is the
-//! top-level `.muster/` (the checkpoint-hint protocol's files). Unpacking
-//! refuses absolute paths and `..`, so a blob cannot write outside the
-//! directory.
+//! ```text
+//!   blob = "MUSTERCK" ‖ u32 files ‖ { u32 path_len ‖ path ‖ u64 len ‖ bytes }*
+//! ```
+//!
+//! Integers are little endian; paths are relative, `/`-separated, UTF-8, in
+//! sorted order (so the same directory packs to the same bytes). Only
+//! regular files are packed; symlinks and other special files are skipped,
+//! and so is the top-level `.muster/` (the checkpoint-hint protocol's
+//! files). Unpacking refuses absolute paths and `..`, so a blob cannot
+//! write outside the directory, and a blob whose bytes do not hash to the
+//! manifest's digest leaves the directory empty.
 //!
 //! A task may be SIGKILLed in the middle of writing a file, so tasks write
 //! each checkpoint file under a temporary name and rename it into place
 //! (`rename` is atomic): the directory then only ever holds whole files.
 //! Files with a temporary name ([`is_temporary`]: `*.tmp`, `*.part`,
 //! `*.partial`, `*~`, `.tmp*`, `.#*`, `*.swp`) are never packed, so a file
-//! torn mid-write is never uploaded.
+//! torn mid-write is never uploaded. A file that changes size while it is
+//! being packed (an escaped child still writing) fails the pack.
 
 use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::io::{self, Read, Write};
+use std::path::{Component, Path, PathBuf};
 
-use muster_proto::checkpoint_blob::{self, BlobError};
-
+use sha2::{Digest, Sha256};
 use thiserror::Error;
+
+/// The first bytes of every blob.
+pub const MAGIC: &[u8; 8] = b"MUSTERCK";
 
 /// Checkpoints with one file no larger than this are also given to the next
 /// attempt as `CHECKPOINT_DATA` (base64), as the seed does; anything bigger
 /// only through the directory (environment variables are small).
-pub const INLINE_LIMIT: usize = 48 * 1024;
+pub const INLINE_LIMIT: u64 = 48 * 1024;
+
+/// The file under `.muster/` a task may write its training step to; the
+/// manifest records it.
+pub const STEP_FILE: &str = "step";
 
 /// Why a directory could not be packed.
 #[derive(Debug, Error)]
 pub enum PackError {
-    /// Reading the directory failed.
-    #[error("cannot read the checkpoint directory {path}: {source}")]
+    /// Reading the directory or writing the blob failed.
+    #[error("cannot save the checkpoint ({path}): {source}")]
     Io {
         /// The path.
         path: PathBuf,
         /// The error.
         source: io::Error,
     },
-    /// The files add up to more than the leader stores.
-    #[error(
-        "the checkpoint directory holds more than {limit} bytes (the cap); it was not saved: \
-         keep large state on a shared volume and checkpoint a pointer to it"
-    )]
+    /// The files add up to more than the task may save.
+    #[error("the checkpoint directory holds {bytes} bytes, over the {limit}-byte cap; it was not saved")]
     TooLarge {
+        /// What it holds.
+        bytes: u64,
         /// The cap.
-        limit: usize,
+        limit: u64,
     },
+    /// A file changed while it was being packed.
+    #[error("{0} changed while the checkpoint was being saved (is a process still writing it?); it was not saved")]
+    Changed(String),
 }
 
 /// Why a blob could not be unpacked.
 #[derive(Debug, Error)]
 pub enum UnpackError {
-    /// The bytes are not a well-formed blob, or name a path outside the
-    /// directory.
-    #[error(transparent)]
-    Blob(#[from] BlobError),
-    /// Writing a file failed.
+    /// The bytes are not a well-formed blob.
+    #[error("the checkpoint is malformed: {0}")]
+    Malformed(&'static str),
+    /// A path would leave the directory.
+    #[error("the checkpoint names an unsafe path {0:?}")]
+    UnsafePath(String),
+    /// The bytes are not the ones the manifest names.
+    #[error("the checkpoint's bytes do not match its manifest ({0})")]
+    Mismatch(String),
+    /// Reading the blob or writing a file failed.
     #[error("cannot restore the checkpoint into {path}: {source}")]
     Io {
         /// The path.
@@ -86,7 +105,18 @@ pub fn parse_dir_name(name: &str) -> Option<(u64, u32)> {
 /// removal slows later creations in its directory for a while.
 const SPARE: &str = "spare";
 
-fn collect(root: &Path, rel: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<(), PackError> {
+/// One file to pack: its name in the blob, its path, its size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackFile {
+    /// `/`-separated relative path.
+    pub name: String,
+    /// Where it is.
+    pub path: PathBuf,
+    /// Its size when listed.
+    pub len: u64,
+}
+
+fn collect(root: &Path, rel: &Path, out: &mut Vec<PackFile>) -> Result<(), PackError> {
     let here = root.join(rel);
     let io = |source| PackError::Io { path: here.clone(), source };
     let mut entries: Vec<_> = fs::read_dir(&here).map_err(io)?.collect::<Result<_, _>>().map_err(io)?;
@@ -104,7 +134,8 @@ fn collect(root: &Path, rel: &Path, out: &mut Vec<(String, PathBuf)>) -> Result<
             collect(root, &rel, out)?;
         } else if kind.is_file() {
             let name = rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/");
-            out.push((name, root.join(&rel)));
+            let len = e.metadata().map_err(io)?.len();
+            out.push(PackFile { name, path: root.join(&rel), len });
         }
     }
     Ok(())
@@ -119,18 +150,9 @@ pub fn is_temporary(name: &str) -> bool {
         || name.starts_with(".#")
 }
 
-/// A fingerprint of a packed blob, to tell whether a directory changed
-/// since it was last uploaded or restored (the packing is deterministic).
-pub fn fingerprint(blob: &[u8]) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    blob.hash(&mut h);
-    h.finish()
-}
-
-/// Packs the regular files under `dir`; `None` when there are none (or the
-/// directory does not exist). Fails once the blob would pass `limit` bytes.
-pub fn pack(dir: &Path, limit: usize) -> Result<Option<Vec<u8>>, PackError> {
+/// The files `dir` would pack, in order; `None` when there are none (or the
+/// directory does not exist). Fails when the blob would pass `limit` bytes.
+pub fn list(dir: &Path, limit: u64) -> Result<Option<Vec<PackFile>>, PackError> {
     if !dir.is_dir() {
         return Ok(None);
     }
@@ -139,36 +161,228 @@ pub fn pack(dir: &Path, limit: usize) -> Result<Option<Vec<u8>>, PackError> {
     if files.is_empty() {
         return Ok(None);
     }
-    let mut blob = checkpoint_blob::encode([]);
-    blob[checkpoint_blob::MAGIC.len()..].copy_from_slice(&(files.len() as u32).to_le_bytes());
-    for (name, path) in files {
-        let data = fs::read(&path).map_err(|source| PackError::Io { path: path.clone(), source })?;
-        checkpoint_blob::push_file(&mut blob, &name, &data);
-        if blob.len() > limit {
-            return Err(PackError::TooLarge { limit });
+    let bytes = blob_len(&files);
+    if bytes > limit {
+        return Err(PackError::TooLarge { bytes, limit });
+    }
+    Ok(Some(files))
+}
+
+/// The size of the blob of `files`.
+pub fn blob_len(files: &[PackFile]) -> u64 {
+    let header = MAGIC.len() as u64 + 4;
+    header + files.iter().map(|f| 4 + f.name.len() as u64 + 8 + f.len).sum::<u64>()
+}
+
+/// A cheap fingerprint of what `dir` would pack (names, sizes, modification
+/// times and inodes, not contents): tells whether the directory changed
+/// since it was restored, without reading gigabytes. `None` when it would
+/// pack nothing.
+pub fn fingerprint(dir: &Path) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    use std::os::unix::fs::MetadataExt;
+    let files = list(dir, u64::MAX).ok()??;
+    let mut h = DefaultHasher::new();
+    for f in &files {
+        let m = fs::metadata(&f.path).ok()?;
+        (&f.name, f.len, m.mtime(), m.mtime_nsec(), m.ino()).hash(&mut h);
+    }
+    Some(h.finish())
+}
+
+/// The step a task wrote to `.muster/step` in its checkpoint directory, if
+/// it did.
+pub fn step(dir: &Path) -> Option<u64> {
+    let text = fs::read_to_string(dir.join(crate::hint::PROTOCOL_DIR).join(STEP_FILE)).ok()?;
+    text.trim().parse().ok()
+}
+
+/// What a pack wrote: the blob's size and SHA-256.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packed {
+    /// Bytes written.
+    pub bytes: u64,
+    /// Their SHA-256.
+    pub sha256: [u8; 32],
+}
+
+impl Packed {
+    /// The digest in hex.
+    pub fn hex(&self) -> String {
+        hex(&self.sha256)
+    }
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A writer that hashes and counts what passes through it.
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes the blob of `files` to `out` (streaming: a file at a time, in
+/// pieces), and returns its size and digest. `out` is flushed, not synced.
+pub fn pack_to(files: &[PackFile], out: impl Write) -> Result<Packed, PackError> {
+    let mut w = Hashing { inner: io::BufWriter::with_capacity(1 << 20, out), hash: Sha256::new(), bytes: 0 };
+    let werr = |source| PackError::Io { path: PathBuf::from("(the checkpoint store)"), source };
+    w.write_all(MAGIC).map_err(werr)?;
+    w.write_all(&(files.len() as u32).to_le_bytes()).map_err(werr)?;
+    for f in files {
+        let rerr = |source| PackError::Io { path: f.path.clone(), source };
+        let file = fs::File::open(&f.path).map_err(rerr)?;
+        w.write_all(&(f.name.len() as u32).to_le_bytes()).map_err(werr)?;
+        w.write_all(f.name.as_bytes()).map_err(werr)?;
+        w.write_all(&f.len.to_le_bytes()).map_err(werr)?;
+        let mut body = file.take(f.len);
+        let copied = io::copy(&mut body, &mut w).map_err(|source| PackError::Io { path: f.path.clone(), source })?;
+        let mut file = body.into_inner();
+        let mut more = [0u8; 1];
+        if copied != f.len || file.read(&mut more).map_err(rerr)? != 0 {
+            return Err(PackError::Changed(f.name.clone()));
         }
     }
-    Ok(Some(blob))
+    w.flush().map_err(werr)?;
+    Ok(Packed { bytes: w.bytes, sha256: w.hash.finalize().into() })
 }
 
-/// The files of a blob, checked: (relative path, contents).
-pub fn files(blob: &[u8]) -> Result<Vec<(String, &[u8])>, UnpackError> {
-    Ok(checkpoint_blob::files(blob)?)
+/// A reader that hashes and counts what passes through it.
+struct Checked<R> {
+    inner: R,
+    hash: Sha256,
+    bytes: u64,
 }
 
-/// Empties `dir` (creating it if needed) and writes the blob's files into it.
-pub fn unpack(blob: &[u8], dir: &Path) -> Result<(), UnpackError> {
-    let files = files(blob)?;
+impl<R: Read> Read for Checked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R: Read> Checked<R> {
+    fn exact<const N: usize>(&mut self) -> Result<[u8; N], UnpackError> {
+        let mut b = [0u8; N];
+        self.read_exact(&mut b).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => UnpackError::Malformed("truncated"),
+            _ => UnpackError::Io { path: PathBuf::from("(the checkpoint store)"), source: e },
+        })?;
+        Ok(b)
+    }
+}
+
+/// What the manifest says the blob is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expect {
+    /// Its size.
+    pub bytes: u64,
+    /// Its SHA-256.
+    pub sha256: [u8; 32],
+}
+
+/// Empties `dir` (creating it if needed) and writes the files of the blob
+/// read from `src` into it, streaming. The blob must be exactly `expect`:
+/// its size and digest are checked as it is read, and on any failure the
+/// directory is left empty (a task never starts on half a checkpoint).
+pub fn unpack_from(src: impl Read, dir: &Path, expect: &Expect) -> Result<(), UnpackError> {
+    let result = unpack_unchecked(src, dir, expect);
+    if result.is_err() {
+        let _ = reset(dir);
+    }
+    result
+}
+
+fn unpack_unchecked(src: impl Read, dir: &Path, expect: &Expect) -> Result<(), UnpackError> {
     reset(dir).map_err(|source| UnpackError::Io { path: dir.to_path_buf(), source })?;
-    for (name, data) in files {
+    let mut r = Checked {
+        inner: io::BufReader::with_capacity(1 << 20, src.take(expect.bytes + 1)),
+        hash: Sha256::new(),
+        bytes: 0,
+    };
+    if &r.exact::<8>()? != MAGIC {
+        return Err(UnpackError::Malformed("bad magic"));
+    }
+    let count = u32::from_le_bytes(r.exact()?);
+    for _ in 0..count {
+        let len = u32::from_le_bytes(r.exact()?) as u64;
+        if len > 4096 {
+            return Err(UnpackError::Malformed("path too long"));
+        }
+        let mut name = vec![0u8; len as usize];
+        r.read_exact(&mut name).map_err(|_| UnpackError::Malformed("truncated"))?;
+        let name = String::from_utf8(name).map_err(|_| UnpackError::Malformed("path is not UTF-8"))?;
+        if !safe_path(&name) {
+            return Err(UnpackError::UnsafePath(name));
+        }
+        let size = u64::from_le_bytes(r.exact()?);
         let path = dir.join(&name);
         let io = |source| UnpackError::Io { path: path.clone(), source };
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io)?;
         }
-        fs::write(&path, data).map_err(io)?;
+        let mut out = io::BufWriter::with_capacity(1 << 20, fs::File::create(&path).map_err(io)?);
+        let copied = io::copy(&mut (&mut r).take(size), &mut out).map_err(io)?;
+        if copied != size {
+            return Err(UnpackError::Malformed("truncated"));
+        }
+        out.flush().map_err(io)?;
+    }
+    let mut more = [0u8; 1];
+    if r.read(&mut more).map_err(|source| UnpackError::Io { path: dir.to_path_buf(), source })? != 0 {
+        return Err(UnpackError::Mismatch(format!("longer than its {} bytes", expect.bytes)));
+    }
+    if r.bytes != expect.bytes {
+        return Err(UnpackError::Mismatch(format!("{} bytes, not {}", r.bytes, expect.bytes)));
+    }
+    let got: [u8; 32] = r.hash.finalize().into();
+    if got != expect.sha256 {
+        return Err(UnpackError::Mismatch(format!("SHA-256 {}, not {}", hex(&got), hex(&expect.sha256))));
     }
     Ok(())
+}
+
+/// A relative path that stays inside its directory.
+fn safe_path(name: &str) -> bool {
+    !name.is_empty() && Path::new(name).components().all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// A blob of `(path, contents)` files, in the given order (tests, and
+/// small checkpoints built in memory).
+pub fn encode<'a>(files: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Vec<u8> {
+    let files: Vec<_> = files.into_iter().collect();
+    let mut blob = MAGIC.to_vec();
+    blob.extend_from_slice(&(files.len() as u32).to_le_bytes());
+    for (name, data) in files {
+        blob.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        blob.extend_from_slice(name.as_bytes());
+        blob.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        blob.extend_from_slice(data);
+    }
+    blob
+}
+
+/// The size and digest of an in-memory blob.
+pub fn expect_of(blob: &[u8]) -> Expect {
+    Expect { bytes: blob.len() as u64, sha256: Sha256::digest(blob).into() }
 }
 
 /// Empties `dir`, creating it if needed (from a spare directory when one
@@ -204,11 +418,11 @@ pub fn retire(dir: &Path) {
     let _ = fs::remove_dir_all(dir);
 }
 
-/// The content of a blob holding exactly one file of at most
-/// [`INLINE_LIMIT`] bytes, base64-encoded (for `CHECKPOINT_DATA`).
-pub fn inline_data(blob: &[u8]) -> Option<String> {
-    match files(blob).ok()?.as_slice() {
-        [(_, data)] if data.len() <= INLINE_LIMIT => Some(base64(data)),
+/// The content of a restored directory holding exactly one file of at
+/// most [`INLINE_LIMIT`] bytes, base64-encoded (for `CHECKPOINT_DATA`).
+pub fn inline_data(dir: &Path) -> Option<String> {
+    match list(dir, u64::MAX).ok()??.as_slice() {
+        [f] if f.len <= INLINE_LIMIT => Some(base64(&fs::read(&f.path).ok()?)),
         _ => None,
     }
 }
@@ -234,6 +448,15 @@ pub fn base64(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pack(d: &Path, limit: u64) -> Result<Option<Vec<u8>>, PackError> {
+        let Some(files) = list(d, limit)? else { return Ok(None) };
+        let mut blob = Vec::new();
+        let p = pack_to(&files, &mut blob)?;
+        assert_eq!((p.bytes, p.bytes), (blob.len() as u64, blob_len(&files)));
+        assert_eq!(expect_of(&blob).sha256, p.sha256);
+        Ok(Some(blob))
+    }
 
     #[test]
     fn an_empty_directory_is_reused_and_a_full_one_removed() {
@@ -264,24 +487,28 @@ mod tests {
     }
 
     #[test]
-    fn temporary_files_are_never_packed_and_the_packing_fingerprints_the_directory() {
+    fn temporary_files_are_never_packed_and_the_fingerprint_follows_the_files() {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("step"), b"7").unwrap();
         let whole = pack(d.path(), 1 << 20).unwrap().unwrap();
+        let print = fingerprint(d.path()).unwrap();
         for torn in ["model.pt.tmp", ".tmpk3j2_x", "state.part", "ckpt.partial", "notes~", ".#lock", "a.swp"] {
             fs::write(d.path().join(torn), b"half a file").unwrap();
         }
+        fs::create_dir_all(d.path().join(".muster")).unwrap();
+        fs::write(d.path().join(".muster/step"), b"12\n").unwrap();
         let again = pack(d.path(), 1 << 20).unwrap().unwrap();
         assert_eq!(again, whole, "only the renamed-into-place file is packed");
-        assert_eq!(fingerprint(&again), fingerprint(&whole));
-        fs::write(d.path().join("step"), b"8").unwrap();
-        let newer = pack(d.path(), 1 << 20).unwrap().unwrap();
-        assert_ne!(fingerprint(&newer), fingerprint(&whole));
+        assert_eq!(fingerprint(d.path()), Some(print), "nothing it would pack changed");
+        assert_eq!(step(d.path()), Some(12));
+        fs::write(d.path().join("step.tmp"), b"8").unwrap();
+        fs::rename(d.path().join("step.tmp"), d.path().join("step")).unwrap();
+        assert_ne!(fingerprint(d.path()), Some(print), "a file renamed into place changes it");
         assert!(!is_temporary("model.pt") && !is_temporary("tmp") && !is_temporary("step-10"));
     }
 
     #[test]
-    fn a_directory_round_trips_through_a_blob() {
+    fn a_directory_round_trips_through_a_blob_checked_against_its_manifest() {
         let src = tempfile::tempdir().unwrap();
         fs::create_dir_all(src.path().join("opt/state")).unwrap();
         fs::write(src.path().join("step"), b"42\n").unwrap();
@@ -291,12 +518,33 @@ mod tests {
         assert_eq!(pack(src.path(), 1 << 20).unwrap().unwrap(), blob, "packing is deterministic");
         let dst = tempfile::tempdir().unwrap();
         fs::write(dst.path().join("stale"), b"old").unwrap();
-        unpack(&blob, dst.path()).unwrap();
+        unpack_from(&blob[..], dst.path(), &expect_of(&blob)).unwrap();
         assert_eq!(fs::read(dst.path().join("step")).unwrap(), b"42\n");
         assert_eq!(fs::read(dst.path().join("opt/state/m.bin")).unwrap(), [0u8, 1, 2, 255]);
         assert!(!dst.path().join("stale").exists(), "the directory is emptied first");
         assert!(!dst.path().join("link").exists(), "symlinks are not packed");
-        assert_eq!(inline_data(&blob), None, "two files are not inlined");
+        assert_eq!(inline_data(dst.path()), None, "two files are not inlined");
+    }
+
+    #[test]
+    fn a_blob_that_is_not_what_its_manifest_says_leaves_the_directory_empty() {
+        let src = tempfile::tempdir().unwrap();
+        fs::write(src.path().join("weights"), vec![7u8; 10_000]).unwrap();
+        let blob = pack(src.path(), 1 << 20).unwrap().unwrap();
+        let expect = expect_of(&blob);
+        let dst = tempfile::tempdir().unwrap();
+        let mut flipped = blob.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let e = unpack_from(&flipped[..], dst.path(), &expect).unwrap_err();
+        assert!(matches!(e, UnpackError::Mismatch(ref m) if m.contains("SHA-256")), "{e}");
+        assert!(fs::read_dir(dst.path()).unwrap().next().is_none(), "nothing of a corrupt checkpoint is left");
+        let e = unpack_from(&blob[..blob.len() - 1], dst.path(), &expect).unwrap_err();
+        assert!(matches!(e, UnpackError::Malformed("truncated")), "{e}");
+        let mut longer = blob.clone();
+        longer.push(0);
+        let e = unpack_from(&longer[..], dst.path(), &expect).unwrap_err();
+        assert!(matches!(e, UnpackError::Mismatch(_)), "{e}");
+        assert!(fs::read_dir(dst.path()).unwrap().next().is_none());
     }
 
     #[test]
@@ -304,6 +552,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         assert!(pack(d.path(), 100).unwrap().is_none());
         assert!(pack(&d.path().join("missing"), 100).unwrap().is_none());
+        assert_eq!(fingerprint(d.path()), None);
     }
 
     #[test]
@@ -311,15 +560,24 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("big"), vec![0u8; 2_000]).unwrap();
         let err = pack(d.path(), 1_000).unwrap_err();
-        assert!(err.to_string().contains("more than 1000 bytes (the cap)"), "{err}");
+        assert!(err.to_string().contains("over the 1000-byte cap"), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_grows_while_it_is_packed_fails_the_pack() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("log"), b"12345").unwrap();
+        let files = list(d.path(), 1 << 20).unwrap().unwrap();
+        fs::write(d.path().join("log"), b"1234567").unwrap();
+        let err = pack_to(&files, io::sink()).unwrap_err();
+        assert!(matches!(err, PackError::Changed(ref f) if f == "log"), "{err}");
     }
 
     #[test]
     fn one_small_file_is_inlined_as_base64() {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("step"), b"step=17").unwrap();
-        let blob = pack(d.path(), 1 << 20).unwrap().unwrap();
-        assert_eq!(inline_data(&blob).as_deref(), Some("c3RlcD0xNw=="));
+        assert_eq!(inline_data(d.path()).as_deref(), Some("c3RlcD0xNw=="));
         assert_eq!(base64(b""), "");
         assert_eq!(base64(b"f"), "Zg==");
         assert_eq!(base64(b"fo"), "Zm8=");
@@ -329,12 +587,15 @@ mod tests {
     #[test]
     fn malformed_or_escaping_blobs_are_refused() {
         let d = tempfile::tempdir().unwrap();
-        assert!(matches!(unpack(b"junk", d.path()), Err(UnpackError::Blob(BlobError::Malformed(_)))));
-        let evil = checkpoint_blob::encode([("../escape", &b"x"[..])]);
-        assert!(matches!(unpack(&evil, d.path()), Err(UnpackError::Blob(BlobError::UnsafePath(_)))));
-        fs::write(d.path().join("step"), b"1").unwrap();
-        let mut truncated = pack(d.path(), 100).unwrap().unwrap();
-        truncated.pop();
-        assert!(matches!(files(&truncated), Err(UnpackError::Blob(BlobError::Malformed("truncated")))));
+        let junk = b"junk";
+        assert!(matches!(unpack_from(&junk[..], d.path(), &expect_of(junk)), Err(UnpackError::Malformed("truncated"))));
+        for evil in ["../escape", "/etc/passwd", "a/../../b", ""] {
+            let blob = encode([(evil, &b"x"[..])]);
+            assert!(
+                matches!(unpack_from(&blob[..], d.path(), &expect_of(&blob)), Err(UnpackError::UnsafePath(_))),
+                "{evil}"
+            );
+        }
+        assert!(!d.path().parent().unwrap().join("escape").exists());
     }
 }

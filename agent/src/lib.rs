@@ -5,8 +5,11 @@
 //! - [`agent`]: the stream to the leader, reconnection, task bookkeeping.
 //! - [`executor`]: task attempts as process groups with per-attempt logs,
 //!   stopped with SIGTERM → grace → SIGKILL.
-//! - [`checkpoint`]: packing a preempted task's checkpoint directory for the
-//!   leader, and restoring it for the next attempt.
+//! - [`checkpoint`]: packing a task's checkpoint directory into a blob,
+//!   streaming, and unpacking one checked against its manifest.
+//! - [`store`]: the checkpoint stores (this node's disk, a shared path, an
+//!   object store by URL, another node's agent); [`serve`]: this node's
+//!   checkpoints served to other agents under the leader's grants.
 //! - [`hint`]: the checkpoint-hint protocol of a priority preemption.
 //! - [`launcher`]: the standard launcher environment (ranks, rendezvous,
 //!   hostfile) every task starts with.
@@ -20,7 +23,10 @@ pub mod executor;
 pub mod hint;
 pub mod janitor;
 pub mod launcher;
+mod object;
 mod probe;
+pub mod serve;
+pub mod store;
 pub mod watchdog;
 
 pub use probe::{
@@ -56,6 +62,26 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "counter",
         "checkpoint directories and attempts' logs the work-dir janitor removed, by kind",
     ),
+    (
+        "muster_agent_checkpoint_save_seconds",
+        "histogram",
+        "an attempt's checkpoint directory packed and written to its store, at its process's end",
+    ),
+    (
+        "muster_agent_checkpoint_restore_seconds",
+        "histogram",
+        "a checkpoint fetched from its store, checked against its manifest and unpacked, before an attempt starts",
+    ),
+    (
+        "muster_agent_checkpoint_bytes_served_total",
+        "counter",
+        "bytes of checkpoints on this node's disk served to other nodes' agents, under grants",
+    ),
+    (
+        "muster_agent_checkpoint_fetches_refused_total",
+        "counter",
+        "fetches of this node's checkpoints refused: the asking node held no grant for them",
+    ),
 ];
 
 /// Gives the agent's metrics their help text and registers them at zero.
@@ -63,6 +89,12 @@ pub fn describe_metrics() {
     for (name, kind, help) in METRICS {
         match *kind {
             "gauge" => metrics::describe_gauge!(*name, *help),
+            "histogram" => {
+                metrics::describe_histogram!(*name, *help);
+                // Registering the handle is enough: the exporter renders it
+                // with zero counts until the first sample.
+                let _ = metrics::histogram!(*name);
+            }
             _ => metrics::describe_counter!(*name, *help),
         }
     }
@@ -72,6 +104,8 @@ pub fn describe_metrics() {
     metrics::counter!("muster_watchdog_suspected_stalls_total").increment(0);
     metrics::counter!("muster_agent_stream_failures_total").increment(0);
     metrics::counter!("muster_agent_fenced_total").increment(0);
+    metrics::counter!("muster_agent_checkpoint_bytes_served_total").increment(0);
+    metrics::counter!("muster_agent_checkpoint_fetches_refused_total").increment(0);
     for kind in ["budget", "stall", "gpu_health"] {
         metrics::counter!("muster_agent_watchdog_trips_total", "kind" => kind).increment(0);
     }

@@ -47,7 +47,6 @@ impl AgentService for VanishingLeader {
         tx.send(msg(In::Registered(v1::Registered {
             node_id: "n1".into(),
             heartbeat_interval_ms: 100,
-            max_checkpoint_bytes: 0,
             node_lost_after_ms: 2_000,
         })))
         .await

@@ -46,9 +46,19 @@ pub struct AgentArgs {
     /// range (/proc/sys/net/ipv4/ip_local_port_range).
     #[arg(long, default_value = "29500-29999", value_name = "FIRST-LAST")]
     rendezvous_ports: String,
-    /// Where task logs and process records live.
+    /// Where task logs and process records live (and the checkpoints
+    /// written to this node's disk, under checkpoint-store/).
     #[arg(long)]
     work_dir: PathBuf,
+    /// Serve the checkpoints on this node's disk to other nodes' agents on
+    /// this address (port 0: any free port; "none": serve none, so a task
+    /// placed elsewhere cannot resume from a checkpoint written here).
+    #[arg(long, default_value = "0.0.0.0:0", value_name = "ADDR")]
+    checkpoint_listen: String,
+    /// host:port other agents reach that service at (default: the host of
+    /// --address, else the node id, with the listening port).
+    #[arg(long, value_name = "HOST:PORT")]
+    checkpoint_address: Option<String>,
     /// Reads taken to confirm a suspected stall before stopping a task.
     #[arg(long, default_value_t = 3)]
     stall_confirm_samples: u32,
@@ -163,6 +173,24 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let (k, v) = kv.split_once('=').with_context(|| format!("--label {kv:?} is not KEY=VALUE"))?;
         labels.insert(k.to_string(), v.to_string());
     }
+    let checkpoint_listen: Option<std::net::SocketAddr> = match args.checkpoint_listen.as_str() {
+        "none" => None,
+        a => Some(a.parse().with_context(|| format!("--checkpoint-listen {a:?} is not an IP:port (or none)"))?),
+    };
+    let checkpoint_address = match (&args.checkpoint_address, checkpoint_listen) {
+        (Some(a), _) => a.clone(),
+        (None, None) => String::new(),
+        (None, Some(listen)) => {
+            let host = args.address.as_deref().and_then(|a| a.rsplit_once(':').map(|(h, _)| h.to_string()));
+            let host = host.unwrap_or_else(|| args.node_id.clone());
+            if listen.port() == 0 {
+                // The port is known once bound: the agent fills it in.
+                format!("{host}:0")
+            } else {
+                format!("{host}:{}", listen.port())
+            }
+        }
+    };
     let cfg = AgentConfig {
         node_id: args.node_id.clone(),
         schedulers,
@@ -199,6 +227,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         forget_leftovers: args.forget_leftovers,
         disk_fault_file: args.disk_fault_file.clone(),
         start_without_record: args.start_without_record,
+        checkpoint_listen,
+        checkpoint_address,
         janitor: muster_agent::janitor::JanitorConfig {
             log_retention: Duration::from_secs(log_retention),
             max_bytes,

@@ -75,6 +75,11 @@ pub struct SubmitArgs {
     /// How long a checkpoint takes (counted in its preemption cost).
     #[arg(long, default_value = "60s")]
     checkpoint_estimate: String,
+    /// Where its checkpoints go, when not where its vCluster's or the
+    /// cluster's go: node (each node's own disk), or a path or URL within a
+    /// store an operator configured (`muster cluster checkpoints`).
+    #[arg(long, value_name = "STORE")]
+    checkpoint_store: Option<String>,
     /// Stop and retry a task that reported progress (muster beat, or a change
     /// to $MUSTER_PROGRESS_FILE) and then made none for this long, with its
     /// GPU idle and memory static (`--stall-timeout` alone: 120s; default: off).
@@ -140,6 +145,9 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
     if let Some(p) = &args.pack_by {
         muster_scheduler::sm::Packing::parse(p).map_err(|e| anyhow::anyhow!("--pack-by {e}"))?;
     }
+    if let Some(store) = &args.checkpoint_store {
+        muster_scheduler::sm::CheckpointStore::parse(store).map_err(|e| anyhow::anyhow!("--checkpoint-store {e}"))?;
+    }
     let estimate = parse_duration_s(&args.checkpoint_estimate).context("--checkpoint-estimate")?;
     let checkpoint_estimate_s = u32::try_from(estimate).ok().filter(|s| *s > 0).with_context(|| {
         format!("--checkpoint-estimate {:?} must be between 1 s and 136 years", args.checkpoint_estimate)
@@ -169,6 +177,7 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         ports: Some(args.ports),
         constraints: args.constraints.clone(),
         pack_by: args.pack_by.clone().unwrap_or_default(),
+        checkpoint_store: args.checkpoint_store.clone().unwrap_or_default(),
     })
 }
 
@@ -732,12 +741,16 @@ fn print_explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Re
                 "planned_start": e.planned_start.as_ref().map(|p| json!({
                     "start_ms": p.start_ms, "in_ms": p.in_ms, "nodes": p.node_ids,
                 })),
+                "checkpoints": e.checkpoints,
             }))?
         ),
         Output::Text => {
             out!("{what}: {}", e.summary);
             for c in &e.classes {
                 out!("  {:>4} x {:<52}  {}", c.nodes, c.class, c.reason);
+            }
+            for note in &e.checkpoints {
+                out!("checkpoint: {note}");
             }
             if let Some(p) = &e.preemption {
                 if p.victims.is_empty() {

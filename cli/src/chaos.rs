@@ -59,6 +59,12 @@ pub struct ChaosArgs {
     /// cluster; they share one CA). More faults an hour, more load.
     #[arg(long, default_value_t = 1)]
     parallel: u32,
+    /// The large-checkpoint workload: every rank of a checkpointing job
+    /// writes this many MiB of state to its checkpoint directory, saved at
+    /// every exit, teardown and preemption, and checks what it resumes from
+    /// (checkpoints_intact). 0: none.
+    #[arg(long, default_value_t = 0, value_name = "MIB")]
+    checkpoint_mb: u32,
 }
 
 pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
@@ -97,6 +103,9 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         bail!("--parallel must be between 1 and 4");
     }
     let task_ms = parse_task_seconds(&args.task_seconds)?;
+    if args.checkpoint_mb > 1024 {
+        bail!("--checkpoint-mb must be at most 1024 (every rank writes it at every start)");
+    }
     if let Some(dir) = &args.dir
         && dir.exists()
         && std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
@@ -132,6 +141,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
                 retention: args.retention.clone(),
                 task_ms,
                 tls_dir: shared_tls.clone(),
+                checkpoint_mb: args.checkpoint_mb,
             };
             running.spawn(async move { run(&cfg).await.map(|r| (r, cfg.dir)) });
         }

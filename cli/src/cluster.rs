@@ -1,4 +1,5 @@
-//! `muster cluster …`: the replicas' status and membership.
+//! `muster cluster …`: the replicas' status and membership, and the
+//! cluster's checkpoint settings.
 
 use std::time::Duration;
 
@@ -51,6 +52,22 @@ pub enum ClusterCmd {
         /// The replica that should lead.
         #[arg(long)]
         to: u64,
+    },
+    /// The cluster's checkpoint settings (docs/checkpointing.md); with any
+    /// flag, change them (admins; the rest stay as they are).
+    Checkpoints {
+        /// Where checkpoints go: node (each node's own disk), an absolute
+        /// path on a file system every node mounts, or an object-store URL
+        /// (s3://bucket/prefix, gs://…, az://…, file:///…).
+        #[arg(long)]
+        store: Option<String>,
+        /// Checkpoints each task keeps, newest first (1-16).
+        #[arg(long)]
+        keep: Option<u32>,
+        /// The largest checkpoint a task may save (e.g. 200G); a vCluster
+        /// may set its own.
+        #[arg(long, value_name = "SIZE")]
+        max_bytes: Option<String>,
     },
 }
 
@@ -242,6 +259,53 @@ pub async fn run(cluster: &mut Cluster, cmd: ClusterCmd, out: Output) -> anyhow:
             }
             if failed > 0 {
                 bail!("{failed} of {} replicas did not snapshot", results.len());
+            }
+            Ok(())
+        }
+        ClusterCmd::Checkpoints { store, keep, max_bytes } => {
+            if let Some(s) = &store {
+                muster_scheduler::sm::CheckpointStore::parse(s).map_err(|e| anyhow::anyhow!("--store {e}"))?;
+            }
+            let max_bytes = max_bytes
+                .map(|m| muster_agent::janitor::parse_size(&m).map_err(|e| anyhow::anyhow!("--max-bytes {e}")))
+                .transpose()?;
+            let now = cluster
+                .call(
+                    |ch| async move { AdminServiceClient::new(ch).get_checkpoint_settings(v1::StatusRequest {}).await },
+                )
+                .await?
+                .into_inner();
+            let settings = if store.is_none() && keep.is_none() && max_bytes.is_none() {
+                now
+            } else {
+                let want = v1::CheckpointSettings {
+                    store: store.unwrap_or(now.store),
+                    keep: keep.unwrap_or(now.keep),
+                    max_bytes: max_bytes.unwrap_or(now.max_bytes),
+                    ..Default::default()
+                };
+                cluster
+                    .call(|ch| {
+                        let want = want.clone();
+                        async move { AdminServiceClient::new(ch).set_checkpoint_settings(want).await }
+                    })
+                    .await?
+                    .into_inner()
+            };
+            match out {
+                Output::Json => out!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "store": settings.store, "keep": settings.keep, "max_bytes": settings.max_bytes,
+                        "retired": settings.retired, "abandoned": settings.abandoned,
+                    }))?
+                ),
+                Output::Text => {
+                    out!("store      {}", settings.store);
+                    out!("keep       {} per task", settings.keep);
+                    out!("max bytes  {} ({})", settings.max_bytes, muster_scheduler::words::bytes(settings.max_bytes));
+                    out!("retired    {} waiting to be deleted, {} abandoned", settings.retired, settings.abandoned);
+                }
             }
             Ok(())
         }

@@ -65,6 +65,14 @@ pub struct SpecArgs {
     /// What happens to a submission past a quota: queue or reject.
     #[arg(long)]
     over_quota: Option<String>,
+    /// Where its allocations' checkpoints go (node, a shared path, an
+    /// object-store URL), or "cluster" for the cluster's store.
+    #[arg(long, value_name = "STORE")]
+    checkpoint_store: Option<String>,
+    /// The largest checkpoint its tasks may save (e.g. 500G), or "cluster"
+    /// for the cluster's cap.
+    #[arg(long, value_name = "SIZE")]
+    max_checkpoint_bytes: Option<String>,
 }
 
 /// `none` or a positive number, for a quota flag.
@@ -119,6 +127,24 @@ impl SpecArgs {
         if let Some(o) = &self.over_quota {
             spec.over_quota = o.clone();
         }
+        match self.checkpoint_store.as_deref() {
+            None => {}
+            Some("cluster") => spec.checkpoint_store.clear(),
+            Some(st) => {
+                muster_scheduler::sm::CheckpointStore::parse(st)
+                    .map_err(|e| anyhow::anyhow!("--checkpoint-store {e}"))?;
+                spec.checkpoint_store = st.to_string();
+            }
+        }
+        match self.max_checkpoint_bytes.as_deref() {
+            None => {}
+            Some("cluster") => spec.max_checkpoint_bytes = None,
+            Some(b) => {
+                let n =
+                    muster_agent::janitor::parse_size(b).map_err(|e| anyhow::anyhow!("--max-checkpoint-bytes {e}"))?;
+                spec.max_checkpoint_bytes = Some(n);
+            }
+        }
         Ok(())
     }
 }
@@ -136,6 +162,8 @@ fn vcluster_json(v: &v1::VCluster) -> serde_json::Value {
         "max_allocations": s.max_allocations,
         "borrow_limit_pct": s.borrow_limit_pct,
         "over_quota": s.over_quota,
+        "checkpoint_store": s.checkpoint_store,
+        "max_checkpoint_bytes": s.max_checkpoint_bytes,
         "revision": v.revision,
         "created_ms": v.created_ms,
         "updated_ms": v.updated_ms,

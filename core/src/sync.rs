@@ -17,6 +17,11 @@
 //!   the preemption grace.
 //! - **Stop**: each task the agent said it runs (at registration) that is
 //!   no longer placed on this node.
+//! - **Grants**: the checkpoints on this node's disk that another node may
+//!   fetch now (their task is placed there), sent whole whenever the set
+//!   changes; this node's agent serves a fetch only under a grant.
+//! - **Delete**: retired checkpoints this node's agent is to delete, once
+//!   per stream, and again on every heartbeat until the deletion commits.
 //!
 //! Nothing about a teardown lives in [`SentMemory`]: a new leader's first
 //! plan finds the stopping tasks in the replicated state and signals them
@@ -24,10 +29,37 @@
 
 use std::collections::BTreeSet;
 
-use crate::sm::{AllocId, CheckpointMode, NodeId, NodeStatus, State, TaskIndex, TaskStatus};
+use crate::sm::{
+    AllocId, CheckpointManifest, CheckpointMode, CheckpointStore, NodeId, NodeStatus, State, TaskIndex, TaskStatus,
+};
 
 /// The label a node's gang-peer address is kept under.
 pub const ADDRESS_LABEL: &str = "muster.address";
+
+/// The label the address of a node's checkpoint service (where other
+/// agents fetch the checkpoints on its disk) is kept under.
+pub const CHECKPOINT_ADDRESS_LABEL: &str = "muster.checkpoints";
+
+/// A checkpoint an assignment may restore from, newest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoreFrom {
+    /// Its manifest.
+    pub manifest: CheckpointManifest,
+    /// For a checkpoint on a node's disk: that node's checkpoint service
+    /// address (empty when it is this node, or the node gave none).
+    pub source: String,
+}
+
+/// Leave to fetch one checkpoint from this node's disk.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Grant {
+    /// The manifest's number.
+    pub seq: u64,
+    /// Its key.
+    pub key: String,
+    /// The node that may fetch it (its task is placed there).
+    pub node: NodeId,
+}
 
 /// One attempt of one task: allocation, task index, reservation epoch.
 pub type TaskKey = (AllocId, TaskIndex, u64);
@@ -71,10 +103,13 @@ pub struct Assignment {
     pub peers: Vec<String>,
     /// GPUs the task holds.
     pub gpus: u32,
-    /// The checkpoint to resume from (empty: none), and its epoch.
-    pub checkpoint: Vec<u8>,
-    /// The epoch of that checkpoint.
-    pub checkpoint_epoch: u64,
+    /// The checkpoints to resume from, newest first: every one the task
+    /// holds that can be reached now (the agent tries them in turn).
+    pub restore: Vec<RestoreFrom>,
+    /// Where the task's checkpoints go.
+    pub store: CheckpointStore,
+    /// The largest checkpoint the task may save, bytes.
+    pub max_checkpoint_bytes: u64,
     /// The walltime, s.
     pub walltime_s: u64,
     /// The stall timeout, s (0: the agent's default).
@@ -92,6 +127,10 @@ pub struct SentMemory {
     preempted: BTreeSet<(TaskKey, u64)>,
     agent_running: BTreeSet<TaskKey>,
     told: Option<(NodeStatus, u64)>,
+    /// The grants last sent (`None`: none yet on this stream).
+    grants: Option<Vec<Grant>>,
+    /// Retired checkpoints this stream asked to delete.
+    deletes: BTreeSet<u64>,
 }
 
 impl SentMemory {
@@ -133,6 +172,11 @@ impl SentMemory {
         for key in &plan.stop {
             self.agent_running.remove(key);
         }
+        if let Some(g) = &plan.grants {
+            self.grants = Some(g.clone());
+        }
+        self.deletes.extend(plan.delete.iter().map(|m| m.seq));
+        self.deletes.retain(|s| plan.retired.contains(s));
     }
 }
 
@@ -148,16 +192,32 @@ pub struct SyncPlan {
     pub preempt: Vec<(TaskKey, u64, StopHow)>,
     /// Tasks the agent runs that the node no longer holds.
     pub stop: Vec<TaskKey>,
+    /// Every checkpoint on this node's disk another node may fetch now,
+    /// when that set changed (the agent replaces its own with it).
+    pub grants: Option<Vec<Grant>>,
+    /// Retired checkpoints to delete.
+    pub delete: Vec<CheckpointManifest>,
     /// Every attempt the node holds now.
     owned: BTreeSet<TaskKey>,
+    /// Every retired checkpoint this node is to delete now.
+    retired: BTreeSet<u64>,
 }
 
 impl SyncPlan {
     /// Whether there is nothing to send.
     pub fn is_empty(&self) -> bool {
-        self.notice.is_none() && self.assign.is_empty() && self.preempt.is_empty() && self.stop.is_empty()
+        self.notice.is_none()
+            && self.assign.is_empty()
+            && self.preempt.is_empty()
+            && self.stop.is_empty()
+            && self.grants.is_none()
+            && self.delete.is_empty()
     }
 }
+
+/// The most retired checkpoints one plan asks a node to delete (the rest
+/// follow in later plans).
+pub const MAX_DELETES_PER_PLAN: usize = 256;
 
 /// Plans what to tell `node`'s agent, given what this stream has told it
 /// (`sent`). With `repeat` (a heartbeat) every stopping task not yet acked
@@ -203,8 +263,9 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
                 env: a.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                 peers,
                 gpus: a.spec.resources.gpus,
-                checkpoint: t.checkpoint.as_ref().map(|c| c.data.clone()).unwrap_or_default(),
-                checkpoint_epoch: t.checkpoint.as_ref().map_or(0, |c| c.epoch),
+                restore: restore_list(st, t, node),
+                store: st.checkpoint_store_of(a),
+                max_checkpoint_bytes: st.checkpoint_cap_of(a),
                 walltime_s: a.spec.walltime_s,
                 stall_timeout_s: a.spec.stall_timeout_s,
                 checkpointing: a.spec.checkpoint != CheckpointMode::None,
@@ -213,7 +274,58 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
         }
     }
     plan.stop = sent.agent_running.iter().filter(|k| !plan.owned.contains(k)).copied().collect();
+    let grants = grants_for(st, node);
+    if sent.grants.as_ref() != Some(&grants) {
+        plan.grants = Some(grants);
+    }
+    for r in st.checkpoints_to_delete(node) {
+        plan.retired.insert(r.manifest.seq);
+        if (repeat || !sent.deletes.contains(&r.manifest.seq)) && plan.delete.len() < MAX_DELETES_PER_PLAN {
+            plan.delete.push(r.manifest.clone());
+        }
+    }
     plan
+}
+
+/// What task `t`, placed on `node`, may restore from: each of its
+/// checkpoints that can be reached now, newest first, with where to fetch
+/// the ones on another node's disk.
+pub fn restore_list(st: &State, t: &crate::sm::Task, node: &NodeId) -> Vec<RestoreFrom> {
+    t.checkpoints
+        .iter()
+        .filter(|m| st.checkpoint_reachable(m))
+        .map(|m| {
+            let source = match m.store {
+                CheckpointStore::Node if m.writer != *node => st
+                    .node_slot(&m.writer)
+                    .and_then(|s| st.node(s).labels.get(CHECKPOINT_ADDRESS_LABEL).cloned())
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            RestoreFrom { manifest: m.clone(), source }
+        })
+        .collect()
+}
+
+/// The checkpoints on `node`'s disk whose task is placed (reserved or
+/// running) on another node now: that node may fetch them.
+pub fn grants_for(st: &State, node: &NodeId) -> Vec<Grant> {
+    let mut grants = Vec::new();
+    for (alloc, task) in st.tasks_with_checkpoints_on(node) {
+        let Some(t) = st.alloc(alloc).map(|a| &a.tasks[task as usize]) else { continue };
+        let Some(slot) = t.node.filter(|_| matches!(t.status, TaskStatus::Reserved | TaskStatus::Running)) else {
+            continue;
+        };
+        let fetcher = &st.node(slot).id;
+        if fetcher == node {
+            continue;
+        }
+        for m in t.checkpoints.iter().filter(|m| m.store == CheckpointStore::Node && m.writer == *node) {
+            grants.push(Grant { seq: m.seq, key: m.key.clone(), node: fetcher.clone() });
+        }
+    }
+    grants.sort();
+    grants
 }
 
 #[cfg(test)]

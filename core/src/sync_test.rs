@@ -135,3 +135,59 @@ fn an_unknown_node_gets_an_empty_plan() {
     let c = cluster(1);
     assert!(plan_sync(&c.s, &n(9), &SentMemory::default(), true, &CFG).is_empty());
 }
+
+/// A checkpoint on one node's disk is restored on another: the assignment
+/// lists it with its writer's checkpoint address, the writer is granted to
+/// serve it to exactly that node while the task is placed there, and once
+/// the allocation is over its writer is told, until it confirms, to delete
+/// it.
+#[test]
+fn a_checkpoint_on_a_nodes_disk_is_granted_to_the_node_that_restores_it_then_deleted() {
+    use crate::sm::{CheckpointStore, Event, TaskStatus};
+    use crate::testkit::manifest;
+    let mut c = cluster(3);
+    for i in 0..3 {
+        let labels = BTreeMap::from([(super::CHECKPOINT_ADDRESS_LABEL.to_string(), format!("10.0.0.{i}:7100"))]);
+        c.ok(Command::RegisterNode { node: n(i), resources: GPU_NODE, labels });
+    }
+    let id = submit(&mut c, 1, 0, CheckpointMode::Auto);
+    run(&mut c, id, &[0]);
+    let epoch = c.s.alloc(id).unwrap().reservation_epoch;
+    c.ok(Command::SaveExitCheckpoint { alloc: id, task: 0, node: n(0), epoch, manifest: manifest(id, 0, "c1", 10) });
+    c.fail(id, 0, 0, epoch);
+    let mut writer = SentMemory::default();
+    let plan = plan_sync(&c.s, &n(0), &writer, false, &CFG);
+    assert_eq!(plan.grants, Some(vec![]), "nothing to serve while the task is not placed elsewhere");
+    writer.sent(&plan);
+    // Placed on n1: n1's assignment names the checkpoint and where to fetch
+    // it; n0 may serve it to n1, and to no one else.
+    let epoch = c.reserve(id, &[1]);
+    let plan = plan_sync(&c.s, &n(1), &SentMemory::default(), false, &CFG);
+    let [a] = &plan.assign[..] else { panic!("{plan:?}") };
+    assert_eq!(a.restore.len(), 1);
+    assert_eq!((a.restore[0].manifest.seq, a.restore[0].source.as_str()), (1, "10.0.0.0:7100"));
+    assert_eq!(
+        (a.store.clone(), a.max_checkpoint_bytes),
+        (CheckpointStore::Node, crate::sm::DEFAULT_MAX_CHECKPOINT_BYTES)
+    );
+    let plan = plan_sync(&c.s, &n(0), &writer, false, &CFG);
+    let grants = plan.grants.clone().expect("the grants changed");
+    assert_eq!(grants.len(), 1);
+    assert_eq!((grants[0].seq, grants[0].key.as_str(), grants[0].node.clone()), (1, "alloc-1/task-0/c1", n(1)));
+    writer.sent(&plan);
+    assert!(plan_sync(&c.s, &n(0), &writer, false, &CFG).grants.is_none(), "unchanged: not sent again");
+    // It runs, then finishes: nothing left to serve, and the bytes are for
+    // n0 to delete, asked again on every heartbeat until confirmed.
+    c.start(id, 0, 1, epoch);
+    let ev = c.ok(Command::FinishTask { alloc: id, task: 0, node: n(1), epoch });
+    assert!(ev.contains(&Event::AllocationDone { alloc: id }));
+    assert_eq!(c.task(id, 0).status, TaskStatus::Done);
+    let plan = plan_sync(&c.s, &n(0), &writer, false, &CFG);
+    assert_eq!(plan.grants, Some(vec![]));
+    assert_eq!(plan.delete.iter().map(|m| m.seq).collect::<Vec<_>>(), [1]);
+    writer.sent(&plan);
+    assert!(plan_sync(&c.s, &n(0), &writer, false, &CFG).delete.is_empty(), "once per stream");
+    assert_eq!(plan_sync(&c.s, &n(0), &writer, true, &CFG).delete.len(), 1, "and on each heartbeat");
+    c.ok(Command::ForgetCheckpoints { node: n(0), seqs: vec![1] });
+    assert!(plan_sync(&c.s, &n(0), &writer, true, &CFG).is_empty());
+}

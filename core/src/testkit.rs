@@ -20,6 +20,22 @@ pub(crate) fn n(i: u32) -> NodeId {
     NodeId::new(format!("n{i}"))
 }
 
+/// A manifest for task `task` of `alloc` on the writer's own disk, named
+/// `name`, of `bytes` bytes (its digest is the name's bytes, padded).
+pub(crate) fn manifest(alloc: AllocId, task: TaskIndex, name: &str, bytes: u64) -> ManifestUpload {
+    let mut sha256 = [0u8; 32];
+    for (d, b) in sha256.iter_mut().zip(name.bytes()) {
+        *d = b;
+    }
+    ManifestUpload {
+        step: None,
+        bytes,
+        sha256,
+        store: CheckpointStore::Node,
+        key: format!("{}{name}", key_prefix(alloc, task)),
+    }
+}
+
 /// A state with `nodes` 8-GPU nodes named n0, n1, … and a clock at 1000 ms.
 pub(crate) struct Fixture {
     /// The state.

@@ -1,6 +1,6 @@
 //! Quantities as people read them in explanations and CLI text: a duration
-//! in words. JSON output and the state keep exact milliseconds; this is for
-//! sentences only.
+//! in words, a size in binary units. JSON output and the state keep exact
+//! milliseconds and bytes; this is for sentences only.
 
 /// A duration in words, to two units at most: `45 s`, `3 min 20 s`,
 /// `2 h 5 min`, `6 days 23 h`; under a second, `250 ms`.
@@ -20,9 +20,32 @@ pub fn duration(ms: u64) -> String {
     }
 }
 
+/// A byte count: `512 B`, `3.2 MiB`, `2.0 GiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(3 << 20), "3.0 MiB");
+        assert_eq!(bytes((2 << 30) + (1 << 29)), "2.5 GiB");
+        assert_eq!(bytes(64 << 30), "64.0 GiB");
+    }
 
     #[test]
     fn durations_read_as_words_to_two_units() {

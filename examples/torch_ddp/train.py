@@ -9,11 +9,18 @@ through its default ``env://``. Run it as a gang of four on CPUs (gloo):
 
 Every ``--checkpoint-every`` steps each rank saves the model, optimiser and
 step into ``MUSTER_CHECKPOINT_DIR`` (written to a temporary name, then
-renamed, so a SIGKILL never leaves a torn file), keeping the last two. When
-a rank dies, its peers' collective fails and they exit too; Muster tears the
-gang down, uploads each rank's checkpoint directory, places the gang again
-and restores the directories. The ranks then agree on the newest step every
-one of them has saved, and continue from there, not from step 0.
+renamed, so a SIGKILL never leaves a torn file), keeping the last two, and
+writes the step to ``.muster/step`` (Muster records it in the checkpoint's
+manifest). ``--model-mb`` adds that many MiB of frozen weights, for
+checkpoints of a real model's size (ResNet-50: about 100). When a rank dies,
+its peers' collective fails and they exit too; Muster tears the gang down,
+saves each rank's checkpoint directory to the checkpoint store (by default
+the node's own disk; the log holds only a manifest), places the gang again,
+and each rank's agent fetches its checkpoint (from the node that wrote it,
+if the rank moved), checks its SHA-256 and restores it. The ranks then agree
+on the newest step every one of them has saved, and continue from there,
+not from step 0. A priority preemption's checkpoint hint (SIGUSR1) makes
+every rank save at the next step and tell the agent it is done.
 
 At the end each rank prints a SHA-256 of its parameters: DDP keeps them
 equal on every rank.
@@ -25,6 +32,7 @@ import argparse
 import datetime
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -62,6 +70,20 @@ def save(d: str, step: int, model: nn.Module, opt: torch.optim.Optimizer) -> Non
     os.replace(tmp, path)
     for old in saved_steps(d)[:-KEEP]:
         os.remove(os.path.join(d, f"step-{old}.pt"))
+    proto = os.path.join(d, ".muster")
+    os.makedirs(proto, exist_ok=True)
+    with open(os.path.join(proto, "step.tmp"), "w") as f:
+        f.write(str(step))
+    os.replace(os.path.join(proto, "step.tmp"), os.path.join(proto, "step"))
+
+
+hinted = False
+
+
+def on_hint(signum, frame) -> None:
+    """A priority preemption asks for a checkpoint: save at the next step."""
+    global hinted
+    hinted = True
 
 
 def main() -> int:
@@ -69,13 +91,19 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pause per step (tests: time to act mid-run)")
+    p.add_argument("--model-mb", type=int, default=0, help="MiB of frozen weights, for a real-sized checkpoint")
     args = p.parse_args()
+    signal.signal(signal.SIGUSR1, on_hint)
 
     # env://: MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE come from Muster.
     dist.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same initial weights on every rank
-    model = DDP(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)))
+    net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    if args.model_mb:
+        # Frozen weights: saved and restored with the model, never trained.
+        net.register_buffer("frozen", torch.randn(args.model_mb * (1 << 18), generator=torch.Generator().manual_seed(7)))
+    model = DDP(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
     d = checkpoint_dir()
@@ -101,9 +129,19 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here
         opt.step()
-        if step % args.checkpoint_every == 0:
+        # Every rank is hinted, but not at the same step: agree on the step
+        # to save at (one tiny all-reduce), so every rank saves the same one.
+        asked = torch.tensor([1 if hinted else 0])
+        dist.all_reduce(asked, op=dist.ReduceOp.MAX)
+        stop_here = bool(asked.item())
+        if step % args.checkpoint_every == 0 or stop_here:
             save(d, step, model.module, opt)
             print(f"rank {rank}: step {step} loss {loss.item():.4f} (checkpoint saved)", flush=True)
+        if stop_here:
+            # The agent stops the task now; its directory goes to the store.
+            open(os.path.join(d, ".muster", "done"), "w").close()
+            print(f"rank {rank}: checkpointed at step {step} for a preemption", flush=True)
+            time.sleep(3600)
         if args.step_seconds:
             time.sleep(args.step_seconds)
 

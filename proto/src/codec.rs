@@ -4,7 +4,7 @@
 //! A leader holds one long-lived stream per node agent, each with a decode
 //! and an encode buffer allocated when the stream opens; most messages on
 //! it (heartbeats, claims, reports) are well under 1 KiB. Buffers grow as a
-//! larger message needs (a checkpoint upload, a batch of Raft entries), so
+//! larger message needs (an assignment, a batch of Raft entries), so
 //! only the idle cost changes.
 
 use std::marker::PhantomData;

@@ -7,13 +7,14 @@
 
 #![deny(missing_docs)]
 
-pub mod checkpoint_blob;
 pub mod codec;
 
-/// The largest message on an agent stream, both ways: room for a checkpoint
-/// at the state machine's cap plus framing. The leader's hub and the agent
-/// both set it.
-pub const MAX_AGENT_MESSAGE_BYTES: usize = 16 << 20;
+/// The largest message on an agent stream, both ways: room for an
+/// assignment at its limits (64 KiB of command, 64 KiB of environment, its
+/// checkpoint manifests) and a 1 MiB log chunk, with framing. Checkpoint
+/// bytes never travel on the stream. The leader's hub and the agent both
+/// set it.
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 4 << 20;
 
 /// The `muster.v1` package.
 #[allow(missing_docs, clippy::all)]
@@ -53,6 +54,7 @@ mod tests {
             ports: Some(2),
             constraints: vec!["gpu.model in (H100,A100)".into()],
             pack_by: "rack".into(),
+            checkpoint_store: "s3://ckpt/ml".into(),
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

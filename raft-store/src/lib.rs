@@ -49,7 +49,7 @@ pub use config::RaftConfig;
 pub use crash_image::{acked_beyond_durable, acked_beyond_readable, restore_crash_image};
 pub use disk::{OpenError, StoreFault, StoreOptions, open, open_with};
 pub use faults::{DiskFault, set_disk_fault};
-pub use log_store::LogStore;
+pub use log_store::{LogStore, MAX_APPEND_BYTES};
 pub use records::Records;
 pub use state_machine::{AppReader, StateMachineStore};
 pub use touches::{TouchWatch, Touches};

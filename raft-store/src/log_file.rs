@@ -530,6 +530,24 @@ impl LogFile {
         self.lock().entries.range(range).map(|(_, l)| l.bytes.clone()).collect()
     }
 
+    /// The encoded entries from `start` up to (not including) `end`, in
+    /// order, stopping once they add up to `max_bytes`: the first entry is
+    /// always returned whatever its size (a range that holds entries never
+    /// reads as empty), and no later one that would pass the bound.
+    pub(crate) fn read_limited(&self, start: u64, end: u64, max_bytes: usize) -> Vec<Arc<[u8]>> {
+        let inner = self.lock();
+        let mut out = Vec::new();
+        let mut total = 0usize;
+        for (_, l) in inner.entries.range(start..end) {
+            if !out.is_empty() && total + l.bytes.len() > max_bytes {
+                break;
+            }
+            total += l.bytes.len();
+            out.push(l.bytes.clone());
+        }
+        out
+    }
+
     /// The last live entry, encoded.
     pub(crate) fn last(&self) -> Option<Arc<[u8]>> {
         self.lock().entries.last_key_value().map(|(_, l)| l.bytes.clone())
@@ -654,6 +672,21 @@ mod tests {
             .iter()
             .map(|b| std::str::from_utf8(b).unwrap().trim_start_matches("entry ").parse().unwrap())
             .collect()
+    }
+
+    /// A bounded read stops before the entry that would pass the bound,
+    /// but always returns the first one, however large.
+    #[test]
+    fn a_bounded_read_stops_at_its_byte_bound_and_never_reads_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = LogFile::open(dir.path(), index).unwrap();
+        log.append((1..=6).map(|i| (i, vec![i as u8; 100 * i as usize])).collect()).unwrap();
+        let sizes = |v: Vec<Arc<[u8]>>| v.iter().map(|b| b.len()).collect::<Vec<_>>();
+        assert_eq!(sizes(log.read_limited(1, 7, 600)), vec![100, 200, 300], "100 + 200 + 300 = 600 fits");
+        assert_eq!(sizes(log.read_limited(1, 7, 599)), vec![100, 200]);
+        assert_eq!(sizes(log.read_limited(6, 7, 10)), vec![600], "a lone entry over the bound still goes");
+        assert_eq!(sizes(log.read_limited(4, 6, 1 << 20)), vec![400, 500], "the range's end is kept");
+        assert!(log.read_limited(7, 9, 1 << 20).is_empty());
     }
 
     #[test]

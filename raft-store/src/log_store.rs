@@ -49,6 +49,14 @@ impl<A: StateMachineApp> LogStore<A> {
         }
     }
 
+    /// The id of the last entry in the log, or of the last purged one when
+    /// the log is empty past a snapshot (what a pre-vote compares: how up
+    /// to date this replica's log is).
+    pub fn last_log_id(&self) -> Option<LogId<u64>> {
+        let purged: Option<LogId<u64>> = self.get_meta(Meta::Purged).ok().flatten();
+        self.last_entry_id().ok().flatten().or(purged)
+    }
+
     fn last_entry_id(&self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
         match self.disk.log.last() {
             None => Ok(None),
@@ -68,7 +76,28 @@ impl<A: StateMachineApp> RaftLogReader<C<A>> for LogStore<A> {
         let range = (range.start_bound().cloned(), range.end_bound().cloned());
         self.disk.log.read(range).iter().map(|bytes| codec::decode(bytes).map_err(read_logs_err)).collect()
     }
+
+    /// What a leader sends a follower in one append: the entries from
+    /// `start`, up to [`MAX_APPEND_BYTES`] of them (always at least one).
+    /// openraft would otherwise read a whole `max_payload_entries` batch
+    /// (300) whatever its size, and a follower that fell behind a burst of
+    /// large entries would be sent more than one append can carry within
+    /// its deadline (the heartbeat interval): every try would time out and
+    /// it would never catch up.
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry<C<A>>>, StorageError<u64>> {
+        let bytes = self.disk.log.read_limited(start, end, MAX_APPEND_BYTES);
+        bytes.iter().map(|bytes| codec::decode(bytes).map_err(read_logs_err)).collect()
+    }
 }
+
+/// The most bytes of encoded entries one append to a follower carries
+/// (beyond its first entry, which always goes): well under the message cap
+/// between replicas (64 MiB), and small enough that sending it, the
+/// follower's write and its `fdatasync` fit within the append's deadline
+/// (the heartbeat interval, 100 ms by default). Entries are themselves
+/// bounded (the proposer refuses a command over its entry limit), so an
+/// append is never larger than one entry or this.
+pub const MAX_APPEND_BYTES: usize = 2 << 20;
 
 impl<A: StateMachineApp> RaftLogStorage<C<A>> for LogStore<A> {
     type LogReader = Self;

@@ -292,6 +292,8 @@ impl LocalCluster {
             forget_leftovers: false,
             disk_fault_file: None,
             start_without_record: false,
+            checkpoint_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+            checkpoint_address: String::new(),
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

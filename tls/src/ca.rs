@@ -135,6 +135,11 @@ pub fn issue(dir: &Path, role: &Role, validity: Validity, extra: &[String]) -> R
         params.subject_alt_names.push(SanType::DnsName(SERVER_NAME.try_into()?));
         params.extended_key_usages.push(ExtendedKeyUsagePurpose::ServerAuth);
     }
+    if matches!(role, Role::Agent(_)) {
+        // Agents serve the checkpoints on their disks to each other.
+        params.subject_alt_names.push(SanType::DnsName(crate::AGENT_NAME.try_into()?));
+        params.extended_key_usages.push(ExtendedKeyUsagePurpose::ServerAuth);
+    }
     for name in extra {
         let san = match name.parse::<std::net::IpAddr>() {
             Ok(ip) => SanType::IpAddress(ip),

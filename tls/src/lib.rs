@@ -12,7 +12,9 @@
 //! | client | `urn:muster:client:<name>` | submit, cancel and every read |
 //!
 //! Server certificates also carry the DNS name [`SERVER_NAME`], which every
-//! client verifies, so no other role can pose as a server.
+//! client verifies, so no other role can pose as a server. Agent
+//! certificates carry [`AGENT_NAME`], for the checkpoints agents serve each
+//! other.
 //!
 //! ```text
 //!   muster tls init ──▶ ca.pem, ca-key.pem
@@ -32,7 +34,13 @@ mod material;
 pub use auth::{AdmitHook, AuthLayer, AuthService, Caller, Policy, TokenResolver, peer_role};
 pub use ca::{CaError, Validity, init_ca, issue};
 pub use identity::{IdentityError, Role, role_of_cert};
-pub use material::{HANDSHAKE_TIMEOUT, TlsError, TlsMaterial, cert_file_names, endpoint};
+pub use material::{HANDSHAKE_TIMEOUT, TlsError, TlsMaterial, agent_endpoint, cert_file_names, endpoint};
 
 /// The DNS name in every server certificate; clients verify it.
 pub const SERVER_NAME: &str = "server.muster";
+
+/// The DNS name in every agent certificate: agents serve the checkpoints on
+/// their disks to each other, and verify it when they fetch one (which
+/// node answered does not matter: the fetcher checks the bytes against the
+/// manifest's digest).
+pub const AGENT_NAME: &str = "agent.muster";

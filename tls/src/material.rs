@@ -196,6 +196,20 @@ impl TlsMaterial {
     }
 }
 
+/// A client endpoint for another node's agent at `addr` (its checkpoint
+/// service): `https` verifying [`crate::AGENT_NAME`], presenting this
+/// (agent) certificate, or plain `http` without TLS.
+pub fn agent_endpoint(
+    addr: &str,
+    tls: Option<&TlsMaterial>,
+) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
+    match tls {
+        None => tonic::transport::Endpoint::from_shared(format!("http://{addr}")),
+        Some(m) => tonic::transport::Endpoint::from_shared(format!("https://{addr}"))?
+            .tls_config(m.client_config().domain_name(crate::AGENT_NAME)),
+    }
+}
+
 /// A client endpoint for `addr` (`host:port`): `https` with `tls`'s client
 /// configuration, or plain `http` without (insecure mode).
 pub fn endpoint(addr: &str, tls: Option<&TlsMaterial>) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {

@@ -27,7 +27,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use muster_core::sm::CheckpointStore;
 
 use muster_clock::SharedClock;
 use muster_proto::v1;
@@ -40,6 +43,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::checkpoint;
 use crate::executor::{self, Exit, TaskLaunch};
 use crate::hint::{Hint, HintWatch, Verdict};
+use crate::serve::Grants;
+use crate::store::{Naming, Saved, Stores};
 use crate::watchdog::{self, ProgressFile, Sampler, WatchdogConfig, Watchdogs};
 
 mod fence;
@@ -53,9 +58,6 @@ mod tests;
 use record::*;
 use reports::*;
 use task::*;
-
-/// The checkpoint cap until the leader says otherwise (its default).
-const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 4 << 20;
 
 /// The largest message on the stream: the leader's own limit.
 const MAX_MESSAGE_BYTES: usize = muster_proto::MAX_AGENT_MESSAGE_BYTES;
@@ -117,6 +119,13 @@ pub struct AgentConfig {
     /// deliberate bug (`--start-without-record`, tests only), whose tasks
     /// the next agent can neither adopt nor kill.
     pub start_without_record: bool,
+    /// Where this agent serves the checkpoints on its disk to other nodes'
+    /// agents (`None`: it serves none, and a task placed elsewhere cannot
+    /// resume from a checkpoint written here).
+    pub checkpoint_listen: Option<std::net::SocketAddr>,
+    /// The `host:port` other agents reach that service at (empty: the
+    /// listening address; a port of 0: the one bound).
+    pub checkpoint_address: String,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -156,11 +165,24 @@ pub struct Agent {
     deferred: BTreeMap<Key, v1::Assign>,
     /// Exit and preempted reports not yet confirmed by the leader.
     unrecorded: BTreeMap<Key, Report>,
-    /// The largest checkpoint the leader stores.
-    max_checkpoint_bytes: usize,
+    /// Checkpoints written whose manifest the leader has not confirmed
+    /// (its report is not recorded): deleted if it refuses them.
+    uploads: BTreeMap<Key, Saved>,
     free_gpus: BTreeSet<u32>,
     exits_tx: mpsc::UnboundedSender<(Key, Ended)>,
     exits_rx: mpsc::UnboundedReceiver<(Key, Ended)>,
+    /// Attempts whose checkpoint restore finished (or was stopped).
+    prepared_tx: mpsc::UnboundedSender<(Key, Prepared)>,
+    prepared_rx: mpsc::UnboundedReceiver<(Key, Prepared)>,
+    /// Retired checkpoints deleted, to confirm to the leader.
+    deleted_tx: mpsc::UnboundedSender<Vec<u64>>,
+    deleted_rx: mpsc::UnboundedReceiver<Vec<u64>>,
+    /// Retired checkpoints being deleted now (a heartbeat repeats the ask).
+    deleting: Arc<std::sync::Mutex<BTreeSet<u64>>>,
+    /// The checkpoint stores.
+    stores: Arc<Stores>,
+    /// What this node may serve to whom.
+    grants: Grants,
     leader_hint: Option<String>,
     /// The address the current (or last) session dialled.
     addr: String,
@@ -274,6 +296,9 @@ impl Agent {
             records.release(slot);
         }
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        let (prepared_tx, prepared_rx) = mpsc::unbounded_channel();
+        let (deleted_tx, deleted_rx) = mpsc::unbounded_channel();
+        let stores = Arc::new(Stores::new(&cfg.work_dir, &cfg.node_id, cfg.tls.clone()));
         let free_gpus = (0..cfg.resources.gpus).collect();
         let jitter =
             cfg.node_id.bytes().fold(0x9E37_79B9_7F4A_7C15u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3));
@@ -284,10 +309,17 @@ impl Agent {
             assigned: BTreeMap::new(),
             deferred: BTreeMap::new(),
             unrecorded: BTreeMap::new(),
-            max_checkpoint_bytes: DEFAULT_MAX_CHECKPOINT_BYTES,
+            uploads: BTreeMap::new(),
             free_gpus,
             exits_tx,
             exits_rx,
+            prepared_tx,
+            prepared_rx,
+            deleted_tx,
+            deleted_rx,
+            deleting: Arc::default(),
+            stores,
+            grants: Grants::default(),
             leader_hint: None,
             addr: String::new(),
             established: false,
@@ -304,6 +336,9 @@ impl Agent {
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.adopt_leftovers();
+        if let Some(listen) = self.cfg.checkpoint_listen {
+            self.serve_checkpoints(listen, shutdown.clone()).await;
+        }
         let mut retries = Retries::default();
         loop {
             if *shutdown.borrow() {
@@ -368,6 +403,89 @@ impl Agent {
                 _ => break,
             }
         }
+    }
+
+    /// Starts the service other agents fetch this node's checkpoints from.
+    /// A port that cannot be bound is logged, and the agent runs on without
+    /// it (its checkpoints then restore only here, or from a shared store).
+    async fn serve_checkpoints(&mut self, listen: std::net::SocketAddr, mut shutdown: watch::Receiver<bool>) {
+        let listener = match tokio::net::TcpListener::bind(listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(node = %self.cfg.node_id, addr = %listen, error = %e, "cannot serve checkpoints");
+                return;
+            }
+        };
+        let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        let port = listener.local_addr().map_or(0, |a| a.port());
+        if self.cfg.checkpoint_address.is_empty() {
+            self.cfg.checkpoint_address = local.clone();
+        } else if let Some(host) = self.cfg.checkpoint_address.strip_suffix(":0") {
+            // Any free port was asked for: advertise the one bound.
+            self.cfg.checkpoint_address = format!("{host}:{port}");
+        }
+        let server = crate::serve::CheckpointServer::new(
+            self.stores.node_root().to_path_buf(),
+            self.grants.clone(),
+            self.cfg.tls.is_some(),
+        );
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.cfg.tls {
+            match builder.tls_config(tls.server_config()) {
+                Ok(b) => builder = b,
+                Err(e) => {
+                    tracing::error!(node = %self.cfg.node_id, error = %e, "cannot serve checkpoints over TLS");
+                    return;
+                }
+            }
+        }
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let router = builder.add_service(server.into_service());
+        tracing::info!(node = %self.cfg.node_id, addr = %local, advertised = %self.cfg.checkpoint_address, "serving checkpoints");
+        tokio::spawn(async move {
+            let stop = async move {
+                while !*shutdown.borrow() {
+                    if shutdown.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+                tracing::error!(error = %e, "the checkpoint service stopped");
+            }
+        });
+    }
+
+    /// Deletes retired checkpoints the leader names (those not already being
+    /// deleted), off this loop; the seqs deleted come back on `deleted`.
+    fn delete_checkpoints(&self, d: v1::DeleteCheckpoints) {
+        let fresh: Vec<v1::CheckpointManifest> = {
+            let mut busy = self.deleting.lock().expect("deleting lock");
+            d.checkpoints.into_iter().filter(|m| busy.insert(m.seq)).collect()
+        };
+        if fresh.is_empty() {
+            return;
+        }
+        let (stores, deleting, done) = (self.stores.clone(), self.deleting.clone(), self.deleted_tx.clone());
+        tokio::spawn(async move {
+            let mut deleted = Vec::new();
+            for m in &fresh {
+                match stores.delete(m).await {
+                    Ok(()) => deleted.push(m.seq),
+                    Err(e) => {
+                        tracing::warn!(seq = m.seq, key = %m.key, error = %e, "cannot delete a retired checkpoint")
+                    }
+                }
+            }
+            let mut busy = deleting.lock().expect("deleting lock");
+            for m in &fresh {
+                busy.remove(&m.seq);
+            }
+            if !deleted.is_empty() {
+                tracing::info!(count = deleted.len(), "retired checkpoints deleted");
+                let _ = done.send(deleted);
+            }
+        });
     }
 
     /// When the running tasks must stop if no leader answers first; `None`

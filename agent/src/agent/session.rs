@@ -34,6 +34,7 @@ impl Agent {
             running: self.registered_tasks(),
             address: self.cfg.address.clone(),
             ports: if self.cfg.ports.count == 0 { String::new() } else { self.cfg.ports.to_string() },
+            checkpoint_address: self.cfg.checkpoint_address.clone(),
         }))
         .await?;
         let mut client = AgentServiceClient::new(channel)
@@ -98,6 +99,16 @@ impl Agent {
                     send_report(&report, &send).await?;
                     self.claim_deferred(&send).await?;
                 }
+                Some((key, prepared)) = self.prepared_rx.recv() => {
+                    for unusable in self.launch(key, prepared) {
+                        send(Out::CheckpointUnusable(unusable)).await?;
+                    }
+                }
+                Some(seqs) = self.deleted_rx.recv() => {
+                    for chunk in seqs.chunks(muster_core::sm::MAX_FORGET_CHECKPOINTS) {
+                        send(Out::CheckpointsDeleted(v1::CheckpointsDeleted { seqs: chunk.to_vec() })).await?;
+                    }
+                }
                 _ = shutdown.changed() => return Ok(SessionEnd::Shutdown),
             }
         }
@@ -113,9 +124,6 @@ impl Agent {
             Some(In::Registered(r)) => {
                 tracing::info!(node = %self.cfg.node_id, "registered with the leader");
                 self.fence.registered(self.register_sent, r.node_lost_after_ms);
-                if r.max_checkpoint_bytes > 0 {
-                    self.max_checkpoint_bytes = usize::try_from(r.max_checkpoint_bytes).unwrap_or(usize::MAX);
-                }
                 for report in self.unrecorded.values() {
                     send_report(report, send).await?;
                 }
@@ -143,11 +151,15 @@ impl Agent {
             Some(In::Granted(g)) => {
                 if let Some(key) = key_of(&g.task)
                     && let Some(assign) = self.assigned.remove(&key)
-                    && let Some(unusable) = self.start(key, assign, g.attempt)
                 {
-                    send(Out::CheckpointUnusable(unusable)).await?;
+                    self.start(key, assign, g.attempt);
                 }
             }
+            Some(In::CheckpointGrants(g)) => {
+                self.grants.replace(g.grants.into_iter().map(|g| (g.key, g.node)));
+                tracing::debug!(node = %self.cfg.node_id, grants = self.grants.len(), "checkpoint grants");
+            }
+            Some(In::DeleteCheckpoints(d)) => self.delete_checkpoints(d),
             Some(In::Stop(s)) => {
                 if let Some(key) = key_of(&s.task)
                     && let Some(ctrl) = self.running.get_mut(&key).and_then(|r| r.ctrl.take())
@@ -175,6 +187,18 @@ impl Agent {
             Some(In::Refused(r)) => {
                 if let Some(key) = key_of(&r.task) {
                     tracing::info!(alloc = key.0, task = key.1, code = %r.code, message = %r.message, "leader refused");
+                    if r.checkpoint {
+                        // No manifest names what was written: delete it.
+                        if let Some(saved) = self.uploads.remove(&key) {
+                            let (stores, m) = (self.stores.clone(), saved.manifest());
+                            tokio::spawn(async move {
+                                if let Err(e) = stores.delete(&m).await {
+                                    tracing::warn!(key = %m.key, error = %e, "cannot delete a refused checkpoint");
+                                }
+                            });
+                        }
+                        return Ok(None);
+                    }
                     self.assigned.remove(&key);
                     self.deferred.remove(&key);
                     // A refused report is final (the task moved on): stop
@@ -191,6 +215,9 @@ impl Agent {
                 send(Out::LogData(reply)).await?;
             }
             Some(In::Recorded(r)) => {
+                if let Some(key) = key_of(&r.task) {
+                    self.uploads.remove(&key);
+                }
                 if let Some(key) = key_of(&r.task)
                     && self.unrecorded.remove(&key).is_some()
                     && !self.running.keys().any(|k| (k.0, k.1) == (key.0, key.1))

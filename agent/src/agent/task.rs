@@ -17,6 +17,45 @@ pub(super) struct Ended {
     pub(super) checkpoint_failed: bool,
     /// A watchdog stopped it.
     pub(super) watchdog: Option<watchdog::Trip>,
+    /// The checkpoint its directory was saved as, if it was saved (or why
+    /// it could not be).
+    pub(super) saved: Option<Result<Saved, String>>,
+}
+
+impl Ended {
+    /// An attempt that never ran a process.
+    pub(super) fn not_run(why: String) -> Ended {
+        Ended { exit: Err(why), checkpoint_failed: false, watchdog: None, saved: None }
+    }
+}
+
+/// Where and how an attempt's checkpoint directory is saved when its
+/// process ends.
+#[derive(Clone)]
+pub(super) struct SaveSpec {
+    pub(super) stores: Arc<Stores>,
+    /// The allocation checkpoints at all.
+    pub(super) checkpointing: bool,
+    pub(super) store: CheckpointStore,
+    pub(super) limit: u64,
+    /// The fingerprint of the directory as restored: unchanged, it is not
+    /// saved again.
+    pub(super) restored: Option<u64>,
+    pub(super) naming: Naming,
+}
+
+/// An attempt whose checkpoint was being restored, ready to launch (or
+/// stopped first).
+pub(super) struct Prepared {
+    pub(super) assign: v1::Assign,
+    pub(super) attempt: u32,
+    pub(super) ctrl_rx: mpsc::UnboundedReceiver<Control>,
+    /// The manifest restored, and the directory's fingerprint after it.
+    pub(super) restored: Option<(u64, Option<u64>)>,
+    /// The manifests that could not be restored, with why.
+    pub(super) unusable: Vec<(u64, String)>,
+    /// Told to stop (or checkpoint) before it could start.
+    pub(super) stopped: bool,
 }
 
 pub(super) struct Running {
@@ -26,11 +65,6 @@ pub(super) struct Running {
     pub(super) attempt: u32,
     /// The preemption epoch of the first `Preempt` for this attempt.
     pub(super) preempt: Option<u64>,
-    /// The allocation checkpoints: the directory is uploaded at any exit.
-    pub(super) checkpointing: bool,
-    /// The fingerprint of the checkpoint this attempt was given (what the
-    /// leader already holds): an unchanged directory is not uploaded again.
-    pub(super) restored: Option<u64>,
 }
 
 impl Agent {
@@ -80,17 +114,8 @@ impl Agent {
                 self.free_gpus.remove(g);
             }
             let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
-            self.running.insert(
-                key,
-                Running {
-                    ctrl: Some(ctrl_tx),
-                    gpus: r.gpus.clone(),
-                    attempt: r.attempt,
-                    preempt: None,
-                    checkpointing: r.checkpointing,
-                    restored: None,
-                },
-            );
+            self.running
+                .insert(key, Running { ctrl: Some(ctrl_tx), gpus: r.gpus.clone(), attempt: r.attempt, preempt: None });
             let status = executor::status_path(&self.cfg.work_dir, key.0, key.1, key.2);
             if executor::alive(r.pgid) && executor::is_shim(r.pgid) {
                 let ran = Duration::from_millis(self.cfg.clock.wall_ms().saturating_sub(r.started_ms));
@@ -106,12 +131,24 @@ impl Agent {
                     pgid = r.pgid,
                     "adopted a task the previous agent left running"
                 );
-                self.watch(key, r.attempt, executor::adopt(r.pgid, status), limits, ctrl_rx);
+                // Its record does not say where its allocation's checkpoints
+                // go: an adopted attempt saves to this node's own disk,
+                // which the leader always takes.
+                let save = SaveSpec {
+                    stores: self.stores.clone(),
+                    checkpointing: r.checkpointing,
+                    store: CheckpointStore::Node,
+                    limit: muster_core::sm::DEFAULT_MAX_CHECKPOINT_BYTES,
+                    restored: None,
+                    naming: Naming { alloc: key.0, task: key.1, attempt: r.attempt, epoch: key.2 },
+                };
+                self.watch(key, r.attempt, executor::adopt(r.pgid, status), limits, ctrl_rx, save);
             } else {
                 let exit = executor::read_status(&status)
                     .ok_or_else(|| "the task ended while its agent was down, and its exit status was lost".to_string());
                 tracing::info!(alloc_id = key.0, task = key.1, exit = ?exit, "a task the previous agent left ended meanwhile");
-                let _ = self.exits_tx.send((key, Ended { exit, checkpoint_failed: false, watchdog: None }));
+                let _ =
+                    self.exits_tx.send((key, Ended { exit, checkpoint_failed: false, watchdog: None, saved: None }));
             }
         }
     }
@@ -125,6 +162,7 @@ impl Agent {
         mut task: executor::RunningTask,
         limits: watchdog::Limits,
         ctrl_rx: mpsc::UnboundedReceiver<Control>,
+        save: SaveSpec,
     ) {
         let dogs = Watchdogs::new(self.cfg.watchdog, limits, tokio::time::Instant::now());
         let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
@@ -138,19 +176,104 @@ impl Agent {
         let exits = self.exits_tx.clone();
         let clock = self.cfg.clock.clone();
         tokio::spawn(async move {
-            let ended = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard, &clock).await;
+            let (mut ended, stopped) = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard, &clock).await;
+            ended.saved = save_on_exit(&save, &checkpoint_dir, &ended, stopped).await;
             let _ = exits.send((key, ended));
         });
     }
 
-    /// Starts a granted attempt. A checkpoint that cannot be restored here
-    /// does not keep the task from running: it starts without it (said in
-    /// its stderr log), and the returned message tells the leader.
-    pub(super) fn start(&mut self, key: Key, a: v1::Assign, attempt: u32) -> Option<v1::CheckpointUnusable> {
+    /// Starts a granted attempt: at once when it has no checkpoint to
+    /// restore; otherwise its checkpoint is restored first (fetched from
+    /// its store, checked against its manifest), off this loop, and the
+    /// attempt launches when [`Prepared`] comes back. A stop meanwhile ends
+    /// the restore, and the attempt never runs.
+    pub(super) fn start(&mut self, key: Key, a: v1::Assign, attempt: u32) {
         let gpus: Vec<u32> = self.free_gpus.iter().take(a.gpus as usize).copied().collect();
         for g in &gpus {
             self.free_gpus.remove(g);
         }
+        let (ctrl_tx, mut ctrl_rx) = mpsc::unbounded_channel::<Control>();
+        self.running.insert(key, Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None });
+        let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        if a.restore.is_empty() {
+            let prepared = match checkpoint::reset(&dir) {
+                Ok(()) => {
+                    Prepared { assign: a, attempt, ctrl_rx, restored: None, unusable: Vec::new(), stopped: false }
+                }
+                Err(e) => {
+                    let why = format!("cannot create {}: {e}", dir.display());
+                    let _ = self.exits_tx.send((key, Ended::not_run(why)));
+                    return;
+                }
+            };
+            self.launch(key, prepared);
+            return;
+        }
+        let stores = self.stores.clone();
+        let prepared_tx = self.prepared_tx.clone();
+        tokio::spawn(async move {
+            let mut unusable = Vec::new();
+            let mut restored = None;
+            let mut stopped = false;
+            for r in &a.restore {
+                let Some(m) = r.manifest.as_ref() else { continue };
+                let started = tokio::time::Instant::now();
+                tokio::select! {
+                    got = stores.restore(m, &r.source, &dir) => match got {
+                        Ok(()) => {
+                            let elapsed = started.elapsed();
+                            tracing::info!(
+                                alloc_id = key.0, task = key.1, attempt, seq = m.seq, bytes = m.bytes, store = %m.store,
+                                seconds = elapsed.as_secs_f64(), "checkpoint restored"
+                            );
+                            metrics::histogram!("muster_agent_checkpoint_restore_seconds").record(elapsed.as_secs_f64());
+                            let d = dir.clone();
+                            let print = tokio::task::spawn_blocking(move || checkpoint::fingerprint(&d)).await.ok().flatten();
+                            restored = Some((m.seq, print));
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(alloc_id = key.0, task = key.1, seq = m.seq, error = %e, "checkpoint not restored");
+                            unusable.push((m.seq, e));
+                        }
+                    },
+                    _ = ctrl_rx.recv() => {
+                        stopped = true;
+                        break;
+                    }
+                }
+            }
+            if restored.is_none() && !stopped {
+                let _ = checkpoint::reset(&dir);
+            }
+            let _ = prepared_tx.send((key, Prepared { assign: a, attempt, ctrl_rx, restored, unusable, stopped }));
+        });
+    }
+
+    /// Launches an attempt whose checkpoint (if any) is in place. Returns
+    /// the reports of the checkpoints it could not restore.
+    pub(super) fn launch(&mut self, key: Key, p: Prepared) -> Vec<v1::CheckpointUnusable> {
+        let Prepared { assign: a, attempt, ctrl_rx, restored, unusable, stopped } = p;
+        if !self.running.contains_key(&key) {
+            return Vec::new(); // dropped meanwhile (the agent is shutting down)
+        }
+        let reports: Vec<v1::CheckpointUnusable> = unusable
+            .iter()
+            .map(|(seq, why)| v1::CheckpointUnusable {
+                task: Some(task_ref(key)),
+                checkpoint_epoch: 0,
+                reason: format!("checkpoint {seq} could not be restored: {why}"),
+                seq: *seq,
+            })
+            .collect();
+        if stopped {
+            tracing::info!(alloc_id = key.0, task = key.1, attempt, "stopped while its checkpoint was being restored");
+            let _ = self
+                .exits_tx
+                .send((key, Ended::not_run("stopped before it started (its checkpoint was being restored)".into())));
+            return reports;
+        }
+        let gpus = self.running[&key].gpus.clone();
         let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let mut env: BTreeMap<String, String> = a.env.into_iter().collect();
         let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
@@ -166,34 +289,25 @@ impl Agent {
             gpu_health: a.gpus > 0 && self.cfg.watchdog.gpu_health,
         };
         let (walltime_s, stall_s, checkpointing) = (a.walltime_s, a.stall_timeout_s, a.checkpointing);
-        let mut restored_print = (!a.checkpoint.is_empty()).then(|| checkpoint::fingerprint(&a.checkpoint));
-        let mut unusable = None;
-        let unpacked = match a.checkpoint.is_empty() {
-            true => Ok(false),
-            false => checkpoint::unpack(&a.checkpoint, &checkpoint_dir).map(|()| true),
-        };
-        let restored = match unpacked {
-            Ok(true) => {
-                env.insert("MUSTER_RESUME".into(), "1".into());
-                if let Some(data) = checkpoint::inline_data(&a.checkpoint) {
-                    env.insert("CHECKPOINT_DATA".into(), data);
-                }
-                Ok(())
-            }
-            Ok(false) => checkpoint::reset(&checkpoint_dir),
-            Err(e) => {
-                let reason = format!("the stored checkpoint could not be restored ({e}); the task starts without it");
-                tracing::warn!(alloc_id = key.0, task = key.1, attempt, error = %e, "checkpoint not restored");
-                unusable = Some(v1::CheckpointUnusable {
-                    task: Some(task_ref(key)),
-                    checkpoint_epoch: a.checkpoint_epoch,
-                    reason,
-                });
-                restored_print = None;
-                checkpoint::reset(&checkpoint_dir)
+        if restored.is_some() {
+            env.insert("MUSTER_RESUME".into(), "1".into());
+            if let Some(data) = checkpoint::inline_data(&checkpoint_dir) {
+                env.insert("CHECKPOINT_DATA".into(), data);
             }
         }
-        .map_err(|e| format!("cannot create {}: {e}", checkpoint_dir.display()));
+        let store = CheckpointStore::parse(&a.checkpoint_store).unwrap_or(CheckpointStore::Node);
+        let save = SaveSpec {
+            stores: self.stores.clone(),
+            checkpointing,
+            store,
+            limit: if a.max_checkpoint_bytes == 0 {
+                muster_core::sm::DEFAULT_MAX_CHECKPOINT_BYTES
+            } else {
+                a.max_checkpoint_bytes
+            },
+            restored: restored.and_then(|(_, print)| print),
+            naming: Naming { alloc: key.0, task: key.1, attempt, epoch: key.2 },
+        };
         let launch = TaskLaunch {
             alloc: key.0,
             task: key.1,
@@ -207,7 +321,6 @@ impl Agent {
             gpu_ids: gpus.clone(),
             checkpoint_dir,
         };
-        let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel::<Control>();
         // Its record's slot first: an attempt the next agent could not find
         // is never started (see `Records`).
         let reserved = match self.records.reserve(key) {
@@ -222,7 +335,7 @@ impl Agent {
             }
             Ok(()) => Ok(()),
         };
-        let spawned = restored.and(reserved).and_then(|()| {
+        let spawned = reserved.and_then(|()| {
             executor::spawn(&launch, &self.cfg.work_dir, self.cfg.task_shim.as_deref()).map_err(|e| e.to_string())
         });
         match spawned {
@@ -245,30 +358,33 @@ impl Agent {
                     tracing::error!(alloc_id = key.0, task = key.1, error = %e, "cannot record a started attempt; killing it");
                     executor::signal_group(task.pgid(), libc::SIGKILL);
                 }
-                if let Some(u) = &unusable {
-                    // After the spawn, which creates the attempt's log files.
-                    self.note_in_log(key, attempt, &format!("muster: {}", u.reason));
+                // After the spawn, which creates the attempt's log files.
+                for r in &reports {
+                    self.note_in_log(key, attempt, &format!("muster: {}", r.reason));
+                }
+                if !reports.is_empty() && restored.is_none() {
+                    self.note_in_log(
+                        key,
+                        attempt,
+                        "muster: no stored checkpoint could be restored; the task starts afresh",
+                    );
                 }
                 tracing::info!(
                     alloc_id = key.0,
                     task = key.1,
                     attempt,
                     pgid = task.pgid(),
-                    resumed = !a.checkpoint.is_empty(),
+                    resumed = restored.is_some(),
                     "task started"
                 );
-                self.watch(key, attempt, task, limits, ctrl_rx);
+                self.watch(key, attempt, task, limits, ctrl_rx, save);
             }
             Err(e) => {
                 tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "task did not start");
-                let _ = self.exits_tx.send((key, Ended { exit: Err(e), checkpoint_failed: false, watchdog: None }));
+                let _ = self.exits_tx.send((key, Ended::not_run(e)));
             }
         }
-        self.running.insert(
-            key,
-            Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None, checkpointing, restored: restored_print },
-        );
-        unusable
+        reports
     }
 
     /// What an attempt's end reports. Whenever a process of a checkpointing
@@ -278,10 +394,9 @@ impl Agent {
     /// checkpoint the attempt was given: the next attempt resumes from it.
     /// A successful exit uploads nothing: a finished task never runs again.
     pub(super) fn finished(&mut self, key: Key, ended: Ended) -> Report {
-        let Ended { exit, checkpoint_failed, watchdog } = ended;
+        let Ended { exit, checkpoint_failed, watchdog, saved } = ended;
         let running = self.running.remove(&key);
         let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
-        let (checkpointing, restored) = running.as_ref().map_or((false, None), |r| (r.checkpointing, r.restored));
         if let Some(r) = running {
             self.free_gpus.extend(r.gpus);
         }
@@ -292,14 +407,26 @@ impl Agent {
             Ok(Exit::Signal(s)) => (None, Some(s), String::new()),
             Err(e) => (None, None, e),
         };
-        let succeeded = exit_code == Some(0) && preempt.is_none() && watchdog.is_none();
         let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
-        let upload = if checkpointing && !succeeded && error.is_empty() {
-            self.changed_checkpoint(key, attempt, restored, preempt)
-        } else {
-            None
+        let upload = match saved {
+            Some(Ok(saved)) => {
+                let upload = v1::CheckpointUpload {
+                    task: Some(task_ref(key)),
+                    preemption_epoch: preempt.unwrap_or(0),
+                    manifest: Some(saved.manifest()),
+                    on_exit: preempt.is_none(),
+                };
+                self.uploads.insert(key, saved);
+                Some(upload)
+            }
+            Some(Err(e)) => {
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "checkpoint not saved");
+                self.note_in_log(key, attempt, &format!("muster: checkpoint not saved: {e}"));
+                None
+            }
+            None => None,
         };
-        let bytes = upload.as_ref().map_or(0, |c| c.data.len());
+        let bytes = upload.as_ref().and_then(|c| c.manifest.as_ref()).map_or(0, |m| m.bytes);
         let report = match preempt {
             None if watchdog.is_some() => {
                 let trip = watchdog.expect("guarded");
@@ -360,41 +487,6 @@ impl Agent {
         report
     }
 
-    /// The task's checkpoint directory packed for upload, unless it holds
-    /// nothing, is what the attempt was given, or is over the cap (said in
-    /// the attempt's log). Under a preemption it answers that round's epoch;
-    /// otherwise it is an exit upload, fenced by the reservation epoch.
-    pub(super) fn changed_checkpoint(
-        &self,
-        key: Key,
-        attempt: u32,
-        restored: Option<u64>,
-        preempt: Option<u64>,
-    ) -> Option<v1::CheckpointUpload> {
-        let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
-        match checkpoint::pack(&dir, self.max_checkpoint_bytes) {
-            Ok(Some(data)) if restored == Some(checkpoint::fingerprint(&data)) => {
-                tracing::info!(
-                    alloc_id = key.0,
-                    task = key.1,
-                    "checkpoint unchanged since the attempt began; not uploaded"
-                );
-                None
-            }
-            Ok(data) => data.map(|data| v1::CheckpointUpload {
-                task: Some(task_ref(key)),
-                preemption_epoch: preempt.unwrap_or(0),
-                data,
-                on_exit: preempt.is_none(),
-            }),
-            Err(e) => {
-                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "checkpoint not saved");
-                self.note_in_log(key, attempt, &format!("muster: checkpoint not saved: {e}"));
-                None
-            }
-        }
-    }
-
     /// Appends a line to an attempt's stderr log, where its owner looks.
     pub(super) fn note_in_log(&self, key: Key, attempt: u32, line: &str) {
         use std::io::Write;
@@ -429,7 +521,8 @@ pub(super) async fn watch_task(
     checkpoint_dir: &std::path::Path,
     mut guard: Guard,
     clock: &SharedClock,
-) -> Ended {
+) -> (Ended, bool) {
+    let mut stopped = false;
     let mut hint: Option<HintWatch> = None;
     let mut poll = tokio::time::interval(Duration::from_millis(200));
     let mut dog_tick = tokio::time::interval(guard.poll);
@@ -458,13 +551,18 @@ pub(super) async fn watch_task(
                 }
             }
             Some(c) = ctrl.recv() => match c {
-                Control::Stop(grace) => break (task.stop(grace).await, false),
+                Control::Stop(grace) => {
+                    stopped = true;
+                    break (task.stop(grace).await, false);
+                }
                 Control::Hint(h) if hint.is_none() => match HintWatch::start(h, checkpoint_dir, tokio::time::Instant::now(), clock.wall_ms()) {
                     Ok(w) => {
+                        stopped = true;
                         executor::signal_group(task.pgid(), libc::SIGUSR1);
                         hint = Some(w);
                     }
                     Err(e) => {
+                        stopped = true;
                         tracing::warn!(error = %e, "cannot write the checkpoint request; stopping the task");
                         break (task.stop(h.grace).await, false);
                     }
@@ -481,5 +579,58 @@ pub(super) async fn watch_task(
             }
         }
     };
-    Ended { exit: exit.map_err(|e| e.to_string()), checkpoint_failed, watchdog: trip }
+    (Ended { exit: exit.map_err(|e| e.to_string()), checkpoint_failed, watchdog: trip, saved: None }, stopped)
+}
+
+/// Saves an attempt's checkpoint directory when its process has ended,
+/// unless it finished on its own (exit 0, never told to stop, no watchdog:
+/// it never runs again), the allocation does not checkpoint, it never
+/// started, or the directory is what it was restored as.
+pub(super) async fn save_on_exit(
+    save: &SaveSpec,
+    dir: &std::path::Path,
+    ended: &Ended,
+    stopped: bool,
+) -> Option<Result<Saved, String>> {
+    let finished = matches!(ended.exit, Ok(Exit::Code(0))) && !stopped && ended.watchdog.is_none();
+    if !save.checkpointing || finished || ended.exit.is_err() {
+        return None;
+    }
+    let d = dir.to_path_buf();
+    let print = tokio::task::spawn_blocking(move || checkpoint::fingerprint(&d)).await.ok().flatten();
+    if print.is_none() || print == save.restored {
+        if print.is_some() {
+            tracing::info!(
+                alloc_id = save.naming.alloc,
+                task = save.naming.task,
+                "checkpoint unchanged since the attempt began; not saved again"
+            );
+        }
+        return None;
+    }
+    let started = tokio::time::Instant::now();
+    let mut saved = save.stores.save(&save.store, dir, save.naming, save.limit).await;
+    if let Err(e) = &saved
+        && save.store != CheckpointStore::Node
+        && !e.contains("-byte cap")
+        && !e.contains("changed while")
+    {
+        // The allocation's store cannot be written from here (a mount
+        // missing, the object store unreachable): keep the checkpoint on
+        // this node's own disk rather than lose it.
+        tracing::warn!(
+            alloc_id = save.naming.alloc, task = save.naming.task, store = %save.store, error = %e,
+            "cannot write to the checkpoint store; saving to this node's disk instead"
+        );
+        saved = save.stores.save(&CheckpointStore::Node, dir, save.naming, save.limit).await;
+    }
+    if let Ok(Some(s)) = &saved {
+        let elapsed = started.elapsed().as_secs_f64();
+        metrics::histogram!("muster_agent_checkpoint_save_seconds").record(elapsed);
+        tracing::info!(
+            alloc_id = save.naming.alloc, task = save.naming.task, key = %s.key, bytes = s.packed.bytes,
+            store = %s.store, seconds = elapsed, "checkpoint saved"
+        );
+    }
+    saved.transpose()
 }

@@ -93,40 +93,104 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         forget_leftovers: false,
         disk_fault_file: None,
         start_without_record: false,
+        checkpoint_listen: None,
+        checkpoint_address: String::new(),
     }
 }
 
-/// Issue 22, item 8: a stored checkpoint that does not unpack here (well
-/// formed and safe, but `a` is both a file and a directory) does not fail
-/// the attempt: the task starts without it, its stderr log says so, and
-/// the leader is told, so that nobody is charged for it.
-#[tokio::test]
-async fn a_checkpoint_that_cannot_be_restored_starts_the_task_without_it_and_says_so() {
+/// Issue 22, item 8, and issue 43: a stored checkpoint that does not
+/// restore here (its bytes on disk no longer match its manifest) does not
+/// fail the attempt: the next older one is restored instead, the task's
+/// stderr log says which could not be, and the leader is told, so that the
+/// bad one is dropped and nobody is charged for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_cannot_be_restored_is_reported_and_an_older_one_restored() {
+    use crate::store::Naming;
+    use muster_core::sm::CheckpointStore;
     let dir = tempfile::tempdir().unwrap();
     let mut agent = Agent::new(test_config(dir.path())).unwrap();
-    let blob = muster_proto::checkpoint_blob::encode([("a", &b"x"[..]), ("a/b", &b"y"[..])]);
-    let key = (7, 0, 1);
+    let src = tempfile::tempdir().unwrap();
+    let save = |attempt| Naming { alloc: 7, task: 0, attempt, epoch: 1 };
+    fs::write(src.path().join("step"), "older").unwrap();
+    let older = agent.stores.save(&CheckpointStore::Node, src.path(), save(1), 1 << 20).await.unwrap().unwrap();
+    fs::write(src.path().join("step"), "newer").unwrap();
+    let newer = agent.stores.save(&CheckpointStore::Node, src.path(), save(2), 1 << 20).await.unwrap().unwrap();
+    let path = agent.stores.node_path(&newer.key).unwrap();
+    let mut torn = fs::read(&path).unwrap();
+    torn.truncate(torn.len() - 2);
+    fs::write(&path, torn).unwrap();
+    let r = |s: &crate::store::Saved, seq| v1::CheckpointRef {
+        manifest: Some(v1::CheckpointManifest { seq, writer: agent.cfg.node_id.clone(), ..s.manifest() }),
+        source: String::new(),
+    };
+    let key = (7, 0, 3);
     let assign = v1::Assign {
         task: Some(task_ref(key)),
         gang_size: 1,
-        command: vec!["sh".into(), "-c".into(), "echo resume=${MUSTER_RESUME:-no}".into()],
-        checkpoint: blob,
-        checkpoint_epoch: 3,
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            r#"echo "resume=${MUSTER_RESUME:-no} $(cat "$MUSTER_CHECKPOINT_DIR/step")""#.into(),
+        ],
+        restore: vec![r(&newer, 2), r(&older, 1)],
         checkpointing: true,
         ..Default::default()
     };
-    let unusable = agent.start(key, assign, 1).expect("the leader is told");
-    assert_eq!((unusable.task, unusable.checkpoint_epoch), (Some(task_ref(key)), 3));
-    assert!(unusable.reason.contains("could not be restored"), "{}", unusable.reason);
+    agent.start(key, assign, 3);
+    let (k, prepared) = tokio::time::timeout(Duration::from_secs(60), agent.prepared_rx.recv()).await.unwrap().unwrap();
+    assert_eq!(k, key);
+    let reports = agent.launch(k, prepared);
+    let [unusable] = &reports[..] else { panic!("{reports:?}") };
+    assert_eq!((unusable.task, unusable.seq), (Some(task_ref(key)), 2));
+    assert!(unusable.reason.contains("truncated"), "{}", unusable.reason);
     let (ended_key, ended) =
         tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
     assert_eq!(ended_key, key);
     assert!(matches!(ended.exit, Ok(Exit::Code(0))), "the task ran");
-    let (out, err) = executor::log_paths(dir.path(), 7, 0, 1);
-    assert_eq!(fs::read_to_string(out).unwrap(), "resume=no\n", "started without the checkpoint");
+    assert!(ended.saved.is_none(), "it finished: nothing to save");
+    let (out, err) = executor::log_paths(dir.path(), 7, 0, 3);
+    assert_eq!(fs::read_to_string(out).unwrap(), "resume=1 older\n", "resumed from the older checkpoint");
     let err = fs::read_to_string(err).unwrap();
-    assert!(err.contains("muster: the stored checkpoint could not be restored"), "{err}");
-    assert!(fs::read_dir(checkpoint::dir(dir.path(), 7, 0)).unwrap().next().is_none(), "an empty directory");
+    assert!(err.contains("muster: checkpoint 2 could not be restored"), "{err}");
+}
+
+/// A stop that comes while a checkpoint is being fetched ends the fetch:
+/// the attempt never starts, and its end is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_a_checkpoint_is_fetched_ends_the_attempt_before_it_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::new(test_config(dir.path())).unwrap();
+    // A node that does not answer: the fetch keeps trying.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let source = silent.local_addr().unwrap().to_string();
+    drop(silent);
+    let m = v1::CheckpointManifest {
+        seq: 4,
+        bytes: 10,
+        sha256: vec![0; 32],
+        writer: "elsewhere".into(),
+        store: "node".into(),
+        key: "alloc-8/task-0/a1-e1-x.ckpt".into(),
+        ..Default::default()
+    };
+    let key = (8, 0, 2);
+    let assign = v1::Assign {
+        task: Some(task_ref(key)),
+        gang_size: 1,
+        command: vec!["sh".into(), "-c".into(), "touch ran".into()],
+        restore: vec![v1::CheckpointRef { manifest: Some(m), source }],
+        checkpointing: true,
+        ..Default::default()
+    };
+    agent.start(key, assign, 2);
+    let ctrl = agent.running[&key].ctrl.clone().unwrap();
+    ctrl.send(Control::Stop(Duration::from_secs(1))).unwrap();
+    let (k, prepared) = tokio::time::timeout(Duration::from_secs(60), agent.prepared_rx.recv()).await.unwrap().unwrap();
+    assert!(prepared.stopped);
+    assert!(agent.launch(k, prepared).is_empty());
+    let (_, ended) = tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
+    assert!(matches!(&ended.exit, Err(e) if e.contains("before it started")), "{:?}", ended.exit);
+    assert!(!dir.path().join("ran").exists());
 }
 
 /// An agent never starts a task on GPUs a process it still runs holds
@@ -146,7 +210,7 @@ async fn an_assignment_waits_for_gpus_a_stopping_task_still_holds() {
         ..Default::default()
     };
     let stale = (1, 0, 1);
-    assert!(agent.start(stale, assign(stale, 4, "sleep 60"), 1).is_none());
+    agent.start(stale, assign(stale, 4, "sleep 60"), 1);
     let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = sent.clone();
     let send = move |o: Out| {

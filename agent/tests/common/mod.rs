@@ -31,5 +31,7 @@ pub fn config(addr: String, work_dir: &Path, fence: bool) -> AgentConfig {
         forget_leftovers: false,
         disk_fault_file: None,
         start_without_record: false,
+        checkpoint_listen: None,
+        checkpoint_address: String::new(),
     }
 }

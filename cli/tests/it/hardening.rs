@@ -233,6 +233,13 @@ async fn t142_an_earlier_attempt_s_log_comes_from_the_node_it_ran_on() {
     let first = until(&c, id, "running", |a| status(a) == v1::AllocationStatus::Running).await;
     let node = first.tasks[0].node_id.clone();
     let i = node.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+    // Running in the state means its claim was granted; the process may
+    // not have printed yet. Kill its agent only once it has.
+    let deadline = Instant::now() + WAIT;
+    while !attempt_log(&c, id, 1, false).await.is_ok_and(|l| l.contains("run 1")) {
+        assert!(Instant::now() < deadline, "attempt 1 never printed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     c.kill_agent(i);
     let moved = until(&c, id, "re-placed on the other node", |a| {
         status(a) == v1::AllocationStatus::Running && a.tasks[0].node_id != node
@@ -290,14 +297,15 @@ fn last_log_index(c: &LocalCluster) -> u64 {
     c.replica(c.leader_id().expect("a leader")).expect("the leader runs").status().last_log_index
 }
 
-/// Issue 22, items 6 and 8: an agent with a valid certificate uploads a
-/// checkpoint for a task that is not its own, one over the cap, one with a
-/// stale epoch, and archives that are malformed or escape their directory
-/// (`../`). The leader answers each with the refusal and proposes nothing;
-/// the agent's own well-formed upload is then stored.
+/// Issue 22, items 6 and 8, and issue 43: an agent with a valid
+/// certificate uploads checkpoint manifests for a task that is not its own,
+/// over the cap, with a stale epoch, with a malformed digest, with a key
+/// naming another job's checkpoint, in a store the allocation does not use,
+/// and with no manifest at all (bytes, as before). The leader answers each
+/// with the refusal and proposes nothing; the agent's own well-formed
+/// manifest is then stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t144_bad_uploads_are_refused_on_the_leader_before_the_log() {
-    use muster_proto::checkpoint_blob;
     use muster_proto::v1::agent_message::Msg as Up;
     use muster_proto::v1::scheduler_message::Msg as Down;
 
@@ -319,45 +327,62 @@ async fn t144_bad_uploads_are_refused_on_the_leader_before_the_log() {
     let theirs = v1::TaskRef { alloc_id: other, task_index: 0, epoch: o.tasks[0].reservation_epoch };
 
     let before = last_log_index(&c);
-    let good = checkpoint_blob::encode([("step", &b"42"[..])]);
-    let upload = |task: v1::TaskRef, epoch: u64, data: Vec<u8>| {
-        Up::Checkpoint(v1::CheckpointUpload { task: Some(task), preemption_epoch: epoch, data, on_exit: false })
+    let good = crate::manifest(id, mine.task_index, "step-42", 42);
+    let upload = |task: v1::TaskRef, epoch: u64, manifest: Option<v1::CheckpointManifest>| {
+        Up::Checkpoint(v1::CheckpointUpload { task: Some(task), preemption_epoch: epoch, manifest, on_exit: false })
     };
-    let at_exit = |task: v1::TaskRef, data: Vec<u8>| {
-        Up::Checkpoint(v1::CheckpointUpload { task: Some(task), preemption_epoch: 0, data, on_exit: true })
+    let at_exit = |task: v1::TaskRef, manifest: v1::CheckpointManifest| {
+        Up::Checkpoint(v1::CheckpointUpload {
+            task: Some(task),
+            preemption_epoch: 0,
+            manifest: Some(manifest),
+            on_exit: true,
+        })
     };
+    let with = |f: &dyn Fn(&mut v1::CheckpointManifest)| {
+        let mut m = good.clone();
+        f(&mut m);
+        Some(m)
+    };
+    let epoch = p.preemption_epoch;
     let cases = [
-        (at_exit(theirs, good.clone()), "PERMISSION_DENIED", "not placed on node ghost"),
-        (upload(mine, p.preemption_epoch + 1, good.clone()), "ABORTED", "stale"),
-        (upload(mine, p.preemption_epoch, vec![7; (4 << 20) + 1]), "RESOURCE_EXHAUSTED", "limit"),
-        (upload(mine, p.preemption_epoch, b"not a checkpoint".to_vec()), "INVALID_ARGUMENT", "malformed"),
+        (at_exit(theirs, crate::manifest(other, 0, "x", 1)), "PERMISSION_DENIED", "not placed on node ghost"),
+        (upload(mine, epoch + 1, Some(good.clone())), "ABORTED", "stale"),
+        (upload(mine, epoch, with(&|m| m.bytes = (64 << 30) + 1)), "RESOURCE_EXHAUSTED", "limit"),
+        (upload(mine, epoch, with(&|m| m.sha256 = vec![1; 7])), "INVALID_ARGUMENT", "manifest.sha256"),
         (
-            upload(mine, p.preemption_epoch, checkpoint_blob::encode([("../../.ssh/authorized_keys", &b"x"[..])])),
+            upload(mine, epoch, with(&|m| m.key = format!("alloc-{other}/task-0/their-state"))),
             "INVALID_ARGUMENT",
-            "unsafe path",
+            "a task's checkpoints are named for it",
         ),
+        (
+            upload(mine, epoch, with(&|m| m.key = format!("alloc-{id}/task-{}/../../x", mine.task_index))),
+            "INVALID_ARGUMENT",
+            "not a plain name",
+        ),
+        (upload(mine, epoch, with(&|m| m.store = "/etc".into())), "INVALID_ARGUMENT", "manifest.store"),
+        (upload(mine, epoch, None), "INVALID_ARGUMENT", "checkpoint bytes never travel to the leader"),
     ];
     for (msg, code, says) in cases {
         ghost.send(msg).await;
         let r = ghost.wait_for(|m| if let Down::Refused(r) = m { Some(r) } else { None }).await;
         assert_eq!(r.code, code, "{r:?}");
         assert!(r.message.contains(says), "{says:?} not in {r:?}");
+        assert!(r.checkpoint, "a refused upload says so, for the agent to delete what it wrote: {r:?}");
     }
     assert_eq!(last_log_index(&c), before, "no refused upload reached the log");
     assert_eq!(get(&c, id).await.tasks[mine.task_index as usize].checkpoint_bytes, 0);
 
-    ghost.send(upload(mine, p.preemption_epoch, good.clone())).await;
-    ghost
-        .send(Up::Preempted(v1::Preempted {
-            task: Some(mine),
-            preemption_epoch: p.preemption_epoch,
-            ..Default::default()
-        }))
-        .await;
-    let a = until(&c, id, "holding the ghost's checkpoint", |a| {
-        a.tasks[mine.task_index as usize].checkpoint_bytes == good.len() as u64
-    })
-    .await;
+    ghost.send(upload(mine, epoch, Some(good.clone()))).await;
+    ghost.send(Up::Preempted(v1::Preempted { task: Some(mine), preemption_epoch: epoch, ..Default::default() })).await;
+    let a =
+        until(&c, id, "holding the ghost's checkpoint", |a| a.tasks[mine.task_index as usize].checkpoint_bytes == 42)
+            .await;
+    let stored = &a.tasks[mine.task_index as usize].checkpoints[0];
+    assert_eq!(
+        (stored.writer.as_str(), stored.store.as_str(), stored.key.as_str()),
+        ("ghost", "node", good.key.as_str())
+    );
     assert!(a.tasks.iter().all(|t| t.attempts <= 1), "nobody was charged for the refusals: {a:?}");
     let o = get(&c, other).await;
     assert_eq!((status(&o), o.tasks[0].checkpoint_bytes), (v1::AllocationStatus::Running, 0), "{o:?}");

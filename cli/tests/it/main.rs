@@ -3,6 +3,7 @@
 mod bench_report;
 mod build;
 mod chaos;
+mod checkpoints;
 mod cli_cluster;
 mod cluster;
 mod dev_cli;
@@ -30,6 +31,22 @@ pub fn muster(args: &[&str]) -> Output {
         .env("MUSTER_TLS_DIR", tls::dir())
         .output()
         .expect("muster runs")
+}
+
+/// A checkpoint manifest as an agent uploads it: on its own disk, named
+/// for task `task` of `alloc`, `bytes` long, with a digest made from `name`.
+pub fn manifest(alloc: u64, task: u32, name: &str, bytes: u64) -> muster_proto::v1::CheckpointManifest {
+    let mut sha256 = vec![0u8; 32];
+    for (d, b) in sha256.iter_mut().zip(name.bytes()) {
+        *d = b;
+    }
+    muster_proto::v1::CheckpointManifest {
+        bytes,
+        sha256,
+        store: "node".into(),
+        key: format!("alloc-{alloc}/task-{task}/{name}"),
+        ..Default::default()
+    }
 }
 
 pub fn stdout(o: &Output) -> String {

@@ -276,8 +276,13 @@ async fn t86_a_silent_node_is_force_drained_and_stale_acks_are_refused() {
     ghost.send(Up::Claim(v1::Claim { task: Some(task) })).await;
     let p = ghost.wait_for(|m| if let Down::Preempt(p) = m { Some(p) } else { None }).await;
     assert_eq!(p.preemption_epoch, 2);
-    let stale_upload =
-        v1::CheckpointUpload { task: Some(task), preemption_epoch: 1, data: b"old".to_vec(), on_exit: false };
+    let upload_of = |epoch: u64, name: &str| v1::CheckpointUpload {
+        task: Some(task),
+        preemption_epoch: epoch,
+        manifest: Some(crate::manifest(task.alloc_id, task.task_index, name, 42)),
+        on_exit: false,
+    };
+    let stale_upload = upload_of(1, "old");
     ghost.send(Up::Checkpoint(stale_upload)).await;
     let refused = ghost.wait_for(|m| if let Down::Refused(r) = m { Some(r) } else { None }).await;
     assert_eq!(refused.code, "ABORTED", "{refused:?}");
@@ -290,14 +295,18 @@ async fn t86_a_silent_node_is_force_drained_and_stale_acks_are_refused() {
         Ok(v1::AllocationStatus::TearingDown),
         "stale messages changed nothing"
     );
-    let blob = b"MUSTERCK\x01\x00\x00\x00\x04\x00\x00\x00step\x02\x00\x00\x00\x00\x00\x00\x00\x34\x32".to_vec();
-    let upload = v1::CheckpointUpload { task: Some(task), preemption_epoch: 2, data: blob.clone(), on_exit: false };
-    ghost.send(Up::Checkpoint(upload)).await;
+    ghost.send(Up::Checkpoint(upload_of(2, "step-42"))).await;
     ghost.send(Up::Preempted(v1::Preempted { task: Some(task), preemption_epoch: 2, ..Default::default() })).await;
 
-    // Round 3: the checkpoint comes back with the assignment; both finish.
+    // Round 3: the checkpoint's manifest comes back with the assignment
+    // (the ghost wrote it to its own disk: no address to fetch it from);
+    // both finish.
     let assign = ghost.wait_for(|m| if let Down::Assign(a) = m { Some(a) } else { None }).await;
-    assert_eq!((assign.checkpoint.clone(), assign.checkpoint_epoch), (blob, 2));
+    let [restore] = &assign.restore[..] else { panic!("{assign:?}") };
+    let m = restore.manifest.clone().unwrap();
+    let key = format!("alloc-{}/task-{}/step-42", task.alloc_id, task.task_index);
+    assert_eq!((m.key.as_str(), m.epoch, m.bytes, m.writer.as_str()), (key.as_str(), 2, 42, "ghost"));
+    assert_eq!(restore.source, "", "the ghost serves no checkpoints");
     let task = assign.task.unwrap();
     ghost.send(Up::Claim(v1::Claim { task: Some(task) })).await;
     ghost.wait_for(|m| if let Down::Granted(g) = m { Some(g) } else { None }).await;

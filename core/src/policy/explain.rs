@@ -44,6 +44,9 @@ pub struct Explanation {
     /// When it is planned to start if running work ends at its walltime
     /// (pending gangs that do not fit now; `backfill::planned_start`).
     pub planned_start: Option<PlannedStart>,
+    /// For each task with stored checkpoints: which one its next (or
+    /// current) attempt restores, or why it starts afresh.
+    pub checkpoints: Vec<String>,
 }
 
 fn describe(r: &Resources, status: NodeStatus) -> String {
@@ -104,6 +107,7 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
     let a = state.alloc(id)?;
     let mut e = explain_gang(state, &a.spec, a.status, a.is_queued());
     e.alloc = id;
+    e.checkpoints = restore_notes(state, a);
     if let Some(n) = &a.nomination {
         e.summary = format!(
             "waiting for {} preempted allocation(s) ({}) to stop; {} node(s) are held for it until their release",
@@ -136,6 +140,53 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
         });
     }
     Some(e)
+}
+
+/// For each task with checkpoints: what its attempt restores from. A
+/// checkpoint on the disk of a node that is lost or terminated cannot be
+/// fetched; the newest reachable one is used, else the task starts afresh.
+fn restore_notes(state: &State, a: &crate::sm::Allocation) -> Vec<String> {
+    let mut notes = Vec::new();
+    for t in &a.tasks {
+        let Some(newest) = t.checkpoints.first() else { continue };
+        let place = |m: &crate::sm::CheckpointManifest| match &m.store {
+            crate::sm::CheckpointStore::Node => format!("on {}'s disk", m.writer),
+            other => format!("in {other}"),
+        };
+        let describe = |m: &crate::sm::CheckpointManifest| {
+            let step = m.step.map(|s| format!(", step {s}")).unwrap_or_default();
+            format!(
+                "checkpoint {} ({}, attempt {}{step}, {})",
+                m.seq,
+                crate::words::bytes(m.bytes),
+                m.attempt,
+                place(m)
+            )
+        };
+        let note = match t.checkpoints.iter().find(|m| state.checkpoint_reachable(m)) {
+            Some(m) if m.seq == newest.seq => format!("task {} resumes from {}", t.index, describe(m)),
+            Some(m) => format!(
+                "task {}'s newest checkpoint {} is on {}, which is gone: it resumes from {}",
+                t.index,
+                newest.seq,
+                newest.writer,
+                describe(m)
+            ),
+            None => format!(
+                "task {}'s checkpoints are on {}, which is gone: it starts afresh",
+                t.index,
+                t.checkpoints
+                    .iter()
+                    .map(|m| m.writer.to_string())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        notes.push(note);
+    }
+    notes
 }
 
 /// [`explain`] with what an admission pass would do now (the RPC's answer;
@@ -317,7 +368,15 @@ fn explain_gang(state: &State, spec: &AllocSpec, status: AllocStatus, pending: b
     } else {
         format!("waiting for capacity: the gang needs {n} nodes at once; {free_now} can take a task now")
     };
-    Explanation { alloc: id, status, summary, classes: reasons, preemption: None, planned_start: None }
+    Explanation {
+        alloc: id,
+        status,
+        summary,
+        classes: reasons,
+        preemption: None,
+        planned_start: None,
+        checkpoints: Vec::new(),
+    }
 }
 
 #[cfg(test)]

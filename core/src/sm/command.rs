@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{AllocId, AllocSpec, NodeId, Resources, TaskIndex, TokenRole};
+use super::types::{AllocId, AllocSpec, CheckpointSettings, ManifestUpload, NodeId, Resources, TaskIndex, TokenRole};
 use super::vcluster::VClusterSpec;
 
 /// One state transition, as carried in a Raft log entry.
@@ -140,8 +140,8 @@ pub enum Command {
         /// The preemptor.
         alloc: AllocId,
     },
-    /// A preempting task's agent uploads what the task left in its
-    /// checkpoint directory.
+    /// A preempting task's agent has stored what the task left in its
+    /// checkpoint directory, and records its manifest (never the bytes).
     SaveCheckpoint {
         /// The allocation.
         alloc: AllocId,
@@ -151,8 +151,8 @@ pub enum Command {
         node: NodeId,
         /// The preemption epoch the agent was told (must be current).
         epoch: u64,
-        /// Opaque bytes, at most the checkpoint limit.
-        data: Vec<u8>,
+        /// Where the checkpoint is, its size and digest.
+        manifest: ManifestUpload,
     },
     /// The leader's deadline pass: every task of the teardown `epoch`
     /// still preempting is moved to preempted without an ack (its node died
@@ -301,9 +301,11 @@ pub enum Command {
         /// Why it did not start (at most [`MAX_AGENT_REASON_BYTES`]).
         reason: String,
     },
-    /// The checkpoint a task's agent was given could not be restored there:
-    /// the task runs without it, and the stored checkpoint is dropped so no
-    /// later attempt trips on it. Nothing is charged.
+    /// A checkpoint a task's agent was given could not be restored there
+    /// (it cannot be fetched, its digest does not match, it does not
+    /// unpack): the agent tries the next older one or starts the task
+    /// without, and this one is dropped (retired) so no later attempt trips
+    /// on it. Nothing is charged.
     DropCheckpoint {
         /// The allocation.
         alloc: AllocId,
@@ -313,6 +315,8 @@ pub enum Command {
         node: NodeId,
         /// The reservation epoch of the attempt that tried to restore it.
         epoch: u64,
+        /// The manifest's number.
+        seq: u64,
         /// What went wrong (at most [`MAX_AGENT_REASON_BYTES`]).
         reason: String,
     },
@@ -330,8 +334,8 @@ pub enum Command {
         node: NodeId,
         /// The task's reservation epoch (its attempt).
         epoch: u64,
-        /// Opaque bytes, at most the checkpoint limit.
-        data: Vec<u8>,
+        /// Where the checkpoint is, its size and digest.
+        manifest: ManifestUpload,
     },
     /// Forget finished allocations (done, failed or cancelled) whose end is
     /// at least `retention_ms` before the entry's time, oldest first, and
@@ -347,6 +351,23 @@ pub enum Command {
         /// Most allocations, and most keys, one entry forgets.
         max: u32,
     },
+    /// A node's agent deleted the bytes of these retired checkpoints (it is
+    /// their deleter): the state forgets them.
+    ForgetCheckpoints {
+        /// The reporting node.
+        node: NodeId,
+        /// The manifests' numbers (at most
+        /// [`MAX_FORGET_CHECKPOINTS`](super::types::MAX_FORGET_CHECKPOINTS)).
+        seqs: Vec<u64>,
+    },
+    /// An admin sets the cluster's checkpoint settings: the default store,
+    /// how many checkpoints each task keeps, and the default cap.
+    SetCheckpointSettings {
+        /// The settings, whole.
+        settings: CheckpointSettings,
+        /// The admin.
+        by: String,
+    },
 }
 
 /// The longest reason from an agent a command carries (a start failure, an
@@ -354,6 +375,11 @@ pub enum Command {
 pub const MAX_AGENT_REASON_BYTES: usize = 1024;
 
 impl Command {
+    /// Its size in the log, encoded (postcard), in bytes.
+    pub fn encoded_len(&self) -> usize {
+        postcard::experimental::serialized_size(self).expect("a command always encodes")
+    }
+
     /// A short name for logs and metrics labels.
     pub fn name(&self) -> &'static str {
         match self {
@@ -388,6 +414,8 @@ impl Command {
             Command::UpdateVCluster { .. } => "update_vcluster",
             Command::Reclaim { .. } => "reclaim",
             Command::ForgetFinished { .. } => "forget_finished",
+            Command::ForgetCheckpoints { .. } => "forget_checkpoints",
+            Command::SetCheckpointSettings { .. } => "set_checkpoint_settings",
         }
     }
 }

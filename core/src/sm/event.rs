@@ -236,6 +236,8 @@ pub enum Event {
         after_ms: u64,
         /// Whether it was saved for a priority preemption.
         preempted: bool,
+        /// Its manifest's number.
+        seq: u64,
     },
     /// No task of the gang runs or is preempting any more.
     TeardownCompleted {
@@ -325,6 +327,38 @@ pub enum Event {
         node: NodeId,
         /// What the agent said.
         reason: String,
+        /// Its manifest's number.
+        seq: u64,
+    },
+    /// A placed task's newest checkpoint is on a node that is gone (lost,
+    /// stopped or terminated): its attempt restores an older one, or starts
+    /// afresh when none is reachable.
+    CheckpointUnreachable {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The newest manifest it cannot reach.
+        seq: u64,
+        /// The node that holds it.
+        writer: NodeId,
+        /// The manifest it restores instead (`None`: a fresh start).
+        from: Option<u64>,
+    },
+    /// An admin changed the cluster's checkpoint settings.
+    CheckpointSettingsChanged {
+        /// The new settings.
+        settings: super::types::CheckpointSettings,
+        /// The admin.
+        by: String,
+    },
+    /// A node's agent deleted retired checkpoints' bytes; the state forgot
+    /// them.
+    CheckpointsDeleted {
+        /// The node.
+        node: NodeId,
+        /// How many.
+        count: u32,
     },
     /// A claimed task's process could not be started (program not found, a
     /// checkpoint that cannot be restored, …); a `TaskFailed` follows.
@@ -369,7 +403,9 @@ impl Event {
             | Event::NodeStopped { .. }
             | Event::NodeRestarted { .. }
             | Event::NodeTerminated { .. }
-            | Event::Forgotten { .. } => None,
+            | Event::Forgotten { .. }
+            | Event::CheckpointSettingsChanged { .. }
+            | Event::CheckpointsDeleted { .. } => None,
             Event::Submitted { alloc, .. }
             | Event::GangReserved { alloc, .. }
             | Event::GangRolledBack { alloc, .. }
@@ -389,7 +425,8 @@ impl Event {
             | Event::AllocationFailed { alloc, .. }
             | Event::AllocationCancelled { alloc, .. }
             | Event::TaskStartFailed { alloc, .. }
-            | Event::CheckpointDropped { alloc, .. } => Some(*alloc),
+            | Event::CheckpointDropped { alloc, .. }
+            | Event::CheckpointUnreachable { alloc, .. } => Some(*alloc),
         }
     }
 }

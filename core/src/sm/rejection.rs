@@ -271,8 +271,8 @@ pub enum Rejection {
     },
     /// A checkpoint over the size limit.
     #[error(
-        "checkpoint of allocation {alloc} task {task} is {bytes} bytes, over the {limit}-byte limit; \
-         keep large state on a shared volume and checkpoint a pointer to it"
+        "checkpoint of allocation {alloc} task {task} is {bytes} bytes, over the {limit}-byte limit \
+         (its vCluster's, or the cluster's)"
     )]
     CheckpointTooLarge {
         /// The allocation.
@@ -355,6 +355,46 @@ pub enum Rejection {
     /// A forget whose parameters make no sense.
     #[error("invalid forget: {0}")]
     InvalidForget(String),
+    /// A checkpoint manifest that does not fit its task: a key not named for
+    /// it, or a store the allocation may not use.
+    #[error("invalid checkpoint of allocation {alloc} task {task}: {field}: {reason}")]
+    InvalidCheckpoint {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The manifest's field.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The task holds no checkpoint with this number.
+    #[error("allocation {alloc} task {task} holds no checkpoint {seq}")]
+    UnknownCheckpoint {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The manifest's number.
+        seq: u64,
+    },
+    /// A node confirmed deleting a checkpoint that is another node's to
+    /// delete.
+    #[error("checkpoint {seq} is not node {node}'s to delete")]
+    NotDeleter {
+        /// The node.
+        node: NodeId,
+        /// The manifest's number.
+        seq: u64,
+    },
+    /// Checkpoint settings out of range.
+    #[error("invalid checkpoint settings: {field}: {reason}")]
+    InvalidCheckpointSettings {
+        /// The setting.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 fn allowed_names(allowed: &[NodeStatus]) -> String {

@@ -637,7 +637,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "8ac13be4aeac423f9c05b6430d613cc3453746bfed5bcc3726b17b94b0791c00"
+        "45725aec060688051e6280cd8b648dc18ed8767673c2a54acffb4a0a0e19a685"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

@@ -36,8 +36,6 @@ pub struct Limits {
     pub max_name_bytes: usize,
     /// Most labels on a node.
     pub max_labels: usize,
-    /// Largest checkpoint one task may save, in bytes.
-    pub max_checkpoint_bytes: usize,
     /// Watchdog trips a task may have retried elsewhere; the next one fails
     /// its allocation.
     pub watchdog_max_retries: u32,
@@ -45,10 +43,6 @@ pub struct Limits {
     /// worker-draining seed's 3); later ones go back to the queue.
     pub drain_max_retries: u32,
 }
-
-/// The default checkpoint cap: 4 MiB (demo scale; bigger state belongs in a
-/// side channel such as a shared volume).
-pub const DEFAULT_MAX_CHECKPOINT_BYTES: usize = 4 * 1024 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -61,7 +55,6 @@ impl Default for Limits {
             max_env_bytes: 64 * 1024,
             max_name_bytes: 256,
             max_labels: 64,
-            max_checkpoint_bytes: DEFAULT_MAX_CHECKPOINT_BYTES,
             watchdog_max_retries: 3,
             drain_max_retries: 3,
         }

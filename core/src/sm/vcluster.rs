@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::rejection::Rejection;
-use super::types::{DEFAULT_VCLUSTER, Node, NodeId, VCLUSTER_LABEL, VClusterType};
+use super::types::{CheckpointStore, DEFAULT_VCLUSTER, Node, NodeId, VCLUSTER_LABEL, VClusterType, check_cap};
 
 /// Most nodes an explicit home list may name.
 pub const MAX_HOME_NODES: usize = 10_000;
@@ -105,6 +105,18 @@ pub struct VClusterSpec {
     pub borrow_limit_pct: u8,
     /// Queue or refuse what would go past a quota.
     pub over_quota: OverQuota,
+    /// Where its allocations' checkpoints go, and their cap (unset: the
+    /// cluster's).
+    pub checkpoints: VcCheckpoints,
+}
+
+/// A vCluster's own checkpoint settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcCheckpoints {
+    /// Its store (unset: the cluster's).
+    pub store: Option<CheckpointStore>,
+    /// Its cap, bytes (unset: the cluster's).
+    pub max_bytes: Option<u64>,
 }
 
 impl VClusterSpec {
@@ -117,6 +129,7 @@ impl VClusterSpec {
             quota: Quota::default(),
             borrow_limit_pct: 0,
             over_quota: OverQuota::Queue,
+            checkpoints: VcCheckpoints::default(),
         }
     }
 }
@@ -203,6 +216,14 @@ pub fn validate_spec(spec: &VClusterSpec) -> Result<(), Rejection> {
     let q = spec.quota;
     if q.max_gpus == Some(0) || q.max_nodes == Some(0) || q.max_allocations == Some(0) {
         return Err(invalid("quota", "a quota of 0 would admit nothing; leave it unset for no limit"));
+    }
+    if let Some(store) = &spec.checkpoints.store
+        && CheckpointStore::parse(&store.spec()).as_ref() != Ok(store)
+    {
+        return Err(invalid("checkpoint_store", format!("{:?} is not a store spelling", store.spec())));
+    }
+    if let Some(cap) = spec.checkpoints.max_bytes {
+        check_cap(cap).map_err(|r| invalid("max_checkpoint_bytes", r))?;
     }
     Ok(())
 }

@@ -218,6 +218,32 @@ impl AdminService for AdminApi {
         }
     }
 
+    async fn get_checkpoint_settings(
+        &self,
+        _: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::CheckpointSettings>, Status> {
+        linearizable(&self.s).await?;
+        Ok(Response::new(self.checkpoint_settings()))
+    }
+
+    async fn set_checkpoint_settings(
+        &self,
+        req: Request<v1::CheckpointSettings>,
+    ) -> Result<Response<v1::CheckpointSettings>, Status> {
+        let by = caller_name(&Caller::of(&req));
+        let settings = crate::server::convert::settings_from_proto(req.into_inner())?;
+        match self
+            .s
+            .proposer
+            .propose(Command::SetCheckpointSettings { settings, by })
+            .await
+            .map_err(propose_error_to_status)?
+        {
+            Outcome::Accepted(_) => Ok(Response::new(self.checkpoint_settings())),
+            Outcome::Rejected(r) => Err(rejection_to_status(&r)),
+        }
+    }
+
     async fn list_tokens(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ListTokensResponse>, Status> {
         linearizable(&self.s).await?;
         let tokens = self.s.reader.read(|st| st.tokens().map(token_to_proto).collect());
@@ -226,6 +252,13 @@ impl AdminService for AdminApi {
 }
 
 impl AdminApi {
+    fn checkpoint_settings(&self) -> v1::CheckpointSettings {
+        self.s.reader.read(|st| {
+            let (retired, abandoned) = st.retired_checkpoint_counts();
+            crate::server::convert::settings_to_proto(st.checkpoint_settings(), retired, abandoned)
+        })
+    }
+
     fn token_info(&self, id: &str) -> Result<v1::TokenInfo, Status> {
         self.s
             .reader

@@ -14,6 +14,7 @@
 //! | HistoryService/ListHistory, Usage | | | ✓ | ✓ | ✓ |
 //! | HistoryService/FetchRecords (a replica catching up) | ✓ | | | | |
 //! | AdminService/Status | ✓ (the dashboard asks its peers) | | ✓ | ✓ | ✓ |
+//! | AdminService/GetCheckpointSettings | | | ✓ | ✓ | ✓ |
 //! | AdminService/* (membership, snapshot, election, backup) | | | ✓ | | |
 //! | grpc.health.v1.Health/* | ✓ | ✓ | ✓ | ✓ | ✓ |
 //! | grpc.reflection.{v1,v1alpha}.ServerReflection/* | | | ✓ | ✓ | ✓ |
@@ -173,6 +174,7 @@ fn allowed(path: &str) -> Option<Allowed> {
         ("muster.v1.HistoryService", "ListHistory" | "Usage") => Allowed::Readers,
         ("muster.v1.HistoryService", "FetchRecords") => Allowed::Servers,
         ("muster.v1.AdminService", "Status") => Allowed::ReadersAndServers,
+        ("muster.v1.AdminService", "GetCheckpointSettings") => Allowed::Readers,
         ("muster.v1.AdminService", _) => Allowed::Admins,
         ("grpc.health.v1.Health", _) => Allowed::Anyone,
         ("grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection", _) => Allowed::Readers,
@@ -234,6 +236,8 @@ mod tests {
             ("/muster.v1.HistoryService/FetchRecords", &["server"]),
             ("/muster.v1.AdminService/ChangeMembership", &["admin"]),
             ("/muster.v1.AdminService/Backup", &["admin"]),
+            ("/muster.v1.AdminService/GetCheckpointSettings", &["admin", "client", "reader"]),
+            ("/muster.v1.AdminService/SetCheckpointSettings", &["admin"]),
             ("/grpc.health.v1.Health/Check", &["server", "agent", "admin", "client", "reader"]),
             ("/grpc.health.v1.Health/Watch", &["server", "agent", "admin", "client", "reader"]),
             ("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", &["admin", "client", "reader"]),

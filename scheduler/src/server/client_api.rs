@@ -298,6 +298,7 @@ impl AllocationService for ClientApi {
             }
         }
         let spec = spec_from_proto(proto, &limits)?;
+        self.s.reader.read(|st| st.check_job_store(&spec)).map_err(|r| rejection_to_status(&r))?;
         // A retried submit is answered from the state, and a key reused with
         // another spec is refused, before anything is proposed.
         if !req.dry_run && super::agent_hub::is_leader(&self.s) {

@@ -26,6 +26,7 @@ pub mod auth;
 pub mod client_api;
 pub mod convert;
 pub mod dashboard;
+pub mod elector;
 pub mod health;
 pub mod history;
 pub mod http;

@@ -104,12 +104,17 @@ pub fn observe(outcome: &Outcome) {
                     tracing::info!(alloc_id = alloc, epoch, task, forced, checkpoint_failed, "task preempted");
                 }
             }
-            Event::CheckpointSaved { alloc, task, epoch, bytes, after_ms, preempted } => {
+            Event::CheckpointSaved { alloc, task, epoch, bytes, after_ms, preempted, seq } => {
                 if *preempted {
                     metrics::histogram!("muster_preemption_checkpoint_duration_seconds")
                         .record(*after_ms as f64 / 1000.0);
                 }
-                tracing::info!(alloc_id = alloc, epoch, task, bytes, after_ms, "checkpoint saved");
+                metrics::counter!("muster_checkpoints_saved_total").increment(1);
+                metrics::counter!("muster_checkpoint_saved_bytes_total").increment(*bytes);
+                tracing::info!(alloc_id = alloc, epoch, task, bytes, after_ms, seq, "checkpoint saved");
+            }
+            Event::CheckpointUnreachable { alloc, task, seq, writer, from } => {
+                tracing::warn!(alloc_id = alloc, task, seq, writer = %writer, from = ?from, "newest checkpoint unreachable");
             }
             Event::TeardownCompleted { alloc, epoch, cause, outcome, drain_ms, preempted_count } => {
                 let drain_s = *drain_ms as f64 / 1000.0;

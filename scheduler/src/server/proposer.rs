@@ -62,6 +62,16 @@ pub enum ProposeError {
     /// change is not allowed).
     #[error("{0}")]
     Membership(String),
+    /// The command alone is larger than a log entry may be: it is refused
+    /// before the log (every replica would have to store and replicate it,
+    /// and one append must carry it within its deadline).
+    #[error("the command is {bytes} bytes encoded, over the {limit}-byte limit of a log entry")]
+    TooLarge {
+        /// Its encoded size.
+        bytes: usize,
+        /// [`MAX_ENTRY_BYTES`].
+        limit: usize,
+    },
 }
 
 impl From<RaftError<u64, ClientWriteError<u64, BasicNode>>> for ProposeError {
@@ -81,7 +91,22 @@ impl From<RaftError<u64, ClientWriteError<u64, BasicNode>>> for ProposeError {
 
 struct Pending {
     command: Command,
+    /// Its encoded size.
+    bytes: usize,
     reply: oneshot::Sender<Result<Outcome, ProposeError>>,
+}
+
+/// The most bytes of commands one log entry carries. A batch closes before
+/// the command that would pass it (that command opens the next entry), and a
+/// single command over it is refused before the log: an entry must fit in
+/// one append to a follower, sent and synced within the append's deadline
+/// (`muster_raft_store::MAX_APPEND_BYTES` is twice this).
+pub const MAX_ENTRY_BYTES: usize = 1 << 20;
+
+impl Pending {
+    fn new(command: Command, reply: oneshot::Sender<Result<Outcome, ProposeError>>) -> Pending {
+        Pending { bytes: command.encoded_len(), command, reply }
+    }
 }
 
 /// The handle callers propose through.
@@ -109,7 +134,7 @@ impl Proposer {
     pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Pending { command, reply })
+            .send(Pending::new(command, reply))
             .await
             .map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?;
         rx.await.map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?
@@ -120,7 +145,7 @@ impl Proposer {
         let mut waiting = Vec::with_capacity(commands.len());
         for command in commands {
             let (reply, rx) = oneshot::channel();
-            if self.tx.send(Pending { command, reply }).await.is_err() {
+            if self.tx.send(Pending::new(command, reply)).await.is_err() {
                 break;
             }
             waiting.push(rx);
@@ -177,9 +202,12 @@ struct InFlight {
 async fn run<L: Log>(log: L, mut rx: mpsc::Receiver<Pending>, max_batch: usize, now: impl Fn() -> u64) {
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut open = true;
+    // The command that would have passed the last entry's byte bound: it
+    // opens the next one.
+    let mut carried: Option<Pending> = None;
     let mut look = tokio::time::interval(Duration::from_millis(500));
     look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    while open || !in_flight.is_empty() {
+    while open || carried.is_some() || !in_flight.is_empty() {
         tokio::select! {
             // The oldest entry's outcome (they apply in log order).
             outcome = async { (&mut in_flight.front_mut().expect("guarded").outcome).await }, if !in_flight.is_empty() => {
@@ -208,12 +236,26 @@ async fn run<L: Log>(log: L, mut rx: mpsc::Receiver<Pending>, max_batch: usize, 
                     finish(done.batch, done.started, Err(ProposeError::Raft(msg)));
                 }
             }
-            first = rx.recv(), if open && in_flight.len() < IN_FLIGHT => {
+            first = next_pending(&mut carried, &mut rx), if (open || carried.is_some()) && in_flight.len() < IN_FLIGHT => {
                 let Some(first) = first else { open = false; continue };
+                if first.bytes > MAX_ENTRY_BYTES {
+                    metrics::counter!("muster_raft_proposals_total", "result" => "too_large").increment(1);
+                    tracing::warn!(command = first.command.name(), bytes = first.bytes, "a command over the entry limit refused");
+                    let _ = first.reply.send(Err(ProposeError::TooLarge { bytes: first.bytes, limit: MAX_ENTRY_BYTES }));
+                    continue;
+                }
+                let mut bytes = first.bytes;
                 let mut batch = vec![first];
                 while batch.len() < max_batch {
                     match rx.try_recv() {
-                        Ok(p) => batch.push(p),
+                        Ok(p) if bytes + p.bytes > MAX_ENTRY_BYTES => {
+                            carried = Some(p);
+                            break;
+                        }
+                        Ok(p) => {
+                            bytes += p.bytes;
+                            batch.push(p);
+                        }
                         Err(_) => break,
                     }
                 }
@@ -228,6 +270,15 @@ async fn run<L: Log>(log: L, mut rx: mpsc::Receiver<Pending>, max_batch: usize, 
                 }
             }
         }
+    }
+}
+
+/// The next command to propose: the one carried over from the last batch,
+/// else the queue's next.
+async fn next_pending(carried: &mut Option<Pending>, rx: &mut mpsc::Receiver<Pending>) -> Option<Pending> {
+    match carried.take() {
+        Some(p) => Some(p),
+        None => rx.recv().await,
     }
 }
 
@@ -356,6 +407,42 @@ mod tests {
         // A late outcome for an abandoned entry reaches nobody and harms nothing.
         log.apply_next();
         assert!(matches!(proposer.propose_all(vec![]).await.as_slice(), []));
+    }
+
+    /// Entries are bounded in bytes: a batch closes before the command that
+    /// would pass [`MAX_ENTRY_BYTES`] (it opens the next entry), and a
+    /// single command over the bound is refused before the log.
+    #[tokio::test(start_paused = true)]
+    async fn entries_are_bounded_in_bytes_and_an_oversized_command_is_refused() {
+        let log = Held::default();
+        log.leads.store(true, Ordering::SeqCst);
+        let proposer = Proposer::start_on(log.clone(), 4096, || 0);
+        let sized = |bytes: usize| Command::FailTaskToStart {
+            alloc: 1,
+            task: 0,
+            node: crate::sm::NodeId::new("n"),
+            epoch: 1,
+            reason: "x".repeat(bytes),
+        };
+        let third = MAX_ENTRY_BYTES / 3;
+        let over = proposer.propose(sized(MAX_ENTRY_BYTES)).await.unwrap_err();
+        assert!(
+            matches!(over, ProposeError::TooLarge { bytes, limit } if bytes > MAX_ENTRY_BYTES && limit == MAX_ENTRY_BYTES),
+            "{over}"
+        );
+        assert_eq!(log.held(), 0, "nothing reached the log");
+        // Four commands of a third of the bound each: three fit one entry,
+        // the fourth opens the next.
+        let p = proposer.clone();
+        let all = tokio::spawn(async move { p.propose_all((0..4).map(|_| sized(third - 64)).collect()).await });
+        while log.held() < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let sizes: Vec<usize> = log.replies.lock().unwrap().iter().map(|(n, _)| *n).collect();
+        assert_eq!(sizes, vec![3, 1]);
+        log.apply_next();
+        log.apply_next();
+        assert!(all.await.unwrap().iter().all(|r| matches!(r, Ok(Outcome::Accepted(_)))));
     }
 
     /// While leading, an entry waits up to the leader's bound, no longer.

@@ -349,13 +349,29 @@ pub struct RaftRpc {
     raft: MusterRaft,
     id: u64,
     stop: tokio::sync::watch::Receiver<bool>,
+    /// When a leader was last heard from (appends and snapshot chunks it
+    /// took), for the elector and pre-votes.
+    heard: super::elector::LastHeard,
+    /// The voters' lease a pre-vote respects.
+    lease: Duration,
+    /// This replica's last log entry, for pre-votes.
+    last_log: super::elector::LastLogReader,
 }
 
 impl RaftRpc {
     /// Serves Raft RPCs for `raft`, the replica `id`; `Follow` streams end
-    /// when `stop` turns true.
-    pub fn new(raft: MusterRaft, id: u64, stop: tokio::sync::watch::Receiver<bool>) -> Self {
-        RaftRpc { raft, id, stop }
+    /// when `stop` turns true. Every append and snapshot chunk taken from
+    /// a leader is noted in `heard`; a pre-vote is granted only when none
+    /// was within `lease`.
+    pub fn new(
+        raft: MusterRaft,
+        id: u64,
+        stop: tokio::sync::watch::Receiver<bool>,
+        heard: super::elector::LastHeard,
+        lease: Duration,
+        last_log: super::elector::LastLogReader,
+    ) -> Self {
+        RaftRpc { raft, id, stop, heard, lease, last_log }
     }
 }
 
@@ -388,8 +404,18 @@ fn decode_payload<T: DeserializeOwned>(payload: &RaftPayload) -> Result<T, Statu
 
 /// One append, from a call or the stream: into the local Raft, timed when
 /// it carries entries.
-async fn serve_append(raft: &MusterRaft, payload: RaftPayload) -> Result<RaftPayload, Status> {
+async fn serve_append(
+    raft: &MusterRaft,
+    heard: &super::elector::LastHeard,
+    payload: RaftPayload,
+) -> Result<RaftPayload, Status> {
     let rpc: AppendEntriesRequest<TypeConfig> = decode_payload(&payload)?;
+    // A leader of this term (or a newer one) is heard the moment its append
+    // arrives, not once it is on disk: a follower whose disk is slow still
+    // hears its leader.
+    if rpc.vote.leader_id().term >= raft.metrics().borrow().current_term {
+        heard.heard();
+    }
     let timed = (!rpc.entries.is_empty()).then(std::time::Instant::now);
     let reply = raft.append_entries(rpc).await;
     if let Some(started) = timed {
@@ -428,9 +454,20 @@ impl RaftService for RaftRpc {
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
+    async fn pre_vote(&self, req: Request<v1::PreVoteRequest>) -> Result<Response<v1::PreVoteResponse>, Status> {
+        addressed_to(&req, self.id)?;
+        let leads = self.raft.metrics().borrow().state == openraft::ServerState::Leader;
+        let r = req.get_ref();
+        let theirs = (r.last_log_term, r.last_log_index);
+        let (granted, reason) =
+            super::elector::pre_vote_answer(leads, self.heard.silent(), self.lease, (self.last_log)(), theirs);
+        tracing::debug!(candidate = r.candidate, granted, reason = %reason, "pre-vote");
+        Ok(Response::new(v1::PreVoteResponse { granted, reason }))
+    }
+
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         addressed_to(&req, self.id)?;
-        serve_append(&self.raft, req.into_inner()).await.map(Response::new)
+        serve_append(&self.raft, &self.heard, req.into_inner()).await.map(Response::new)
     }
 
     type AppendStreamStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<RaftPayload, Status>> + Send>>;
@@ -445,10 +482,10 @@ impl RaftService for RaftRpc {
     ) -> Result<Response<Self::AppendStreamStream>, Status> {
         use tokio_stream::StreamExt;
         addressed_to(&req, self.id)?;
-        let raft = self.raft.clone();
+        let (raft, heard) = (self.raft.clone(), self.heard.clone());
         let replies = req.into_inner().then(move |request| {
-            let raft = raft.clone();
-            async move { serve_append(&raft, request?).await }
+            let (raft, heard) = (raft.clone(), heard.clone());
+            async move { serve_append(&raft, &heard, request?).await }
         });
         let stop = self.stop.clone();
         let stopping = tokio_stream::once(()).then(move |()| {
@@ -480,7 +517,11 @@ impl RaftService for RaftRpc {
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         addressed_to(&req, self.id)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode_request(req)?;
-        encode_reply(&self.raft.install_snapshot(rpc).await)
+        let reply = self.raft.install_snapshot(rpc).await;
+        if reply.is_ok() {
+            self.heard.heard();
+        }
+        encode_reply(&reply)
     }
 }
 
@@ -577,6 +618,10 @@ mod tests {
         }
 
         async fn install_snapshot(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+            Err(Status::unimplemented("not in this fake"))
+        }
+
+        async fn pre_vote(&self, _: Request<v1::PreVoteRequest>) -> Result<Response<v1::PreVoteResponse>, Status> {
             Err(Status::unimplemented("not in this fake"))
         }
     }

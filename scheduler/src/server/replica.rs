@@ -352,6 +352,10 @@ impl Replica {
             _ => {}
         }
         let (log, sm) = muster_raft_store::open_with::<State>(&cfg.data_dir, &store)?;
+        let last_log: super::elector::LastLogReader = {
+            let log = log.clone();
+            std::sync::Arc::new(move || log.last_log_id().map_or((0, 0), |id| (id.leader_id.term, id.index)))
+        };
         let reader = sm.reader();
         let history = Arc::new(
             muster_history::HistoryStore::open(&cfg.data_dir.join("history.sqlite"))
@@ -366,6 +370,8 @@ impl Replica {
             snapshot_max_chunk_size: 1 << 20,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.raft.snapshot_every),
             max_in_snapshot_log_to_keep: cfg.raft.keep_behind_snapshot,
+            // Elections are the elector's, after a pre-vote (elector.rs).
+            enable_elect: false,
             ..Config::default()
         }
         .validate()
@@ -382,6 +388,8 @@ impl Replica {
         let proposer = Proposer::start(raft.clone(), cfg.max_batch, time.clone());
         let (leader_gone_tx, leader_gone) = watch::channel(None);
         let watch_timing = WatchTiming::new(cfg.raft.heartbeat_ms, cfg.raft.election_timeout_ms);
+        let election_timing = super::elector::ElectionTiming::new(cfg.raft.heartbeat_ms, cfg.raft.election_timeout_ms);
+        let heard = super::elector::LastHeard::new(cfg.clock.clone());
         let leading = {
             let (tx, rx) = watch::channel(false);
             let mut metrics = raft.metrics();
@@ -462,9 +470,16 @@ impl Replica {
         let server = builder
             .layer(auth)
             .add_service(
-                RaftServiceServer::new(RaftRpc::new(raft.clone(), cfg.id, stop.subscribe()))
-                    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
+                RaftServiceServer::new(RaftRpc::new(
+                    raft.clone(),
+                    cfg.id,
+                    stop.subscribe(),
+                    heard.clone(),
+                    election_timing.lease,
+                    last_log.clone(),
+                ))
+                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
             )
             .add_service(AllocationServiceServer::new(ClientApi::new(shared.clone())))
             .add_service(NodeServiceServer::new(NodeApi::new(shared.clone())))
@@ -521,6 +536,15 @@ impl Replica {
             Network::new(cfg.tls.clone()),
             watch_timing,
             leader_gone_tx,
+            stop.subscribe(),
+        ));
+        tokio::spawn(super::elector::run(
+            raft.clone(),
+            cfg.id,
+            Network::new(cfg.tls.clone()),
+            heard.clone(),
+            last_log,
+            election_timing,
             stop.subscribe(),
         ));
         tokio::spawn(export_state_metrics(shared.clone(), stop.subscribe()));

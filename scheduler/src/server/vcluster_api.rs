@@ -83,12 +83,21 @@ pub fn spec_from_proto(name: &str, p: v1::VClusterSpec) -> Result<VClusterSpec, 
         "" => OverQuota::Queue,
         o => OverQuota::parse(o).ok_or_else(|| bad("over_quota", format!("{o:?} (queue or reject)")))?,
     };
+    let store = Some(p.checkpoint_store.trim())
+        .filter(|s| !s.is_empty())
+        .map(crate::sm::CheckpointStore::parse)
+        .transpose()
+        .map_err(|e| bad("checkpoint_store", e))?;
+    if let Some(cap) = p.max_checkpoint_bytes {
+        crate::sm::check_cap(cap).map_err(|e| bad("max_checkpoint_bytes", e))?;
+    }
     Ok(VClusterSpec {
         vtype,
         home,
         quota: Quota { max_gpus: p.max_gpus, max_nodes: p.max_nodes, max_allocations: p.max_allocations },
         borrow_limit_pct,
         over_quota,
+        checkpoints: crate::sm::VcCheckpoints { store, max_bytes: p.max_checkpoint_bytes },
     })
 }
 
@@ -109,6 +118,8 @@ pub fn to_proto(st: &State, v: &VCluster) -> v1::VCluster {
             max_allocations: v.spec.quota.max_allocations,
             borrow_limit_pct: u32::from(v.spec.borrow_limit_pct),
             over_quota: v.spec.over_quota.as_str().to_string(),
+            checkpoint_store: v.spec.checkpoints.store.as_ref().map(|s| s.spec()).unwrap_or_default(),
+            max_checkpoint_bytes: v.spec.checkpoints.max_bytes,
         }),
         created_ms: v.created_ms,
         updated_ms: v.updated_ms,

@@ -403,7 +403,7 @@ impl Run {
                     task,
                     node,
                     epoch: if *stale { epoch + 1 } else { epoch },
-                    data: vec![7; usize::from(*bytes)],
+                    manifest: manifest_of(alloc, task, "p", *bytes),
                 })
                 .into_iter()
                 .collect(),
@@ -413,7 +413,7 @@ impl Run {
                     task,
                     node,
                     epoch: if *stale { epoch + 1 } else { epoch },
-                    data: vec![9; usize::from(*bytes)],
+                    manifest: manifest_of(alloc, task, "x", *bytes),
                 })
                 .into_iter()
                 .collect(),
@@ -497,5 +497,17 @@ impl Run {
                 (cmd, out)
             })
             .collect()
+    }
+}
+
+/// A checkpoint manifest on the writer's own disk, its key made unique by
+/// `kind` and its size.
+fn manifest_of(alloc: AllocId, task: u32, kind: &str, bytes: u16) -> muster_scheduler::sm::ManifestUpload {
+    muster_scheduler::sm::ManifestUpload {
+        step: None,
+        bytes: u64::from(bytes),
+        sha256: [1; 32],
+        store: muster_scheduler::sm::CheckpointStore::Node,
+        key: format!("{}{kind}{bytes}", muster_scheduler::sm::key_prefix(alloc, task)),
     }
 }

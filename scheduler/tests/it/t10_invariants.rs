@@ -85,8 +85,8 @@ mod arbitrary {
     use std::collections::BTreeMap;
 
     use muster_scheduler::sm::{
-        AllocSpec, ApplyCtx, CheckpointMode, Command, LabelExpr, NodeId, PORTS_LABEL, Packing, Placement, Resources,
-        State,
+        AllocSpec, ApplyCtx, CheckpointMode, CheckpointSettings, CheckpointStore, Command, LabelExpr, ManifestUpload,
+        NodeId, PORTS_LABEL, Packing, Placement, Resources, State, key_prefix,
     };
     use proptest::prelude::*;
 
@@ -100,6 +100,38 @@ mod arbitrary {
 
     fn node() -> impl Strategy<Value = NodeId> {
         prop_oneof![(0u8..3).prop_map(|i| NodeId::new(format!("n{i}"))), ".{0,300}".prop_map(NodeId::new)]
+    }
+
+    /// A manifest an agent might send: a key for its own task or a stray one,
+    /// on its own disk or in a shared store, of a size around the cap.
+    #[derive(Clone, Debug)]
+    struct AnyManifest {
+        own_key: bool,
+        name: String,
+        shared: bool,
+        bytes: u64,
+    }
+
+    impl AnyManifest {
+        fn named(self, alloc: u64, task: u32) -> ManifestUpload {
+            let key = if self.own_key { format!("{}{}", key_prefix(alloc, task), self.name) } else { self.name };
+            ManifestUpload {
+                step: None,
+                bytes: self.bytes,
+                sha256: [7; 32],
+                store: if self.shared {
+                    CheckpointStore::Shared { root: "/mnt/c".into() }
+                } else {
+                    CheckpointStore::Node
+                },
+                key,
+            }
+        }
+    }
+
+    fn manifest() -> impl Strategy<Value = AnyManifest> {
+        (any::<bool>(), "[a-z.]{0,6}", any::<bool>(), prop_oneof![Just(1u64), Just(1 << 20), Just((1 << 20) + 1)])
+            .prop_map(|(own_key, name, shared, bytes)| AnyManifest { own_key, name, shared, bytes })
     }
 
     fn resources() -> impl Strategy<Value = Resources> {
@@ -147,6 +179,7 @@ mod arbitrary {
                         2 => Placement { constraints: LabelExpr::parse_list("rack=r0").unwrap(), pack_by: None },
                         _ => Placement::default(),
                     },
+                    checkpoint_store: None,
                 },
             )
     }
@@ -204,12 +237,36 @@ mod arbitrary {
                     hold_ms
                 }),
             any_u64().prop_map(|alloc| Command::ExpireNomination { alloc }),
-            (any_u64(), any_u32(), node(), any_u64(), proptest::collection::vec(any::<u8>(), 0..16)).prop_map(
-                |(alloc, task, node, epoch, data)| Command::SaveCheckpoint { alloc, task, node, epoch, data }
+            (any_u64(), any_u32(), node(), any_u64(), manifest()).prop_map(|(alloc, task, node, epoch, m)| {
+                Command::SaveCheckpoint { alloc, task, node, epoch, manifest: m.named(alloc, task) }
+            }),
+            (any_u64(), any_u32(), node(), any_u64(), manifest()).prop_map(|(alloc, task, node, epoch, m)| {
+                Command::SaveExitCheckpoint { alloc, task, node, epoch, manifest: m.named(alloc, task) }
+            }),
+            (any_u64(), any_u32(), node(), any_u64(), any_u64(), ".{0,6}").prop_map(
+                |(alloc, task, node, epoch, seq, reason)| Command::DropCheckpoint {
+                    alloc,
+                    task,
+                    node,
+                    epoch,
+                    seq,
+                    reason
+                }
             ),
-            (any_u64(), any_u32(), node(), any_u64(), proptest::collection::vec(any::<u8>(), 0..16)).prop_map(
-                |(alloc, task, node, epoch, data)| Command::SaveExitCheckpoint { alloc, task, node, epoch, data }
-            ),
+            (node(), proptest::collection::vec(any_u64(), 0..4))
+                .prop_map(|(node, seqs)| Command::ForgetCheckpoints { node, seqs }),
+            (1u32..4, any::<bool>()).prop_map(|(keep, shared)| Command::SetCheckpointSettings {
+                settings: CheckpointSettings {
+                    store: if shared {
+                        CheckpointStore::Shared { root: "/mnt/c".into() }
+                    } else {
+                        CheckpointStore::Node
+                    },
+                    keep,
+                    max_bytes: 1 << 20,
+                },
+                by: "admin".into(),
+            }),
             (any_u64(), any_u64()).prop_map(|(alloc, epoch)| Command::ForceTeardown { alloc, epoch }),
             node().prop_map(|node| Command::MarkNodeReady { node }),
             (node(), any_u64(), ".{0,8}", ".{0,4}").prop_map(|(node, timeout_ms, reason, by)| Command::DrainNode {

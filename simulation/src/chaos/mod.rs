@@ -69,6 +69,11 @@ pub struct ChaosConfig {
     /// of a campaign that run side by side share one: the harness's client
     /// holds one certificate.
     pub tls_dir: Option<PathBuf>,
+    /// The workload variant with large checkpoints: every rank of a
+    /// checkpointing allocation writes this many MiB of state to its
+    /// checkpoint directory at start, and checks the state it resumes from
+    /// (0: none).
+    pub checkpoint_mb: u32,
 }
 
 /// How long a task runs unless told otherwise: 0.5–3 s.
@@ -314,7 +319,12 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
 
     // The fault phase.
     let fabric = fabric::Fabric::start().await.map_err(|e| format!("cannot start the gang fabric: {e}"))?;
-    let tasks = workload::Tasks { bin: cfg.muster_bin.clone(), journal: journal.clone(), fabric: fabric.addr() };
+    let tasks = workload::Tasks {
+        bin: cfg.muster_bin.clone(),
+        journal: journal.clone(),
+        fabric: fabric.addr(),
+        checkpoint_mb: cfg.checkpoint_mb,
+    };
     let until = Instant::now() + cfg.duration;
     let (ops, faults) = tokio::join!(
         workload::run(proxied.clone(), cfg.seed, &tasks, until, cfg.task_ms),
@@ -383,6 +393,8 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         checks::journal_consistent(&parsed, &histories),
         checks::gpus_never_overbooked(&parsed, &allocs, procs::AGENT_GPUS),
         checks::client_api_linearizable(&ops),
+        checks::checkpoints_intact(&parsed, cfg.checkpoint_mb),
+        checks::log_entries_bounded(&logs),
     ];
     let mut replay = checks::committed_log_replays(&logs, &statuses);
     if !unreadable.is_empty() {

@@ -17,6 +17,12 @@
 //!   The master waits for a silent rank for 60 s, as a rank blocked in a
 //!   collective does: only the scheduler's teardown stops it sooner.
 //! - A master whose ranks have not all joined within 30 s gives up too.
+//! - With `CHAOS_CHECKPOINT_MB` set (the large-checkpoint workload), a rank
+//!   first checks the state it was restored with, if it resumes (`resumed`,
+//!   or `corrupt` when the bytes are not the ones a rank wrote), then writes
+//!   that many MiB of fresh state to its checkpoint directory, renamed into
+//!   place: every exit, preemption and teardown then saves a large
+//!   checkpoint.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -88,6 +94,15 @@ pub fn main(beats: u64) -> i32 {
         }
     };
     journal.stamp("start");
+    let state_mb: u64 = env("CHAOS_CHECKPOINT_MB").parse().unwrap_or(0);
+    if state_mb > 0 {
+        match checkpoint_state(state_mb) {
+            Ok(Some(true)) => journal.stamp("resumed"),
+            Ok(Some(false)) => journal.stamp("corrupt"),
+            Ok(None) => {}
+            Err(e) => eprintln!("chaos-rank: cannot write its state: {e}"),
+        }
+    }
     let gang: u32 = env("MUSTER_GANG_SIZE").parse().unwrap_or(1).max(1);
     let task: u32 = env("MUSTER_TASK_INDEX").parse().unwrap_or(0);
     let gang_id = (env("MUSTER_ALLOC_ID"), env("MUSTER_EPOCH"), env("MUSTER_NODE_ID"));
@@ -107,6 +122,38 @@ pub fn main(beats: u64) -> i32 {
         }
     });
     journal.finish(status)
+}
+
+/// FNV-1a, 64 bits: enough to tell the state a rank wrote from any other.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Checks the state a resumed rank was given (`Some(intact)`; `None` when
+/// it starts afresh), then writes `mb` MiB of new state: 8 bytes of
+/// checksum, then the bytes, written under a temporary name and renamed.
+fn checkpoint_state(mb: u64) -> std::io::Result<Option<bool>> {
+    let dir = std::path::PathBuf::from(env("MUSTER_CHECKPOINT_DIR"));
+    let path = dir.join("state.bin");
+    let resumed = (env("MUSTER_RESUME") == "1").then(|| match std::fs::read(&path) {
+        Ok(b) if b.len() as u64 == mb * 1_048_576 + 8 => b[..8] == fnv(&b[8..]).to_le_bytes(),
+        _ => false,
+    });
+    let mut x = now_ms() ^ fnv(env("MUSTER_ALLOC_ID").as_bytes()) ^ 0x9E37_79B9_7F4A_7C15;
+    let mut body = vec![0u8; (mb * 1_048_576) as usize];
+    for chunk in body.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let tmp = dir.join("state.bin.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&fnv(&body).to_le_bytes())?;
+    f.write_all(&body)?;
+    drop(f);
+    std::fs::rename(&tmp, &path)?;
+    Ok(resumed)
 }
 
 /// What a rank's reader on the master's side reports.

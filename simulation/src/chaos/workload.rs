@@ -52,6 +52,8 @@ pub struct Tasks {
     pub journal: PathBuf,
     /// The gang fabric's address ([`super::fabric`]).
     pub fabric: String,
+    /// MiB of state each rank checkpoints (0: none; see [`super::rank`]).
+    pub checkpoint_mb: u32,
 }
 
 /// One allocation of the mix.
@@ -78,6 +80,7 @@ fn spec(rng: &mut SimRng, key: String, tasks: &Tasks, task_ms: (u64, u64)) -> v1
         env: [
             ("CHAOS_JOURNAL".to_string(), tasks.journal.display().to_string()),
             ("CHAOS_FABRIC".to_string(), tasks.fabric.clone()),
+            ("CHAOS_CHECKPOINT_MB".to_string(), tasks.checkpoint_mb.to_string()),
         ]
         .into(),
         idempotency_key: key,

@@ -39,6 +39,7 @@ impl State {
         if let Some(reason) = self.submit_quota_excess(spec) {
             return Err(Rejection::OverQuota { vcluster: spec.vcluster.clone(), reason });
         }
+        self.check_job_store(spec)?;
         let id = self.next_alloc_id;
         self.next_alloc_id += 1;
         let tasks = (0..spec.gang_size)
@@ -55,7 +56,7 @@ impl State {
                 exit_code: None,
                 run_nodes: Vec::new(),
                 preemption_epoch: 0,
-                checkpoint: None,
+                checkpoints: Vec::new(),
                 watchdog_trips: 0,
                 last_watchdog: None,
                 drain_retries: 0,
@@ -113,7 +114,7 @@ impl State {
         if let Some(reason) = self.borrow_excess(a, &slots, 0, 0) {
             return Err(Rejection::BorrowRefused { alloc: id, reason });
         }
-        Ok(vec![self.place_gang(id, &slots)])
+        Ok(self.place_gang(id, &slots))
     }
 
     /// Checks a placement of gang `a`, task `i` on `nodes[i]`: one node per
@@ -221,7 +222,7 @@ impl State {
 
     /// Reserves a queued gang (already checked) on `slots`, task `i` on
     /// `slots[i]`, under the next reservation epoch.
-    pub(super) fn place_gang(&mut self, id: AllocId, slots: &[NodeSlot]) -> Event {
+    pub(super) fn place_gang(&mut self, id: AllocId, slots: &[NodeSlot]) -> Vec<Event> {
         let now = self.now_ms;
         let usage = Usage::of(&self.allocs[&id].spec.resources);
         for (task, &slot) in slots.iter().enumerate() {
@@ -247,7 +248,31 @@ impl State {
         let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked above");
         a.retry_first = false;
         a.avoid_nodes.clear();
-        Event::GangReserved { alloc: id, epoch, nodes }
+        let mut events = vec![Event::GangReserved { alloc: id, epoch, nodes }];
+        events.extend(self.unreachable_checkpoints(id));
+        events
+    }
+
+    /// For each task of a gang just placed whose newest checkpoint is on a
+    /// node that is gone: which one it restores instead (or a fresh start).
+    fn unreachable_checkpoints(&self, id: AllocId) -> Vec<Event> {
+        let a = &self.allocs[&id];
+        let mut events = Vec::new();
+        for t in &a.tasks {
+            let Some(newest) = t.checkpoints.first() else { continue };
+            if self.checkpoint_reachable(newest) {
+                continue;
+            }
+            let from = t.checkpoints.iter().find(|m| self.checkpoint_reachable(m)).map(|m| m.seq);
+            events.push(Event::CheckpointUnreachable {
+                alloc: id,
+                task: t.index,
+                seq: newest.seq,
+                writer: newest.writer.clone(),
+                from,
+            });
+        }
+        events
     }
 
     /// Returns an unclaimed reservation to the queue. When some tasks of the
@@ -353,22 +378,6 @@ impl State {
             return Ok(events);
         }
         Ok(self.fail_running(id, task, slot, exit_code))
-    }
-
-    /// The checkpoint an attempt was given could not be restored on its
-    /// node: dropped, so no later attempt trips on it. The task runs on.
-    pub(super) fn drop_checkpoint(
-        &mut self,
-        id: AllocId,
-        task: TaskIndex,
-        node: &NodeId,
-        epoch: u64,
-        reason: &str,
-    ) -> Applied {
-        check_agent_reason(reason)?;
-        self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
-        self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked").tasks[task as usize].checkpoint = None;
-        Ok(vec![Event::CheckpointDropped { alloc: id, task, node: node.clone(), reason: reason.to_string() }])
     }
 
     /// A claimed task that could not start: failed like any other failure

@@ -77,7 +77,6 @@ impl State {
         } else if a.tasks.iter().all(|t| t.status == TaskStatus::Done) {
             a.status = AllocStatus::Done;
             a.finished_at_ms = Some(now);
-            drop_checkpoints(a);
             events.push(Event::AllocationDone { alloc: id });
         } else if a.is_queued() {
             // Nothing runs or waits: blocked (and maybe done) tasks only.
@@ -107,11 +106,13 @@ impl State {
                 a.status = AllocStatus::Failed;
                 a.suspended = false;
                 a.finished_at_ms = Some(now);
-                drop_checkpoints(a);
                 events.push(Event::AllocationFailed { alloc: id, reason });
             } else if !matches!(before, AllocStatus::Queued | AllocStatus::Suspended) {
                 events.push(Event::GangRequeued { alloc: id });
             }
+        }
+        if self.allocs[&id].status.is_terminal() {
+            self.retire_checkpoints(id);
         }
         self.reindex_alloc(id);
         events
@@ -401,6 +402,7 @@ impl State {
             }
             self.index.ports_held.retain(|_, h| !h.is_empty());
         }
+        self.rebuild_checkpoint_indexes();
         self.touched.finished.sort_by_key(|id| self.allocs[id].finish_seq);
         self.flush_finished();
     }

@@ -52,7 +52,7 @@ impl State {
                     }
                 }
             }
-            if a.status.is_terminal() && a.tasks.iter().any(|t| t.checkpoint.is_some()) {
+            if a.status.is_terminal() && a.tasks.iter().any(|t| !t.checkpoints.is_empty()) {
                 return Err(format!("terminal allocation {} still keeps checkpoints", a.id));
             }
             if a.tasks.len() != a.spec.gang_size as usize {
@@ -141,6 +141,21 @@ impl State {
             }
             if draining && self.tasks_on_node(node.slot).next().is_none() {
                 return Err(format!("{} node {} holds nothing but did not stop", node.status.as_str(), node.id));
+            }
+        }
+        // Checkpoint manifests: numbered once each, and a retired one is
+        // named by no task.
+        let mut seqs = BTreeSet::new();
+        for t in self.allocs.values().flat_map(|a| &a.tasks) {
+            for m in &t.checkpoints {
+                if m.seq >= self.next_checkpoint_seq || !seqs.insert(m.seq) {
+                    return Err(format!("checkpoint {} is numbered twice or ahead of the count", m.seq));
+                }
+            }
+        }
+        for (seq, r) in &self.retired_checkpoints {
+            if *seq != r.manifest.seq || seqs.contains(seq) || *seq >= self.next_checkpoint_seq {
+                return Err(format!("retired checkpoint {seq} is still named, or misnumbered"));
             }
         }
         let mut fresh = self.clone();

@@ -49,10 +49,10 @@ use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::DEFAULT_VCLUSTER;
 use super::types::{
-    ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, Checkpoint,
-    CheckpointMode, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,
-    Placement, PreemptReason, Resources, Task, TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token,
-    TokenRole, Usage, VClusterType, fits,
+    ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, CheckpointMode,
+    CheckpointSettings, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,
+    Placement, PreemptReason, Resources, RetiredCheckpoint, Task, TaskIndex, TaskStatus, Teardown, TeardownCause,
+    TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
 };
 use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
 use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
@@ -208,6 +208,10 @@ struct Indexes {
     key_expiry: BTreeSet<(u64, String, String)>,
     /// Rendezvous ports held on each node (by task 0 of a placed gang).
     ports_held: BTreeMap<NodeSlot, BTreeSet<u16>>,
+    /// Tasks with a checkpoint on a node's own disk, by that node.
+    checkpoints_on_node: BTreeMap<NodeId, BTreeSet<(AllocId, TaskIndex)>>,
+    /// Retired checkpoints by the node whose agent deletes them.
+    retired_by_deleter: BTreeMap<NodeId, BTreeSet<u64>>,
 }
 
 /// A vCluster's live allocations and the GPUs their gangs need.
@@ -292,6 +296,15 @@ pub struct State {
     tokens: BTreeMap<String, Token>,
     /// vClusters by name (the built-in `default` only once changed).
     vclusters: BTreeMap<String, VCluster>,
+    /// The cluster's checkpoint settings.
+    checkpoint_settings: CheckpointSettings,
+    /// The next checkpoint manifest's number.
+    next_checkpoint_seq: u64,
+    /// Manifests no task names any more, whose bytes wait to be deleted.
+    retired_checkpoints: BTreeMap<u64, RetiredCheckpoint>,
+    /// Retired checkpoints given up on (past the cap, or with no node left
+    /// to delete them), in all.
+    abandoned_checkpoints: u64,
     #[serde(skip)]
     index: Indexes,
     /// Nodes whose agents may have something new to hear since the last
@@ -348,6 +361,10 @@ impl State {
             finished_total: self.finished_total,
             tokens: self.tokens.clone(),
             vclusters: self.vclusters.clone(),
+            checkpoint_settings: self.checkpoint_settings.clone(),
+            next_checkpoint_seq: self.next_checkpoint_seq,
+            retired_checkpoints: self.retired_checkpoints.clone(),
+            abandoned_checkpoints: self.abandoned_checkpoints,
             index: Indexes::default(),
             touched: Touched::default(),
         }
@@ -367,6 +384,10 @@ impl State {
             finished_total: 0,
             tokens: BTreeMap::new(),
             vclusters: BTreeMap::new(),
+            checkpoint_settings: CheckpointSettings::default(),
+            next_checkpoint_seq: 1,
+            retired_checkpoints: BTreeMap::new(),
+            abandoned_checkpoints: 0,
             index: Indexes::default(),
             touched: Touched::default(),
         };
@@ -421,17 +442,17 @@ impl State {
             Command::ConfirmPreempted { alloc, task, node, epoch, checkpoint_failed } => {
                 self.task_preempted(*alloc, *task, node, *epoch, *checkpoint_failed)
             }
-            Command::SaveCheckpoint { alloc, task, node, epoch, data } => {
-                self.save_checkpoint(*alloc, *task, node, *epoch, data)
+            Command::SaveCheckpoint { alloc, task, node, epoch, manifest } => {
+                self.save_checkpoint(*alloc, *task, node, *epoch, manifest)
             }
             Command::FailTaskToStart { alloc, task, node, epoch, reason } => {
                 self.fail_task_to_start(*alloc, *task, node, *epoch, reason)
             }
-            Command::SaveExitCheckpoint { alloc, task, node, epoch, data } => {
-                self.save_exit_checkpoint(*alloc, *task, node, *epoch, data)
+            Command::SaveExitCheckpoint { alloc, task, node, epoch, manifest } => {
+                self.save_exit_checkpoint(*alloc, *task, node, *epoch, manifest)
             }
-            Command::DropCheckpoint { alloc, task, node, epoch, reason } => {
-                self.drop_checkpoint(*alloc, *task, node, *epoch, reason)
+            Command::DropCheckpoint { alloc, task, node, epoch, seq, reason } => {
+                self.drop_checkpoint(*alloc, *task, node, *epoch, *seq, reason)
             }
             Command::ForceTeardown { alloc, epoch } => self.force_teardown(*alloc, *epoch),
             Command::Preempt { alloc, victims, nodes, hold_ms } => {
@@ -459,6 +480,8 @@ impl State {
             Command::ForgetFinished { retention_ms, key_window_ms, max } => {
                 self.forget_finished(*retention_ms, *key_window_ms, *max)
             }
+            Command::ForgetCheckpoints { node, seqs } => self.forget_checkpoints(node, seqs),
+            Command::SetCheckpointSettings { settings, by } => self.set_checkpoint_settings(settings, by),
         };
         match result {
             Ok(mut events) => {
@@ -481,6 +504,15 @@ impl State {
             }
             if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id).map(Arc::make_mut)) {
                 self.touched.nodes.extend(a.tasks.iter().filter_map(|t| t.node));
+                // The nodes holding its checkpoints on their disks: a task
+                // placed elsewhere may fetch from them now (their grants).
+                for m in a.tasks.iter().flat_map(|t| &t.checkpoints) {
+                    if m.store == super::types::CheckpointStore::Node
+                        && let Some(&slot) = self.index.node_by_id.get(&m.writer)
+                    {
+                        self.touched.nodes.insert(slot);
+                    }
+                }
                 a.revision += 1;
                 let status = Some(a.status);
                 a.history.push_back(AllocEvent {
@@ -521,12 +553,4 @@ pub(super) fn check_agent_reason(reason: &str) -> Result<(), Rejection> {
         });
     }
     Ok(())
-}
-
-/// A finished allocation's checkpoints will never be restored: drop them so
-/// they stop weighing on every snapshot.
-pub(super) fn drop_checkpoints(a: &mut Allocation) {
-    for t in &mut a.tasks {
-        t.checkpoint = None;
-    }
 }

@@ -210,6 +210,7 @@ impl State {
         validate_node_request(by, "", None, &self.limits)?;
         let slot = self.node_for(id, "terminate", &[NodeStatus::Stopped])?;
         self.set_node_status(slot, NodeStatus::Terminated);
+        self.reassign_retired(id);
         Ok(vec![Event::NodeTerminated { node: id.clone(), by: by.to_string() }])
     }
 

@@ -26,7 +26,7 @@ impl State {
             .or_else(|| self.quota_excess(&self.allocs[&by], &slots, None, &[]));
         self.drop_nomination(by);
         match reason {
-            None => vec![self.place_gang(by, &slots)],
+            None => self.place_gang(by, &slots),
             Some(reason) => vec![Event::NominationDropped { alloc: by, reason }],
         }
     }

@@ -277,7 +277,7 @@ impl State {
         a.status = AllocStatus::Cancelled;
         a.suspended = false;
         a.finished_at_ms = Some(now);
-        drop_checkpoints(a);
+        self.retire_checkpoints(id);
         let stopped = stopped.into_iter().map(|(task, slot)| (task, self.node(slot).id.clone())).collect();
         self.reindex_alloc(id);
         Event::AllocationCancelled { alloc: id, stopped }

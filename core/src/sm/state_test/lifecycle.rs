@@ -272,7 +272,7 @@ fn at_the_deadline_a_gang_on_the_node_is_preempted_with_a_checkpoint_hint_and_su
     assert_eq!(f.node_status(0), NodeStatus::Stopping);
     assert_eq!(f.task(id, 0).attempts, 0, "refunded: a drain is not the gang's fault");
     // Both tasks checkpoint and ack: the gang is suspended; n0 stops.
-    f.ok(Command::SaveCheckpoint { alloc: id, task: 0, node: n(0), epoch: *epoch, data: vec![1, 2] });
+    f.ok(Command::SaveCheckpoint { alloc: id, task: 0, node: n(0), epoch: *epoch, manifest: manifest(id, 0, "c", 2) });
     f.ack(id, 0, 0, *epoch);
     assert_eq!(f.node_status(0), NodeStatus::Stopped, "it holds nothing; the gang's task on n1 is not its business");
     let ev = f.ack(id, 1, 1, *epoch);
@@ -285,14 +285,29 @@ fn at_the_deadline_a_gang_on_the_node_is_preempted_with_a_checkpoint_hint_and_su
     );
     assert_eq!(f.status(id), AllocStatus::Suspended);
     assert_eq!(f.attempts(id), vec![0, 0]);
-    assert!(f.task(id, 0).checkpoint.is_some(), "it resumes from its checkpoint");
+    assert_eq!(f.task(id, 0).checkpoints.len(), 1, "it resumes from its checkpoint");
     // It resumes elsewhere, never on the stopping node.
     let epoch = f.s.alloc(id).unwrap().reservation_epoch + 1;
     assert_eq!(
         f.rejected(Command::ReserveGang { alloc: id, epoch, nodes: vec![n(0), n(2)] }),
         Rejection::NodeNotReady(n(0))
     );
-    f.reserve(id, &[2, 3]);
+    // Its checkpoint is on the stopped node's disk, whose agent may still
+    // serve it; once the node is terminated it is out of reach, so the
+    // attempt starts afresh, and says so.
+    assert_eq!(crate::sync::restore_list(&f.s, f.task(id, 0), &n(2)).len(), 1);
+    let cfg = crate::policy::PreemptionConfig::default();
+    let notes = crate::policy::explain(&f.s, id, f.t, &cfg).unwrap().checkpoints;
+    assert_eq!(notes, ["task 0 resumes from checkpoint 1 (2 B, attempt 1, on n0's disk)"]);
+    f.ok(Command::TerminateNode { node: n(0), by: "ops".into() });
+    let notes = crate::policy::explain(&f.s, id, f.t, &cfg).unwrap().checkpoints;
+    assert_eq!(notes, ["task 0's checkpoints are on n0, which is gone: it starts afresh"]);
+    let ev = f.ok(Command::ReserveGang { alloc: id, epoch, nodes: vec![n(2), n(3)] });
+    assert!(
+        ev.contains(&Event::CheckpointUnreachable { alloc: id, task: 0, seq: 1, writer: n(0), from: None }),
+        "{ev:?}"
+    );
+    assert!(crate::sync::restore_list(&f.s, f.task(id, 0), &n(2)).is_empty());
 }
 
 #[test]

@@ -30,7 +30,7 @@ fn a_preemption_stops_the_victims_holds_the_nodes_and_reserves_the_preemptor_at_
     // A third job cannot take a held node, even once it is free.
     let thief = f.queued(1, 8, 5);
     f.t = 11_000;
-    f.ok(Command::SaveCheckpoint { alloc: v1, task: 0, node: n(0), epoch: 1, data: b"step=7".to_vec() });
+    f.ok(Command::SaveCheckpoint { alloc: v1, task: 0, node: n(0), epoch: 1, manifest: manifest(v1, 0, "step-7", 6) });
     let ev = f.ack(v1, 0, 0, 1);
     assert!(
         ev.iter().any(|e| matches!(
@@ -45,7 +45,7 @@ fn a_preemption_stops_the_victims_holds_the_nodes_and_reserves_the_preemptor_at_
     assert_eq!(f.status(v1), AllocStatus::Suspended);
     let a = f.s.alloc(v1).unwrap();
     assert_eq!((a.preempted_count, a.submit_time_ms, a.suspended), (1, submit_time, true));
-    assert!(a.tasks[0].checkpoint.is_some());
+    assert_eq!(a.tasks[0].checkpoints.len(), 1);
     assert!(f.s.queue().any(|k| k.alloc == v1), "a suspended gang is queued again");
 
     // The last release reserves the preemptor on its held nodes, in the same command.

@@ -194,7 +194,13 @@ fn acks_and_checkpoints_with_a_stale_epoch_or_from_elsewhere_are_refused() {
         stale
     );
     assert_eq!(
-        f.rejected(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: vec![1, 2, 3] }),
+        f.rejected(Command::SaveCheckpoint {
+            alloc: id,
+            task: 1,
+            node: n(1),
+            epoch: 1,
+            manifest: manifest(id, 1, "a", 3)
+        }),
         stale
     );
     assert_eq!(
@@ -214,73 +220,190 @@ fn acks_and_checkpoints_with_a_stale_epoch_or_from_elsewhere_are_refused() {
 }
 
 #[test]
-fn a_checkpoint_is_stored_kept_for_later_attempts_and_dropped_at_the_end() {
+fn a_checkpoint_is_stored_kept_for_later_attempts_and_retired_at_the_end() {
     let mut f = Fixture::new(2);
     let (id, epoch) = f.running(2, 8);
     f.fail(id, 0, 0, epoch);
     f.t = 5_000;
-    let ev = f.ok(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: b"step=41".to_vec() });
+    let save = |name: &str, bytes| Command::SaveCheckpoint {
+        alloc: id,
+        task: 1,
+        node: n(1),
+        epoch: 1,
+        manifest: manifest(id, 1, name, bytes),
+    };
+    let ev = f.ok(save("step-41", 7));
     assert_eq!(
         ev,
-        vec![Event::CheckpointSaved { alloc: id, task: 1, epoch: 1, bytes: 7, after_ms: 4_000, preempted: false }]
+        vec![Event::CheckpointSaved {
+            alloc: id,
+            task: 1,
+            epoch: 1,
+            bytes: 7,
+            after_ms: 4_000,
+            preempted: false,
+            seq: 1
+        }]
     );
-    // A second upload of the same round replaces the first.
-    f.ok(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: b"step=42".to_vec() });
+    // The same upload again (an agent re-sending after a reconnect) is the
+    // same checkpoint; a newer one goes first.
+    assert_eq!(f.ok(save("step-41", 7)), ev);
+    f.ok(save("step-42", 8));
     f.ack(id, 1, 1, 1);
-    let c = f.task(id, 1).checkpoint.clone().unwrap();
-    assert_eq!((c.epoch, c.saved_at_ms, c.data.as_slice()), (1, 5_000, &b"step=42"[..]));
+    let c = &f.task(id, 1).checkpoints;
+    assert_eq!(
+        c.iter().map(|m| (m.seq, m.epoch, m.saved_at_ms, m.bytes)).collect::<Vec<_>>(),
+        [(2, 1, 5_000, 8), (1, 1, 5_000, 7)]
+    );
+    assert_eq!((c[0].writer.clone(), c[0].attempt, c[0].key.as_str()), (n(1), 1, "alloc-1/task-1/step-42"));
     let epoch = f.reserve(id, &[1, 0]);
     f.start(id, 0, 1, epoch);
     f.start(id, 1, 0, epoch);
-    assert!(f.task(id, 1).checkpoint.is_some(), "the next attempt finds it");
+    assert_eq!(f.task(id, 1).checkpoints.len(), 2, "the next attempt finds them");
+    assert_eq!(f.s.checkpoints_to_delete(&n(1)).count(), 0, "nothing retired yet");
     f.ok(Command::FinishTask { alloc: id, task: 0, node: n(1), epoch });
     f.ok(Command::FinishTask { alloc: id, task: 1, node: n(0), epoch });
     assert_eq!(f.status(id), AllocStatus::Done);
-    assert!(f.task(id, 1).checkpoint.is_none(), "a finished allocation keeps no checkpoint");
+    assert!(f.task(id, 1).checkpoints.is_empty(), "a finished allocation keeps no checkpoint");
+    let retired: Vec<u64> = f.s.checkpoints_to_delete(&n(1)).map(|r| r.manifest.seq).collect();
+    assert_eq!(retired, [1, 2], "their bytes are for their writer to delete");
+}
+
+#[test]
+fn a_task_keeps_its_newest_checkpoints_and_its_writer_deletes_the_rest() {
+    let mut f = Fixture::new(2);
+    let (id, epoch) = f.running(1, 8);
+    let exit = |name: &str| Command::SaveExitCheckpoint {
+        alloc: id,
+        task: 0,
+        node: n(0),
+        epoch,
+        manifest: manifest(id, 0, name, 10),
+    };
+    for name in ["c1", "c2", "c3"] {
+        f.ok(exit(name));
+    }
+    let kept: Vec<u64> = f.task(id, 0).checkpoints.iter().map(|m| m.seq).collect();
+    assert_eq!(kept, [3, 2], "keep is 2 by default: the newest first");
+    let retired: Vec<u64> = f.s.checkpoints_to_delete(&n(0)).map(|r| r.manifest.seq).collect();
+    assert_eq!(retired, [1]);
+    // Only the deleter may confirm a deletion; a number already forgotten
+    // is skipped.
+    assert_eq!(
+        f.rejected(Command::ForgetCheckpoints { node: n(1), seqs: vec![1] }),
+        Rejection::NotDeleter { node: n(1), seq: 1 }
+    );
+    assert_eq!(
+        f.s.precheck(&Command::ForgetCheckpoints { node: n(1), seqs: vec![1] }),
+        Err(Rejection::NotDeleter { node: n(1), seq: 1 })
+    );
+    let ev = f.ok(Command::ForgetCheckpoints { node: n(0), seqs: vec![1, 99] });
+    assert_eq!(ev, vec![Event::CheckpointsDeleted { node: n(0), count: 1 }]);
+    assert_eq!(f.s.checkpoints_to_delete(&n(0)).count(), 0);
+    assert!(matches!(
+        f.rejected(Command::ForgetCheckpoints { node: n(0), seqs: vec![7; MAX_FORGET_CHECKPOINTS + 1] }),
+        Rejection::InvalidNode { .. }
+    ));
+    // The settings: keep 1 retires the older one at the next save.
+    let settings = CheckpointSettings { keep: 1, ..CheckpointSettings::default() };
+    f.ok(Command::SetCheckpointSettings { settings: settings.clone(), by: "admin-a".into() });
+    assert_eq!(f.s.checkpoint_settings(), &settings);
+    f.ok(exit("c4"));
+    assert_eq!(f.task(id, 0).checkpoints.iter().map(|m| m.seq).collect::<Vec<_>>(), [4]);
+    assert_eq!(f.s.checkpoints_to_delete(&n(0)).map(|r| r.manifest.seq).collect::<Vec<_>>(), [2, 3]);
+    for bad in [
+        CheckpointSettings { keep: 0, ..settings.clone() },
+        CheckpointSettings { max_bytes: 10, ..settings.clone() },
+        CheckpointSettings { store: CheckpointStore::Shared { root: "relative".into() }, ..settings.clone() },
+    ] {
+        assert!(matches!(
+            f.rejected(Command::SetCheckpointSettings { settings: bad, by: "admin-a".into() }),
+            Rejection::InvalidCheckpointSettings { .. }
+        ));
+    }
+}
+
+#[test]
+fn a_manifest_must_name_its_own_task_and_a_store_the_allocation_uses() {
+    let mut f = Fixture::new(2);
+    let (id, epoch) = f.running(1, 8);
+    let other = f.submit(spec(1, 8));
+    let other_epoch = f.reserve(other, &[1]);
+    f.start(other, 0, 1, other_epoch);
+    let exit = |m: ManifestUpload| Command::SaveExitCheckpoint { alloc: id, task: 0, node: n(0), epoch, manifest: m };
+    // Someone else's checkpoint, by key: refused, so no task can be made to
+    // restore another job's state.
+    let theirs = manifest(other, 0, "x", 1);
+    assert!(matches!(f.rejected(exit(theirs)), Rejection::InvalidCheckpoint { field, .. } if field == "key"));
+    let shared = CheckpointStore::Shared { root: "/mnt/ckpt".into() };
+    let elsewhere = ManifestUpload { store: shared.clone(), ..manifest(id, 0, "x", 1) };
+    assert!(
+        matches!(f.rejected(exit(elsewhere.clone())), Rejection::InvalidCheckpoint { field, .. } if field == "store")
+    );
+    // Once the cluster's store is that path, the same manifest is taken.
+    let settings = CheckpointSettings { store: shared.clone(), ..CheckpointSettings::default() };
+    f.ok(Command::SetCheckpointSettings { settings, by: "admin-a".into() });
+    f.ok(exit(elsewhere));
+    assert_eq!(f.task(id, 0).checkpoints[0].store, shared);
+    // A shared store's retired checkpoints are its writer's to delete, and
+    // pass to another ready node once the writer is terminated.
+    f.cancel_and_stop(id);
+    assert_eq!(f.s.checkpoints_to_delete(&n(0)).count(), 1);
+    f.ok(Command::DrainNode { node: n(0), timeout_ms: 0, reason: "gone".into(), by: "admin-a".into() });
+    f.cancel_and_stop(other);
+    f.ok(Command::TerminateNode { node: n(0), by: "admin-a".into() });
+    assert_eq!(f.s.checkpoints_to_delete(&n(0)).count(), 0);
+    assert_eq!(f.s.checkpoints_to_delete(&n(1)).count(), 1, "a ready node deletes it now");
 }
 
 #[test]
 fn an_exiting_task_saves_its_checkpoint_by_its_attempt_while_running_or_stopping_and_it_survives_the_requeue() {
     let mut f = Fixture::new(3);
     let (id, epoch) = f.running(3, 8);
-    let save = |task: TaskIndex, node: u32, epoch: u64, data: &[u8]| Command::SaveExitCheckpoint {
+    let save = |task: TaskIndex, node: u32, epoch: u64, name: &str, bytes: u64| Command::SaveExitCheckpoint {
         alloc: id,
         task,
         node: n(node),
         epoch,
-        data: data.to_vec(),
+        manifest: manifest(id, task, name, bytes),
     };
     // The killed rank: still running when its exit upload arrives.
     f.t = 2_000;
-    let ev = f.ok(save(0, 0, epoch, b"step=7"));
+    let ev = f.ok(save(0, 0, epoch, "step-7", 6));
     assert_eq!(
         ev,
-        vec![Event::CheckpointSaved { alloc: id, task: 0, epoch: 0, bytes: 6, after_ms: 0, preempted: false }]
+        vec![Event::CheckpointSaved { alloc: id, task: 0, epoch: 0, bytes: 6, after_ms: 0, preempted: false, seq: 1 }]
     );
     f.fail(id, 0, 0, epoch);
     // A peer that exited on its own after the teardown began: stopping.
-    f.ok(save(1, 1, epoch, b"step=8"));
+    f.ok(save(1, 1, epoch, "step-8", 6));
     f.ok(Command::FailTask { alloc: id, task: 1, node: n(1), epoch, exit_code: Some(1) });
     // Fenced by the attempt and the node: a stale attempt or another node is refused.
     assert_eq!(
-        f.rejected(save(2, 2, epoch + 1, b"x")),
+        f.rejected(save(2, 2, epoch + 1, "x", 1)),
         Rejection::StaleTaskEpoch { alloc: id, task: 2, current: epoch, got: epoch + 1 }
     );
-    assert_eq!(f.rejected(save(2, 1, epoch, b"x")), Rejection::WrongNode { alloc: id, task: 2, node: n(1) });
+    assert_eq!(f.rejected(save(2, 1, epoch, "x", 1)), Rejection::WrongNode { alloc: id, task: 2, node: n(1) });
     assert!(matches!(
-        f.rejected(save(2, 2, epoch, &vec![0; DEFAULT_MAX_CHECKPOINT_BYTES + 1])),
+        f.rejected(save(2, 2, epoch, "x", DEFAULT_MAX_CHECKPOINT_BYTES + 1)),
         Rejection::CheckpointTooLarge { .. }
     ));
-    f.ok(save(2, 2, epoch, b"step=9"));
+    f.ok(save(2, 2, epoch, "step-9", 6));
     f.ack(id, 2, 2, 1);
     // Once a task's exit is recorded, a late upload of its attempt is refused.
-    assert!(matches!(f.rejected(save(0, 0, epoch, b"late")), Rejection::WrongTaskStatus { .. }));
+    assert!(matches!(f.rejected(save(0, 0, epoch, "late", 1)), Rejection::WrongTaskStatus { .. }));
     assert_eq!(f.status(id), AllocStatus::Queued);
-    let kept: Vec<Vec<u8>> = (0..3).map(|t| f.task(id, t).checkpoint.clone().unwrap().data).collect();
-    assert_eq!(kept, vec![b"step=7".to_vec(), b"step=8".to_vec(), b"step=9".to_vec()]);
+    let kept: Vec<String> = (0..3).map(|t| f.task(id, t).checkpoints[0].key.clone()).collect();
+    assert_eq!(kept, ["alloc-1/task-0/step-7", "alloc-1/task-1/step-8", "alloc-1/task-2/step-9"]);
     let none = f.submit(AllocSpec { checkpoint: CheckpointMode::None, ..spec(1, 0) });
     assert_eq!(
-        f.rejected(Command::SaveExitCheckpoint { alloc: none, task: 0, node: n(0), epoch: 0, data: vec![1] }),
+        f.rejected(Command::SaveExitCheckpoint {
+            alloc: none,
+            task: 0,
+            node: n(0),
+            epoch: 0,
+            manifest: manifest(none, 0, "x", 1)
+        }),
         Rejection::CheckpointDisabled { alloc: none }
     );
 }
@@ -290,39 +413,41 @@ fn an_unusable_checkpoint_is_dropped_without_a_charge_and_uploads_are_checked_wi
     let mut f = Fixture::new(2);
     let (id, epoch) = f.running(2, 8);
     f.fail(id, 0, 0, epoch);
-    let upload = |task: TaskIndex, node: u32, epoch: u64, data: Vec<u8>| Command::SaveCheckpoint {
+    let upload = |task: TaskIndex, node: u32, epoch: u64, bytes: u64| Command::SaveCheckpoint {
         alloc: id,
         task,
         node: n(node),
         epoch,
-        data,
+        manifest: manifest(id, task, "c", bytes),
     };
     // The leader's check before proposing refuses exactly what apply would.
     let before = f.s.state_digest();
-    assert_eq!(f.s.precheck(&upload(1, 1, 1, b"ok".to_vec())), Ok(()));
-    assert_eq!(
-        f.s.precheck(&upload(1, 0, 1, b"x".to_vec())),
-        Err(Rejection::WrongNode { alloc: id, task: 1, node: n(0) })
-    );
-    assert!(matches!(f.s.precheck(&upload(1, 1, 0, b"x".to_vec())), Err(Rejection::StalePreemptionEpoch { .. })));
-    let big = upload(1, 1, 1, vec![0; DEFAULT_MAX_CHECKPOINT_BYTES + 1]);
+    assert_eq!(f.s.precheck(&upload(1, 1, 1, 2)), Ok(()));
+    assert_eq!(f.s.precheck(&upload(1, 0, 1, 1)), Err(Rejection::WrongNode { alloc: id, task: 1, node: n(0) }));
+    assert!(matches!(f.s.precheck(&upload(1, 1, 0, 1)), Err(Rejection::StalePreemptionEpoch { .. })));
+    let big = upload(1, 1, 1, DEFAULT_MAX_CHECKPOINT_BYTES + 1);
     assert!(matches!(f.s.precheck(&big), Err(Rejection::CheckpointTooLarge { .. })));
     assert_eq!(f.s.precheck(&big), Err(f.rejected(big.clone())), "the same refusal as apply's");
     assert_eq!(f.s.state_digest(), before, "checking changes nothing");
-    f.ok(upload(1, 1, 1, b"step=3".to_vec()));
+    f.ok(upload(1, 1, 1, 6));
     f.ack(id, 1, 1, 1);
     // The next attempt's node cannot restore it: dropped, the task runs on.
     let epoch = f.reserve(id, &[1, 0]);
     f.start(id, 0, 1, epoch);
     f.start(id, 1, 0, epoch);
-    let drop = Command::DropCheckpoint { alloc: id, task: 1, node: n(0), epoch, reason: "cannot unpack".into() };
-    let ev = f.ok(drop);
-    assert_eq!(ev, vec![Event::CheckpointDropped { alloc: id, task: 1, node: n(0), reason: "cannot unpack".into() }]);
-    assert!(f.task(id, 1).checkpoint.is_none());
+    let drop =
+        |seq: u64, reason: String| Command::DropCheckpoint { alloc: id, task: 1, node: n(0), epoch, seq, reason };
+    assert_eq!(f.rejected(drop(9, "x".into())), Rejection::UnknownCheckpoint { alloc: id, task: 1, seq: 9 });
+    let ev = f.ok(drop(1, "cannot unpack".into()));
+    assert_eq!(
+        ev,
+        vec![Event::CheckpointDropped { alloc: id, task: 1, node: n(0), reason: "cannot unpack".into(), seq: 1 }]
+    );
+    assert!(f.task(id, 1).checkpoints.is_empty());
+    assert_eq!(f.s.checkpoints_to_delete(&n(1)).count(), 1, "its bytes are deleted by its writer");
     assert_eq!(f.status(id), AllocStatus::Running);
     assert_eq!(f.attempts(id), vec![2, 1], "only task 0's own failure is charged");
-    let long = Command::DropCheckpoint { alloc: id, task: 1, node: n(0), epoch, reason: "x".repeat(2_000) };
-    assert!(matches!(f.rejected(long), Rejection::InvalidNode { .. }));
+    assert!(matches!(f.rejected(drop(1, "x".repeat(2_000))), Rejection::InvalidNode { .. }));
 }
 
 #[test]
@@ -331,13 +456,20 @@ fn checkpoints_over_the_cap_or_of_a_no_checkpoint_allocation_are_refused() {
     let (id, epoch) = f.running(2, 8);
     f.fail(id, 0, 0, epoch);
     let cap = DEFAULT_MAX_CHECKPOINT_BYTES;
-    let err = f.rejected(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: vec![0; cap + 1] });
-    assert_eq!(err, Rejection::CheckpointTooLarge { alloc: id, task: 1, bytes: cap as u64 + 1, limit: cap as u64 });
-    assert!(err.to_string().contains("over the 4194304-byte limit"), "{err}");
-    f.ok(Command::SaveCheckpoint { alloc: id, task: 1, node: n(1), epoch: 1, data: vec![0; cap] });
+    let save = |alloc, task, node, epoch, bytes| Command::SaveCheckpoint {
+        alloc,
+        task,
+        node: n(node),
+        epoch,
+        manifest: manifest(alloc, task, "c", bytes),
+    };
+    let err = f.rejected(save(id, 1, 1, 1, cap + 1));
+    assert_eq!(err, Rejection::CheckpointTooLarge { alloc: id, task: 1, bytes: cap + 1, limit: cap });
+    assert!(err.to_string().contains("over the 68719476736-byte limit"), "{err}");
+    f.ok(save(id, 1, 1, 1, cap));
     // Only a preempting task may save.
     assert_eq!(
-        f.rejected(Command::SaveCheckpoint { alloc: id, task: 0, node: n(0), epoch: 0, data: vec![1] }),
+        f.rejected(save(id, 0, 0, 0, 1)),
         Rejection::WrongTaskStatus {
             alloc: id,
             task: 0,
@@ -346,10 +478,27 @@ fn checkpoints_over_the_cap_or_of_a_no_checkpoint_allocation_are_refused() {
         }
     );
     let none = f.submit(AllocSpec { checkpoint: CheckpointMode::None, ..spec(1, 0) });
+    assert_eq!(f.rejected(save(none, 0, 0, 0, 1)), Rejection::CheckpointDisabled { alloc: none });
+    // A vCluster's own cap wins over the cluster's.
+    let mut vspec = VClusterSpec::default_for("small");
+    vspec.checkpoints = VcCheckpoints { store: None, max_bytes: Some(2 << 20) };
+    vspec.borrow_limit_pct = 100;
+    f.ok(Command::CreateVCluster { name: "small".into(), spec: vspec, by: "admin-a".into() });
+    let small = f.submit(AllocSpec { vcluster: "small".into(), ..spec(1, 8) });
+    let epoch = f.reserve(small, &[0]);
+    f.start(small, 0, 0, epoch);
+    let exit = |bytes| Command::SaveExitCheckpoint {
+        alloc: small,
+        task: 0,
+        node: n(0),
+        epoch,
+        manifest: manifest(small, 0, "c", bytes),
+    };
     assert_eq!(
-        f.rejected(Command::SaveCheckpoint { alloc: none, task: 0, node: n(0), epoch: 0, data: vec![1] }),
-        Rejection::CheckpointDisabled { alloc: none }
+        f.rejected(exit((2 << 20) + 1)),
+        Rejection::CheckpointTooLarge { alloc: small, task: 0, bytes: (2 << 20) + 1, limit: 2 << 20 }
     );
+    f.ok(exit(2 << 20));
 }
 
 #[test]
@@ -512,4 +661,22 @@ fn cancel_during_a_teardown_moves_the_stopping_tasks_to_a_cancel_round_and_holds
     assert!(f.s.alloc(id).unwrap().teardown.is_none());
     assert_eq!((f.used_gpus(1), f.used_gpus(2)), (0, 0));
     assert_eq!(f.status(id), AllocStatus::Cancelled);
+}
+
+#[test]
+fn a_job_may_choose_only_node_or_a_store_within_one_an_operator_configured() {
+    let mut f = Fixture::new(1);
+    let with = |store: &str| AllocSpec { checkpoint_store: Some(CheckpointStore::parse(store).unwrap()), ..spec(1, 1) };
+    f.submit(with("node"));
+    let refused = f.rejected(Command::Submit { spec: with("/etc/cron.d") });
+    assert!(matches!(&refused, Rejection::InvalidSpec { field, .. } if field == "checkpoint_store"), "{refused:?}");
+    let settings = CheckpointSettings { store: CheckpointStore::parse("/mnt/ckpt").unwrap(), ..Default::default() };
+    f.ok(Command::SetCheckpointSettings { settings, by: "admin-a".into() });
+    f.submit(with("/mnt/ckpt/team-a"));
+    assert!(matches!(f.rejected(Command::Submit { spec: with("/mnt/ckpt-other") }), Rejection::InvalidSpec { .. }));
+    // A vCluster's store is allowed too.
+    let mut vspec = VClusterSpec::default_for("ml");
+    vspec.checkpoints.store = Some(CheckpointStore::parse("s3://bucket/ml").unwrap());
+    f.ok(Command::CreateVCluster { name: "ml".into(), spec: vspec, by: "admin-a".into() });
+    f.submit(with("s3://bucket/ml/alice"));
 }

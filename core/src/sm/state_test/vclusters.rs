@@ -15,6 +15,7 @@ fn ml_spec() -> VClusterSpec {
         quota: Quota { max_gpus: Some(64), max_nodes: None, max_allocations: Some(10) },
         borrow_limit_pct: 20,
         over_quota: OverQuota::Reject,
+        checkpoints: VcCheckpoints::default(),
     }
 }
 

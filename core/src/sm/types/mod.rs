@@ -9,6 +9,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 mod allocation;
+mod checkpoint;
 mod node;
 mod placement;
 mod resources;
@@ -18,6 +19,7 @@ mod teardown;
 mod token;
 
 pub use allocation::*;
+pub use checkpoint::*;
 pub use node::*;
 pub use placement::*;
 pub use resources::*;

@@ -142,6 +142,9 @@ pub struct AllocSpec {
     pub ports: u32,
     /// Where its tasks may run: label constraints and topology packing.
     pub placement: Placement,
+    /// Where its checkpoints go, when not where its vCluster's (or the
+    /// cluster's) go: `node`, or within a store an operator configured.
+    pub checkpoint_store: Option<CheckpointStore>,
 }
 
 /// The vCluster of an allocation that names none.
@@ -186,6 +189,7 @@ impl AllocSpec {
             stall_timeout_s: 0,
             ports: 0,
             placement: Placement::default(),
+            checkpoint_store: None,
         }
     }
 

@@ -84,9 +84,9 @@ pub struct Task {
     /// The gang teardown this task was last told to stop for (0: never).
     /// Acks and checkpoint uploads must carry it.
     pub preemption_epoch: u64,
-    /// The latest checkpoint saved while it was preempting; given to every
-    /// later attempt until a newer one replaces it.
-    pub checkpoint: Option<Checkpoint>,
+    /// Its stored checkpoints, newest first (at most the cluster's `keep`):
+    /// every later attempt restores the newest one it can reach.
+    pub checkpoints: Vec<CheckpointManifest>,
     /// Times a watchdog stopped it (retried elsewhere up to the cap; not
     /// charged to the retry budget).
     pub watchdog_trips: u32,
@@ -171,27 +171,5 @@ impl AttemptEnd {
         ]
         .into_iter()
         .find(|v| v.as_str() == s)
-    }
-}
-
-/// Opaque bytes a task left in its checkpoint directory while being
-/// preempted. The scheduler never parses them.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// The preemption epoch it was saved under.
-    pub epoch: u64,
-    /// Entry time of the save.
-    pub saved_at_ms: u64,
-    /// The bytes (the agent's archive of the directory).
-    pub data: Vec<u8>,
-}
-
-impl fmt::Debug for Checkpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Checkpoint")
-            .field("epoch", &self.epoch)
-            .field("saved_at_ms", &self.saved_at_ms)
-            .field("bytes", &self.data.len())
-            .finish()
     }
 }

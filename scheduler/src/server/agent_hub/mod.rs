@@ -8,7 +8,8 @@
 //!   TaskExited ──▶ FinishTask | FailTask (Raft)
 //!   Heartbeat ──▶ liveness (memory only) ──▶ sync (and Preempt again, for every
 //!                 preempting task not yet acked) ──▶ HeartbeatAck
-//!   CheckpointUpload ──▶ SaveCheckpoint, or SaveExitCheckpoint when on_exit (Raft)
+//!   CheckpointUpload{manifest} ──▶ SaveCheckpoint, or SaveExitCheckpoint when on_exit (Raft)
+//!   CheckpointsDeleted ──▶ ForgetCheckpoints (Raft)
 //!   Preempted ──▶ ConfirmPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
 //! ```
 //!
@@ -34,7 +35,6 @@ use std::time::Duration;
 use muster_clock::SharedClock;
 use muster_core::sync::{SentMemory, StopHow, SyncConfig, TaskKey, plan_sync};
 use muster_core::tick::{Heard, Silence};
-use muster_proto::checkpoint_blob;
 use muster_proto::v1;
 use muster_proto::v1::agent_message::Msg as In;
 use muster_proto::v1::agent_service_server::AgentService;
@@ -47,16 +47,18 @@ use super::convert::{not_leader_status, propose_error_to_status, rejection_to_st
 use super::replica::Shared;
 use crate::policy::PreemptionConfig;
 use crate::sm::{
-    Command, Event, MAX_AGENT_REASON_BYTES, NodeId, NodeStatus, Outcome, PORTS_LABEL, PortRange, Resources, TaskStatus,
-    WatchdogKind,
+    Command, Event, MAX_AGENT_REASON_BYTES, MAX_FORGET_CHECKPOINTS, NodeId, NodeStatus, Outcome, PORTS_LABEL,
+    PortRange, Resources, TaskStatus, WatchdogKind,
 };
 
-pub use muster_core::sync::ADDRESS_LABEL;
+pub use muster_core::sync::{ADDRESS_LABEL, CHECKPOINT_ADDRESS_LABEL};
 
+mod budget;
 mod liveness;
 mod registry;
 mod session;
 
+pub use budget::{AgentBudgets, BudgetLimits};
 pub use liveness::Liveness;
 use registry::Outbound;
 pub use registry::{AgentRegistry, OutboundStream};
@@ -94,12 +96,14 @@ pub struct AgentHub {
     s: Shared,
     cfg: HubConfig,
     preemption: PreemptionConfig,
+    budgets: AgentBudgets,
 }
 
 impl AgentHub {
     /// The agent service over a replica's shared parts.
     pub fn new(s: Shared, cfg: HubConfig, preemption: PreemptionConfig) -> Self {
-        AgentHub { s, cfg, preemption }
+        let budgets = AgentBudgets::new(s.clock.clone(), BudgetLimits::default());
+        AgentHub { s, cfg, preemption, budgets }
     }
 }
 
@@ -136,8 +140,9 @@ impl AgentService for AgentHub {
         let (tx, rx) = mpsc::channel(1024);
         let caller = muster_tls::Caller::of(&req);
         let (s, cfg, preemption, inbound) = (self.s.clone(), self.cfg, self.preemption, req.into_inner());
+        let budgets = self.budgets.clone();
         tokio::spawn(async move {
-            if let Err(status) = Session::run(s, cfg, preemption, caller, inbound, tx.clone()).await {
+            if let Err(status) = Session::run(s, cfg, preemption, budgets, caller, inbound, tx.clone()).await {
                 let _ = tx.send(Box::new(Err(status))).await;
             }
         });

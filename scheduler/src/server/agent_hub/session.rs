@@ -6,6 +6,8 @@ pub(super) struct Session {
     s: Shared,
     cfg: HubConfig,
     preemption: PreemptionConfig,
+    /// What this node's commands may cost the log.
+    budgets: AgentBudgets,
     node: NodeId,
     tx: Outbound,
     /// What this stream has told its agent.
@@ -20,6 +22,7 @@ impl Session {
         s: Shared,
         cfg: HubConfig,
         preemption: PreemptionConfig,
+        budgets: AgentBudgets,
         caller: muster_tls::Caller,
         mut inbound: Streaming<v1::AgentMessage>,
         tx: Outbound,
@@ -44,11 +47,19 @@ impl Session {
                 PortRange::parse(&reg.ports).map_err(|e| Status::invalid_argument(format!("invalid ports: {e}")))?;
             labels.insert(PORTS_LABEL.to_string(), ports.to_string());
         }
+        if !reg.checkpoint_address.is_empty() {
+            check_address(&reg.checkpoint_address)
+                .map_err(|e| Status::invalid_argument(format!("invalid checkpoint_address: {e}")))?;
+            labels.insert(CHECKPOINT_ADDRESS_LABEL.to_string(), reg.checkpoint_address);
+        }
         let register = Command::RegisterNode {
             node: node.clone(),
             resources: Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus },
             labels,
         };
+        // A reconnect loop would cost one entry per registration: paid for
+        // from the node's budget like any other command.
+        budgets.pay(&node, &register).await;
         match s.proposer.propose(register).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {}
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
@@ -59,17 +70,16 @@ impl Session {
             s,
             cfg,
             preemption,
+            budgets,
             node,
             tx,
             sent: SentMemory::new(reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch))),
             spared: Default::default(),
         };
-        let max_checkpoint_bytes = session.s.reader.read(|st| st.limits().max_checkpoint_bytes as u64);
         session
             .send(Out::Registered(v1::Registered {
                 node_id: session.node.to_string(),
                 heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u32,
-                max_checkpoint_bytes,
                 node_lost_after_ms: u32::try_from(cfg.node_lost_after.as_millis()).unwrap_or(u32::MAX),
             }))
             .await?;
@@ -117,6 +127,13 @@ impl Session {
         }
     }
 
+    /// Proposes a command made from this agent's messages, once the node's
+    /// budget affords it (see `budget.rs`).
+    async fn propose(&self, cmd: Command) -> Result<Outcome, crate::server::proposer::ProposeError> {
+        self.budgets.pay(&self.node, &cmd).await;
+        self.s.proposer.propose(cmd).await
+    }
+
     pub(super) async fn send(&self, msg: Out) -> Result<(), Status> {
         self.tx
             .send(Box::new(Ok(v1::SchedulerMessage { msg: Some(msg) })))
@@ -124,11 +141,30 @@ impl Session {
             .map_err(|_| Status::cancelled("the agent went away"))
     }
 
+    /// Refuses a checkpoint upload before the log, and counts it.
+    async fn refuse_upload(&self, key: Key, status: Status) -> Result<(), Status> {
+        metrics::counter!("muster_agent_uploads_refused_total").increment(1);
+        tracing::warn!(alloc_id = key.0, task = key.1, node = %self.node, refusal = %status.message(), "checkpoint refused");
+        self.refuse_checkpoint(key, &status).await
+    }
+
+    /// Refuses a checkpoint upload: the agent deletes what it wrote.
+    async fn refuse_checkpoint(&self, key: Key, status: &Status) -> Result<(), Status> {
+        self.send(Out::Refused(v1::Refused {
+            task: Some(task_ref(key)),
+            code: format!("{:?}", status.code()).to_uppercase_snake(),
+            message: status.message().to_string(),
+            checkpoint: true,
+        }))
+        .await
+    }
+
     pub(super) async fn refuse(&self, key: Key, status: &Status) -> Result<(), Status> {
         self.send(Out::Refused(v1::Refused {
             task: Some(task_ref(key)),
             code: format!("{:?}", status.code()).to_uppercase_snake(),
             message: status.message().to_string(),
+            checkpoint: false,
         }))
         .await
     }
@@ -154,7 +190,7 @@ impl Session {
             tracing::warn!(node = %self.node, alloc = key.0, task = key.1, "agent no longer runs a running task; failing it");
             let cmd =
                 Command::FailTask { alloc: key.0, task: key.1, node: node.clone(), epoch: key.2, exit_code: None };
-            if let Outcome::Accepted(_) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+            if let Outcome::Accepted(_) = self.propose(cmd).await.map_err(propose_error_to_status)? {
                 self.s.admission_wake.notify_one();
             }
         }
@@ -178,7 +214,7 @@ impl Session {
         });
         if let Some(cmd) = again {
             tracing::info!(node = %self.node, "a lost node's agent is heard from again; registering it");
-            if let Outcome::Accepted(_) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+            if let Outcome::Accepted(_) = self.propose(cmd).await.map_err(propose_error_to_status)? {
                 self.s.admission_wake.notify_one();
             }
         }
@@ -192,7 +228,7 @@ impl Session {
         let pending =
             self.s.reader.read(|st| st.node_slot(&node).is_some_and(|s| st.node(s).status == NodeStatus::Pending));
         if pending {
-            match self.s.proposer.propose(Command::MarkNodeReady { node }).await.map_err(propose_error_to_status)? {
+            match self.propose(Command::MarkNodeReady { node }).await.map_err(propose_error_to_status)? {
                 Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
                 Outcome::Rejected(r) => tracing::debug!(node = %self.node, rejection = %r, "node ready refused"),
             }
@@ -255,8 +291,16 @@ impl Session {
                 env: a.env.iter().cloned().collect(),
                 peers: a.peers.clone(),
                 gpus: a.gpus,
-                checkpoint: a.checkpoint.clone(),
-                checkpoint_epoch: a.checkpoint_epoch,
+                restore: a
+                    .restore
+                    .iter()
+                    .map(|r| v1::CheckpointRef {
+                        manifest: Some(crate::server::convert::manifest_to_proto(&r.manifest)),
+                        source: r.source.clone(),
+                    })
+                    .collect(),
+                checkpoint_store: a.store.spec(),
+                max_checkpoint_bytes: a.max_checkpoint_bytes,
                 walltime_s: a.walltime_s,
                 stall_timeout_s: a.stall_timeout_s,
                 checkpointing: a.checkpointing,
@@ -278,6 +322,21 @@ impl Session {
                 }),
             };
             self.send(msg).await?;
+        }
+        if let Some(grants) = &plan.grants {
+            self.send(Out::CheckpointGrants(v1::CheckpointGrants {
+                grants: grants
+                    .iter()
+                    .map(|g| v1::CheckpointGrant { seq: g.seq, key: g.key.clone(), node: g.node.to_string() })
+                    .collect(),
+            }))
+            .await?;
+        }
+        if !plan.delete.is_empty() {
+            self.send(Out::DeleteCheckpoints(v1::DeleteCheckpoints {
+                checkpoints: plan.delete.iter().map(crate::server::convert::manifest_to_proto).collect(),
+            }))
+            .await?;
         }
         for &key in &plan.stop {
             self.send(Out::Stop(v1::Stop {
@@ -310,50 +369,46 @@ impl Session {
             }
             Some(In::Checkpoint(c)) => {
                 let key = key_of(&c.task)?;
+                // The manifest is checked on the leader before proposing, so
+                // one that would be refused costs no log entry: its fields
+                // here, then ownership, epoch, status, size, key and store as
+                // apply checks them (apply checks again: the state may move).
+                let manifest = match crate::server::convert::upload_from_proto(c.manifest) {
+                    Ok(m) => m,
+                    Err(status) => return self.refuse_upload(key, status).await,
+                };
+                let (alloc, task, node) = (key.0, key.1, self.node.clone());
                 let cmd = if c.on_exit {
-                    Command::SaveExitCheckpoint {
-                        alloc: key.0,
-                        task: key.1,
-                        node: self.node.clone(),
-                        epoch: key.2,
-                        data: c.data,
-                    }
+                    Command::SaveExitCheckpoint { alloc, task, node, epoch: key.2, manifest }
                 } else {
-                    Command::SaveCheckpoint {
-                        alloc: key.0,
-                        task: key.1,
-                        node: self.node.clone(),
-                        epoch: c.preemption_epoch,
-                        data: c.data,
-                    }
+                    Command::SaveCheckpoint { alloc, task, node, epoch: c.preemption_epoch, manifest }
                 };
-                // Checked on the leader before proposing, so an upload that
-                // would be refused costs no log entry: ownership, epoch,
-                // status and size as apply checks them (apply checks again:
-                // the state may move), then the archive itself, which no
-                // agent could restore if it is malformed or names a path
-                // outside its directory.
-                let data = match &cmd {
-                    Command::SaveCheckpoint { data, .. } | Command::SaveExitCheckpoint { data, .. } => data,
-                    _ => unreachable!("an upload command"),
-                };
-                let refusal = match self.s.reader.read(|st| st.precheck(&cmd)) {
-                    Err(r) => Some(rejection_to_status(&r)),
-                    Ok(()) => checkpoint_blob::files(data)
-                        .err()
-                        .map(|e| Status::invalid_argument(format!("invalid checkpoint: {e}"))),
-                };
-                if let Some(status) = refusal {
-                    metrics::counter!("muster_agent_uploads_refused_total").increment(1);
-                    tracing::warn!(alloc_id = key.0, task = key.1, node = %self.node, refusal = %status.message(), "checkpoint refused");
-                    return self.refuse(key, &status).await;
+                if let Err(r) = self.s.reader.read(|st| st.precheck(&cmd)) {
+                    return self.refuse_upload(key, rejection_to_status(&r)).await;
                 }
-                if let Outcome::Rejected(r) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                if let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
                     tracing::warn!(
                         alloc_id = key.0, task = key.1, epoch = c.preemption_epoch, node = %self.node, rejection = %r,
                         "checkpoint refused"
                     );
-                    self.refuse(key, &rejection_to_status(&r)).await?;
+                    self.refuse_checkpoint(key, &rejection_to_status(&r)).await?;
+                }
+                Ok(())
+            }
+            Some(In::CheckpointsDeleted(d)) => {
+                if d.seqs.len() > MAX_FORGET_CHECKPOINTS {
+                    return Err(Status::invalid_argument(format!(
+                        "invalid seqs: {} checkpoints, over {MAX_FORGET_CHECKPOINTS}",
+                        d.seqs.len()
+                    )));
+                }
+                let cmd = Command::ForgetCheckpoints { node: self.node.clone(), seqs: d.seqs };
+                if let Err(r) = self.s.reader.read(|st| st.precheck(&cmd)) {
+                    tracing::warn!(node = %self.node, refusal = %r, "checkpoint deletions refused");
+                    return Ok(());
+                }
+                if let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
+                    tracing::info!(node = %self.node, rejection = %r, "checkpoint deletions refused");
                 }
                 Ok(())
             }
@@ -367,7 +422,7 @@ impl Session {
                     epoch: p.preemption_epoch,
                     checkpoint_failed: p.checkpoint_failed,
                 };
-                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                match self.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
                     Outcome::Rejected(r) => {
                         tracing::info!(
@@ -382,7 +437,7 @@ impl Session {
             Some(In::Claim(c)) => {
                 let key = key_of(&c.task)?;
                 let cmd = Command::StartTask { alloc: key.0, task: key.1, node: self.node.clone(), epoch: key.2 };
-                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                match self.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(events) => {
                         let attempt = events
                             .iter()
@@ -408,7 +463,7 @@ impl Session {
                 );
                 let cmd =
                     Command::TripWatchdog { alloc: key.0, task: key.1, node: self.node.clone(), epoch: key.2, kind };
-                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                match self.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
                     Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
                 }
@@ -421,9 +476,10 @@ impl Session {
                     task: key.1,
                     node: self.node.clone(),
                     epoch: key.2,
+                    seq: u.seq,
                     reason: agent_reason(u.reason),
                 };
-                if let Outcome::Rejected(r) = self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                if let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
                     tracing::info!(alloc_id = key.0, task = key.1, node = %self.node, rejection = %r, "checkpoint drop refused");
                 }
                 Ok(())
@@ -441,7 +497,7 @@ impl Session {
                     let exit_code = e.exit_code.or(e.signal.map(|s| 128 + s));
                     Command::FailTask { alloc: key.0, task: key.1, node, epoch: key.2, exit_code }
                 };
-                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                match self.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
                     Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
                 }
@@ -493,4 +549,20 @@ impl UpperSnake for String {
         }
         out
     }
+}
+
+/// A `host:port` an agent serves checkpoints at: at most 255 bytes, a port
+/// that parses, and a host of plain characters (it is dialled by other
+/// agents, and shown in the node's labels).
+fn check_address(addr: &str) -> Result<(), String> {
+    if addr.len() > 255 {
+        return Err(format!("{} bytes, over 255", addr.len()));
+    }
+    let (host, port) = addr.rsplit_once(':').ok_or("not host:port")?;
+    port.parse::<u16>().map_err(|_| format!("port {port:?} is not a number up to 65535"))?;
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':');
+    if host.is_empty() || !host.chars().all(plain) {
+        return Err(format!("host {host:?} is not a name or an address"));
+    }
+    Ok(())
 }

@@ -45,6 +45,11 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         .map(Packing::parse)
         .transpose()
         .map_err(|e| invalid("spec.pack_by", e))?;
+    let checkpoint_store = Some(p.checkpoint_store.trim())
+        .filter(|s| !s.is_empty())
+        .map(crate::sm::CheckpointStore::parse)
+        .transpose()
+        .map_err(|e| invalid("spec.checkpoint_store", e))?;
     let spec = AllocSpec {
         owner: p.owner,
         gang_size: p.gang_size,
@@ -68,6 +73,7 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         stall_timeout_s: p.stall_timeout_s,
         ports: p.ports.unwrap_or(DEFAULT_RENDEZVOUS_PORTS),
         placement: Placement { constraints, pack_by },
+        checkpoint_store,
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -99,6 +105,7 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         ports: Some(s.ports),
         constraints: s.placement.constraints.iter().map(ToString::to_string).collect(),
         pack_by: s.placement.pack_by.as_ref().map(ToString::to_string).unwrap_or_default(),
+        checkpoint_store: s.checkpoint_store.as_ref().map(|c| c.spec()).unwrap_or_default(),
     }
 }
 
@@ -171,8 +178,9 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
                 finished_at_ms: t.finished_at_ms,
                 exit_code: t.exit_code,
                 preemption_epoch: t.preemption_epoch,
-                checkpoint_bytes: t.checkpoint.as_ref().map_or(0, |c| c.data.len() as u64),
-                checkpoint_epoch: t.checkpoint.as_ref().map(|c| c.epoch),
+                checkpoint_bytes: t.checkpoints.first().map_or(0, |c| c.bytes),
+                checkpoint_epoch: t.checkpoints.first().map(|c| c.epoch),
+                checkpoints: t.checkpoints.iter().map(super::manifest_to_proto).collect(),
                 runs: t.runs,
                 last_node_id: t.last_node().map(|s| state.node(s).id.to_string()).unwrap_or_default(),
                 watchdog_trips: t.watchdog_trips,

@@ -87,8 +87,32 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
                 if *retried { "; retried elsewhere, first in its class" } else { "; out of watchdog retries" }
             ),
         ),
-        Event::CheckpointSaved { task, epoch, bytes, .. } => {
-            ("checkpoint_saved", format!("task {task} saved a {bytes}-byte checkpoint (epoch {epoch})"))
+        Event::CheckpointSaved { task, epoch, bytes, seq, .. } => (
+            "checkpoint_saved",
+            format!("task {task} saved checkpoint {seq}: {} (epoch {epoch})", crate::words::bytes(*bytes)),
+        ),
+        Event::CheckpointUnreachable { task, seq, writer, from, .. } => (
+            "checkpoint_unreachable",
+            match from {
+                Some(older) => format!(
+                    "task {task}'s newest checkpoint {seq} is on {writer}, which is gone: it resumes from checkpoint {older}"
+                ),
+                None => format!(
+                    "task {task}'s checkpoint {seq} is on {writer}, which is gone, and no older one is reachable: it starts afresh"
+                ),
+            },
+        ),
+        Event::CheckpointSettingsChanged { settings, by } => (
+            "checkpoint_settings_changed",
+            format!(
+                "checkpoint settings set by {by}: store {}, keep {}, cap {}",
+                settings.store,
+                settings.keep,
+                crate::words::bytes(settings.max_bytes)
+            ),
+        ),
+        Event::CheckpointsDeleted { node, count } => {
+            ("checkpoints_deleted", format!("{node} deleted {count} retired checkpoint(s)"))
         }
         Event::TeardownCompleted { epoch, outcome, drain_ms, cause, .. } => (
             if matches!(cause, TeardownCause::TaskFailed { .. }) {
@@ -111,8 +135,8 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
         Event::AllocationDone { .. } => ("allocation_done", "every task finished".to_string()),
         Event::AllocationFailed { reason, .. } => ("allocation_failed", reason.clone()),
-        Event::CheckpointDropped { task, node, reason, .. } => {
-            ("checkpoint_dropped", format!("task {task}'s checkpoint was dropped on {node}: {reason}"))
+        Event::CheckpointDropped { task, node, reason, seq, .. } => {
+            ("checkpoint_dropped", format!("task {task}'s checkpoint {seq} was dropped on {node}: {reason}"))
         }
         Event::Forgotten { allocs, keys, through_ms } => (
             "forgotten",

@@ -40,6 +40,7 @@ pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State, now_ms: u
         id: e.alloc,
         status: alloc_status_to_proto(e.status) as i32,
         summary: e.summary,
+        checkpoints: e.checkpoints,
         classes: e
             .classes
             .into_iter()

@@ -62,6 +62,10 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::AlreadyCancelling { .. }
         | Rejection::NothingToForget => Status::failed_precondition(msg),
         Rejection::InvalidForget(reason) => invalid("forget", reason),
+        Rejection::InvalidCheckpoint { field, reason, .. } => invalid(&format!("manifest.{field}"), reason),
+        Rejection::InvalidCheckpointSettings { field, reason } => invalid(field, reason),
+        Rejection::UnknownCheckpoint { .. } => Status::not_found(msg),
+        Rejection::NotDeleter { .. } => Status::permission_denied(msg),
     }
 }
 
@@ -86,6 +90,7 @@ pub fn propose_error_to_status(e: ProposeError) -> Status {
         // Not UNAVAILABLE: retrying this replica cannot help; another can.
         e @ ProposeError::Storage(_) => Status::internal(format!("{e}; ask another replica")),
         ProposeError::Membership(msg) => Status::failed_precondition(msg),
+        e @ ProposeError::TooLarge { .. } => Status::invalid_argument(format!("invalid request: {e}")),
     }
 }
 

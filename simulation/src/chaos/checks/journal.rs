@@ -44,6 +44,11 @@ pub struct Journal {
     pub attempts: BTreeMap<(u64, u32, u32), Attempt>,
     /// Lines that did not parse.
     pub bad_lines: Vec<String>,
+    /// Ranks that resumed from their own intact state (large-checkpoint
+    /// workload).
+    pub resumed: usize,
+    /// Ranks that resumed from state that was not theirs, or was torn.
+    pub corrupt: Vec<String>,
 }
 
 impl Journal {
@@ -76,6 +81,11 @@ impl Journal {
                 last_ms: ms,
                 starts: 0,
             });
+            match what {
+                "resumed" => j.resumed += 1,
+                "corrupt" => j.corrupt.push(format!("task {task} of allocation {alloc}, attempt {attempt}, on {node}")),
+                _ => {}
+            }
             if what == "start" {
                 a.starts += 1;
             } else if a.node != node || a.epoch != epoch {

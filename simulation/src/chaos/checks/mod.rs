@@ -5,8 +5,10 @@
 
 mod acked;
 mod agree;
+mod checkpoints;
 mod clock;
 mod durable;
+mod entries;
 mod journal;
 mod linearizable;
 mod overbooked;
@@ -15,8 +17,10 @@ mod terminal;
 
 pub use acked::acked_exactly_once;
 pub use agree::{replicas_agree, replicas_agree_as_members};
+pub use checkpoints::checkpoints_intact;
 pub use clock::deadlines_on_time;
 pub use durable::acked_entries_durable;
+pub use entries::log_entries_bounded;
 pub use journal::{Journal, journal_consistent};
 pub use linearizable::client_api_linearizable;
 pub use overbooked::gpus_never_overbooked;
