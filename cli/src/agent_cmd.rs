@@ -56,7 +56,8 @@ pub struct AgentArgs {
     #[arg(long, default_value = "0.0.0.0:0", value_name = "ADDR")]
     checkpoint_listen: String,
     /// host:port other agents reach that service at (default: the host of
-    /// --address, else the node id, with the listening port).
+    /// --address, else the --checkpoint-listen IP when it names one, else
+    /// this node's IP on its route to the scheduler; with the bound port).
     #[arg(long, value_name = "HOST:PORT")]
     checkpoint_address: Option<String>,
     /// Reads taken to confirm a suspected stall before stopping a task.
@@ -182,7 +183,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         (None, None) => String::new(),
         (None, Some(listen)) => {
             let host = args.address.as_deref().and_then(|a| a.rsplit_once(':').map(|(h, _)| h.to_string()));
-            let host = host.unwrap_or_else(|| args.node_id.clone());
+            let host = host
+                .or_else(|| (!listen.ip().is_unspecified()).then(|| host_of(listen.ip())))
+                .or_else(|| schedulers.iter().find_map(|s| route_ip(s)).map(host_of))
+                .unwrap_or_else(|| args.node_id.clone());
             if listen.port() == 0 {
                 // The port is known once bound: the agent fills it in.
                 format!("{host}:0")
@@ -252,4 +256,29 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let _ = stop.send(true);
     let _ = task.await;
     Ok(())
+}
+
+/// The local IP this node uses on its route to `addr` (host:port): the
+/// address its peers most likely reach it at. Found by connecting a UDP
+/// socket, which sends nothing.
+fn route_ip(addr: &str) -> Option<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    let target = addr.to_socket_addrs().ok()?.next()?;
+    let bind: std::net::SocketAddr = if target.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = std::net::UdpSocket::bind(bind).ok()?;
+    socket.connect(target).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then_some(ip)
+}
+
+/// `ip` as the host part of host:port (IPv6 in brackets).
+fn host_of(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+    }
 }

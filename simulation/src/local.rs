@@ -73,7 +73,8 @@ pub const DEV_ADMIN: &str = "dev";
 static TLS_SETUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Makes sure `dir` holds a CA and a certificate for each role (issuing
-/// only what is missing); returns their material by role.
+/// only what is missing, and again an agent certificate from before agents
+/// served checkpoints to each other); returns their material by role.
 pub fn ensure_certs(dir: &Path, roles: &[muster_tls::Role]) -> Result<Vec<muster_tls::TlsMaterial>, String> {
     let _guard = TLS_SETUP.lock().unwrap_or_else(|e| e.into_inner());
     if !dir.join("ca.pem").exists() {
@@ -82,7 +83,10 @@ pub fn ensure_certs(dir: &Path, roles: &[muster_tls::Role]) -> Result<Vec<muster
     roles
         .iter()
         .map(|role| {
-            if !dir.join(format!("{}.pem", role.file_stem())).exists() {
+            let pem = std::fs::read_to_string(dir.join(format!("{}.pem", role.file_stem()))).ok();
+            let outdated = matches!(role, muster_tls::Role::Agent(_))
+                && pem.as_deref().is_some_and(|p| !muster_tls::cert_has_dns_name(p, muster_tls::AGENT_NAME));
+            if pem.is_none() || outdated {
                 muster_tls::issue(dir, role, muster_tls::Validity::days(365), &[]).map_err(|e| e.to_string())?;
             }
             muster_tls::TlsMaterial::load(dir, role).map_err(|e| e.to_string())

@@ -118,6 +118,16 @@ impl fmt::Display for Role {
     }
 }
 
+/// Whether a PEM certificate carries `name` among its SAN DNS names (an
+/// agent certificate issued before agents served checkpoints lacks
+/// [`crate::AGENT_NAME`]).
+pub fn cert_has_dns_name(pem: &str, name: &str) -> bool {
+    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(pem.as_bytes()) else { return false };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(&pem.contents) else { return false };
+    let Ok(Some(san)) = cert.subject_alternative_name() else { return false };
+    san.value.general_names.iter().any(|g| matches!(g, GeneralName::DNSName(n) if *n == name))
+}
+
 /// The role a DER certificate names in its SAN URIs.
 pub fn role_of_cert(der: &[u8]) -> Result<Role, IdentityError> {
     let (_, cert) =

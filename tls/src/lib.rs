@@ -33,7 +33,7 @@ mod material;
 
 pub use auth::{AdmitHook, AuthLayer, AuthService, Caller, Policy, TokenResolver, peer_role};
 pub use ca::{CaError, Validity, init_ca, issue};
-pub use identity::{IdentityError, Role, role_of_cert};
+pub use identity::{IdentityError, Role, cert_has_dns_name, role_of_cert};
 pub use material::{HANDSHAKE_TIMEOUT, TlsError, TlsMaterial, agent_endpoint, cert_file_names, endpoint};
 
 /// The DNS name in every server certificate; clients verify it.

@@ -1,6 +1,9 @@
 //! The dev CA: issuing, loading, and the errors an operator meets.
 
-use muster_tls::{CaError, Role, TlsError, TlsMaterial, Validity, cert_file_names, init_ca, issue, role_of_cert};
+use muster_tls::{
+    AGENT_NAME, CaError, Role, SERVER_NAME, TlsError, TlsMaterial, Validity, cert_file_names, cert_has_dns_name,
+    init_ca, issue, role_of_cert,
+};
 use time::{Duration, OffsetDateTime};
 
 #[test]
@@ -17,6 +20,12 @@ fn issued_certificates_carry_their_role_and_load_for_it() {
     let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
     assert_eq!(role_of_cert(&pem.contents).unwrap(), Role::Server(2));
     assert_eq!(cert_file_names(dir.path()), ["admin-alice", "agent-gpu-07", "server-1", "server-2"]);
+    // Servers are verified by SERVER_NAME, agents (serving each other
+    // checkpoints) by AGENT_NAME; an admin serves nothing.
+    let pem_of = |stem: &str| std::fs::read_to_string(dir.path().join(format!("{stem}.pem"))).unwrap();
+    assert!(cert_has_dns_name(&pem_of("server-1"), SERVER_NAME) && !cert_has_dns_name(&pem_of("server-1"), AGENT_NAME));
+    assert!(cert_has_dns_name(&pem_of("agent-gpu-07"), AGENT_NAME));
+    assert!(!cert_has_dns_name(&pem_of("admin-alice"), AGENT_NAME) && !cert_has_dns_name("not a pem", AGENT_NAME));
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

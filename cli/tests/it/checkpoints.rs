@@ -1,8 +1,11 @@
 //! Real-size checkpoints off the log (issue 43), end to end: real replicas,
 //! real agents, a real task writing a 2 GiB checkpoint, preempted, and
 //! resumed on another node from the node store (fetched from the writer's
-//! agent over mutual TLS, under the leader's grant) and from a shared path.
-//! The log holds manifests only.
+//! agent over mutual TLS, under the leader's grant), a shared path and an
+//! object store. The log holds manifests only. And the probe's pattern
+//! against Raft: a follower paused through 64 MiB of valid uploads (or
+//! writes) catches up without an election, and a whole-cluster restart
+//! elects a leader.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -199,11 +202,12 @@ async fn big_checkpoint_moves_through_a_preemption(c: &LocalCluster) -> (String,
     (m.key, victim)
 }
 
-/// Issue 43: a 2 GiB checkpoint survives a preemption through each store,
-/// moving between nodes; the log stays small (manifests only); once the
-/// allocation is done its checkpoint is deleted from the store.
+/// Issue 43: a 2 GiB checkpoint survives a preemption through each store
+/// (the node's disk, a shared path, an object store by URL), moving between
+/// nodes; the log stays small (manifests only); once the allocation is done
+/// its checkpoint is deleted from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t180_a_2_gib_checkpoint_survives_a_preemption_through_the_node_store_and_a_shared_path() {
+async fn t180_a_2_gib_checkpoint_survives_a_preemption_through_each_store() {
     let dir = tempfile::tempdir().unwrap();
     let c = LocalCluster::start(dir.path(), config()).await.unwrap();
 
@@ -231,7 +235,20 @@ async fn t180_a_2_gib_checkpoint_survives_a_preemption_through_the_node_store_an
     }
     assert!(files(&c.agent_dir(0).join("checkpoint-store")).is_empty(), "the node store was not used");
 
-    // 4 GiB of checkpoints went through; the log holds manifests.
+    // An object store by URL (object_store's local-file backend: the same
+    // multipart upload and streamed read as S3's, whose own test runs
+    // against moto in agent/tests/s3.rs).
+    let bucket = dir.path().join("bucket");
+    set_store(&c, &format!("file://{}", bucket.display())).await;
+    let (key, _) = big_checkpoint_moves_through_a_preemption(&c).await;
+    let in_store = bucket.join(&key);
+    let deadline = Instant::now() + WAIT;
+    while in_store.exists() {
+        assert!(Instant::now() < deadline, "{} was never deleted", in_store.display());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // 6 GiB of checkpoints went through; the log holds manifests.
     for id in 1..=3 {
         let bytes = log_bytes(&dir.path().join(format!("replica-{id}")));
         assert!(bytes < 8 << 20, "replica {id}'s log is {bytes} bytes");

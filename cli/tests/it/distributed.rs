@@ -228,6 +228,28 @@ fn last_log(c: &LocalCluster, alloc: u64, t: &v1::Task) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Every attempt of every rank: its lines about starting, resuming and
+/// checkpoints, and Muster's own notes (stderr). What a failure needs.
+fn gang_story(c: &LocalCluster, a: &v1::Allocation) -> String {
+    let mut out = String::new();
+    for t in &a.tasks {
+        for run in 1..=t.runs {
+            for i in 0..8 {
+                let logs = c.agent_dir(i).join(format!("logs/alloc-{}/task-{}", a.id, t.index));
+                let Ok(stdout) = std::fs::read_to_string(logs.join(format!("attempt-{run}.out"))) else { continue };
+                let stderr = std::fs::read_to_string(logs.join(format!("attempt-{run}.err"))).unwrap_or_default();
+                out += &format!("task {} attempt {run} on node-{}:\n", t.index, i + 1);
+                let keep =
+                    |l: &&str| ["starting", "resumed", "done at", "muster:", "Error"].iter().any(|k| l.contains(k));
+                for l in stdout.lines().chain(stderr.lines()).filter(keep) {
+                    out += &format!("  {l}\n");
+                }
+            }
+        }
+    }
+    out + &format!("allocation: {a:?}")
+}
+
 /// The parameter digest each rank printed at the end of its last attempt.
 fn final_digests(c: &LocalCluster, a: &v1::Allocation) -> Vec<String> {
     a.tasks
@@ -316,7 +338,7 @@ async fn t154_a_pytorch_ddp_gang_resumes_from_its_checkpoints_after_a_rank_is_ki
                 let step: u32 = log
                     .lines()
                     .find_map(|l| l.split("resumed from step ").nth(1))
-                    .unwrap_or_else(|| panic!("task {} did not resume: {log}", t.index))
+                    .unwrap_or_else(|| panic!("task {} did not resume: {}", t.index, gang_story(&c, &done)))
                     .trim()
                     .parse()
                     .unwrap();

@@ -426,6 +426,15 @@ while true; do sleep 0.1; done"#;
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    // The victims may resume on the other node, so each agent must advertise
+    // a checkpoint address other agents can reach (an IP on the route to the
+    // scheduler by default), not its bare node id.
+    for node in ["a1", "a2"] {
+        let o = muster(&["node", "get", node, "--scheduler", &addr, "--output", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let advertised = v.pointer("/labels/muster.checkpoints").and_then(|a| a.as_str()).unwrap_or_default();
+        assert!(advertised.starts_with("127.0.0.1:"), "{node} advertises checkpoints at {advertised:?}: {v}");
+    }
     let p = submit("t95-p", "5", "2", "echo hi");
     for id in [&p, &a, &b] {
         while status(id).ok().as_deref() != Some("done") {
@@ -581,7 +590,9 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
 /// Real `muster server` (replica 1, alone) and `muster agent` processes
 /// (2 GPUs each), killed (after a SIGCONT, in case a test froze one) when
 /// dropped, even when an assertion fails.
-struct Procs(Vec<std::process::Child>);
+/// Real processes of one test; each one's stderr goes to a file in the
+/// test's directory, and the tails are printed if the test panics.
+struct Procs(Vec<std::process::Child>, Vec<std::path::PathBuf>);
 
 impl Procs {
     fn start(dir: &std::path::Path, addr: &str, server_args: &[&str], agents: &[&str]) -> Procs {
@@ -596,19 +607,29 @@ impl Procs {
         agents: &[&str],
         agent_args: &[&str],
     ) -> Procs {
-        let mut procs = Procs(vec![
-            Command::new(env!("CARGO_BIN_EXE_muster"))
-                .args(["server", "--id", "1", "--listen", addr, "--peers", &format!("1={addr}")])
-                .args(server_args)
-                .arg("--data-dir")
-                .arg(dir.join("server"))
-                .env("MUSTER_TLS_DIR", tls::dir())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap(),
-        ]);
+        std::fs::create_dir_all(dir).unwrap();
+        let log = |name: &str| {
+            let path = dir.join(format!("{name}.stderr"));
+            (std::fs::File::create(&path).unwrap(), path)
+        };
+        let (server_log, server_path) = log("server");
+        let mut procs = Procs(
+            vec![
+                Command::new(env!("CARGO_BIN_EXE_muster"))
+                    .args(["server", "--id", "1", "--listen", addr, "--peers", &format!("1={addr}")])
+                    .args(server_args)
+                    .arg("--data-dir")
+                    .arg(dir.join("server"))
+                    .env("MUSTER_TLS_DIR", tls::dir())
+                    .stderr(server_log)
+                    .spawn()
+                    .unwrap(),
+            ],
+            vec![server_path],
+        );
         for node in agents {
             tls::material(muster_tls::Role::Agent(node.to_string()));
+            let (agent_log, agent_path) = log(node);
             procs.0.push(
                 Command::new(env!("CARGO_BIN_EXE_muster"))
                     .args(["agent", "--scheduler", addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
@@ -616,10 +637,11 @@ impl Procs {
                     .arg("--work-dir")
                     .arg(dir.join(node))
                     .env("MUSTER_TLS_DIR", tls::dir())
-                    .stderr(std::process::Stdio::null())
+                    .stderr(agent_log)
                     .spawn()
                     .unwrap(),
             );
+            procs.1.push(agent_path);
         }
         procs
     }
@@ -641,6 +663,16 @@ impl Drop for Procs {
             let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            for path in &self.1 {
+                let text = std::fs::read_to_string(path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(60).collect();
+                eprintln!("--- {} (last {} lines)", path.display(), tail.len());
+                for line in tail.iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
         }
     }
 }

@@ -7,6 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FetchCheckpoint(_message.Message):
+    __slots__ = ("key", "offset")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    offset: int
+    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("data", "total")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    total: int
+    def __init__(self, data: _Optional[bytes] = ..., total: _Optional[int] = ...) -> None: ...
+
 class TaskRef(_message.Message):
     __slots__ = ("alloc_id", "task_index", "epoch")
     ALLOC_ID_FIELD_NUMBER: _ClassVar[int]
@@ -18,7 +34,7 @@ class TaskRef(_message.Message):
     def __init__(self, alloc_id: _Optional[int] = ..., task_index: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "claim", "exited", "log_data", "preempted", "checkpoint", "watchdog_tripped", "checkpoint_unusable")
+    __slots__ = ("register", "heartbeat", "claim", "exited", "log_data", "preempted", "checkpoint", "watchdog_tripped", "checkpoint_unusable", "checkpoints_deleted")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +44,7 @@ class AgentMessage(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_TRIPPED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_UNUSABLE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_DELETED_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     claim: Claim
@@ -37,17 +54,26 @@ class AgentMessage(_message.Message):
     checkpoint: CheckpointUpload
     watchdog_tripped: WatchdogTripped
     checkpoint_unusable: CheckpointUnusable
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., claim: _Optional[_Union[Claim, _Mapping]] = ..., exited: _Optional[_Union[TaskExited, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., preempted: _Optional[_Union[Preempted, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointUpload, _Mapping]] = ..., watchdog_tripped: _Optional[_Union[WatchdogTripped, _Mapping]] = ..., checkpoint_unusable: _Optional[_Union[CheckpointUnusable, _Mapping]] = ...) -> None: ...
+    checkpoints_deleted: CheckpointsDeleted
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., claim: _Optional[_Union[Claim, _Mapping]] = ..., exited: _Optional[_Union[TaskExited, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., preempted: _Optional[_Union[Preempted, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointUpload, _Mapping]] = ..., watchdog_tripped: _Optional[_Union[WatchdogTripped, _Mapping]] = ..., checkpoint_unusable: _Optional[_Union[CheckpointUnusable, _Mapping]] = ..., checkpoints_deleted: _Optional[_Union[CheckpointsDeleted, _Mapping]] = ...) -> None: ...
+
+class CheckpointsDeleted(_message.Message):
+    __slots__ = ("seqs",)
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seqs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CheckpointUnusable(_message.Message):
-    __slots__ = ("task", "checkpoint_epoch", "reason")
+    __slots__ = ("task", "checkpoint_epoch", "reason", "seq")
     TASK_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     checkpoint_epoch: int
     reason: str
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., checkpoint_epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    seq: int
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., checkpoint_epoch: _Optional[int] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class WatchdogTripped(_message.Message):
     __slots__ = ("task", "kind", "detail")
@@ -74,16 +100,16 @@ class Preempted(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., preemption_epoch: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., checkpoint_failed: _Optional[bool] = ...) -> None: ...
 
 class CheckpointUpload(_message.Message):
-    __slots__ = ("task", "preemption_epoch", "data", "on_exit")
+    __slots__ = ("task", "preemption_epoch", "manifest", "on_exit")
     TASK_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_EPOCH_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
     ON_EXIT_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     preemption_epoch: int
-    data: bytes
+    manifest: _types_pb2.CheckpointManifest
     on_exit: bool
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., preemption_epoch: _Optional[int] = ..., data: _Optional[bytes] = ..., on_exit: _Optional[bool] = ...) -> None: ...
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., preemption_epoch: _Optional[int] = ..., manifest: _Optional[_Union[_types_pb2.CheckpointManifest, _Mapping]] = ..., on_exit: _Optional[bool] = ...) -> None: ...
 
 class LogData(_message.Message):
     __slots__ = ("request_id", "data", "eof", "error")
@@ -98,7 +124,7 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node_id", "resources", "labels", "version", "running", "address", "ports")
+    __slots__ = ("node_id", "resources", "labels", "version", "running", "address", "ports", "checkpoint_address")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +139,7 @@ class Register(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     resources: _types_pb2.Resources
     labels: _containers.ScalarMap[str, str]
@@ -120,7 +147,8 @@ class Register(_message.Message):
     running: _containers.RepeatedCompositeFieldContainer[TaskRef]
     address: str
     ports: str
-    def __init__(self, node_id: _Optional[str] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., address: _Optional[str] = ..., ports: _Optional[str] = ...) -> None: ...
+    checkpoint_address: str
+    def __init__(self, node_id: _Optional[str] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., address: _Optional[str] = ..., ports: _Optional[str] = ..., checkpoint_address: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("running",)
@@ -147,7 +175,7 @@ class TaskExited(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("registered", "assign", "granted", "stop", "refused", "recorded", "fetch_logs", "preempt", "checkpoint_hint", "node_notice", "heartbeat_ack")
+    __slots__ = ("registered", "assign", "granted", "stop", "refused", "recorded", "fetch_logs", "preempt", "checkpoint_hint", "node_notice", "heartbeat_ack", "checkpoint_grants", "delete_checkpoints")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +187,8 @@ class SchedulerMessage(_message.Message):
     CHECKPOINT_HINT_FIELD_NUMBER: _ClassVar[int]
     NODE_NOTICE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_GRANTS_FIELD_NUMBER: _ClassVar[int]
+    DELETE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     assign: Assign
     granted: ClaimGranted
@@ -170,7 +200,31 @@ class SchedulerMessage(_message.Message):
     checkpoint_hint: CheckpointHint
     node_notice: NodeNotice
     heartbeat_ack: HeartbeatAck
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., granted: _Optional[_Union[ClaimGranted, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ..., recorded: _Optional[_Union[Recorded, _Mapping]] = ..., fetch_logs: _Optional[_Union[FetchLogs, _Mapping]] = ..., preempt: _Optional[_Union[Preempt, _Mapping]] = ..., checkpoint_hint: _Optional[_Union[CheckpointHint, _Mapping]] = ..., node_notice: _Optional[_Union[NodeNotice, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ...) -> None: ...
+    checkpoint_grants: CheckpointGrants
+    delete_checkpoints: DeleteCheckpoints
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., granted: _Optional[_Union[ClaimGranted, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ..., recorded: _Optional[_Union[Recorded, _Mapping]] = ..., fetch_logs: _Optional[_Union[FetchLogs, _Mapping]] = ..., preempt: _Optional[_Union[Preempt, _Mapping]] = ..., checkpoint_hint: _Optional[_Union[CheckpointHint, _Mapping]] = ..., node_notice: _Optional[_Union[NodeNotice, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., checkpoint_grants: _Optional[_Union[CheckpointGrants, _Mapping]] = ..., delete_checkpoints: _Optional[_Union[DeleteCheckpoints, _Mapping]] = ...) -> None: ...
+
+class CheckpointGrants(_message.Message):
+    __slots__ = ("grants",)
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    grants: _containers.RepeatedCompositeFieldContainer[CheckpointGrant]
+    def __init__(self, grants: _Optional[_Iterable[_Union[CheckpointGrant, _Mapping]]] = ...) -> None: ...
+
+class CheckpointGrant(_message.Message):
+    __slots__ = ("seq", "key", "node")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    key: str
+    node: str
+    def __init__(self, seq: _Optional[int] = ..., key: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class DeleteCheckpoints(_message.Message):
+    __slots__ = ("checkpoints",)
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[_types_pb2.CheckpointManifest]
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[_types_pb2.CheckpointManifest, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatAck(_message.Message):
     __slots__ = ()
@@ -235,19 +289,17 @@ class Recorded(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval_ms", "max_checkpoint_bytes", "node_lost_after_ms")
+    __slots__ = ("node_id", "heartbeat_interval_ms", "node_lost_after_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
-    MAX_CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     NODE_LOST_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval_ms: int
-    max_checkpoint_bytes: int
     node_lost_after_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_checkpoint_bytes: _Optional[int] = ..., node_lost_after_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_lost_after_ms: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
-    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "checkpoint", "checkpoint_epoch", "walltime_s", "stall_timeout_s", "checkpointing", "ports")
+    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "restore", "checkpoint_store", "max_checkpoint_bytes", "walltime_s", "stall_timeout_s", "checkpointing", "ports")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -261,8 +313,9 @@ class Assign(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
-    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
-    CHECKPOINT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     WALLTIME_S_FIELD_NUMBER: _ClassVar[int]
     STALL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
@@ -273,13 +326,22 @@ class Assign(_message.Message):
     env: _containers.ScalarMap[str, str]
     peers: _containers.RepeatedScalarFieldContainer[str]
     gpus: int
-    checkpoint: bytes
-    checkpoint_epoch: int
+    restore: _containers.RepeatedCompositeFieldContainer[CheckpointRef]
+    checkpoint_store: str
+    max_checkpoint_bytes: int
     walltime_s: int
     stall_timeout_s: int
     checkpointing: bool
     ports: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., checkpoint: _Optional[bytes] = ..., checkpoint_epoch: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., restore: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ..., checkpoint_store: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CheckpointRef(_message.Message):
+    __slots__ = ("manifest", "source")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    manifest: _types_pb2.CheckpointManifest
+    source: str
+    def __init__(self, manifest: _Optional[_Union[_types_pb2.CheckpointManifest, _Mapping]] = ..., source: _Optional[str] = ...) -> None: ...
 
 class ClaimGranted(_message.Message):
     __slots__ = ("task", "attempt")
@@ -300,11 +362,13 @@ class Stop(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Refused(_message.Message):
-    __slots__ = ("task", "code", "message")
+    __slots__ = ("task", "code", "message", "checkpoint")
     TASK_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     code: str
     message: str
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    checkpoint: bool
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., checkpoint: _Optional[bool] = ...) -> None: ...

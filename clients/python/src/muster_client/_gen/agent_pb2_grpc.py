@@ -95,3 +95,87 @@ class AgentService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CheckpointServiceStub:
+    """Served by every agent, to other agents (node certificates): the
+    checkpoints on this node's disk, each only to the node the leader granted
+    it to (its task is placed there). The fetcher checks the bytes against
+    the manifest's SHA-256.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Fetch = channel.unary_stream(
+                '/muster.v1.CheckpointService/Fetch',
+                request_serializer=muster_dot_v1_dot_agent__pb2.FetchCheckpoint.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_agent__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
+
+
+class CheckpointServiceServicer:
+    """Served by every agent, to other agents (node certificates): the
+    checkpoints on this node's disk, each only to the node the leader granted
+    it to (its task is placed there). The fetcher checks the bytes against
+    the manifest's SHA-256.
+    """
+
+    def Fetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CheckpointServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=muster_dot_v1_dot_agent__pb2.FetchCheckpoint.FromString,
+                    response_serializer=muster_dot_v1_dot_agent__pb2.CheckpointChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'muster.v1.CheckpointService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('muster.v1.CheckpointService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class CheckpointService:
+    """Served by every agent, to other agents (node certificates): the
+    checkpoints on this node's disk, each only to the node the leader granted
+    it to (its task is placed there). The fetcher checks the bytes against
+    the manifest's SHA-256.
+    """
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/muster.v1.CheckpointService/Fetch',
+            muster_dot_v1_dot_agent__pb2.FetchCheckpoint.SerializeToString,
+            muster_dot_v1_dot_agent__pb2.CheckpointChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -24,19 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14muster/v1/raft.proto\x12\tmuster.v1\"$\n\rFollowRequest\x12\x13\n\x0b\x66ollower_id\x18\x01 \x01(\x04\"!\n\x0b\x46ollowEvent\x12\x12\n\nreplica_id\x18\x01 \x01(\x04\"\x1b\n\x0bRaftPayload\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xcb\x02\n\x0bRaftService\x12?\n\rAppendEntries\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12\x42\n\x0c\x41ppendStream\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload(\x01\x30\x01\x12\x36\n\x04Vote\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12\x41\n\x0fInstallSnapshot\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12<\n\x06\x46ollow\x12\x18.muster.v1.FollowRequest\x1a\x16.muster.v1.FollowEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14muster/v1/raft.proto\x12\tmuster.v1\"R\n\x0ePreVoteRequest\x12\x11\n\tcandidate\x18\x01 \x01(\x04\x12\x15\n\rlast_log_term\x18\x02 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x03 \x01(\x04\"2\n\x0fPreVoteResponse\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\rFollowRequest\x12\x13\n\x0b\x66ollower_id\x18\x01 \x01(\x04\"!\n\x0b\x46ollowEvent\x12\x12\n\nreplica_id\x18\x01 \x01(\x04\"\x1b\n\x0bRaftPayload\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\x8d\x03\n\x0bRaftService\x12?\n\rAppendEntries\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12\x42\n\x0c\x41ppendStream\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload(\x01\x30\x01\x12\x36\n\x04Vote\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12\x41\n\x0fInstallSnapshot\x12\x16.muster.v1.RaftPayload\x1a\x16.muster.v1.RaftPayload\x12<\n\x06\x46ollow\x12\x18.muster.v1.FollowRequest\x1a\x16.muster.v1.FollowEvent0\x01\x12@\n\x07PreVote\x12\x19.muster.v1.PreVoteRequest\x1a\x1a.muster.v1.PreVoteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'muster.v1.raft_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FOLLOWREQUEST']._serialized_start=35
-  _globals['_FOLLOWREQUEST']._serialized_end=71
-  _globals['_FOLLOWEVENT']._serialized_start=73
-  _globals['_FOLLOWEVENT']._serialized_end=106
-  _globals['_RAFTPAYLOAD']._serialized_start=108
-  _globals['_RAFTPAYLOAD']._serialized_end=135
-  _globals['_RAFTSERVICE']._serialized_start=138
-  _globals['_RAFTSERVICE']._serialized_end=469
+  _globals['_PREVOTEREQUEST']._serialized_start=35
+  _globals['_PREVOTEREQUEST']._serialized_end=117
+  _globals['_PREVOTERESPONSE']._serialized_start=119
+  _globals['_PREVOTERESPONSE']._serialized_end=169
+  _globals['_FOLLOWREQUEST']._serialized_start=171
+  _globals['_FOLLOWREQUEST']._serialized_end=207
+  _globals['_FOLLOWEVENT']._serialized_start=209
+  _globals['_FOLLOWEVENT']._serialized_end=242
+  _globals['_RAFTPAYLOAD']._serialized_start=244
+  _globals['_RAFTPAYLOAD']._serialized_end=271
+  _globals['_RAFTSERVICE']._serialized_start=274
+  _globals['_RAFTSERVICE']._serialized_end=671
 # @@protoc_insertion_point(module_scope)

@@ -4,6 +4,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PreVoteRequest(_message.Message):
+    __slots__ = ("candidate", "last_log_term", "last_log_index")
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    candidate: int
+    last_log_term: int
+    last_log_index: int
+    def __init__(self, candidate: _Optional[int] = ..., last_log_term: _Optional[int] = ..., last_log_index: _Optional[int] = ...) -> None: ...
+
+class PreVoteResponse(_message.Message):
+    __slots__ = ("granted", "reason")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    reason: str
+    def __init__(self, granted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class FollowRequest(_message.Message):
     __slots__ = ("follower_id",)
     FOLLOWER_ID_FIELD_NUMBER: _ClassVar[int]

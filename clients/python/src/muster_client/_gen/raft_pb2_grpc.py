@@ -59,6 +59,11 @@ class RaftServiceStub:
                 request_serializer=muster_dot_v1_dot_raft__pb2.FollowRequest.SerializeToString,
                 response_deserializer=muster_dot_v1_dot_raft__pb2.FollowEvent.FromString,
                 _registered_method=True)
+        self.PreVote = channel.unary_unary(
+                '/muster.v1.RaftService/PreVote',
+                request_serializer=muster_dot_v1_dot_raft__pb2.PreVoteRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_raft__pb2.PreVoteResponse.FromString,
+                _registered_method=True)
 
 
 class RaftServiceServicer:
@@ -105,6 +110,16 @@ class RaftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PreVote(self, request, context):
+        """Would this replica vote for the asking one now? A pre-vote: it changes
+        nothing. Granted unless this replica leads, has taken an append from a
+        leader within the lease, or holds a log further along than the
+        candidate's (server/elector.rs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -132,6 +147,11 @@ def add_RaftServiceServicer_to_server(servicer, server):
                     servicer.Follow,
                     request_deserializer=muster_dot_v1_dot_raft__pb2.FollowRequest.FromString,
                     response_serializer=muster_dot_v1_dot_raft__pb2.FollowEvent.SerializeToString,
+            ),
+            'PreVote': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreVote,
+                    request_deserializer=muster_dot_v1_dot_raft__pb2.PreVoteRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_raft__pb2.PreVoteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +289,33 @@ class RaftService:
             '/muster.v1.RaftService/Follow',
             muster_dot_v1_dot_raft__pb2.FollowRequest.SerializeToString,
             muster_dot_v1_dot_raft__pb2.FollowEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreVote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.RaftService/PreVote',
+            muster_dot_v1_dot_raft__pb2.PreVoteRequest.SerializeToString,
+            muster_dot_v1_dot_raft__pb2.PreVoteResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,20 +54,22 @@ class AllocationEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., revision: _Optional[int] = ..., time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class Explanation(_message.Message):
-    __slots__ = ("id", "status", "summary", "classes", "preemption", "planned_start")
+    __slots__ = ("id", "status", "summary", "classes", "preemption", "planned_start", "checkpoints")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     PLANNED_START_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: _types_pb2.AllocationStatus
     summary: str
     classes: _containers.RepeatedCompositeFieldContainer[NodeClassReason]
     preemption: PreemptionPlan
     planned_start: PlannedStart
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ..., planned_start: _Optional[_Union[PlannedStart, _Mapping]] = ...) -> None: ...
+    checkpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ..., planned_start: _Optional[_Union[PlannedStart, _Mapping]] = ..., checkpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlannedStart(_message.Message):
     __slots__ = ("start_ms", "in_ms", "node_ids")
@@ -269,8 +271,22 @@ class ListResponse(_message.Message):
     next_page_token: int
     def __init__(self, allocations: _Optional[_Iterable[_Union[_types_pb2.Allocation, _Mapping]]] = ..., next_page_token: _Optional[int] = ...) -> None: ...
 
+class CheckpointSettings(_message.Message):
+    __slots__ = ("store", "keep", "max_bytes", "retired", "abandoned")
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    store: str
+    keep: int
+    max_bytes: int
+    retired: int
+    abandoned: int
+    def __init__(self, store: _Optional[str] = ..., keep: _Optional[int] = ..., max_bytes: _Optional[int] = ..., retired: _Optional[int] = ..., abandoned: _Optional[int] = ...) -> None: ...
+
 class VClusterSpec(_message.Message):
-    __slots__ = ("type", "home_labels", "home_nodes", "max_gpus", "max_nodes", "max_allocations", "borrow_limit_pct", "over_quota")
+    __slots__ = ("type", "home_labels", "home_nodes", "max_gpus", "max_nodes", "max_allocations", "borrow_limit_pct", "over_quota", "checkpoint_store", "max_checkpoint_bytes")
     class HomeLabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +302,8 @@ class VClusterSpec(_message.Message):
     MAX_ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
     BORROW_LIMIT_PCT_FIELD_NUMBER: _ClassVar[int]
     OVER_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STORE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
     type: str
     home_labels: _containers.ScalarMap[str, str]
     home_nodes: _containers.RepeatedScalarFieldContainer[str]
@@ -294,7 +312,9 @@ class VClusterSpec(_message.Message):
     max_allocations: int
     borrow_limit_pct: int
     over_quota: str
-    def __init__(self, type: _Optional[str] = ..., home_labels: _Optional[_Mapping[str, str]] = ..., home_nodes: _Optional[_Iterable[str]] = ..., max_gpus: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_allocations: _Optional[int] = ..., borrow_limit_pct: _Optional[int] = ..., over_quota: _Optional[str] = ...) -> None: ...
+    checkpoint_store: str
+    max_checkpoint_bytes: int
+    def __init__(self, type: _Optional[str] = ..., home_labels: _Optional[_Mapping[str, str]] = ..., home_nodes: _Optional[_Iterable[str]] = ..., max_gpus: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_allocations: _Optional[int] = ..., borrow_limit_pct: _Optional[int] = ..., over_quota: _Optional[str] = ..., checkpoint_store: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ...) -> None: ...
 
 class VCluster(_message.Message):
     __slots__ = ("name", "spec", "created_ms", "updated_ms", "updated_by", "revision", "home_node_ids")

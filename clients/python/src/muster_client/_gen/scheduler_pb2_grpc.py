@@ -861,6 +861,16 @@ class AdminServiceStub:
                 request_serializer=muster_dot_v1_dot_scheduler__pb2.BackupRequest.SerializeToString,
                 response_deserializer=muster_dot_v1_dot_scheduler__pb2.BackupChunk.FromString,
                 _registered_method=True)
+        self.GetCheckpointSettings = channel.unary_unary(
+                '/muster.v1.AdminService/GetCheckpointSettings',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.StatusRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.FromString,
+                _registered_method=True)
+        self.SetCheckpointSettings = channel.unary_unary(
+                '/muster.v1.AdminService/SetCheckpointSettings',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -932,6 +942,20 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCheckpointSettings(self, request, context):
+        """The cluster's checkpoint settings (readers and up), and setting them
+        (admins only, leader only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCheckpointSettings(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -979,6 +1003,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Backup,
                     request_deserializer=muster_dot_v1_dot_scheduler__pb2.BackupRequest.FromString,
                     response_serializer=muster_dot_v1_dot_scheduler__pb2.BackupChunk.SerializeToString,
+            ),
+            'GetCheckpointSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCheckpointSettings,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.StatusRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.SerializeToString,
+            ),
+            'SetCheckpointSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCheckpointSettings,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1224,6 +1258,60 @@ class AdminService:
             '/muster.v1.AdminService/Backup',
             muster_dot_v1_dot_scheduler__pb2.BackupRequest.SerializeToString,
             muster_dot_v1_dot_scheduler__pb2.BackupChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCheckpointSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.AdminService/GetCheckpointSettings',
+            muster_dot_v1_dot_scheduler__pb2.StatusRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCheckpointSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.AdminService/SetCheckpointSettings',
+            muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.CheckpointSettings.FromString,
             options,
             channel_credentials,
             insecure,
