@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::checkpoint_service_server::{CheckpointService, CheckpointServiceServer};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
@@ -101,6 +102,7 @@ impl CheckpointService for CheckpointServer {
     type FetchStream = ReceiverStream<Result<v1::CheckpointChunk, Status>>;
 
     async fn fetch(&self, req: Request<v1::FetchCheckpoint>) -> Result<Response<Self::FetchStream>, Status> {
+        req.get_ref().check_bounds()?;
         let node = self.caller(&req)?;
         let f = req.into_inner();
         let plain = !f.key.is_empty()

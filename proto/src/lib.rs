@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+pub mod bounds;
 pub mod codec;
 
 /// The largest message on an agent stream, both ways: room for an

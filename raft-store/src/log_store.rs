@@ -118,8 +118,19 @@ impl<A: StateMachineApp> RaftLogStorage<C<A>> for LogStore<A> {
         self.disk.durably(move |log| log.set_meta(Meta::Vote, bytes)).await.map_err(err)
     }
 
+    /// The vote, read once at startup, is handed back uncommitted: a
+    /// replica never resumes as the leader it was. openraft would restore a
+    /// committed vote of its own as leadership in the same term, and a
+    /// leader sends entries before its own log has synced them: one that
+    /// lost those entries (a power loss, a failed sync) would then write
+    /// different entries at the same indexes under the same leader id, and
+    /// followers holding the old ones would take them for the same entries
+    /// (two replicas applying different entries at one index; `muster chaos`
+    /// caught it). Uncommitted, the vote still binds this replica to its
+    /// term's choice, and leading again takes an election in a later term.
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
-        self.get_meta(Meta::Vote)
+        let vote: Option<Vote<u64>> = self.get_meta(Meta::Vote)?;
+        Ok(vote.map(|v| Vote { committed: false, ..v }))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError<u64>> {

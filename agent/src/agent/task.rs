@@ -1,5 +1,7 @@
 //! One attempt: starting it, adopting it after a restart, its waiter (stops, hints, watchdogs), and what its end reports.
 
+use muster_proto::bounds;
+
 use super::*;
 
 /// What the agent tells a running task's waiter.
@@ -262,7 +264,7 @@ impl Agent {
             .map(|(seq, why)| v1::CheckpointUnusable {
                 task: Some(task_ref(key)),
                 checkpoint_epoch: 0,
-                reason: format!("checkpoint {seq} could not be restored: {why}"),
+                reason: bounds::truncate(&format!("checkpoint {seq} could not be restored: {why}"), bounds::AGENT_TEXT),
                 seq: *seq,
             })
             .collect();
@@ -441,7 +443,7 @@ impl Agent {
                     trip: v1::WatchdogTripped {
                         task: Some(task_ref(key)),
                         kind: trip.kind.to_string(),
-                        detail: trip.detail,
+                        detail: bounds::truncate(&trip.detail, bounds::AGENT_TEXT),
                     },
                     checkpoint: upload,
                 }
@@ -478,7 +480,12 @@ impl Agent {
                     self.note_in_log(key, attempt, &format!("muster: the task did not start: {error}"));
                 }
                 Report::Exited {
-                    exit: v1::TaskExited { task: Some(task_ref(key)), exit_code, signal, error },
+                    exit: v1::TaskExited {
+                        task: Some(task_ref(key)),
+                        exit_code,
+                        signal,
+                        error: bounds::truncate(&error, bounds::AGENT_TEXT),
+                    },
                     checkpoint: upload,
                 }
             }

@@ -215,6 +215,33 @@ async fn t82_an_agent_killed_mid_task_loses_its_node_and_comes_back_cleanly() {
     c.shutdown().await;
 }
 
+/// A leader that restarts never resumes leading in the term it led: it
+/// may have sent followers entries its own log had not synced, and leading
+/// again under the same leader id it would write different ones at those
+/// indexes, which the followers would take for the same (chaos caught two
+/// replicas applying different entries at one index this way). It comes
+/// back a follower, and whoever leads next was elected in a later term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t84_a_restarted_leader_never_leads_again_in_its_old_term() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = LocalCluster::start(dir.path(), fast()).await.unwrap();
+    let id = submit(&c, gang(1, "true", 0)).await;
+    until(&c, id, "done", |a| status(a) == v1::AllocationStatus::Done).await;
+    let old = c.leader_id().unwrap();
+    let term = c.replica(old).unwrap().status().term;
+    c.restart_replica(old).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (leader, now) = loop {
+        if let Some(l) = c.leader_id() {
+            break (l, c.replica(l).unwrap().status().term);
+        }
+        assert!(std::time::Instant::now() < deadline, "no leader after the restart");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(now > term, "replica {leader} leads in term {now}; replica {old} led term {term} before its restart");
+    c.shutdown().await;
+}
+
 /// The leader goes away while agents hold streams: they reconnect to the
 /// new leader, running processes are not restarted, nothing runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -683,3 +683,94 @@ async fn t115_muster_token_creates_lists_and_revokes_through_the_cli() {
     let o = run(&["token", "list", "--identity", "client-bob"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("admins only"));
 }
+
+/// The probe's attack: submits whose `pack_by` is megabytes long were
+/// accepted and stayed queued, and from then on `alloc list` failed for
+/// every identity (its response over the 4 MiB message limit). Now such a
+/// field is refused before the log, naming it and echoing only a prefix,
+/// and lists keep working. A drain whose reason is over its limit, and an
+/// agent message over its own, are refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t118_a_megabyte_field_is_refused_before_the_log_and_lists_keep_working() {
+    let s = Server::start().await;
+    let admin = channel(&s.addr).await.unwrap();
+    let before = s.state().await;
+    for _ in 0..2 {
+        let spec = v1::AllocationSpec { pack_by: "rack".repeat(800_000), ..one_gpu("", &["true"]) };
+        let err = AllocationServiceClient::new(admin.clone())
+            .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains("AllocationSpec.pack_by"), "{err:?}");
+        assert!(err.message().len() < 200, "the error echoes at most a prefix: {} bytes", err.message().len());
+    }
+    let reason = "x".repeat(5_000);
+    let drain = v1::DrainNodeRequest { id: "gpu-01".into(), reason, ..Default::default() };
+    let err = NodeServiceClient::new(admin.clone()).drain_node(drain).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("DrainNodeRequest.reason"), "{err:?}");
+    assert_eq!(s.state().await, before, "no refused request wrote an entry");
+    // A registration whose labels are over their limit ends the stream with
+    // the field named; nothing is registered.
+    let mut reg = register("gpu-02", 8);
+    if let Some(v1::agent_message::Msg::Register(r)) = reg.msg.as_mut() {
+        r.labels = (0..100).map(|i| (format!("k{i}"), "v".into())).collect();
+    }
+    let refused = agent_stream(&s.addr, &tls::material(Role::Agent("gpu-02".into())), reg).await;
+    let err = refused.expect_err("the stream is refused");
+    assert!(format!("{err:?}").contains("Register.labels"), "{err:?}");
+    assert_eq!(s.state().await, before, "nothing registered");
+    let list = AllocationServiceClient::new(admin.clone()).list(v1::ListRequest::default()).await;
+    assert!(list.is_ok(), "alloc list works: {list:?}");
+    // Valid allocations at their limits (60 KB of argv and of env each):
+    // forty of them were a 4.8 MB first page, over the message limit. Pages
+    // now end at a byte budget too, and following them returns every one.
+    let mut client = AllocationServiceClient::new(admin.clone());
+    for i in 0..40 {
+        let mut spec = one_gpu("", &["true", &"a".repeat(60_000)]);
+        spec.env = [("BIG".to_string(), "e".repeat(60_000))].into();
+        spec.idempotency_key = format!("big-{i}");
+        client.submit(v1::SubmitRequest { spec: Some(spec), dry_run: false }).await.unwrap();
+    }
+    let (mut seen, mut token, mut pages) = (0, 0, 0);
+    loop {
+        let q = v1::ListRequest { page_token: token, ..Default::default() };
+        let page = client.list(q).await.expect("every page fits a message").into_inner();
+        seen += page.allocations.len();
+        pages += 1;
+        token = page.next_page_token;
+        if token == 0 {
+            break;
+        }
+    }
+    assert_eq!(seen, 40, "every allocation, over {pages} pages");
+    assert!(pages > 1, "the pages were cut by size");
+}
+
+/// The probe's smaller finding: history times and sequence numbers are
+/// SQLite integers, and 2^64-1 wrapped negative, so `since_ms` or
+/// `after_seq` of 2^64-1 returned every record and a usage `until_ms` of
+/// 2^64-1 returned none. Such values are refused, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t119_history_bounds_past_the_stored_range_are_refused() {
+    use muster_proto::v1::history_service_client::HistoryServiceClient;
+    let s = Server::start().await;
+    let admin = channel(&s.addr).await.unwrap();
+    let mut history = HistoryServiceClient::new(admin);
+    for (field, q) in [
+        ("since_ms", v1::HistoryQuery { since_ms: u64::MAX, ..Default::default() }),
+        ("after_seq", v1::HistoryQuery { after_seq: u64::MAX, ..Default::default() }),
+        ("id", v1::HistoryQuery { id: 1 << 63, ..Default::default() }),
+    ] {
+        let err = history.list_history(q).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
+        assert!(err.message().contains(field), "{field}: {err:?}");
+    }
+    let q = v1::UsageQuery { since_ms: 0, until_ms: u64::MAX, ..Default::default() };
+    let err = history.usage(q).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("until_ms"), "{err:?}");
+    let ok = history.list_history(v1::HistoryQuery { since_ms: i64::MAX as u64 - 1, ..Default::default() }).await;
+    assert!(ok.is_ok_and(|r| r.into_inner().records.is_empty()), "the largest stored time answers, with nothing");
+}

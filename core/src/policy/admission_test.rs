@@ -445,6 +445,10 @@ fn task_0_lands_on_a_node_with_free_rendezvous_ports() {
     assert_eq!(c.status(b), AllocStatus::Queued);
     assert_eq!(c.status(free), AllocStatus::Reserved);
     assert_eq!(plan.stats.port_waits, 1);
+    // Explain says why b waits: room on the GPUs, no free port (it said
+    // "can take a task now", as if the next pass would place it).
+    let e = crate::policy::explain(&c.s, b, c.now, &Default::default()).unwrap();
+    assert!(e.summary.starts_with("waiting for rendezvous ports"), "{}", e.summary);
 }
 
 /// A cluster whose nodes carry labels: (GPUs, labels) per node.

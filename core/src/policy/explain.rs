@@ -269,6 +269,9 @@ fn explain_gang(state: &State, spec: &AllocSpec, status: AllocStatus, pending: b
     let id = 0;
     let mut classes: BTreeMap<(NodeStatus, Resources, Option<String>), Tally> = BTreeMap::new();
     let mut held = 0;
+    // Nodes that can take a task now with the rendezvous ports task 0 asks
+    // for free (other live gangs may hold them all).
+    let mut port_nodes = 0u32;
     // Ready nodes left out by the placement, by why; and, for a gang that
     // packs, the ready nodes that could ever take a task, by label value.
     let mut left_out: BTreeMap<String, u32> = BTreeMap::new();
@@ -297,6 +300,9 @@ fn explain_gang(state: &State, spec: &AllocSpec, status: AllocStatus, pending: b
         } else if node.status == NodeStatus::Ready {
             if fits(&need, &node.resources, &node.free()) {
                 entry.can += 1;
+                if spec.ports > 0 && state.free_port_count(node.slot) >= spec.ports {
+                    port_nodes += 1;
+                }
             } else if never_fits(&need, &node.resources).is_none() {
                 *entry.short.entry(short_now(&need, &node.free())).or_default() += 1;
             }
@@ -355,6 +361,12 @@ fn explain_gang(state: &State, spec: &AllocSpec, status: AllocStatus, pending: b
     } else if feasible_ever < n {
         format!(
             "the gang of {n} is larger than any feasible set: only {feasible_ever} ready nodes could ever take one of its tasks"
+        )
+    } else if free_now >= n && spec.ports > 0 && port_nodes == 0 {
+        format!(
+            "waiting for rendezvous ports: {free_now} nodes can take a task now, but none has the {} free ports the \
+             gang's task 0 needs (other live gangs hold them); it is placed when one frees them",
+            spec.ports
         )
     } else if free_now >= n {
         format!(

@@ -79,7 +79,18 @@ fn check_name(field: &str, value: &str, limits: &Limits) -> Result<(), String> {
     if value.chars().any(|c| c.is_control()) {
         return Err(format!("{field} must not contain control characters"));
     }
+    if value.chars().any(is_bidi_control) {
+        return Err(format!("{field} must not contain bidirectional control characters"));
+    }
     Ok(())
+}
+
+/// Unicode's bidirectional formatting characters (U+061C, U+200E, U+200F,
+/// U+202A–U+202E, U+2066–U+2069): in a name or label they make text show
+/// in another order than it compares (a U+202E in a value reverses what
+/// follows), so names, labels and label expressions refuse them.
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Checks a submitted allocation against `limits`.
@@ -284,6 +295,9 @@ pub fn validate_node(
         check_name("labels", k, limits).map_err(|r| invalid_node("labels", r))?;
         if v.len() > limits.max_name_bytes {
             return Err(invalid_node("labels", format!("the value of {k} is too long")));
+        }
+        if v.chars().any(|c| c.is_control() || is_bidi_control(c)) {
+            return Err(invalid_node("labels", format!("the value of {k} holds control or bidirectional characters")));
         }
     }
     if let Some(v) = labels.get(PORTS_LABEL) {

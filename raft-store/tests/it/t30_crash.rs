@@ -76,7 +76,8 @@ async fn a_power_loss_drops_unsynced_writes_and_keeps_vote_purge_and_snapshot() 
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 25)));
     assert_eq!(state.last_log_id, Some(log_id(1, 30)));
     assert_eq!(log.try_get_log_entries(0..=30).await.unwrap(), entries(26, 30));
-    assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new_committed(3, 2)));
+    // Read back uncommitted: a replica never resumes leading in its old term.
+    assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(3, 2)));
     assert_eq!(log.read_committed().await.unwrap(), None, "an unsynced write must not survive a power loss");
     assert_eq!(sm.reader().applied_and_digest(), (Some(log_id(1, 30)), digest));
     assert_eq!(sm.get_current_snapshot().await.unwrap().expect("snapshot kept").meta, meta);

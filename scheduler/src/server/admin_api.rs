@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::admin_service_server::AdminService;
 use openraft::error::{ClientWriteError, RaftError};
@@ -94,6 +95,7 @@ impl AdminService for AdminApi {
         &self,
         req: Request<v1::AddLearnerRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
+        req.get_ref().check_bounds()?;
         let r = req.into_inner();
         if r.id == 0 {
             return Err(Status::invalid_argument("invalid id: replica ids start at 1"));
@@ -112,6 +114,7 @@ impl AdminService for AdminApi {
         &self,
         req: Request<v1::ChangeMembershipRequest>,
     ) -> Result<Response<v1::MembershipResponse>, Status> {
+        req.get_ref().check_bounds()?;
         let r = req.into_inner();
         if r.promote.is_empty() && r.remove.is_empty() {
             return Err(Status::invalid_argument("invalid request: name replicas to promote or remove"));
@@ -177,6 +180,7 @@ impl AdminService for AdminApi {
         &self,
         req: Request<v1::CreateTokenRequest>,
     ) -> Result<Response<v1::CreateTokenResponse>, Status> {
+        req.get_ref().check_bounds()?;
         let by = caller_name(&Caller::of(&req));
         let q = req.into_inner();
         let role = TokenRole::parse(&q.role)
@@ -204,6 +208,7 @@ impl AdminService for AdminApi {
     }
 
     async fn revoke_token(&self, req: Request<v1::RevokeTokenRequest>) -> Result<Response<v1::TokenInfo>, Status> {
+        req.get_ref().check_bounds()?;
         let by = caller_name(&Caller::of(&req));
         let id = req.into_inner().id;
         // An unknown or already revoked token is refused before the log (on
@@ -230,6 +235,7 @@ impl AdminService for AdminApi {
         &self,
         req: Request<v1::CheckpointSettings>,
     ) -> Result<Response<v1::CheckpointSettings>, Status> {
+        req.get_ref().check_bounds()?;
         let by = caller_name(&Caller::of(&req));
         let settings = crate::server::convert::settings_from_proto(req.into_inner())?;
         match self

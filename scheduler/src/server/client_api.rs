@@ -5,6 +5,7 @@
 //! the leader confirms it still leads and waits until its state machine has
 //! applied everything committed before answering.
 
+use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_server::AllocationService;
 use muster_tls::Role;
@@ -24,6 +25,9 @@ use crate::sm::{AllocId, Command, DEFAULT_VCLUSTER, Event, Outcome, VClusterType
 /// Most allocations one `List` page returns.
 pub const MAX_PAGE_SIZE: u32 = 1000;
 const DEFAULT_PAGE_SIZE: u32 = 100;
+/// Encoded bytes after which a page of allocations ends (one allocation at
+/// its field limits is ~150 KiB, so a page is never near the 4 MiB limit).
+pub const MAX_PAGE_BYTES: usize = 2 << 20;
 
 /// The client API of one replica.
 pub struct ClientApi {
@@ -114,6 +118,7 @@ impl AllocationService for ClientApi {
     type LogsStream = ReceiverStream<Result<v1::LogChunk, Status>>;
 
     async fn logs(&self, req: Request<v1::LogsRequest>) -> Result<Response<Self::LogsStream>, Status> {
+        req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         linearizable(&self.s).await?;
@@ -188,6 +193,7 @@ impl AllocationService for ClientApi {
     }
 
     async fn watch(&self, req: Request<v1::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         linearizable(&self.s).await?;
@@ -265,6 +271,7 @@ impl AllocationService for ClientApi {
     }
 
     async fn submit(&self, req: Request<v1::SubmitRequest>) -> Result<Response<v1::SubmitResponse>, Status> {
+        req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let req = req.into_inner();
         let limits = self.s.reader.read(|st| st.limits().clone());
@@ -344,6 +351,7 @@ impl AllocationService for ClientApi {
     }
 
     async fn cancel(&self, req: Request<v1::CancelRequest>) -> Result<Response<v1::Allocation>, Status> {
+        req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let id = req.into_inner().id;
         if id == 0 {
@@ -373,6 +381,7 @@ impl AllocationService for ClientApi {
     }
 
     async fn explain(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Explanation>, Status> {
+        req.get_ref().check_bounds()?;
         let id = req.into_inner().id;
         linearizable(&self.s).await?;
         let (cfg, admission) = (self.s.preemption, self.s.admission);
@@ -386,6 +395,7 @@ impl AllocationService for ClientApi {
     }
 
     async fn get(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Allocation>, Status> {
+        req.get_ref().check_bounds()?;
         let id = req.into_inner().id;
         linearizable(&self.s).await?;
         self.s
@@ -395,6 +405,7 @@ impl AllocationService for ClientApi {
     }
 
     async fn list(&self, req: Request<v1::ListRequest>) -> Result<Response<v1::ListResponse>, Status> {
+        req.get_ref().check_bounds()?;
         let q = req.into_inner();
         let status = alloc_status_filter(q.status)?;
         if q.page_size > MAX_PAGE_SIZE {
@@ -413,8 +424,21 @@ impl AllocationService for ClientApi {
                 .filter(|a| status.is_none_or(|s| a.status == s))
                 .filter(|a| q.owner.is_empty() || a.spec.owner == q.owner)
                 .filter(|a| q.preemption_class.is_none_or(|c| u32::from(a.spec.preemption_class) == c));
-            let page: Vec<v1::Allocation> = matching.by_ref().take(page_size).map(|a| alloc_to_proto(a, st)).collect();
-            let more = matching.next().is_some();
+            // A page ends at page_size allocations or MAX_PAGE_BYTES encoded,
+            // whichever comes first (always one): the response stays well
+            // under the 4 MiB message limit whatever the allocations hold.
+            let mut page: Vec<v1::Allocation> = Vec::new();
+            let mut bytes = 0;
+            let mut more = false;
+            for a in matching.by_ref() {
+                if page.len() == page_size || (!page.is_empty() && bytes >= MAX_PAGE_BYTES) {
+                    more = true;
+                    break;
+                }
+                let p = alloc_to_proto(a, st);
+                bytes += prost::Message::encoded_len(&p);
+                page.push(p);
+            }
             (page, more)
         });
         let next_page_token = if more { allocations.last().map_or(0, |a| a.id) } else { 0 };

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use muster_core::history::{AttemptRecord, JobRecord};
 use muster_history::{Filter, Group, HistoryStore};
+use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::history_service_client::HistoryServiceClient;
 use muster_proto::v1::history_service_server::HistoryService;
@@ -235,10 +236,25 @@ fn attempt_to_proto(a: &AttemptRecord) -> v1::HistoryAttempt {
     }
 }
 
+/// Times, ids and sequence numbers are stored as SQLite integers (i64): a
+/// value above i64::MAX would wrap negative in the query and match
+/// everything or nothing, so it is refused, naming the field.
+fn stored_range(field: &str, v: u64) -> Result<(), Status> {
+    if v > i64::MAX as u64 {
+        return Err(Status::invalid_argument(format!("invalid {field}: {v} is above the maximum of {}", i64::MAX)));
+    }
+    Ok(())
+}
+
 #[tonic::async_trait]
 impl HistoryService for HistoryApi {
     async fn list_history(&self, req: Request<v1::HistoryQuery>) -> Result<Response<v1::HistoryPage>, Status> {
+        req.get_ref().check_bounds()?;
         let q = req.into_inner();
+        for (field, v) in [("id", q.id), ("since_ms", q.since_ms), ("until_ms", q.until_ms), ("after_seq", q.after_seq)]
+        {
+            stored_range(field, v)?;
+        }
         let limit = match q.limit {
             0 => 1_000,
             n if n > MAX_HISTORY_PAGE => {
@@ -273,7 +289,10 @@ impl HistoryService for HistoryApi {
     }
 
     async fn usage(&self, req: Request<v1::UsageQuery>) -> Result<Response<v1::UsageReport>, Status> {
+        req.get_ref().check_bounds()?;
         let q = req.into_inner();
+        stored_range("since_ms", q.since_ms)?;
+        stored_range("until_ms", q.until_ms)?;
         if q.until_ms <= q.since_ms {
             return Err(Status::invalid_argument("invalid until_ms: it must be after since_ms"));
         }
@@ -313,7 +332,10 @@ impl HistoryService for HistoryApi {
         &self,
         req: Request<v1::FetchRecordsRequest>,
     ) -> Result<Response<v1::FetchRecordsResponse>, Status> {
+        req.get_ref().check_bounds()?;
         let q = req.into_inner();
+        stored_range("first", q.first)?;
+        stored_range("last", q.last)?;
         if q.first == 0 || q.last < q.first {
             return Err(Status::invalid_argument("invalid first/last: a range 1 ≤ first ≤ last"));
         }

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::node_service_server::NodeService;
 use tokio::sync::mpsc;
@@ -97,12 +98,14 @@ impl NodeService for NodeApi {
     }
 
     async fn get_node(&self, req: Request<v1::GetNodeRequest>) -> Result<Response<v1::Node>, Status> {
+        req.get_ref().check_bounds()?;
         let id = node_id(req.into_inner().id)?;
         linearizable(&self.s).await?;
         self.node(&id).map(Response::new)
     }
 
     async fn drain_node(&self, req: Request<v1::DrainNodeRequest>) -> Result<Response<v1::Node>, Status> {
+        req.get_ref().check_bounds()?;
         let q = with_bound_by(req, |q| &mut q.by);
         let id = node_id(q.id)?;
         let timeout_ms = self.timeout_for(&id, q.timeout_ms).await?;
@@ -115,30 +118,35 @@ impl NodeService for NodeApi {
     }
 
     async fn cancel_drain(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
+        req.get_ref().check_bounds()?;
         let q = action(req);
         let id = node_id(q.id)?;
         self.transition(&id, Command::CancelDrain { node: id.clone(), by: q.by }).await
     }
 
     async fn stop_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
+        req.get_ref().check_bounds()?;
         let q = action(req);
         let id = node_id(q.id)?;
         self.transition(&id, Command::StopNode { node: id.clone(), reason: q.reason, by: q.by }).await
     }
 
     async fn restart_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
+        req.get_ref().check_bounds()?;
         let q = action(req);
         let id = node_id(q.id)?;
         self.transition(&id, Command::RestartNode { node: id.clone(), by: q.by }).await
     }
 
     async fn terminate_node(&self, req: Request<v1::NodeActionRequest>) -> Result<Response<v1::Node>, Status> {
+        req.get_ref().check_bounds()?;
         let q = action(req);
         let id = node_id(q.id)?;
         self.transition(&id, Command::TerminateNode { node: id.clone(), by: q.by }).await
     }
 
     async fn scale_down(&self, req: Request<v1::ScaleDownRequest>) -> Result<Response<v1::ScaleDownResponse>, Status> {
+        req.get_ref().check_bounds()?;
         let q = with_bound_by(req, |q| &mut q.by);
         if q.count == 0 {
             return Err(Status::invalid_argument("invalid count: must be at least 1"));
@@ -194,6 +202,7 @@ impl NodeService for NodeApi {
         &self,
         req: Request<v1::WatchNodesRequest>,
     ) -> Result<Response<Self::WatchNodesStream>, Status> {
+        req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         linearizable(&self.s).await?;

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::RaftPayload;
 use muster_proto::v1::raft_service_client::RaftServiceClient;
@@ -440,6 +441,7 @@ impl RaftService for RaftRpc {
     /// Names this replica once, then holds the stream open until the
     /// follower goes or this replica stops (see `leader_watch`).
     async fn follow(&self, req: Request<v1::FollowRequest>) -> Result<Response<Self::FollowStream>, Status> {
+        req.get_ref().check_bounds()?;
         let follower = req.into_inner().follower_id;
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         tx.try_send(Ok(v1::FollowEvent { replica_id: self.id })).expect("a new channel has room");
@@ -455,6 +457,7 @@ impl RaftService for RaftRpc {
     }
 
     async fn pre_vote(&self, req: Request<v1::PreVoteRequest>) -> Result<Response<v1::PreVoteResponse>, Status> {
+        req.get_ref().check_bounds()?;
         addressed_to(&req, self.id)?;
         let leads = self.raft.metrics().borrow().state == openraft::ServerState::Leader;
         let r = req.get_ref();
@@ -466,6 +469,7 @@ impl RaftService for RaftRpc {
     }
 
     async fn append_entries(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        req.get_ref().check_bounds()?;
         addressed_to(&req, self.id)?;
         serve_append(&self.raft, &self.heard, req.into_inner()).await.map(Response::new)
     }
@@ -485,7 +489,11 @@ impl RaftService for RaftRpc {
         let (raft, heard) = (self.raft.clone(), self.heard.clone());
         let replies = req.into_inner().then(move |request| {
             let (raft, heard) = (raft.clone(), heard.clone());
-            async move { serve_append(&raft, &heard, request?).await }
+            async move {
+                let request = request?;
+                request.check_bounds()?;
+                serve_append(&raft, &heard, request).await
+            }
         });
         let stop = self.stop.clone();
         let stopping = tokio_stream::once(()).then(move |()| {
@@ -509,12 +517,14 @@ impl RaftService for RaftRpc {
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        req.get_ref().check_bounds()?;
         addressed_to(&req, self.id)?;
         let rpc: VoteRequest<u64> = decode_request(req)?;
         encode_reply(&self.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        req.get_ref().check_bounds()?;
         addressed_to(&req, self.id)?;
         let rpc: InstallSnapshotRequest<TypeConfig> = decode_request(req)?;
         let reply = self.raft.install_snapshot(rpc).await;

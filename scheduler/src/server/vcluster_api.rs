@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::v_cluster_service_server::VClusterService;
 use muster_tls::Caller;
@@ -132,14 +133,17 @@ pub fn to_proto(st: &State, v: &VCluster) -> v1::VCluster {
 #[tonic::async_trait]
 impl VClusterService for VClusterApi {
     async fn create_v_cluster(&self, req: Request<v1::VClusterRequest>) -> Result<Response<v1::VCluster>, Status> {
+        req.get_ref().check_bounds()?;
         self.put(req, true).await
     }
 
     async fn update_v_cluster(&self, req: Request<v1::VClusterRequest>) -> Result<Response<v1::VCluster>, Status> {
+        req.get_ref().check_bounds()?;
         self.put(req, false).await
     }
 
     async fn get_v_cluster(&self, req: Request<v1::GetVClusterRequest>) -> Result<Response<v1::VCluster>, Status> {
+        req.get_ref().check_bounds()?;
         linearizable(&self.s).await?;
         self.get_now(&req.into_inner().name).map(Response::new)
     }

@@ -494,4 +494,11 @@ fn lifecycle_requests_are_validated_by_field() {
         resources: GPU_NODE,
         labels
     })));
+    // A label value that displays in another order than it compares (the
+    // probe's U+202E) is refused, as is a bidirectional control in a name.
+    let labels = BTreeMap::from([("gpu.model".to_string(), "H100\u{202E}".to_string())]);
+    assert!(bad("labels")(f.rejected(Command::RegisterNode { node: n(1), resources: GPU_NODE, labels })));
+    let labels = BTreeMap::new();
+    let node = NodeId::new("gpu\u{2066}01");
+    assert!(bad("node_id")(f.rejected(Command::RegisterNode { node, resources: GPU_NODE, labels })));
 }

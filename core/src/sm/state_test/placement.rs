@@ -30,7 +30,6 @@ fn expressions_parse_print_back_and_match() {
         [("gpu.model", "H100"), ("rack", "r1")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     for (text, holds) in [
         ("gpu.model=H100", true),
-        ("gpu.model==H100", true),
         ("gpu.model!=H100", false),
         ("gpu.model!=A100", true),
         ("gpu.model in (A100, H100)", true),
@@ -46,7 +45,21 @@ fn expressions_parse_print_back_and_match() {
     }
     let list = LabelExpr::parse_list("gpu.model in (H100,A100),rack,!zone").unwrap();
     assert_eq!(list.len(), 3);
-    for bad in ["", "gpu model=H100", "a in H100", "a in (x", "a=(", "a=", "k=v,", "a b c"] {
+    // `==` is not an operator (it parsed as `=`), and values refuse the
+    // bidirectional controls that display text in another order.
+    for bad in [
+        "",
+        "gpu model=H100",
+        "a in H100",
+        "a in (x",
+        "a=(",
+        "a=",
+        "k=v,",
+        "a b c",
+        "gpu.model==H100",
+        "a=H100\u{202E}",
+        "a in (x,\u{2066}y)",
+    ] {
         assert!(LabelExpr::parse_list(bad).is_err(), "{bad:?} parsed");
     }
     assert_eq!(Packing::parse("rack"), Ok(Packing { key: "rack".into(), required: true }));

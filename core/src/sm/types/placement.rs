@@ -92,7 +92,10 @@ impl LabelExpr {
         };
         let value_of = |v: &str| -> Result<String, String> {
             let v = v.trim();
-            if v.is_empty() || v.chars().any(|c| c.is_control() || matches!(c, ',' | '(' | ')' | '=' | '!')) {
+            let odd = |c: char| {
+                c.is_control() || crate::sm::validate::is_bidi_control(c) || matches!(c, ',' | '(' | ')' | '=' | '!')
+            };
+            if v.is_empty() || v.chars().any(odd) {
                 return Err(format!("{s:?}: {v:?} is not a label value"));
             }
             Ok(v.to_string())
@@ -111,7 +114,10 @@ impl LabelExpr {
         if let Some((k, v)) = s.split_once("!=") {
             return Ok(LabelExpr { key: key_of(k)?, op: LabelOp::NotEq(value_of(v)?) });
         }
-        if let Some((k, v)) = s.split_once("==").or_else(|| s.split_once('=')) {
+        if s.contains("==") {
+            return Err(format!("{s:?}: write key=value (== is not an operator)"));
+        }
+        if let Some((k, v)) = s.split_once('=') {
             return Ok(LabelExpr { key: key_of(k)?, op: LabelOp::Eq(value_of(v)?) });
         }
         let words: Vec<&str> = s.splitn(2, char::is_whitespace).collect();

@@ -1,5 +1,7 @@
 //! One agent's stream: register, reconcile, send what `plan_sync` plans, turn agent messages into commands.
 
+use muster_proto::bounds::Bounded;
+
 use super::*;
 
 pub(super) struct Session {
@@ -30,6 +32,9 @@ impl Session {
         let first = tokio::time::timeout(cfg.register_timeout, inbound.message())
             .await
             .map_err(|_| Status::deadline_exceeded("no Register within the registration timeout"))??;
+        // Every message is held to the wire's field limits before anything
+        // reads it; one over them ends the stream.
+        first.check_bounds()?;
         let Some(v1::AgentMessage { msg: Some(In::Register(reg)) }) = first else {
             return Err(Status::invalid_argument("invalid stream: the first message must be Register"));
         };
@@ -111,7 +116,10 @@ impl Session {
         loop {
             tokio::select! {
                 msg = inbound.message() => match msg {
-                    Ok(Some(m)) => session.handle(m).await?,
+                    Ok(Some(m)) => {
+                        m.check_bounds()?;
+                        session.handle(m).await?
+                    }
                     Ok(None) | Err(_) => {
                         tracing::info!(node = %session.node, "agent stream closed");
                         return Ok(());
