@@ -219,7 +219,11 @@ async fn main() {
     // Every agent registered before the clock starts.
     let nodes = muster_proto::v1::node_service_client::NodeServiceClient::new(cluster.leader_channel().await);
     loop {
-        let n = nodes.clone().list_nodes(v1::ListNodesRequest::default()).await.map(|r| r.into_inner().nodes.len());
+        let n = nodes
+            .clone()
+            .list_nodes(v1::ListNodesRequest { page_size: 1000, ..Default::default() })
+            .await
+            .map(|r| r.into_inner().nodes.len());
         if n.is_ok_and(|n| n == agents as usize) {
             break;
         }

@@ -238,11 +238,24 @@ fn timeout_ms(timeout: Option<&str>) -> anyhow::Result<Option<u64>> {
 pub async fn run(cluster: &mut Cluster, cmd: NodeCmd, out: Output) -> anyhow::Result<()> {
     match cmd {
         NodeCmd::List => {
-            let nodes = cluster
-                .call(|ch| async move { NodeServiceClient::new(ch).list_nodes(v1::ListNodesRequest {}).await })
-                .await?
-                .into_inner()
-                .nodes;
+            // Every page, in id order.
+            let mut nodes = Vec::new();
+            let mut token = String::new();
+            loop {
+                let q = v1::ListNodesRequest { page_size: 1000, page_token: token.clone() };
+                let page = cluster
+                    .call(|ch| {
+                        let q = q.clone();
+                        async move { NodeServiceClient::new(ch).list_nodes(q).await }
+                    })
+                    .await?
+                    .into_inner();
+                nodes.extend(page.nodes);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                token = page.next_page_token;
+            }
             match out {
                 Output::Json => out!(
                     "{}",

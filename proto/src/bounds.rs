@@ -107,6 +107,7 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("AllocationSpec.checkpoint_store", text(STORE)),
     ("ListRequest.owner", text(NAME)),
     // Nodes.
+    ("ListNodesRequest.page_token", text(NAME)),
     ("GetNodeRequest.id", text(NAME)),
     ("DrainNodeRequest.id", text(NAME)),
     ("DrainNodeRequest.reason", text(REASON)),
@@ -261,7 +262,6 @@ unbounded!(
     v1::CancelRequest,
     v1::WatchRequest,
     v1::LogsRequest,
-    v1::ListNodesRequest,
     v1::StatusRequest,
     v1::BackupRequest,
     v1::ListVClustersRequest,
@@ -347,6 +347,12 @@ impl Bounded for v1::SubmitRequest {
 impl Bounded for v1::ListRequest {
     fn check_bounds(&self) -> Result<(), OutOfBounds> {
         check_text("ListRequest.owner", &self.owner)
+    }
+}
+
+impl Bounded for v1::ListNodesRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_text("ListNodesRequest.page_token", &self.page_token)
     }
 }
 

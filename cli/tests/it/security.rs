@@ -774,3 +774,45 @@ async fn t119_history_bounds_past_the_stored_range_are_refused() {
     let ok = history.list_history(v1::HistoryQuery { since_ms: i64::MAX as u64 - 1, ..Default::default() }).await;
     assert!(ok.is_ok_and(|r| r.into_inner().records.is_empty()), "the largest stored time answers, with nothing");
 }
+
+/// Node lists come in pages too (they returned every node in one message):
+/// ordered by id, at most page_size each, and following next_page_token
+/// visits every node once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t118b_node_lists_are_paged_in_id_order() {
+    let s = Server::start().await;
+    let admin = channel(&s.addr).await.unwrap();
+    let mut streams = Vec::new();
+    let ids = ["n-05", "n-01", "n-04", "n-02", "n-03"];
+    for id in ids {
+        streams.push(agent_stream(&s.addr, &tls::material(Role::Agent(id.into())), register(id, 8)).await.unwrap());
+    }
+    let mut nodes = NodeServiceClient::new(admin);
+    let deadline = Instant::now() + WAIT;
+    let (seen, pages) = loop {
+        let (mut seen, mut token, mut pages) = (Vec::new(), String::new(), 0);
+        loop {
+            let q = v1::ListNodesRequest { page_size: 2, page_token: token };
+            let page = nodes.list_nodes(q).await.unwrap().into_inner();
+            assert!(page.nodes.len() <= 2, "{page:?}");
+            seen.extend(page.nodes.into_iter().map(|n| n.id));
+            pages += 1;
+            token = page.next_page_token;
+            if token.is_empty() {
+                break;
+            }
+        }
+        if seen.len() == ids.len() || Instant::now() > deadline {
+            break (seen, pages);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut sorted = ids.to_vec();
+    sorted.sort();
+    assert_eq!(seen, sorted, "every node once, in id order");
+    assert_eq!(pages, 3);
+    let err = nodes.list_nodes(v1::ListNodesRequest { page_size: 5_000, ..Default::default() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("page_size"), "{err:?}");
+    drop(streams);
+}

@@ -37,6 +37,8 @@ def test_nodes(client: Client) -> None:
     nodes = client.nodes()
     assert sorted(n.id for n in nodes) == ["node-1", "node-2", "node-3", "node-4"]
     assert all(n.resources.gpus == 8 for n in nodes)
+    # Pages of one: every node once, in id order.
+    assert [n.id for n in client.nodes(page_size=1)] == ["node-1", "node-2", "node-3", "node-4"]
 
 
 def test_gang_runs_and_watch_follows_it_to_the_end(client: Client) -> None:

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::server::client_api::{MAX_PAGE_BYTES, MAX_PAGE_SIZE};
 use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::node_service_server::NodeService;
@@ -91,10 +92,37 @@ fn node_id(raw: String) -> Result<NodeId, Status> {
 impl NodeService for NodeApi {
     type WatchNodesStream = ReceiverStream<Result<v1::NodeEvent, Status>>;
 
-    async fn list_nodes(&self, _: Request<v1::ListNodesRequest>) -> Result<Response<v1::ListNodesResponse>, Status> {
+    async fn list_nodes(&self, req: Request<v1::ListNodesRequest>) -> Result<Response<v1::ListNodesResponse>, Status> {
+        req.get_ref().check_bounds()?;
+        let q = req.into_inner();
+        if q.page_size > MAX_PAGE_SIZE {
+            return Err(Status::invalid_argument(format!(
+                "invalid page_size: {} is above the maximum of {MAX_PAGE_SIZE}",
+                q.page_size
+            )));
+        }
+        let page_size = if q.page_size == 0 { 100 } else { q.page_size } as usize;
         linearizable(&self.s).await?;
-        let nodes = self.s.reader.read(|st| st.nodes().iter().map(|n| node_to_proto(st, n)).collect());
-        Ok(Response::new(v1::ListNodesResponse { nodes }))
+        let (nodes, more) = self.s.reader.read(|st| {
+            let mut after: Vec<&muster_core::sm::Node> =
+                st.nodes().iter().filter(|n| n.id.as_str() > q.page_token.as_str()).collect();
+            after.sort_by(|a, b| a.id.cmp(&b.id));
+            // As alloc list: page_size nodes or MAX_PAGE_BYTES, whichever
+            // comes first (always one).
+            let (mut page, mut bytes) = (Vec::new(), 0);
+            for n in &after {
+                if page.len() == page_size || (!page.is_empty() && bytes >= MAX_PAGE_BYTES) {
+                    break;
+                }
+                let p = node_to_proto(st, n);
+                bytes += prost::Message::encoded_len(&p);
+                page.push(p);
+            }
+            let more = page.len() < after.len();
+            (page, more)
+        });
+        let next_page_token = if more { nodes.last().map(|n| n.id.clone()).unwrap_or_default() } else { String::new() };
+        Ok(Response::new(v1::ListNodesResponse { nodes, next_page_token }))
     }
 
     async fn get_node(&self, req: Request<v1::GetNodeRequest>) -> Result<Response<v1::Node>, Status> {

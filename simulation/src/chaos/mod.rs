@@ -464,7 +464,7 @@ async fn wait_ready(real: &[String], agents: u32) -> Result<(), String> {
             seen = format!("the leader at {addr} did not answer ListNodes");
             if let Ok(ch) = client::connect(&addr, Duration::from_secs(2)).await
                 && let Ok(r) = muster_proto::v1::node_service_client::NodeServiceClient::new(ch)
-                    .list_nodes(muster_proto::v1::ListNodesRequest {})
+                    .list_nodes(muster_proto::v1::ListNodesRequest { page_size: 1000, ..Default::default() })
                     .await
             {
                 let nodes = r.into_inner().nodes;

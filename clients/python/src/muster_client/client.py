@@ -547,16 +547,24 @@ class Client:
 
     # ----- nodes and replicas -----
 
-    def nodes(self, timeout: float | None = None) -> builtins.list[types_pb.Node]:
-        """Every node the cluster knows, with its status, resources and use."""
-        req = pb.ListNodesRequest()
-        resp = cast(
-            pb.ListNodesResponse,
-            self._call(
-                lambda ch, t: _stub(pb_grpc.NodeServiceStub, ch).ListNodes(req, timeout=t, metadata=self._metadata), timeout
-            ),
-        )
-        return list(resp.nodes)
+    def nodes(self, timeout: float | None = None, page_size: int = 1000) -> builtins.list[types_pb.Node]:
+        """Every node the cluster knows, with its status, resources and use
+        (in id order; the pages the server cuts are followed)."""
+        nodes: builtins.list[types_pb.Node] = []
+        token = ""
+        while True:
+            req = pb.ListNodesRequest(page_size=_uint("page_size", page_size, _U32), page_token=token)
+            resp = cast(
+                pb.ListNodesResponse,
+                self._call(
+                    lambda ch, t, req=req: _stub(pb_grpc.NodeServiceStub, ch).ListNodes(req, timeout=t, metadata=self._metadata),
+                    timeout,
+                ),
+            )
+            nodes.extend(resp.nodes)
+            if not resp.next_page_token:
+                return nodes
+            token = resp.next_page_token
 
     def status(self, address: str | None = None, timeout: float | None = None) -> pb.ReplicaStatus:
         """A replica's own view (role, term, leader, log indexes, members).
