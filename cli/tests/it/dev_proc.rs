@@ -147,6 +147,14 @@ pub fn wait_until(what: &str, f: impl Fn() -> bool) {
 
 /// A plain HTTP/1.0 GET: (status code, body).
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    http_get_with_headers(addr, path).map(|(code, _, body)| (code, body))
+}
+
+/// A response's headers: (name lower-cased, value).
+pub type Headers = Vec<(String, String)>;
+
+/// As [`http_get`], with the response's headers.
+pub fn http_get_with_headers(addr: &str, path: &str) -> Option<(u16, Headers, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
@@ -154,8 +162,14 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     let code = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((code, body))
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some((code, headers, body.to_string()))
 }
 
 /// An external tool the ecosystem tests drive, if installed. CI

@@ -90,6 +90,20 @@ fn t120_every_documented_metric_is_exported_and_every_exported_one_documented() 
     assert_eq!(code, 303, "/ redirects to /ui");
     let (code, _) = dev.get(1, "/nosuch").unwrap();
     assert_eq!(code, 404);
+    // Every response is nosniff, unframeable and sends no referrer; the
+    // page allows only its own script and style (t123 shows it still runs).
+    for path in ["/ui", "/ui/api/overview", "/metrics", "/healthz"] {
+        let (_, headers, _) = crate::dev_proc::http_get_with_headers(&dev.http[1], path).unwrap();
+        let get = |k: &str| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap_or("");
+        assert_eq!(get("x-content-type-options"), "nosniff", "{path}: {headers:?}");
+        assert_eq!(get("x-frame-options"), "DENY", "{path}: {headers:?}");
+        assert_eq!(get("referrer-policy"), "no-referrer", "{path}: {headers:?}");
+        let csp = get("content-security-policy");
+        assert!(csp.contains("frame-ancestors 'none'") && !csp.contains("unsafe-inline"), "{path}: {csp}");
+        if path == "/ui" {
+            assert!(csp.contains("script-src 'sha256-") && csp.contains("connect-src 'self'"), "{csp}");
+        }
+    }
 }
 
 /// A replica that cannot reach a majority has no leader: not ready over
