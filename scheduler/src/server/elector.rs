@@ -190,13 +190,19 @@ pub async fn run(
             if raft.trigger().elect().await.is_err() {
                 return;
             }
-        } else {
-            tracing::debug!(refusals = ?refusals, "pre-vote refused: a leader is alive; not campaigning");
-            metrics::counter!("muster_raft_pre_votes_refused_total").increment(1);
+            // If this campaign does not win (another replica campaigned in
+            // the same term and the votes split), the next one waits over a
+            // range three times as wide: two replicas that timed out
+            // together, with only the election timeout's spread between
+            // them, would otherwise split again and again under load.
+            heard.heard();
+            wait = timing.lease + jitter.next(timing.timeout.0, timing.timeout.1 * 3);
+            continue;
         }
-        // Either way, a fresh timeout before the next look: an election
-        // takes that long to settle, and a leader's appends that long to
-        // come.
+        tracing::debug!(refusals = ?refusals, "pre-vote refused: a leader is alive; not campaigning");
+        metrics::counter!("muster_raft_pre_votes_refused_total").increment(1);
+        // A fresh timeout before the next look: a leader's appends take
+        // that long to come.
         heard.heard();
         wait = timing.lease + jitter.next(timing.timeout.0, timing.timeout.1);
     }
