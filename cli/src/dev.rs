@@ -45,6 +45,10 @@ pub struct DevArgs {
     /// 127.0.0.1:PORT+N-1; 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     http_port: u16,
+    /// Requests per second one client address may make to a listener's
+    /// dashboard and metrics (bursts of twice that); more get 429.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    http_rate: u32,
     /// The `muster.vcluster` label of each node in turn (node-1 first),
     /// comma-separated: `ml,ml,batch,batch` makes node-1 and node-2 home to
     /// vCluster ml, and creates each vCluster named (its defaults; change
@@ -125,6 +129,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         preemption,
         insecure: args.insecure,
         http_port: Some(args.http_port),
+        http_rate: args.http_rate,
         node_vclusters: args.node_vclusters.clone(),
         rendezvous_ports,
         node_labels,

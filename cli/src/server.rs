@@ -36,6 +36,19 @@ pub struct ServerArgs {
     /// and no login: bind it to loopback or a management network.
     #[arg(long, alias = "metrics")]
     http: Option<SocketAddr>,
+    /// Rebuild the dashboard's view at most this often (ms); requests in
+    /// between are answered from the cached view.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    ui_refresh_ms: u64,
+    /// Requests per second one client address may make to /ui, its API and
+    /// /metrics (bursts of twice that); more get 429. Probes are not counted.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    http_rate: u32,
+    /// A file holding a token (16–256 of A–Z a–z 0–9 - . _ ~) that /ui, its
+    /// API and /metrics then require: `Authorization: Bearer TOKEN`, or open
+    /// /ui?token=TOKEN once in a browser. Probes stay open.
+    #[arg(long)]
+    http_token_file: Option<PathBuf>,
     /// Snapshot every this many log entries (and purge behind it).
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
@@ -305,6 +318,20 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
     cfg.http = args.http;
+    cfg.http_options = muster_scheduler::server::http::HttpOptions {
+        refresh_every: Duration::from_millis(args.ui_refresh_ms),
+        rate_per_s: args.http_rate,
+        token: match &args.http_token_file {
+            Some(f) => {
+                let t = std::fs::read_to_string(f).with_context(|| format!("--http-token-file {}", f.display()))?;
+                let t = t.trim();
+                muster_scheduler::server::http::check_token(t)
+                    .map_err(|e| anyhow::anyhow!("--http-token-file {}: {e}", f.display()))?;
+                Some(t.into())
+            }
+            None => None,
+        },
+    };
     cfg.tls = args.tls.load(&muster_tls::Role::Server(args.id))?;
     cfg.limits = muster_scheduler::server::limits::ServerLimits {
         max_connections: args.max_connections,

@@ -59,6 +59,9 @@ pub struct LocalConfig {
     /// Give each replica an HTTP listener (metrics, probes, dashboard) on
     /// loopback: replica N on `http_port + N - 1`, or any free port when 0.
     pub http_port: Option<u16>,
+    /// Requests per second one client address may make to each HTTP
+    /// listener's dashboard and metrics (`muster server --http-rate`).
+    pub http_rate: u32,
     /// The rendezvous ports of the whole cluster, split into equal blocks,
     /// one per agent (they share this machine, so no two may offer the
     /// same port).
@@ -118,6 +121,7 @@ impl Default for LocalConfig {
             insecure: false,
             tls_dir: None,
             http_port: None,
+            http_rate: muster_scheduler::server::http::HttpOptions::default().rate_per_s,
             rendezvous_ports: muster_core::sm::PortRange { first: 29_500, count: 500 },
         }
     }
@@ -242,6 +246,7 @@ impl LocalCluster {
             let port = if p == 0 { 0 } else { p.saturating_add(id as u16 - 1) };
             std::net::SocketAddr::from(([127, 0, 0, 1], port))
         });
+        rc.http_options.rate_per_s = self.cfg.http_rate;
         rc
     }
 

@@ -448,3 +448,233 @@ fn t126_the_deploy_material_validates() {
     assert!(o.status.success(), "{out}");
     assert!(out.contains("manifests valid (strict)") && out.contains("monitoring:"), "{out}");
 }
+
+/// The probe's dashboard flood: 100 clients asking the leader's
+/// `/ui/api/overview` about 330 times a second, with 1,000 gangs queued,
+/// moved the term from 1 to 5 (every request rebuilt the view: ten
+/// explanations and a TLS channel to each peer, on the runtime that runs
+/// Raft). Now the view is built at most once per `--ui-refresh-ms`, on the
+/// listener's own runtime: under the same flood (the per-client rate limit
+/// lifted, so every request is served) the leader and its term stay, a
+/// reader's `Get`s all succeed, and the view was built about once a second.
+#[test]
+fn t183_a_dashboard_flood_does_not_depose_the_leader() {
+    use muster_proto::v1;
+    use muster_proto::v1::admin_service_client::AdminServiceClient;
+    use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+    let dev = Dev::start_with(&["--http-rate", "100000"]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let admin = muster_tls::TlsMaterial::load_for_client(&dev.tls, None).unwrap();
+    let addrs: Vec<String> = dev.sched.split(',').map(str::to_string).collect();
+    let status = |i: usize| {
+        rt.block_on(async {
+            let c = cluster::channel_as(&addrs[i], &admin).await?;
+            AdminServiceClient::new(c).status(v1::StatusRequest {}).await.ok().map(|r| r.into_inner())
+        })
+    };
+    let leader = status(0).expect("replica 1 answers").leader_id;
+    assert!(leader > 0, "a leader");
+    let li = leader as usize - 1;
+    let term_before = status(li).unwrap().term;
+    // One gang holds every GPU; a thousand lower-class gangs queue behind it.
+    let spec = |class: u32| v1::AllocationSpec {
+        gang_size: 4,
+        resources: Some(v1::Resources { gpus: 8, cpus: 1, mem_mb: 64, vram_mb: 0 }),
+        preemption_class: class,
+        command: vec!["sleep".into(), "600".into()],
+        ..Default::default()
+    };
+    let channel = rt.block_on(cluster::channel_as(&addrs[li], &admin)).unwrap();
+    let first = rt.block_on(async {
+        let mut c = AllocationServiceClient::new(channel.clone());
+        let first = c.submit(v1::SubmitRequest { spec: Some(spec(5)), dry_run: false }).await.unwrap().into_inner().id;
+        for chunk in 0..20 {
+            let calls: Vec<_> = (0..50)
+                .map(|_| {
+                    let mut c = c.clone();
+                    tokio::spawn(
+                        async move { c.submit(v1::SubmitRequest { spec: Some(spec(3)), dry_run: false }).await },
+                    )
+                })
+                .collect();
+            for call in calls {
+                let r = call.await.unwrap();
+                assert!(r.is_ok(), "submit in chunk {chunk}: {r:?}");
+            }
+        }
+        first
+    });
+    let overview = |addr: &str| -> serde_json::Value {
+        let (code, body) = http_get(addr, "/ui/api/overview").expect("the listener answers");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    crate::dev_proc::wait_until("the dashboard shows 1,000 queued", || {
+        overview(&dev.http[li])["queue"]["total"].as_u64() == Some(1000)
+    });
+    let builds = |addr: &str| -> u64 {
+        let (_, m) = http_get(addr, "/metrics").unwrap();
+        let line = m.lines().find(|l| l.starts_with("muster_ui_overview_builds_total ")).unwrap_or("x 0");
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+    };
+    let builds_before = builds(&dev.http[li]);
+
+    // The flood: 100 clients, one request every 300 ms each, 40 each.
+    let start = Instant::now();
+    let target = dev.http[li].clone();
+    let flood: Vec<_> = (0..100)
+        .map(|_| {
+            let target = target.clone();
+            std::thread::spawn(move || {
+                let mut codes = Vec::new();
+                for _ in 0..40 {
+                    let t = Instant::now();
+                    codes.push(http_get(&target, "/ui/api/overview").map_or(0, |r| r.0));
+                    std::thread::sleep(Duration::from_millis(300).saturating_sub(t.elapsed()));
+                }
+                codes
+            })
+        })
+        .collect();
+    // A reader meanwhile, as in the probe.
+    let (mut ok, mut failed) = (0, Vec::new());
+    rt.block_on(async {
+        let mut c = AllocationServiceClient::new(channel.clone());
+        while flood.iter().any(|h| !h.is_finished()) {
+            match c.get(v1::GetRequest { id: first }).await {
+                Ok(_) => ok += 1,
+                Err(e) => failed.push(format!("{}: {}", e.code(), e.message())),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let codes: Vec<u16> = flood.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let elapsed = start.elapsed();
+    let served = codes.iter().filter(|c| **c == 200).count();
+    assert_eq!(
+        served,
+        4000,
+        "every request was served: {:?}",
+        codes.iter().filter(|c| **c != 200).take(5).collect::<Vec<_>>()
+    );
+    let after = status(li).unwrap();
+    assert_eq!((after.leader_id, after.term), (leader, term_before), "no election during the flood");
+    assert!(failed.is_empty() && ok > 0, "the reader's Gets: {ok} OK, failed {failed:?}");
+    let built = builds(&dev.http[li]) - builds_before;
+    let most = elapsed.as_secs() + 2;
+    assert!(built <= most, "{built} views built in {elapsed:?} (at most one a second)");
+    eprintln!("flood: {} requests in {elapsed:?}, {built} views built, {ok} reads", codes.len());
+}
+
+/// One HTTP/1.0 GET from source address `from` with extra request headers:
+/// (status, headers lower-cased, body).
+fn get_from(from: &str, addr: &str, path: &str, extra: &[(&str, &str)]) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{Read, Write};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut s = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        socket.connect(addr.parse().unwrap()).await.unwrap().into_std().unwrap()
+    });
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    for (k, v) in extra {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    write!(s, "{req}\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (code, headers, body.to_string())
+}
+
+/// `--http-token-file`: the dashboard, its API and `/metrics` need the
+/// token (as a bearer header, or the cookie `/ui?token=` sets and then
+/// takes out of the address bar); probes stay open. `--http-rate`: one
+/// address over its rate is answered 429 while another is served.
+#[test]
+fn t184_the_dashboard_token_and_the_per_client_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", cluster::free_port());
+    let http = format!("127.0.0.1:{}", cluster::free_port());
+    let token = "t0ken-for-the-dashboard.x";
+    let token_file = dir.path().join("ui-token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let weak = dir.path().join("weak");
+    std::fs::write(&weak, "short").unwrap();
+    let refused = crate::muster(&[
+        "server",
+        "--id",
+        "1",
+        "--listen",
+        &addr,
+        "--http",
+        &http,
+        "--data-dir",
+        "/nonexistent/x",
+        "--http-token-file",
+        weak.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("--http-token-file") && err.contains("16 to 256"), "{err}");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(["server", "--id", "1", "--listen", &addr, "--peers", &format!("1={addr}"), "--http", &http])
+        .args(["--http-rate", "5", "--http-token-file"])
+        .arg(&token_file)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("MUSTER_TLS_DIR", tls::dir())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(&http, "/healthz").is_none() {
+        assert!(Instant::now() < deadline, "the HTTP listener never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let get = |path: &str, extra: &[(&str, &str)]| get_from("127.0.0.1", &http, path, extra);
+    let header = |h: &[(String, String)], k: &str| h.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let (code, h, _) = get("/ui", &[]);
+    assert_eq!(code, 401);
+    assert_eq!(header(&h, "www-authenticate").as_deref(), Some("Bearer realm=\"muster\""));
+    assert_eq!(get("/metrics", &[]).0, 401, "metrics need the token too");
+    assert_eq!(get("/ui?token=wrong-token-0123456789", &[]).0, 401);
+    let bearer = format!("Bearer {token}");
+    let (code, _, body) = get("/ui/api/overview", &[("Authorization", &bearer)]);
+    assert_eq!(code, 200, "{body}");
+    let (code, h, _) = get(&format!("/ui?token={token}"), &[]);
+    assert_eq!(code, 303);
+    assert_eq!(header(&h, "location").as_deref(), Some("/ui"), "the token leaves the address bar");
+    let cookie = header(&h, "set-cookie").unwrap();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let pair = cookie.split(';').next().unwrap().to_string();
+    assert_eq!(get("/ui", &[("Cookie", &pair)]).0, 200);
+    assert_eq!(get("/ui", &[("Cookie", "muster_ui=not-the-token-at-all")]).0, 401);
+    assert_eq!(get("/healthz", &[]).0, 200, "probes need no token");
+
+    // Another address floods: past its burst (10 at 5/s) it gets 429 with
+    // Retry-After, and this address is still served.
+    let start = Instant::now();
+    let codes: Vec<(u16, Option<String>)> = (0..30)
+        .map(|_| {
+            let (c, h, _) = get_from("127.0.0.2", &http, "/ui", &[("Authorization", &bearer)]);
+            (c, header(&h, "retry-after"))
+        })
+        .collect();
+    let served = codes.iter().filter(|(c, _)| *c == 200).count();
+    let allowed = 10 + (start.elapsed().as_secs_f64() * 5.0).ceil() as usize;
+    assert!(served >= 10 && served <= allowed, "{served} served of 30 (at most {allowed})");
+    assert!(codes.iter().all(|(c, r)| *c == 200 || (*c == 429 && r.as_deref() == Some("1"))), "{codes:?}");
+    assert_eq!(get("/ui", &[("Authorization", &bearer)]).0, 200, "127.0.0.1 has its own bucket");
+    assert_eq!(get_from("127.0.0.2", &http, "/healthz", &[]).0, 200, "probes are not limited");
+    server.kill().unwrap();
+    let _ = server.wait();
+}

@@ -130,6 +130,9 @@ pub struct ReplicaConfig {
     /// Serve plain HTTP here: `/metrics`, `/healthz`, `/readyz`, `/ui`
     /// (port 0 picks one: see [`Replica::http_addr`]).
     pub http: Option<SocketAddr>,
+    /// How the HTTP listener serves: the dashboard's refresh, the
+    /// per-client rate, the optional token.
+    pub http_options: super::http::HttpOptions,
     /// The one clock every path of this replica reads.
     pub clock: SharedClock,
 }
@@ -225,6 +228,7 @@ impl ReplicaConfig {
             drain_timeout: Duration::from_millis(crate::policy::DEFAULT_DRAIN_TIMEOUT_MS),
             inject_bug: None,
             http: None,
+            http_options: Default::default(),
             clock: SharedClock::system(),
         }
     }
@@ -561,8 +565,15 @@ impl Replica {
             Some(l) => {
                 let a = l.local_addr().map_err(|e| StartError::Http(cfg.http.expect("set"), e))?;
                 tracing::info!(id = cfg.id, http = %super::http::describe(a), "serving HTTP");
-                let task = super::http::serve(l, shared.clone(), readiness.clone(), cfg.tls.clone(), stop.subscribe());
-                (Some(a), Some(tokio::spawn(task)))
+                let task = super::http::serve(
+                    l,
+                    shared.clone(),
+                    readiness.clone(),
+                    cfg.tls.clone(),
+                    cfg.http_options.clone(),
+                    stop.subscribe(),
+                );
+                (Some(a), Some(task))
             }
             None => (None, None),
         };

@@ -117,6 +117,16 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         "commands proposed by this replica (too_large: refused before the log, over the entry limit)",
     ),
     m(
+        "muster_ui_overview_builds_total",
+        Counter,
+        "dashboard views built (at most one per --ui-refresh-ms; requests in between get the cached view)",
+    ),
+    m(
+        "muster_http_rate_limited_total",
+        Counter,
+        "HTTP requests answered 429: their client address was over --http-rate",
+    ),
+    m(
         "muster_raft_outcomes_missing_total",
         Counter,
         "entries whose outcome never came within its bound (3 s following, 10 s leading): answered as not completed",
