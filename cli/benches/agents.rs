@@ -95,6 +95,8 @@ fn main() {
                     cmd.arg("server");
                     let room = (agents + 100).to_string();
                     cmd.args(["--max-connections", &room, "--max-connections-per-peer", &room]);
+                    // A thousand synthetic agents register unadmitted.
+                    cmd.args(["--node-admission", "open"]);
                     if tls {
                         cmd.env("MUSTER_TLS_DIR", &certs);
                     } else {

@@ -188,7 +188,7 @@ async fn agents_with_a_gang(servers: &Servers, n: usize) -> (Vec<Child>, u64) {
         ..spec("agents-gang".into())
     };
     let id = AllocationServiceClient::new(ch)
-        .submit(v1::SubmitRequest { spec: Some(gang), dry_run: false })
+        .submit(v1::SubmitRequest { spec: Some(gang), dry_run: false, ..Default::default() })
         .await
         .expect("submit the agents' gang")
         .into_inner()
@@ -349,7 +349,10 @@ async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u6
             while Instant::now() < end {
                 let key = format!("b{}", seq.fetch_add(1, Ordering::Relaxed));
                 let t = Instant::now();
-                client.submit(v1::SubmitRequest { spec: Some(spec(key)), dry_run: false }).await.expect("submit");
+                client
+                    .submit(v1::SubmitRequest { spec: Some(spec(key)), dry_run: false, ..Default::default() })
+                    .await
+                    .expect("submit");
                 if t > start + warmup {
                     lat.push(t.elapsed());
                 }
@@ -381,7 +384,7 @@ async fn load(addr: &str, tls: Option<&TlsMaterial>, clients: usize, seconds: u6
 /// and p99.
 async fn bare_calls(addr: &str, tls: Option<&TlsMaterial>, n: usize) -> (Duration, Duration) {
     let mut client = AllocationServiceClient::new(channel(addr, tls).await.expect("leader reachable"));
-    let submit = || v1::SubmitRequest { spec: Some(spec("bare-call".into())), dry_run: false };
+    let submit = || v1::SubmitRequest { spec: Some(spec("bare-call".into())), dry_run: false, ..Default::default() };
     client.submit(submit()).await.expect("submit");
     let mut lat = Vec::with_capacity(n);
     for _ in 0..n {
@@ -515,6 +518,7 @@ async fn failover(servers: &mut Servers, seq: Arc<AtomicU64>) -> (Instant, Durat
                 let mut req = tonic::Request::new(v1::SubmitRequest {
                     spec: Some(spec(format!("f{}", seq.fetch_add(1, Ordering::Relaxed)))),
                     dry_run: false,
+                    ..Default::default()
                 });
                 req.set_timeout(Duration::from_millis(500));
                 if AllocationServiceClient::new(ch).submit(req).await.is_ok() {

@@ -79,7 +79,12 @@ impl Timeline {
 /// came, or `None` when it did not succeed.
 async fn one(c: &mut AllocationServiceClient<Channel>, gpus: u32) -> Option<Timeline> {
     let t0 = Instant::now();
-    let id = c.submit(v1::SubmitRequest { spec: Some(gang(gpus)), dry_run: false }).await.ok()?.into_inner().id;
+    let id = c
+        .submit(v1::SubmitRequest { spec: Some(gang(gpus)), dry_run: false, ..Default::default() })
+        .await
+        .ok()?
+        .into_inner()
+        .id;
     let mut timeline = Timeline { answered: Some(t0.elapsed()), ..Timeline::default() };
     let mut events = c.watch(v1::WatchRequest { id, from_revision: 0 }).await.ok()?.into_inner();
     while let Ok(Some(e)) = events.message().await {

@@ -32,7 +32,11 @@ fn job(class: u32, checkpoint: v1::CheckpointMode, command: &str) -> v1::Allocat
 }
 
 async fn submit(c: &mut AllocationServiceClient<Channel>, spec: v1::AllocationSpec) -> u64 {
-    c.submit(v1::SubmitRequest { spec: Some(spec), dry_run: false }).await.unwrap().into_inner().id
+    c.submit(v1::SubmitRequest { spec: Some(spec), dry_run: false, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .id
 }
 
 async fn status(c: &mut AllocationServiceClient<Channel>, id: u64) -> v1::Allocation {

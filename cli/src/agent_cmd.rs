@@ -172,6 +172,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let mut labels: BTreeMap<String, String> = muster_agent::probe_labels();
     for kv in &args.labels {
         let (k, v) = kv.split_once('=').with_context(|| format!("--label {kv:?} is not KEY=VALUE"))?;
+        if !muster_scheduler::sm::agent_may_set(k) {
+            bail!("--label {k}: muster.* labels are reserved: an admin sets them with `muster node label NODE {k}=…`");
+        }
         labels.insert(k.to_string(), v.to_string());
     }
     let checkpoint_listen: Option<std::net::SocketAddr> = match args.checkpoint_listen.as_str() {

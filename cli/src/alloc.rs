@@ -52,9 +52,19 @@ pub struct SubmitArgs {
     /// Failed attempts a task may accumulate before its gang fails.
     #[arg(long, default_value_t = 3)]
     max_retries: u32,
-    /// Environment for each task, KEY=VALUE (repeatable).
+    /// Environment for each task, KEY=VALUE (repeatable). Readable by
+    /// anyone who may read the allocation: use --secret for credentials.
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
+    /// A secret environment variable for each task (repeatable): KEY=VALUE,
+    /// or KEY alone to take the value from this shell's $KEY (kept out of
+    /// the command line and shell history). Never returned by a read, never
+    /// logged, sent only to the agents of the nodes its tasks run on.
+    #[arg(long = "secret", value_name = "KEY[=VALUE]")]
+    secrets: Vec<String>,
+    /// A secret whose value is a file's contents, KEY=PATH (repeatable).
+    #[arg(long = "secret-file", value_name = "KEY=PATH")]
+    secret_files: Vec<String>,
     /// Owner (default: your identity, the name in your certificate or token; only admins may name another).
     #[arg(long)]
     owner: Option<String>,
@@ -113,6 +123,32 @@ pub struct SubmitArgs {
 /// Parses `90`, `90s`, `30m`, `4h`, `2d` into seconds.
 pub fn parse_duration_s(s: &str) -> anyhow::Result<u64> {
     muster_scheduler::sm::parse_duration_s(s).map_err(anyhow::Error::msg)
+}
+
+/// `--secret` and `--secret-file` as a map (errors name the key, never the
+/// value).
+fn secrets_of(args: &SubmitArgs) -> anyhow::Result<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    for s in &args.secrets {
+        let (k, v) = match s.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => {
+                let v = std::env::var(s).with_context(|| format!("--secret {s}: ${s} is not set in this shell"))?;
+                (s.clone(), v)
+            }
+        };
+        if out.insert(k.clone(), v).is_some() {
+            bail!("--secret {k} is given twice");
+        }
+    }
+    for kv in &args.secret_files {
+        let (k, path) = kv.split_once('=').with_context(|| format!("--secret-file {kv:?} is not KEY=PATH"))?;
+        let v = std::fs::read_to_string(path).with_context(|| format!("--secret-file {k}: cannot read {path}"))?;
+        if out.insert(k.to_string(), v).is_some() {
+            bail!("--secret-file {k}: {k} is given twice");
+        }
+    }
+    Ok(out)
 }
 
 fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
@@ -183,11 +219,12 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
 
 pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> anyhow::Result<()> {
     let spec = spec_of(&args)?;
+    let secrets = secrets_of(&args)?;
     let dry_run = args.dry_run;
     let resp = cluster
         .call(|ch| {
-            let spec = spec.clone();
-            async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec), dry_run }).await }
+            let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run, secrets: secrets.clone() };
+            async move { AllocationServiceClient::new(ch).submit(req).await }
         })
         .await?
         .into_inner();
@@ -310,6 +347,16 @@ fn status_filter(name: &str) -> anyhow::Result<i32> {
 }
 
 fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
+    let mut v = alloc_json_fields(a);
+    let spec = a.spec.clone().unwrap_or_default();
+    // Plain environment is readable by whoever reads the allocation;
+    // secrets show only their names.
+    v["env"] = json!(spec.env);
+    v["secrets"] = json!(a.secret_names);
+    v
+}
+
+fn alloc_json_fields(a: &v1::Allocation) -> serde_json::Value {
     let spec = a.spec.clone().unwrap_or_default();
     let r = spec.resources.unwrap_or_default();
     json!({

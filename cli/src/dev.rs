@@ -245,7 +245,7 @@ async fn demo(cluster: &mut Cluster, dir: &std::path::Path, n: u32, started: Ins
                 let spec = spec.clone();
                 async move {
                     AllocationServiceClient::new(ch)
-                        .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false })
+                        .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false, ..Default::default() })
                         .await
                 }
             })
@@ -370,7 +370,11 @@ async fn submit_spec(
     Ok(cluster
         .call(|ch| {
             let spec = spec.clone();
-            async move { AllocationServiceClient::new(ch).submit(v1::SubmitRequest { spec: Some(spec), dry_run }).await }
+            async move {
+                AllocationServiceClient::new(ch)
+                    .submit(v1::SubmitRequest { spec: Some(spec), dry_run, ..Default::default() })
+                    .await
+            }
         })
         .await?
         .into_inner())

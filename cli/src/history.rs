@@ -419,15 +419,26 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
         "vcluster,owner" => "owner,vcluster".into(),
         other => bail!("--by {other:?}: owner, vcluster or owner,vcluster"),
     };
-    let q = v1::UsageQuery { since_ms, until_ms, group_by: group_by.clone() };
-    let report = cluster
-        .call(|ch| {
-            let q = q.clone();
-            async move { HistoryServiceClient::new(ch).usage(q).await }
-        })
-        .await
-        .context("usage")?
-        .into_inner();
+    // Every page, in (owner, vcluster) order.
+    let mut report = v1::UsageReport::default();
+    let mut token = String::new();
+    loop {
+        let q = v1::UsageQuery { since_ms, until_ms, group_by: group_by.clone(), page_size: 10_000, page_token: token };
+        let page = cluster
+            .call(|ch| {
+                let q = q.clone();
+                async move { HistoryServiceClient::new(ch).usage(q).await }
+            })
+            .await
+            .context("usage")?
+            .into_inner();
+        report.rows.extend(page.rows);
+        report.missing = page.missing;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
     warn_missing(report.missing);
     let (with_owner, with_vc) = (group_by != "vcluster", group_by != "owner");
     match args.output {

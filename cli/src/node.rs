@@ -1,5 +1,6 @@
-//! `muster node list|get|watch|drain|cancel-drain|stop|restart|terminate|scale-down`:
-//! the nodes as the scheduler knows them, and their lifecycle (docs/nodes.md).
+//! `muster node list|get|watch|drain|cancel-drain|stop|restart|terminate|scale-down|admit|label`:
+//! the nodes as the scheduler knows them, their lifecycle (docs/nodes.md),
+//! and what admins decide about them (admission, reserved labels).
 
 use std::collections::HashMap;
 
@@ -84,6 +85,49 @@ pub enum NodeCmd {
         #[arg(long)]
         by: Option<String>,
     },
+    /// Admit a node: the most it may claim when its agent registers, the
+    /// labels it may report, and optionally the certificate it must present.
+    /// Under `muster server --node-admission required` (the default) a node
+    /// registers only once admitted. Takes effect at its next registration.
+    Admit {
+        /// The node id (it need not have registered yet).
+        id: String,
+        /// GPUs it may report.
+        #[arg(long, default_value_t = 0)]
+        gpus: u32,
+        /// MB of GPU memory it may report (per node, in all).
+        #[arg(long, default_value_t = 0)]
+        vram_mb: u64,
+        /// MB of memory it may report.
+        #[arg(long)]
+        mem_mb: Option<u64>,
+        /// CPUs it may report.
+        #[arg(long)]
+        cpus: Option<u32>,
+        /// A label it may report, KEY=VALUE (repeatable); any other label
+        /// it reports is refused.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+        /// Pin the agent's certificate: a PEM file (its SHA-256 is kept).
+        #[arg(long, conflicts_with = "cert_sha256")]
+        cert: Option<std::path::PathBuf>,
+        /// Pin the agent's certificate by the hex SHA-256 of its DER.
+        #[arg(long)]
+        cert_sha256: Option<String>,
+        /// Withdraw the node's admission instead.
+        #[arg(long, conflicts_with_all = ["gpus", "vram_mb", "mem_mb", "cpus", "labels", "cert", "cert_sha256"])]
+        revoke: bool,
+    },
+    /// Set (KEY=VALUE) and remove (KEY-) a node's admin labels: laid over
+    /// what its agent reports, and the only way to set the reserved
+    /// `muster.*` labels (e.g. muster.vcluster, muster.drain-timeout).
+    Label {
+        /// The node id (it need not have registered yet).
+        id: String,
+        /// KEY=VALUE to set, KEY- to remove.
+        #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+        changes: Vec<String>,
+    },
     /// Pick K nodes to retire (idle ones first) and drain them.
     ScaleDown {
         /// How many nodes.
@@ -138,7 +182,63 @@ fn node_json(n: &v1::Node) -> serde_json::Value {
         })),
         "revision": n.revision,
         "events": n.events.iter().map(event_json).collect::<Vec<_>>(),
+        "reported_labels": n.reported_labels,
+        "admin_labels": n.admin_labels,
+        "admission": n.admission.as_ref().map(admission_json),
     })
+}
+
+fn admission_json(a: &v1::NodeAdmission) -> serde_json::Value {
+    let r = a.resources.unwrap_or_default();
+    json!({
+        "gpus": r.gpus, "vram_mb": r.vram_mb, "mem_mb": r.mem_mb, "cpus": r.cpus,
+        "labels": a.labels, "cert_sha256": a.cert_sha256, "by": a.by, "at_ms": a.at_ms,
+    })
+}
+
+/// `KEY=VALUE` flags as a map, naming the flag in errors.
+fn key_values(flag: &str, kvs: &[String]) -> anyhow::Result<HashMap<String, String>> {
+    kvs.iter()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').with_context(|| format!("{flag} {kv:?} is not KEY=VALUE"))?;
+            Ok((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// The hex SHA-256 of the first certificate in a PEM file.
+fn cert_sha256(path: &std::path::Path) -> anyhow::Result<String> {
+    let pem = std::fs::read_to_string(path).with_context(|| format!("--cert {}", path.display()))?;
+    let body: String = pem
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN CERTIFICATE-----"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END CERTIFICATE-----"))
+        .collect();
+    if body.is_empty() {
+        bail!("--cert {}: holds no PEM certificate", path.display());
+    }
+    let der =
+        base64_decode(&body).with_context(|| format!("--cert {}: the certificate is not base64", path.display()))?;
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(&der);
+    Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn base64_decode(s: &str) -> anyhow::Result<Vec<u8>> {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in s.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=') {
+        let v = ABC.iter().position(|&a| a == c).with_context(|| format!("{:?} is not base64", c as char))?;
+        acc = (acc << 6) | v as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Ok(out)
 }
 
 /// The header of [`node_line`]'s table.
@@ -186,7 +286,20 @@ fn print_node(n: &v1::Node, out: Output) -> anyhow::Result<()> {
                 );
             }
             for (k, v) in &n.labels {
-                out!("  {k}={v}");
+                let set_by = if n.admin_labels.contains_key(k) { "  (admin)" } else { "" };
+                out!("  {k}={v}{set_by}");
+            }
+            if let Some(a) = &n.admission {
+                let r = a.resources.unwrap_or_default();
+                out!(
+                    "  admitted by {} for {} GPUs, {} MB, {} CPUs{}{}",
+                    a.by,
+                    r.gpus,
+                    r.mem_mb,
+                    r.cpus,
+                    if a.labels.is_empty() { String::new() } else { format!(", {} label(s)", a.labels.len()) },
+                    if a.cert_sha256.is_empty() { String::new() } else { format!(", certificate {}", &a.cert_sha256) }
+                );
             }
             if !n.events.is_empty() {
                 out!("  events:");
@@ -267,6 +380,108 @@ pub async fn run(cluster: &mut Cluster, cmd: NodeCmd, out: Output) -> anyhow::Re
                     for n in &nodes {
                         out!("{}", node_line(n));
                     }
+                }
+            }
+        }
+        NodeCmd::Admit { id, gpus, vram_mb, mem_mb, cpus, labels, cert, cert_sha256: pin, revoke } => {
+            let admission = if revoke {
+                None
+            } else {
+                let (Some(mem_mb), Some(cpus)) = (mem_mb, cpus) else {
+                    bail!(
+                        "muster node admit needs --mem-mb and --cpus (and --gpus, --vram-mb for GPU nodes), or --revoke"
+                    );
+                };
+                let pin = match (cert, pin) {
+                    (Some(path), _) => cert_sha256(&path)?,
+                    (None, Some(hex)) => hex.to_ascii_lowercase(),
+                    (None, None) => String::new(),
+                };
+                Some(v1::NodeAdmission {
+                    resources: Some(v1::Resources { gpus, vram_mb, mem_mb, cpus }),
+                    labels: key_values("--label", &labels)?,
+                    cert_sha256: pin,
+                    ..Default::default()
+                })
+            };
+            let req = v1::AdmitNodeRequest { id, admission, revoke };
+            let r = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { NodeServiceClient::new(ch).admit_node(req).await }
+                })
+                .await?
+                .into_inner();
+            match out {
+                Output::Json => out!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &json!({"id": r.id, "admission": r.admission.as_ref().map(admission_json)})
+                    )?
+                ),
+                Output::Text => match &r.admission {
+                    Some(a) => {
+                        let res = a.resources.unwrap_or_default();
+                        out!(
+                            "node {} admitted for {} GPUs, {} MB GPU memory, {} MB, {} CPUs; labels: {}{}",
+                            r.id,
+                            res.gpus,
+                            res.vram_mb,
+                            res.mem_mb,
+                            res.cpus,
+                            if a.labels.is_empty() {
+                                "none".to_string()
+                            } else {
+                                let mut l: Vec<String> = a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                                l.sort();
+                                l.join(" ")
+                            },
+                            if a.cert_sha256.is_empty() {
+                                String::new()
+                            } else {
+                                format!("; certificate {}", a.cert_sha256)
+                            }
+                        );
+                    }
+                    None => out!("node {}: admission withdrawn (its next registration is refused)", r.id),
+                },
+            }
+        }
+        NodeCmd::Label { id, changes } => {
+            let (mut set, mut remove) = (HashMap::new(), Vec::new());
+            for c in &changes {
+                if let Some((k, v)) = c.split_once('=') {
+                    set.insert(k.to_string(), v.to_string());
+                } else if let Some(k) = c.strip_suffix('-') {
+                    remove.push(k.to_string());
+                } else {
+                    bail!("{c:?} is neither KEY=VALUE (set) nor KEY- (remove)");
+                }
+            }
+            let req = v1::LabelNodeRequest { id, set, remove };
+            let r = cluster
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { NodeServiceClient::new(ch).label_node(req).await }
+                })
+                .await?
+                .into_inner();
+            match out {
+                Output::Json => out!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "id": r.id, "admin_labels": r.admin_labels, "labels": r.labels, "registered": r.registered,
+                    }))?
+                ),
+                Output::Text => {
+                    let mut l: Vec<String> = r.admin_labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    l.sort();
+                    out!(
+                        "node {}: admin labels {}{}",
+                        r.id,
+                        if l.is_empty() { "none".to_string() } else { l.join(" ") },
+                        if r.registered { "" } else { " (applied when it registers)" }
+                    );
                 }
             }
         }

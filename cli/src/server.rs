@@ -11,6 +11,15 @@ use muster_scheduler::policy::PreemptionConfig;
 use muster_scheduler::server::{Replica, ReplicaConfig};
 use tokio::net::TcpSocket;
 
+/// `muster server --node-admission`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodeAdmission {
+    /// Only admitted nodes register.
+    Required,
+    /// Any node with a certificate for its name registers.
+    Open,
+}
+
 #[derive(Args, Debug)]
 pub struct ServerArgs {
     /// This replica's id (1, 2, 3, …), the same across restarts.
@@ -36,6 +45,13 @@ pub struct ServerArgs {
     /// and no login: bind it to loopback or a management network.
     #[arg(long, alias = "metrics")]
     http: Option<SocketAddr>,
+    /// Which nodes may register. `required`: only nodes an admin admitted
+    /// (`muster node admit`), for at most what they were admitted for.
+    /// `open`: any node with an agent certificate for its name, claiming
+    /// what it likes (a node admitted anyway is still held to it). Set the
+    /// same on every replica.
+    #[arg(long, value_enum, default_value_t = NodeAdmission::Required)]
+    node_admission: NodeAdmission,
     /// Rebuild the dashboard's view at most this often (ms); requests in
     /// between are answered from the cached view.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
@@ -352,6 +368,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.raft.election_timeout_ms = (args.heartbeat_ms * 4, args.heartbeat_ms * 5);
     cfg.max_batch = args.max_batch;
     cfg.hub.stop_grace = Duration::from_millis(args.preempt_grace_ms);
+    cfg.hub.admission_required = args.node_admission == NodeAdmission::Required;
     cfg.hub.heartbeat_interval = Duration::from_millis(args.agent_heartbeat_ms);
     cfg.teardown_force_after = Duration::from_millis(args.teardown_force_after_ms);
     cfg.node_lost_after = Duration::from_millis(args.node_lost_after_ms);

@@ -276,14 +276,24 @@ pub async fn run(cluster: &mut Cluster, cmd: VClusterCmd, out: Output) -> anyhow
         }
         VClusterCmd::Get { name } => print(&[get(cluster, &name).await?], out),
         VClusterCmd::List => {
-            let r =
-                cluster
-                    .call(|ch| async move {
-                        VClusterServiceClient::new(ch).list_v_clusters(v1::ListVClustersRequest {}).await
+            // Every page, in name order.
+            let (mut all, mut token) = (Vec::new(), String::new());
+            loop {
+                let q = v1::ListVClustersRequest { page_size: 1000, page_token: token.clone() };
+                let r = cluster
+                    .call(|ch| {
+                        let q = q.clone();
+                        async move { VClusterServiceClient::new(ch).list_v_clusters(q).await }
                     })
                     .await?
                     .into_inner();
-            print(&r.vclusters, out)
+                all.extend(r.vclusters);
+                if r.next_page_token.is_empty() {
+                    break;
+                }
+                token = r.next_page_token;
+            }
+            print(&all, out)
         }
     }
 }

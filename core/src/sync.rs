@@ -98,6 +98,8 @@ pub struct Assignment {
     pub command: Vec<String>,
     /// Extra environment, in name order.
     pub env: Vec<(String, String)>,
+    /// The allocation's secrets (its `Debug` shows names only).
+    pub secrets: crate::sm::Secrets,
     /// Each gang task's node address (its `muster.address` label, else its
     /// id; empty for a task not placed).
     pub peers: Vec<String>,
@@ -261,6 +263,7 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
                 gang_size: a.spec.gang_size,
                 command: a.spec.command.clone(),
                 env: a.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                secrets: st.secrets(a.id).cloned().unwrap_or_default(),
                 peers,
                 gpus: a.spec.resources.gpus,
                 restore: restore_list(st, t, node),

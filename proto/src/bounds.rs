@@ -106,6 +106,7 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("AllocationSpec.pack_by", text(NAME + 16)),
     ("AllocationSpec.checkpoint_store", text(STORE)),
     ("ListRequest.owner", text(NAME)),
+    ("SubmitRequest.secrets", items(32, 128 * 1024 + 32 * 128)),
     // Nodes.
     ("ListNodesRequest.page_token", text(NAME)),
     ("GetNodeRequest.id", text(NAME)),
@@ -119,6 +120,13 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("ScaleDownRequest.by", text(NAME)),
     ("ScaleDownRequest.selector", items(LABELS, LABELS * 2 * NAME)),
     ("WatchNodesRequest.id", text(NAME)),
+    ("AdmitNodeRequest.id", text(NAME)),
+    ("NodeAdmission.labels", items(LABELS, LABELS * 2 * NAME)),
+    ("NodeAdmission.cert_sha256", text(64)),
+    ("NodeAdmission.by", text(NAME)),
+    ("LabelNodeRequest.id", text(NAME)),
+    ("LabelNodeRequest.set", items(LABELS, LABELS * 2 * NAME)),
+    ("LabelNodeRequest.remove", items(LABELS, LABELS * NAME)),
     // Administration.
     ("AddLearnerRequest.address", text(ADDRESS)),
     ("ChangeMembershipRequest.promote", items(64, 0)),
@@ -135,10 +143,12 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("VClusterSpec.over_quota", text(KEYWORD)),
     ("VClusterSpec.checkpoint_store", text(STORE)),
     ("GetVClusterRequest.name", text(VCLUSTER)),
+    ("ListVClustersRequest.page_token", text(VCLUSTER)),
     // History.
     ("HistoryQuery.owner", text(NAME)),
     ("HistoryQuery.vcluster", text(VCLUSTER)),
     ("UsageQuery.group_by", text(KEYWORD)),
+    ("UsageQuery.page_token", text(NAME + VCLUSTER + 1)),
 ];
 
 /// The limit of `field` (`Message.field`). A field missing from the table
@@ -264,7 +274,6 @@ unbounded!(
     v1::LogsRequest,
     v1::StatusRequest,
     v1::BackupRequest,
-    v1::ListVClustersRequest,
     v1::FetchRecordsRequest,
     v1::FollowRequest,
     v1::PreVoteRequest,
@@ -340,7 +349,42 @@ impl Bounded for v1::AllocationSpec {
 
 impl Bounded for v1::SubmitRequest {
     fn check_bounds(&self) -> Result<(), OutOfBounds> {
-        self.spec.check_bounds()
+        self.spec.check_bounds()?;
+        // Never echo a secret: only its size.
+        check_items(
+            "SubmitRequest.secrets",
+            self.secrets.len(),
+            self.secrets.iter().map(|(k, v)| k.len() + v.len()).sum(),
+        )
+    }
+}
+
+impl Bounded for v1::ListVClustersRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_text("ListVClustersRequest.page_token", &self.page_token)
+    }
+}
+
+impl Bounded for v1::NodeAdmission {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_map("NodeAdmission.labels", &self.labels)?;
+        check_text("NodeAdmission.cert_sha256", &self.cert_sha256)?;
+        check_text("NodeAdmission.by", &self.by)
+    }
+}
+
+impl Bounded for v1::AdmitNodeRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_text("AdmitNodeRequest.id", &self.id)?;
+        self.admission.check_bounds()
+    }
+}
+
+impl Bounded for v1::LabelNodeRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_text("LabelNodeRequest.id", &self.id)?;
+        check_map("LabelNodeRequest.set", &self.set)?;
+        check_strings("LabelNodeRequest.remove", &self.remove)
     }
 }
 
@@ -456,6 +500,7 @@ impl Bounded for v1::HistoryQuery {
 
 impl Bounded for v1::UsageQuery {
     fn check_bounds(&self) -> Result<(), OutOfBounds> {
-        check_text("UsageQuery.group_by", &self.group_by)
+        check_text("UsageQuery.group_by", &self.group_by)?;
+        check_text("UsageQuery.page_token", &self.page_token)
     }
 }

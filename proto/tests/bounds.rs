@@ -43,6 +43,8 @@ fn decoders() -> BTreeMap<&'static str, Decode> {
         ("NodeActionRequest", decode::<v1::NodeActionRequest>),
         ("ScaleDownRequest", decode::<v1::ScaleDownRequest>),
         ("WatchNodesRequest", decode::<v1::WatchNodesRequest>),
+        ("AdmitNodeRequest", decode::<v1::AdmitNodeRequest>),
+        ("LabelNodeRequest", decode::<v1::LabelNodeRequest>),
         ("StatusRequest", decode::<v1::StatusRequest>),
         ("AddLearnerRequest", decode::<v1::AddLearnerRequest>),
         ("ChangeMembershipRequest", decode::<v1::ChangeMembershipRequest>),

@@ -61,15 +61,18 @@ fn build(nodes: u32, gangs: u32, busy_share: f64, quota: Option<u32>, mixed: boo
         assert!(s.apply(&cmd, &ctx).is_accepted());
     }
     for i in 0..nodes {
+        if quota.is_some() {
+            // The capped vCluster's gangs run on its home nodes (an admin's label).
+            let set = BTreeMap::from([(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), "capped".to_string())]);
+            let node = NodeId::new(format!("node-{i:05}"));
+            let cmd = Command::LabelNode { node, set, remove: vec![], by: "bench".into() };
+            assert!(s.apply(&cmd, &ctx).is_accepted());
+        }
         let cmd = Command::RegisterNode {
             node: NodeId::new(format!("node-{i:05}")),
             resources: NODE,
-            // The capped vCluster's gangs run on its home nodes.
             labels: {
                 let mut labels = BTreeMap::new();
-                if quota.is_some() {
-                    labels.insert(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), "capped".to_string());
-                }
                 if mixed {
                     labels.insert("gpu.model".to_string(), MODELS[i as usize % MODELS.len()].to_string());
                     labels.insert("rack".to_string(), format!("r{:03}", i / 32));

@@ -59,6 +59,9 @@ pub struct LocalConfig {
     /// Give each replica an HTTP listener (metrics, probes, dashboard) on
     /// loopback: replica N on `http_port + N - 1`, or any free port when 0.
     pub http_port: Option<u16>,
+    /// Refuse agents no admin admitted (`muster server --node-admission
+    /// required`); the cluster admits its own agents as it starts them.
+    pub admission_required: bool,
     /// Requests per second one client address may make to each HTTP
     /// listener's dashboard and metrics (`muster server --http-rate`).
     pub http_rate: u32,
@@ -122,6 +125,7 @@ impl Default for LocalConfig {
             tls_dir: None,
             http_port: None,
             http_rate: muster_scheduler::server::http::HttpOptions::default().rate_per_s,
+            admission_required: true,
             rendezvous_ports: muster_core::sm::PortRange { first: 29_500, count: 500 },
         }
     }
@@ -223,11 +227,73 @@ impl LocalCluster {
             // The agents share this process's recorder.
             muster_agent::describe_metrics();
         }
+        c.admit_agents().await?;
         for i in 0..c.cfg.agents {
             let a = c.spawn_agent(i);
             c.agents.push(Some(a));
         }
         Ok(c)
+    }
+
+    /// What agent `i` is configured with: every label, the reserved ones
+    /// (`muster.vcluster`, …) included, which an admin sets.
+    fn agent_labels(&self, i: u32) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::from([("gpu.model".to_string(), "fake".to_string())]);
+        if let Some(more) = self.cfg.node_labels.get(i as usize) {
+            labels.extend(more.clone());
+        }
+        if let Some(vc) = self.cfg.node_vclusters.get(i as usize).filter(|v| !v.is_empty()) {
+            labels.insert(muster_core::sm::VCLUSTER_LABEL.to_string(), vc.clone());
+        }
+        labels
+    }
+
+    fn agent_resources(&self) -> v1::Resources {
+        v1::Resources {
+            gpus: self.cfg.gpus_per_agent,
+            vram_mb: 80_000,
+            mem_mb: self.cfg.mem_mb_per_agent,
+            cpus: self.cfg.cpus_per_agent,
+        }
+    }
+
+    /// As an admin would: admits each agent for what it will report, and
+    /// sets its reserved labels (which no agent may report) as admin labels.
+    async fn admit_agents(&self) -> Result<(), String> {
+        use muster_proto::v1::node_service_client::NodeServiceClient;
+        for i in 0..self.cfg.agents {
+            let id = format!("node-{}", i + 1);
+            let (reported, admin): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                self.agent_labels(i).into_iter().partition(|(k, _)| muster_core::sm::agent_may_set(k));
+            let admit = v1::AdmitNodeRequest {
+                id: id.clone(),
+                admission: Some(v1::NodeAdmission {
+                    resources: Some(self.agent_resources()),
+                    labels: reported.into_iter().collect(),
+                    ..Default::default()
+                }),
+                revoke: false,
+            };
+            let label = v1::LabelNodeRequest { id: id.clone(), set: admin.into_iter().collect(), remove: Vec::new() };
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let mut c = NodeServiceClient::new(self.leader_channel().await);
+                let done = match c.admit_node(admit.clone()).await {
+                    Ok(_) if label.set.is_empty() => Ok(()),
+                    Ok(_) => c.label_node(label.clone()).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                match done {
+                    Ok(()) => break,
+                    // A leader change midway: ask the next one.
+                    Err(e) if e.code() == tonic::Code::Unavailable && std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => return Err(format!("admitting {id}: {}", e.message())),
+                }
+            }
+        }
+        Ok(())
     }
 
     fn replica_config(&self, id: u64) -> ReplicaConfig {
@@ -247,6 +313,7 @@ impl LocalCluster {
             std::net::SocketAddr::from(([127, 0, 0, 1], port))
         });
         rc.http_options.rate_per_s = self.cfg.http_rate;
+        rc.hub.admission_required = self.cfg.admission_required;
         rc
     }
 
@@ -270,22 +337,8 @@ impl LocalCluster {
         let cfg = AgentConfig {
             node_id: node_id.clone(),
             schedulers: self.addrs.clone(),
-            resources: v1::Resources {
-                gpus: self.cfg.gpus_per_agent,
-                vram_mb: 80_000,
-                mem_mb: self.cfg.mem_mb_per_agent,
-                cpus: self.cfg.cpus_per_agent,
-            },
-            labels: {
-                let mut labels = BTreeMap::from([("gpu.model".to_string(), "fake".to_string())]);
-                if let Some(more) = self.cfg.node_labels.get(i as usize) {
-                    labels.extend(more.clone());
-                }
-                if let Some(vc) = self.cfg.node_vclusters.get(i as usize).filter(|v| !v.is_empty()) {
-                    labels.insert(muster_core::sm::VCLUSTER_LABEL.to_string(), vc.clone());
-                }
-                labels
-            },
+            resources: self.agent_resources(),
+            labels: self.agent_labels(i).into_iter().filter(|(k, _)| muster_core::sm::agent_may_set(k)).collect(),
             address: format!("127.0.0.1:{}", 29_500 + i),
             ports: self.cfg.agent_ports(i),
             work_dir: self.dir.join(&node_id),

@@ -278,6 +278,9 @@ impl Agent {
         let gpus = self.running[&key].gpus.clone();
         let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let mut env: BTreeMap<String, String> = a.env.into_iter().collect();
+        // Secrets reach the task's environment and nothing else (no log
+        // line, no file of the agent's).
+        env.extend(a.secret_env);
         let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
         if let Some(parent) = progress.parent() {
             let _ = fs::create_dir_all(parent);

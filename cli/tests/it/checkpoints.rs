@@ -341,7 +341,10 @@ async fn t182_a_follower_paused_through_64_mib_of_writes_catches_up_and_a_restar
             for i in 0..64 {
                 let mut spec = spec.clone();
                 spec.idempotency_key = format!("big-{w}-{i}");
-                client.submit(v1::SubmitRequest { spec: Some(spec), dry_run: false }).await.unwrap();
+                client
+                    .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false, ..Default::default() })
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -427,7 +430,14 @@ while true; do sleep 0.2; done
     let mut ids = Vec::new();
     for _ in 0..4 {
         let spec = Some(spec.clone());
-        ids.push(client.submit(v1::SubmitRequest { spec, dry_run: false }).await.unwrap().into_inner().id);
+        ids.push(
+            client
+                .submit(v1::SubmitRequest { spec, dry_run: false, ..Default::default() })
+                .await
+                .unwrap()
+                .into_inner()
+                .id,
+        );
     }
     // Wait until all 16 ranks' checkpoints are recorded.
     let deadline = Instant::now() + Duration::from_secs(300);

@@ -63,6 +63,8 @@ impl Cluster {
             .arg("--data-dir")
             .arg(self.dir.join(format!("data-{id}")))
             .args(["--peers", &self.peers()])
+            // The tests' agents register unadmitted.
+            .args(["--node-admission", "open"])
             .args(&self.extra)
             .env("MUSTER_TLS_DIR", crate::tls::dir())
             .stdin(Stdio::null())
@@ -201,7 +203,11 @@ impl Client {
         loop {
             let addr = self.addrs[self.next % self.addrs.len()].clone();
             if let Some(ch) = channel(&addr).await {
-                let mut req = tonic::Request::new(v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false });
+                let mut req = tonic::Request::new(v1::SubmitRequest {
+                    spec: Some(spec.clone()),
+                    dry_run: false,
+                    ..Default::default()
+                });
                 req.set_timeout(Duration::from_secs(3));
                 match AllocationServiceClient::new(ch).submit(req).await {
                     Ok(r) => return r.into_inner().id,

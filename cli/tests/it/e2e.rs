@@ -34,7 +34,11 @@ pub(crate) fn gang(n: u32, script: &str, max_retries: u32) -> v1::AllocationSpec
 pub(crate) async fn submit(c: &LocalCluster, spec: v1::AllocationSpec) -> u64 {
     let deadline = Instant::now() + WAIT;
     loop {
-        match leader_client(c).await.submit(v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false }).await {
+        match leader_client(c)
+            .await
+            .submit(v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false, ..Default::default() })
+            .await
+        {
             Ok(r) => return r.into_inner().id,
             Err(e) => assert!(Instant::now() < deadline, "submit failed: {e}"),
         }

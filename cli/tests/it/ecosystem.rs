@@ -487,14 +487,19 @@ fn t183_a_dashboard_flood_does_not_depose_the_leader() {
     let channel = rt.block_on(cluster::channel_as(&addrs[li], &admin)).unwrap();
     let first = rt.block_on(async {
         let mut c = AllocationServiceClient::new(channel.clone());
-        let first = c.submit(v1::SubmitRequest { spec: Some(spec(5)), dry_run: false }).await.unwrap().into_inner().id;
+        let first = c
+            .submit(v1::SubmitRequest { spec: Some(spec(5)), dry_run: false, ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner()
+            .id;
         for chunk in 0..20 {
             let calls: Vec<_> = (0..50)
                 .map(|_| {
                     let mut c = c.clone();
-                    tokio::spawn(
-                        async move { c.submit(v1::SubmitRequest { spec: Some(spec(3)), dry_run: false }).await },
-                    )
+                    tokio::spawn(async move {
+                        c.submit(v1::SubmitRequest { spec: Some(spec(3)), dry_run: false, ..Default::default() }).await
+                    })
                 })
                 .collect();
             for call in calls {

@@ -617,6 +617,8 @@ impl Procs {
             vec![
                 Command::new(env!("CARGO_BIN_EXE_muster"))
                     .args(["server", "--id", "1", "--listen", addr, "--peers", &format!("1={addr}")])
+                    // The tests' agents register unadmitted.
+                    .args(["--node-admission", "open"])
                     .args(server_args)
                     .arg("--data-dir")
                     .arg(dir.join("server"))

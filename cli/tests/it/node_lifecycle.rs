@@ -296,7 +296,7 @@ fn t99e_node_lifecycle_from_the_cli() {
         &addr,
         &["--metrics", &metrics, "--agent-heartbeat-ms", "500", "--preempt-grace-ms", "1000"],
         &["a1", "a2"],
-        &["--exit-when-stopped", "--label", "muster.drain-timeout=20m"],
+        &["--exit-when-stopped"],
     );
     let run = |args: &[&str]| {
         let mut all: Vec<&str> = args.to_vec();
@@ -325,6 +325,11 @@ fn t99e_node_lifecycle_from_the_cli() {
         }
     };
     let node_status = |id: &str| json(&["node", "get", id])["status"].as_str().unwrap().to_string();
+    // The drain-timeout label is reserved: an admin sets it (here before
+    // the server may even lead, so retried), never the agent.
+    wait("the drain-timeout labels set", &|| {
+        ["a1", "a2"].iter().all(|n| run(&["node", "label", n, "muster.drain-timeout=20m"]).0)
+    });
     wait("two ready nodes", &|| {
         let (ok, out, _) = run(&["node", "list"]);
         ok && serde_json::from_str::<serde_json::Value>(&out)

@@ -139,7 +139,7 @@ async fn t88_a_high_class_gang_preempts_the_cheapest_victims_which_resume_from_c
     let preemptor_spec = job(4, 8, "sleep 1; echo preemptor done", 60);
     let plan = crate::e2e::leader_client(&c)
         .await
-        .submit(v1::SubmitRequest { spec: Some(preemptor_spec.clone()), dry_run: true })
+        .submit(v1::SubmitRequest { spec: Some(preemptor_spec.clone()), dry_run: true, ..Default::default() })
         .await
         .unwrap()
         .into_inner()

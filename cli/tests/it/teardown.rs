@@ -180,7 +180,21 @@ pub(crate) struct Ghost {
 
 impl Ghost {
     pub(crate) async fn connect(c: &LocalCluster) -> Ghost {
+        let resources = v1::Resources { gpus: 8, vram_mb: 80_000, mem_mb: 256_000, cpus: 32 };
+        // Admitted, as an operator would admit a real node.
         let deadline = Instant::now() + WAIT;
+        let admit = v1::AdmitNodeRequest {
+            id: "ghost".into(),
+            admission: Some(v1::NodeAdmission { resources: Some(resources), ..Default::default() }),
+            revoke: false,
+        };
+        while let Err(e) = muster_proto::v1::node_service_client::NodeServiceClient::new(c.leader_channel().await)
+            .admit_node(admit.clone())
+            .await
+        {
+            assert!(Instant::now() < deadline, "the ghost was never admitted: {e:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         loop {
             if let Some(l) = c.leader_id()
                 && let Some(ch) = crate::cluster::channel_as(
@@ -192,7 +206,7 @@ impl Ghost {
                 let (tx, out) = mpsc::channel(64);
                 tx.send(up(Up::Register(v1::Register {
                     node_id: "ghost".into(),
-                    resources: Some(v1::Resources { gpus: 8, vram_mb: 80_000, mem_mb: 256_000, cpus: 32 }),
+                    resources: Some(resources),
                     ports: "29500-29599".into(),
                     ..Default::default()
                 })))

@@ -12,7 +12,7 @@ use crate::{Procs, cluster, muster};
 fn t130_vclusters_are_created_updated_listed_and_resolve_their_home_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", cluster::free_port());
-    let _procs = Procs::start_with(dir.path(), &addr, &[], &["v1", "v2"], &["--label", "muster.vcluster=ml"]);
+    let _procs = Procs::start_with(dir.path(), &addr, &[], &["v1", "v2"], &[]);
     let run = |args: &[&str]| {
         let mut all = vec!["vcluster"];
         all.extend_from_slice(args);
@@ -34,6 +34,11 @@ fn t130_vclusters_are_created_updated_listed_and_resolve_their_home_nodes() {
     while !run(&["list"]).status.success() {
         assert!(Instant::now() < deadline, "the server never answered");
         std::thread::sleep(Duration::from_millis(200));
+    }
+    // The vCluster label is reserved: an admin sets it, not the agent.
+    for node in ["v1", "v2"] {
+        let o = muster(&["node", "label", node, "muster.vcluster=ml", "--scheduler", &addr]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
 
     let v = json(&[

@@ -75,6 +75,17 @@ def test_gang_runs_and_watch_follows_it_to_the_end(client: Client) -> None:
     assert r.id in [x.id for x in client.list(preemption_class=5)]
 
 
+def test_secrets_reach_the_task_and_never_a_read(client: Client) -> None:
+    # The task fails unless the secret is in its environment.
+    r = client.submit(["sh", "-c", 'test "$TOKEN" = s3cret-value'], secrets={"TOKEN": "s3cret-value"})
+    kinds = [e.kind for e in kinds_until_end(client, r.id)]
+    assert kinds[-1] == "allocation_done", kinds
+    a = client.get(r.id)
+    assert list(a.secret_names) == ["TOKEN"]
+    assert "s3cret-value" not in str(a)
+    assert "s3cret-value" not in str(client.list_page())
+
+
 def test_idempotency_key_returns_the_same_allocation(client: Client) -> None:
     key = f"py-test-{uuid.uuid4().hex}"
     first = client.submit(["true"], idempotency_key=key)
@@ -187,6 +198,7 @@ def test_the_server_names_the_invalid_field(client: Client, kwargs: dict[str, ob
         ({"command": "echo hi"}, "command"),
         ({"walltime_s": 0}, "walltime_s"),
         ({"env": {"A": 1}}, "env"),
+        ({"secrets": {"A": 1}}, "secrets"),
         ({"priority": 2**40}, "priority"),
     ],
 )

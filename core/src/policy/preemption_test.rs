@@ -29,10 +29,17 @@ impl Cluster {
     fn new(nodes: &[(u32, &str)]) -> Cluster {
         let mut c = Cluster { s: State::default(), t: 1_000 };
         for (i, &(gpus, vc)) in nodes.iter().enumerate() {
-            let mut labels = BTreeMap::new();
             if !vc.is_empty() {
-                labels.insert(VCLUSTER_LABEL.to_string(), vc.to_string());
+                // The vCluster label is an admin's, laid over what the node reports.
+                let set = BTreeMap::from([(VCLUSTER_LABEL.to_string(), vc.to_string())]);
+                c.ok(Command::LabelNode {
+                    node: NodeId::new(format!("n{i}")),
+                    set,
+                    remove: vec![],
+                    by: "admin".into(),
+                });
             }
+            let labels = BTreeMap::new();
             c.ok(Command::RegisterNode { node: NodeId::new(format!("n{i}")), resources: node_res(gpus), labels });
             c.ok(Command::MarkNodeReady { node: NodeId::new(format!("n{i}")) });
         }

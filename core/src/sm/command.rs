@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{AllocId, AllocSpec, CheckpointSettings, ManifestUpload, NodeId, Resources, TaskIndex, TokenRole};
+use super::types::{
+    Admission, AllocId, AllocSpec, CheckpointSettings, ManifestUpload, NodeId, Resources, Secrets, TaskIndex, TokenRole,
+};
 use super::vcluster::VClusterSpec;
 
 /// One state transition, as carried in a Raft log entry.
@@ -27,6 +29,14 @@ pub enum Command {
     Submit {
         /// What the user asked for.
         spec: AllocSpec,
+    },
+    /// [`Command::Submit`] with secret environment variables, kept apart
+    /// from the spec (a duplicate keeps the first submission's).
+    SubmitWithSecrets {
+        /// What the user asked for.
+        spec: AllocSpec,
+        /// The secrets.
+        secrets: Secrets,
     },
     /// Place a whole gang: task `i` on `nodes[i]`, under reservation `epoch`,
     /// which must be exactly one past the allocation's current epoch.
@@ -186,6 +196,28 @@ pub enum Command {
         timeout_ms: u64,
         /// Why, in the operator's words (may be empty).
         reason: String,
+        /// Who asked.
+        by: String,
+    },
+    /// An admin admits node `node` for at most `admission` (its resources,
+    /// labels and certificate), or (`None`) withdraws its admission. Takes
+    /// effect at the node's next registration.
+    AdmitNode {
+        /// The node's name (it need not be registered yet).
+        node: NodeId,
+        /// What it may claim; `None` withdraws.
+        admission: Option<Admission>,
+    },
+    /// An admin sets (`set`) and removes (`remove`) labels of node `node`,
+    /// laid over what its agent reports; the only way to set the reserved
+    /// `muster.*` labels. Takes effect at once on a registered node.
+    LabelNode {
+        /// The node's name (it need not be registered yet).
+        node: NodeId,
+        /// Labels to set.
+        set: BTreeMap<String, String>,
+        /// Label keys to remove.
+        remove: Vec<String>,
         /// Who asked.
         by: String,
     },
@@ -385,6 +417,7 @@ impl Command {
         match self {
             Command::RegisterNode { .. } => "register_node",
             Command::Submit { .. } => "submit",
+            Command::SubmitWithSecrets { .. } => "submit",
             Command::ReserveGang { .. } => "reserve_gang",
             Command::RollbackGang { .. } => "rollback_gang",
             Command::StartTask { .. } => "start_task",
@@ -403,6 +436,8 @@ impl Command {
             Command::MarkNodeLost { .. } => "mark_node_lost",
             Command::MarkNodeReady { .. } => "mark_node_ready",
             Command::DrainNode { .. } => "drain_node",
+            Command::AdmitNode { .. } => "admit_node",
+            Command::LabelNode { .. } => "label_node",
             Command::CancelDrain { .. } => "cancel_drain",
             Command::ExpireDrain { .. } => "expire_drain",
             Command::StopNode { .. } => "stop_node",

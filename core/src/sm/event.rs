@@ -52,6 +52,20 @@ pub enum Event {
         /// Whether it was already known.
         updated: bool,
     },
+    /// An admin admitted node `node` (or withdrew its admission).
+    NodeAdmitted {
+        /// The node.
+        node: NodeId,
+        /// Whether it is admitted now.
+        admitted: bool,
+    },
+    /// An admin changed node `node`'s labels.
+    NodeLabelled {
+        /// The node.
+        node: NodeId,
+        /// The admin.
+        by: String,
+    },
     /// A node was marked lost; these tasks were on it (reason `node_lost`).
     NodeLost {
         /// The node.
@@ -394,6 +408,8 @@ impl Event {
             | Event::VClusterCreated { .. }
             | Event::VClusterUpdated { .. }
             | Event::NodeRegistered { .. }
+            | Event::NodeAdmitted { .. }
+            | Event::NodeLabelled { .. }
             | Event::NodeLost { .. }
             | Event::NodeReady { .. }
             | Event::DrainStarted { .. }

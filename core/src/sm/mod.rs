@@ -32,22 +32,24 @@ pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
 pub use state::{
-    ApplyCtx, ForgottenKey, Holder, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, QueueKey, Shape, State, VcLoad, spec_sha256,
+    ApplyCtx, ForgottenKey, Holder, MAX_FORGET_PER_ENTRY, MAX_TOKENS, MIN_RETENTION_MS, QueueKey, Shape, State, VcLoad,
+    spec_sha256,
 };
 pub use types::{
-    ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd,
-    CHECKPOINT_CAP_RANGE, CheckpointManifest, CheckpointMode, CheckpointSettings, CheckpointStore,
+    AGENT_SET_LABELS, ATTEMPT_LOG_LIMIT, Admission, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt,
+    AttemptEnd, CHECKPOINT_CAP_RANGE, CheckpointManifest, CheckpointMode, CheckpointSettings, CheckpointStore,
     DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_RETRIES, DEFAULT_RENDEZVOUS_PORTS,
     DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Drain, HISTORY_LIMIT, LabelExpr, LabelOp, MAX_CHECKPOINT_KEEP,
     MAX_CHECKPOINT_KEY_BYTES, MAX_CONSTRAINTS, MAX_FORGET_CHECKPOINTS, MAX_RENDEZVOUS_PORTS, MAX_RETIRED_CHECKPOINTS,
-    MAX_STORE_SPEC_BYTES, ManifestUpload, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,
-    OBJECT_SCHEMES, PORTS_LABEL, Packing, Placement, PortRange, PreemptReason, Resources, RetiredCheckpoint, Task,
-    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL,
-    VClusterType, WatchdogKind, check_cap, check_key, fits, key_prefix,
+    MAX_SECRET_VALUE_BYTES, MAX_SECRETS, MAX_SECRETS_BYTES, MAX_STORE_SPEC_BYTES, ManifestUpload, NODE_HISTORY_LIMIT,
+    Node, NodeId, NodePolicy, NodeSlot, NodeStatus, Nomination, OBJECT_SCHEMES, PORTS_LABEL, Packing, Placement,
+    PortRange, PreemptReason, RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Task, TaskIndex,
+    TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType,
+    WatchdogKind, agent_may_set, check_cap, check_key, fits, key_prefix,
 };
 pub use validate::{
-    DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES, parse_duration_s, validate_node,
-    validate_node_request, validate_spec,
+    DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES, parse_duration_s, validate_admission,
+    validate_node, validate_node_request, validate_secrets, validate_spec,
 };
 pub use vcluster::{
     HomeNodes, OverQuota, Quota, VCluster, VClusterSpec, VcCheckpoints, validate_name as validate_vcluster_name,

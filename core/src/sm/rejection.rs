@@ -171,6 +171,14 @@ pub enum Rejection {
     /// The token was revoked already.
     #[error("token {0} is already revoked")]
     TokenRevoked(String),
+    /// A registration claims more than the node was admitted for.
+    #[error("node {node} is not admitted for this: {reason}")]
+    NotAdmitted {
+        /// The node.
+        node: NodeId,
+        /// What it claimed beyond its admission.
+        reason: String,
+    },
     /// A terminated node's agent tried to register again.
     #[error("node {0} was terminated; register the machine under a new name")]
     NodeTerminated(NodeId),

@@ -9,6 +9,7 @@ mod preemption;
 mod retention;
 mod teardown;
 mod tokens;
+mod trust;
 mod vclusters;
 mod watchdogs;
 
@@ -637,7 +638,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "45725aec060688051e6280cd8b648dc18ed8767673c2a54acffb4a0a0e19a685"
+        "872d84891a7cf00d856edc552d65a7a59a7c459392cbb4ab9a4426baeb7a68f1"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::rejection::Rejection;
 use super::types::{
-    AllocSpec, LabelExpr, MAX_CONSTRAINTS, MAX_RENDEZVOUS_PORTS, NodeId, PORTS_LABEL, Packing, Placement, PortRange,
-    Resources,
+    Admission, AllocSpec, LabelExpr, MAX_CONSTRAINTS, MAX_RENDEZVOUS_PORTS, MAX_SECRET_VALUE_BYTES, MAX_SECRETS,
+    MAX_SECRETS_BYTES, NodeId, PORTS_LABEL, Packing, Placement, PortRange, Resources, Secrets, agent_may_set,
 };
 
 /// The highest preemption class (never preempted).
@@ -65,11 +65,11 @@ fn invalid(field: &str, reason: impl Into<String>) -> Rejection {
     Rejection::InvalidSpec { field: field.to_string(), reason: reason.into() }
 }
 
-fn invalid_node(field: &str, reason: impl Into<String>) -> Rejection {
+pub(crate) fn invalid_node(field: &str, reason: impl Into<String>) -> Rejection {
     Rejection::InvalidNode { field: field.to_string(), reason: reason.into() }
 }
 
-fn check_name(field: &str, value: &str, limits: &Limits) -> Result<(), String> {
+pub(crate) fn check_name(field: &str, value: &str, limits: &Limits) -> Result<(), String> {
     if value.is_empty() {
         return Err(format!("{field} must not be empty"));
     }
@@ -364,4 +364,83 @@ pub fn validate_node_request(
         ));
     }
     Ok(())
+}
+
+/// Checks an admission: what it admits is a node that could register.
+pub fn validate_admission(a: &Admission, limits: &Limits) -> Result<(), Rejection> {
+    let field = |f: &str| format!("admission.{f}");
+    check_name("by", &a.by, limits).map_err(|r| invalid_node("admission.by", r))?;
+    check_bounds(&a.resources).map_err(|(f, r)| invalid_node(&field(f), r))?;
+    if a.resources.gpus > MAX_NODE_GPUS {
+        return Err(invalid_node(
+            "admission.resources.gpus",
+            format!("{} is above the maximum of {MAX_NODE_GPUS}", a.resources.gpus),
+        ));
+    }
+    if a.labels.len() > limits.max_labels {
+        return Err(invalid_node(
+            "admission.labels",
+            format!("{} labels, the limit is {}", a.labels.len(), limits.max_labels),
+        ));
+    }
+    for (k, v) in &a.labels {
+        check_name("admission.labels", k, limits).map_err(|r| invalid_node("admission.labels", r))?;
+        if !agent_may_set(k) {
+            return Err(invalid_node(
+                "admission.labels",
+                format!("{k} is reserved: an admin sets it with muster node label, the agent never reports it"),
+            ));
+        }
+        if v.len() > limits.max_name_bytes || v.chars().any(|c| c.is_control() || is_bidi_control(c)) {
+            return Err(invalid_node(
+                "admission.labels",
+                format!("the value of {k} is too long or holds control characters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks an allocation's secrets: environment names not also in its
+/// `env`, values without NUL, within [`MAX_SECRETS`],
+/// [`MAX_SECRET_VALUE_BYTES`] and [`MAX_SECRETS_BYTES`]. Errors name the
+/// secret, never its value.
+pub fn validate_secrets(spec: &AllocSpec, secrets: &Secrets) -> Result<(), Rejection> {
+    let bad = |reason: String| Rejection::InvalidSpec { field: "secrets".into(), reason };
+    if secrets.0.len() > MAX_SECRETS {
+        return Err(bad(format!("{} secrets, the limit is {MAX_SECRETS}", secrets.0.len())));
+    }
+    let mut bytes = 0;
+    for (k, v) in &secrets.0 {
+        let name_ok = !k.is_empty()
+            && k.len() <= 128
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !k.starts_with(|c: char| c.is_ascii_digit());
+        if !name_ok {
+            return Err(bad(format!("{:?} is not a variable name (letters, digits and _, at most 128)", prefix(k))));
+        }
+        if spec.env.contains_key(k) {
+            return Err(bad(format!("{k} is also in env: a variable is either plain or secret")));
+        }
+        if v.len() > MAX_SECRET_VALUE_BYTES {
+            return Err(bad(format!("the value of {k} is {} bytes, the limit is {MAX_SECRET_VALUE_BYTES}", v.len())));
+        }
+        if v.contains('\0') {
+            return Err(bad(format!("the value of {k} contains NUL")));
+        }
+        bytes += k.len() + v.len();
+    }
+    if bytes > MAX_SECRETS_BYTES {
+        return Err(bad(format!("{bytes} bytes, the limit is {MAX_SECRETS_BYTES}")));
+    }
+    Ok(())
+}
+
+/// At most 40 characters of `s`, for errors that must not echo much.
+fn prefix(s: &str) -> String {
+    let mut end = s.len().min(40);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
 }

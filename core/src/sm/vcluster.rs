@@ -239,6 +239,7 @@ mod tests {
             slot: NodeSlot(0),
             resources: Resources { gpus: 8, vram_mb: 1, mem_mb: 1, cpus: 1 },
             labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            reported_labels: Default::default(),
             status: NodeStatus::Ready,
             status_since_ms: 0,
             drain: None,

@@ -8,7 +8,7 @@
 //! | AllocationService/Submit, Cancel | | | ✓ | ✓ | |
 //! | AllocationService/Get, List, Explain, Watch, Logs | | | ✓ | ✓ | ✓ |
 //! | NodeService/ListNodes, GetNode, WatchNodes | | | ✓ | ✓ | ✓ |
-//! | NodeService/* (lifecycle) | | | ✓ | | |
+//! | NodeService/* (lifecycle, AdmitNode, LabelNode) | | | ✓ | | |
 //! | VClusterService/GetVCluster, ListVClusters | | | ✓ | ✓ | ✓ |
 //! | VClusterService/CreateVCluster, UpdateVCluster | | | ✓ | | |
 //! | HistoryService/ListHistory, Usage | | | ✓ | ✓ | ✓ |
@@ -227,6 +227,8 @@ mod tests {
             ("/muster.v1.NodeService/ListNodes", &["admin", "client", "reader"]),
             ("/muster.v1.NodeService/DrainNode", &["admin"]),
             ("/muster.v1.NodeService/ScaleDown", &["admin"]),
+            ("/muster.v1.NodeService/AdmitNode", &["admin"]),
+            ("/muster.v1.NodeService/LabelNode", &["admin"]),
             ("/muster.v1.VClusterService/CreateVCluster", &["admin"]),
             ("/muster.v1.VClusterService/UpdateVCluster", &["admin"]),
             ("/muster.v1.VClusterService/ListVClusters", &["admin", "client", "reader"]),

@@ -305,6 +305,8 @@ impl AllocationService for ClientApi {
             }
         }
         let spec = spec_from_proto(proto, &limits)?;
+        let secrets = crate::sm::Secrets(req.secrets.into_iter().collect());
+        crate::sm::validate_secrets(&spec, &secrets).map_err(|r| rejection_to_status(&r))?;
         self.s.reader.read(|st| st.check_job_store(&spec)).map_err(|r| rejection_to_status(&r))?;
         // A retried submit is answered from the state, and a key reused with
         // another spec is refused, before anything is proposed.
@@ -327,7 +329,9 @@ impl AllocationService for ClientApi {
         if self.s.inject_bug == Some(super::replica::InjectedBug::AckBeforeCommit) {
             return Ok(Response::new(self.ack_before_commit(spec)));
         }
-        let propose = self.s.proposer.propose(Command::Submit { spec });
+        let cmd =
+            if secrets.is_empty() { Command::Submit { spec } } else { Command::SubmitWithSecrets { spec, secrets } };
+        let propose = self.s.proposer.propose(cmd);
         let outcome = if self.s.inject_bug == Some(super::replica::InjectedBug::RefuseSlowWrites) {
             // The bug: a write that is merely slow is refused, though it
             // stays proposed and may well commit.

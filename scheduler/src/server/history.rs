@@ -307,25 +307,42 @@ impl HistoryService for HistoryApi {
             }
         };
         let (since, until) = (q.since_ms, q.until_ms);
+        let size = match q.page_size {
+            0 => 1000,
+            n => n.min(10_000),
+        } as usize;
+        // A page starts after the (owner, vcluster) its token names (a
+        // newline between them: neither may hold one).
+        let after = match q.page_token.split_once('\n') {
+            Some((o, v)) => Some((o.to_string(), v.to_string())),
+            None if q.page_token.is_empty() => None,
+            None => return Err(Status::invalid_argument("invalid page_token: not one this server gave")),
+        };
         let rows = self.blocking(move |s| s.usage(since, until, group)).await?;
         let (_, missing) = self.missing().await?;
-        Ok(Response::new(v1::UsageReport {
-            rows: rows
-                .into_iter()
-                .map(|r| v1::UsageRow {
-                    owner: r.owner,
-                    vcluster: r.vcluster,
-                    jobs: r.jobs,
-                    done: r.done,
-                    failed: r.failed,
-                    cancelled: r.cancelled,
-                    gpu_seconds: r.gpu_seconds,
-                })
-                .collect(),
-            since_ms: since,
-            until_ms: until,
-            missing,
-        }))
+        let (mut page, mut bytes, mut more) = (Vec::new(), 0usize, false);
+        for r in rows.into_iter().filter(|r| after.as_ref().is_none_or(|a| (&r.owner, &r.vcluster) > (&a.0, &a.1))) {
+            let row = v1::UsageRow {
+                owner: r.owner,
+                vcluster: r.vcluster,
+                jobs: r.jobs,
+                done: r.done,
+                failed: r.failed,
+                cancelled: r.cancelled,
+                gpu_seconds: r.gpu_seconds,
+            };
+            bytes += prost::Message::encoded_len(&row);
+            if !page.is_empty() && (page.len() == size || bytes > super::client_api::MAX_PAGE_BYTES) {
+                more = true;
+                break;
+            }
+            page.push(row);
+        }
+        let next_page_token = match page.last() {
+            Some(r) if more => format!("{}\n{}", r.owner, r.vcluster),
+            _ => String::new(),
+        };
+        Ok(Response::new(v1::UsageReport { rows: page, since_ms: since, until_ms: until, missing, next_page_token }))
     }
 
     async fn fetch_records(

@@ -88,8 +88,93 @@ fn node_id(raw: String) -> Result<NodeId, Status> {
     Ok(NodeId::new(raw))
 }
 
+/// A hex SHA-256 (64 digits, either case).
+fn parse_sha256(hex: &str) -> Result<[u8; 32], Status> {
+    let bad = || Status::invalid_argument("invalid admission.cert_sha256: must be 64 hex digits (a SHA-256)");
+    if hex.len() != 64 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
 #[tonic::async_trait]
 impl NodeService for NodeApi {
+    async fn admit_node(&self, req: Request<v1::AdmitNodeRequest>) -> Result<Response<v1::AdmitNodeResponse>, Status> {
+        req.get_ref().check_bounds()?;
+        let caller = muster_tls::Caller::of(&req);
+        let q = req.into_inner();
+        let id = node_id(q.id)?;
+        let admission = match (q.revoke, q.admission) {
+            (true, Some(_)) => {
+                return Err(Status::invalid_argument("invalid admission: revoke withdraws it; send one or the other"));
+            }
+            (true, None) => None,
+            (false, None) => return Err(Status::invalid_argument("invalid admission: is required (or revoke)")),
+            (false, Some(a)) => {
+                let r =
+                    a.resources.ok_or_else(|| Status::invalid_argument("invalid admission.resources: is required"))?;
+                let admission = crate::sm::Admission {
+                    resources: crate::sm::Resources {
+                        gpus: r.gpus,
+                        vram_mb: r.vram_mb,
+                        mem_mb: r.mem_mb,
+                        cpus: r.cpus,
+                    },
+                    labels: a.labels.into_iter().collect(),
+                    cert_sha256: if a.cert_sha256.is_empty() { None } else { Some(parse_sha256(&a.cert_sha256)?) },
+                    by: bound_by(&caller, &a.by),
+                    at_ms: 0,
+                };
+                let limits = self.s.reader.read(|st| st.limits().clone());
+                crate::sm::validate_admission(&admission, &limits).map_err(|r| rejection_to_status(&r))?;
+                Some(admission)
+            }
+        };
+        let cmd = Command::AdmitNode { node: id.clone(), admission };
+        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+            Outcome::Accepted(_) => {}
+            Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
+        }
+        let admission = self
+            .s
+            .reader
+            .read(|st| st.node_policy(&id).and_then(|p| p.admission.as_ref()).map(super::convert::admission_to_proto));
+        Ok(Response::new(v1::AdmitNodeResponse { id: id.to_string(), admission }))
+    }
+
+    async fn label_node(&self, req: Request<v1::LabelNodeRequest>) -> Result<Response<v1::LabelNodeResponse>, Status> {
+        req.get_ref().check_bounds()?;
+        let caller = muster_tls::Caller::of(&req);
+        let q = req.into_inner();
+        let id = node_id(q.id)?;
+        if q.set.is_empty() && q.remove.is_empty() {
+            return Err(Status::invalid_argument("invalid set: set or remove at least one label"));
+        }
+        let cmd = Command::LabelNode {
+            node: id.clone(),
+            set: q.set.into_iter().collect(),
+            remove: q.remove,
+            by: bound_by(&caller, ""),
+        };
+        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+            Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+            Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
+        }
+        Ok(Response::new(self.s.reader.read(|st| {
+            let node = st.node_slot(&id).map(|s| st.node(s));
+            v1::LabelNodeResponse {
+                id: id.to_string(),
+                admin_labels: st.node_policy(&id).map(|p| p.labels.clone().into_iter().collect()).unwrap_or_default(),
+                labels: node.map(|n| n.labels.clone().into_iter().collect()).unwrap_or_default(),
+                registered: node.is_some(),
+            }
+        })))
+    }
+
     type WatchNodesStream = ReceiverStream<Result<v1::NodeEvent, Status>>;
 
     async fn list_nodes(&self, req: Request<v1::ListNodesRequest>) -> Result<Response<v1::ListNodesResponse>, Status> {

@@ -150,10 +150,34 @@ impl VClusterService for VClusterApi {
 
     async fn list_v_clusters(
         &self,
-        _: Request<v1::ListVClustersRequest>,
+        req: Request<v1::ListVClustersRequest>,
     ) -> Result<Response<v1::ListVClustersResponse>, Status> {
+        use muster_proto::bounds::Bounded;
+        use prost::Message;
+        req.get_ref().check_bounds()?;
+        let q = req.into_inner();
+        let size = match q.page_size {
+            0 => 100,
+            n => n.min(super::client_api::MAX_PAGE_SIZE),
+        } as usize;
         linearizable(&self.s).await?;
-        let vclusters = self.s.reader.read(|st| st.vclusters().iter().map(|v| to_proto(st, v)).collect());
-        Ok(Response::new(v1::ListVClustersResponse { vclusters }))
+        let (vclusters, more) = self.s.reader.read(|st| {
+            let all = st.vclusters();
+            let mut rest = all.iter().filter(|v| q.page_token.is_empty() || v.name.as_str() > q.page_token.as_str());
+            let (mut page, mut bytes) = (Vec::new(), 0usize);
+            for v in rest.by_ref() {
+                let p = to_proto(st, v);
+                bytes += p.encoded_len();
+                // Every page holds at least one.
+                if !page.is_empty() && (page.len() == size || bytes > super::client_api::MAX_PAGE_BYTES) {
+                    return (page, true);
+                }
+                page.push(p);
+            }
+            (page, false)
+        });
+        let next_page_token =
+            if more { vclusters.last().map(|v| v.name.clone()).unwrap_or_default() } else { String::new() };
+        Ok(Response::new(v1::ListVClustersResponse { vclusters, next_page_token }))
     }
 }

@@ -191,6 +191,15 @@ fn labels(i: u8) -> BTreeMap<String, String> {
     BTreeMap::from([(muster_scheduler::sm::VCLUSTER_LABEL.to_string(), vc.to_string())])
 }
 
+/// Node `i`'s registration: its vCluster label set by an admin (reserved
+/// labels are never the agent's), then the node registering.
+fn register(i: u8, resources: Resources) -> Vec<Command> {
+    let set = labels(i);
+    let label =
+        (!set.is_empty()).then(|| Command::LabelNode { node: node(i), set, remove: vec![], by: "admin".into() });
+    label.into_iter().chain([Command::RegisterNode { node: node(i), resources, labels: BTreeMap::new() }]).collect()
+}
+
 /// A cluster under test: the state and its clock.
 #[derive(Clone)]
 pub struct Run {
@@ -205,8 +214,9 @@ impl Default for Run {
         let mut state = State::default();
         for i in 0..4 {
             let resources = Resources { gpus: 8, vram_mb: 40_000, mem_mb: 256_000, cpus: 32 };
-            let cmd = Command::RegisterNode { node: node(i), resources, labels: labels(i) };
-            assert!(state.apply(&cmd, &ApplyCtx { time_ms: 1_000 }).is_accepted());
+            for cmd in register(i, resources) {
+                assert!(state.apply(&cmd, &ApplyCtx { time_ms: 1_000 }).is_accepted());
+            }
             let ready = Command::MarkNodeReady { node: node(i) };
             assert!(state.apply(&ready, &ApplyCtx { time_ms: 1_000 }).is_accepted());
         }
@@ -259,14 +269,12 @@ impl Run {
     /// The commands one op turns into, given the current state.
     pub fn commands(&self, op: &Op) -> Vec<Command> {
         match op {
-            Op::Register { node: i, gpus } => vec![
-                Command::RegisterNode {
-                    node: node(*i),
-                    resources: Resources { gpus: u32::from(*gpus), vram_mb: 40_000, mem_mb: 256_000, cpus: 32 },
-                    labels: labels(*i),
-                },
-                Command::MarkNodeReady { node: node(*i) },
-            ],
+            Op::Register { node: i, gpus } => {
+                let resources = Resources { gpus: u32::from(*gpus), vram_mb: 40_000, mem_mb: 256_000, cpus: 32 };
+                let mut cmds = register(*i, resources);
+                cmds.push(Command::MarkNodeReady { node: node(*i) });
+                cmds
+            }
             Op::Lifecycle { node: i, action, timeout_ms } => {
                 let (node, by) = (node(*i), "prop".to_string());
                 vec![match action {

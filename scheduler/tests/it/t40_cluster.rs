@@ -171,7 +171,10 @@ async fn three_replicas_commit_batches_and_agree() {
         let l = leader(&replicas).await;
         let follower = &replicas[(l + 1) % 3];
         let mut client = AllocationServiceClient::new(channel(&follower.addr().to_string()).await);
-        let err = client.submit(v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false }).await.unwrap_err();
+        let err = client
+            .submit(v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false, ..Default::default() })
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable);
         if let Some(addr) = err.metadata().get(LEADER_ADDR_HEADER) {
             break addr.to_str().unwrap().to_string();
@@ -179,7 +182,11 @@ async fn three_replicas_commit_batches_and_agree() {
     };
     assert!(replicas.iter().any(|r| r.addr().to_string() == leader_addr), "{leader_addr}");
     let mut client = AllocationServiceClient::new(channel(&leader_addr).await);
-    let resp = client.submit(v1::SubmitRequest { spec: Some(spec), dry_run: false }).await.unwrap().into_inner();
+    let resp = client
+        .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!((resp.id, resp.duplicate), (8, true), "the same idempotency key finds allocation 8");
     let got = client.get(v1::GetRequest { id: 8 }).await.unwrap().into_inner();
     assert_eq!(got.spec.unwrap().idempotency_key, "key-7");

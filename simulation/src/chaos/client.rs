@@ -117,7 +117,7 @@ impl Client {
 
     /// Submits `spec` once: the allocation id when acknowledged.
     pub async fn submit(&mut self, spec: &v1::AllocationSpec) -> Answer<u64> {
-        let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false };
+        let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false, ..Default::default() };
         match self
             .call(move |mut c| {
                 let req = req.clone();

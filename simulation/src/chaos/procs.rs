@@ -18,6 +18,9 @@ use std::process::{Child, Command, Stdio};
 /// lagging follower needs one); every replica keeps its applied log (the
 /// replay check) and a crash image (power loss).
 const SERVER_FLAGS: &[&str] = &[
+    // The chaos agents register unadmitted (admission is tested elsewhere).
+    "--node-admission",
+    "open",
     "--keep-applied-log",
     "--crash-image",
     "--heartbeat-ms",

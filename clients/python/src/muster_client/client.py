@@ -333,6 +333,7 @@ class Client:
         max_retries: int = 3,
         idempotency_key: str | None = None,
         env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
         owner: str | None = None,
         vcluster: str = "default",
         vcluster_type: str = "",
@@ -361,7 +362,10 @@ class Client:
         gang's ``MASTER_PORT``; 0: none). ``constraints``: label expressions
         every node of the gang must meet (``"gpu.model=H100"``, ``"rack in
         (r1,r2)"``); ``pack_by``: a topology label all tasks must share
-        (``"rack"``, or ``"rack:preferred"``).
+        (``"rack"``, or ``"rack:preferred"``). ``env`` is readable by anyone
+        who may read the allocation; ``secrets`` (environment variables too)
+        are never returned by a read (``Allocation.secret_names`` lists
+        their names) and reach only the agents of the nodes its tasks run on.
         """
         if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
             raise ValueError("command must be a list of arguments, e.g. ['sh', '-c', 'echo hi']")
@@ -376,6 +380,9 @@ class Client:
         env_map = dict(env or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env_map.items()):
             raise ValueError("env must map strings to strings")
+        secret_map = dict(secrets or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in secret_map.items()):
+            raise ValueError("secrets must map strings to strings")
         for name, value in (("idempotency_key", idempotency_key), ("owner", owner)):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, not {value!r}")
@@ -410,7 +417,7 @@ class Client:
             constraints=list(constraints),
             pack_by=pack_by,
         )
-        req = pb.SubmitRequest(spec=spec, dry_run=bool(dry_run))
+        req = pb.SubmitRequest(spec=spec, dry_run=bool(dry_run), secrets=secret_map)
         resp: pb.SubmitResponse = self._call(
             lambda ch, t: self._alloc(ch).Submit(req, timeout=t, metadata=self._metadata), timeout
         )

@@ -26,8 +26,9 @@ impl State {
         })
     }
 
-    pub(super) fn submit(&mut self, spec: &AllocSpec) -> Applied {
+    pub(super) fn submit(&mut self, spec: &AllocSpec, secrets: &Secrets) -> Applied {
         validate_spec(spec, &self.limits)?;
+        validate_secrets(spec, secrets)?;
         if let Some(earlier) = self.submitted_before(spec) {
             return earlier.map(|alloc| vec![Event::Submitted { alloc, duplicate: true }]);
         }
@@ -92,8 +93,16 @@ impl State {
         if let Some(key) = &spec.idempotency_key {
             self.idempotency.insert((spec.owner.clone(), key.clone()), id);
         }
+        if !secrets.is_empty() {
+            self.secrets.insert(id, secrets.clone());
+        }
         self.reindex_alloc(id);
         Ok(vec![Event::Submitted { alloc: id, duplicate: false }])
+    }
+
+    /// Allocation `id`'s secrets, for the agents its tasks are placed on.
+    pub fn secrets(&self, id: AllocId) -> Option<&Secrets> {
+        self.secrets.get(&id)
     }
 
     pub(super) fn reserve_gang(&mut self, id: AllocId, epoch: u64, nodes: &[NodeId]) -> Applied {

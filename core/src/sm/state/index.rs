@@ -200,6 +200,8 @@ impl State {
                 self.allocs.get_mut(&id).map(Arc::make_mut).expect("indexed").finish_seq = self.finished_total;
             }
             self.touched.finished.push(id);
+            // It runs no more: its secrets are kept nowhere.
+            self.secrets.remove(&id);
         }
     }
 

@@ -6,6 +6,12 @@ impl State {
     /// Checks every invariant of the state; `Err` names the first one broken.
     /// Tests and the simulator call this; a broken invariant is a bug.
     pub fn check_invariants(&self) -> Result<(), String> {
+        // Secrets are held only for allocations that may still run.
+        for id in self.secrets.keys() {
+            if self.allocs.get(id).is_none_or(|a| a.status.is_terminal()) {
+                return Err(format!("secrets of allocation {id}, which is finished or gone, are kept"));
+            }
+        }
         let mut used = vec![Usage::default(); self.nodes.len()];
         let mut ports: BTreeMap<NodeSlot, BTreeSet<u16>> = BTreeMap::new();
         for a in self.allocs.values() {

@@ -48,13 +48,17 @@ use super::command::Command;
 use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::DEFAULT_VCLUSTER;
+use super::types::{AGENT_SET_LABELS, Admission, agent_may_set};
 use super::types::{
     ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, CheckpointMode,
-    CheckpointSettings, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodeSlot, NodeStatus, Nomination,
-    Placement, PreemptReason, Resources, RetiredCheckpoint, Task, TaskIndex, TaskStatus, Teardown, TeardownCause,
-    TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
+    CheckpointSettings, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodePolicy, NodeSlot, NodeStatus,
+    Nomination, Placement, PreemptReason, Resources, RetiredCheckpoint, Secrets, Task, TaskIndex, TaskStatus, Teardown,
+    TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VClusterType, fits,
 };
-use super::validate::{Limits, validate_node, validate_node_request, validate_spec};
+use super::validate::{
+    Limits, check_name, invalid_node, validate_admission, validate_node, validate_node_request, validate_secrets,
+    validate_spec,
+};
 use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
 use crate::history::JobRecord;
 pub use retention::{ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
@@ -70,6 +74,7 @@ mod reads;
 mod retention;
 mod teardown;
 mod tokens;
+pub use tokens::MAX_TOKENS;
 mod vclusters;
 
 /// What `apply` may know besides the command: the entry's leader-stamped time.
@@ -305,6 +310,10 @@ pub struct State {
     /// Retired checkpoints given up on (past the cap, or with no node left
     /// to delete them), in all.
     abandoned_checkpoints: u64,
+    /// What admins decided about node names: admissions and labels.
+    node_policies: BTreeMap<NodeId, NodePolicy>,
+    /// Live allocations' secrets (dropped when they finish).
+    secrets: BTreeMap<AllocId, Secrets>,
     #[serde(skip)]
     index: Indexes,
     /// Nodes whose agents may have something new to hear since the last
@@ -365,6 +374,8 @@ impl State {
             next_checkpoint_seq: self.next_checkpoint_seq,
             retired_checkpoints: self.retired_checkpoints.clone(),
             abandoned_checkpoints: self.abandoned_checkpoints,
+            node_policies: self.node_policies.clone(),
+            secrets: self.secrets.clone(),
             index: Indexes::default(),
             touched: Touched::default(),
         }
@@ -388,6 +399,8 @@ impl State {
             next_checkpoint_seq: 1,
             retired_checkpoints: BTreeMap::new(),
             abandoned_checkpoints: 0,
+            node_policies: BTreeMap::new(),
+            secrets: BTreeMap::new(),
             index: Indexes::default(),
             touched: Touched::default(),
         };
@@ -430,7 +443,8 @@ impl State {
         self.now_ms = self.now_ms.max(ctx.time_ms);
         let result = match cmd {
             Command::RegisterNode { node, resources, labels } => self.register_node(node, resources, labels),
-            Command::Submit { spec } => self.submit(spec),
+            Command::Submit { spec } => self.submit(spec, &Secrets::default()),
+            Command::SubmitWithSecrets { spec, secrets } => self.submit(spec, secrets),
             Command::ReserveGang { alloc, epoch, nodes } => self.reserve_gang(*alloc, *epoch, nodes),
             Command::RollbackGang { alloc, epoch } => self.rollback_gang(*alloc, *epoch),
             Command::StartTask { alloc, task, node, epoch } => self.start_task(*alloc, *task, node, *epoch),
@@ -466,6 +480,8 @@ impl State {
             Command::MarkNodeLost { node } => self.mark_node_lost(node),
             Command::MarkNodeReady { node } => self.node_ready(node),
             Command::DrainNode { node, timeout_ms, reason, by } => self.drain_node(node, *timeout_ms, reason, by),
+            Command::AdmitNode { node, admission } => self.admit_node(node, admission.as_ref()),
+            Command::LabelNode { node, set, remove, by } => self.label_node(node, set, remove, by),
             Command::CancelDrain { node, by } => self.cancel_drain(node, by),
             Command::ExpireDrain { node } => self.expire_drain(node),
             Command::StopNode { node, reason, by } => self.stop_node(node, reason, by),

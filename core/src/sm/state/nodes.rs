@@ -12,9 +12,22 @@ impl State {
         &mut self,
         id: &NodeId,
         resources: &Resources,
-        labels: &BTreeMap<String, String>,
+        reported: &BTreeMap<String, String>,
     ) -> Applied {
-        validate_node(id, resources, labels, &self.limits)?;
+        if let Some(k) = reported.keys().find(|k| !agent_may_set(k)) {
+            return Err(Rejection::InvalidNode {
+                field: "labels".into(),
+                reason: format!("{k} is reserved: only an admin sets it (muster node label)"),
+            });
+        }
+        validate_node(id, resources, reported, &self.limits)?;
+        let policy = self.node_policies.get(id);
+        if let Some(why) = policy.and_then(|p| p.admission.as_ref()).and_then(|a| a.refuses(resources, reported)) {
+            return Err(Rejection::NotAdmitted { node: id.clone(), reason: why });
+        }
+        let mut labels = reported.clone();
+        labels.extend(policy.map(|p| p.labels.clone()).unwrap_or_default());
+        validate_node(id, resources, &labels, &self.limits)?;
         if let Some(slot) = self.node_slot(id) {
             let node = self.node(slot);
             if node.status == NodeStatus::Terminated {
@@ -24,15 +37,8 @@ impl State {
                 return Err(Rejection::ShrinkBelowUsage(id.clone()));
             }
             let was_lost = node.status == NodeStatus::Lost;
-            self.unindex_node(slot);
-            let node = &mut self.nodes[slot.0 as usize];
-            node.resources = *resources;
-            node.labels = labels.clone();
-            self.index_node(slot);
-            if self.homes_of(std::iter::once(self.node(slot))) != [self.node_home(slot)] {
-                // Its home changed: which tasks are borrowed changes too.
-                self.rebuild_indexes();
-            }
+            self.nodes[slot.0 as usize].reported_labels = reported.clone();
+            self.relabel(slot, resources, labels);
             if was_lost {
                 self.set_node_status(slot, NodeStatus::Ready);
             }
@@ -43,7 +49,8 @@ impl State {
             id: id.clone(),
             slot,
             resources: *resources,
-            labels: labels.clone(),
+            labels,
+            reported_labels: reported.clone(),
             status: NodeStatus::Pending,
             status_since_ms: self.now_ms,
             drain: None,
@@ -58,6 +65,85 @@ impl State {
         self.index.node_home.extend(home);
         self.index.by_status.entry(NodeStatus::Pending).or_default().insert(slot);
         Ok(vec![Event::NodeRegistered { node: id.clone(), updated: false }])
+    }
+
+    /// Gives a registered node new resources and labels, keeping the
+    /// indexes (and, when its home changed, which tasks are borrowed) right.
+    fn relabel(&mut self, slot: NodeSlot, resources: &Resources, labels: BTreeMap<String, String>) {
+        self.unindex_node(slot);
+        let node = &mut self.nodes[slot.0 as usize];
+        node.resources = *resources;
+        node.labels = labels;
+        self.index_node(slot);
+        if self.homes_of(std::iter::once(self.node(slot))) != [self.node_home(slot)] {
+            // Its home changed: which tasks are borrowed changes too.
+            self.rebuild_indexes();
+        }
+        self.touched.nodes.insert(slot);
+    }
+
+    /// Records (or withdraws) what node `id` is admitted for. A registered
+    /// node keeps what it has until it registers again.
+    pub(super) fn admit_node(&mut self, id: &NodeId, admission: Option<&Admission>) -> Applied {
+        check_name("node_id", id.as_str(), &self.limits).map_err(|r| invalid_node("node_id", r))?;
+        if let Some(a) = admission {
+            validate_admission(a, &self.limits)?;
+        }
+        let policy = self.node_policies.entry(id.clone()).or_default();
+        policy.admission = admission.cloned();
+        if policy.is_empty() {
+            self.node_policies.remove(id);
+        }
+        Ok(vec![Event::NodeAdmitted { node: id.clone(), admitted: admission.is_some() }])
+    }
+
+    /// Sets and removes admin labels of node `id`; a registered node's
+    /// labels change at once.
+    pub(super) fn label_node(
+        &mut self,
+        id: &NodeId,
+        set: &BTreeMap<String, String>,
+        remove: &[String],
+        by: &str,
+    ) -> Applied {
+        check_name("node_id", id.as_str(), &self.limits).map_err(|r| invalid_node("node_id", r))?;
+        check_name("by", by, &self.limits).map_err(|r| invalid_node("by", r))?;
+        if let Some(k) = remove.iter().find(|k| set.contains_key(*k)) {
+            return Err(invalid_node("remove", format!("{k} is both set and removed")));
+        }
+        if let Some(k) = set.keys().chain(remove).find(|k| AGENT_SET_LABELS.contains(&k.as_str())) {
+            return Err(invalid_node("labels", format!("{k} comes from the agent's registration")));
+        }
+        let mut admin = self.node_policies.get(id).map(|p| p.labels.clone()).unwrap_or_default();
+        for k in remove {
+            admin.remove(k);
+        }
+        admin.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let slot = self.node_slot(id);
+        let reported = slot.map(|s| self.node(s).reported_labels.clone()).unwrap_or_default();
+        let mut labels = reported;
+        labels.extend(admin.clone());
+        let resources = slot.map_or(Resources { gpus: 0, vram_mb: 0, mem_mb: 1, cpus: 1 }, |s| self.node(s).resources);
+        validate_node(id, &resources, &labels, &self.limits)?;
+        let policy = self.node_policies.entry(id.clone()).or_default();
+        policy.labels = admin;
+        if policy.is_empty() {
+            self.node_policies.remove(id);
+        }
+        if let Some(slot) = slot {
+            self.relabel(slot, &resources, labels);
+        }
+        Ok(vec![Event::NodeLabelled { node: id.clone(), by: by.to_string() }])
+    }
+
+    /// What admins decided about node `id`, if anything.
+    pub fn node_policy(&self, id: &NodeId) -> Option<&NodePolicy> {
+        self.node_policies.get(id)
+    }
+
+    /// Every node name admins decided something about, in name order.
+    pub fn node_policies(&self) -> &BTreeMap<NodeId, NodePolicy> {
+        &self.node_policies
     }
 
     /// The slot of node `id`, if its status is one of `allowed` for `action`.

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// The most tokens the state keeps (about 200 bytes each on the wire).
+pub const MAX_TOKENS: usize = 10_000;
+
 impl State {
     /// A token by id.
     pub fn token(&self, id: &str) -> Option<&Token> {
@@ -36,6 +39,11 @@ impl State {
         validate_node_request(by, "", None, &self.limits)?;
         if self.tokens.contains_key(id) {
             return Err(Rejection::TokenExists(id.to_string()));
+        }
+        // Revoked and expired tokens are kept (their ids are never reused):
+        // a bound on them all keeps `muster token list` one message.
+        if self.tokens.len() >= MAX_TOKENS {
+            return Err(bad("tokens", &format!("the cluster holds {MAX_TOKENS} tokens, the most it keeps")));
         }
         let token = Token {
             id: id.to_string(),

@@ -12,11 +12,11 @@ use crate::sm::{Quota, VClusterSpec};
 fn cluster(labels: &[&str]) -> Fixture {
     let mut f = Fixture::new(0);
     for (i, vc) in labels.iter().enumerate() {
-        let mut l = BTreeMap::new();
         if !vc.is_empty() {
-            l.insert(VCLUSTER_LABEL.to_string(), vc.to_string());
+            let set = BTreeMap::from([(VCLUSTER_LABEL.to_string(), vc.to_string())]);
+            f.ok(Command::LabelNode { node: n(i as u32), set, remove: vec![], by: "admin".into() });
         }
-        f.ok(Command::RegisterNode { node: n(i as u32), resources: GPU_NODE, labels: l });
+        f.ok(Command::RegisterNode { node: n(i as u32), resources: GPU_NODE, labels: BTreeMap::new() });
         f.ok(Command::MarkNodeReady { node: n(i as u32) });
     }
     f

@@ -488,12 +488,16 @@ fn lifecycle_requests_are_validated_by_field() {
     assert!(bad("reason")(f.rejected(drain(1_000, "a\nb", "ops"))));
     assert!(bad("timeout")(f.rejected(drain(u64::MAX, "", "ops"))));
     assert!(bad("by")(f.rejected(Command::StopNode { node: n(0), reason: String::new(), by: String::new() })));
+    // The drain timeout is an admin's label (a node may not report it),
+    // and its value is checked when it is set.
     let labels = BTreeMap::from([(DRAIN_TIMEOUT_LABEL.to_string(), "4 weeks".to_string())]);
-    assert!(bad("labels.muster.drain-timeout")(f.rejected(Command::RegisterNode {
+    assert!(bad("labels")(f.rejected(Command::RegisterNode {
         node: n(1),
         resources: GPU_NODE,
-        labels
+        labels: labels.clone()
     })));
+    let set = Command::LabelNode { node: n(0), set: labels, remove: vec![], by: "ops".into() };
+    assert!(bad("labels.muster.drain-timeout")(f.rejected(set)));
     // A label value that displays in another order than it compares (the
     // probe's U+202E) is refused, as is a bidirectional control in a name.
     let labels = BTreeMap::from([("gpu.model".to_string(), "H100\u{202E}".to_string())]);

@@ -61,3 +61,18 @@ fn malformed_tokens_are_refused_with_the_field_named() {
     }
     assert_eq!(s.tokens().count(), 0);
 }
+
+#[test]
+fn the_state_keeps_at_most_max_tokens() {
+    let mut s = State::default();
+    for i in 0..crate::sm::MAX_TOKENS {
+        assert!(apply(&mut s, &create(&format!("t{i}"), "bob", 10_000), 1_000).is_accepted());
+    }
+    match apply(&mut s, &create("tmore", "bob", 10_000), 1_000) {
+        Outcome::Rejected(Rejection::InvalidToken { field, reason }) => {
+            assert_eq!(field, "tokens");
+            assert!(reason.contains("10000 tokens"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -95,14 +95,15 @@ fn malformed_vclusters_are_refused_with_the_field_named() {
 fn home_nodes_follow_the_selector() {
     let mut s = State::default();
     for (id, vc) in [("a", Some("ml")), ("b", None), ("c", Some("ml"))] {
-        let mut labels = BTreeMap::new();
         if let Some(vc) = vc {
-            labels.insert("muster.vcluster".to_string(), vc.to_string());
+            let set = BTreeMap::from([("muster.vcluster".to_string(), vc.to_string())]);
+            let label = Command::LabelNode { node: NodeId::new(id), set, remove: vec![], by: "admin".into() };
+            assert!(matches!(apply(&mut s, &label, 1), Outcome::Accepted(_)), "{id}");
         }
         let reg = Command::RegisterNode {
             node: NodeId::new(id),
             resources: Resources { gpus: 8, vram_mb: 80_000, mem_mb: 512_000, cpus: 64 },
-            labels,
+            labels: BTreeMap::new(),
         };
         assert!(matches!(apply(&mut s, &reg, 1), Outcome::Accepted(_)), "{id}");
     }
@@ -128,8 +129,8 @@ fn with_quota(nodes: u32, quota: Quota) -> Fixture {
     let mut f = Fixture::new(nodes);
     f.ok(create("ml", VClusterSpec { quota, over_quota: OverQuota::Queue, ..ml_spec() }));
     for i in 0..nodes {
-        let labels = BTreeMap::from([(VCLUSTER_LABEL.to_string(), "shared".to_string())]);
-        f.ok(Command::RegisterNode { node: n(i), resources: GPU_NODE, labels });
+        let set = BTreeMap::from([(VCLUSTER_LABEL.to_string(), "shared".to_string())]);
+        f.ok(Command::LabelNode { node: n(i), set, remove: vec![], by: "admin".into() });
     }
     f
 }

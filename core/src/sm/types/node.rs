@@ -94,10 +94,14 @@ pub struct Node {
     pub slot: NodeSlot,
     /// What it has.
     pub resources: Resources,
-    /// Labels: what the agent found (GPU model, CPU model, hostname), what
-    /// the operator set, and Muster's own (`muster.*`: vCluster, address,
-    /// rendezvous ports, drain timeout).
+    /// Labels, as placement reads them: what the agent reported (GPU model,
+    /// hostname, its address and rendezvous ports), overlaid with what an
+    /// admin set ([`NodePolicy::labels`], the only source of the reserved
+    /// `muster.*` labels other than the agent's address and ports).
     pub labels: BTreeMap<String, String>,
+    /// What the agent reported at its latest registration (before the
+    /// admin's labels were laid over it).
+    pub reported_labels: BTreeMap<String, String>,
     /// Lifecycle status.
     pub status: NodeStatus,
     /// Entry time of the latest status change.
@@ -185,5 +189,93 @@ impl fmt::Display for PortRange {
         } else {
             write!(f, "{}-{}", self.first, u32::from(self.first) + u32::from(self.count) - 1)
         }
+    }
+}
+
+/// The label prefix only admins set (`muster node label`), never an agent,
+/// except the reachability labels the scheduler derives from the agent's
+/// own fields ([`AGENT_SET_LABELS`]).
+pub const RESERVED_LABEL_PREFIX: &str = "muster.";
+
+/// Reserved labels the scheduler sets from a registration's dedicated
+/// fields (address, rendezvous ports, checkpoint address).
+pub const AGENT_SET_LABELS: [&str; 3] = ["muster.address", PORTS_LABEL, "muster.checkpoints"];
+
+/// Whether an agent's registration may carry label `key`.
+pub fn agent_may_set(key: &str) -> bool {
+    !key.starts_with(RESERVED_LABEL_PREFIX) || AGENT_SET_LABELS.contains(&key)
+}
+
+/// What an admin admitted a node for (`muster node admit`): the most it
+/// may claim and the labels it may report. A registration that claims more
+/// is refused.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admission {
+    /// The most it may report, per resource.
+    pub resources: Resources,
+    /// The labels it may report (each with this exact value); the
+    /// reachability labels are always allowed.
+    pub labels: BTreeMap<String, String>,
+    /// The SHA-256 of the certificate its agent must present, if pinned.
+    pub cert_sha256: Option<[u8; 32]>,
+    /// Who admitted it.
+    pub by: String,
+    /// Entry time of the admission.
+    pub at_ms: u64,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("resources", &self.resources)
+            .field("labels", &self.labels)
+            .field("cert_sha256", &self.cert_sha256.map(|d| d.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+            .field("by", &self.by)
+            .finish()
+    }
+}
+
+impl Admission {
+    /// Why a registration of `resources` and `labels` is more than this
+    /// admits, if it is.
+    pub fn refuses(&self, resources: &Resources, labels: &BTreeMap<String, String>) -> Option<String> {
+        let (have, may) = (resources, &self.resources);
+        for (what, claimed, admitted) in [
+            ("GPUs", u64::from(have.gpus), u64::from(may.gpus)),
+            ("MB of GPU memory", have.vram_mb, may.vram_mb),
+            ("MB of memory", have.mem_mb, may.mem_mb),
+            ("CPUs", u64::from(have.cpus), u64::from(may.cpus)),
+        ] {
+            if claimed > admitted {
+                return Some(format!("it claims {claimed} {what}; it was admitted for {admitted}"));
+            }
+        }
+        for (k, v) in labels.iter().filter(|(k, _)| !AGENT_SET_LABELS.contains(&k.as_str())) {
+            match self.labels.get(k) {
+                Some(a) if a == v => {}
+                Some(a) => return Some(format!("it claims label {k}={v}; it was admitted with {k}={a}")),
+                None => return Some(format!("it claims label {k}={v}, which it was not admitted for")),
+            }
+        }
+        None
+    }
+}
+
+/// What admins decided about a node name, kept whether or not a node of
+/// that name is registered (so a node can be admitted and labelled before
+/// its agent first connects).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePolicy {
+    /// Its admission, if an admin admitted it.
+    pub admission: Option<Admission>,
+    /// Labels an admin set (`muster node label`): laid over what the agent
+    /// reports.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodePolicy {
+    /// Whether it records nothing (and can be dropped).
+    pub fn is_empty(&self) -> bool {
+        self.admission.is_none() && self.labels.is_empty()
     }
 }

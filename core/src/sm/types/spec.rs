@@ -213,3 +213,36 @@ impl AllocSpec {
         }
     }
 }
+
+/// Most secrets one allocation carries.
+pub const MAX_SECRETS: usize = 32;
+/// Most bytes of one secret's value.
+pub const MAX_SECRET_VALUE_BYTES: usize = 32 * 1024;
+/// Most bytes of one allocation's secrets, names and values together.
+pub const MAX_SECRETS_BYTES: usize = 128 * 1024;
+
+/// An allocation's secret environment variables (`muster submit --secret`):
+/// kept apart from its spec, never returned by a read, set in the
+/// environment of its tasks by the agents of the nodes they are placed on
+/// only, and dropped when the allocation finishes. `Debug` shows the names
+/// only, so no log line can carry a value.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Secrets(pub BTreeMap<String, String>);
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.0.keys().map(|k| (k, "<redacted>"))).finish()
+    }
+}
+
+impl Secrets {
+    /// Their names, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}

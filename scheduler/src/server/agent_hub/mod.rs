@@ -78,6 +78,9 @@ pub struct HubConfig {
     /// A silent node holding work is marked lost after this long (agents
     /// are told, and fence themselves in half of it).
     pub node_lost_after: Duration,
+    /// Refuse the registration of a node no admin admitted
+    /// (`muster server --node-admission required`).
+    pub admission_required: bool,
 }
 
 impl Default for HubConfig {
@@ -87,6 +90,7 @@ impl Default for HubConfig {
             stop_grace: Duration::from_secs(15),
             register_timeout: Duration::from_secs(30),
             node_lost_after: Duration::from_secs(30),
+            admission_required: false,
         }
     }
 }
@@ -138,11 +142,12 @@ impl AgentService for AgentHub {
             }
         }
         let (tx, rx) = mpsc::channel(1024);
-        let caller = muster_tls::Caller::of(&req);
+        let peer = Peer { caller: muster_tls::Caller::of(&req), cert_sha256: peer_cert_sha256(&req) };
         let (s, cfg, preemption, inbound) = (self.s.clone(), self.cfg, self.preemption, req.into_inner());
         let budgets = self.budgets.clone();
         tokio::spawn(async move {
-            if let Err(status) = Session::run(s, cfg, preemption, budgets, caller, inbound, tx.clone()).await {
+            let run = Session::run(s, cfg, preemption, budgets, peer, inbound, tx.clone());
+            if let Err(status) = run.await {
                 let _ = tx.send(Box::new(Err(status))).await;
             }
         });
@@ -151,6 +156,22 @@ impl AgentService for AgentHub {
 }
 
 type Key = TaskKey;
+
+/// Who opened a stream: the authorised caller, and the certificate it
+/// presented.
+pub(super) struct Peer {
+    caller: muster_tls::Caller,
+    cert_sha256: Option<[u8; 32]>,
+}
+
+/// The SHA-256 of the DER of the certificate the connection presented, if
+/// it presented one (what `muster node admit --cert` pins).
+fn peer_cert_sha256<T>(req: &Request<T>) -> Option<[u8; 32]> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let certs = req.extensions().get::<TlsConnectInfo<TcpConnectInfo>>()?.peer_certs()?;
+    let leaf = certs.first()?;
+    Some(<sha2::Sha256 as sha2::Digest>::digest(leaf.as_ref()).into())
+}
 
 fn key_of(t: &Option<v1::TaskRef>) -> Result<Key, Status> {
     let t = t.as_ref().ok_or_else(|| Status::invalid_argument("invalid task: is required"))?;

@@ -25,7 +25,7 @@ impl Session {
         cfg: HubConfig,
         preemption: PreemptionConfig,
         budgets: AgentBudgets,
-        caller: muster_tls::Caller,
+        peer: super::Peer,
         mut inbound: Streaming<v1::AgentMessage>,
         tx: Outbound,
     ) -> Result<(), Status> {
@@ -40,10 +40,33 @@ impl Session {
         };
         // The certificate fixes the node: every later message on this stream
         // is checked against `node`, so agent A can never act on B's tasks.
+        let super::Peer { caller, cert_sha256 } = peer;
         crate::server::auth::check_agent_node(&caller, &reg.node_id)?;
         let r = reg.resources.ok_or_else(|| Status::invalid_argument("invalid resources: is required"))?;
         let node = NodeId::new(reg.node_id);
         let mut labels: BTreeMap<String, String> = reg.labels.into_iter().collect();
+        // Node restriction: what the agent may claim, judged before the log.
+        if let Some(k) = labels.keys().find(|k| !crate::sm::agent_may_set(k)) {
+            return Err(Status::invalid_argument(format!(
+                "invalid labels: {} is reserved: only an admin sets it (muster node label)",
+                muster_proto::bounds::prefix(k)
+            )));
+        }
+        let admission = s.reader.read(|st| st.node_policy(&node).and_then(|p| p.admission.clone()));
+        match &admission {
+            None if cfg.admission_required => {
+                return Err(Status::permission_denied(format!(
+                    "node {node} is not admitted: an admin admits it first (muster node admit {node} --gpus N ...)"
+                )));
+            }
+            Some(a) if a.cert_sha256.is_some_and(|pin| Some(pin) != cert_sha256) => {
+                return Err(Status::permission_denied(format!(
+                    "node {node} must present the certificate it was admitted with (sha256 {})",
+                    crate::server::hex(&a.cert_sha256.unwrap_or_default())
+                )));
+            }
+            _ => {}
+        }
         if !reg.address.is_empty() {
             labels.insert(ADDRESS_LABEL.to_string(), reg.address);
         }
@@ -57,11 +80,11 @@ impl Session {
                 .map_err(|e| Status::invalid_argument(format!("invalid checkpoint_address: {e}")))?;
             labels.insert(CHECKPOINT_ADDRESS_LABEL.to_string(), reg.checkpoint_address);
         }
-        let register = Command::RegisterNode {
-            node: node.clone(),
-            resources: Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus },
-            labels,
-        };
+        let resources = Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus };
+        if let Some(why) = admission.as_ref().and_then(|a| a.refuses(&resources, &labels)) {
+            return Err(Status::permission_denied(format!("node {node} is not admitted for this: {why}")));
+        }
+        let register = Command::RegisterNode { node: node.clone(), resources, labels };
         // A reconnect loop would cost one entry per registration: paid for
         // from the node's budget like any other command.
         budgets.pay(&node, &register).await;
@@ -217,7 +240,7 @@ impl Session {
             (n.status == NodeStatus::Lost).then(|| Command::RegisterNode {
                 node: node.clone(),
                 resources: n.resources,
-                labels: n.labels.clone(),
+                labels: n.reported_labels.clone(),
             })
         });
         if let Some(cmd) = again {
@@ -297,6 +320,7 @@ impl Session {
                 gang_size: a.gang_size,
                 command: a.command.clone(),
                 env: a.env.iter().cloned().collect(),
+                secret_env: a.secrets.0.clone().into_iter().collect(),
                 peers: a.peers.clone(),
                 gpus: a.gpus,
                 restore: a

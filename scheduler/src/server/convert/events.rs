@@ -162,6 +162,11 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
             ("node_lost", format!("node {node} went silent while holding work; {} task(s) failed over", tasks.len()))
         }
         Event::NodeReady { node } => ("node_ready", format!("node {node} is ready")),
+        Event::NodeAdmitted { node, admitted } => (
+            "node_admitted",
+            if *admitted { format!("node {node} admitted") } else { format!("node {node}'s admission withdrawn") },
+        ),
+        Event::NodeLabelled { node, by } => ("node_labelled", format!("node {node}'s labels set by {by}")),
         Event::DrainStarted { node, by, reason, deadline_ms, tasks } => (
             "drain_started",
             format!(

@@ -51,5 +51,20 @@ pub fn node_to_proto(st: &crate::sm::State, n: &crate::sm::Node) -> v1::Node {
         }),
         events: n.history.iter().map(|h| node_event_to_proto(n, h)).collect(),
         revision: n.revision,
+        reported_labels: n.reported_labels.clone().into_iter().collect(),
+        admin_labels: st.node_policy(&n.id).map(|p| p.labels.clone().into_iter().collect()).unwrap_or_default(),
+        admission: st.node_policy(&n.id).and_then(|p| p.admission.as_ref()).map(admission_to_proto),
+    }
+}
+
+/// The wire form of an admission.
+pub fn admission_to_proto(a: &crate::sm::Admission) -> v1::NodeAdmission {
+    let r = &a.resources;
+    v1::NodeAdmission {
+        resources: Some(v1::Resources { gpus: r.gpus, vram_mb: r.vram_mb, mem_mb: r.mem_mb, cpus: r.cpus }),
+        labels: a.labels.clone().into_iter().collect(),
+        cert_sha256: a.cert_sha256.map(|d| crate::server::hex(&d)).unwrap_or_default(),
+        by: a.by.clone(),
+        at_ms: a.at_ms,
     }
 }

@@ -30,7 +30,7 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
             Status::not_found(msg)
         }
         Rejection::IdempotencyConflict { .. } => Status::already_exists(msg),
-        Rejection::WrongNode { .. } => Status::permission_denied(msg),
+        Rejection::WrongNode { .. } | Rejection::NotAdmitted { .. } => Status::permission_denied(msg),
         Rejection::StaleReservationEpoch { .. }
         | Rejection::StaleTaskEpoch { .. }
         | Rejection::StalePreemptionEpoch { .. } => Status::aborted(msg),

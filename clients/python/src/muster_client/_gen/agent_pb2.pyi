@@ -299,8 +299,15 @@ class Registered(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_lost_after_ms: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
-    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "restore", "checkpoint_store", "max_checkpoint_bytes", "walltime_s", "stall_timeout_s", "checkpointing", "ports")
+    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "restore", "checkpoint_store", "max_checkpoint_bytes", "walltime_s", "stall_timeout_s", "checkpointing", "ports", "secret_env")
     class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SecretEnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +327,7 @@ class Assign(_message.Message):
     STALL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     gang_size: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -333,7 +341,8 @@ class Assign(_message.Message):
     stall_timeout_s: int
     checkpointing: bool
     ports: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., restore: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ..., checkpoint_store: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
+    secret_env: _containers.ScalarMap[str, str]
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., restore: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ..., checkpoint_store: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ..., secret_env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
     __slots__ = ("manifest", "source")

@@ -106,14 +106,18 @@ class HistoryPage(_message.Message):
     def __init__(self, records: _Optional[_Iterable[_Union[HistoryRecord, _Mapping]]] = ..., next_after_seq: _Optional[int] = ..., stored: _Optional[int] = ..., missing: _Optional[int] = ...) -> None: ...
 
 class UsageQuery(_message.Message):
-    __slots__ = ("since_ms", "until_ms", "group_by")
+    __slots__ = ("since_ms", "until_ms", "group_by", "page_size", "page_token")
     SINCE_MS_FIELD_NUMBER: _ClassVar[int]
     UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     since_ms: int
     until_ms: int
     group_by: str
-    def __init__(self, since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., group_by: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., group_by: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class UsageRow(_message.Message):
     __slots__ = ("owner", "vcluster", "jobs", "done", "failed", "cancelled", "gpu_seconds")
@@ -134,16 +138,18 @@ class UsageRow(_message.Message):
     def __init__(self, owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., jobs: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., gpu_seconds: _Optional[int] = ...) -> None: ...
 
 class UsageReport(_message.Message):
-    __slots__ = ("rows", "since_ms", "until_ms", "missing")
+    __slots__ = ("rows", "since_ms", "until_ms", "missing", "next_page_token")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     SINCE_MS_FIELD_NUMBER: _ClassVar[int]
     UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     MISSING_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
     since_ms: int
     until_ms: int
     missing: int
-    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., missing: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., missing: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class FetchRecordsRequest(_message.Message):
     __slots__ = ("first", "last")

@@ -126,6 +126,67 @@ class NodeClassReason(_message.Message):
     reason: str
     def __init__(self, nodes: _Optional[int] = ..., can_take_now: _Optional[int] = ..., reason: _Optional[str] = ..., **kwargs) -> None: ...
 
+class AdmitNodeRequest(_message.Message):
+    __slots__ = ("id", "admission", "revoke")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    admission: _types_pb2.NodeAdmission
+    revoke: bool
+    def __init__(self, id: _Optional[str] = ..., admission: _Optional[_Union[_types_pb2.NodeAdmission, _Mapping]] = ..., revoke: _Optional[bool] = ...) -> None: ...
+
+class AdmitNodeResponse(_message.Message):
+    __slots__ = ("id", "admission")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    admission: _types_pb2.NodeAdmission
+    def __init__(self, id: _Optional[str] = ..., admission: _Optional[_Union[_types_pb2.NodeAdmission, _Mapping]] = ...) -> None: ...
+
+class LabelNodeRequest(_message.Message):
+    __slots__ = ("id", "set", "remove")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    set: _containers.ScalarMap[str, str]
+    remove: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., set: _Optional[_Mapping[str, str]] = ..., remove: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LabelNodeResponse(_message.Message):
+    __slots__ = ("id", "admin_labels", "labels", "registered")
+    class AdminLabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_LABELS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    admin_labels: _containers.ScalarMap[str, str]
+    labels: _containers.ScalarMap[str, str]
+    registered: bool
+    def __init__(self, id: _Optional[str] = ..., admin_labels: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., registered: _Optional[bool] = ...) -> None: ...
+
 class DrainNodeRequest(_message.Message):
     __slots__ = ("id", "timeout_ms", "reason", "by")
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -232,12 +293,21 @@ class CancelRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("spec", "dry_run")
+    __slots__ = ("spec", "dry_run", "secrets")
+    class SecretsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SPEC_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
     spec: _types_pb2.AllocationSpec
     dry_run: bool
-    def __init__(self, spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    secrets: _containers.ScalarMap[str, str]
+    def __init__(self, spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("id", "duplicate", "plan")
@@ -355,14 +425,20 @@ class GetVClusterRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class ListVClustersRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListVClustersResponse(_message.Message):
-    __slots__ = ("vclusters",)
+    __slots__ = ("vclusters", "next_page_token")
     VCLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     vclusters: _containers.RepeatedCompositeFieldContainer[VCluster]
-    def __init__(self, vclusters: _Optional[_Iterable[_Union[VCluster, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, vclusters: _Optional[_Iterable[_Union[VCluster, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class BackupRequest(_message.Message):
     __slots__ = ()

@@ -422,6 +422,16 @@ class NodeServiceStub:
                 request_serializer=muster_dot_v1_dot_scheduler__pb2.ScaleDownRequest.SerializeToString,
                 response_deserializer=muster_dot_v1_dot_scheduler__pb2.ScaleDownResponse.FromString,
                 _registered_method=True)
+        self.AdmitNode = channel.unary_unary(
+                '/muster.v1.NodeService/AdmitNode',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.AdmitNodeRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.AdmitNodeResponse.FromString,
+                _registered_method=True)
+        self.LabelNode = channel.unary_unary(
+                '/muster.v1.NodeService/LabelNode',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.LabelNodeRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.LabelNodeResponse.FromString,
+                _registered_method=True)
         self.WatchNodes = channel.unary_stream(
                 '/muster.v1.NodeService/WatchNodes',
                 request_serializer=muster_dot_v1_dot_scheduler__pb2.WatchNodesRequest.SerializeToString,
@@ -493,6 +503,25 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdmitNode(self, request, context):
+        """Admins: records what a node may claim when it registers (or, with
+        revoke, withdraws it). Under muster server --node-admission required
+        (the default) a node without one is refused. Takes effect at the
+        node's next registration.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LabelNode(self, request, context):
+        """Admins: sets and removes a node's admin labels (the only way to set
+        the reserved muster.* labels, such as muster.vcluster). Works before
+        the node registers; a registered node's labels change at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchNodes(self, request, context):
         """A node's events after from_revision, then each new one (id set); or
         every node's new events from now on (id empty).
@@ -543,6 +572,16 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.ScaleDown,
                     request_deserializer=muster_dot_v1_dot_scheduler__pb2.ScaleDownRequest.FromString,
                     response_serializer=muster_dot_v1_dot_scheduler__pb2.ScaleDownResponse.SerializeToString,
+            ),
+            'AdmitNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdmitNode,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.AdmitNodeRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.AdmitNodeResponse.SerializeToString,
+            ),
+            'LabelNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.LabelNode,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.LabelNodeRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.LabelNodeResponse.SerializeToString,
             ),
             'WatchNodes': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchNodes,
@@ -769,6 +808,60 @@ class NodeService:
             '/muster.v1.NodeService/ScaleDown',
             muster_dot_v1_dot_scheduler__pb2.ScaleDownRequest.SerializeToString,
             muster_dot_v1_dot_scheduler__pb2.ScaleDownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.NodeService/AdmitNode',
+            muster_dot_v1_dot_scheduler__pb2.AdmitNodeRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.AdmitNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LabelNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.NodeService/LabelNode',
+            muster_dot_v1_dot_scheduler__pb2.LabelNodeRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.LabelNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

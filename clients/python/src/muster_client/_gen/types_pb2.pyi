@@ -207,7 +207,7 @@ class Task(_message.Message):
     def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., node_id: _Optional[str] = ..., attempts: _Optional[int] = ..., reservation_epoch: _Optional[int] = ..., reserved_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_epoch: _Optional[int] = ..., last_node_id: _Optional[str] = ..., runs: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., last_watchdog: _Optional[str] = ..., borrowed_from: _Optional[str] = ..., checkpoints: _Optional[_Iterable[_Union[CheckpointManifest, _Mapping]]] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports")
+    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports", "secret_names")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +220,7 @@ class Allocation(_message.Message):
     PREEMPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
     NOMINATION_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_NAMES_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: AllocationSpec
     submit_time_ms: int
@@ -232,7 +233,8 @@ class Allocation(_message.Message):
     preempted_count: int
     nomination: Nomination
     ports: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
+    secret_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ..., secret_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Teardown(_message.Message):
     __slots__ = ("epoch", "trigger", "started_at_ms", "preempted_by", "reason", "failed_checkpoints")
@@ -291,8 +293,22 @@ class NodeEvent(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., revision: _Optional[int] = ..., time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ..., status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "resources", "labels", "status", "used", "tasks", "registered_at_ms", "status_since_ms", "drain", "events", "revision")
+    __slots__ = ("id", "resources", "labels", "status", "used", "tasks", "registered_at_ms", "status_since_ms", "drain", "events", "revision", "reported_labels", "admin_labels", "admission")
     class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ReportedLabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class AdminLabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +326,9 @@ class Node(_message.Message):
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_LABELS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_LABELS_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
     id: str
     resources: Resources
     labels: _containers.ScalarMap[str, str]
@@ -321,4 +340,28 @@ class Node(_message.Message):
     drain: NodeDrain
     events: _containers.RepeatedCompositeFieldContainer[NodeEvent]
     revision: int
-    def __init__(self, id: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., used: _Optional[_Union[Resources, _Mapping]] = ..., tasks: _Optional[int] = ..., registered_at_ms: _Optional[int] = ..., status_since_ms: _Optional[int] = ..., drain: _Optional[_Union[NodeDrain, _Mapping]] = ..., events: _Optional[_Iterable[_Union[NodeEvent, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    reported_labels: _containers.ScalarMap[str, str]
+    admin_labels: _containers.ScalarMap[str, str]
+    admission: NodeAdmission
+    def __init__(self, id: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., used: _Optional[_Union[Resources, _Mapping]] = ..., tasks: _Optional[int] = ..., registered_at_ms: _Optional[int] = ..., status_since_ms: _Optional[int] = ..., drain: _Optional[_Union[NodeDrain, _Mapping]] = ..., events: _Optional[_Iterable[_Union[NodeEvent, _Mapping]]] = ..., revision: _Optional[int] = ..., reported_labels: _Optional[_Mapping[str, str]] = ..., admin_labels: _Optional[_Mapping[str, str]] = ..., admission: _Optional[_Union[NodeAdmission, _Mapping]] = ...) -> None: ...
+
+class NodeAdmission(_message.Message):
+    __slots__ = ("resources", "labels", "cert_sha256", "by", "at_ms")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CERT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    resources: Resources
+    labels: _containers.ScalarMap[str, str]
+    cert_sha256: str
+    by: str
+    at_ms: int
+    def __init__(self, resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cert_sha256: _Optional[str] = ..., by: _Optional[str] = ..., at_ms: _Optional[int] = ...) -> None: ...
