@@ -26,6 +26,9 @@ const EXPLAINED: usize = 10;
 const LISTED: usize = 100;
 /// Recent preemptions and watchdog trips listed.
 const RECENT: usize = 30;
+/// Nodes listed (in id order; the total is given too), so the view stays
+/// small whatever the cluster's size.
+const NODES_LISTED: usize = 500;
 
 /// The page.
 pub const PAGE: &str = include_str!("dashboard.html");
@@ -119,8 +122,10 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
     let recent: Vec<Value> = recent.into_iter().take(RECENT).map(|(_, _, v)| v).collect();
     let mut by_id: Vec<&crate::sm::Node> = st.nodes().iter().collect();
     by_id.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+    let nodes_total = by_id.len();
     let nodes: Vec<Value> = by_id
         .into_iter()
+        .take(NODES_LISTED)
         .map(|n| {
             let (run, res) = tasks_on.get(&(n.slot.0 as usize)).copied().unwrap_or_default();
             json!({
@@ -145,6 +150,7 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
         "now_ms": now_ms,
         "gpus": {"free": free, "reserved": reserved, "running": running_gpus},
         "nodes": nodes,
+        "nodes_total": nodes_total,
         "queue": {
             "total": st.queue_len(),
             "by_class": by_class.iter().map(|(c, n)| json!({"class": c, "count": n})).collect::<Vec<_>>(),
@@ -162,4 +168,26 @@ pub fn gpu_totals(st: &State) -> (u64, u64, u64) {
     let (reserved, running) = st.held_gpus();
     let free = st.nodes_in(crate::sm::NodeStatus::Ready).map(|s| u64::from(st.node(s).free().gpus)).sum();
     (free, reserved, running)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::sm::{ApplyCtx, Command, NodeId, Resources, State};
+
+    #[test]
+    fn the_view_lists_at_most_its_share_of_nodes_and_says_how_many_there_are() {
+        let mut st = State::default();
+        let resources = Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_000, cpus: 8 };
+        for i in 0..600 {
+            let cmd =
+                Command::RegisterNode { node: NodeId::new(format!("n{i:04}")), resources, labels: BTreeMap::new() };
+            assert!(st.apply(&cmd, &ApplyCtx { time_ms: 1 }).is_accepted());
+        }
+        let v = super::overview(&st, 1, &Default::default());
+        assert_eq!(v["nodes"].as_array().unwrap().len(), super::NODES_LISTED);
+        assert_eq!(v["nodes_total"], 600);
+        assert_eq!(v["nodes"][0]["id"], "n0000", "in id order");
+    }
 }
