@@ -249,10 +249,13 @@ pub enum AllocCmd {
         /// The allocation id.
         id: u64,
     },
-    /// Cancel an allocation; its running tasks are stopped (SIGTERM, grace, SIGKILL).
+    /// Cancel allocations; their running tasks are stopped (SIGTERM, grace,
+    /// SIGKILL). Each id is cancelled in turn; the exit is 1 if any was
+    /// refused (each refusal is printed).
     Cancel {
-        /// The allocation id.
-        id: u64,
+        /// The allocation ids.
+        #[arg(required = true, num_args = 1..=1000)]
+        ids: Vec<u64>,
     },
     /// Follow an allocation's events until it ends (exit 0 when done, 1 when it failed or was cancelled).
     Watch {
@@ -269,7 +272,7 @@ pub enum AllocCmd {
         /// The task index.
         #[arg(long, default_value_t = 0)]
         task: u32,
-        /// The attempt (default: the latest).
+        /// The attempt (0, the default: the latest).
         #[arg(long, default_value_t = 0)]
         attempt: u32,
         /// Only stdout, unmarked (by default both, stderr lines marked `[stderr] `).
@@ -353,6 +356,15 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
     // secrets show only their names.
     v["env"] = json!(spec.env);
     v["secrets"] = json!(a.secret_names);
+    // Times beside their milliseconds, in RFC 3339 (UTC): submitted, the
+    // first task's start, the end.
+    let rfc3339 = |ms: Option<u64>| ms.map(muster_scheduler::server::convert::format_time_ms);
+    let started_ms = a.tasks.iter().filter_map(|t| t.started_at_ms).min();
+    v["submit_time"] = json!(rfc3339(Some(a.submit_time_ms)));
+    v["started_at_ms"] = json!(started_ms);
+    v["started_at"] = json!(rfc3339(started_ms));
+    v["finished_at_ms"] = json!(a.finished_at_ms);
+    v["finished_at"] = json!(rfc3339(a.finished_at_ms));
     v
 }
 
@@ -575,21 +587,53 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 }
             }
         }
-        AllocCmd::Cancel { id } => {
-            let a = cluster
-                .call(|ch| async move { AllocationServiceClient::new(ch).cancel(v1::CancelRequest { id }).await })
-                .await?
-                .into_inner();
-            match out {
-                Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
-                Output::Text if a.status == v1::AllocationStatus::TearingDown as i32 => {
-                    let stopping = a.tasks.iter().filter(|t| t.status == v1::TaskStatus::Preempting as i32).count();
-                    out!(
-                        "allocation {id} cancelling: {stopping} task(s) stopping (SIGTERM, grace, SIGKILL); their \
-                         capacity is freed as each one stops"
-                    )
+        AllocCmd::Cancel { ids } => {
+            let (mut done, mut refused) = (Vec::new(), Vec::new());
+            for id in ids {
+                match cluster
+                    .call(|ch| async move { AllocationServiceClient::new(ch).cancel(v1::CancelRequest { id }).await })
+                    .await
+                {
+                    Ok(a) => done.push(a.into_inner()),
+                    Err(e) => refused.push((id, e)),
                 }
-                Output::Text => out!("allocation {id} cancelled"),
+            }
+            match out {
+                Output::Json if done.len() == 1 && refused.is_empty() => {
+                    out!("{}", serde_json::to_string_pretty(&alloc_json(&done[0]))?)
+                }
+                Output::Json => out!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "cancelled": done.iter().map(alloc_json).collect::<Vec<_>>(),
+                        "refused": refused.iter().map(|(id, e)| json!({"id": id, "error": format!("{e:#}")})).collect::<Vec<_>>(),
+                    }))?
+                ),
+                Output::Text => {
+                    for a in &done {
+                        let id = a.id;
+                        if a.status == v1::AllocationStatus::TearingDown as i32 {
+                            let stopping =
+                                a.tasks.iter().filter(|t| t.status == v1::TaskStatus::Preempting as i32).count();
+                            out!(
+                                "allocation {id} cancelling: {stopping} task(s) stopping (SIGTERM, grace, SIGKILL); \
+                                 their capacity is freed as each one stops"
+                            )
+                        } else {
+                            out!("allocation {id} cancelled")
+                        }
+                    }
+                }
+            }
+            match refused.as_slice() {
+                [] => {}
+                [(id, e)] if done.is_empty() => return Err(anyhow::anyhow!("{e:#}").context(format!("cancel {id}"))),
+                _ => {
+                    for (id, e) in &refused {
+                        eprintln!("muster: cancel {id}: {e:#}");
+                    }
+                    bail!("{} of {} allocation(s) not cancelled", refused.len(), refused.len() + done.len());
+                }
             }
         }
         AllocCmd::Watch { id, from } => {

@@ -142,6 +142,17 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let cluster = LocalCluster::start(&dir, cfg).await.map_err(|e| anyhow::anyhow!(e))?;
     let addrs = cluster.scheduler_addrs().join(",");
     let tls = cluster.admin_tls();
+    // The vClusters the nodes were labelled for exist, each home to its
+    // nodes, before anything is printed: whoever reads the addresses finds
+    // them.
+    let mut named: Vec<&str> =
+        args.node_vclusters.iter().map(String::as_str).filter(|n| !n.is_empty() && *n != "default").collect();
+    named.sort_unstable();
+    named.dedup();
+    let mut client = Cluster::new(crate::client::parse_addresses(&addrs)?, tls);
+    for name in &named {
+        crate::vcluster::ensure(&mut client, name).await?;
+    }
     out!("muster dev: 3 scheduler replicas and {} agents ({} fake GPUs each) on loopback", args.agents, args.gpus);
     out!("  replicas  {addrs}");
     out!("  agents    {}", cluster.node_ids().join(" "));
@@ -153,14 +164,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         Some(t) => out!("  tls       {} (mutual TLS; you are admin-{})", t.display(), muster_sim::local::DEV_ADMIN),
         None => out!("  tls       none (--insecure)"),
     }
-    // The vClusters the nodes were labelled for exist, each home to its nodes.
-    let mut named: Vec<&str> =
-        args.node_vclusters.iter().map(String::as_str).filter(|n| !n.is_empty() && *n != "default").collect();
-    named.sort_unstable();
-    named.dedup();
-    let mut client = Cluster::new(crate::client::parse_addresses(&addrs)?, tls);
     for name in named {
-        crate::vcluster::ensure(&mut client, name).await?;
         let homes: Vec<String> = args
             .node_vclusters
             .iter()

@@ -220,8 +220,24 @@ enum Cmd {
     },
 }
 
+/// Parses the command line; a `submit` whose command was not put after
+/// `--` gets a hint saying so (clap's own message names only the first
+/// word it did not expect).
+fn parse_cli() -> Cli {
+    Cli::try_parse().unwrap_or_else(|e| {
+        let args: Vec<String> = std::env::args().collect();
+        let submit = args.iter().skip(1).any(|a| a == "submit");
+        if e.kind() == clap::error::ErrorKind::UnknownArgument && submit && !args.iter().any(|a| a == "--") {
+            let _ = e.print();
+            eprintln!("\nhint: put the task's command after `--`: muster submit [OPTIONS] -- python3 train.py");
+            std::process::exit(2);
+        }
+        e.exit()
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     let result = match cli.command {
         Cmd::Simulate(args) => simulate::run(&args),
         Cmd::Probe => probe(),

@@ -15,8 +15,13 @@ use crate::output::Output;
 
 #[derive(Subcommand, Debug)]
 pub enum NodeCmd {
-    /// Every node: status, GPUs used/total, memory, CPUs, tasks.
-    List,
+    /// Every node, in id order: status, GPUs, memory and CPUs as
+    /// used/total, tasks.
+    List {
+        /// Add a column with each node's labels (KEY=VALUE, in key order).
+        #[arg(long)]
+        labels: bool,
+    },
     /// One node, with its drain (if any) and its latest events.
     Get {
         /// The node id.
@@ -243,7 +248,10 @@ fn base64_decode(s: &str) -> anyhow::Result<Vec<u8>> {
 
 /// The header of [`node_line`]'s table.
 fn node_header() -> String {
-    format!("{:<16}  {:<10}  {:<7}  {:<17}  {:<9}  TASKS", "NODE", "STATUS", "GPUS", "MEMORY (MB)", "CPUS")
+    format!(
+        "{:<16}  {:<10}  {:<15}  {:<21}  {:<15}  TASKS",
+        "NODE", "STATUS", "GPUS used/total", "MEMORY MB used/total", "CPUS used/total"
+    )
 }
 
 /// One node: what it has in use of what it offers.
@@ -251,7 +259,7 @@ fn node_line(n: &v1::Node) -> String {
     let r = n.resources.unwrap_or_default();
     let u = n.used.unwrap_or_default();
     format!(
-        "{:<16}  {:<10}  {:<7}  {:<17}  {:<9}  {}",
+        "{:<16}  {:<10}  {:<15}  {:<21}  {:<15}  {}",
         n.id,
         status_name(n.status),
         format!("{}/{}", u.gpus, r.gpus),
@@ -350,7 +358,7 @@ fn timeout_ms(timeout: Option<&str>) -> anyhow::Result<Option<u64>> {
 
 pub async fn run(cluster: &mut Cluster, cmd: NodeCmd, out: Output) -> anyhow::Result<()> {
     match cmd {
-        NodeCmd::List => {
+        NodeCmd::List { labels } => {
             // Every page, in id order.
             let mut nodes = Vec::new();
             let mut token = String::new();
@@ -376,9 +384,11 @@ pub async fn run(cluster: &mut Cluster, cmd: NodeCmd, out: Output) -> anyhow::Re
                 ),
                 Output::Text if nodes.is_empty() => out!("no nodes registered"),
                 Output::Text => {
-                    out!("{}", node_header());
+                    out!("{}{}", node_header(), if labels { "  LABELS" } else { "" });
                     for n in &nodes {
-                        out!("{}", node_line(n));
+                        let mut l: Vec<String> = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        l.sort();
+                        out!("{}{}", node_line(n), if labels { format!("  {}", l.join(",")) } else { String::new() });
                     }
                 }
             }

@@ -111,6 +111,10 @@ fn t71_an_unreachable_or_malformed_scheduler_is_one_clear_line() {
     let o =
         muster(&["server", "--id", "1", "--listen", "127.0.0.1:0", "--data-dir", "/tmp/x", "--peers", "2=127.0.0.1:5"]);
     assert!(stderr(&o).contains("--peers must include this replica"), "{}", stderr(&o));
+    // A command not put after `--` is a bad command line (exit 2), with a hint.
+    let o = muster(&["submit", "python3", "train.py"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("hint: put the task's command after `--`"), "{}", stderr(&o));
 }
 
 /// Issue 27: `cluster status` without a leader still prints what every

@@ -69,8 +69,17 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     // Text tables start with a header row.
     let text = crate::stdout(&muster(&["node", "list", "--scheduler", &sched, "--tls-dir", &td]));
     let mut rows = text.lines();
-    assert!(rows.next().is_some_and(|h| h.starts_with("NODE") && h.contains("STATUS") && h.contains("GPUS")), "{text}");
+    assert!(
+        rows.next().is_some_and(|h| h.starts_with("NODE") && h.contains("STATUS") && h.contains("GPUS used/total")),
+        "{text}"
+    );
     assert_eq!(rows.filter(|l| l.contains("0/8")).count(), 4, "{text}");
+    // In id order, with their labels on request.
+    let text = crate::stdout(&muster(&["node", "list", "--labels", "--scheduler", &sched, "--tls-dir", &td]));
+    let ids: Vec<&str> = text.lines().skip(1).filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(ids, ["node-1", "node-2", "node-3", "node-4"], "{text}");
+    assert!(text.lines().next().unwrap().ends_with("LABELS"), "{text}");
+    assert!(text.lines().skip(1).all(|l| l.contains("gpu.model=fake")), "{text}");
 
     let mut submit: Vec<&str> = vec!["submit", "--gang-size", "4", "--gpus", "1", "--class", "5"];
     submit.extend(s);
@@ -155,6 +164,17 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
         assert!(!o.status.success() && err.contains(field), "{args:?}: {err}");
     }
 
+    // Times in RFC 3339 beside the milliseconds.
+    let a = call(&["alloc", "get", &id]);
+    let started = a["started_at"].as_str().unwrap_or_default();
+    assert!(a["submit_time"].as_str().unwrap().ends_with('Z') && started.len() >= 20 && started.ends_with('Z'), "{a}");
+    assert!(a["started_at_ms"].as_u64() >= a["submit_time_ms"].as_u64() && a["finished_at"].is_null(), "{a}");
+
+    // Several ids at once; one that does not exist is named, and the exit is 1.
+    let o = muster(&["alloc", "cancel", "999999", &big_id, "--scheduler", &sched, "--tls-dir", &td]);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains(&format!("allocation {big_id} cancelled")) && err.contains("cancel 999999"), "{out}{err}");
     // A running allocation is cancelled once its task has stopped.
     let c = call(&["alloc", "cancel", &id]);
     assert_eq!(c["status"], "tearing-down", "{c}");

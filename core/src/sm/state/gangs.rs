@@ -88,6 +88,7 @@ impl State {
                 avoid_nodes: Vec::new(),
                 finish_seq: 0,
                 ports: Vec::new(),
+                secret_names: secrets.names(),
             }),
         );
         if let Some(key) = &spec.idempotency_key {

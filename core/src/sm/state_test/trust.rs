@@ -96,6 +96,7 @@ fn secrets_are_kept_apart_from_the_spec_and_dropped_when_the_allocation_ends() {
     f.ok(Command::FinishTask { alloc, task: 0, node: n(0), epoch });
     assert_eq!(f.status(alloc), AllocStatus::Done);
     assert_eq!(f.s.secrets(alloc), None, "dropped when it finished");
+    assert_eq!(f.s.alloc(alloc).unwrap().secret_names, ["TOKEN"], "the names stay");
     // Bad secrets are refused by name, never echoing a value.
     let mut with_env = spec(1, 1);
     with_env.env.insert("TOKEN".into(), "plain".into());

@@ -131,6 +131,9 @@ pub struct Allocation {
     /// the node's range, picked when the gang is placed; released with
     /// task 0's capacity).
     pub ports: Vec<u16>,
+    /// The names of its secrets (kept after the values are dropped, when
+    /// it finishes).
+    pub secret_names: Vec<String>,
 }
 
 impl Allocation {

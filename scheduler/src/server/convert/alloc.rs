@@ -219,7 +219,7 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
             expires_at_ms: n.expires_at_ms,
         }),
         ports: a.ports.iter().map(|&p| u32::from(p)).collect(),
-        secret_names: state.secrets(a.id).map(|s| s.names()).unwrap_or_default(),
+        secret_names: a.secret_names.clone(),
     }
 }
 
