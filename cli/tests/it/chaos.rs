@@ -260,8 +260,12 @@ fn t108_agents_restarted_with_keep_tasks_adopt_their_tasks_and_none_runs_twice()
 /// `journal_consistent` names the attempts that ran at once.
 #[test]
 fn t163_a_chaos_run_catches_agents_that_forget_their_predecessors_tasks() {
-    let args = ["--duration", "25s", "--seed", "17", "--agents", "4", "--faults", "restart-agent"];
-    let run = chaos(&[&args[..], &["--inject-bug", "forget-leftovers", "--task-seconds", "2-8"]].concat()).fails();
+    let args = ["--duration", "35s", "--seed", "17", "--agents", "4", "--faults", "restart-agent"];
+    // Tasks long enough (5-10 s) that an agent restarted 1-3 s after it
+    // stopped mostly finds its predecessor's still running, and 35 s of
+    // restarts: with 2-8 s tasks over 25 s, a loaded machine sometimes
+    // restarted only idle agents, and the bug had nothing to show.
+    let run = chaos(&[&args[..], &["--inject-bug", "forget-leftovers", "--task-seconds", "5-10"]].concat()).fails();
     assert!(run.detail("journal_consistent", false).contains("still ran at"));
 }
 

@@ -663,6 +663,8 @@ fn t184_the_dashboard_token_and_the_per_client_rate() {
     let pair = cookie.split(';').next().unwrap().to_string();
     assert_eq!(get("/ui", &[("Cookie", &pair)]).0, 200);
     assert_eq!(get("/ui", &[("Cookie", "muster_ui=not-the-token-at-all")]).0, 401);
+    let stale = [("Cookie", "muster_ui=not-the-token-at-all")];
+    assert_eq!(get(&format!("/ui?token={token}"), &stale).0, 303, "a stale cookie does not block a new login");
     assert_eq!(get("/healthz", &[]).0, 200, "probes need no token");
 
     // Another address floods: past its burst (10 at 5/s) it gets 429 with

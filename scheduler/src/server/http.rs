@@ -208,11 +208,11 @@ fn presented(headers: &HeaderMap) -> Option<&str> {
 /// sends the browser to `/ui`, so the token leaves the address bar.
 async fn authorise(AxState(s): AxState<HttpState>, req: Request, next: Next) -> Response {
     let Some(token) = s.opts.token.as_deref() else { return next.run(req).await };
-    if let Some(given) = presented(req.headers()) {
-        if same_secret(given, token) {
-            return next.run(req).await;
-        }
-    } else if req.uri().path() == "/ui"
+    if presented(req.headers()).is_some_and(|given| same_secret(given, token)) {
+        return next.run(req).await;
+    }
+    // A stale cookie does not stand in the way of logging in again.
+    if req.uri().path() == "/ui"
         && let Some(given) =
             req.uri().query().into_iter().flat_map(|q| q.split('&')).find_map(|kv| kv.strip_prefix("token="))
         && same_secret(given, token)
