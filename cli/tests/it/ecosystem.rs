@@ -640,11 +640,7 @@ fn t184_the_dashboard_token_and_the_per_client_rate() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while http_get(&http, "/healthz").is_none() {
-        assert!(Instant::now() < deadline, "the HTTP listener never answered");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    crate::dev_proc::wait_until("the HTTP listener answers", || http_get(&http, "/healthz").is_some());
     let get = |path: &str, extra: &[(&str, &str)]| get_from("127.0.0.1", &http, path, extra);
     let header = |h: &[(String, String)], k: &str| h.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let (code, h, _) = get("/ui", &[]);
