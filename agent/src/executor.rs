@@ -108,6 +108,27 @@ pub fn log_paths(work_dir: &Path, alloc: u64, task: u32, attempt: u32) -> (PathB
     (dir.join(format!("attempt-{attempt}.out")), dir.join(format!("attempt-{attempt}.err")))
 }
 
+/// The tail of an attempt's stderr log as the scheduler keeps it
+/// (`muster_core::sm::failure_tail`: its last lines, at most 1 KiB); empty
+/// when the log cannot be read. Reads only the file's last 8 KiB.
+pub fn stderr_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    const READ: u64 = 8 * 1024;
+    let Ok(mut f) = File::open(path) else { return String::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if f.seek(SeekFrom::Start(len.saturating_sub(READ))).is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::with_capacity(READ as usize);
+    if f.take(READ).read_to_end(&mut buf).is_err() {
+        return String::new();
+    }
+    // A read that starts mid-file drops its first, partial line.
+    let text = String::from_utf8_lossy(&buf);
+    let text = if len > READ { text.split_once('\n').map_or("", |(_, rest)| rest) } else { &text };
+    muster_core::sm::failure_tail(text)
+}
+
 /// A running attempt.
 pub struct RunningTask {
     inner: Inner,

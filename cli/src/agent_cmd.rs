@@ -37,7 +37,9 @@ pub struct AgentArgs {
     /// driver.version itself; a --label of the same key wins.
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
-    /// host:port other tasks of a gang reach this node at (MUSTER_GANG_PEERS).
+    /// The host (or host:port) other tasks of a gang reach this node at
+    /// (MUSTER_GANG_PEERS, MASTER_ADDR). Default: this machine's IP on its
+    /// route to the scheduler.
     #[arg(long)]
     address: Option<String>,
     /// TCP ports this node offers for gangs' rendezvous, FIRST-LAST (or
@@ -198,6 +200,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             }
         }
     };
+    // Left out: this machine's IP on its route to the scheduler, which its
+    // gang peers most likely reach too (a bare node id seldom resolves:
+    // torch's rendezvous fails on it).
+    let address = args.address.clone().unwrap_or_else(|| {
+        schedulers.iter().find_map(|s| route_ip(s)).map(host_of).unwrap_or_else(|| args.node_id.clone())
+    });
     let cfg = AgentConfig {
         node_id: args.node_id.clone(),
         schedulers,
@@ -208,7 +216,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             cpus: args.cpus.unwrap_or(probed.cpus),
         },
         labels,
-        address: args.address.unwrap_or_else(|| args.node_id.clone()),
+        address,
         ports,
         work_dir: args.work_dir.clone(),
         backoff: (Duration::from_millis(200), Duration::from_secs(5)),

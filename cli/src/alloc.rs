@@ -49,7 +49,11 @@ pub struct SubmitArgs {
     /// class (`muster server --default-walltime`), else 1h.
     #[arg(long)]
     walltime: Option<String>,
-    /// Failed attempts a task may accumulate before its gang fails.
+    /// Runs of the gang that may end in a failure before the allocation
+    /// fails: counted once per gang restart, however many of its tasks
+    /// failed. Retries back off (1 s, doubling, at most 60 s) and never
+    /// preempt; the same failure twice in a row within 10 s of starting
+    /// (a missing command or file) fails it at once.
     #[arg(long, default_value_t = 3)]
     max_retries: u32,
     /// Environment for each task, KEY=VALUE (repeatable). Readable by
@@ -115,6 +119,14 @@ pub struct SubmitArgs {
     /// why) without submitting.
     #[arg(long)]
     dry_run: bool,
+    /// Queue it even if no registered node could ever run it (refused
+    /// otherwise, naming what is missing): for nodes yet to join.
+    #[arg(long)]
+    queue_if_unsatisfiable: bool,
+    /// A name for it (not unique), shown by `alloc list` and matched by
+    /// `alloc list --name` and `alloc cancel --name`.
+    #[arg(long, short = 'J', alias = "job-name")]
+    name: Option<String>,
     /// The command each task runs.
     #[arg(required = true, last = true)]
     command: Vec<String>,
@@ -214,16 +226,25 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         constraints: args.constraints.clone(),
         pack_by: args.pack_by.clone().unwrap_or_default(),
         checkpoint_store: args.checkpoint_store.clone().unwrap_or_default(),
+        name: args.name.clone().unwrap_or_default(),
     })
 }
 
 pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> anyhow::Result<()> {
-    let spec = spec_of(&args)?;
-    let secrets = secrets_of(&args)?;
-    let dry_run = args.dry_run;
+    // Whatever spec_of and secrets_of refuse is the command line's fault
+    // (exit 2); what the server refuses is the request's (exit 1).
+    let bad = |e: anyhow::Error| anyhow::Error::new(crate::BadCommandLine(format!("{e:#}")));
+    let spec = spec_of(&args).map_err(bad)?;
+    let secrets = secrets_of(&args).map_err(bad)?;
+    let (dry_run, queue_if_unsatisfiable) = (args.dry_run, args.queue_if_unsatisfiable);
     let resp = cluster
         .call(|ch| {
-            let req = v1::SubmitRequest { spec: Some(spec.clone()), dry_run, secrets: secrets.clone() };
+            let req = v1::SubmitRequest {
+                spec: Some(spec.clone()),
+                dry_run,
+                secrets: secrets.clone(),
+                queue_if_unsatisfiable,
+            };
             async move { AllocationServiceClient::new(ch).submit(req).await }
         })
         .await?
@@ -254,8 +275,19 @@ pub enum AllocCmd {
     /// refused (each refusal is printed).
     Cancel {
         /// The allocation ids.
-        #[arg(required = true, num_args = 1..=1000)]
+        #[arg(num_args = 0..=1000, required_unless_present_any = ["owner", "name"])]
         ids: Vec<u64>,
+        /// Every unfinished allocation of this owner (with --name: both
+        /// must match). Lists them and asks first; --yes does not ask.
+        #[arg(long, conflicts_with = "ids")]
+        owner: Option<String>,
+        /// Every unfinished allocation with this name (see --owner).
+        #[arg(long, conflicts_with = "ids")]
+        name: Option<String>,
+        /// Cancel what --owner/--name select without asking (required when
+        /// stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
     },
     /// Follow an allocation's events until it ends (exit 0 when done, 1 when it failed or was cancelled).
     Watch {
@@ -301,6 +333,22 @@ pub enum AllocCmd {
         /// Only this preemption class.
         #[arg(long)]
         class: Option<u32>,
+        /// Only allocations with this name (`submit --name`); follows every page.
+        #[arg(long)]
+        name: Option<String>,
+        /// Only allocations submitted since: a duration back from now (90s,
+        /// 30m, 4h, 2d) or a UTC time (2026-11-27T07:00:00Z); follows every page.
+        #[arg(long)]
+        since: Option<String>,
+        /// Order by id, name, status, owner, class, submitted, started or
+        /// elapsed; a leading - sorts descending (default: id).
+        #[arg(long, default_value = "id", allow_hyphen_values = true)]
+        sort: String,
+        /// The columns, comma-separated, of: id, name, status, owner, tasks,
+        /// class, submitted, started, elapsed, nodes, command, vcluster,
+        /// priority, failures, reason.
+        #[arg(long, alias = "format", default_value = crate::alloc_list::DEFAULT_COLUMNS)]
+        columns: String,
         /// Allocations per page (at most 1000).
         #[arg(long, default_value_t = 100)]
         page_size: u32,
@@ -355,6 +403,7 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
     // Plain environment is readable by whoever reads the allocation;
     // secrets show only their names.
     v["env"] = json!(spec.env);
+    v["name"] = json!(spec.name);
     v["secrets"] = json!(a.secret_names);
     // Times beside their milliseconds, in RFC 3339 (UTC): submitted, the
     // first task's start, the end.
@@ -365,6 +414,20 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
     v["started_at"] = json!(rfc3339(started_ms));
     v["finished_at_ms"] = json!(a.finished_at_ms);
     v["finished_at"] = json!(rfc3339(a.finished_at_ms));
+    v["retry_after"] = json!(rfc3339(Some(a.retry_after_ms).filter(|&ms| ms > 0)));
+    v["retry_after_ms"] = json!(a.retry_after_ms);
+    v["teardowns"] = json!(a.preemption_epoch);
+    v["failures"] = json!(a.failures);
+    v["failed_reason"] = json!(a.failed_reason);
+    v["last_failure"] = json!(a.last_failure.as_ref().map(|f| json!({
+        "task": f.task,
+        "attempt": f.attempt,
+        "exit_code": f.exit_code,
+        "not_started": f.not_started,
+        "early": f.early,
+        "at_ms": f.at_ms,
+        "stderr_tail": f.stderr_tail,
+    })));
     v
 }
 
@@ -448,7 +511,7 @@ fn task_line(t: &v1::Task) -> String {
         checkpoint.push_str(&format!("  watchdog {} ({} trips)", t.last_watchdog, t.watchdog_trips));
     }
     format!(
-        "          task {:>3}  {:<12}  node {:<16}  attempts {:>2}  runs {:>2}  epoch {:>2}  preemption epoch {:>2}{checkpoint}",
+        "          task {:>3}  {:<12}  node {:<16}  attempts {:>2}  runs {:>2}  epoch {:>2}  teardown {:>2}{checkpoint}",
         t.index,
         task_status_name(t.status),
         node,
@@ -513,27 +576,7 @@ impl Marked {
     }
 }
 
-/// The header of [`alloc_line`]'s table.
-fn alloc_header() -> String {
-    format!("{:>8}  {:<12}  {:<12}  {:<13}  {:>5}  COMMAND", "ID", "STATUS", "OWNER", "TASKS x GPUS", "CLASS")
-}
-
-/// One allocation: its shape, class and command.
-fn alloc_line(a: &v1::Allocation) -> String {
-    let spec = a.spec.clone().unwrap_or_default();
-    let r = spec.resources.unwrap_or_default();
-    format!(
-        "{:>8}  {:<12}  {:<12}  {:>4} x {:>2} GPU  {:>5}  {}",
-        a.id,
-        status_name(a.status),
-        spec.owner,
-        spec.gang_size,
-        r.gpus,
-        spec.preemption_class,
-        spec.command.join(" ")
-    )
-}
-
+/// Runs one `muster alloc` subcommand.
 pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow::Result<()> {
     match cmd {
         AllocCmd::Get { id } => {
@@ -544,18 +587,47 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
             match out {
                 Output::Json => out!("{}", serde_json::to_string_pretty(&alloc_json(&a))?),
                 Output::Text => {
-                    out!("{}", alloc_header());
-                    out!("{}", alloc_line(&a));
+                    let columns = crate::alloc_list::parse_columns(crate::alloc_list::DEFAULT_COLUMNS)?;
+                    for line in crate::alloc_list::table(&columns, std::slice::from_ref(&a), crate::output::now_ms()) {
+                        out!("{line}");
+                    }
+                    let now = crate::output::now_ms();
+                    let max = a.spec.as_ref().map_or(0, |s| s.max_retries);
                     out!(
-                        "          submitted {}; {}{}",
-                        crate::output::when(a.submit_time_ms, crate::output::now_ms()),
+                        "          submitted {}; {}; torn down {}; failed runs {} of {max}{}",
+                        crate::output::when(a.submit_time_ms, now),
                         crate::output::preempted(u64::from(a.preempted_count)),
+                        crate::output::times(a.preemption_epoch),
+                        a.failures,
                         if a.status == v1::AllocationStatus::Suspended as i32 {
                             "; suspended: resumes from its checkpoints when placed"
                         } else {
                             ""
                         }
                     );
+                    if !a.failed_reason.is_empty() {
+                        out!("          failed: {}", a.failed_reason);
+                    }
+                    if a.retry_after_ms > now && a.finished_at_ms.is_none() {
+                        out!("          backing off: placed again {}", crate::output::when(a.retry_after_ms, now));
+                    }
+                    if let Some(f) = &a.last_failure {
+                        let how = match (f.not_started, f.exit_code) {
+                            (true, _) => "did not start".to_string(),
+                            (false, Some(code)) => format!("exit code {code}"),
+                            (false, None) => "killed by a signal".to_string(),
+                        };
+                        out!(
+                            "          last failure: task {} attempt {}, {how}, {}{}",
+                            f.task,
+                            f.attempt,
+                            crate::output::when(f.at_ms, now),
+                            if f.early { " (early: soon after its start)" } else { "" }
+                        );
+                        for line in f.stderr_tail.lines() {
+                            out!("            | {line}");
+                        }
+                    }
                     if let Some(td) = &a.teardown {
                         match td.trigger {
                             Some(trigger) => {
@@ -587,7 +659,15 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 }
             }
         }
-        AllocCmd::Cancel { ids } => {
+        AllocCmd::Cancel { ids, owner, name, yes } => {
+            let ids = if owner.is_some() || name.is_some() {
+                match crate::alloc_list::select_to_cancel(cluster, owner, name, yes).await? {
+                    Some(ids) => ids,
+                    None => return Ok(()),
+                }
+            } else {
+                ids
+            };
             let (mut done, mut refused) = (Vec::new(), Vec::new());
             for id in ids {
                 match cluster
@@ -640,6 +720,7 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
             let mut cursor = from;
             let mut last_status = 0;
             let mut retries = 0;
+            let mut header_shown = false;
             loop {
                 let stream = cluster
                     .call(|ch| async move {
@@ -671,9 +752,14 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                                     if e.truncated {
                                         out!("(older events were dropped)");
                                     }
+                                    if !header_shown {
+                                        header_shown = true;
+                                        out!("{:>5}  {:<20}  {:<13}  {:<22}  DETAIL", "REV", "TIME", "STATUS", "EVENT");
+                                    }
                                     out!(
-                                        "{:>5}  {:<13}  {:<22}  {}",
+                                        "{:>5}  {:<20}  {:<13}  {:<22}  {}",
                                         e.revision,
+                                        muster_scheduler::server::convert::format_time_ms(e.time_ms),
                                         status_name(e.status),
                                         e.kind,
                                         e.detail
@@ -751,31 +837,18 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 .into_inner();
             print_explanation(&format!("allocation {id}"), &e, out)?;
         }
-        AllocCmd::List { status, owner, class, page_size, all } => {
+        AllocCmd::List { status, owner, class, name, since, sort, columns, page_size, all } => {
+            let now = crate::output::now_ms();
+            let columns = crate::alloc_list::parse_columns(&columns)?;
+            let (sort_key, descending) = crate::alloc_list::parse_sort(&sort)?;
+            let since_ms = since.as_deref().map(|s| crate::alloc_list::parse_since(s, now)).transpose()?;
             let status = status.as_deref().map(status_filter).transpose()?.unwrap_or(0);
-            let mut token = 0;
-            let mut rows = Vec::new();
-            loop {
-                let req = v1::ListRequest {
-                    status,
-                    owner: owner.clone().unwrap_or_default(),
-                    preemption_class: class,
-                    page_size,
-                    page_token: token,
-                };
-                let page = cluster
-                    .call(|ch| {
-                        let req = req.clone();
-                        async move { AllocationServiceClient::new(ch).list(req).await }
-                    })
-                    .await?
-                    .into_inner();
-                rows.extend(page.allocations);
-                token = page.next_page_token;
-                if token == 0 || !all {
-                    break;
-                }
-            }
+            // Filters the server does not apply need every page.
+            let all = all || name.is_some() || since_ms.is_some();
+            let (mut rows, token) =
+                crate::alloc_list::list_pages(cluster, status, owner, class, page_size, all).await?;
+            crate::alloc_list::filter(&mut rows, name.as_deref(), since_ms);
+            crate::alloc_list::sort(&mut rows, sort_key, descending, now);
             match out {
                 Output::Json => {
                     let list: Vec<_> = rows.iter().map(alloc_json).collect();
@@ -786,9 +859,8 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                 }
                 Output::Text if rows.is_empty() => out!("no allocations"),
                 Output::Text => {
-                    out!("{}", alloc_header());
-                    for a in &rows {
-                        out!("{}", alloc_line(a));
+                    for line in crate::alloc_list::table(&columns, &rows, now) {
+                        out!("{line}");
                     }
                     if token != 0 {
                         out!("(more: --all, or continue after allocation {token})");

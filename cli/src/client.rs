@@ -24,12 +24,12 @@ use tonic::{Code, Status};
 pub fn parse_addresses(list: &str) -> anyhow::Result<Vec<String>> {
     let addrs: Vec<String> = list.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
     if addrs.is_empty() {
-        bail!("--scheduler needs at least one host:port (or set MUSTER_SCHEDULER)");
+        crate::usage!("--scheduler needs at least one host:port (or set MUSTER_SCHEDULER)");
     }
     for a in &addrs {
         let ok = a.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
         if !ok {
-            bail!("--scheduler: {a:?} is not host:port");
+            crate::usage!("--scheduler: {a:?} is not host:port");
         }
     }
     Ok(addrs)

@@ -204,6 +204,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         Ok(())
     };
     out!("muster dev: shutting down");
+    crate::quiet_logs();
     cluster.shutdown().await;
     if args.data_dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
@@ -326,7 +327,7 @@ async fn demo(cluster: &mut Cluster, dir: &std::path::Path, n: u32, started: Ins
                 events.abort();
                 out!("allocation {id} completed: every task ran on its own node");
                 if killed {
-                    out!("after the teardown (preemption epoch {}):", a.preemption_epoch);
+                    out!("after the teardown (teardown {}):", a.preemption_epoch);
                     for t in &a.tasks {
                         let log = dir
                             .join(&t.last_node_id)

@@ -77,16 +77,6 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Days since 1970-01-01 of a civil date (proleptic Gregorian).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// Parses `--since`/`--until`: an RFC 3339 UTC date or time, or a duration
 /// before `now_ms`.
 pub fn parse_when(flag: &str, s: &str, now_ms: u64) -> anyhow::Result<u64> {
@@ -116,7 +106,7 @@ pub fn parse_when(flag: &str, s: &str, now_ms: u64) -> anyhow::Result<u64> {
         if h > 23 || mi > 59 || sec > 60 {
             return Err(bad());
         }
-        let secs = days_from_civil(y, m, d) * 86_400 + h * 3_600 + mi * 60 + sec;
+        let secs = muster_scheduler::words::days_from_civil(y, m, d) * 86_400 + h * 3_600 + mi * 60 + sec;
         return Ok(secs as u64 * 1000);
     }
     let ago = crate::alloc::parse_duration_s(s).map_err(|_| bad())?;

@@ -18,6 +18,7 @@ macro_rules! out {
 
 mod agent_cmd;
 mod alloc;
+mod alloc_list;
 mod chaos;
 mod client;
 mod cluster;
@@ -261,11 +262,39 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // One rule: 2 for a command line that cannot be run as given (clap's
+        // own errors, and values our parsers refuse), 1 for anything else
+        // (a refused request, an unreachable cluster, a failed job).
+        Err(e) if e.downcast_ref::<BadCommandLine>().is_some() => {
+            eprintln!("muster: error: {e:#}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("muster: error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// A flag's value that cannot be used as given: the command exits 2, as for
+/// clap's own errors.
+#[derive(Debug)]
+pub(crate) struct BadCommandLine(pub(crate) String);
+
+impl std::fmt::Display for BadCommandLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadCommandLine {}
+
+/// Returns a [`BadCommandLine`] error: `usage!("--peers: {x:?} is not host:port")`.
+#[macro_export]
+macro_rules! usage {
+    ($($arg:tt)*) => {
+        return Err(anyhow::Error::new($crate::BadCommandLine(format!($($arg)*))))
+    };
 }
 
 fn async_main(cmd: Cmd) -> anyhow::Result<()> {
@@ -344,11 +373,32 @@ const SERVER_LOG_FILTER: &str = concat!("info,openraft=warn,", openraft_quiet!()
 /// only what needs a person on stderr.
 const DEV_LOG_FILTER: &str = concat!("warn,openraft=error,", openraft_quiet!());
 
+/// Set once a process is shutting down on purpose (`muster dev` after
+/// Ctrl-C): from then on only errors are logged, not the warnings every
+/// replica and agent gives as its peers go away one by one.
+static SHUTTING_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Logs only errors from now on (see [`SHUTTING_DOWN`]).
+pub(crate) fn quiet_logs() {
+    SHUTTING_DOWN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn init_logging(default: &str) {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let env = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
+    let quiet = tracing_subscriber::filter::filter_fn(|m| {
+        !SHUTTING_DOWN.load(std::sync::atomic::Ordering::Relaxed) || *m.level() == tracing::Level::ERROR
+    });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_filter(env)
+                .with_filter(quiet),
+        )
         .init();
 }
 

@@ -109,7 +109,9 @@ pub enum NodeCmd {
         /// CPUs it may report.
         #[arg(long)]
         cpus: Option<u32>,
-        /// A label it may report, KEY=VALUE (repeatable); any other label
+        /// A label it may report, KEY=VALUE (repeatable; KEY=* admits any
+        /// value, for descriptive labels such as hostname and cpu.model,
+        /// never for one jobs are placed by); any other label
         /// it reports is refused.
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,

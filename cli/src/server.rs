@@ -266,15 +266,17 @@ impl PreemptionArgs {
 pub fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
     let mut peers = BTreeMap::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (id, addr) = item.split_once('=').with_context(|| format!("--peers: {item:?} is not id=host:port"))?;
-        let id: u64 = id.trim().parse().with_context(|| format!("--peers: {id:?} is not a replica id"))?;
+        let Some((id, addr)) = item.split_once('=') else { crate::usage!("--peers: {item:?} is not id=host:port") };
+        let Ok(id) = id.trim().parse::<u64>() else { crate::usage!("--peers: {id:?} is not a replica id") };
         if id == 0 {
-            bail!("--peers: replica ids start at 1");
+            crate::usage!("--peers: replica ids start at 1");
         }
         let addr = addr.trim();
-        crate::client::parse_addresses(addr).map_err(|_| anyhow::anyhow!("--peers: {addr:?} is not host:port"))?;
+        if crate::client::parse_addresses(addr).is_err() {
+            crate::usage!("--peers: {addr:?} is not host:port");
+        }
         if peers.insert(id, addr.to_string()).is_some() {
-            bail!("--peers: replica {id} is listed twice");
+            crate::usage!("--peers: replica {id} is listed twice");
         }
     }
     Ok(peers)

@@ -194,21 +194,21 @@ fn print(vs: &[v1::VCluster], out: Output) -> anyhow::Result<()> {
         }
         Output::Text => {
             out!(
-                "{:<20} {:<12} {:>8} {:>6} {:>7} {:>7} {:<7} {:>4} {:>5}  HOME",
+                "{:<20} {:<12} {:>8} {:>9} {:>11} {:>12} {:<16} {:>8} {:>10}  HOME_SELECTOR",
                 "NAME",
                 "TYPE",
                 "MAX_GPUS",
-                "NODES",
-                "ALLOCS",
-                "BORROW",
-                "OVER",
-                "REV",
-                "HOMES"
+                "MAX_NODES",
+                "MAX_ALLOCS",
+                "BORROW_LIMIT",
+                "OVER_QUOTA",
+                "REVISION",
+                "HOME_NODES"
             );
             for v in vs {
                 let s = v.spec.clone().unwrap_or_default();
                 out!(
-                    "{:<20} {:<12} {:>8} {:>6} {:>7} {:>6}% {:<7} {:>4} {:>5}  {}",
+                    "{:<20} {:<12} {:>8} {:>9} {:>11} {:>11}% {:<16} {:>8} {:>10}  {}",
                     v.name,
                     s.r#type,
                     limit(s.max_gpus),

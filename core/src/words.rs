@@ -2,6 +2,18 @@
 //! in words, a size in binary units. JSON output and the state keep exact
 //! milliseconds and bytes; this is for sentences only.
 
+/// Days since 1970-01-01 of a date in the proleptic Gregorian calendar
+/// (Howard Hinnant's days-from-civil): what parsing a UTC time needs.
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// A duration in words, to two units at most: `45 s`, `3 min 20 s`,
 /// `2 h 5 min`, `6 days 23 h`; under a second, `250 ms`.
 pub fn duration(ms: u64) -> String {

@@ -64,6 +64,8 @@ pub const RUNNING: usize = 10_000;
 /// What an agent may say about a failure (an exit's error, a watchdog's
 /// detail, why a checkpoint could not be restored).
 pub const AGENT_TEXT: usize = 4096;
+/// A failed task's stderr tail (the state keeps this much).
+pub const STDERR_TAIL: usize = 1024;
 /// One chunk of a task's log.
 pub const LOG_CHUNK: usize = 1 << 20;
 /// A Raft message between replicas (snapshots travel in chunks of less).
@@ -81,6 +83,7 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("Register.checkpoint_address", text(ADDRESS)),
     ("Heartbeat.running", items(RUNNING, 0)),
     ("TaskExited.error", text(AGENT_TEXT)),
+    ("TaskExited.stderr_tail", text(STDERR_TAIL)),
     ("LogData.data", text(LOG_CHUNK)),
     ("LogData.error", text(REASON)),
     ("CheckpointManifest.sha256", text(32)),
@@ -105,6 +108,7 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("AllocationSpec.constraints", items(16, 16 * 1024)),
     ("AllocationSpec.pack_by", text(NAME + 16)),
     ("AllocationSpec.checkpoint_store", text(STORE)),
+    ("AllocationSpec.name", text(NAME)),
     ("ListRequest.owner", text(NAME)),
     ("SubmitRequest.secrets", items(32, 128 * 1024 + 32 * 128)),
     // Nodes.
@@ -296,7 +300,10 @@ impl Bounded for v1::AgentMessage {
                 check_text("Register.checkpoint_address", &r.checkpoint_address)
             }
             Some(Msg::Heartbeat(h)) => check_list("Heartbeat.running", &h.running),
-            Some(Msg::Exited(e)) => check_text("TaskExited.error", &e.error),
+            Some(Msg::Exited(e)) => {
+                check_text("TaskExited.error", &e.error)?;
+                check_text("TaskExited.stderr_tail", &e.stderr_tail)
+            }
             Some(Msg::LogData(l)) => {
                 check_bytes("LogData.data", &l.data)?;
                 check_text("LogData.error", &l.error)
@@ -343,7 +350,8 @@ impl Bounded for v1::AllocationSpec {
         check_text("AllocationSpec.vcluster_type", &self.vcluster_type)?;
         check_strings("AllocationSpec.constraints", &self.constraints)?;
         check_text("AllocationSpec.pack_by", &self.pack_by)?;
-        check_text("AllocationSpec.checkpoint_store", &self.checkpoint_store)
+        check_text("AllocationSpec.checkpoint_store", &self.checkpoint_store)?;
+        check_text("AllocationSpec.name", &self.name)
     }
 }
 

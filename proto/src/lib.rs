@@ -56,6 +56,7 @@ mod tests {
             constraints: vec!["gpu.model in (H100,A100)".into()],
             pack_by: "rack".into(),
             checkpoint_store: "s3://ckpt/ml".into(),
+            name: "resnet".into(),
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

@@ -148,14 +148,7 @@ pub fn parse_timestamp(s: &str) -> Option<u64> {
     {
         return None;
     }
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
+    let days = muster_core::words::days_from_civil(y, m, day);
     u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()
 }
 

@@ -482,12 +482,20 @@ impl Agent {
                 if !error.is_empty() {
                     self.note_in_log(key, attempt, &format!("muster: the task did not start: {error}"));
                 }
+                let failed = error.is_empty() && exit_code != Some(0);
+                let stderr_tail = if failed {
+                    let (_, err) = executor::log_paths(&self.cfg.work_dir, key.0, key.1, attempt);
+                    executor::stderr_tail(&err)
+                } else {
+                    String::new()
+                };
                 Report::Exited {
                     exit: v1::TaskExited {
                         task: Some(task_ref(key)),
                         exit_code,
                         signal,
                         error: bounds::truncate(&error, bounds::AGENT_TEXT),
+                        stderr_tail,
                     },
                     checkpoint: upload,
                 }

@@ -432,7 +432,9 @@ while true; do sleep 0.2; done
         let spec = Some(spec.clone());
         ids.push(
             client
-                .submit(v1::SubmitRequest { spec, dry_run: false, ..Default::default() })
+                // The agents may still be registering: queued whatever the
+                // nodes known so far could run.
+                .submit(v1::SubmitRequest { spec, queue_if_unsatisfiable: true, ..Default::default() })
                 .await
                 .unwrap()
                 .into_inner()

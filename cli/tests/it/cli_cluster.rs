@@ -106,8 +106,30 @@ fn t71_an_unreachable_or_malformed_scheduler_is_one_clear_line() {
         assert!(err.contains(&dead) && err.contains("cannot"), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
     }
+    // A value no parser takes is a bad command line too: exit 2, as for
+    // clap's own errors; a refused request is 1.
     let o = muster(&["cluster", "status", "--scheduler", "no-port-here"]);
     assert!(stderr(&o).contains("is not host:port"), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let dir = tempfile::tempdir().unwrap();
+    let backup = dir.path().join("none.backup");
+    let data = dir.path().join("data");
+    let o = muster(&[
+        "restore",
+        "--backup",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--peers",
+        "1=…",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--peers: \"…\" is not host:port"), "{}", stderr(&o));
+    let o = muster(&["alloc", "list", "--columns", "id,jobid", "--scheduler", &dead]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = muster(&["submit", "--env", "NOEQUALS", "--scheduler", &dead, "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--env \"NOEQUALS\" is not KEY=VALUE"), "{}", stderr(&o));
     let o =
         muster(&["server", "--id", "1", "--listen", "127.0.0.1:0", "--data-dir", "/tmp/x", "--peers", "2=127.0.0.1:5"]);
     assert!(stderr(&o).contains("--peers must include this replica"), "{}", stderr(&o));

@@ -14,8 +14,9 @@ fn json(args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
-/// Starts `muster dev --data-dir DATA EXTRA…`; returns it, the replica
-/// addresses it printed, and the rest of its output.
+/// Starts `muster dev --data-dir DATA EXTRA…` (its log lines go to
+/// `DATA.stderr`); returns it, the replica addresses it printed, and the
+/// rest of its output.
 pub(crate) fn start_dev(
     data: &std::path::Path,
     extra: &[String],
@@ -25,7 +26,7 @@ pub(crate) fn start_dev(
         .arg(data)
         .args(extra)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(data.with_extension("stderr")).unwrap())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
@@ -101,14 +102,116 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     nodes.dedup();
     assert_eq!(nodes.len(), 4, "four tasks on four nodes: {a}");
 
-    // A gang of five 8-GPU tasks can never fit four nodes.
-    let mut big: Vec<&str> = vec!["submit", "--gang-size", "5", "--gpus", "8"];
+    // What no node can ever run is refused at submit, naming what is
+    // missing, and nothing is submitted.
+    let refused = |extra: &[&str]| {
+        let mut args: Vec<&str> = vec!["submit"];
+        args.extend(extra);
+        args.extend(["--scheduler", sched.as_str(), "--tls-dir", td.as_str(), "--", "true"]);
+        let o = muster(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", String::from_utf8_lossy(&o.stdout));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = refused(&["--gpus", "1", "--constraint", "gpu.model=H100"]);
+    assert!(err.contains("no node has gpu.model=H100; known gpu.model values: fake"), "{err}");
+    assert!(err.contains("--queue-if-unsatisfiable"), "{err}");
+    let err = refused(&["--gpus", "9"]);
+    assert!(err.contains("a task needs 9 GPUs; the most any node has is 8"), "{err}");
+    let err = refused(&["--gang-size", "5", "--gpus", "8"]);
+    assert!(
+        err.contains("the gang of 5 needs 5 nodes that could each take a task") && err.contains("only 4 could"),
+        "{err}"
+    );
+    // Queued anyway on request; explain and the dry run of the same
+    // request say the same thing.
+    let mut big: Vec<&str> = vec!["submit", "--gang-size", "5", "--gpus", "8", "--queue-if-unsatisfiable"];
     big.extend(s);
     big.extend(["--", "true"]);
     let big_id = json(&big)["id"].as_u64().unwrap().to_string();
     let e = call(&["alloc", "explain", &big_id]);
-    assert!(e["summary"].as_str().unwrap().contains("larger than any feasible set"), "{e}");
+    assert!(
+        e["summary"].as_str().unwrap().starts_with("it can never run on the registered nodes: the gang of 5"),
+        "{e}"
+    );
     assert!(e["preemption"]["reason"].as_str().unwrap().contains("preemption cannot help"), "{e}");
+    big.insert(1, "--dry-run");
+    let plan = json(&big);
+    assert_eq!(
+        (&plan["summary"], &plan["preemption"]["reason"]),
+        (&e["summary"], &e["preemption"]["reason"]),
+        "{plan}"
+    );
+
+    // A gang whose script does not exist fails within two runs, with
+    // python's error as its reason, and preempts nobody.
+    let mut broken: Vec<&str> =
+        vec!["submit", "--gang-size", "2", "--gpus", "1", "--class", "5", "--max-retries", "10"];
+    broken.extend(s);
+    broken.extend(["--", "python3", "no_such_train.py"]);
+    let broken_id = json(&broken)["id"].as_u64().unwrap().to_string();
+    let deadline = Instant::now() + crate::cluster::WAIT;
+    let b = loop {
+        let b = call(&["alloc", "get", &broken_id]);
+        if b["status"] == "failed" {
+            break b;
+        }
+        assert!(Instant::now() < deadline, "the broken gang never failed: {b}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(b["failures"], 2, "{b}");
+    assert!(b["tasks"].as_array().unwrap().iter().all(|t| t["runs"].as_u64() <= Some(2)), "{b}");
+    let reason = b["failed_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("failed the same way twice")
+            && reason.contains("can't open file")
+            && reason.contains("no_such_train.py"),
+        "{b}"
+    );
+    assert!(b["last_failure"]["stderr_tail"].as_str().unwrap().contains("No such file or directory"), "{b}");
+    assert_eq!(call(&["alloc", "get", &id])["preempted_count"], 0, "{b}");
+    let text = crate::stdout(&muster(&["alloc", "get", &broken_id, "--scheduler", &sched, "--tls-dir", &td]));
+    assert!(text.contains("failed: task") && text.contains("python3: can't open file"), "{text}");
+
+    // squeue's and scancel's habits: names, columns, filters, a sort, and a
+    // cancel by name that asks first.
+    let mut sweep: Vec<&str> = vec!["submit", "--gpus", "1", "--name", "sweep"];
+    sweep.extend(s);
+    sweep.extend(["--", "sleep", "300"]);
+    let sweeps = [json(&sweep)["id"].as_u64().unwrap(), json(&sweep)["id"].as_u64().unwrap()];
+    let listed = |extra: &[&str]| {
+        let mut args = vec!["alloc", "list", "--scheduler", sched.as_str(), "--tls-dir", td.as_str()];
+        args.extend(extra);
+        crate::stdout(&muster(&args))
+    };
+    let text = listed(&["--name", "sweep", "--columns", "id,name,status,submitted", "--sort", "-id"]);
+    let ids: Vec<u64> = text.lines().skip(1).map(|l| l.split_whitespace().next().unwrap().parse().unwrap()).collect();
+    assert_eq!(ids, [sweeps[1], sweeps[0]], "{text}");
+    assert!(text.lines().next().unwrap().split_whitespace().eq(["ID", "NAME", "STATUS", "SUBMITTED"]), "{text}");
+    let text = listed(&[]);
+    let header = text.lines().next().unwrap();
+    for column in ["NAME", "SUBMITTED", "STARTED", "ELAPSED", "NODES"] {
+        assert!(header.contains(column), "{text}");
+    }
+    assert!(text.lines().any(|l| l.contains("no_such_train.py") && l.contains("python3")), "{text}");
+    assert!(listed(&["--since", "2000-01-01T00:00:00Z", "--name", "sweep"]).lines().count() == 3, "header + 2");
+    let cancel = |extra: &[&str]| {
+        let mut args =
+            vec!["alloc", "cancel", "--name", "sweep", "--scheduler", sched.as_str(), "--tls-dir", td.as_str()];
+        args.extend(extra);
+        muster(&args)
+    };
+    let o = cancel(&[]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("refusing to cancel 2 allocation(s)") && err.contains("--yes"), "{err}");
+    assert!(listed(&["--name", "sweep", "--columns", "status"]).lines().skip(1).all(|l| l.trim() != "cancelled"));
+    let o = cancel(&["--yes"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let deadline = Instant::now() + crate::cluster::WAIT;
+    while !listed(&["--name", "sweep", "--columns", "status"]).lines().skip(1).all(|l| l.trim() == "cancelled") {
+        assert!(Instant::now() < deadline, "the sweep was never cancelled");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // Dry runs: a class-8 whole-node job would preempt the class-5 gang
     // (past muster dev's 1 s minimum runtime); a class-5 one could not.
@@ -224,9 +327,15 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     // Watched again once done, each replayed event shows the status it led
     // to, not today's.
     let replay = crate::stdout(&muster(&["alloc", "watch", &talk_id, "--scheduler", &sched, "--tls-dir", &td]));
+    // Columns: revision, time, status, event, detail (after a header).
+    assert!(
+        replay.lines().next().is_some_and(|h| h.split_whitespace().eq(["REV", "TIME", "STATUS", "EVENT", "DETAIL"]))
+    );
     let status_beside = |kind: &str| {
-        let line = replay.lines().find(|l| l.split_whitespace().nth(2) == Some(kind)).unwrap_or_default();
-        line.split_whitespace().nth(1).unwrap_or_default().to_string()
+        let line = replay.lines().find(|l| l.split_whitespace().nth(3) == Some(kind)).unwrap_or_default();
+        let time = line.split_whitespace().nth(1).unwrap_or_default();
+        assert!(time.len() == 20 && time.ends_with('Z'), "a timestamp: {line}");
+        line.split_whitespace().nth(2).unwrap_or_default().to_string()
     };
     assert_eq!(status_beside("submitted"), "queued", "{replay}");
     assert_eq!(status_beside("allocation_done"), "done", "{replay}");
@@ -277,7 +386,10 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     assert!(!o.status.success() && err.contains("node node-4 is stopped: cannot drain (allowed from ready)"), "{err}");
     assert_eq!(call(&["node", "restart", "node-4", "--by", "t91"])["status"], "ready");
 
-    // Ctrl-C ends muster dev cleanly.
+    // Ctrl-C ends muster dev cleanly, and quietly: no warnings as its
+    // replicas and agents go away one by one.
+    let log = dir.path().join("dev.stderr");
+    let logged_before = std::fs::read_to_string(&log).unwrap().len();
     Command::new("kill").args(["-INT", &dev.id().to_string()]).status().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -288,4 +400,6 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
         assert!(Instant::now() < deadline, "muster dev ignored Ctrl-C");
         std::thread::sleep(Duration::from_millis(100));
     }
+    let after = std::fs::read_to_string(&log).unwrap()[logged_before..].to_string();
+    assert!(!after.contains("WARN"), "warnings after Ctrl-C:\n{after}");
 }

@@ -188,9 +188,17 @@ fn t153_constraints_and_packing_through_the_cli() {
     let packed = nodes_of(&id);
     assert!(packed == ["node-1", "node-2"] || packed == ["node-3", "node-4"], "{packed:?}");
     // No node has a B200: explain says so.
-    let id = submit(&["--constraint", "gpu.model=B200"]);
+    let o = run(&["submit", "--constraint", "gpu.model=B200", "--", "true"]);
+    assert_eq!(o.status.code(), Some(1), "refused at submit");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no node has gpu.model=B200; known gpu.model values: A100, H100"), "{err}");
+    let id = submit(&["--constraint", "gpu.model=B200", "--queue-if-unsatisfiable"]);
     let e = json(&["alloc", "explain", &id]);
-    assert_eq!(e["summary"], "no ready node has gpu.model=B200", "{e}");
+    assert_eq!(
+        e["summary"],
+        "it can never run on the registered nodes: no node has gpu.model=B200; known gpu.model values: A100, H100",
+        "{e}"
+    );
     // Bad expressions: a clear error, a non-zero exit, nothing submitted.
     let before = json(&["alloc", "list"])["allocations"].as_array().unwrap().len();
     for (flag, value, message) in [

@@ -111,7 +111,7 @@ fn t149_history_and_usage_answer_for_real_work_after_it_is_forgotten_and_after_a
     // 2: fails for good (no retries).
     until_ok(&addr, &["submit", "--gpus", "1", "--max-retries", "0", "--", "sh", "-c", "exit 7"]);
     // 3: cancelled while queued (it asks for more GPUs than a node has).
-    until_ok(&addr, &["submit", "--gpus", "2", "-n", "3", "--", "true"]);
+    until_ok(&addr, &["submit", "--gpus", "2", "-n", "3", "--queue-if-unsatisfiable", "--", "true"]);
     until_ok(&addr, &["alloc", "cancel", "3"]);
     // All three end and leave the live state.
     let deadline = Instant::now() + WAIT;

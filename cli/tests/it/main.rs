@@ -15,6 +15,7 @@ mod failover;
 mod hardening;
 mod history;
 mod node_lifecycle;
+mod node_trust;
 mod preemption;
 mod readme;
 mod security;
@@ -343,8 +344,10 @@ fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
     assert!(body.contains("muster_gang_teardown_seconds"), "{body}");
     assert!(!body.contains("muster_gang_teardown_force_drained_total 1"), "nothing was forced: {body}");
     // Task 0 was charged and ran twice; task 1 was refunded and ran twice.
-    assert!(get.contains("attempts  2  runs  2  epoch  2  preemption epoch  0"), "{get}");
-    assert!(get.contains("attempts  1  runs  2  epoch  2  preemption epoch  1"), "{get}");
+    assert!(get.contains("attempts  2  runs  2  epoch  2  teardown  0"), "{get}");
+    assert!(get.contains("attempts  1  runs  2  epoch  2  teardown  1"), "{get}");
+    // Its counters agree: one teardown, one failed run, no preemption.
+    assert!(get.contains("never preempted; torn down once; failed runs 1 of 3"), "{get}");
 }
 
 /// Priority preemption through real `muster server` and `muster agent`

@@ -218,7 +218,10 @@ async fn t99c_a_failing_task_retries_on_its_draining_node_three_times() {
     // Waits for a release file in its node's work dir, then fails: the first
     // attempt fails once the node drains; the next ones fail at once; on the
     // other node (no file) it waits.
-    let script = "while [ ! -f release-$MUSTER_ALLOC_ID ]; do sleep 0.1; done; echo failing; exit 3";
+    // Each attempt exits with its own code, so the fast failures are not
+    // the same failure twice (which would fail the job at once).
+    let script =
+        "while [ ! -f release-$MUSTER_ALLOC_ID ]; do sleep 0.1; done; echo failing; exit $((2 + MUSTER_ATTEMPT))";
     let id = submit(&c, job(script, 6, false)).await;
     let running = until(&c, id, "running", |x| status(x) == v1::AllocationStatus::Running).await;
     let x = running.tasks[0].node_id.clone();

@@ -17,7 +17,8 @@
 //! Each command runs in one bash session, in order. A command that fails is
 //! tried again for a while before the test fails, as a reader types the
 //! next command a moment later (a server just started in the background
-//! may not answer yet). The Python block is the client's own suite's (t125).
+//! may not answer yet). The Python block runs as written against `muster
+//! dev` (t187).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -219,7 +220,15 @@ fn t172_the_readme_three_replica_cluster_runs() {
     assert!(out("cluster status ").contains("leader"), "{}", out("cluster status "));
     let status: serde_json::Value = serde_json::from_str(out("--output json")).expect("cluster status JSON");
     assert_eq!(status["replicas"].as_array().map(Vec::len), Some(3), "{status}");
-    assert!(out("alloc list").contains("python3"), "the submitted gang is listed:\n{}", out("alloc list"));
+    // The agents ran the gang to its end, rank 1 on its own node.
+    assert!(out("alloc watch 1").contains("allocation_done"), "{}", out("alloc watch 1"));
+    let list = out("alloc list");
+    let header = list.lines().next().unwrap_or_default();
+    for column in ["NAME", "SUBMITTED", "STARTED", "ELAPSED", "NODES"] {
+        assert!(header.contains(column), "alloc list shows {column}:\n{list}");
+    }
+    assert!(list.contains("hello") && list.contains("done") && list.contains("node-"), "{list}");
+    assert!(out("alloc logs 1").contains("rank 1 of 2, rendezvous 127.0.0.1:"), "{}", out("alloc logs 1"));
     assert!(out("token create").to_lowercase().contains("token"), "{}", out("token create"));
 }
 
@@ -265,25 +274,35 @@ fn t173_the_readme_more_to_run_blocks_run_against_muster_dev() {
     // The dashboard, metrics, grpcurl, backup and restore.
     let grpc = dev.sched.split(',').next().unwrap().to_string();
     let http_port = dev.http[0].rsplit(':').next().unwrap().to_string();
-    let peers: Vec<String> = (1..=3).map(|i| format!("{i}=127.0.0.1:{}", free_port())).collect();
-    let restored = dir.path().join("restored");
-    let mut cmds = commands(
-        &web.replace("HTTP_PORT", &http_port)
-            .replace("GRPC_ADDR", &grpc)
-            .replace("1=…,2=…,3=…", &peers.join(","))
-            .replace("/var/lib/muster", &restored.display().to_string()),
-    );
+    let mut cmds = commands(&web.replace("HTTP_PORT", &http_port).replace("GRPC_ADDR", &grpc));
+    // The install line names what CI installs; a test does not install.
+    let install = cmds.iter().position(|c| c.starts_with("python3 -m pip install")).expect("grpcurl's install line");
+    let package = cmds.remove(install).split_whitespace().nth(4).unwrap_or_default().to_string();
+    let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
+    assert!(!package.is_empty() && ci.contains(&package), "the README installs grpcurl as CI does: {package}");
     if tool("grpcurl").is_none() {
         cmds.retain(|c| !c.starts_with("grpcurl"));
     }
-    let work = tempfile::tempdir().unwrap();
-    let ran = run_session(&cmds, work.path(), &env, &bin, Duration::from_secs(30));
+    // Outputs go to the temporary directory the block makes, not the
+    // repository (the session runs in the repository's root).
+    let tmp = tempfile::tempdir().unwrap();
+    let before = git_status();
+    let ran = run_session(
+        &cmds,
+        &root(),
+        &[env.as_slice(), &[("TMPDIR", tmp.path().display().to_string())]].concat(),
+        &bin,
+        Duration::from_secs(30),
+    );
     let out = |needle: &str| &ran.iter().find(|r| r.command.contains(needle)).expect(needle).stdout;
     assert!(out("/metrics").contains("muster_raft_term"), "Prometheus text");
     if let Some(r) = ran.iter().find(|r| r.command.starts_with("grpcurl")) {
         assert!(r.stdout.contains("muster.v1.AllocationService"), "{}", r.stdout);
     }
-    assert!(restored.join("log").is_dir() || restored.read_dir().is_ok_and(|mut d| d.next().is_some()));
+    let made: Vec<PathBuf> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.path()).collect();
+    let restored = made.iter().map(|d| d.join("restored-1")).find(|d| d.is_dir()).expect("restored under $T");
+    assert!(restored.read_dir().is_ok_and(|mut d| d.next().is_some()), "the restore wrote {}", restored.display());
+    assert_eq!(git_status(), before, "the blocks leave nothing in the repository");
     drop(dev);
 
     // A dev cluster with vClusters: its flags, as the README gives them.
@@ -299,6 +318,51 @@ fn t173_the_readme_more_to_run_blocks_run_against_muster_dev() {
     for name in ["ml", "batch"] {
         assert!(names.iter().any(|n| n == name), "{name} created: {names:?}");
     }
+}
+
+/// `git status --porcelain` of the repository (empty outside a checkout).
+fn git_status() -> String {
+    Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=all"])
+        .current_dir(root())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// The README's Python block, run as written against `muster dev` with the
+/// environment the tour exported: the gang it submits runs to its end.
+#[test]
+fn t187_the_readme_python_block_runs_against_muster_dev() {
+    if !python_imports("muster_client, grpc", "the Python client", "python3 -m pip install -e 'clients/python[test]'") {
+        return;
+    }
+    let mut found = None;
+    let mut section = "";
+    let mut lines = README.lines();
+    while let Some(line) = lines.next() {
+        if let Some(h) = line.strip_prefix("## ") {
+            section = h.trim();
+        } else if line.trim() == "```python" && section == "More to run" {
+            found = Some(lines.by_ref().take_while(|l| !l.starts_with("```")).collect::<Vec<_>>().join("\n"));
+            break;
+        }
+    }
+    let code = found.expect("a python block under ## More to run");
+    let dev = Dev::start();
+    let o = Command::new("python3")
+        .args(["-c", &code])
+        .current_dir(root())
+        .env("MUSTER_SCHEDULER", &dev.sched)
+        .env("MUSTER_TLS_DIR", &dev.tls)
+        .output()
+        .unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "the Python block failed:\n{out}{err}");
+    assert!(out.contains("allocation_done") || out.contains("done"), "its events, to the end:\n{out}");
+    let listed = dev.ok(&["alloc", "list", "--name", "from-python"]);
+    let all = listed["allocations"].as_array().expect("allocations");
+    assert!(all.len() == 1 && all[0]["status"] == "done", "{listed}");
 }
 
 /// The simulator, chaos, probe and benchmark lines. A `muster` command

@@ -182,19 +182,17 @@ impl Ghost {
     pub(crate) async fn connect(c: &LocalCluster) -> Ghost {
         let resources = v1::Resources { gpus: 8, vram_mb: 80_000, mem_mb: 256_000, cpus: 32 };
         // Admitted, as an operator would admit a real node.
-        let deadline = Instant::now() + WAIT;
         let admit = v1::AdmitNodeRequest {
             id: "ghost".into(),
             admission: Some(v1::NodeAdmission { resources: Some(resources), ..Default::default() }),
             revoke: false,
         };
-        while let Err(e) = muster_proto::v1::node_service_client::NodeServiceClient::new(c.leader_channel().await)
-            .admit_node(admit.clone())
-            .await
-        {
-            assert!(Instant::now() < deadline, "the ghost was never admitted: {e:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::cluster::until_some("the ghost's admission", Duration::from_millis(100), || async {
+            let mut nodes = muster_proto::v1::node_service_client::NodeServiceClient::new(c.leader_channel().await);
+            nodes.admit_node(admit.clone()).await.ok()
+        })
+        .await;
+        let deadline = Instant::now() + WAIT;
         loop {
             if let Some(l) = c.leader_id()
                 && let Some(ch) = crate::cluster::channel_as(
@@ -240,7 +238,10 @@ impl Ghost {
     /// The next message of the kind `pick` accepts (heartbeat repeats and
     /// the like are skipped).
     pub(crate) async fn wait_for<T>(&mut self, mut pick: impl FnMut(Down) -> Option<T>) -> T {
+        // Heartbeat acks keep coming: the wait as a whole has a deadline.
+        let deadline = Instant::now() + WAIT;
         loop {
+            assert!(Instant::now() < deadline, "the leader never sent the message waited for");
             if let Some(t) = pick(self.next().await) {
                 return t;
             }
@@ -267,7 +268,13 @@ async fn t86_a_silent_node_is_force_drained_and_stale_acks_are_refused() {
     let c = LocalCluster::start(dir.path(), cfg).await.unwrap();
     let mut ghost = Ghost::connect(&c).await;
     // Task on node-1 fails in the first two rounds; the ghost's task "runs".
-    let id = submit(&c, gang(2, r#"if [ "$MUSTER_EPOCH" -le 2 ]; then sleep 1; exit 4; fi; echo ok"#, 5)).await;
+    // (A different exit code each round: the same early failure twice in a
+    // row would fail the gang at once.)
+    let id = submit(
+        &c,
+        gang(2, r#"if [ "$MUSTER_EPOCH" -le 2 ]; then sleep 1; exit $((3 + MUSTER_EPOCH)); fi; echo ok"#, 5),
+    )
+    .await;
 
     // Round 1: claim, then ignore the preempt.
     let task = ghost.wait_for(|m| if let Down::Assign(a) = m { a.task } else { None }).await;

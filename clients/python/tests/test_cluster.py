@@ -98,9 +98,13 @@ def test_idempotency_key_returns_the_same_allocation(client: Client) -> None:
     assert kinds_until_end(client, first.id)[-1].kind in TERMINAL_EVENTS
 
 
-def test_explain_says_why_an_impossible_gang_waits(client: Client) -> None:
+def test_an_impossible_gang_is_refused_or_queued_on_request(client: Client) -> None:
     # Four nodes of 8 GPUs: a gang of 5 x 8 GPUs can never be placed.
-    r = client.submit(["true"], gang_size=5, gpus=8)
+    with pytest.raises(MusterError) as refused:
+        client.submit(["true"], gang_size=5, gpus=8)
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "the gang of 5 needs 5 nodes" in str(refused.value), refused.value
+    r = client.submit(["true"], gang_size=5, gpus=8, queue_if_unsatisfiable=True)
     try:
         e = client.explain(r.id)
         assert e.id == r.id
@@ -136,12 +140,23 @@ def test_dry_run_plans_and_submits_nothing(client: Client) -> None:
 
 
 def test_placement_and_rendezvous_ports_reach_the_scheduler(client: Client) -> None:
-    # muster dev's nodes are labelled gpu.model=fake: no node has an H100.
-    r = client.submit(["true"], constraints=["gpu.model=H100"], pack_by="rack:preferred")
+    # muster dev's nodes are labelled gpu.model=fake: no node has an H100,
+    # so the submit is refused naming the models there are, unless queued
+    # on request.
+    with pytest.raises(MusterError) as refused:
+        client.submit(["true"], constraints=["gpu.model=H100"])
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no node has gpu.model=H100; known gpu.model values: fake" in refused.value.message
+    r = client.submit(
+        ["true"], constraints=["gpu.model=H100"], pack_by="rack:preferred", queue_if_unsatisfiable=True, name="h100"
+    )
     try:
         a = client.get(r.id)
         assert list(a.spec.constraints) == ["gpu.model=H100"] and a.spec.pack_by == "rack:preferred"
-        assert client.explain(r.id).summary == "no ready node has gpu.model=H100"
+        assert a.spec.name == "h100"
+        assert client.explain(r.id).summary == (
+            "it can never run on the registered nodes: no node has gpu.model=H100; known gpu.model values: fake"
+        )
     finally:
         client.cancel(r.id)
     ok = client.submit(["sleep", "5"], gang_size=2, ports=2, constraints=["gpu.model in (fake)"])

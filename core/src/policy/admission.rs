@@ -8,6 +8,8 @@
 //!        largest gang first, then class, then priority, then submit time
 //!      (or strictly by submit time, stopping at the first misfit, with
 //!       `Order::Fifo`: the first-come-first-served baseline)
+//!      (a gang that failed waits out its back-off, `retry_after_ms`:
+//!       skipped, not blocking the line)
 //!   3. place each gang on distinct ready nodes with room for one task each,
 //!      counting reserved and running tasks as used, best fit on GPUs, and
 //!      subtract it before the next gang (a gang retried after a watchdog
@@ -106,6 +108,8 @@ pub struct PassStats {
     pub gangs_considered: usize,
     /// Gangs held back by their vCluster's hard quota.
     pub quota_waits: usize,
+    /// Gangs that failed and wait out their back-off.
+    pub backoff_waits: usize,
     /// Gangs that found room but no node among their places with the
     /// rendezvous ports they ask for free.
     pub port_waits: usize,
@@ -477,6 +481,10 @@ impl<'a> Pass<'a> {
     /// Tries `a` on its vCluster's home nodes and shared ones.
     fn try_home(&mut self, a: &Allocation, plan: &mut AdmissionPlan, capacity: &mut Overlay) -> Tried {
         plan.stats.gangs_considered += 1;
+        if a.retry_after_ms > self.now_ms {
+            plan.stats.backoff_waits += 1;
+            return Tried::Skipped;
+        }
         let home = self.state.home_key(&a.spec.vcluster);
         let shape = (home, Shape::of(a));
         if self.failed.contains(&shape) {
@@ -579,7 +587,7 @@ impl<'a> Pass<'a> {
         let state = self.state;
         let home = state.home_key(&a.spec.vcluster);
         let shape = (home, Shape::of(a));
-        if self.failed_borrow.contains(&shape) || self.over_quota(a, &[]) {
+        if self.failed_borrow.contains(&shape) || self.over_quota(a, &[]) || a.retry_after_ms > self.now_ms {
             return;
         }
         let need = a.spec.resources;

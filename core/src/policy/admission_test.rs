@@ -524,9 +524,17 @@ fn explain_names_the_constraint_no_node_meets() {
     let mut c = labelled(&[(8, a100), (8, a100)]);
     let h = c.submit_with(1, 1, |s| s.placement = placement("gpu.model=H100", None));
     let e = crate::policy::explain(&c.s, h, c.now, &Default::default()).unwrap();
-    assert_eq!(e.summary, "no ready node has gpu.model=H100");
+    assert_eq!(
+        e.summary,
+        "it can never run on the registered nodes: no node has gpu.model=H100; known gpu.model values: A100"
+    );
+    // The dry run of the same request says the same, preemption included.
+    let spec = c.s.alloc(h).unwrap().spec.clone();
+    let dry = crate::policy::explain_spec(&c.s, &spec, c.now, &Default::default());
+    assert_eq!((dry.summary, dry.preemption), (e.summary.clone(), e.preemption.clone()));
+    assert_eq!(e.planned_start, None, "no planned start on nodes it may not use");
     assert!(e.classes.iter().any(|k| k.reason == "not a place for this gang: has no gpu.model=H100"), "{e:?}");
     let r = c.submit_with(3, 1, |s| s.placement = placement("", Some("rack")));
     let e = crate::policy::explain(&c.s, r, c.now, &Default::default()).unwrap();
-    assert_eq!(e.summary, "no ready node is a place for this gang: 2 nodes: lacks the rack label it packs by");
+    assert_eq!(e.summary, "it can never run on the registered nodes: no node has the rack label the gang packs by");
 }

@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::sm::{AllocId, Allocation, Holder, NodeSlot, Resources, State, Usage, fits};
+use crate::sm::{AllocId, AllocSpec, Allocation, Holder, NodeSlot, Resources, State, Usage, fits};
 
 /// When a blocked gang is planned to start, and where.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,13 +108,22 @@ pub fn planned_start(state: &State, a: &Allocation, now_ms: u64) -> Option<Plann
     if !a.is_queued() || a.nomination.is_some() {
         return None;
     }
-    let homes = [state.home_key(&a.spec.vcluster), 0];
+    planned_start_of(state, &a.spec, a.id, now_ms)
+}
+
+/// [`planned_start`] of a spec, submitted as `alloc` or not yet (a dry run):
+/// on its home and shared ready nodes that meet its placement.
+pub fn planned_start_of(state: &State, spec: &AllocSpec, alloc: AllocId, now_ms: u64) -> Option<PlannedStart> {
+    let homes = [state.home_key(&spec.vcluster), 0];
     let index = state.free_gpu_index();
+    let placement = &spec.placement;
     let nodes = homes
         .iter()
         .flat_map(|&h| index.range((h, 0, NodeSlot(0))..=(h, u32::MAX, NodeSlot(u32::MAX))))
-        .map(|&(_, _, slot)| (slot, state.node(slot).free()));
+        .map(|&(_, _, slot)| slot)
+        .filter(|&slot| placement.is_any() || placement.admits(&state.node(slot).labels))
+        .map(|slot| (slot, state.node(slot).free()));
     let (start_ms, nodes) =
-        project(state, &a.spec.resources, a.spec.gang_size as usize, now_ms, nodes, &PendingEnds::new(), |_| false)?;
-    Some(PlannedStart { alloc: a.id, start_ms, nodes })
+        project(state, &spec.resources, spec.gang_size as usize, now_ms, nodes, &PendingEnds::new(), |_| false)?;
+    Some(PlannedStart { alloc, start_ms, nodes })
 }

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::admission::{AdmissionConfig, plan_admission};
-use super::backfill::{PlannedStart, planned_start};
+use super::backfill::{PlannedStart, planned_start, planned_start_of};
 use super::preemption::{Decision, NoPreemption, PreemptionConfig, Preemptor, decide, waits_for};
 use crate::sm::{
     AllocId, AllocSpec, AllocStatus, Command, LabelOp, NodeStatus, Placement, Resources, State, Usage, fits,
@@ -119,25 +119,19 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
         // Held back by its own vCluster's quota: no preemption can help.
         e.summary = format!("waiting for {quota}");
     } else if a.is_queued() {
-        // One projection serves both the planned start shown and the wait
-        // before preempting.
-        let planned = planned_start(state, a, now_ms);
-        let waits = waits_for(planned.as_ref(), now_ms, cfg);
-        e.planned_start = planned.filter(|p| p.start_ms > now_ms);
-        if let Some(p) = &e.planned_start {
-            let nodes: Vec<String> = p.nodes.iter().map(|&s| state.node(s).id.to_string()).collect();
+        pending(state, &mut e, &a.spec, planned_start(state, a, now_ms), &Preemptor::of(state, a), now_ms, cfg);
+        if a.failed_before() && matches!(e.preemption, Some(Ok(_))) {
+            e.preemption = Some(Err(NoPreemption::Retry { failures: a.failures }));
+        }
+        if a.retry_after_ms > now_ms {
             e.summary = format!(
-                "{}; planned start in {} on {} (when running work reaches its walltime: smaller gangs run \
-                 first only if they end by then)",
-                e.summary,
-                crate::words::duration((p.start_ms - now_ms).div_ceil(1000) * 1000),
-                nodes.join(", ")
+                "backing off after its failure {} of {}: admission places it again in {}; {}",
+                a.failures,
+                a.spec.max_retries,
+                crate::words::duration((a.retry_after_ms - now_ms).div_ceil(1000) * 1000),
+                e.summary
             );
         }
-        e.preemption = Some(match waits {
-            Some(why) => Err(why),
-            None => decide(state, &Preemptor::of(state, a), now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()),
-        });
     }
     Some(e)
 }
@@ -227,7 +221,8 @@ pub fn explain_with_admission(
 }
 
 /// The dry run of submitting `spec` at `now_ms`: where it stands against
-/// the cluster now, and what it would preempt.
+/// the cluster now, and what it would preempt. The same path as
+/// [`explain`]'s for a queued gang, so both say the same of the same request.
 pub fn explain_spec(state: &State, spec: &AllocSpec, now_ms: u64, cfg: &PreemptionConfig) -> Explanation {
     let mut e = explain_gang(state, spec, AllocStatus::Queued, true);
     let p = Preemptor {
@@ -239,8 +234,143 @@ pub fn explain_spec(state: &State, spec: &AllocSpec, now_ms: u64, cfg: &Preempti
         home: Some(state.home_key(&spec.vcluster)),
         placement: spec.placement.clone(),
     };
-    e.preemption = Some(decide(state, &p, now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()));
+    pending(state, &mut e, spec, planned_start_of(state, spec, 0, now_ms), &p, now_ms, cfg);
     e
+}
+
+/// The pending part of an answer, for a queued gang and a dry run alike: a
+/// request no registered node can ever satisfy says what is missing; else
+/// its planned start (when running work ends at its walltime), and whether
+/// waiting comes before preempting or what a preemption would do.
+fn pending(
+    state: &State,
+    e: &mut Explanation,
+    spec: &AllocSpec,
+    planned: Option<PlannedStart>,
+    p: &Preemptor,
+    now_ms: u64,
+    cfg: &PreemptionConfig,
+) {
+    if let Some(why) = unsatisfiable(state, spec) {
+        e.summary = format!("it can never run on the registered nodes: {why}");
+    }
+    let waits = waits_for(planned.as_ref(), now_ms, cfg);
+    e.planned_start = planned.filter(|p| p.start_ms > now_ms);
+    if let Some(p) = &e.planned_start {
+        let nodes: Vec<String> = p.nodes.iter().map(|&s| state.node(s).id.to_string()).collect();
+        e.summary = format!(
+            "{}; planned start in {} on {} (when running work reaches its walltime: smaller gangs run \
+             first only if they end by then)",
+            e.summary,
+            crate::words::duration((p.start_ms - now_ms).div_ceil(1000) * 1000),
+            nodes.join(", ")
+        );
+    }
+    e.preemption = Some(match waits {
+        Some(why) => Err(why),
+        None => decide(state, p, now_ms, cfg, &BTreeSet::new(), &BTreeSet::new()),
+    });
+}
+
+/// Most label values an answer lists.
+const MAX_VALUES_LISTED: usize = 10;
+
+/// What no registered node (terminated ones aside) can ever give a gang of
+/// `spec`, in words, when no `gang_size` of them could each take a task with
+/// every resource, constraint and port it asks for; `None` when enough
+/// could (busy or not), or when no node is registered at all (nothing to
+/// judge by yet). The submit edge refuses such a request unless told to
+/// queue it anyway.
+pub fn unsatisfiable(state: &State, spec: &AllocSpec) -> Option<String> {
+    let live: Vec<&crate::sm::Node> = state.nodes().iter().filter(|n| n.status != NodeStatus::Terminated).collect();
+    if live.is_empty() {
+        return None;
+    }
+    let n = spec.gang_size;
+    let need = &spec.resources;
+    let placed: Vec<&&crate::sm::Node> = live.iter().filter(|node| spec.placement.admits(&node.labels)).collect();
+    let sized: Vec<&&&crate::sm::Node> =
+        placed.iter().filter(|node| never_fits(need, &node.resources).is_none()).collect();
+    // Only task 0 takes rendezvous ports: one node with enough will do.
+    let ported = spec.ports == 0 || sized.iter().any(|node| u32::from(node.ports().count) >= spec.ports);
+    if sized.len() >= n as usize && ported {
+        return None;
+    }
+    if placed.is_empty() {
+        return Some(unmet_constraints(&live, &spec.placement));
+    }
+    if sized.len() < n as usize {
+        let most = |f: fn(&Resources) -> u64| placed.iter().map(|node| f(&node.resources)).max().unwrap_or(0);
+        let short = if need.gpus > 0 && u64::from(need.gpus) > most(|r| u64::from(r.gpus)) {
+            format!("a task needs {} GPUs; the most any node has is {}", need.gpus, most(|r| u64::from(r.gpus)))
+        } else if need.gpus > 0 && need.vram_mb > most(|r| if r.gpus > 0 { r.vram_mb } else { 0 }) {
+            format!(
+                "a task needs {} MB of memory on each GPU; the most any node's GPUs have is {} MB",
+                need.vram_mb,
+                most(|r| if r.gpus > 0 { r.vram_mb } else { 0 })
+            )
+        } else if need.mem_mb > most(|r| r.mem_mb) {
+            format!("a task needs {} MB of memory; the most any node has is {} MB", need.mem_mb, most(|r| r.mem_mb))
+        } else if u64::from(need.cpus) > most(|r| u64::from(r.cpus)) {
+            format!("a task needs {} CPUs; the most any node has is {}", need.cpus, most(|r| u64::from(r.cpus)))
+        } else {
+            format!("no node has every resource a task needs ({})", describe_need(need))
+        };
+        if sized.is_empty() {
+            return Some(short);
+        }
+        return Some(format!(
+            "the gang of {n} needs {n} nodes that could each take a task ({}), and only {} could{}",
+            describe_need(need),
+            sized.len(),
+            if placed.len() < live.len() { " of those that meet its constraints" } else { "" }
+        ));
+    }
+    let most = sized.iter().map(|node| node.ports().count).max().unwrap_or(0);
+    Some(format!(
+        "task 0 needs {} rendezvous ports; the most any node that could take it offers is {most} (its muster.ports \
+         label)",
+        spec.ports
+    ))
+}
+
+/// `8 GPUs of 40000 MB, 16000 MB of memory, 4 CPUs`.
+fn describe_need(need: &Resources) -> String {
+    let gpus = if need.gpus > 0 { format!("{} GPUs of {} MB, ", need.gpus, need.vram_mb) } else { String::new() };
+    format!("{gpus}{} MB of memory, {} CPUs", need.mem_mb, need.cpus)
+}
+
+/// Why no node of `live` meets `placement`: the first constraint none
+/// meets (with the values the nodes do have), or that none meets them all.
+fn unmet_constraints(live: &[&crate::sm::Node], placement: &Placement) -> String {
+    let known = |key: &str| {
+        let values: BTreeSet<&str> = live.iter().filter_map(|node| node.labels.get(key).map(String::as_str)).collect();
+        if values.is_empty() {
+            return format!("no node has a {key} label");
+        }
+        let mut listed: Vec<&str> = values.iter().copied().take(MAX_VALUES_LISTED).collect();
+        if values.len() > MAX_VALUES_LISTED {
+            listed.push("…");
+        }
+        format!("known {key} values: {}", listed.join(", "))
+    };
+    for c in &placement.constraints {
+        if live.iter().any(|node| c.matches(&node.labels)) {
+            continue;
+        }
+        return match &c.op {
+            LabelOp::Eq(_) | LabelOp::In(_) => format!("no node has {c}; {}", known(&c.key)),
+            LabelOp::Exists => format!("no node has a {} label", c.key),
+            _ => format!("no node meets {c}"),
+        };
+    }
+    if let Some(p) = placement.pack_by.as_ref().filter(|p| p.required)
+        && !live.iter().any(|node| node.labels.contains_key(&p.key))
+    {
+        return format!("no node has the {} label the gang packs by", p.key);
+    }
+    let all: Vec<String> = placement.constraints.iter().map(|c| c.to_string()).collect();
+    format!("no node meets all of its constraints together: {}", all.join(", "))
 }
 
 /// Why a node with `labels` is not a place for a gang with `placement`.
@@ -427,7 +557,12 @@ mod tests {
         let mut s = cluster(&[(8, 80_000), (8, 80_000), (8, 40_000)]);
         let id = submit(&mut s, 3, 4, 60_000);
         let e = explain(&s, id, 10, &PreemptionConfig::default()).unwrap();
-        assert!(e.summary.contains("larger than any feasible set: only 2 ready nodes"), "{}", e.summary);
+        assert!(
+            e.summary.starts_with("it can never run on the registered nodes: the gang of 3 needs 3 nodes")
+                && e.summary.ends_with("and only 2 could"),
+            "{}",
+            e.summary
+        );
         let small = e.classes.iter().find(|c| c.class.starts_with("8 GPU x 40000")).unwrap();
         assert!(small.reason.contains("GPUs have 40000 MB; a task needs 60000 MB each"), "{small:?}");
     }

@@ -392,6 +392,25 @@ pub enum Command {
         /// [`MAX_FORGET_CHECKPOINTS`](super::types::MAX_FORGET_CHECKPOINTS)).
         seqs: Vec<u64>,
     },
+    /// A task's process failed, with the tail of its stderr: `FailTask`
+    /// plus what the fail-fast rule compares (the same early failure twice
+    /// in a row fails the allocation) and `alloc get` shows.
+    FailTaskWithTail {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The reservation epoch of the attempt.
+        epoch: u64,
+        /// The exit code, if the process exited with one.
+        exit_code: Option<i32>,
+        /// The last lines of its stderr (at most
+        /// [`crate::sm::MAX_FAILURE_TAIL_BYTES`], as
+        /// [`crate::sm::failure_tail`] cuts them).
+        tail: String,
+    },
     /// An admin sets the cluster's checkpoint settings: the default store,
     /// how many checkpoints each task keeps, and the default cap.
     SetCheckpointSettings {
@@ -422,7 +441,7 @@ impl Command {
             Command::RollbackGang { .. } => "rollback_gang",
             Command::StartTask { .. } => "start_task",
             Command::FinishTask { .. } => "finish_task",
-            Command::FailTask { .. } => "fail_task",
+            Command::FailTask { .. } | Command::FailTaskWithTail { .. } => "fail_task",
             Command::CancelAllocation { .. } => "cancel_allocation",
             Command::ConfirmPreempted { .. } => "confirm_preempted",
             Command::SaveCheckpoint { .. } => "save_checkpoint",

@@ -1,6 +1,7 @@
 //! One test per transition and per rejection of [`State::apply`].
 
 mod borrowing;
+mod failfast;
 mod history;
 mod lifecycle;
 mod placement;
@@ -638,7 +639,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "872d84891a7cf00d856edc552d65a7a59a7c459392cbb4ab9a4426baeb7a68f1"
+        "63d59e31c7bd89b101b193451783850cbc5a8a359e2b2f03c3cda20bc88ebc93"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

@@ -42,6 +42,23 @@ pub struct Limits {
     /// Failures of a single task retried in place on its draining node (the
     /// worker-draining seed's 3); later ones go back to the queue.
     pub drain_max_retries: u32,
+    /// A failure this soon after its start (or a start that failed) is
+    /// early: the same early failure twice in a row fails the allocation
+    /// instead of retrying it.
+    pub early_failure_ms: u64,
+    /// The back-off before a gang that failed is placed again: this, doubled
+    /// for each failure after the first, up to `retry_backoff_cap_ms`.
+    pub retry_backoff_ms: u64,
+    /// The longest back-off.
+    pub retry_backoff_cap_ms: u64,
+}
+
+impl Limits {
+    /// The back-off after the gang's `failures`-th failure.
+    pub fn retry_backoff(&self, failures: u32) -> u64 {
+        let doublings = failures.saturating_sub(1).min(32);
+        self.retry_backoff_ms.saturating_mul(1u64 << doublings).min(self.retry_backoff_cap_ms)
+    }
 }
 
 impl Default for Limits {
@@ -57,6 +74,9 @@ impl Default for Limits {
             max_labels: 64,
             watchdog_max_retries: 3,
             drain_max_retries: 3,
+            early_failure_ms: 10_000,
+            retry_backoff_ms: 1_000,
+            retry_backoff_cap_ms: 60_000,
         }
     }
 }
@@ -96,6 +116,9 @@ pub fn is_bidi_control(c: char) -> bool {
 /// Checks a submitted allocation against `limits`.
 pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection> {
     check_name("owner", &spec.owner, limits).map_err(|r| invalid("owner", r))?;
+    if !spec.name.is_empty() {
+        check_name("name", &spec.name, limits).map_err(|r| invalid("name", r))?;
+    }
     if spec.gang_size == 0 {
         return Err(invalid("gang_size", "must be at least 1"));
     }

@@ -317,6 +317,17 @@ impl AllocationService for ClientApi {
                 None => {}
             }
         }
+        // What no registered node can ever run is refused before the log,
+        // unless the caller expects nodes that are not here yet.
+        if !req.dry_run
+            && !req.queue_if_unsatisfiable
+            && let Some(why) = self.s.reader.read(|st| crate::policy::unsatisfiable(st, &spec))
+        {
+            return Err(Status::failed_precondition(format!(
+                "unsatisfiable: no registered node can ever run it: {why} (submit with --queue-if-unsatisfiable, \
+                 queue_if_unsatisfiable in the API, to queue it for nodes yet to join)"
+            )));
+        }
         if req.dry_run {
             linearizable(&self.s).await?;
             let cfg = self.s.preemption;

@@ -5,7 +5,7 @@
 //!
 //! A tick runs when the admission interval elapses, when a submit or a
 //! release wakes admission, when a preemption pass that had to wait for its
-//! interval may run, and every `liveness_every_ms` for the node-lost and
+//! interval may run, when a failed gang's back-off ends, and every `liveness_every_ms` for the node-lost and
 //! deadline passes. What each pass decides, and in which order, is
 //! `muster_core::tick`'s; the simulator drives the same [`Tick`].
 
@@ -72,10 +72,23 @@ async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
                 None => std::future::pending().await,
             }
         };
+        // A gang backing off after a failure is placed when its back-off
+        // ends, not at the next admission interval.
+        let backoff_at = s.reader.read(|st| {
+            let now = s.now(st);
+            st.next_retry_after(now).map(|at| tokio::time::Instant::now() + Duration::from_millis(at - now))
+        });
+        let backoff = async {
+            match backoff_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let wake = tokio::select! {
             _ = admission_tick.tick() => Wake { admission: true },
             _ = s.admission_wake.notified() => Wake { admission: true },
             _ = retry => Wake { admission: true },
+            _ = backoff => Wake { admission: true },
             _ = liveness_tick.tick() => Wake { admission: false },
             changed = leading.changed() => if changed.is_err() { return } else { continue },
         };

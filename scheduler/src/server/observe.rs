@@ -70,6 +70,13 @@ pub fn observe(outcome: &Outcome) {
                     );
                 }
             },
+            Event::TaskFailed { charged: true, .. } => {
+                metrics::counter!("muster_task_failures_total").increment(1);
+            }
+            Event::AllocationFailed { alloc, reason } => {
+                metrics::counter!("muster_allocations_failed_total").increment(1);
+                tracing::warn!(alloc_id = alloc, reason = %reason, "allocation failed");
+            }
             Event::DrainStarted { node, by, reason, deadline_ms, tasks } => {
                 tracing::info!(node = %node, by = %by, reason = %reason, deadline_ms, tasks, "node drain started");
             }

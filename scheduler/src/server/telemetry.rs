@@ -199,6 +199,8 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         "pending connections (no authorised call yet) closed to make room for a newcomer over a cap",
     ),
     m("muster_gang_teardowns_total", Counter, "gang teardowns started"),
+    m("muster_task_failures_total", Counter, "task failures charged to a gang's retry budget"),
+    m("muster_allocations_failed_total", Counter, "allocations that ended failed"),
     m("muster_gang_teardown_force_drained_total", Counter, "preempting tasks moved to preempted without an ack"),
     l(
         "muster_gang_teardown_completed_total",

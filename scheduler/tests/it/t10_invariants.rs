@@ -180,6 +180,7 @@ mod arbitrary {
                         _ => Placement::default(),
                     },
                     checkpoint_store: None,
+                    name: String::new(),
                 },
             )
     }

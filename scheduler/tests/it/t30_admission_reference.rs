@@ -2,7 +2,8 @@
 //! repeatedly take the first queued gang in admission order, ranking
 //! vClusters by their usage against their share (as it stands after the
 //! gangs placed so far) between priority and submit time; skip a gang its
-//! vCluster's quota holds back (counting this pass's own reservations);
+//! vCluster's quota holds back (counting this pass's own reservations), and
+//! one backing off after a failure;
 //! scan every ready node of its vCluster's home or shared, sorted by (free
 //! GPUs, slot), place on the first that fit, subtract, go on. Then, cheapest
 //! to preempt first, the gangs that found no room try their home nodes
@@ -71,7 +72,8 @@ fn naive_plan(run: &Run) -> Vec<Command> {
             short.push(a);
             continue;
         }
-        if s.quota_excess(a, &[], pending.get(&a.spec.vcluster), &[]).is_some() {
+        // A gang that failed waits out its back-off.
+        if a.retry_after_ms > run.now_ms || s.quota_excess(a, &[], pending.get(&a.spec.vcluster), &[]).is_some() {
             continue;
         }
         let order = by_free(
@@ -114,6 +116,7 @@ fn naive_plan(run: &Run) -> Vec<Command> {
         let h = s.home_key(&a.spec.vcluster);
         let n = a.spec.gang_size as usize;
         if failed_borrow.contains(&(h, Shape::of(a)))
+            || a.retry_after_ms > run.now_ms
             || s.quota_excess(a, &[], pending.get(&a.spec.vcluster), &[]).is_some()
         {
             continue;

@@ -343,7 +343,9 @@ class Client:
         ports: int = 1,
         constraints: Sequence[str] = (),
         pack_by: str = "",
+        name: str = "",
         dry_run: bool = False,
+        queue_if_unsatisfiable: bool = False,
         timeout: float | None = None,
     ) -> SubmitResult:
         """Submits one gang of ``gang_size`` identical tasks, each running ``command``.
@@ -366,6 +368,9 @@ class Client:
         who may read the allocation; ``secrets`` (environment variables too)
         are never returned by a read (``Allocation.secret_names`` lists
         their names) and reach only the agents of the nodes its tasks run on.
+        ``name``: shown by lists (not unique). A request no registered node
+        could ever run is refused (``FAILED_PRECONDITION``, naming what is
+        missing) unless ``queue_if_unsatisfiable``.
         """
         if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
             raise ValueError("command must be a list of arguments, e.g. ['sh', '-c', 'echo hi']")
@@ -383,14 +388,19 @@ class Client:
         secret_map = dict(secrets or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in secret_map.items()):
             raise ValueError("secrets must map strings to strings")
-        for name, value in (("idempotency_key", idempotency_key), ("owner", owner)):
+        for field, value in (("idempotency_key", idempotency_key), ("owner", owner)):
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name} must be a string, not {value!r}")
+                raise ValueError(f"{field} must be a string, not {value!r}")
         if isinstance(constraints, (str, bytes)) or not all(isinstance(c, str) for c in constraints):
             raise ValueError("constraints must be a list of label expressions, e.g. ['gpu.model=H100']")
-        for name, value in (("vcluster", vcluster), ("vcluster_type", vcluster_type), ("pack_by", pack_by)):
+        for field, value in (
+            ("vcluster", vcluster),
+            ("vcluster_type", vcluster_type),
+            ("pack_by", pack_by),
+            ("name", name),
+        ):
             if not isinstance(value, str):
-                raise ValueError(f"{name} must be a string, not {value!r}")
+                raise ValueError(f"{field} must be a string, not {value!r}")
         spec = types_pb.AllocationSpec(
             owner=owner or "",
             gang_size=_uint("gang_size", gang_size),
@@ -416,8 +426,14 @@ class Client:
             ports=_uint("ports", ports),
             constraints=list(constraints),
             pack_by=pack_by,
+            name=name,
         )
-        req = pb.SubmitRequest(spec=spec, dry_run=bool(dry_run), secrets=secret_map)
+        req = pb.SubmitRequest(
+            spec=spec,
+            dry_run=bool(dry_run),
+            secrets=secret_map,
+            queue_if_unsatisfiable=bool(queue_if_unsatisfiable),
+        )
         resp: pb.SubmitResponse = self._call(
             lambda ch, t: self._alloc(ch).Submit(req, timeout=t, metadata=self._metadata), timeout
         )

@@ -410,7 +410,9 @@ pub fn plan_preemptions(state: &State, now_ms: u64, cfg: &PreemptionConfig) -> V
         let a = state.alloc(key.alloc).expect("queue names a known allocation");
         // Past its vCluster's quota it waits; preempting others would not
         // let it run (apply refuses the decision too).
-        if hopeless.contains(&Shape::of(a)) || state.quota_excess(a, &[], None, &[]).is_some() {
+        // A retry never preempts: a gang that failed before waits for free
+        // nodes (its failure may well be its own).
+        if a.failed_before() || hopeless.contains(&Shape::of(a)) || state.quota_excess(a, &[], None, &[]).is_some() {
             continue;
         }
         match decide(state, &Preemptor::of(state, a), now_ms, cfg, &taken, &held) {

@@ -115,6 +115,11 @@ pub enum NoPreemption {
         /// How many victims.
         victims: usize,
     },
+    /// It failed before: a retry waits for free nodes and preempts nobody.
+    Retry {
+        /// Its failures so far.
+        failures: u32,
+    },
 }
 
 impl fmt::Display for NoPreemption {
@@ -142,6 +147,10 @@ impl fmt::Display for NoPreemption {
                 f,
                 "no preemption: the cheapest set ({victims} victims) costs {cost} GPU-s, not below the gang's value of \
                  {value} GPU-s"
+            ),
+            NoPreemption::Retry { failures } => write!(
+                f,
+                "no preemption: it failed {failures} time(s), and a retry preempts nobody: it waits for free nodes"
             ),
         }
     }

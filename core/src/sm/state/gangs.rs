@@ -89,6 +89,10 @@ impl State {
                 finish_seq: 0,
                 ports: Vec::new(),
                 secret_names: secrets.names(),
+                failures: 0,
+                last_failure: None,
+                give_up: None,
+                retry_after_ms: 0,
             }),
         );
         if let Some(key) = &spec.idempotency_key {
@@ -361,11 +365,11 @@ impl State {
         Ok(events)
     }
 
-    /// A task's process failed. A running task triggers the seed's
-    /// PreemptGang (or, with no sibling running, FailGang): it keeps its
-    /// charged attempt and returns to blocked. A preempting task that fails
-    /// on its way down has simply stopped: it is preempted (its attempt was
-    /// refunded when the teardown started).
+    /// A running task failed: charged to its gang's retry budget, noted as
+    /// the gang's latest failure (with `report`, the tail or start error and
+    /// whether it never started, when the command carried one), then retried
+    /// in place on a draining node or torn down with its gang. A task already
+    /// being stopped has simply stopped.
     pub(super) fn fail_task(
         &mut self,
         id: AllocId,
@@ -373,6 +377,7 @@ impl State {
         node: &NodeId,
         epoch: u64,
         exit_code: Option<i32>,
+        report: Option<(&str, bool)>,
     ) -> Applied {
         let (slot, status) =
             self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
@@ -384,10 +389,30 @@ impl State {
             events.extend(self.settle(id));
             return Ok(events);
         }
+        self.note_failure(id, task, exit_code, report);
         if let Some(events) = self.retry_on_draining_node(id, task, slot, exit_code) {
             return Ok(events);
         }
         Ok(self.fail_running(id, task, slot, exit_code))
+    }
+
+    /// `FailTaskWithTail`: a failure with its stderr tail.
+    pub(super) fn fail_task_with_tail(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        exit_code: Option<i32>,
+        tail: &str,
+    ) -> Applied {
+        if tail.len() > MAX_FAILURE_TAIL_BYTES {
+            return Err(Rejection::InvalidNode {
+                field: "tail".into(),
+                reason: format!("{} bytes, over {MAX_FAILURE_TAIL_BYTES}", tail.len()),
+            });
+        }
+        self.fail_task(id, task, node, epoch, exit_code, Some((tail, false)))
     }
 
     /// A claimed task that could not start: failed like any other failure
@@ -401,9 +426,62 @@ impl State {
         reason: &str,
     ) -> Applied {
         check_agent_reason(reason)?;
-        let mut events = self.fail_task(id, task, node, epoch, None)?;
+        let mut events = self.fail_task(id, task, node, epoch, None, Some((reason, true)))?;
         events.insert(0, Event::TaskStartFailed { alloc: id, task, node: node.clone(), reason: reason.to_string() });
         Ok(events)
+    }
+
+    /// Charges a failure to the gang's budget (one per gang run: only a
+    /// running task's failure gets here, and it tears the rest down); a
+    /// failure of the task's own making (not a lost node) also starts its
+    /// back-off.
+    pub(super) fn charge_gang_failure(&mut self, id: AllocId, backoff: bool) {
+        let now = self.now_ms;
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
+        a.failures += 1;
+        if backoff {
+            a.retry_after_ms = now.saturating_add(self.limits.retry_backoff(a.failures));
+        }
+    }
+
+    /// The fail-fast rule: a task's failure is charged and remembered; when
+    /// it is early (within `early_failure_ms` of its start, or no start at
+    /// all) and looks like the gang's previous failure, also early (the same
+    /// way of ending and the same stderr tail, paths and numbers masked), the
+    /// gang is not retried again: it fails once nothing of it runs.
+    fn note_failure(&mut self, id: AllocId, task: TaskIndex, exit_code: Option<i32>, report: Option<(&str, bool)>) {
+        self.charge_gang_failure(id, true);
+        let now = self.now_ms;
+        let early_ms = self.limits.early_failure_ms;
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
+        let t = &a.tasks[task as usize];
+        let not_started = report.is_some_and(|(_, n)| n);
+        let failure = Failure {
+            task,
+            run: t.runs,
+            exit_code,
+            not_started,
+            tail: report.map(|(tail, _)| failure_tail(tail)),
+            early: not_started || t.started_at_ms.is_none_or(|at| now.saturating_sub(at) < early_ms),
+            at_ms: now,
+        };
+        let repeated = failure.early
+            && a.last_failure.as_ref().is_some_and(|prev| {
+                prev.early && failure.signature().is_some_and(|sig| prev.signature().as_ref() == Some(&sig))
+            });
+        if repeated && a.give_up.is_none() {
+            let mut reason = format!(
+                "task {task} failed the same way twice within {} s of starting ({})",
+                early_ms / 1000,
+                failure.how()
+            );
+            if let Some(line) = failure.error_line() {
+                reason.push_str(": ");
+                reason.push_str(&clip_line(line));
+            }
+            a.give_up = Some(reason);
+        }
+        a.last_failure = Some(failure);
     }
 
     /// The seed's failure during drain: a single task that fails on its
@@ -424,6 +502,8 @@ impl State {
         if self.node(slot).status != NodeStatus::Draining
             || a.spec.gang_size != 1
             || t.attempts >= a.spec.max_retries
+            || a.failures >= a.spec.max_retries
+            || a.give_up.is_some()
             || t.drain_retries >= self.limits.drain_max_retries
         {
             return None;
@@ -506,4 +586,19 @@ impl State {
         events.extend(self.start_teardown_or_settle(id, task));
         events
     }
+}
+
+/// Most bytes of an error line quoted in a reason.
+const MAX_REASON_LINE_BYTES: usize = 300;
+
+/// An error line cut to [`MAX_REASON_LINE_BYTES`] (at a character, with "…").
+pub(super) fn clip_line(line: &str) -> String {
+    if line.len() <= MAX_REASON_LINE_BYTES {
+        return line.to_string();
+    }
+    let mut end = MAX_REASON_LINE_BYTES;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &line[..end])
 }

@@ -88,9 +88,21 @@ impl State {
                 .map(|t| t.index);
             let cap = self.limits.watchdog_max_retries;
             let wedged = a.tasks.iter().find(|t| t.status == TaskStatus::Blocked && t.watchdog_trips > cap);
+            let max = a.spec.max_retries;
+            let last_error = || {
+                a.last_failure
+                    .as_ref()
+                    .and_then(|f| f.error_line())
+                    .map_or(String::new(), |line| format!("; last error: {}", super::gangs::clip_line(line)))
+            };
             let reason = match (done, exhausted, wedged) {
                 (Some(task), _, _) => Some(format!("task {task} finished before its gang could be restarted whole")),
-                (None, Some(task), _) => Some(format!("task {task} failed {} times", a.spec.max_retries)),
+                _ if a.give_up.is_some() => a.give_up.clone(),
+                (None, Some(task), _) => Some(format!("task {task} failed {max} times{}", last_error())),
+                (None, None, _) if a.failures >= max => {
+                    let task = a.last_failure.as_ref().map_or(String::new(), |f| format!(", task {} last", f.task));
+                    Some(format!("the gang failed {max} times{task}{}", last_error()))
+                }
                 (None, None, Some(t)) => Some(format!(
                     "task {} tripped the {} watchdog after {} retries",
                     t.index,
@@ -188,6 +200,11 @@ impl State {
             self.index.reserved.insert(id);
         } else {
             self.index.reserved.remove(&id);
+        }
+        if a.is_queued() && a.retry_after_ms > 0 {
+            self.index.backoffs.insert((a.retry_after_ms, id));
+        } else {
+            self.index.backoffs.remove(&(a.retry_after_ms, id));
         }
         if a.teardown.is_some() {
             self.index.tearing_down.insert(id);

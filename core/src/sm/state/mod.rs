@@ -48,7 +48,7 @@ use super::command::Command;
 use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::DEFAULT_VCLUSTER;
-use super::types::{AGENT_SET_LABELS, Admission, agent_may_set};
+use super::types::{AGENT_SET_LABELS, Admission, Failure, MAX_FAILURE_TAIL_BYTES, agent_may_set, failure_tail};
 use super::types::{
     ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, CheckpointMode,
     CheckpointSettings, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodePolicy, NodeSlot, NodeStatus,
@@ -175,6 +175,9 @@ struct Indexes {
     tasks_by_node: BTreeMap<NodeSlot, BTreeSet<(AllocId, TaskIndex)>>,
     /// Allocations with a teardown in progress.
     tearing_down: BTreeSet<AllocId>,
+    /// Queued gangs backing off after a failure, by (`retry_after_ms`, id):
+    /// the leader wakes admission when the first one ends.
+    backoffs: BTreeSet<(u64, AllocId)>,
     /// Nodes held for a preemptor, and for which.
     held: BTreeMap<NodeSlot, AllocId>,
     /// Queued allocations (not waiting on held nodes) that may preempt
@@ -450,7 +453,10 @@ impl State {
             Command::StartTask { alloc, task, node, epoch } => self.start_task(*alloc, *task, node, *epoch),
             Command::FinishTask { alloc, task, node, epoch } => self.finish_task(*alloc, *task, node, *epoch),
             Command::FailTask { alloc, task, node, epoch, exit_code } => {
-                self.fail_task(*alloc, *task, node, *epoch, *exit_code)
+                self.fail_task(*alloc, *task, node, *epoch, *exit_code, None)
+            }
+            Command::FailTaskWithTail { alloc, task, node, epoch, exit_code, tail } => {
+                self.fail_task_with_tail(*alloc, *task, node, *epoch, *exit_code, tail)
             }
             Command::CancelAllocation { alloc } => self.cancel(*alloc),
             Command::ConfirmPreempted { alloc, task, node, epoch, checkpoint_failed } => {

@@ -367,7 +367,10 @@ impl State {
                 continue; // already moved off by an earlier task of the same gang
             }
             match t.status {
-                TaskStatus::Running => events.extend(self.fail_running(id, task, slot, None)),
+                TaskStatus::Running => {
+                    self.charge_gang_failure(id, false);
+                    events.extend(self.fail_running(id, task, slot, None))
+                }
                 TaskStatus::Reserved if self.allocs[&id].has_running() => {
                     events.extend(self.abandon_reserved(id, task, false))
                 }

@@ -91,6 +91,9 @@ impl State {
         if victims.is_empty() {
             return Err(not(0, "a preemption needs at least one victim".into()));
         }
+        if !reclaim && p.failed_before() {
+            return Err(not(0, "a gang that failed before never preempts: its retry waits for free nodes".into()));
+        }
         let mut freed: BTreeMap<NodeSlot, Usage> = BTreeMap::new();
         let mut seen = BTreeSet::new();
         let mut victim_vclusters = Vec::with_capacity(victims.len());

@@ -190,7 +190,13 @@ impl State {
         self.index.reserved.iter().copied()
     }
 
-    /// Whether `id` has a teardown in progress.
+    /// When the first queued gang backing off after a failure (and not yet
+    /// past it at `now_ms`) may be placed again.
+    pub fn next_retry_after(&self, now_ms: u64) -> Option<u64> {
+        self.index.backoffs.range((now_ms.saturating_add(1), 0)..).next().map(|&(at, _)| at)
+    }
+
+    /// Whether `id` is being torn down.
     pub fn is_tearing_down(&self, id: AllocId) -> bool {
         self.index.tearing_down.contains(&id)
     }

@@ -175,10 +175,12 @@ impl State {
         }
         let max = a.spec.max_retries;
         let cap = self.limits.watchdog_max_retries;
-        let fails = a.tasks.iter().any(|t| {
-            matches!(t.status, TaskStatus::Done | TaskStatus::Failed)
-                || (t.status == TaskStatus::Blocked && (t.attempts >= max || t.watchdog_trips > cap))
-        });
+        let fails = a.give_up.is_some()
+            || a.failures >= max
+            || a.tasks.iter().any(|t| {
+                matches!(t.status, TaskStatus::Done | TaskStatus::Failed)
+                    || (t.status == TaskStatus::Blocked && (t.attempts >= max || t.watchdog_trips > cap))
+            });
         let preemptor = teardown.preempted_by();
         let outcome = if fails {
             TeardownOutcome::Failed

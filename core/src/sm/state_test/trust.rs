@@ -82,6 +82,18 @@ fn an_admitted_node_registers_only_within_its_admission() {
 }
 
 #[test]
+fn an_admitted_wildcard_takes_any_value_of_its_key_and_nothing_else() {
+    let mut f = Fixture::new(0);
+    let admitted = admission(0, &[("hostname", ANY_LABEL_VALUE), ("gpu.model", "A100")]);
+    f.ok(Command::AdmitNode { node: NodeId::new("n1"), admission: Some(admitted) });
+    let r = f.rejected(register("n1", 0, &[("hostname", "vm"), ("gpu.model", "H100")]));
+    assert!(matches!(&r, Rejection::NotAdmitted { reason, .. } if reason.contains("gpu.model=H100")), "{r:?}");
+    let r = f.rejected(register("n1", 0, &[("hostname", "vm"), ("rack", "r1")]));
+    assert!(matches!(&r, Rejection::NotAdmitted { reason, .. } if reason.contains("rack=r1")), "{r:?}");
+    f.ok(register("n1", 0, &[("hostname", "vm-7"), ("gpu.model", "A100")]));
+}
+
+#[test]
 fn secrets_are_kept_apart_from_the_spec_and_dropped_when_the_allocation_ends() {
     let mut f = Fixture::new(1);
     let secrets = Secrets(labels(&[("TOKEN", "hunter2")]));

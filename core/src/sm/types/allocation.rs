@@ -134,6 +134,124 @@ pub struct Allocation {
     /// The names of its secrets (kept after the values are dropped, when
     /// it finishes).
     pub secret_names: Vec<String>,
+    /// Runs of the gang that a failure ended (a task's process failed, or
+    /// its node was lost): the gang's retry budget, spent once per gang
+    /// restart however many of its tasks failed.
+    pub failures: u32,
+    /// Its latest failure of a task's own making (an exit, or a start that
+    /// failed), with the error it left.
+    pub last_failure: Option<Failure>,
+    /// Set when it must fail rather than be restarted: the same early
+    /// failure twice in a row. The reason it fails with.
+    pub give_up: Option<String>,
+    /// Entry time before which admission does not place it again: the
+    /// back-off after a failure (0: none).
+    pub retry_after_ms: u64,
+}
+
+/// Most bytes of a failure's stderr tail kept in the state.
+pub const MAX_FAILURE_TAIL_BYTES: usize = 1024;
+
+/// Most lines of a failure's stderr tail kept in the state.
+pub const MAX_FAILURE_TAIL_LINES: usize = 8;
+
+/// A task's failure, as its allocation remembers the latest one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// The task.
+    pub task: TaskIndex,
+    /// Its attempt (`MUSTER_ATTEMPT`).
+    pub run: u32,
+    /// Its exit code (`None`: killed by a signal, or never started).
+    pub exit_code: Option<i32>,
+    /// Whether the process never started (then `tail` is why).
+    pub not_started: bool,
+    /// The last lines of its stderr (at most [`MAX_FAILURE_TAIL_BYTES`]
+    /// and [`MAX_FAILURE_TAIL_LINES`]), or why it could not start; `None`
+    /// when the report carried none (an agent of an older build).
+    pub tail: Option<String>,
+    /// Whether it failed within `Limits::early_failure_ms` of its start
+    /// (or did not start at all).
+    pub early: bool,
+    /// Entry time of the failure.
+    pub at_ms: u64,
+}
+
+impl Failure {
+    /// The line that names the error: the tail's last non-empty line.
+    pub fn error_line(&self) -> Option<&str> {
+        self.tail.as_deref()?.lines().rev().map(str::trim).find(|l| !l.is_empty())
+    }
+
+    /// How the process ended, in words: "exit code 2", "killed by a
+    /// signal", "did not start".
+    pub fn how(&self) -> String {
+        match (self.not_started, self.exit_code) {
+            (true, _) => "did not start".to_string(),
+            (false, Some(code)) => format!("exit code {code}"),
+            (false, None) => "killed by a signal".to_string(),
+        }
+    }
+
+    /// What two failures must share to count as the same failure: how the
+    /// process ended, and its tail with whatever differs between nodes and
+    /// attempts masked (words holding a `/` — paths — and runs of digits).
+    /// `None` when the report carried no tail.
+    pub fn signature(&self) -> Option<(bool, Option<i32>, String)> {
+        let tail = self.tail.as_deref()?;
+        let mut masked = String::with_capacity(tail.len());
+        for line in tail.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            for (i, word) in line.split_whitespace().enumerate() {
+                if i > 0 {
+                    masked.push(' ');
+                }
+                if word.contains('/') {
+                    masked.push_str("<path>");
+                    continue;
+                }
+                let mut digits = false;
+                for c in word.chars() {
+                    if c.is_ascii_digit() {
+                        if !digits {
+                            masked.push('#');
+                        }
+                        digits = true;
+                    } else {
+                        masked.push(c);
+                        digits = false;
+                    }
+                }
+            }
+            masked.push('\n');
+        }
+        Some((self.not_started, self.exit_code, masked))
+    }
+}
+
+/// Cuts a stderr tail to what the state keeps: its last
+/// [`MAX_FAILURE_TAIL_LINES`] lines within [`MAX_FAILURE_TAIL_BYTES`]
+/// (a last line longer than that keeps its end, cut at a character).
+pub fn failure_tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut kept: Vec<&str> = Vec::new();
+    let mut bytes = 0;
+    for line in lines.iter().rev().take(MAX_FAILURE_TAIL_LINES) {
+        let cost = line.len() + usize::from(!kept.is_empty());
+        if bytes + cost > MAX_FAILURE_TAIL_BYTES {
+            if kept.is_empty() {
+                let mut start = line.len() - MAX_FAILURE_TAIL_BYTES;
+                while !line.is_char_boundary(start) {
+                    start += 1;
+                }
+                kept.push(&line[start..]);
+            }
+            break;
+        }
+        bytes += cost;
+        kept.push(line);
+    }
+    kept.reverse();
+    kept.join("\n")
 }
 
 impl Allocation {
@@ -156,6 +274,13 @@ impl Allocation {
     /// Whether any task has started in the current reservation.
     pub fn has_running(&self) -> bool {
         self.tasks.iter().any(|t| t.status == TaskStatus::Running)
+    }
+
+    /// Whether a task of it failed of its own making before (an exit or a
+    /// start that failed; a lost node does not count): such a gang's retry
+    /// preempts nobody.
+    pub fn failed_before(&self) -> bool {
+        self.last_failure.is_some()
     }
 
     /// Whether any task is still being stopped for a teardown.

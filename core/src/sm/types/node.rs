@@ -252,7 +252,7 @@ impl Admission {
         }
         for (k, v) in labels.iter().filter(|(k, _)| !AGENT_SET_LABELS.contains(&k.as_str())) {
             match self.labels.get(k) {
-                Some(a) if a == v => {}
+                Some(a) if a == v || a == ANY_LABEL_VALUE => {}
                 Some(a) => return Some(format!("it claims label {k}={v}; it was admitted with {k}={a}")),
                 None => return Some(format!("it claims label {k}={v}, which it was not admitted for")),
             }
@@ -260,6 +260,12 @@ impl Admission {
         None
     }
 }
+
+/// An admitted label value that admits any value of its key (`muster node
+/// admit --label hostname=*`): for what an agent discovers and no
+/// constraint should trust (hostname, cpu.model), never for what jobs are
+/// placed by (gpu.model).
+pub const ANY_LABEL_VALUE: &str = "*";
 
 /// What admins decided about a node name, kept whether or not a node of
 /// that name is registered (so a node can be admitted and labelled before

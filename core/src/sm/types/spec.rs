@@ -145,6 +145,9 @@ pub struct AllocSpec {
     /// Where its checkpoints go, when not where its vCluster's (or the
     /// cluster's) go: `node`, or within a store an operator configured.
     pub checkpoint_store: Option<CheckpointStore>,
+    /// Its name (`muster submit --name`; empty: none): shown in lists and
+    /// matched by `--name` filters. Not unique.
+    pub name: String,
 }
 
 /// The vCluster of an allocation that names none.
@@ -190,6 +193,7 @@ impl AllocSpec {
             ports: 0,
             placement: Placement::default(),
             checkpoint_store: None,
+            name: String::new(),
         }
     }
 

@@ -108,6 +108,7 @@ pub fn is_heavy(cmd: &Command) -> bool {
             | Command::SaveExitCheckpoint { .. }
             | Command::DropCheckpoint { .. }
             | Command::FailTaskToStart { .. }
+            | Command::FailTaskWithTail { .. }
     )
 }
 

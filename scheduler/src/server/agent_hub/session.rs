@@ -527,7 +527,8 @@ impl Session {
                     Command::FailTaskToStart { alloc: key.0, task: key.1, node, epoch: key.2, reason }
                 } else {
                     let exit_code = e.exit_code.or(e.signal.map(|s| 128 + s));
-                    Command::FailTask { alloc: key.0, task: key.1, node, epoch: key.2, exit_code }
+                    let tail = muster_core::sm::failure_tail(&e.stderr_tail);
+                    Command::FailTaskWithTail { alloc: key.0, task: key.1, node, epoch: key.2, exit_code, tail }
                 };
                 match self.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => self.s.admission_wake.notify_one(),

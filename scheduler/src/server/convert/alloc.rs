@@ -74,6 +74,7 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         ports: p.ports.unwrap_or(DEFAULT_RENDEZVOUS_PORTS),
         placement: Placement { constraints, pack_by },
         checkpoint_store,
+        name: p.name,
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -106,6 +107,7 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         constraints: s.placement.constraints.iter().map(ToString::to_string).collect(),
         pack_by: s.placement.pack_by.as_ref().map(ToString::to_string).unwrap_or_default(),
         checkpoint_store: s.checkpoint_store.as_ref().map(|c| c.spec()).unwrap_or_default(),
+        name: s.name.clone(),
     }
 }
 
@@ -220,7 +222,36 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
         }),
         ports: a.ports.iter().map(|&p| u32::from(p)).collect(),
         secret_names: a.secret_names.clone(),
+        failures: a.failures,
+        last_failure: a.last_failure.as_ref().map(|f| v1::Failure {
+            task: f.task,
+            attempt: f.run,
+            exit_code: f.exit_code,
+            not_started: f.not_started,
+            stderr_tail: f.tail.clone().unwrap_or_default(),
+            early: f.early,
+            at_ms: f.at_ms,
+        }),
+        retry_after_ms: a.retry_after_ms,
+        failed_reason: failed_reason(a),
     }
+}
+
+/// Why a failed allocation failed: its `AllocationFailed` event's reason
+/// (the last event it recorded, so never dropped from its history).
+fn failed_reason(a: &Allocation) -> String {
+    if a.status != AllocStatus::Failed {
+        return String::new();
+    }
+    a.history
+        .iter()
+        .rev()
+        .find_map(|e| match &e.event {
+            muster_core::sm::Event::AllocationFailed { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .or_else(|| a.give_up.clone())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

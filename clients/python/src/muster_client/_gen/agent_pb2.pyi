@@ -163,16 +163,18 @@ class Claim(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class TaskExited(_message.Message):
-    __slots__ = ("task", "exit_code", "signal", "error")
+    __slots__ = ("task", "exit_code", "signal", "error", "stderr_tail")
     TASK_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     exit_code: int
     signal: int
     error: str
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    stderr_tail: str
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., error: _Optional[str] = ..., stderr_tail: _Optional[str] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
     __slots__ = ("registered", "assign", "granted", "stop", "refused", "recorded", "fetch_logs", "preempt", "checkpoint_hint", "node_notice", "heartbeat_ack", "checkpoint_grants", "delete_checkpoints")

@@ -293,7 +293,7 @@ class CancelRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("spec", "dry_run", "secrets")
+    __slots__ = ("spec", "dry_run", "secrets", "queue_if_unsatisfiable")
     class SecretsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -304,10 +304,12 @@ class SubmitRequest(_message.Message):
     SPEC_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     SECRETS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IF_UNSATISFIABLE_FIELD_NUMBER: _ClassVar[int]
     spec: _types_pb2.AllocationSpec
     dry_run: bool
     secrets: _containers.ScalarMap[str, str]
-    def __init__(self, spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    queue_if_unsatisfiable: bool
+    def __init__(self, spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Mapping[str, str]] = ..., queue_if_unsatisfiable: _Optional[bool] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("id", "duplicate", "plan")

@@ -92,7 +92,7 @@ class Resources(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., vram_mb: _Optional[int] = ..., mem_mb: _Optional[int] = ..., cpus: _Optional[int] = ...) -> None: ...
 
 class AllocationSpec(_message.Message):
-    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by", "checkpoint_store")
+    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by", "checkpoint_store", "name")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class AllocationSpec(_message.Message):
     CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
     PACK_BY_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STORE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     owner: str
     gang_size: int
     resources: Resources
@@ -140,7 +141,8 @@ class AllocationSpec(_message.Message):
     constraints: _containers.RepeatedScalarFieldContainer[str]
     pack_by: str
     checkpoint_store: str
-    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ..., checkpoint_store: _Optional[str] = ...) -> None: ...
+    name: str
+    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ..., checkpoint_store: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class CheckpointManifest(_message.Message):
     __slots__ = ("seq", "epoch", "attempt", "saved_at_ms", "step", "bytes", "sha256", "writer", "store", "key")
@@ -207,7 +209,7 @@ class Task(_message.Message):
     def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., node_id: _Optional[str] = ..., attempts: _Optional[int] = ..., reservation_epoch: _Optional[int] = ..., reserved_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_epoch: _Optional[int] = ..., last_node_id: _Optional[str] = ..., runs: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., last_watchdog: _Optional[str] = ..., borrowed_from: _Optional[str] = ..., checkpoints: _Optional[_Iterable[_Union[CheckpointManifest, _Mapping]]] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports", "secret_names")
+    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports", "secret_names", "failures", "last_failure", "retry_after_ms", "failed_reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +223,10 @@ class Allocation(_message.Message):
     NOMINATION_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     SECRET_NAMES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_REASON_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: AllocationSpec
     submit_time_ms: int
@@ -234,7 +240,29 @@ class Allocation(_message.Message):
     nomination: Nomination
     ports: _containers.RepeatedScalarFieldContainer[int]
     secret_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ..., secret_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    failures: int
+    last_failure: Failure
+    retry_after_ms: int
+    failed_reason: str
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ..., secret_names: _Optional[_Iterable[str]] = ..., failures: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., retry_after_ms: _Optional[int] = ..., failed_reason: _Optional[str] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("task", "attempt", "exit_code", "not_started", "stderr_tail", "early", "at_ms")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    NOT_STARTED_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
+    EARLY_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    task: int
+    attempt: int
+    exit_code: int
+    not_started: bool
+    stderr_tail: str
+    early: bool
+    at_ms: int
+    def __init__(self, task: _Optional[int] = ..., attempt: _Optional[int] = ..., exit_code: _Optional[int] = ..., not_started: _Optional[bool] = ..., stderr_tail: _Optional[str] = ..., early: _Optional[bool] = ..., at_ms: _Optional[int] = ...) -> None: ...
 
 class Teardown(_message.Message):
     __slots__ = ("epoch", "trigger", "started_at_ms", "preempted_by", "reason", "failed_checkpoints")
