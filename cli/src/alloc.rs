@@ -408,7 +408,7 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
     // Times beside their milliseconds, in RFC 3339 (UTC): submitted, the
     // first task's start, the end.
     let rfc3339 = |ms: Option<u64>| ms.map(muster_scheduler::server::convert::format_time_ms);
-    let started_ms = a.tasks.iter().filter_map(|t| t.started_at_ms).min();
+    let started_ms = crate::alloc_list::started_ms(a);
     v["submit_time"] = json!(rfc3339(Some(a.submit_time_ms)));
     v["started_at_ms"] = json!(started_ms);
     v["started_at"] = json!(rfc3339(started_ms));

@@ -78,9 +78,14 @@ pub fn parse_since(s: &str, now_ms: u64) -> anyhow::Result<u64> {
     }
 }
 
-/// When its tasks (last) started: the earliest start of the current run.
-fn started_ms(a: &v1::Allocation) -> Option<u64> {
-    a.tasks.iter().filter_map(|t| t.started_at_ms).min()
+/// When its current (or last) run started: the earliest start among tasks
+/// that run or ran to an end; none while it waits (queued, suspended or
+/// reserved: a blocked task keeps its last attempt's start).
+pub fn started_ms(a: &v1::Allocation) -> Option<u64> {
+    let waiting = |t: &v1::Task| {
+        matches!(v1::TaskStatus::try_from(t.status), Ok(v1::TaskStatus::Blocked | v1::TaskStatus::Reserved))
+    };
+    a.tasks.iter().filter(|t| !waiting(t)).filter_map(|t| t.started_at_ms).min()
 }
 
 /// How long it has run: to its end, or to now while it runs.
@@ -302,6 +307,7 @@ mod tests {
     use super::*;
 
     fn alloc(id: u64, name: &str, submitted: u64, started: Option<u64>, finished: Option<u64>) -> v1::Allocation {
+        let running = v1::TaskStatus::Running as i32;
         v1::Allocation {
             id,
             submit_time_ms: submitted,
@@ -314,8 +320,8 @@ mod tests {
                 ..Default::default()
             }),
             tasks: vec![
-                v1::Task { started_at_ms: started, node_id: "n2".into(), ..Default::default() },
-                v1::Task { started_at_ms: started, node_id: "n1".into(), ..Default::default() },
+                v1::Task { started_at_ms: started, status: running, node_id: "n2".into(), ..Default::default() },
+                v1::Task { started_at_ms: started, status: running, node_id: "n1".into(), ..Default::default() },
             ],
             ..Default::default()
         }
@@ -345,6 +351,10 @@ mod tests {
         assert!(t[1].contains("resnet") && t[1].contains("2:45:39") && t[1].contains("n2,n1"), "{t:?}");
         assert!(t[1].contains("1970-01-01T00:00:01Z") && t[1].contains("1970-01-01T00:01:01Z"), "{t:?}");
         assert!(t[2].contains("python3") && t[2].contains("  -  "), "{t:?}");
+        // A gang queued again after a failure shows no start.
+        let mut requeued = rows[0].clone();
+        requeued.tasks.iter_mut().for_each(|t| t.status = v1::TaskStatus::Blocked as i32);
+        assert_eq!((cell("started", &requeued, now), cell("elapsed", &requeued, now)), ("-".into(), "-".into()));
         let mut rows = rows.to_vec();
         sort(&mut rows, "submitted", true, now);
         assert_eq!(rows.iter().map(|a| a.id).collect::<Vec<_>>(), [8, 7]);
