@@ -39,6 +39,10 @@ pub use workload::Op;
 use self::procs::Procs;
 use self::proxy::Proxy;
 
+/// How long a chaos cluster may take to elect a leader and register its
+/// agents before the run is abandoned.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct ChaosConfig {
@@ -457,7 +461,9 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
 /// Waits for a leader and `agents` ready nodes; a failure says what it
 /// last saw.
 async fn wait_ready(real: &[String], agents: u32) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Generous: on a loaded 2-core machine (a campaign runs clusters side
+    // by side) a first election can take a while.
+    let deadline = Instant::now() + STARTUP_TIMEOUT;
     let mut seen = "no replica named a leader".to_string();
     loop {
         if let Some((_, addr)) = client::leader_at(real).await {
@@ -476,7 +482,10 @@ async fn wait_ready(real: &[String], agents: u32) -> Result<(), String> {
             }
         }
         if Instant::now() > deadline {
-            return Err(format!("the cluster never had a leader and {agents} ready nodes in 60 s (last seen: {seen})"));
+            return Err(format!(
+                "the cluster never had a leader and {agents} ready nodes in {} s (last seen: {seen})",
+                STARTUP_TIMEOUT.as_secs()
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
