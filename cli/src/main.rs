@@ -29,6 +29,7 @@ mod output;
 mod restore;
 mod server;
 mod simulate;
+mod submit;
 mod tls;
 mod token;
 mod vcluster;
@@ -120,7 +121,7 @@ enum Cmd {
         #[command(flatten)]
         client: ClientArgs,
         #[command(flatten)]
-        args: alloc::SubmitArgs,
+        args: submit::SubmitArgs,
     },
     /// Inspect allocations.
     Alloc {
@@ -319,7 +320,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             }
             Cmd::Submit { client, args } => {
                 let mut cluster = client.cluster()?;
-                alloc::submit(&mut cluster, args, client.output).await
+                submit::submit(&mut cluster, args, client.output).await
             }
             Cmd::Alloc { client, cmd } => {
                 let mut cluster = client.cluster()?;

@@ -149,15 +149,10 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     broken.extend(s);
     broken.extend(["--", "python3", "no_such_train.py"]);
     let broken_id = json(&broken)["id"].as_u64().unwrap().to_string();
-    let deadline = Instant::now() + crate::cluster::WAIT;
-    let b = loop {
-        let b = call(&["alloc", "get", &broken_id]);
-        if b["status"] == "failed" {
-            break b;
-        }
-        assert!(Instant::now() < deadline, "the broken gang never failed: {b}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    crate::dev_proc::wait_until("the broken gang to fail", || {
+        call(&["alloc", "get", &broken_id])["status"] == "failed"
+    });
+    let b = call(&["alloc", "get", &broken_id]);
     assert_eq!(b["failures"], 2, "{b}");
     assert!(b["tasks"].as_array().unwrap().iter().all(|t| t["runs"].as_u64() <= Some(2)), "{b}");
     let reason = b["failed_reason"].as_str().unwrap();
@@ -207,11 +202,9 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     assert!(listed(&["--name", "sweep", "--columns", "status"]).lines().skip(1).all(|l| l.trim() != "cancelled"));
     let o = cancel(&["--yes"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let deadline = Instant::now() + crate::cluster::WAIT;
-    while !listed(&["--name", "sweep", "--columns", "status"]).lines().skip(1).all(|l| l.trim() == "cancelled") {
-        assert!(Instant::now() < deadline, "the sweep was never cancelled");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    crate::dev_proc::wait_until("the sweep to be cancelled", || {
+        listed(&["--name", "sweep", "--columns", "status"]).lines().skip(1).all(|l| l.trim() == "cancelled")
+    });
 
     // Dry runs: a class-8 whole-node job would preempt the class-5 gang
     // (past muster dev's 1 s minimum runtime); a class-5 one could not.

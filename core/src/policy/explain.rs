@@ -278,36 +278,53 @@ const MAX_VALUES_LISTED: usize = 10;
 /// What no registered node (terminated ones aside) can ever give a gang of
 /// `spec`, in words, when no `gang_size` of them could each take a task with
 /// every resource, constraint and port it asks for; `None` when enough
-/// could (busy or not), or when no node is registered at all (nothing to
+/// could (busy or not; only task 0 takes rendezvous ports, so one node with
+/// enough will do), or when no node is registered at all (nothing to
 /// judge by yet). The submit edge refuses such a request unless told to
 /// queue it anyway.
 pub fn unsatisfiable(state: &State, spec: &AllocSpec) -> Option<String> {
-    let live: Vec<&crate::sm::Node> = state.nodes().iter().filter(|n| n.status != NodeStatus::Terminated).collect();
-    if live.is_empty() {
+    // The submit path runs this: a satisfiable request stops at the first
+    // gang_size nodes that could take a task (and one with the ports task 0
+    // asks for); only a refusal reads every node to say what is missing.
+    let could_take = |node: &crate::sm::Node| {
+        node.status != NodeStatus::Terminated
+            && spec.placement.admits(&node.labels)
+            && never_fits(&spec.resources, &node.resources).is_none()
+    };
+    let (mut enough, mut ported, mut any) = (0u32, spec.ports == 0, false);
+    for node in state.nodes() {
+        any |= node.status != NodeStatus::Terminated;
+        if could_take(node) {
+            enough += 1;
+            ported |= u32::from(node.ports().count) >= spec.ports;
+            if enough >= spec.gang_size && ported {
+                return None;
+            }
+        }
+    }
+    if !any {
         return None;
     }
+    let live: Vec<&crate::sm::Node> = state.nodes().iter().filter(|n| n.status != NodeStatus::Terminated).collect();
     let n = spec.gang_size;
     let need = &spec.resources;
-    let placed: Vec<&&crate::sm::Node> = live.iter().filter(|node| spec.placement.admits(&node.labels)).collect();
-    let sized: Vec<&&&crate::sm::Node> =
-        placed.iter().filter(|node| never_fits(need, &node.resources).is_none()).collect();
-    // Only task 0 takes rendezvous ports: one node with enough will do.
-    let ported = spec.ports == 0 || sized.iter().any(|node| u32::from(node.ports().count) >= spec.ports);
-    if sized.len() >= n as usize && ported {
-        return None;
-    }
+    let placed: Vec<&crate::sm::Node> =
+        live.iter().copied().filter(|node| spec.placement.admits(&node.labels)).collect();
+    let sized: Vec<&crate::sm::Node> =
+        placed.iter().copied().filter(|node| never_fits(need, &node.resources).is_none()).collect();
     if placed.is_empty() {
         return Some(unmet_constraints(&live, &spec.placement));
     }
-    if sized.len() < n as usize {
+    if sized.is_empty() {
         let most = |f: fn(&Resources) -> u64| placed.iter().map(|node| f(&node.resources)).max().unwrap_or(0);
-        let short = if need.gpus > 0 && u64::from(need.gpus) > most(|r| u64::from(r.gpus)) {
+        let vram = |r: &Resources| if r.gpus > 0 { r.vram_mb } else { 0 };
+        return Some(if need.gpus > 0 && u64::from(need.gpus) > most(|r| u64::from(r.gpus)) {
             format!("a task needs {} GPUs; the most any node has is {}", need.gpus, most(|r| u64::from(r.gpus)))
-        } else if need.gpus > 0 && need.vram_mb > most(|r| if r.gpus > 0 { r.vram_mb } else { 0 }) {
+        } else if need.gpus > 0 && need.vram_mb > most(vram) {
             format!(
                 "a task needs {} MB of memory on each GPU; the most any node's GPUs have is {} MB",
                 need.vram_mb,
-                most(|r| if r.gpus > 0 { r.vram_mb } else { 0 })
+                most(vram)
             )
         } else if need.mem_mb > most(|r| r.mem_mb) {
             format!("a task needs {} MB of memory; the most any node has is {} MB", need.mem_mb, most(|r| r.mem_mb))
@@ -315,10 +332,9 @@ pub fn unsatisfiable(state: &State, spec: &AllocSpec) -> Option<String> {
             format!("a task needs {} CPUs; the most any node has is {}", need.cpus, most(|r| u64::from(r.cpus)))
         } else {
             format!("no node has every resource a task needs ({})", describe_need(need))
-        };
-        if sized.is_empty() {
-            return Some(short);
-        }
+        });
+    }
+    if sized.len() < n as usize {
         return Some(format!(
             "the gang of {n} needs {n} nodes that could each take a task ({}), and only {} could{}",
             describe_need(need),

@@ -46,7 +46,7 @@ pub use types::{
     Nomination, OBJECT_SCHEMES, PORTS_LABEL, Packing, Placement, PortRange, PreemptReason, RESERVED_LABEL_PREFIX,
     Resources, RetiredCheckpoint, Secrets, Task, TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome,
     Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, agent_may_set, check_cap, check_key,
-    failure_tail, fits, key_prefix,
+    failure_tail, fits, how_it_ended, key_prefix,
 };
 pub use validate::{
     DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES, parse_duration_s, validate_admission,

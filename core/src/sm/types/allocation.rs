@@ -186,11 +186,7 @@ impl Failure {
     /// How the process ended, in words: "exit code 2", "killed by a
     /// signal", "did not start".
     pub fn how(&self) -> String {
-        match (self.not_started, self.exit_code) {
-            (true, _) => "did not start".to_string(),
-            (false, Some(code)) => format!("exit code {code}"),
-            (false, None) => "killed by a signal".to_string(),
-        }
+        how_it_ended(self.not_started, self.exit_code)
     }
 
     /// What two failures must share to count as the same failure: how the
@@ -225,6 +221,16 @@ impl Failure {
             masked.push('\n');
         }
         Some((self.not_started, self.exit_code, masked))
+    }
+}
+
+/// How a failed attempt ended, in words: "did not start", "exit code 2",
+/// "killed by a signal" (reasons and `alloc get` say it the same way).
+pub fn how_it_ended(not_started: bool, exit_code: Option<i32>) -> String {
+    match (not_started, exit_code) {
+        (true, _) => "did not start".to_string(),
+        (false, Some(code)) => format!("exit code {code}"),
+        (false, None) => "killed by a signal".to_string(),
     }
 }
 
