@@ -34,6 +34,8 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::process::{Child, Command};
 
+use crate::cgroup::{TaskCgroup, Usage};
+
 /// Everything needed to start one attempt of one task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskLaunch {
@@ -92,6 +94,9 @@ pub enum SpawnError {
         /// The error.
         source: io::Error,
     },
+    /// The attempt's cgroup could not be joined.
+    #[error("cannot put the task in its cgroup: {0}")]
+    Cgroup(io::Error),
     /// The program could not be executed.
     #[error("cannot start {program:?}: {source}")]
     Exec {
@@ -133,7 +138,14 @@ pub fn stderr_tail(path: &Path) -> String {
 pub struct RunningTask {
     inner: Inner,
     pgid: i32,
+    /// How its leader (the command, or its shim) ended, once it has.
+    leader: Option<Exit>,
+    /// How it ended, once nothing of it is left.
     exited: Option<Exit>,
+    /// Its cgroup (`None`: an agent run with `--no-isolation`).
+    cgroup: Option<TaskCgroup>,
+    /// What it used, read from its cgroup at its end.
+    usage: Option<Usage>,
 }
 
 enum Inner {
@@ -246,9 +258,10 @@ pub fn run_shim(status: &Path, command: &[String]) -> i32 {
 }
 
 /// Takes over an attempt whose shim (process group `pgid`) an earlier agent
-/// started; its exit status will be read from `status`.
-pub fn adopt(pgid: i32, status: PathBuf) -> RunningTask {
-    RunningTask { inner: Inner::Adopted { status }, pgid, exited: None }
+/// started; its exit status will be read from `status`, and whatever is
+/// left in its `cgroup` is killed at its end.
+pub fn adopt(pgid: i32, status: PathBuf, cgroup: Option<TaskCgroup>) -> RunningTask {
+    RunningTask { inner: Inner::Adopted { status }, pgid, leader: None, exited: None, cgroup, usage: None }
 }
 
 /// Sends `signal` to a process group.
@@ -271,8 +284,14 @@ fn exit_of(status: std::process::ExitStatus) -> Exit {
 
 /// Starts an attempt in its own process group, in `work_dir`; with `shim`
 /// (the `muster` binary), under `muster task-shim`, so the attempt can
-/// outlive this agent and be adopted by the next.
-pub fn spawn(launch: &TaskLaunch, work_dir: &Path, shim: Option<&Path>) -> Result<RunningTask, SpawnError> {
+/// outlive this agent and be adopted by the next. With `cgroup`, the child
+/// joins it before it execs, so nothing the task starts is outside it.
+pub fn spawn(
+    launch: &TaskLaunch,
+    work_dir: &Path,
+    shim: Option<&Path>,
+    cgroup: Option<TaskCgroup>,
+) -> Result<RunningTask, SpawnError> {
     let program = launch.command.first().ok_or(SpawnError::EmptyCommand)?;
     let (out_path, err_path) = log_paths(work_dir, launch.alloc, launch.task, launch.attempt);
     let dir = out_path.parent().expect("log path has a parent").to_path_buf();
@@ -311,9 +330,30 @@ pub fn spawn(launch: &TaskLaunch, work_dir: &Path, shim: Option<&Path>) -> Resul
         .stderr(stderr)
         .process_group(0)
         .kill_on_drop(false);
-    let child = cmd.spawn().map_err(|source| SpawnError::Exec { program: program.clone(), source })?;
+    // Opened here, written in the child: nothing between fork and exec
+    // allocates or takes a lock.
+    let join = match &cgroup {
+        Some(cg) => cg.join_files().map_err(SpawnError::Cgroup)?,
+        None => Vec::new(),
+    };
+    let fds = crate::cgroup::raw_fds(&join);
+    // SAFETY: the closure makes only async-signal-safe calls (write).
+    unsafe {
+        cmd.pre_exec(move || crate::cgroup::join_from_child(&fds));
+    }
+    let spawned = cmd.spawn();
+    drop(join);
+    let child = spawned.map_err(|source| match source.raw_os_error() {
+        // The pre-exec step's own failure reads as the write's errno;
+        // a program that cannot run reads as ENOENT, EACCES or ENOEXEC.
+        Some(libc::ENOENT | libc::EACCES | libc::ENOEXEC | libc::ENOTDIR | libc::ELOOP) | None => {
+            SpawnError::Exec { program: program.clone(), source }
+        }
+        Some(_) if cgroup.is_some() => SpawnError::Cgroup(source),
+        Some(_) => SpawnError::Exec { program: program.clone(), source },
+    })?;
     let pgid = child.id().expect("a just-spawned child has a pid") as i32;
-    Ok(RunningTask { inner: Inner::Child(child), pgid, exited: None })
+    Ok(RunningTask { inner: Inner::Child(child), pgid, leader: None, exited: None, cgroup, usage: None })
 }
 
 impl RunningTask {
@@ -322,40 +362,76 @@ impl RunningTask {
         self.pgid
     }
 
-    /// Waits for the attempt to end; then kills whatever is left of its
-    /// process group so nothing it started outlives it.
+    /// Its cgroup, if it has one.
+    pub fn cgroup(&self) -> Option<&TaskCgroup> {
+        self.cgroup.as_ref()
+    }
+
+    /// What it used, read from its cgroup once it ended (`None` before, or
+    /// without a cgroup).
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    /// Waits for the attempt to end; then kills whatever is left of it (its
+    /// process group, and every process in its cgroup, however it
+    /// daemonised) and waits until none is left, so nothing it started
+    /// outlives it and its capacity is free when this returns.
+    /// Cancel-safe: a wait dropped part-way resumes where it was.
     pub async fn wait(&mut self) -> io::Result<Exit> {
         if let Some(exit) = self.exited {
             return Ok(exit);
         }
-        let exit = match &mut self.inner {
-            Inner::Child(child) => exit_of(child.wait().await?),
-            Inner::Adopted { status } => {
-                while alive(self.pgid) {
-                    tokio::time::sleep(ADOPTED_POLL).await;
-                }
-                // A shim killed outright (SIGKILL) wrote nothing.
-                read_status(status).unwrap_or(Exit::Signal(libc::SIGKILL))
+        let exit = match self.leader {
+            Some(exit) => exit,
+            None => {
+                let exit = match &mut self.inner {
+                    Inner::Child(child) => exit_of(child.wait().await?),
+                    Inner::Adopted { status } => {
+                        while alive(self.pgid) {
+                            tokio::time::sleep(ADOPTED_POLL).await;
+                        }
+                        // A shim killed outright (SIGKILL) wrote nothing.
+                        read_status(status).unwrap_or(Exit::Signal(libc::SIGKILL))
+                    }
+                };
+                self.leader = Some(exit);
+                exit
             }
         };
         signal_group(self.pgid, libc::SIGKILL);
+        if let Some(cg) = &self.cgroup {
+            cg.kill_all().await;
+            self.usage = Some(cg.usage());
+            cg.remove();
+        }
         self.exited = Some(exit);
         Ok(exit)
     }
 
-    /// Stops the attempt: SIGTERM to the group, up to `grace` to exit, then
-    /// SIGKILL to the group. Returns how it ended.
+    /// Stops the attempt: SIGTERM to the group and to every process in its
+    /// cgroup, up to `grace` for its leader to exit, then SIGKILL to all of
+    /// it. Returns how it ended.
     pub async fn stop(&mut self, grace: Duration) -> io::Result<Exit> {
         if let Some(exit) = self.exited {
             return Ok(exit);
         }
-        signal_group(self.pgid, libc::SIGTERM);
+        self.signal(libc::SIGTERM);
         match tokio::time::timeout(grace, self.wait()).await {
             Ok(exit) => exit,
             Err(_) => {
-                signal_group(self.pgid, libc::SIGKILL);
+                self.signal(libc::SIGKILL);
                 self.wait().await
             }
+        }
+    }
+
+    /// Sends `signal` to the process group and to every process in the
+    /// cgroup (one that left the group with `setsid` too).
+    pub fn signal(&self, signal: i32) {
+        signal_group(self.pgid, signal);
+        if let Some(cg) = &self.cgroup {
+            cg.signal_all(signal);
         }
     }
 }
@@ -387,7 +463,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let script = "echo $MUSTER_ALLOC_ID/$MUSTER_TASK_INDEX/$MUSTER_GANG_SIZE/$MUSTER_ATTEMPT/$MUSTER_EPOCH \
                       $MUSTER_GANG_PEERS $CUDA_VISIBLE_DEVICES \"$USER_VAR\" $MUSTER_CHECKPOINT_DIR; echo oops >&2; exit 3";
-        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path(), None).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path(), None, None).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(3));
         let (out, err) = log_paths(dir.path(), 7, 1, 2);
         assert_eq!(fs::read_to_string(out).unwrap(), "7/1/2/2/3 n0:1,n1:1 4,5 x y /tmp/ckpt\n");
@@ -403,7 +479,7 @@ mod tests {
             "echo $RANK/$WORLD_SIZE/$MASTER_ADDR:$MASTER_PORT/$LOCAL_RANK $USER_VAR; cat $MUSTER_HOSTFILE",
         ]);
         l.env.insert("MASTER_PORT".into(), "1234".into());
-        let mut t = spawn(&l, dir.path(), None).unwrap();
+        let mut t = spawn(&l, dir.path(), None, None).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
         let (out, _) = log_paths(dir.path(), 7, 1, 2);
         assert_eq!(fs::read_to_string(out).unwrap(), "1/2/n0:1234/0 x y\nn0 slots=2\nn1 slots=2\n");
@@ -412,15 +488,15 @@ mod tests {
     #[tokio::test]
     async fn a_missing_program_is_a_spawn_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = spawn(&launch(&["/nonexistent/program"]), dir.path(), None).err().unwrap();
+        let err = spawn(&launch(&["/nonexistent/program"]), dir.path(), None, None).err().unwrap();
         assert!(err.to_string().contains("cannot start \"/nonexistent/program\""), "{err}");
-        assert!(matches!(spawn(&launch(&[]), dir.path(), None), Err(SpawnError::EmptyCommand)));
+        assert!(matches!(spawn(&launch(&[]), dir.path(), None, None), Err(SpawnError::EmptyCommand)));
     }
 
     #[tokio::test]
     async fn stop_ends_a_cooperative_task_with_sigterm() {
         let dir = tempfile::tempdir().unwrap();
-        let mut t = spawn(&launch(&["sleep", "30"]), dir.path(), None).unwrap();
+        let mut t = spawn(&launch(&["sleep", "30"]), dir.path(), None, None).unwrap();
         let started = Instant::now();
         assert_eq!(t.stop(Duration::from_secs(10)).await.unwrap(), Exit::Signal(libc::SIGTERM));
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -433,7 +509,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("grandchild.pid");
         let script = format!("trap '' TERM; sleep 30 & echo $! > {}; wait; wait", pidfile.display());
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, None).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !pidfile.exists() || fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
             assert!(Instant::now() < deadline, "grandchild never started");
@@ -460,7 +536,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("bg.pid");
         let script = format!("sleep 30 & echo $! > {}", pidfile.display());
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, None).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
         let bg: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -468,5 +544,194 @@ mod tests {
             assert!(Instant::now() < deadline, "background process {bg} outlived its task");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Real cgroups of this machine (root, v1 here; v2 elsewhere), in a
+    /// subtree of the test's own.
+    fn isolation(dir: &Path, gpu_devices: Vec<crate::cgroup::GpuDevice>, pids: u64) -> crate::cgroup::Isolation {
+        let opts = crate::cgroup::Options {
+            root: None,
+            name: crate::cgroup::default_name("executor-test", dir),
+            gpu_devices,
+            pids_default: pids,
+        };
+        crate::cgroup::Isolation::detect(&opts)
+            .unwrap_or_else(|e| panic!("these tests need this machine's cgroups: {e}"))
+    }
+
+    async fn wait_for_pid(path: &Path) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(pid) = fs::read_to_string(path).ok().and_then(|t| t.trim().parse().ok()) {
+                return pid;
+            }
+            assert!(Instant::now() < deadline, "{} never written", path.display());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A task whose children left its process group (`setsid`, and a
+    /// double fork) and ignore SIGTERM: a stop ends all of them, and
+    /// returns only once they are gone.
+    #[tokio::test]
+    async fn a_stop_kills_what_escaped_the_process_group_through_the_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = isolation(dir.path(), vec![], 0);
+        let (setsid, daemon) = (dir.path().join("setsid.pid"), dir.path().join("daemon.pid"));
+        let script = format!(
+            "setsid sh -c 'trap \"\" TERM; echo $$ > {}; while :; do sleep 1; done' & \
+             ( ( trap '' TERM; sleep 300 & echo $! > {} ) & ); sleep 300",
+            setsid.display(),
+            daemon.display()
+        );
+        let cg = iso.create((7, 1, 3), &crate::cgroup::Limits::default()).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, Some(cg.clone())).unwrap();
+        let (a, b) = (wait_for_pid(&setsid).await, wait_for_pid(&daemon).await);
+        assert!(alive(a) && alive(b));
+        let pgid = t.pgid();
+        assert_ne!(unsafe { libc::getpgid(a) }, pgid, "the setsid child left the group");
+        assert_eq!(t.stop(Duration::from_millis(200)).await.unwrap(), Exit::Signal(libc::SIGTERM));
+        assert!(!alive(a) && !alive(b), "escaped processes outlived the stop");
+        assert!(!cg.exists(), "the attempt's cgroup is removed once empty");
+        let used = t.usage().expect("usage read from the cgroup");
+        assert!(used.cpu_ns > 0, "{used:?}");
+        iso.remove_if_empty();
+    }
+
+    /// A finished task's escaped daemon dies when the task ends.
+    #[tokio::test]
+    async fn a_daemon_left_by_a_finished_task_dies_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = isolation(dir.path(), vec![], 0);
+        let pidfile = dir.path().join("d.pid");
+        let script = format!(
+            "setsid sh -c 'echo $$ > {}; exec sleep 300' & while [ ! -s {} ]; do sleep 0.01; done",
+            pidfile.display(),
+            pidfile.display()
+        );
+        let cg = iso.create((8, 0, 1), &crate::cgroup::Limits::default()).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, Some(cg)).unwrap();
+        assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+        let d: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        assert!(!alive(d), "the daemon {d} outlived its task");
+        iso.remove_if_empty();
+    }
+
+    /// A task over its memory limit is killed by the kernel at the limit
+    /// (swap off), and says so; its neighbour runs on.
+    #[tokio::test]
+    async fn a_memory_hog_is_oom_killed_at_its_limit_and_its_neighbour_runs_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = isolation(dir.path(), vec![], 0);
+        let limits = crate::cgroup::Limits { mem_mb: 64, ..Default::default() };
+        let hog = "x = []\nwhile True:\n    x.append(bytearray(8 << 20))\n";
+        let cg = iso.create((9, 0, 1), &limits).unwrap();
+        let mut neighbour =
+            spawn(&launch(&["sleep", "300"]), dir.path(), None, Some(iso.create((9, 1, 1), &limits).unwrap())).unwrap();
+        let mut t = spawn(&launch(&["python3", "-c", hog]), dir.path(), None, Some(cg)).unwrap();
+        assert_eq!(t.wait().await.unwrap(), Exit::Signal(libc::SIGKILL));
+        let used = t.usage().unwrap();
+        assert!(used.oom_kills >= 1, "{used:?}");
+        assert_eq!(used.memory_limit_bytes, 64 << 20);
+        assert!(used.peak_memory_bytes > 48 << 20 && used.peak_memory_bytes <= 64 << 20, "{used:?}");
+        assert!(alive(neighbour.pgid()), "the neighbour was hurt");
+        neighbour.stop(Duration::from_secs(5)).await.unwrap();
+        iso.remove_if_empty();
+    }
+
+    /// A fork bomb (a loop that forks without end, each child living on)
+    /// stops at the pids limit; a stop still ends it, and the next task
+    /// starts.
+    #[tokio::test]
+    async fn a_fork_bomb_stops_at_the_pids_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = isolation(dir.path(), vec![], 32);
+        let cg = iso.create((10, 0, 1), &crate::cgroup::Limits::default()).unwrap();
+        let mut t =
+            spawn(&launch(&["sh", "-c", "while :; do sleep 300 & done"]), dir.path(), None, Some(cg.clone())).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let limit = cg.dirs().iter().find_map(|d| fs::read_to_string(d.join("pids.max")).ok()).unwrap();
+        assert_eq!(limit.trim(), "32");
+        let events = cg.dirs().iter().find_map(|d| fs::read_to_string(d.join("pids.events")).ok());
+        // The bomb hits the limit: forks are refused (counted where the
+        // kernel counts them), and it never holds more.
+        while cg.pids().len() < 20 {
+            assert!(Instant::now() < deadline, "the bomb never grew: {:?}", cg.pids());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(cg.pids().len() <= 32);
+        if events.is_some() {
+            while !cg
+                .dirs()
+                .iter()
+                .filter_map(|d| fs::read_to_string(d.join("pids.events")).ok())
+                .any(|e| e.trim() != "max 0")
+            {
+                assert!(Instant::now() < deadline, "no fork was refused");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        t.stop(Duration::from_millis(100)).await.unwrap();
+        assert!(!cg.exists());
+        let mut next =
+            spawn(&launch(&["true"]), dir.path(), None, Some(iso.create((10, 1, 1), &Default::default()).unwrap()))
+                .unwrap();
+        assert_eq!(next.wait().await.unwrap(), Exit::Code(0));
+        iso.remove_if_empty();
+    }
+
+    /// Two processes spinning under a one-core quota get at most one core
+    /// between them (an upper bound: a loaded machine only gives less).
+    #[tokio::test]
+    async fn the_cpu_quota_holds_a_task_to_its_cores() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = isolation(dir.path(), vec![], 0);
+        let cg = iso.create((11, 0, 1), &crate::cgroup::Limits { cpus: 1, ..Default::default() }).unwrap();
+        let started = Instant::now();
+        let mut t =
+            spawn(&launch(&["sh", "-c", "while :; do :; done & while :; do :; done"]), dir.path(), None, Some(cg))
+                .unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        t.stop(Duration::from_millis(10)).await.unwrap();
+        let wall = started.elapsed();
+        let cpu = Duration::from_nanos(t.usage().unwrap().cpu_ns);
+        assert!(cpu <= wall + Duration::from_millis(200), "{cpu:?} of CPU in {wall:?} of wall under a 1-core quota");
+        assert!(cpu > Duration::ZERO);
+        iso.remove_if_empty();
+    }
+
+    /// A task may open its own GPU's device and not another's: a character
+    /// device made with mknod stands in for /dev/nvidiaN. With no driver
+    /// behind it, the one allowed fails to open with ENXIO; the one refused,
+    /// with EPERM from the devices controller, before any driver is asked.
+    #[tokio::test]
+    async fn a_task_is_refused_the_gpu_devices_it_was_not_assigned() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut devices = Vec::new();
+        for minor in 0..2u32 {
+            let path = dir.path().join(format!("gpu{minor}"));
+            let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a valid C string; mknod has no other preconditions.
+            let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(241, minor)) };
+            assert_eq!(rc, 0, "mknod: {}", io::Error::last_os_error());
+            devices.push(crate::cgroup::GpuDevice::of(&path).unwrap());
+        }
+        let iso = isolation(dir.path(), devices, 0);
+        if iso.version() == crate::cgroup::Version::V2 {
+            return; // v2 enforces no device list (docs/isolation.md)
+        }
+        let limits = crate::cgroup::Limits { gpus: vec![1], ..Default::default() };
+        let cg = iso.create((12, 0, 1), &limits).unwrap();
+        let (g0, g1) = (dir.path().join("gpu0"), dir.path().join("gpu1"));
+        let script = format!("(exec 3<{}) 2>&1; (exec 3<{}) 2>&1; true", g0.display(), g1.display());
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, Some(cg)).unwrap();
+        assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+        let (out, _) = log_paths(dir.path(), 7, 1, 2);
+        let out = fs::read_to_string(out).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[0].contains("gpu0") && lines[0].contains("Operation not permitted"), "{out}");
+        assert!(lines[1].contains("gpu1") && lines[1].contains("No such device or address"), "{out}");
+        iso.remove_if_empty();
     }
 }

@@ -5,6 +5,8 @@
 //! - [`agent`]: the stream to the leader, reconnection, task bookkeeping.
 //! - [`executor`]: task attempts as process groups with per-attempt logs,
 //!   stopped with SIGTERM → grace → SIGKILL.
+//! - [`cgroup`]: a cgroup per attempt (v1 or v2): nothing escapes a stop,
+//!   memory, CPU, process and GPU-device limits, per-attempt usage.
 //! - [`checkpoint`]: packing a task's checkpoint directory into a blob,
 //!   streaming, and unpacking one checked against its manifest.
 //! - [`store`]: the checkpoint stores (this node's disk, a shared path, an
@@ -18,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod agent;
+pub mod cgroup;
 pub mod checkpoint;
 pub mod executor;
 pub mod hint;
@@ -73,6 +76,11 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "a checkpoint fetched from its store, checked against its manifest and unpacked, before an attempt starts",
     ),
     (
+        "muster_agent_oom_kills_total",
+        "counter",
+        "attempts in which the kernel killed a process for going over the task's memory limit",
+    ),
+    (
         "muster_agent_checkpoint_bytes_served_total",
         "counter",
         "bytes of checkpoints on this node's disk served to other nodes' agents, under grants",
@@ -104,6 +112,7 @@ pub fn describe_metrics() {
     metrics::counter!("muster_watchdog_suspected_stalls_total").increment(0);
     metrics::counter!("muster_agent_stream_failures_total").increment(0);
     metrics::counter!("muster_agent_fenced_total").increment(0);
+    metrics::counter!("muster_agent_oom_kills_total").increment(0);
     metrics::counter!("muster_agent_checkpoint_bytes_served_total").increment(0);
     metrics::counter!("muster_agent_checkpoint_fetches_refused_total").increment(0);
     for kind in ["budget", "stall", "gpu_health"] {

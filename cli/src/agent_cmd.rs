@@ -128,6 +128,26 @@ pub struct AgentArgs {
     /// even when its record cannot be written. Tests only.
     #[arg(long, hide = true)]
     start_without_record: bool,
+    /// The agent's cgroup subtree, where each attempt gets a cgroup of
+    /// its own: a path from the top of each hierarchy (/muster/gpu-01), or
+    /// one relative to the agent's own cgroup. Default:
+    /// muster/<node-id>-<hash of --work-dir> under the agent's own cgroup.
+    #[arg(long, value_name = "PATH")]
+    cgroup_root: Option<String>,
+    /// Run tasks as bare process groups, without cgroups: no memory, CPU,
+    /// process or GPU-device limits, and a process that leaves its group
+    /// survives a stop. The node is labelled muster.isolation=none, which
+    /// --constraint 'muster.isolation!=none' avoids.
+    #[arg(long)]
+    no_isolation: bool,
+    /// The most processes and threads one task may have.
+    #[arg(long, default_value_t = muster_agent::cgroup::DEFAULT_PIDS_MAX, value_name = "N")]
+    pids_max: u64,
+    /// A GPU's device file, in GPU index order (repeat per GPU), whose
+    /// access every task not holding that GPU is refused. Default:
+    /// /dev/nvidiaN for each GPU offered, where present.
+    #[arg(long = "gpu-device", value_name = "PATH")]
+    gpu_devices: Vec<PathBuf>,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
 }
@@ -206,6 +226,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let address = args.address.clone().unwrap_or_else(|| {
         schedulers.iter().find_map(|s| route_ip(s)).map(host_of).unwrap_or_else(|| args.node_id.clone())
     });
+    let isolation = isolation(&args, gpus)?;
     let cfg = AgentConfig {
         node_id: args.node_id.clone(),
         schedulers,
@@ -244,6 +265,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         start_without_record: args.start_without_record,
         checkpoint_listen,
         checkpoint_address,
+        isolation,
         janitor: muster_agent::janitor::JanitorConfig {
             log_retention: Duration::from_secs(log_retention),
             max_bytes,
@@ -267,6 +289,56 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let _ = stop.send(true);
     let _ = task.await;
     Ok(())
+}
+
+/// The agent's cgroup subtree, or `None` with `--no-isolation`. Without
+/// usable cgroups the agent refuses to start, naming why.
+fn isolation(args: &AgentArgs, gpus: u32) -> anyhow::Result<Option<std::sync::Arc<muster_agent::cgroup::Isolation>>> {
+    use muster_agent::cgroup::{GpuDevice, Isolation, Options, default_name};
+    if args.no_isolation {
+        if args.cgroup_root.is_some() {
+            crate::usage!("--cgroup-root and --no-isolation contradict each other");
+        }
+        tracing::warn!(
+            node = %args.node_id,
+            "--no-isolation: tasks run as bare process groups, without limits; a process that leaves its group survives a stop (node labelled muster.isolation=none)"
+        );
+        return Ok(None);
+    }
+    if args.pids_max == 0 {
+        crate::usage!("--pids-max must be at least 1");
+    }
+    if !args.gpu_devices.is_empty() && args.gpu_devices.len() != gpus as usize {
+        crate::usage!(
+            "--gpu-device was given {} time(s), but the node offers {gpus} GPU(s): name one device per GPU",
+            args.gpu_devices.len()
+        );
+    }
+    let gpu_devices = if args.gpu_devices.is_empty() {
+        (0..gpus)
+            .map(|i| std::path::PathBuf::from(format!("/dev/nvidia{i}")))
+            .filter(|p| p.exists())
+            .map(|p| GpuDevice::of(&p))
+            .collect::<Result<Vec<_>, _>>()
+    } else {
+        args.gpu_devices.iter().map(|p| GpuDevice::of(p)).collect()
+    }
+    .map_err(|e| anyhow::anyhow!("--gpu-device {e}"))?;
+    let opts = Options {
+        root: args.cgroup_root.clone(),
+        name: default_name(&args.node_id, &args.work_dir),
+        gpu_devices,
+        pids_default: args.pids_max,
+    };
+    let iso = Isolation::detect(&opts).map_err(|e| anyhow::anyhow!("{e}"))?;
+    tracing::info!(
+        node = %args.node_id,
+        layout = iso.version().label(),
+        subtree = ?iso.roots(),
+        gpu_devices = iso.gpu_devices().len(),
+        "tasks are contained in cgroups"
+    );
+    Ok(Some(std::sync::Arc::new(iso)))
 }
 
 /// The local IP this node uses on its route to `addr` (host:port): the

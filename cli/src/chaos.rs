@@ -33,8 +33,8 @@ pub struct ChaosArgs {
     /// ack-before-fsync, ack-despite-fsync-error, ack-despite-write-error,
     /// unpaced-leader-clock, removed-voters-linger, spare-failed-gang-peers,
     /// refuse-slow-writes), or the agents'
-    /// (no-agent-fencing, forget-leftovers, start-without-record), to see a
-    /// check catch it.
+    /// (no-agent-fencing, forget-leftovers, start-without-record,
+    /// no-isolation), to see a check catch it.
     #[arg(long)]
     inject_bug: Option<String>,
     /// The servers' --retention (e.g. 20s): finished allocations are then
@@ -65,6 +65,12 @@ pub struct ChaosArgs {
     /// (checkpoints_intact). 0: none.
     #[arg(long, default_value_t = 0, value_name = "MIB")]
     checkpoint_mb: u32,
+    /// The daemonising workload: every rank starts a daemon that leaves its
+    /// process group (setsid), ignores SIGTERM and beats in the journal as
+    /// its attempt until killed, so every stop must end the attempt's whole
+    /// cgroup (gpus_never_overbooked, journal_consistent).
+    #[arg(long)]
+    daemonising_tasks: bool,
 }
 
 pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
@@ -142,6 +148,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
                 task_ms,
                 tls_dir: shared_tls.clone(),
                 checkpoint_mb: args.checkpoint_mb,
+                daemonising: args.daemonising_tasks,
             };
             running.spawn(async move { run(&cfg).await.map(|r| (r, cfg.dir)) });
         }

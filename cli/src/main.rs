@@ -215,6 +215,11 @@ enum Cmd {
         #[arg(long)]
         beats: u64,
     },
+    /// The daemon a rank of the daemonising chaos workload leaves behind:
+    /// beats in the journal as its attempt until killed; see
+    /// muster_sim::chaos::rank::daemon.
+    #[command(name = "chaos-daemon", hide = true)]
+    ChaosDaemon,
     /// Print a shell completion script: muster completions bash > /etc/bash_completion.d/muster
     Completions {
         /// The shell.
@@ -252,6 +257,10 @@ fn main() -> ExitCode {
         }
         Cmd::ChaosRank { beats } => {
             let code = muster_sim::chaos::rank::main(beats);
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
+        Cmd::ChaosDaemon => {
+            let code = muster_sim::chaos::rank::daemon();
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
         Cmd::Completions { shell } => {
@@ -351,6 +360,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             | Cmd::Tls { .. }
             | Cmd::TaskShim { .. }
             | Cmd::ChaosRank { .. }
+            | Cmd::ChaosDaemon
             | Cmd::Restore(_) => {
                 unreachable!("run synchronously")
             }

@@ -105,6 +105,11 @@ pub struct Assignment {
     pub peers: Vec<String>,
     /// GPUs the task holds.
     pub gpus: u32,
+    /// Host memory the task asked for, MiB (its hard limit on an isolating
+    /// node).
+    pub mem_mb: u64,
+    /// CPU cores the task asked for (its CPU quota there).
+    pub cpus: u32,
     /// The checkpoints to resume from, newest first: every one the task
     /// holds that can be reached now (the agent tries them in turn).
     pub restore: Vec<RestoreFrom>,
@@ -266,6 +271,8 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
                 secrets: st.secrets(a.id).cloned().unwrap_or_default(),
                 peers,
                 gpus: a.spec.resources.gpus,
+                mem_mb: a.spec.resources.mem_mb,
+                cpus: a.spec.resources.cpus,
                 restore: restore_list(st, t, node),
                 store: st.checkpoint_store_of(a),
                 max_checkpoint_bytes: st.checkpoint_cap_of(a),

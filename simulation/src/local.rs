@@ -69,6 +69,9 @@ pub struct LocalConfig {
     /// one per agent (they share this machine, so no two may offer the
     /// same port).
     pub rendezvous_ports: muster_core::sm::PortRange,
+    /// Contain each agent's tasks in cgroups (`muster_agent::cgroup`)
+    /// where this machine allows it.
+    pub isolation: bool,
 }
 
 /// The admin identity a local cluster issues for its operator.
@@ -127,6 +130,7 @@ impl Default for LocalConfig {
             http_rate: muster_scheduler::server::http::HttpOptions::default().rate_per_s,
             admission_required: true,
             rendezvous_ports: muster_core::sm::PortRange { first: 29_500, count: 500 },
+            isolation: true,
         }
     }
 }
@@ -332,6 +336,26 @@ impl LocalCluster {
         self.tls.get(&muster_tls::Role::Admin(DEV_ADMIN.to_string())).cloned()
     }
 
+    /// Agent `node_id`'s cgroup subtree when the cluster contains its
+    /// tasks; without cgroups here, tasks run as bare process groups (and
+    /// the node says so in its `muster.isolation` label).
+    fn isolation(&self, node_id: &str) -> Option<std::sync::Arc<muster_agent::cgroup::Isolation>> {
+        if !self.cfg.isolation {
+            return None;
+        }
+        let opts = muster_agent::cgroup::Options {
+            name: muster_agent::cgroup::default_name(node_id, &self.dir.join(node_id)),
+            ..Default::default()
+        };
+        match muster_agent::cgroup::Isolation::detect(&opts) {
+            Ok(iso) => Some(std::sync::Arc::new(iso)),
+            Err(e) => {
+                tracing::warn!(node = node_id, error = %e, "tasks run without isolation");
+                None
+            }
+        }
+    }
+
     fn spawn_agent(&self, i: u32) -> AgentHandle {
         let node_id = format!("node-{}", i + 1);
         let cfg = AgentConfig {
@@ -356,6 +380,7 @@ impl LocalCluster {
             start_without_record: false,
             checkpoint_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
             checkpoint_address: String::new(),
+            isolation: self.isolation(&node_id),
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

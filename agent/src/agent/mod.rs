@@ -126,6 +126,10 @@ pub struct AgentConfig {
     /// The `host:port` other agents reach that service at (empty: the
     /// listening address; a port of 0: the one bound).
     pub checkpoint_address: String,
+    /// Each attempt's cgroup (`crate::cgroup`); `None`: tasks are bare
+    /// process groups (`--no-isolation`, the node labelled
+    /// `muster.isolation=none`).
+    pub isolation: Option<Arc<crate::cgroup::Isolation>>,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -273,7 +277,9 @@ impl Agent {
     /// An agent with this configuration. Process groups an earlier agent
     /// with the same work dir left behind are adopted when it runs (with
     /// `task_shim`), or killed now (without).
-    pub fn new(cfg: AgentConfig) -> std::io::Result<Agent> {
+    pub fn new(mut cfg: AgentConfig) -> std::io::Result<Agent> {
+        let isolation = cfg.isolation.as_ref().map_or("none", |iso| iso.version().label());
+        cfg.labels.insert(crate::cgroup::ISOLATION_LABEL.to_string(), isolation.to_string());
         let (mut records, found) = Records::open(cfg.work_dir.join("running"), cfg.disk_fault_file.clone())?;
         let mut leftovers = Vec::new();
         for Found { slot, key, record } in found {
@@ -335,6 +341,7 @@ impl Agent {
 
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        self.kill_strays().await;
         self.adopt_leftovers();
         if let Some(listen) = self.cfg.checkpoint_listen {
             self.serve_checkpoints(listen, shutdown.clone()).await;
@@ -392,8 +399,9 @@ impl Agent {
                 waiting += 1;
             }
         }
-        // Let the stopped tasks' waiters finish (and remove their records).
-        let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(1);
+        // Let the stopped tasks' waiters finish (and remove their records
+        // and cgroups).
+        let deadline = tokio::time::Instant::now() + grace + Duration::from_secs(5);
         while waiting > 0 {
             match tokio::time::timeout_at(deadline, self.exits_rx.recv()).await {
                 Ok(Some((key, _))) => {
@@ -402,6 +410,41 @@ impl Agent {
                 }
                 _ => break,
             }
+        }
+        if waiting == 0
+            && let Some(iso) = &self.cfg.isolation
+        {
+            iso.remove_if_empty();
+        }
+    }
+
+    /// Kills what is left in the cgroups of attempts this agent does not
+    /// adopt: an earlier agent's tasks (with `--keep-tasks` off), and any
+    /// process of theirs that escaped its process group, found through
+    /// its cgroup whatever became of the records.
+    async fn kill_strays(&mut self) {
+        let Some(iso) = self.cfg.isolation.clone() else { return };
+        if self.cfg.forget_leftovers {
+            return;
+        }
+        let adopted: BTreeSet<Key> = self.leftovers.iter().map(|(k, _)| *k).collect();
+        for key in iso.existing() {
+            if adopted.contains(&key) {
+                continue;
+            }
+            let cg = iso.attempt(key);
+            let pids = cg.pids();
+            if !pids.is_empty() {
+                tracing::warn!(
+                    alloc_id = key.0,
+                    task = key.1,
+                    epoch = key.2,
+                    processes = pids.len(),
+                    "killing the processes of an attempt an earlier agent left"
+                );
+            }
+            cg.kill_all().await;
+            cg.remove();
         }
     }
 

@@ -22,12 +22,14 @@ pub(super) struct Ended {
     /// The checkpoint its directory was saved as, if it was saved (or why
     /// it could not be).
     pub(super) saved: Option<Result<Saved, String>>,
+    /// What it used, from its cgroup.
+    pub(super) usage: Option<crate::cgroup::Usage>,
 }
 
 impl Ended {
     /// An attempt that never ran a process.
     pub(super) fn not_run(why: String) -> Ended {
-        Ended { exit: Err(why), checkpoint_failed: false, watchdog: None, saved: None }
+        Ended { exit: Err(why), checkpoint_failed: false, watchdog: None, saved: None, usage: None }
     }
 }
 
@@ -144,13 +146,26 @@ impl Agent {
                     restored: None,
                     naming: Naming { alloc: key.0, task: key.1, attempt: r.attempt, epoch: key.2 },
                 };
-                self.watch(key, r.attempt, executor::adopt(r.pgid, status), limits, ctrl_rx, save);
+                let cgroup = self.cfg.isolation.as_ref().map(|iso| iso.attempt(key));
+                self.watch(key, r.attempt, executor::adopt(r.pgid, status, cgroup), limits, ctrl_rx, save);
             } else {
                 let exit = executor::read_status(&status)
                     .ok_or_else(|| "the task ended while its agent was down, and its exit status was lost".to_string());
                 tracing::info!(alloc_id = key.0, task = key.1, exit = ?exit, "a task the previous agent left ended meanwhile");
-                let _ =
-                    self.exits_tx.send((key, Ended { exit, checkpoint_failed: false, watchdog: None, saved: None }));
+                // What it left running (a child that escaped its process
+                // group) dies before its GPUs are free.
+                let cgroup = self.cfg.isolation.as_ref().map(|iso| iso.attempt(key));
+                let exits = self.exits_tx.clone();
+                tokio::spawn(async move {
+                    let mut usage = None;
+                    if let Some(cg) = cgroup {
+                        cg.kill_all().await;
+                        usage = Some(cg.usage());
+                        cg.remove();
+                    }
+                    let ended = Ended { exit, checkpoint_failed: false, watchdog: None, saved: None, usage };
+                    let _ = exits.send((key, ended));
+                });
             }
         }
     }
@@ -340,9 +355,22 @@ impl Agent {
             }
             Ok(()) => Ok(()),
         };
-        let spawned = reserved.and_then(|()| {
-            executor::spawn(&launch, &self.cfg.work_dir, self.cfg.task_shim.as_deref()).map_err(|e| e.to_string())
-        });
+        let cgroup_limits = crate::cgroup::Limits { mem_mb: a.mem_mb, cpus: a.cpus, pids: 0, gpus: gpus.clone() };
+        let spawned = reserved
+            .and_then(|()| match &self.cfg.isolation {
+                Some(iso) => iso.create(key, &cgroup_limits).map(Some),
+                None => Ok(None),
+            })
+            .and_then(|cgroup| {
+                executor::spawn(&launch, &self.cfg.work_dir, self.cfg.task_shim.as_deref(), cgroup.clone()).map_err(
+                    |e| {
+                        if let Some(cg) = cgroup {
+                            cg.remove();
+                        }
+                        e.to_string()
+                    },
+                )
+            });
         match spawned {
             Ok(task) => {
                 let record = Record {
@@ -361,7 +389,7 @@ impl Agent {
                     // Its reserved slot would not take it: stop it now
                     // rather than leave it where no agent can find it.
                     tracing::error!(alloc_id = key.0, task = key.1, error = %e, "cannot record a started attempt; killing it");
-                    executor::signal_group(task.pgid(), libc::SIGKILL);
+                    task.signal(libc::SIGKILL);
                 }
                 // After the spawn, which creates the attempt's log files.
                 for r in &reports {
@@ -399,7 +427,7 @@ impl Agent {
     /// checkpoint the attempt was given: the next attempt resumes from it.
     /// A successful exit uploads nothing: a finished task never runs again.
     pub(super) fn finished(&mut self, key: Key, ended: Ended) -> Report {
-        let Ended { exit, checkpoint_failed, watchdog, saved } = ended;
+        let Ended { exit, checkpoint_failed, watchdog, saved, usage } = ended;
         let running = self.running.remove(&key);
         let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
         if let Some(r) = running {
@@ -412,6 +440,9 @@ impl Agent {
             Ok(Exit::Signal(s)) => (None, Some(s), String::new()),
             Err(e) => (None, None, e),
         };
+        if let Some(u) = usage {
+            self.account(key, attempt, &u);
+        }
         let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let upload = match saved {
             Some(Ok(saved)) => {
@@ -503,6 +534,34 @@ impl Agent {
         };
         self.unrecorded.insert(key, report.clone());
         report
+    }
+
+    /// Logs what an attempt used, and says in its log when the kernel
+    /// killed part of it for going over its memory limit.
+    fn account(&self, key: Key, attempt: u32, u: &crate::cgroup::Usage) {
+        let mib = |b: u64| b.div_ceil(1024 * 1024);
+        tracing::info!(
+            alloc_id = key.0,
+            task = key.1,
+            attempt,
+            peak_memory_mb = mib(u.peak_memory_bytes),
+            cpu_s = u.cpu_ns as f64 / 1e9,
+            oom_kills = u.oom_kills,
+            "attempt accounted"
+        );
+        if u.oom_kills > 0 {
+            metrics::counter!("muster_agent_oom_kills_total").increment(1);
+            self.note_in_log(
+                key,
+                attempt,
+                &format!(
+                    "muster: out of memory: the kernel killed {} process(es) of this task at its {} MiB limit (peak {} MiB)",
+                    u.oom_kills,
+                    mib(u.memory_limit_bytes),
+                    mib(u.peak_memory_bytes)
+                ),
+            );
+        }
     }
 
     /// Appends a line to an attempt's stderr log, where its owner looks.
@@ -597,7 +656,14 @@ pub(super) async fn watch_task(
             }
         }
     };
-    (Ended { exit: exit.map_err(|e| e.to_string()), checkpoint_failed, watchdog: trip, saved: None }, stopped)
+    let ended = Ended {
+        exit: exit.map_err(|e| e.to_string()),
+        checkpoint_failed,
+        watchdog: trip,
+        saved: None,
+        usage: task.usage(),
+    };
+    (ended, stopped)
 }
 
 /// Saves an attempt's checkpoint directory when its process has ended,

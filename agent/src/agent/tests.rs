@@ -95,6 +95,7 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         start_without_record: false,
         checkpoint_listen: None,
         checkpoint_address: String::new(),
+        isolation: None,
     }
 }
 

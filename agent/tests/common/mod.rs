@@ -33,5 +33,6 @@ pub fn config(addr: String, work_dir: &Path, fence: bool) -> AgentConfig {
         start_without_record: false,
         checkpoint_listen: None,
         checkpoint_address: String::new(),
+        isolation: None,
     }
 }

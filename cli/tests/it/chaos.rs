@@ -254,6 +254,56 @@ fn t108_agents_restarted_with_keep_tasks_adopt_their_tasks_and_none_runs_twice()
     assert!(adopted, "a restarted agent adopted what its predecessor left running");
 }
 
+/// Issue 46: the daemonising workload. Every rank leaves a daemon that
+/// escaped its process group, ignores SIGTERM and beats as the rank's
+/// attempt. Cancels, preemptions, teardowns and agent restarts (adopting or
+/// killing what the last agent left) end each attempt's whole cgroup, so no
+/// daemon beats on past its attempt and every check holds.
+#[test]
+fn t189_tasks_that_daemonise_leave_nothing_behind_under_chaos() {
+    let args = ["--duration", "25s", "--seed", "19", "--agents", "4", "--faults", "restart-agent,kill-agent"];
+    let run = chaos(&[&args[..], &["--daemonising-tasks", "--task-seconds", "2-6"]].concat()).passes();
+    let journal = std::fs::read_to_string(run.dir.join("journal.log")).unwrap_or_default();
+    assert!(journal.lines().filter(|l| l.starts_with("beat ")).count() > 0, "the ranks and their daemons beat");
+    assert!(strays(&run.dir).is_empty(), "daemons outlived the run: {:?}", strays(&run.dir));
+}
+
+/// The same workload on agents that do not contain their tasks (the
+/// injected bug `no-isolation`): a stop signals the process group only, the
+/// daemons beat on past their attempts' ends, and the checks see them hold
+/// GPUs another attempt was given.
+#[test]
+fn t190_a_chaos_run_catches_agents_that_let_daemons_escape_a_stop() {
+    let args = ["--duration", "20s", "--seed", "19", "--agents", "4", "--faults", "kill-leader"];
+    let run = chaos(&[&args[..], &["--daemonising-tasks", "--inject-bug", "no-isolation"]].concat());
+    for pid in strays(&run.dir) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let run = run.fails();
+    let caught = !run.check("gpus_never_overbooked")["passed"].as_bool().unwrap()
+        || !run.check("journal_consistent")["passed"].as_bool().unwrap();
+    assert!(caught, "{:#}", run.report);
+}
+
+/// The `muster chaos-daemon` processes still running whose journal is in
+/// `dir`.
+fn strays(dir: &std::path::Path) -> Vec<i32> {
+    let needle = dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            cmdline.split(|b| *b == 0).any(|a| a == b"chaos-daemon")
+                && String::from_utf8_lossy(&environ).contains(&needle)
+                && muster_agent::executor::alive(*pid)
+        })
+        .collect()
+}
+
 /// Agents that forget what their predecessor left running (the injected bug
 /// `forget-leftovers`): restarted after a `--keep-tasks` agent, they neither
 /// adopt nor kill its tasks, the leader places them again, and

@@ -335,7 +335,10 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
 /// KillMode=process): the agent exits and a new one starts on the same work
 /// dir while tasks run. A task still running is reattached (same attempt,
 /// later finishes and is recorded done); a task that ended while no agent
-/// ran is reported with the exit code its shim recorded.
+/// ran is reported with the exit code its shim recorded. Each task's daemon
+/// (escaped with setsid) is found through the attempt's cgroup: killed
+/// before the ended task is reported, and with the adopted task when it
+/// ends (issue 46).
 #[test]
 fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
     let dir = tempfile::tempdir().unwrap();
@@ -376,11 +379,14 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
         }
     };
     let mut first = agent();
-    // Each task leaves its pid, then waits for its release file and exits
-    // with the code in its name.
+    // Each task starts a daemon that leaves its process group (setsid)
+    // and ignores SIGTERM, leaves its pid, then waits for its release file
+    // and exits with the code in its name.
     let script = |code: u32| {
         format!(
-            "echo $$ > pid-$MUSTER_ALLOC_ID; while [ ! -f release-$MUSTER_ALLOC_ID ]; do sleep 0.1; done; exit {code}"
+            "setsid sh -c 'trap \"\" TERM; echo $$ > esc-$MUSTER_ALLOC_ID.tmp; mv esc-$MUSTER_ALLOC_ID.tmp esc-$MUSTER_ALLOC_ID; \
+             while :; do sleep 1; done' & \
+             echo $$ > pid-$MUSTER_ALLOC_ID; while [ ! -f release-$MUSTER_ALLOC_ID ]; do sleep 0.1; done; exit {code}"
         )
     };
     for (key, code) in [("keep-1", 0), ("keep-2", 3)] {
@@ -389,23 +395,33 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
             ["submit", "--gpus", "1", "--max-retries", "0", "--idempotency-key", key, "--scheduler", &addr, "--"];
         wait_for("a submit to succeed", &|| crate::muster(&[&args[..], &["sh", "-c", &s]].concat()).status.success());
     }
-    let pid = |id: u32| std::fs::read_to_string(work.join(format!("pid-{id}"))).ok()?.trim().parse::<i32>().ok();
+    let read_pid = |name: String| std::fs::read_to_string(work.join(name)).ok()?.trim().parse::<i32>().ok();
+    let pid = |id: u32| read_pid(format!("pid-{id}"));
+    let esc = |id: u32| read_pid(format!("esc-{id}"));
     wait_for("both tasks to run", &|| {
-        get("1")["status"] == "running" && get("2")["status"] == "running" && pid(1).is_some() && pid(2).is_some()
+        get("1")["status"] == "running"
+            && get("2")["status"] == "running"
+            && [pid(1), pid(2), esc(1), esc(2)].iter().all(Option::is_some)
     });
-    let (p1, p2) = (pid(1).unwrap(), pid(2).unwrap());
+    let (p1, p2, e1, e2) = (pid(1).unwrap(), pid(2).unwrap(), esc(1).unwrap(), esc(2).unwrap());
 
     // The agent exits (SIGTERM, as systemd stops it); the tasks do not.
     // SAFETY: signals our own child.
     unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
     assert!(first.wait().unwrap().success(), "the agent exits cleanly on SIGTERM");
-    assert!(muster_agent::executor::alive(p1) && muster_agent::executor::alive(p2), "the tasks outlive the agent");
-    // Task 2 ends while no agent runs.
+    let alive = muster_agent::executor::alive;
+    assert!(alive(p1) && alive(p2) && alive(e1) && alive(e2), "the tasks and their daemons outlive the agent");
+    // Task 2 ends while no agent runs; its daemon runs on.
     std::fs::write(work.join("release-2"), "").unwrap();
-    wait_for("task 2 to exit", &|| !muster_agent::executor::alive(p2));
+    wait_for("task 2 to exit", &|| !alive(p2));
+    assert!(alive(e2));
 
+    // The next agent finds task 2's daemon through its cgroup and kills it
+    // before it reports the task's end.
     let mut second = agent();
     wait_for("allocation 2 to fail with the code it exited with", &|| get("2")["status"] == "failed");
+    assert!(!alive(e2), "the daemon of a task that ended while no agent ran outlived the next agent's report");
+    assert!(alive(e1), "the adopted task's daemon runs on with it");
     let a2 = get("2");
     assert_eq!(a2["tasks"][0]["exit_code"], 3, "{a2}");
     let a1 = get("1");
@@ -413,6 +429,7 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
     assert_eq!(a1["tasks"][0]["attempts"], 1, "{a1}");
     std::fs::write(work.join("release-1"), "").unwrap();
     wait_for("allocation 1 to finish", &|| get("1")["status"] == "done");
+    assert!(!alive(e1), "the adopted task's daemon died with it");
     let a1 = get("1");
     assert_eq!((a1["tasks"][0]["attempts"].as_u64(), a1["tasks"][0]["runs"].as_u64()), (Some(1), Some(1)), "{a1}");
     let _ = second.kill();

@@ -14,6 +14,7 @@ mod ecosystem;
 mod failover;
 mod hardening;
 mod history;
+mod isolation;
 mod node_lifecycle;
 mod node_trust;
 mod preemption;

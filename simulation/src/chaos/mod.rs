@@ -78,6 +78,9 @@ pub struct ChaosConfig {
     /// checkpoint directory at start, and checks the state it resumes from
     /// (0: none).
     pub checkpoint_mb: u32,
+    /// The daemonising workload: every rank starts a daemon that leaves its
+    /// process group, ignores SIGTERM and beats as its attempt until killed.
+    pub daemonising: bool,
 }
 
 /// How long a task runs unless told otherwise: 0.5–3 s.
@@ -108,18 +111,28 @@ pub const FORGET_LEFTOVERS: &str = "forget-leftovers";
 
 /// The deliberate bug of agents that start an attempt even when its record
 /// cannot be written (`--start-without-record`): on a full disk, the agent
-/// after them can neither adopt nor kill what they started.
+/// after them can neither adopt nor kill what they started (on a node
+/// without isolation: a cgroup would still name it).
 pub const START_WITHOUT_RECORD: &str = "start-without-record";
 
+/// The deliberate bug of agents that do not contain their tasks
+/// (`--no-isolation`): a stop signals the task's process group only, and a
+/// daemon that left it runs on (see the daemonising workload).
+pub const NO_ISOLATION: &str = "no-isolation";
+
 /// The deliberate bugs of the agents rather than the servers.
-pub const AGENT_BUGS: &[&str] = &[NO_AGENT_FENCING, FORGET_LEFTOVERS, START_WITHOUT_RECORD];
+pub const AGENT_BUGS: &[&str] = &[NO_AGENT_FENCING, FORGET_LEFTOVERS, START_WITHOUT_RECORD, NO_ISOLATION];
 
 /// The flags a configuration adds to every agent.
 fn agent_args(cfg: &ChaosConfig) -> Vec<String> {
     match cfg.inject_bug.as_deref() {
         Some(NO_AGENT_FENCING) => vec!["--keep-running-when-cut-off".to_string()],
         Some(FORGET_LEFTOVERS) => vec!["--forget-leftovers".to_string()],
-        Some(START_WITHOUT_RECORD) => vec!["--start-without-record".to_string()],
+        // With cgroups the next agent finds an unrecorded attempt all the
+        // same (through its cgroup) and kills it: the bug shows on a node
+        // that does not contain its tasks.
+        Some(START_WITHOUT_RECORD) => vec!["--start-without-record".to_string(), "--no-isolation".to_string()],
+        Some(NO_ISOLATION) => vec!["--no-isolation".to_string()],
         _ => Vec::new(),
     }
 }
@@ -328,6 +341,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         journal: journal.clone(),
         fabric: fabric.addr(),
         checkpoint_mb: cfg.checkpoint_mb,
+        daemonising: cfg.daemonising,
     };
     let until = Instant::now() + cfg.duration;
     let (ops, faults) = tokio::join!(

@@ -17,6 +17,9 @@
 //!   The master waits for a silent rank for 60 s, as a rank blocked in a
 //!   collective does: only the scheduler's teardown stops it sooner.
 //! - A master whose ranks have not all joined within 30 s gives up too.
+//! - With `CHAOS_DAEMON=1` (the daemonising workload), a rank first starts
+//!   a daemon that escapes its process group and beats as the rank's
+//!   attempt until killed ([`daemon`]).
 //! - With `CHAOS_CHECKPOINT_MB` set (the large-checkpoint workload), a rank
 //!   first checks the state it was restored with, if it resumes (`resumed`,
 //!   or `corrupt` when the bytes are not the ones a rank wrote), then writes
@@ -94,6 +97,11 @@ pub fn main(beats: u64) -> i32 {
         }
     };
     journal.stamp("start");
+    if env("CHAOS_DAEMON") == "1"
+        && let Err(e) = start_daemon()
+    {
+        eprintln!("chaos-rank: cannot start its daemon: {e}");
+    }
     let state_mb: u64 = env("CHAOS_CHECKPOINT_MB").parse().unwrap_or(0);
     if state_mb > 0 {
         match checkpoint_state(state_mb) {
@@ -122,6 +130,46 @@ pub fn main(beats: u64) -> i32 {
         }
     });
     journal.finish(status)
+}
+
+/// The daemonising workload (`muster chaos --daemonising-tasks`): each rank
+/// starts `muster chaos-daemon`, which leaves the rank's process group and
+/// session (`setsid`), ignores SIGTERM and beats in the journal as the rank's
+/// attempt until it is killed. Only an agent that kills the attempt's whole
+/// cgroup ends it with the rank; one that signals the process group leaves
+/// it beating past the attempt's end, where `gpus_never_overbooked` and
+/// `journal_consistent` see it overlap the next attempt.
+fn start_daemon() -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("chaos-daemon")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: setsid and signal are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    // Not waited for: it outlives the rank unless its cgroup is killed
+    // (its zombie, if the rank outlives it, goes with the rank).
+    cmd.spawn().map(drop)
+}
+
+/// `muster chaos-daemon`: beats in the journal as the attempt that started
+/// it, every 250 ms, until killed.
+pub fn daemon() -> i32 {
+    let file = std::fs::OpenOptions::new().append(true).create(true).open(env("CHAOS_JOURNAL")).ok();
+    let id =
+        ["MUSTER_ALLOC_ID", "MUSTER_TASK_INDEX", "MUSTER_ATTEMPT", "MUSTER_EPOCH", "MUSTER_NODE_ID"].map(env).join(" ");
+    let mut journal = Journal { file, id };
+    loop {
+        journal.stamp("beat");
+        std::thread::sleep(BEAT);
+    }
 }
 
 /// FNV-1a, 64 bits: enough to tell the state a rank wrote from any other.

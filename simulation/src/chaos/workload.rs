@@ -54,6 +54,8 @@ pub struct Tasks {
     pub fabric: String,
     /// MiB of state each rank checkpoints (0: none; see [`super::rank`]).
     pub checkpoint_mb: u32,
+    /// Each rank starts a daemon that escapes its process group.
+    pub daemonising: bool,
 }
 
 /// One allocation of the mix.
@@ -81,6 +83,7 @@ fn spec(rng: &mut SimRng, key: String, tasks: &Tasks, task_ms: (u64, u64)) -> v1
             ("CHAOS_JOURNAL".to_string(), tasks.journal.display().to_string()),
             ("CHAOS_FABRIC".to_string(), tasks.fabric.clone()),
             ("CHAOS_CHECKPOINT_MB".to_string(), tasks.checkpoint_mb.to_string()),
+            ("CHAOS_DAEMON".to_string(), if tasks.daemonising { "1" } else { "0" }.to_string()),
         ]
         .into(),
         idempotency_key: key,

@@ -198,8 +198,13 @@ impl fmt::Display for PortRange {
 pub const RESERVED_LABEL_PREFIX: &str = "muster.";
 
 /// Reserved labels the scheduler sets from a registration's dedicated
-/// fields (address, rendezvous ports, checkpoint address).
-pub const AGENT_SET_LABELS: [&str; 3] = ["muster.address", PORTS_LABEL, "muster.checkpoints"];
+/// fields (address, rendezvous ports, checkpoint address), and the one the
+/// agent reports itself: how it contains tasks ([`ISOLATION_LABEL`]).
+pub const AGENT_SET_LABELS: [&str; 4] = ["muster.address", PORTS_LABEL, "muster.checkpoints", ISOLATION_LABEL];
+
+/// How a node's agent contains its tasks: `cgroup-v1`, `cgroup-v2`, or
+/// `none` (`muster agent --no-isolation`), so `--constraint` can avoid it.
+pub const ISOLATION_LABEL: &str = "muster.isolation";
 
 /// Whether an agent's registration may carry label `key`.
 pub fn agent_may_set(key: &str) -> bool {

@@ -323,6 +323,8 @@ impl Session {
                 secret_env: a.secrets.0.clone().into_iter().collect(),
                 peers: a.peers.clone(),
                 gpus: a.gpus,
+                mem_mb: a.mem_mb,
+                cpus: a.cpus,
                 restore: a
                     .restore
                     .iter()
