@@ -132,6 +132,8 @@ pub struct Usage {
     pub oom_kills: u64,
     /// Its memory limit, bytes (0: none).
     pub memory_limit_bytes: u64,
+    /// The memory it holds now, bytes.
+    pub memory_bytes: u64,
 }
 
 /// One hierarchy the agent uses: the controllers mounted there and the
@@ -699,6 +701,7 @@ impl TaskCgroup {
                     oom_kills: field(&read("memory", "memory.oom_control"), "oom_kill"),
                     // The "no limit" value is the page-rounded i64::MAX.
                     memory_limit_bytes: if limit >= 1 << 62 { 0 } else { limit },
+                    memory_bytes: num(&read("memory", "memory.usage_in_bytes")),
                 }
             }
             Version::V2 => Usage {
@@ -706,6 +709,7 @@ impl TaskCgroup {
                 cpu_ns: field(&read("cpu", "cpu.stat"), "usage_usec").saturating_mul(1000),
                 oom_kills: field(&read("memory", "memory.events"), "oom_kill"),
                 memory_limit_bytes: num(&read("memory", "memory.max")),
+                memory_bytes: num(&read("memory", "memory.current")),
             },
         }
     }
@@ -844,11 +848,18 @@ mod tests {
         let cg = iso.create((1, 0, 1), &Limits { mem_mb: 64, ..Limits::default() }).unwrap();
         let at = cg.dirs()[0].clone();
         fs::write(at.join("memory.peak"), "1048576\n").unwrap();
+        fs::write(at.join("memory.current"), "0\n").unwrap();
         fs::write(at.join("cpu.stat"), "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n").unwrap();
         fs::write(at.join("memory.events"), "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n").unwrap();
         assert_eq!(
             cg.usage(),
-            Usage { peak_memory_bytes: 1 << 20, cpu_ns: 2_500_000_000, oom_kills: 1, memory_limit_bytes: 64 << 20 }
+            Usage {
+                peak_memory_bytes: 1 << 20,
+                cpu_ns: 2_500_000_000,
+                oom_kills: 1,
+                memory_limit_bytes: 64 << 20,
+                memory_bytes: 0
+            }
         );
         // A child cgroup the task made counts as its own.
         fs::create_dir_all(at.join("inner")).unwrap();

@@ -81,6 +81,17 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "attempts in which the kernel killed a process for going over the task's memory limit",
     ),
     (
+        "muster_task_memory_bytes",
+        "gauge",
+        "memory a running task holds now, from its cgroup, by alloc_id and task (series of ended tasks expire)",
+    ),
+    (
+        "muster_task_memory_peak_bytes",
+        "gauge",
+        "the most memory a running task has held, from its cgroup, by alloc_id and task",
+    ),
+    ("muster_task_cpu_seconds", "gauge", "CPU time a running task has used, from its cgroup, by alloc_id and task"),
+    (
         "muster_agent_checkpoint_bytes_served_total",
         "counter",
         "bytes of checkpoints on this node's disk served to other nodes' agents, under grants",

@@ -15,7 +15,9 @@
 //! Run: `cargo bench -p muster --bench gangs`. Options after `--`:
 //! `--agents N` (default 16), `--submitters C` (default 16), `--rounds R`
 //! idle gangs (default 50), `--seconds S` of load (default 10), `--tls`
-//! (mutual TLS; the default is insecure).
+//! (mutual TLS; the default is insecure), `--no-isolation` (tasks as bare
+//! process groups instead of a cgroup each: the same workload without
+//! containment, for its start and stop cost; docs/isolation.md).
 //!
 //! The cluster's data (Raft logs, agents' work dirs) goes under `TMPDIR`.
 //! On a journal-less ext4 a directory that has seen heavy file churn makes
@@ -214,11 +216,18 @@ async fn main() {
     let rounds = common::opt("--rounds", 50) as usize;
     let seconds = common::opt("--seconds", 10);
     let tls = args.iter().any(|a| a == "--tls");
+    let isolation = !args.iter().any(|a| a == "--no-isolation");
     let gpus = 8;
 
     let dir = tempfile::tempdir().unwrap();
-    let cfg =
-        LocalConfig { agents, gpus_per_agent: gpus, insecure: !tls, http_port: Some(0), ..LocalConfig::default() };
+    let cfg = LocalConfig {
+        agents,
+        gpus_per_agent: gpus,
+        insecure: !tls,
+        http_port: Some(0),
+        isolation,
+        ..LocalConfig::default()
+    };
     let cluster = LocalCluster::start(dir.path(), cfg).await.unwrap();
     let mut c = AllocationServiceClient::new(cluster.leader_channel().await);
     // Every agent registered before the clock starts.
@@ -234,9 +243,20 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Whether the agents really contain their tasks (they fall back to
+    // none, labelled so, where this machine has no cgroups for them).
+    let contained = cluster.leader_channel().await.clone();
+    let labels = muster_proto::v1::node_service_client::NodeServiceClient::new(contained)
+        .list_nodes(v1::ListNodesRequest { page_size: 1000, ..Default::default() })
+        .await
+        .map(|r| {
+            r.into_inner().nodes.iter().filter_map(|n| n.labels.get("muster.isolation").cloned()).collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
     println!(
-        "four-task gangs of `true`, one 8-GPU node per task, {agents} agents, {}",
-        if tls { "mutual TLS" } else { "insecure" }
+        "four-task gangs of `true`, one 8-GPU node per task, {agents} agents, {}, tasks contained: {}",
+        if tls { "mutual TLS" } else { "insecure" },
+        labels.first().map_or("unknown", String::as_str)
     );
     println!("(Slurm's 18.9 gangs/s is another machine's reference; only a peer in the same run is a ratio)");
     // Warm up: connections, the first spawn.

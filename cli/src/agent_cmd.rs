@@ -177,6 +177,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
+            // The per-task gauges of tasks that ended stop being updated:
+            // drop them after two minutes (the work-dir gauge is set every
+            // sweep, so at least twice a sweep), so the label sets stay
+            // bounded by the tasks the node runs.
+            .idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(Duration::from_secs((2 * sweep_every).max(120))))
             .install()
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
         muster_agent::describe_metrics();

@@ -179,6 +179,9 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
         "early": f.early,
         "at_ms": f.at_ms,
         "stderr_tail": f.stderr_tail,
+        "oom_killed": f.oom_killed,
+        "memory_limit_bytes": f.oom_killed.then_some(f.memory_limit_bytes),
+        "peak_memory_bytes": f.oom_killed.then_some(f.peak_memory_bytes),
     })));
     v
 }
@@ -364,7 +367,14 @@ pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow:
                         out!("          backing off: placed again {}", crate::output::when(a.retry_after_ms, now));
                     }
                     if let Some(f) = &a.last_failure {
-                        let how = muster_scheduler::sm::how_it_ended(f.not_started, f.exit_code);
+                        let mut how = muster_scheduler::sm::how_it_ended(f.not_started, f.exit_code);
+                        if f.oom_killed {
+                            let oom = muster_scheduler::sm::OomKill {
+                                limit_bytes: f.memory_limit_bytes,
+                                peak_bytes: f.peak_memory_bytes,
+                            };
+                            how = format!("{}, {how}", oom.describe());
+                        }
                         out!(
                             "          last failure: task {} attempt {}, {how}, {}{}",
                             f.task,

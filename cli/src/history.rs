@@ -56,6 +56,21 @@ pub struct HistoryArgs {
     output: TableOutput,
 }
 
+/// Bytes as MiB (GiB from 10 GiB up), as the tables show memory.
+fn mib(bytes: u64) -> String {
+    let mib = bytes.div_ceil(1 << 20);
+    if mib >= 10 * 1024 { format!("{:.1} GiB", mib as f64 / 1024.0) } else { format!("{mib} MiB") }
+}
+
+/// CPU time: "850 ms", "12.3 s", "1.5 h".
+fn cpu_time(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..3_600_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        _ => format!("{:.1} h", ms as f64 / 3_600_000.0),
+    }
+}
+
 /// `muster usage`.
 #[derive(Args, Debug)]
 pub struct UsageArgs {
@@ -238,7 +253,8 @@ fn print_history(records: &[v1::HistoryRecord], attempts: bool, output: TableOut
         TableOutput::Csv if attempts => {
             out!(
                 "{}",
-                "id,task,attempt,node,start,end,outcome,exit_code,gpu_seconds,preempted,watchdog,owner,vcluster,status"
+                "id,task,attempt,node,start,end,outcome,exit_code,gpu_seconds,preempted,watchdog,owner,vcluster,status,\
+                 peak_memory_bytes,cpu_ms,oom_kills,memory_limit_bytes"
             );
             for r in records {
                 for a in &r.attempts {
@@ -259,6 +275,10 @@ fn print_history(records: &[v1::HistoryRecord], attempts: bool, output: TableOut
                             r.owner.clone(),
                             r.vcluster.clone(),
                             status_name(r.status).to_string(),
+                            a.usage.map(|u| u.peak_memory_bytes.to_string()).unwrap_or_default(),
+                            a.usage.map(|u| u.cpu_ms.to_string()).unwrap_or_default(),
+                            a.usage.map(|u| u.oom_kills.to_string()).unwrap_or_default(),
+                            a.usage.map(|u| u.memory_limit_bytes.to_string()).unwrap_or_default(),
                         ])
                     );
                 }
@@ -334,6 +354,13 @@ fn print_history(records: &[v1::HistoryRecord], attempts: bool, output: TableOut
                         if !a.watchdog.is_empty() {
                             notes.push(format!("{} watchdog", a.watchdog));
                         }
+                        if let Some(u) = a.usage {
+                            if u.oom_kills > 0 {
+                                notes.push(format!("out of memory at its {} limit", mib(u.memory_limit_bytes)));
+                            }
+                            notes.push(format!("peak {}", mib(u.peak_memory_bytes)));
+                            notes.push(format!("cpu {}", cpu_time(u.cpu_ms)));
+                        }
                         out!(
                             "    task {} attempt {} on {}: {} → {} {} ({exit}{}{})",
                             a.task,
@@ -392,6 +419,12 @@ fn record_json(r: &v1::HistoryRecord) -> serde_json::Value {
             "gpu_seconds": a.gpu_seconds,
             "preempted": a.preempted,
             "watchdog": (!a.watchdog.is_empty()).then_some(&a.watchdog),
+            "usage": a.usage.map(|u| json!({
+                "peak_memory_bytes": u.peak_memory_bytes,
+                "cpu_ms": u.cpu_ms,
+                "oom_kills": u.oom_kills,
+                "memory_limit_bytes": u.memory_limit_bytes,
+            })),
         })).collect::<Vec<_>>(),
     })
 }
@@ -440,6 +473,8 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
                     let mut v = json!({
                         "jobs": r.jobs, "done": r.done, "failed": r.failed, "cancelled": r.cancelled,
                         "gpu_seconds": r.gpu_seconds, "gpu_hours": r.gpu_seconds as f64 / 3600.0,
+                        "cpu_ms": r.cpu_ms, "cpu_hours": r.cpu_ms as f64 / 3_600_000.0,
+                        "peak_memory_bytes": r.peak_memory_bytes, "oom_killed": r.oom_killed,
                     });
                     if with_owner {
                         v["owner"] = json!(r.owner);
@@ -467,7 +502,7 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
             if with_vc {
                 header.push("VCLUSTER");
             }
-            header.extend(["JOBS", "DONE", "FAILED", "CANCELLED", "GPU-HOURS"]);
+            header.extend(["JOBS", "DONE", "FAILED", "CANCELLED", "GPU-HOURS", "CPU-HOURS", "PEAK-MEM", "OOM"]);
             let rows: Vec<Vec<String>> = report
                 .rows
                 .iter()
@@ -485,6 +520,13 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
                         r.failed.to_string(),
                         r.cancelled.to_string(),
                         gpu_hours(r.gpu_seconds),
+                        format!("{:.2}", r.cpu_ms as f64 / 3_600_000.0),
+                        if args.output == TableOutput::Csv {
+                            r.peak_memory_bytes.to_string()
+                        } else {
+                            mib(r.peak_memory_bytes)
+                        },
+                        r.oom_killed.to_string(),
                     ]);
                     cells
                 })

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sm::{AllocId, AllocStatus, Allocation, AttemptEnd, Event, Resources, State, WatchdogKind};
+use crate::sm::{AllocId, AllocStatus, Allocation, AttemptEnd, AttemptUsage, Event, Resources, State, WatchdogKind};
 
 /// One finished allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +73,8 @@ pub struct AttemptRecord {
     pub preempted: bool,
     /// The watchdog that stopped it.
     pub watchdog: Option<WatchdogKind>,
+    /// What it used, from its cgroup (`None`: not reported).
+    pub usage: Option<AttemptUsage>,
 }
 
 impl JobRecord {
@@ -97,6 +99,7 @@ impl JobRecord {
                         gpu_seconds: gpus * (end - at.started_ms) / 1000,
                         preempted: at.preempted,
                         watchdog: at.watchdog,
+                        usage: at.usage,
                     }
                 })
             })

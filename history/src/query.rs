@@ -59,6 +59,13 @@ pub struct UsageRow {
     /// GPU-seconds of finished allocations' attempts within the period
     /// (an attempt that straddles an end of the period counts its part).
     pub gpu_seconds: u64,
+    /// CPU-milliseconds of those attempts, counted the same way (each
+    /// attempt's CPU time spread evenly over its run), from their cgroups.
+    pub cpu_ms: u64,
+    /// The most memory any of those attempts held at once, bytes.
+    pub peak_memory_bytes: u64,
+    /// Those attempts the kernel killed for going over their memory limit.
+    pub oom_killed: u64,
 }
 
 impl HistoryStore {
@@ -157,24 +164,34 @@ impl HistoryStore {
         }
         drop(stmt);
         let gpu = format!(
-            "SELECT {key}, SUM(a.gpus * MAX(0, MIN(a.end_ms, ?2) - MAX(a.start_ms, ?1))) / 1000 \
+            "SELECT {key}, SUM(a.gpus * MAX(0, MIN(a.end_ms, ?2) - MAX(a.start_ms, ?1))) / 1000, \
+             SUM(COALESCE(a.cpu_ms, 0) * MAX(0, MIN(a.end_ms, ?2) - MAX(a.start_ms, ?1)) \
+                 / MAX(1, a.end_ms - a.start_ms)), \
+             MAX(COALESCE(a.peak_memory_bytes, 0)), SUM(a.outcome = 'oom_killed') \
              FROM attempts a JOIN jobs j ON j.id = a.job_id \
              WHERE a.end_ms > ?1 AND a.start_ms < ?2 GROUP BY {names}"
         );
         let mut stmt = conn.prepare(&gpu).map_err(|e| self.sqlite(e))?;
         let it = stmt
             .query_map([since_ms as i64, until_ms as i64], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?))
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    [r.get::<_, i64>(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
+                ))
             })
             .map_err(|e| self.sqlite(e))?;
         for row in it {
-            let (owner, vcluster, gpu_s) = row.map_err(|e| self.sqlite(e))?;
+            let (owner, vcluster, [gpu_s, cpu_ms, peak, ooms]) = row.map_err(|e| self.sqlite(e))?;
             let r = rows.entry((owner.clone(), vcluster.clone())).or_insert(UsageRow {
                 owner,
                 vcluster,
                 ..Default::default()
             });
             r.gpu_seconds = gpu_s as u64;
+            r.cpu_ms = cpu_ms as u64;
+            r.peak_memory_bytes = peak as u64;
+            r.oom_killed = ooms as u64;
         }
         Ok(rows.into_values().collect())
     }

@@ -4,12 +4,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use muster_core::history::{AttemptRecord, JobRecord};
-use muster_core::sm::{AllocStatus, AttemptEnd, Resources, WatchdogKind};
+use muster_core::sm::{AllocStatus, AttemptEnd, AttemptUsage, Resources, WatchdogKind};
 use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
 
 /// The schema's version (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The schema, as created.
 pub const SCHEMA: &str = "
@@ -48,12 +48,16 @@ CREATE TABLE IF NOT EXISTS attempts (
     node        TEXT    NOT NULL,
     start_ms    INTEGER NOT NULL,
     end_ms      INTEGER NOT NULL,
-    outcome     TEXT    NOT NULL,         -- done | failed | stopped | lost | cancelled
+    outcome     TEXT    NOT NULL,         -- done | failed | oom_killed | stopped | lost | cancelled
     exit_code   INTEGER,                  -- NULL: none (killed by a signal, lost, stopped)
     gpus        INTEGER NOT NULL,
     gpu_seconds INTEGER NOT NULL,
     preempted   INTEGER NOT NULL,         -- 0 | 1
     watchdog    TEXT,                     -- budget | stall | gpu_health
+    peak_memory_bytes  INTEGER,           -- from its cgroup; NULL: not reported
+    cpu_ms             INTEGER,
+    oom_kills          INTEGER,
+    memory_limit_bytes INTEGER,           -- 0: none
     PRIMARY KEY (job_id, task, run)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS attempts_by_time ON attempts (end_ms, start_ms);
@@ -117,6 +121,17 @@ impl HistoryStore {
             // Version 1 lacked the idempotency key.
             write.execute_batch("ALTER TABLE jobs ADD COLUMN idempotency_key TEXT").map_err(err)?;
         }
+        if (1..=2).contains(&found) {
+            // Versions 1 and 2 lacked each attempt's usage.
+            write
+                .execute_batch(
+                    "ALTER TABLE attempts ADD COLUMN peak_memory_bytes INTEGER;
+                     ALTER TABLE attempts ADD COLUMN cpu_ms INTEGER;
+                     ALTER TABLE attempts ADD COLUMN oom_kills INTEGER;
+                     ALTER TABLE attempts ADD COLUMN memory_limit_bytes INTEGER;",
+                )
+                .map_err(err)?;
+        }
         write.execute_batch(SCHEMA).map_err(err)?;
         write.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(err)?;
         let read = Connection::open(path).map_err(err)?;
@@ -158,7 +173,8 @@ impl HistoryStore {
             let mut attempt = tx
                 .prepare_cached(
                     "INSERT OR IGNORE INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, \
-                     gpus, gpu_seconds, preempted, watchdog) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                     gpus, gpu_seconds, preempted, watchdog, peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
                 )
                 .map_err(|e| self.sqlite(e))?;
             for r in records {
@@ -207,6 +223,10 @@ impl HistoryStore {
                             a.gpu_seconds as i64,
                             a.preempted,
                             a.watchdog.map(|w| w.as_str()),
+                            a.usage.map(|u| u.peak_memory_bytes as i64),
+                            a.usage.map(|u| u.cpu_ms as i64),
+                            a.usage.map(|u| u.oom_kills),
+                            a.usage.map(|u| u.memory_limit_bytes as i64),
                         ])
                         .map_err(|e| self.sqlite(e))?;
                 }
@@ -346,7 +366,8 @@ impl HistoryStore {
         drop(stmt);
         let mut attempts = conn
             .prepare_cached(
-                "SELECT task, run, node, start_ms, end_ms, outcome, exit_code, gpu_seconds, preempted, watchdog \
+                "SELECT task, run, node, start_ms, end_ms, outcome, exit_code, gpu_seconds, preempted, watchdog, \
+                 peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes \
                  FROM attempts WHERE job_id = ?1 ORDER BY task, run",
             )
             .map_err(|e| self.sqlite(e))?;
@@ -365,13 +386,28 @@ impl HistoryStore {
                         r.get::<_, i64>(7)? as u64,
                         r.get::<_, bool>(8)?,
                         r.get::<_, Option<String>>(9)?,
+                        (
+                            r.get::<_, Option<i64>>(10)?,
+                            r.get::<_, Option<i64>>(11)?,
+                            r.get::<_, Option<u32>>(12)?,
+                            r.get::<_, Option<i64>>(13)?,
+                        ),
                     ))
                 })
                 .map_err(|e| self.sqlite(e))?;
             let mut list = Vec::new();
             for row in rows {
-                let (task, run, node, start_ms, end_ms, outcome, exit_code, gpu_seconds, preempted, watchdog) =
+                let (task, run, node, start_ms, end_ms, outcome, exit_code, gpu_seconds, preempted, watchdog, used) =
                     row.map_err(|e| self.sqlite(e))?;
+                let usage = match used {
+                    (Some(peak), Some(cpu), Some(oom), Some(limit)) => Some(AttemptUsage {
+                        peak_memory_bytes: peak as u64,
+                        cpu_ms: cpu as u64,
+                        oom_kills: oom,
+                        memory_limit_bytes: limit as u64,
+                    }),
+                    _ => None,
+                };
                 let end = AttemptEnd::parse(&outcome).ok_or_else(|| self.corrupt(format!("outcome {outcome:?}")))?;
                 let watchdog = match watchdog {
                     None => None,
@@ -388,6 +424,7 @@ impl HistoryStore {
                     gpu_seconds,
                     preempted,
                     watchdog,
+                    usage,
                 });
             }
             out.push(j.into_record(list).map_err(|what| self.corrupt(what))?);

@@ -1,5 +1,5 @@
 use muster_core::history::{AttemptRecord, JobRecord};
-use muster_core::sm::{AllocStatus, AttemptEnd, Resources, WatchdogKind};
+use muster_core::sm::{AllocStatus, AttemptEnd, AttemptUsage, Resources, WatchdogKind};
 
 use super::*;
 
@@ -21,6 +21,14 @@ fn record(seq: u64, owner: &str, vcluster: &str, status: AllocStatus, attempts: 
             gpu_seconds: 2 * (end_ms - start_ms) / 1000,
             preempted: i == 0 && attempts.len() > 1,
             watchdog: (i == 0 && attempts.len() > 2).then_some(WatchdogKind::Stall),
+            // One core busy throughout, a GiB more each attempt; bob's
+            // nodes contain no tasks, so report no usage.
+            usage: (owner != "bob").then_some(AttemptUsage {
+                peak_memory_bytes: (i as u64 + 1) << 30,
+                cpu_ms: end_ms - start_ms,
+                oom_kills: 0,
+                memory_limit_bytes: 2_000 << 20,
+            }),
         })
         .collect();
     JobRecord {
@@ -133,9 +141,17 @@ fn usage_clips_attempts_to_the_period_and_groups() {
             done: 1,
             failed: 1,
             cancelled: 0,
-            gpu_seconds: 6 * 3_600
+            gpu_seconds: 6 * 3_600,
+            // Hour 1-2 of record 1's CPU, all of record 2's.
+            cpu_ms: 3 * H,
+            peak_memory_bytes: 2 << 30,
+            oom_killed: 0,
         }]
     );
+    // Usage survives the round trip (bob's attempts report none).
+    let stored = h.by_seq(0, 3, 10).unwrap();
+    assert_eq!(stored[1].attempts[1].usage.map(|u| (u.peak_memory_bytes, u.cpu_ms)), Some((2 << 30, H)));
+    assert_eq!(stored[2].attempts[0].usage, None);
     let both = h.usage(0, 10 * H, Group::OwnerAndVCluster).unwrap();
     let summary: Vec<(&str, &str, u64, u64)> =
         both.iter().map(|r| (r.owner.as_str(), r.vcluster.as_str(), r.jobs, r.gpu_seconds / 3_600)).collect();
@@ -175,8 +191,8 @@ fn a_version_1_database_gains_the_idempotency_key_column() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v1.sqlite");
     let conn = rusqlite::Connection::open(&path).unwrap();
-    let v1 = SCHEMA.replace("    idempotency_key TEXT,                 -- the submit's key; NULL: none\n", "");
-    assert_ne!(v1, SCHEMA);
+    let v1 = without_usage().replace("    idempotency_key TEXT,                 -- the submit's key; NULL: none\n", "");
+    assert_ne!(v1, without_usage());
     conn.execute_batch(&v1).unwrap();
     conn.pragma_update(None, "user_version", 1).unwrap();
     drop(conn);
@@ -188,4 +204,39 @@ fn a_version_1_database_gains_the_idempotency_key_column() {
     let conn = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
     assert_eq!(version, SCHEMA_VERSION);
+}
+
+/// The schema before attempts kept their usage (versions 1 and 2).
+fn without_usage() -> String {
+    let v2: String = SCHEMA
+        .lines()
+        .filter(|l| !["peak_memory_bytes", "cpu_ms", "oom_kills", "memory_limit_bytes"].iter().any(|c| l.contains(c)))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(SCHEMA.lines().count(), v2.lines().count() + 4);
+    v2
+}
+
+#[test]
+fn a_version_2_database_gains_the_usage_columns_and_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.sqlite");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(&without_usage()).unwrap();
+    conn.pragma_update(None, "user_version", 2).unwrap();
+    conn.execute_batch(
+        "INSERT INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, \
+         command, submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds) \
+         VALUES (1, 101, 'a', 'v', 0, 0, 1, 1, 0, 0, 1, '[\"true\"]', 0, 0, 1000, 'done', '', 0, 0, 1); \
+         INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
+         preempted, watchdog) VALUES (101, 0, 1, 'n0', 0, 1000, 'done', 0, 1, 1, 0, NULL);",
+    )
+    .unwrap();
+    drop(conn);
+    let h = HistoryStore::open(&path).unwrap();
+    let old = h.by_seq(1, 1, 10).unwrap();
+    assert_eq!(old[0].attempts[0].usage, None, "an attempt from before usage was kept has none");
+    let r = record(2, "a", "v", AllocStatus::Done, &[(0, 1_000)]);
+    h.insert(std::slice::from_ref(&r)).unwrap();
+    assert_eq!(h.by_seq(2, 2, 10).unwrap(), vec![r]);
 }

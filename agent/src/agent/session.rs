@@ -368,6 +368,7 @@ impl Agent {
                 exit_code: None,
                 signal: None,
                 checkpoint_failed: false,
+                usage: None,
             },
         };
         self.unrecorded.insert(key, report.clone());

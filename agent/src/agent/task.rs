@@ -184,6 +184,7 @@ impl Agent {
         let dogs = Watchdogs::new(self.cfg.watchdog, limits, tokio::time::Instant::now());
         let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
         let guard = Guard {
+            labels: [("alloc_id", key.0.to_string()), ("task", key.1.to_string())],
             dogs,
             progress: ProgressFile::new(progress),
             sampler: (self.cfg.sampler)(),
@@ -478,6 +479,7 @@ impl Agent {
                         task: Some(task_ref(key)),
                         kind: trip.kind.to_string(),
                         detail: bounds::truncate(&trip.detail, bounds::AGENT_TEXT),
+                        usage: usage.as_ref().map(usage_to_proto),
                     },
                     checkpoint: upload,
                 }
@@ -504,6 +506,7 @@ impl Agent {
                         exit_code,
                         signal,
                         checkpoint_failed,
+                        usage: usage.as_ref().map(usage_to_proto),
                     },
                 }
             }
@@ -527,6 +530,7 @@ impl Agent {
                         signal,
                         error: bounds::truncate(&error, bounds::AGENT_TEXT),
                         stderr_tail,
+                        usage: usage.as_ref().map(usage_to_proto),
                     },
                     checkpoint: upload,
                 }
@@ -577,8 +581,31 @@ impl Agent {
     }
 }
 
+/// Exports what a running attempt uses now, from its cgroup, per task
+/// (`alloc_id`, `task`): one series per task running on the node, which the
+/// exporter drops once the task has ended and no longer updates it.
+fn report_usage(task: &executor::RunningTask, labels: &[(&'static str, String); 2]) {
+    let Some(cg) = task.cgroup() else { return };
+    let u = cg.usage();
+    metrics::gauge!("muster_task_memory_bytes", labels).set(u.memory_bytes as f64);
+    metrics::gauge!("muster_task_memory_peak_bytes", labels).set(u.peak_memory_bytes as f64);
+    metrics::gauge!("muster_task_cpu_seconds", labels).set(u.cpu_ns as f64 / 1e9);
+}
+
+/// What an attempt used, as its end report carries it.
+pub(super) fn usage_to_proto(u: &crate::cgroup::Usage) -> v1::AttemptUsage {
+    v1::AttemptUsage {
+        peak_memory_bytes: u.peak_memory_bytes,
+        cpu_ms: u.cpu_ns / 1_000_000,
+        oom_kills: u32::try_from(u.oom_kills).unwrap_or(u32::MAX),
+        memory_limit_bytes: u.memory_limit_bytes,
+    }
+}
+
 /// An attempt's watchdogs and what feeds them.
 pub(super) struct Guard {
+    /// The attempt's `alloc_id` and `task` metric labels.
+    pub(super) labels: [(&'static str, String); 2],
     pub(super) dogs: Watchdogs,
     pub(super) progress: ProgressFile,
     pub(super) sampler: Box<dyn Sampler>,
@@ -609,6 +636,7 @@ pub(super) async fn watch_task(
         tokio::select! {
             exit = task.wait() => break (exit, false),
             _ = dog_tick.tick(), if hint.is_none() => {
+                report_usage(task, &guard.labels);
                 let now = tokio::time::Instant::now();
                 if guard.progress.changed() {
                     guard.dogs.beat(now);

@@ -48,6 +48,17 @@ fn t120_every_documented_metric_is_exported_and_every_exported_one_documented() 
         assert!(Instant::now() < deadline, "the agents' streams and GPUs never showed:\n{body}");
         std::thread::sleep(Duration::from_millis(200));
     };
+    // A running task's usage is exported per task, from its cgroup.
+    let id = dev.ok(&["submit", "--gpus", "1", "--", "sleep", "120"])["id"].as_u64().unwrap();
+    let series = format!("muster_task_cpu_seconds{{alloc_id=\"{id}\",task=\"0\"}}");
+    let scrape = loop {
+        let (_, body) = dev.get(0, "/metrics").expect("replica 1 serves HTTP");
+        if body.contains(&series) && body.contains("muster_task_memory_bytes{") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "{series} never showed:\n{scrape}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let docs = documented();
     let live = exported(&scrape);
     assert!(docs.len() >= 40, "the docs table was read: {docs:?}");

@@ -168,3 +168,97 @@ exec sleep 600"#
     saw_them_gone(&outputs(&c, &done), &pids, "a gang teardown");
     c.shutdown().await;
 }
+
+/// Issue 46: "a memory hog is OOM-killed at its limit while its neighbour on
+/// the same node keeps running; the outcome says oom_killed" — in `alloc
+/// get`, the events `alloc watch` follows, `muster history --attempts` (with
+/// each attempt's peak memory and CPU time) and `muster usage`. The same OOM
+/// twice in a row fails the job; its node is not charged.
+#[test]
+fn t191_a_memory_hog_is_oom_killed_at_its_limit_and_reads_as_oom_killed_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", crate::cluster::free_port());
+    let _procs = crate::Procs::start(dir.path(), &addr, &["--agent-heartbeat-ms", "500"], &["m1"]);
+    let run = |args: &[&str]| {
+        let mut full = args.to_vec();
+        let at = full.iter().position(|a| *a == "--").unwrap_or(full.len());
+        full.splice(at..at, ["--scheduler", addr.as_str()]);
+        crate::muster(&full)
+    };
+    let until_ok = |args: &[&str]| {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let o = run(args);
+            if o.status.success() {
+                return o;
+            }
+            assert!(Instant::now() < deadline, "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let json = |o: std::process::Output| -> serde_json::Value { serde_json::from_slice(&o.stdout).unwrap() };
+    until_ok(&["submit", "--gpus", "1", "--mem-mb", "64", "--name", "neighbour", "--", "sleep", "600"]);
+    let hog = "x = []\nwhile True:\n    x.append(bytearray(8 << 20))\n";
+    until_ok(&["submit", "--gpus", "1", "--mem-mb", "64", "--name", "hog", "--", "python3", "-c", hog]);
+    let deadline = Instant::now() + WAIT;
+    let failed = loop {
+        let a = json(until_ok(&["alloc", "get", "2", "--output", "json"]));
+        if a["status"] == "failed" {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "the hog never failed: {a:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let reason = failed["failed_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("task 0 ran out of memory at its 64 MiB limit (peak ")
+            && reason.ends_with("twice in a row: raise --mem-mb"),
+        "{failed:#}"
+    );
+    let last = &failed["last_failure"];
+    assert_eq!(
+        (last["oom_killed"].as_bool(), last["memory_limit_bytes"].as_u64()),
+        (Some(true), Some(64 << 20)),
+        "{failed:#}"
+    );
+    assert!(last["peak_memory_bytes"].as_u64().unwrap() <= 64 << 20, "{failed:#}");
+    assert!(last["stderr_tail"].as_str().unwrap().contains("muster: out of memory"), "{failed:#}");
+    let text = String::from_utf8_lossy(&until_ok(&["alloc", "get", "2"]).stdout).into_owned();
+    assert!(text.contains("last failure: task 0 attempt 2, out of memory at its 64 MiB limit"), "{text}");
+    let watched = run(&["alloc", "watch", "2"]);
+    let events = String::from_utf8_lossy(&watched.stdout).into_owned();
+    assert_eq!(events.matches("oom_killed").count(), 2, "{events}");
+    assert!(events.contains("task 0 attempt 1 on m1: out of memory at its 64 MiB limit"), "{events}");
+    // The neighbour on the same node runs on, and the node is ready.
+    let neighbour = json(until_ok(&["alloc", "get", "1", "--output", "json"]));
+    assert_eq!(neighbour["status"], "running", "{neighbour:#}");
+    let node = json(until_ok(&["node", "get", "m1", "--output", "json"]));
+    assert_eq!(node["status"], "ready", "{node:#}");
+
+    // The job history keeps each attempt's outcome, peak memory and CPU.
+    let history = loop {
+        let h = json(until_ok(&["history", "--id", "2", "--output", "json"]));
+        if h.as_array().is_some_and(|l| !l.is_empty()) {
+            break h;
+        }
+        assert!(Instant::now() < deadline + WAIT, "no history record");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let attempts = history[0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{history:#}");
+    for a in attempts {
+        assert_eq!(a["outcome"], "oom_killed", "{history:#}");
+        let u = &a["usage"];
+        assert!(u["oom_kills"].as_u64().unwrap() >= 1 && u["memory_limit_bytes"] == 64 << 20, "{history:#}");
+        assert!(u["peak_memory_bytes"].as_u64().unwrap() > 32 << 20, "{history:#}");
+        assert!(u["cpu_ms"].as_u64().is_some(), "{history:#}");
+    }
+    let text = String::from_utf8_lossy(&until_ok(&["history", "--id", "2", "--attempts"]).stdout).into_owned();
+    assert!(text.contains("oom_killed") && text.contains("out of memory at its 64 MiB limit, peak "), "{text}");
+    assert!(text.contains(", cpu "), "{text}");
+    let usage = json(until_ok(&["usage", "--by", "owner", "--output", "json"]));
+    let row = &usage["rows"][0];
+    assert_eq!(row["oom_killed"], 2, "{usage:#}");
+    assert!(row["peak_memory_bytes"].as_u64().unwrap() > 32 << 20, "{usage:#}");
+    until_ok(&["alloc", "cancel", "1"]);
+}

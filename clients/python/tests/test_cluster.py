@@ -281,3 +281,26 @@ def test_a_reader_may_read_but_not_submit(dev: DevCluster, tmp_path: Path) -> No
         with pytest.raises(MusterError) as info:
             c.submit(["true"])
     assert info.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_an_oom_kill_reads_as_oom_killed_with_each_attempts_usage(client: Client) -> None:
+    """Issue 46: a task over its --mem-mb is killed by the kernel at the
+    limit (its node contains tasks in cgroups); the allocation, its events
+    and the job history say oom_killed, with the peak and the CPU time."""
+    hog = "x = []\nwhile True:\n    x.append(bytearray(8 << 20))\n"
+    started = int(time.time() * 1000) - 1000
+    r = client.submit(["python3", "-c", hog], gpus=1, mem_mb=64, max_retries=3)
+    kinds = [e.kind for e in kinds_until_end(client, r.id)]
+    assert kinds[-1] == "allocation_failed" and kinds.count("oom_killed") == 2, kinds
+    a = client.get(r.id)
+    assert a.last_failure.oom_killed and a.last_failure.memory_limit_bytes == 64 << 20
+    assert "ran out of memory at its 64 MiB limit" in a.failed_reason
+    deadline = time.monotonic() + 30
+    while not (records := client.history(id=r.id)):
+        assert time.monotonic() < deadline, "no history record"
+        time.sleep(0.2)
+    attempts = records[0].attempts
+    assert [x.outcome for x in attempts] == ["oom_killed", "oom_killed"]
+    assert all(x.HasField("usage") and x.usage.oom_kills >= 1 and x.usage.peak_memory_bytes > 32 << 20 for x in attempts)
+    rows = client.usage(since_ms=started, group_by="owner")
+    assert sum(row.oom_killed for row in rows) >= 2, rows

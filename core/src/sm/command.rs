@@ -419,6 +419,17 @@ pub enum Command {
         /// The admin.
         by: String,
     },
+    /// An attempt's end report (`FinishTask`, `FailTask`,
+    /// `FailTaskWithTail`, `ConfirmPreempted` or `TripWatchdog`) with what
+    /// the attempt used, from its cgroup: applied as the report, and the
+    /// usage kept with the attempt. An attempt the kernel killed in part for
+    /// going over its memory limit ends `oom_killed`.
+    Accounted {
+        /// What the attempt used.
+        usage: super::types::AttemptUsage,
+        /// The end report.
+        report: Box<Command>,
+    },
 }
 
 /// The longest reason from an agent a command carries (a start failure, an
@@ -426,6 +437,19 @@ pub enum Command {
 pub const MAX_AGENT_REASON_BYTES: usize = 1024;
 
 impl Command {
+    /// The (allocation, task, node, epoch) of an attempt's end report, the
+    /// commands [`Command::Accounted`] may carry.
+    pub fn end_report(&self) -> Option<(AllocId, TaskIndex, &NodeId, u64)> {
+        match self {
+            Command::FinishTask { alloc, task, node, epoch }
+            | Command::FailTask { alloc, task, node, epoch, .. }
+            | Command::FailTaskWithTail { alloc, task, node, epoch, .. }
+            | Command::ConfirmPreempted { alloc, task, node, epoch, .. }
+            | Command::TripWatchdog { alloc, task, node, epoch, .. } => Some((*alloc, *task, node, *epoch)),
+            _ => None,
+        }
+    }
+
     /// Its size in the log, encoded (postcard), in bytes.
     pub fn encoded_len(&self) -> usize {
         postcard::experimental::serialized_size(self).expect("a command always encodes")
@@ -452,6 +476,7 @@ impl Command {
             Command::Preempt { .. } => "preempt",
             Command::ExpireNomination { .. } => "expire_nomination",
             Command::TripWatchdog { .. } => "trip_watchdog",
+            Command::Accounted { report, .. } => report.name(),
             Command::MarkNodeLost { .. } => "mark_node_lost",
             Command::MarkNodeReady { .. } => "mark_node_ready",
             Command::DrainNode { .. } => "drain_node",

@@ -397,6 +397,23 @@ pub enum Event {
         /// The newest allocation end forgotten (entry time, ms; 0: none).
         through_ms: u64,
     },
+    /// The kernel killed a process of an attempt for going over its memory
+    /// limit (reported with the attempt's end; the attempt ends
+    /// `oom_killed`, and its failure says so).
+    OutOfMemory {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// Where it ran.
+        node: NodeId,
+        /// The attempt (`MUSTER_ATTEMPT`).
+        run: u32,
+        /// Its memory limit, bytes.
+        limit_bytes: u64,
+        /// The most it held, bytes.
+        peak_bytes: u64,
+    },
 }
 
 impl Event {
@@ -442,7 +459,8 @@ impl Event {
             | Event::AllocationCancelled { alloc, .. }
             | Event::TaskStartFailed { alloc, .. }
             | Event::CheckpointDropped { alloc, .. }
-            | Event::CheckpointUnreachable { alloc, .. } => Some(*alloc),
+            | Event::CheckpointUnreachable { alloc, .. }
+            | Event::OutOfMemory { alloc, .. } => Some(*alloc),
         }
     }
 }

@@ -37,16 +37,16 @@ pub use state::{
 };
 pub use types::{
     AGENT_SET_LABELS, ANY_LABEL_VALUE, ATTEMPT_LOG_LIMIT, Admission, AllocEvent, AllocId, AllocSpec, AllocStatus,
-    Allocation, Attempt, AttemptEnd, CHECKPOINT_CAP_RANGE, CheckpointManifest, CheckpointMode, CheckpointSettings,
-    CheckpointStore, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_RETRIES,
-    DEFAULT_RENDEZVOUS_PORTS, DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Drain, Failure, HISTORY_LIMIT, ISOLATION_LABEL,
-    LabelExpr, LabelOp, MAX_CHECKPOINT_KEEP, MAX_CHECKPOINT_KEY_BYTES, MAX_CONSTRAINTS, MAX_FAILURE_TAIL_BYTES,
-    MAX_FORGET_CHECKPOINTS, MAX_RENDEZVOUS_PORTS, MAX_RETIRED_CHECKPOINTS, MAX_SECRET_VALUE_BYTES, MAX_SECRETS,
-    MAX_SECRETS_BYTES, MAX_STORE_SPEC_BYTES, ManifestUpload, NODE_HISTORY_LIMIT, Node, NodeId, NodePolicy, NodeSlot,
-    NodeStatus, Nomination, OBJECT_SCHEMES, PORTS_LABEL, Packing, Placement, PortRange, PreemptReason,
-    RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Task, TaskIndex, TaskStatus, Teardown, TeardownCause,
-    TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, agent_may_set, check_cap,
-    check_key, failure_tail, fits, how_it_ended, key_prefix,
+    Allocation, Attempt, AttemptEnd, AttemptUsage, CHECKPOINT_CAP_RANGE, CheckpointManifest, CheckpointMode,
+    CheckpointSettings, CheckpointStore, DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_MAX_CHECKPOINT_BYTES,
+    DEFAULT_MAX_RETRIES, DEFAULT_RENDEZVOUS_PORTS, DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Drain, Failure, HISTORY_LIMIT,
+    ISOLATION_LABEL, LabelExpr, LabelOp, MAX_CHECKPOINT_KEEP, MAX_CHECKPOINT_KEY_BYTES, MAX_CONSTRAINTS,
+    MAX_FAILURE_TAIL_BYTES, MAX_FORGET_CHECKPOINTS, MAX_RENDEZVOUS_PORTS, MAX_RETIRED_CHECKPOINTS,
+    MAX_SECRET_VALUE_BYTES, MAX_SECRETS, MAX_SECRETS_BYTES, MAX_STORE_SPEC_BYTES, ManifestUpload, NODE_HISTORY_LIMIT,
+    Node, NodeId, NodePolicy, NodeSlot, NodeStatus, Nomination, OBJECT_SCHEMES, OomKill, PORTS_LABEL, Packing,
+    Placement, PortRange, PreemptReason, RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Task, TaskIndex,
+    TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType,
+    WatchdogKind, agent_may_set, check_cap, check_key, failure_tail, fits, how_it_ended, key_prefix,
 };
 pub use validate::{
     DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES, parse_duration_s, validate_admission,

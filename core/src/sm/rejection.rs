@@ -328,6 +328,13 @@ pub enum Rejection {
         /// Why, in words.
         reason: String,
     },
+    /// A usage report wrapped something other than an attempt's end
+    /// report.
+    #[error("a usage report carries an attempt's end report, not {command}")]
+    NotAnEndReport {
+        /// The command it carried.
+        command: String,
+    },
     /// A node is held for another allocation's preemption.
     #[error("node {node} is held for allocation {holder}")]
     NodeHeld {

@@ -233,6 +233,7 @@ fn attempt_to_proto(a: &AttemptRecord) -> v1::HistoryAttempt {
         gpu_seconds: a.gpu_seconds,
         preempted: a.preempted,
         watchdog: a.watchdog.map(|w| w.as_str().to_string()).unwrap_or_default(),
+        usage: a.usage.as_ref().map(crate::server::convert::usage_to_proto),
     }
 }
 
@@ -330,6 +331,9 @@ impl HistoryService for HistoryApi {
                 failed: r.failed,
                 cancelled: r.cancelled,
                 gpu_seconds: r.gpu_seconds,
+                cpu_ms: r.cpu_ms,
+                peak_memory_bytes: r.peak_memory_bytes,
+                oom_killed: r.oom_killed,
             };
             bytes += prost::Message::encoded_len(&row);
             if !page.is_empty() && (page.len() == size || bytes > super::client_api::MAX_PAGE_BYTES) {

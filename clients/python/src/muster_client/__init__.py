@@ -9,10 +9,13 @@
 
 The protobuf messages and gRPC stubs generated from proto/proto/muster/v1
 are in ``muster_client.pb`` (scheduler.proto), ``muster_client.types_pb``
-(types.proto) and ``muster_client.pb_grpc`` (the stubs).
+(types.proto), ``muster_client.history_pb`` (history.proto: the job
+history, each attempt's outcome and usage) and ``muster_client.pb_grpc``
+(the stubs).
 """
 
 from ._errors import MusterError
+from ._gen import history_pb2 as history_pb
 from ._gen import scheduler_pb2 as pb
 from ._gen import scheduler_pb2_grpc as pb_grpc
 from ._gen import types_pb2 as types_pb
@@ -40,6 +43,7 @@ __all__ = [
     "SubmitResult",
     "allocation_status_name",
     "node_status_name",
+    "history_pb",
     "parse_addresses",
     "pb",
     "pb_grpc",

@@ -25,6 +25,8 @@ import grpc
 
 from . import _tls
 from ._errors import MusterError
+from ._gen import history_pb2 as history_pb
+from ._gen import history_pb2_grpc as history_grpc
 from ._gen import scheduler_pb2 as pb
 from ._gen import scheduler_pb2_grpc as pb_grpc
 from ._gen import types_pb2 as types_pb
@@ -567,6 +569,93 @@ class Client:
                     reconnect_until = time.monotonic() + self._timeout
             finally:
                 call.cancel()
+
+    # ----- the job history -----
+
+    def history(
+        self,
+        id: int = 0,
+        owner: str | None = None,
+        vcluster: str | None = None,
+        status: str | int | None = None,
+        since_ms: int = 0,
+        until_ms: int = 0,
+        timeout: float | None = None,
+    ) -> builtins.list[history_pb.HistoryRecord]:
+        """Finished allocations in the order they finished (every page), from the job history.
+
+        Each record's ``attempts`` say how each attempt ended (``outcome``:
+        ``done``, ``failed``, ``oom_killed``, ``stopped``, ``lost``,
+        ``cancelled``) and, where its node contains tasks in cgroups, what it
+        used: ``usage.peak_memory_bytes``, ``usage.cpu_ms``,
+        ``usage.oom_kills`` and ``usage.memory_limit_bytes`` (``HasField("usage")``
+        is false where it was not measured).
+        """
+        out: builtins.list[history_pb.HistoryRecord] = []
+        after = 0
+        while True:
+            req = history_pb.HistoryQuery(
+                id=_uint("id", id, _U64),
+                owner=owner or "",
+                vcluster=vcluster or "",
+                status=cast(types_pb.AllocationStatus, _status_filter(status)),
+                since_ms=_uint("since_ms", since_ms, _U64),
+                until_ms=_uint("until_ms", until_ms, _U64),
+                after_seq=after,
+                limit=1000,
+            )
+            page = cast(
+                history_pb.HistoryPage,
+                self._call(
+                    lambda ch, t, req=req: _stub(history_grpc.HistoryServiceStub, ch).ListHistory(
+                        req, timeout=t, metadata=self._metadata
+                    ),
+                    timeout,
+                ),
+            )
+            out.extend(page.records)
+            if page.next_after_seq == 0:
+                return out
+            after = page.next_after_seq
+
+    def usage(
+        self,
+        since_ms: int,
+        until_ms: int | None = None,
+        group_by: str = "owner,vcluster",
+        timeout: float | None = None,
+    ) -> builtins.list[history_pb.UsageRow]:
+        """Use per owner and/or vCluster over ``[since_ms, until_ms)`` (default: until now).
+
+        Each row has the jobs that finished, GPU-seconds, and from the
+        attempts' cgroups ``cpu_ms``, ``peak_memory_bytes`` and
+        ``oom_killed`` (attempts killed at their memory limit).
+        ``group_by``: ``owner``, ``vcluster`` or ``owner,vcluster``.
+        """
+        until = int(time.time() * 1000) if until_ms is None else until_ms
+        rows: builtins.list[history_pb.UsageRow] = []
+        token = ""
+        while True:
+            req = history_pb.UsageQuery(
+                since_ms=_uint("since_ms", since_ms, _U64),
+                until_ms=_uint("until_ms", until, _U64),
+                group_by=group_by,
+                page_size=1000,
+                page_token=token,
+            )
+            page = cast(
+                history_pb.UsageReport,
+                self._call(
+                    lambda ch, t, req=req: _stub(history_grpc.HistoryServiceStub, ch).Usage(
+                        req, timeout=t, metadata=self._metadata
+                    ),
+                    timeout,
+                ),
+            )
+            rows.extend(page.rows)
+            if not page.next_page_token:
+                return rows
+            token = page.next_page_token
 
     # ----- nodes and replicas -----
 

@@ -53,7 +53,7 @@ impl State {
 
     /// Changes the open attempt of a task, if it has one (marks from an
     /// event land before the status closes it).
-    fn mark_open(&mut self, alloc: AllocId, task: TaskIndex, f: impl FnOnce(&mut Attempt)) {
+    pub(super) fn mark_open(&mut self, alloc: AllocId, task: TaskIndex, f: impl FnOnce(&mut Attempt)) {
         let open = self
             .allocs
             .get_mut(&alloc)
@@ -82,6 +82,7 @@ fn sync_attempts(t: &mut Task, now: u64) {
                 exit_code: None,
                 preempted: false,
                 watchdog: None,
+                usage: None,
             });
             if t.attempt_log.len() > ATTEMPT_LOG_LIMIT {
                 t.attempt_log.remove(0);
@@ -110,6 +111,7 @@ fn close(t: &mut Task, now: u64) {
             TaskStatus::Cancelled => AttemptEnd::Cancelled,
             TaskStatus::Preempted | TaskStatus::Preempting => AttemptEnd::Stopped,
             _ if a.preempted => AttemptEnd::Stopped,
+            _ if a.usage.is_some_and(|u| u.oom_killed()) => AttemptEnd::OomKilled,
             _ => AttemptEnd::Failed,
         };
     }

@@ -451,11 +451,15 @@ impl State {
     /// gang is not retried again: it fails once nothing of it runs.
     fn note_failure(&mut self, id: AllocId, task: TaskIndex, exit_code: Option<i32>, report: Option<(&str, bool)>) {
         self.charge_gang_failure(id, true);
+        let usage = self.touched.usage;
         let now = self.now_ms;
         let early_ms = self.limits.early_failure_ms;
         let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
         let t = &a.tasks[task as usize];
         let not_started = report.is_some_and(|(_, n)| n);
+        let oom = usage
+            .filter(|(alloc, t, u)| (*alloc, *t) == (id, task) && u.oom_killed())
+            .map(|(_, _, u)| OomKill { limit_bytes: u.memory_limit_bytes, peak_bytes: u.peak_memory_bytes });
         let failure = Failure {
             task,
             run: t.runs,
@@ -464,11 +468,20 @@ impl State {
             tail: report.map(|(tail, _)| failure_tail(tail)),
             early: not_started || t.started_at_ms.is_none_or(|at| now.saturating_sub(at) < early_ms),
             at_ms: now,
+            oom,
         };
         let repeated = failure.early
             && a.last_failure.as_ref().is_some_and(|prev| {
                 prev.early && failure.signature().is_some_and(|sig| prev.signature().as_ref() == Some(&sig))
             });
+        // Out of memory twice in a row at the same limit: a third run at
+        // that limit would end the same way, however long each takes.
+        if let Some(oom) = &failure.oom
+            && a.give_up.is_none()
+            && a.last_failure.as_ref().is_some_and(|prev| prev.oom.is_some_and(|p| p.limit_bytes == oom.limit_bytes))
+        {
+            a.give_up = Some(format!("task {task} ran {} twice in a row: raise --mem-mb", oom.describe()));
+        }
         if repeated && a.give_up.is_none() {
             let mut reason = format!(
                 "task {task} failed the same way twice within {} s of starting ({})",

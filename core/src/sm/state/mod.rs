@@ -48,7 +48,9 @@ use super::command::Command;
 use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::DEFAULT_VCLUSTER;
-use super::types::{AGENT_SET_LABELS, Admission, Failure, MAX_FAILURE_TAIL_BYTES, agent_may_set, failure_tail};
+use super::types::{
+    AGENT_SET_LABELS, Admission, Failure, MAX_FAILURE_TAIL_BYTES, OomKill, agent_may_set, failure_tail,
+};
 use super::types::{
     ATTEMPT_LOG_LIMIT, AllocEvent, AllocId, AllocSpec, AllocStatus, Allocation, Attempt, AttemptEnd, CheckpointMode,
     CheckpointSettings, Drain, HISTORY_LIMIT, NODE_HISTORY_LIMIT, Node, NodeId, NodePolicy, NodeSlot, NodeStatus,
@@ -336,6 +338,9 @@ struct Touched {
     finished: Vec<AllocId>,
     /// Built records, for [`State::take_finished_records`].
     records: Vec<JobRecord>,
+    /// The usage of the attempt whose end report is being applied
+    /// ([`Command::Accounted`]), for the failure it may record.
+    usage: Option<(AllocId, TaskIndex, super::types::AttemptUsage)>,
 }
 
 impl PartialEq for Touched {
@@ -445,6 +450,58 @@ impl State {
     pub fn apply(&mut self, cmd: &Command, ctx: &ApplyCtx) -> Outcome {
         self.now_ms = self.now_ms.max(ctx.time_ms);
         let result = match cmd {
+            Command::Accounted { usage, report } => self.accounted(usage, report),
+            cmd => self.dispatch(cmd),
+        };
+        match result {
+            Ok(mut events) => {
+                events.extend(self.stop_emptied_nodes());
+                self.record_history(&events);
+                self.log_attempts(&events);
+                self.flush_finished();
+                Outcome::Accepted(events)
+            }
+            Err(rejection) => Outcome::Rejected(rejection),
+        }
+    }
+
+    /// An end report with the attempt's usage: the report applies as
+    /// itself (its failure, if it records one, knowing of an OOM kill), then
+    /// the usage goes with the attempt it ended, and an OOM kill is an
+    /// event of its own.
+    fn accounted(&mut self, usage: &super::types::AttemptUsage, report: &Command) -> Result<Vec<Event>, Rejection> {
+        let Some((alloc, task, node, _)) = report.end_report() else {
+            return Err(Rejection::NotAnEndReport { command: report.name().to_string() });
+        };
+        let node = node.clone();
+        self.touched.usage = Some((alloc, task, *usage));
+        let result = self.dispatch(report);
+        self.touched.usage = None;
+        let mut events = result?;
+        let run = self.allocs.get(&alloc).and_then(|a| a.tasks.get(task as usize)).map_or(0, |t| t.runs);
+        self.mark_open(alloc, task, |a| a.usage = Some(*usage));
+        if usage.oom_killed() {
+            // What happened first: the kernel's kill, then the failure.
+            events.insert(
+                0,
+                Event::OutOfMemory {
+                    alloc,
+                    task,
+                    node,
+                    run,
+                    limit_bytes: usage.memory_limit_bytes,
+                    peak_bytes: usage.peak_memory_bytes,
+                },
+            );
+        }
+        Ok(events)
+    }
+
+    /// Applies one command that is not [`Command::Accounted`]: its events,
+    /// or why it does not fit the state (then nothing changed).
+    fn dispatch(&mut self, cmd: &Command) -> Result<Vec<Event>, Rejection> {
+        match cmd {
+            Command::Accounted { .. } => Err(Rejection::NotAnEndReport { command: "a usage report".to_string() }),
             Command::RegisterNode { node, resources, labels } => self.register_node(node, resources, labels),
             Command::Submit { spec } => self.submit(spec, &Secrets::default()),
             Command::SubmitWithSecrets { spec, secrets } => self.submit(spec, secrets),
@@ -504,16 +561,6 @@ impl State {
             }
             Command::ForgetCheckpoints { node, seqs } => self.forget_checkpoints(node, seqs),
             Command::SetCheckpointSettings { settings, by } => self.set_checkpoint_settings(settings, by),
-        };
-        match result {
-            Ok(mut events) => {
-                events.extend(self.stop_emptied_nodes());
-                self.record_history(&events);
-                self.log_attempts(&events);
-                self.flush_finished();
-                Outcome::Accepted(events)
-            }
-            Err(rejection) => Outcome::Rejected(rejection),
         }
     }
 

@@ -215,6 +215,7 @@ fn signatures_mask_paths_and_numbers_and_tails_keep_the_last_lines() {
         tail: Some(tail.into()),
         early: true,
         at_ms: 0,
+        oom: None,
     };
     let a = failure("rank 3: open /data/n1/x.bin failed after 12 tries");
     let b = failure("rank 0: open /data/n7/x.bin failed after 3 tries\n");

@@ -175,6 +175,25 @@ pub struct Failure {
     pub early: bool,
     /// Entry time of the failure.
     pub at_ms: u64,
+    /// The kernel killed a process of it for going over its memory limit.
+    pub oom: Option<OomKill>,
+}
+
+/// An attempt the kernel killed (in part) for going over its memory limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomKill {
+    /// Its memory limit, bytes.
+    pub limit_bytes: u64,
+    /// The most it held, bytes.
+    pub peak_bytes: u64,
+}
+
+impl OomKill {
+    /// "out of memory at its 512 MiB limit (peak 512 MiB)".
+    pub fn describe(&self) -> String {
+        let mib = |b: u64| b.div_ceil(1 << 20);
+        format!("out of memory at its {} MiB limit (peak {} MiB)", mib(self.limit_bytes), mib(self.peak_bytes))
+    }
 }
 
 impl Failure {
@@ -186,7 +205,10 @@ impl Failure {
     /// How the process ended, in words: "exit code 2", "killed by a
     /// signal", "did not start".
     pub fn how(&self) -> String {
-        how_it_ended(self.not_started, self.exit_code)
+        match &self.oom {
+            Some(oom) => format!("{}, {}", oom.describe(), how_it_ended(self.not_started, self.exit_code)),
+            None => how_it_ended(self.not_started, self.exit_code),
+        }
     }
 
     /// What two failures must share to count as the same failure: how the

@@ -127,6 +127,29 @@ pub struct Attempt {
     pub preempted: bool,
     /// The watchdog that stopped it, if one did.
     pub watchdog: Option<WatchdogKind>,
+    /// What it used, from its cgroup, as its agent reported at its end
+    /// (`None`: not reported, or its node contains no tasks).
+    pub usage: Option<AttemptUsage>,
+}
+
+/// What an attempt used, read from its cgroup when it ended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptUsage {
+    /// The most memory it held at once, bytes (0: unknown).
+    pub peak_memory_bytes: u64,
+    /// CPU time, user and system, ms.
+    pub cpu_ms: u64,
+    /// Processes of it the kernel killed for going over its memory limit.
+    pub oom_kills: u32,
+    /// Its memory limit, bytes (0: none).
+    pub memory_limit_bytes: u64,
+}
+
+impl AttemptUsage {
+    /// Whether the kernel killed part of it for going over its memory limit.
+    pub fn oom_killed(&self) -> bool {
+        self.oom_kills > 0
+    }
 }
 
 /// How an attempt ended.
@@ -144,6 +167,9 @@ pub enum AttemptEnd {
     Lost,
     /// Stopped by a cancel.
     Cancelled,
+    /// Failed after the kernel killed a process of it for going over its
+    /// memory limit (its usage has the limit and the peak).
+    OomKilled,
 }
 
 impl AttemptEnd {
@@ -156,6 +182,7 @@ impl AttemptEnd {
             AttemptEnd::Stopped => "stopped",
             AttemptEnd::Lost => "lost",
             AttemptEnd::Cancelled => "cancelled",
+            AttemptEnd::OomKilled => "oom_killed",
         }
     }
 
@@ -168,6 +195,7 @@ impl AttemptEnd {
             AttemptEnd::Stopped,
             AttemptEnd::Lost,
             AttemptEnd::Cancelled,
+            AttemptEnd::OomKilled,
         ]
         .into_iter()
         .find(|v| v.as_str() == s)

@@ -101,6 +101,9 @@ impl Default for BudgetLimits {
 /// send as often as it likes with a valid certificate, each time carrying
 /// up to a kilobyte or more.
 pub fn is_heavy(cmd: &Command) -> bool {
+    if let Command::Accounted { report, .. } = cmd {
+        return is_heavy(report);
+    }
     matches!(
         cmd,
         Command::RegisterNode { .. }

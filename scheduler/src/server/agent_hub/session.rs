@@ -456,6 +456,7 @@ impl Session {
                     epoch: p.preemption_epoch,
                     checkpoint_failed: p.checkpoint_failed,
                 };
+                let cmd = accounted(cmd, p.usage.as_ref());
                 match self.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
                     Outcome::Rejected(r) => {
@@ -497,6 +498,7 @@ impl Session {
                 );
                 let cmd =
                     Command::TripWatchdog { alloc: key.0, task: key.1, node: self.node.clone(), epoch: key.2, kind };
+                let cmd = accounted(cmd, w.usage.as_ref());
                 match self.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
                     Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
@@ -532,6 +534,7 @@ impl Session {
                     let tail = muster_core::sm::failure_tail(&e.stderr_tail);
                     Command::FailTaskWithTail { alloc: key.0, task: key.1, node, epoch: key.2, exit_code, tail }
                 };
+                let cmd = accounted(cmd, e.usage.as_ref());
                 match self.propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
                     Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
@@ -539,6 +542,16 @@ impl Session {
                 self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
             }
         }
+    }
+}
+
+/// An end report with the attempt's usage, when the agent sent one.
+fn accounted(report: Command, usage: Option<&v1::AttemptUsage>) -> Command {
+    match usage {
+        Some(u) if report.end_report().is_some() => {
+            Command::Accounted { usage: crate::server::convert::usage_from_proto(u), report: Box::new(report) }
+        }
+        _ => report,
     }
 }
 

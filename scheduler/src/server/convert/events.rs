@@ -87,6 +87,13 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
                 if *retried { "; retried elsewhere, first in its class" } else { "; out of watchdog retries" }
             ),
         ),
+        Event::OutOfMemory { task, node, run, limit_bytes, peak_bytes, .. } => (
+            "oom_killed",
+            format!(
+                "task {task} attempt {run} on {node}: {}",
+                muster_core::sm::OomKill { limit_bytes: *limit_bytes, peak_bytes: *peak_bytes }.describe()
+            ),
+        ),
         Event::CheckpointSaved { task, epoch, bytes, seq, .. } => (
             "checkpoint_saved",
             format!("task {task} saved checkpoint {seq}: {} (epoch {epoch})", crate::words::bytes(*bytes)),

@@ -22,6 +22,26 @@ pub use status::{
 
 pub use crate::sm::{DEFAULT_MAX_RETRIES, DEFAULT_WALLTIME_S};
 
+/// An attempt's usage, as the API shows it.
+pub fn usage_to_proto(u: &crate::sm::AttemptUsage) -> muster_proto::v1::AttemptUsage {
+    muster_proto::v1::AttemptUsage {
+        peak_memory_bytes: u.peak_memory_bytes,
+        cpu_ms: u.cpu_ms,
+        oom_kills: u.oom_kills,
+        memory_limit_bytes: u.memory_limit_bytes,
+    }
+}
+
+/// An agent's usage report, as the log carries it.
+pub fn usage_from_proto(u: &muster_proto::v1::AttemptUsage) -> crate::sm::AttemptUsage {
+    crate::sm::AttemptUsage {
+        peak_memory_bytes: u.peak_memory_bytes,
+        cpu_ms: u.cpu_ms,
+        oom_kills: u.oom_kills,
+        memory_limit_bytes: u.memory_limit_bytes,
+    }
+}
+
 fn invalid(field: &str, reason: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("invalid {field}: {reason}"))
 }

@@ -76,28 +76,32 @@ class CheckpointUnusable(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., checkpoint_epoch: _Optional[int] = ..., reason: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class WatchdogTripped(_message.Message):
-    __slots__ = ("task", "kind", "detail")
+    __slots__ = ("task", "kind", "detail", "usage")
     TASK_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     kind: str
     detail: str
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    usage: _types_pb2.AttemptUsage
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ..., usage: _Optional[_Union[_types_pb2.AttemptUsage, _Mapping]] = ...) -> None: ...
 
 class Preempted(_message.Message):
-    __slots__ = ("task", "preemption_epoch", "exit_code", "signal", "checkpoint_failed")
+    __slots__ = ("task", "preemption_epoch", "exit_code", "signal", "checkpoint_failed", "usage")
     TASK_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FAILED_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     preemption_epoch: int
     exit_code: int
     signal: int
     checkpoint_failed: bool
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., preemption_epoch: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., checkpoint_failed: _Optional[bool] = ...) -> None: ...
+    usage: _types_pb2.AttemptUsage
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., preemption_epoch: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., checkpoint_failed: _Optional[bool] = ..., usage: _Optional[_Union[_types_pb2.AttemptUsage, _Mapping]] = ...) -> None: ...
 
 class CheckpointUpload(_message.Message):
     __slots__ = ("task", "preemption_epoch", "manifest", "on_exit")
@@ -163,18 +167,20 @@ class Claim(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class TaskExited(_message.Message):
-    __slots__ = ("task", "exit_code", "signal", "error", "stderr_tail")
+    __slots__ = ("task", "exit_code", "signal", "error", "stderr_tail", "usage")
     TASK_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     exit_code: int
     signal: int
     error: str
     stderr_tail: str
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., error: _Optional[str] = ..., stderr_tail: _Optional[str] = ...) -> None: ...
+    usage: _types_pb2.AttemptUsage
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., error: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., usage: _Optional[_Union[_types_pb2.AttemptUsage, _Mapping]] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
     __slots__ = ("registered", "assign", "granted", "stop", "refused", "recorded", "fetch_logs", "preempt", "checkpoint_hint", "node_notice", "heartbeat_ack", "checkpoint_grants", "delete_checkpoints")
@@ -301,7 +307,7 @@ class Registered(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_lost_after_ms: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
-    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "restore", "checkpoint_store", "max_checkpoint_bytes", "walltime_s", "stall_timeout_s", "checkpointing", "ports", "secret_env")
+    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "restore", "checkpoint_store", "max_checkpoint_bytes", "walltime_s", "stall_timeout_s", "checkpointing", "ports", "secret_env", "mem_mb", "cpus")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +336,8 @@ class Assign(_message.Message):
     CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     SECRET_ENV_FIELD_NUMBER: _ClassVar[int]
+    MEM_MB_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     gang_size: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -344,7 +352,9 @@ class Assign(_message.Message):
     checkpointing: bool
     ports: _containers.RepeatedScalarFieldContainer[int]
     secret_env: _containers.ScalarMap[str, str]
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., restore: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ..., checkpoint_store: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ..., secret_env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    mem_mb: int
+    cpus: int
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., restore: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ..., checkpoint_store: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., mem_mb: _Optional[int] = ..., cpus: _Optional[int] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
     __slots__ = ("manifest", "source")

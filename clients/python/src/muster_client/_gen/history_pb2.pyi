@@ -28,7 +28,7 @@ class HistoryQuery(_message.Message):
     def __init__(self, id: _Optional[int] = ..., owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class HistoryAttempt(_message.Message):
-    __slots__ = ("task", "attempt", "node_id", "start_ms", "end_ms", "outcome", "exit_code", "gpu_seconds", "preempted", "watchdog")
+    __slots__ = ("task", "attempt", "node_id", "start_ms", "end_ms", "outcome", "exit_code", "gpu_seconds", "preempted", "watchdog", "usage")
     TASK_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class HistoryAttempt(_message.Message):
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     WATCHDOG_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     task: int
     attempt: int
     node_id: str
@@ -49,7 +50,8 @@ class HistoryAttempt(_message.Message):
     gpu_seconds: int
     preempted: bool
     watchdog: str
-    def __init__(self, task: _Optional[int] = ..., attempt: _Optional[int] = ..., node_id: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., exit_code: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., preempted: _Optional[bool] = ..., watchdog: _Optional[str] = ...) -> None: ...
+    usage: _types_pb2.AttemptUsage
+    def __init__(self, task: _Optional[int] = ..., attempt: _Optional[int] = ..., node_id: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., exit_code: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., preempted: _Optional[bool] = ..., watchdog: _Optional[str] = ..., usage: _Optional[_Union[_types_pb2.AttemptUsage, _Mapping]] = ...) -> None: ...
 
 class HistoryRecord(_message.Message):
     __slots__ = ("seq", "id", "owner", "vcluster", "preemption_class", "priority", "gang_size", "resources", "command", "submit_time_ms", "start_time_ms", "end_time_ms", "status", "reason", "preemptions", "watchdog_trips", "gpu_seconds", "attempts", "idempotency_key")
@@ -120,7 +122,7 @@ class UsageQuery(_message.Message):
     def __init__(self, since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., group_by: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class UsageRow(_message.Message):
-    __slots__ = ("owner", "vcluster", "jobs", "done", "failed", "cancelled", "gpu_seconds")
+    __slots__ = ("owner", "vcluster", "jobs", "done", "failed", "cancelled", "gpu_seconds", "cpu_ms", "peak_memory_bytes", "oom_killed")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     VCLUSTER_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +130,9 @@ class UsageRow(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_MS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OOM_KILLED_FIELD_NUMBER: _ClassVar[int]
     owner: str
     vcluster: str
     jobs: int
@@ -135,7 +140,10 @@ class UsageRow(_message.Message):
     failed: int
     cancelled: int
     gpu_seconds: int
-    def __init__(self, owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., jobs: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., gpu_seconds: _Optional[int] = ...) -> None: ...
+    cpu_ms: int
+    peak_memory_bytes: int
+    oom_killed: int
+    def __init__(self, owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., jobs: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., cpu_ms: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., oom_killed: _Optional[int] = ...) -> None: ...
 
 class UsageReport(_message.Message):
     __slots__ = ("rows", "since_ms", "until_ms", "missing", "next_page_token")

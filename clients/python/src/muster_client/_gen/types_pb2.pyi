@@ -247,7 +247,7 @@ class Allocation(_message.Message):
     def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ..., secret_names: _Optional[_Iterable[str]] = ..., failures: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., retry_after_ms: _Optional[int] = ..., failed_reason: _Optional[str] = ...) -> None: ...
 
 class Failure(_message.Message):
-    __slots__ = ("task", "attempt", "exit_code", "not_started", "stderr_tail", "early", "at_ms")
+    __slots__ = ("task", "attempt", "exit_code", "not_started", "stderr_tail", "early", "at_ms", "oom_killed", "memory_limit_bytes", "peak_memory_bytes")
     TASK_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +255,9 @@ class Failure(_message.Message):
     STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
     EARLY_FIELD_NUMBER: _ClassVar[int]
     AT_MS_FIELD_NUMBER: _ClassVar[int]
+    OOM_KILLED_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     task: int
     attempt: int
     exit_code: int
@@ -262,7 +265,10 @@ class Failure(_message.Message):
     stderr_tail: str
     early: bool
     at_ms: int
-    def __init__(self, task: _Optional[int] = ..., attempt: _Optional[int] = ..., exit_code: _Optional[int] = ..., not_started: _Optional[bool] = ..., stderr_tail: _Optional[str] = ..., early: _Optional[bool] = ..., at_ms: _Optional[int] = ...) -> None: ...
+    oom_killed: bool
+    memory_limit_bytes: int
+    peak_memory_bytes: int
+    def __init__(self, task: _Optional[int] = ..., attempt: _Optional[int] = ..., exit_code: _Optional[int] = ..., not_started: _Optional[bool] = ..., stderr_tail: _Optional[str] = ..., early: _Optional[bool] = ..., at_ms: _Optional[int] = ..., oom_killed: _Optional[bool] = ..., memory_limit_bytes: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class Teardown(_message.Message):
     __slots__ = ("epoch", "trigger", "started_at_ms", "preempted_by", "reason", "failed_checkpoints")
@@ -393,3 +399,15 @@ class NodeAdmission(_message.Message):
     by: str
     at_ms: int
     def __init__(self, resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cert_sha256: _Optional[str] = ..., by: _Optional[str] = ..., at_ms: _Optional[int] = ...) -> None: ...
+
+class AttemptUsage(_message.Message):
+    __slots__ = ("peak_memory_bytes", "cpu_ms", "oom_kills", "memory_limit_bytes")
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_MS_FIELD_NUMBER: _ClassVar[int]
+    OOM_KILLS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    peak_memory_bytes: int
+    cpu_ms: int
+    oom_kills: int
+    memory_limit_bytes: int
+    def __init__(self, peak_memory_bytes: _Optional[int] = ..., cpu_ms: _Optional[int] = ..., oom_kills: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
