@@ -85,6 +85,31 @@ fn fast() -> LocalConfig {
     }
 }
 
+/// A local cluster without TLS (what `cargo bench --bench gangs` runs):
+/// it admits its own agents (an admission by an unauthenticated caller is
+/// recorded as such) and runs a gang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t192_an_insecure_local_cluster_admits_its_agents_and_runs_a_gang() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = LocalConfig { agents: 2, insecure: true, ..fast() };
+    let c = LocalCluster::start(dir.path(), cfg).await.unwrap();
+    let mut client = AllocationServiceClient::new(c.leader_channel().await);
+    let submitted = client.submit(v1::SubmitRequest { spec: Some(gang(2, "true", 0)), ..Default::default() }).await;
+    let id = submitted.unwrap().into_inner().id;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut client = AllocationServiceClient::new(c.leader_channel().await);
+        if let Ok(a) = client.get(v1::GetRequest { id }).await
+            && status(&a.into_inner()) == v1::AllocationStatus::Done
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the gang never finished");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t80_a_gang_of_four_runs_real_processes_on_four_agents() {
     let dir = tempfile::tempdir().unwrap();

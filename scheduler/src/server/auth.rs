@@ -102,6 +102,9 @@ pub fn still_authorised(st: &State, caller: &Caller, now_ms: u64) -> Result<(), 
 pub fn bound_by(caller: &Caller, asked: &str) -> String {
     let asked = asked.trim();
     match caller {
+        // No certificate to name anyone: what the caller says, else that
+        // it was an unauthenticated caller (an empty `by` is refused).
+        Caller::Insecure if asked.is_empty() => "an insecure caller".to_string(),
         Caller::Insecure => asked.to_string(),
         Caller::Role(r) | Caller::Token { role: r, .. } if asked.is_empty() || asked == r.name() => caller_name(caller),
         _ => format!("{} for {asked}", caller_name(caller)),
@@ -212,6 +215,13 @@ mod tests {
 
     fn role(kind: &str, name: &str) -> Caller {
         Caller::Role(Role::new(kind, name).unwrap())
+    }
+
+    #[test]
+    fn an_insecure_caller_is_named_by_its_word_or_as_insecure() {
+        assert_eq!(bound_by(&Caller::Insecure, " ops "), "ops");
+        assert_eq!(bound_by(&Caller::Insecure, ""), "an insecure caller");
+        assert_eq!(bound_by(&role("admin", "alice"), ""), caller_name(&role("admin", "alice")));
     }
 
     #[test]
