@@ -10,7 +10,11 @@
 //! ```
 //!
 //! A child that traps SIGTERM, or a grandchild that outlives its parent,
-//! still dies: signals go to the process group, not the one pid.
+//! still dies: signals go to the process group, not the one pid. With a
+//! cgroup ([`crate::cgroup`]) the task joins it before it runs (through
+//! `/bin/sh`, which joins and execs it), signals go to every process in it
+//! too, and an attempt has ended only once its cgroup is empty: a process
+//! that left the group (`setsid`, a double fork) dies with it.
 //!
 //! Tasks that must outlive their agent (`muster agent --keep-tasks`) start
 //! under a shim (`muster task-shim`, [`run_shim`]) that leads the process
@@ -282,6 +286,41 @@ fn exit_of(status: std::process::ExitStatus) -> Exit {
     }
 }
 
+/// The shell that moves a task into its cgroup before it runs (see [`spawn`]).
+const JOINER: &str = "/bin/sh";
+
+/// What the joiner runs: `muster-join N PROCS_1 … PROCS_N ARGV…` writes 0
+/// (itself) to each of the N `cgroup.procs` files, then execs ARGV in its
+/// place: same pid, same process group, already in the cgroup.
+const JOIN_SCRIPT: &str =
+    r#"n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 126; shift; n=$((n-1)); done; exec "$@""#;
+
+/// Finds `program` as `execvp` would: a path (relative to `cwd`) as it is,
+/// a bare name on `path`; an error as exec's (ENOENT, EACCES) when it
+/// cannot be run.
+fn find_program(program: &str, path: &str, cwd: &Path) -> io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if program.contains('/') {
+        let p = cwd.join(program);
+        return match runnable(&p) {
+            Ok(true) => Ok(p),
+            Ok(false) => Err(io::Error::from_raw_os_error(libc::EACCES)),
+            Err(e) => Err(e),
+        };
+    }
+    let mut denied = false;
+    for dir in path.split(':') {
+        let p = cwd.join(if dir.is_empty() { "." } else { dir }).join(program);
+        match runnable(&p) {
+            Ok(true) => return Ok(p),
+            Ok(false) => denied = true,
+            Err(_) => {}
+        }
+    }
+    Err(io::Error::from_raw_os_error(if denied { libc::EACCES } else { libc::ENOENT }))
+}
+
 /// Starts an attempt in its own process group, in `work_dir`; with `shim`
 /// (the `muster` binary), under `muster task-shim`, so the attempt can
 /// outlive this agent and be adopted by the next. With `cgroup`, the child
@@ -301,19 +340,39 @@ pub fn spawn(
     let stderr = File::create(&err_path).map_err(logs)?;
     let hosts = dir.join(format!("attempt-{}.hostfile", launch.attempt));
     fs::write(&hosts, crate::launcher::hostfile(&launch.peers, launch.gpu_ids.len())).map_err(logs)?;
-    let mut cmd = match shim {
-        None => Command::new(program),
-        Some(shim) => {
-            let status = status_path(work_dir, launch.alloc, launch.task, launch.epoch);
-            let dir = status.parent().expect("status path has a parent").to_path_buf();
-            fs::create_dir_all(&dir).map_err(|source| SpawnError::Logs { path: dir, source })?;
-            let _ = fs::remove_file(&status);
-            let mut c = Command::new(shim);
-            c.arg(SHIM_SUBCOMMAND).arg("--status").arg(status).arg("--").arg(program);
-            c
-        }
-    };
-    cmd.args(&launch.command[1..])
+    // The argv: the command, or the shim running it.
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
+    if let Some(shim) = shim {
+        let status = status_path(work_dir, launch.alloc, launch.task, launch.epoch);
+        let dir = status.parent().expect("status path has a parent").to_path_buf();
+        fs::create_dir_all(&dir).map_err(|source| SpawnError::Logs { path: dir, source })?;
+        let _ = fs::remove_file(&status);
+        argv.extend([shim.into(), SHIM_SUBCOMMAND.into(), "--status".into(), status.into(), "--".into()]);
+    }
+    argv.extend(launch.command.iter().map(Into::into));
+    let task_path = launch.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
+    // The cgroup is joined before the task runs a line of its code, so
+    // nothing it forks starts outside. Where /bin/sh exists, a shell does
+    // it (it writes 0, itself, to each cgroup.procs, then execs the task):
+    // the agent starts it with posix_spawn. Without one, the child joins
+    // in a pre-exec step, which makes the standard library fork the agent,
+    // page tables and all: dear for a large process at every start.
+    let joiner = cgroup.is_some() && Path::new(JOINER).exists();
+    if joiner {
+        // A program that cannot run is reported as one that did not start,
+        // as the agent's own exec would (the shell would exit 127).
+        find_program(program, &task_path, work_dir)
+            .map_err(|source| SpawnError::Exec { program: program.clone(), source })?;
+        let cg = cgroup.as_ref().expect("joiner only with a cgroup");
+        let procs: Vec<PathBuf> = cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
+        let mut wrapped: Vec<std::ffi::OsString> =
+            vec![JOINER.into(), "-c".into(), JOIN_SCRIPT.into(), "muster-join".into(), procs.len().to_string().into()];
+        wrapped.extend(procs.into_iter().map(Into::into));
+        wrapped.extend(argv);
+        argv = wrapped;
+    }
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
         .current_dir(work_dir)
         .envs(crate::launcher::launcher_env(launch, &hosts))
         .envs(&launch.env)
@@ -330,16 +389,18 @@ pub fn spawn(
         .stderr(stderr)
         .process_group(0)
         .kill_on_drop(false);
-    // Opened here, written in the child: nothing between fork and exec
-    // allocates or takes a lock.
+    // Without the shell: opened here, written in the child (nothing
+    // between fork and exec allocates or takes a lock).
     let join = match &cgroup {
-        Some(cg) => cg.join_files().map_err(SpawnError::Cgroup)?,
-        None => Vec::new(),
+        Some(cg) if !joiner => cg.join_files().map_err(SpawnError::Cgroup)?,
+        _ => Vec::new(),
     };
-    let fds = crate::cgroup::raw_fds(&join);
-    // SAFETY: the closure makes only async-signal-safe calls (write).
-    unsafe {
-        cmd.pre_exec(move || crate::cgroup::join_from_child(&fds));
+    if !join.is_empty() {
+        let fds = crate::cgroup::raw_fds(&join);
+        // SAFETY: the closure makes only async-signal-safe calls (write).
+        unsafe {
+            cmd.pre_exec(move || crate::cgroup::join_from_child(&fds));
+        }
     }
     let spawned = cmd.spawn();
     drop(join);
@@ -595,6 +656,34 @@ mod tests {
         assert!(!cg.exists(), "the attempt's cgroup is removed once empty");
         let used = t.usage().expect("usage read from the cgroup");
         assert!(used.cpu_ns > 0, "{used:?}");
+        iso.remove_if_empty();
+    }
+
+    /// In a cgroup a task starts as it would without one: the command is
+    /// the process group's leader (the joining shell execs it), it is in
+    /// every hierarchy's cgroup, and a program that cannot run is a spawn
+    /// error, not a task that ran and failed.
+    #[tokio::test]
+    async fn a_task_in_a_cgroup_starts_as_itself_and_a_missing_program_does_not_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = isolation(dir.path(), vec![], 0);
+        let cg = iso.create((13, 0, 1), &crate::cgroup::Limits::default()).unwrap();
+        let script = "echo $$; cat /proc/$$/cgroup; tr '\\0' ' ' < /proc/$$/cmdline";
+        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path(), None, Some(cg.clone())).unwrap();
+        let pgid = t.pgid();
+        assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+        let (out, _) = log_paths(dir.path(), 7, 1, 2);
+        let out = fs::read_to_string(out).unwrap();
+        assert!(out.starts_with(&format!("{pgid}\n")), "{out}");
+        assert!(out.lines().last().unwrap().starts_with("sh -c echo"), "the command itself, not the joiner: {out}");
+        let joined = out.lines().filter(|l| l.ends_with(&format!("/{}", cg.name()))).count();
+        assert_eq!(joined, cg.dirs().len(), "in each hierarchy's cgroup: {out}");
+        for program in ["/nonexistent/program", "no-such-program-anywhere"] {
+            let cg = iso.create((13, 1, 1), &crate::cgroup::Limits::default()).unwrap();
+            let err = spawn(&launch(&[program]), dir.path(), None, Some(cg.clone())).err().unwrap();
+            assert!(err.to_string().contains(&format!("cannot start {program:?}: No such file")), "{err}");
+            cg.remove();
+        }
         iso.remove_if_empty();
     }
 
