@@ -620,15 +620,24 @@ mod tests {
             .unwrap_or_else(|e| panic!("these tests need this machine's cgroups: {e}"))
     }
 
-    async fn wait_for_pid(path: &Path) -> i32 {
-        let deadline = Instant::now() + Duration::from_secs(20);
+    /// Polls `f` until it gives a value (a generous deadline: the machine
+    /// may be loaded).
+    async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some(pid) = fs::read_to_string(path).ok().and_then(|t| t.trim().parse().ok()) {
-                return pid;
+            if let Some(v) = f() {
+                return v;
             }
-            assert!(Instant::now() < deadline, "{} never written", path.display());
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    async fn wait_for_pid(path: &Path) -> i32 {
+        eventually(&format!("{} to be written", path.display()), || {
+            fs::read_to_string(path).ok().and_then(|t| t.trim().parse().ok())
+        })
+        .await
     }
 
     /// A task whose children left its process group (`setsid`, and a
@@ -738,27 +747,21 @@ mod tests {
         let cg = iso.create((10, 0, 1), &crate::cgroup::Limits::default()).unwrap();
         let mut t =
             spawn(&launch(&["sh", "-c", "while :; do sleep 300 & done"]), dir.path(), None, Some(cg.clone())).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
         let limit = cg.dirs().iter().find_map(|d| fs::read_to_string(d.join("pids.max")).ok()).unwrap();
         assert_eq!(limit.trim(), "32");
         let events = cg.dirs().iter().find_map(|d| fs::read_to_string(d.join("pids.events")).ok());
         // The bomb hits the limit: forks are refused (counted where the
         // kernel counts them), and it never holds more.
-        while cg.pids().len() < 20 {
-            assert!(Instant::now() < deadline, "the bomb never grew: {:?}", cg.pids());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually("the bomb to grow", || (cg.pids().len() >= 20).then_some(())).await;
         assert!(cg.pids().len() <= 32);
         if events.is_some() {
-            while !cg
-                .dirs()
-                .iter()
-                .filter_map(|d| fs::read_to_string(d.join("pids.events")).ok())
-                .any(|e| e.trim() != "max 0")
-            {
-                assert!(Instant::now() < deadline, "no fork was refused");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let refused = || {
+                cg.dirs()
+                    .iter()
+                    .filter_map(|d| fs::read_to_string(d.join("pids.events")).ok())
+                    .any(|e| e.trim() != "max 0")
+            };
+            eventually("a fork to be refused", || refused().then_some(())).await;
         }
         t.stop(Duration::from_millis(100)).await.unwrap();
         assert!(!cg.exists());
@@ -780,7 +783,10 @@ mod tests {
         let mut t =
             spawn(&launch(&["sh", "-c", "while :; do :; done & while :; do :; done"]), dir.path(), None, Some(cg))
                 .unwrap();
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Until the two have used a second of CPU between them, which takes
+        // at least a second of wall time under the quota.
+        let cg = t.cgroup().unwrap().clone();
+        eventually("a second of CPU", || (cg.usage().cpu_ns >= 1_000_000_000).then_some(())).await;
         t.stop(Duration::from_millis(10)).await.unwrap();
         let wall = started.elapsed();
         let cpu = Duration::from_nanos(t.usage().unwrap().cpu_ns);

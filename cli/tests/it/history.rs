@@ -78,7 +78,7 @@ fn t148_a_bad_retention_flag_is_one_clear_line() {
 }
 
 /// Runs `muster` with `--scheduler addr` before any `--`, until it succeeds.
-fn until_ok(addr: &str, args: &[&str]) -> std::process::Output {
+pub(crate) fn until_ok(addr: &str, args: &[&str]) -> std::process::Output {
     let deadline = Instant::now() + WAIT;
     loop {
         let mut full = args.to_vec();

@@ -4,13 +4,12 @@
 //! the next job on those GPUs starts only once they are gone.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use muster_proto::v1;
 use muster_scheduler::policy::PreemptionConfig;
 use muster_sim::local::{LocalCluster, LocalConfig};
 
-use crate::cluster::WAIT;
 use crate::e2e::{leader_client, status, submit, until};
 
 /// Two nodes of 8 GPUs: a gang of two whole nodes holds every GPU, so the
@@ -67,11 +66,10 @@ fn checker(dir: &Path, victim: u64, class: u32) -> v1::AllocationSpec {
 /// Waits until both of the allocation's first-run escapees have started;
 /// with `running`, checks they still run.
 async fn escaped(dir: &Path, id: u64, running: bool) -> Vec<i32> {
-    let deadline = Instant::now() + WAIT;
     let mut pids = Vec::new();
     for t in 0..2 {
         let prefix = format!("escapee-{id}-{t}-");
-        loop {
+        let pid = crate::cluster::until_some(&format!("{prefix}* to be written"), Duration::from_millis(50), || {
             let found = std::fs::read_dir(dir).unwrap().flatten().find_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if !name.starts_with(&prefix) || name.ends_with(".tmp") {
@@ -79,13 +77,10 @@ async fn escaped(dir: &Path, id: u64, running: bool) -> Vec<i32> {
                 }
                 std::fs::read_to_string(e.path()).ok()?.trim().parse::<i32>().ok()
             });
-            if let Some(pid) = found {
-                pids.push(pid);
-                break;
-            }
-            assert!(Instant::now() < deadline, "{prefix}* never written");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            async move { found }
+        })
+        .await;
+        pids.push(pid);
     }
     for &p in pids.iter().filter(|_| running) {
         assert!(crate::e2e::proc_alive(p), "escapee {p} runs");
@@ -185,30 +180,23 @@ fn t191_a_memory_hog_is_oom_killed_at_its_limit_and_reads_as_oom_killed_everywhe
         full.splice(at..at, ["--scheduler", addr.as_str()]);
         crate::muster(&full)
     };
-    let until_ok = |args: &[&str]| {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let o = run(args);
-            if o.status.success() {
-                return o;
-            }
-            assert!(Instant::now() < deadline, "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
+    let until_ok = |args: &[&str]| crate::history::until_ok(&addr, args);
     let json = |o: std::process::Output| -> serde_json::Value { serde_json::from_slice(&o.stdout).unwrap() };
+    // The first value of `get` that `done` accepts.
+    let until = |what: &str, get: &dyn Fn() -> serde_json::Value, done: &dyn Fn(&serde_json::Value) -> bool| {
+        let seen = std::cell::RefCell::new(serde_json::Value::Null);
+        crate::dev_proc::wait_until(what, || {
+            *seen.borrow_mut() = get();
+            done(&seen.borrow())
+        });
+        seen.into_inner()
+    };
     until_ok(&["submit", "--gpus", "1", "--mem-mb", "64", "--name", "neighbour", "--", "sleep", "600"]);
     let hog = "x = []\nwhile True:\n    x.append(bytearray(8 << 20))\n";
     until_ok(&["submit", "--gpus", "1", "--mem-mb", "64", "--name", "hog", "--", "python3", "-c", hog]);
-    let deadline = Instant::now() + WAIT;
-    let failed = loop {
-        let a = json(until_ok(&["alloc", "get", "2", "--output", "json"]));
-        if a["status"] == "failed" {
-            break a;
-        }
-        assert!(Instant::now() < deadline, "the hog never failed: {a:#}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let failed = until("the hog to fail", &|| json(until_ok(&["alloc", "get", "2", "--output", "json"])), &|a| {
+        a["status"] == "failed"
+    });
     let reason = failed["failed_reason"].as_str().unwrap();
     assert!(
         reason.starts_with("task 0 ran out of memory at its 64 MiB limit (peak ")
@@ -236,14 +224,10 @@ fn t191_a_memory_hog_is_oom_killed_at_its_limit_and_reads_as_oom_killed_everywhe
     assert_eq!(node["status"], "ready", "{node:#}");
 
     // The job history keeps each attempt's outcome, peak memory and CPU.
-    let history = loop {
-        let h = json(until_ok(&["history", "--id", "2", "--output", "json"]));
-        if h.as_array().is_some_and(|l| !l.is_empty()) {
-            break h;
-        }
-        assert!(Instant::now() < deadline + WAIT, "no history record");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let history =
+        until("the hog's history record", &|| json(until_ok(&["history", "--id", "2", "--output", "json"])), &|h| {
+            h.as_array().is_some_and(|l| !l.is_empty())
+        });
     let attempts = history[0]["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 2, "{history:#}");
     for a in attempts {
