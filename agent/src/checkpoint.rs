@@ -193,7 +193,7 @@ pub fn fingerprint(dir: &Path) -> Option<u64> {
 /// The step a task wrote to `.muster/step` in its checkpoint directory, if
 /// it did.
 pub fn step(dir: &Path) -> Option<u64> {
-    let text = fs::read_to_string(dir.join(crate::hint::PROTOCOL_DIR).join(STEP_FILE)).ok()?;
+    let text = crate::hint::ProtocolDir::open(dir, false).ok()?.read(STEP_FILE).ok()?;
     text.trim().parse().ok()
 }
 
@@ -385,6 +385,46 @@ pub fn expect_of(blob: &[u8]) -> Expect {
     Expect { bytes: blob.len() as u64, sha256: Sha256::digest(blob).into() }
 }
 
+/// Gives a task's checkpoint directory to the account the task runs as:
+/// the directory (mode 0700, so no other account can read it) and all it
+/// holds become that account's, with `.muster` made for the hint
+/// protocol. Links are changed themselves, never followed. Called only
+/// while the directory is [`seal`]ed or fresh, when no process of the task
+/// can change it.
+pub fn hand_over(dir: &Path, user: &crate::users::TaskUser) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let protocol = dir.join(crate::hint::PROTOCOL_DIR);
+    match fs::symlink_metadata(&protocol) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&protocol)?,
+        Err(e) => return Err(e),
+        Ok(_) => {}
+    }
+    chown_tree(dir, user.uid, user.gid)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
+fn chown_tree(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+    if fs::symlink_metadata(path)?.is_dir() {
+        for e in fs::read_dir(path)? {
+            chown_tree(&e?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes a task's checkpoint directory back once its attempt ended: the
+/// agent's own, mode 0700, so no process of the task's account (another
+/// job of the same owner, say) can swap a file for a link while the agent
+/// packs what is inside.
+pub fn seal(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: getters with no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
 /// Empties `dir`, creating it if needed (from a spare directory when one
 /// waits).
 pub fn reset(dir: &Path) -> io::Result<()> {
@@ -448,6 +488,32 @@ pub fn base64(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A task's directory is handed to its account whole (links changed,
+    /// never followed), and taken back whole.
+    #[test]
+    fn a_directory_is_handed_to_the_tasks_account_and_sealed_back() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let work = tempfile::tempdir().unwrap();
+        let outside = work.path().join("outside");
+        fs::write(&outside, "root's").unwrap();
+        let c = dir(work.path(), 4, 0);
+        fs::create_dir_all(c.join("sub")).unwrap();
+        fs::write(c.join("sub/state"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, c.join("link")).unwrap();
+        let user = crate::users::TaskUser { name: "t".into(), uid: 60201, gid: 60202, groups: vec![60202] };
+        hand_over(&c, &user).unwrap();
+        for p in [c.clone(), c.join("sub"), c.join("sub/state"), c.join(".muster")] {
+            let m = fs::metadata(&p).unwrap();
+            assert_eq!((m.uid(), m.gid()), (60201, 60202), "{}", p.display());
+        }
+        assert_eq!(fs::symlink_metadata(c.join("link")).unwrap().uid(), 60201, "the link itself");
+        assert_eq!(fs::metadata(&outside).unwrap().uid(), 0, "not what it points at");
+        assert_eq!(fs::metadata(&c).unwrap().permissions().mode() & 0o777, 0o700);
+        seal(&c).unwrap();
+        let m = fs::metadata(&c).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o700));
+    }
 
     fn pack(d: &Path, limit: u64) -> Result<Option<Vec<u8>>, PackError> {
         let Some(files) = list(d, limit)? else { return Ok(None) };

@@ -66,6 +66,8 @@ pub struct TaskLaunch {
     /// Where the task may leave a checkpoint when preempted
     /// (`MUSTER_CHECKPOINT_DIR`; restored there before a resumed attempt).
     pub checkpoint_dir: PathBuf,
+    /// The account the task runs as (`None`: the agent's own user).
+    pub user: Option<crate::users::TaskUser>,
 }
 
 /// How an attempt ended.
@@ -189,10 +191,14 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
-/// Whether `pid` runs a task shim (not some process that reused the pid).
+/// Whether `pid` runs a task shim (not some process that reused the pid):
+/// `muster task-shim`, or `muster task-exec --status` (the shim of a task
+/// that runs as another account).
 pub fn is_shim(pid: i32) -> bool {
-    fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == SHIM_SUBCOMMAND.as_bytes()))
+    fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        let has = |word: &str| c.split(|b| *b == 0).any(|arg| arg == word.as_bytes());
+        has(SHIM_SUBCOMMAND) || (has(TASK_EXEC_SUBCOMMAND) && has("--status"))
+    })
 }
 
 /// The subcommand of the `muster` binary that runs [`run_shim`].
@@ -210,6 +216,12 @@ const SHIM_IGNORES: [i32; 7] =
 /// the same signal, so a waiting agent sees what it would have without the
 /// shim.
 pub fn run_shim(status: &Path, command: &[String]) -> i32 {
+    run_shim_as(status, command, None)
+}
+
+/// [`run_shim`], its command run as `user` (the shim stays the agent's
+/// user: the task can neither signal it nor forge its status file).
+fn run_shim_as(status: &Path, command: &[String], user: Option<&crate::users::TaskUser>) -> i32 {
     use std::os::unix::process::CommandExt;
     let Some(program) = command.first() else {
         eprintln!("muster task-shim: no command");
@@ -223,13 +235,18 @@ pub fn run_shim(status: &Path, command: &[String]) -> i32 {
     }
     let mut cmd = std::process::Command::new(program);
     cmd.args(&command[1..]);
-    // SAFETY: only async-signal-safe calls (signal) between fork and exec.
+    let user = user.cloned();
+    // SAFETY: only async-signal-safe calls (signal, setgroups, setgid,
+    // setuid) between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             for sig in SHIM_IGNORES {
                 libc::signal(sig, libc::SIG_DFL);
             }
-            Ok(())
+            match &user {
+                Some(u) => crate::users::drop_to(u),
+                None => Ok(()),
+            }
         });
     }
     let exit = match cmd.spawn().and_then(|mut c| c.wait()) {
@@ -321,56 +338,125 @@ fn find_program(program: &str, path: &str, cwd: &Path) -> io::Result<PathBuf> {
     Err(io::Error::from_raw_os_error(if denied { libc::EACCES } else { libc::ENOENT }))
 }
 
-/// Starts an attempt in its own process group, in `work_dir`; with `shim`
-/// (the `muster` binary), under `muster task-shim`, so the attempt can
-/// outlive this agent and be adopted by the next. With `cgroup`, the child
-/// joins it before it execs, so nothing the task starts is outside it.
+/// The `muster` binary, where the tasks need it: to run under
+/// `muster task-shim` (kept across agent restarts) and to start as another
+/// user through `muster task-exec`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Muster<'a> {
+    /// The binary (`None`: not known; a task that must switch user then
+    /// does it in a pre-exec step of a forked agent).
+    pub exe: Option<&'a Path>,
+    /// Start each task under the shim (`exe` must be known).
+    pub shim: bool,
+}
+
+impl Muster<'_> {
+    /// Neither shim nor helper.
+    pub const NONE: Muster<'static> = Muster { exe: None, shim: false };
+}
+
+/// Creates a directory (and those above it) searchable but not listable by
+/// others (0711): a task running as another user can reach what it is
+/// given inside, and nothing else.
+fn private_dirs(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new().recursive(true).mode(0o711).create(dir)
+}
+
+/// Creates a file only the agent can read (0600): a task writes its logs
+/// through the descriptor it is given.
+fn private_file(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)
+}
+
+/// Starts an attempt in its own process group, in `work_dir`; with
+/// `muster.shim`, under `muster task-shim`, so the attempt can outlive this
+/// agent and be adopted by the next. With `cgroup`, the child joins it
+/// before it execs, so nothing the task starts is outside it. With
+/// `launch.user`, it runs as that account (its groups, gid and uid are set
+/// after it joined its cgroup, before the task runs a line of its code).
 pub fn spawn(
     launch: &TaskLaunch,
     work_dir: &Path,
-    shim: Option<&Path>,
+    muster: Muster<'_>,
     cgroup: Option<TaskCgroup>,
 ) -> Result<RunningTask, SpawnError> {
     let program = launch.command.first().ok_or(SpawnError::EmptyCommand)?;
     let (out_path, err_path) = log_paths(work_dir, launch.alloc, launch.task, launch.attempt);
     let dir = out_path.parent().expect("log path has a parent").to_path_buf();
     let logs = |source| SpawnError::Logs { path: dir.clone(), source };
-    fs::create_dir_all(&dir).map_err(logs)?;
-    let stdout = File::create(&out_path).map_err(logs)?;
-    let stderr = File::create(&err_path).map_err(logs)?;
+    private_dirs(&dir).map_err(logs)?;
+    let stdout = private_file(&out_path).map_err(logs)?;
+    let stderr = private_file(&err_path).map_err(logs)?;
     let hosts = dir.join(format!("attempt-{}.hostfile", launch.attempt));
     fs::write(&hosts, crate::launcher::hostfile(&launch.peers, launch.gpu_ids.len())).map_err(logs)?;
-    // The argv: the command, or the shim running it.
-    let mut argv: Vec<std::ffi::OsString> = Vec::new();
-    if let Some(shim) = shim {
-        let status = status_path(work_dir, launch.alloc, launch.task, launch.epoch);
-        let dir = status.parent().expect("status path has a parent").to_path_buf();
-        fs::create_dir_all(&dir).map_err(|source| SpawnError::Logs { path: dir, source })?;
-        let _ = fs::remove_file(&status);
-        argv.extend([shim.into(), SHIM_SUBCOMMAND.into(), "--status".into(), status.into(), "--".into()]);
+    let progress = crate::watchdog::progress_path(work_dir, launch.alloc, launch.task, launch.attempt);
+    if let Some(user) = &launch.user {
+        // What the task itself writes or reads here is its own; the rest
+        // of the attempt's directory stays the agent's.
+        private_file(&progress).map_err(logs)?;
+        for path in [&hosts, &progress] {
+            std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid)).map_err(logs)?;
+        }
     }
-    argv.extend(launch.command.iter().map(Into::into));
+    let status_file = match (muster.shim, muster.exe) {
+        (true, Some(_)) => {
+            let status = status_path(work_dir, launch.alloc, launch.task, launch.epoch);
+            let dir = status.parent().expect("status path has a parent").to_path_buf();
+            fs::create_dir_all(&dir).map_err(|source| SpawnError::Logs { path: dir, source })?;
+            let _ = fs::remove_file(&status);
+            Some(status)
+        }
+        _ => None,
+    };
     let task_path = launch.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
-    // The cgroup is joined before the task runs a line of its code, so
-    // nothing it forks starts outside. Where /bin/sh exists, a shell does
-    // it (it writes 0, itself, to each cgroup.procs, then execs the task):
-    // the agent starts it with posix_spawn. Without one, the child joins
-    // in a pre-exec step, which makes the standard library fork the agent,
-    // page tables and all: dear for a large process at every start.
-    let joiner = cgroup.is_some() && Path::new(JOINER).exists();
-    if joiner {
-        // A program that cannot run is reported as one that did not start,
-        // as the agent's own exec would (the shell would exit 127).
+    // A program that cannot run is reported as one that did not start, as
+    // the agent's own exec would (a joining shell or helper would exit 127).
+    let wrapped = cgroup.is_some() || launch.user.is_some();
+    if wrapped {
         find_program(program, &task_path, work_dir)
             .map_err(|source| SpawnError::Exec { program: program.clone(), source })?;
-        let cg = cgroup.as_ref().expect("joiner only with a cgroup");
-        let procs: Vec<PathBuf> = cg.dirs().iter().map(|d| d.join("cgroup.procs")).collect();
-        let mut wrapped: Vec<std::ffi::OsString> =
-            vec![JOINER.into(), "-c".into(), JOIN_SCRIPT.into(), "muster-join".into(), procs.len().to_string().into()];
-        wrapped.extend(procs.into_iter().map(Into::into));
-        wrapped.extend(argv);
-        argv = wrapped;
     }
+    let procs: Vec<PathBuf> = cgroup.iter().flat_map(|cg| cg.dirs()).map(|d| d.join("cgroup.procs")).collect();
+    // How the task gets into its cgroup and becomes its user before it
+    // runs a line of its code, without forking this (large) agent:
+    //
+    // - as another user, through `muster task-exec`, which joins, drops to
+    //   the user and execs the task (or, as the shim, forks it);
+    // - as the agent's user in a cgroup, through /bin/sh, which writes 0
+    //   (itself) to each cgroup.procs and execs the task (or the shim).
+    //
+    // The agent starts either with posix_spawn. Without them (no `muster`
+    // binary known, no /bin/sh), a pre-exec step of a forked agent does it.
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
+    let mut in_child: Option<(Vec<PathBuf>, Option<crate::users::TaskUser>)> = None;
+    match (&launch.user, muster.exe) {
+        (Some(user), Some(exe)) => {
+            argv.extend([exe.into(), TASK_EXEC_SUBCOMMAND.into(), "--user".into(), user.to_arg().into()]);
+            for p in &procs {
+                argv.extend(["--join".into(), p.into()]);
+            }
+            if let Some(status) = &status_file {
+                argv.extend(["--status".into(), status.into()]);
+            }
+            argv.push("--".into());
+        }
+        (user, _) => {
+            let joiner = !procs.is_empty() && user.is_none() && Path::new(JOINER).exists();
+            if joiner {
+                argv.extend([JOINER.into(), "-c".into(), JOIN_SCRIPT.into(), "muster-join".into()]);
+                argv.push(procs.len().to_string().into());
+                argv.extend(procs.iter().map(Into::into));
+            } else if !procs.is_empty() || user.is_some() {
+                in_child = Some((procs.clone(), user.clone()));
+            }
+            if let (Some(status), Some(exe)) = (&status_file, muster.exe) {
+                argv.extend([exe.into(), SHIM_SUBCOMMAND.into(), "--status".into(), status.into(), "--".into()]);
+            }
+        }
+    }
+    argv.extend(launch.command.iter().map(Into::into));
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .current_dir(work_dir)
@@ -389,17 +475,24 @@ pub fn spawn(
         .stderr(stderr)
         .process_group(0)
         .kill_on_drop(false);
-    // Without the shell: opened here, written in the child (nothing
+    // The pre-exec step: files opened here, written in the child (nothing
     // between fork and exec allocates or takes a lock).
-    let join = match &cgroup {
-        Some(cg) if !joiner => cg.join_files().map_err(SpawnError::Cgroup)?,
-        _ => Vec::new(),
-    };
-    if !join.is_empty() {
+    let mut join = Vec::new();
+    if let Some((procs, user)) = in_child {
+        if let Some(cg) = cgroup.as_ref().filter(|_| !procs.is_empty()) {
+            join = cg.join_files().map_err(SpawnError::Cgroup)?;
+        }
         let fds = crate::cgroup::raw_fds(&join);
-        // SAFETY: the closure makes only async-signal-safe calls (write).
+        // SAFETY: the closure makes only async-signal-safe calls (write,
+        // setgroups, setgid, setuid) on memory allocated before the fork.
         unsafe {
-            cmd.pre_exec(move || crate::cgroup::join_from_child(&fds));
+            cmd.pre_exec(move || {
+                crate::cgroup::join_from_child(&fds)?;
+                match &user {
+                    Some(u) => crate::users::drop_to(u),
+                    None => Ok(()),
+                }
+            });
         }
     }
     let spawned = cmd.spawn();
@@ -415,6 +508,43 @@ pub fn spawn(
     })?;
     let pgid = child.id().expect("a just-spawned child has a pid") as i32;
     Ok(RunningTask { inner: Inner::Child(child), pgid, leader: None, exited: None, cgroup, usage: None })
+}
+
+/// The subcommand of the `muster` binary that runs [`run_task_exec`].
+pub const TASK_EXEC_SUBCOMMAND: &str = "task-exec";
+
+/// `muster task-exec --user U [--join PROCS]… [--status FILE] -- CMD…`:
+/// joins the cgroups (writing 0, itself, to each `cgroup.procs`), then
+/// either drops to the user and execs CMD, or (with `--status`) becomes the
+/// shim: it stays the agent's, waits for CMD, which it starts as the user,
+/// and writes its exit status. Returns only on failure (or as the shim).
+pub fn run_task_exec(
+    user: &crate::users::TaskUser,
+    join: &[PathBuf],
+    status: Option<&Path>,
+    command: &[String],
+) -> i32 {
+    use std::os::unix::process::CommandExt;
+    for procs in join {
+        if let Err(e) = fs::write(procs, "0") {
+            eprintln!("muster task-exec: cannot join {}: {e}", procs.display());
+            return 126;
+        }
+    }
+    if let Some(status) = status {
+        return run_shim_as(status, command, Some(user));
+    }
+    let Some(program) = command.first() else {
+        eprintln!("muster task-exec: no command");
+        return 127;
+    };
+    if let Err(e) = crate::users::drop_to(user) {
+        eprintln!("muster task-exec: cannot become uid {} gid {}: {e}", user.uid, user.gid);
+        return 126;
+    }
+    let e = std::process::Command::new(program).args(&command[1..]).exec();
+    eprintln!("muster task-exec: cannot start {program:?}: {e}");
+    if e.kind() == io::ErrorKind::PermissionDenied { 126 } else { 127 }
 }
 
 impl RunningTask {
@@ -516,6 +646,7 @@ mod tests {
             ports: vec![29500],
             gpu_ids: vec![4, 5],
             checkpoint_dir: PathBuf::from("/tmp/ckpt"),
+            user: None,
         }
     }
 
@@ -524,7 +655,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let script = "echo $MUSTER_ALLOC_ID/$MUSTER_TASK_INDEX/$MUSTER_GANG_SIZE/$MUSTER_ATTEMPT/$MUSTER_EPOCH \
                       $MUSTER_GANG_PEERS $CUDA_VISIBLE_DEVICES \"$USER_VAR\" $MUSTER_CHECKPOINT_DIR; echo oops >&2; exit 3";
-        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path(), None, None).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path(), Muster::NONE, None).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(3));
         let (out, err) = log_paths(dir.path(), 7, 1, 2);
         assert_eq!(fs::read_to_string(out).unwrap(), "7/1/2/2/3 n0:1,n1:1 4,5 x y /tmp/ckpt\n");
@@ -540,7 +671,7 @@ mod tests {
             "echo $RANK/$WORLD_SIZE/$MASTER_ADDR:$MASTER_PORT/$LOCAL_RANK $USER_VAR; cat $MUSTER_HOSTFILE",
         ]);
         l.env.insert("MASTER_PORT".into(), "1234".into());
-        let mut t = spawn(&l, dir.path(), None, None).unwrap();
+        let mut t = spawn(&l, dir.path(), Muster::NONE, None).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
         let (out, _) = log_paths(dir.path(), 7, 1, 2);
         assert_eq!(fs::read_to_string(out).unwrap(), "1/2/n0:1234/0 x y\nn0 slots=2\nn1 slots=2\n");
@@ -549,15 +680,15 @@ mod tests {
     #[tokio::test]
     async fn a_missing_program_is_a_spawn_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = spawn(&launch(&["/nonexistent/program"]), dir.path(), None, None).err().unwrap();
+        let err = spawn(&launch(&["/nonexistent/program"]), dir.path(), Muster::NONE, None).err().unwrap();
         assert!(err.to_string().contains("cannot start \"/nonexistent/program\""), "{err}");
-        assert!(matches!(spawn(&launch(&[]), dir.path(), None, None), Err(SpawnError::EmptyCommand)));
+        assert!(matches!(spawn(&launch(&[]), dir.path(), Muster::NONE, None), Err(SpawnError::EmptyCommand)));
     }
 
     #[tokio::test]
     async fn stop_ends_a_cooperative_task_with_sigterm() {
         let dir = tempfile::tempdir().unwrap();
-        let mut t = spawn(&launch(&["sleep", "30"]), dir.path(), None, None).unwrap();
+        let mut t = spawn(&launch(&["sleep", "30"]), dir.path(), Muster::NONE, None).unwrap();
         let started = Instant::now();
         assert_eq!(t.stop(Duration::from_secs(10)).await.unwrap(), Exit::Signal(libc::SIGTERM));
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -570,7 +701,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("grandchild.pid");
         let script = format!("trap '' TERM; sleep 30 & echo $! > {}; wait; wait", pidfile.display());
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, None).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, None).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !pidfile.exists() || fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
             assert!(Instant::now() < deadline, "grandchild never started");
@@ -597,7 +728,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("bg.pid");
         let script = format!("sleep 30 & echo $! > {}", pidfile.display());
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, None).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, None).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
         let bg: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -640,6 +771,55 @@ mod tests {
         .await
     }
 
+    /// A task started as an unprivileged account (in a pre-exec step here,
+    /// after it joined its cgroup as root) is that account through and
+    /// through: it cannot read a directory that is not its own, nor signal
+    /// a process of another user; it can read its hostfile and write its
+    /// progress file, and its logs are the agent's alone.
+    #[tokio::test]
+    async fn a_task_runs_as_its_account_and_reaches_only_what_it_is_given() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o711)).unwrap();
+        let private = dir.path().join("private");
+        fs::create_dir(&private).unwrap();
+        fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::write(private.join("secret"), "s3cret").unwrap();
+        let mut other = std::process::Command::new("sleep").arg("300").spawn().unwrap();
+        let iso = isolation(dir.path(), vec![], 0);
+        let cg = iso.create((7, 1, 9), &crate::cgroup::Limits::default()).unwrap();
+        let script = format!(
+            "id -u; id -g; id -G; cat {}/secret && echo READ; kill -0 {} && echo SIGNALLED; \
+             grep -q slots= \"$MUSTER_HOSTFILE\" && echo HOSTS; echo 1 > \"$MUSTER_PROGRESS_FILE\" && echo BEAT; \
+             grep -q muster/ /proc/self/cgroup && echo JOINED",
+            private.display(),
+            other.id()
+        );
+        let mut l = launch(&["sh", "-c", &script]);
+        l.env.insert(
+            "MUSTER_PROGRESS_FILE".into(),
+            crate::watchdog::progress_path(dir.path(), l.alloc, l.task, l.attempt).display().to_string(),
+        );
+        l.user = Some(crate::users::TaskUser { name: "t".into(), uid: 60101, gid: 60102, groups: vec![60102, 60103] });
+        let mut t = spawn(&l, dir.path(), Muster::NONE, Some(cg)).unwrap();
+        assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+        other.kill().unwrap();
+        let _ = other.wait();
+        let (out, err) = log_paths(dir.path(), l.alloc, l.task, l.attempt);
+        let text = fs::read_to_string(&out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..3], ["60101", "60102", "60102 60103"], "{text}");
+        assert!(!text.contains("READ") && !text.contains("SIGNALLED"), "{text}");
+        assert!(text.contains("HOSTS") && text.contains("BEAT") && text.contains("JOINED"), "{text}");
+        let stderr = fs::read_to_string(&err).unwrap();
+        assert!(stderr.contains("Permission denied") && stderr.contains("not permitted"), "{stderr}");
+        for log in [&out, &err] {
+            let m = fs::metadata(log).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600), "{} is the agent's", log.display());
+        }
+        iso.remove_if_empty();
+    }
+
     /// A task whose children left its process group (`setsid`, and a
     /// double fork) and ignore SIGTERM: a stop ends all of them, and
     /// returns only once they are gone.
@@ -655,7 +835,7 @@ mod tests {
             daemon.display()
         );
         let cg = iso.create((7, 1, 3), &crate::cgroup::Limits::default()).unwrap();
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, Some(cg.clone())).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, Some(cg.clone())).unwrap();
         let (a, b) = (wait_for_pid(&setsid).await, wait_for_pid(&daemon).await);
         assert!(alive(a) && alive(b));
         let pgid = t.pgid();
@@ -678,7 +858,7 @@ mod tests {
         let iso = isolation(dir.path(), vec![], 0);
         let cg = iso.create((13, 0, 1), &crate::cgroup::Limits::default()).unwrap();
         let script = "echo $$; cat /proc/$$/cgroup; tr '\\0' ' ' < /proc/$$/cmdline";
-        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path(), None, Some(cg.clone())).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", script]), dir.path(), Muster::NONE, Some(cg.clone())).unwrap();
         let pgid = t.pgid();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
         let (out, _) = log_paths(dir.path(), 7, 1, 2);
@@ -689,7 +869,7 @@ mod tests {
         assert_eq!(joined, cg.dirs().len(), "in each hierarchy's cgroup: {out}");
         for program in ["/nonexistent/program", "no-such-program-anywhere"] {
             let cg = iso.create((13, 1, 1), &crate::cgroup::Limits::default()).unwrap();
-            let err = spawn(&launch(&[program]), dir.path(), None, Some(cg.clone())).err().unwrap();
+            let err = spawn(&launch(&[program]), dir.path(), Muster::NONE, Some(cg.clone())).err().unwrap();
             assert!(err.to_string().contains(&format!("cannot start {program:?}: No such file")), "{err}");
             cg.remove();
         }
@@ -708,7 +888,7 @@ mod tests {
             pidfile.display()
         );
         let cg = iso.create((8, 0, 1), &crate::cgroup::Limits::default()).unwrap();
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, Some(cg)).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, Some(cg)).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
         let d: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
         assert!(!alive(d), "the daemon {d} outlived its task");
@@ -725,8 +905,9 @@ mod tests {
         let hog = "x = []\nwhile True:\n    x.append(bytearray(8 << 20))\n";
         let cg = iso.create((9, 0, 1), &limits).unwrap();
         let mut neighbour =
-            spawn(&launch(&["sleep", "300"]), dir.path(), None, Some(iso.create((9, 1, 1), &limits).unwrap())).unwrap();
-        let mut t = spawn(&launch(&["python3", "-c", hog]), dir.path(), None, Some(cg)).unwrap();
+            spawn(&launch(&["sleep", "300"]), dir.path(), Muster::NONE, Some(iso.create((9, 1, 1), &limits).unwrap()))
+                .unwrap();
+        let mut t = spawn(&launch(&["python3", "-c", hog]), dir.path(), Muster::NONE, Some(cg)).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Signal(libc::SIGKILL));
         let used = t.usage().unwrap();
         assert!(used.oom_kills >= 1, "{used:?}");
@@ -746,7 +927,8 @@ mod tests {
         let iso = isolation(dir.path(), vec![], 32);
         let cg = iso.create((10, 0, 1), &crate::cgroup::Limits::default()).unwrap();
         let mut t =
-            spawn(&launch(&["sh", "-c", "while :; do sleep 300 & done"]), dir.path(), None, Some(cg.clone())).unwrap();
+            spawn(&launch(&["sh", "-c", "while :; do sleep 300 & done"]), dir.path(), Muster::NONE, Some(cg.clone()))
+                .unwrap();
         let limit = cg.dirs().iter().find_map(|d| fs::read_to_string(d.join("pids.max")).ok()).unwrap();
         assert_eq!(limit.trim(), "32");
         let events = cg.dirs().iter().find_map(|d| fs::read_to_string(d.join("pids.events")).ok());
@@ -765,9 +947,13 @@ mod tests {
         }
         t.stop(Duration::from_millis(100)).await.unwrap();
         assert!(!cg.exists());
-        let mut next =
-            spawn(&launch(&["true"]), dir.path(), None, Some(iso.create((10, 1, 1), &Default::default()).unwrap()))
-                .unwrap();
+        let mut next = spawn(
+            &launch(&["true"]),
+            dir.path(),
+            Muster::NONE,
+            Some(iso.create((10, 1, 1), &Default::default()).unwrap()),
+        )
+        .unwrap();
         assert_eq!(next.wait().await.unwrap(), Exit::Code(0));
         iso.remove_if_empty();
     }
@@ -780,9 +966,13 @@ mod tests {
         let iso = isolation(dir.path(), vec![], 0);
         let cg = iso.create((11, 0, 1), &crate::cgroup::Limits { cpus: 1, ..Default::default() }).unwrap();
         let started = Instant::now();
-        let mut t =
-            spawn(&launch(&["sh", "-c", "while :; do :; done & while :; do :; done"]), dir.path(), None, Some(cg))
-                .unwrap();
+        let mut t = spawn(
+            &launch(&["sh", "-c", "while :; do :; done & while :; do :; done"]),
+            dir.path(),
+            Muster::NONE,
+            Some(cg),
+        )
+        .unwrap();
         // Until the two have used a second of CPU between them, which takes
         // at least a second of wall time under the quota.
         let cg = t.cgroup().unwrap().clone();
@@ -819,7 +1009,7 @@ mod tests {
         let cg = iso.create((12, 0, 1), &limits).unwrap();
         let (g0, g1) = (dir.path().join("gpu0"), dir.path().join("gpu1"));
         let script = format!("(exec 3<{}) 2>&1; (exec 3<{}) 2>&1; true", g0.display(), g1.display());
-        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), None, Some(cg)).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, Some(cg)).unwrap();
         assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
         let (out, _) = log_paths(dir.path(), 7, 1, 2);
         let out = fs::read_to_string(out).unwrap();

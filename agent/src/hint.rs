@@ -19,7 +19,10 @@
 //! [`HintWatch`] is the decision part: it reads the answer files and is
 //! given the time, so tests drive it with any clock.
 
-use std::fs;
+use std::ffi::CString;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -28,6 +31,96 @@ use tokio::time::Instant;
 /// The directory under `MUSTER_CHECKPOINT_DIR` the protocol's files live in
 /// (never packed into the checkpoint).
 pub const PROTOCOL_DIR: &str = ".muster";
+
+/// The protocol's directory, opened without following a symlink: the task
+/// owns its checkpoint directory (it may run as another user) and could
+/// leave a link to anywhere in its place, so the agent, often root, reads,
+/// writes and removes files only through this handle, and never through a
+/// link inside it.
+pub struct ProtocolDir(OwnedFd);
+
+impl ProtocolDir {
+    /// Opens `checkpoint_dir/.muster`, creating it first if `create`.
+    pub fn open(checkpoint_dir: &Path, create: bool) -> io::Result<ProtocolDir> {
+        let path = checkpoint_dir.join(PROTOCOL_DIR);
+        let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        if create {
+            // SAFETY: a valid NUL-terminated path.
+            if unsafe { libc::mkdir(c.as_ptr(), 0o755) } != 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::AlreadyExists {
+                    return Err(e);
+                }
+            }
+        }
+        // SAFETY: as above; the result is checked before it is owned.
+        let fd =
+            unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened and owned by nobody else.
+        Ok(ProtocolDir(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn name(name: &str) -> CString {
+        CString::new(name).expect("protocol file names have no NUL")
+    }
+
+    fn open_at(&self, name: &str, flags: i32) -> io::Result<std::fs::File> {
+        let n = Self::name(name);
+        // SAFETY: a valid directory descriptor and NUL-terminated name.
+        let fd =
+            unsafe { libc::openat(self.0.as_raw_fd(), n.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o644) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened and owned by nobody else.
+        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+    }
+
+    /// Writes `name` whole (a temporary file renamed into place).
+    pub fn write(&self, name: &str, text: &str) -> io::Result<()> {
+        use std::io::Write;
+        let tmp = format!("{name}.tmp");
+        self.remove(&tmp);
+        let mut f = self.open_at(&tmp, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)?;
+        f.write_all(text.as_bytes())?;
+        let (from, to) = (Self::name(&tmp), Self::name(name));
+        let fd = self.0.as_raw_fd();
+        // SAFETY: valid descriptors and NUL-terminated names.
+        if unsafe { libc::renameat(fd, from.as_ptr(), fd, to.as_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Reads `name`, a regular file, up to 4 KiB of it.
+    pub fn read(&self, name: &str) -> io::Result<String> {
+        let f = self.open_at(name, libc::O_RDONLY | libc::O_NONBLOCK)?;
+        if !f.metadata()?.is_file() {
+            return Err(io::Error::from(io::ErrorKind::InvalidData));
+        }
+        let mut text = String::new();
+        f.take(4096).read_to_string(&mut text)?;
+        Ok(text)
+    }
+
+    /// Whether `name` is there (a link counts, and is never followed).
+    pub fn exists(&self, name: &str) -> bool {
+        let n = Self::name(name);
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor, name and out pointer.
+        unsafe { libc::fstatat(self.0.as_raw_fd(), n.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0 }
+    }
+
+    /// Removes `name` (a link is removed, not what it points at).
+    pub fn remove(&self, name: &str) {
+        let n = Self::name(name);
+        // SAFETY: valid descriptor and name; an absent file is fine.
+        unsafe { libc::unlinkat(self.0.as_raw_fd(), n.as_ptr(), 0) };
+    }
+}
 
 /// What the scheduler asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,10 +163,10 @@ impl HintWatch {
     /// file tells the task its deadline in wall time): clears old answers
     /// and writes the request file. The caller signals the process group.
     pub fn start(hint: Hint, checkpoint_dir: &Path, now: Instant, unix_ms: u64) -> std::io::Result<HintWatch> {
-        let dir = checkpoint_dir.join(PROTOCOL_DIR);
-        fs::create_dir_all(&dir)?;
+        let dir = checkpoint_dir.to_path_buf();
+        let protocol = ProtocolDir::open(&dir, true)?;
         for stale in ["ack", "defer", "done"] {
-            let _ = fs::remove_file(dir.join(stale));
+            protocol.remove(stale);
         }
         let request = format!(
             "{{\"epoch\":{},\"deadline_unix_ms\":{},\"timeout_ms\":{},\"max_deferral_ms\":{}}}\n",
@@ -82,9 +175,7 @@ impl HintWatch {
             hint.timeout.as_millis(),
             hint.max_deferral.as_millis()
         );
-        let tmp = dir.join("request.tmp");
-        fs::write(&tmp, request)?;
-        fs::rename(&tmp, dir.join("request"))?;
+        protocol.write("request", &request)?;
         Ok(HintWatch { hint, dir, deadline: now + hint.timeout, extended: false, deferred: Duration::ZERO })
     }
 
@@ -100,12 +191,17 @@ impl HintWatch {
 
     /// Reads the task's answers and decides, at `now`.
     pub fn check(&mut self, now: Instant) -> Verdict {
-        if self.dir.join("done").exists() {
+        // A directory the task removed or replaced reads as no answer.
+        let protocol = ProtocolDir::open(&self.dir, false).ok();
+        let exists = |name| protocol.as_ref().is_some_and(|p| p.exists(name));
+        if exists("done") {
             return Verdict::Done;
         }
-        if let Ok(text) = fs::read_to_string(self.dir.join("defer")) {
+        if let Some(text) = protocol.as_ref().and_then(|p| p.read("defer").ok()) {
             // Consumed, so that a later request is a new one.
-            let _ = fs::remove_file(self.dir.join("defer"));
+            if let Some(p) = &protocol {
+                p.remove("defer");
+            }
             let asked = text.trim().parse::<u64>().map(Duration::from_secs).unwrap_or(self.hint.max_deferral);
             let granted = asked.min(self.hint.max_deferral.saturating_sub(self.deferred));
             self.deferred += granted;
@@ -121,7 +217,7 @@ impl HintWatch {
         if now < self.deadline {
             return Verdict::Wait;
         }
-        if !self.extended && self.dir.join("ack").exists() {
+        if !self.extended && exists("ack") {
             self.extended = true;
             self.deadline = now.max(self.deadline) + self.hint.timeout / 2;
             tracing::info!(epoch = self.hint.epoch, "slow checkpoint acknowledged; extending the deadline by 50 %");
@@ -134,6 +230,7 @@ impl HintWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn hint() -> Hint {
         Hint {
@@ -216,5 +313,28 @@ mod tests {
         assert_eq!(w.deadline(), t0 + Duration::from_secs(360), "nothing more");
         answer(tmp.path(), "done", "");
         assert_eq!(w.check(t0 + Duration::from_secs(200)), Verdict::Done);
+    }
+
+    #[test]
+    fn links_a_task_leaves_are_never_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (task, elsewhere) = (tmp.path().join("ckpt"), tmp.path().join("elsewhere"));
+        fs::create_dir_all(&task).unwrap();
+        fs::create_dir_all(&elsewhere).unwrap();
+        // The protocol directory replaced by a link: no request is written
+        // through it, and nothing of the target's is removed.
+        fs::write(elsewhere.join("done"), "keep").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, task.join(PROTOCOL_DIR)).unwrap();
+        assert!(HintWatch::start(hint(), &task, Instant::now(), 0).is_err());
+        assert!(!elsewhere.join("request").exists() && elsewhere.join("done").exists());
+        // A `defer` that links to another file is not read; the link goes.
+        fs::remove_file(task.join(PROTOCOL_DIR)).unwrap();
+        let mut w = HintWatch::start(hint(), &task, Instant::now(), 0).unwrap();
+        fs::write(elsewhere.join("secret"), "99999").unwrap();
+        std::os::unix::fs::symlink(elsewhere.join("secret"), task.join(PROTOCOL_DIR).join("defer")).unwrap();
+        let deadline = w.deadline();
+        assert_eq!(w.check(Instant::now()), Verdict::Wait);
+        assert_eq!(w.deadline(), deadline, "a linked defer is no answer");
+        assert!(elsewhere.join("secret").exists());
     }
 }

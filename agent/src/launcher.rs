@@ -105,6 +105,7 @@ mod tests {
             peers: vec!["[fd00::1]:9".into(), "h1:9".into(), "h2:9".into(), "h3:9".into()],
             gpu_ids: vec![0, 1],
             checkpoint_dir: PathBuf::from("/c"),
+            user: None,
             ports: vec![29500, 29501],
         };
         let env: BTreeMap<String, String> = launcher_env(&launch, Path::new("/w/hosts")).into_iter().collect();

@@ -16,6 +16,7 @@
 //! - [`launcher`]: the standard launcher environment (ranks, rendezvous,
 //!   hostfile) every task starts with.
 //! - [`watchdog`]: the budget, stall and GPU-health watchdogs of an attempt.
+//! - [`users`]: who a task runs as (never root unless the agent is told).
 
 #![deny(missing_docs)]
 
@@ -30,6 +31,7 @@ mod object;
 mod probe;
 pub mod serve;
 pub mod store;
+pub mod users;
 pub mod watchdog;
 
 pub use probe::{

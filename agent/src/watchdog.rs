@@ -263,9 +263,13 @@ pub struct ProgressFile {
 }
 
 impl ProgressFile {
-    /// Watches `path` (absent until the task first beats).
+    /// Watches `path` (absent until the task first beats, or made empty
+    /// by the agent for a task running as another user: what it is now is
+    /// no beat).
     pub fn new(path: PathBuf) -> ProgressFile {
-        ProgressFile { path, seen: None }
+        let mut file = ProgressFile { path, seen: None };
+        file.changed();
+        file
     }
 
     /// Whether the file changed since the last call.

@@ -132,7 +132,7 @@ impl Servers {
     /// Starts `muster agent` `bench-i` (one fake GPU) against the replicas.
     fn agent(&self, i: usize) -> Child {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_muster"));
-        cmd.arg("agent");
+        cmd.args(["agent", "--allow-root-tasks"]);
         match &self.tls {
             Some(dir) => cmd.env("MUSTER_TLS_DIR", dir),
             None => cmd.arg("--insecure"),

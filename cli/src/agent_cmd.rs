@@ -148,6 +148,20 @@ pub struct AgentArgs {
     /// /dev/nvidiaN for each GPU offered, where present.
     #[arg(long = "gpu-device", value_name = "PATH")]
     gpu_devices: Vec<PathBuf>,
+    /// The account tasks run as when the agent runs as root (a name, or
+    /// UID[:GID]); owners in --user-map run as their own. Default:
+    /// muster-task, the dedicated account the deploy units create.
+    #[arg(long, value_name = "ACCOUNT")]
+    task_user: Option<String>,
+    /// A file mapping owners to accounts, one `OWNER ACCOUNT` per line
+    /// (`bob bob`, `carol 60002:60002`): each owner's tasks run as its
+    /// account, as Slurm runs jobs as the submitting user.
+    #[arg(long, value_name = "FILE")]
+    user_map: Option<PathBuf>,
+    /// Let tasks of owners not in --user-map run as root, this agent's own
+    /// user. Without it a root agent never runs a task as root.
+    #[arg(long)]
+    allow_root_tasks: bool,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
 }
@@ -232,6 +246,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         schedulers.iter().find_map(|s| route_ip(s)).map(host_of).unwrap_or_else(|| args.node_id.clone())
     });
     let isolation = isolation(&args, gpus)?;
+    let run_as = run_as(&args)?;
     let cfg = AgentConfig {
         node_id: args.node_id.clone(),
         schedulers,
@@ -271,6 +286,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         checkpoint_listen,
         checkpoint_address,
         isolation,
+        run_as,
+        exe: std::env::current_exe().ok(),
         janitor: muster_agent::janitor::JanitorConfig {
             log_retention: Duration::from_secs(log_retention),
             max_bytes,
@@ -294,6 +311,41 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let _ = stop.send(true);
     let _ = task.await;
     Ok(())
+}
+
+/// Who tasks run as: `--task-user`, `--user-map`, `--allow-root-tasks`.
+fn run_as(args: &AgentArgs) -> anyhow::Result<muster_agent::users::RunAs> {
+    use muster_agent::users::{MAX_MAP_BYTES, configure};
+    let map = match &args.user_map {
+        Some(path) => {
+            let len = std::fs::metadata(path).with_context(|| format!("--user-map {}", path.display()))?.len();
+            if len > MAX_MAP_BYTES {
+                crate::usage!("--user-map {}: {len} bytes, more than the {MAX_MAP_BYTES} allowed", path.display());
+            }
+            Some(std::fs::read_to_string(path).with_context(|| format!("--user-map {}", path.display()))?)
+        }
+        None => None,
+    };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let run_as = configure(args.task_user.as_deref(), map.as_deref(), args.allow_root_tasks, root)
+        .map_err(|e| anyhow::Error::new(crate::BadCommandLine(e)))?;
+    match &run_as.default {
+        None if !root && args.task_user.is_some() => tracing::warn!(
+            node = %args.node_id,
+            "--task-user is for an agent running as root: tasks run as this agent's own user"
+        ),
+        None if root => tracing::warn!(
+            node = %args.node_id,
+            mapped = run_as.map.len(),
+            "--allow-root-tasks: tasks of owners not in --user-map run as root"
+        ),
+        None => {}
+        Some(u) => {
+            tracing::info!(node = %args.node_id, account = %u.name, uid = u.uid, mapped = run_as.map.len(), "tasks run as unprivileged accounts")
+        }
+    }
+    Ok(run_as)
 }
 
 /// The agent's cgroup subtree, or `None` with `--no-isolation`. Without

@@ -157,6 +157,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     out!("  replicas  {addrs}");
     out!("  agents    {}", cluster.node_ids().join(" "));
     out!("  data      {}", dir.display());
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        out!("  tasks     run as root, as you are (a `muster agent` runs them so only with --allow-root-tasks)");
+    }
     for (id, http) in cluster.http_addrs() {
         out!("  http      replica {id}: http://{http}/ui  (/metrics /healthz /readyz)");
     }

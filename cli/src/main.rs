@@ -206,6 +206,24 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Start a task as another user (what a root agent runs each task
+    /// through): join the cgroups, drop to the user, exec COMMAND; with
+    /// --status, stay as the shim and start COMMAND as the user.
+    #[command(name = "task-exec", hide = true)]
+    TaskExec {
+        /// UID:GID:GROUPS, never root.
+        #[arg(long)]
+        user: String,
+        /// A cgroup.procs file to join first (repeated).
+        #[arg(long)]
+        join: Vec<std::path::PathBuf>,
+        /// Act as the shim: the exit status goes here.
+        #[arg(long)]
+        status: Option<std::path::PathBuf>,
+        /// The task's command.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// One rank of a chaos-test gang (what `muster chaos` runs as each
     /// task): beats with its gang's master over the chaos fabric and
     /// journals its life; see muster_sim::chaos::rank.
@@ -253,6 +271,16 @@ fn main() -> ExitCode {
         Cmd::Beat => beat(),
         Cmd::TaskShim { status, command } => {
             let code = muster_agent::executor::run_shim(&status, &command);
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
+        Cmd::TaskExec { user, join, status, command } => {
+            let code = match muster_agent::users::TaskUser::from_arg(&user) {
+                Ok(user) => muster_agent::executor::run_task_exec(&user, &join, status.as_deref(), &command),
+                Err(e) => {
+                    eprintln!("muster task-exec: {e}");
+                    126
+                }
+            };
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
         Cmd::ChaosRank { beats } => {
@@ -359,6 +387,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             | Cmd::Completions { .. }
             | Cmd::Tls { .. }
             | Cmd::TaskShim { .. }
+            | Cmd::TaskExec { .. }
             | Cmd::ChaosRank { .. }
             | Cmd::ChaosDaemon
             | Cmd::Restore(_) => {

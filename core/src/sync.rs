@@ -110,6 +110,8 @@ pub struct Assignment {
     pub mem_mb: u64,
     /// CPU cores the task asked for (its CPU quota there).
     pub cpus: u32,
+    /// The allocation's owner (whose account the task runs as).
+    pub owner: String,
     /// The checkpoints to resume from, newest first: every one the task
     /// holds that can be reached now (the agent tries them in turn).
     pub restore: Vec<RestoreFrom>,
@@ -273,6 +275,7 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
                 gpus: a.spec.resources.gpus,
                 mem_mb: a.spec.resources.mem_mb,
                 cpus: a.spec.resources.cpus,
+                owner: a.spec.owner.clone(),
                 restore: restore_list(st, t, node),
                 store: st.checkpoint_store_of(a),
                 max_checkpoint_bytes: st.checkpoint_cap_of(a),

@@ -72,6 +72,12 @@ pub struct LocalConfig {
     /// Contain each agent's tasks in cgroups (`muster_agent::cgroup`)
     /// where this machine allows it.
     pub isolation: bool,
+    /// Who the agents run tasks as ([`muster_agent::users::RunAs::agent`]: as this process's
+    /// own user, the default of `muster dev`).
+    pub run_as: muster_agent::users::RunAs,
+    /// The `muster` binary, for tasks that start as another user
+    /// (`None`: a pre-exec step of a forked process does it).
+    pub exe: Option<PathBuf>,
 }
 
 /// The admin identity a local cluster issues for its operator.
@@ -131,6 +137,8 @@ impl Default for LocalConfig {
             admission_required: true,
             rendezvous_ports: muster_core::sm::PortRange { first: 29_500, count: 500 },
             isolation: true,
+            run_as: muster_agent::users::RunAs::agent(),
+            exe: None,
         }
     }
 }
@@ -381,6 +389,8 @@ impl LocalCluster {
             checkpoint_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
             checkpoint_address: String::new(),
             isolation: self.isolation(&node_id),
+            run_as: self.cfg.run_as.clone(),
+            exe: self.cfg.exe.clone(),
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

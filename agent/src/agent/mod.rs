@@ -130,6 +130,13 @@ pub struct AgentConfig {
     /// process groups (`--no-isolation`, the node labelled
     /// `muster.isolation=none`).
     pub isolation: Option<Arc<crate::cgroup::Isolation>>,
+    /// Who each allocation's tasks run as (`crate::users`):
+    /// [`crate::users::RunAs::agent`] runs them as this agent's own user.
+    pub run_as: crate::users::RunAs,
+    /// The `muster` binary, through whose `task-exec` a task starts as
+    /// another user without forking the agent (`None`: a pre-exec step of
+    /// a forked agent does it).
+    pub exe: Option<PathBuf>,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -280,6 +287,7 @@ impl Agent {
     pub fn new(mut cfg: AgentConfig) -> std::io::Result<Agent> {
         let isolation = cfg.isolation.as_ref().map_or("none", |iso| iso.version().label());
         cfg.labels.insert(crate::cgroup::ISOLATION_LABEL.to_string(), isolation.to_string());
+        crate::users::prepare_work_dir(&cfg.work_dir, &cfg.run_as).map_err(std::io::Error::other)?;
         let (mut records, found) = Records::open(cfg.work_dir.join("running"), cfg.disk_fault_file.clone())?;
         let mut leftovers = Vec::new();
         for Found { slot, key, record } in found {

@@ -195,6 +195,14 @@ impl Agent {
         let clock = self.cfg.clock.clone();
         tokio::spawn(async move {
             let (mut ended, stopped) = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard, &clock).await;
+            // Nothing of the attempt runs now; the directory is the
+            // agent's again before it is read (a no-op for tasks that ran
+            // as the agent's own user).
+            if let Err(e) = checkpoint::seal(&checkpoint_dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "cannot take the checkpoint directory back");
+            }
             ended.saved = save_on_exit(&save, &checkpoint_dir, &ended, stopped).await;
             let _ = exits.send((key, ended));
         });
@@ -293,6 +301,7 @@ impl Agent {
         }
         let gpus = self.running[&key].gpus.clone();
         let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
+        let user = self.cfg.run_as.for_owner(&a.owner).cloned();
         let mut env: BTreeMap<String, String> = a.env.into_iter().collect();
         // Secrets reach the task's environment and nothing else (no log
         // line, no file of the agent's).
@@ -340,7 +349,8 @@ impl Agent {
             peers: a.peers,
             ports: a.ports.iter().filter_map(|&p| u16::try_from(p).ok()).collect(),
             gpu_ids: gpus.clone(),
-            checkpoint_dir,
+            checkpoint_dir: checkpoint_dir.clone(),
+            user: user.clone(),
         };
         // Its record's slot first: an attempt the next agent could not find
         // is never started (see `Records`).
@@ -357,20 +367,29 @@ impl Agent {
             Ok(()) => Ok(()),
         };
         let cgroup_limits = crate::cgroup::Limits { mem_mb: a.mem_mb, cpus: a.cpus, pids: 0, gpus: gpus.clone() };
+        let muster = executor::Muster {
+            exe: self.cfg.task_shim.as_deref().or(self.cfg.exe.as_deref()),
+            shim: self.cfg.task_shim.is_some(),
+        };
         let spawned = reserved
+            .and_then(|()| match &user {
+                // The task's own directory becomes its account's.
+                Some(u) => checkpoint::hand_over(&checkpoint_dir, u).map_err(|e| {
+                    format!("cannot give {} to {} (uid {}): {e}; not started", checkpoint_dir.display(), u.name, u.uid)
+                }),
+                None => Ok(()),
+            })
             .and_then(|()| match &self.cfg.isolation {
                 Some(iso) => iso.create(key, &cgroup_limits).map(Some),
                 None => Ok(None),
             })
             .and_then(|cgroup| {
-                executor::spawn(&launch, &self.cfg.work_dir, self.cfg.task_shim.as_deref(), cgroup.clone()).map_err(
-                    |e| {
-                        if let Some(cg) = cgroup {
-                            cg.remove();
-                        }
-                        e.to_string()
-                    },
-                )
+                executor::spawn(&launch, &self.cfg.work_dir, muster, cgroup.clone()).map_err(|e| {
+                    if let Some(cg) = cgroup {
+                        cg.remove();
+                    }
+                    e.to_string()
+                })
             });
         match spawned {
             Ok(task) => {
@@ -414,6 +433,9 @@ impl Agent {
                 self.watch(key, attempt, task, limits, ctrl_rx, save);
             }
             Err(e) => {
+                if user.is_some() {
+                    let _ = checkpoint::seal(&checkpoint_dir);
+                }
                 tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "task did not start");
                 let _ = self.exits_tx.send((key, Ended::not_run(e)));
             }

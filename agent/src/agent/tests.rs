@@ -96,6 +96,8 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         checkpoint_listen: None,
         checkpoint_address: String::new(),
         isolation: None,
+        run_as: crate::users::RunAs::agent(),
+        exe: None,
     }
 }
 

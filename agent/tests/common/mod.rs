@@ -34,5 +34,7 @@ pub fn config(addr: String, work_dir: &Path, fence: bool) -> AgentConfig {
         checkpoint_listen: None,
         checkpoint_address: String::new(),
         isolation: None,
+        run_as: muster_agent::users::RunAs::agent(),
+        exe: None,
     }
 }

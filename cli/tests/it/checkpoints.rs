@@ -386,7 +386,7 @@ async fn t181_a_follower_paused_through_64_mib_of_checkpoints_catches_up_and_a_r
         crate::tls::material(muster_tls::Role::Agent(node.clone()));
         agents.push(
             std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
-                .args(["agent", "--scheduler", &c.addrs.join(","), "--node-id", &node])
+                .args(["agent", "--scheduler", &c.addrs.join(","), "--node-id", &node, "--allow-root-tasks"])
                 .args(["--gpus", "4", "--vram-mb", "1000", "--mem-mb", "16000", "--cpus", "8"])
                 .args(["--checkpoint-listen", "127.0.0.1:0", "--checkpoint-address", "127.0.0.1:0"])
                 .arg("--work-dir")

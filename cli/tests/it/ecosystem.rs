@@ -349,7 +349,8 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
 /// ran is reported with the exit code its shim recorded. Each task's daemon
 /// (escaped with setsid) is found through the attempt's cgroup: killed
 /// before the ended task is reported, and with the adopted task when it
-/// ends (issue 46).
+/// ends (issue 46). The tasks run as an unprivileged account, under the
+/// root shim `muster task-exec --status` (issue 46).
 #[test]
 fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
     let dir = tempfile::tempdir().unwrap();
@@ -357,6 +358,13 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
     let _server = crate::Procs::start(dir.path(), &addr, &["--agent-heartbeat-ms", "500"], &[]);
     tls::material(muster_tls::Role::Agent("k1".into()));
     let work = dir.path().join("k1");
+    // The tasks' account reaches the work dir, and leaves its files in a
+    // directory it may write.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let agent = || {
         Command::new(env!("CARGO_BIN_EXE_muster"))
             .args([
@@ -370,6 +378,8 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
                 "--vram-mb",
                 "1000",
                 "--keep-tasks",
+                "--task-user",
+                "60300:60300",
             ])
             .arg("--work-dir")
             .arg(&work)
@@ -395,9 +405,10 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
     // and exits with the code in its name.
     let script = |code: u32| {
         format!(
-            "setsid sh -c 'trap \"\" TERM; echo $$ > esc-$MUSTER_ALLOC_ID.tmp; mv esc-$MUSTER_ALLOC_ID.tmp esc-$MUSTER_ALLOC_ID; \
+            "cd {}; setsid sh -c 'trap \"\" TERM; echo $$ > esc-$MUSTER_ALLOC_ID.tmp; mv esc-$MUSTER_ALLOC_ID.tmp esc-$MUSTER_ALLOC_ID; \
              while :; do sleep 1; done' & \
-             echo $$ > pid-$MUSTER_ALLOC_ID; while [ ! -f release-$MUSTER_ALLOC_ID ]; do sleep 0.1; done; exit {code}"
+             echo $$ > pid-$MUSTER_ALLOC_ID; while [ ! -f release-$MUSTER_ALLOC_ID ]; do sleep 0.1; done; exit {code}",
+            shared.display()
         )
     };
     for (key, code) in [("keep-1", 0), ("keep-2", 3)] {
@@ -406,7 +417,7 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
             ["submit", "--gpus", "1", "--max-retries", "0", "--idempotency-key", key, "--scheduler", &addr, "--"];
         wait_for("a submit to succeed", &|| crate::muster(&[&args[..], &["sh", "-c", &s]].concat()).status.success());
     }
-    let read_pid = |name: String| std::fs::read_to_string(work.join(name)).ok()?.trim().parse::<i32>().ok();
+    let read_pid = |name: String| std::fs::read_to_string(shared.join(name)).ok()?.trim().parse::<i32>().ok();
     let pid = |id: u32| read_pid(format!("pid-{id}"));
     let esc = |id: u32| read_pid(format!("esc-{id}"));
     wait_for("both tasks to run", &|| {
@@ -415,6 +426,10 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
             && [pid(1), pid(2), esc(1), esc(2)].iter().all(Option::is_some)
     });
     let (p1, p2, e1, e2) = (pid(1).unwrap(), pid(2).unwrap(), esc(1).unwrap(), esc(2).unwrap());
+    for p in [p1, e1] {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap();
+        assert!(status.contains("\nUid:\t60300\t60300\t60300\t60300\n"), "{p} runs as the task account:\n{status}");
+    }
 
     // The agent exits (SIGTERM, as systemd stops it); the tasks do not.
     // SAFETY: signals our own child.
@@ -423,7 +438,7 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
     let alive = muster_agent::executor::alive;
     assert!(alive(p1) && alive(p2) && alive(e1) && alive(e2), "the tasks and their daemons outlive the agent");
     // Task 2 ends while no agent runs; its daemon runs on.
-    std::fs::write(work.join("release-2"), "").unwrap();
+    std::fs::write(shared.join("release-2"), "").unwrap();
     wait_for("task 2 to exit", &|| !alive(p2));
     assert!(alive(e2));
 
@@ -438,7 +453,7 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
     let a1 = get("1");
     assert_eq!(a1["status"], "running", "task 1 was reattached, not failed: {a1}");
     assert_eq!(a1["tasks"][0]["attempts"], 1, "{a1}");
-    std::fs::write(work.join("release-1"), "").unwrap();
+    std::fs::write(shared.join("release-1"), "").unwrap();
     wait_for("allocation 1 to finish", &|| get("1")["status"] == "done");
     assert!(!alive(e1), "the adopted task's daemon died with it");
     let a1 = get("1");

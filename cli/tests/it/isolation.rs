@@ -246,3 +246,149 @@ fn t191_a_memory_hog_is_oom_killed_at_its_limit_and_reads_as_oom_killed_everywhe
     assert!(row["peak_memory_bytes"].as_u64().unwrap() > 32 << 20, "{usage:#}");
     until_ok(&["alloc", "cancel", "1"]);
 }
+
+/// The task accounts of t193: unmapped owners run as 60000, bob and carol
+/// as their own (numeric accounts need no passwd entry).
+fn users_config() -> LocalConfig {
+    let run_as = muster_agent::users::configure(Some("60000"), Some("bob 60001\ncarol 60002:60012\n"), false, true)
+        .expect("numeric accounts");
+    LocalConfig {
+        agents: 2,
+        heartbeat: Duration::from_millis(500),
+        stop_grace: Duration::from_secs(1),
+        run_as,
+        // Tasks start through `muster task-exec`, as under `muster agent`.
+        exe: Some(env!("CARGO_BIN_EXE_muster").into()),
+        ..crate::tls::local_config()
+    }
+}
+
+fn one_task(owner: &str, script: &str, env: &[(&str, String)], max_retries: u32) -> v1::AllocationSpec {
+    v1::AllocationSpec {
+        owner: owner.into(),
+        gang_size: 1,
+        resources: Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+        max_retries,
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        env: env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        ..Default::default()
+    }
+}
+
+/// Where an allocation's task 0 keeps its checkpoint directory (on
+/// whichever node it ran).
+fn checkpoint_dir_of(c: &LocalCluster, a: &v1::Allocation) -> std::path::PathBuf {
+    let i: u32 = a.tasks[0].last_node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
+    c.agent_dir(i).join(format!("checkpoints/alloc-{}-task-0", a.id))
+}
+
+/// Issue 46: "no task runs as root unless the agent was told to allow it;
+/// a task cannot read another task's checkpoint dir, and cannot signal
+/// another task's processes." Tasks run as the account their owner maps
+/// to (else the agent's task account), own their checkpoint directory
+/// (0700, restored files included) while they run, and the agent takes it
+/// back when they end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t193_tasks_run_as_their_owners_accounts_and_cannot_reach_each_other() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    // The agents' work dirs are inside: the tasks' accounts must reach them.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let c = LocalCluster::start(dir.path(), users_config()).await.unwrap();
+
+    // Carol keeps a secret in her checkpoint directory and runs on.
+    let carol = submit(
+        &c,
+        one_task(
+            "carol",
+            "echo s3cret > \"$MUSTER_CHECKPOINT_DIR/secret\"; echo $$ > \"$MUSTER_CHECKPOINT_DIR/pid\"; exec sleep 600",
+            &[],
+            0,
+        ),
+    )
+    .await;
+    let a = until(&c, carol, "running", |x| status(x) == v1::AllocationStatus::Running).await;
+    let carol_dir = checkpoint_dir_of(&c, &a);
+    let pid: i32 = crate::cluster::until_some("carol's pid", Duration::from_millis(50), || {
+        let pid = std::fs::read_to_string(carol_dir.join("pid")).ok().and_then(|p| p.trim().parse().ok());
+        async move { pid }
+    })
+    .await;
+    let m = std::fs::metadata(&carol_dir).unwrap();
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (60002, 60012, 0o700), "carol's directory is hers alone");
+    let status_of = |p: i32| std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+    assert!(status_of(pid).contains("\nUid:\t60002\t60002\t60002\t60002\n"), "{}", status_of(pid));
+
+    // Bob tries to read her secret and to signal and kill her task.
+    let probe = r#"id -u; id -g
+ls "$CAROL_DIR" && echo LISTED
+cat "$CAROL_DIR/secret" && echo READ
+kill -0 "$CAROL_PID" && echo SIGNALLED
+kill -9 "$CAROL_PID" && echo KILLED
+echo mine > "$MUSTER_CHECKPOINT_DIR/mine" && echo WROTE-OWN"#;
+    let env = [("CAROL_DIR", carol_dir.display().to_string()), ("CAROL_PID", pid.to_string())];
+    let bob = submit(&c, one_task("bob", probe, &env, 0)).await;
+    let done = until(&c, bob, "done", |x| status(x) == v1::AllocationStatus::Done).await;
+    let out = outputs(&c, &done);
+    assert!(out.starts_with("60001\n60001\n") && out.contains("WROTE-OWN"), "{out}");
+    for breach in ["LISTED", "READ", "SIGNALLED", "KILLED"] {
+        assert!(!out.contains(breach), "bob's task got through ({breach}):\n{out}");
+    }
+    assert!(crate::e2e::proc_alive(pid), "carol's task runs on");
+
+    // An owner nobody mapped runs as the task account; a checkpoint it
+    // left is restored into a directory it owns, and it can write there.
+    let resume = r#"id -u
+if [ "$MUSTER_RESUME" = 1 ]; then cat "$MUSTER_CHECKPOINT_DIR/step" && echo 2 >> "$MUSTER_CHECKPOINT_DIR/step" && exit 0; fi
+echo 1 > "$MUSTER_CHECKPOINT_DIR/step"; exit 3"#;
+    let dave = submit(&c, one_task("dave", resume, &[], 2)).await;
+    let done = until(&c, dave, "done", |x| status(x) == v1::AllocationStatus::Done).await;
+    let out = outputs(&c, &done);
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["60000", "1"], "the resumed attempt read and appended:\n{out}");
+
+    leader_client(&c).await.cancel(v1::CancelRequest { id: carol }).await.unwrap();
+    until(&c, carol, "cancelled", |x| status(x) == v1::AllocationStatus::Cancelled).await;
+    c.shutdown().await;
+}
+
+/// Issue 46: a root `muster agent` refuses to start rather than run tasks
+/// as root unless told (`--allow-root-tasks`), and names what to do; a user
+/// map that names root or an unknown account stops it too.
+#[test]
+fn t194_a_root_agent_never_runs_tasks_as_root_unless_told() {
+    if unsafe { libc::geteuid() } != 0 {
+        return; // the refusals are a root agent's; an unprivileged one runs tasks as itself
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |extra: &[&str]| {
+        let mut args = vec!["agent", "--insecure", "--scheduler", "127.0.0.1:9", "--node-id", "u1", "--gpus", "0"];
+        args.extend_from_slice(extra);
+        let work = dir.path().join("w");
+        let child = std::cell::RefCell::new(
+            std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+                .args(&args)
+                .arg("--work-dir")
+                .arg(&work)
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        // An agent that started would run on: it must have exited.
+        crate::dev_proc::wait_until(&format!("{args:?} to exit"), || child.borrow_mut().try_wait().unwrap().is_some());
+        let o = child.into_inner().wait_with_output().unwrap();
+        assert!(!o.status.success(), "{args:?} started");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = agent(&["--task-user", "no-such-account-here"]);
+    assert!(err.contains("--task-user: account \"no-such-account-here\" does not exist on this node"), "{err}");
+    if muster_agent::users::resolve(muster_agent::users::DEFAULT_TASK_USER).is_err() {
+        let err = agent(&[]);
+        assert!(err.contains("muster-task") && err.contains("--allow-root-tasks") && err.contains("useradd"), "{err}");
+    }
+    let map = dir.path().join("users");
+    std::fs::write(&map, "bob root\n").unwrap();
+    let err = agent(&["--task-user", "60000", "--user-map", map.to_str().unwrap()]);
+    assert!(err.contains("--user-map line 1: account \"root\" is root"), "{err}");
+    let err = agent(&["--task-user", "60000", "--allow-root-tasks"]);
+    assert!(err.contains("contradict"), "{err}");
+}

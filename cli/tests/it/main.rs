@@ -639,6 +639,9 @@ impl Procs {
             procs.0.push(
                 Command::new(env!("CARGO_BIN_EXE_muster"))
                     .args(["agent", "--scheduler", addr, "--node-id", node, "--gpus", "2", "--vram-mb", "1000"])
+                    // Tests write where their tasks' user may: the tasks
+                    // run as this (root) test's user unless a test says.
+                    .args((!agent_args.iter().any(|a| a.starts_with("--task-user"))).then_some("--allow-root-tasks"))
                     .args(agent_args)
                     .arg("--work-dir")
                     .arg(dir.join(node))

@@ -307,6 +307,8 @@ impl Procs {
         let id = self.agent_ids[i].clone();
         let child = Command::new(&self.bin)
             .args(["agent", "--scheduler", &self.proxied.join(","), "--node-id", &id])
+            // The ranks journal into the harness's own directory.
+            .arg("--allow-root-tasks")
             .args(["--gpus", &AGENT_GPUS.to_string(), "--vram-mb", "16000", "--cpus", "8", "--mem-mb", "16000"])
             // Other agents fetch this one's checkpoints on loopback.
             .args(["--checkpoint-listen", "127.0.0.1:0", "--checkpoint-address", "127.0.0.1:0"])

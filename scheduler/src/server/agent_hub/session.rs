@@ -325,6 +325,7 @@ impl Session {
                 gpus: a.gpus,
                 mem_mb: a.mem_mb,
                 cpus: a.cpus,
+                owner: a.owner.clone(),
                 restore: a
                     .restore
                     .iter()
