@@ -955,6 +955,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(next.wait().await.unwrap(), Exit::Code(0));
+        // A task's own limit (`submit --pids-max`) wins over the default.
+        let own = iso.create((10, 2, 1), &crate::cgroup::Limits { pids: 8, ..Default::default() }).unwrap();
+        let limit = own.dirs().iter().find_map(|d| fs::read_to_string(d.join("pids.max")).ok()).unwrap();
+        assert_eq!(limit.trim(), "8");
+        own.remove();
         iso.remove_if_empty();
     }
 

@@ -94,6 +94,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
     ),
     ("muster_task_cpu_seconds", "gauge", "CPU time a running task has used, from its cgroup, by alloc_id and task"),
     (
+        "muster_task_gpu_utilisation_pct",
+        "gauge",
+        "mean utilisation of a running task's GPUs at the last reading (NVML), by alloc_id and task",
+    ),
+    (
+        "muster_task_gpu_memory_bytes",
+        "gauge",
+        "memory a running task's GPUs hold at the last reading (NVML), by alloc_id and task",
+    ),
+    (
         "muster_agent_checkpoint_bytes_served_total",
         "counter",
         "bytes of checkpoints on this node's disk served to other nodes' agents, under grants",

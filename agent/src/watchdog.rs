@@ -102,6 +102,45 @@ pub struct Sample {
 pub trait Sampler: Send {
     /// A reading of the processes in group `pgid`.
     fn sample(&mut self, pgid: i32) -> Sample;
+
+    /// A reading of the GPUs with these indices (a task's own), for its
+    /// accounting: `None` where they cannot be read (no NVML).
+    fn gpus(&mut self, _indices: &[u32]) -> Option<GpuReading> {
+        None
+    }
+}
+
+/// What a task's GPUs are doing now.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpuReading {
+    /// Their mean utilisation, percent.
+    pub util_pct: f64,
+    /// The memory they hold, bytes, all together.
+    pub memory_bytes: u64,
+}
+
+/// What an attempt's GPUs did over its run, from readings taken while it
+/// ran (every watchdog poll).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GpuUsage {
+    readings: u32,
+    util_sum: f64,
+    /// The most memory they held at once, bytes.
+    pub peak_memory_bytes: u64,
+}
+
+impl GpuUsage {
+    /// Counts a reading.
+    pub fn add(&mut self, r: GpuReading) {
+        self.readings += 1;
+        self.util_sum += r.util_pct.clamp(0.0, 100.0);
+        self.peak_memory_bytes = self.peak_memory_bytes.max(r.memory_bytes);
+    }
+
+    /// The mean utilisation over the readings, percent (`None`: none).
+    pub fn mean_util_pct(&self) -> Option<u32> {
+        (self.readings > 0).then(|| (self.util_sum / f64::from(self.readings)).round() as u32)
+    }
 }
 
 /// Which watchdog tripped, and what it saw.
@@ -360,6 +399,20 @@ impl Sampler for ProcSampler {
         }
         s
     }
+
+    fn gpus(&mut self, indices: &[u32]) -> Option<GpuReading> {
+        let nvml = self.nvml.as_ref()?;
+        // The task holds these GPUs alone: what the devices do is its.
+        let (mut util, mut memory, mut read) = (0.0, 0, 0u32);
+        for &i in indices {
+            let Ok(dev) = nvml.device_by_index(i) else { continue };
+            let (Ok(rates), Ok(info)) = (dev.utilization_rates(), dev.memory_info()) else { continue };
+            util += f64::from(rates.gpu);
+            memory += info.used;
+            read += 1;
+        }
+        (read > 0).then(|| GpuReading { util_pct: util / f64::from(read), memory_bytes: memory })
+    }
 }
 
 #[cfg(test)]
@@ -404,6 +457,17 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn gpu_usage_is_the_mean_utilisation_and_the_peak_memory_of_its_readings() {
+        let mut u = GpuUsage::default();
+        assert_eq!(u.mean_util_pct(), None, "nothing read: unknown, not idle");
+        for (pct, mib) in [(40.0, 100), (90.0, 900), (170.0, 300)] {
+            u.add(GpuReading { util_pct: pct, memory_bytes: mib << 20 });
+        }
+        assert_eq!(u.mean_util_pct(), Some(77), "(40 + 90 + 100) / 3: a reading over 100 counts as 100");
+        assert_eq!(u.peak_memory_bytes, 900 << 20);
     }
 
     #[tokio::test(start_paused = true)]

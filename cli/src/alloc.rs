@@ -189,7 +189,7 @@ fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
 fn alloc_json_fields(a: &v1::Allocation) -> serde_json::Value {
     let spec = a.spec.clone().unwrap_or_default();
     let r = spec.resources.unwrap_or_default();
-    json!({
+    let mut v = json!({
         "id": a.id,
         "status": status_name(a.status),
         "owner": spec.owner,
@@ -243,7 +243,9 @@ fn alloc_json_fields(a: &v1::Allocation) -> serde_json::Value {
             "last_watchdog": t.last_watchdog,
             "borrowed_from": t.borrowed_from,
         })).collect::<Vec<_>>(),
-    })
+    });
+    v["pids_max"] = json!(spec.pids_max);
+    v
 }
 
 /// One task of `alloc get`: status, node, attempts, epochs, checkpoint.

@@ -254,7 +254,7 @@ fn print_history(records: &[v1::HistoryRecord], attempts: bool, output: TableOut
             out!(
                 "{}",
                 "id,task,attempt,node,start,end,outcome,exit_code,gpu_seconds,preempted,watchdog,owner,vcluster,status,\
-                 peak_memory_bytes,cpu_ms,oom_kills,memory_limit_bytes"
+                 peak_memory_bytes,cpu_ms,oom_kills,memory_limit_bytes,gpu_util_pct,peak_gpu_memory_bytes"
             );
             for r in records {
                 for a in &r.attempts {
@@ -279,6 +279,8 @@ fn print_history(records: &[v1::HistoryRecord], attempts: bool, output: TableOut
                             a.usage.map(|u| u.cpu_ms.to_string()).unwrap_or_default(),
                             a.usage.map(|u| u.oom_kills.to_string()).unwrap_or_default(),
                             a.usage.map(|u| u.memory_limit_bytes.to_string()).unwrap_or_default(),
+                            a.usage.and_then(|u| u.gpu_util_pct).map(|p| p.to_string()).unwrap_or_default(),
+                            a.usage.map(|u| u.peak_gpu_memory_bytes.to_string()).unwrap_or_default(),
                         ])
                     );
                 }
@@ -360,6 +362,9 @@ fn print_history(records: &[v1::HistoryRecord], attempts: bool, output: TableOut
                             }
                             notes.push(format!("peak {}", mib(u.peak_memory_bytes)));
                             notes.push(format!("cpu {}", cpu_time(u.cpu_ms)));
+                            if let Some(pct) = u.gpu_util_pct {
+                                notes.push(format!("gpu {pct}%, gpu peak {}", mib(u.peak_gpu_memory_bytes)));
+                            }
                         }
                         out!(
                             "    task {} attempt {} on {}: {} → {} {} ({exit}{}{})",
@@ -424,6 +429,8 @@ fn record_json(r: &v1::HistoryRecord) -> serde_json::Value {
                 "cpu_ms": u.cpu_ms,
                 "oom_kills": u.oom_kills,
                 "memory_limit_bytes": u.memory_limit_bytes,
+                "gpu_util_pct": u.gpu_util_pct,
+                "peak_gpu_memory_bytes": u.peak_gpu_memory_bytes,
             })),
         })).collect::<Vec<_>>(),
     })

@@ -116,6 +116,10 @@ pub struct SubmitArgs {
     /// first, MUSTER_PORTS lists them all (0: none).
     #[arg(long, default_value_t = 1)]
     ports: u32,
+    /// The most processes and threads one task may have on a node that
+    /// contains tasks (0: the node agent's --pids-max, 4096 by default).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pids_max: u32,
     /// Validate and show the plan (placement, or what it would preempt and
     /// why) without submitting.
     #[arg(long)]
@@ -223,6 +227,7 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         pack_by: args.pack_by.clone().unwrap_or_default(),
         checkpoint_store: args.checkpoint_store.clone().unwrap_or_default(),
         name: args.name.clone().unwrap_or_default(),
+        pids_max: args.pids_max,
     })
 }
 
@@ -275,6 +280,12 @@ mod tests {
         all.extend(argv);
         all.extend(["--", "true"]);
         spec_of(&Wrap::try_parse_from(all)?.args)
+    }
+
+    #[test]
+    fn a_tasks_own_pids_limit() {
+        assert_eq!(spec(&[]).unwrap().pids_max, 0, "the agent's default unless asked");
+        assert_eq!(spec(&["--pids-max", "64"]).unwrap().pids_max, 64);
     }
 
     #[test]

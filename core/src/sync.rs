@@ -112,6 +112,8 @@ pub struct Assignment {
     pub cpus: u32,
     /// The allocation's owner (whose account the task runs as).
     pub owner: String,
+    /// Its pids limit (0: the agent's default).
+    pub pids_max: u32,
     /// The checkpoints to resume from, newest first: every one the task
     /// holds that can be reached now (the agent tries them in turn).
     pub restore: Vec<RestoreFrom>,
@@ -276,6 +278,7 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
                 mem_mb: a.spec.resources.mem_mb,
                 cpus: a.spec.resources.cpus,
                 owner: a.spec.owner.clone(),
+                pids_max: a.spec.pids_max,
                 restore: restore_list(st, t, node),
                 store: st.checkpoint_store_of(a),
                 max_checkpoint_bytes: st.checkpoint_cap_of(a),

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
 
 /// The schema's version (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The schema, as created.
 pub const SCHEMA: &str = "
@@ -58,6 +58,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     cpu_ms             INTEGER,
     oom_kills          INTEGER,
     memory_limit_bytes INTEGER,           -- 0: none
+    gpu_util_pct       INTEGER,           -- mean over its run; NULL: not read (no NVML)
+    peak_gpu_memory_bytes INTEGER,        -- NULL: not reported
     PRIMARY KEY (job_id, task, run)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS attempts_by_time ON attempts (end_ms, start_ms);
@@ -132,6 +134,15 @@ impl HistoryStore {
                 )
                 .map_err(err)?;
         }
+        if (1..=3).contains(&found) {
+            // Versions 1 to 3 lacked each attempt's GPU usage.
+            write
+                .execute_batch(
+                    "ALTER TABLE attempts ADD COLUMN gpu_util_pct INTEGER;
+                     ALTER TABLE attempts ADD COLUMN peak_gpu_memory_bytes INTEGER;",
+                )
+                .map_err(err)?;
+        }
         write.execute_batch(SCHEMA).map_err(err)?;
         write.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(err)?;
         let read = Connection::open(path).map_err(err)?;
@@ -173,8 +184,9 @@ impl HistoryStore {
             let mut attempt = tx
                 .prepare_cached(
                     "INSERT OR IGNORE INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, \
-                     gpus, gpu_seconds, preempted, watchdog, peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                     gpus, gpu_seconds, preempted, watchdog, peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes, \
+                     gpu_util_pct, peak_gpu_memory_bytes) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
                 )
                 .map_err(|e| self.sqlite(e))?;
             for r in records {
@@ -227,6 +239,8 @@ impl HistoryStore {
                             a.usage.map(|u| u.cpu_ms as i64),
                             a.usage.map(|u| u.oom_kills),
                             a.usage.map(|u| u.memory_limit_bytes as i64),
+                            a.usage.and_then(|u| u.gpu_util_pct),
+                            a.usage.map(|u| u.peak_gpu_memory_bytes as i64),
                         ])
                         .map_err(|e| self.sqlite(e))?;
                 }
@@ -367,7 +381,7 @@ impl HistoryStore {
         let mut attempts = conn
             .prepare_cached(
                 "SELECT task, run, node, start_ms, end_ms, outcome, exit_code, gpu_seconds, preempted, watchdog, \
-                 peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes \
+                 peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes, gpu_util_pct, peak_gpu_memory_bytes \
                  FROM attempts WHERE job_id = ?1 ORDER BY task, run",
             )
             .map_err(|e| self.sqlite(e))?;
@@ -391,6 +405,8 @@ impl HistoryStore {
                             r.get::<_, Option<i64>>(11)?,
                             r.get::<_, Option<u32>>(12)?,
                             r.get::<_, Option<i64>>(13)?,
+                            r.get::<_, Option<u32>>(14)?,
+                            r.get::<_, Option<i64>>(15)?,
                         ),
                     ))
                 })
@@ -400,11 +416,13 @@ impl HistoryStore {
                 let (task, run, node, start_ms, end_ms, outcome, exit_code, gpu_seconds, preempted, watchdog, used) =
                     row.map_err(|e| self.sqlite(e))?;
                 let usage = match used {
-                    (Some(peak), Some(cpu), Some(oom), Some(limit)) => Some(AttemptUsage {
+                    (Some(peak), Some(cpu), Some(oom), Some(limit), gpu_util_pct, gpu_peak) => Some(AttemptUsage {
                         peak_memory_bytes: peak as u64,
                         cpu_ms: cpu as u64,
                         oom_kills: oom,
                         memory_limit_bytes: limit as u64,
+                        gpu_util_pct,
+                        peak_gpu_memory_bytes: gpu_peak.unwrap_or(0) as u64,
                     }),
                     _ => None,
                 };

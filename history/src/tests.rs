@@ -28,6 +28,9 @@ fn record(seq: u64, owner: &str, vcluster: &str, status: AllocStatus, attempts: 
                 cpu_ms: end_ms - start_ms,
                 oom_kills: 0,
                 memory_limit_bytes: 2_000 << 20,
+                // Its GPUs read on every other attempt (NVML on some nodes).
+                gpu_util_pct: (i % 2 == 0).then_some(40 + i as u32),
+                peak_gpu_memory_bytes: if i % 2 == 0 { (i as u64 + 3) << 30 } else { 0 },
             }),
         })
         .collect();
@@ -206,15 +209,49 @@ fn a_version_1_database_gains_the_idempotency_key_column() {
     assert_eq!(version, SCHEMA_VERSION);
 }
 
-/// The schema before attempts kept their usage (versions 1 and 2).
-fn without_usage() -> String {
-    let v2: String = SCHEMA
+/// The schema without the attempts' columns named.
+fn schema_without(columns: &[&str]) -> String {
+    let old: String = SCHEMA
         .lines()
-        .filter(|l| !["peak_memory_bytes", "cpu_ms", "oom_kills", "memory_limit_bytes"].iter().any(|c| l.contains(c)))
+        .filter(|l| !columns.iter().any(|c| l.trim_start().starts_with(&format!("{c} "))))
         .map(|l| format!("{l}\n"))
         .collect();
-    assert_eq!(SCHEMA.lines().count(), v2.lines().count() + 4);
-    v2
+    assert_eq!(SCHEMA.lines().count(), old.lines().count() + columns.len());
+    old
+}
+
+const GPU_USAGE: [&str; 2] = ["gpu_util_pct", "peak_gpu_memory_bytes"];
+
+/// The schema before attempts kept their usage (versions 1 and 2).
+fn without_usage() -> String {
+    schema_without(&[&["peak_memory_bytes", "cpu_ms", "oom_kills", "memory_limit_bytes"][..], &GPU_USAGE[..]].concat())
+}
+
+#[test]
+fn a_version_3_database_gains_the_gpu_usage_columns_and_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.sqlite");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(&schema_without(&GPU_USAGE)).unwrap();
+    conn.pragma_update(None, "user_version", 3).unwrap();
+    conn.execute_batch(
+        "INSERT INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, \
+         command, submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds) \
+         VALUES (1, 101, 'a', 'v', 0, 0, 1, 1, 0, 0, 1, '[\"true\"]', 0, 0, 1000, 'done', '', 0, 0, 1); \
+         INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
+         preempted, watchdog, peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes) \
+         VALUES (101, 0, 1, 'n0', 0, 1000, 'done', 0, 1, 1, 0, NULL, 4096, 7, 0, 0);",
+    )
+    .unwrap();
+    drop(conn);
+    let h = HistoryStore::open(&path).unwrap();
+    let old = h.by_seq(1, 1, 10).unwrap();
+    let u = old[0].attempts[0].usage.expect("its memory and CPU were kept");
+    assert_eq!((u.peak_memory_bytes, u.cpu_ms, u.gpu_util_pct, u.peak_gpu_memory_bytes), (4096, 7, None, 0));
+    let r = record(2, "a", "v", AllocStatus::Done, &[(0, 1_000), (1_000, 2_000)]);
+    assert!(r.attempts[0].usage.unwrap().gpu_util_pct.is_some(), "the record carries GPU usage");
+    h.insert(std::slice::from_ref(&r)).unwrap();
+    assert_eq!(h.by_seq(2, 2, 10).unwrap(), vec![r]);
 }
 
 #[test]

@@ -57,6 +57,7 @@ mod tests {
             pack_by: "rack".into(),
             checkpoint_store: "s3://ckpt/ml".into(),
             name: "resnet".into(),
+            pids_max: 8_192,
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

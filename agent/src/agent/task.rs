@@ -24,12 +24,14 @@ pub(super) struct Ended {
     pub(super) saved: Option<Result<Saved, String>>,
     /// What it used, from its cgroup.
     pub(super) usage: Option<crate::cgroup::Usage>,
+    /// What its GPUs did while it ran (where NVML reads them).
+    pub(super) gpu: Option<watchdog::GpuUsage>,
 }
 
 impl Ended {
     /// An attempt that never ran a process.
     pub(super) fn not_run(why: String) -> Ended {
-        Ended { exit: Err(why), checkpoint_failed: false, watchdog: None, saved: None, usage: None }
+        Ended { exit: Err(why), checkpoint_failed: false, watchdog: None, saved: None, usage: None, gpu: None }
     }
 }
 
@@ -163,7 +165,7 @@ impl Agent {
                         usage = Some(cg.usage());
                         cg.remove();
                     }
-                    let ended = Ended { exit, checkpoint_failed: false, watchdog: None, saved: None, usage };
+                    let ended = Ended { exit, checkpoint_failed: false, watchdog: None, saved: None, usage, gpu: None };
                     let _ = exits.send((key, ended));
                 });
             }
@@ -189,6 +191,8 @@ impl Agent {
             progress: ProgressFile::new(progress),
             sampler: (self.cfg.sampler)(),
             poll: self.cfg.watchdog.poll,
+            gpus: self.running.get(&key).map(|r| r.gpus.clone()).unwrap_or_default(),
+            gpu: Default::default(),
         };
         let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let exits = self.exits_tx.clone();
@@ -366,7 +370,8 @@ impl Agent {
             }
             Ok(()) => Ok(()),
         };
-        let cgroup_limits = crate::cgroup::Limits { mem_mb: a.mem_mb, cpus: a.cpus, pids: 0, gpus: gpus.clone() };
+        let cgroup_limits =
+            crate::cgroup::Limits { mem_mb: a.mem_mb, cpus: a.cpus, pids: u64::from(a.pids_max), gpus: gpus.clone() };
         let muster = executor::Muster {
             exe: self.cfg.task_shim.as_deref().or(self.cfg.exe.as_deref()),
             shim: self.cfg.task_shim.is_some(),
@@ -450,7 +455,7 @@ impl Agent {
     /// checkpoint the attempt was given: the next attempt resumes from it.
     /// A successful exit uploads nothing: a finished task never runs again.
     pub(super) fn finished(&mut self, key: Key, ended: Ended) -> Report {
-        let Ended { exit, checkpoint_failed, watchdog, saved, usage } = ended;
+        let Ended { exit, checkpoint_failed, watchdog, saved, usage, gpu } = ended;
         let running = self.running.remove(&key);
         let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
         if let Some(r) = running {
@@ -466,6 +471,7 @@ impl Agent {
         if let Some(u) = usage {
             self.account(key, attempt, &u);
         }
+        let usage = usage_to_proto(usage.as_ref(), gpu.as_ref());
         let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let upload = match saved {
             Some(Ok(saved)) => {
@@ -501,7 +507,7 @@ impl Agent {
                         task: Some(task_ref(key)),
                         kind: trip.kind.to_string(),
                         detail: bounds::truncate(&trip.detail, bounds::AGENT_TEXT),
-                        usage: usage.as_ref().map(usage_to_proto),
+                        usage,
                     },
                     checkpoint: upload,
                 }
@@ -528,7 +534,7 @@ impl Agent {
                         exit_code,
                         signal,
                         checkpoint_failed,
-                        usage: usage.as_ref().map(usage_to_proto),
+                        usage,
                     },
                 }
             }
@@ -552,7 +558,7 @@ impl Agent {
                         signal,
                         error: bounds::truncate(&error, bounds::AGENT_TEXT),
                         stderr_tail,
-                        usage: usage.as_ref().map(usage_to_proto),
+                        usage,
                     },
                     checkpoint: upload,
                 }
@@ -614,14 +620,24 @@ fn report_usage(task: &executor::RunningTask, labels: &[(&'static str, String); 
     metrics::gauge!("muster_task_cpu_seconds", labels).set(u.cpu_ns as f64 / 1e9);
 }
 
-/// What an attempt used, as its end report carries it.
-pub(super) fn usage_to_proto(u: &crate::cgroup::Usage) -> v1::AttemptUsage {
-    v1::AttemptUsage {
+/// What an attempt used, as its end report carries it (`None`: nothing
+/// was read: no cgroup, no NVML).
+pub(super) fn usage_to_proto(
+    u: Option<&crate::cgroup::Usage>,
+    gpu: Option<&watchdog::GpuUsage>,
+) -> Option<v1::AttemptUsage> {
+    if u.is_none() && gpu.is_none() {
+        return None;
+    }
+    let u = u.copied().unwrap_or_default();
+    Some(v1::AttemptUsage {
         peak_memory_bytes: u.peak_memory_bytes,
         cpu_ms: u.cpu_ns / 1_000_000,
         oom_kills: u32::try_from(u.oom_kills).unwrap_or(u32::MAX),
         memory_limit_bytes: u.memory_limit_bytes,
-    }
+        gpu_util_pct: gpu.and_then(watchdog::GpuUsage::mean_util_pct),
+        peak_gpu_memory_bytes: gpu.map_or(0, |g| g.peak_memory_bytes),
+    })
 }
 
 /// An attempt's watchdogs and what feeds them.
@@ -632,6 +648,9 @@ pub(super) struct Guard {
     pub(super) progress: ProgressFile,
     pub(super) sampler: Box<dyn Sampler>,
     pub(super) poll: Duration,
+    /// The GPUs the attempt holds, read for its accounting each poll.
+    pub(super) gpus: Vec<u32>,
+    pub(super) gpu: watchdog::GpuUsage,
 }
 
 /// How long a tripped task gets between SIGTERM and SIGKILL: it is hung.
@@ -659,6 +678,13 @@ pub(super) async fn watch_task(
             exit = task.wait() => break (exit, false),
             _ = dog_tick.tick(), if hint.is_none() => {
                 report_usage(task, &guard.labels);
+                if !guard.gpus.is_empty()
+                    && let Some(r) = guard.sampler.gpus(&guard.gpus)
+                {
+                    guard.gpu.add(r);
+                    metrics::gauge!("muster_task_gpu_utilisation_pct", &guard.labels).set(r.util_pct);
+                    metrics::gauge!("muster_task_gpu_memory_bytes", &guard.labels).set(r.memory_bytes as f64);
+                }
                 let now = tokio::time::Instant::now();
                 if guard.progress.changed() {
                     guard.dogs.beat(now);
@@ -712,6 +738,7 @@ pub(super) async fn watch_task(
         watchdog: trip,
         saved: None,
         usage: task.usage(),
+        gpu: guard.gpu.mean_util_pct().map(|_| guard.gpu),
     };
     (ended, stopped)
 }

@@ -340,3 +340,110 @@ fn an_agent_backs_off_after_one_quick_attempt_per_replica() {
     }
     assert_eq!(named.next(false, Some("X"), 3), Next::BackOff(0), "named, not failed: the shortest pause");
 }
+
+/// A sampler whose GPUs read 60 % busy holding 1, then 3, then 2 GiB:
+/// what NVML would say of a task's GPUs.
+struct FakeGpus(u32);
+
+static FAKE_GPU_READINGS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+impl crate::watchdog::Sampler for FakeGpus {
+    fn sample(&mut self, _pgid: i32) -> crate::watchdog::Sample {
+        crate::watchdog::Sample::default()
+    }
+
+    fn gpus(&mut self, indices: &[u32]) -> Option<crate::watchdog::GpuReading> {
+        assert_eq!(indices.len(), 2, "the task's own two GPUs");
+        self.0 += 1;
+        FAKE_GPU_READINGS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let gib = [1u64, 3, 2][(self.0 as usize - 1).min(2)];
+        Some(crate::watchdog::GpuReading { util_pct: 60.0, memory_bytes: gib << 30 })
+    }
+}
+
+fn fake_gpus() -> Box<dyn crate::watchdog::Sampler> {
+    Box::new(FakeGpus(0))
+}
+
+/// Issue 46: "where NVML is present, GPU utilisation and peak GPU memory"
+/// are read while the attempt runs and go with its end report.
+#[tokio::test]
+async fn an_attempts_gpu_utilisation_and_peak_gpu_memory_go_with_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(dir.path());
+    cfg.resources.gpus = 2;
+    cfg.sampler = fake_gpus;
+    cfg.watchdog.poll = Duration::from_millis(20);
+    let mut agent = Agent::new(cfg).unwrap();
+    let key = (5, 0, 1);
+    let assign = v1::Assign {
+        task: Some(task_ref(key)),
+        gang_size: 1,
+        gpus: 2,
+        command: vec!["sleep".into(), "60".into()],
+        ..Default::default()
+    };
+    agent.start(key, assign, 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while FAKE_GPU_READINGS.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+        assert!(std::time::Instant::now() < deadline, "the GPUs were never read");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ctrl = agent.running[&key].ctrl.clone().unwrap();
+    ctrl.send(Control::Stop(Duration::from_millis(100))).unwrap();
+    let (k, ended) = tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
+    assert_eq!(k, key);
+    let report = agent.finished(k, ended);
+    let Report::Exited { exit, .. } = report else { panic!("{report:?}") };
+    let usage = exit.usage.expect("usage without a cgroup: the GPUs' alone");
+    assert_eq!((usage.gpu_util_pct, usage.peak_gpu_memory_bytes), (Some(60), 3 << 30));
+    assert_eq!(usage.peak_memory_bytes, 0, "no cgroup here: no memory reading");
+}
+
+/// Issue 46: a task running as an unprivileged account answers a
+/// checkpoint hint in the directory it owns: the agent (root) writes the
+/// request into it, the task's `done` ends the protocol, and once the
+/// attempt has ended the directory is the agent's again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_running_as_its_account_answers_a_hint_in_its_own_directory() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(dir.path());
+    let user = crate::users::TaskUser { name: "t".into(), uid: 60401, gid: 60401, groups: vec![60401] };
+    cfg.run_as = crate::users::RunAs { default: Some(user), map: BTreeMap::new() };
+    let mut agent = Agent::new(cfg).unwrap();
+    let key = (9, 0, 1);
+    let script = r#"trap 'id -u > "$MUSTER_CHECKPOINT_DIR/state"; cat "$MUSTER_CHECKPOINT_DIR/.muster/request" > "$MUSTER_CHECKPOINT_DIR/seen"; touch "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
+touch "$MUSTER_CHECKPOINT_DIR/ready"
+while :; do sleep 0.05; done"#;
+    let assign = v1::Assign {
+        task: Some(task_ref(key)),
+        gang_size: 1,
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        owner: "anyone".into(),
+        ..Default::default()
+    };
+    agent.start(key, assign, 1);
+    let ckpt = checkpoint::dir(dir.path(), 9, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ckpt.join("ready").exists() {
+        assert!(std::time::Instant::now() < deadline, "the task never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let m = fs::metadata(&ckpt).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (60401, 0o700), "its directory is its account's while it runs");
+    let hint = Hint {
+        epoch: 4,
+        timeout: Duration::from_secs(60),
+        max_deferral: Duration::ZERO,
+        grace: Duration::from_millis(500),
+    };
+    agent.running[&key].ctrl.clone().unwrap().send(Control::Hint(hint)).unwrap();
+    let (k, ended) = tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
+    assert_eq!(k, key);
+    assert!(!ended.checkpoint_failed, "the task's done ended the protocol in time");
+    assert_eq!(fs::read_to_string(ckpt.join("state")).unwrap().trim(), "60401");
+    assert!(fs::read_to_string(ckpt.join("seen")).unwrap().contains("\"epoch\":4"), "it read the agent's request");
+    let m = fs::metadata(&ckpt).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o700), "taken back once the attempt ended");
+}

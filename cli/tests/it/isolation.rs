@@ -346,6 +346,16 @@ echo 1 > "$MUSTER_CHECKPOINT_DIR/step"; exit 3"#;
     let out = outputs(&c, &done);
     assert_eq!(out.lines().collect::<Vec<_>>(), ["60000", "1"], "the resumed attempt read and appended:\n{out}");
 
+    // A task's own pids limit reaches its cgroup (v1: the pids hierarchy's
+    // line of /proc/self/cgroup; v2: the one line).
+    let show_pids_max = r#"p=$(awk -F: '$2 ~ /(^|,)pids(,|$)/ || $2 == "" {print $3}' /proc/self/cgroup | head -1)
+cat "/sys/fs/cgroup/pids$p/pids.max" 2>/dev/null || cat "/sys/fs/cgroup$p/pids.max""#;
+    let mut spec = one_task("erin", show_pids_max, &[], 0);
+    spec.pids_max = 64;
+    let erin = submit(&c, spec).await;
+    let done = until(&c, erin, "done", |x| status(x) == v1::AllocationStatus::Done).await;
+    assert_eq!(outputs(&c, &done).trim(), "64");
+
     leader_client(&c).await.cancel(v1::CancelRequest { id: carol }).await.unwrap();
     until(&c, carol, "cancelled", |x| status(x) == v1::AllocationStatus::Cancelled).await;
     c.shutdown().await;

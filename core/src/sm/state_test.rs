@@ -109,6 +109,7 @@ fn submit_rejects_each_invalid_field_by_name() {
         (AllocSpec { idempotency_key: Some(String::new()), ..base.clone() }, "idempotency_key"),
         (AllocSpec { vcluster: "Not OK".into(), ..base.clone() }, "vcluster"),
         (AllocSpec { vcluster: String::new(), ..base.clone() }, "vcluster"),
+        (AllocSpec { pids_max: crate::sm::MAX_PIDS_MAX + 1, ..base.clone() }, "pids_max"),
     ];
     for (bad, field) in cases {
         match f.rejected(Command::Submit { spec: bad }) {
@@ -640,7 +641,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "8013541e74cc69ea3a05e01b51084fb75b5c2a9244907bcfd9e0133a526099d6"
+        "8b14e775c9ea6c70ca0e283ad1f0087809c0cff21fd6ecd277ebdb749ec15a85"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

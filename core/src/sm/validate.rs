@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::rejection::Rejection;
 use super::types::{
-    Admission, AllocSpec, LabelExpr, MAX_CONSTRAINTS, MAX_RENDEZVOUS_PORTS, MAX_SECRET_VALUE_BYTES, MAX_SECRETS,
-    MAX_SECRETS_BYTES, NodeId, PORTS_LABEL, Packing, Placement, PortRange, Resources, Secrets, agent_may_set,
+    Admission, AllocSpec, LabelExpr, MAX_CONSTRAINTS, MAX_PIDS_MAX, MAX_RENDEZVOUS_PORTS, MAX_SECRET_VALUE_BYTES,
+    MAX_SECRETS, MAX_SECRETS_BYTES, NodeId, PORTS_LABEL, Packing, Placement, PortRange, Resources, Secrets,
+    agent_may_set,
 };
 
 /// The highest preemption class (never preempted).
@@ -166,6 +167,9 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
         return Err(invalid("max_retries", format!("{} is outside 1..={}", spec.max_retries, limits.max_retries)));
     }
     validate_placement(&spec.placement, limits)?;
+    if spec.pids_max > MAX_PIDS_MAX {
+        return Err(invalid("pids_max", format!("{} is above the maximum of {MAX_PIDS_MAX}", spec.pids_max)));
+    }
     if spec.ports > MAX_RENDEZVOUS_PORTS {
         return Err(invalid("ports", format!("{} is above the maximum of {MAX_RENDEZVOUS_PORTS}", spec.ports)));
     }

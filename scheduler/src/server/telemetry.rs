@@ -166,6 +166,13 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         Counter,
         "checkpoint uploads the leader refused before proposing (malformed, not the agent's task, stale, too large)",
     ),
+    l(
+        "muster_agent_reports_refused_total",
+        Counter,
+        "what",
+        &["usage"],
+        "parts of agent reports the leader left out before proposing, by what (usage: a value no agent could read)",
+    ),
     m(
         "muster_agent_throttled_total",
         Counter,

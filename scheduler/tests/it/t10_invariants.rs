@@ -169,6 +169,7 @@ mod arbitrary {
                     sensitive: class % 7 == 0,
                     checkpoint_estimate_s: 60,
                     stall_timeout_s: 0,
+                    pids_max: class as u32 * 100,
                     // Nodes offer two ports: some gangs want none, some
                     // run them out.
                     ports: priority.rem_euclid(3) as u32,

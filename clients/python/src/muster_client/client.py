@@ -343,6 +343,7 @@ class Client:
         checkpoint_estimate_s: int = 60,
         stall_timeout_s: int = 0,
         ports: int = 1,
+        pids_max: int = 0,
         constraints: Sequence[str] = (),
         pack_by: str = "",
         name: str = "",
@@ -370,7 +371,9 @@ class Client:
         who may read the allocation; ``secrets`` (environment variables too)
         are never returned by a read (``Allocation.secret_names`` lists
         their names) and reach only the agents of the nodes its tasks run on.
-        ``name``: shown by lists (not unique). A request no registered node
+        ``name``: shown by lists (not unique). ``pids_max``: the most
+        processes and threads one task may have on a node that contains
+        tasks (0: the agent's default). A request no registered node
         could ever run is refused (``FAILED_PRECONDITION``, naming what is
         missing) unless ``queue_if_unsatisfiable``.
         """
@@ -426,6 +429,7 @@ class Client:
             checkpoint_estimate_s=_uint("checkpoint_estimate_s", checkpoint_estimate_s),
             stall_timeout_s=_uint("stall_timeout_s", stall_timeout_s),
             ports=_uint("ports", ports),
+            pids_max=_uint("pids_max", pids_max),
             constraints=list(constraints),
             pack_by=pack_by,
             name=name,
@@ -588,8 +592,10 @@ class Client:
         ``done``, ``failed``, ``oom_killed``, ``stopped``, ``lost``,
         ``cancelled``) and, where its node contains tasks in cgroups, what it
         used: ``usage.peak_memory_bytes``, ``usage.cpu_ms``,
-        ``usage.oom_kills`` and ``usage.memory_limit_bytes`` (``HasField("usage")``
-        is false where it was not measured).
+        ``usage.oom_kills`` and ``usage.memory_limit_bytes``, and where NVML
+        reads its GPUs ``usage.gpu_util_pct`` (``HasField``: read) and
+        ``usage.peak_gpu_memory_bytes`` (``HasField("usage")`` is false where
+        nothing was measured).
         """
         out: builtins.list[history_pb.HistoryRecord] = []
         after = 0

@@ -7,7 +7,14 @@ use super::*;
 use crate::sm::{AttemptUsage, OomKill};
 
 fn usage(peak_mb: u64, limit_mb: u64, oom_kills: u32) -> AttemptUsage {
-    AttemptUsage { peak_memory_bytes: peak_mb << 20, cpu_ms: 2_500, oom_kills, memory_limit_bytes: limit_mb << 20 }
+    AttemptUsage {
+        peak_memory_bytes: peak_mb << 20,
+        cpu_ms: 2_500,
+        oom_kills,
+        memory_limit_bytes: limit_mb << 20,
+        gpu_util_pct: Some(55),
+        peak_gpu_memory_bytes: 3 << 30,
+    }
 }
 
 fn oom_fail(f: &mut Fixture, id: AllocId, node: u32, epoch: u64) -> Vec<Event> {

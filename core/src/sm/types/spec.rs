@@ -148,6 +148,9 @@ pub struct AllocSpec {
     /// Its name (`muster submit --name`; empty: none): shown in lists and
     /// matched by `--name` filters. Not unique.
     pub name: String,
+    /// The most processes and threads one task may have on an isolating
+    /// node (0: the agent's default).
+    pub pids_max: u32,
 }
 
 /// The vCluster of an allocation that names none.
@@ -164,6 +167,9 @@ pub const DEFAULT_RENDEZVOUS_PORTS: u32 = 1;
 
 /// The most rendezvous ports one allocation may ask for.
 pub const MAX_RENDEZVOUS_PORTS: u32 = 16;
+
+/// The highest per-task pids limit (Linux's own ceiling on pid numbers).
+pub const MAX_PIDS_MAX: u32 = 4_194_304;
 
 impl AllocSpec {
     /// A spec with the defaults users get when they leave fields out: class 0,
@@ -194,6 +200,7 @@ impl AllocSpec {
             placement: Placement::default(),
             checkpoint_store: None,
             name: String::new(),
+            pids_max: 0,
         }
     }
 

@@ -132,7 +132,8 @@ pub struct Attempt {
     pub usage: Option<AttemptUsage>,
 }
 
-/// What an attempt used, read from its cgroup when it ended.
+/// What an attempt used: memory and CPU read from its cgroup when it
+/// ended, GPU utilisation and memory sampled through NVML while it ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptUsage {
     /// The most memory it held at once, bytes (0: unknown).
@@ -143,6 +144,11 @@ pub struct AttemptUsage {
     pub oom_kills: u32,
     /// Its memory limit, bytes (0: none).
     pub memory_limit_bytes: u64,
+    /// The mean utilisation of its GPUs over its run, percent (`None`: not
+    /// read: no NVML on its node, or no GPUs).
+    pub gpu_util_pct: Option<u32>,
+    /// The most memory its GPUs held at once, bytes (0: not read).
+    pub peak_gpu_memory_bytes: u64,
 }
 
 impl AttemptUsage {

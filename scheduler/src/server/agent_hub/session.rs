@@ -326,6 +326,7 @@ impl Session {
                 mem_mb: a.mem_mb,
                 cpus: a.cpus,
                 owner: a.owner.clone(),
+                pids_max: a.pids_max,
                 restore: a
                     .restore
                     .iter()
@@ -546,11 +547,16 @@ impl Session {
     }
 }
 
-/// An end report with the attempt's usage, when the agent sent one.
+/// An end report with the attempt's usage, when the agent sent one. A
+/// usage no agent could have read is left out (and logged, naming the
+/// field): the attempt's end is recorded all the same, never lost to it.
 fn accounted(report: Command, usage: Option<&v1::AttemptUsage>) -> Command {
-    match usage {
-        Some(u) if report.end_report().is_some() => {
-            Command::Accounted { usage: crate::server::convert::usage_from_proto(u), report: Box::new(report) }
+    match usage.map(crate::server::convert::usage_from_proto) {
+        Some(Ok(usage)) if report.end_report().is_some() => Command::Accounted { usage, report: Box::new(report) },
+        Some(Err(e)) => {
+            metrics::counter!("muster_agent_reports_refused_total", "what" => "usage").increment(1);
+            tracing::warn!(error = %e.message(), "an attempt's usage refused; its end is recorded without it");
+            report
         }
         _ => report,
     }

@@ -75,6 +75,7 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         placement: Placement { constraints, pack_by },
         checkpoint_store,
         name: p.name,
+        pids_max: p.pids_max,
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -108,6 +109,7 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         pack_by: s.placement.pack_by.as_ref().map(ToString::to_string).unwrap_or_default(),
         checkpoint_store: s.checkpoint_store.as_ref().map(|c| c.spec()).unwrap_or_default(),
         name: s.name.clone(),
+        pids_max: s.pids_max,
     }
 }
 

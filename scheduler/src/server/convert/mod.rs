@@ -29,17 +29,25 @@ pub fn usage_to_proto(u: &crate::sm::AttemptUsage) -> muster_proto::v1::AttemptU
         cpu_ms: u.cpu_ms,
         oom_kills: u.oom_kills,
         memory_limit_bytes: u.memory_limit_bytes,
+        gpu_util_pct: u.gpu_util_pct,
+        peak_gpu_memory_bytes: u.peak_gpu_memory_bytes,
     }
 }
 
-/// An agent's usage report, as the log carries it.
-pub fn usage_from_proto(u: &muster_proto::v1::AttemptUsage) -> crate::sm::AttemptUsage {
-    crate::sm::AttemptUsage {
+/// An agent's usage report, as the log carries it; a utilisation over 100 %
+/// is refused, naming the field.
+pub fn usage_from_proto(u: &muster_proto::v1::AttemptUsage) -> Result<crate::sm::AttemptUsage, Status> {
+    if let Some(pct) = u.gpu_util_pct.filter(|p| *p > 100) {
+        return Err(invalid("usage.gpu_util_pct", format!("{pct} is above 100")));
+    }
+    Ok(crate::sm::AttemptUsage {
         peak_memory_bytes: u.peak_memory_bytes,
         cpu_ms: u.cpu_ms,
         oom_kills: u.oom_kills,
         memory_limit_bytes: u.memory_limit_bytes,
-    }
+        gpu_util_pct: u.gpu_util_pct,
+        peak_gpu_memory_bytes: u.peak_gpu_memory_bytes,
+    })
 }
 
 fn invalid(field: &str, reason: impl std::fmt::Display) -> Status {

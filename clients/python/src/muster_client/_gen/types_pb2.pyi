@@ -92,7 +92,7 @@ class Resources(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., vram_mb: _Optional[int] = ..., mem_mb: _Optional[int] = ..., cpus: _Optional[int] = ...) -> None: ...
 
 class AllocationSpec(_message.Message):
-    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by", "checkpoint_store", "name")
+    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by", "checkpoint_store", "name", "pids_max")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class AllocationSpec(_message.Message):
     PACK_BY_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STORE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    PIDS_MAX_FIELD_NUMBER: _ClassVar[int]
     owner: str
     gang_size: int
     resources: Resources
@@ -142,7 +143,8 @@ class AllocationSpec(_message.Message):
     pack_by: str
     checkpoint_store: str
     name: str
-    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ..., checkpoint_store: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    pids_max: int
+    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ..., checkpoint_store: _Optional[str] = ..., name: _Optional[str] = ..., pids_max: _Optional[int] = ...) -> None: ...
 
 class CheckpointManifest(_message.Message):
     __slots__ = ("seq", "epoch", "attempt", "saved_at_ms", "step", "bytes", "sha256", "writer", "store", "key")
@@ -401,13 +403,17 @@ class NodeAdmission(_message.Message):
     def __init__(self, resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., cert_sha256: _Optional[str] = ..., by: _Optional[str] = ..., at_ms: _Optional[int] = ...) -> None: ...
 
 class AttemptUsage(_message.Message):
-    __slots__ = ("peak_memory_bytes", "cpu_ms", "oom_kills", "memory_limit_bytes")
+    __slots__ = ("peak_memory_bytes", "cpu_ms", "oom_kills", "memory_limit_bytes", "gpu_util_pct", "peak_gpu_memory_bytes")
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPU_MS_FIELD_NUMBER: _ClassVar[int]
     OOM_KILLS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTIL_PCT_FIELD_NUMBER: _ClassVar[int]
+    PEAK_GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     peak_memory_bytes: int
     cpu_ms: int
     oom_kills: int
     memory_limit_bytes: int
-    def __init__(self, peak_memory_bytes: _Optional[int] = ..., cpu_ms: _Optional[int] = ..., oom_kills: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
+    gpu_util_pct: int
+    peak_gpu_memory_bytes: int
+    def __init__(self, peak_memory_bytes: _Optional[int] = ..., cpu_ms: _Optional[int] = ..., oom_kills: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., gpu_util_pct: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ...) -> None: ...
