@@ -820,6 +820,33 @@ mod tests {
         iso.remove_if_empty();
     }
 
+    /// A (root) task that makes a cgroup inside its own and moves a
+    /// process there: the stop finds and kills it too, and removes both.
+    #[tokio::test]
+    async fn a_process_in_a_cgroup_the_task_made_inside_its_own_dies_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = isolation(dir.path(), vec![], 0);
+        let pid_file = dir.path().join("inner.pid");
+        let script = format!(
+            "p=$(awk -F: '$2 == \"freezer\" {{print $3}}' /proc/self/cgroup); mkdir /sys/fs/cgroup/freezer$p/inner; \
+             sh -c 'echo $$ > /sys/fs/cgroup/freezer'$p'/inner/cgroup.procs; trap \"\" TERM; echo $$ > {}; exec sleep 300' & \
+             sleep 300",
+            pid_file.display()
+        );
+        let cg = iso.create((7, 2, 3), &crate::cgroup::Limits::default()).unwrap();
+        let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, Some(cg.clone())).unwrap();
+        let inner = wait_for_pid(&pid_file).await;
+        let freezer = cg.dirs().iter().find(|d| d.starts_with("/sys/fs/cgroup/freezer")).cloned().unwrap();
+        eventually("the process to move into the inner cgroup", || {
+            fs::read_to_string(freezer.join("inner/cgroup.procs")).ok()?.contains(&inner.to_string()).then_some(())
+        })
+        .await;
+        t.stop(Duration::from_millis(200)).await.unwrap();
+        assert!(!alive(inner), "the inner cgroup's process outlived the stop");
+        assert!(!freezer.join("inner").exists() && !cg.exists(), "both cgroups removed");
+        iso.remove_if_empty();
+    }
+
     /// A task whose children left its process group (`setsid`, and a
     /// double fork) and ignore SIGTERM: a stop ends all of them, and
     /// returns only once they are gone.

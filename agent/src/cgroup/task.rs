@@ -183,7 +183,7 @@ fn collect_pids(dir: &Path, pids: &mut BTreeSet<i32>, depth: u32) {
     if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
         pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
     }
-    if depth > 8 {
+    if depth > 8 || !has_subdirs(dir) {
         return;
     }
     if let Ok(entries) = fs::read_dir(dir) {
@@ -195,10 +195,24 @@ fn collect_pids(dir: &Path, pids: &mut BTreeSet<i32>, depth: u32) {
     }
 }
 
+/// Whether a directory holds others: its link count (2 + subdirectories,
+/// on cgroupfs as on disk file systems) says so without listing the
+/// dozens of files a cgroup shows.
+fn has_subdirs(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(dir).map_or(true, |m| m.nlink() != 2)
+}
+
 /// Removes a cgroup directory and any below it, deepest first (cgroupfs
 /// removes a directory with `rmdir`, whatever files it shows).
 fn remove_tree(dir: &Path) {
-    if let Ok(entries) = fs::read_dir(dir) {
+    // Most attempts make no cgroups of their own: one rmdir, no listing.
+    if fs::remove_dir(dir).is_ok() {
+        return;
+    }
+    if has_subdirs(dir)
+        && let Ok(entries) = fs::read_dir(dir)
+    {
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 remove_tree(&e.path());
