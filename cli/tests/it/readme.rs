@@ -378,17 +378,19 @@ fn t187_the_readme_python_block_runs_against_muster_dev() {
 /// passes when it exits 0, or is still running after `BUDGET` (a long
 /// simulation or a five-minute chaos run has then parsed its flags, read
 /// its inputs and started); a `cargo bench` line must name a benchmark the
-/// workspace has (CI's clippy builds every one).
+/// workspace has (CI's clippy builds every one). The commands run side by
+/// side, so the test takes one budget, not one per long command.
 #[test]
 fn t174_the_readme_simulator_and_benchmark_lines_run() {
     const BUDGET: Duration = Duration::from_secs(20);
     let block = blocks("More to run").pop().unwrap();
     let benches = workspace_benches();
     let mut ran = 0;
+    let mut running = Vec::new();
     for c in commands(&block) {
         if let Some(args) = c.strip_prefix("cargo run --release --bin muster -- ") {
             let dir = tempfile::tempdir().unwrap();
-            let mut child = Command::new(env!("CARGO_BIN_EXE_muster"))
+            let child = Command::new(env!("CARGO_BIN_EXE_muster"))
                 .args(args.split_whitespace())
                 .current_dir(root())
                 .env("TMPDIR", dir.path())
@@ -397,25 +399,7 @@ fn t174_the_readme_simulator_and_benchmark_lines_run() {
                 .process_group(0)
                 .spawn()
                 .unwrap();
-            let deadline = Instant::now() + BUDGET;
-            let status = loop {
-                if let Some(s) = child.try_wait().unwrap() {
-                    break Some(s);
-                }
-                if Instant::now() > deadline {
-                    break None;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            };
-            // SAFETY: the process group this test created.
-            unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
-            let _ = child.wait();
-            let mut err = String::new();
-            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-            if let Some(s) = status {
-                assert!(s.success(), "`{c}` failed: {err}");
-            }
-            ran += 1;
+            running.push((c.clone(), child, dir));
         } else if let Some(rest) = c.strip_prefix("cargo bench -p ") {
             let words: Vec<&str> = rest.split_whitespace().collect();
             assert_eq!(words.get(1), Some(&"--bench"), "{c}");
@@ -428,6 +412,39 @@ fn t174_the_readme_simulator_and_benchmark_lines_run() {
         } else {
             panic!("a README command this test does not know how to run: {c}");
         }
+    }
+    // Each command's stderr is drained as it runs (a full pipe would stall
+    // it), and read once it has exited or the budget is spent.
+    let readers: Vec<_> = running
+        .iter_mut()
+        .map(|(_, child, _)| {
+            let mut pipe = child.stderr.take().unwrap();
+            std::thread::spawn(move || {
+                let mut err = String::new();
+                let _ = pipe.read_to_string(&mut err);
+                err
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + BUDGET;
+    let mut exited: Vec<Option<std::process::ExitStatus>> = vec![None; running.len()];
+    while Instant::now() < deadline && exited.iter().any(Option::is_none) {
+        for (i, (_, child, _)) in running.iter_mut().enumerate() {
+            if exited[i].is_none() {
+                exited[i] = child.try_wait().unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (((c, mut child, _dir), status), reader) in running.into_iter().zip(exited).zip(readers) {
+        // SAFETY: the process group this test created.
+        unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
+        let _ = child.wait();
+        let err = reader.join().unwrap();
+        if let Some(s) = status {
+            assert!(s.success(), "`{c}` failed: {err}");
+        }
+        ran += 1;
     }
     assert!(ran >= 10, "{ran} commands");
 }
