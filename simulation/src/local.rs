@@ -474,6 +474,11 @@ impl LocalCluster {
             let _ = a.task.await;
             tracing::debug!(node = %a.node_id, "agent stopped");
         }
+        // They go one by one: the last ones must not warn that the first
+        // went away.
+        for r in self.replicas.iter().flatten() {
+            r.expect_peers_to_stop();
+        }
         for r in self.replicas.iter_mut().filter_map(Option::take) {
             r.shutdown().await;
         }

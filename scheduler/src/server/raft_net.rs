@@ -70,16 +70,27 @@ pub struct Network {
 
 /// Which peers last failed to answer, so that a change is logged once.
 #[derive(Clone, Default)]
-pub(crate) struct Reachability(Arc<Mutex<BTreeMap<u64, bool>>>);
+pub(crate) struct Reachability {
+    known: Arc<Mutex<BTreeMap<u64, bool>>>,
+    /// The whole cluster is going away: nothing is news any more.
+    quiet: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl Reachability {
     /// Records a call's outcome; returns whether it changed what is known
-    /// (the first failure after success, the first success after failure).
+    /// (the first failure after success, the first success after failure)
+    /// and that is worth saying (not once [`Reachability::hush`]ed).
     /// A peer never heard from counts as reachable.
     pub(crate) fn record(&self, peer: u64, answered: bool) -> bool {
-        let mut known = self.0.lock().expect("reachability lock");
+        let mut known = self.known.lock().expect("reachability lock");
         let was = known.insert(peer, answered).unwrap_or(true);
-        was != answered
+        was != answered && !self.quiet.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// From now on peers going away are expected (every replica of a local
+    /// cluster is stopping): they are no longer logged.
+    pub(crate) fn hush(&self) {
+        self.quiet.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -98,6 +109,11 @@ impl Network {
     /// certificate), or plain when `None` (insecure mode).
     pub fn new(tls: Option<TlsMaterial>) -> Network {
         Network { channels: Arc::default(), tls: tls.map(Arc::new), reach: Reachability::default() }
+    }
+
+    /// What says whether its peers' comings and goings are logged.
+    pub(crate) fn reachability(&self) -> Reachability {
+        self.reach.clone()
     }
 
     pub(crate) fn channel(&self, addr: &str) -> Result<Channel, String> {
@@ -736,6 +752,8 @@ mod tests {
         assert!(!r.record(3, true), "each peer on its own");
         assert!(r.record(2, true), "back again is news");
         assert!(!r.record(2, true));
+        r.hush();
+        assert!(!r.record(2, false), "once hushed, a peer going away is expected");
         let wrapped = std::io::Error::other(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(root_cause(&wrapped), std::io::Error::from(std::io::ErrorKind::ConnectionRefused).to_string());
     }

@@ -328,6 +328,8 @@ pub struct Replica {
     health: JoinHandle<()>,
     readiness: watch::Receiver<Readiness>,
     loops: LeaderLoops,
+    /// Its Raft network's view of which peers answer.
+    peers: super::raft_net::Reachability,
 }
 
 impl Replica {
@@ -380,7 +382,9 @@ impl Replica {
         }
         .validate()
         .map_err(|e| StartError::Config(e.to_string()))?;
-        let raft = MusterRaft::new(cfg.id, Arc::new(raft_cfg), Network::new(cfg.tls.clone()), log, sm)
+        let network = Network::new(cfg.tls.clone());
+        let peers = network.reachability();
+        let raft = MusterRaft::new(cfg.id, Arc::new(raft_cfg), network, log, sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
         let time = super::leader_time::LeaderTime::new(
@@ -578,7 +582,7 @@ impl Replica {
             None => (None, None),
         };
         tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
-        Ok(Replica { shared, addr, http_addr, stop, server, http, health, readiness, loops })
+        Ok(Replica { shared, addr, http_addr, stop, server, http, health, readiness, loops, peers })
     }
 
     /// The socket address it serves on.
@@ -634,6 +638,12 @@ impl Replica {
                 return "Raft stopped".into();
             }
         }
+    }
+
+    /// Every replica is about to stop (a local cluster shutting down): a
+    /// peer that stops answering from now on is expected, not warned about.
+    pub fn expect_peers_to_stop(&self) {
+        self.peers.hush();
     }
 
     /// Stops serving, stops Raft and releases the data dir.
