@@ -77,6 +77,46 @@ fn t148_a_bad_retention_flag_is_one_clear_line() {
     }
 }
 
+/// A job history written by a newer Muster stops the replica at start with
+/// a message about the job history and its path (it used to read "invalid
+/// raft configuration").
+#[test]
+fn t195_a_history_from_a_newer_build_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    std::fs::create_dir_all(&data).unwrap();
+    let db = data.join("history.sqlite");
+    let made = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA user_version = 99'); c.commit()",
+        ])
+        .arg(&db)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let server = std::cell::RefCell::new(
+        std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["server", "--id", "1", "--listen", "127.0.0.1:0", "--insecure", "--data-dir"])
+            .arg(&data)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // A replica that started would serve on: it must have exited.
+    crate::dev_proc::wait_until("the replica to refuse to start", || server.borrow_mut().try_wait().unwrap().is_some());
+    let o = server.into_inner().wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("cannot open the job history")
+            && err.contains(&db.display().to_string())
+            && err.contains("schema version 99 is newer than this build's"),
+        "{err}"
+    );
+    assert!(!err.contains("raft configuration"), "{err}");
+}
+
 /// Runs `muster` with `--scheduler addr` before any `--`, until it succeeds.
 pub(crate) fn until_ok(addr: &str, args: &[&str]) -> std::process::Output {
     let deadline = Instant::now() + WAIT;

@@ -252,6 +252,15 @@ pub enum StartError {
     /// The HTTP listener's address is unusable.
     #[error("cannot serve HTTP on {0}: {1}")]
     Http(SocketAddr, std::io::Error),
+    /// The job-history database could not be opened (it names its path).
+    #[error("cannot open the job history: {0}")]
+    History(#[from] muster_history::HistoryError),
+    /// The server's TLS settings were refused.
+    #[error("cannot serve mutual TLS: {0}")]
+    Tls(String),
+    /// gRPC reflection could not be built from the descriptors.
+    #[error("cannot serve gRPC reflection: {0}")]
+    Reflection(String),
 }
 
 /// What every service of a replica shares.
@@ -363,10 +372,7 @@ impl Replica {
             std::sync::Arc::new(move || log.last_log_id().map_or((0, 0), |id| (id.leader_id.term, id.index)))
         };
         let reader = sm.reader();
-        let history = Arc::new(
-            muster_history::HistoryStore::open(&cfg.data_dir.join("history.sqlite"))
-                .map_err(|e| StartError::Config(e.to_string()))?,
-        );
+        let history = Arc::new(muster_history::HistoryStore::open(&cfg.data_dir.join("history.sqlite"))?);
         let raft_cfg = Config {
             cluster_name: "muster".into(),
             heartbeat_interval: cfg.raft.heartbeat_ms,
@@ -445,9 +451,8 @@ impl Replica {
                 .register_encoded_file_descriptor_set(muster_proto::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         }
-        let reflection_v1 = reflection().build_v1().map_err(|e| StartError::Config(format!("reflection: {e}")))?;
-        let reflection_v1alpha =
-            reflection().build_v1alpha().map_err(|e| StartError::Config(format!("reflection: {e}")))?;
+        let reflection_v1 = reflection().build_v1().map_err(|e| StartError::Reflection(e.to_string()))?;
+        let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| StartError::Reflection(e.to_string()))?;
         let (stop, mut stopped) = watch::channel(false);
         let mut builder = tonic::transport::Server::builder()
             .max_concurrent_streams(cfg.limits.max_streams_per_connection)
@@ -460,7 +465,7 @@ impl Replica {
         let auth = match &cfg.tls {
             Some(tls) => {
                 let tls_cfg = tls.server_config().timeout(cfg.limits.handshake_timeout);
-                builder = builder.tls_config(tls_cfg).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
+                builder = builder.tls_config(tls_cfg).map_err(|e| StartError::Tls(e.to_string()))?;
                 let tokens = shared.clone();
                 muster_tls::AuthLayer::new(Arc::new(super::auth::policy))
                     .with_tokens(Arc::new(move |secret: &str| {
