@@ -18,6 +18,7 @@
 //! | `disk-full` | a replica's log writes fail with ENOSPC, half written, for 2–4 s; it must stop (status 75) and restart cleanly |
 //! | `partition-agent` | cut an agent off from every replica: the first time (and every other time) until the leader has marked the node lost and placed its tasks elsewhere, plus 2–4 s; otherwise for 5–7 s (past the agent's fence at half the 8 s node-lost window, short of the window); no task may run twice |
 //! | `slow-disk` | a replica's `fdatasync`s take 200–600 ms longer for 3–5 s; it keeps serving, slowly |
+//! | `stall-leader-disk` | the leader's syncs all wait for 1–3 s: it has sent its newest entries to its followers but cannot count itself, answer or heartbeat; a successor may commit them, and it steps down when its flush completes |
 //! | `agent-disk-full` | the busiest agent's disk fills for 3–5 s, and on until a start has met it (at most 10 s) (its writes that need new space fail with ENOSPC: new attempts cannot be recorded, so they are refused); then it dies (`kill -9`), its disk gets room, and it restarts 1–2 s later: what it started must still be found |
 //! | `clock-jump-forward` | the leader's wall clock jumps 5 s – 2 min ahead for 3–6 s, then back |
 //! | `clock-jump-back` | the leader's wall clock jumps 5 s – 2 min back for 3–6 s, then forward again |
@@ -554,17 +555,41 @@ pub async fn run(
                     ),
                 )
             }
-            _ => {
+            "pause-agent" => {
                 let i = rng.range(0, agents as u64 - 1) as usize;
                 procs.pause_agent(i, true);
                 tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
                 procs.pause_agent(i, false);
                 (procs.agent_ids()[i].clone(), String::new())
             }
+            // Kinds come from KINDS through the fault menu, which refuses
+            // any other name: a kind listed there without an arm here is a
+            // bug, never a silent pause of an agent.
+            other => unreachable!("fault kind {other:?} has no injector"),
         };
         faults.push(Fault { kind, target, start_ms, end_ms: now_ms(), note, clock_ms });
         tokio::time::sleep(hold(&mut rng, 1_000, 2_500)).await;
     }
     heal_network(proxies);
     faults
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table at the top of this file is the reference for `--faults`
+    /// (docs/reliability.md points at it): every kind has its row, and
+    /// every row is a kind.
+    #[test]
+    fn the_fault_table_lists_every_kind_and_only_those() {
+        let source = include_str!("nemesis.rs");
+        let rows: BTreeSet<&str> = source
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .filter_map(|l| l.strip_prefix("//! | `")?.split('`').next())
+            .collect();
+        let kinds: BTreeSet<&str> = KINDS.iter().map(|&(_, k)| k).collect();
+        assert_eq!(rows, kinds);
+    }
 }
