@@ -479,8 +479,12 @@ impl LocalCluster {
         for r in self.replicas.iter().flatten() {
             r.expect_peers_to_stop();
         }
+        // All at once: a replica whose server waits for its peers' streams
+        // to close must not wait on a peer that has not begun to stop.
+        let mut stopping = tokio::task::JoinSet::new();
         for r in self.replicas.iter_mut().filter_map(Option::take) {
-            r.shutdown().await;
+            stopping.spawn(r.shutdown());
         }
+        while stopping.join_next().await.is_some() {}
     }
 }
