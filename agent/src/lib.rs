@@ -31,6 +31,8 @@ mod object;
 mod probe;
 pub mod serve;
 pub mod store;
+#[cfg(test)]
+mod test_support;
 pub mod users;
 pub mod watchdog;
 

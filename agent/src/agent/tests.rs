@@ -384,11 +384,10 @@ async fn an_attempts_gpu_utilisation_and_peak_gpu_memory_go_with_its_end() {
         ..Default::default()
     };
     agent.start(key, assign, 1);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while FAKE_GPU_READINGS.load(std::sync::atomic::Ordering::SeqCst) < 4 {
-        assert!(std::time::Instant::now() < deadline, "the GPUs were never read");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    crate::test_support::eventually("the GPUs to be read four times", || {
+        (FAKE_GPU_READINGS.load(std::sync::atomic::Ordering::SeqCst) >= 4).then_some(())
+    })
+    .await;
     let ctrl = agent.running[&key].ctrl.clone().unwrap();
     ctrl.send(Control::Stop(Duration::from_millis(100))).unwrap();
     let (k, ended) = tokio::time::timeout(Duration::from_secs(60), agent.exits_rx.recv()).await.unwrap().unwrap();
@@ -425,11 +424,7 @@ while :; do sleep 0.05; done"#;
     };
     agent.start(key, assign, 1);
     let ckpt = checkpoint::dir(dir.path(), 9, 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !ckpt.join("ready").exists() {
-        assert!(std::time::Instant::now() < deadline, "the task never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    crate::test_support::eventually("the task to start", || ckpt.join("ready").exists().then_some(())).await;
     let m = fs::metadata(&ckpt).unwrap();
     assert_eq!((m.uid(), m.mode() & 0o777), (60401, 0o700), "its directory is its account's while it runs");
     let hint = Hint {
