@@ -220,6 +220,23 @@ fn schema_without(columns: &[&str]) -> String {
     old
 }
 
+/// A database of an older `version` (its `schema`) holding job 101 and
+/// the attempt `attempt` inserts, opened by this build.
+fn older_database(path: &std::path::Path, schema: &str, version: i64, attempt: &str) -> HistoryStore {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(schema).unwrap();
+    conn.pragma_update(None, "user_version", version).unwrap();
+    conn.execute_batch(
+        "INSERT INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, \
+         command, submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds) \
+         VALUES (1, 101, 'a', 'v', 0, 0, 1, 1, 0, 0, 1, '[\"true\"]', 0, 0, 1000, 'done', '', 0, 0, 1)",
+    )
+    .unwrap();
+    conn.execute_batch(attempt).unwrap();
+    drop(conn);
+    HistoryStore::open(path).unwrap()
+}
+
 const GPU_USAGE: [&str; 2] = ["gpu_util_pct", "peak_gpu_memory_bytes"];
 
 /// The schema before attempts kept their usage (versions 1 and 2).
@@ -230,21 +247,14 @@ fn without_usage() -> String {
 #[test]
 fn a_version_3_database_gains_the_gpu_usage_columns_and_keeps_its_records() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v3.sqlite");
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch(&schema_without(&GPU_USAGE)).unwrap();
-    conn.pragma_update(None, "user_version", 3).unwrap();
-    conn.execute_batch(
-        "INSERT INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, \
-         command, submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds) \
-         VALUES (1, 101, 'a', 'v', 0, 0, 1, 1, 0, 0, 1, '[\"true\"]', 0, 0, 1000, 'done', '', 0, 0, 1); \
-         INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
+    let h = older_database(
+        &dir.path().join("v3.sqlite"),
+        &schema_without(&GPU_USAGE),
+        3,
+        "INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
          preempted, watchdog, peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes) \
          VALUES (101, 0, 1, 'n0', 0, 1000, 'done', 0, 1, 1, 0, NULL, 4096, 7, 0, 0);",
-    )
-    .unwrap();
-    drop(conn);
-    let h = HistoryStore::open(&path).unwrap();
+    );
     let old = h.by_seq(1, 1, 10).unwrap();
     let u = old[0].attempts[0].usage.expect("its memory and CPU were kept");
     assert_eq!((u.peak_memory_bytes, u.cpu_ms, u.gpu_util_pct, u.peak_gpu_memory_bytes), (4096, 7, None, 0));
@@ -257,20 +267,13 @@ fn a_version_3_database_gains_the_gpu_usage_columns_and_keeps_its_records() {
 #[test]
 fn a_version_2_database_gains_the_usage_columns_and_keeps_its_records() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v2.sqlite");
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    conn.execute_batch(&without_usage()).unwrap();
-    conn.pragma_update(None, "user_version", 2).unwrap();
-    conn.execute_batch(
-        "INSERT INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, \
-         command, submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds) \
-         VALUES (1, 101, 'a', 'v', 0, 0, 1, 1, 0, 0, 1, '[\"true\"]', 0, 0, 1000, 'done', '', 0, 0, 1); \
-         INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
+    let h = older_database(
+        &dir.path().join("v2.sqlite"),
+        &without_usage(),
+        2,
+        "INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
          preempted, watchdog) VALUES (101, 0, 1, 'n0', 0, 1000, 'done', 0, 1, 1, 0, NULL);",
-    )
-    .unwrap();
-    drop(conn);
-    let h = HistoryStore::open(&path).unwrap();
+    );
     let old = h.by_seq(1, 1, 10).unwrap();
     assert_eq!(old[0].attempts[0].usage, None, "an attempt from before usage was kept has none");
     let r = record(2, "a", "v", AllocStatus::Done, &[(0, 1_000)]);
