@@ -197,12 +197,14 @@ impl Agent {
         let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let exits = self.exits_tx.clone();
         let clock = self.cfg.clock.clone();
+        let seal = self.cfg.run_as.switches();
         tokio::spawn(async move {
             let (mut ended, stopped) = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard, &clock).await;
             // Nothing of the attempt runs now; the directory is the
-            // agent's again before it is read (a no-op for tasks that ran
-            // as the agent's own user).
-            if let Err(e) = checkpoint::seal(&checkpoint_dir)
+            // agent's again before it is read (only needed where tasks run
+            // as other accounts).
+            if seal
+                && let Err(e) = checkpoint::seal(&checkpoint_dir)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
                 tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "cannot take the checkpoint directory back");
