@@ -11,10 +11,11 @@
 //!
 //! A child that traps SIGTERM, or a grandchild that outlives its parent,
 //! still dies: signals go to the process group, not the one pid. With a
-//! cgroup ([`crate::cgroup`]) the task joins it before it runs (through
-//! `/bin/sh`, which joins and execs it), signals go to every process in it
-//! too, and an attempt has ended only once its cgroup is empty: a process
-//! that left the group (`setsid`, a double fork) dies with it.
+//! cgroup ([`crate::cgroup`]) the task joins it before it runs (the child
+//! joins and execs it without forking the agent: [`child`]), signals go to
+//! every process in it too, and an attempt has ended only once its cgroup
+//! is empty: a process that left the group (`setsid`, a double fork) dies
+//! with it.
 //!
 //! Tasks that must outlive their agent (`muster agent --keep-tasks`) start
 //! under a shim (`muster task-shim`, [`run_shim`]) that leads the process
@@ -32,11 +33,9 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::process::{Child, Command};
 
 use crate::cgroup::{TaskCgroup, Usage};
 
@@ -103,6 +102,9 @@ pub enum SpawnError {
     /// The attempt's cgroup could not be joined.
     #[error("cannot put the task in its cgroup: {0}")]
     Cgroup(io::Error),
+    /// The task could not become its account.
+    #[error("cannot run the task as its account: {0}")]
+    User(io::Error),
     /// The program could not be executed.
     #[error("cannot start {program:?}: {source}")]
     Exec {
@@ -156,7 +158,7 @@ pub struct RunningTask {
 
 enum Inner {
     /// Our own child: waited for directly.
-    Child(Child),
+    Child(child::Process),
     /// A shim started by an earlier agent: polled, its status read from the
     /// file.
     Adopted { status: PathBuf },
@@ -303,15 +305,6 @@ fn exit_of(status: std::process::ExitStatus) -> Exit {
     }
 }
 
-/// The shell that moves a task into its cgroup before it runs (see [`spawn`]).
-const JOINER: &str = "/bin/sh";
-
-/// What the joiner runs: `muster-join N PROCS_1 … PROCS_N ARGV…` writes 0
-/// (itself) to each of the N `cgroup.procs` files, then execs ARGV in its
-/// place: same pid, same process group, already in the cgroup.
-const JOIN_SCRIPT: &str =
-    r#"n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 126; shift; n=$((n-1)); done; exec "$@""#;
-
 /// Finds `program` as `execvp` would: a path (relative to `cwd`) as it is,
 /// a bare name on `path`; an error as exec's (ENOENT, EACCES) when it
 /// cannot be run.
@@ -411,140 +404,99 @@ pub fn spawn(
         _ => None,
     };
     let task_path = launch.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
-    // A program that cannot run is reported as one that did not start, as
-    // the agent's own exec would (a joining shell or helper would exit 127).
-    let wrapped = cgroup.is_some() || launch.user.is_some();
-    if wrapped {
-        find_program(program, &task_path, work_dir)
-            .map_err(|source| SpawnError::Exec { program: program.clone(), source })?;
-    }
-    let procs: Vec<PathBuf> = cgroup.iter().flat_map(|cg| cg.dirs()).map(|d| d.join("cgroup.procs")).collect();
-    // How the task gets into its cgroup and becomes its user before it
-    // runs a line of its code, without forking this (large) agent:
-    //
-    // - as another user, through `muster task-exec`, which joins, drops to
-    //   the user and execs the task (or, as the shim, forks it);
-    // - as the agent's user in a cgroup, through /bin/sh, which writes 0
-    //   (itself) to each cgroup.procs and execs the task (or the shim).
-    //
-    // The agent starts either with posix_spawn. Without them (no `muster`
-    // binary known, no /bin/sh), a pre-exec step of a forked agent does it.
+    let exec_error = |source| SpawnError::Exec { program: program.clone(), source };
+    let found = find_program(program, &task_path, work_dir).map_err(exec_error)?;
+    // The child joins the cgroups, leads its own process group and (unless
+    // a shim does it for the command) becomes the task's account, then
+    // execs what runs the task: the command itself, or its shim in front
+    // of it (`muster task-shim`, or `muster task-exec`, which stays the
+    // agent's and starts the command as the account).
     let mut argv: Vec<std::ffi::OsString> = Vec::new();
-    let mut in_child: Option<(Vec<PathBuf>, Option<crate::users::TaskUser>)> = None;
-    match (&launch.user, muster.exe) {
-        (Some(user), Some(exe)) => {
-            argv.extend([exe.into(), TASK_EXEC_SUBCOMMAND.into(), "--user".into(), user.to_arg().into()]);
-            for p in &procs {
-                argv.extend(["--join".into(), p.into()]);
-            }
-            if let Some(status) = &status_file {
-                argv.extend(["--status".into(), status.into()]);
-            }
-            argv.push("--".into());
+    let mut drop_to = launch.user.clone();
+    if let (Some(status), Some(exe)) = (&status_file, muster.exe) {
+        match drop_to.take() {
+            Some(user) => argv.extend([
+                exe.into(),
+                TASK_EXEC_SUBCOMMAND.into(),
+                "--user".into(),
+                user.to_arg().into(),
+                "--status".into(),
+                status.into(),
+            ]),
+            None => argv.extend([exe.into(), SHIM_SUBCOMMAND.into(), "--status".into(), status.into()]),
         }
-        (user, _) => {
-            let joiner = !procs.is_empty() && user.is_none() && Path::new(JOINER).exists();
-            if joiner {
-                argv.extend([JOINER.into(), "-c".into(), JOIN_SCRIPT.into(), "muster-join".into()]);
-                argv.push(procs.len().to_string().into());
-                argv.extend(procs.iter().map(Into::into));
-            } else if !procs.is_empty() || user.is_some() {
-                in_child = Some((procs.clone(), user.clone()));
-            }
-            if let (Some(status), Some(exe)) = (&status_file, muster.exe) {
-                argv.extend([exe.into(), SHIM_SUBCOMMAND.into(), "--status".into(), status.into(), "--".into()]);
-            }
-        }
+        argv.push("--".into());
     }
+    let path = if argv.is_empty() { found.into_os_string() } else { argv[0].clone() };
     argv.extend(launch.command.iter().map(Into::into));
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .current_dir(work_dir)
-        .envs(crate::launcher::launcher_env(launch, &hosts))
-        .envs(&launch.env)
-        .env("MUSTER_ALLOC_ID", launch.alloc.to_string())
-        .env("MUSTER_TASK_INDEX", launch.task.to_string())
-        .env("MUSTER_GANG_SIZE", launch.gang_size.to_string())
-        .env("MUSTER_GANG_PEERS", launch.peers.join(","))
-        .env("MUSTER_ATTEMPT", launch.attempt.to_string())
-        .env("MUSTER_EPOCH", launch.epoch.to_string())
-        .env("MUSTER_CHECKPOINT_DIR", &launch.checkpoint_dir)
-        .env("CUDA_VISIBLE_DEVICES", launch.gpu_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr)
-        .process_group(0)
-        .kill_on_drop(false);
-    // The pre-exec step: files opened here, written in the child (nothing
-    // between fork and exec allocates or takes a lock).
-    let mut join = Vec::new();
-    if let Some((procs, user)) = in_child {
-        if let Some(cg) = cgroup.as_ref().filter(|_| !procs.is_empty()) {
-            join = cg.join_files().map_err(SpawnError::Cgroup)?;
-        }
-        let fds = crate::cgroup::raw_fds(&join);
-        // SAFETY: the closure makes only async-signal-safe calls (write,
-        // setgroups, setgid, setuid) on memory allocated before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                crate::cgroup::join_from_child(&fds)?;
-                match &user {
-                    Some(u) => crate::users::drop_to(u),
-                    None => Ok(()),
-                }
-            });
-        }
-    }
-    let spawned = cmd.spawn();
-    drop(join);
-    let child = spawned.map_err(|source| match source.raw_os_error() {
-        // The pre-exec step's own failure reads as the write's errno;
-        // a program that cannot run reads as ENOENT, EACCES or ENOEXEC.
-        Some(libc::ENOENT | libc::EACCES | libc::ENOEXEC | libc::ENOTDIR | libc::ELOOP) | None => {
-            SpawnError::Exec { program: program.clone(), source }
-        }
-        Some(_) if cgroup.is_some() => SpawnError::Cgroup(source),
-        Some(_) => SpawnError::Exec { program: program.clone(), source },
+    let mut env: BTreeMap<std::ffi::OsString, std::ffi::OsString> = std::env::vars_os().collect();
+    let launcher = crate::launcher::launcher_env(launch, &hosts);
+    let ours = [
+        ("MUSTER_ALLOC_ID", launch.alloc.to_string()),
+        ("MUSTER_TASK_INDEX", launch.task.to_string()),
+        ("MUSTER_GANG_SIZE", launch.gang_size.to_string()),
+        ("MUSTER_GANG_PEERS", launch.peers.join(",")),
+        ("MUSTER_ATTEMPT", launch.attempt.to_string()),
+        ("MUSTER_EPOCH", launch.epoch.to_string()),
+        ("CUDA_VISIBLE_DEVICES", launch.gpu_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+    ];
+    let pairs = launcher
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .chain(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    env.extend(pairs.map(|(k, v)| (k.into(), v.into())));
+    env.extend(ours.iter().map(|(k, v)| ((*k).into(), v.into())));
+    env.insert("MUSTER_CHECKPOINT_DIR".into(), launch.checkpoint_dir.clone().into_os_string());
+    let c = |s: std::ffi::OsString| {
+        use std::os::unix::ffi::OsStringExt;
+        std::ffi::CString::new(s.into_vec()).map_err(|_| {
+            exec_error(io::Error::new(io::ErrorKind::InvalidInput, "an argument or variable holds a NUL byte"))
+        })
+    };
+    let devnull = File::open("/dev/null").map_err(exec_error)?;
+    let plan = child::Plan {
+        program: c(path)?,
+        argv: argv.into_iter().map(c).collect::<Result<_, _>>()?,
+        env: env
+            .into_iter()
+            .map(|(mut k, v)| {
+                k.push("=");
+                k.push(v);
+                c(k)
+            })
+            .collect::<Result<_, _>>()?,
+        cwd: c(work_dir.as_os_str().to_owned())?,
+        stdio: [devnull.into(), stdout.into(), stderr.into()],
+        join: match &cgroup {
+            Some(cg) => cg.join_files().map_err(SpawnError::Cgroup)?,
+            None => Vec::new(),
+        },
+        user: drop_to,
+    };
+    let pid = child::start(&plan).map_err(|failed| match failed {
+        child::Failed::Join(e) => SpawnError::Cgroup(e),
+        child::Failed::User(e) => SpawnError::User(e),
+        child::Failed::Clone(e) | child::Failed::Setup(e) | child::Failed::Exec(e) => exec_error(e),
     })?;
-    let pgid = child.id().expect("a just-spawned child has a pid") as i32;
-    Ok(RunningTask { inner: Inner::Child(child), pgid, leader: None, exited: None, cgroup, usage: None })
+    Ok(RunningTask {
+        inner: Inner::Child(child::Process::new(pid)),
+        pgid: pid,
+        leader: None,
+        exited: None,
+        cgroup,
+        usage: None,
+    })
 }
 
 /// The subcommand of the `muster` binary that runs [`run_task_exec`].
 pub const TASK_EXEC_SUBCOMMAND: &str = "task-exec";
 
-/// `muster task-exec --user U [--join PROCS]… [--status FILE] -- CMD…`:
-/// joins the cgroups (writing 0, itself, to each `cgroup.procs`), then
-/// either drops to the user and execs CMD, or (with `--status`) becomes the
-/// shim: it stays the agent's, waits for CMD, which it starts as the user,
-/// and writes its exit status. Returns only on failure (or as the shim).
-pub fn run_task_exec(
-    user: &crate::users::TaskUser,
-    join: &[PathBuf],
-    status: Option<&Path>,
-    command: &[String],
-) -> i32 {
-    use std::os::unix::process::CommandExt;
-    for procs in join {
-        if let Err(e) = fs::write(procs, "0") {
-            eprintln!("muster task-exec: cannot join {}: {e}", procs.display());
-            return 126;
-        }
-    }
-    if let Some(status) = status {
-        return run_shim_as(status, command, Some(user));
-    }
-    let Some(program) = command.first() else {
-        eprintln!("muster task-exec: no command");
-        return 127;
-    };
-    if let Err(e) = crate::users::drop_to(user) {
-        eprintln!("muster task-exec: cannot become uid {} gid {}: {e}", user.uid, user.gid);
-        return 126;
-    }
-    let e = std::process::Command::new(program).args(&command[1..]).exec();
-    eprintln!("muster task-exec: cannot start {program:?}: {e}");
-    if e.kind() == io::ErrorKind::PermissionDenied { 126 } else { 127 }
+/// `muster task-exec --user U --status FILE -- CMD…`: the shim of a task
+/// that runs as another account. It stays the agent's (the task can
+/// neither signal it nor forge its status), starts CMD as the account,
+/// waits for it and writes its exit status (see [`run_shim`]).
+pub fn run_task_exec(user: &crate::users::TaskUser, status: &Path, command: &[String]) -> i32 {
+    run_shim_as(status, command, Some(user))
 }
 
 impl RunningTask {
@@ -577,7 +529,7 @@ impl RunningTask {
             Some(exit) => exit,
             None => {
                 let exit = match &mut self.inner {
-                    Inner::Child(child) => exit_of(child.wait().await?),
+                    Inner::Child(child) => child.wait().await?,
                     Inner::Adopted { status } => {
                         while alive(self.pgid) {
                             tokio::time::sleep(ADOPTED_POLL).await;
@@ -627,5 +579,6 @@ impl RunningTask {
     }
 }
 
+mod child;
 #[cfg(test)]
 mod tests;

@@ -44,7 +44,7 @@ pub struct TaskUser {
 }
 
 impl TaskUser {
-    /// `UID:GID:G1,G2,…`, as `muster task-exec --user` reads it.
+    /// `UID:GID:G1,G2,…`, as `muster task-exec --user` (the shim of a kept task) reads it.
     pub fn to_arg(&self) -> String {
         let groups = self.groups.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         format!("{}:{}:{groups}", self.uid, self.gid)

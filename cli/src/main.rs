@@ -206,20 +206,17 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Start a task as another user (what a root agent runs each task
-    /// through): join the cgroups, drop to the user, exec COMMAND; with
-    /// --status, stay as the shim and start COMMAND as the user.
+    /// The shim of a task that runs as another user (kept across agent
+    /// restarts): stays the agent's, starts COMMAND as the user, waits for
+    /// it and writes its exit status.
     #[command(name = "task-exec", hide = true)]
     TaskExec {
         /// UID:GID:GROUPS, never root.
         #[arg(long)]
         user: String,
-        /// A cgroup.procs file to join first (repeated).
+        /// Where the exit status goes (`code N` or `signal N`).
         #[arg(long)]
-        join: Vec<std::path::PathBuf>,
-        /// Act as the shim: the exit status goes here.
-        #[arg(long)]
-        status: Option<std::path::PathBuf>,
+        status: std::path::PathBuf,
         /// The task's command.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -273,9 +270,9 @@ fn main() -> ExitCode {
             let code = muster_agent::executor::run_shim(&status, &command);
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
-        Cmd::TaskExec { user, join, status, command } => {
+        Cmd::TaskExec { user, status, command } => {
             let code = match muster_agent::users::TaskUser::from_arg(&user) {
-                Ok(user) => muster_agent::executor::run_task_exec(&user, &join, status.as_deref(), &command),
+                Ok(user) => muster_agent::executor::run_task_exec(&user, &status, &command),
                 Err(e) => {
                     eprintln!("muster task-exec: {e}");
                     126

@@ -133,9 +133,8 @@ pub struct AgentConfig {
     /// Who each allocation's tasks run as (`crate::users`):
     /// [`crate::users::RunAs::agent`] runs them as this agent's own user.
     pub run_as: crate::users::RunAs,
-    /// The `muster` binary, through whose `task-exec` a task starts as
-    /// another user without forking the agent (`None`: a pre-exec step of
-    /// a forked agent does it).
+    /// The `muster` binary, whose `task-shim` and `task-exec` keep tasks
+    /// across agent restarts (`--keep-tasks`; `None`: tasks are not kept).
     pub exe: Option<PathBuf>,
 }
 

@@ -29,7 +29,7 @@ mod task;
 #[cfg(test)]
 mod tests;
 
-pub use task::{TaskCgroup, join_from_child, raw_fds};
+pub use task::TaskCgroup;
 
 /// Which cgroup layout the node has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -224,26 +224,4 @@ fn remove_tree(dir: &Path) {
     {
         tracing::debug!(dir = %dir.display(), error = %e, "cannot remove a cgroup");
     }
-}
-
-/// Joins the cgroups whose `cgroup.procs` files are `fds`: called in a
-/// forked child before it execs. Writing `0` moves the writer, so the
-/// process is in its cgroup before it runs a line of the task's code, and
-/// nothing it forks can start outside.
-///
-/// # Safety
-/// Only async-signal-safe calls (`write`): fit for `pre_exec`.
-pub unsafe fn join_from_child(fds: &[RawFd]) -> io::Result<()> {
-    for &fd in fds {
-        // SAFETY: writing a static byte to an open descriptor.
-        if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// The raw descriptors of `files`, for [`join_from_child`].
-pub fn raw_fds(files: &[OwnedFd]) -> Vec<RawFd> {
-    files.iter().map(AsRawFd::as_raw_fd).collect()
 }

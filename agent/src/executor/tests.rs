@@ -398,3 +398,42 @@ async fn a_task_is_refused_the_gpu_devices_it_was_not_assigned() {
     assert!(lines[1].contains("gpu1") && lines[1].contains("No such device or address"), "{out}");
     iso.remove_if_empty();
 }
+
+/// The child starts clean of the agent's signal state: nothing blocked,
+/// SIGPIPE not ignored (the agent ignores it; a task's pipeline must not),
+/// in its own process group, in its working directory.
+#[tokio::test]
+async fn a_task_starts_with_no_signal_blocked_or_ignored_in_its_own_group() {
+    let dir = tempfile::tempdir().unwrap();
+    // SAFETY: ignoring SIGPIPE, as the agent's runtime does.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    let mut t = spawn(&launch(&["cat", "/proc/self/status"]), dir.path(), Muster::NONE, None).unwrap();
+    let pid = t.pgid();
+    assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+    let (out, _) = log_paths(dir.path(), 7, 1, 2);
+    let status = fs::read_to_string(out).unwrap();
+    for line in ["SigBlk:\t0000000000000000", &format!("Pid:\t{pid}")] {
+        assert!(status.lines().any(|l| l == line), "no {line:?} in\n{status}");
+    }
+    let ignored = status.lines().find_map(|l| l.strip_prefix("SigIgn:\t")).unwrap();
+    assert_eq!(u64::from_str_radix(ignored, 16).unwrap() & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE ignored:\n{status}");
+    let mut t =
+        spawn(&launch(&["sh", "-c", "echo $(ps -o pgid= -p $$) $(pwd -P)"]), dir.path(), Muster::NONE, None).unwrap();
+    let pid = t.pgid();
+    assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+    let (out, _) = log_paths(dir.path(), 7, 1, 2);
+    let want = format!("{pid} {}\n", dir.path().canonicalize().unwrap().display());
+    assert_eq!(fs::read_to_string(out).unwrap().trim_start(), want);
+}
+
+/// A task dropped before anyone waited for it is reaped once it exits: no
+/// zombie is left behind.
+#[tokio::test]
+async fn a_task_dropped_unwaited_leaves_no_zombie() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = spawn(&launch(&["sleep", "0.2"]), dir.path(), Muster::NONE, None).unwrap();
+    let pid = t.pgid();
+    drop(t);
+    assert!(fs::metadata(format!("/proc/{pid}")).is_ok(), "still running when dropped");
+    eventually("the dropped task is reaped", || fs::metadata(format!("/proc/{pid}")).is_err().then_some(())).await;
+}

@@ -257,7 +257,7 @@ fn users_config() -> LocalConfig {
         heartbeat: Duration::from_millis(500),
         stop_grace: Duration::from_secs(1),
         run_as,
-        // Tasks start through `muster task-exec`, as under `muster agent`.
+        // Kept tasks run under `muster task-exec`, as under `muster agent`.
         exe: Some(env!("CARGO_BIN_EXE_muster").into()),
         ..crate::tls::local_config()
     }
