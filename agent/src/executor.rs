@@ -385,13 +385,22 @@ pub fn spawn(
     let hosts = dir.join(format!("attempt-{}.hostfile", launch.attempt));
     fs::write(&hosts, crate::launcher::hostfile(&launch.peers, launch.gpu_ids.len())).map_err(logs)?;
     let progress = crate::watchdog::progress_path(work_dir, launch.alloc, launch.task, launch.attempt);
-    if let Some(user) = &launch.user {
-        // What the task itself writes or reads here is its own; the rest
-        // of the attempt's directory stays the agent's.
-        private_file(&progress).map_err(logs)?;
-        for path in [&hosts, &progress] {
-            std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid)).map_err(logs)?;
+    // Each run starts with no beat in its progress file (a watchdog re-run
+    // on the same node has the same path): the watcher counts whatever it
+    // first finds there as a beat.
+    match &launch.user {
+        Some(user) => {
+            // What the task itself writes or reads here is its own; the
+            // rest of the attempt's directory stays the agent's.
+            private_file(&progress).map_err(logs)?;
+            for path in [&hosts, &progress] {
+                std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid)).map_err(logs)?;
+            }
         }
+        None => match fs::remove_file(&progress) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(logs(e)),
+            _ => {}
+        },
     }
     let status_file = match (muster.shim, muster.exe) {
         (true, Some(_)) => {

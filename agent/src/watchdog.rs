@@ -302,13 +302,12 @@ pub struct ProgressFile {
 }
 
 impl ProgressFile {
-    /// Watches `path` (absent until the task first beats, or made empty
-    /// by the agent for a task running as another user: what it is now is
-    /// no beat).
+    /// Watches `path`, which the executor removed (or, for a task running
+    /// as another user, made empty) before it started the task: absent or
+    /// empty is no beat, and whatever the task wrote before the first look,
+    /// however early, is one.
     pub fn new(path: PathBuf) -> ProgressFile {
-        let mut file = ProgressFile { path, seen: None };
-        file.changed();
-        file
+        ProgressFile { path, seen: None }
     }
 
     /// Whether the file changed since the last call.
@@ -318,8 +317,9 @@ impl ProgressFile {
         if self.seen == Some(now) {
             return false;
         }
+        let first = self.seen.is_none();
         self.seen = Some(now);
-        true
+        !(first && meta.len() == 0)
     }
 }
 
@@ -569,11 +569,18 @@ mod tests {
         let path = dir.path().join("p");
         let mut p = ProgressFile::new(path.clone());
         assert!(!p.changed(), "no file yet");
+        fs::write(&path, "").unwrap();
+        assert!(!p.changed(), "made empty by the agent: no beat");
         fs::write(&path, "1").unwrap();
         assert!(p.changed());
         assert!(!p.changed());
         fs::write(&path, "12").unwrap();
         assert!(p.changed(), "appended");
+        // A beat written before the watcher's first look still counts
+        // (a task that beats at once, before its agent starts watching).
+        let mut late = ProgressFile::new(path.clone());
+        assert!(late.changed(), "what the task wrote before the first look");
+        assert!(!late.changed());
     }
 
     #[test]

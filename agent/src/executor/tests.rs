@@ -437,3 +437,19 @@ async fn a_task_dropped_unwaited_leaves_no_zombie() {
     assert!(fs::metadata(format!("/proc/{pid}")).is_ok(), "still running when dropped");
     eventually("the dropped task is reaped", || fs::metadata(format!("/proc/{pid}")).is_err().then_some(())).await;
 }
+
+/// A re-run on the same node (a watchdog's) finds no beat of the run
+/// before it in its progress file: the file is gone before the task starts.
+#[tokio::test]
+async fn each_run_starts_with_no_beat_in_its_progress_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut l = launch(&["sh", "-c", "test -e \"$MUSTER_PROGRESS_FILE\" && echo stale || echo fresh"]);
+    let progress = crate::watchdog::progress_path(dir.path(), l.alloc, l.task, l.attempt);
+    l.env.insert("MUSTER_PROGRESS_FILE".into(), progress.display().to_string());
+    fs::create_dir_all(progress.parent().unwrap()).unwrap();
+    fs::write(&progress, ".\n.\n").unwrap();
+    let mut t = spawn(&l, dir.path(), Muster::NONE, None).unwrap();
+    assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+    let (out, _) = log_paths(dir.path(), 7, 1, 2);
+    assert_eq!(fs::read_to_string(out).unwrap(), "fresh\n");
+}
