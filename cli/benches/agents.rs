@@ -79,7 +79,7 @@ fn main() {
                 .chain([Role::Admin("bench".into())])
                 .chain((0..agents).map(|i| Role::Agent(format!("sim-{i:05}"))))
                 .collect();
-            let mut m = muster_sim::local::ensure_certs(&certs, &roles).expect("issue the certificates");
+            let mut m = muster_local::ensure_certs(&certs, &roles).expect("issue the certificates");
             let agent_certs = m.split_off(4);
             println!("issued {} certificates in {:.1} s", roles.len(), issued.elapsed().as_secs_f64());
             (m.pop(), agent_certs)

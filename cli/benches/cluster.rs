@@ -68,7 +68,7 @@ impl Servers {
                 .chain((0..MAX_AGENTS).map(|i| Role::Agent(format!("bench-{i}"))))
                 .chain([Role::Admin("bench".into())])
                 .collect();
-            muster_sim::local::ensure_certs(&certs, &roles).expect("issue the bench's certificates").pop().unwrap()
+            muster_local::ensure_certs(&certs, &roles).expect("issue the bench's certificates").pop().unwrap()
         });
         let tls = tls.then_some(certs);
         let mut s = Servers {

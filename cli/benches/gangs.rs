@@ -34,9 +34,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
-use muster_sim::local::{LocalCluster, LocalConfig};
 use tonic::transport::Channel;
 
 fn gang(gpus: u32) -> v1::AllocationSpec {

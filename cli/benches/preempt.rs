@@ -14,9 +14,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
-use muster_sim::local::{LocalCluster, LocalConfig};
 use tonic::transport::Channel;
 
 fn job(class: u32, checkpoint: v1::CheckpointMode, command: &str) -> v1::AllocationSpec {

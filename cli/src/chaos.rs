@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use muster_sim::chaos::{ChaosConfig, run};
+use muster_chaos::{ChaosConfig, run};
 
 #[derive(Args, Debug)]
 pub struct ChaosArgs {
@@ -84,12 +84,12 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     }
     if let Some(bug) = &args.inject_bug
         && muster_scheduler::server::InjectedBug::parse(bug).is_none()
-        && !muster_sim::chaos::AGENT_BUGS.contains(&bug.as_str())
+        && !muster_chaos::AGENT_BUGS.contains(&bug.as_str())
     {
         bail!(
             "--inject-bug {bug:?}: the known bugs are {}, {}",
             muster_scheduler::server::InjectedBug::NAMES.join(", "),
-            muster_sim::chaos::AGENT_BUGS.join(", ")
+            muster_chaos::AGENT_BUGS.join(", ")
         );
     }
     if let Some(r) = &args.retention {
@@ -98,7 +98,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
             bail!("--retention must be at least 1s");
         }
     }
-    let known = muster_sim::chaos::fault_kinds();
+    let known = muster_chaos::fault_kinds();
     if let Some(f) = args.faults.iter().find(|f| !known.contains(&f.as_str())) {
         bail!("--faults: unknown fault {f:?}; the faults are {}", known.join(", "));
     }
@@ -176,7 +176,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
             let passed = reports.iter().all(|r| r.passed);
             out!("{}", serde_json::to_string_pretty(&serde_json::json!({ "runs": reports, "passed": passed }))?);
         } else {
-            out!("\n{}", muster_sim::chaos::campaign_summary(&reports).trim_end());
+            out!("\n{}", muster_chaos::campaign_summary(&reports).trim_end());
         }
     }
     let failed: Vec<String> =

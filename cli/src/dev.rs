@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::alloc::{status_name, task_status_name};
 use crate::client::Cluster;
@@ -165,7 +165,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         out!("  http      replica {id}: http://{http}/ui  (/metrics /healthz /readyz)");
     }
     match cluster.tls_dir() {
-        Some(t) => out!("  tls       {} (mutual TLS; you are admin-{})", t.display(), muster_sim::local::DEV_ADMIN),
+        Some(t) => out!("  tls       {} (mutual TLS; you are admin-{})", t.display(), muster_local::DEV_ADMIN),
         None => out!("  tls       none (--insecure)"),
     }
     for name in named {

@@ -223,7 +223,7 @@ enum Cmd {
     },
     /// One rank of a chaos-test gang (what `muster chaos` runs as each
     /// task): beats with its gang's master over the chaos fabric and
-    /// journals its life; see muster_sim::chaos::rank.
+    /// journals its life; see muster_chaos::rank.
     #[command(name = "chaos-rank", hide = true)]
     ChaosRank {
         /// Beats (250 ms each) the gang runs once every rank has joined.
@@ -232,7 +232,7 @@ enum Cmd {
     },
     /// The daemon a rank of the daemonising chaos workload leaves behind:
     /// beats in the journal as its attempt until killed; see
-    /// muster_sim::chaos::rank::daemon.
+    /// muster_chaos::rank::daemon.
     #[command(name = "chaos-daemon", hide = true)]
     ChaosDaemon,
     /// Print a shell completion script: muster completions bash > /etc/bash_completion.d/muster
@@ -281,11 +281,11 @@ fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
         Cmd::ChaosRank { beats } => {
-            let code = muster_sim::chaos::rank::main(beats);
+            let code = muster_chaos::rank::main(beats);
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
         Cmd::ChaosDaemon => {
-            let code = muster_sim::chaos::rank::daemon();
+            let code = muster_chaos::rank::daemon();
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
         Cmd::Completions { shell } => {

@@ -6,19 +6,16 @@
 //! or a real trace ([`load_trace`]), and reports utilisation, queueing delay
 //! and the final state digest ([`Report`]). Same seed, same digest.
 //!
-//! [`chaos`] runs real server and agent processes under a seeded nemesis
-//! and checks that nothing acknowledged is lost.
-//!
-//! [`local`] runs a whole cluster (replicas and agents) in one process on
-//! loopback, for `muster dev` and end-to-end tests.
+//! It is pure, like the core: no async runtime, RPC, storage, clock or
+//! randomness crate (`.ci/run` checks its dependency tree). The in-process
+//! cluster of `muster dev` is `muster-local`, and the chaos harness
+//! `muster-chaos`.
 
 #![deny(missing_docs)]
 
-pub mod chaos;
 mod engine;
 mod fleet;
 mod job;
-pub mod local;
 mod report;
 mod rng;
 mod trace;

@@ -234,7 +234,8 @@ fn t106_a_partitioned_agent_fences_its_tasks_and_none_runs_twice() {
 #[test]
 fn t107_a_chaos_run_catches_agents_that_do_not_fence_themselves() {
     let args = ["--duration", "30s", "--seed", "14", "--agents", "4", "--faults", "partition-agent"];
-    let run = chaos(&[&args[..], &["--inject-bug", "no-agent-fencing", "--task-seconds", "15-25"]].concat()).fails();
+    let bug = ["--inject-bug", "no-agent-fencing", "--task-seconds", "15-25", "--liveness-timeout", "20s"];
+    let run = chaos(&[&args[..], &bug[..]].concat()).fails();
     assert!(run.detail("journal_consistent", false).contains("still ran at"));
 }
 
@@ -317,7 +318,8 @@ fn t163_a_chaos_run_catches_agents_that_forget_their_predecessors_tasks() {
     // stopped mostly finds its predecessor's still running, and 35 s of
     // restarts: with 2-8 s tasks over 25 s, a loaded machine sometimes
     // restarted only idle agents, and the bug had nothing to show.
-    let run = chaos(&[&args[..], &["--inject-bug", "forget-leftovers", "--task-seconds", "5-10"]].concat()).fails();
+    let bug = ["--inject-bug", "forget-leftovers", "--task-seconds", "5-10", "--liveness-timeout", "20s"];
+    let run = chaos(&[&args[..], &bug[..]].concat()).fails();
     assert!(run.detail("journal_consistent", false).contains("still ran at"));
 }
 
@@ -422,7 +424,8 @@ fn t165_a_full_agent_disk_refuses_starts_and_nothing_runs_twice() {
 #[test]
 fn t166_a_chaos_run_catches_agents_that_start_unrecorded_attempts() {
     let args = ["--duration", "60s", "--seed", "19", "--agents", "4", "--faults", "agent-disk-full"];
-    let run = chaos(&[&args[..], &["--inject-bug", "start-without-record", "--task-seconds", "2-8"]].concat()).fails();
+    let bug = ["--inject-bug", "start-without-record", "--task-seconds", "2-8", "--liveness-timeout", "20s"];
+    let run = chaos(&[&args[..], &bug[..]].concat()).fails();
     assert!(run.detail("journal_consistent", false).contains("still ran at"));
 }
 
@@ -453,7 +456,8 @@ fn t167_a_partition_between_gang_peers_breaks_gangs_that_restart_cleanly() {
 #[test]
 fn t168_a_chaos_run_catches_a_leader_that_spares_a_failed_gangs_peers() {
     let args = ["--duration", "30s", "--seed", "7", "--faults", "partition-gang"];
-    let run = chaos(&[&args[..], &["--inject-bug", "spare-failed-gang-peers"]].concat()).fails();
+    let run =
+        chaos(&[&args[..], &["--inject-bug", "spare-failed-gang-peers", "--liveness-timeout", "20s"]].concat()).fails();
     let detail = run.detail("journal_consistent", false);
     assert!(detail.contains("of placement") && detail.contains("still ran on"), "{detail}");
 }

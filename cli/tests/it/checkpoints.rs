@@ -10,10 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_proto::v1::admin_service_client::AdminServiceClient;
 use muster_scheduler::policy::PreemptionConfig;
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::{WAIT, channel};
 use crate::e2e::{get, leader_client, submit, until};

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_scheduler::sm::PortRange;
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::WAIT;
 use crate::e2e::{gang, status, submit, until};

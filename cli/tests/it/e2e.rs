@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::{WAIT, channel};
 

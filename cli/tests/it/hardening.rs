@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::WAIT;
 use crate::e2e::{get, leader_client, proc_alive, status, submit, until};
@@ -401,7 +401,7 @@ fn t145_muster_dev_restarts_on_its_own_data() {
     let sched = dev.sched.clone();
     let dir = dev.stop();
     let data = dir.path().join("dev");
-    assert!(data.join(muster_sim::local::ADDRS_FILE).exists());
+    assert!(data.join(muster_local::ADDRS_FILE).exists());
     let again = Dev::start_on(dir, data, &[]);
     assert_eq!(again.sched, sched, "the same replica addresses as the stored membership");
     assert_eq!(again.ok(&["alloc", "get", &id])["status"], "done", "the first run's work is still there");

@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_scheduler::policy::PreemptionConfig;
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::e2e::{leader_client, status, submit, until};
 

@@ -7,10 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_proto::v1::node_service_client::NodeServiceClient;
 use muster_scheduler::policy::PreemptionConfig;
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::{WAIT, channel};
 use crate::e2e::{get, leader_client, status, submit, until};

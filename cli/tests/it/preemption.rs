@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_scheduler::policy::PreemptionConfig;
 use muster_scheduler::sm::{AllocId, Event, TeardownOutcome};
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::cluster::WAIT;
 use crate::e2e::{get, submit, until};

@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_proto::v1::agent_message::Msg as Up;
 use muster_proto::v1::agent_service_client::AgentServiceClient;
 use muster_proto::v1::scheduler_message::Msg as Down;
 use muster_scheduler::sm::{AllocId, Event, TeardownOutcome};
-use muster_sim::local::{LocalCluster, LocalConfig};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 

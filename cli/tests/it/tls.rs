@@ -12,24 +12,23 @@ pub fn dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("muster-test-tls-{}", std::process::id()));
-        let roles: Vec<Role> =
-            (1..=5).map(Role::Server).chain([Role::Admin(muster_sim::local::DEV_ADMIN.into())]).collect();
-        muster_sim::local::ensure_certs(&dir, &roles).expect("test CA");
+        let roles: Vec<Role> = (1..=5).map(Role::Server).chain([Role::Admin(muster_local::DEV_ADMIN.into())]).collect();
+        muster_local::ensure_certs(&dir, &roles).expect("test CA");
         dir
     })
 }
 
 /// The admin's material, for the tests' own gRPC clients.
 pub fn admin() -> TlsMaterial {
-    muster_sim::local::ensure_certs(dir(), &[Role::Admin(muster_sim::local::DEV_ADMIN.into())]).unwrap().remove(0)
+    muster_local::ensure_certs(dir(), &[Role::Admin(muster_local::DEV_ADMIN.into())]).unwrap().remove(0)
 }
 
 /// Material for any role (issued when missing), e.g. an agent's.
 pub fn material(role: Role) -> TlsMaterial {
-    muster_sim::local::ensure_certs(dir(), &[role]).unwrap().remove(0)
+    muster_local::ensure_certs(dir(), &[role]).unwrap().remove(0)
 }
 
 /// A local cluster's config that issues its certificates from the tests' CA.
-pub fn local_config() -> muster_sim::local::LocalConfig {
-    muster_sim::local::LocalConfig { tls_dir: Some(dir().to_path_buf()), ..muster_sim::local::LocalConfig::default() }
+pub fn local_config() -> muster_local::LocalConfig {
+    muster_local::LocalConfig { tls_dir: Some(dir().to_path_buf()), ..muster_local::LocalConfig::default() }
 }

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use muster_agent::watchdog::WatchdogConfig;
+use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
-use muster_sim::local::{LocalCluster, LocalConfig};
 
 use crate::e2e::{get, submit, until};
 

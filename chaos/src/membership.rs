@@ -22,10 +22,10 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use super::client;
-use super::nemesis::{leader_of, refresh_known};
+use super::nemesis::{FaultKind, leader_of, refresh_known};
 use super::procs::Procs;
 use super::proxy::Proxy;
-use crate::SimRng;
+use muster_sim::SimRng;
 
 /// How long one membership call keeps trying (a leader may change under it,
 /// and a learner must catch up first).
@@ -65,7 +65,7 @@ where
 /// Starts fresh replicas `ids`, adds them as learners and promotes them.
 async fn add(procs: &mut Procs, proxies: &[Proxy], ids: &[u64]) -> Result<(), String> {
     let roles: Vec<muster_tls::Role> = ids.iter().map(|&id| muster_tls::Role::Server(id)).collect();
-    crate::local::ensure_certs(&procs.tls_dir(), &roles)?;
+    muster_local::ensure_certs(&procs.tls_dir(), &roles)?;
     for &id in ids {
         procs.spawn_server(id).map_err(|e| format!("cannot start replica {id}: {e}"))?;
     }
@@ -133,35 +133,56 @@ fn removed(ids: &[u64], leader: bool) -> String {
     }
 }
 
-/// One membership fault of `kind` (`grow-cluster`, `shrink-cluster` or
-/// `replace-replica`): grow and shrink turn into each other when the
+/// A membership fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `grow-cluster`: two replicas join.
+    Grow,
+    /// `shrink-cluster`: two replicas leave.
+    Shrink,
+    /// `replace-replica`: one leaves and one joins.
+    Replace,
+}
+
+impl Change {
+    fn kind(self) -> FaultKind {
+        match self {
+            Change::Grow => FaultKind::GrowCluster,
+            Change::Shrink => FaultKind::ShrinkCluster,
+            Change::Replace => FaultKind::ReplaceReplica,
+        }
+    }
+}
+
+/// One membership fault: grow and shrink turn into each other when the
 /// cluster is already 5 or 3. Returns the kind made, its target and a note.
 pub async fn run(
     procs: &mut Procs,
     proxies: &[Proxy],
     rng: &mut SimRng,
-    kind: &'static str,
-) -> (&'static str, String, String) {
+    change: Change,
+) -> (FaultKind, String, String) {
     let size = procs.members().len();
-    let kind = match kind {
-        "grow-cluster" | "shrink-cluster" if size >= 5 => "shrink-cluster",
-        "grow-cluster" | "shrink-cluster" => "grow-cluster",
-        other => other,
+    let change = match change {
+        Change::Grow | Change::Shrink if size >= 5 => Change::Shrink,
+        Change::Grow | Change::Shrink => Change::Grow,
+        Change::Replace => Change::Replace,
     };
-    let outcome = match kind {
-        "grow-cluster" => {
+    let kind = change.kind();
+    let outcome = match change {
+        Change::Grow => {
             let new: Vec<u64> = (0..2).filter_map(|_| procs.new_replica()).collect();
             add(procs, proxies, &new)
                 .await
                 .map(|()| (ids(&new), format!("replicas {} joined and were promoted", ids(&new))))
         }
-        "shrink-cluster" => {
+        Change::Shrink => {
             let (old, leader) = victims(procs, rng, 2).await;
             remove(procs, proxies, &old)
                 .await
                 .map(|()| (ids(&old), format!("replicas {} removed and retired", removed(&old, leader))))
         }
-        _ => {
+        Change::Replace => {
             let (old, leader) = victims(procs, rng, 1).await;
             if size < 5 {
                 let new: Vec<u64> = procs.new_replica().into_iter().collect();

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use muster_proto::v1;
 
 use super::CheckResult;
-use crate::chaos::workload::{Op, is_refusal};
+use crate::workload::{Op, is_refusal};
 
 /// Checks the submit history against the final allocations.
 pub fn acked_exactly_once(ops: &[Op], allocs: &[v1::Allocation]) -> CheckResult {

@@ -7,7 +7,7 @@
 //! copies keep the entry from being lost.
 
 use super::CheckResult;
-use crate::chaos::procs::{PowerLoss, Readback};
+use crate::procs::{PowerLoss, Readback};
 
 /// Checks every power loss and every read-back of the run.
 pub fn acked_entries_durable(losses: &[PowerLoss], readbacks: &[Readback]) -> CheckResult {

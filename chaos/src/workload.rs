@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::DEFAULT_TASK_MS;
 use super::client::{Answer, Client};
-use crate::SimRng;
+use muster_sim::SimRng;
 
 /// One client call, as the checkers see it.
 #[derive(Clone, Debug, Serialize)]

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::CheckResult;
-use crate::chaos::workload::Op;
+use crate::workload::Op;
 
 /// What a client may observe of one allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

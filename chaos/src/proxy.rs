@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use crate::SimRng;
+use muster_sim::SimRng;
 
 /// How a link misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -68,7 +68,7 @@ pub fn campaign_summary(reports: &[Report]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chaos::{CheckResult, Fault, OpCounts, Recovery};
+    use crate::{CheckResult, Fault, OpCounts, Recovery};
 
     fn report(seed: u64, passed: bool, recovery_ms: u64) -> Report {
         let fault =

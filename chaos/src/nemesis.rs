@@ -35,12 +35,13 @@ use serde::Serialize;
 
 use super::client;
 use super::fabric::Fabric;
+use super::membership::{self, Change};
 use super::procs::Procs;
 use super::proxy::{Proxy, Slowness};
 use super::workload::now_ms;
-use crate::SimRng;
 use muster_proto::v1;
 use muster_raft_store::DiskFault;
+use muster_sim::SimRng;
 
 /// One fault injected.
 #[derive(Clone, Debug, Serialize)]
@@ -60,32 +61,130 @@ pub struct Fault {
     pub clock_ms: i64,
 }
 
-/// Every fault and its weight in the schedule.
-pub const KINDS: &[(u32, &str)] = &[
-    (3, "kill-leader"),
-    (1, "power-loss-replica"),
-    (1, "power-loss-all"),
-    (2, "pause-leader"),
-    (2, "partition-leader"),
-    (1, "partition-follower"),
-    (2, "slow-network"),
-    (1, "lagging-follower"),
-    (2, "kill-agent"),
-    (1, "pause-agent"),
-    (1, "disk-eio"),
-    (1, "disk-full"),
-    (1, "slow-disk"),
-    (1, "stall-leader-disk"),
-    (2, "partition-agent"),
-    (1, "restart-agent"),
-    (1, "agent-disk-full"),
-    (1, "clock-jump-forward"),
-    (1, "clock-jump-back"),
-    (1, "clock-skew"),
-    (1, "grow-cluster"),
-    (1, "shrink-cluster"),
-    (1, "replace-replica"),
-    (2, "partition-gang"),
+/// A kind of fault the nemesis injects (`--faults` names them; the table
+/// at the top of this file says what each does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// `kill-leader`
+    KillLeader,
+    /// `power-loss-replica`
+    PowerLossReplica,
+    /// `power-loss-all`
+    PowerLossAll,
+    /// `pause-leader`
+    PauseLeader,
+    /// `partition-leader`
+    PartitionLeader,
+    /// `partition-follower`
+    PartitionFollower,
+    /// `slow-network`
+    SlowNetwork,
+    /// `lagging-follower`
+    LaggingFollower,
+    /// `kill-agent`
+    KillAgent,
+    /// `pause-agent`
+    PauseAgent,
+    /// `disk-eio`
+    DiskEio,
+    /// `disk-full`
+    DiskFull,
+    /// `slow-disk`
+    SlowDisk,
+    /// `stall-leader-disk`
+    StallLeaderDisk,
+    /// `partition-agent`
+    PartitionAgent,
+    /// `restart-agent`
+    RestartAgent,
+    /// `agent-disk-full`
+    AgentDiskFull,
+    /// `clock-jump-forward`
+    ClockJumpForward,
+    /// `clock-jump-back`
+    ClockJumpBack,
+    /// `clock-skew`
+    ClockSkew,
+    /// `grow-cluster`
+    GrowCluster,
+    /// `shrink-cluster`
+    ShrinkCluster,
+    /// `replace-replica`
+    ReplaceReplica,
+    /// `partition-gang`
+    PartitionGang,
+}
+
+impl FaultKind {
+    /// The kind's name, as `--faults` and the report write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillLeader => "kill-leader",
+            FaultKind::PowerLossReplica => "power-loss-replica",
+            FaultKind::PowerLossAll => "power-loss-all",
+            FaultKind::PauseLeader => "pause-leader",
+            FaultKind::PartitionLeader => "partition-leader",
+            FaultKind::PartitionFollower => "partition-follower",
+            FaultKind::SlowNetwork => "slow-network",
+            FaultKind::LaggingFollower => "lagging-follower",
+            FaultKind::KillAgent => "kill-agent",
+            FaultKind::PauseAgent => "pause-agent",
+            FaultKind::DiskEio => "disk-eio",
+            FaultKind::DiskFull => "disk-full",
+            FaultKind::SlowDisk => "slow-disk",
+            FaultKind::StallLeaderDisk => "stall-leader-disk",
+            FaultKind::PartitionAgent => "partition-agent",
+            FaultKind::RestartAgent => "restart-agent",
+            FaultKind::AgentDiskFull => "agent-disk-full",
+            FaultKind::ClockJumpForward => "clock-jump-forward",
+            FaultKind::ClockJumpBack => "clock-jump-back",
+            FaultKind::ClockSkew => "clock-skew",
+            FaultKind::GrowCluster => "grow-cluster",
+            FaultKind::ShrinkCluster => "shrink-cluster",
+            FaultKind::ReplaceReplica => "replace-replica",
+            FaultKind::PartitionGang => "partition-gang",
+        }
+    }
+
+    /// The kind named `name`, if there is one.
+    pub fn parse(name: &str) -> Option<FaultKind> {
+        KINDS.iter().map(|&(_, k)| k).find(|k| k.name() == name)
+    }
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Every fault and its weight in the schedule (the order and weights fix
+/// what a seed draws: keep them).
+pub const KINDS: &[(u32, FaultKind)] = &[
+    (3, FaultKind::KillLeader),
+    (1, FaultKind::PowerLossReplica),
+    (1, FaultKind::PowerLossAll),
+    (2, FaultKind::PauseLeader),
+    (2, FaultKind::PartitionLeader),
+    (1, FaultKind::PartitionFollower),
+    (2, FaultKind::SlowNetwork),
+    (1, FaultKind::LaggingFollower),
+    (2, FaultKind::KillAgent),
+    (1, FaultKind::PauseAgent),
+    (1, FaultKind::DiskEio),
+    (1, FaultKind::DiskFull),
+    (1, FaultKind::SlowDisk),
+    (1, FaultKind::StallLeaderDisk),
+    (2, FaultKind::PartitionAgent),
+    (1, FaultKind::RestartAgent),
+    (1, FaultKind::AgentDiskFull),
+    (1, FaultKind::ClockJumpForward),
+    (1, FaultKind::ClockJumpBack),
+    (1, FaultKind::ClockSkew),
+    (1, FaultKind::GrowCluster),
+    (1, FaultKind::ShrinkCluster),
+    (1, FaultKind::ReplaceReplica),
+    (2, FaultKind::PartitionGang),
 ];
 
 /// The status `muster server` exits with when its storage failed.
@@ -213,13 +312,22 @@ async fn leader_or_wait(procs: &Procs, until: Instant) -> Option<u64> {
     None
 }
 
+/// The leader, and the replica a leader fault of `kind` hits: a follower
+/// for the follower kinds, else the leader; `None` when no leader shows up
+/// within [`LEADER_WAIT`].
+async fn leader_target(procs: &Procs, kind: FaultKind, rng: &mut SimRng) -> Option<(u64, u64)> {
+    let leader = leader_or_wait(procs, Instant::now() + LEADER_WAIT).await?;
+    let follower = matches!(kind, FaultKind::PartitionFollower | FaultKind::LaggingFollower);
+    Some((leader, if follower { other_than(procs, leader, rng) } else { leader }))
+}
+
 /// Injects faults of the given kinds until `until`; every fault is healed
 /// before it returns.
 pub async fn run(
     procs: &mut Procs,
     proxies: &[Proxy],
     fabric: &Fabric,
-    kinds: &[(u32, &'static str)],
+    kinds: &[(u32, FaultKind)],
     seed: u64,
     until: Instant,
 ) -> Vec<Fault> {
@@ -235,65 +343,89 @@ pub async fn run(
         let start_ms = now_ms();
         let mut clock_ms = 0i64;
         let (target, note) = match kind {
-            "kill-leader" | "pause-leader" | "partition-leader" | "partition-follower" | "lagging-follower"
-            | "stall-leader-disk" => {
-                let Some(leader) = leader_or_wait(procs, Instant::now() + LEADER_WAIT).await else {
+            FaultKind::KillLeader => {
+                let Some((_, target)) = leader_target(procs, kind, &mut rng).await else {
                     faults.push(no_leader(start_ms));
                     continue;
                 };
-                let target = if kind.ends_with("follower") { other_than(procs, leader, &mut rng) } else { leader };
-                let note = match kind {
-                    "kill-leader" => {
-                        procs.kill_server(target);
-                        tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
-                        let note = procs.spawn_server(target).err().map(|e| format!("restart failed: {e}"));
-                        refresh_known(procs, proxies);
-                        note.unwrap_or_default()
-                    }
-                    "pause-leader" => {
-                        procs.pause_server(target, true);
-                        tokio::time::sleep(hold(&mut rng, 2_000, 4_000)).await;
-                        procs.pause_server(target, false);
-                        String::new()
-                    }
-                    "stall-leader-disk" => {
-                        // Every sync waits until the disk comes back: the
-                        // leader has sent its newest entries to its followers
-                        // but cannot count itself, nor answer or heartbeat.
-                        let held = hold(&mut rng, 1_000, 3_000);
-                        let mut notes: Vec<String> =
-                            procs.set_disk_fault(target, Some(DiskFault::StalledSync)).err().into_iter().collect();
-                        tokio::time::sleep(held).await;
-                        notes.extend(procs.set_disk_fault(target, None).err());
-                        notes.push(format!("syncs held for {:.1} s", held.as_secs_f64()));
-                        notes.join("; ")
-                    }
-                    "lagging-follower" => {
-                        partition(procs, proxies, target);
-                        let behind = client::status(procs.addr(target)).await.map_or(0, |s| s.applied_index);
-                        let give_up = Instant::now() + Duration::from_secs(20);
-                        let mut purged = false;
-                        while Instant::now() < give_up && Instant::now() < until {
-                            let snap = client::status(procs.addr(leader)).await.map_or(0, |s| s.snapshot_index);
-                            if snap > behind + 30 {
-                                purged = true;
-                                break;
-                            }
-                            tokio::time::sleep(Duration::from_millis(300)).await;
-                        }
-                        heal_network(proxies);
-                        format!("applied {behind} when cut off; leader snapshotted past it: {purged}")
-                    }
-                    _ => {
-                        partition(procs, proxies, target);
-                        tokio::time::sleep(hold(&mut rng, 2_000, 5_000)).await;
-                        heal_network(proxies);
-                        String::new()
-                    }
+                let note = {
+                    procs.kill_server(target);
+                    tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
+                    let note = procs.spawn_server(target).err().map(|e| format!("restart failed: {e}"));
+                    refresh_known(procs, proxies);
+                    note.unwrap_or_default()
                 };
                 (format!("replica {target}"), note)
             }
-            "power-loss-replica" => {
+            FaultKind::PauseLeader => {
+                let Some((_, target)) = leader_target(procs, kind, &mut rng).await else {
+                    faults.push(no_leader(start_ms));
+                    continue;
+                };
+                let note = {
+                    procs.pause_server(target, true);
+                    tokio::time::sleep(hold(&mut rng, 2_000, 4_000)).await;
+                    procs.pause_server(target, false);
+                    String::new()
+                };
+                (format!("replica {target}"), note)
+            }
+            FaultKind::StallLeaderDisk => {
+                let Some((_, target)) = leader_target(procs, kind, &mut rng).await else {
+                    faults.push(no_leader(start_ms));
+                    continue;
+                };
+                let note = {
+                    // Every sync waits until the disk comes back: the
+                    // leader has sent its newest entries to its followers
+                    // but cannot count itself, nor answer or heartbeat.
+                    let held = hold(&mut rng, 1_000, 3_000);
+                    let mut notes: Vec<String> =
+                        procs.set_disk_fault(target, Some(DiskFault::StalledSync)).err().into_iter().collect();
+                    tokio::time::sleep(held).await;
+                    notes.extend(procs.set_disk_fault(target, None).err());
+                    notes.push(format!("syncs held for {:.1} s", held.as_secs_f64()));
+                    notes.join("; ")
+                };
+                (format!("replica {target}"), note)
+            }
+            FaultKind::LaggingFollower => {
+                let Some((leader, target)) = leader_target(procs, kind, &mut rng).await else {
+                    faults.push(no_leader(start_ms));
+                    continue;
+                };
+                let note = {
+                    partition(procs, proxies, target);
+                    let behind = client::status(procs.addr(target)).await.map_or(0, |s| s.applied_index);
+                    let give_up = Instant::now() + Duration::from_secs(20);
+                    let mut purged = false;
+                    while Instant::now() < give_up && Instant::now() < until {
+                        let snap = client::status(procs.addr(leader)).await.map_or(0, |s| s.snapshot_index);
+                        if snap > behind + 30 {
+                            purged = true;
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                    heal_network(proxies);
+                    format!("applied {behind} when cut off; leader snapshotted past it: {purged}")
+                };
+                (format!("replica {target}"), note)
+            }
+            FaultKind::PartitionLeader | FaultKind::PartitionFollower => {
+                let Some((_, target)) = leader_target(procs, kind, &mut rng).await else {
+                    faults.push(no_leader(start_ms));
+                    continue;
+                };
+                let note = {
+                    partition(procs, proxies, target);
+                    tokio::time::sleep(hold(&mut rng, 2_000, 5_000)).await;
+                    heal_network(proxies);
+                    String::new()
+                };
+                (format!("replica {target}"), note)
+            }
+            FaultKind::PowerLossReplica => {
                 let target = any_member(procs, &mut rng);
                 let mut note = procs.power_loss_server(target).err().unwrap_or_default();
                 tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
@@ -303,7 +435,7 @@ pub async fn run(
                 refresh_known(procs, proxies);
                 (format!("replica {target}"), note)
             }
-            "power-loss-all" => {
+            FaultKind::PowerLossAll => {
                 let ids = procs.members();
                 let mut notes = Vec::new();
                 for &id in &ids {
@@ -316,7 +448,7 @@ pub async fn run(
                 refresh_known(procs, proxies);
                 ("all replicas".to_string(), notes.join("; "))
             }
-            "slow-network" => {
+            FaultKind::SlowNetwork => {
                 let slow = Slowness { delay: Duration::from_millis(75), jitter: Duration::from_millis(50), loss: 0.5 };
                 for p in proxies {
                     p.set_slow(Some(slow));
@@ -325,11 +457,11 @@ pub async fn run(
                 heal_network(proxies);
                 ("all links".to_string(), "75 ms ± 50 ms, 50 % held".to_string())
             }
-            "disk-eio" | "disk-full" | "slow-disk" => {
+            FaultKind::DiskEio | FaultKind::DiskFull | FaultKind::SlowDisk => {
                 let target = any_member(procs, &mut rng);
                 let (fault, held) = match kind {
-                    "disk-eio" => (DiskFault::SyncFails, hold(&mut rng, 2_000, 4_000)),
-                    "disk-full" => (DiskFault::Full, hold(&mut rng, 2_000, 4_000)),
+                    FaultKind::DiskEio => (DiskFault::SyncFails, hold(&mut rng, 2_000, 4_000)),
+                    FaultKind::DiskFull => (DiskFault::Full, hold(&mut rng, 2_000, 4_000)),
                     _ => (DiskFault::SlowSync(hold(&mut rng, 200, 600)), hold(&mut rng, 3_000, 5_000)),
                 };
                 let per_sync = match fault {
@@ -351,7 +483,7 @@ pub async fn run(
                         procs.unexpected_exit(format!("replica {target} exited {status} under {kind}"));
                         true
                     }
-                    None if kind == "slow-disk" => {
+                    None if kind == FaultKind::SlowDisk => {
                         notes.push(per_sync);
                         false
                     }
@@ -367,7 +499,7 @@ pub async fn run(
                 if stopped {
                     // What the replica restarts on must hold all it acknowledged.
                     procs.read_back(target);
-                    if kind == "disk-eio" {
+                    if kind == FaultKind::DiskEio {
                         // A machine whose disk failed is power-cycled: the
                         // replica comes back on what its disk kept.
                         notes.extend(procs.power_loss_server(target).err());
@@ -377,13 +509,13 @@ pub async fn run(
                 refresh_known(procs, proxies);
                 (format!("replica {target}"), notes.join("; "))
             }
-            "clock-jump-forward" | "clock-jump-back" | "clock-skew" => {
+            FaultKind::ClockJumpForward | FaultKind::ClockJumpBack | FaultKind::ClockSkew => {
                 let Some(leader) = leader_or_wait(procs, Instant::now() + LEADER_WAIT).await else {
                     faults.push(no_leader(start_ms));
                     continue;
                 };
                 let mut notes = Vec::new();
-                let target = if kind == "clock-skew" {
+                let target = if kind == FaultKind::ClockSkew {
                     let follower = other_than(procs, leader, &mut rng);
                     let fast = rng.chance(0.5);
                     let per_mille = rng.range(20, 80) as i64 * if fast { 1 } else { -1 };
@@ -415,7 +547,7 @@ pub async fn run(
                     follower
                 } else {
                     let size = rng.range(5_000, 120_000) as i64;
-                    clock_ms = if kind == "clock-jump-forward" { size } else { -size };
+                    clock_ms = if kind == FaultKind::ClockJumpForward { size } else { -size };
                     let shift = muster_clock::Shift { offset_ms: clock_ms, ..Default::default() };
                     notes.extend(procs.set_clock(leader, Some(shift)).err());
                     let held = hold(&mut rng, 3_000, 6_000);
@@ -426,12 +558,22 @@ pub async fn run(
                 };
                 (format!("replica {target}"), notes.join("; "))
             }
-            "grow-cluster" | "shrink-cluster" | "replace-replica" => {
-                let (made, target, note) = super::membership::run(procs, proxies, &mut rng, kind).await;
+            FaultKind::GrowCluster => {
+                let (made, target, note) = membership::run(procs, proxies, &mut rng, Change::Grow).await;
                 kind = made;
                 (target, note)
             }
-            "kill-agent" => {
+            FaultKind::ShrinkCluster => {
+                let (made, target, note) = membership::run(procs, proxies, &mut rng, Change::Shrink).await;
+                kind = made;
+                (target, note)
+            }
+            FaultKind::ReplaceReplica => {
+                let (made, target, note) = membership::run(procs, proxies, &mut rng, Change::Replace).await;
+                kind = made;
+                (target, note)
+            }
+            FaultKind::KillAgent => {
                 let i = rng.range(0, agents as u64 - 1) as usize;
                 procs.kill_agent(i);
                 tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
@@ -439,7 +581,7 @@ pub async fn run(
                 refresh_known(procs, proxies);
                 (procs.agent_ids()[i].clone(), note)
             }
-            "agent-disk-full" => {
+            FaultKind::AgentDiskFull => {
                 let i = busiest(&procs.journal(), procs.agent_ids())
                     .unwrap_or_else(|| rng.range(0, agents as u64 - 1) as usize);
                 let refused = procs.agent_refused_starts(i);
@@ -467,7 +609,7 @@ pub async fn run(
                 );
                 (procs.agent_ids()[i].clone(), notes.join("; "))
             }
-            "restart-agent" => {
+            FaultKind::RestartAgent => {
                 let keepers: Vec<usize> = (0..agents).filter(|&i| procs.keeps_tasks(i)).collect();
                 let i = match keepers.len() {
                     0 => rng.range(0, agents as u64 - 1) as usize,
@@ -501,7 +643,7 @@ pub async fn run(
                 refresh_known(procs, proxies);
                 (procs.agent_ids()[i].clone(), note)
             }
-            "partition-agent" => {
+            FaultKind::PartitionAgent => {
                 // The agent running the most attempts, so that the cut
                 // bites (waiting a little for one that runs anything).
                 let i = busiest_or_any(procs, &mut rng, until).await;
@@ -538,7 +680,7 @@ pub async fn run(
                 );
                 (id, note)
             }
-            "partition-gang" => {
+            FaultKind::PartitionGang => {
                 let i = busiest_or_any(procs, &mut rng, until).await;
                 let id = procs.agent_ids()[i].clone();
                 let cut_ms = now_ms();
@@ -555,19 +697,15 @@ pub async fn run(
                     ),
                 )
             }
-            "pause-agent" => {
+            FaultKind::PauseAgent => {
                 let i = rng.range(0, agents as u64 - 1) as usize;
                 procs.pause_agent(i, true);
                 tokio::time::sleep(hold(&mut rng, 1_000, 3_000)).await;
                 procs.pause_agent(i, false);
                 (procs.agent_ids()[i].clone(), String::new())
             }
-            // Kinds come from KINDS through the fault menu, which refuses
-            // any other name: a kind listed there without an arm here is a
-            // bug, never a silent pause of an agent.
-            other => unreachable!("fault kind {other:?} has no injector"),
         };
-        faults.push(Fault { kind, target, start_ms, end_ms: now_ms(), note, clock_ms });
+        faults.push(Fault { kind: kind.name(), target, start_ms, end_ms: now_ms(), note, clock_ms });
         tokio::time::sleep(hold(&mut rng, 1_000, 2_500)).await;
     }
     heal_network(proxies);
@@ -589,7 +727,11 @@ mod tests {
             .take_while(|l| l.starts_with("//!"))
             .filter_map(|l| l.strip_prefix("//! | `")?.split('`').next())
             .collect();
-        let kinds: BTreeSet<&str> = KINDS.iter().map(|&(_, k)| k).collect();
+        let kinds: BTreeSet<&str> = KINDS.iter().map(|&(_, k)| k.name()).collect();
         assert_eq!(rows, kinds);
+        for &(_, k) in KINDS {
+            assert_eq!(FaultKind::parse(k.name()), Some(k));
+        }
+        assert_eq!(FaultKind::parse("meteor"), None);
     }
 }

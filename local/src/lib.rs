@@ -6,6 +6,8 @@
 //! but `CUDA_VISIBLE_DEVICES` names devices that do not exist) unless told
 //! otherwise.
 
+#![deny(missing_docs)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

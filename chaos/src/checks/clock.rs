@@ -24,7 +24,7 @@ use muster_raft_store::CommandBatch;
 
 use super::CheckResult;
 use super::replay::ReplicaLog;
-use crate::chaos::workload::Op;
+use crate::workload::Op;
 
 /// What the measurements may be off by, ms, beyond the submits' own spans.
 pub const SLACK_MS: i64 = 250;

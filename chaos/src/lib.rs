@@ -14,6 +14,8 @@
 //!         ─▶ checks ─▶ report (JSON + one screen)
 //! ```
 
+#![deny(missing_docs)]
+
 mod campaign;
 mod checks;
 mod client;
@@ -33,7 +35,7 @@ use serde::Serialize;
 
 pub use campaign::campaign_summary;
 pub use checks::CheckResult;
-pub use nemesis::Fault;
+pub use nemesis::{Fault, FaultKind};
 pub use workload::Op;
 
 use self::procs::Procs;
@@ -139,12 +141,12 @@ fn agent_args(cfg: &ChaosConfig) -> Vec<String> {
 
 /// Every fault the nemesis knows, in docs/reliability.md's order.
 pub fn fault_kinds() -> Vec<&'static str> {
-    nemesis::KINDS.iter().map(|&(_, k)| k).collect()
+    nemesis::KINDS.iter().map(|&(_, k)| k.name()).collect()
 }
 
 /// The weighted menu for `faults` (empty: everything); an unknown kind is
 /// an error naming the known ones.
-fn fault_menu(faults: &[String]) -> Result<Vec<(u32, &'static str)>, String> {
+fn fault_menu(faults: &[String]) -> Result<Vec<(u32, FaultKind)>, String> {
     if faults.is_empty() {
         return Ok(nemesis::KINDS.to_vec());
     }
@@ -153,7 +155,7 @@ fn fault_menu(faults: &[String]) -> Result<Vec<(u32, &'static str)>, String> {
         .map(|f| {
             nemesis::KINDS
                 .iter()
-                .find(|&&(_, k)| k == f.as_str())
+                .find(|&&(_, k)| k.name() == f.as_str())
                 .copied()
                 .ok_or_else(|| format!("unknown fault {f:?}; the faults are {}", fault_kinds().join(", ")))
         })
@@ -322,7 +324,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
         .chain(procs.agent_ids().iter().map(|id| muster_tls::Role::Agent(id.clone())))
         .chain([muster_tls::Role::Admin("chaos".into())])
         .collect();
-    let materials = crate::local::ensure_certs(&procs.tls_dir(), &roles)?;
+    let materials = muster_local::ensure_certs(&procs.tls_dir(), &roles)?;
     client::set_tls(materials.last().cloned());
     for id in procs.members() {
         procs.spawn_server(id).map_err(|e| format!("cannot start muster server: {e}"))?;
@@ -549,7 +551,7 @@ mod tests {
     fn the_fault_menu_is_everything_or_the_named_kinds() {
         assert_eq!(fault_menu(&[]).unwrap(), nemesis::KINDS.to_vec());
         let menu = fault_menu(&["power-loss-all".into(), "kill-leader".into()]).unwrap();
-        assert_eq!(menu.iter().map(|&(_, k)| k).collect::<Vec<_>>(), ["power-loss-all", "kill-leader"]);
+        assert_eq!(menu.iter().map(|&(_, k)| k).collect::<Vec<_>>(), [FaultKind::PowerLossAll, FaultKind::KillLeader]);
         let err = fault_menu(&["meteor".into()]).unwrap_err();
         assert!(err.contains("unknown fault \"meteor\"") && err.contains("lagging-follower"), "{err}");
         assert!(fault_kinds().contains(&"power-loss-replica"));
