@@ -6,6 +6,7 @@
 //! to date (the CLI's `cluster transfer-leader` waits to see that happen).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use muster_proto::bounds::Bounded;
@@ -20,6 +21,7 @@ use muster_tls::Caller;
 use super::auth::{caller_name, new_token_secret, token_sha256};
 use super::client_api::linearizable;
 use super::convert::{propose_error_to_status, rejection_to_status};
+use super::policies::BugInjector;
 use super::proposer::ProposeError;
 use super::replica::{Shared, status_of};
 use crate::sm::{Command, Outcome, Token, TokenRole};
@@ -27,12 +29,14 @@ use crate::sm::{Command, Outcome, Token, TokenRole};
 /// The admin API of one replica.
 pub struct AdminApi {
     s: Shared,
+    bugs: Arc<BugInjector>,
 }
 
 impl AdminApi {
-    /// The admin API over a replica's shared parts.
-    pub fn new(s: Shared) -> Self {
-        AdminApi { s }
+    /// The admin API over a replica's shared parts and its injected bug
+    /// (tests only).
+    pub fn new(s: Shared, bugs: Arc<BugInjector>) -> Self {
+        AdminApi { s, bugs }
     }
 
     fn members(&self) -> Vec<v1::Member> {
@@ -137,7 +141,7 @@ impl AdminService for AdminApi {
         let remove_voters: BTreeSet<u64> = remove.intersection(&voters).copied().collect();
         if !remove_voters.is_empty() {
             // retain = false: a removed voter does not stay on as a learner.
-            let retain = self.s.inject_bug == Some(super::replica::InjectedBug::RemovedVotersLinger);
+            let retain = self.bugs.has(super::replica::InjectedBug::RemovedVotersLinger);
             let resp = self
                 .s
                 .raft

@@ -5,6 +5,8 @@
 //! the leader confirms it still leads and waits until its state machine has
 //! applied everything committed before answering.
 
+use std::sync::Arc;
+
 use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_server::AllocationService;
@@ -19,6 +21,7 @@ use super::convert::{
     alloc_status_filter, alloc_status_to_proto, alloc_to_proto, describe_event, propose_error_to_status,
     rejection_to_status, spec_from_proto,
 };
+use super::policies::{BugInjector, Policies};
 use super::replica::Shared;
 use crate::sm::{AllocId, Command, DEFAULT_VCLUSTER, Event, Outcome, VClusterType};
 
@@ -32,12 +35,15 @@ pub const MAX_PAGE_BYTES: usize = 2 << 20;
 /// The client API of one replica.
 pub struct ClientApi {
     s: Shared,
+    policies: Arc<Policies>,
+    bugs: Arc<BugInjector>,
 }
 
 impl ClientApi {
-    /// The client API over a replica's shared parts.
-    pub fn new(s: Shared) -> Self {
-        ClientApi { s }
+    /// The client API over a replica's shared parts, its settings and its
+    /// injected bug (tests only).
+    pub fn new(s: Shared, policies: Arc<Policies>, bugs: Arc<BugInjector>) -> Self {
+        ClientApi { s, policies, bugs }
     }
 }
 
@@ -45,14 +51,13 @@ impl ClientApi {
     /// The injected bug: answers with the id the submit will get, and
     /// proposes it a second later.
     fn ack_before_commit(&self, spec: crate::sm::AllocSpec) -> v1::SubmitResponse {
-        use std::sync::atomic::Ordering;
-        let pending = self.s.unproposed.fetch_add(1, Ordering::SeqCst);
+        let pending = self.bugs.hold_unproposed();
         let id = self.s.reader.read(|st| st.next_alloc_id()) + pending;
-        let s = self.s.clone();
+        let (s, bugs) = (self.s.clone(), self.bugs.clone());
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             let _ = s.proposer.propose(Command::Submit { spec }).await;
-            s.unproposed.fetch_sub(1, Ordering::SeqCst);
+            bugs.release_unproposed();
             s.admission_wake.notify_one();
         });
         v1::SubmitResponse { id, duplicate: false, plan: None }
@@ -282,7 +287,7 @@ impl AllocationService for ClientApi {
         // A submit without a walltime takes its class's default, if one is set.
         if let Some(p) = proto.as_mut()
             && p.walltime_s == 0
-            && let Some(&w) = u8::try_from(p.preemption_class).ok().and_then(|c| self.s.walltime_defaults.get(&c))
+            && let Some(w) = u8::try_from(p.preemption_class).ok().and_then(|c| self.policies.walltime_default(c))
         {
             p.walltime_s = w;
         }
@@ -330,20 +335,20 @@ impl AllocationService for ClientApi {
         }
         if req.dry_run {
             linearizable(&self.s).await?;
-            let cfg = self.s.preemption;
+            let cfg = self.policies.preemption();
             let plan = self.s.reader.read(|st| {
                 let now = self.s.now(st);
                 convert::explanation_to_proto(crate::policy::explain_spec(st, &spec, now, &cfg), st, now)
             });
             return Ok(Response::new(v1::SubmitResponse { id: 0, duplicate: false, plan: Some(plan) }));
         }
-        if self.s.inject_bug == Some(super::replica::InjectedBug::AckBeforeCommit) {
+        if self.bugs.has(super::replica::InjectedBug::AckBeforeCommit) {
             return Ok(Response::new(self.ack_before_commit(spec)));
         }
         let cmd =
             if secrets.is_empty() { Command::Submit { spec } } else { Command::SubmitWithSecrets { spec, secrets } };
         let propose = self.s.proposer.propose(cmd);
-        let outcome = if self.s.inject_bug == Some(super::replica::InjectedBug::RefuseSlowWrites) {
+        let outcome = if self.bugs.has(super::replica::InjectedBug::RefuseSlowWrites) {
             // The bug: a write that is merely slow is refused, though it
             // stays proposed and may well commit.
             match tokio::time::timeout(super::replica::SLOW_WRITE_REFUSED_AFTER, propose).await {
@@ -399,7 +404,7 @@ impl AllocationService for ClientApi {
         req.get_ref().check_bounds()?;
         let id = req.into_inner().id;
         linearizable(&self.s).await?;
-        let (cfg, admission) = (self.s.preemption, self.s.admission);
+        let (cfg, admission) = (self.policies.preemption(), self.policies.admission());
         let e = self.s.reader.read(|st| {
             let now = self.s.now(st);
             crate::policy::explain_with_admission(st, id, now, &cfg, &admission)

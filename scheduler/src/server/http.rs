@@ -83,6 +83,7 @@ pub fn check_token(token: &str) -> Result<(), String> {
 #[derive(Clone)]
 pub struct HttpState {
     shared: Shared,
+    policies: Arc<super::policies::Policies>,
     readiness: watch::Receiver<Readiness>,
     tls: Option<Arc<muster_tls::TlsMaterial>>,
     opts: HttpOptions,
@@ -96,13 +97,14 @@ pub struct HttpState {
 pub fn serve(
     listener: tokio::net::TcpListener,
     shared: Shared,
+    policies: Arc<super::policies::Policies>,
     readiness: watch::Receiver<Readiness>,
     tls: Option<muster_tls::TlsMaterial>,
     opts: HttpOptions,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
     let limiter = Arc::new(RateLimiter::new(opts.rate_per_s));
-    let state = HttpState { shared, readiness, tls: tls.map(Arc::new), opts, view: Arc::default(), limiter };
+    let state = HttpState { shared, policies, readiness, tls: tls.map(Arc::new), opts, view: Arc::default(), limiter };
     // The listener moves to the HTTP runtime's reactor.
     let listener = listener.into_std();
     tokio::task::spawn_blocking(move || {
@@ -399,7 +401,7 @@ impl View {
         let mut replicas: Vec<Value> = futures_util::future::join_all(peers).await;
         replicas.push(replica_json(&me));
         replicas.sort_by_key(|r| r["id"].as_u64());
-        let cfg = s.shared.preemption;
+        let cfg = s.policies.preemption();
         let mut body = s.shared.reader.read(|st| super::dashboard::overview(st, s.shared.now(st), &cfg));
         body["self"] = replica_json(&me);
         body["replicas"] = Value::Array(replicas);

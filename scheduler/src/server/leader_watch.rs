@@ -232,6 +232,28 @@ async fn hold(network: &Network, addr: &str, me: u64, leader: u64) -> String {
     }
 }
 
+/// What a follower tells an agent about the leader to go to (the agent hub
+/// holds it; nothing else needs it).
+#[derive(Clone)]
+pub struct SuccessorHint {
+    raft: MusterRaft,
+    gone: watch::Receiver<Option<u64>>,
+    wait: Duration,
+}
+
+impl SuccessorHint {
+    /// Over `raft`, told by [`run`] which leader was seen to go; waits up
+    /// to `wait` for a successor.
+    pub fn new(raft: MusterRaft, gone: watch::Receiver<Option<u64>>, wait: Duration) -> SuccessorHint {
+        SuccessorHint { raft, gone, wait }
+    }
+
+    /// See [`successor_hint`].
+    pub async fn get(&self) -> Option<(u64, String)> {
+        successor_hint(&self.raft, &self.gone, self.wait).await
+    }
+}
+
 /// The leader a follower should name to an agent or client: the one it
 /// follows, unless its process was seen to go, in which case this waits
 /// (up to `wait`) for a successor. `None` when none is known in time.

@@ -36,6 +36,7 @@ pub mod leader_watch;
 pub mod limits;
 pub mod node_api;
 pub mod observe;
+pub mod policies;
 pub mod proposer;
 pub mod raft_net;
 pub mod read_index;

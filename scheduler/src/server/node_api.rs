@@ -9,6 +9,7 @@
 //! `muster.drain-timeout` label, else the server default.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::server::client_api::{MAX_PAGE_BYTES, MAX_PAGE_SIZE};
 use muster_proto::bounds::Bounded;
@@ -21,6 +22,7 @@ use tonic::{Request, Response, Status};
 use super::auth::bound_by;
 use super::client_api::linearizable;
 use super::convert::{node_event_to_proto, node_to_proto, propose_error_to_status, rejection_to_status};
+use super::policies::Policies;
 use super::replica::Shared;
 use crate::policy::{drain_timeout_ms, plan_admission, plan_scale_down, planned_nodes};
 use crate::sm::{Command, NodeId, NodeStatus, Outcome};
@@ -28,12 +30,13 @@ use crate::sm::{Command, NodeId, NodeStatus, Outcome};
 /// The node API of one replica.
 pub struct NodeApi {
     s: Shared,
+    policies: Arc<Policies>,
 }
 
 impl NodeApi {
-    /// The node API over a replica's shared parts.
-    pub fn new(s: Shared) -> Self {
-        NodeApi { s }
+    /// The node API over a replica's shared parts and its settings.
+    pub fn new(s: Shared, policies: Arc<Policies>) -> Self {
+        NodeApi { s, policies }
     }
 
     fn node(&self, id: &NodeId) -> Result<v1::Node, Status> {
@@ -60,7 +63,7 @@ impl NodeApi {
             // The label must be read from the current state.
             linearizable(&self.s).await?;
         }
-        let default_ms = self.s.drain_timeout.as_millis() as u64;
+        let default_ms = self.policies.drain_timeout().as_millis() as u64;
         self.s
             .reader
             .read(|st| st.node_slot(id).map(|slot| drain_timeout_ms(st.node(slot), requested_ms, default_ms)))
@@ -269,8 +272,8 @@ impl NodeService for NodeApi {
         }
         linearizable(&self.s).await?;
         let selector: BTreeMap<String, String> = q.selector.into_iter().collect();
-        let default_ms = self.s.drain_timeout.as_millis() as u64;
-        let admission = self.s.admission;
+        let default_ms = self.policies.drain_timeout().as_millis() as u64;
+        let admission = self.policies.admission();
         let (picked, short_by) = self.s.reader.read(|st| {
             let plan = plan_admission(st, self.s.now(st), &admission);
             let soon = planned_nodes(st, &plan.commands);

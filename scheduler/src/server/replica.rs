@@ -289,28 +289,10 @@ pub struct Shared {
     pub leading: watch::Receiver<bool>,
     /// The agent streams this replica holds.
     pub agents: AgentRegistry,
-    /// Priority-preemption knobs (explanations and dry runs use them too).
-    pub preemption: PreemptionConfig,
-    /// Walltime (the budget watchdog's limit) by class, for submits that
-    /// give none; classes not listed get one hour.
-    pub walltime_defaults: Arc<BTreeMap<u8, u64>>,
-    /// Admission knobs (a scale-down asks which nodes admission would use).
-    pub admission: AdmissionConfig,
-    /// The drain timeout when neither the request nor the node gives one.
-    pub drain_timeout: Duration,
-    /// A deliberate bug (tests of the chaos checks only).
-    pub inject_bug: Option<InjectedBug>,
-    /// Submits acknowledged but not yet proposed (with the bug).
-    pub unproposed: Arc<std::sync::atomic::AtomicU64>,
     /// Linearizable reads waiting to share a leadership confirmation.
     pub reads: super::read_index::ReadBatcher,
     /// This replica's job history (`<data-dir>/history.sqlite`).
     pub history: Arc<muster_history::HistoryStore>,
-    /// A leader whose process this replica saw go (see `leader_watch`).
-    pub leader_gone: watch::Receiver<Option<u64>>,
-    /// How long a follower holds an agent's connection while it waits for
-    /// a gone leader's successor.
-    pub successor_wait: Duration,
 }
 
 impl Shared {
@@ -430,17 +412,21 @@ impl Replica {
             time,
             leading,
             agents: AgentRegistry::default(),
-            preemption: cfg.preemption,
-            walltime_defaults: Arc::new(cfg.walltime_defaults.clone()),
-            admission: cfg.admission,
-            drain_timeout: cfg.drain_timeout,
-            inject_bug: cfg.inject_bug,
-            unproposed: Arc::default(),
             reads: Default::default(),
             history: history.clone(),
-            leader_gone,
-            successor_wait: 2 * watch_timing.lease + watch_timing.stagger,
         };
+        let policies = Arc::new(super::policies::Policies::new(
+            cfg.preemption,
+            cfg.admission,
+            cfg.walltime_defaults.clone(),
+            cfg.drain_timeout,
+        ));
+        let bugs = Arc::new(super::policies::BugInjector::new(cfg.inject_bug));
+        let successor = super::leader_watch::SuccessorHint::new(
+            raft.clone(),
+            leader_gone,
+            2 * watch_timing.lease + watch_timing.stagger,
+        );
         if let Some(bug) = cfg.inject_bug {
             tracing::warn!(bug = ?bug, "running with a deliberately injected bug (chaos-check tests only)");
         }
@@ -494,16 +480,18 @@ impl Replica {
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
             )
-            .add_service(AllocationServiceServer::new(ClientApi::new(shared.clone())))
-            .add_service(NodeServiceServer::new(NodeApi::new(shared.clone())))
+            .add_service(AllocationServiceServer::new(ClientApi::new(shared.clone(), policies.clone(), bugs.clone())))
+            .add_service(NodeServiceServer::new(NodeApi::new(shared.clone(), policies.clone())))
             .add_service(VClusterServiceServer::new(super::vcluster_api::VClusterApi::new(shared.clone())))
-            .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())))
+            .add_service(AdminServiceServer::new(AdminApi::new(shared.clone(), bugs.clone())))
             .add_service(HistoryServiceServer::new(super::history::HistoryApi::new(shared.clone())))
             .add_service(
                 AgentServiceServer::new(AgentHub::new(
                     shared.clone(),
                     HubConfig { node_lost_after: cfg.node_lost_after, ..cfg.hub },
                     cfg.preemption,
+                    successor,
+                    bugs.clone(),
                 ))
                 .max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_AGENT_MESSAGE_BYTES),
@@ -577,6 +565,7 @@ impl Replica {
                 let task = super::http::serve(
                     l,
                     shared.clone(),
+                    policies.clone(),
                     readiness.clone(),
                     cfg.tls.clone(),
                     cfg.http_options.clone(),

@@ -465,3 +465,34 @@ async fn an_agent_cannot_claim_or_report_another_nodes_task() {
         r.shutdown().await;
     }
 }
+
+/// The settings a replica's services read (its `Policies`): a submit
+/// without a walltime takes its class's default where the operator set one
+/// (`muster server --default-walltime 0=30m`), and a class without one
+/// keeps what the core gives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_submit_without_a_walltime_takes_its_classs_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = listen("127.0.0.1:0".parse().unwrap());
+    let addr = l.local_addr().unwrap();
+    let members: BTreeMap<u64, String> = [(1, addr.to_string())].into();
+    let mut cfg = config(1, addr, dir.path(), &members, &RaftTuning::default());
+    cfg.walltime_defaults = [(0, 1_800)].into();
+    let replica = Replica::start(cfg, l).await.unwrap();
+    leader(std::slice::from_ref(&replica)).await;
+    let mut client = AllocationServiceClient::new(channel(&addr.to_string()).await);
+    let mut walltime_of = async |class: u32, walltime_s: u64| {
+        let Command::Submit { spec } = submit(class) else { unreachable!() };
+        let mut spec = muster_scheduler::server::convert::spec_to_proto(&spec);
+        (spec.preemption_class, spec.walltime_s) = (class, walltime_s);
+        spec.idempotency_key = format!("class-{class}-walltime-{walltime_s}");
+        let req = v1::SubmitRequest { spec: Some(spec), ..Default::default() };
+        let id = client.submit(req).await.unwrap().into_inner().id;
+        client.get(v1::GetRequest { id }).await.unwrap().into_inner().spec.unwrap().walltime_s
+    };
+    assert_eq!(walltime_of(0, 0).await, 1_800, "class 0's default");
+    assert_eq!(walltime_of(0, 60).await, 60, "a walltime given is kept");
+    let other = walltime_of(3, 0).await;
+    assert_ne!(other, 1_800, "class 3 has no default set: {other}");
+    replica.shutdown().await;
+}

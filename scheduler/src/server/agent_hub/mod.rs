@@ -44,6 +44,8 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
+use super::leader_watch::SuccessorHint;
+use super::policies::BugInjector;
 use super::replica::Shared;
 use crate::policy::PreemptionConfig;
 use crate::sm::{
@@ -100,22 +102,38 @@ pub struct AgentHub {
     s: Shared,
     cfg: HubConfig,
     preemption: PreemptionConfig,
+    own: HubHandles,
+}
+
+/// What only the hub holds: what each node's commands may cost the log,
+/// who to name while a leader's successor is elected, and the replica's
+/// injected bug (tests only).
+#[derive(Clone)]
+pub(super) struct HubHandles {
     budgets: AgentBudgets,
+    successor: SuccessorHint,
+    bugs: Arc<BugInjector>,
 }
 
 impl AgentHub {
     /// The agent service over a replica's shared parts.
-    pub fn new(s: Shared, cfg: HubConfig, preemption: PreemptionConfig) -> Self {
+    pub fn new(
+        s: Shared,
+        cfg: HubConfig,
+        preemption: PreemptionConfig,
+        successor: SuccessorHint,
+        bugs: Arc<BugInjector>,
+    ) -> Self {
         let budgets = AgentBudgets::new(s.clock.clone(), BudgetLimits::default());
-        AgentHub { s, cfg, preemption, budgets }
+        AgentHub { s, cfg, preemption, own: HubHandles { budgets, successor, bugs } }
     }
 }
 
 /// UNAVAILABLE naming the leader an agent should go to: the one this
 /// replica follows, or, while a gone leader's successor is being elected,
 /// that successor once known (a bounded wait).
-async fn leader_status(s: &Shared) -> Status {
-    not_leader_status(super::leader_watch::successor_hint(&s.raft, &s.leader_gone, s.successor_wait).await)
+async fn leader_status(successor: &SuccessorHint) -> Status {
+    not_leader_status(successor.get().await)
 }
 
 /// Whether this replica leads now (a cheap local read: a check made on its
@@ -136,7 +154,7 @@ impl AgentService for AgentHub {
         if !is_leader(&self.s) {
             // During an election, name the successor rather than a leader
             // that is gone; this replica may turn out to be it.
-            let status = leader_status(&self.s).await;
+            let status = leader_status(&self.own.successor).await;
             if !is_leader(&self.s) {
                 return Err(status);
             }
@@ -144,9 +162,9 @@ impl AgentService for AgentHub {
         let (tx, rx) = mpsc::channel(1024);
         let peer = Peer { caller: muster_tls::Caller::of(&req), cert_sha256: peer_cert_sha256(&req) };
         let (s, cfg, preemption, inbound) = (self.s.clone(), self.cfg, self.preemption, req.into_inner());
-        let budgets = self.budgets.clone();
+        let own = self.own.clone();
         tokio::spawn(async move {
-            let run = Session::run(s, cfg, preemption, budgets, peer, inbound, tx.clone());
+            let run = Session::run(s, own, cfg, preemption, peer, inbound, tx.clone());
             if let Err(status) = run.await {
                 let _ = tx.send(Box::new(Err(status))).await;
             }

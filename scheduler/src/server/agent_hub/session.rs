@@ -6,10 +6,9 @@ use super::*;
 
 pub(super) struct Session {
     s: Shared,
+    own: HubHandles,
     cfg: HubConfig,
     preemption: PreemptionConfig,
-    /// What this node's commands may cost the log.
-    budgets: AgentBudgets,
     node: NodeId,
     tx: Outbound,
     /// What this stream has told its agent.
@@ -22,9 +21,9 @@ pub(super) struct Session {
 impl Session {
     pub(super) async fn run(
         s: Shared,
+        own: HubHandles,
         cfg: HubConfig,
         preemption: PreemptionConfig,
-        budgets: AgentBudgets,
         peer: super::Peer,
         mut inbound: Streaming<v1::AgentMessage>,
         tx: Outbound,
@@ -87,7 +86,7 @@ impl Session {
         let register = Command::RegisterNode { node: node.clone(), resources, labels };
         // A reconnect loop would cost one entry per registration: paid for
         // from the node's budget like any other command.
-        budgets.pay(&node, &register).await;
+        own.budgets.pay(&node, &register).await;
         match s.proposer.propose(register).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {}
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
@@ -96,9 +95,9 @@ impl Session {
         tracing::info!(node = %node, running = reg.running.len(), "agent registered");
         let mut session = Session {
             s,
+            own,
             cfg,
             preemption,
-            budgets,
             node,
             tx,
             sent: SentMemory::new(reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch))),
@@ -132,7 +131,7 @@ impl Session {
         let mut touched = session.s.reader.watch_touches(slot.0);
         let mut leading = session.s.leading.clone();
         if !*leading.borrow_and_update() {
-            return Err(leader_status(&session.s).await);
+            return Err(leader_status(&session.own.successor).await);
         }
         // Whatever applied between the first sync and the watch is not missed.
         session.sync(false).await?;
@@ -151,7 +150,7 @@ impl Session {
                 () = touched.changed() => session.sync(false).await?,
                 changed = leading.changed() => {
                     if changed.is_err() || !*leading.borrow_and_update() {
-                        return Err(leader_status(&session.s).await);
+                        return Err(leader_status(&session.own.successor).await);
                     }
                 }
             }
@@ -161,7 +160,7 @@ impl Session {
     /// Proposes a command made from this agent's messages, once the node's
     /// budget affords it (see `budget.rs`).
     async fn propose(&self, cmd: Command) -> Result<Outcome, crate::server::proposer::ProposeError> {
-        self.budgets.pay(&self.node, &cmd).await;
+        self.own.budgets.pay(&self.node, &cmd).await;
         self.s.proposer.propose(cmd).await
     }
 
@@ -298,7 +297,7 @@ impl Session {
             preemption_grace_ms: self.preemption.grace_ms as u32,
         };
         let mut plan = self.s.reader.read(|st| plan_sync(st, &self.node, &self.sent, repeat, &cfg));
-        if self.s.inject_bug == Some(crate::server::replica::InjectedBug::SpareFailedGangPeers) {
+        if self.own.bugs.has(crate::server::replica::InjectedBug::SpareFailedGangPeers) {
             self.spare_failed_gang_peers(&mut plan);
         }
         if plan.is_empty() {
