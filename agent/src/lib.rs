@@ -31,8 +31,6 @@ mod object;
 mod probe;
 pub mod serve;
 pub mod store;
-#[cfg(test)]
-mod test_support;
 pub mod users;
 pub mod watchdog;
 

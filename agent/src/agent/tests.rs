@@ -384,7 +384,7 @@ async fn an_attempts_gpu_utilisation_and_peak_gpu_memory_go_with_its_end() {
         ..Default::default()
     };
     agent.start(key, assign, 1);
-    crate::test_support::eventually("the GPUs to be read four times", || {
+    muster_testkit::eventually("the GPUs to be read four times", muster_testkit::WAIT, || {
         (FAKE_GPU_READINGS.load(std::sync::atomic::Ordering::SeqCst) >= 4).then_some(())
     })
     .await;
@@ -424,7 +424,8 @@ while :; do sleep 0.05; done"#;
     };
     agent.start(key, assign, 1);
     let ckpt = checkpoint::dir(dir.path(), 9, 0);
-    crate::test_support::eventually("the task to start", || ckpt.join("ready").exists().then_some(())).await;
+    muster_testkit::eventually("the task to start", muster_testkit::WAIT, || ckpt.join("ready").exists().then_some(()))
+        .await;
     let m = fs::metadata(&ckpt).unwrap();
     assert_eq!((m.uid(), m.mode() & 0o777), (60401, 0o700), "its directory is its account's while it runs");
     let hint = Hint {

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use super::*;
-use crate::test_support::eventually;
+use muster_testkit::{WAIT, eventually};
 
 fn launch(command: &[&str]) -> TaskLaunch {
     TaskLaunch {
@@ -123,7 +123,7 @@ fn isolation(dir: &Path, gpu_devices: Vec<crate::cgroup::GpuDevice>, pids: u64) 
 }
 
 async fn wait_for_pid(path: &Path) -> i32 {
-    eventually(&format!("{} to be written", path.display()), || {
+    eventually(&format!("{} to be written", path.display()), WAIT, || {
         fs::read_to_string(path).ok().and_then(|t| t.trim().parse().ok())
     })
     .await
@@ -195,7 +195,7 @@ async fn a_process_in_a_cgroup_the_task_made_inside_its_own_dies_with_it() {
     let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, Some(cg.clone())).unwrap();
     let inner = wait_for_pid(&pid_file).await;
     let freezer = cg.dirs().iter().find(|d| d.starts_with("/sys/fs/cgroup/freezer")).cloned().unwrap();
-    eventually("the process to move into the inner cgroup", || {
+    eventually("the process to move into the inner cgroup", WAIT, || {
         fs::read_to_string(freezer.join("inner/cgroup.procs")).ok()?.contains(&inner.to_string()).then_some(())
     })
     .await;
@@ -319,13 +319,13 @@ async fn a_fork_bomb_stops_at_the_pids_limit() {
     let events = cg.dirs().iter().find_map(|d| fs::read_to_string(d.join("pids.events")).ok());
     // The bomb hits the limit: forks are refused (counted where the
     // kernel counts them), and it never holds more.
-    eventually("the bomb to grow", || (cg.pids().len() >= 20).then_some(())).await;
+    eventually("the bomb to grow", WAIT, || (cg.pids().len() >= 20).then_some(())).await;
     assert!(cg.pids().len() <= 32);
     if events.is_some() {
         let refused = || {
             cg.dirs().iter().filter_map(|d| fs::read_to_string(d.join("pids.events")).ok()).any(|e| e.trim() != "max 0")
         };
-        eventually("a fork to be refused", || refused().then_some(())).await;
+        eventually("a fork to be refused", WAIT, || refused().then_some(())).await;
     }
     t.stop(Duration::from_millis(100)).await.unwrap();
     assert!(!cg.exists());
@@ -355,7 +355,7 @@ async fn the_cpu_quota_holds_a_task_to_its_cores() {
     // Until the two have used a second of CPU between them, which takes
     // at least a second of wall time under the quota.
     let cg = t.cgroup().unwrap().clone();
-    eventually("a second of CPU", || (cg.usage().cpu_ns >= 1_000_000_000).then_some(())).await;
+    eventually("a second of CPU", WAIT, || (cg.usage().cpu_ns >= 1_000_000_000).then_some(())).await;
     t.stop(Duration::from_millis(10)).await.unwrap();
     let wall = started.elapsed();
     let cpu = Duration::from_nanos(t.usage().unwrap().cpu_ns);
@@ -435,7 +435,8 @@ async fn a_task_dropped_unwaited_leaves_no_zombie() {
     let pid = t.pgid();
     drop(t);
     assert!(fs::metadata(format!("/proc/{pid}")).is_ok(), "still running when dropped");
-    eventually("the dropped task is reaped", || fs::metadata(format!("/proc/{pid}")).is_err().then_some(())).await;
+    eventually("the dropped task is reaped", WAIT, || fs::metadata(format!("/proc/{pid}")).is_err().then_some(()))
+        .await;
 }
 
 /// A re-run on the same node (a watchdog's) finds no beat of the run

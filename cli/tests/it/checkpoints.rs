@@ -216,11 +216,10 @@ async fn t180_a_2_gib_checkpoint_survives_a_preemption_through_each_store() {
     // The default store: node-1's disk, fetched by node-2's agent.
     let (key, _) = big_checkpoint_moves_through_a_preemption(&c).await;
     let on_disk = c.agent_dir(0).join("checkpoint-store").join(&key);
-    let deadline = Instant::now() + WAIT;
-    while on_disk.exists() {
-        assert!(Instant::now() < deadline, "{} was never deleted", on_disk.display());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    muster_testkit::eventually(&format!("{} to be deleted", on_disk.display()), WAIT, || {
+        (!on_disk.exists()).then_some(())
+    })
+    .await;
     let leftovers: Vec<_> = files(&c.agent_dir(0).join("checkpoint-store"));
     assert!(leftovers.is_empty(), "nothing left in node-1's store: {leftovers:?}");
 
@@ -230,11 +229,10 @@ async fn t180_a_2_gib_checkpoint_survives_a_preemption_through_each_store() {
     let (key, victim) = big_checkpoint_moves_through_a_preemption(&c).await;
     assert!(key.starts_with(&format!("alloc-{victim}/task-0/")), "{key}");
     let in_store = shared.join(&key);
-    let deadline = Instant::now() + WAIT;
-    while in_store.exists() {
-        assert!(Instant::now() < deadline, "{} was never deleted", in_store.display());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    muster_testkit::eventually(&format!("{} to be deleted", in_store.display()), WAIT, || {
+        (!in_store.exists()).then_some(())
+    })
+    .await;
     assert!(files(&c.agent_dir(0).join("checkpoint-store")).is_empty(), "the node store was not used");
 
     // An object store by URL (object_store's local-file backend: the same
@@ -244,11 +242,10 @@ async fn t180_a_2_gib_checkpoint_survives_a_preemption_through_each_store() {
     set_store(&c, &format!("file://{}", bucket.display())).await;
     let (key, _) = big_checkpoint_moves_through_a_preemption(&c).await;
     let in_store = bucket.join(&key);
-    let deadline = Instant::now() + WAIT;
-    while in_store.exists() {
-        assert!(Instant::now() < deadline, "{} was never deleted", in_store.display());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    muster_testkit::eventually(&format!("{} to be deleted", in_store.display()), WAIT, || {
+        (!in_store.exists()).then_some(())
+    })
+    .await;
 
     // 6 GiB of checkpoints went through; the log holds manifests.
     for id in 1..=3 {

@@ -124,24 +124,6 @@ impl Drop for Cluster {
     }
 }
 
-/// Polls `f` every `every` until it answers `Some`, and returns that; fails
-/// after [`WAIT`] naming `what`. The async tests' one way to wait for what a
-/// cluster will do (never a fixed sleep to prove that nothing happened).
-pub async fn until_some<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    every: Duration,
-    mut f: impl FnMut() -> Fut,
-) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(every).await;
-    }
-}
-
 /// A channel to `addr` as the tests' admin.
 pub async fn channel(addr: &str) -> Option<Channel> {
     channel_as(addr, &crate::tls::admin()).await

@@ -360,11 +360,9 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     slow.extend(s);
     slow.extend(["--", "sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.4; done"]);
     let slow_id = json(&slow)["id"].as_u64().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while call(&["alloc", "get", &slow_id])["tasks"][0]["attempts"] != 1 {
-        assert!(Instant::now() < deadline, "never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    muster_testkit::eventually_blocking("the task to start", Duration::from_secs(60), || {
+        (call(&["alloc", "get", &slow_id])["tasks"][0]["attempts"] == 1).then_some(())
+    });
     let o = muster(&["alloc", "logs", &slow_id, "-f", "--scheduler", &sched, "--tls-dir", &td]);
     assert_eq!(String::from_utf8_lossy(&o.stdout), "line1\nline2\nline3\n", "{}", String::from_utf8_lossy(&o.stderr));
 

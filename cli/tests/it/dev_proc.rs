@@ -136,13 +136,10 @@ impl Drop for Dev {
     }
 }
 
-/// Polls `f` every 200 ms until it holds; fails after 90 s naming `what`.
+/// Until `f` holds ([`muster_testkit::eventually_blocking`]); fails after
+/// 90 s (a `muster dev` of real processes on a loaded machine) naming `what`.
 pub fn wait_until(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    muster_testkit::eventually_blocking(what, Duration::from_secs(90), || f().then_some(()));
 }
 
 /// A plain HTTP/1.0 GET: (status code, body).

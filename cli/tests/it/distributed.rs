@@ -148,11 +148,10 @@ fn t153_constraints_and_packing_through_the_cli() {
         assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
     };
-    let deadline = Instant::now() + WAIT;
-    while json(&["node", "list"])["nodes"].as_array().unwrap().iter().filter(|n| n["status"] == "ready").count() < 4 {
-        assert!(Instant::now() < deadline, "agents never registered");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    muster_testkit::eventually_blocking("the agents to register", WAIT, || {
+        (json(&["node", "list"])["nodes"].as_array().unwrap().iter().filter(|n| n["status"] == "ready").count() >= 4)
+            .then_some(())
+    });
     let submit = |extra: &[&str]| -> String {
         let mut a = vec!["submit", "--output", "json", "--gpus", "2"];
         a.extend(extra);

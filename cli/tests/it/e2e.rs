@@ -62,15 +62,12 @@ pub(crate) async fn until(
     what: &str,
     pred: impl Fn(&v1::Allocation) -> bool,
 ) -> v1::Allocation {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let what = format!("allocation {id} to be {what}");
+    muster_testkit::eventually_async(&what, WAIT, || async {
         let a = get(c, id).await;
-        if pred(&a) {
-            return a;
-        }
-        assert!(Instant::now() < deadline, "allocation {id} never {what}: {a:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if pred(&a) { Ok(a) } else { Err(format!("{a:?}")) }
+    })
+    .await
 }
 
 pub(crate) fn status(a: &v1::Allocation) -> v1::AllocationStatus {
@@ -162,11 +159,10 @@ async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
             c.agent_dir(i).join(format!("pid-{id}-{}", t.index))
         })
         .collect();
-    let deadline = Instant::now() + WAIT;
-    while !pid_files.iter().all(|p| std::fs::read_to_string(p).is_ok_and(|s| !s.trim().is_empty())) {
-        assert!(Instant::now() < deadline, "tasks never wrote their pids");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    muster_testkit::eventually("the tasks to write their pids", WAIT, || {
+        (pid_files.iter().all(|p| std::fs::read_to_string(p).is_ok_and(|s| !s.trim().is_empty()))).then_some(())
+    })
+    .await;
     let pids: Vec<i32> =
         pid_files.iter().map(|p| std::fs::read_to_string(p).unwrap().trim().parse().unwrap()).collect();
     let started = Instant::now();

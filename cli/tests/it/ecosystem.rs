@@ -397,11 +397,7 @@ fn t124_tasks_survive_an_agent_restart_and_the_next_agent_reattaches() {
         serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
     };
     let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !ok() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        muster_testkit::eventually_blocking(what, Duration::from_secs(90), || ok().then_some(()));
     };
     let mut first = agent();
     // Each task starts a daemon that leaves its process group (setsid)

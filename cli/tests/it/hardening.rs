@@ -178,11 +178,10 @@ async fn t141_a_rank_killed_mid_run_loses_no_checkpoint_of_its_gang() {
         let f = c.agent_dir(agent).join(format!("checkpoints/alloc-{id}-task-{}/step", t.index));
         std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0)
     };
-    let deadline = Instant::now() + WAIT;
-    while running.tasks.iter().any(|t| step_of(t) < 10) {
-        assert!(Instant::now() < deadline, "the ranks make no progress");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    muster_testkit::eventually("the ranks to make progress", WAIT, || {
+        (!(running.tasks.iter().any(|t| step_of(t) < 10))).then_some(())
+    })
+    .await;
     let pid: i32 = std::fs::read_to_string(rdv.path().join(format!("pid-1-{epoch}"))).unwrap().trim().parse().unwrap();
     assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
 

@@ -275,11 +275,9 @@ async fn t150_a_replica_replaced_with_an_empty_data_dir_gets_the_same_history_fr
     std::fs::remove_dir_all(dir.path().join("data-3")).unwrap();
     cancel_some(7, 12);
     // Everything is forgotten; a snapshot leaves no log to replay them from.
-    let deadline = Instant::now() + WAIT;
-    while muster(&["alloc", "get", "12", "--scheduler", &any]).status.success() {
-        assert!(Instant::now() < deadline, "never forgotten");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    muster_testkit::eventually_blocking("the allocation to be forgotten", WAIT, || {
+        (!(muster(&["alloc", "get", "12", "--scheduler", &any]).status.success())).then_some(())
+    });
     // Replica 3 is down, so the command reports that one of three did not.
     let o = muster(&["cluster", "snapshot", "--scheduler", &any]);
     assert!(stderr(&o).contains("1 of 3") || o.status.success(), "{}", stderr(&o));
@@ -318,11 +316,9 @@ fn t151_a_backup_carries_the_history_into_the_restored_cluster() {
         until_ok(&addr, &["submit", "--gpus", "1", "--", "true"]);
         until_ok(&addr, &["alloc", "cancel", &id.to_string()]);
     }
-    let deadline = Instant::now() + WAIT;
-    while muster(&["alloc", "get", "3", "--scheduler", &addr]).status.success() {
-        assert!(Instant::now() < deadline, "never forgotten");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    muster_testkit::eventually_blocking("the allocation to be forgotten", WAIT, || {
+        (!(muster(&["alloc", "get", "3", "--scheduler", &addr]).status.success())).then_some(())
+    });
     let before = json(&until_ok(&addr, &["history", "--output", "json"]));
     assert_eq!(before.as_array().unwrap().len(), 3);
     let file = dir.path().join("muster.backup");

@@ -69,7 +69,7 @@ async fn escaped(dir: &Path, id: u64, running: bool) -> Vec<i32> {
     let mut pids = Vec::new();
     for t in 0..2 {
         let prefix = format!("escapee-{id}-{t}-");
-        let pid = crate::cluster::until_some(&format!("{prefix}* to be written"), Duration::from_millis(50), || {
+        let pid = muster_testkit::eventually_async(&format!("{prefix}* to be written"), muster_testkit::WAIT, || {
             let found = std::fs::read_dir(dir).unwrap().flatten().find_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if !name.starts_with(&prefix) || name.ends_with(".tmp") {
@@ -309,7 +309,7 @@ async fn t193_tasks_run_as_their_owners_accounts_and_cannot_reach_each_other() {
     .await;
     let a = until(&c, carol, "running", |x| status(x) == v1::AllocationStatus::Running).await;
     let carol_dir = checkpoint_dir_of(&c, &a);
-    let pid: i32 = crate::cluster::until_some("carol's pid", Duration::from_millis(50), || {
+    let pid: i32 = muster_testkit::eventually_async("carol's pid", muster_testkit::WAIT, || {
         let pid = std::fs::read_to_string(carol_dir.join("pid")).ok().and_then(|p| p.trim().parse().ok());
         async move { pid }
     })

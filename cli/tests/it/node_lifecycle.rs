@@ -136,11 +136,10 @@ async fn t99a_a_drained_node_finishes_its_task_takes_nothing_new_stops_and_a_can
     assert!(k.ends_with(&["drain_started", "drain_completed", "node_stopped"]), "{k:?}");
     assert!(stopped.drain.is_none());
     let status_file = c.agent_dir(index(&x)).join(muster_agent::agent::NODE_STATUS_FILE);
-    let deadline = Instant::now() + WAIT;
-    while std::fs::read_to_string(&status_file).unwrap_or_default() != "stopped\n" {
-        assert!(Instant::now() < deadline, "the agent was never told its node stopped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    muster_testkit::eventually("the agent to be told its node stopped", WAIT, || {
+        (std::fs::read_to_string(&status_file).unwrap_or_default() == "stopped\n").then_some(())
+    })
+    .await;
 
     // Restart it; stop the other (empty) node; then drain and cancel.
     nodes(&c).await.restart_node(action(&x)).await.unwrap();
@@ -256,11 +255,7 @@ async fn t99d_a_leader_kill_during_a_drain_keeps_its_deadline() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     let old = c.leader_id().unwrap();
     c.stop_replica(old).await;
-    let deadline = Instant::now() + WAIT;
-    while c.leader_id().is_none_or(|l| l == old) {
-        assert!(Instant::now() < deadline, "no new leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    muster_testkit::eventually("a new leader", WAIT, || c.leader_id().is_some_and(|l| l != old).then_some(())).await;
     let kept = node(&c, &x).await;
     if let Some(now) = &kept.drain {
         assert_eq!(now.deadline_ms, d.deadline_ms, "the deadline is replicated, not restarted");
@@ -321,11 +316,7 @@ fn t99e_node_lifecycle_from_the_cli() {
         assert!(!ok && err.contains(needle), "{args:?} should fail with {needle:?}: {err}");
     };
     let wait = |what: &str, f: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + WAIT;
-        while !f() {
-            assert!(Instant::now() < deadline, "never {what}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        muster_testkit::eventually_blocking(what, WAIT, || f().then_some(()));
     };
     let node_status = |id: &str| json(&["node", "get", id])["status"].as_str().unwrap().to_string();
     // The drain-timeout label is reserved: an admin sets it (here before

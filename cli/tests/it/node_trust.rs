@@ -13,7 +13,7 @@ use muster_tls::Role;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::cluster::{channel, until_some};
+use crate::cluster::channel;
 use crate::security::{Server, agent_stream, next_down, one_gpu, register, up};
 use crate::tls;
 
@@ -144,7 +144,7 @@ async fn t185_a_node_certificate_cannot_claim_what_the_node_is_not() {
         .await
         .unwrap();
     // No read shows the secret, to bob or to the admin; its name shows.
-    let a = until_some("bob's job to finish", Duration::from_millis(50), || async {
+    let a = muster_testkit::eventually_async("bob's job to finish", muster_testkit::WAIT, || async {
         let a = get(bob.clone(), bobs).await;
         let shown = format!("{a:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
@@ -156,7 +156,7 @@ async fn t185_a_node_certificate_cannot_claim_what_the_node_is_not() {
     let list = AllocationServiceClient::new(admin.clone()).list(v1::ListRequest::default()).await.unwrap();
     assert!(!format!("{list:?}").contains("hunter2"));
     let history = muster_proto::v1::history_service_client::HistoryServiceClient::new(admin.clone());
-    until_some("bob's history record", Duration::from_millis(100), || async {
+    muster_testkit::eventually_async("bob's history record", muster_testkit::WAIT, || async {
         let q = v1::HistoryQuery { id: bobs, ..Default::default() };
         let page = format!("{:?}", history.clone().list_history(q).await.unwrap());
         assert!(!page.contains("hunter2"), "{page}");
@@ -213,27 +213,28 @@ async fn t186_vclusters_and_usage_are_paged() {
             .unwrap();
     }
     let history = HistoryServiceClient::new(admin);
-    let (owners, pages) = until_some("the history to hold three owners", Duration::from_millis(100), || async {
-        let (mut owners, mut token, mut pages) = (Vec::new(), String::new(), 0);
-        loop {
-            let q = v1::UsageQuery {
-                since_ms: 1,
-                until_ms: 1 << 62,
-                group_by: "owner".into(),
-                page_size: 1,
-                page_token: token,
-            };
-            let page = history.clone().usage(q).await.unwrap().into_inner();
-            owners.extend(page.rows.into_iter().map(|r| r.owner));
-            pages += 1;
-            token = page.next_page_token;
-            if token.is_empty() {
-                break;
+    let (owners, pages) =
+        muster_testkit::eventually_async("the history to hold three owners", muster_testkit::WAIT, || async {
+            let (mut owners, mut token, mut pages) = (Vec::new(), String::new(), 0);
+            loop {
+                let q = v1::UsageQuery {
+                    since_ms: 1,
+                    until_ms: 1 << 62,
+                    group_by: "owner".into(),
+                    page_size: 1,
+                    page_token: token,
+                };
+                let page = history.clone().usage(q).await.unwrap().into_inner();
+                owners.extend(page.rows.into_iter().map(|r| r.owner));
+                pages += 1;
+                token = page.next_page_token;
+                if token.is_empty() {
+                    break;
+                }
             }
-        }
-        (owners.len() == 3).then_some((owners, pages))
-    })
-    .await;
+            (owners.len() == 3).then_some((owners, pages))
+        })
+        .await;
     assert_eq!(owners, ["alice", "bob", "carol"]);
     assert_eq!(pages, 3);
 }

@@ -292,18 +292,13 @@ async fn t88c_a_leader_kill_mid_preemption_finishes_it() {
     let hi = submit(&c, job(1, 8, "echo hi", 60)).await;
     // The hint reached the task: its request file exists.
     let request = c.agent_dir(0).join(format!("checkpoints/alloc-{victim}-task-0/.muster/request"));
-    let deadline = Instant::now() + WAIT;
-    while !request.exists() {
-        assert!(Instant::now() < deadline, "no checkpoint request at {}", request.display());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    muster_testkit::eventually(&format!("a checkpoint request at {}", request.display()), WAIT, || {
+        (request.exists()).then_some(())
+    })
+    .await;
     let old = c.leader_id().unwrap();
     c.stop_replica(old).await;
-    let deadline = Instant::now() + WAIT;
-    while c.leader_id().is_none_or(|l| l == old) {
-        assert!(Instant::now() < deadline, "no new leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    muster_testkit::eventually("a new leader", WAIT, || c.leader_id().is_some_and(|l| l != old).then_some(())).await;
     until(&c, hi, "done under the new leader", |a| status(a) == v1::AllocationStatus::Done).await;
     let a = until(&c, victim, "resumed and done", |a| status(a) == v1::AllocationStatus::Done).await;
     assert_eq!(a.preempted_count, 1);

@@ -187,7 +187,7 @@ impl Ghost {
             admission: Some(v1::NodeAdmission { resources: Some(resources), ..Default::default() }),
             revoke: false,
         };
-        crate::cluster::until_some("the ghost's admission", Duration::from_millis(100), || async {
+        muster_testkit::eventually_async("the ghost's admission", muster_testkit::WAIT, || async {
             let mut nodes = muster_proto::v1::node_service_client::NodeServiceClient::new(c.leader_channel().await);
             nodes.admit_node(admit.clone()).await.ok()
         })

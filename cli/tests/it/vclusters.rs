@@ -30,11 +30,9 @@ fn t130_vclusters_are_created_updated_listed_and_resolve_their_home_nodes() {
         assert!(!o.status.success() && err.contains(needle), "{args:?}: {needle:?} not in {err}");
     };
     // The server may still be electing itself.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !run(&["list"]).status.success() {
-        assert!(Instant::now() < deadline, "the server never answered");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    muster_testkit::eventually_blocking("the server to answer", Duration::from_secs(60), || {
+        (run(&["list"]).status.success()).then_some(())
+    });
     // The vCluster label is reserved: an admin sets it, not the agent.
     for node in ["v1", "v2"] {
         let o = muster(&["node", "label", node, "muster.vcluster=ml", "--scheduler", &addr]);
@@ -138,22 +136,20 @@ fn t131_a_hard_quota_holds_back_a_gang_until_the_vcluster_has_room() {
     let first = json(&["submit", "--gpus", "2", "--", "sleep", "120"])["id"].as_u64().unwrap().to_string();
     let second = json(&["submit", "--gpus", "2", "--", "sleep", "120"])["id"].as_u64().unwrap().to_string();
     let status = |id: &str| json(&["alloc", "get", id])["status"].as_str().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while status(&first) != "running" {
-        assert!(Instant::now() < deadline, "the first gang never ran");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    muster_testkit::eventually_blocking("the first gang to run", Duration::from_secs(60), || {
+        (status(&first) == "running").then_some(())
+    });
     // Several admission passes later the second still waits, for the quota.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(status(&second), "queued");
     let why = json(&["alloc", "explain", &second])["summary"].as_str().unwrap().to_string();
     assert!(why.contains("vCluster default's GPU quota: 2 held + 2 needed > 2"), "{why}");
     json(&["alloc", "cancel", &first]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while status(&second) != "running" {
-        assert!(Instant::now() < deadline, "the second gang never ran once the quota had room");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    muster_testkit::eventually_blocking(
+        "the second gang to run once the quota has room",
+        Duration::from_secs(60),
+        || (status(&second) == "running").then_some(()),
+    );
 }
 
 /// Racing submissions against a `reject`-mode quota, through real
