@@ -14,7 +14,10 @@
 //! decides:
 //!
 //! ```text
-//!   every tick:  leader, or not a voter ──▶ nothing
+//!   every tick:  leader, or not a voter ──▶ nothing (and, if it knows a
+//!                    membership, it counts as having heard a leader: no
+//!                    pre-vote from it within a lease; one that knows none
+//!                    has heard from nobody, and grants)
 //!                silent < lease + a randomised election timeout ──▶ nothing
 //!                    (silent: since this replica last took an append from a leader)
 //!                PreVote to every other voter ──▶ granted by a quorum (self included)?
@@ -161,7 +164,16 @@ pub async fn run(
         let membership = m.membership_config.membership().clone();
         let voters: Vec<u64> = membership.voter_ids().collect();
         if m.state == ServerState::Leader || m.state == ServerState::Shutdown || !voters.contains(&me) {
-            heard.heard();
+            // A leader, or a learner or removed voter (which knows a
+            // membership, so some leader gave it one): neither campaigns,
+            // and neither grants a pre-vote within a lease of now. A
+            // replica that knows no membership yet has heard from no leader:
+            // its silence runs on, so that it grants the bootstrapping
+            // replica's pre-vote when that replica's first campaign failed
+            // (else nobody could ever lead).
+            if !voters.is_empty() {
+                heard.heard();
+            }
             continue;
         }
         if heard.silent() < wait {

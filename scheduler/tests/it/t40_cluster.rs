@@ -496,3 +496,41 @@ async fn a_submit_without_a_walltime_takes_its_classs_default() {
     assert_ne!(other, 1_800, "class 3 has no default set: {other}");
     replica.shutdown().await;
 }
+
+/// The bootstrapping replica's first vote fails (its peers are not up yet:
+/// under load, or started late). Its peers, once up, know no membership
+/// until a leader sends it, so they must still answer its pre-vote: a
+/// replica that has never heard of any leader has no leader to protect.
+/// (They used to count every tick without a membership as hearing a
+/// leader, refused every pre-vote, and the cluster never elected.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_whose_first_vote_failed_still_elects_a_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let tuning = RaftTuning::default();
+    let listeners: Vec<TcpListener> = (0..3).map(|_| listen("127.0.0.1:0".parse().unwrap())).collect();
+    let members: BTreeMap<u64, String> =
+        listeners.iter().enumerate().map(|(i, l)| (i as u64 + 1, l.local_addr().unwrap().to_string())).collect();
+    let mut listeners = listeners.into_iter();
+    // Replica 1 alone: it bootstraps and campaigns, and its vote requests
+    // find nobody (its peers' ports accept nothing yet).
+    let first = listeners.next().unwrap();
+    let addr = first.local_addr().unwrap();
+    let mut replicas = vec![Replica::start(config(1, addr, dir.path(), &members, &tuning), first).await.unwrap()];
+    muster_testkit::eventually("replica 1's first campaign", WAIT, || {
+        let s = replicas[0].status();
+        (s.term >= 1 && s.role != "leader").then_some(())
+    })
+    .await;
+    // Long past the vote's own timeout (the peers' ports take connections
+    // but answer nothing), so that campaign has failed before they start.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (i, l) in listeners.enumerate() {
+        let id = i as u64 + 2;
+        let addr = l.local_addr().unwrap();
+        replicas.push(Replica::start(config(id, addr, dir.path(), &members, &tuning), l).await.unwrap());
+    }
+    leader(&replicas).await;
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
