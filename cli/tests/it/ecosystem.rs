@@ -172,7 +172,7 @@ fn t121_a_replica_without_a_leader_is_alive_but_not_ready() {
 /// default (captured) output, and `MUSTER_REQUIRE_TOOLS` turns the skip into
 /// a failure. Runs t122 in this test binary with no grpcurl on PATH.
 #[test]
-fn t122b_a_skip_for_a_missing_tool_is_visible_and_required_tools_fail() {
+fn t198_a_skip_for_a_missing_tool_is_visible_and_required_tools_fail() {
     let empty = tempfile::tempdir().unwrap();
     let run = |require: bool| {
         let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());

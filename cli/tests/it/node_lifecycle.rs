@@ -105,7 +105,7 @@ fn other(node: &str) -> &'static str {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t99a_a_drained_node_finishes_its_task_takes_nothing_new_stops_and_a_cancelled_drain_resumes_scheduling() {
+async fn t99_a_drained_node_finishes_its_task_takes_nothing_new_stops_and_a_cancelled_drain_resumes_scheduling() {
     let dir = tempfile::tempdir().unwrap();
     let c = LocalCluster::start(dir.path(), config(2)).await.unwrap();
     let a = submit(&c, job("sleep 4; echo a done", 1, false)).await;
@@ -180,7 +180,7 @@ echo "finished at $step"
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t99b_at_the_drain_deadline_the_task_checkpoints_and_resumes_on_another_node() {
+async fn t204_at_the_drain_deadline_the_task_checkpoints_and_resumes_on_another_node() {
     let dir = tempfile::tempdir().unwrap();
     let c = LocalCluster::start(dir.path(), config(2)).await.unwrap();
     let id = submit(&c, job(TRAINER, 3, true)).await;
@@ -211,7 +211,7 @@ async fn t99b_at_the_drain_deadline_the_task_checkpoints_and_resumes_on_another_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t99c_a_failing_task_retries_on_its_draining_node_three_times() {
+async fn t205_a_failing_task_retries_on_its_draining_node_three_times() {
     let dir = tempfile::tempdir().unwrap();
     let c = LocalCluster::start(dir.path(), config(2)).await.unwrap();
     // Waits for a release file in its node's work dir, then fails: the first
@@ -242,7 +242,7 @@ async fn t99c_a_failing_task_retries_on_its_draining_node_three_times() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t99d_a_leader_kill_during_a_drain_keeps_its_deadline() {
+async fn t206_a_leader_kill_during_a_drain_keeps_its_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = LocalCluster::start(dir.path(), config(2)).await.unwrap();
     let id = submit(&c, job("trap 'exit 143' TERM; sleep 600 & wait", 3, false)).await;
@@ -283,7 +283,7 @@ async fn t99d_a_leader_kill_during_a_drain_keeps_its_deadline() {
 /// stopped), a drain timed out from the CLI, terminate, restart, the errors,
 /// and the metrics.
 #[test]
-fn t99e_node_lifecycle_from_the_cli() {
+fn t207_node_lifecycle_from_the_cli() {
     use crate::{Procs, muster, scrape};
 
     let dir = tempfile::tempdir().unwrap();
@@ -338,7 +338,7 @@ fn t99e_node_lifecycle_from_the_cli() {
             "--gpus",
             "2",
             "--idempotency-key",
-            "t99e",
+            "t207",
             "--scheduler",
             &addr,
             "--output",

@@ -190,7 +190,7 @@ async fn t88_a_high_class_gang_preempts_the_cheapest_victims_which_resume_from_c
 /// deferral get it, on top of the deadline in force. All but the first
 /// suspend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t88b_unresponsive_slow_and_deferring_victims() {
+async fn t200_unresponsive_slow_and_deferring_victims() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(1, 3_000);
     cfg.preemption.max_deferral_ms = 6_000;
@@ -279,7 +279,7 @@ async fn cancel(c: &LocalCluster, id: u64) {
 /// preemption in the replicated state, the agent's report reaches it, the
 /// victim suspends and the preemptor runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t88c_a_leader_kill_mid_preemption_finishes_it() {
+async fn t201_a_leader_kill_mid_preemption_finishes_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = LocalCluster::start(dir.path(), config(1, 10_000)).await.unwrap();
     let slow = "trap 'sleep 3; echo $step > \"$MUSTER_CHECKPOINT_DIR/step\"; touch \"$MUSTER_CHECKPOINT_DIR/.muster/done\"' USR1\n\

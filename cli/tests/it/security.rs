@@ -657,7 +657,7 @@ async fn t114_tokens_grant_their_role_and_stop_working_when_revoked_or_expired()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t115_muster_token_creates_lists_and_revokes_through_the_cli() {
+async fn t196_muster_token_creates_lists_and_revokes_through_the_cli() {
     let s = Server::start().await;
     tls::material(Role::Client("bob".into()));
     let run = |args: &[&str]| crate::muster(&[args, &["--scheduler", &s.addr]].concat());
@@ -798,7 +798,7 @@ async fn t119_history_bounds_past_the_stored_range_are_refused() {
 /// ordered by id, at most page_size each, and following next_page_token
 /// visits every node once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t118b_node_lists_are_paged_in_id_order() {
+async fn t197_node_lists_are_paged_in_id_order() {
     let s = Server::start().await;
     let admin = channel(&s.addr).await.unwrap();
     let mut streams = Vec::new();

@@ -84,7 +84,7 @@ echo "finished at $step"
 /// other three are torn down within the grace, checkpoint, and the whole
 /// gang is placed again and completes, resuming from the checkpoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t84_killing_one_task_tears_down_the_gang_which_resumes_from_checkpoints() {
+async fn t199_killing_one_task_tears_down_the_gang_which_resumes_from_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let grace = Duration::from_secs(5);
     let c = LocalCluster::start(dir.path(), config(5, grace)).await.unwrap();

@@ -78,7 +78,7 @@ async fn t96_a_hung_task_is_stopped_after_window_and_confirmation_and_reruns_els
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t96b_a_task_that_hangs_every_time_fails_after_three_retries_with_the_reason() {
+async fn t202_a_task_that_hangs_every_time_fails_after_three_retries_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let c = LocalCluster::start(dir.path(), config()).await.unwrap();
     let hangs = r#"echo . >> "$MUSTER_PROGRESS_FILE"; exec sleep 600"#;
@@ -105,7 +105,7 @@ async fn t96b_a_task_that_hangs_every_time_fails_after_three_retries_with_the_re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn t96c_loading_longer_than_the_window_before_the_first_beat_is_not_policed_and_the_budget_is() {
+async fn t203_loading_longer_than_the_window_before_the_first_beat_is_not_policed_and_the_budget_is() {
     let dir = tempfile::tempdir().unwrap();
     let c = LocalCluster::start(dir.path(), config()).await.unwrap();
     // Loads for 4 s (twice the window) before its first beat, then finishes.
