@@ -74,12 +74,7 @@ async fn stop_kills_a_term_trapping_group_after_the_grace() {
     let pidfile = dir.path().join("grandchild.pid");
     let script = format!("trap '' TERM; sleep 30 & echo $! > {}; wait; wait", pidfile.display());
     let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, None).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !pidfile.exists() || fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
-        assert!(Instant::now() < deadline, "grandchild never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let grandchild: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let grandchild = wait_for_pid(&pidfile).await;
     let started = Instant::now();
     let exit = t.stop(Duration::from_millis(300)).await.unwrap();
     assert_eq!(exit, Exit::Signal(libc::SIGKILL), "TERM was trapped, so KILL ended it");
@@ -88,11 +83,7 @@ async fn stop_kills_a_term_trapping_group_after_the_grace() {
         took >= Duration::from_millis(300) && took < Duration::from_millis(300) + Duration::from_secs(1),
         "{took:?}"
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(grandchild) {
-        assert!(Instant::now() < deadline, "grandchild {grandchild} survived");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(&format!("grandchild {grandchild} to die"), WAIT, || (!alive(grandchild)).then_some(())).await;
 }
 
 #[tokio::test]
@@ -103,11 +94,7 @@ async fn leftovers_of_a_finished_task_are_killed() {
     let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, None).unwrap();
     assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
     let bg: i32 = fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(bg) {
-        assert!(Instant::now() < deadline, "background process {bg} outlived its task");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(&format!("background process {bg} to die with its task"), WAIT, || (!alive(bg)).then_some(())).await;
 }
 
 /// Real cgroups of this machine (root, v1 here; v2 elsewhere), in a
@@ -129,8 +116,8 @@ async fn wait_for_pid(path: &Path) -> i32 {
     .await
 }
 
-/// A task started as an unprivileged account (in a pre-exec step here,
-/// after it joined its cgroup as root) is that account through and
+/// A task started as an unprivileged account (by the child that joined
+/// its cgroup as root) is that account through and
 /// through: it cannot read a directory that is not its own, nor signal
 /// a process of another user; it can read its hostfile and write its
 /// progress file, and its logs are the agent's alone.

@@ -248,36 +248,28 @@ impl SuccessorHint {
         SuccessorHint { raft, gone, wait }
     }
 
-    /// See [`successor_hint`].
+    /// The leader a follower should name to an agent or client: the one it
+    /// follows, unless its process was seen to go, in which case this
+    /// waits (up to its `wait`) for a successor. `None` when none is known
+    /// in time.
     pub async fn get(&self) -> Option<(u64, String)> {
-        successor_hint(&self.raft, &self.gone, self.wait).await
-    }
-}
-
-/// The leader a follower should name to an agent or client: the one it
-/// follows, unless its process was seen to go, in which case this waits
-/// (up to `wait`) for a successor. `None` when none is known in time.
-pub async fn successor_hint(
-    raft: &MusterRaft,
-    gone: &watch::Receiver<Option<u64>>,
-    wait: Duration,
-) -> Option<(u64, String)> {
-    let mut metrics = raft.metrics();
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        let hint = {
-            let m = metrics.borrow_and_update();
-            let dead = *gone.borrow();
-            m.current_leader
-                .filter(|l| Some(*l) != dead)
-                .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| (l, n.addr.clone())))
-        };
-        if hint.is_some() {
-            return hint;
-        }
-        match tokio::time::timeout_at(deadline, metrics.changed()).await {
-            Ok(Ok(())) => {}
-            _ => return None,
+        let mut metrics = self.raft.metrics();
+        let deadline = tokio::time::Instant::now() + self.wait;
+        loop {
+            let hint = {
+                let m = metrics.borrow_and_update();
+                let dead = *self.gone.borrow();
+                m.current_leader
+                    .filter(|l| Some(*l) != dead)
+                    .and_then(|l| m.membership_config.membership().get_node(&l).map(|n| (l, n.addr.clone())))
+            };
+            if hint.is_some() {
+                return hint;
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return None,
+            }
         }
     }
 }

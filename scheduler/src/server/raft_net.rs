@@ -87,6 +87,12 @@ impl Reachability {
         was != answered && !self.quiet.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The peers whose last call from this replica found nobody answering.
+    pub(crate) fn unreachable(&self) -> Vec<u64> {
+        let known = self.known.lock().expect("reachability lock");
+        known.iter().filter(|&(_, &answered)| !answered).map(|(&peer, _)| peer).collect()
+    }
+
     /// From now on peers going away are expected (every replica of a local
     /// cluster is stopping): they are no longer logged.
     pub(crate) fn hush(&self) {
@@ -752,6 +758,8 @@ mod tests {
         assert!(!r.record(3, true), "each peer on its own");
         assert!(r.record(2, true), "back again is news");
         assert!(!r.record(2, true));
+        assert!(r.record(3, false));
+        assert_eq!(r.unreachable(), [3]);
         r.hush();
         assert!(!r.record(2, false), "once hushed, a peer going away is expected");
         let wrapped = std::io::Error::other(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));

@@ -614,6 +614,12 @@ impl Replica {
         &self.shared.proposer
     }
 
+    /// The peers whose last Raft call from this replica found nobody
+    /// answering (connection refused, unavailable, cancelled).
+    pub fn unreachable_peers(&self) -> Vec<u64> {
+        self.peers.unreachable()
+    }
+
     /// This replica's view of the cluster.
     pub fn status(&self) -> v1::ReplicaStatus {
         status_of(&self.shared)

@@ -507,27 +507,35 @@ async fn a_submit_without_a_walltime_takes_its_classs_default() {
 async fn a_cluster_whose_first_vote_failed_still_elects_a_leader() {
     let dir = tempfile::tempdir().unwrap();
     let tuning = RaftTuning::default();
-    let listeners: Vec<TcpListener> = (0..3).map(|_| listen("127.0.0.1:0".parse().unwrap())).collect();
+    // Every port is held from the start, but only replica 1's listens: a
+    // call to the others is refused until they start.
+    let sockets: Vec<TcpSocket> = (0..3)
+        .map(|_| {
+            let socket = TcpSocket::new_v4().unwrap();
+            socket.set_reuseaddr(true).unwrap();
+            socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            socket
+        })
+        .collect();
     let members: BTreeMap<u64, String> =
-        listeners.iter().enumerate().map(|(i, l)| (i as u64 + 1, l.local_addr().unwrap().to_string())).collect();
-    let mut listeners = listeners.into_iter();
+        sockets.iter().enumerate().map(|(i, s)| (i as u64 + 1, s.local_addr().unwrap().to_string())).collect();
+    let mut sockets = sockets.into_iter();
     // Replica 1 alone: it bootstraps and campaigns, and its vote requests
-    // find nobody (its peers' ports accept nothing yet).
-    let first = listeners.next().unwrap();
+    // are refused.
+    let first = sockets.next().unwrap();
     let addr = first.local_addr().unwrap();
-    let mut replicas = vec![Replica::start(config(1, addr, dir.path(), &members, &tuning), first).await.unwrap()];
-    muster_testkit::eventually("replica 1's first campaign", WAIT, || {
-        let s = replicas[0].status();
-        (s.term >= 1 && s.role != "leader").then_some(())
+    let mut replicas =
+        vec![Replica::start(config(1, addr, dir.path(), &members, &tuning), first.listen(128).unwrap()).await.unwrap()];
+    muster_testkit::eventually("replica 1's first campaign to fail", WAIT, || {
+        let refused = replicas[0].unreachable_peers();
+        (replicas[0].status().role != "leader" && refused == [2, 3]).then_some(())
     })
     .await;
-    // Long past the vote's own timeout (the peers' ports take connections
-    // but answer nothing), so that campaign has failed before they start.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    for (i, l) in listeners.enumerate() {
+    for (i, socket) in sockets.enumerate() {
         let id = i as u64 + 2;
-        let addr = l.local_addr().unwrap();
-        replicas.push(Replica::start(config(id, addr, dir.path(), &members, &tuning), l).await.unwrap());
+        let addr = socket.local_addr().unwrap();
+        let listener = socket.listen(128).unwrap();
+        replicas.push(Replica::start(config(id, addr, dir.path(), &members, &tuning), listener).await.unwrap());
     }
     leader(&replicas).await;
     for r in replicas {
