@@ -4,7 +4,8 @@
 //! successful durable point — a log `fdatasync`, or a snapshot file written
 //! and renamed into place — records what is on stable storage at that moment
 //! in `<data-dir>/crash-image/`: the whole log (entries, vote, committed,
-//! purge marker) as of the sync, and a hard link to the snapshot file. [`restore_crash_image`] then replaces the data dir's log
+//! purge marker) as of the sync (`log.image`), and a hard link to the
+//! snapshot file. [`restore_crash_image`] then replaces the data dir's log
 //! and snapshot with the image, which is exactly what a machine that lost
 //! power would find: everything fsynced, nothing written since.
 //!
@@ -31,10 +32,10 @@ use std::sync::Mutex;
 
 use crate::codec;
 use crate::disk::OpenError;
-use crate::log_file::LogFile;
+use crate::log_file::{LogFile, LogImage};
 
 const IMAGE_DIR: &str = "crash-image";
-const TREE_FILE: &str = "tree.bin";
+const LOG_FILE: &str = "log.image";
 const SNAPSHOT_FILE: &str = "snapshot.bin";
 const ACKED_FILE: &str = "acked";
 
@@ -43,13 +44,13 @@ pub(crate) fn image_dir(data_dir: &Path) -> PathBuf {
 }
 
 /// Records the log's contents (as of the sync just done) as the image.
-pub(crate) fn record_log(data_dir: &Path, pairs: Vec<(Vec<u8>, Vec<u8>)>) -> io::Result<()> {
-    let bytes = codec::encode(&pairs).map_err(io::Error::other)?;
+pub(crate) fn record_log(data_dir: &Path, log: &LogImage) -> io::Result<()> {
+    let bytes = codec::encode(log).map_err(io::Error::other)?;
     let dir = image_dir(data_dir);
     fs::create_dir_all(&dir)?;
-    let tmp = dir.join("tree.bin.tmp");
+    let tmp = dir.join("log.image.tmp");
     fs::File::create(&tmp)?.write_all(&bytes)?;
-    fs::rename(&tmp, dir.join(TREE_FILE))
+    fs::rename(&tmp, dir.join(LOG_FILE))
 }
 
 /// Records the snapshot file just renamed into place (a hard link: the file
@@ -116,34 +117,17 @@ fn read_acked(file: &Path) -> io::Result<Option<u64>> {
     }
 }
 
-/// A log's contents as key/value pairs (see `LogFile::pairs`).
-type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
-
-/// The image's pairs (empty when nothing was ever made durable).
-fn image_pairs(data_dir: &Path) -> Result<Pairs, OpenError> {
+/// The image's log (empty when nothing was ever made durable).
+fn image_log(data_dir: &Path) -> Result<LogImage, OpenError> {
     let image = image_dir(data_dir);
-    match fs::read(image.join(TREE_FILE)) {
+    match fs::read(image.join(LOG_FILE)) {
         Ok(bytes) => codec::decode(&bytes).map_err(|e| OpenError::Snapshot {
-            path: image.join(TREE_FILE),
+            path: image.join(LOG_FILE),
             reason: format!("crash image unreadable: {e}"),
         }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(LogImage::default()),
         Err(e) => Err(OpenError::Io { path: data_dir.to_path_buf(), source: e }),
     }
-}
-
-/// The last log index the image holds: its last entry, or what its purge
-/// marker covers.
-fn durable_last(pairs: &Pairs) -> u64 {
-    pairs
-        .iter()
-        .filter_map(|(k, v)| match k.as_slice() {
-            [b'L', index @ ..] if index.len() == 8 => Some(u64::from_be_bytes(index.try_into().expect("8 bytes"))),
-            k if k == crate::log_file::Meta::Purged.key() => crate::disk::purged_index(v),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 /// Before a simulated power loss of a data dir kept with the crash shim:
@@ -154,7 +138,7 @@ pub fn acked_beyond_durable(data_dir: &Path) -> Result<Option<(u64, u64)>, OpenE
     let acked = read_acked(&image_dir(data_dir).join(ACKED_FILE))
         .map_err(|source| OpenError::Io { path: data_dir.to_path_buf(), source })?;
     let Some(acked) = acked else { return Ok(None) };
-    let durable = durable_last(&image_pairs(data_dir)?);
+    let durable = image_log(data_dir)?.last_index();
     Ok((acked > durable).then_some((acked, durable)))
 }
 
@@ -197,10 +181,10 @@ pub fn acked_beyond_readable(data_dir: &Path) -> Result<Option<(u64, u64)>, Open
 pub fn restore_crash_image(data_dir: &Path) -> Result<(), OpenError> {
     let io_err = |source| OpenError::Io { path: data_dir.to_path_buf(), source };
     let image = image_dir(data_dir);
-    let pairs = image_pairs(data_dir)?;
+    let log = image_log(data_dir)?;
     // After the power loss the replica has acknowledged only what survived.
     if let Some(acked) = read_acked(&image.join(ACKED_FILE)).map_err(io_err)? {
-        let durable = durable_last(&pairs);
+        let durable = log.last_index();
         if acked > durable {
             fs::write(image.join(ACKED_FILE), durable.to_le_bytes()).map_err(io_err)?;
         }
@@ -221,5 +205,5 @@ pub fn restore_crash_image(data_dir: &Path) -> Result<(), OpenError> {
     if image.join(SNAPSHOT_FILE).exists() {
         fs::copy(image.join(SNAPSHOT_FILE), data_dir.join("snapshot.bin")).map_err(io_err)?;
     }
-    LogFile::create_from_pairs(&log_dir, pairs).map_err(|source| OpenError::Io { path: log_dir, source })
+    LogFile::create_from_image(&log_dir, &log).map_err(|source| OpenError::Io { path: log_dir, source })
 }

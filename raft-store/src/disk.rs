@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
 
-use crate::faults::FaultSwitch;
+use crate::faults::{FaultSwitch, FaultyDisk};
+use crate::log_file::vfs::{RealDisk, Vfs};
 use crate::log_file::{LogFile, SyncErrors};
 use crate::log_store::LogStore;
 use crate::state_machine::StateMachineStore;
@@ -200,12 +201,16 @@ pub fn open_with<A: StateMachineApp>(
         Some(StoreFault::AckDespiteSyncError) => SyncErrors::CarryOn,
         _ => SyncErrors::Stop,
     };
+    let disk: Arc<dyn Vfs> = match &opts.disk_fault_file {
+        Some(control) => Arc::new(FaultyDisk(FaultSwitch(control.clone()))),
+        None => Arc::new(RealDisk),
+    };
     let log = LogFile::open(&log_dir, purged_index)
         .map_err(|source| match source.kind() {
             io::ErrorKind::WouldBlock => OpenError::InUse { path: log_dir.clone() },
             _ => OpenError::Io { path: log_dir.clone(), source },
         })?
-        .with_faults(opts.disk_fault_file.clone().map(FaultSwitch), sync_errors)
+        .with_disk(disk, sync_errors)
         .ignoring_write_errors(opts.fault == Some(StoreFault::AckDespiteWriteError));
     let acked = match opts.crash_image {
         true => Some(Arc::new(crash_image::AckedRecord::open(dir).map_err(io_err)?)),
@@ -269,7 +274,7 @@ impl DurablePoint {
         // Appends take the image lock while the shim is on, so nothing was
         // written between the sync and this read.
         if self.crash_image {
-            crash_image::record_log(&self.dir, self.log.pairs())?;
+            crash_image::record_log(&self.dir, &self.log.image())?;
         }
         Ok(())
     }

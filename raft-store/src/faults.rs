@@ -13,10 +13,12 @@
 //! The store reads the file before each append and sync, so a fault takes
 //! effect and clears within one operation.
 
-use std::fs;
+use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use crate::log_file::vfs::{RealDisk, Vfs};
 
 /// A fault of the disk under the log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +85,37 @@ impl FaultSwitch {
     /// The fault in force now (an unreadable or unknown line is none).
     pub(crate) fn current(&self) -> Option<DiskFault> {
         fs::read_to_string(&self.0).ok().and_then(|line| DiskFault::parse(&line).ok().flatten())
+    }
+}
+
+/// The disk under a log that reads its faults from a control file: each
+/// append and sync does what the fault in force says, or the real thing.
+pub(crate) struct FaultyDisk(pub(crate) FaultSwitch);
+
+impl Vfs for FaultyDisk {
+    fn append(&self, file: &File, buf: &[u8]) -> io::Result<()> {
+        match self.0.current() {
+            // A full disk: part of the write lands, then ENOSPC.
+            Some(DiskFault::Full) => RealDisk.append(file, &buf[..buf.len() / 2]).and(Err(enospc())),
+            _ => RealDisk.append(file, buf),
+        }
+    }
+
+    fn sync(&self, file: &File) -> io::Result<()> {
+        match self.0.current() {
+            Some(DiskFault::SyncFails) => Err(eio()),
+            Some(DiskFault::SlowSync(d)) => {
+                std::thread::sleep(d);
+                RealDisk.sync(file)
+            }
+            Some(DiskFault::StalledSync) => {
+                while self.0.current() == Some(DiskFault::StalledSync) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                RealDisk.sync(file)
+            }
+            _ => RealDisk.sync(file),
+        }
     }
 }
 

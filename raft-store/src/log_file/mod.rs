@@ -1,12 +1,19 @@
-//! The Raft log on plain files: append-only segments, made durable by one
+//! The Raft log on plain files, in the shape of a write-ahead log:
+//! append-only segments with a versioned header, made durable by one
 //! `fdatasync` per group of appends.
 //!
 //! ```text
 //!   <data-dir>/log/
-//!     seg-00000000000000000001.log   records: [len u32][crc32 u32][index u64][entry bytes]
+//!     seg-00000000000000000001.log   header, then records (format.rs)
 //!     seg-00000000000000052114.log   (a new segment past 64 MiB; named by its first index)
-//!     vote.meta  purged.meta  committed.meta    [crc32 u32][bytes], replaced by rename
+//!     vote.meta  purged.meta  committed.meta
 //! ```
+//!
+//! - [`format`] pairs an encoder with a decoder for each piece on disk.
+//! - [`recover`] opens a directory: checks everything, cuts off a torn
+//!   tail, refuses damage and unknown versions by name.
+//! - [`vfs`] is the seam under appends and syncs, where tests and the chaos
+//!   harness put a failing disk.
 //!
 //! - **Append** writes the records to the active segment (one `write`) and
 //!   returns; the entries are readable at once. [`LogFile::sync`] makes
@@ -23,32 +30,30 @@
 //!   by the cluster, so one that does not check out on open reads as absent.
 //!   A rename would cost a journal commit per entry here (ext4's
 //!   replace-by-rename writes the new file's data back first).
-//! - **Open** reads every segment in order and checks each record's length,
-//!   checksum and index. A torn record at the end of the last segment (a
-//!   write cut short by a crash: it was never acknowledged) is cut off;
-//!   anything wrong elsewhere is corruption and refuses to open.
 //!
 //! The live entries are also kept in memory, encoded, for reads: the log
 //! between two snapshots is bounded by the snapshot policy.
 
+mod format;
+mod recover;
+pub(crate) mod vfs;
+
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::faults::{self, DiskFault, FaultSwitch};
+use serde::{Deserialize, Serialize};
+
+use self::vfs::{RealDisk, Vfs};
 
 /// A segment past this size is closed and a new one started.
 const SEGMENT_BYTES: u64 = 64 << 20;
-/// Record header: length, checksum, index.
-const HEADER: usize = 16;
-/// The largest record accepted on open (a bigger length is a torn header).
-const MAX_RECORD: u64 = 1 << 30;
 
 /// The metadata kept beside the log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Meta {
     /// The vote (durable).
     Vote,
@@ -59,8 +64,6 @@ pub(crate) enum Meta {
 }
 
 impl Meta {
-    const ALL: [Meta; 3] = [Meta::Vote, Meta::Purged, Meta::Committed];
-
     fn file(self) -> &'static str {
         match self {
             Meta::Vote => "vote.meta",
@@ -68,14 +71,25 @@ impl Meta {
             Meta::Committed => "committed.meta",
         }
     }
+}
 
-    /// The key this value has in a crash image.
-    pub(crate) fn key(self) -> &'static [u8] {
-        match self {
-            Meta::Vote => b"M:vote",
-            Meta::Purged => b"M:purged",
-            Meta::Committed => b"M:committed",
-        }
+/// Everything a log holds, as of one moment: the crash shim's image of
+/// what was durable (see `crash_image`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LogImage {
+    pub(crate) vote: Option<Vec<u8>>,
+    pub(crate) purged: Option<Vec<u8>>,
+    pub(crate) committed: Option<Vec<u8>>,
+    /// The live entries (index, encoded), in order.
+    pub(crate) entries: Vec<(u64, Vec<u8>)>,
+}
+
+impl LogImage {
+    /// The last index the image holds: its last entry, or what its purge
+    /// marker covers.
+    pub(crate) fn last_index(&self) -> u64 {
+        let purged = self.purged.as_deref().and_then(crate::disk::purged_index);
+        self.entries.last().map(|&(i, _)| i).into_iter().chain(purged).max().unwrap_or(0)
     }
 }
 
@@ -95,7 +109,7 @@ struct Inner {
     entries: BTreeMap<u64, Located>,
     /// By first index; the last one is the active segment.
     segments: BTreeMap<u64, Segment>,
-    meta: BTreeMap<&'static [u8], Vec<u8>>,
+    meta: BTreeMap<Meta, Vec<u8>>,
     /// Entries at or below this index are purged (skipped on open).
     purged: Option<u64>,
     /// How far the last successful sync reached: (segment, length).
@@ -132,12 +146,12 @@ pub(crate) enum SyncErrors {
 pub(crate) struct LogFile {
     dir: PathBuf,
     inner: Mutex<Inner>,
-    /// `committed.meta`, overwritten in place: `[len u32][crc32 u32][bytes]`.
+    /// `committed.meta`, overwritten in place.
     committed: File,
     /// `LOCK`, held exclusively while the log is open.
     _lock: File,
-    /// Injected disk faults (tests and chaos only).
-    faults: Option<FaultSwitch>,
+    /// Appends and syncs go through it (a failing disk in tests and chaos).
+    disk: Arc<dyn Vfs>,
     sync_errors: SyncErrors,
     /// The injected bug of a store that ignores failed writes.
     ignore_write_errors: bool,
@@ -167,22 +181,8 @@ fn segment_name(first: u64) -> String {
     format!("seg-{first:020}.log")
 }
 
-fn corrupt(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
-}
-
-fn record(index: u64, bytes: &[u8], out: &mut Vec<u8>) {
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&index.to_le_bytes());
-    crc.update(bytes);
-    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc.finalize().to_le_bytes());
-    out.extend_from_slice(&index.to_le_bytes());
-    out.extend_from_slice(bytes);
 }
 
 /// Writes `bytes` (with a checksum) to `dir/name` durably: temp file,
@@ -190,164 +190,47 @@ fn record(index: u64, bytes: &[u8], out: &mut Vec<u8>) {
 fn write_meta(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let mut f = File::create(&tmp)?;
-    f.write_all(&crc32fast::hash(bytes).to_le_bytes())?;
-    f.write_all(bytes)?;
+    f.write_all(&format::encode_meta(bytes))?;
     f.sync_data()?;
     drop(f);
     fs::rename(&tmp, dir.join(name))?;
     sync_dir(dir)
 }
 
-/// Overwrites `file` from its start with `[len][crc32][bytes]` (not synced).
+/// Overwrites `file` from its start (not synced).
 fn write_in_place(file: &File, bytes: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
-    let mut buf = Vec::with_capacity(bytes.len() + 8);
-    buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
-    buf.extend_from_slice(bytes);
-    file.write_all_at(&buf, 0)
-}
-
-/// What [`write_in_place`] wrote; `None` when empty or torn.
-fn read_in_place(mut file: &File) -> io::Result<Option<Vec<u8>>> {
-    let mut raw = Vec::new();
-    file.read_to_end(&mut raw)?;
-    if raw.len() < 8 {
-        return Ok(None);
-    }
-    let len = u32::from_le_bytes(raw[..4].try_into().unwrap()) as usize;
-    let Some(bytes) = raw.get(8..8 + len) else { return Ok(None) };
-    Ok((crc32fast::hash(bytes).to_le_bytes() == raw[4..8]).then(|| bytes.to_vec()))
-}
-
-/// A meta file's bytes; `None` when absent or when it does not check out.
-fn read_meta(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    let raw = match fs::read(path) {
-        Ok(raw) => raw,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    if raw.len() < 4 {
-        return Ok(None);
-    }
-    let (crc, bytes) = raw.split_at(4);
-    Ok((crc32fast::hash(bytes).to_le_bytes() == crc).then(|| bytes.to_vec()))
+    file.write_all_at(&format::encode_in_place(bytes), 0)
 }
 
 impl LogFile {
-    /// Opens (or creates) the log in `dir`, recovering from a torn tail.
-    /// `purged_index` reads the index out of the stored purge marker.
+    /// Opens (or creates) the log in `dir`, recovering from a torn tail
+    /// (see [`recover`]). `purged_index` reads the index out of the stored
+    /// purge marker.
     pub(crate) fn open(dir: &Path, purged_index: impl Fn(&[u8]) -> Option<u64>) -> io::Result<LogFile> {
         fs::create_dir_all(dir)?;
         let lock = lock_dir(dir)?;
-        let mut meta = BTreeMap::new();
         let committed = OpenOptions::new()
             .create(true)
             .truncate(false)
             .read(true)
             .write(true)
             .open(dir.join(Meta::Committed.file()))?;
-        if let Some(bytes) = read_in_place(&committed)? {
-            meta.insert(Meta::Committed.key(), bytes);
-        }
-        for m in [Meta::Vote, Meta::Purged] {
-            match read_meta(&dir.join(m.file()))? {
-                Some(bytes) => {
-                    meta.insert(m.key(), bytes);
-                }
-                // They are renamed into place whole: a bad one is damage,
-                // not a torn write.
-                None if dir.join(m.file()).exists() => {
-                    return Err(corrupt(format!("{} does not check out", dir.join(m.file()).display())));
-                }
-                None => {}
-            }
-        }
-        let purged = match meta.get(Meta::Purged.key()) {
-            None => None,
-            Some(bytes) => Some(
-                purged_index(bytes)
-                    .ok_or_else(|| corrupt(format!("{} does not decode", dir.join(Meta::Purged.file()).display())))?,
-            ),
+        let r = recover::recover(dir, &committed, purged_index)?;
+        let inner = Inner {
+            entries: r.entries,
+            segments: r.segments,
+            meta: r.meta,
+            purged: r.purged,
+            synced: r.synced,
+            failed: None,
         };
-        let mut firsts = Vec::new();
-        for entry in fs::read_dir(dir)? {
-            let name = entry?.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if let Some(first) = name.strip_prefix("seg-").and_then(|s| s.strip_suffix(".log")) {
-                let first = first.parse::<u64>().map_err(|_| corrupt(format!("unexpected log file {name}")))?;
-                firsts.push(first);
-            }
-        }
-        firsts.sort_unstable();
-        let mut inner =
-            Inner { entries: BTreeMap::new(), segments: BTreeMap::new(), meta, purged, synced: (0, 0), failed: None };
-        let mut last: Option<u64> = None;
-        for (n, &first) in firsts.iter().enumerate() {
-            let path = dir.join(segment_name(first));
-            let is_last = n + 1 == firsts.len();
-            let mut raw = Vec::new();
-            File::open(&path)?.read_to_end(&mut raw)?;
-            let mut at = 0usize;
-            let torn = loop {
-                if at == raw.len() {
-                    break None;
-                }
-                if raw.len() - at < HEADER {
-                    break Some("a short record header");
-                }
-                let len = u32::from_le_bytes(raw[at..at + 4].try_into().unwrap()) as u64;
-                let crc = u32::from_le_bytes(raw[at + 4..at + 8].try_into().unwrap());
-                let index = u64::from_le_bytes(raw[at + 8..at + 16].try_into().unwrap());
-                if len > MAX_RECORD || (raw.len() - at - HEADER) < len as usize {
-                    break Some("a short record");
-                }
-                let body = &raw[at + HEADER..at + HEADER + len as usize];
-                let mut h = crc32fast::Hasher::new();
-                h.update(&index.to_le_bytes());
-                h.update(body);
-                if h.finalize() != crc {
-                    break Some("a record whose checksum does not match");
-                }
-                if purged.is_none_or(|p| index > p) {
-                    if let Some(prev) = last
-                        && index != prev + 1
-                    {
-                        return Err(corrupt(format!(
-                            "{} holds entry {index} after entry {prev}: the log has a gap",
-                            path.display()
-                        )));
-                    }
-                    last = Some(index);
-                    inner.entries.insert(index, Located { segment: first, offset: at as u64, bytes: body.into() });
-                }
-                at += HEADER + len as usize;
-            };
-            if let Some(why) = torn {
-                if !is_last {
-                    return Err(corrupt(format!("{} has {why} at offset {at}", path.display())));
-                }
-                // A write cut short by a crash: never synced, never acknowledged.
-                tracing::warn!(segment = %path.display(), offset = at, "cutting off a torn write at the log's end");
-                let f = OpenOptions::new().write(true).open(&path)?;
-                f.set_len(at as u64)?;
-                f.sync_all()?;
-            }
-            let file = OpenOptions::new().append(true).open(&path)?;
-            if is_last {
-                // What was read back is what later reads will trust: make
-                // it durable now (a process restart keeps unsynced pages).
-                file.sync_data()?;
-                inner.synced = (first, at as u64);
-            }
-            inner.segments.insert(first, Segment { file: Arc::new(file), len: at as u64 });
-        }
         Ok(LogFile {
             dir: dir.to_path_buf(),
             inner: Mutex::new(inner),
             committed,
             _lock: lock,
-            faults: None,
+            disk: Arc::new(RealDisk),
             sync_errors: SyncErrors::Stop,
             ignore_write_errors: false,
         })
@@ -369,19 +252,15 @@ impl LogFile {
             .keys()
             .next_back()
             .copied()
-            .or_else(|| inner.meta.get(Meta::Purged.key()).and_then(|b| crate::disk::purged_index(b)))
+            .or_else(|| inner.meta.get(&Meta::Purged).and_then(|b| crate::disk::purged_index(b)))
     }
 
-    /// Reads injected disk faults from `switch` (tests and chaos only), and
-    /// handles a failed sync as `sync_errors` says.
-    pub(crate) fn with_faults(mut self, switch: Option<FaultSwitch>, sync_errors: SyncErrors) -> LogFile {
-        self.faults = switch;
+    /// Appends and syncs through `disk` (a failing one in tests and chaos),
+    /// and handles a failed sync as `sync_errors` says.
+    pub(crate) fn with_disk(mut self, disk: Arc<dyn Vfs>, sync_errors: SyncErrors) -> LogFile {
+        self.disk = disk;
         self.sync_errors = sync_errors;
         self
-    }
-
-    fn fault(&self) -> Option<DiskFault> {
-        self.faults.as_ref().and_then(FaultSwitch::current)
     }
 
     /// A sync failed. Its pages may be gone from the cache without having
@@ -417,7 +296,7 @@ impl LogFile {
 
     /// A stored metadata value.
     pub(crate) fn meta(&self, m: Meta) -> Option<Vec<u8>> {
-        self.lock().meta.get(m.key()).cloned()
+        self.lock().meta.get(&m).cloned()
     }
 
     /// Stores a metadata value; the vote and purge marker durably.
@@ -428,14 +307,28 @@ impl LogFile {
             Meta::Committed => write_in_place(&self.committed, &bytes)?,
             Meta::Vote | Meta::Purged => write_meta(&self.dir, m.file(), &bytes)?,
         }
-        inner.meta.insert(m.key(), bytes);
+        inner.meta.insert(m, bytes);
         Ok(())
+    }
+
+    /// Starts the segment whose first entry is `first`: its header, synced,
+    /// and the directory entry, synced. Nothing is left of it on failure.
+    fn start_segment(&self, first: u64) -> io::Result<Segment> {
+        let path = self.dir.join(segment_name(first));
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let header = format::encode_segment_header(first);
+        let started = self.disk.append(&file, &header).and_then(|()| self.disk.sync(&file));
+        if let Err(e) = started.and_then(|()| sync_dir(&self.dir)) {
+            drop(file);
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
+        Ok(Segment { file: Arc::new(file), len: header.len() as u64 })
     }
 
     /// Writes entries (index, encoded) after the last one; not yet durable.
     pub(crate) fn append(&self, items: Vec<(u64, Vec<u8>)>) -> io::Result<()> {
         let Some(&(first_index, _)) = items.first() else { return Ok(()) };
-        let fault = self.fault();
         let mut inner = self.lock();
         inner.refuse_if_failed()?;
         let active = inner.segments.last_key_value().map(|(&k, s)| (k, s.len));
@@ -444,38 +337,27 @@ impl LogFile {
             _ => {
                 // Close the full segment (synced now, so the flusher only
                 // ever syncs the active one), then start the next.
-                if let Some((_, s)) = inner.segments.last_key_value() {
-                    let closed = match fault {
-                        Some(DiskFault::SyncFails) => Err(faults::eio()),
-                        _ => s.file.sync_data(),
-                    };
-                    if let Err(e) = closed {
-                        drop(inner);
-                        return Err(self.fail(e));
-                    }
+                if let Some((_, s)) = inner.segments.last_key_value()
+                    && let Err(e) = self.disk.sync(&s.file)
+                {
+                    drop(inner);
+                    return Err(self.fail(e));
                 }
-                let path = self.dir.join(segment_name(first_index));
-                let file = OpenOptions::new().create(true).append(true).open(&path)?;
-                sync_dir(&self.dir)?;
-                inner.segments.insert(first_index, Segment { file: Arc::new(file), len: 0 });
-                inner.synced = (first_index, 0);
+                let seg = self.start_segment(first_index)?;
+                inner.synced = (first_index, seg.len);
+                inner.segments.insert(first_index, seg);
                 first_index
             }
         };
         let start = inner.segments[&segment].len;
-        let mut buf = Vec::with_capacity(items.iter().map(|(_, b)| b.len() + HEADER).sum());
+        let mut buf = Vec::with_capacity(items.iter().map(|(_, b)| b.len() + format::RECORD_HEADER).sum());
         let mut located = Vec::with_capacity(items.len());
         for (index, bytes) in &items {
             located.push((*index, start + buf.len() as u64));
-            record(*index, bytes, &mut buf);
+            format::encode_record(*index, bytes, &mut buf);
         }
         let seg = inner.segments.get_mut(&segment).expect("active segment");
-        let written = match fault {
-            // A full disk: part of the write lands, then ENOSPC.
-            Some(DiskFault::Full) => (&*seg.file).write_all(&buf[..buf.len() / 2]).and(Err(faults::enospc())),
-            _ => (&*seg.file).write_all(&buf),
-        };
-        if let Err(e) = written {
+        if let Err(e) = self.disk.append(&seg.file, &buf) {
             if self.ignore_write_errors {
                 tracing::error!(error = %e, "a log write failed; carrying on as if it had landed (injected bug)");
             } else {
@@ -501,21 +383,7 @@ impl LogFile {
             inner.segments.last_key_value().map(|(&k, s)| (k, s.len, s.file.clone()))
         };
         let Some((segment, len, file)) = active else { return Ok(()) };
-        let synced = match self.fault() {
-            Some(DiskFault::SyncFails) => Err(faults::eio()),
-            Some(DiskFault::SlowSync(d)) => {
-                std::thread::sleep(d);
-                file.sync_data()
-            }
-            Some(DiskFault::StalledSync) => {
-                while self.fault() == Some(DiskFault::StalledSync) {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                file.sync_data()
-            }
-            _ => file.sync_data(),
-        };
-        match synced {
+        match self.disk.sync(&file) {
             Ok(()) => {
                 let mut inner = self.lock();
                 inner.synced = inner.synced.max((segment, len));
@@ -587,7 +455,7 @@ impl LogFile {
         let mut inner = self.lock();
         inner.refuse_if_failed()?;
         write_meta(&self.dir, Meta::Purged.file(), &marker)?;
-        inner.meta.insert(Meta::Purged.key(), marker);
+        inner.meta.insert(Meta::Purged, marker);
         inner.purged = Some(upto);
         inner.entries = inner.entries.split_off(&(upto.saturating_add(1)));
         // A segment holds [its first, the next one's first); the active
@@ -607,38 +475,35 @@ impl LogFile {
         Ok(())
     }
 
-    /// Everything stored, as (key, value) pairs: `"L"` + big-endian index
-    /// for entries, [`Meta::key`] for metadata (the crash image's form).
-    pub(crate) fn pairs(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+    /// Everything the log holds now.
+    pub(crate) fn image(&self) -> LogImage {
         let inner = self.lock();
-        let mut out: Vec<(Vec<u8>, Vec<u8>)> = inner.meta.iter().map(|(k, v)| (k.to_vec(), v.clone())).collect();
-        out.extend(inner.entries.iter().map(|(i, l)| (entry_key(*i).to_vec(), l.bytes.to_vec())));
-        out
+        LogImage {
+            vote: inner.meta.get(&Meta::Vote).cloned(),
+            purged: inner.meta.get(&Meta::Purged).cloned(),
+            committed: inner.meta.get(&Meta::Committed).cloned(),
+            entries: inner.entries.iter().map(|(&i, l)| (i, l.bytes.to_vec())).collect(),
+        }
     }
 
-    /// Writes a fresh log directory holding exactly `pairs` (from
-    /// [`LogFile::pairs`]), durably.
-    pub(crate) fn create_from_pairs(dir: &Path, pairs: Vec<(Vec<u8>, Vec<u8>)>) -> io::Result<()> {
+    /// Writes a fresh log directory holding exactly `image`, durably, in
+    /// the current format.
+    pub(crate) fn create_from_image(dir: &Path, image: &LogImage) -> io::Result<()> {
         fs::create_dir_all(dir)?;
-        let mut items = Vec::new();
-        for (k, v) in pairs {
-            if k.as_slice() == Meta::Committed.key() {
-                let f = File::create(dir.join(Meta::Committed.file()))?;
-                write_in_place(&f, &v)?;
-                f.sync_all()?;
-            } else if let Some(m) = Meta::ALL.iter().find(|m| m.key() == k.as_slice()) {
-                write_meta(dir, m.file(), &v)?;
-            } else if k.len() == 9 && k[0] == b'L' {
-                items.push((u64::from_be_bytes(k[1..].try_into().unwrap()), v));
-            } else {
-                return Err(corrupt(format!("unexpected key {k:?} in a crash image")));
+        if let Some(v) = &image.committed {
+            let f = File::create(dir.join(Meta::Committed.file()))?;
+            write_in_place(&f, v)?;
+            f.sync_all()?;
+        }
+        for (m, v) in [(Meta::Vote, &image.vote), (Meta::Purged, &image.purged)] {
+            if let Some(v) = v {
+                write_meta(dir, m.file(), v)?;
             }
         }
-        items.sort_by_key(|(i, _)| *i);
-        if let Some(&(first, _)) = items.first() {
-            let mut buf = Vec::new();
-            for (i, v) in &items {
-                record(*i, v, &mut buf);
+        if let Some(&(first, _)) = image.entries.first() {
+            let mut buf = format::encode_segment_header(first).to_vec();
+            for (i, v) in &image.entries {
+                format::encode_record(*i, v, &mut buf);
             }
             let mut f = File::create(dir.join(segment_name(first)))?;
             f.write_all(&buf)?;
@@ -646,13 +511,6 @@ impl LogFile {
         }
         sync_dir(dir)
     }
-}
-
-/// An entry's key in a crash image.
-fn entry_key(index: u64) -> [u8; 9] {
-    let mut k = [b'L'; 9];
-    k[1..].copy_from_slice(&index.to_be_bytes());
-    k
 }
 
 #[cfg(test)]
@@ -702,7 +560,7 @@ mod tests {
         let full = fs::read(&seg).unwrap();
         let mut torn = full.clone();
         let mut more = Vec::new();
-        record(6, b"entry 6", &mut more);
+        format::encode_record(6, b"entry 6", &mut more);
         torn.extend_from_slice(&more[..more.len() - 3]);
         fs::write(&seg, &torn).unwrap();
         let log = LogFile::open(dir.path(), index).unwrap();
@@ -723,17 +581,106 @@ mod tests {
         }
         {
             // A second segment makes the first one closed.
-            let mut f = File::create(dir.path().join(segment_name(4))).unwrap();
-            let mut buf = Vec::new();
-            record(4, b"entry 4", &mut buf);
-            f.write_all(&buf).unwrap();
+            let mut buf = format::encode_segment_header(4).to_vec();
+            format::encode_record(4, b"entry 4", &mut buf);
+            fs::write(dir.path().join(segment_name(4)), &buf).unwrap();
         }
         let seg = dir.path().join(segment_name(1));
         let mut raw = fs::read(&seg).unwrap();
-        raw[HEADER + 2] ^= 0xff;
+        raw[format::SEGMENT_HEADER + format::RECORD_HEADER + 2] ^= 0xff;
         fs::write(&seg, &raw).unwrap();
         let err = LogFile::open(dir.path(), index).err().expect("corruption is refused");
-        assert!(err.to_string().contains("checksum"), "{err}");
+        assert!(err.to_string().contains("checksum") && err.to_string().contains("offset 16"), "{err}");
+    }
+
+    /// A directory written before segments had a header (format version
+    /// 0) is read, and its last segment is appended to; the next segment
+    /// starts in the current format, and both read back.
+    #[test]
+    fn a_log_of_the_headerless_format_is_read_and_carries_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = Vec::new();
+        for (i, body) in items(1, 3) {
+            format::encode_record(i, &body, &mut old);
+        }
+        fs::write(dir.path().join(segment_name(1)), &old).unwrap();
+        let log = LogFile::open(dir.path(), index).unwrap();
+        assert_eq!(indexes(&log), vec![1, 2, 3]);
+        log.append(items(4, 4)).unwrap();
+        log.sync().unwrap();
+        assert_eq!(fs::read(dir.path().join(segment_name(1))).unwrap()[..old.len()], old[..]);
+        log.lock().segments.get_mut(&1).unwrap().len = SEGMENT_BYTES;
+        log.append(items(5, 6)).unwrap();
+        let new = fs::read(dir.path().join(segment_name(5))).unwrap();
+        assert_eq!(new[..format::SEGMENT_HEADER], format::encode_segment_header(5));
+        drop(log);
+        assert_eq!(indexes(&LogFile::open(dir.path(), index).unwrap()), (1..=6).collect::<Vec<_>>());
+    }
+
+    /// A segment of a later format, or one whose header names another
+    /// first entry than its file name, is refused, saying which and why.
+    #[test]
+    fn a_segment_of_an_unknown_version_or_the_wrong_name_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        LogFile::open(dir.path(), index).unwrap().append(items(1, 2)).unwrap();
+        let seg = dir.path().join(segment_name(1));
+        let mut raw = fs::read(&seg).unwrap();
+        raw[4] = 7;
+        fs::write(&seg, &raw).unwrap();
+        let err = LogFile::open(dir.path(), index).err().expect("a later version is refused").to_string();
+        assert!(err.contains("log format version 7") && err.contains(&segment_name(1)), "{err}");
+        raw[4] = 1;
+        fs::write(dir.path().join(segment_name(9)), &raw).unwrap();
+        fs::remove_file(&seg).unwrap();
+        let err = LogFile::open(dir.path(), index).err().expect("a renamed segment is refused").to_string();
+        assert!(err.contains("header says it starts at entry 1"), "{err}");
+    }
+
+    /// A crash while a new segment's header was being written leaves it cut
+    /// short (nothing in it was synced): it is started again, and the
+    /// entries before it stay.
+    #[test]
+    fn a_segment_header_cut_short_at_the_end_is_started_again() {
+        let dir = tempfile::tempdir().unwrap();
+        LogFile::open(dir.path(), index).unwrap().append(items(1, 3)).unwrap();
+        let next = dir.path().join(segment_name(4));
+        fs::write(&next, &format::encode_segment_header(4)[..6]).unwrap();
+        let log = LogFile::open(dir.path(), index).unwrap();
+        assert_eq!(indexes(&log), vec![1, 2, 3]);
+        assert_eq!(fs::read(&next).unwrap(), format::encode_segment_header(4));
+        log.append(items(4, 4)).unwrap();
+        drop(log);
+        assert_eq!(indexes(&LogFile::open(dir.path(), index).unwrap()), vec![1, 2, 3, 4]);
+        // Cut short anywhere but at the end, it is damage.
+        fs::write(dir.path().join(segment_name(9)), format::encode_segment_header(9)).unwrap();
+        fs::write(&next, &format::encode_segment_header(4)[..6]).unwrap();
+        let err = LogFile::open(dir.path(), index).err().expect("refused").to_string();
+        assert!(err.contains("segment header cut short"), "{err}");
+    }
+
+    /// A disk that fails under the log, through the seam: a full disk's
+    /// half-written append leaves nothing behind; a failed sync keeps what
+    /// the last good one made durable and stops the log.
+    #[test]
+    fn a_failing_disk_under_the_seam_loses_nothing_acknowledged() {
+        use crate::faults::{DiskFault, FaultSwitch, FaultyDisk, set_disk_fault};
+        let dir = tempfile::tempdir().unwrap();
+        let control = dir.path().join("fault");
+        let disk = Arc::new(FaultyDisk(FaultSwitch(control.clone())));
+        let log = LogFile::open(&dir.path().join("log"), index).unwrap().with_disk(disk, SyncErrors::Stop);
+        log.append(items(1, 3)).unwrap();
+        log.sync().unwrap();
+        set_disk_fault(&control, Some(DiskFault::Full)).unwrap();
+        assert_eq!(log.append(items(4, 5)).unwrap_err().raw_os_error(), Some(28));
+        set_disk_fault(&control, None).unwrap();
+        log.append(items(4, 4)).unwrap();
+        set_disk_fault(&control, Some(DiskFault::SyncFails)).unwrap();
+        assert!(log.sync().unwrap_err().to_string().contains("log sync failed"));
+        assert_eq!(indexes(&log), vec![1, 2, 3], "what no good sync covered is dropped");
+        set_disk_fault(&control, None).unwrap();
+        assert!(log.append(items(4, 4)).unwrap_err().to_string().contains("no more writes"));
+        drop(log);
+        assert_eq!(indexes(&LogFile::open(&dir.path().join("log"), index).unwrap()), vec![1, 2, 3]);
     }
 
     #[test]
@@ -768,18 +715,22 @@ mod tests {
     }
 
     #[test]
-    fn pairs_round_trip_through_a_fresh_directory() {
+    fn an_image_round_trips_through_a_fresh_directory() {
         let dir = tempfile::tempdir().unwrap();
         let log = LogFile::open(dir.path(), index).unwrap();
         log.append(items(3, 6)).unwrap();
         log.set_meta(Meta::Vote, b"vote".to_vec()).unwrap();
         log.set_meta(Meta::Committed, b"c".to_vec()).unwrap();
-        let pairs = log.pairs();
+        let image = log.image();
+        assert_eq!(image.last_index(), 6);
         let copy = tempfile::tempdir().unwrap();
-        LogFile::create_from_pairs(copy.path(), pairs.clone()).unwrap();
+        LogFile::create_from_image(copy.path(), &image).unwrap();
         let again = LogFile::open(copy.path(), index).unwrap();
-        assert_eq!(again.pairs(), pairs);
+        assert_eq!(again.image(), image);
         assert_eq!(again.meta(Meta::Vote).as_deref(), Some(&b"vote"[..]));
+        let marker = crate::codec::encode(&openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), 9u64)).unwrap();
+        let purged_only = LogImage { purged: Some(marker), ..LogImage::default() };
+        assert_eq!(purged_only.last_index(), 9);
     }
 
     #[test]
