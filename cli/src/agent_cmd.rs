@@ -174,11 +174,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if args.stall_confirm_samples == 0 || !(0.0..=100.0).contains(&args.gpu_idle_pct) {
         bail!("--stall-confirm-samples must be at least 1 and --gpu-idle-pct between 0 and 100");
     }
-    let log_retention = crate::alloc::parse_duration_s(&args.log_retention).context("--log-retention")?;
+    let log_retention = crate::args::parse_duration_s(&args.log_retention).context("--log-retention")?;
     if log_retention == 0 {
         bail!("--log-retention must be at least 1s");
     }
-    let sweep_every = crate::alloc::parse_duration_s(&args.work_dir_sweep_every).context("--work-dir-sweep-every")?;
+    let sweep_every = crate::args::parse_duration_s(&args.work_dir_sweep_every).context("--work-dir-sweep-every")?;
     if sweep_every == 0 {
         bail!("--work-dir-sweep-every must be at least 1s");
     }

@@ -74,8 +74,8 @@ pub struct ChaosArgs {
 }
 
 pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
-    let duration = crate::alloc::parse_duration_s(&args.duration).context("--duration")?;
-    let liveness = crate::alloc::parse_duration_s(&args.liveness_timeout).context("--liveness-timeout")?;
+    let duration = crate::args::parse_duration_s(&args.duration).context("--duration")?;
+    let liveness = crate::args::parse_duration_s(&args.liveness_timeout).context("--liveness-timeout")?;
     if duration < 5 {
         bail!("--duration must be at least 5s (faults need time to happen)");
     }
@@ -93,7 +93,7 @@ pub async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(r) = &args.retention {
-        let s = crate::alloc::parse_duration_s(r).context("--retention")?;
+        let s = crate::args::parse_duration_s(r).context("--retention")?;
         if s == 0 {
             bail!("--retention must be at least 1s");
         }

@@ -124,7 +124,7 @@ pub fn parse_when(flag: &str, s: &str, now_ms: u64) -> anyhow::Result<u64> {
         let secs = muster_scheduler::words::days_from_civil(y, m, d) * 86_400 + h * 3_600 + mi * 60 + sec;
         return Ok(secs as u64 * 1000);
     }
-    let ago = crate::alloc::parse_duration_s(s).map_err(|_| bad())?;
+    let ago = crate::args::parse_duration_s(s).map_err(|_| bad())?;
     Ok(now_ms.saturating_sub(ago.saturating_mul(1000)))
 }
 

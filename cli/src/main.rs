@@ -18,7 +18,7 @@ macro_rules! out {
 
 mod agent_cmd;
 mod alloc;
-mod alloc_list;
+mod args;
 mod chaos;
 mod client;
 mod cluster;

@@ -351,7 +351,7 @@ fn login_name() -> String {
 fn timeout_ms(timeout: Option<&str>) -> anyhow::Result<Option<u64>> {
     timeout
         .map(|t| {
-            crate::alloc::parse_duration_s(t)
+            crate::args::parse_duration_s(t)
                 .context("--timeout")
                 .and_then(|s| s.checked_mul(1000).with_context(|| format!("--timeout {t:?} is too long")))
         })

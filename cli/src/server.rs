@@ -167,7 +167,7 @@ pub const EXIT_STORAGE_FAILED: i32 = 75;
 
 /// A duration flag that must be at least a second.
 fn positive_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
-    let s = crate::alloc::parse_duration_s(value).with_context(|| flag.to_string())?;
+    let s = crate::args::parse_duration_s(value).with_context(|| flag.to_string())?;
     if s == 0 {
         bail!("{flag} must be at least 1s");
     }
@@ -186,7 +186,7 @@ pub fn parse_walltime_defaults(items: &[String]) -> anyhow::Result<BTreeMap<u8, 
             .ok()
             .filter(|c| *c <= 10)
             .with_context(|| format!("--default-walltime: {class:?} is not a class 0-10"))?;
-        let s = crate::alloc::parse_duration_s(d).context("--default-walltime")?;
+        let s = crate::args::parse_duration_s(d).context("--default-walltime")?;
         if s == 0 {
             bail!("--default-walltime: {item:?} must be at least 1 second");
         }
@@ -303,12 +303,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let walltime_defaults = parse_walltime_defaults(&args.default_walltime)?;
-    let drain_timeout_s = crate::alloc::parse_duration_s(&args.drain_timeout).context("--drain-timeout")?;
+    let drain_timeout_s = crate::args::parse_duration_s(&args.drain_timeout).context("--drain-timeout")?;
     let retention = match args.retention.as_str() {
         "off" => None,
         value => Some(muster_scheduler::policy::RetentionConfig {
             retention_ms: positive_duration("--retention", value)?.as_millis() as u64,
-            key_window_ms: crate::alloc::parse_duration_s(&args.idempotency_window)
+            key_window_ms: crate::args::parse_duration_s(&args.idempotency_window)
                 .context("--idempotency-window")?
                 .saturating_mul(1000),
             ..Default::default()

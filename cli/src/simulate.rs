@@ -213,7 +213,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         retention: match &args.retention {
             None => None,
             Some(r) => {
-                let s = crate::alloc::parse_duration_s(r).context("--retention")?;
+                let s = crate::args::parse_duration_s(r).context("--retention")?;
                 if s == 0 {
                     bail!("--retention must be at least 1s");
                 }

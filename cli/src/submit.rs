@@ -8,7 +8,8 @@ use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use serde_json::json;
 
-use crate::alloc::{parse_duration_s, print_explanation};
+use crate::alloc::print_explanation;
+use crate::args::parse_duration_s;
 use crate::client::Cluster;
 use crate::output::Output;
 

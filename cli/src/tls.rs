@@ -48,7 +48,7 @@ pub struct IssueArgs {
 }
 
 fn validity(s: &str) -> anyhow::Result<Validity> {
-    let secs = crate::alloc::parse_duration_s(s).context("--valid-for")?;
+    let secs = crate::args::parse_duration_s(s).context("--valid-for")?;
     if secs == 0 {
         bail!("--valid-for must be longer than 0s");
     }

@@ -43,7 +43,7 @@ fn info_json(t: &v1::TokenInfo) -> serde_json::Value {
 pub async fn run(cluster: &mut Cluster, cmd: TokenCmd, out: Output) -> anyhow::Result<()> {
     match cmd {
         TokenCmd::Create { role, name, ttl } => {
-            let ttl_s = crate::alloc::parse_duration_s(&ttl).context("--ttl")?;
+            let ttl_s = crate::args::parse_duration_s(&ttl).context("--ttl")?;
             let req = v1::CreateTokenRequest { role, name, ttl_s };
             let r = cluster
                 .call(|ch| {

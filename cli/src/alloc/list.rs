@@ -6,7 +6,7 @@
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 
-use super::alloc::status_name;
+use super::render::status_name;
 use crate::client::Cluster;
 
 /// Every column `--columns` may name, in the default order.

@@ -1,0 +1,398 @@
+//! Everything `muster alloc` prints, text and JSON, in one place: the
+//! subcommands fetch, this module shows.
+
+use muster_proto::v1;
+use serde_json::json;
+
+use crate::output::Output;
+
+/// An allocation status's name, as the CLI prints and filters it.
+pub fn status_name(raw: i32) -> &'static str {
+    match v1::AllocationStatus::try_from(raw) {
+        Ok(v1::AllocationStatus::Queued) => "queued",
+        Ok(v1::AllocationStatus::Suspended) => "suspended",
+        Ok(v1::AllocationStatus::Reserved) => "reserved",
+        Ok(v1::AllocationStatus::Running) => "running",
+        Ok(v1::AllocationStatus::TearingDown) => "tearing-down",
+        Ok(v1::AllocationStatus::Done) => "done",
+        Ok(v1::AllocationStatus::Failed) => "failed",
+        Ok(v1::AllocationStatus::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+/// A task status's name: `running`, `preempting`, ….
+pub fn task_status_name(raw: i32) -> String {
+    v1::TaskStatus::try_from(raw)
+        .map(|s| s.as_str_name().trim_start_matches("TASK_STATUS_").to_lowercase())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// An allocation as JSON: its fields, its spec's, and times in RFC 3339.
+pub fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
+    let mut v = alloc_json_fields(a);
+    let spec = a.spec.clone().unwrap_or_default();
+    // Plain environment is readable by whoever reads the allocation;
+    // secrets show only their names.
+    v["env"] = json!(spec.env);
+    v["name"] = json!(spec.name);
+    v["secrets"] = json!(a.secret_names);
+    // Times beside their milliseconds, in RFC 3339 (UTC): submitted, the
+    // first task's start, the end.
+    let rfc3339 = |ms: Option<u64>| ms.map(muster_scheduler::server::convert::format_time_ms);
+    let started_ms = crate::alloc::list::started_ms(a);
+    v["submit_time"] = json!(rfc3339(Some(a.submit_time_ms)));
+    v["started_at_ms"] = json!(started_ms);
+    v["started_at"] = json!(rfc3339(started_ms));
+    v["finished_at_ms"] = json!(a.finished_at_ms);
+    v["finished_at"] = json!(rfc3339(a.finished_at_ms));
+    v["retry_after"] = json!(rfc3339(Some(a.retry_after_ms).filter(|&ms| ms > 0)));
+    v["retry_after_ms"] = json!(a.retry_after_ms);
+    v["teardowns"] = json!(a.preemption_epoch);
+    v["failures"] = json!(a.failures);
+    v["failed_reason"] = json!(a.failed_reason);
+    v["last_failure"] = json!(a.last_failure.as_ref().map(|f| json!({
+        "task": f.task,
+        "attempt": f.attempt,
+        "exit_code": f.exit_code,
+        "not_started": f.not_started,
+        "early": f.early,
+        "at_ms": f.at_ms,
+        "stderr_tail": f.stderr_tail,
+        "oom_killed": f.oom_killed,
+        "memory_limit_bytes": f.oom_killed.then_some(f.memory_limit_bytes),
+        "peak_memory_bytes": f.oom_killed.then_some(f.peak_memory_bytes),
+    })));
+    v
+}
+
+/// The allocation's fields and its spec's, without times or env.
+fn alloc_json_fields(a: &v1::Allocation) -> serde_json::Value {
+    let spec = a.spec.clone().unwrap_or_default();
+    let r = spec.resources.unwrap_or_default();
+    let mut v = json!({
+        "id": a.id,
+        "status": status_name(a.status),
+        "owner": spec.owner,
+        "gang_size": spec.gang_size,
+        "resources": { "gpus": r.gpus, "vram_mb": r.vram_mb, "mem_mb": r.mem_mb, "cpus": r.cpus },
+        "preemption_class": spec.preemption_class,
+        "priority": spec.priority,
+        "walltime_s": spec.walltime_s,
+        "max_retries": spec.max_retries,
+        "command": spec.command,
+        "idempotency_key": spec.idempotency_key,
+        "vcluster": spec.vcluster,
+        "submit_time_ms": a.submit_time_ms,
+        "reservation_epoch": a.reservation_epoch,
+        "preemption_epoch": a.preemption_epoch,
+        "vcluster_type": spec.vcluster_type,
+        "sensitive": spec.sensitive,
+        "checkpoint_estimate_s": spec.checkpoint_estimate_s,
+        "stall_timeout_s": spec.stall_timeout_s,
+        "rendezvous_ports": a.ports,
+        "constraints": spec.constraints,
+        "pack_by": spec.pack_by,
+        "preempted_count": a.preempted_count,
+        "teardown": a.teardown.as_ref().map(|td| json!({
+            "epoch": td.epoch,
+            "trigger": td.trigger,
+            "preempted_by": td.preempted_by,
+            "reason": td.reason,
+            "failed_checkpoints": td.failed_checkpoints,
+            "started_at_ms": td.started_at_ms,
+        })),
+        "nomination": a.nomination.as_ref().map(|n| json!({
+            "nodes": n.node_ids,
+            "waiting_for": n.waiting_for,
+            "decided_at_ms": n.decided_at_ms,
+            "expires_at_ms": n.expires_at_ms,
+        })),
+        "tasks": a.tasks.iter().map(|t| json!({
+            "index": t.index,
+            "status": task_status_name(t.status),
+            "node": t.node_id,
+            "last_node": t.last_node_id,
+            "attempts": t.attempts,
+            "runs": t.runs,
+            "reservation_epoch": t.reservation_epoch,
+            "preemption_epoch": t.preemption_epoch,
+            "checkpoint_bytes": t.checkpoint_bytes,
+            "checkpoint_epoch": t.checkpoint_epoch,
+            "exit_code": t.exit_code,
+            "watchdog_trips": t.watchdog_trips,
+            "last_watchdog": t.last_watchdog,
+            "borrowed_from": t.borrowed_from,
+        })).collect::<Vec<_>>(),
+    });
+    v["pids_max"] = json!(spec.pids_max);
+    v
+}
+
+/// `alloc get`: the allocation's row, then its history, teardown, ports,
+/// nomination and one line per task.
+pub fn allocation(a: &v1::Allocation, out: Output) -> anyhow::Result<()> {
+    if out == Output::Json {
+        out!("{}", serde_json::to_string_pretty(&alloc_json(a))?);
+        return Ok(());
+    }
+    let columns = super::list::parse_columns(super::list::DEFAULT_COLUMNS)?;
+    for line in super::list::table(&columns, std::slice::from_ref(a), crate::output::now_ms()) {
+        out!("{line}");
+    }
+    let now = crate::output::now_ms();
+    let max = a.spec.as_ref().map_or(0, |s| s.max_retries);
+    out!(
+        "          submitted {}; {}; torn down {}; failed runs {} of {max}{}",
+        crate::output::when(a.submit_time_ms, now),
+        crate::output::preempted(u64::from(a.preempted_count)),
+        crate::output::times(a.preemption_epoch),
+        a.failures,
+        if a.status == v1::AllocationStatus::Suspended as i32 {
+            "; suspended: resumes from its checkpoints when placed"
+        } else {
+            ""
+        }
+    );
+    if !a.failed_reason.is_empty() {
+        out!("          failed: {}", a.failed_reason);
+    }
+    if a.retry_after_ms > now && a.finished_at_ms.is_none() {
+        out!("          backing off: placed again {}", crate::output::when(a.retry_after_ms, now));
+    }
+    if let Some(f) = &a.last_failure {
+        let mut how = muster_scheduler::sm::how_it_ended(f.not_started, f.exit_code);
+        if f.oom_killed {
+            let oom =
+                muster_scheduler::sm::OomKill { limit_bytes: f.memory_limit_bytes, peak_bytes: f.peak_memory_bytes };
+            how = format!("{}, {how}", oom.describe());
+        }
+        out!(
+            "          last failure: task {} attempt {}, {how}, {}{}",
+            f.task,
+            f.attempt,
+            crate::output::when(f.at_ms, now),
+            if f.early { " (early: soon after its start)" } else { "" }
+        );
+        for line in f.stderr_tail.lines() {
+            out!("            | {line}");
+        }
+    }
+    if let Some(td) = &a.teardown {
+        match td.trigger {
+            Some(trigger) => {
+                out!("          teardown epoch {} (task {trigger} failed) in progress", td.epoch)
+            }
+            None => out!(
+                "          preemption epoch {} ({}) for allocation {} in progress",
+                td.epoch,
+                td.reason,
+                td.preempted_by
+            ),
+        }
+    }
+    if let Some(&port) = a.ports.first() {
+        let node = a.tasks.first().map_or("", |t| t.node_id.as_str());
+        let all: Vec<String> = a.ports.iter().map(u32::to_string).collect();
+        out!("          rendezvous: MASTER_PORT {port} on {node} (ports {})", all.join(","));
+    }
+    if let Some(n) = &a.nomination {
+        out!(
+            "          nodes {} held for it; waiting for preempted allocation(s) {:?}",
+            n.node_ids.join(", "),
+            n.waiting_for
+        );
+    }
+    for t in &a.tasks {
+        out!("{}", task_line(t));
+    }
+    Ok(())
+}
+
+/// One task of `alloc get`: status, node, attempts, epochs, checkpoint.
+fn task_line(t: &v1::Task) -> String {
+    let node = if !t.node_id.is_empty() {
+        t.node_id.as_str()
+    } else if !t.last_node_id.is_empty() {
+        t.last_node_id.as_str()
+    } else {
+        "-"
+    };
+    let mut checkpoint = match t.checkpoint_epoch {
+        Some(epoch) => format!("  checkpoint {} B (epoch {epoch})", t.checkpoint_bytes),
+        None => String::new(),
+    };
+    if !t.borrowed_from.is_empty() {
+        checkpoint.push_str(&format!("  borrowed from {}", t.borrowed_from));
+    }
+    if t.watchdog_trips > 0 {
+        checkpoint.push_str(&format!("  watchdog {} ({} trips)", t.last_watchdog, t.watchdog_trips));
+    }
+    format!(
+        "          task {:>3}  {:<12}  node {:<16}  attempts {:>2}  runs {:>2}  epoch {:>2}  teardown {:>2}{checkpoint}",
+        t.index,
+        task_status_name(t.status),
+        node,
+        t.attempts,
+        t.runs,
+        t.reservation_epoch,
+        t.preemption_epoch,
+    )
+}
+
+/// `alloc cancel`'s outcome: each allocation cancelled (or stopping) and
+/// each refusal (JSON names both; text prints refusals on stderr later).
+pub fn cancelled(done: &[v1::Allocation], refused: &[(u64, anyhow::Error)], out: Output) -> anyhow::Result<()> {
+    match out {
+        Output::Json if done.len() == 1 && refused.is_empty() => {
+            out!("{}", serde_json::to_string_pretty(&alloc_json(&done[0]))?)
+        }
+        Output::Json => out!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "cancelled": done.iter().map(alloc_json).collect::<Vec<_>>(),
+                "refused": refused.iter().map(|(id, e)| json!({"id": id, "error": format!("{e:#}")})).collect::<Vec<_>>(),
+            }))?
+        ),
+        Output::Text => {
+            for a in done {
+                let id = a.id;
+                if a.status == v1::AllocationStatus::TearingDown as i32 {
+                    let stopping = a.tasks.iter().filter(|t| t.status == v1::TaskStatus::Preempting as i32).count();
+                    out!(
+                        "allocation {id} cancelling: {stopping} task(s) stopping (SIGTERM, grace, SIGKILL); \
+                         their capacity is freed as each one stops"
+                    )
+                } else {
+                    out!("allocation {id} cancelled")
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One event of `alloc watch`; text output prints the header before the
+/// first one (`header_shown` remembers it).
+pub fn event(e: &v1::AllocationEvent, header_shown: &mut bool, out: Output) {
+    match out {
+        Output::Json => out!(
+            "{}",
+            json!({ "id": e.id, "revision": e.revision, "time_ms": e.time_ms, "kind": e.kind,
+                    "detail": e.detail, "status": status_name(e.status), "truncated": e.truncated })
+        ),
+        Output::Text => {
+            if e.truncated {
+                out!("(older events were dropped)");
+            }
+            if !*header_shown {
+                *header_shown = true;
+                out!("{:>5}  {:<20}  {:<13}  {:<22}  DETAIL", "REV", "TIME", "STATUS", "EVENT");
+            }
+            out!(
+                "{:>5}  {:<20}  {:<13}  {:<22}  {}",
+                e.revision,
+                muster_scheduler::server::convert::format_time_ms(e.time_ms),
+                status_name(e.status),
+                e.kind,
+                e.detail
+            )
+        }
+    }
+}
+
+/// `alloc list`: the rows in the chosen columns, or JSON with the token
+/// of the next page.
+pub fn list(rows: &[v1::Allocation], columns: &[&str], token: u64, now_ms: u64, out: Output) -> anyhow::Result<()> {
+    match out {
+        Output::Json => {
+            let list: Vec<_> = rows.iter().map(alloc_json).collect();
+            out!("{}", serde_json::to_string_pretty(&json!({ "allocations": list, "next_page_token": token }))?);
+        }
+        Output::Text if rows.is_empty() => out!("no allocations"),
+        Output::Text => {
+            for line in super::list::table(columns, rows, now_ms) {
+                out!("{line}");
+            }
+            if token != 0 {
+                out!("(more: --all, or continue after allocation {token})");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prints an explanation (of a pending allocation, or a dry run): the
+/// summary, the node classes, and what preemption would do.
+pub fn explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Result<()> {
+    match out {
+        Output::Json => out!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "id": e.id,
+                "status": status_name(e.status),
+                "summary": e.summary,
+                "classes": e.classes.iter().map(|c| json!({
+                    "class": c.class, "nodes": c.nodes, "can_take_now": c.can_take_now, "reason": c.reason,
+                })).collect::<Vec<_>>(),
+                "preemption": e.preemption.as_ref().map(|p| json!({
+                    "victims": p.victims.iter().map(|v| json!({
+                        "id": v.id,
+                        "preemption_class": v.preemption_class,
+                        "gpus": v.gpus,
+                        "elapsed_s": v.elapsed_s,
+                        "checkpoint_cost": v.checkpoint_cost,
+                        "recompute_cost": v.recompute_cost,
+                        "value_cost": v.value_cost,
+                        "total_cost": v.total_cost,
+                    })).collect::<Vec<_>>(),
+                    "nodes": p.node_ids,
+                    "total_cost": p.total_cost,
+                    "value": p.value,
+                    "reason": p.reason,
+                })),
+                "planned_start": e.planned_start.as_ref().map(|p| json!({
+                    "start_ms": p.start_ms, "in_ms": p.in_ms, "nodes": p.node_ids,
+                })),
+                "checkpoints": e.checkpoints,
+            }))?
+        ),
+        Output::Text => {
+            out!("{what}: {}", e.summary);
+            for c in &e.classes {
+                out!("  {:>4} x {:<52}  {}", c.nodes, c.class, c.reason);
+            }
+            for note in &e.checkpoints {
+                out!("checkpoint: {note}");
+            }
+            if let Some(p) = &e.preemption {
+                if p.victims.is_empty() {
+                    out!("preemption: {}", p.reason);
+                } else {
+                    out!(
+                        "preemption: would stop {} allocation(s), cost {} GPU-s (below the gang's value of {} GPU-s), \
+                         freeing nodes {}",
+                        p.victims.len(),
+                        p.total_cost,
+                        p.value,
+                        p.node_ids.join(", ")
+                    );
+                    for v in &p.victims {
+                        out!(
+                            "  victim {:>6}  class {:>2}  {:>4} GPU(s)  running {:>11}  cost {:>8} = checkpoint {} + recompute {} + value {}",
+                            v.id,
+                            v.preemption_class,
+                            v.gpus,
+                            crate::output::duration(v.elapsed_s * 1000),
+                            v.total_cost,
+                            v.checkpoint_cost,
+                            v.recompute_cost,
+                            v.value_cost
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
