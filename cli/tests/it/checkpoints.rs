@@ -399,17 +399,23 @@ async fn t181_a_follower_paused_through_64_mib_of_checkpoints_catches_up_and_a_r
     let _agents = KillOnDrop(agents);
     let follower = (1..=3).find(|&id| id != leader).unwrap();
     c.pause(follower);
-    // Each rank writes 4 MiB (less the blob's framing) of random state;
-    // rank 0 then dies, the others wait to be torn down. Resumed, each
-    // checks it got its own state back and finishes.
+    // Each rank writes 4 MiB (less the blob's framing) of random state and
+    // its checksum, published together by one rename as a crash-consistent
+    // job would; rank 0 then dies, the others wait to be torn down.
+    // Resumed, each checks it got its own state back and finishes. (A rank
+    // the teardown caught before its rename, on a loaded machine, finds no
+    // complete checkpoint and starts over, as a real job would.)
     let script = r#"
 d="$MUSTER_CHECKPOINT_DIR"
-if [ "$MUSTER_RESUME" = 1 ]; then
-  [ "$(sha256sum < "$d/state")" = "$(cat "$d/sum")" ] || { echo "wrong state"; exit 9; }
+if [ "$MUSTER_RESUME" = 1 ] && [ -d "$d/ck" ]; then
+  [ "$(sha256sum < "$d/ck/state")" = "$(cat "$d/ck/sum")" ] || { echo "wrong state"; exit 9; }
   echo resumed; sleep 20; exit 0
 fi
-head -c 4190000 /dev/urandom > "$d/state.tmp" && mv "$d/state.tmp" "$d/state"
-sha256sum < "$d/state" > "$d/sum"
+if [ "$MUSTER_RESUME" = 1 ]; then echo "no complete checkpoint: starting over"; sleep 20; exit 0; fi
+rm -rf "$d/ck.tmp" && mkdir "$d/ck.tmp"
+head -c 4190000 /dev/urandom > "$d/ck.tmp/state"
+sha256sum < "$d/ck.tmp/state" > "$d/ck.tmp/sum"
+mv "$d/ck.tmp" "$d/ck"
 if [ "$MUSTER_TASK_INDEX" = 0 ]; then sleep 2; exit 3; fi
 trap 'exit 143' TERM
 while true; do sleep 0.2; done

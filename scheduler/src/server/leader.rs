@@ -12,31 +12,15 @@
 use std::time::Duration;
 
 use muster_core::tick::{LeaderConfig, Pass, PassTimers, Silence, Tick, TickTime, Wake};
-use tokio::task::JoinHandle;
 
 use super::proposer::ProposeError;
 use super::replica::Shared;
 use crate::sm::{Command, Outcome, State};
 
-/// The leader loop of one replica.
-pub struct LeaderLoops {
-    task: JoinHandle<()>,
-}
-
-impl LeaderLoops {
-    /// Starts watching for leadership; admission runs at least every
-    /// `interval`.
-    pub fn start(s: Shared, cfg: LeaderConfig, interval: Duration) -> LeaderLoops {
-        LeaderLoops { task: tokio::spawn(run(s, cfg, interval)) }
-    }
-
-    /// Stops it.
-    pub fn stop(&self) {
-        self.task.abort();
-    }
-}
-
-async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
+/// The leader loop of one replica: watches for leadership and, while it
+/// leads, runs the passes; admission runs at least every `interval`. It
+/// runs until dropped (the replica's shutdown drops it where it waits).
+pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
     // Leadership changes only: not every applied entry.
     let mut leading = s.leading.clone();
     let mut admission_tick = tokio::time::interval(interval);

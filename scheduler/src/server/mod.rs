@@ -23,6 +23,7 @@
 pub mod admin_api;
 pub mod agent_hub;
 pub mod auth;
+mod background;
 pub mod client_api;
 pub mod convert;
 pub mod dashboard;

@@ -38,9 +38,9 @@ use tokio::task::JoinHandle;
 
 use super::admin_api::AdminApi;
 use super::agent_hub::{AgentHub, AgentRegistry, HubConfig, Liveness, MAX_AGENT_MESSAGE_BYTES};
+use super::background::Background;
 use super::client_api::ClientApi;
 use super::health::Readiness;
-use super::leader::LeaderLoops;
 use super::leader_watch::WatchTiming;
 use super::node_api::NodeApi;
 use super::proposer::Proposer;
@@ -308,6 +308,9 @@ impl Shared {
     }
 }
 
+/// How long a replica's shutdown waits for its background tasks.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// A running replica.
 pub struct Replica {
     shared: Shared,
@@ -316,9 +319,9 @@ pub struct Replica {
     stop: watch::Sender<bool>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     http: Option<JoinHandle<std::io::Result<()>>>,
-    health: JoinHandle<()>,
     readiness: watch::Receiver<Readiness>,
-    loops: LeaderLoops,
+    /// Every other task it spawned, awaited on shutdown.
+    background: Background,
     /// Its Raft network's view of which peers answer.
     peers: super::raft_net::Reachability,
 }
@@ -386,10 +389,11 @@ impl Replica {
         let watch_timing = WatchTiming::new(cfg.raft.heartbeat_ms, cfg.raft.election_timeout_ms);
         let election_timing = super::elector::ElectionTiming::new(cfg.raft.heartbeat_ms, cfg.raft.election_timeout_ms);
         let heard = super::elector::LastHeard::new(cfg.clock.clone());
+        let mut background = Background::default();
         let leading = {
             let (tx, rx) = watch::channel(false);
             let mut metrics = raft.metrics();
-            tokio::spawn(async move {
+            background.spawn("leadership watch", async move {
                 loop {
                     let now = metrics.borrow_and_update().state == ServerState::Leader;
                     tx.send_if_modified(|v| std::mem::replace(v, now) != now);
@@ -515,7 +519,7 @@ impl Replica {
                 tracing::info!(error = %e, "cluster already initialised");
             }
         }
-        let loops = LeaderLoops::start(
+        let leader_loop = super::leader::run(
             shared.clone(),
             LeaderConfig {
                 admission: cfg.admission,
@@ -529,35 +533,50 @@ impl Replica {
             },
             cfg.admission_interval,
         );
+        background.spawn_until("leader loop", stop.subscribe(), leader_loop);
         super::observe::set_cycle_threshold(cfg.preemption.cycle_threshold);
-        tokio::spawn(export_metrics(shared.clone()));
-        tokio::spawn(super::leader_watch::run(
-            raft.clone(),
-            cfg.id,
-            Network::new(cfg.tls.clone()),
-            watch_timing,
-            leader_gone_tx,
-            stop.subscribe(),
-        ));
-        tokio::spawn(super::elector::run(
-            raft.clone(),
-            cfg.id,
-            Network::new(cfg.tls.clone()),
-            heard.clone(),
-            last_log,
-            election_timing,
-            stop.subscribe(),
-        ));
-        tokio::spawn(export_state_metrics(shared.clone(), stop.subscribe()));
-        tokio::spawn(super::history::run_writer(shared.clone(), history.clone(), stop.subscribe()));
-        tokio::spawn(super::history::run_catch_up(
-            shared.clone(),
-            history.clone(),
-            Network::new(cfg.tls.clone()),
-            stop.subscribe(),
-        ));
+        background.spawn("raft metrics", export_metrics(shared.clone()));
+        background.spawn(
+            "leader watch",
+            super::leader_watch::run(
+                raft.clone(),
+                cfg.id,
+                Network::new(cfg.tls.clone()),
+                watch_timing,
+                leader_gone_tx,
+                stop.subscribe(),
+            ),
+        );
+        background.spawn(
+            "elector",
+            super::elector::run(
+                raft.clone(),
+                cfg.id,
+                Network::new(cfg.tls.clone()),
+                heard.clone(),
+                last_log,
+                election_timing,
+                stop.subscribe(),
+            ),
+        );
+        background.spawn("state metrics", export_state_metrics(shared.clone(), stop.subscribe()));
+        background
+            .spawn("history writer", super::history::run_writer(shared.clone(), history.clone(), stop.subscribe()));
+        background.spawn(
+            "history catch-up",
+            super::history::run_catch_up(
+                shared.clone(),
+                history.clone(),
+                Network::new(cfg.tls.clone()),
+                stop.subscribe(),
+            ),
+        );
         let (readiness_tx, readiness) = watch::channel(Readiness::starting());
-        let health = tokio::spawn(super::health::run(shared.clone(), health_reporter, readiness_tx));
+        background.spawn_until(
+            "health",
+            stop.subscribe(),
+            super::health::run(shared.clone(), health_reporter, readiness_tx),
+        );
         let (http_addr, http) = match http_listener {
             Some(l) => {
                 let a = l.local_addr().map_err(|e| StartError::Http(cfg.http.expect("set"), e))?;
@@ -576,7 +595,7 @@ impl Replica {
             None => (None, None),
         };
         tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
-        Ok(Replica { shared, addr, http_addr, stop, server, http, health, readiness, loops, peers })
+        Ok(Replica { shared, addr, http_addr, stop, server, http, readiness, background, peers })
     }
 
     /// The socket address it serves on.
@@ -646,16 +665,18 @@ impl Replica {
         self.peers.hush();
     }
 
-    /// Stops serving, stops Raft and releases the data dir.
-    pub async fn shutdown(self) {
-        self.loops.stop();
-        self.health.abort();
+    /// Stops serving, stops Raft and releases the data dir: one stop
+    /// signal to every task, then each is awaited. Returns the names of
+    /// background tasks that had not stopped within [`SHUTDOWN_GRACE`] and
+    /// were aborted (none, when all is well).
+    pub async fn shutdown(self) -> Vec<&'static str> {
         let _ = self.stop.send(true);
         let _ = self.shared.raft.shutdown().await;
         let _ = self.server.await;
         if let Some(http) = self.http {
             let _ = http.await;
         }
+        self.background.join(SHUTDOWN_GRACE).await
     }
 }
 
