@@ -1,154 +1,20 @@
-//! The job history on a replica: the store (`<data-dir>/history.sqlite`),
-//! the writer that stores the records applied entries leave, the catch-up
-//! that fetches records this replica skipped from its peers, and the
-//! `HistoryService` that `muster history` and `muster usage` call.
-//!
-//! ```text
-//!   apply ──records──▶ Records queue ──writer──▶ SQLite (INSERT OR IGNORE by seq)
-//!   every 2 s: stored < finished_total and nothing queued?
-//!       ──▶ gaps = missing(finished_total) ──FetchRecords──▶ a peer ──▶ SQLite
-//! ```
+//! The gRPC `HistoryService` that `muster history`, `muster usage` and the
+//! peers' catch-up call, and the history's export for backups.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use muster_core::history::{AttemptRecord, JobRecord};
 use muster_history::{Filter, Group, HistoryStore};
 use muster_proto::bounds::Bounded;
 use muster_proto::v1;
-use muster_proto::v1::history_service_client::HistoryServiceClient;
 use muster_proto::v1::history_service_server::HistoryService;
-use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::convert::alloc_status_to_proto;
-use super::replica::Shared;
+use super::writer::lag;
+use super::{FETCH_LIMIT, MAX_HISTORY_PAGE};
+use crate::server::convert::alloc_status_to_proto;
+use crate::server::replica::Shared;
 use crate::sm::AllocStatus;
-
-/// How often a replica checks for records it lacks.
-pub const CATCH_UP_EVERY: Duration = Duration::from_secs(2);
-
-/// Most records one `FetchRecords` answer carries.
-pub const FETCH_LIMIT: usize = 2_000;
-
-/// Most records one `ListHistory` answer carries.
-pub const MAX_HISTORY_PAGE: u32 = 10_000;
-
-/// Stores what applied entries leave, until `stop`.
-pub async fn run_writer(shared: Shared, store: Arc<HistoryStore>, mut stop: watch::Receiver<bool>) {
-    loop {
-        let records = shared.reader.records().take();
-        if !records.is_empty() {
-            let n = records.len();
-            let s = store.clone();
-            match tokio::task::spawn_blocking(move || s.insert(&records)).await {
-                Ok(Ok(new)) => {
-                    metrics::counter!("muster_history_records_written_total").increment(new as u64);
-                    tracing::debug!(offered = n, new, "job history: records stored");
-                }
-                Ok(Err(e)) => {
-                    // The records are derived from the log: the catch-up
-                    // fetches them again once the store works.
-                    metrics::counter!("muster_history_write_errors_total").increment(1);
-                    tracing::error!(error = %e, records = n, "job history: cannot store records");
-                }
-                Err(e) => tracing::error!(error = %e, "job history: the writer task failed"),
-            }
-            continue;
-        }
-        tokio::select! {
-            _ = shared.reader.records().ready() => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-    }
-}
-
-/// What this replica holds of the history, and what it lacks.
-pub fn lag(shared: &Shared, store: &HistoryStore) -> Result<(u64, u64), muster_history::HistoryError> {
-    let total = shared.reader.read(|st| st.finished_total());
-    let stored = store.count()?;
-    Ok((stored, total.saturating_sub(stored)))
-}
-
-/// Fetches records this replica lacks from its peers, every
-/// [`CATCH_UP_EVERY`], until `stop`; exports the history's size and lag.
-pub async fn run_catch_up(
-    shared: Shared,
-    store: Arc<HistoryStore>,
-    peers: super::raft_net::Network,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(CATCH_UP_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        let s = store.clone();
-        let sh = shared.clone();
-        let Ok(Ok((stored, missing))) = tokio::task::spawn_blocking(move || lag(&sh, &s)).await else { continue };
-        metrics::gauge!("muster_history_records").set(stored as f64);
-        metrics::gauge!("muster_history_missing").set(missing as f64);
-        if missing == 0 || !shared.reader.records().is_empty() {
-            continue; // nothing lacking, or the writer has work still queued
-        }
-        let total = shared.reader.read(|st| st.finished_total());
-        let s = store.clone();
-        let Ok(Ok(gaps)) = tokio::task::spawn_blocking(move || s.missing(total, 64)).await else { continue };
-        for (first, last) in gaps {
-            if let Err(e) = fetch_gap(&shared, &store, &peers, first, last).await {
-                tracing::warn!(first, last, error = %e, "job history: no peer could fill a gap yet");
-            }
-        }
-    }
-}
-
-/// Asks each other member in turn for records `first..=last` until one
-/// answers, and stores them.
-async fn fetch_gap(
-    shared: &Shared,
-    store: &Arc<HistoryStore>,
-    peers: &super::raft_net::Network,
-    first: u64,
-    last: u64,
-) -> Result<(), String> {
-    let members: Vec<(u64, String)> = {
-        let m = shared.raft.metrics().borrow().clone();
-        m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect()
-    };
-    let mut errors = Vec::new();
-    let mut from = first;
-    'peers: for (id, addr) in members.into_iter().filter(|(id, _)| *id != shared.id) {
-        let channel = peers.channel(&addr).map_err(|e| e.to_string())?;
-        let mut client = HistoryServiceClient::new(channel).max_decoding_message_size(64 << 20);
-        while from <= last {
-            let reply = match client.fetch_records(v1::FetchRecordsRequest { first: from, last }).await {
-                Ok(r) => r.into_inner(),
-                Err(status) => {
-                    errors.push(format!("replica {id}: {}", status.message()));
-                    continue 'peers;
-                }
-            };
-            let records: Vec<JobRecord> =
-                postcard::from_bytes(&reply.records).map_err(|e| format!("replica {id} sent bad records: {e}"))?;
-            if records.is_empty() {
-                errors.push(format!("replica {id} lacks them too"));
-                continue 'peers;
-            }
-            from = records.last().expect("non-empty").seq + 1;
-            let s = store.clone();
-            let n = tokio::task::spawn_blocking(move || s.insert(&records))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            metrics::counter!("muster_history_records_fetched_total").increment(n as u64);
-            tracing::info!(from_replica = id, records = n, "job history: fetched records this replica skipped");
-        }
-        return Ok(());
-    }
-    Err(errors.join("; "))
-}
 
 /// The gRPC `HistoryService`.
 pub struct HistoryApi {
@@ -181,7 +47,7 @@ impl HistoryApi {
 }
 
 fn status_filter(raw: i32) -> Result<Option<AllocStatus>, Status> {
-    match super::convert::alloc_status_filter(raw)? {
+    match crate::server::convert::alloc_status_filter(raw)? {
         None => Ok(None),
         Some(s) if s.is_terminal() => Ok(Some(s)),
         Some(s) => Err(Status::invalid_argument(format!(
@@ -336,7 +202,7 @@ impl HistoryService for HistoryApi {
                 oom_killed: r.oom_killed,
             };
             bytes += prost::Message::encoded_len(&row);
-            if !page.is_empty() && (page.len() == size || bytes > super::client_api::MAX_PAGE_BYTES) {
+            if !page.is_empty() && (page.len() == size || bytes > crate::server::client_api::MAX_PAGE_BYTES) {
                 more = true;
                 break;
             }

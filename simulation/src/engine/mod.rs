@@ -1,0 +1,400 @@
+//! The discrete-event simulator: simulated nodes and agents, simulated time,
+//! and the real state machine and admission policy in the middle.
+//!
+//! ```text
+//!   event heap (time, seq) ──▶ simulated agents ──▶ commands ──▶ State::apply
+//!        ▲                                                          │ events
+//!        └──────── claims, exits, preempt acks, ticks ◀──────────────┘
+//!   after every instant at which something arrived, was released or fell due:
+//!        tick::Tick (the leader's own passes) ──▶ commands ──▶ State::apply
+//! ```
+//!
+//! The leader's decisions come from the same [`Tick`] the replica's leader
+//! loop drives: node-lost marking (for nodes the simulation crashes), forced
+//! teardowns, expired holds and drain deadlines, admission, and reclaim or
+//! preemption, in the leader's order and under its timers.
+//!
+//! Everything comes from one seed: the workload, claim delays, lost claims
+//! and failures. The same seed and inputs give the same event order, the same
+//! commands and so the same final state digest.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use muster_core::policy::{AdmissionConfig, PreemptionConfig};
+use muster_core::sm::{AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex};
+use muster_core::tick::{LeaderConfig, Pass, PassTimers, Tick, TickTime, Wake};
+
+mod agents;
+mod stats;
+
+use self::agents::{Agents, Down};
+use self::stats::Stats;
+use crate::job::Job;
+use crate::report::Report;
+use crate::rng::SimRng;
+
+/// How the simulated cluster and its agents behave.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// How many nodes.
+    pub nodes: u32,
+    /// What each node has.
+    pub node: Resources,
+    /// The seed of every random choice the simulated agents make.
+    pub seed: u64,
+    /// The admission policy's knobs.
+    pub admission: AdmissionConfig,
+    /// An agent claims its reserved task after a delay in this range, ms.
+    pub claim_delay_ms: (u64, u64),
+    /// The chance that an agent never claims a reserved task (it died), so
+    /// the reservation goes stale and is rolled back.
+    pub lost_claim_prob: f64,
+    /// The chance that a task attempt fails (at a uniformly random point).
+    pub failure_prob: f64,
+    /// When a gang task fails, its running siblings are told to stop: each
+    /// stops (SIGTERM, checkpoint, exit) and acks after a delay in this
+    /// range, ms.
+    pub preempt_ack_ms: (u64, u64),
+    /// Teardowns not acked this long after they started are forced to end, ms.
+    pub force_teardown_ms: u64,
+    /// Check every invariant after every this many commands (0: only at the end).
+    pub check_every: u64,
+    /// Priority preemption after each admission pass (`None`: off). A
+    /// preempted task's agent acks after `preempt_ack_ms`, like a teardown's.
+    pub preemption: Option<PreemptionConfig>,
+    /// Nodes that crash during the run, at uniformly random times between
+    /// the first and the last submit: the agent goes silent and its tasks
+    /// die with it. The leader's tick marks the node lost once it has been
+    /// silent for `node_lost_after_ms`.
+    pub node_failures: u32,
+    /// A crashed node's agent registers again this long after the crash, ms.
+    pub node_repair_ms: u64,
+    /// A node silent this long while holding work is marked lost, ms.
+    pub node_lost_after_ms: u64,
+    /// When finished allocations leave the simulated state (`None`: kept to
+    /// the end). The report counts outcomes from each allocation's record
+    /// as it finishes, so it is the same either way.
+    pub retention: Option<muster_core::policy::RetentionConfig>,
+    /// A heterogeneous fleet (`muster simulate --node-list`): when not
+    /// empty, these are the nodes, and `nodes` and `node` are ignored.
+    pub fleet: Vec<crate::fleet::FleetNode>,
+}
+
+impl SimConfig {
+    /// Node `i`: its resources and labels.
+    pub fn node_at(&self, i: usize) -> (Resources, BTreeMap<String, String>) {
+        match self.fleet.get(i) {
+            Some(f) => (f.resources, f.labels.clone()),
+            None => (self.node, BTreeMap::new()),
+        }
+    }
+
+    /// How many nodes the cluster has.
+    pub fn node_count(&self) -> u32 {
+        if self.fleet.is_empty() { self.nodes } else { self.fleet.len() as u32 }
+    }
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            nodes: 100,
+            node: Resources { gpus: 8, vram_mb: 80_000, mem_mb: 1_024_000, cpus: 96 },
+            seed: 1,
+            admission: AdmissionConfig::default(),
+            claim_delay_ms: (50, 500),
+            lost_claim_prob: 0.0,
+            failure_prob: 0.0,
+            preempt_ack_ms: (200, 5_000),
+            force_teardown_ms: muster_core::policy::DEFAULT_FORCE_AFTER_MS,
+            check_every: 0,
+            preemption: None,
+            node_failures: 0,
+            node_repair_ms: 10 * 60_000,
+            node_lost_after_ms: 30_000,
+            retention: None,
+            fleet: Vec::new(),
+        }
+    }
+}
+
+/// Why a simulation stopped before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The state machine broke one of its own invariants: a bug.
+    #[error("invariant broken at t={time_ms} ms after {commands} commands: {message}")]
+    Invariant {
+        /// Simulated time.
+        time_ms: u64,
+        /// Commands applied so far.
+        commands: u64,
+        /// Which invariant.
+        message: String,
+    },
+    /// The admission policy proposed a command `apply` refused, from a view
+    /// it had just read: a bug.
+    #[error("admission planned {command} which apply rejected: {rejection}")]
+    PlanRejected {
+        /// The command, printed.
+        command: String,
+        /// The rejection, printed.
+        rejection: String,
+    },
+}
+
+/// What happens at one instant of simulated time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// Job `i` is submitted.
+    Arrive(usize),
+    /// The agent on `node` claims its reserved task.
+    Claim { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, life: u32 },
+    /// A task's process exits.
+    Exit { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, ok: bool, life: u32 },
+    /// A preempting task's agent acks: the process stopped.
+    Preempted { alloc: AllocId, task: TaskIndex, node: u32, epoch: u64, life: u32 },
+    /// Run the leader's tick: a reservation may have gone stale, or a
+    /// deadline (a forced teardown, a hold, a lost node) may be due.
+    Tick,
+    /// Node `node` crashes: its agent goes silent, its processes die.
+    Crash(u32),
+    /// Node `node`'s agent registers again after a crash.
+    Repair(u32),
+}
+
+/// A simulation run: the event loop, the simulated agents ([`agents`]) and
+/// the statistics it keeps ([`stats`]).
+pub struct Simulation {
+    cfg: SimConfig,
+    jobs: Vec<Job>,
+    state: State,
+    rng: SimRng,
+    heap: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    seq: u64,
+    now: u64,
+    /// The job each live allocation came from.
+    job_of: BTreeMap<AllocId, usize>,
+    /// Work saved by checkpoints at preemptions, per gang (ms of its duration).
+    progress_ms: BTreeMap<AllocId, u64>,
+    preemption_tick_at: Option<u64>,
+    leader: LeaderConfig,
+    timers: PassTimers,
+    liveness_tick_at: Option<u64>,
+    /// The tick's commands, when a caller asked for them.
+    record: Option<Vec<Command>>,
+    agents: Agents,
+    stats: Stats,
+}
+
+impl Simulation {
+    /// A simulation of `jobs` on the cluster `cfg` describes.
+    pub fn new(cfg: SimConfig, jobs: Vec<Job>) -> Simulation {
+        let rng = SimRng::new(cfg.seed ^ 0x5EED_A6E7_0000_0000);
+        let node_ids = (0..cfg.node_count()).map(|i| NodeId::new(format!("node-{i:05}"))).collect();
+        let models: Vec<String> = (0..cfg.node_count() as usize)
+            .map(|i| cfg.node_at(i).1.get("gpu.model").cloned().unwrap_or_else(|| "-".to_string()))
+            .collect();
+        let leader = LeaderConfig {
+            admission: cfg.admission,
+            preemption: cfg.preemption.unwrap_or_default(),
+            reclaim: Default::default(),
+            preempt: cfg.preemption.is_some(),
+            node_lost_after_ms: cfg.node_lost_after_ms,
+            teardown_force_after_ms: cfg.force_teardown_ms,
+            liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
+            retention: cfg.retention,
+        };
+        let life = vec![0; cfg.node_count() as usize];
+        Simulation {
+            cfg,
+            jobs,
+            state: State::default(),
+            rng,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            now: 0,
+            job_of: BTreeMap::new(),
+            progress_ms: BTreeMap::new(),
+            preemption_tick_at: None,
+            leader,
+            timers: PassTimers::default(),
+            liveness_tick_at: None,
+            record: None,
+            agents: Agents { node_ids, models, running: BTreeMap::new(), life, down: Down::default() },
+            stats: Stats::default(),
+        }
+    }
+
+    fn at(&mut self, time_ms: u64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((time_ms, self.seq, ev)));
+    }
+
+    fn apply(&mut self, cmd: &Command) -> Result<Outcome, SimError> {
+        let out = self.state.apply(cmd, &ApplyCtx { time_ms: self.now });
+        self.stats.commands += 1;
+        for r in self.state.take_finished_records() {
+            match r.status {
+                AllocStatus::Done => self.stats.finished_done += 1,
+                AllocStatus::Failed => self.stats.finished_failed += 1,
+                _ => {}
+            }
+            if r.preemptions > 0 {
+                self.stats.finished_preempted += 1;
+            }
+            self.stats.finished_max_preempted = self.stats.finished_max_preempted.max(r.preemptions);
+            // What the simulated agents kept about it is no longer needed.
+            self.stats.started_whole.remove(&r.id);
+            self.job_of.remove(&r.id);
+            self.progress_ms.remove(&r.id);
+            self.stats.first_planned.remove(&r.id);
+        }
+        if self.cfg.check_every > 0 && self.stats.commands.is_multiple_of(self.cfg.check_every) {
+            self.check()?;
+        }
+        Ok(out)
+    }
+
+    fn check(&self) -> Result<(), SimError> {
+        self.state.check_invariants().map_err(|message| SimError::Invariant {
+            time_ms: self.now,
+            commands: self.stats.commands,
+            message,
+        })
+    }
+
+    /// Runs one leader tick on `state` at `now_ms`, woken for admission, with
+    /// the nodes in `down` silent since the time given, exactly as the run
+    /// loop does; returns the commands it applied, in order, and the state
+    /// after them. For comparing the simulator with the leader loop.
+    pub fn tick_once(
+        cfg: SimConfig,
+        state: State,
+        now_ms: u64,
+        down: BTreeMap<NodeId, u64>,
+    ) -> Result<(Vec<Command>, State), SimError> {
+        let mut sim = Simulation::new(cfg, Vec::new());
+        sim.state = state;
+        sim.now = now_ms;
+        sim.agents.down.since = down;
+        sim.record = Some(Vec::new());
+        sim.tick(Wake { admission: true }, true)?;
+        Ok((sim.record.take().unwrap_or_default(), sim.state))
+    }
+
+    /// Runs to the end: every job submitted and nothing left to happen.
+    pub fn run(mut self) -> Result<(Report, State), SimError> {
+        for (i, id) in self.agents.node_ids.clone().into_iter().enumerate() {
+            let (resources, labels) = self.cfg.node_at(i);
+            let register = Command::RegisterNode { node: id.clone(), resources, labels };
+            let out = self.apply(&register)?;
+            assert!(out.is_accepted(), "simulated node refused: {out:?}");
+            let out = self.apply(&Command::MarkNodeReady { node: id })?;
+            assert!(out.is_accepted(), "simulated node not made ready: {out:?}");
+        }
+        if let Some(first) = self.jobs.first() {
+            self.at(first.submit_ms, Ev::Arrive(0));
+        }
+        if let (Some(first), Some(last)) = (self.jobs.first(), self.jobs.last())
+            && self.cfg.node_count() > 0
+        {
+            let (from, to) = (first.submit_ms, last.submit_ms.max(first.submit_ms + 1));
+            for _ in 0..self.cfg.node_failures {
+                let at = self.rng.range(from, to);
+                let node = self.rng.range(0, u64::from(self.cfg.node_count()) - 1) as u32;
+                self.at(at, Ev::Crash(node));
+            }
+        }
+        while let Some(&Reverse((time, _, _))) = self.heap.peek() {
+            self.now = time;
+            let mut wake = Wake::default();
+            let mut due = false;
+            while let Some(&Reverse((t, _, ev))) = self.heap.peek() {
+                if t != time {
+                    break;
+                }
+                self.heap.pop();
+                due |= matches!(ev, Ev::Tick);
+                wake.admission |= self.handle(ev)?;
+            }
+            if wake.admission || due {
+                self.tick(wake, due)?;
+            }
+        }
+        self.check()?;
+        Ok((self.report(), self.state))
+    }
+
+    /// Handles one event; true when admission should run afterwards.
+    fn handle(&mut self, ev: Ev) -> Result<bool, SimError> {
+        match ev {
+            Ev::Arrive(i) => {
+                if let Some(next) = self.jobs.get(i + 1) {
+                    self.at(next.submit_ms, Ev::Arrive(i + 1));
+                }
+                let out = self.apply(&Command::Submit { spec: self.jobs[i].spec.clone() })?;
+                if let [Event::Submitted { alloc, duplicate: false }] = out.events() {
+                    self.job_of.insert(*alloc, i);
+                    self.stats.accepted_submits += 1;
+                }
+                Ok(true)
+            }
+            Ev::Claim { alloc, task, node, epoch, life } => self.claimed(alloc, task, node, epoch, life),
+            Ev::Exit { alloc, task, node, epoch, ok, life } => self.exited(alloc, task, node, epoch, ok, life),
+            Ev::Preempted { alloc, task, node, epoch, life } => self.stopped(alloc, task, node, epoch, life),
+            Ev::Tick => Ok(true),
+            Ev::Crash(node) => Ok(self.crash(node)),
+            Ev::Repair(node) => self.repair(node),
+        }
+    }
+
+    /// Runs the leader's tick at this instant, as the leader loop does:
+    /// each pass's commands apply before the next pass reads.
+    fn tick(&mut self, wake: Wake, due: bool) -> Result<(), SimError> {
+        let time = TickTime { wall_ms: self.now, mono_ms: self.now };
+        let mut tick = Tick::begin(time, wake, &mut self.timers, &self.leader);
+        if due && !tick.liveness_due() {
+            // A deadline fell due between two liveness passes: come back
+            // when the next one may run.
+            let next = self.timers.liveness_due_ms(&self.leader);
+            if self.liveness_tick_at != Some(next) {
+                self.liveness_tick_at = Some(next);
+                self.at(next, Ev::Tick);
+            }
+        }
+        while let Some(pass) = tick.next(&self.state, &self.agents.down, &mut self.timers) {
+            self.stats.passed(&pass);
+            let preempted = matches!(pass, Pass::Preemption { .. }) && !pass.commands().is_empty();
+            self.apply_plan(pass.commands())?;
+            if preempted {
+                // A hold may expire with nothing else waking the tick.
+                self.at(self.now + self.leader.preemption.hold_ms(), Ev::Tick);
+            }
+        }
+        if let Some(next) = tick.preemption_waits_until() {
+            // A preemption pass had to wait for its interval: come back then,
+            // as the leader does.
+            if self.preemption_tick_at != Some(next) {
+                self.preemption_tick_at = Some(next);
+                self.at(next, Ev::Tick);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_plan(&mut self, commands: &[Command]) -> Result<(), SimError> {
+        if let Some(record) = &mut self.record {
+            record.extend_from_slice(commands);
+        }
+        for cmd in commands {
+            match self.apply(cmd)? {
+                Outcome::Rejected(r) => {
+                    return Err(SimError::PlanRejected { command: format!("{cmd:?}"), rejection: r.to_string() });
+                }
+                Outcome::Accepted(events) => self.on_events(&events),
+            }
+        }
+        Ok(())
+    }
+}
