@@ -21,33 +21,30 @@ use crate::e2e::{get, leader_client, submit, until};
 /// [`until`] with room for a 2 GiB checkpoint to be written and read back
 /// on a loaded 2-core machine.
 async fn until_long(c: &LocalCluster, id: u64, what: &str, pred: impl Fn(&v1::Allocation) -> bool) -> v1::Allocation {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
+    let what = format!("allocation {id} to be {what}");
+    muster_testkit::eventually_async(&what, Duration::from_secs(600), || async {
         if let Some(a) = leader_client(c).await.get(v1::GetRequest { id }).await.ok().map(|r| r.into_inner())
             && pred(&a)
         {
-            return a;
+            return Ok(a);
         }
-        if Instant::now() >= deadline {
-            let events: Vec<String> = c
-                .leader_id()
-                .and_then(|l| c.replica(l))
-                .map(|r| {
-                    r.reader().read(|st| {
-                        st.alloc(id)
-                            .map_or_else(Vec::new, |a| a.history.iter().map(|e| format!("{:?}", e.event)).collect())
-                    })
+        let events: Vec<String> = c
+            .leader_id()
+            .and_then(|l| c.replica(l))
+            .map(|r| {
+                r.reader().read(|st| {
+                    st.alloc(id).map_or_else(Vec::new, |a| a.history.iter().map(|e| format!("{:?}", e.event)).collect())
                 })
-                .unwrap_or_default();
-            let logs: Vec<String> = (0..2)
-                .flat_map(|i| files(&c.agent_dir(i).join("logs")))
-                .filter(|p| p.to_string_lossy().contains(&format!("alloc-{id}/")))
-                .map(|p| format!("{}: {}", p.display(), std::fs::read_to_string(&p).unwrap_or_default()))
-                .collect();
-            panic!("allocation {id} never {what}:\n{}\n{}", events.join("\n"), logs.join("\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            })
+            .unwrap_or_default();
+        let logs: Vec<String> = (0..2)
+            .flat_map(|i| files(&c.agent_dir(i).join("logs")))
+            .filter(|p| p.to_string_lossy().contains(&format!("alloc-{id}/")))
+            .map(|p| format!("{}: {}", p.display(), std::fs::read_to_string(&p).unwrap_or_default()))
+            .collect();
+        Err(format!("\n{}\n{}", events.join("\n"), logs.join("\n")))
+    })
+    .await
 }
 
 /// The checkpoint's size.
@@ -119,16 +116,11 @@ fn status(a: &v1::Allocation) -> v1::AllocationStatus {
 async fn line(c: &LocalCluster, node: &str, id: u64, attempt: u32, prefix: &str) -> String {
     let i = node.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
     let path = c.agent_dir(i).join(format!("logs/alloc-{id}/task-0/attempt-{attempt}.out"));
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&path)
-            && let Some(l) = text.lines().find(|l| l.starts_with(prefix))
-        {
-            return l.trim_start_matches(prefix).trim().to_string();
-        }
-        assert!(Instant::now() < deadline, "no {prefix:?} line in {}", path.display());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    muster_testkit::eventually(&format!("a {prefix:?} line in {}", path.display()), Duration::from_secs(300), || {
+        let text = std::fs::read_to_string(&path).ok()?;
+        text.lines().find(|l| l.starts_with(prefix)).map(|l| l.trim_start_matches(prefix).trim().to_string())
+    })
+    .await
 }
 
 /// Every file under `dir`, recursively.
@@ -149,20 +141,19 @@ fn log_bytes(dir: &Path) -> u64 {
 }
 
 async fn set_store(c: &LocalCluster, store: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async("the checkpoint store to be set", WAIT, || async {
         let leader = c.leader_id().expect("a leader");
         let ch = channel(&c.scheduler_addrs()[leader as usize - 1]).await.unwrap();
         let req = v1::CheckpointSettings { store: store.into(), keep: 2, max_bytes: 64 << 30, ..Default::default() };
         match AdminServiceClient::new(ch).set_checkpoint_settings(req).await {
             Ok(r) => {
                 assert_eq!(r.into_inner().store, store);
-                return;
+                Ok(())
             }
-            Err(e) => assert!(Instant::now() < deadline, "cannot set the store: {e}"),
+            Err(e) => Err(format!("cannot set the store: {e}")),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 }
 
 /// One run: a 2 GiB checkpoint through a preemption, restored on the
@@ -278,18 +269,20 @@ async fn roles(addrs: &[String]) -> Vec<Option<(String, u64, u64)>> {
 /// how long that took.
 async fn caught_up(addrs: &[String], id: u64, leader: u64) -> Duration {
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(120);
-    loop {
+    let what = format!("replica {id} to catch up with the leader");
+    muster_testkit::eventually_async(&what, Duration::from_secs(120), || async {
         let l = crate::cluster::status(&addrs[leader as usize - 1]).await;
         let f = crate::cluster::status(&addrs[id as usize - 1]).await;
         if let (Some(l), Some(f)) = (&l, &f)
             && f.applied_index >= l.applied_index
         {
-            return started.elapsed();
+            return Ok(());
         }
-        assert!(Instant::now() < deadline, "replica {id} never caught up with the leader: {:?}", roles(addrs).await);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let applied = |s: &Option<v1::ReplicaStatus>| s.as_ref().map(|s| (s.role.clone(), s.term, s.applied_index));
+        Err(format!("leader {:?}, replica {id} {:?}", applied(&l), applied(&f)))
+    })
+    .await;
+    started.elapsed()
 }
 
 /// After a whole-cluster `kill -9` and restart, a leader is elected and
@@ -447,23 +440,19 @@ while true; do sleep 0.2; done
         );
     }
     // Wait until all 16 ranks' checkpoints are recorded.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
+    muster_testkit::eventually_async("the checkpoints to be all recorded", Duration::from_secs(300), || async {
+        let mut client = client.clone();
         let mut all = true;
         for &id in &ids {
             let a = client.get(v1::GetRequest { id }).await.unwrap().into_inner();
             all &= a.tasks.iter().all(|t| t.checkpoint_bytes > 4_000_000);
         }
         if all {
-            break;
+            return Ok(());
         }
-        assert!(
-            Instant::now() < deadline,
-            "checkpoints never all recorded\n{}",
-            std::fs::read_to_string(dir.path().join("node-1.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Err(format!("\n{}", std::fs::read_to_string(dir.path().join("node-1.log")).unwrap_or_default()))
+    })
+    .await;
     let term = crate::cluster::status(&addr).await.unwrap().term;
     c.resume(follower);
     let took = caught_up(&c.addrs, follower, leader).await;
@@ -474,25 +463,24 @@ while true; do sleep 0.2; done
     restart_all(&mut c).await;
     // The gangs resume from their checkpoints (on the nodes' disks, fetched
     // by whichever node each rank lands on) and finish.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut left = ids.clone();
-    while !left.is_empty() {
+    // Done is final: each check asks about every gang.
+    muster_testkit::eventually_async("the gangs to finish", Duration::from_secs(300), || async {
         let leader = crate::cluster::leader(&c.addrs, None).await;
-        if let Some(ch) = channel(&c.addrs[leader as usize - 1]).await {
-            let mut client = muster_proto::v1::allocation_service_client::AllocationServiceClient::new(ch);
-            let mut still = Vec::new();
-            for &id in &left {
-                match client.get(v1::GetRequest { id }).await.map(|a| a.into_inner()) {
-                    Ok(a) if a.status == v1::AllocationStatus::Done as i32 => {}
-                    Ok(a) if a.status == v1::AllocationStatus::Failed as i32 => panic!("a gang failed: {a:?}"),
-                    _ => still.push(id),
-                }
+        let Some(ch) = channel(&c.addrs[leader as usize - 1]).await else {
+            return Err(format!("leader {leader} unreachable"));
+        };
+        let mut client = muster_proto::v1::allocation_service_client::AllocationServiceClient::new(ch);
+        let mut still = Vec::new();
+        for &id in &ids {
+            match client.get(v1::GetRequest { id }).await.map(|a| a.into_inner()) {
+                Ok(a) if a.status == v1::AllocationStatus::Done as i32 => {}
+                Ok(a) if a.status == v1::AllocationStatus::Failed as i32 => panic!("a gang failed: {a:?}"),
+                _ => still.push(id),
             }
-            left = still;
         }
-        assert!(Instant::now() < deadline, "gangs {left:?} never finished");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+        if still.is_empty() { Ok(()) } else { Err(format!("gangs {still:?} unfinished")) }
+    })
+    .await;
     for id in 1..=3 {
         let bytes = log_bytes(&dir.path().join(format!("data-{id}")));
         assert!(bytes < 8 << 20, "replica {id}'s log is {bytes} bytes");

@@ -156,20 +156,16 @@ async fn t72_cluster_status_without_a_leader_prints_the_replicas_and_fails() {
         cluster.kill(id);
     }
     let addr = cluster.addrs[survivor as usize - 1].clone();
-    let deadline = std::time::Instant::now() + crate::cluster::WAIT;
-    loop {
+    let o = muster_testkit::eventually("status to stop naming a leader", crate::cluster::WAIT, || {
         let o = muster(&with_scheduler(&["cluster", "status"], &addr));
-        if !o.status.success() {
-            assert!(stdout(&o).contains("leader: none"), "{}", stdout(&o));
-            assert!(stdout(&o).contains("unreachable"), "the table still lists every replica: {}", stdout(&o));
-            assert!(stderr(&o).contains("no leader: 1 of 3 replicas answer"), "{}", stderr(&o));
-            let json = muster(&with_scheduler(&["cluster", "status", "--output", "json"], &addr));
-            assert!(!json.status.success());
-            let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-            assert!(v["leader_id"].is_null(), "{v}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "status kept naming a leader: {}", stdout(&o));
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+        if o.status.success() { Err(stdout(&o)) } else { Ok(o) }
+    })
+    .await;
+    assert!(stdout(&o).contains("leader: none"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("unreachable"), "the table still lists every replica: {}", stdout(&o));
+    assert!(stderr(&o).contains("no leader: 1 of 3 replicas answer"), "{}", stderr(&o));
+    let json = muster(&with_scheduler(&["cluster", "status", "--output", "json"], &addr));
+    assert!(!json.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(v["leader_id"].is_null(), "{v}");
 }

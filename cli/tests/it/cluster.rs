@@ -5,7 +5,9 @@ use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use muster_proto::v1;
 use muster_proto::v1::admin_service_client::AdminServiceClient;
@@ -147,35 +149,34 @@ pub async fn status(addr: &str) -> Option<v1::ReplicaStatus> {
 
 /// Waits for a replica that says it leads, other than `not`; returns its id.
 pub async fn leader(addrs: &[String], not: Option<u64>) -> u64 {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async("a leader", WAIT, || async {
         for a in addrs {
             if let Some(s) = status(a).await
                 && s.role == "leader"
                 && Some(s.id) != not
             {
-                return s.id;
+                return Some(s.id);
             }
         }
-        assert!(Instant::now() < deadline, "no leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        None
+    })
+    .await
 }
 
 /// Waits until every replica reports the same applied index and digest.
 pub async fn converged(addrs: &[String]) -> (u64, String) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async("the replicas to converge", WAIT, || async {
         let mut seen = Vec::new();
         for a in addrs {
             seen.push(status(a).await.map(|s| (s.applied_index, s.state_digest)));
         }
         if seen.iter().all(|s| s.is_some() && *s == seen[0]) {
-            return seen[0].clone().unwrap();
+            Ok(seen[0].clone().unwrap())
+        } else {
+            Err(format!("{seen:?}"))
         }
-        assert!(Instant::now() < deadline, "replicas never converged: {seen:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// A leader-following client, as the CLI's.
@@ -199,33 +200,40 @@ impl Client {
             idempotency_key: key.into(),
             ..Default::default()
         };
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let addr = self.addrs[self.next % self.addrs.len()].clone();
-            if let Some(ch) = channel(&addr).await {
-                let mut req = tonic::Request::new(v1::SubmitRequest {
-                    spec: Some(spec.clone()),
-                    dry_run: false,
-                    ..Default::default()
-                });
-                req.set_timeout(Duration::from_secs(3));
-                match AllocationServiceClient::new(ch).submit(req).await {
-                    Ok(r) => return r.into_inner().id,
-                    Err(status) => {
-                        if let Some(leader) =
-                            status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok())
-                            && let Some(i) = self.addrs.iter().position(|a| a == leader)
-                        {
-                            self.next = i;
-                            continue;
-                        }
+        // Which address to try next: a redirect names the leader, a failure
+        // moves on to the next one. (Atomic, not a Cell: the future must be
+        // Send, the failover test's submitter is a spawned task.)
+        let next = AtomicUsize::new(self.next);
+        let addrs = &self.addrs;
+        let id = muster_testkit::eventually_async(&format!("the submit of {key} to be acknowledged"), WAIT, || async {
+            let addr = &addrs[next.load(Relaxed) % addrs.len()];
+            let Some(ch) = channel(addr).await else {
+                next.fetch_add(1, Relaxed);
+                return Err(format!("{addr} unreachable"));
+            };
+            let mut req = tonic::Request::new(v1::SubmitRequest {
+                spec: Some(spec.clone()),
+                dry_run: false,
+                ..Default::default()
+            });
+            req.set_timeout(Duration::from_secs(3));
+            match AllocationServiceClient::new(ch).submit(req).await {
+                Ok(r) => Ok(r.into_inner().id),
+                Err(status) => {
+                    if let Some(leader) = status.metadata().get("x-muster-leader-addr").and_then(|v| v.to_str().ok())
+                        && let Some(i) = addrs.iter().position(|a| a == leader)
+                    {
+                        next.store(i, Relaxed);
+                    } else {
+                        next.fetch_add(1, Relaxed);
                     }
+                    Err(format!("{addr}: {status}"))
                 }
             }
-            self.next += 1;
-            assert!(Instant::now() < deadline, "submit of {key} never acknowledged");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
+        self.next = next.into_inner();
+        id
     }
 
     /// Every allocation, through the leader, following pages.

@@ -205,20 +205,15 @@ fn t93_server_serves_prometheus_metrics() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let body = loop {
+    let body = muster_testkit::eventually_blocking("leader metrics", std::time::Duration::from_secs(60), || {
         let text = std::net::TcpStream::connect(&metrics).ok().and_then(|mut s| {
             s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
             let mut out = String::new();
             s.read_to_string(&mut out).ok()?;
             Some(out)
         });
-        if let Some(t) = text.filter(|t| t.contains("muster_raft_is_leader{replica=\"1\"} 1")) {
-            break t;
-        }
-        assert!(std::time::Instant::now() < deadline, "no leader metrics");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+        text.filter(|t| t.contains("muster_raft_is_leader{replica=\"1\"} 1"))
+    });
     server.kill().unwrap();
     let _ = server.wait();
     for m in ["muster_raft_term", "muster_raft_applied_index", "muster_sm_queue_depth", "muster_sm_nodes"] {
@@ -243,8 +238,10 @@ fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
     let scrape = || scrape(&metrics);
     // Task 0 fails once; task 1 would run for a minute unless torn down.
     let script = r#"if [ "$MUSTER_EPOCH" = 1 ]; then if [ "$MUSTER_TASK_INDEX" = 0 ]; then sleep 1; exit 3; fi; sleep 60; fi; echo ok"#;
+    // One budget for the three waits below.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
+    let left = || deadline.saturating_duration_since(std::time::Instant::now());
+    muster_testkit::eventually_blocking("the submit to succeed", left(), || {
         let o = muster(&[
             "submit",
             "-n",
@@ -260,35 +257,18 @@ fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
             "-c",
             script,
         ]);
-        if o.status.success() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "submit never succeeded: {}", String::from_utf8_lossy(&o.stderr));
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    let body = loop {
-        if let Some(t) = scrape().filter(|t| t.contains("muster_gang_teardown_completed_total{outcome=\"blocked\"} 1"))
-        {
-            break t;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no teardown in the metrics:\n{:?}\n{}",
-            scrape(),
-            stdout(&muster(&["alloc", "watch", "1", "--scheduler", &addr, "--output", "json"]))
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    let get = loop {
+        if o.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&o.stderr).into_owned()) }
+    });
+    let body = muster_testkit::eventually_blocking("a teardown in the metrics", left(), || match scrape() {
+        Some(t) if t.contains("muster_gang_teardown_completed_total{outcome=\"blocked\"} 1") => Ok(t),
+        other => Err(format!("{other:?}")),
+    });
+    let get = muster_testkit::eventually_blocking("the gang to finish", left(), || {
         let o = muster(&["alloc", "get", "1", "--scheduler", &addr]);
         let text = stdout(&o);
         // Under the header row, the allocation's own line.
-        if text.lines().nth(1).is_some_and(|allocation| allocation.contains(" done ")) {
-            break text;
-        }
-        assert!(std::time::Instant::now() < deadline, "the gang never finished: {text}");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
+        if text.lines().nth(1).is_some_and(|allocation| allocation.contains(" done ")) { Ok(text) } else { Err(text) }
+    });
     drop(children);
     assert!(body.contains("muster_gang_teardowns_total 1"), "{body}");
     assert!(body.contains("muster_gang_teardown_seconds"), "{body}");
@@ -331,33 +311,37 @@ fn t95_preemption_metrics_with_real_processes() {
         &["a1", "a2"],
     );
     let scrape = || scrape(&metrics);
+    // One budget for all the waits below.
     let deadline = Instant::now() + Duration::from_secs(90);
-    let submit = |key: &str, class: &str, gang: &str, script: &str| loop {
-        let o = muster(&[
-            "submit",
-            "-n",
-            gang,
-            "--gpus",
-            "2",
-            "--class",
-            class,
-            "--idempotency-key",
-            key,
-            "--scheduler",
-            &addr,
-            "--output",
-            "json",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ]);
-        if o.status.success() {
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-            return v["id"].as_u64().unwrap().to_string();
-        }
-        assert!(Instant::now() < deadline, "submit never succeeded: {}", String::from_utf8_lossy(&o.stderr));
-        std::thread::sleep(Duration::from_millis(200));
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let submit = |key: &str, class: &str, gang: &str, script: &str| {
+        muster_testkit::eventually_blocking("the submit to succeed", left(), || {
+            let o = muster(&[
+                "submit",
+                "-n",
+                gang,
+                "--gpus",
+                "2",
+                "--class",
+                class,
+                "--idempotency-key",
+                key,
+                "--scheduler",
+                &addr,
+                "--output",
+                "json",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ]);
+            if o.status.success() {
+                let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+                Ok(v["id"].as_u64().unwrap().to_string())
+            } else {
+                Err(String::from_utf8_lossy(&o.stderr).into_owned())
+            }
+        })
     };
     let status = |id: &str| {
         let o = muster(&["alloc", "get", id, "--scheduler", &addr, "--output", "json"]);
@@ -374,10 +358,9 @@ while true; do sleep 0.1; done"#;
     let a = submit("t95-a", "1", "1", answers);
     let b = submit("t95-b", "1", "1", ignores);
     for id in [&a, &b] {
-        while status(id).ok().as_deref() != Some("running") {
-            assert!(Instant::now() < deadline, "{id} never ran");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        muster_testkit::eventually_blocking(&format!("{id} to run"), left(), || {
+            (status(id).ok().as_deref() == Some("running")).then_some(())
+        });
     }
     // The victims may resume on the other node, so each agent must advertise
     // a checkpoint address other agents can reach (an IP on the route to the
@@ -390,18 +373,15 @@ while true; do sleep 0.1; done"#;
     }
     let p = submit("t95-p", "5", "2", "echo hi");
     for id in [&p, &a, &b] {
-        while status(id).ok().as_deref() != Some("done") {
-            assert!(Instant::now() < deadline, "{id} never finished: {:?}", status(id));
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        muster_testkit::eventually_blocking(&format!("{id} to finish"), left(), || match status(id) {
+            Ok(s) if s == "done" => Ok(()),
+            other => Err(format!("{other:?}")),
+        });
     }
-    let body = loop {
-        if let Some(t) = scrape().filter(|t| t.contains("muster_preemption_victim_requeue_total 2")) {
-            break t;
-        }
-        assert!(Instant::now() < deadline, "no requeues in the metrics: {:?}", scrape());
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let body = muster_testkit::eventually_blocking("requeues in the metrics", left(), || match scrape() {
+        Some(t) if t.contains("muster_preemption_victim_requeue_total 2") => Ok(t),
+        other => Err(format!("{other:?}")),
+    });
     let get_a = stdout(&muster(&["alloc", "get", &a, "--scheduler", &addr]));
     let json_p = stdout(&muster(&["alloc", "get", &p, "--scheduler", &addr, "--output", "json"]));
     let json_a = stdout(&muster(&["alloc", "get", &a, "--scheduler", &addr, "--output", "json"]));
@@ -460,7 +440,9 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
         &["--agent-heartbeat-ms", "500", "--node-lost-after-ms", "3000", "--preempt-grace-ms", "1000"],
         &nodes,
     );
+    // One budget for the waits below that have no bound of their own.
     let deadline = Instant::now() + Duration::from_secs(90);
+    let left = || deadline.saturating_duration_since(Instant::now());
     let json = |args: &[&str]| -> Option<serde_json::Value> {
         let mut all: Vec<&str> = args.to_vec();
         all.extend(["--scheduler", &addr, "--output", "json"]);
@@ -471,12 +453,11 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
         let v = json(&["node", "list"])?;
         v["nodes"].as_array()?.iter().find(|n| n["id"] == id).map(|n| n["status"].as_str().unwrap_or("").to_string())
     };
-    while nodes.iter().any(|n| node_status(n).as_deref() != Some("ready")) {
-        assert!(Instant::now() < deadline, "agents never registered");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    muster_testkit::eventually_blocking("the agents to register", left(), || {
+        nodes.iter().all(|n| node_status(n).as_deref() == Some("ready")).then_some(())
+    });
     let script = r#"if [ "$MUSTER_EPOCH" = 1 ]; then echo $$ > pid-$MUSTER_TASK_INDEX; exec sleep 600; fi; echo ok"#;
-    let id = loop {
+    let id = muster_testkit::eventually_blocking("the submit to succeed", left(), || {
         let o = muster(&[
             "submit",
             "-n",
@@ -493,49 +474,49 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
             script,
         ]);
         if o.status.success() {
-            break serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["id"].as_u64().unwrap().to_string();
+            Ok(serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["id"].as_u64().unwrap().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&o.stderr).into_owned())
         }
-        assert!(Instant::now() < deadline, "submit failed");
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let a = loop {
-        if let Some(a) = json(&["alloc", "get", &id]).filter(|a| a["status"] == "running") {
-            break a;
-        }
-        assert!(Instant::now() < deadline, "never running");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    });
+    let a = muster_testkit::eventually_blocking("the gang to run", left(), || {
+        json(&["alloc", "get", &id]).filter(|a| a["status"] == "running")
+    });
     let frozen = a["tasks"][0]["node"].as_str().unwrap().to_string();
     let pid_file = dir.path().join(&frozen).join("pid-0");
-    let pid = loop {
-        if let Some(p) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-            break p;
-        }
-        assert!(Instant::now() < deadline, "no pid file");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let pid = muster_testkit::eventually_blocking("the pid file", left(), || {
+        std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok())
+    });
     let agent = children.agent(nodes.iter().position(|n| *n == frozen).unwrap());
     assert!(Command::new("kill").args(["-STOP", &agent.id().to_string()]).status().unwrap().success());
     let stopped_at = Instant::now();
-    while node_status(&frozen).as_deref() != Some("lost") {
-        assert!(stopped_at.elapsed() < Duration::from_secs(35), "the frozen node was not flagged within 35 s");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let done = loop {
-        if let Some(a) = json(&["alloc", "get", &id]).filter(|a| a["status"] == "done") {
-            break a;
+    let within_35_s = Duration::from_secs(35).saturating_sub(stopped_at.elapsed());
+    muster_testkit::eventually_blocking("the frozen node to be flagged lost (within 35 s)", within_35_s, || {
+        match node_status(&frozen) {
+            Some(s) if s == "lost" => Ok(()),
+            other => Err(format!("{other:?}")),
         }
-        assert!(Instant::now() < deadline, "the gang was never re-placed and finished");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    });
+    let done = muster_testkit::eventually_blocking("the gang to be re-placed and finish", left(), || {
+        json(&["alloc", "get", &id]).filter(|a| a["status"] == "done")
+    });
     for t in done["tasks"].as_array().unwrap() {
         assert_ne!(t["last_node"].as_str().unwrap(), frozen, "re-placed away from the frozen node: {done}");
     }
     assert!(proc_alive(pid), "the frozen agent's task still runs until the agent returns");
     assert!(Command::new("kill").args(["-CONT", &agent.id().to_string()]).status().unwrap().success());
     let back = Instant::now();
-    while proc_alive(pid) || node_status(&frozen).as_deref() != Some("ready") {
-        assert!(back.elapsed() < Duration::from_secs(30), "the stale task was not stopped, or the flag not cleared");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let within_30_s = Duration::from_secs(30).saturating_sub(back.elapsed());
+    muster_testkit::eventually_blocking(
+        "the stale task to stop and the flag to clear (within 30 s)",
+        within_30_s,
+        || {
+            let (alive, node) = (proc_alive(pid), node_status(&frozen));
+            if !alive && node.as_deref() == Some("ready") {
+                Ok(())
+            } else {
+                Err(format!("task alive {alive}, node {node:?}"))
+            }
+        },
+    );
 }

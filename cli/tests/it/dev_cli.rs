@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::muster;
 
@@ -56,17 +56,12 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     };
 
     // Agents register within a moment.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    muster_testkit::eventually_blocking("the agents to register", Duration::from_secs(60), || {
         let nodes = call(&["node", "list"]);
         let ready =
             nodes["nodes"].as_array().unwrap().iter().filter(|n| n["status"] == "ready" && n["gpus"] == 8).count();
-        if ready == 4 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "agents never registered: {nodes}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        if ready == 4 { Ok(()) } else { Err(nodes.to_string()) }
+    });
     // Text tables start with a header row.
     let text = crate::stdout(&muster(&["node", "list", "--scheduler", &sched, "--tls-dir", &td]));
     let mut rows = text.lines();
@@ -86,15 +81,10 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     submit.extend(s);
     submit.extend(["--", "sleep", "30"]);
     let id = json(&submit)["id"].as_u64().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let a = loop {
+    let a = muster_testkit::eventually_blocking("the gang to run", Duration::from_secs(60), || {
         let a = call(&["alloc", "get", &id]);
-        if a["status"] == "running" {
-            break a;
-        }
-        assert!(Instant::now() < deadline, "never running: {a}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        if a["status"] == "running" { Ok(a) } else { Err(a.to_string()) }
+    });
     let mut nodes: Vec<String> =
         a["tasks"].as_array().unwrap().iter().map(|t| t["node"].as_str().unwrap().to_string()).collect();
     assert!(a["tasks"].as_array().unwrap().iter().all(|t| t["status"] == "running"), "{a}");
@@ -274,11 +264,9 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     // A running allocation is cancelled once its task has stopped.
     let c = call(&["alloc", "cancel", &id]);
     assert_eq!(c["status"], "tearing-down", "{c}");
-    let deadline = std::time::Instant::now() + crate::cluster::WAIT;
-    while call(&["alloc", "get", &id])["status"] != "cancelled" {
-        assert!(std::time::Instant::now() < deadline, "allocation {id} never cancelled");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    muster_testkit::eventually_blocking(&format!("allocation {id} to be cancelled"), crate::cluster::WAIT, || {
+        (call(&["alloc", "get", &id])["status"] == "cancelled").then_some(())
+    });
 
     // Watch a short gang to its end; resume from a revision.
     let mut short: Vec<&str> = vec!["submit", "--gang-size", "2", "--gpus", "1"];
@@ -382,15 +370,10 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     let log = dir.path().join("dev.stderr");
     let logged_before = std::fs::read_to_string(&log).unwrap().len();
     Command::new("kill").args(["-INT", &dev.id().to_string()]).status().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(status) = dev.try_wait().unwrap() {
-            assert!(status.success(), "muster dev exited {status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "muster dev ignored Ctrl-C");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let status = muster_testkit::eventually_blocking("muster dev to exit on Ctrl-C", Duration::from_secs(60), || {
+        dev.try_wait().unwrap()
+    });
+    assert!(status.success(), "muster dev exited {status}");
     let after = std::fs::read_to_string(&log).unwrap()[logged_before..].to_string();
     assert!(!after.contains("WARN"), "warnings after Ctrl-C:\n{after}");
 }

@@ -64,16 +64,11 @@ impl Dev {
         std::thread::spawn(move || for _ in lines {});
         assert!(!sched.is_empty() && http.len() == 3, "muster dev printed its replicas and listeners: {http:?}");
         let dev = Dev { child, tls: data.join("tls"), _dir: dir, sched, http };
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
+        muster_testkit::eventually_blocking("the agents to register", Duration::from_secs(90), || {
             let nodes = dev.json(&["node", "list"]);
             let ready = nodes["nodes"].as_array().map_or(0, |n| n.iter().filter(|n| n["status"] == "ready").count());
-            if ready == 4 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "agents never registered: {nodes}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            if ready == 4 { Ok(()) } else { Err(nodes.to_string()) }
+        });
         dev
     }
 

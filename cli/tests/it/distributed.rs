@@ -90,15 +90,17 @@ async fn t152_two_gangs_whose_task_0_share_a_node_meet_on_their_own_reserved_por
     let a = submit(&c, spec()).await;
     let b = submit(&c, spec()).await;
     // Both gangs meet while both hold their task 0's port.
-    let deadline = Instant::now() + WAIT;
-    while !(shared.join(format!("met-{a}")).exists() && shared.join(format!("met-{b}")).exists()) {
+    muster_testkit::eventually_async("the gangs to meet", WAIT, || async {
+        if shared.join(format!("met-{a}")).exists() && shared.join(format!("met-{b}")).exists() {
+            return Some(());
+        }
         for id in [a, b] {
             let x = crate::e2e::get(&c, id).await;
             assert!(!matches!(status(&x), v1::AllocationStatus::Failed), "gang {id} failed: {x:?}");
         }
-        assert!(Instant::now() < deadline, "the gangs never met");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        None
+    })
+    .await;
     let (ga, gb) = (crate::e2e::get(&c, a).await, crate::e2e::get(&c, b).await);
     assert_eq!(ga.tasks[0].node_id, gb.tasks[0].node_id, "best fit, then slot order, puts both task 0s on one node");
     assert_eq!((ga.ports.len(), gb.ports.len()), (1, 1));
@@ -162,18 +164,16 @@ fn t153_constraints_and_packing_through_the_cli() {
         v["id"].as_u64().unwrap().to_string()
     };
     let nodes_of = |id: &str| -> Vec<String> {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        muster_testkit::eventually_blocking(&format!("allocation {id} to run"), WAIT, || {
             let a = json(&["alloc", "get", id]);
-            if a["status"] == "running" {
-                let mut n: Vec<String> =
-                    a["tasks"].as_array().unwrap().iter().map(|t| t["node"].as_str().unwrap().to_string()).collect();
-                n.sort();
-                return n;
+            if a["status"] != "running" {
+                return Err(a.to_string());
             }
-            assert!(Instant::now() < deadline, "never running: {a}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            let mut n: Vec<String> =
+                a["tasks"].as_array().unwrap().iter().map(|t| t["node"].as_str().unwrap().to_string()).collect();
+            n.sort();
+            Ok(n)
+        })
     };
     // Only the H100 nodes, for two gangs in a row.
     for _ in 0..2 {
@@ -303,39 +303,41 @@ async fn t154_a_pytorch_ddp_gang_resumes_from_its_checkpoints_after_a_rank_is_ki
     let b = submit(&c, job(2, "30")).await;
     let long = Instant::now() + Duration::from_secs(300);
     // Both gangs run; their task 0s share a node, on different ports.
-    loop {
-        let (ga, gb) = (crate::e2e::get(&c, a).await, crate::e2e::get(&c, b).await);
-        if status(&ga) == v1::AllocationStatus::Running && status(&gb) == v1::AllocationStatus::Running {
-            assert_eq!(ga.tasks[0].node_id, gb.tasks[0].node_id);
-            assert_ne!(ga.ports, gb.ports);
-            break;
-        }
-        assert!(Instant::now() < long, "the gangs never ran together: {ga:?} {gb:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    muster_testkit::eventually_async(
+        "the gangs to run together",
+        long.saturating_duration_since(Instant::now()),
+        || async {
+            let (ga, gb) = (crate::e2e::get(&c, a).await, crate::e2e::get(&c, b).await);
+            if status(&ga) == v1::AllocationStatus::Running && status(&gb) == v1::AllocationStatus::Running {
+                assert_eq!(ga.tasks[0].node_id, gb.tasks[0].node_id);
+                assert_ne!(ga.ports, gb.ports);
+                Ok(())
+            } else {
+                Err(format!("{ga:?} {gb:?}"))
+            }
+        },
+    )
+    .await;
     // Rank 1 of the big gang has saved step 15: kill it outright.
     let ga = crate::e2e::get(&c, a).await;
-    loop {
-        if last_log(&c, a, &ga.tasks[1]).contains("step 15 ") {
-            break;
-        }
-        assert!(Instant::now() < long, "rank 1 never reached step 15: {}", last_log(&c, a, &ga.tasks[1]));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    muster_testkit::eventually("rank 1 to reach step 15", long.saturating_duration_since(Instant::now()), || {
+        let log = last_log(&c, a, &ga.tasks[1]);
+        if log.contains("step 15 ") { Ok(()) } else { Err(log) }
+    })
+    .await;
     let pid = pid_of(a, 1).expect("rank 1 runs");
     unsafe { libc::kill(pid, libc::SIGKILL) };
     for id in [a, b] {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let done = loop {
-            let x = crate::e2e::get(&c, id).await;
-            match status(&x) {
-                v1::AllocationStatus::Done => break x,
-                v1::AllocationStatus::Failed => panic!("gang {id} failed: {x:?}"),
-                _ => {}
-            }
-            assert!(Instant::now() < deadline, "gang {id} never finished: {x:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        let done =
+            muster_testkit::eventually_async(&format!("gang {id} to finish"), Duration::from_secs(300), || async {
+                let x = crate::e2e::get(&c, id).await;
+                match status(&x) {
+                    v1::AllocationStatus::Done => Ok(x),
+                    v1::AllocationStatus::Failed => panic!("gang {id} failed: {x:?}"),
+                    _ => Err(format!("{x:?}")),
+                }
+            })
+            .await;
         let digests = final_digests(&c, &done);
         assert!(digests.iter().all(|d| *d == digests[0]), "every rank ends with the same parameters: {digests:?}");
         if id == a {

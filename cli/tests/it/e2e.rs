@@ -10,14 +10,8 @@ use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use crate::cluster::{WAIT, channel};
 
 pub(crate) async fn leader_client(c: &LocalCluster) -> AllocationServiceClient<tonic::transport::Channel> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(id) = c.leader_id() {
-            return AllocationServiceClient::new(channel(&c.scheduler_addrs()[id as usize - 1]).await.unwrap());
-        }
-        assert!(Instant::now() < deadline, "no leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let id = muster_testkit::eventually("a leader", WAIT, || c.leader_id()).await;
+    AllocationServiceClient::new(channel(&c.scheduler_addrs()[id as usize - 1]).await.unwrap())
 }
 
 pub(crate) fn gang(n: u32, script: &str, max_retries: u32) -> v1::AllocationSpec {
@@ -32,27 +26,27 @@ pub(crate) fn gang(n: u32, script: &str, max_retries: u32) -> v1::AllocationSpec
 }
 
 pub(crate) async fn submit(c: &LocalCluster, spec: v1::AllocationSpec) -> u64 {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async("the submit to succeed", WAIT, || async {
         match leader_client(c)
             .await
             .submit(v1::SubmitRequest { spec: Some(spec.clone()), dry_run: false, ..Default::default() })
             .await
         {
-            Ok(r) => return r.into_inner().id,
-            Err(e) => assert!(Instant::now() < deadline, "submit failed: {e}"),
+            Ok(r) => Ok(r.into_inner().id),
+            Err(e) => Err(format!("submit failed: {e}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 pub(crate) async fn get(c: &LocalCluster, id: u64) -> v1::Allocation {
-    loop {
-        if let Ok(r) = leader_client(c).await.get(v1::GetRequest { id }).await {
-            return r.into_inner();
+    muster_testkit::eventually_async(&format!("allocation {id} to be read"), WAIT, || async {
+        match leader_client(c).await.get(v1::GetRequest { id }).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(e) => Err(format!("get {id}: {e}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// Polls until `pred` holds for the allocation.
@@ -93,17 +87,15 @@ async fn t192_an_insecure_local_cluster_admits_its_agents_and_runs_a_gang() {
     let mut client = AllocationServiceClient::new(c.leader_channel().await);
     let submitted = client.submit(v1::SubmitRequest { spec: Some(gang(2, "true", 0)), ..Default::default() }).await;
     let id = submitted.unwrap().into_inner().id;
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async("the gang to finish", WAIT, || async {
         let mut client = AllocationServiceClient::new(c.leader_channel().await);
-        if let Ok(a) = client.get(v1::GetRequest { id }).await
-            && status(&a.into_inner()) == v1::AllocationStatus::Done
-        {
-            break;
+        match client.get(v1::GetRequest { id }).await {
+            Ok(a) if status(a.get_ref()) == v1::AllocationStatus::Done => Ok(()),
+            Ok(a) => Err(format!("{:?}", a.into_inner())),
+            Err(e) => Err(format!("get {id}: {e}")),
         }
-        assert!(Instant::now() < deadline, "the gang never finished");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     c.shutdown().await;
 }
 
@@ -172,13 +164,11 @@ async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
     };
-    while pids.iter().any(|p| alive(*p)) {
-        assert!(
-            started.elapsed() < Duration::from_secs(2) + Duration::from_millis(500),
-            "TERM-trapping tasks outlived grace + 1 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let within = (Duration::from_secs(2) + Duration::from_millis(500)).saturating_sub(started.elapsed());
+    muster_testkit::eventually("the TERM-trapping tasks to stop within grace + 1 s", within, || {
+        (!pids.iter().any(|p| alive(*p))).then_some(())
+    })
+    .await;
     until(&c, id, "cancelled once its tasks stopped", |a| status(a) == v1::AllocationStatus::Cancelled).await;
     let again = leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::FailedPrecondition);
@@ -211,11 +201,10 @@ async fn t82_an_agent_killed_mid_task_loses_its_node_and_comes_back_cleanly() {
     let node = a.tasks[0].node_id.clone();
     let i: u32 = node.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
     let pid_file = c.agent_dir(i).join("pid-1");
-    let deadline = Instant::now() + WAIT;
-    while !std::fs::read_to_string(&pid_file).is_ok_and(|s| !s.trim().is_empty()) {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    muster_testkit::eventually("the task to write its pid", WAIT, || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|s| !s.trim().is_empty()).then_some(())
+    })
+    .await;
     let orphan: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
 
     c.kill_agent(i);
@@ -227,16 +216,11 @@ async fn t82_an_agent_killed_mid_task_loses_its_node_and_comes_back_cleanly() {
     assert_eq!(node_status(&c, &node).as_deref(), Some("Lost"));
 
     c.restart_agent(i);
-    let deadline = Instant::now() + WAIT;
-    while node_status(&c, &node).as_deref() != Some("Ready") || proc_alive(orphan) {
-        assert!(
-            Instant::now() < deadline,
-            "node never came back clean: {:?}, orphan alive {}",
-            node_status(&c, &node),
-            proc_alive(orphan)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    muster_testkit::eventually("the node to come back clean", WAIT, || {
+        let (st, alive) = (node_status(&c, &node), proc_alive(orphan));
+        if st.as_deref() == Some("Ready") && !alive { Ok(()) } else { Err(format!("{st:?}, orphan alive {alive}")) }
+    })
+    .await;
     c.shutdown().await;
 }
 
@@ -255,14 +239,10 @@ async fn t84_a_restarted_leader_never_leads_again_in_its_old_term() {
     let old = c.leader_id().unwrap();
     let term = c.replica(old).unwrap().status().term;
     c.restart_replica(old).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let (leader, now) = loop {
-        if let Some(l) = c.leader_id() {
-            break (l, c.replica(l).unwrap().status().term);
-        }
-        assert!(std::time::Instant::now() < deadline, "no leader after the restart");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let (leader, now) = muster_testkit::eventually("a leader after the restart", Duration::from_secs(120), || {
+        c.leader_id().map(|l| (l, c.replica(l).unwrap().status().term))
+    })
+    .await;
     assert!(now > term, "replica {leader} leads in term {now}; replica {old} led term {term} before its restart");
     c.shutdown().await;
 }

@@ -38,27 +38,29 @@ fn exported(scrape: &str) -> BTreeMap<String, String> {
 #[test]
 fn t120_every_documented_metric_is_exported_and_every_exported_one_documented() {
     let dev = Dev::start();
+    // One budget for the two waits below.
     let deadline = Instant::now() + Duration::from_secs(60);
-    let scrape = loop {
+    let left = || deadline.saturating_duration_since(Instant::now());
+    muster_testkit::eventually_blocking("the agents' streams and GPUs to show", left(), || {
         let (code, body) = dev.get(0, "/metrics").expect("replica 1 serves HTTP");
         assert_eq!(code, 200, "{body}");
         if body.contains("muster_agent_streams 4") && body.contains("muster_gpus{state=\"free\"} 32") {
-            break body;
+            Ok(())
+        } else {
+            Err(format!("\n{body}"))
         }
-        assert!(Instant::now() < deadline, "the agents' streams and GPUs never showed:\n{body}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    });
     // A running task's usage is exported per task, from its cgroup.
     let id = dev.ok(&["submit", "--gpus", "1", "--", "sleep", "120"])["id"].as_u64().unwrap();
     let series = format!("muster_task_cpu_seconds{{alloc_id=\"{id}\",task=\"0\"}}");
-    let scrape = loop {
+    let scrape = muster_testkit::eventually_blocking(&format!("{series} to show"), left(), || {
         let (_, body) = dev.get(0, "/metrics").expect("replica 1 serves HTTP");
         if body.contains(&series) && body.contains("muster_task_memory_bytes{") {
-            break body;
+            Ok(body)
+        } else {
+            Err(format!("\n{body}"))
         }
-        assert!(Instant::now() < deadline, "{series} never showed:\n{scrape}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    });
     let docs = documented();
     let live = exported(&scrape);
     assert!(docs.len() >= 40, "the docs table was read: {docs:?}");
@@ -90,16 +92,15 @@ fn t120_every_documented_metric_is_exported_and_every_exported_one_documented() 
     for i in 0..3 {
         let (code, body) = dev.get(i, "/healthz").unwrap();
         assert_eq!((code, body.as_str()), (200, "ok\n"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        muster_testkit::eventually_blocking(&format!("replica {} to be ready", i + 1), Duration::from_secs(30), || {
             let (code, body) = dev.get(i, "/readyz").unwrap();
             if code == 200 {
                 assert!(body.starts_with("ok\nleader "), "{body}");
-                break;
+                Ok(())
+            } else {
+                Err(body)
             }
-            assert!(Instant::now() < deadline, "replica {} never ready: {body}", i + 1);
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        });
     }
     let (code, _) = dev.get(1, "/").unwrap();
     assert_eq!(code, 303, "/ redirects to /ui");
@@ -138,14 +139,10 @@ fn t121_a_replica_without_a_leader_is_alive_but_not_ready() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (code, body) = loop {
-        if let Some(r) = http_get(&http, "/readyz") {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "the HTTP listener never answered");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (code, body) =
+        muster_testkit::eventually_blocking("the HTTP listener to answer", Duration::from_secs(60), || {
+            http_get(&http, "/readyz")
+        });
     // Give it several election timeouts: still no leader.
     std::thread::sleep(Duration::from_secs(2));
     let (code2, body2) = http_get(&http, "/readyz").unwrap();
@@ -324,8 +321,7 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
         "--",
         "true",
     ]);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    muster_testkit::eventually_blocking("the dashboard to show the gangs", Duration::from_secs(90), || {
         let dom = chromium_dom(&chromium, &url);
         let r = row(&dom, &format!("running-{running}"));
         let q = row(&dom, &format!("queue-{pending}"));
@@ -339,11 +335,10 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
             );
             assert!(row(&dom, "nodes-node-1").unwrap().contains("2/8"), "{dom}");
             assert!(dom.contains("GPUs 24 free / 0 reserved / 8 running"), "{dom}");
-            break;
+            return Ok(());
         }
-        assert!(Instant::now() < deadline, "the dashboard never showed the gangs:\n{dom}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+        Err(format!("\n{dom}"))
+    });
 }
 
 /// `muster agent --keep-tasks` (what the systemd unit runs, with

@@ -139,14 +139,12 @@ async fn t61_a_cluster_restored_from_a_backup_has_its_state_and_takes_work() {
     leader(&new.addrs, None).await;
     // The first leader's own entry follows the backup's index; replicas may
     // agree at the backup's index for a moment before it commits.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let (applied, now) = loop {
+    let what = "the new cluster's first leader to append after the backup's index";
+    let (applied, now) = muster_testkit::eventually_async(what, Duration::from_secs(60), || async {
         let (applied, now) = converged(&new.addrs).await;
-        if applied > index || std::time::Instant::now() > deadline {
-            break (applied, now);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        if applied > index { Ok((applied, now)) } else { Err(format!("replicas agree at index {applied}")) }
+    })
+    .await;
     assert!(applied > index, "the new cluster's first leader appended after the backup's index");
     assert_eq!(now, digest, "the restored state is the backup's: {}", new.logs());
     let mut client = Client::new(&new.addrs);

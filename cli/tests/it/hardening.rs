@@ -2,7 +2,7 @@
 //! replicas, real agents, real task processes that behave like real ones
 //! (they ignore SIGTERM, and ranks die with their peers).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
@@ -31,17 +31,11 @@ async fn pids(c: &LocalCluster, a: &v1::Allocation) -> Vec<i32> {
     for t in &a.tasks {
         let agent = t.node_id.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
         let path = c.agent_dir(agent).join(format!("pid-{}-{}", a.id, t.index));
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(s) = std::fs::read_to_string(&path)
-                && let Ok(pid) = s.trim().parse()
-            {
-                out.push(pid);
-                break;
-            }
-            assert!(Instant::now() < deadline, "{} never written", path.display());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let pid: i32 = muster_testkit::eventually(&format!("{} to be written", path.display()), WAIT, || {
+            std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok())
+        })
+        .await;
+        out.push(pid);
     }
     out
 }
@@ -71,18 +65,17 @@ async fn t140_a_cancel_holds_the_gpus_until_the_cancelled_processes_are_gone() {
     assert!(again.message().contains("already being cancelled"), "{again:?}");
 
     let new = submit(&c, whole_node(1, "echo $$ > pid-$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX; sleep 30")).await;
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async(&format!("allocation {new} to be placed"), WAIT, || async {
         let a = get(&c, new).await;
         let placed = matches!(status(&a), v1::AllocationStatus::Reserved | v1::AllocationStatus::Running);
-        if placed {
-            let alive: Vec<i32> = old_pids.iter().copied().filter(|&p| proc_alive(p)).collect();
-            assert!(alive.is_empty(), "allocation {new} placed while the cancelled tasks {alive:?} still run: {a:?}");
-            break;
+        if !placed {
+            return Err(format!("{a:?}"));
         }
-        assert!(Instant::now() < deadline, "allocation {new} never placed: {a:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let alive: Vec<i32> = old_pids.iter().copied().filter(|&p| proc_alive(p)).collect();
+        assert!(alive.is_empty(), "allocation {new} placed while the cancelled tasks {alive:?} still run: {a:?}");
+        Ok(())
+    })
+    .await;
     let done = until(&c, old, "cancelled", |a| status(a) == v1::AllocationStatus::Cancelled).await;
     assert!(done.tasks.iter().all(|t| t.attempts == 0), "a cancel charges nothing: {done:?}");
     until(&c, new, "running", |a| status(a) == v1::AllocationStatus::Running).await;
@@ -234,11 +227,10 @@ async fn t142_an_earlier_attempt_s_log_comes_from_the_node_it_ran_on() {
     let i = node.trim_start_matches("node-").parse::<u32>().unwrap() - 1;
     // Running in the state means its claim was granted; the process may
     // not have printed yet. Kill its agent only once it has.
-    let deadline = Instant::now() + WAIT;
-    while !attempt_log(&c, id, 1, false).await.is_ok_and(|l| l.contains("run 1")) {
-        assert!(Instant::now() < deadline, "attempt 1 never printed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    muster_testkit::eventually_async("attempt 1 to print", WAIT, || async {
+        attempt_log(&c, id, 1, false).await.is_ok_and(|l| l.contains("run 1")).then_some(())
+    })
+    .await;
     c.kill_agent(i);
     let moved = until(&c, id, "re-placed on the other node", |a| {
         status(a) == v1::AllocationStatus::Running && a.tasks[0].node_id != node
@@ -246,8 +238,7 @@ async fn t142_an_earlier_attempt_s_log_comes_from_the_node_it_ran_on() {
     .await;
     c.restart_agent(i);
     let other = moved.tasks[0].node_id.clone();
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async("the attempt logs to be read from their nodes", WAIT, || async {
         let (one, two) = (attempt_log(&c, id, 1, false).await, attempt_log(&c, id, 2, false).await);
         if let (Ok(one), Ok(two)) = (&one, &two)
             && one.contains("run 1")
@@ -255,11 +246,11 @@ async fn t142_an_earlier_attempt_s_log_comes_from_the_node_it_ran_on() {
         {
             assert_eq!(one.trim(), format!("run 1 on {node}"));
             assert_eq!(two.trim(), format!("run 2 on {other}"));
-            break;
+            return Ok(());
         }
-        assert!(Instant::now() < deadline, "attempt logs never read from their nodes: {one:?} {two:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err(format!("{one:?} {two:?}"))
+    })
+    .await;
     c.shutdown().await;
 }
 

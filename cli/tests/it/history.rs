@@ -6,7 +6,7 @@
 //! forgotten work, and a replica that lost its data dir gets the history
 //! back from its peers.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::cluster::{Cluster, WAIT, converged, free_port, leader};
 use crate::{Procs, muster, stdout};
@@ -37,15 +37,11 @@ async fn t147_a_finished_allocation_is_forgotten_after_the_retention_window_and_
     assert_eq!(stdout(&kept).trim(), "allocation 2 submitted", "{}", stderr(&kept));
 
     // Within a few liveness passes the cancelled one is forgotten.
-    let deadline = Instant::now() + WAIT;
-    let gone = loop {
+    let gone = muster_testkit::eventually("allocation 1 to be forgotten", WAIT, || {
         let o = run(&["alloc", "get", "1"]);
-        if !o.status.success() {
-            break o;
-        }
-        assert!(Instant::now() < deadline, "allocation 1 was never forgotten");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+        (!o.status.success()).then_some(o)
+    })
+    .await;
     let err = stderr(&gone);
     assert!(err.contains("allocation 1") && err.contains("retention"), "{err}");
     assert!(err.contains("muster history --id 1"), "it says where the record is: {err}");
@@ -119,18 +115,13 @@ fn t195_a_history_from_a_newer_build_is_named_as_such() {
 
 /// Runs `muster` with `--scheduler addr` before any `--`, until it succeeds.
 pub(crate) fn until_ok(addr: &str, args: &[&str]) -> std::process::Output {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_blocking(&format!("{args:?} to succeed"), WAIT, || {
         let mut full = args.to_vec();
         let at = full.iter().position(|a| *a == "--").unwrap_or(full.len());
         full.splice(at..at, ["--scheduler", addr]);
         let o = muster(&full);
-        if o.status.success() {
-            return o;
-        }
-        assert!(Instant::now() < deadline, "{args:?} never succeeded: {}", stderr(&o));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        if o.status.success() { Ok(o) } else { Err(stderr(&o)) }
+    })
 }
 
 fn json(o: &std::process::Output) -> serde_json::Value {
@@ -156,14 +147,14 @@ fn t149_history_and_usage_answer_for_real_work_after_it_is_forgotten_and_after_a
     // All three end and leave the live state.
     let deadline = Instant::now() + WAIT;
     for id in ["1", "2", "3"] {
-        loop {
+        let what = format!("allocation {id} to end and leave");
+        muster_testkit::eventually_blocking(&what, deadline.saturating_duration_since(Instant::now()), || {
             let o = muster(&["alloc", "get", id, "--scheduler", &addr]);
             if !o.status.success() && stderr(&o).contains("retention") {
-                break;
+                return Ok(());
             }
-            assert!(Instant::now() < deadline, "allocation {id} never ended and left: {} {}", stdout(&o), stderr(&o));
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            Err(format!("{} {}", stdout(&o), stderr(&o)))
+        });
     }
 
     let all = json(&until_ok(&addr, &["history", "--output", "json"]));
@@ -235,18 +226,13 @@ fn t149_history_and_usage_answer_for_real_work_after_it_is_forgotten_and_after_a
     let subdirs = |p: std::path::PathBuf| {
         std::fs::read_dir(p).map_or(0, |d| d.flatten().filter(|e| e.file_name() != "spare").count())
     };
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_blocking("the checkpoint and log directories to be removed", WAIT, || {
         let left: usize = ["h1", "h2"]
             .iter()
             .map(|n| subdirs(dir.path().join(n).join("checkpoints")) + subdirs(dir.path().join(n).join("logs")))
             .sum();
-        if left == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{left} checkpoint or log directories were never removed");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+        if left == 0 { Ok(()) } else { Err(format!("{left} checkpoint or log directories left")) }
+    });
 
     // The history is on disk: a restarted replica still answers.
     drop(procs);
@@ -286,21 +272,14 @@ async fn t150_a_replica_replaced_with_an_empty_data_dir_gets_the_same_history_fr
     assert_eq!(expected.as_array().unwrap().len(), 12, "{expected:#}");
     // Replica 3 (asked alone) installs the snapshot, which holds none of
     // them, and fetches all twelve from its peers.
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually("replica 3 to catch up", WAIT, || {
         let o = muster(&["history", "--output", "json", "--scheduler", &cluster.addrs[2]]);
         if o.status.success() && json(&o) == expected && !stderr(&o).contains("lacks") {
-            break;
+            return Ok(());
         }
-        assert!(
-            Instant::now() < deadline,
-            "replica 3 never caught up: {} {}\n{}",
-            stdout(&o),
-            stderr(&o),
-            cluster.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        Err(format!("{} {}\n{}", stdout(&o), stderr(&o), cluster.logs()))
+    })
+    .await;
     // It got them from a peer, not from replaying a log it was sent.
     let log = std::fs::read_to_string(dir.path().join("replica-3.log")).unwrap();
     assert!(log.contains("job history: fetched records this replica skipped"), "{log}");

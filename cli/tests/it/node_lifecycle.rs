@@ -5,7 +5,7 @@
 //! task on its draining node; and keep a drain's deadline across a leader
 //! kill.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
@@ -31,27 +31,24 @@ fn config(agents: u32) -> LocalConfig {
 }
 
 async fn nodes(c: &LocalCluster) -> NodeServiceClient<tonic::transport::Channel> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(id) = c.leader_id()
-            && let Some(ch) = channel(&c.scheduler_addrs()[id as usize - 1]).await
-        {
-            return NodeServiceClient::new(ch);
+    let ch = muster_testkit::eventually_async("a leader", WAIT, || async {
+        match c.leader_id() {
+            Some(id) => channel(&c.scheduler_addrs()[id as usize - 1]).await,
+            None => None,
         }
-        assert!(Instant::now() < deadline, "no leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    NodeServiceClient::new(ch)
 }
 
 async fn node(c: &LocalCluster, id: &str) -> v1::Node {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async(&format!("node {id} to be read"), WAIT, || async {
         match nodes(c).await.get_node(v1::GetNodeRequest { id: id.into() }).await {
-            Ok(r) => return r.into_inner(),
-            Err(e) => assert!(Instant::now() < deadline, "get node {id}: {e}"),
+            Ok(r) => Ok(r.into_inner()),
+            Err(e) => Err(format!("get node {id}: {e}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn node_status(n: &v1::Node) -> v1::NodeStatus {
@@ -59,15 +56,11 @@ fn node_status(n: &v1::Node) -> v1::NodeStatus {
 }
 
 async fn until_node(c: &LocalCluster, id: &str, want: v1::NodeStatus) -> v1::Node {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async(&format!("node {id} to be {want:?}"), WAIT, || async {
         let n = node(c, id).await;
-        if node_status(&n) == want {
-            return n;
-        }
-        assert!(Instant::now() < deadline, "node {id} never {want:?}: {n:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if node_status(&n) == want { Ok(n) } else { Err(format!("{n:?}")) }
+    })
+    .await
 }
 
 fn kinds(n: &v1::Node) -> Vec<&str> {
@@ -331,8 +324,7 @@ fn t207_node_lifecycle_from_the_cli() {
     });
 
     // A whole-node task that answers a checkpoint hint by exiting.
-    let deadline = Instant::now() + WAIT;
-    let id = loop {
+    let id = muster_testkit::eventually_blocking("the submit to succeed", WAIT, || {
         let o = muster(&[
             "submit",
             "--gpus",
@@ -348,22 +340,19 @@ fn t207_node_lifecycle_from_the_cli() {
             "600",
         ]);
         if o.status.success() {
-            break serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["id"].as_u64().unwrap().to_string();
+            Ok(serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["id"].as_u64().unwrap().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&o.stderr).into_owned())
         }
-        assert!(Instant::now() < deadline, "submit failed: {}", String::from_utf8_lossy(&o.stderr));
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let x = {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let a = json(&["alloc", "get", &id]);
-            if a["status"] == "running" {
-                break a["tasks"][0]["node"].as_str().unwrap().to_string();
-            }
-            assert!(Instant::now() < deadline, "never running: {a}");
-            std::thread::sleep(Duration::from_millis(200));
+    });
+    let x = muster_testkit::eventually_blocking("the task to run", WAIT, || {
+        let a = json(&["alloc", "get", &id]);
+        if a["status"] == "running" {
+            Ok(a["tasks"][0]["node"].as_str().unwrap().to_string())
+        } else {
+            Err(a.to_string())
         }
-    };
+    });
     let (xi, y) = if x == "a1" { (0, "a2") } else { (1, "a1") };
 
     let n = json(&["node", "drain", &x, "--reason", "kernel upgrade", "--by", "alice"]);
@@ -391,14 +380,7 @@ fn t207_node_lifecycle_from_the_cli() {
     assert_eq!((done["chosen"][0]["id"].as_str(), done["chosen"][0]["drained"].as_bool()), (Some(y), Some(true)));
     assert_eq!(node_status(y), "stopped", "an idle node stops at once");
     let yi = 1 - xi;
-    let deadline = Instant::now() + WAIT;
-    let exit = loop {
-        if let Some(status) = procs.agent_exited(yi) {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the stopped node's agent never exited");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let exit = muster_testkit::eventually_blocking("the stopped node's agent to exit", WAIT, || procs.agent_exited(yi));
     assert!(exit.success(), "--exit-when-stopped exits 0: {exit}");
 
     // A drain that times out from the CLI: the task is moved (nowhere to go
@@ -434,14 +416,9 @@ fn t207_node_lifecycle_from_the_cli() {
         "muster_node_drain_timeouts_total 1",
         "muster_node_drain_seconds_count 2",
     ];
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    muster_testkit::eventually_blocking("the node-state gauges", Duration::from_secs(30), || {
         let m = scrape(&metrics).unwrap_or_default();
-        if needles.iter().all(|n| m.contains(n)) {
-            break;
-        }
         let missing: Vec<_> = needles.iter().filter(|n| !m.contains(**n)).collect();
-        assert!(std::time::Instant::now() < deadline, "{missing:?} missing from\n{m}");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+        if missing.is_empty() { Ok(()) } else { Err(format!("{missing:?} missing from\n{m}")) }
+    });
 }

@@ -2,7 +2,7 @@
 //! processes that answer checkpoint hints (SIGUSR1 + the request file), and
 //! a leader killed mid-preemption.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
@@ -99,15 +99,11 @@ fn cause_is_preemption(cause: &muster_scheduler::sm::TeardownCause) -> bool {
 async fn progressed(c: &LocalCluster, a: &v1::Allocation, steps: u32) {
     for t in &a.tasks {
         let path = c.agent_dir(node_index(&t.node_id)).join(format!("progress-{}-{}", a.id, t.index));
-        let deadline = Instant::now() + WAIT;
-        loop {
+        muster_testkit::eventually(&format!("{} to make progress", path.display()), WAIT, || {
             let n = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
-            if n >= steps {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{} makes no progress", path.display());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            if n >= steps { Ok(()) } else { Err(format!("at step {n} of {steps}")) }
+        })
+        .await;
     }
 }
 
@@ -264,15 +260,14 @@ fn preempted_events(c: &LocalCluster, id: AllocId) -> Vec<bool> {
 }
 
 async fn cancel(c: &LocalCluster, id: u64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    muster_testkit::eventually_async(&format!("the cancel of allocation {id} to be accepted"), WAIT, || async {
         match crate::e2e::leader_client(c).await.cancel(v1::CancelRequest { id }).await {
-            Ok(_) => return,
-            Err(e) if e.code() == tonic::Code::FailedPrecondition => return,
-            Err(e) => assert!(Instant::now() < deadline, "cancel failed: {e}"),
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == tonic::Code::FailedPrecondition => Ok(()),
+            Err(e) => Err(format!("cancel failed: {e}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// The leader dies while a victim is checkpointing; the new leader finds the

@@ -54,11 +54,10 @@ impl Server {
             .spawn()
             .unwrap();
         let s = Server { addr, child, _dir: dir };
-        let deadline = Instant::now() + WAIT;
-        while s.status().await.is_none_or(|st| st.role != "leader") {
-            assert!(Instant::now() < deadline, "the server never led");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        muster_testkit::eventually_async("the server to lead", WAIT, || async {
+            s.status().await.is_some_and(|st| st.role == "leader").then_some(())
+        })
+        .await;
         s
     }
 
@@ -405,11 +404,8 @@ async fn t113_a_connection_flood_is_capped_and_idle_handshakes_are_dropped() {
         w.abort();
     }
     // With the flood gone, a real client is served, and nothing changed.
-    let deadline = Instant::now() + WAIT;
-    while s.status().await.is_none() {
-        assert!(Instant::now() < deadline, "the server never served again");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    muster_testkit::eventually_async("the server to serve again", WAIT, || async { s.status().await.map(|_| ()) })
+        .await;
     assert_eq!(s.state().await, before);
     drop(s);
 
@@ -429,11 +425,11 @@ async fn t117_what_can_be_judged_without_the_log_is_refused_before_it() {
     let admin = channel(&s.addr).await.unwrap();
     let (_agent, _down) =
         agent_stream(&s.addr, &tls::material(Role::Agent("gpu-01".into())), register("gpu-01", 8)).await.unwrap();
-    let deadline = Instant::now() + WAIT;
-    while NodeServiceClient::new(admin.clone()).get_node(v1::GetNodeRequest { id: "gpu-01".into() }).await.is_err() {
-        assert!(Instant::now() < deadline, "the node never registered");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    muster_testkit::eventually_async("the node to register", WAIT, || async {
+        let got = NodeServiceClient::new(admin.clone()).get_node(v1::GetNodeRequest { id: "gpu-01".into() }).await;
+        got.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await;
     let before = s.state().await;
     let vc = |name: &str| v1::VClusterRequest { name: name.into(), spec: Some(v1::VClusterSpec::default()) };
     let err = VClusterServiceClient::new(admin.clone()).create_v_cluster(vc("Bad Name")).await.unwrap_err();
@@ -631,16 +627,10 @@ async fn t114_tokens_grant_their_role_and_stop_working_when_revoked_or_expired()
 
     // A token past its expiry stops working.
     let (_, short) = create_token(&admin, "reader", "short", 1).await;
-    let deadline = Instant::now() + WAIT;
-    let err = loop {
-        match AllocationServiceClient::new(client.clone()).list(bearer(v1::ListRequest::default(), &short)).await {
-            Ok(_) => {
-                assert!(Instant::now() < deadline, "the token never expired");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => break e,
-        }
-    };
+    let err = muster_testkit::eventually_async("the token to expire", WAIT, || async {
+        AllocationServiceClient::new(client.clone()).list(bearer(v1::ListRequest::default(), &short)).await.err()
+    })
+    .await;
     assert_eq!(err.code(), Code::Unauthenticated);
     assert!(err.message().contains("expired"), "{err:?}");
     // Bad requests name the field.
@@ -807,8 +797,8 @@ async fn t197_node_lists_are_paged_in_id_order() {
         streams.push(agent_stream(&s.addr, &tls::material(Role::Agent(id.into())), register(id, 8)).await.unwrap());
     }
     let mut nodes = NodeServiceClient::new(admin);
-    let deadline = Instant::now() + WAIT;
-    let (seen, pages) = loop {
+    let (seen, pages) = muster_testkit::eventually_async("every node to be listed", WAIT, || async {
+        let mut nodes = nodes.clone();
         let (mut seen, mut token, mut pages) = (Vec::new(), String::new(), 0);
         loop {
             let q = v1::ListNodesRequest { page_size: 2, page_token: token };
@@ -821,11 +811,9 @@ async fn t197_node_lists_are_paged_in_id_order() {
                 break;
             }
         }
-        if seen.len() == ids.len() || Instant::now() > deadline {
-            break (seen, pages);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        if seen.len() == ids.len() { Ok((seen, pages)) } else { Err(format!("{seen:?} in {pages} pages")) }
+    })
+    .await;
     let mut sorted = ids.to_vec();
     sorted.sort();
     assert_eq!(seen, sorted, "every node once, in id order");

@@ -55,16 +55,12 @@ fn completions(c: &LocalCluster, id: AllocId) -> Vec<(u64, TeardownOutcome, u64)
 
 /// Waits for a file a task writes into its node's work dir.
 async fn read_when_written(path: PathBuf) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Ok(s) = std::fs::read_to_string(&path)
-            && !s.trim().is_empty()
-        {
-            return s.trim().to_string();
-        }
-        assert!(Instant::now() < deadline, "{} never written", path.display());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    muster_testkit::eventually(&format!("{} to be written", path.display()), WAIT, || {
+        let s = std::fs::read_to_string(&path).ok()?;
+        let s = s.trim();
+        (!s.is_empty()).then(|| s.to_string())
+    })
+    .await
 }
 
 /// A training loop: resumes from its checkpoint, counts steps, and on
@@ -93,11 +89,11 @@ async fn t199_killing_one_task_tears_down_the_gang_which_resumes_from_checkpoint
     // Let every task make some progress, then SIGKILL task 0.
     for t in &running.tasks {
         let progress = c.agent_dir(agent_index(&t.node_id)).join(format!("progress-{id}-{}", t.index));
-        let deadline = Instant::now() + WAIT;
-        while read_when_written(progress.clone()).await.parse::<u32>().unwrap() < 5 {
-            assert!(Instant::now() < deadline, "task {} makes no progress", t.index);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        muster_testkit::eventually_async(&format!("task {} to make progress", t.index), WAIT, || async {
+            let step = read_when_written(progress.clone()).await.parse::<u32>().unwrap();
+            if step >= 5 { Ok(()) } else { Err(format!("at step {step}")) }
+        })
+        .await;
     }
     let victim = &running.tasks[0];
     let pid_file = c.agent_dir(agent_index(&victim.node_id)).join(format!("pid-{id}-0-1"));
@@ -192,42 +188,37 @@ impl Ghost {
             nodes.admit_node(admit.clone()).await.ok()
         })
         .await;
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(l) = c.leader_id()
-                && let Some(ch) = crate::cluster::channel_as(
-                    &c.scheduler_addrs()[l as usize - 1],
-                    &crate::tls::material(muster_tls::Role::Agent("ghost".into())),
-                )
-                .await
-            {
-                let (tx, out) = mpsc::channel(64);
-                tx.send(up(Up::Register(v1::Register {
-                    node_id: "ghost".into(),
-                    resources: Some(resources),
-                    ports: "29500-29599".into(),
-                    ..Default::default()
-                })))
-                .await
-                .unwrap();
-                if let Ok(r) = AgentServiceClient::new(ch).connect(ReceiverStream::new(out)).await {
-                    let mut g = Ghost { tx, rx: r.into_inner() };
-                    assert!(matches!(g.next().await, Down::Registered(_)));
-                    let beat = g.tx.clone();
-                    tokio::spawn(async move {
-                        loop {
-                            tokio::time::sleep(Duration::from_millis(300)).await;
-                            if beat.send(up(Up::Heartbeat(v1::Heartbeat::default()))).await.is_err() {
-                                return;
-                            }
-                        }
-                    });
-                    return g;
+        let mut g = muster_testkit::eventually_async("the ghost to find a leader", WAIT, || async {
+            let l = c.leader_id()?;
+            let ch = crate::cluster::channel_as(
+                &c.scheduler_addrs()[l as usize - 1],
+                &crate::tls::material(muster_tls::Role::Agent("ghost".into())),
+            )
+            .await?;
+            let (tx, out) = mpsc::channel(64);
+            tx.send(up(Up::Register(v1::Register {
+                node_id: "ghost".into(),
+                resources: Some(resources),
+                ports: "29500-29599".into(),
+                ..Default::default()
+            })))
+            .await
+            .unwrap();
+            let r = AgentServiceClient::new(ch).connect(ReceiverStream::new(out)).await.ok()?;
+            Some(Ghost { tx, rx: r.into_inner() })
+        })
+        .await;
+        assert!(matches!(g.next().await, Down::Registered(_)));
+        let beat = g.tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if beat.send(up(Up::Heartbeat(v1::Heartbeat::default()))).await.is_err() {
+                    return;
                 }
             }
-            assert!(Instant::now() < deadline, "the ghost found no leader");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        });
+        g
     }
 
     async fn next(&mut self) -> Down {

@@ -3,7 +3,7 @@
 //! rest, list, get with the home nodes the selector picks, and clear errors
 //! for bad input.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::dev_proc::wait_until;
 use crate::{Procs, cluster, muster};
@@ -84,16 +84,14 @@ fn t130_vclusters_are_created_updated_listed_and_resolve_their_home_nodes() {
     assert_eq!(names, ["default", "ml"]);
 
     // Both agents carry muster.vcluster=ml: ml's home, not default's.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    muster_testkit::eventually_blocking("the agents to show as ml's home", Duration::from_secs(60), || {
         let v = json(&["get", "ml"]);
-        if v["home_node_ids"].as_array().unwrap().len() == 2 {
-            assert_eq!(json(&["get", "default"])["home_node_ids"], serde_json::json!([]));
-            break;
+        if v["home_node_ids"].as_array().unwrap().len() != 2 {
+            return Err(v.to_string());
         }
-        assert!(Instant::now() < deadline, "the agents never showed as ml's home: {v}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        assert_eq!(json(&["get", "default"])["home_node_ids"], serde_json::json!([]));
+        Ok(())
+    });
     let v = json(&["update", "ml", "--home-node", "v2"]);
     assert_eq!(v["home_node_ids"], serde_json::json!(["v2"]), "{v}");
 
@@ -120,18 +118,13 @@ fn t131_a_hard_quota_holds_back_a_gang_until_the_vcluster_has_room() {
         assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
         serde_json::from_slice(&o.stdout).unwrap()
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    muster_testkit::eventually_blocking("the agents to register", Duration::from_secs(60), || {
         let nodes = muster(&["node", "list", "--scheduler", &addr, "--output", "json"]);
         let ready = serde_json::from_slice::<serde_json::Value>(&nodes.stdout)
             .map(|v| v["nodes"].as_array().map_or(0, |n| n.iter().filter(|n| n["status"] == "ready").count()))
             .unwrap_or(0);
-        if ready == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "agents never registered");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        (ready == 2).then_some(())
+    });
     json(&["vcluster", "update", "default", "--max-gpus", "2"]);
     let first = json(&["submit", "--gpus", "2", "--", "sleep", "120"])["id"].as_u64().unwrap().to_string();
     let second = json(&["submit", "--gpus", "2", "--", "sleep", "120"])["id"].as_u64().unwrap().to_string();
@@ -161,8 +154,7 @@ fn t132_racing_submissions_against_a_reject_quota_admit_exactly_one() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", cluster::free_port());
     let _procs = Procs::start(dir.path(), &addr, &[], &[]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    muster_testkit::eventually_blocking("the vCluster team to be created", Duration::from_secs(60), || {
         let o = muster(&[
             "vcluster",
             "create",
@@ -174,12 +166,8 @@ fn t132_racing_submissions_against_a_reject_quota_admit_exactly_one() {
             "--scheduler",
             &addr,
         ]);
-        if o.status.success() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{}", String::from_utf8_lossy(&o.stderr));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        if o.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&o.stderr).into_owned()) }
+    });
     let submit = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
             .args(["submit", "--vcluster", "team", "--scheduler", &addr, "--", "sleep", "60"])
