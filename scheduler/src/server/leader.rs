@@ -9,6 +9,8 @@
 //! deadline passes. What each pass decides, and in which order, is
 //! `muster_core::tick`'s; the simulator drives the same [`Tick`].
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use muster_core::tick::{LeaderConfig, Pass, PassTimers, Silence, Tick, TickTime, Wake};
@@ -20,7 +22,10 @@ use crate::sm::{Command, Outcome, State};
 /// The leader loop of one replica: watches for leadership and, while it
 /// leads, runs the passes; admission runs at least every `interval`. It
 /// runs until dropped (the replica's shutdown drops it where it waits).
-pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
+/// `admission_passes` counts the admission passes whose commands have been
+/// applied (a test waits on it to know the leader has looked at the queue
+/// since something happened).
+pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration, admission_passes: Arc<AtomicU64>) {
     // Leadership changes only: not every applied entry.
     let mut leading = s.leading.clone();
     let mut admission_tick = tokio::time::interval(interval);
@@ -78,7 +83,13 @@ pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration) {
         };
         let time = s.reader.read(|st| TickTime { wall_ms: s.now(st), mono_ms: s.clock.mono_ms() });
         let mut tick = Tick::begin(time, wake, &mut timers, &cfg);
-        drive(&mut tick, &mut timers, &s, &mut record).await;
+        let mut admitted = 0;
+        drive(&mut tick, &mut timers, &s, &mut |pass, seconds| {
+            record(pass, seconds);
+            admitted += u64::from(matches!(pass, Pass::Admission(_)));
+        })
+        .await;
+        admission_passes.fetch_add(admitted, Ordering::Relaxed);
         preemption_at = preemption_retry(preemption_at, &tick, time.mono_ms, tokio::time::Instant::now());
     }
 }

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use muster_clock::SharedClock;
@@ -322,6 +323,8 @@ pub struct Replica {
     readiness: watch::Receiver<Readiness>,
     /// Every other task it spawned, awaited on shutdown.
     background: Background,
+    /// Admission passes run while leading, their commands applied.
+    admission_passes: Arc<AtomicU64>,
     /// Its Raft network's view of which peers answer.
     peers: super::raft_net::Reachability,
 }
@@ -519,6 +522,7 @@ impl Replica {
                 tracing::info!(error = %e, "cluster already initialised");
             }
         }
+        let admission_passes = Arc::new(AtomicU64::new(0));
         let leader_loop = super::leader::run(
             shared.clone(),
             LeaderConfig {
@@ -532,6 +536,7 @@ impl Replica {
                 retention: cfg.retention,
             },
             cfg.admission_interval,
+            admission_passes.clone(),
         );
         background.spawn_until("leader loop", stop.subscribe(), leader_loop);
         super::observe::set_cycle_threshold(cfg.preemption.cycle_threshold);
@@ -595,7 +600,15 @@ impl Replica {
             None => (None, None),
         };
         tracing::info!(id = cfg.id, %addr, advertise = %cfg.advertise, "replica started");
-        Ok(Replica { shared, addr, http_addr, stop, server, http, readiness, background, peers })
+        Ok(Replica { shared, addr, http_addr, stop, server, http, readiness, background, admission_passes, peers })
+    }
+
+    /// How many admission passes it has run while leading, each with its
+    /// commands applied: a pass after a change has looked at the queue as
+    /// the change left it (tests wait on this, not on time, to see that
+    /// something was not placed).
+    pub fn admission_passes(&self) -> u64 {
+        self.admission_passes.load(Ordering::Relaxed)
     }
 
     /// The socket address it serves on.

@@ -14,7 +14,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::cluster::channel;
-use crate::security::{Server, agent_stream, next_down, one_gpu, register, up};
+use crate::t80_security::{Server, agent_stream, next_down, one_gpu, register, up};
 use crate::tls;
 
 /// A registration of `node` with `gpus` GPUs and these labels.

@@ -10,7 +10,7 @@ use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 use muster_scheduler::policy::PreemptionConfig;
 
-use crate::e2e::{leader_client, status, submit, until};
+use crate::t26_e2e::{leader_client, status, submit, until};
 
 /// Two nodes of 8 GPUs: a gang of two whole nodes holds every GPU, so the
 /// job after it runs on exactly those GPUs.
@@ -83,7 +83,7 @@ async fn escaped(dir: &Path, id: u64, running: bool) -> Vec<i32> {
         pids.push(pid);
     }
     for &p in pids.iter().filter(|_| running) {
-        assert!(crate::e2e::proc_alive(p), "escapee {p} runs");
+        assert!(crate::t26_e2e::proc_alive(p), "escapee {p} runs");
     }
     pids
 }
@@ -180,7 +180,7 @@ fn t191_a_memory_hog_is_oom_killed_at_its_limit_and_reads_as_oom_killed_everywhe
         full.splice(at..at, ["--scheduler", addr.as_str()]);
         crate::muster(&full)
     };
-    let until_ok = |args: &[&str]| crate::history::until_ok(&addr, args);
+    let until_ok = |args: &[&str]| crate::t82_history::until_ok(&addr, args);
     let json = |o: std::process::Output| -> serde_json::Value { serde_json::from_slice(&o.stdout).unwrap() };
     // The first value of `get` that `done` accepts.
     let until = |what: &str, get: &dyn Fn() -> serde_json::Value, done: &dyn Fn(&serde_json::Value) -> bool| {
@@ -334,7 +334,7 @@ echo mine > "$MUSTER_CHECKPOINT_DIR/mine" && echo WROTE-OWN"#;
     for breach in ["LISTED", "READ", "SIGNALLED", "KILLED"] {
         assert!(!out.contains(breach), "bob's task got through ({breach}):\n{out}");
     }
-    assert!(crate::e2e::proc_alive(pid), "carol's task runs on");
+    assert!(crate::t26_e2e::proc_alive(pid), "carol's task runs on");
 
     // An owner nobody mapped runs as the task account; a checkpoint it
     // left is restored into a directory it owns, and it can write there.

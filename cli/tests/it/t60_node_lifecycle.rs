@@ -13,7 +13,7 @@ use muster_proto::v1::node_service_client::NodeServiceClient;
 use muster_scheduler::policy::PreemptionConfig;
 
 use crate::cluster::{WAIT, channel};
-use crate::e2e::{get, leader_client, status, submit, until};
+use crate::t26_e2e::{get, leader_client, status, submit, until};
 
 fn config(agents: u32) -> LocalConfig {
     LocalConfig {
@@ -144,7 +144,16 @@ async fn t99_a_drained_node_finishes_its_task_takes_nothing_new_stops_and_a_canc
     until(&c, long, "running", |x| status(x) == v1::AllocationStatus::Running).await;
     nodes(&c).await.drain_node(drain(&x, 60_000)).await.unwrap();
     let waiting = submit(&c, half).await;
-    tokio::time::sleep(Duration::from_secs(3)).await; // three admission passes
+    // Three admission passes that began after the submit was applied have
+    // run, their commands applied (one more than that: a pass may have been
+    // under way as the count was read): none placed it on the draining node.
+    let leader = c.leader_id().expect("a leader");
+    let passes = || c.replica(leader).map_or(0, |r| r.admission_passes());
+    let before = passes();
+    muster_testkit::eventually("three admission passes after the submit", WAIT, || {
+        (passes() >= before + 4).then_some(())
+    })
+    .await;
     assert_eq!(status(&get(&c, waiting).await), v1::AllocationStatus::Queued, "nothing lands on a draining node");
     let explained = leader_client(&c).await.explain(v1::GetRequest { id: waiting }).await.unwrap().into_inner();
     assert!(explained.classes.iter().any(|k| k.reason.starts_with("draining")), "{explained:?}");

@@ -10,7 +10,7 @@ use muster_agent::watchdog::WatchdogConfig;
 use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 
-use crate::e2e::{get, submit, until};
+use crate::t26_e2e::{get, submit, until};
 
 fn config() -> LocalConfig {
     LocalConfig {
@@ -86,7 +86,7 @@ async fn t202_a_task_that_hangs_every_time_fails_after_three_retries_with_the_re
     let failed = until(&c, id, "failed", |a| status(a) == v1::AllocationStatus::Failed).await;
     let t = &failed.tasks[0];
     assert_eq!((t.watchdog_trips, t.runs), (4, 4), "{t:?}");
-    let events = crate::e2e::leader_client(&c)
+    let events = crate::t26_e2e::leader_client(&c)
         .await
         .watch(v1::WatchRequest { id, from_revision: 0 })
         .await

@@ -10,7 +10,7 @@ use muster_scheduler::policy::PreemptionConfig;
 use muster_scheduler::sm::{AllocId, Event, TeardownOutcome};
 
 use crate::cluster::WAIT;
-use crate::e2e::{get, submit, until};
+use crate::t26_e2e::{get, submit, until};
 
 fn config(agents: u32, checkpoint_timeout_ms: u64) -> LocalConfig {
     LocalConfig {
@@ -133,7 +133,7 @@ async fn t88_a_high_class_gang_preempts_the_cheapest_victims_which_resume_from_c
 
     // The dry run names the victims before anything happens.
     let preemptor_spec = job(4, 8, "sleep 1; echo preemptor done", 60);
-    let plan = crate::e2e::leader_client(&c)
+    let plan = crate::t26_e2e::leader_client(&c)
         .await
         .submit(v1::SubmitRequest { spec: Some(preemptor_spec.clone()), dry_run: true, ..Default::default() })
         .await
@@ -261,7 +261,7 @@ fn preempted_events(c: &LocalCluster, id: AllocId) -> Vec<bool> {
 
 async fn cancel(c: &LocalCluster, id: u64) {
     muster_testkit::eventually_async(&format!("the cancel of allocation {id} to be accepted"), WAIT, || async {
-        match crate::e2e::leader_client(c).await.cancel(v1::CancelRequest { id }).await {
+        match crate::t26_e2e::leader_client(c).await.cancel(v1::CancelRequest { id }).await {
             Ok(_) => Ok(()),
             Err(e) if e.code() == tonic::Code::FailedPrecondition => Ok(()),
             Err(e) => Err(format!("cancel failed: {e}")),

@@ -155,7 +155,7 @@ fn t50_probe_reports_this_machines_resources() {
 #[test]
 fn t90_dev_demo_shows_a_teardown_and_a_priority_preemption() {
     // The README's main command, as it gives the arguments.
-    let args = readme::demo_args();
+    let args = t16_readme::demo_args();
     assert_eq!(args, ["dev", "--demo"]);
     let o = muster(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let text = stdout(&o);
@@ -430,7 +430,7 @@ fn t97_muster_beat_appends_to_the_progress_file_and_explains_itself_outside_a_ta
 fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stopped_on_return() {
     use std::time::{Duration, Instant};
 
-    use crate::e2e::proc_alive;
+    use crate::t26_e2e::proc_alive;
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", cluster::free_port());
     let nodes = ["a1", "a2", "a3"];

@@ -8,7 +8,7 @@ use muster_proto::v1;
 use muster_scheduler::sm::PortRange;
 
 use crate::cluster::WAIT;
-use crate::e2e::{gang, status, submit, until};
+use crate::t26_e2e::{gang, status, submit, until};
 
 /// A rank that meets its gang the way torch's TCPStore does: task 0 binds
 /// MASTER_ADDR:MASTER_PORT and waits for every other rank to connect;
@@ -95,13 +95,13 @@ async fn t152_two_gangs_whose_task_0_share_a_node_meet_on_their_own_reserved_por
             return Some(());
         }
         for id in [a, b] {
-            let x = crate::e2e::get(&c, id).await;
+            let x = crate::t26_e2e::get(&c, id).await;
             assert!(!matches!(status(&x), v1::AllocationStatus::Failed), "gang {id} failed: {x:?}");
         }
         None
     })
     .await;
-    let (ga, gb) = (crate::e2e::get(&c, a).await, crate::e2e::get(&c, b).await);
+    let (ga, gb) = (crate::t26_e2e::get(&c, a).await, crate::t26_e2e::get(&c, b).await);
     assert_eq!(ga.tasks[0].node_id, gb.tasks[0].node_id, "best fit, then slot order, puts both task 0s on one node");
     assert_eq!((ga.ports.len(), gb.ports.len()), (1, 1));
     assert_ne!(ga.ports, gb.ports, "two live gangs on one node never share a port");
@@ -131,7 +131,7 @@ fn t153_constraints_and_packing_through_the_cli() {
         "node-4:rack=r2",
     ];
     let args: Vec<String> = labels.iter().flat_map(|l| ["--node-label".to_string(), l.to_string()]).collect();
-    let (mut dev, sched, lines) = crate::dev_cli::start_dev(&dir.path().join("dev"), &args);
+    let (mut dev, sched, lines) = crate::t30_dev_cli::start_dev(&dir.path().join("dev"), &args);
     std::thread::spawn(move || lines.for_each(drop));
     let td = dir.path().join("dev").join("tls").display().to_string();
     let run = |args: &[&str]| {
@@ -307,7 +307,7 @@ async fn t154_a_pytorch_ddp_gang_resumes_from_its_checkpoints_after_a_rank_is_ki
         "the gangs to run together",
         long.saturating_duration_since(Instant::now()),
         || async {
-            let (ga, gb) = (crate::e2e::get(&c, a).await, crate::e2e::get(&c, b).await);
+            let (ga, gb) = (crate::t26_e2e::get(&c, a).await, crate::t26_e2e::get(&c, b).await);
             if status(&ga) == v1::AllocationStatus::Running && status(&gb) == v1::AllocationStatus::Running {
                 assert_eq!(ga.tasks[0].node_id, gb.tasks[0].node_id);
                 assert_ne!(ga.ports, gb.ports);
@@ -319,7 +319,7 @@ async fn t154_a_pytorch_ddp_gang_resumes_from_its_checkpoints_after_a_rank_is_ki
     )
     .await;
     // Rank 1 of the big gang has saved step 15: kill it outright.
-    let ga = crate::e2e::get(&c, a).await;
+    let ga = crate::t26_e2e::get(&c, a).await;
     muster_testkit::eventually("rank 1 to reach step 15", long.saturating_duration_since(Instant::now()), || {
         let log = last_log(&c, a, &ga.tasks[1]);
         if log.contains("step 15 ") { Ok(()) } else { Err(log) }
@@ -330,7 +330,7 @@ async fn t154_a_pytorch_ddp_gang_resumes_from_its_checkpoints_after_a_rank_is_ki
     for id in [a, b] {
         let done =
             muster_testkit::eventually_async(&format!("gang {id} to finish"), Duration::from_secs(300), || async {
-                let x = crate::e2e::get(&c, id).await;
+                let x = crate::t26_e2e::get(&c, id).await;
                 match status(&x) {
                     v1::AllocationStatus::Done => Ok(x),
                     v1::AllocationStatus::Failed => panic!("gang {id} failed: {x:?}"),

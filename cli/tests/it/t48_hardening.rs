@@ -8,7 +8,7 @@ use muster_local::{LocalCluster, LocalConfig};
 use muster_proto::v1;
 
 use crate::cluster::WAIT;
-use crate::e2e::{get, leader_client, proc_alive, status, submit, until};
+use crate::t26_e2e::{get, leader_client, proc_alive, status, submit, until};
 
 fn config(agents: u32, grace: Duration) -> LocalConfig {
     LocalConfig { agents, heartbeat: Duration::from_millis(500), stop_grace: grace, ..crate::tls::local_config() }
@@ -301,7 +301,7 @@ async fn t144_bad_uploads_are_refused_on_the_leader_before_the_log() {
 
     let dir = tempfile::tempdir().unwrap();
     let c = LocalCluster::start(dir.path(), config(1, Duration::from_secs(1))).await.unwrap();
-    let mut ghost = crate::teardown::Ghost::connect(&c).await;
+    let mut ghost = crate::t40_teardown::Ghost::connect(&c).await;
     // The real node's task fails in the first round; the ghost's is torn down.
     let spec = v1::AllocationSpec {
         resources: Some(v1::Resources { gpus: 2, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),

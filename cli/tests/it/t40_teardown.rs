@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::cluster::WAIT;
-use crate::e2e::{gang, get, proc_alive, status, submit, until};
+use crate::t26_e2e::{gang, get, proc_alive, status, submit, until};
 
 fn config(agents: u32, grace: Duration) -> LocalConfig {
     LocalConfig { agents, heartbeat: Duration::from_millis(500), stop_grace: grace, ..crate::tls::local_config() }

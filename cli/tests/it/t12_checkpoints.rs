@@ -16,7 +16,7 @@ use muster_proto::v1::admin_service_client::AdminServiceClient;
 use muster_scheduler::policy::PreemptionConfig;
 
 use crate::cluster::{WAIT, channel};
-use crate::e2e::{get, leader_client, submit, until};
+use crate::t26_e2e::{get, leader_client, submit, until};
 
 /// [`until`] with room for a 2 GiB checkpoint to be written and read back
 /// on a loaded 2-core machine.

@@ -132,8 +132,13 @@ fn t131_a_hard_quota_holds_back_a_gang_until_the_vcluster_has_room() {
     muster_testkit::eventually_blocking("the first gang to run", Duration::from_secs(60), || {
         (status(&first) == "running").then_some(())
     });
-    // Several admission passes later the second still waits, for the quota.
-    std::thread::sleep(Duration::from_secs(3));
+    // A CPU-only job submitted after the second is placed and done: the
+    // admission pass that placed it had the second ahead of it in the
+    // queue, and still left it waiting, for the quota.
+    let probe = json(&["submit", "--gpus", "0", "--", "true"])["id"].as_u64().unwrap().to_string();
+    muster_testkit::eventually_blocking("the CPU-only job after it to finish", Duration::from_secs(60), || {
+        (status(&probe) == "done").then_some(())
+    });
     assert_eq!(status(&second), "queued");
     let why = json(&["alloc", "explain", &second])["summary"].as_str().unwrap().to_string();
     assert!(why.contains("vCluster default's GPU quota: 2 held + 2 needed > 2"), "{why}");
