@@ -333,10 +333,22 @@ async fn t182_a_follower_paused_through_64_mib_of_writes_catches_up_and_a_restar
             for i in 0..64 {
                 let mut spec = spec.clone();
                 spec.idempotency_key = format!("big-{w}-{i}");
-                client
-                    .submit(v1::SubmitRequest { spec: Some(spec), dry_run: false, ..Default::default() })
-                    .await
-                    .unwrap();
+                let req = v1::SubmitRequest { spec: Some(spec), dry_run: false, ..Default::default() };
+                // As a real client does: a call that timed out (a loaded
+                // machine, a leader syncing 128 KiB entries) is sent again
+                // under its idempotency key, and counts once.
+                let mut tries = 0;
+                loop {
+                    match client.submit(req.clone()).await {
+                        Ok(_) => break,
+                        Err(s)
+                            if matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unavailable) && tries < 20 =>
+                        {
+                            tries += 1
+                        }
+                        Err(s) => panic!("submit {w}-{i}: {s}"),
+                    }
+                }
             }
         }));
     }
@@ -394,14 +406,19 @@ async fn t181_a_follower_paused_through_64_mib_of_checkpoints_catches_up_and_a_r
     c.pause(follower);
     // Each rank writes 4 MiB (less the blob's framing) of random state and
     // its checksum, published together by one rename as a crash-consistent
-    // job would; rank 0 then dies, the others wait to be torn down.
+    // job would, and reaches a barrier (a file per rank, as a collective
+    // would be); rank 0 then dies, the others wait to be torn down.
     // Resumed, each checks it got its own state back and finishes. (A rank
-    // the teardown caught before its rename, on a loaded machine, finds no
-    // complete checkpoint and starts over, as a real job would.)
-    let script = r#"
+    // whose gang was torn down before its rename finds no complete
+    // checkpoint and starts over, as a real job would.)
+    let barrier = dir.path().join("barrier");
+    std::fs::create_dir_all(&barrier).unwrap();
+    let script = format!(
+        r#"
 d="$MUSTER_CHECKPOINT_DIR"
+b="{barrier}"
 if [ "$MUSTER_RESUME" = 1 ] && [ -d "$d/ck" ]; then
-  [ "$(sha256sum < "$d/ck/state")" = "$(cat "$d/ck/sum")" ] || { echo "wrong state"; exit 9; }
+  [ "$(sha256sum < "$d/ck/state")" = "$(cat "$d/ck/sum")" ] || {{ echo "wrong state"; exit 9; }}
   echo resumed; sleep 20; exit 0
 fi
 if [ "$MUSTER_RESUME" = 1 ]; then echo "no complete checkpoint: starting over"; sleep 20; exit 0; fi
@@ -409,15 +426,22 @@ rm -rf "$d/ck.tmp" && mkdir "$d/ck.tmp"
 head -c 4190000 /dev/urandom > "$d/ck.tmp/state"
 sha256sum < "$d/ck.tmp/state" > "$d/ck.tmp/sum"
 mv "$d/ck.tmp" "$d/ck"
-if [ "$MUSTER_TASK_INDEX" = 0 ]; then sleep 2; exit 3; fi
+touch "$b/$MUSTER_ALLOC_ID-$MUSTER_TASK_INDEX"
+if [ "$MUSTER_TASK_INDEX" = 0 ]; then
+  n=0
+  while [ "$(ls "$b" | grep -c "^$MUSTER_ALLOC_ID-")" -lt 4 ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done
+  exit 3
+fi
 trap 'exit 143' TERM
 while true; do sleep 0.2; done
-"#;
+"#,
+        barrier = barrier.display()
+    );
     let spec = v1::AllocationSpec {
         owner: String::new(),
         gang_size: 4,
         resources: Some(v1::Resources { gpus: 1, vram_mb: 0, mem_mb: 100, cpus: 1 }),
-        command: vec!["sh".into(), "-c".into(), script.into()],
+        command: vec!["sh".into(), "-c".into(), script],
         max_retries: 3,
         ..Default::default()
     };
