@@ -13,7 +13,7 @@
 //! | `lagging-follower` | cut a follower off until the leader has snapshotted and purged the log past it (at most 20 s), then heal: it must catch up by snapshot |
 //! | `kill-agent` | `kill -9` an agent; restart it 1–3 s later (its tasks are killed by the new agent and re-placed) |
 //! | `pause-agent` | SIGSTOP an agent for 1–3 s (less than the 8 s it takes to be flagged dead) |
-//! | `restart-agent` | stop an agent run with `--keep-tasks` (SIGTERM: it exits, its tasks run on), start it again 1–3 s later: it adopts what still runs and reports what ended meanwhile |
+//! | `restart-agent` | stop the busiest agent run with `--keep-tasks` (SIGTERM: it exits, its tasks run on), start it again 1–3 s later: it adopts what still runs and reports what ended meanwhile |
 //! | `disk-eio` | a replica's `fdatasync`s fail with EIO for 2–4 s; it must stop (status 75) without acknowledging what it did not persist; then its machine is power-cycled and it restarts on what its disk kept |
 //! | `disk-full` | a replica's log writes fail with ENOSPC, half written, for 2–4 s; it must stop (status 75) and restart cleanly |
 //! | `partition-agent` | cut an agent off from every replica: the first time (and every other time) until the leader has marked the node lost and placed its tasks elsewhere, plus 2–4 s; otherwise for 5–7 s (past the agent's fence at half the 8 s node-lost window, short of the window); no task may run twice |
@@ -611,10 +611,16 @@ pub async fn run(
             }
             FaultKind::RestartAgent => {
                 let keepers: Vec<usize> = (0..agents).filter(|&i| procs.keeps_tasks(i)).collect();
-                let i = match keepers.len() {
+                let drawn = match keepers.len() {
                     0 => rng.range(0, agents as u64 - 1) as usize,
                     n => keepers[rng.range(0, n as u64 - 1) as usize],
                 };
+                // The busiest keeper (the most attempts running, by the
+                // journal): its restart has the most to adopt, so the fault
+                // bites even when a loaded machine runs few tasks at once.
+                // (The draw stays, so a seed draws the same schedule.)
+                let ids: Vec<String> = keepers.iter().map(|&k| procs.agent_ids()[k].clone()).collect();
+                let i = busiest(&procs.journal(), &ids).map_or(drawn, |k| keepers[k]);
                 let exit = match procs.terminate_agent(i) {
                     Some(mut child) => {
                         let give_up = Instant::now() + Duration::from_secs(10);

@@ -85,7 +85,10 @@ async fn t192_an_insecure_local_cluster_admits_its_agents_and_runs_a_gang() {
     let cfg = LocalConfig { agents: 2, insecure: true, ..fast() };
     let c = LocalCluster::start(dir.path(), cfg).await.unwrap();
     let mut client = AllocationServiceClient::new(c.leader_channel().await);
-    let submitted = client.submit(v1::SubmitRequest { spec: Some(gang(2, "true", 0)), ..Default::default() }).await;
+    // The agents may still be registering (a loaded machine): queued
+    // whatever the nodes known so far could run.
+    let req = v1::SubmitRequest { spec: Some(gang(2, "true", 0)), queue_if_unsatisfiable: true, ..Default::default() };
+    let submitted = client.submit(req).await;
     let id = submitted.unwrap().into_inner().id;
     muster_testkit::eventually_async("the gang to finish", WAIT, || async {
         let mut client = AllocationServiceClient::new(c.leader_channel().await);
