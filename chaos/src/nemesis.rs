@@ -665,7 +665,9 @@ pub async fn run(
                 let lost = if past_lost {
                     // Until the leader has marked the node lost (and placed
                     // its tasks elsewhere), and a little longer.
-                    let give_up = Instant::now() + Duration::from_secs(20);
+                    // Generous: on a loaded machine the status reads and the
+                    // leader's liveness pass are slow.
+                    let give_up = Instant::now() + Duration::from_secs(40);
                     let mut lost = false;
                     while !lost && Instant::now() < give_up {
                         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -4,7 +4,7 @@
 //! unique across the binary. The file numbers put the areas whose tests
 //! run longest first (chaos runs, checkpoints of gigabytes, PyTorch, the
 //! README against `muster dev`): the harness starts tests in name order,
-//! four at a time, and a long test started last would set the suite's end.
+//! and a long test started last would set the suite's end.
 //! `cluster.rs`, `dev_proc.rs` and `tls.rs` are shared helpers, as is what
 //! this file defines.
 
