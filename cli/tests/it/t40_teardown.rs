@@ -211,8 +211,11 @@ impl Ghost {
         assert!(matches!(g.next().await, Down::Registered(_)));
         let beat = g.tx.clone();
         tokio::spawn(async move {
+            // A heartbeat every 300 ms, as a live agent sends.
+            let mut every = tokio::time::interval(Duration::from_millis(300));
+            every.tick().await;
             loop {
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                every.tick().await;
                 if beat.send(up(Up::Heartbeat(v1::Heartbeat::default()))).await.is_err() {
                     return;
                 }
