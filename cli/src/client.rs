@@ -15,7 +15,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use muster_scheduler::server::convert::LEADER_ADDR_HEADER;
+use muster_scheduler::server::api::convert::LEADER_ADDR_HEADER;
 use muster_tls::{Role, TlsMaterial};
 use tonic::transport::Channel;
 use tonic::{Code, Status};

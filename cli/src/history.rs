@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use muster_proto::v1;
 use muster_proto::v1::history_service_client::HistoryServiceClient;
-use muster_scheduler::server::convert::format_time_ms;
+use muster_scheduler::server::api::convert::format_time_ms;
 use serde_json::json;
 
 use crate::client::Cluster;

@@ -273,7 +273,7 @@ fn node_line(n: &v1::Node) -> String {
 
 /// Milliseconds since the epoch as UTC, to the second.
 fn when(ms: u64) -> String {
-    muster_scheduler::server::convert::format_time_ms(ms)
+    muster_scheduler::server::api::convert::format_time_ms(ms)
 }
 
 fn event_line(e: &v1::NodeEvent) -> String {

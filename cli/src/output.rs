@@ -21,7 +21,7 @@ pub fn now_ms() -> u64 {
 /// `2026-11-25T13:30:02Z (3 min ago)` or `… (in 6 days)`. JSON output keeps
 /// the milliseconds.
 pub fn when(ms: u64, now_ms: u64) -> String {
-    let at = muster_scheduler::server::convert::format_time_ms(ms);
+    let at = muster_scheduler::server::api::convert::format_time_ms(ms);
     if ms <= now_ms {
         let ago = now_ms - ms;
         if ago < 1_000 { format!("{at} (just now)") } else { format!("{at} ({} ago)", duration(ago)) }

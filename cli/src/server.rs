@@ -336,14 +336,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
     cfg.http = args.http;
-    cfg.http_options = muster_scheduler::server::http::HttpOptions {
+    cfg.http_options = muster_scheduler::server::observe::http::HttpOptions {
         refresh_every: Duration::from_millis(args.ui_refresh_ms),
         rate_per_s: args.http_rate,
         token: match &args.http_token_file {
             Some(f) => {
                 let t = std::fs::read_to_string(f).with_context(|| format!("--http-token-file {}", f.display()))?;
                 let t = t.trim();
-                muster_scheduler::server::http::check_token(t)
+                muster_scheduler::server::observe::http::check_token(t)
                     .map_err(|e| anyhow::anyhow!("--http-token-file {}: {e}", f.display()))?;
                 Some(t.into())
             }
@@ -351,7 +351,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         },
     };
     cfg.tls = args.tls.load(&muster_tls::Role::Server(args.id))?;
-    cfg.limits = muster_scheduler::server::limits::ServerLimits {
+    cfg.limits = muster_scheduler::server::api::limits::ServerLimits {
         max_connections: args.max_connections,
         max_connections_per_peer: args.max_connections_per_peer,
         max_streams_per_connection: args.max_streams_per_connection,
@@ -392,7 +392,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let replica = Replica::start(cfg, listener).await.context("cannot start the replica")?;
     eprintln!("muster server: replica {} serving on {}", replica.id(), replica.addr());
     if let Some(http) = replica.http_addr() {
-        eprintln!("muster server: {}", muster_scheduler::server::http::describe(http));
+        eprintln!("muster server: {}", muster_scheduler::server::observe::http::describe(http));
     }
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

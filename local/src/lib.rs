@@ -135,7 +135,7 @@ impl Default for LocalConfig {
             insecure: false,
             tls_dir: None,
             http_port: None,
-            http_rate: muster_scheduler::server::http::HttpOptions::default().rate_per_s,
+            http_rate: muster_scheduler::server::observe::http::HttpOptions::default().rate_per_s,
             admission_required: true,
             rendezvous_ports: muster_core::sm::PortRange { first: 29_500, count: 500 },
             isolation: true,

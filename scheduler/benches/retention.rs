@@ -191,7 +191,7 @@ fn main() {
         apply(&mut st, Command::StartTask { alloc: i + 1, task: 0, node, epoch: 1 }, t0);
     }
     let (gauges_s, gauges) =
-        timed(5, || (muster_scheduler::server::dashboard::gpu_totals(&st), st.queued_by_class().clone()));
+        timed(5, || (muster_scheduler::server::observe::dashboard::gpu_totals(&st), st.queued_by_class().clone()));
     let (walk_s, walked) = timed(5, || walk_gauges(&st));
     assert_eq!((gauges.0.1, gauges.0.2, gauges.1.values().sum::<u32>()), walked, "the indexed gauges match a walk");
     println!(

@@ -198,12 +198,13 @@ mod tests {
     use super::*;
 
     fn started(task: u32, node: &str, attempt: u32) -> v1::AllocationEvent {
-        let (kind, detail) = muster_scheduler::server::convert::describe_event(&muster_core::sm::Event::TaskStarted {
-            alloc: 1,
-            task,
-            node: muster_core::sm::NodeId::new(node),
-            attempt,
-        });
+        let (kind, detail) =
+            muster_scheduler::server::api::convert::describe_event(&muster_core::sm::Event::TaskStarted {
+                alloc: 1,
+                task,
+                node: muster_core::sm::NodeId::new(node),
+                attempt,
+            });
         v1::AllocationEvent { id: 1, kind: kind.into(), detail, ..Default::default() }
     }
 

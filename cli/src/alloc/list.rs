@@ -136,7 +136,7 @@ fn clip(s: &str) -> String {
 }
 
 fn time_cell(ms: Option<u64>) -> String {
-    ms.map_or_else(|| "-".into(), muster_scheduler::server::convert::format_time_ms)
+    ms.map_or_else(|| "-".into(), muster_scheduler::server::api::convert::format_time_ms)
 }
 
 /// One cell of `column` for `a` at `now_ms`.

@@ -39,7 +39,7 @@ pub fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
     v["secrets"] = json!(a.secret_names);
     // Times beside their milliseconds, in RFC 3339 (UTC): submitted, the
     // first task's start, the end.
-    let rfc3339 = |ms: Option<u64>| ms.map(muster_scheduler::server::convert::format_time_ms);
+    let rfc3339 = |ms: Option<u64>| ms.map(muster_scheduler::server::api::convert::format_time_ms);
     let started_ms = crate::alloc::list::started_ms(a);
     v["submit_time"] = json!(rfc3339(Some(a.submit_time_ms)));
     v["started_at_ms"] = json!(started_ms);
@@ -292,7 +292,7 @@ pub fn event(e: &v1::AllocationEvent, header_shown: &mut bool, out: Output) {
             out!(
                 "{:>5}  {:<20}  {:<13}  {:<22}  {}",
                 e.revision,
-                muster_scheduler::server::convert::format_time_ms(e.time_ms),
+                muster_scheduler::server::api::convert::format_time_ms(e.time_ms),
                 status_name(e.status),
                 e.kind,
                 e.detail

@@ -28,6 +28,8 @@ pub struct Cluster {
     pub addrs: Vec<String>,
     children: Vec<Option<Child>>,
     extra: Vec<String>,
+    /// Environment every replica starts with (besides the TLS dir).
+    pub env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -49,6 +51,7 @@ impl Cluster {
             addrs,
             children: vec![None, None, None],
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
         }
     }
 
@@ -69,6 +72,7 @@ impl Cluster {
             .args(["--node-admission", "open"])
             .args(&self.extra)
             .env("MUSTER_TLS_DIR", crate::tls::dir())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -255,15 +255,33 @@ async fn t63_the_cli_remembers_the_leader_between_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t64_a_failover_logs_no_errors_and_a_down_peer_once() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(dir.path(), &[]);
+    let mut cluster = Cluster::prepare(dir.path(), &[]);
+    // The server's own filter, plus one DEBUG line per failed retry to a
+    // peer already known to be down: what the wait below counts.
+    let filter = "info,openraft=warn,openraft::replication=off,openraft::engine::handler::replication_handler=off,\
+                  openraft::core::raft_core=off,muster_scheduler::server::raft::network=debug";
+    cluster.env.push(("RUST_LOG".into(), filter.into()));
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
     let old = leader(&cluster.addrs, None).await;
     let log = |id: u64| std::fs::read_to_string(dir.path().join(format!("replica-{id}.log"))).unwrap_or_default();
     let survivors: Vec<u64> = (1..=3).filter(|&id| id != old).collect();
     let before: Vec<usize> = survivors.iter().map(|&id| log(id).len()).collect();
     cluster.kill(old);
-    leader(&cluster.addrs, Some(old)).await;
-    // openraft retries the dead peer twice a second: give it time to.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let new = leader(&cluster.addrs, Some(old)).await;
+    // openraft retries the dead peer twice a second: wait until the new
+    // leader has retried it many times, each a chance to say it again.
+    let from = before[survivors.iter().position(|&id| id == new).expect("a survivor leads")];
+    let retried = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains("known unreachable failed again") && l.contains(&format!("peer={old}")))
+            .count()
+    };
+    muster_testkit::eventually("the new leader retries the dead replica 8 times", Duration::from_secs(60), || {
+        (retried(&log(new)[from..]) >= 8).then_some(())
+    })
+    .await;
     let mut leads = 0;
     for (&id, &from) in survivors.iter().zip(&before) {
         let text = log(id);

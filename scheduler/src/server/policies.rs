@@ -1,15 +1,13 @@
 //! What a replica's services read but never change after it starts (its
 //! policy settings), and the one deliberate bug a chaos test may ask it to
 //! carry. Each service that needs them holds its own `Arc`; neither is part
-//! of [`super::replica::Shared`].
+//! of the [`Consensus`](super::raft::Consensus) handle.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use muster_core::policy::{AdmissionConfig, PreemptionConfig};
-
-use super::replica::InjectedBug;
 
 /// The replica's settings that decide answers: preemption and admission
 /// knobs (explanations, dry runs and scale-down plans use them), default
@@ -86,4 +84,70 @@ impl BugInjector {
     pub fn release_unproposed(&self) {
         self.unproposed.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Deliberate bugs the chaos harness must catch (`muster server --inject-bug`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectedBug {
+    /// Acknowledge a submit with the id it will get before proposing it, and
+    /// propose it a second later: a leader lost in that second loses an
+    /// acknowledged allocation.
+    AckBeforeCommit,
+    /// The log store acknowledges appended entries without fsyncing them: a
+    /// power loss of a majority loses acknowledged allocations.
+    AckBeforeFsync,
+    /// The log store acknowledges appended entries even when their fsync
+    /// failed, and keeps writing ("fsyncgate").
+    AckDespiteFsyncError,
+    /// The leader stamps entries, and compares deadlines, with its raw wall
+    /// clock rather than the paced replicated time: a jump of its clock
+    /// fires every deadline within the jump at once.
+    UnpacedLeaderClock,
+    /// A voter removed from the cluster stays on as a learner: the leader
+    /// keeps replicating to a machine that was taken away, for ever.
+    RemovedVotersLinger,
+    /// The log store acknowledges appended entries even when their write
+    /// failed (a full disk), leaving the torn record in the log.
+    AckDespiteWriteError,
+    /// When a gang is torn down because one of its tasks failed, the leader
+    /// never tells the gang's other ranks to stop: they run on after the
+    /// force deadline while the gang is placed again.
+    SpareFailedGangPeers,
+    /// A submit whose write has not committed within
+    /// [`SLOW_WRITE_REFUSED_AFTER`] is answered ABORTED, a definite refusal,
+    /// though the entry stays proposed and may commit: the answer must
+    /// have been "did not complete" (the client cannot know).
+    RefuseSlowWrites,
+}
+
+/// How long a submit waits with the injected bug `refuse-slow-writes`.
+pub const SLOW_WRITE_REFUSED_AFTER: Duration = Duration::from_millis(250);
+
+impl InjectedBug {
+    /// Parses the flag's value.
+    pub fn parse(s: &str) -> Option<InjectedBug> {
+        match s {
+            "ack-before-commit" => Some(InjectedBug::AckBeforeCommit),
+            "ack-before-fsync" => Some(InjectedBug::AckBeforeFsync),
+            "ack-despite-fsync-error" => Some(InjectedBug::AckDespiteFsyncError),
+            "unpaced-leader-clock" => Some(InjectedBug::UnpacedLeaderClock),
+            "removed-voters-linger" => Some(InjectedBug::RemovedVotersLinger),
+            "ack-despite-write-error" => Some(InjectedBug::AckDespiteWriteError),
+            "spare-failed-gang-peers" => Some(InjectedBug::SpareFailedGangPeers),
+            "refuse-slow-writes" => Some(InjectedBug::RefuseSlowWrites),
+            _ => None,
+        }
+    }
+
+    /// Every bug's flag value.
+    pub const NAMES: &'static [&'static str] = &[
+        "ack-before-commit",
+        "ack-before-fsync",
+        "ack-despite-fsync-error",
+        "ack-despite-write-error",
+        "unpaced-leader-clock",
+        "removed-voters-linger",
+        "spare-failed-gang-peers",
+        "refuse-slow-writes",
+    ];
 }

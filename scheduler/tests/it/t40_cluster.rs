@@ -10,7 +10,7 @@ use std::time::Duration;
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use muster_raft_store::{DiskFault, set_disk_fault};
-use muster_scheduler::server::convert::LEADER_ADDR_HEADER;
+use muster_scheduler::server::api::convert::LEADER_ADDR_HEADER;
 use muster_scheduler::server::{RaftTuning, Replica, ReplicaConfig};
 use muster_scheduler::sm::{AllocSpec, Command, Event, Resources};
 use tokio::net::{TcpListener, TcpSocket};
@@ -163,7 +163,7 @@ async fn three_replicas_commit_batches_and_agree() {
     converged(&all, index).await;
 
     // A follower refuses a write and names the leader; the leader accepts it.
-    let spec = muster_scheduler::server::convert::spec_to_proto(&match submit(7) {
+    let spec = muster_scheduler::server::api::convert::spec_to_proto(&match submit(7) {
         Command::Submit { spec } => spec,
         _ => unreachable!(),
     });
@@ -485,7 +485,7 @@ async fn a_submit_without_a_walltime_takes_its_classs_default() {
     let mut client = AllocationServiceClient::new(channel(&addr.to_string()).await);
     let mut walltime_of = async |class: u32, walltime_s: u64| {
         let Command::Submit { spec } = submit(class) else { unreachable!() };
-        let mut spec = muster_scheduler::server::convert::spec_to_proto(&spec);
+        let mut spec = muster_scheduler::server::api::convert::spec_to_proto(&spec);
         (spec.preemption_class, spec.walltime_s) = (class, walltime_s);
         spec.idempotency_key = format!("class-{class}-walltime-{walltime_s}");
         let req = v1::SubmitRequest { spec: Some(spec), ..Default::default() };

@@ -11,14 +11,14 @@ use tokio::sync::watch;
 
 use super::CATCH_UP_EVERY;
 use super::writer::lag;
-use crate::server::replica::Shared;
+use crate::server::raft::Consensus;
 
 /// Fetches records this replica lacks from its peers, every
 /// [`CATCH_UP_EVERY`], until `stop`; exports the history's size and lag.
 pub async fn run_catch_up(
-    shared: Shared,
+    shared: Consensus,
     store: Arc<HistoryStore>,
-    peers: crate::server::raft_net::Network,
+    peers: crate::server::raft::network::Network,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(CATCH_UP_EVERY);
@@ -33,10 +33,10 @@ pub async fn run_catch_up(
         let Ok(Ok((stored, missing))) = tokio::task::spawn_blocking(move || lag(&sh, &s)).await else { continue };
         metrics::gauge!("muster_history_records").set(stored as f64);
         metrics::gauge!("muster_history_missing").set(missing as f64);
-        if missing == 0 || !shared.reader.records().is_empty() {
+        if missing == 0 || !shared.reader().records().is_empty() {
             continue; // nothing lacking, or the writer has work still queued
         }
-        let total = shared.reader.read(|st| st.finished_total());
+        let total = shared.reader().read(|st| st.finished_total());
         let s = store.clone();
         let Ok(Ok(gaps)) = tokio::task::spawn_blocking(move || s.missing(total, 64)).await else { continue };
         for (first, last) in gaps {
@@ -50,19 +50,19 @@ pub async fn run_catch_up(
 /// Asks each other member in turn for records `first..=last` until one
 /// answers, and stores them.
 async fn fetch_gap(
-    shared: &Shared,
+    shared: &Consensus,
     store: &Arc<HistoryStore>,
-    peers: &crate::server::raft_net::Network,
+    peers: &crate::server::raft::network::Network,
     first: u64,
     last: u64,
 ) -> Result<(), String> {
     let members: Vec<(u64, String)> = {
-        let m = shared.raft.metrics().borrow().clone();
+        let m = shared.raft().metrics().borrow().clone();
         m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect()
     };
     let mut errors = Vec::new();
     let mut from = first;
-    'peers: for (id, addr) in members.into_iter().filter(|(id, _)| *id != shared.id) {
+    'peers: for (id, addr) in members.into_iter().filter(|(id, _)| *id != shared.id()) {
         let channel = peers.channel(&addr).map_err(|e| e.to_string())?;
         let mut client = HistoryServiceClient::new(channel).max_decoding_message_size(64 << 20);
         while from <= last {

@@ -1,7 +1,8 @@
 //! The job history on a replica: the store (`<data-dir>/history.sqlite`),
-//! the writer that stores the records applied entries leave, the catch-up
-//! that fetches records this replica skipped from its peers, and the
-//! `HistoryService` that `muster history` and `muster usage` call.
+//! the writer that stores the records applied entries leave, and the
+//! catch-up that fetches records this replica skipped from its peers. The
+//! `HistoryService` that `muster history` and `muster usage` call is
+//! [`crate::server::api::history`].
 //!
 //! ```text
 //!   apply ──records──▶ Records queue ──writer──▶ SQLite (INSERT OR IGNORE by seq)
@@ -9,16 +10,14 @@
 //!       ──▶ gaps = missing(finished_total) ──FetchRecords──▶ a peer ──▶ SQLite
 //! ```
 //!
-//! `writer.rs`, `catch_up.rs` and `service.rs` hold one each.
+//! `writer.rs` and `catch_up.rs` hold one each.
 
 mod catch_up;
-mod service;
 mod writer;
 
 use std::time::Duration;
 
 pub use self::catch_up::run_catch_up;
-pub use self::service::{HistoryApi, export, record_to_proto};
 pub use self::writer::{lag, run_writer};
 
 /// How often a replica checks for records it lacks.

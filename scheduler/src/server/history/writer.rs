@@ -6,12 +6,12 @@ use std::sync::Arc;
 use muster_history::HistoryStore;
 use tokio::sync::watch;
 
-use crate::server::replica::Shared;
+use crate::server::raft::Consensus;
 
 /// Stores what applied entries leave, until `stop`.
-pub async fn run_writer(shared: Shared, store: Arc<HistoryStore>, mut stop: watch::Receiver<bool>) {
+pub async fn run_writer(shared: Consensus, store: Arc<HistoryStore>, mut stop: watch::Receiver<bool>) {
     loop {
-        let records = shared.reader.records().take();
+        let records = shared.reader().records().take();
         if !records.is_empty() {
             let n = records.len();
             let s = store.clone();
@@ -31,15 +31,15 @@ pub async fn run_writer(shared: Shared, store: Arc<HistoryStore>, mut stop: watc
             continue;
         }
         tokio::select! {
-            _ = shared.reader.records().ready() => {}
+            _ = shared.reader().records().ready() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
 }
 
 /// What this replica holds of the history, and what it lacks.
-pub fn lag(shared: &Shared, store: &HistoryStore) -> Result<(u64, u64), muster_history::HistoryError> {
-    let total = shared.reader.read(|st| st.finished_total());
+pub fn lag(shared: &Consensus, store: &HistoryStore) -> Result<(u64, u64), muster_history::HistoryError> {
+    let total = shared.reader().read(|st| st.finished_total());
     let stored = store.count()?;
     Ok((stored, total.saturating_sub(stored)))
 }

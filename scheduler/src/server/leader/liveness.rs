@@ -1,6 +1,11 @@
 //! When each node was last heard from: the leader's memory, read by the tick as silence.
 
-use super::*;
+use std::sync::{Arc, Mutex};
+
+use muster_clock::SharedClock;
+use muster_core::tick::{Heard, Silence};
+
+use crate::sm::NodeId;
 
 /// When each node was last heard from, kept in memory on the leader only
 /// (the leader's tick reads it through [`Silence`]), on the replica's

@@ -41,8 +41,8 @@ use muster_proto::v1::raft_service_client::RaftServiceClient;
 use openraft::ServerState;
 use tokio::sync::watch;
 
-use super::MusterRaft;
-use super::raft_net::Network;
+use super::network::Network;
+use crate::server::MusterRaft;
 
 /// How long after the lease a follower campaigns: the voters' clocks read
 /// the lease from their own last heartbeat, which came before the leader

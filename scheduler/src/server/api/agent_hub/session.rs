@@ -5,7 +5,7 @@ use muster_proto::bounds::Bounded;
 use super::*;
 
 pub(super) struct Session {
-    s: Shared,
+    s: Consensus,
     own: HubHandles,
     cfg: HubConfig,
     preemption: PreemptionConfig,
@@ -20,7 +20,7 @@ pub(super) struct Session {
 
 impl Session {
     pub(super) async fn run(
-        s: Shared,
+        s: Consensus,
         own: HubHandles,
         cfg: HubConfig,
         preemption: PreemptionConfig,
@@ -40,7 +40,7 @@ impl Session {
         // The certificate fixes the node: every later message on this stream
         // is checked against `node`, so agent A can never act on B's tasks.
         let super::Peer { caller, cert_sha256 } = peer;
-        crate::server::auth::check_agent_node(&caller, &reg.node_id)?;
+        crate::server::api::auth::check_agent_node(&caller, &reg.node_id)?;
         let r = reg.resources.ok_or_else(|| Status::invalid_argument("invalid resources: is required"))?;
         let node = NodeId::new(reg.node_id);
         let mut labels: BTreeMap<String, String> = reg.labels.into_iter().collect();
@@ -51,7 +51,7 @@ impl Session {
                 muster_proto::bounds::prefix(k)
             )));
         }
-        let admission = s.reader.read(|st| st.node_policy(&node).and_then(|p| p.admission.clone()));
+        let admission = s.reader().read(|st| st.node_policy(&node).and_then(|p| p.admission.clone()));
         match &admission {
             None if cfg.admission_required => {
                 return Err(Status::permission_denied(format!(
@@ -87,11 +87,11 @@ impl Session {
         // A reconnect loop would cost one entry per registration: paid for
         // from the node's budget like any other command.
         own.budgets.pay(&node, &register).await;
-        match s.proposer.propose(register).await.map_err(propose_error_to_status)? {
+        match s.proposer().propose(register).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {}
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
         }
-        s.liveness.touch(&node);
+        own.work.liveness().touch(&node);
         tracing::info!(node = %node, running = reg.running.len(), "agent registered");
         let mut session = Session {
             s,
@@ -112,10 +112,10 @@ impl Session {
             .await?;
         session.reconcile().await?;
         session.sync(false).await?;
-        session.s.agents.attach(&session.node, &session.tx);
+        session.own.work.agents().attach(&session.node, &session.tx);
         session.ready_if_pending().await?;
         let result = session.serve(inbound).await;
-        session.s.agents.detach(&session.node, &session.tx);
+        session.own.work.agents().detach(&session.node, &session.tx);
         result
     }
 
@@ -125,11 +125,11 @@ impl Session {
     pub(super) async fn serve(&mut self, mut inbound: Streaming<v1::AgentMessage>) -> Result<(), Status> {
         let session = self;
         let node = session.node.clone();
-        let Some(slot) = session.s.reader.read(|st| st.node_slot(&node)) else {
+        let Some(slot) = session.s.reader().read(|st| st.node_slot(&node)) else {
             return Err(Status::internal("a registered node has no slot"));
         };
-        let mut touched = session.s.reader.watch_touches(slot.0);
-        let mut leading = session.s.leading.clone();
+        let mut touched = session.s.reader().watch_touches(slot.0);
+        let mut leading = session.s.leading();
         if !*leading.borrow_and_update() {
             return Err(leader_status(&session.own.successor).await);
         }
@@ -159,9 +159,9 @@ impl Session {
 
     /// Proposes a command made from this agent's messages, once the node's
     /// budget affords it (see `budget.rs`).
-    async fn propose(&self, cmd: Command) -> Result<Outcome, crate::server::proposer::ProposeError> {
+    async fn propose(&self, cmd: Command) -> Result<Outcome, crate::server::raft::proposer::ProposeError> {
         self.own.budgets.pay(&self.node, &cmd).await;
-        self.s.proposer.propose(cmd).await
+        self.s.proposer().propose(cmd).await
     }
 
     pub(super) async fn send(&self, msg: Out) -> Result<(), Status> {
@@ -206,7 +206,7 @@ impl Session {
     /// agent acks (re-sending its checkpoint) when told `Preempt` again.
     pub(super) async fn reconcile(&mut self) -> Result<(), Status> {
         let node = self.node.clone();
-        let gone: Vec<Key> = self.s.reader.read(|st| {
+        let gone: Vec<Key> = self.s.reader().read(|st| {
             let Some(slot) = st.node_slot(&node) else { return Vec::new() };
             st.tasks_on_node(slot)
                 .filter_map(|(alloc, task)| {
@@ -221,7 +221,7 @@ impl Session {
             let cmd =
                 Command::FailTask { alloc: key.0, task: key.1, node: node.clone(), epoch: key.2, exit_code: None };
             if let Outcome::Accepted(_) = self.propose(cmd).await.map_err(propose_error_to_status)? {
-                self.s.admission_wake.notify_one();
+                self.own.work.wake_admission();
             }
         }
         Ok(())
@@ -233,7 +233,7 @@ impl Session {
     /// that were re-placed meanwhile (their epochs moved on).
     pub(super) async fn revive_if_lost(&mut self) -> Result<(), Status> {
         let node = self.node.clone();
-        let again = self.s.reader.read(|st| {
+        let again = self.s.reader().read(|st| {
             let slot = st.node_slot(&node)?;
             let n = st.node(slot);
             (n.status == NodeStatus::Lost).then(|| Command::RegisterNode {
@@ -245,7 +245,7 @@ impl Session {
         if let Some(cmd) = again {
             tracing::info!(node = %self.node, "a lost node's agent is heard from again; registering it");
             if let Outcome::Accepted(_) = self.propose(cmd).await.map_err(propose_error_to_status)? {
-                self.s.admission_wake.notify_one();
+                self.own.work.wake_admission();
             }
         }
         Ok(())
@@ -256,10 +256,10 @@ impl Session {
     pub(super) async fn ready_if_pending(&mut self) -> Result<(), Status> {
         let node = self.node.clone();
         let pending =
-            self.s.reader.read(|st| st.node_slot(&node).is_some_and(|s| st.node(s).status == NodeStatus::Pending));
+            self.s.reader().read(|st| st.node_slot(&node).is_some_and(|s| st.node(s).status == NodeStatus::Pending));
         if pending {
             match self.propose(Command::MarkNodeReady { node }).await.map_err(propose_error_to_status)? {
-                Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+                Outcome::Accepted(_) => self.own.work.wake_admission(),
                 Outcome::Rejected(r) => tracing::debug!(node = %self.node, rejection = %r, "node ready refused"),
             }
         }
@@ -272,7 +272,7 @@ impl Session {
     /// deadline moves them off the node. They run on, blocked on their dead
     /// peer, while the gang is placed again.
     fn spare_failed_gang_peers(&mut self, plan: &mut muster_core::sync::SyncPlan) {
-        let failed: Vec<TaskKey> = self.s.reader.read(|st| {
+        let failed: Vec<TaskKey> = self.s.reader().read(|st| {
             plan.preempt
                 .iter()
                 .filter(|(k, _, _)| {
@@ -296,8 +296,8 @@ impl Session {
             stop_grace_ms: self.cfg.stop_grace.as_millis() as u32,
             preemption_grace_ms: self.preemption.grace_ms as u32,
         };
-        let mut plan = self.s.reader.read(|st| plan_sync(st, &self.node, &self.sent, repeat, &cfg));
-        if self.own.bugs.has(crate::server::replica::InjectedBug::SpareFailedGangPeers) {
+        let mut plan = self.s.reader().read(|st| plan_sync(st, &self.node, &self.sent, repeat, &cfg));
+        if self.own.bugs.has(crate::server::policies::InjectedBug::SpareFailedGangPeers) {
             self.spare_failed_gang_peers(&mut plan);
         }
         if plan.is_empty() {
@@ -307,7 +307,7 @@ impl Session {
         if let Some((status, deadline_ms)) = plan.notice {
             tracing::info!(node = %self.node, status = status.as_str(), "telling the agent its node status");
             self.send(Out::NodeNotice(v1::NodeNotice {
-                status: crate::server::convert::node_status_to_proto(status) as i32,
+                status: crate::server::api::convert::node_status_to_proto(status) as i32,
                 detail: status_detail(status).to_string(),
                 deadline_ms,
             }))
@@ -330,7 +330,7 @@ impl Session {
                     .restore
                     .iter()
                     .map(|r| v1::CheckpointRef {
-                        manifest: Some(crate::server::convert::manifest_to_proto(&r.manifest)),
+                        manifest: Some(crate::server::api::convert::manifest_to_proto(&r.manifest)),
                         source: r.source.clone(),
                     })
                     .collect(),
@@ -369,7 +369,7 @@ impl Session {
         }
         if !plan.delete.is_empty() {
             self.send(Out::DeleteCheckpoints(v1::DeleteCheckpoints {
-                checkpoints: plan.delete.iter().map(crate::server::convert::manifest_to_proto).collect(),
+                checkpoints: plan.delete.iter().map(crate::server::api::convert::manifest_to_proto).collect(),
             }))
             .await?;
         }
@@ -386,12 +386,12 @@ impl Session {
     }
 
     pub(super) async fn handle(&mut self, m: v1::AgentMessage) -> Result<(), Status> {
-        self.s.liveness.touch(&self.node);
+        self.own.work.liveness().touch(&self.node);
         match m.msg {
             None => Err(Status::invalid_argument("invalid message: empty")),
             Some(In::Register(_)) => Err(Status::invalid_argument("invalid message: Register twice on one stream")),
             Some(In::LogData(data)) => {
-                if !self.s.agents.answer(&self.node, data) {
+                if !self.own.work.agents().answer(&self.node, data) {
                     tracing::warn!(node = %self.node, "log data for a request this node was not asked; dropped");
                 }
                 Ok(())
@@ -408,7 +408,7 @@ impl Session {
                 // one that would be refused costs no log entry: its fields
                 // here, then ownership, epoch, status, size, key and store as
                 // apply checks them (apply checks again: the state may move).
-                let manifest = match crate::server::convert::upload_from_proto(c.manifest) {
+                let manifest = match crate::server::api::convert::upload_from_proto(c.manifest) {
                     Ok(m) => m,
                     Err(status) => return self.refuse_upload(key, status).await,
                 };
@@ -418,7 +418,7 @@ impl Session {
                 } else {
                     Command::SaveCheckpoint { alloc, task, node, epoch: c.preemption_epoch, manifest }
                 };
-                if let Err(r) = self.s.reader.read(|st| st.precheck(&cmd)) {
+                if let Err(r) = self.s.reader().read(|st| st.precheck(&cmd)) {
                     return self.refuse_upload(key, rejection_to_status(&r)).await;
                 }
                 if let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
@@ -438,7 +438,7 @@ impl Session {
                     )));
                 }
                 let cmd = Command::ForgetCheckpoints { node: self.node.clone(), seqs: d.seqs };
-                if let Err(r) = self.s.reader.read(|st| st.precheck(&cmd)) {
+                if let Err(r) = self.s.reader().read(|st| st.precheck(&cmd)) {
                     tracing::warn!(node = %self.node, refusal = %r, "checkpoint deletions refused");
                     return Ok(());
                 }
@@ -459,7 +459,7 @@ impl Session {
                 };
                 let cmd = accounted(cmd, p.usage.as_ref());
                 match self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+                    Outcome::Accepted(_) => self.own.work.wake_admission(),
                     Outcome::Rejected(r) => {
                         tracing::info!(
                             alloc_id = key.0, task = key.1, epoch = p.preemption_epoch, node = %self.node, rejection = %r,
@@ -501,7 +501,7 @@ impl Session {
                     Command::TripWatchdog { alloc: key.0, task: key.1, node: self.node.clone(), epoch: key.2, kind };
                 let cmd = accounted(cmd, w.usage.as_ref());
                 match self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+                    Outcome::Accepted(_) => self.own.work.wake_admission(),
                     Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
                 }
                 self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
@@ -537,7 +537,7 @@ impl Session {
                 };
                 let cmd = accounted(cmd, e.usage.as_ref());
                 match self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+                    Outcome::Accepted(_) => self.own.work.wake_admission(),
                     Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
                 }
                 self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
@@ -550,7 +550,7 @@ impl Session {
 /// usage no agent could have read is left out (and logged, naming the
 /// field): the attempt's end is recorded all the same, never lost to it.
 fn accounted(report: Command, usage: Option<&v1::AttemptUsage>) -> Command {
-    match usage.map(crate::server::convert::usage_from_proto) {
+    match usage.map(crate::server::api::convert::usage_from_proto) {
         Some(Ok(usage)) if report.end_report().is_some() => Command::Accounted { usage, report: Box::new(report) },
         Some(Err(e)) => {
             metrics::counter!("muster_agent_reports_refused_total", "what" => "usage").increment(1);

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use std::collections::VecDeque;
 
 use super::leader_time::LeaderTime;
-use super::{MusterRaft, TypeConfig};
+use crate::server::{MusterRaft, TypeConfig};
 use crate::sm::{Command, Outcome};
 
 /// Why a proposal did not produce an outcome.
@@ -118,15 +118,21 @@ pub struct Proposer {
 impl Proposer {
     /// Starts the proposer task for `raft`; at most `max_batch` commands go
     /// into one entry.
-    /// Each entry carries the replicated time `time` reads.
-    pub fn start(raft: MusterRaft, max_batch: usize, time: LeaderTime) -> Proposer {
-        Proposer::start_on(raft, max_batch, move || time.now())
+    /// Each entry carries the replicated time `time` reads; `committed` sees
+    /// every outcome before its caller does (the replica records metrics).
+    pub fn start(raft: MusterRaft, max_batch: usize, time: LeaderTime, committed: fn(&Outcome)) -> Proposer {
+        Proposer::start_on(raft, max_batch, move || time.now(), committed)
     }
 
     /// [`Proposer::start`] on any [`Log`], stamping entries with `now`.
-    fn start_on<L: Log>(log: L, max_batch: usize, now: impl Fn() -> u64 + Send + 'static) -> Proposer {
+    fn start_on<L: Log>(
+        log: L,
+        max_batch: usize,
+        now: impl Fn() -> u64 + Send + 'static,
+        committed: fn(&Outcome),
+    ) -> Proposer {
         let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(log, rx, max_batch.max(1), now));
+        tokio::spawn(run(log, rx, max_batch.max(1), now, committed));
         Proposer { tx }
     }
 
@@ -199,7 +205,13 @@ struct InFlight {
     started: tokio::time::Instant,
 }
 
-async fn run<L: Log>(log: L, mut rx: mpsc::Receiver<Pending>, max_batch: usize, now: impl Fn() -> u64) {
+async fn run<L: Log>(
+    log: L,
+    mut rx: mpsc::Receiver<Pending>,
+    max_batch: usize,
+    now: impl Fn() -> u64,
+    committed: fn(&Outcome),
+) {
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut open = true;
     // The command that would have passed the last entry's byte bound: it
@@ -216,7 +228,7 @@ async fn run<L: Log>(log: L, mut rx: mpsc::Receiver<Pending>, max_batch: usize, 
                     Ok(r) => r.map_err(|e| ProposeError::from(RaftError::APIError(e))),
                     Err(_) => Err(ProposeError::Raft("the replica is shutting down".into())),
                 };
-                finish(done.batch, done.started, result);
+                finish(done.batch, done.started, result, committed);
             }
             // An outcome that is not coming: answer, and free the pipeline.
             _ = look.tick(), if !in_flight.is_empty() => {
@@ -233,7 +245,7 @@ async fn run<L: Log>(log: L, mut rx: mpsc::Receiver<Pending>, max_batch: usize, 
                     );
                     metrics::counter!("muster_raft_outcomes_missing_total").increment(1);
                     let msg = format!("no outcome after {:.1} s (it may still commit)", waited.as_secs_f64());
-                    finish(done.batch, done.started, Err(ProposeError::Raft(msg)));
+                    finish(done.batch, done.started, Err(ProposeError::Raft(msg)), committed);
                 }
             }
             first = next_pending(&mut carried, &mut rx), if (open || carried.is_some()) && in_flight.len() < IN_FLIGHT => {
@@ -265,7 +277,7 @@ async fn run<L: Log>(log: L, mut rx: mpsc::Receiver<Pending>, max_batch: usize, 
                     Ok(outcome) => in_flight.push_back(InFlight { batch, outcome, started }),
                     Err(fatal) => {
                         let err = ProposeError::from(RaftError::<u64, ClientWriteError<u64, BasicNode>>::Fatal(fatal));
-                        finish(batch, started, Err(err));
+                        finish(batch, started, Err(err), committed);
                     }
                 }
             }
@@ -282,11 +294,13 @@ async fn next_pending(carried: &mut Option<Pending>, rx: &mut mpsc::Receiver<Pen
     }
 }
 
-/// Answers an entry's callers and records its metrics.
+/// Answers an entry's callers, shows each outcome to `committed` and
+/// records the entry's metrics.
 fn finish(
     batch: Vec<Pending>,
     started: tokio::time::Instant,
     result: Result<ClientWriteResponse<TypeConfig>, ProposeError>,
+    committed: fn(&Outcome),
 ) {
     let size = batch.len();
     metrics::histogram!("muster_raft_batch_commands").record(size as f64);
@@ -297,7 +311,7 @@ fn finish(
         Ok(resp) => {
             debug_assert_eq!(resp.data.len(), size, "one outcome per command");
             for (p, outcome) in batch.into_iter().zip(resp.data) {
-                super::observe::observe(&outcome);
+                committed(&outcome);
                 let _ = p.reply.send(Ok(outcome));
             }
         }
@@ -370,7 +384,7 @@ mod tests {
         let log = Held::default();
         log.leads.store(true, Ordering::SeqCst);
         // One command per entry, so that each fills a place in the pipeline.
-        let proposer = Proposer::start_on(log.clone(), 1, || 0);
+        let proposer = Proposer::start_on(log.clone(), 1, || 0, |_| {});
         let stuck: Vec<_> = (0..IN_FLIGHT)
             .map(|_| {
                 let p = proposer.clone();
@@ -416,7 +430,7 @@ mod tests {
     async fn entries_are_bounded_in_bytes_and_an_oversized_command_is_refused() {
         let log = Held::default();
         log.leads.store(true, Ordering::SeqCst);
-        let proposer = Proposer::start_on(log.clone(), 4096, || 0);
+        let proposer = Proposer::start_on(log.clone(), 4096, || 0, |_| {});
         let sized = |bytes: usize| Command::FailTaskToStart {
             alloc: 1,
             task: 0,
@@ -450,7 +464,7 @@ mod tests {
     async fn a_leaders_entry_waits_its_longer_bound() {
         let log = Held::default();
         log.leads.store(true, Ordering::SeqCst);
-        let proposer = Proposer::start_on(log.clone(), 8, || 0);
+        let proposer = Proposer::start_on(log.clone(), 8, || 0, |_| {});
         let started = tokio::time::Instant::now();
         let err = proposer.propose(command()).await.unwrap_err();
         let waited = started.elapsed();

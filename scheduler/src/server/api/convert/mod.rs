@@ -16,9 +16,9 @@ pub use checkpoint::{manifest_to_proto, settings_from_proto, settings_to_proto, 
 pub use events::{describe_event, format_time_ms};
 pub use explain::explanation_to_proto;
 pub use node::{admission_to_proto, node_event_to_proto, node_status_to_proto, node_to_proto};
-pub use status::{
-    LEADER_ADDR_HEADER, LEADER_ID_HEADER, not_leader_status, propose_error_to_status, rejection_to_status,
-};
+pub use status::{propose_error_to_status, rejection_to_status};
+
+pub use crate::server::raft::{LEADER_ADDR_HEADER, LEADER_ID_HEADER, not_leader_status};
 
 pub use crate::sm::{DEFAULT_MAX_RETRIES, DEFAULT_WALLTIME_S};
 

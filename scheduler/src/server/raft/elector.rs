@@ -46,8 +46,8 @@ use muster_proto::v1::raft_service_client::RaftServiceClient;
 use openraft::ServerState;
 use tokio::sync::watch;
 
-use super::MusterRaft;
-use super::raft_net::Network;
+use super::network::Network;
+use crate::server::MusterRaft;
 
 /// When this replica last took an append (or a snapshot chunk) from a
 /// leader, on the replica's monotonic clock (ms). The Raft server updates

@@ -10,22 +10,20 @@ use muster_proto::v1;
 use muster_proto::v1::history_service_server::HistoryService;
 use tonic::{Request, Response, Status};
 
-use super::writer::lag;
-use super::{FETCH_LIMIT, MAX_HISTORY_PAGE};
-use crate::server::convert::alloc_status_to_proto;
-use crate::server::replica::Shared;
+use super::convert::alloc_status_to_proto;
+use crate::server::history::{FETCH_LIMIT, MAX_HISTORY_PAGE, lag};
+use crate::server::raft::Consensus;
 use crate::sm::AllocStatus;
 
 /// The gRPC `HistoryService`.
 pub struct HistoryApi {
-    shared: Shared,
+    shared: Consensus,
     store: Arc<HistoryStore>,
 }
 
 impl HistoryApi {
-    /// The service over the replica's history.
-    pub fn new(shared: Shared) -> HistoryApi {
-        let store = shared.history.clone();
+    /// The service over the replica's consensus and its history store.
+    pub fn new(shared: Consensus, store: Arc<HistoryStore>) -> HistoryApi {
         HistoryApi { shared, store }
     }
 
@@ -47,7 +45,7 @@ impl HistoryApi {
 }
 
 fn status_filter(raw: i32) -> Result<Option<AllocStatus>, Status> {
-    match crate::server::convert::alloc_status_filter(raw)? {
+    match super::convert::alloc_status_filter(raw)? {
         None => Ok(None),
         Some(s) if s.is_terminal() => Ok(Some(s)),
         Some(s) => Err(Status::invalid_argument(format!(
@@ -99,7 +97,7 @@ fn attempt_to_proto(a: &AttemptRecord) -> v1::HistoryAttempt {
         gpu_seconds: a.gpu_seconds,
         preempted: a.preempted,
         watchdog: a.watchdog.map(|w| w.as_str().to_string()).unwrap_or_default(),
-        usage: a.usage.as_ref().map(crate::server::convert::usage_to_proto),
+        usage: a.usage.as_ref().map(super::convert::usage_to_proto),
     }
 }
 
@@ -202,7 +200,7 @@ impl HistoryService for HistoryApi {
                 oom_killed: r.oom_killed,
             };
             bytes += prost::Message::encoded_len(&row);
-            if !page.is_empty() && (page.len() == size || bytes > crate::server::client_api::MAX_PAGE_BYTES) {
+            if !page.is_empty() && (page.len() == size || bytes > super::client::MAX_PAGE_BYTES) {
                 more = true;
                 break;
             }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::server::client_api::{MAX_PAGE_BYTES, MAX_PAGE_SIZE};
+use crate::server::api::client::{MAX_PAGE_BYTES, MAX_PAGE_SIZE};
 use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::node_service_server::NodeService;
@@ -20,37 +20,38 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::auth::bound_by;
-use super::client_api::linearizable;
 use super::convert::{node_event_to_proto, node_to_proto, propose_error_to_status, rejection_to_status};
-use super::policies::Policies;
-use super::replica::Shared;
 use crate::policy::{drain_timeout_ms, plan_admission, plan_scale_down, planned_nodes};
+use crate::server::leader::LeaderWork;
+use crate::server::policies::Policies;
+use crate::server::raft::Consensus;
 use crate::sm::{Command, NodeId, NodeStatus, Outcome};
 
 /// The node API of one replica.
 pub struct NodeApi {
-    s: Shared,
+    s: Consensus,
+    work: LeaderWork,
     policies: Arc<Policies>,
 }
 
 impl NodeApi {
     /// The node API over a replica's shared parts and its settings.
-    pub fn new(s: Shared, policies: Arc<Policies>) -> Self {
-        NodeApi { s, policies }
+    pub fn new(s: Consensus, work: LeaderWork, policies: Arc<Policies>) -> Self {
+        NodeApi { s, work, policies }
     }
 
     fn node(&self, id: &NodeId) -> Result<v1::Node, Status> {
         self.s
-            .reader
+            .reader()
             .read(|st| st.node_slot(id).map(|slot| node_to_proto(st, st.node(slot))))
             .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
     }
 
     /// Proposes a lifecycle command and answers with the node after it.
     async fn transition(&self, id: &NodeId, cmd: Command) -> Result<Response<v1::Node>, Status> {
-        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+        match self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {
-                self.s.admission_wake.notify_one();
+                self.work.wake_admission();
                 self.node(id).map(Response::new)
             }
             Outcome::Rejected(r) => Err(rejection_to_status(&r)),
@@ -61,11 +62,11 @@ impl NodeApi {
     async fn timeout_for(&self, id: &NodeId, requested_ms: Option<u64>) -> Result<u64, Status> {
         if requested_ms.is_none() {
             // The label must be read from the current state.
-            linearizable(&self.s).await?;
+            self.s.linearizable().await?;
         }
         let default_ms = self.policies.drain_timeout().as_millis() as u64;
         self.s
-            .reader
+            .reader()
             .read(|st| st.node_slot(id).map(|slot| drain_timeout_ms(st.node(slot), requested_ms, default_ms)))
             .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
     }
@@ -132,19 +133,19 @@ impl NodeService for NodeApi {
                     by: bound_by(&caller, &a.by),
                     at_ms: 0,
                 };
-                let limits = self.s.reader.read(|st| st.limits().clone());
+                let limits = self.s.reader().read(|st| st.limits().clone());
                 crate::sm::validate_admission(&admission, &limits).map_err(|r| rejection_to_status(&r))?;
                 Some(admission)
             }
         };
         let cmd = Command::AdmitNode { node: id.clone(), admission };
-        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+        match self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {}
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
         }
         let admission = self
             .s
-            .reader
+            .reader()
             .read(|st| st.node_policy(&id).and_then(|p| p.admission.as_ref()).map(super::convert::admission_to_proto));
         Ok(Response::new(v1::AdmitNodeResponse { id: id.to_string(), admission }))
     }
@@ -163,11 +164,11 @@ impl NodeService for NodeApi {
             remove: q.remove,
             by: bound_by(&caller, ""),
         };
-        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
-            Outcome::Accepted(_) => self.s.admission_wake.notify_one(),
+        match self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)? {
+            Outcome::Accepted(_) => self.work.wake_admission(),
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
         }
-        Ok(Response::new(self.s.reader.read(|st| {
+        Ok(Response::new(self.s.reader().read(|st| {
             let node = st.node_slot(&id).map(|s| st.node(s));
             v1::LabelNodeResponse {
                 id: id.to_string(),
@@ -190,8 +191,8 @@ impl NodeService for NodeApi {
             )));
         }
         let page_size = if q.page_size == 0 { 100 } else { q.page_size } as usize;
-        linearizable(&self.s).await?;
-        let (nodes, more) = self.s.reader.read(|st| {
+        self.s.linearizable().await?;
+        let (nodes, more) = self.s.reader().read(|st| {
             let mut after: Vec<&muster_core::sm::Node> =
                 st.nodes().iter().filter(|n| n.id.as_str() > q.page_token.as_str()).collect();
             after.sort_by(|a, b| a.id.cmp(&b.id));
@@ -216,7 +217,7 @@ impl NodeService for NodeApi {
     async fn get_node(&self, req: Request<v1::GetNodeRequest>) -> Result<Response<v1::Node>, Status> {
         req.get_ref().check_bounds()?;
         let id = node_id(req.into_inner().id)?;
-        linearizable(&self.s).await?;
+        self.s.linearizable().await?;
         self.node(&id).map(Response::new)
     }
 
@@ -226,7 +227,7 @@ impl NodeService for NodeApi {
         let id = node_id(q.id)?;
         let timeout_ms = self.timeout_for(&id, q.timeout_ms).await?;
         // An out-of-range timeout (or a bad reason) is refused before the log.
-        let limits = self.s.reader.read(|st| st.limits().clone());
+        let limits = self.s.reader().read(|st| st.limits().clone());
         crate::sm::validate_node_request(&q.by, &q.reason, Some(timeout_ms), &limits)
             .map_err(|r| rejection_to_status(&r))?;
         let cmd = Command::DrainNode { node: id.clone(), timeout_ms, reason: q.reason, by: q.by };
@@ -270,11 +271,11 @@ impl NodeService for NodeApi {
         if q.by.is_empty() {
             return Err(Status::invalid_argument("invalid by: must name who asks"));
         }
-        linearizable(&self.s).await?;
+        self.s.linearizable().await?;
         let selector: BTreeMap<String, String> = q.selector.into_iter().collect();
         let default_ms = self.policies.drain_timeout().as_millis() as u64;
         let admission = self.policies.admission();
-        let (picked, short_by) = self.s.reader.read(|st| {
+        let (picked, short_by) = self.s.reader().read(|st| {
             let plan = plan_admission(st, self.s.now(st), &admission);
             let soon = planned_nodes(st, &plan.commands);
             let (choice, short_by) = plan_scale_down(st, q.count, &selector, &soon);
@@ -304,7 +305,7 @@ impl NodeService for NodeApi {
                     reason: if q.reason.is_empty() { "scale-down".to_string() } else { q.reason.clone() },
                     by: q.by.clone(),
                 };
-                match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+                match self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)? {
                     Outcome::Accepted(_) => c.drained = true,
                     Outcome::Rejected(r) => c.error = rejection_to_status(&r).message().to_string(),
                 }
@@ -321,12 +322,12 @@ impl NodeService for NodeApi {
         req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
-        linearizable(&self.s).await?;
+        self.s.linearizable().await?;
         // One node from from_revision, or every node from its current revision.
         let only = if q.id.is_empty() { None } else { Some(NodeId::new(q.id)) };
         let mut cursors: BTreeMap<NodeId, u64> = self
             .s
-            .reader
+            .reader()
             .read(|st| match &only {
                 Some(id) => st.node_slot(id).map(|_| BTreeMap::from([(id.clone(), q.from_revision)])),
                 None => Some(st.nodes().iter().map(|n| (n.id.clone(), n.revision)).collect()),
@@ -339,13 +340,13 @@ impl NodeService for NodeApi {
         // After the linearizable read, this replica's applied state only
         // moves forward along the committed log.
         tokio::spawn(async move {
-            let mut metrics = s.raft.metrics();
+            let mut metrics = s.raft().metrics();
             loop {
                 if let Err(status) = super::auth::stream_still_authorised(&s, &caller) {
                     let _ = tx.send(Err(status)).await;
                     return;
                 }
-                let (batch, ended) = s.reader.read(|st| {
+                let (batch, ended) = s.reader().read(|st| {
                     let mut batch = Vec::new();
                     let nodes: Vec<&crate::sm::Node> = match &only {
                         Some(id) => st.node_slot(id).map(|slot| st.node(slot)).into_iter().collect(),
@@ -380,7 +381,7 @@ impl NodeService for NodeApi {
                         return;
                     },
                     // An idle stream still notices its token expire.
-                    _ = tokio::time::sleep(super::client_api::TOKEN_RECHECK) => {}
+                    _ = tokio::time::sleep(super::client::TOKEN_RECHECK) => {}
                     _ = tx.closed() => return,
                 }
             }

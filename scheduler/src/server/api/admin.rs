@@ -19,28 +19,28 @@ use tonic::{Request, Response, Status};
 use muster_tls::Caller;
 
 use super::auth::{caller_name, new_token_secret, token_sha256};
-use super::client_api::linearizable;
 use super::convert::{propose_error_to_status, rejection_to_status};
-use super::policies::BugInjector;
-use super::proposer::ProposeError;
-use super::replica::{Shared, status_of};
+use crate::server::policies::BugInjector;
+use crate::server::raft::Consensus;
+use crate::server::raft::proposer::ProposeError;
 use crate::sm::{Command, Outcome, Token, TokenRole};
 
 /// The admin API of one replica.
 pub struct AdminApi {
-    s: Shared,
+    s: Consensus,
+    history: Arc<muster_history::HistoryStore>,
     bugs: Arc<BugInjector>,
 }
 
 impl AdminApi {
-    /// The admin API over a replica's shared parts and its injected bug
-    /// (tests only).
-    pub fn new(s: Shared, bugs: Arc<BugInjector>) -> Self {
-        AdminApi { s, bugs }
+    /// The admin API over a replica's consensus, its job history (backups
+    /// carry it) and its injected bug (tests only).
+    pub fn new(s: Consensus, history: Arc<muster_history::HistoryStore>, bugs: Arc<BugInjector>) -> Self {
+        AdminApi { s, history, bugs }
     }
 
     fn members(&self) -> Vec<v1::Member> {
-        status_of(&self.s).members
+        self.s.status().members
     }
 }
 
@@ -62,13 +62,13 @@ impl AdminService for AdminApi {
     async fn backup(&self, _: Request<v1::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
         // Through the leader: the backup holds everything committed before
         // the call.
-        linearizable(&self.s).await?;
-        let (applied, state, digest) = self.s.reader.export();
+        self.s.linearizable().await?;
+        let (applied, state, digest) = self.s.reader().export();
         // The history as this replica has it now: every record of the
         // state's finished allocations that its writer has stored (the
         // restored cluster fetches any it lacks from its peers, and rebuilds
         // those the state still holds).
-        let store = self.s.history.clone();
+        let store = self.history.clone();
         let extra = tokio::task::spawn_blocking(move || super::history::export(&store))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
@@ -76,13 +76,13 @@ impl AdminService for AdminApi {
         let backup = muster_raft_store::Backup {
             index: applied.map_or(0, |l| l.index),
             digest,
-            taken_at_ms: self.s.clock.wall_ms(),
-            taken_from: self.s.id,
+            taken_at_ms: self.s.clock().wall_ms(),
+            taken_from: self.s.id(),
             state,
             extra,
         };
         let bytes = backup.encode();
-        let (index, state_digest, total_bytes) = (backup.index, super::hex(&digest), bytes.len() as u64);
+        let (index, state_digest, total_bytes) = (backup.index, crate::server::hex(&digest), bytes.len() as u64);
         tracing::info!(index, bytes = total_bytes, "backup taken");
         let chunks: Vec<Result<v1::BackupChunk, Status>> = bytes
             .chunks(BACKUP_CHUNK_BYTES)
@@ -92,7 +92,7 @@ impl AdminService for AdminApi {
     }
 
     async fn status(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
-        Ok(Response::new(status_of(&self.s)))
+        Ok(Response::new(self.s.status()))
     }
 
     async fn add_learner(
@@ -110,7 +110,7 @@ impl AdminService for AdminApi {
         if self.members().iter().any(|m| m.id == r.id) {
             return Err(Status::already_exists(format!("replica {} is already a member", r.id)));
         }
-        let resp = self.s.raft.add_learner(r.id, BasicNode::new(r.address), true).await.map_err(write_error)?;
+        let resp = self.s.raft().add_learner(r.id, BasicNode::new(r.address), true).await.map_err(write_error)?;
         Ok(Response::new(v1::MembershipResponse { members: self.members(), log_index: resp.log_id.index }))
     }
 
@@ -133,7 +133,7 @@ impl AdminService for AdminApi {
         if !r.promote.is_empty() {
             let ids: BTreeSet<u64> = r.promote.iter().copied().collect();
             let resp =
-                self.s.raft.change_membership(ChangeMembers::AddVoterIds(ids), true).await.map_err(write_error)?;
+                self.s.raft().change_membership(ChangeMembers::AddVoterIds(ids), true).await.map_err(write_error)?;
             log_index = resp.log_id.index;
         }
         let remove: BTreeSet<u64> = r.remove.iter().copied().collect();
@@ -141,10 +141,10 @@ impl AdminService for AdminApi {
         let remove_voters: BTreeSet<u64> = remove.intersection(&voters).copied().collect();
         if !remove_voters.is_empty() {
             // retain = false: a removed voter does not stay on as a learner.
-            let retain = self.bugs.has(super::replica::InjectedBug::RemovedVotersLinger);
+            let retain = self.bugs.has(crate::server::policies::InjectedBug::RemovedVotersLinger);
             let resp = self
                 .s
-                .raft
+                .raft()
                 .change_membership(ChangeMembers::RemoveVoters(remove_voters), retain)
                 .await
                 .map_err(write_error)?;
@@ -154,7 +154,7 @@ impl AdminService for AdminApi {
         if !learners.is_empty() {
             let resp = self
                 .s
-                .raft
+                .raft()
                 .change_membership(ChangeMembers::RemoveNodes(learners), false)
                 .await
                 .map_err(write_error)?;
@@ -164,20 +164,20 @@ impl AdminService for AdminApi {
     }
 
     async fn trigger_snapshot(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
-        let target = self.s.reader.applied().map_or(0, |l| l.index);
-        self.s.raft.trigger().snapshot().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        let target = self.s.reader().applied().map_or(0, |l| l.index);
+        self.s.raft().trigger().snapshot().await.map_err(|e| Status::unavailable(e.to_string()))?;
         self.s
-            .raft
+            .raft()
             .wait(Some(Duration::from_secs(60)))
             .metrics(|m| m.snapshot.is_some_and(|s| s.index >= target), "snapshot built")
             .await
             .map_err(|e| Status::deadline_exceeded(format!("snapshot not built in time: {e}")))?;
-        Ok(Response::new(status_of(&self.s)))
+        Ok(Response::new(self.s.status()))
     }
 
     async fn trigger_election(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ReplicaStatus>, Status> {
-        self.s.raft.trigger().elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(Response::new(status_of(&self.s)))
+        self.s.raft().trigger().elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(self.s.status()))
     }
 
     async fn create_token(
@@ -200,10 +200,10 @@ impl AdminService for AdminApi {
             name: q.name,
             role,
             sha256: token_sha256(&secret),
-            expires_ms: self.s.reader.read(|st| self.s.now(st)).saturating_add(ttl_ms),
+            expires_ms: self.s.reader().read(|st| self.s.now(st)).saturating_add(ttl_ms),
             by,
         };
-        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+        match self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {}
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
         }
@@ -218,10 +218,10 @@ impl AdminService for AdminApi {
         // An unknown or already revoked token is refused before the log (on
         // the leader, whose state holds every acknowledged write).
         let cmd = Command::RevokeToken { id: id.clone(), by };
-        if super::agent_hub::is_leader(&self.s) {
-            self.s.reader.read(|st| st.precheck(&cmd)).map_err(|r| rejection_to_status(&r))?;
+        if self.s.is_leader() {
+            self.s.reader().read(|st| st.precheck(&cmd)).map_err(|r| rejection_to_status(&r))?;
         }
-        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+        match self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => self.token_info(&id).map(Response::new),
             Outcome::Rejected(r) => Err(rejection_to_status(&r)),
         }
@@ -231,7 +231,7 @@ impl AdminService for AdminApi {
         &self,
         _: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::CheckpointSettings>, Status> {
-        linearizable(&self.s).await?;
+        self.s.linearizable().await?;
         Ok(Response::new(self.checkpoint_settings()))
     }
 
@@ -241,10 +241,10 @@ impl AdminService for AdminApi {
     ) -> Result<Response<v1::CheckpointSettings>, Status> {
         req.get_ref().check_bounds()?;
         let by = caller_name(&Caller::of(&req));
-        let settings = crate::server::convert::settings_from_proto(req.into_inner())?;
+        let settings = crate::server::api::convert::settings_from_proto(req.into_inner())?;
         match self
             .s
-            .proposer
+            .proposer()
             .propose(Command::SetCheckpointSettings { settings, by })
             .await
             .map_err(propose_error_to_status)?
@@ -255,23 +255,23 @@ impl AdminService for AdminApi {
     }
 
     async fn list_tokens(&self, _: Request<v1::StatusRequest>) -> Result<Response<v1::ListTokensResponse>, Status> {
-        linearizable(&self.s).await?;
-        let tokens = self.s.reader.read(|st| st.tokens().map(token_to_proto).collect());
+        self.s.linearizable().await?;
+        let tokens = self.s.reader().read(|st| st.tokens().map(token_to_proto).collect());
         Ok(Response::new(v1::ListTokensResponse { tokens }))
     }
 }
 
 impl AdminApi {
     fn checkpoint_settings(&self) -> v1::CheckpointSettings {
-        self.s.reader.read(|st| {
+        self.s.reader().read(|st| {
             let (retired, abandoned) = st.retired_checkpoint_counts();
-            crate::server::convert::settings_to_proto(st.checkpoint_settings(), retired, abandoned)
+            crate::server::api::convert::settings_to_proto(st.checkpoint_settings(), retired, abandoned)
         })
     }
 
     fn token_info(&self, id: &str) -> Result<v1::TokenInfo, Status> {
         self.s
-            .reader
+            .reader()
             .read(|st| st.token(id).map(token_to_proto))
             .ok_or_else(|| Status::not_found(format!("no token {id}")))
     }

@@ -2,16 +2,10 @@
 //! leader, and failed proposals.
 
 use tonic::Status;
-use tonic::metadata::MetadataValue;
 
 use super::invalid;
-use crate::server::proposer::ProposeError;
+use crate::server::raft::{ProposeError, not_leader_status};
 use crate::sm::Rejection;
-
-/// Metadata key naming the leader's replica id on a redirect.
-pub const LEADER_ID_HEADER: &str = "x-muster-leader-id";
-/// Metadata key naming the leader's address on a redirect.
-pub const LEADER_ADDR_HEADER: &str = "x-muster-leader-addr";
 
 /// The gRPC status of a deterministic rejection.
 pub fn rejection_to_status(r: &Rejection) -> Status {
@@ -70,19 +64,6 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
     }
 }
 
-/// UNAVAILABLE with the leader in metadata, for a client to retry there.
-pub fn not_leader_status(leader: Option<(u64, String)>) -> Status {
-    let mut status = Status::unavailable(ProposeError::NotLeader { leader: leader.clone() }.to_string());
-    if let Some((id, addr)) = leader {
-        let md = status.metadata_mut();
-        md.insert(LEADER_ID_HEADER, MetadataValue::from(id));
-        if let Ok(v) = addr.parse() {
-            md.insert(LEADER_ADDR_HEADER, v);
-        }
-    }
-    status
-}
-
 /// The gRPC status of a failed proposal.
 pub fn propose_error_to_status(e: ProposeError) -> Status {
     match e {
@@ -98,6 +79,7 @@ pub fn propose_error_to_status(e: ProposeError) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::raft::{LEADER_ADDR_HEADER, LEADER_ID_HEADER};
 
     /// A failed storage is fatal on this replica, so it is not the
     /// retryable UNAVAILABLE a lost leadership or a shutdown gets.

@@ -28,8 +28,8 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::sync::oneshot;
 use tonic::Status;
 
-use super::MusterRaft;
-use super::convert::not_leader_status;
+use super::consensus::not_leader_status;
+use crate::server::MusterRaft;
 
 /// Confirmation rounds a batch gets before its reads fail (with 50, 100,
 /// 200 ms between them).

@@ -15,9 +15,24 @@ use std::time::Duration;
 
 use muster_core::tick::{LeaderConfig, Pass, PassTimers, Silence, Tick, TickTime, Wake};
 
-use super::proposer::ProposeError;
-use super::replica::Shared;
+use crate::server::raft::{Consensus, ProposeError};
 use crate::sm::{Command, Outcome, State};
+
+mod liveness;
+mod registry;
+mod work;
+
+pub use liveness::Liveness;
+pub(crate) use registry::Outbound;
+pub use registry::{AgentRegistry, OutboundStream};
+pub use work::LeaderWork;
+
+/// What the leader loop drives its tick with: the replica's consensus and
+/// its leader work.
+struct Replicated {
+    c: Consensus,
+    work: LeaderWork,
+}
 
 /// The leader loop of one replica: watches for leadership and, while it
 /// leads, runs the passes; admission runs at least every `interval`. It
@@ -25,9 +40,16 @@ use crate::sm::{Command, Outcome, State};
 /// `admission_passes` counts the admission passes whose commands have been
 /// applied (a test waits on it to know the leader has looked at the queue
 /// since something happened).
-pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration, admission_passes: Arc<AtomicU64>) {
+pub async fn run(
+    c: Consensus,
+    work: LeaderWork,
+    cfg: LeaderConfig,
+    interval: Duration,
+    admission_passes: Arc<AtomicU64>,
+) {
+    let s = Replicated { c, work };
     // Leadership changes only: not every applied entry.
-    let mut leading = s.leading.clone();
+    let mut leading = s.c.leading();
     let mut admission_tick = tokio::time::interval(interval);
     admission_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut liveness_tick = tokio::time::interval(Duration::from_millis(cfg.liveness_every_ms.max(1)));
@@ -39,7 +61,7 @@ pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration, admission_pas
     loop {
         if !*leading.borrow_and_update() {
             if was_leading {
-                tracing::info!(id = s.id, "this replica stopped leading");
+                tracing::info!(id = s.c.id(), "this replica stopped leading");
             }
             was_leading = false;
             if leading.changed().await.is_err() {
@@ -48,10 +70,10 @@ pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration, admission_pas
             continue;
         }
         if !was_leading {
-            let term = s.raft.metrics().borrow().current_term;
-            tracing::info!(id = s.id, term, "this replica leads");
+            let term = s.c.raft().metrics().borrow().current_term;
+            tracing::info!(id = s.c.id(), term, "this replica leads");
             was_leading = true;
-            s.liveness.lead_from_now();
+            s.work.liveness().lead_from_now();
             timers = PassTimers::default();
             preemption_at = None;
         }
@@ -63,8 +85,8 @@ pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration, admission_pas
         };
         // A gang backing off after a failure is placed when its back-off
         // ends, not at the next admission interval.
-        let backoff_at = s.reader.read(|st| {
-            let now = s.now(st);
+        let backoff_at = s.c.reader().read(|st| {
+            let now = s.c.now(st);
             st.next_retry_after(now).map(|at| tokio::time::Instant::now() + Duration::from_millis(at - now))
         });
         let backoff = async {
@@ -75,13 +97,13 @@ pub async fn run(s: Shared, cfg: LeaderConfig, interval: Duration, admission_pas
         };
         let wake = tokio::select! {
             _ = admission_tick.tick() => Wake { admission: true },
-            _ = s.admission_wake.notified() => Wake { admission: true },
+            _ = s.work.admission_woken() => Wake { admission: true },
             _ = retry => Wake { admission: true },
             _ = backoff => Wake { admission: true },
             _ = liveness_tick.tick() => Wake { admission: false },
             changed = leading.changed() => if changed.is_err() { return } else { continue },
         };
-        let time = s.reader.read(|st| TickTime { wall_ms: s.now(st), mono_ms: s.clock.mono_ms() });
+        let time = s.c.reader().read(|st| TickTime { wall_ms: s.c.now(st), mono_ms: s.c.clock().mono_ms() });
         let mut tick = Tick::begin(time, wake, &mut timers, &cfg);
         let mut admitted = 0;
         drive(&mut tick, &mut timers, &s, &mut |pass, seconds| {
@@ -114,7 +136,7 @@ fn preemption_retry(
 }
 
 /// What [`drive`] needs of a replica: its state, its memory of heartbeats,
-/// and a way to propose. The replica's [`Shared`] is one; a test's recorder
+/// and a way to propose. The replica's consensus and leader work are one; a test's recorder
 /// is another.
 pub trait TickShell: Sync {
     /// Reads the applied state.
@@ -125,17 +147,17 @@ pub trait TickShell: Sync {
     fn propose_all(&self, commands: Vec<Command>) -> impl Future<Output = Vec<Result<Outcome, ProposeError>>> + Send;
 }
 
-impl TickShell for Shared {
+impl TickShell for Replicated {
     fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
-        self.reader.read(f)
+        self.c.reader().read(f)
     }
 
     fn silence(&self) -> &(dyn Silence + Sync) {
-        &self.liveness
+        self.work.liveness()
     }
 
     fn propose_all(&self, commands: Vec<Command>) -> impl Future<Output = Vec<Result<Outcome, ProposeError>>> + Send {
-        self.proposer.propose_all(commands)
+        self.c.proposer().propose_all(commands)
     }
 }
 

@@ -112,8 +112,8 @@ pub fn bound_by(caller: &Caller, asked: &str) -> String {
 }
 
 /// [`still_authorised`] against a replica's applied state, now.
-pub(crate) fn stream_still_authorised(s: &super::replica::Shared, caller: &Caller) -> Result<(), Status> {
-    s.reader.read(|st| still_authorised(st, caller, s.now(st)))
+pub(crate) fn stream_still_authorised(s: &crate::server::raft::Consensus, caller: &Caller) -> Result<(), Status> {
+    s.reader().read(|st| still_authorised(st, caller, s.now(st)))
 }
 
 /// Who a caller is, for `by` fields: `admin alice`, `client bob (token 1a2b…)`.

@@ -21,8 +21,9 @@ use super::convert::{
     alloc_status_filter, alloc_status_to_proto, alloc_to_proto, describe_event, propose_error_to_status,
     rejection_to_status, spec_from_proto,
 };
-use super::policies::{BugInjector, Policies};
-use super::replica::Shared;
+use crate::server::leader::LeaderWork;
+use crate::server::policies::{BugInjector, Policies};
+use crate::server::raft::Consensus;
 use crate::sm::{AllocId, Command, DEFAULT_VCLUSTER, Event, Outcome, VClusterType};
 
 /// Most allocations one `List` page returns.
@@ -34,7 +35,8 @@ pub const MAX_PAGE_BYTES: usize = 2 << 20;
 
 /// The client API of one replica.
 pub struct ClientApi {
-    s: Shared,
+    s: Consensus,
+    work: LeaderWork,
     policies: Arc<Policies>,
     bugs: Arc<BugInjector>,
 }
@@ -42,8 +44,8 @@ pub struct ClientApi {
 impl ClientApi {
     /// The client API over a replica's shared parts, its settings and its
     /// injected bug (tests only).
-    pub fn new(s: Shared, policies: Arc<Policies>, bugs: Arc<BugInjector>) -> Self {
-        ClientApi { s, policies, bugs }
+    pub fn new(s: Consensus, work: LeaderWork, policies: Arc<Policies>, bugs: Arc<BugInjector>) -> Self {
+        ClientApi { s, work, policies, bugs }
     }
 }
 
@@ -52,13 +54,13 @@ impl ClientApi {
     /// proposes it a second later.
     fn ack_before_commit(&self, spec: crate::sm::AllocSpec) -> v1::SubmitResponse {
         let pending = self.bugs.hold_unproposed();
-        let id = self.s.reader.read(|st| st.next_alloc_id()) + pending;
-        let (s, bugs) = (self.s.clone(), self.bugs.clone());
+        let id = self.s.reader().read(|st| st.next_alloc_id()) + pending;
+        let (s, work, bugs) = (self.s.clone(), self.work.clone(), self.bugs.clone());
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            let _ = s.proposer.propose(Command::Submit { spec }).await;
+            let _ = s.proposer().propose(Command::Submit { spec }).await;
             bugs.release_unproposed();
-            s.admission_wake.notify_one();
+            work.wake_admission();
         });
         v1::SubmitResponse { id, duplicate: false, plan: None }
     }
@@ -67,12 +69,6 @@ impl ClientApi {
 /// How often an idle stream checks that its caller's token still works
 /// (every message is checked as well).
 pub(crate) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Waits until this replica may answer a read that must be current (with
-/// other waiting reads: [`super::read_index`]).
-pub(crate) async fn linearizable(s: &Shared) -> Result<(), Status> {
-    s.reads.confirm(&s.raft).await
-}
 
 /// The owner a submit is recorded under: an admin may name anyone (itself
 /// when it names nobody); a client is always itself, and naming someone else
@@ -126,8 +122,8 @@ impl AllocationService for ClientApi {
         req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
-        linearizable(&self.s).await?;
-        let (node, attempt) = self.s.reader.read(|st| {
+        self.s.linearizable().await?;
+        let (node, attempt) = self.s.reader().read(|st| {
             let a = st.alloc(q.id).ok_or_else(|| alloc_missing(st, q.id))?;
             let t = a
                 .tasks
@@ -150,7 +146,7 @@ impl AllocationService for ClientApi {
             Ok((st.node(slot).id.clone(), attempt))
         })?;
         let (tx, rx) = mpsc::channel(16);
-        let s = self.s.clone();
+        let (s, work) = (self.s.clone(), self.work.clone());
         tokio::spawn(async move {
             let mut offset = 0;
             loop {
@@ -167,7 +163,7 @@ impl AllocationService for ClientApi {
                     offset,
                     max_bytes: 64 * 1024,
                 };
-                let chunk = match s.agents.fetch_logs(&node, fetch).await {
+                let chunk = match work.agents().fetch_logs(&node, fetch).await {
                     Ok(c) => c,
                     Err(status) => {
                         let _ = tx.send(Err(status)).await;
@@ -201,8 +197,8 @@ impl AllocationService for ClientApi {
         req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
-        linearizable(&self.s).await?;
-        self.s.reader.read(|st| st.alloc(q.id).map(|_| ()).ok_or_else(|| alloc_missing(st, q.id)))?;
+        self.s.linearizable().await?;
+        self.s.reader().read(|st| st.alloc(q.id).map(|_| ()).ok_or_else(|| alloc_missing(st, q.id)))?;
         let (tx, rx) = mpsc::channel(64);
         let s = self.s.clone();
         // After the first linearizable read, this replica's applied state
@@ -211,13 +207,13 @@ impl AllocationService for ClientApi {
         tokio::spawn(async move {
             let mut cursor = q.from_revision;
             let mut first = true;
-            let mut metrics = s.raft.metrics();
+            let mut metrics = s.raft().metrics();
             loop {
                 if let Err(status) = super::auth::stream_still_authorised(&s, &caller) {
                     let _ = tx.send(Err(status)).await;
                     return;
                 }
-                let read = s.reader.read(|st| {
+                let read = s.reader().read(|st| {
                     // Forgotten only once finished, and a finished watch has
                     // ended, unless retention outran this stream's first read.
                     let Some(a) = st.alloc(q.id) else { return Err(alloc_missing(st, q.id)) };
@@ -279,7 +275,7 @@ impl AllocationService for ClientApi {
         req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let req = req.into_inner();
-        let limits = self.s.reader.read(|st| st.limits().clone());
+        let limits = self.s.reader().read(|st| st.limits().clone());
         let mut proto = req.spec;
         if let Some(p) = proto.as_mut() {
             p.owner = bind_owner(&caller, &p.owner)?;
@@ -296,7 +292,7 @@ impl AllocationService for ClientApi {
         // refused when it names another.
         if let Some(p) = proto.as_mut() {
             let name = if p.vcluster.is_empty() { DEFAULT_VCLUSTER } else { p.vcluster.as_str() };
-            if let Some(t) = self.s.reader.read(|st| st.vcluster(name).map(|v| v.spec.vtype)) {
+            if let Some(t) = self.s.reader().read(|st| st.vcluster(name).map(|v| v.spec.vtype)) {
                 if p.vcluster_type.is_empty() {
                     p.vcluster_type = t.as_str().to_string();
                 } else if VClusterType::parse(&p.vcluster_type).is_some_and(|named| named != t) {
@@ -312,11 +308,11 @@ impl AllocationService for ClientApi {
         let spec = spec_from_proto(proto, &limits)?;
         let secrets = crate::sm::Secrets(req.secrets.into_iter().collect());
         crate::sm::validate_secrets(&spec, &secrets).map_err(|r| rejection_to_status(&r))?;
-        self.s.reader.read(|st| st.check_job_store(&spec)).map_err(|r| rejection_to_status(&r))?;
+        self.s.reader().read(|st| st.check_job_store(&spec)).map_err(|r| rejection_to_status(&r))?;
         // A retried submit is answered from the state, and a key reused with
         // another spec is refused, before anything is proposed.
-        if !req.dry_run && super::agent_hub::is_leader(&self.s) {
-            match self.s.reader.read(|st| st.submitted_before(&spec)) {
+        if !req.dry_run && self.s.is_leader() {
+            match self.s.reader().read(|st| st.submitted_before(&spec)) {
                 Some(Ok(id)) => return Ok(Response::new(v1::SubmitResponse { id, duplicate: true, plan: None })),
                 Some(Err(r)) => return Err(rejection_to_status(&r)),
                 None => {}
@@ -326,7 +322,7 @@ impl AllocationService for ClientApi {
         // unless the caller expects nodes that are not here yet.
         if !req.dry_run
             && !req.queue_if_unsatisfiable
-            && let Some(why) = self.s.reader.read(|st| crate::policy::unsatisfiable(st, &spec))
+            && let Some(why) = self.s.reader().read(|st| crate::policy::unsatisfiable(st, &spec))
         {
             return Err(Status::failed_precondition(format!(
                 "unsatisfiable: no registered node can ever run it: {why} (submit with --queue-if-unsatisfiable, \
@@ -334,24 +330,24 @@ impl AllocationService for ClientApi {
             )));
         }
         if req.dry_run {
-            linearizable(&self.s).await?;
+            self.s.linearizable().await?;
             let cfg = self.policies.preemption();
-            let plan = self.s.reader.read(|st| {
+            let plan = self.s.reader().read(|st| {
                 let now = self.s.now(st);
                 convert::explanation_to_proto(crate::policy::explain_spec(st, &spec, now, &cfg), st, now)
             });
             return Ok(Response::new(v1::SubmitResponse { id: 0, duplicate: false, plan: Some(plan) }));
         }
-        if self.bugs.has(super::replica::InjectedBug::AckBeforeCommit) {
+        if self.bugs.has(crate::server::policies::InjectedBug::AckBeforeCommit) {
             return Ok(Response::new(self.ack_before_commit(spec)));
         }
         let cmd =
             if secrets.is_empty() { Command::Submit { spec } } else { Command::SubmitWithSecrets { spec, secrets } };
-        let propose = self.s.proposer.propose(cmd);
-        let outcome = if self.bugs.has(super::replica::InjectedBug::RefuseSlowWrites) {
+        let propose = self.s.proposer().propose(cmd);
+        let outcome = if self.bugs.has(crate::server::policies::InjectedBug::RefuseSlowWrites) {
             // The bug: a write that is merely slow is refused, though it
             // stays proposed and may well commit.
-            match tokio::time::timeout(super::replica::SLOW_WRITE_REFUSED_AFTER, propose).await {
+            match tokio::time::timeout(crate::server::policies::SLOW_WRITE_REFUSED_AFTER, propose).await {
                 Ok(outcome) => outcome,
                 Err(_) => return Err(Status::aborted("the write was refused: it took too long")),
             }
@@ -361,7 +357,7 @@ impl AllocationService for ClientApi {
         match outcome.map_err(propose_error_to_status)? {
             Outcome::Accepted(events) => match events.as_slice() {
                 [Event::Submitted { alloc, duplicate }] => {
-                    self.s.admission_wake.notify_one();
+                    self.work.wake_admission();
                     Ok(Response::new(v1::SubmitResponse { id: *alloc, duplicate: *duplicate, plan: None }))
                 }
                 other => Err(Status::internal(format!("unexpected submit events {other:?}"))),
@@ -381,21 +377,25 @@ impl AllocationService for ClientApi {
         // would refuse, or that this caller may not make, writes nothing.
         // (An allocation's owner never changes; apply checks the rest again.)
         // A follower's state may lag: it proposes, and is told to redirect.
-        if super::agent_hub::is_leader(&self.s) {
-            self.s.reader.read(|st| {
+        if self.s.is_leader() {
+            self.s.reader().read(|st| {
                 let a = st.alloc(id).ok_or_else(|| alloc_missing(st, id))?;
                 may_cancel(&caller, id, &a.spec.owner)?;
                 st.precheck(&Command::CancelAllocation { alloc: id }).map_err(|r| rejection_to_status(&r))
             })?;
         }
-        let outcome =
-            self.s.proposer.propose(Command::CancelAllocation { alloc: id }).await.map_err(propose_error_to_status)?;
+        let outcome = self
+            .s
+            .proposer()
+            .propose(Command::CancelAllocation { alloc: id })
+            .await
+            .map_err(propose_error_to_status)?;
         if let Outcome::Rejected(r) = outcome {
             return Err(rejection_to_status(&r));
         }
-        self.s.admission_wake.notify_one();
+        self.work.wake_admission();
         self.s
-            .reader
+            .reader()
             .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)).ok_or_else(|| alloc_missing(st, id)))
             .map(Response::new)
     }
@@ -403,9 +403,9 @@ impl AllocationService for ClientApi {
     async fn explain(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Explanation>, Status> {
         req.get_ref().check_bounds()?;
         let id = req.into_inner().id;
-        linearizable(&self.s).await?;
+        self.s.linearizable().await?;
         let (cfg, admission) = (self.policies.preemption(), self.policies.admission());
-        let e = self.s.reader.read(|st| {
+        let e = self.s.reader().read(|st| {
             let now = self.s.now(st);
             crate::policy::explain_with_admission(st, id, now, &cfg, &admission)
                 .map(|e| convert::explanation_to_proto(e, st, now))
@@ -417,9 +417,9 @@ impl AllocationService for ClientApi {
     async fn get(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::Allocation>, Status> {
         req.get_ref().check_bounds()?;
         let id = req.into_inner().id;
-        linearizable(&self.s).await?;
+        self.s.linearizable().await?;
         self.s
-            .reader
+            .reader()
             .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)).ok_or_else(|| alloc_missing(st, id)))
             .map(Response::new)
     }
@@ -435,8 +435,8 @@ impl AllocationService for ClientApi {
             )));
         }
         let page_size = if q.page_size == 0 { DEFAULT_PAGE_SIZE } else { q.page_size } as usize;
-        linearizable(&self.s).await?;
-        let (allocations, more) = self.s.reader.read(|st| {
+        self.s.linearizable().await?;
+        let (allocations, more) = self.s.reader().read(|st| {
             let mut matching = st
                 .allocs()
                 .range(q.page_token.saturating_add(1)..)

@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use super::health::Readiness;
-use super::replica::{Shared, status_of};
+use crate::server::raft::Consensus;
 
 /// How the listener serves: how fresh the dashboard's view is, how fast one
 /// client may ask, and whether the dashboard and metrics need a token.
@@ -82,8 +82,8 @@ pub fn check_token(token: &str) -> Result<(), String> {
 /// What the handlers share.
 #[derive(Clone)]
 pub struct HttpState {
-    shared: Shared,
-    policies: Arc<super::policies::Policies>,
+    shared: Consensus,
+    policies: Arc<crate::server::policies::Policies>,
     readiness: watch::Receiver<Readiness>,
     tls: Option<Arc<muster_tls::TlsMaterial>>,
     opts: HttpOptions,
@@ -96,8 +96,8 @@ pub struct HttpState {
 /// that runs Raft's heartbeats, elections and the gRPC services.
 pub fn serve(
     listener: tokio::net::TcpListener,
-    shared: Shared,
-    policies: Arc<super::policies::Policies>,
+    shared: Consensus,
+    policies: Arc<crate::server::policies::Policies>,
     readiness: watch::Receiver<Readiness>,
     tls: Option<muster_tls::TlsMaterial>,
     opts: HttpOptions,
@@ -364,7 +364,7 @@ impl View {
         if let Some(c) = peers.get(addr) {
             return Ok(c.clone());
         }
-        let channel = super::raft_net::lazy_channel(addr, Duration::from_millis(500), tls)
+        let channel = crate::server::raft::network::lazy_channel(addr, Duration::from_millis(500), tls)
             .map_err(|e| format!("address: {e}"))?;
         let c = AdminServiceClient::new(channel);
         peers.insert(addr.to_string(), c.clone());
@@ -372,7 +372,7 @@ impl View {
     }
 
     async fn build(&self, s: &HttpState) -> Value {
-        let me = status_of(&s.shared);
+        let me = s.shared.status();
         let peers: Vec<_> = me
             .members
             .iter()
@@ -402,7 +402,7 @@ impl View {
         replicas.push(replica_json(&me));
         replicas.sort_by_key(|r| r["id"].as_u64());
         let cfg = s.policies.preemption();
-        let mut body = s.shared.reader.read(|st| super::dashboard::overview(st, s.shared.now(st), &cfg));
+        let mut body = s.shared.reader().read(|st| super::dashboard::overview(st, s.shared.now(st), &cfg));
         body["self"] = replica_json(&me);
         body["replicas"] = Value::Array(replicas);
         body["ready"] = json!(s.readiness.borrow().ready);

@@ -1,17 +1,26 @@
 //! The agent streams this replica holds, and log requests waiting for an agent's answer.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use muster_proto::v1;
+use muster_proto::v1::scheduler_message::Msg as Out;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::sm::NodeId;
 
 /// What a stream sends its agent. Boxed: a channel allocates its slots 32 at
 /// a time when created, and one per node agent at 208 bytes a message was
 /// 6.5 KiB of every stream's idle memory.
-pub(super) type OutItem = Box<Result<v1::SchedulerMessage, Status>>;
+pub(crate) type OutItem = Box<Result<v1::SchedulerMessage, Status>>;
 
 /// The sending end of a stream to its agent.
-pub(super) type Outbound = mpsc::Sender<OutItem>;
+pub(crate) type Outbound = mpsc::Sender<OutItem>;
 
 /// The response stream of `Connect`: the channel's items, unboxed.
-pub struct OutboundStream(pub(super) mpsc::Receiver<OutItem>);
+pub struct OutboundStream(pub(crate) mpsc::Receiver<OutItem>);
 
 impl tokio_stream::Stream for OutboundStream {
     type Item = Result<v1::SchedulerMessage, Status>;
@@ -32,7 +41,7 @@ pub struct AgentRegistry {
 }
 
 #[derive(Default)]
-pub(super) struct RegistryInner {
+struct RegistryInner {
     streams: BTreeMap<NodeId, Outbound>,
     /// Log requests waiting, by request id: the node asked and the waiter.
     pending: BTreeMap<u64, (NodeId, tokio::sync::oneshot::Sender<v1::LogData>)>,
@@ -42,7 +51,7 @@ pub(super) struct RegistryInner {
 /// A fresh request id nobody can guess: a counter through SipHash under the
 /// process's random keys (`RandomState` seeds them from the OS), so another
 /// agent cannot aim a reply at someone's `alloc logs -f`.
-pub(super) fn unguessable_id(counter: u64) -> u64 {
+fn unguessable_id(counter: u64) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(counter);
@@ -52,13 +61,13 @@ pub(super) fn unguessable_id(counter: u64) -> u64 {
 impl AgentRegistry {
     // `muster_agent_streams` moves by increments so that several replicas
     // in one process (`muster dev`) add up rather than overwrite.
-    pub(super) fn attach(&self, node: &NodeId, tx: &Outbound) {
+    pub(crate) fn attach(&self, node: &NodeId, tx: &Outbound) {
         if self.inner.lock().expect("registry lock").streams.insert(node.clone(), tx.clone()).is_none() {
             metrics::gauge!("muster_agent_streams").increment(1.0);
         }
     }
 
-    pub(super) fn detach(&self, node: &NodeId, tx: &Outbound) {
+    pub(crate) fn detach(&self, node: &NodeId, tx: &Outbound) {
         let mut inner = self.inner.lock().expect("registry lock");
         if inner.streams.get(node).is_some_and(|t| t.same_channel(tx)) {
             inner.streams.remove(node);
@@ -79,7 +88,7 @@ impl AgentRegistry {
     /// An agent's reply to a log request. Only the node the request was
     /// sent to may answer it; a reply from any other stream is dropped (and
     /// the request keeps waiting for its own node).
-    pub(super) fn answer(&self, from: &NodeId, data: v1::LogData) -> bool {
+    pub(crate) fn answer(&self, from: &NodeId, data: v1::LogData) -> bool {
         let mut inner = self.inner.lock().expect("registry lock");
         match inner.pending.get(&data.request_id) {
             Some((asked, _)) if asked == from => {

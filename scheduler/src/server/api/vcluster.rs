@@ -11,19 +11,18 @@ use muster_tls::Caller;
 use tonic::{Request, Response, Status};
 
 use super::auth::bound_by;
-use super::client_api::linearizable;
 use super::convert::{propose_error_to_status, rejection_to_status};
-use super::replica::Shared;
+use crate::server::raft::Consensus;
 use crate::sm::{Command, HomeNodes, NodeId, Outcome, OverQuota, Quota, State, VCluster, VClusterSpec, VClusterType};
 
 /// The vCluster API of one replica.
 pub struct VClusterApi {
-    s: Shared,
+    s: Consensus,
 }
 
 impl VClusterApi {
     /// The vCluster API over a replica's shared parts.
-    pub fn new(s: Shared) -> Self {
+    pub fn new(s: Consensus) -> Self {
         VClusterApi { s }
     }
 
@@ -43,10 +42,10 @@ impl VClusterApi {
         } else {
             Command::UpdateVCluster { name: name.clone(), spec, by }
         };
-        if super::agent_hub::is_leader(&self.s) {
-            self.s.reader.read(|st| st.precheck(&cmd)).map_err(|r| rejection_to_status(&r))?;
+        if self.s.is_leader() {
+            self.s.reader().read(|st| st.precheck(&cmd)).map_err(|r| rejection_to_status(&r))?;
         }
-        match self.s.proposer.propose(cmd).await.map_err(propose_error_to_status)? {
+        match self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {}
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
         }
@@ -55,7 +54,7 @@ impl VClusterApi {
 
     fn get_now(&self, name: &str) -> Result<v1::VCluster, Status> {
         self.s
-            .reader
+            .reader()
             .read(|st| st.vcluster(name).map(|v| to_proto(st, &v)))
             .ok_or_else(|| Status::not_found(format!("no vcluster {name}")))
     }
@@ -144,7 +143,7 @@ impl VClusterService for VClusterApi {
 
     async fn get_v_cluster(&self, req: Request<v1::GetVClusterRequest>) -> Result<Response<v1::VCluster>, Status> {
         req.get_ref().check_bounds()?;
-        linearizable(&self.s).await?;
+        self.s.linearizable().await?;
         self.get_now(&req.into_inner().name).map(Response::new)
     }
 
@@ -158,10 +157,10 @@ impl VClusterService for VClusterApi {
         let q = req.into_inner();
         let size = match q.page_size {
             0 => 100,
-            n => n.min(super::client_api::MAX_PAGE_SIZE),
+            n => n.min(super::client::MAX_PAGE_SIZE),
         } as usize;
-        linearizable(&self.s).await?;
-        let (vclusters, more) = self.s.reader.read(|st| {
+        self.s.linearizable().await?;
+        let (vclusters, more) = self.s.reader().read(|st| {
             let all = st.vclusters();
             let mut rest = all.iter().filter(|v| q.page_token.is_empty() || v.name.as_str() > q.page_token.as_str());
             let (mut page, mut bytes) = (Vec::new(), 0usize);
@@ -169,7 +168,7 @@ impl VClusterService for VClusterApi {
                 let p = to_proto(st, v);
                 bytes += p.encoded_len();
                 // Every page holds at least one.
-                if !page.is_empty() && (page.len() == size || bytes > super::client_api::MAX_PAGE_BYTES) {
+                if !page.is_empty() && (page.len() == size || bytes > super::client::MAX_PAGE_BYTES) {
                     return (page, true);
                 }
                 page.push(p);

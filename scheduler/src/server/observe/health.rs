@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use super::replica::Shared;
+use crate::server::raft::Consensus;
 
 /// How often readiness is recomputed.
 pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
@@ -100,23 +100,23 @@ pub fn decide(running: Result<(), String>, leader_id: Option<u64>, applied: u64,
 }
 
 /// Reads Raft once and decides.
-pub async fn check(shared: &Shared) -> Readiness {
-    let m = shared.raft.metrics().borrow().clone();
+pub async fn check(shared: &Consensus) -> Readiness {
+    let m = shared.raft().metrics().borrow().clone();
     let running = m.running_state.clone().map_err(|e| e.to_string());
     if running.is_err() {
         return decide(running, m.current_leader, 0, 0);
     }
-    let committed = match shared.raft.with_raft_state(|st| st.committed.map_or(0, |l| l.index)).await {
+    let committed = match shared.raft().with_raft_state(|st| st.committed.map_or(0, |l| l.index)).await {
         Ok(c) => c,
         Err(e) => return decide(Err(e.to_string()), m.current_leader, 0, 0),
     };
-    let applied = shared.reader.applied().map_or(0, |l| l.index);
+    let applied = shared.reader().applied().map_or(0, |l| l.index);
     decide(Ok(()), m.current_leader, applied, committed)
 }
 
 /// Keeps `reporter`, `tx` and `muster_replica_ready` current until `tx` has
 /// no receivers or Raft shuts down.
-pub async fn run(shared: Shared, reporter: HealthReporter, tx: watch::Sender<Readiness>) {
+pub async fn run(shared: Consensus, reporter: HealthReporter, tx: watch::Sender<Readiness>) {
     reporter.set_service_status("", ServingStatus::NotServing).await;
     for s in CLIENT_SERVICES {
         reporter.set_service_status(s, ServingStatus::NotServing).await;
@@ -128,7 +128,7 @@ pub async fn run(shared: Shared, reporter: HealthReporter, tx: watch::Sender<Rea
     loop {
         tick.tick().await;
         let r = check(&shared).await;
-        let replica = shared.id.to_string();
+        let replica = shared.id().to_string();
         metrics::gauge!("muster_replica_ready", "replica" => replica.clone()).set(if r.ready { 1.0 } else { 0.0 });
         metrics::gauge!("muster_raft_committed_index", "replica" => replica).set(r.committed_index as f64);
         if last != Some(r.ready) {

@@ -15,9 +15,9 @@
 //!
 //! What to send is decided by the pure `muster_core::sync::plan_sync`; this
 //! module only sends it. A stream wakes when an entry touched its node
-//! (`session.rs`), on each heartbeat, and when it registers; `liveness.rs`
-//! keeps when each node was last heard from, and `registry.rs` the streams
-//! and the log requests waiting for an agent. Nothing about a teardown lives
+//! (`session.rs`), on each heartbeat, and when it registers; the leader's
+//! [`LeaderWork`] keeps when each node was last heard from, the streams and
+//! the log requests waiting for an agent. Nothing about a teardown lives
 //! in a stream's memory: a new leader's first sync finds the preempting
 //! tasks in the replicated state and signals them again.
 //!
@@ -29,25 +29,23 @@
 //! with their running tasks (which keep running).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use muster_clock::SharedClock;
 use muster_core::sync::{SentMemory, StopHow, SyncConfig, TaskKey, plan_sync};
-use muster_core::tick::{Heard, Silence};
 use muster_proto::v1;
 use muster_proto::v1::agent_message::Msg as In;
 use muster_proto::v1::agent_service_server::AgentService;
 use muster_proto::v1::scheduler_message::Msg as Out;
-use openraft::ServerState;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{not_leader_status, propose_error_to_status, rejection_to_status};
-use super::leader_watch::SuccessorHint;
-use super::policies::BugInjector;
-use super::replica::Shared;
 use crate::policy::PreemptionConfig;
+use crate::server::leader::{LeaderWork, Outbound, OutboundStream};
+use crate::server::policies::BugInjector;
+use crate::server::raft::Consensus;
+use crate::server::raft::leader_watch::SuccessorHint;
 use crate::sm::{
     Command, Event, MAX_AGENT_REASON_BYTES, MAX_FORGET_CHECKPOINTS, NodeId, NodeStatus, Outcome, PORTS_LABEL,
     PortRange, Resources, TaskStatus, WatchdogKind,
@@ -56,14 +54,9 @@ use crate::sm::{
 pub use muster_core::sync::{ADDRESS_LABEL, CHECKPOINT_ADDRESS_LABEL};
 
 mod budget;
-mod liveness;
-mod registry;
 mod session;
 
 pub use budget::{AgentBudgets, BudgetLimits};
-pub use liveness::Liveness;
-use registry::Outbound;
-pub use registry::{AgentRegistry, OutboundStream};
 use session::Session;
 
 pub use muster_proto::MAX_AGENT_MESSAGE_BYTES;
@@ -99,33 +92,36 @@ impl Default for HubConfig {
 
 /// The agent service of one replica.
 pub struct AgentHub {
-    s: Shared,
+    s: Consensus,
     cfg: HubConfig,
     preemption: PreemptionConfig,
     own: HubHandles,
 }
 
-/// What only the hub holds: what each node's commands may cost the log,
-/// who to name while a leader's successor is elected, and the replica's
-/// injected bug (tests only).
+/// What the hub holds besides the consensus: the leader work its streams
+/// feed (heartbeats, the streams themselves, admission wake-ups), what
+/// each node's commands may cost the log, who to name while a leader's
+/// successor is elected, and the replica's injected bug (tests only).
 #[derive(Clone)]
 pub(super) struct HubHandles {
+    work: LeaderWork,
     budgets: AgentBudgets,
     successor: SuccessorHint,
     bugs: Arc<BugInjector>,
 }
 
 impl AgentHub {
-    /// The agent service over a replica's shared parts.
+    /// The agent service over a replica's consensus and leader work.
     pub fn new(
-        s: Shared,
+        s: Consensus,
+        work: LeaderWork,
         cfg: HubConfig,
         preemption: PreemptionConfig,
         successor: SuccessorHint,
         bugs: Arc<BugInjector>,
     ) -> Self {
-        let budgets = AgentBudgets::new(s.clock.clone(), BudgetLimits::default());
-        AgentHub { s, cfg, preemption, own: HubHandles { budgets, successor, bugs } }
+        let budgets = AgentBudgets::new(s.clock().clone(), BudgetLimits::default());
+        AgentHub { s, cfg, preemption, own: HubHandles { work, budgets, successor, bugs } }
     }
 }
 
@@ -136,13 +132,6 @@ async fn leader_status(successor: &SuccessorHint) -> Status {
     not_leader_status(successor.get().await)
 }
 
-/// Whether this replica leads now (a cheap local read: a check made on its
-/// state before proposing is only sound on the leader, whose applied state
-/// holds every acknowledged write).
-pub(super) fn is_leader(s: &Shared) -> bool {
-    s.raft.metrics().borrow().state == ServerState::Leader
-}
-
 #[tonic::async_trait]
 impl AgentService for AgentHub {
     type ConnectStream = OutboundStream;
@@ -151,11 +140,11 @@ impl AgentService for AgentHub {
         &self,
         req: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        if !is_leader(&self.s) {
+        if !self.s.is_leader() {
             // During an election, name the successor rather than a leader
             // that is gone; this replica may turn out to be it.
             let status = leader_status(&self.own.successor).await;
-            if !is_leader(&self.s) {
+            if !self.s.is_leader() {
                 return Err(status);
             }
         }
