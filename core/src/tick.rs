@@ -26,6 +26,11 @@
 //!    A pass that had to wait says until when
 //!    ([`Tick::preemption_waits_until`]), and the shell wakes then.
 //!
+//! When a tick is over, [`Tick::next_wake`] says when the shell should run
+//! the next one besides a submit or a release waking it: a preemption pass
+//! that had to wait, a gang whose back-off ends, the liveness passes. The
+//! leader loop sleeps until the earliest; the simulator schedules them.
+//!
 //! Each pass reads the state the previous pass's commands left, so the shell
 //! proposes a pass's commands and waits for them to apply before it asks for
 //! the next. The leader (`muster-scheduler`'s leader loop) and the simulator
@@ -134,6 +139,30 @@ pub struct Wake {
     /// Something admission should look at: a submit, a release, a
     /// reservation that may have gone stale, or the admission interval.
     pub admission: bool,
+}
+
+/// When the shell should run its next tick, on the monotonic clock its
+/// [`TickTime`]s read, as [`Tick::next_wake`] says once a tick is over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NextWake {
+    /// A reclaim-or-preemption pass had to wait (or ran, and its interval
+    /// ends then): wake admission then.
+    pub preemption_ms: Option<u64>,
+    /// The first gang backing off after a failure may be placed then: wake
+    /// admission then.
+    pub retry_ms: Option<u64>,
+    /// The node-lost and deadline passes are next due then.
+    pub liveness_ms: u64,
+}
+
+impl NextWake {
+    /// The earliest time admission should be woken for, if any.
+    pub fn admission_ms(&self) -> Option<u64> {
+        match (self.preemption_ms, self.retry_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// How long each node has been silent: the shell's memory of heartbeats.
@@ -290,6 +319,26 @@ impl Tick {
     /// for still stands.
     pub fn preemption_considered(&self) -> bool {
         self.preemption_considered
+    }
+
+    /// When the shell should run the next tick, read once this tick is over
+    /// (`state` as its passes left it; `before` what the previous tick
+    /// said). A tick that never looked at preemption keeps the wait
+    /// `before` asked for (a liveness tick inside that wait must not drop
+    /// it, or a blocked preemptor waits for an unrelated wake-up); one that
+    /// looked and found nothing to wait for asks for none. A back-off's end
+    /// is a replicated wall time, mapped onto the monotonic clock from this
+    /// tick's reading of both.
+    pub fn next_wake(&self, state: &State, timers: &PassTimers, before: &NextWake) -> NextWake {
+        let preemption_ms = match self.preemption_waits_until {
+            Some(due) => Some(due),
+            None if self.preemption_considered => None,
+            None => before.preemption_ms,
+        };
+        let retry_ms = state
+            .next_retry_after(self.time.wall_ms)
+            .map(|at| self.time.mono_ms.saturating_add(at.saturating_sub(self.time.wall_ms)));
+        NextWake { preemption_ms, retry_ms, liveness_ms: timers.liveness_due_ms(&self.cfg) }
     }
 
     /// Whether this tick runs the node-lost and deadline passes.

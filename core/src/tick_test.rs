@@ -1,6 +1,6 @@
 //! Unit tests of the leader's tick: pass order, timers, silence.
 
-use super::{Heard, LeaderConfig, Pass, PassKind, PassTimers, Silence, Tick, TickTime, Wake};
+use super::{Heard, LeaderConfig, NextWake, Pass, PassKind, PassTimers, Silence, Tick, TickTime, Wake};
 use crate::sm::{AllocId, AllocSpec, Command};
 use crate::testkit::{Fixture, n, spec};
 
@@ -235,4 +235,77 @@ fn finished_allocations_are_forgotten_in_the_deadline_pass_after_the_retention_w
     let late = at(c.t + 100 * retention.retention_ms);
     let mut t = Tick::begin(late, Wake::default(), &mut timers, &cfg);
     assert!(t.next(&c.s, &h, &mut timers).is_none());
+}
+
+/// Runs `tick` to its end without proposing anything (what it would do is
+/// not the point: when it asks to be woken is).
+fn finish(t: &mut Tick, c: &Fixture, h: &Heard, timers: &mut PassTimers) {
+    while t.next(&c.s, h, timers).is_some() {}
+}
+
+#[test]
+fn the_next_wake_keeps_a_preemption_wait_through_liveness_ticks_and_drops_it_when_nothing_waits() {
+    let mut c = Fixture::new(1);
+    run_on(&mut c, 0);
+    let cfg = LeaderConfig::default();
+    let mut h = Heard::default();
+    h.lead_from(0);
+    h.touch(&n(0), 400_000);
+    let mut timers = PassTimers::default();
+    let urgent = AllocSpec { preemption_class: 9, ..spec(1, 8) };
+    c.submit(urgent);
+    let passes = tick(&mut c, at(400_000), Wake { admission: true }, &mut timers, &h);
+    assert_eq!(kinds(&passes), [PassKind::Admission, PassKind::Preemption]);
+    // A second urgent job finds no victim left (the only job is already
+    // stopping for the first): its pass waits out the 50 ms floor, and the
+    // shell is told when.
+    let second = c.submit(AllocSpec { preemption_class: 9, ..spec(1, 8) });
+    let mut t = Tick::begin(at(400_010), Wake { admission: true }, &mut timers, &cfg);
+    finish(&mut t, &c, &h, &mut timers);
+    let wait = t.next_wake(&c.s, &timers, &NextWake::default());
+    let due = 400_000 + super::FRESH_PREEMPTION_FLOOR_MS;
+    assert_eq!(wait.preemption_ms, Some(due));
+    assert_eq!(wait.admission_ms(), Some(due));
+    assert_eq!(wait.liveness_ms, 400_000 + cfg.liveness_every_ms, "the liveness passes ran at 400 000");
+    // A liveness tick inside the wait keeps it.
+    let mut live = Tick::begin(at(400_020), Wake { admission: false }, &mut timers, &cfg);
+    finish(&mut live, &c, &h, &mut timers);
+    assert_eq!(live.next_wake(&c.s, &timers, &wait).preemption_ms, Some(due));
+    // Once nothing waits (the second is cancelled), a tick that looks asks
+    // for nothing more.
+    c.ok(Command::CancelAllocation { alloc: second });
+    let mut t = Tick::begin(at(400_300), Wake { admission: true }, &mut timers, &cfg);
+    finish(&mut t, &c, &h, &mut timers);
+    assert_eq!(t.next_wake(&c.s, &timers, &wait).preemption_ms, None);
+}
+
+#[test]
+fn the_next_wake_names_the_end_of_a_back_off_on_the_monotonic_clock() {
+    let mut c = Fixture::new(1);
+    let id = c.submit(AllocSpec { max_retries: 5, ..spec(1, 1) });
+    let epoch = c.reserve(id, &[0]);
+    c.start(id, 0, 0, epoch);
+    c.t += 30_000;
+    c.fail(id, 0, 0, epoch);
+    let at_wall = c.s.alloc(id).unwrap().retry_after_ms;
+    assert!(at_wall > c.t, "the gang backs off");
+    let cfg = LeaderConfig::default();
+    let mut timers = PassTimers::default();
+    let h = Heard::default();
+    // Wall and monotonic clocks have different origins.
+    let time = TickTime { wall_ms: c.t, mono_ms: 7_000 };
+    let mut t = Tick::begin(time, Wake { admission: true }, &mut timers, &cfg);
+    finish(&mut t, &c, &h, &mut timers);
+    let next = t.next_wake(&c.s, &timers, &NextWake::default());
+    assert_eq!(next.retry_ms, Some(7_000 + (at_wall - c.t)));
+    assert_eq!(next.admission_ms(), next.retry_ms);
+    // At the back-off's end nothing is left to wait for.
+    let mut t = Tick::begin(
+        TickTime { wall_ms: at_wall, mono_ms: 7_000 + (at_wall - c.t) },
+        Wake::default(),
+        &mut timers,
+        &cfg,
+    );
+    finish(&mut t, &c, &h, &mut timers);
+    assert_eq!(t.next_wake(&c.s, &timers, &NextWake::default()).retry_ms, None);
 }

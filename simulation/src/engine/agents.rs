@@ -1,10 +1,13 @@
 //! The simulated agents: nodes that claim what is reserved on them, run it
 //! for the job's duration (or fail it), answer preemption, crash and come
-//! back. Each reports through the same commands a real agent sends.
+//! back. Each takes its orders from what the pure `plan_sync` plans for its
+//! node, as a real agent's stream does, and reports through the same
+//! commands a real agent sends.
 
 use std::collections::BTreeMap;
 
 use muster_core::sm::{AllocId, AllocStatus, Command, Event, LabelOp, NodeId, Outcome, TaskIndex, TeardownCause};
+use muster_core::sync::{SentMemory, SyncConfig, plan_sync};
 use muster_core::tick::Silence;
 
 use super::{Ev, SimError, Simulation};
@@ -20,6 +23,21 @@ pub(super) struct Agents {
     /// would have done later never happens.
     pub(super) life: Vec<u32>,
     pub(super) down: Down,
+    /// What each node's stream has told its agent, by slot (a crash ends
+    /// the stream; the agent registers on a fresh one).
+    sent: Vec<SentMemory>,
+}
+
+/// The graces the simulated leader hands out (a simulated agent stops a
+/// task after its own ack delay, whatever the grace).
+const SYNC: SyncConfig = SyncConfig { stop_grace_ms: 10_000, preemption_grace_ms: 10_000 };
+
+impl Agents {
+    /// Agents on `node_ids`, none running anything, each in its first life.
+    pub(super) fn new(node_ids: Vec<NodeId>, models: Vec<String>, life: Vec<u32>) -> Agents {
+        let sent = vec![SentMemory::default(); node_ids.len()];
+        Agents { node_ids, models, running: BTreeMap::new(), life, down: Down::default(), sent }
+    }
 }
 
 /// Which simulated nodes are down, and since when (the tick's [`Silence`]:
@@ -56,6 +74,7 @@ impl Simulation {
             return Ok(false);
         }
         self.stats.tasks_started += 1;
+        self.agents.sent[node as usize].agent_started((alloc, task, epoch));
         self.agents.running.insert((alloc, task), (self.now, node));
         // A gang preempted after checkpointing resumes where it stopped.
         let done = self.progress_ms.get(&alloc).copied().unwrap_or(0);
@@ -132,6 +151,7 @@ impl Simulation {
             return false;
         }
         self.agents.life[node as usize] += 1;
+        self.agents.sent[node as usize] = SentMemory::default();
         self.agents.down.since.insert(self.agents.node_ids[node as usize].clone(), self.now);
         self.at(self.now + self.cfg.node_lost_after_ms, Ev::Tick);
         // The agent stays away past the lost window (and the liveness
@@ -150,6 +170,7 @@ impl Simulation {
         // Marked lost by now (a crash outlasts the lost window): it
         // comes back ready, empty.
         let out = self.apply(&register)?;
+        self.sync(node);
         Ok(out.is_accepted())
     }
 
@@ -166,6 +187,12 @@ impl Simulation {
             return Ok(false);
         };
         let run = self.agents.running.remove(&(alloc, task)).expect("an accepted exit of a running task");
+        // Its stream hears the process ended (whichever reservation it was).
+        let sent = &mut self.agents.sent[run.1 as usize];
+        let ended: Vec<_> = sent.agent_running().iter().filter(|k| (k.0, k.1) == (alloc, task)).copied().collect();
+        for key in &ended {
+            sent.agent_stopped(key);
+        }
         self.charge(alloc, run);
         self.on_events(&events);
         Ok(true)
@@ -185,18 +212,19 @@ impl Simulation {
         for ev in events {
             match ev {
                 Event::TaskFailed { charged: true, .. } => self.stats.task_failures += 1,
-                Event::GangReserved { alloc, epoch, nodes } => {
+                Event::GangReserved { alloc, nodes, .. } => {
                     if let Some(planned) = self.stats.first_planned.remove(alloc)
                         && self.now > planned
                     {
                         self.stats.late += 1;
                         self.stats.max_late_ms = self.stats.max_late_ms.max(self.now - planned);
                     }
-                    self.agents_claim(*alloc, *epoch, nodes)
+                    self.sync_nodes(nodes);
+                    self.at(self.now + self.cfg.admission.stale_reservation_ms, Ev::Tick);
                 }
                 Event::GangRolledBack { .. } => self.stats.rollbacks += 1,
                 Event::PreemptionDecided { victims, .. } => self.stats.preemptions += victims.len() as u64,
-                Event::TeardownStarted { alloc, epoch, preempting, cause, .. } => {
+                Event::TeardownStarted { alloc, preempting, cause, .. } => {
                     if matches!(cause, TeardownCause::TaskFailed { .. }) {
                         self.stats.teardowns += 1;
                     } else if let Some(a) = self.state.alloc(*alloc)
@@ -206,16 +234,8 @@ impl Simulation {
                         // The hint saves the progress of this run.
                         *self.progress_ms.entry(*alloc).or_default() += self.now.saturating_sub(since);
                     }
-                    for (task, node) in preempting {
-                        let node = self.state.node_slot(node).expect("preempting on a known node").0;
-                        let (lo, hi) = self.cfg.preempt_ack_ms;
-                        let delay = self.rng.range(lo, hi.max(lo));
-                        let life = self.agents.life[node as usize];
-                        self.at(
-                            self.now + delay,
-                            Ev::Preempted { alloc: *alloc, task: *task, node, epoch: *epoch, life },
-                        );
-                    }
+                    let nodes: Vec<NodeId> = preempting.iter().map(|(_, node)| node.clone()).collect();
+                    self.sync_nodes(&nodes);
                     let force_after = match (self.cfg.preemption, self.state.alloc(*alloc).and_then(|a| a.teardown)) {
                         (Some(p), Some(td)) if td.preempted_by().is_some() => p.force_after_ms(true),
                         _ => self.cfg.force_teardown_ms,
@@ -240,17 +260,43 @@ impl Simulation {
         }
     }
 
-    fn agents_claim(&mut self, alloc: AllocId, epoch: u64, nodes: &[NodeId]) {
-        for (task, node) in nodes.iter().enumerate() {
+    /// Each of `nodes` (in order, once each) hears what its stream would
+    /// send now.
+    fn sync_nodes(&mut self, nodes: &[NodeId]) {
+        let mut seen = std::collections::BTreeSet::new();
+        for node in nodes {
+            let slot = self.state.node_slot(node).expect("an event names a known node").0;
+            if seen.insert(slot) {
+                self.sync(slot);
+            }
+        }
+    }
+
+    /// Node `slot`'s agent takes what `plan_sync` plans for it: it claims
+    /// each assignment after its claim delay (or never, when it dies before
+    /// claiming), and acks each preemption after its ack delay. A node that
+    /// is down has no stream and hears nothing.
+    fn sync(&mut self, slot: u32) {
+        if self.is_down(slot) {
+            return;
+        }
+        let i = slot as usize;
+        let plan = plan_sync(&self.state, &self.agents.node_ids[i], &self.agents.sent[i], false, &SYNC);
+        self.agents.sent[i].sent(&plan);
+        let life = self.agents.life[i];
+        for a in &plan.assign {
+            let (alloc, task, epoch) = a.key;
             if self.rng.chance(self.cfg.lost_claim_prob) {
                 continue; // this agent died before claiming
             }
-            let slot = self.state.node_slot(node).expect("reserved on a known node").0;
             let (lo, hi) = self.cfg.claim_delay_ms;
             let delay = self.rng.range(lo, hi.max(lo));
-            let life = self.agents.life[slot as usize];
-            self.at(self.now + delay, Ev::Claim { alloc, task: task as TaskIndex, node: slot, epoch, life });
+            self.at(self.now + delay, Ev::Claim { alloc, task, node: slot, epoch, life });
         }
-        self.at(self.now + self.cfg.admission.stale_reservation_ms, Ev::Tick);
+        for &((alloc, task, _), epoch, _) in &plan.preempt {
+            let (lo, hi) = self.cfg.preempt_ack_ms;
+            let delay = self.rng.range(lo, hi.max(lo));
+            self.at(self.now + delay, Ev::Preempted { alloc, task, node: slot, epoch, life });
+        }
     }
 }

@@ -23,12 +23,12 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use muster_core::policy::{AdmissionConfig, PreemptionConfig};
 use muster_core::sm::{AllocId, AllocStatus, ApplyCtx, Command, Event, NodeId, Outcome, Resources, State, TaskIndex};
-use muster_core::tick::{LeaderConfig, Pass, PassTimers, Tick, TickTime, Wake};
+use muster_core::tick::{LeaderConfig, NextWake, Pass, PassTimers, Tick, TickTime, Wake};
 
 mod agents;
 mod stats;
 
-use self::agents::{Agents, Down};
+use self::agents::Agents;
 use self::stats::Stats;
 use crate::job::Job;
 use crate::report::Report;
@@ -177,9 +177,13 @@ pub struct Simulation {
     job_of: BTreeMap<AllocId, usize>,
     /// Work saved by checkpoints at preemptions, per gang (ms of its duration).
     progress_ms: BTreeMap<AllocId, u64>,
-    preemption_tick_at: Option<u64>,
     leader: LeaderConfig,
     timers: PassTimers,
+    /// When the last tick asked to be woken (the core's answer).
+    next_wake: NextWake,
+    /// The admission wake-up scheduled for it (one, not one per tick).
+    admission_tick_at: Option<u64>,
+    /// The liveness wake-up scheduled for a deadline that fell due early.
     liveness_tick_at: Option<u64>,
     /// The tick's commands, when a caller asked for them.
     record: Option<Vec<Command>>,
@@ -216,12 +220,13 @@ impl Simulation {
             now: 0,
             job_of: BTreeMap::new(),
             progress_ms: BTreeMap::new(),
-            preemption_tick_at: None,
+            next_wake: NextWake::default(),
+            admission_tick_at: None,
             leader,
             timers: PassTimers::default(),
             liveness_tick_at: None,
             record: None,
-            agents: Agents { node_ids, models, running: BTreeMap::new(), life, down: Down::default() },
+            agents: Agents::new(node_ids, models, life),
             stats: Stats::default(),
         }
     }
@@ -372,13 +377,15 @@ impl Simulation {
                 self.at(self.now + self.leader.preemption.hold_ms(), Ev::Tick);
             }
         }
-        if let Some(next) = tick.preemption_waits_until() {
-            // A preemption pass had to wait for its interval: come back then,
-            // as the leader does.
-            if self.preemption_tick_at != Some(next) {
-                self.preemption_tick_at = Some(next);
-                self.at(next, Ev::Tick);
-            }
+        // Come back when the tick asks to (a preemption pass that had to
+        // wait, a back-off's end), as the leader does.
+        let next = tick.next_wake(&self.state, &self.timers, &self.next_wake);
+        self.next_wake = next;
+        if let Some(at) = next.admission_ms().filter(|&at| at > self.now)
+            && self.admission_tick_at != Some(at)
+        {
+            self.admission_tick_at = Some(at);
+            self.at(at, Ev::Tick);
         }
         Ok(())
     }

@@ -4,16 +4,18 @@
 //! It stops the moment this replica does not lead.
 //!
 //! A tick runs when the admission interval elapses, when a submit or a
-//! release wakes admission, when a preemption pass that had to wait for its
-//! interval may run, when a failed gang's back-off ends, and every `liveness_every_ms` for the node-lost and
-//! deadline passes. What each pass decides, and in which order, is
+//! release wakes admission, when the last tick asked to be woken
+//! ([`Tick::next_wake`]: a preemption pass that had to wait for its
+//! interval, a failed gang's back-off ending), and every
+//! `liveness_every_ms` for the node-lost and deadline passes. What each
+//! pass decides, in which order, and when to come back is
 //! `muster_core::tick`'s; the simulator drives the same [`Tick`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use muster_core::tick::{LeaderConfig, Pass, PassTimers, Silence, Tick, TickTime, Wake};
+use muster_core::tick::{LeaderConfig, NextWake, Pass, PassTimers, Silence, Tick, TickTime, Wake};
 
 use crate::server::raft::{Consensus, ProposeError};
 use crate::sm::{Command, Outcome, State};
@@ -56,8 +58,9 @@ pub async fn run(
     liveness_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was_leading = false;
     let mut timers = PassTimers::default();
-    // A preemption pass that had to wait for its interval runs then.
-    let mut preemption_at: Option<tokio::time::Instant> = None;
+    // When the last tick asked to be woken (a preemption pass that had to
+    // wait, a back-off's end): the core's answer, not this loop's.
+    let mut next = NextWake::default();
     loop {
         if !*leading.borrow_and_update() {
             if was_leading {
@@ -75,22 +78,13 @@ pub async fn run(
             was_leading = true;
             s.work.liveness().lead_from_now();
             timers = PassTimers::default();
-            preemption_at = None;
+            next = NextWake::default();
         }
-        let retry = async {
-            match preemption_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        // A gang backing off after a failure is placed when its back-off
-        // ends, not at the next admission interval.
-        let backoff_at = s.c.reader().read(|st| {
-            let now = s.c.now(st);
-            st.next_retry_after(now).map(|at| tokio::time::Instant::now() + Duration::from_millis(at - now))
-        });
-        let backoff = async {
-            match backoff_at {
+        let asked = next
+            .admission_ms()
+            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms.saturating_sub(s.c.clock().mono_ms())));
+        let asked = async {
+            match asked {
                 Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
@@ -98,8 +92,7 @@ pub async fn run(
         let wake = tokio::select! {
             _ = admission_tick.tick() => Wake { admission: true },
             _ = s.work.admission_woken() => Wake { admission: true },
-            _ = retry => Wake { admission: true },
-            _ = backoff => Wake { admission: true },
+            _ = asked => Wake { admission: true },
             _ = liveness_tick.tick() => Wake { admission: false },
             changed = leading.changed() => if changed.is_err() { return } else { continue },
         };
@@ -112,26 +105,7 @@ pub async fn run(
         })
         .await;
         admission_passes.fetch_add(admitted, Ordering::Relaxed);
-        preemption_at = preemption_retry(preemption_at, &tick, time.mono_ms, tokio::time::Instant::now());
-    }
-}
-
-/// When the loop next wakes for a preemption pass that had to wait, after
-/// `tick` (begun at `mono_ms`, ended at `now`): the wait it asked for; none
-/// when it looked and found nothing left to wait for; and the earlier wait,
-/// `before`, when it never looked (a liveness tick between a wait and its
-/// end must not drop it, or a blocked preemptor waits until admission
-/// wakes for another reason, up to the admission interval).
-fn preemption_retry(
-    before: Option<tokio::time::Instant>,
-    tick: &Tick,
-    mono_ms: u64,
-    now: tokio::time::Instant,
-) -> Option<tokio::time::Instant> {
-    match tick.preemption_waits_until() {
-        Some(due) => Some(now + Duration::from_millis(due.saturating_sub(mono_ms))),
-        None if tick.preemption_considered() => None,
-        None => before,
+        next = s.c.reader().read(|st| tick.next_wake(st, &timers, &next));
     }
 }
 
@@ -217,34 +191,5 @@ fn record(pass: &Pass, seconds: f64) {
             }
         }
         Pass::Preemption { .. } => metrics::histogram!("muster_preemption_decision_seconds").record(seconds),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use muster_core::tick::Heard;
-
-    /// A tick of an empty state woken for `wake`, run to its end.
-    fn ended(wake: Wake) -> Tick {
-        let cfg = LeaderConfig::default();
-        let mut timers = PassTimers::default();
-        let mut tick = Tick::begin(TickTime { wall_ms: 5_000, mono_ms: 5_000 }, wake, &mut timers, &cfg);
-        let state = State::default();
-        while tick.next(&state, &Heard::default(), &mut timers).is_some() {}
-        tick
-    }
-
-    #[test]
-    fn a_tick_that_never_looked_at_preemption_keeps_the_wait_an_earlier_one_asked_for() {
-        let now = tokio::time::Instant::now();
-        let waiting = Some(now + Duration::from_millis(40));
-        let liveness_only = ended(Wake { admission: false });
-        assert_eq!(preemption_retry(waiting, &liveness_only, 5_000, now), waiting);
-        assert_eq!(preemption_retry(None, &liveness_only, 5_000, now), None);
-        // One that looked and found nothing to decide ends the wait.
-        let looked = ended(Wake { admission: true });
-        assert!(looked.preemption_considered());
-        assert_eq!(preemption_retry(waiting, &looked, 5_000, now), None);
     }
 }
