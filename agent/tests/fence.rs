@@ -21,10 +21,27 @@ use tonic::{Request, Response, Status, Streaming};
 mod common;
 
 /// Registers the agent, assigns one task, grants its claim, and answers
-/// heartbeats until `silent` turns true; then answers nothing, ever.
+/// heartbeats until `silent` turns true; then answers nothing, ever. It
+/// notes what it hears, so a test waits on the agent's own doing.
 struct VanishingLeader {
     command: Vec<String>,
     silent: Arc<AtomicBool>,
+    heard: Arc<Heard>,
+}
+
+/// What the leader heard from the agent.
+#[derive(Default)]
+struct Heard {
+    /// Heartbeats it answered.
+    answered: std::sync::atomic::AtomicU32,
+    /// When the agent last sent anything or tried to connect.
+    last: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Heard {
+    fn now(&self) {
+        *self.last.lock().unwrap() = Some(tokio::time::Instant::now());
+    }
 }
 
 fn msg(m: In) -> Result<v1::SchedulerMessage, Status> {
@@ -39,6 +56,7 @@ impl AgentService for VanishingLeader {
         &self,
         req: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        self.heard.now();
         if self.silent.load(Ordering::SeqCst) {
             return Err(Status::unavailable("gone"));
         }
@@ -60,16 +78,20 @@ impl AgentService for VanishingLeader {
         .await
         .unwrap();
         let mut inbound = req.into_inner();
-        let silent = self.silent.clone();
+        let (silent, heard) = (self.silent.clone(), self.heard.clone());
         tokio::spawn(async move {
             while let Ok(Some(m)) = inbound.message().await {
+                heard.now();
                 if silent.load(Ordering::SeqCst) {
                     // Cut off: the connection stays, nothing is answered.
                     continue;
                 }
                 let answer = match m.msg {
                     Some(Out::Claim(c)) => In::Granted(v1::ClaimGranted { task: c.task, attempt: 1 }),
-                    Some(Out::Heartbeat(_)) => In::HeartbeatAck(v1::HeartbeatAck {}),
+                    Some(Out::Heartbeat(_)) => {
+                        heard.answered.fetch_add(1, Ordering::SeqCst);
+                        In::HeartbeatAck(v1::HeartbeatAck {})
+                    }
                     _ => continue,
                 };
                 if tx.send(msg(answer)).await.is_err() {
@@ -83,14 +105,10 @@ impl AgentService for VanishingLeader {
 
 /// The pid the task wrote, once it has.
 async fn pid_of(file: &Path) -> i32 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(pid) = std::fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok()) {
-            return pid;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the task never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    muster_testkit::eventually("the task to start", Duration::from_secs(30), || {
+        std::fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok())
+    })
+    .await
 }
 
 fn alive(pid: i32) -> bool {
@@ -98,18 +116,27 @@ fn alive(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
-/// Runs an agent against a leader that vanishes once the task runs;
-/// returns the task's pid, the agent's stop switch and the agent.
-async fn cut_off_agent(
-    fence: bool,
-    dir: &Path,
-) -> (i32, watch::Sender<bool>, tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>) {
+/// An agent against a leader that vanished once the task ran.
+struct CutOff {
+    pid: i32,
+    stop: watch::Sender<bool>,
+    agent: tokio::task::JoinHandle<()>,
+    server: tokio::task::JoinHandle<()>,
+    heard: Arc<Heard>,
+    /// When the leader stopped answering.
+    at: tokio::time::Instant,
+}
+
+/// Runs an agent against a leader that vanishes once the task runs and a
+/// few heartbeats were answered.
+async fn cut_off_agent(fence: bool, dir: &Path) -> CutOff {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let pid_file = dir.join("pid");
     let command = vec!["sh".into(), "-c".into(), format!("echo $$ > {}; exec sleep 600", pid_file.display())];
     let silent = Arc::new(AtomicBool::new(false));
-    let leader = VanishingLeader { command, silent: silent.clone() };
+    let heard = Arc::new(Heard::default());
+    let leader = VanishingLeader { command, silent: silent.clone(), heard: heard.clone() };
     let server = tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
             .add_service(AgentServiceServer::new(leader))
@@ -121,23 +148,27 @@ async fn cut_off_agent(
     let agent = tokio::spawn(Agent::new(cfg).unwrap().run(stopped));
     let pid = pid_of(&pid_file).await;
     // Answered heartbeats for a while, then nothing.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    muster_testkit::eventually("five answered heartbeats", Duration::from_secs(30), || {
+        (heard.answered.load(Ordering::SeqCst) >= 5).then_some(())
+    })
+    .await;
     silent.store(true, Ordering::SeqCst);
-    (pid, stop, agent, server)
+    CutOff { pid, stop, agent, server, heard, at: tokio::time::Instant::now() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_cut_off_from_every_leader_stops_its_tasks_before_they_can_be_placed_again() {
     let dir = tempfile::tempdir().unwrap();
-    let (pid, stop, agent, server) = cut_off_agent(true, dir.path()).await;
+    let CutOff { pid, stop, agent, server, .. } = cut_off_agent(true, dir.path()).await;
     assert!(alive(pid), "running while the leader answers");
     // Fenced 1 s after the last answered heartbeat, SIGKILLed 0.5 s later:
     // ten seconds is far past that on any machine.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
-        assert!(tokio::time::Instant::now() < deadline, "the task still runs long after the fence was due");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    muster_testkit::eventually(
+        "the task to be stopped (long after the fence was due)",
+        Duration::from_secs(10),
+        || (!alive(pid)).then_some(()),
+    )
+    .await;
     let _ = stop.send(true);
     agent.await.unwrap();
     server.abort();
@@ -146,17 +177,21 @@ async fn an_agent_cut_off_from_every_leader_stops_its_tasks_before_they_can_be_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fencing_off_the_task_of_a_cut_off_agent_runs_on() {
     let dir = tempfile::tempdir().unwrap();
-    let (pid, stop, agent, server) = cut_off_agent(false, dir.path()).await;
-    // Twice the node-lost window: fenced, it would have been dead for a while.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let CutOff { pid, stop, agent, server, heard, at } = cut_off_agent(false, dir.path()).await;
+    // The agent still at work 3 s after the cut (heartbeats or reconnects):
+    // past the fence (1 s) and its kill grace (0.5 s) twice over, so a
+    // fenced task would be dead by now.
+    muster_testkit::eventually("the agent to act 3 s after the cut", Duration::from_secs(60), || {
+        heard.last.lock().unwrap().filter(|&t| t >= at + Duration::from_secs(3))
+    })
+    .await;
     assert!(alive(pid), "the task was stopped although fencing is off");
     let _ = stop.send(true);
     agent.await.unwrap();
     server.abort();
     // The agent stops its tasks when it exits.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while alive(pid) {
-        assert!(tokio::time::Instant::now() < deadline, "the task outlived its agent");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    muster_testkit::eventually("the task to stop with its agent", Duration::from_secs(20), || {
+        (!alive(pid)).then_some(())
+    })
+    .await;
 }

@@ -241,24 +241,10 @@ fn t94_teardown_metrics_and_alloc_get_with_real_processes() {
     // One budget for the three waits below.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let left = || deadline.saturating_duration_since(std::time::Instant::now());
-    muster_testkit::eventually_blocking("the submit to succeed", left(), || {
-        let o = muster(&[
-            "submit",
-            "-n",
-            "2",
-            "--gpus",
-            "1",
-            "--idempotency-key",
-            "t94",
-            "--scheduler",
-            &addr,
-            "--",
-            "sh",
-            "-c",
-            script,
-        ]);
-        if o.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&o.stderr).into_owned()) }
-    });
+    submit_retried(
+        left(),
+        &["-n", "2", "--gpus", "1", "--idempotency-key", "t94", "--scheduler", &addr, "--", "sh", "-c", script],
+    );
     let body = muster_testkit::eventually_blocking("a teardown in the metrics", left(), || match scrape() {
         Some(t) if t.contains("muster_gang_teardown_completed_total{outcome=\"blocked\"} 1") => Ok(t),
         other => Err(format!("{other:?}")),
@@ -315,33 +301,8 @@ fn t95_preemption_metrics_with_real_processes() {
     let deadline = Instant::now() + Duration::from_secs(90);
     let left = || deadline.saturating_duration_since(Instant::now());
     let submit = |key: &str, class: &str, gang: &str, script: &str| {
-        muster_testkit::eventually_blocking("the submit to succeed", left(), || {
-            let o = muster(&[
-                "submit",
-                "-n",
-                gang,
-                "--gpus",
-                "2",
-                "--class",
-                class,
-                "--idempotency-key",
-                key,
-                "--scheduler",
-                &addr,
-                "--output",
-                "json",
-                "--",
-                "sh",
-                "-c",
-                script,
-            ]);
-            if o.status.success() {
-                let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-                Ok(v["id"].as_u64().unwrap().to_string())
-            } else {
-                Err(String::from_utf8_lossy(&o.stderr).into_owned())
-            }
-        })
+        let args = ["-n", gang, "--gpus", "2", "--class", class, "--idempotency-key", key, "--scheduler", &addr];
+        submit_retried(left(), &[&args[..], &["--output", "json", "--", "sh", "-c", script]].concat())
     };
     let status = |id: &str| {
         let o = muster(&["alloc", "get", id, "--scheduler", &addr, "--output", "json"]);
@@ -457,28 +418,10 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
         nodes.iter().all(|n| node_status(n).as_deref() == Some("ready")).then_some(())
     });
     let script = r#"if [ "$MUSTER_EPOCH" = 1 ]; then echo $$ > pid-$MUSTER_TASK_INDEX; exec sleep 600; fi; echo ok"#;
-    let id = muster_testkit::eventually_blocking("the submit to succeed", left(), || {
-        let o = muster(&[
-            "submit",
-            "-n",
-            "2",
-            "--gpus",
-            "2",
-            "--scheduler",
-            &addr,
-            "--output",
-            "json",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ]);
-        if o.status.success() {
-            Ok(serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["id"].as_u64().unwrap().to_string())
-        } else {
-            Err(String::from_utf8_lossy(&o.stderr).into_owned())
-        }
-    });
+    let id = submit_retried(
+        left(),
+        &["-n", "2", "--gpus", "2", "--scheduler", &addr, "--output", "json", "--", "sh", "-c", script],
+    );
     let a = muster_testkit::eventually_blocking("the gang to run", left(), || {
         json(&["alloc", "get", &id]).filter(|a| a["status"] == "running")
     });
@@ -519,4 +462,22 @@ fn t98_a_frozen_agent_is_flagged_dead_its_gang_re_placed_and_its_stale_task_stop
             }
         },
     );
+}
+
+/// `muster submit ARGS`, retried within `budget` until the cluster takes it
+/// (a leader elected, the agents registered). With `--output json`, the
+/// new allocation's id; otherwise its stdout.
+fn submit_retried(budget: std::time::Duration, args: &[&str]) -> String {
+    let json = args.windows(2).any(|w| w == ["--output", "json"]);
+    muster_testkit::eventually_blocking("the submit to succeed", budget, || {
+        let o = muster(&[&["submit"], args].concat());
+        if !o.status.success() {
+            return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+        }
+        Ok(if json {
+            serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["id"].as_u64().unwrap().to_string()
+        } else {
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        })
+    })
 }

@@ -35,8 +35,16 @@ async fn t60_killing_the_leader_loses_nothing_acknowledged() {
         })
     };
 
+    // Each kill comes after the submitter made progress since the last.
+    let progress = || async {
+        let floor = acked.lock().await.len() + 6;
+        muster_testkit::eventually_async("the submitter to get six more acks", Duration::from_secs(60), || async {
+            (acked.lock().await.len() >= floor).then_some(())
+        })
+        .await
+    };
     for round in 0..3 {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        progress().await;
         let old = leader(&cluster.addrs, None).await;
         let before = acked.lock().await.len();
         cluster.kill(old);
@@ -44,7 +52,7 @@ async fn t60_killing_the_leader_loses_nothing_acknowledged() {
         eprintln!("round {round}: killed leader {old} after {before} acks; replica {new} leads");
         cluster.spawn(old);
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    progress().await;
     stop.store(true, Ordering::Relaxed);
     submitter.await.unwrap();
 

@@ -466,10 +466,11 @@ async fn hold_idle_connections(
     address: std::net::IpAddr,
     per_address: usize,
     stop: tokio::sync::watch::Receiver<bool>,
+    made: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) -> usize {
     let mut tasks = Vec::new();
     for _ in 0..per_address {
-        let mut stop = stop.clone();
+        let (mut stop, made) = (stop.clone(), made.clone());
         tasks.push(tokio::spawn(async move {
             let mut opened = 0;
             while !*stop.borrow() {
@@ -477,6 +478,7 @@ async fn hold_idle_connections(
                 socket.bind(std::net::SocketAddr::new(address, 0)).unwrap();
                 if let Ok(c) = socket.connect(server).await {
                     opened += 1;
+                    made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tokio::select! {
                         _ = closed_within(c, Duration::from_secs(3_600)) => {}
                         _ = stop.changed() => return opened,
@@ -503,14 +505,18 @@ async fn t116_legitimate_calls_are_served_during_an_idle_connection_flood() {
     let s = Server::start_with(&["--max-connections", "200", "--max-connections-per-peer", "50"]).await;
     let server: std::net::SocketAddr = s.addr.parse().unwrap();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // 8 addresses × 50 = 400 connections against a cap of 200.
     let flood: Vec<_> = (2..10u8)
         .map(|last| {
             let address = std::net::IpAddr::from([127, 0, 0, last]);
-            tokio::spawn(hold_idle_connections(server, address, 50, stop.clone()))
+            tokio::spawn(hold_idle_connections(server, address, 50, stop.clone(), made.clone()))
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    muster_testkit::eventually("the flood to make 300 connections (the cap is 200)", WAIT, || {
+        (made.load(std::sync::atomic::Ordering::Relaxed) >= 300).then_some(())
+    })
+    .await;
     // 28 calls, each on a connection of its own.
     let mut served = 0;
     for _ in 0..28 {

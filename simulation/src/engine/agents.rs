@@ -64,11 +64,10 @@ impl Simulation {
         epoch: u64,
         life: u32,
     ) -> Result<bool, SimError> {
-        if life != self.agents.life[node as usize] || self.is_down(node) {
+        let Some(id) = self.still_alive(node, life) else {
             return Ok(false); // the agent died before claiming
-        }
-        let out =
-            self.apply(&Command::StartTask { alloc, task, node: self.agents.node_ids[node as usize].clone(), epoch })?;
+        };
+        let out = self.apply(&Command::StartTask { alloc, task, node: id, epoch })?;
         if !out.is_accepted() {
             self.stats.rejected_reports += 1;
             return Ok(false);
@@ -117,10 +116,9 @@ impl Simulation {
         ok: bool,
         life: u32,
     ) -> Result<bool, SimError> {
-        if life != self.agents.life[node as usize] {
+        let Some(node) = self.still_alive(node, life) else {
             return Ok(false); // the process died with its node
-        }
-        let node = self.agents.node_ids[node as usize].clone();
+        };
         let cmd = if ok {
             Command::FinishTask { alloc, task, node, epoch }
         } else {
@@ -138,10 +136,9 @@ impl Simulation {
         epoch: u64,
         life: u32,
     ) -> Result<bool, SimError> {
-        if life != self.agents.life[node as usize] {
-            return Ok(false);
-        }
-        let node = self.agents.node_ids[node as usize].clone();
+        let Some(node) = self.still_alive(node, life) else {
+            return Ok(false); // the process died with its node
+        };
         self.report_exit(alloc, task, &Command::ConfirmPreempted { alloc, task, node, epoch, checkpoint_failed: false })
     }
 
@@ -172,6 +169,13 @@ impl Simulation {
         let out = self.apply(&register)?;
         self.sync(node);
         Ok(out.is_accepted())
+    }
+
+    /// Node `node`'s id, when the agent that scheduled something in its
+    /// life `life` still lives (no crash since, and not down now).
+    fn still_alive(&self, node: u32, life: u32) -> Option<NodeId> {
+        (life == self.agents.life[node as usize] && !self.is_down(node))
+            .then(|| self.agents.node_ids[node as usize].clone())
     }
 
     pub(super) fn is_down(&self, node: u32) -> bool {
