@@ -373,7 +373,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.hub.admission_required = args.node_admission == NodeAdmission::Required;
     cfg.hub.heartbeat_interval = Duration::from_millis(args.agent_heartbeat_ms);
     cfg.teardown_force_after = Duration::from_millis(args.teardown_force_after_ms);
-    cfg.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
+    cfg.hub.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
     cfg.preemption = preemption;
     cfg.admission.backfill = !args.no_backfill;
     cfg.reclaim = reclaim;

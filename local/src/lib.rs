@@ -316,7 +316,7 @@ impl LocalCluster {
         rc.initial_members = self.addrs.iter().enumerate().map(|(i, a)| (i as u64 + 1, a.clone())).collect();
         rc.hub.heartbeat_interval = self.cfg.heartbeat;
         rc.hub.stop_grace = self.cfg.stop_grace;
-        rc.node_lost_after = self.cfg.node_lost_after;
+        rc.hub.node_lost_after = self.cfg.node_lost_after;
         rc.teardown_force_after = self.cfg.teardown_force_after;
         rc.preemption = self.cfg.preemption;
         rc.reclaim = self.cfg.reclaim;

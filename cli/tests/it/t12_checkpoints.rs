@@ -52,9 +52,6 @@ const BIG: u64 = 2 << 30;
 
 fn config() -> LocalConfig {
     LocalConfig {
-        agents: 2,
-        heartbeat: Duration::from_millis(500),
-        stop_grace: Duration::from_secs(2),
         preemption: PreemptionConfig {
             min_runtime_ms: 0,
             checkpoint_timeout_ms: 60_000,
@@ -65,7 +62,7 @@ fn config() -> LocalConfig {
             [("slot".to_string(), "a".to_string())].into(),
             [("slot".to_string(), "b".to_string())].into(),
         ],
-        ..crate::tls::local_config()
+        ..crate::tls::quick_cluster(2, Duration::from_secs(2))
     }
 }
 

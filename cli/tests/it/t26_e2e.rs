@@ -69,11 +69,7 @@ pub(crate) fn status(a: &v1::Allocation) -> v1::AllocationStatus {
 }
 
 fn fast() -> LocalConfig {
-    LocalConfig {
-        heartbeat: Duration::from_millis(500),
-        stop_grace: Duration::from_secs(1),
-        ..crate::tls::local_config()
-    }
+    crate::tls::quick_cluster(LocalConfig::default().agents, Duration::from_secs(1))
 }
 
 /// A local cluster without TLS (what `cargo bench --bench gangs` runs):

@@ -16,10 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::cluster::WAIT;
 use crate::t26_e2e::{gang, get, proc_alive, status, submit, until};
-
-fn config(agents: u32, grace: Duration) -> LocalConfig {
-    LocalConfig { agents, heartbeat: Duration::from_millis(500), stop_grace: grace, ..crate::tls::local_config() }
-}
+use crate::tls::quick_cluster;
 
 /// The node index of an agent's node id (`node-3` → 2).
 fn agent_index(node: &str) -> u32 {
@@ -83,7 +80,7 @@ echo "finished at $step"
 async fn t199_killing_one_task_tears_down_the_gang_which_resumes_from_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let grace = Duration::from_secs(5);
-    let c = LocalCluster::start(dir.path(), config(5, grace)).await.unwrap();
+    let c = LocalCluster::start(dir.path(), quick_cluster(5, grace)).await.unwrap();
     let id = submit(&c, gang(4, TRAINER, 3)).await;
     let running = until(&c, id, "running", |a| status(a) == v1::AllocationStatus::Running).await;
     // Let every task make some progress, then SIGKILL task 0.
@@ -143,7 +140,7 @@ async fn t199_killing_one_task_tears_down_the_gang_which_resumes_from_checkpoint
 async fn t85_a_term_ignoring_task_is_killed_after_the_grace() {
     let dir = tempfile::tempdir().unwrap();
     let grace = Duration::from_secs(1);
-    let c = LocalCluster::start(dir.path(), config(2, grace)).await.unwrap();
+    let c = LocalCluster::start(dir.path(), quick_cluster(2, grace)).await.unwrap();
     let script = r#"
 if [ "$MUSTER_EPOCH" = 1 ]; then
   if [ "$MUSTER_TASK_INDEX" = 0 ]; then sleep 1; exit 5; fi
@@ -258,7 +255,7 @@ fn up(m: Up) -> v1::AgentMessage {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t86_a_silent_node_is_force_drained_and_stale_acks_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = LocalConfig { teardown_force_after: Duration::from_secs(3), ..config(1, Duration::from_secs(1)) };
+    let cfg = LocalConfig { teardown_force_after: Duration::from_secs(3), ..quick_cluster(1, Duration::from_secs(1)) };
     let c = LocalCluster::start(dir.path(), cfg).await.unwrap();
     let mut ghost = Ghost::connect(&c).await;
     // Task on node-1 fails in the first two rounds; the ghost's task "runs".
@@ -337,7 +334,7 @@ async fn t86_a_silent_node_is_force_drained_and_stale_acks_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t87_a_new_leader_finishes_a_teardown_the_old_one_started() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = LocalCluster::start(dir.path(), config(2, Duration::from_secs(10))).await.unwrap();
+    let mut c = LocalCluster::start(dir.path(), quick_cluster(2, Duration::from_secs(10))).await.unwrap();
     let script = r#"
 if [ "$MUSTER_TASK_INDEX" = 0 ]; then if [ "$MUSTER_EPOCH" = 1 ]; then sleep 1; exit 9; fi; exit 0; fi
 if [ "$MUSTER_RESUME" = 1 ]; then echo "resumed with $(cat "$MUSTER_CHECKPOINT_DIR/state")"; exit 0; fi

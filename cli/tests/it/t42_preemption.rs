@@ -14,9 +14,6 @@ use crate::t26_e2e::{get, submit, until};
 
 fn config(agents: u32, checkpoint_timeout_ms: u64) -> LocalConfig {
     LocalConfig {
-        agents,
-        heartbeat: Duration::from_millis(500),
-        stop_grace: Duration::from_secs(2),
         preemption: PreemptionConfig {
             min_runtime_ms: 0,
             checkpoint_timeout_ms,
@@ -24,7 +21,7 @@ fn config(agents: u32, checkpoint_timeout_ms: u64) -> LocalConfig {
             grace_ms: 2_000,
             ..PreemptionConfig::default()
         },
-        ..crate::tls::local_config()
+        ..crate::tls::quick_cluster(agents, Duration::from_secs(2))
     }
 }
 

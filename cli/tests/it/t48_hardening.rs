@@ -9,10 +9,7 @@ use muster_proto::v1;
 
 use crate::cluster::WAIT;
 use crate::t26_e2e::{get, leader_client, proc_alive, status, submit, until};
-
-fn config(agents: u32, grace: Duration) -> LocalConfig {
-    LocalConfig { agents, heartbeat: Duration::from_millis(500), stop_grace: grace, ..crate::tls::local_config() }
-}
+use crate::tls::quick_cluster;
 
 fn whole_node(n: u32, script: &str) -> v1::AllocationSpec {
     v1::AllocationSpec {
@@ -51,7 +48,7 @@ const STUBBORN: &str = "trap '' TERM; echo $$ > pid-$MUSTER_ALLOC_ID-$MUSTER_TAS
 async fn t140_a_cancel_holds_the_gpus_until_the_cancelled_processes_are_gone() {
     let dir = tempfile::tempdir().unwrap();
     let grace = Duration::from_secs(3);
-    let c = LocalCluster::start(dir.path(), config(4, grace)).await.unwrap();
+    let c = LocalCluster::start(dir.path(), quick_cluster(4, grace)).await.unwrap();
     let old = submit(&c, whole_node(4, STUBBORN)).await;
     let running = until(&c, old, "running", |a| status(a) == v1::AllocationStatus::Running).await;
     let old_pids = pids(&c, &running).await;
@@ -152,7 +149,7 @@ print(f"rank {rank} finished at step {step}", flush=True)
 async fn t141_a_rank_killed_mid_run_loses_no_checkpoint_of_its_gang() {
     let dir = tempfile::tempdir().unwrap();
     let rdv = tempfile::tempdir().unwrap();
-    let c = LocalCluster::start(dir.path(), config(4, Duration::from_secs(5))).await.unwrap();
+    let c = LocalCluster::start(dir.path(), quick_cluster(4, Duration::from_secs(5))).await.unwrap();
     let spec = v1::AllocationSpec {
         owner: "e2e".into(),
         gang_size: 4,
@@ -219,7 +216,7 @@ async fn attempt_log(c: &LocalCluster, id: u64, attempt: u32, stderr: bool) -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t142_an_earlier_attempt_s_log_comes_from_the_node_it_ran_on() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = LocalConfig { node_lost_after: Duration::from_secs(2), ..config(2, Duration::from_secs(1)) };
+    let cfg = LocalConfig { node_lost_after: Duration::from_secs(2), ..quick_cluster(2, Duration::from_secs(1)) };
     let mut c = LocalCluster::start(dir.path(), cfg).await.unwrap();
     let id = submit(&c, whole_node(1, "echo run $MUSTER_ATTEMPT on $MUSTER_NODE_ID; sleep 60")).await;
     let first = until(&c, id, "running", |a| status(a) == v1::AllocationStatus::Running).await;
@@ -260,7 +257,7 @@ async fn t142_an_earlier_attempt_s_log_comes_from_the_node_it_ran_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t143_a_task_that_cannot_start_says_why_in_its_event_and_its_log() {
     let dir = tempfile::tempdir().unwrap();
-    let c = LocalCluster::start(dir.path(), config(1, Duration::from_secs(1))).await.unwrap();
+    let c = LocalCluster::start(dir.path(), quick_cluster(1, Duration::from_secs(1))).await.unwrap();
     let spec = v1::AllocationSpec {
         command: vec!["/nonexistent/train-model".into()],
         max_retries: 1,
@@ -300,7 +297,7 @@ async fn t144_bad_uploads_are_refused_on_the_leader_before_the_log() {
     use muster_proto::v1::scheduler_message::Msg as Down;
 
     let dir = tempfile::tempdir().unwrap();
-    let c = LocalCluster::start(dir.path(), config(1, Duration::from_secs(1))).await.unwrap();
+    let c = LocalCluster::start(dir.path(), quick_cluster(1, Duration::from_secs(1))).await.unwrap();
     let mut ghost = crate::t40_teardown::Ghost::connect(&c).await;
     // The real node's task fails in the first round; the ghost's is torn down.
     let spec = v1::AllocationSpec {
@@ -406,7 +403,7 @@ fn t145_muster_dev_restarts_on_its_own_data() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t146_a_burst_of_reads_is_served_without_spurious_unavailable() {
     let dir = tempfile::tempdir().unwrap();
-    let c = LocalCluster::start(dir.path(), config(1, Duration::from_secs(1))).await.unwrap();
+    let c = LocalCluster::start(dir.path(), quick_cluster(1, Duration::from_secs(1))).await.unwrap();
     let id = submit(&c, whole_node(1, "sleep 600")).await;
     let term = |c: &LocalCluster| c.replica(c.leader_id().unwrap()).unwrap().status().term;
     let before = term(&c);

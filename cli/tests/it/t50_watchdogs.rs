@@ -14,9 +14,6 @@ use crate::t26_e2e::{get, submit, until};
 
 fn config() -> LocalConfig {
     LocalConfig {
-        agents: 3,
-        heartbeat: Duration::from_millis(500),
-        stop_grace: Duration::from_secs(1),
         watchdog: WatchdogConfig {
             poll: Duration::from_millis(200),
             confirm_samples: 3,
@@ -24,7 +21,7 @@ fn config() -> LocalConfig {
             gpu_health: false,
             ..WatchdogConfig::default()
         },
-        ..crate::tls::local_config()
+        ..crate::tls::quick_cluster(3, Duration::from_secs(1))
     }
 }
 

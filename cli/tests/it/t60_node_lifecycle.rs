@@ -17,16 +17,13 @@ use crate::t26_e2e::{get, leader_client, status, submit, until};
 
 fn config(agents: u32) -> LocalConfig {
     LocalConfig {
-        agents,
-        heartbeat: Duration::from_millis(500),
-        stop_grace: Duration::from_secs(2),
         preemption: PreemptionConfig {
             checkpoint_timeout_ms: 10_000,
             max_deferral_ms: 4_000,
             grace_ms: 2_000,
             ..PreemptionConfig::default()
         },
-        ..crate::tls::local_config()
+        ..crate::tls::quick_cluster(agents, Duration::from_secs(2))
     }
 }
 

@@ -16,11 +16,8 @@ use crate::t26_e2e::{leader_client, status, submit, until};
 /// job after it runs on exactly those GPUs.
 fn config() -> LocalConfig {
     LocalConfig {
-        agents: 2,
-        heartbeat: Duration::from_millis(500),
-        stop_grace: Duration::from_secs(1),
         preemption: PreemptionConfig { min_runtime_ms: 0, grace_ms: 1_000, ..PreemptionConfig::default() },
-        ..crate::tls::local_config()
+        ..crate::tls::quick_cluster(2, Duration::from_secs(1))
     }
 }
 

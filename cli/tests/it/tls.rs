@@ -32,3 +32,10 @@ pub fn material(role: Role) -> TlsMaterial {
 pub fn local_config() -> muster_local::LocalConfig {
     muster_local::LocalConfig { tls_dir: Some(dir().to_path_buf()), ..muster_local::LocalConfig::default() }
 }
+
+/// The tests' usual local cluster: `agents` agents heartbeating every
+/// 500 ms, stopping tasks with a `stop_grace` grace, certificates from the
+/// tests' CA. Each area overrides what it is about.
+pub fn quick_cluster(agents: u32, stop_grace: std::time::Duration) -> muster_local::LocalConfig {
+    muster_local::LocalConfig { agents, heartbeat: std::time::Duration::from_millis(500), stop_grace, ..local_config() }
+}

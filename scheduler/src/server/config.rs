@@ -70,8 +70,6 @@ pub struct ReplicaConfig {
     pub max_batch: usize,
     /// Agent-stream settings.
     pub hub: HubConfig,
-    /// A node silent this long while holding work is marked lost.
-    pub node_lost_after: Duration,
     /// A teardown's tasks that have not acked this long after it started are
     /// forced to preempted.
     pub teardown_force_after: Duration,
@@ -116,7 +114,6 @@ impl ReplicaConfig {
             admission_interval: Duration::from_secs(5),
             max_batch: 4096,
             hub: HubConfig::default(),
-            node_lost_after: Duration::from_secs(30),
             teardown_force_after: Duration::from_millis(crate::policy::DEFAULT_FORCE_AFTER_MS),
             retention: Some(crate::policy::RetentionConfig::default()),
             preemption: PreemptionConfig::default(),

@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 
 use super::MusterRaft;
 use super::api::admin::AdminApi;
-use super::api::agent_hub::{AgentHub, HubConfig, MAX_AGENT_MESSAGE_BYTES};
+use super::api::agent_hub::{AgentHub, MAX_AGENT_MESSAGE_BYTES};
 use super::api::client::ClientApi;
 use super::api::node::NodeApi;
 use super::background::Background;
@@ -243,7 +243,7 @@ impl Replica {
                 AgentServiceServer::new(AgentHub::new(
                     consensus.clone(),
                     work.clone(),
-                    HubConfig { node_lost_after: cfg.node_lost_after, ..cfg.hub },
+                    cfg.hub,
                     cfg.preemption,
                     successor,
                     bugs.clone(),
@@ -279,7 +279,7 @@ impl Replica {
                 preemption: cfg.preemption,
                 reclaim: cfg.reclaim,
                 preempt: true,
-                node_lost_after_ms: cfg.node_lost_after.as_millis() as u64,
+                node_lost_after_ms: cfg.hub.node_lost_after.as_millis() as u64,
                 teardown_force_after_ms: cfg.teardown_force_after.as_millis() as u64,
                 liveness_every_ms: muster_core::tick::DEFAULT_LIVENESS_EVERY_MS,
                 retention: cfg.retention,

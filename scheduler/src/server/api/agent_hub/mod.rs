@@ -71,7 +71,8 @@ pub struct HubConfig {
     /// How long an agent has to send `Register`.
     pub register_timeout: Duration,
     /// A silent node holding work is marked lost after this long (agents
-    /// are told, and fence themselves in half of it).
+    /// are told, and fence themselves in half of it; the leader's node-lost
+    /// pass reads the same setting).
     pub node_lost_after: Duration,
     /// Refuse the registration of a node no admin admitted
     /// (`muster server --node-admission required`).
