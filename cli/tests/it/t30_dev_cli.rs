@@ -197,15 +197,22 @@ fn t91_a_gang_of_four_on_muster_dev_runs_on_four_nodes() {
     });
 
     // Dry runs: a class-8 whole-node job would preempt the class-5 gang
-    // (past muster dev's 1 s minimum runtime); a class-5 one could not.
-    std::thread::sleep(Duration::from_millis(1_500));
+    // once it is past muster dev's 1 s minimum runtime; a class-5 one could
+    // not.
     let dry = |class: &str| {
         let mut args: Vec<&str> = vec!["submit", "--dry-run", "--gpus", "8", "--class", class];
         args.extend(s);
         args.extend(["--", "true"]);
         json(&args)
     };
-    let plan = dry("8");
+    let plan = muster_testkit::eventually_blocking(
+        "a class-8 dry run to find a victim (past the 1 s minimum runtime)",
+        Duration::from_secs(90),
+        || {
+            let plan = dry("8");
+            plan["preemption"]["victims"].as_array().is_some_and(|v| !v.is_empty()).then_some(plan)
+        },
+    );
     assert_eq!(plan["id"], 0, "{plan}");
     let victims = plan["preemption"]["victims"].as_array().unwrap();
     assert_eq!(victims.len(), 1, "{plan}");
