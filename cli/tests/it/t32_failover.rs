@@ -264,8 +264,9 @@ async fn t63_the_cli_remembers_the_leader_between_runs() {
 async fn t64_a_failover_logs_no_errors_and_a_down_peer_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::prepare(dir.path(), &[]);
-    // The server's own filter, plus one DEBUG line per failed retry to a
-    // peer already known to be down: what the wait below counts.
+    // The server's own filter (`SERVER_LOG_FILTER` in cli/src/main.rs: keep
+    // the two alike), plus one DEBUG line per failed retry to a peer already
+    // known to be down: what the wait below counts.
     let filter = "info,openraft=warn,openraft::replication=off,openraft::engine::handler::replication_handler=off,\
                   openraft::core::raft_core=off,muster_scheduler::server::raft::network=debug";
     cluster.env.push(("RUST_LOG".into(), filter.into()));

@@ -49,36 +49,26 @@ fn module_of(rel: &Path) -> Vec<String> {
 }
 
 /// The parts of `server/` that `src` (the file at module path `module`)
-/// names, with the line each is named on.
+/// names, with the line each is named on: every path on a line (comments
+/// aside) that starts `crate::server::` or `super::`, resolved against
+/// `module`.
 fn named_parts(module: &[String], src: &str, parts: &BTreeSet<&str>) -> Vec<(String, usize)> {
     let mut found = Vec::new();
     for (n, line) in src.lines().enumerate() {
         let code = line.split("//").next().unwrap_or("");
-        let mut rest = code;
-        while let Some(at) = rest.find("crate::server::").map(|i| (i, "crate::server::".len())).or_else(|| {
-            rest.find("super::").filter(|&i| i == 0 || !rest.as_bytes()[i - 1].is_ascii_alphanumeric()).map(|i| (i, 0))
-        }) {
-            let (i, skip) = at;
-            let mut tail = &rest[i + skip..];
-            let target: Option<Vec<String>> = if skip > 0 {
-                Some(Vec::new())
-            } else {
-                let mut ups = 0;
-                while let Some(t) = tail.strip_prefix("super::") {
-                    ups += 1;
-                    tail = t;
-                }
+        for path in code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
+            let segs: Vec<&str> = path.split("::").collect();
+            let ups = segs.iter().take_while(|s| **s == "super").count();
+            let part = match segs.as_slice() {
+                ["crate", "server", name, ..] => Some(*name),
                 // `super::*` inside a file's own `mod tests` names the file.
-                (ups <= module.len()).then(|| module[..module.len() - ups].to_vec())
+                _ if ups > 0 && ups < module.len() => Some(module[0].as_str()),
+                _ if ups > 0 && ups == module.len() => segs.get(ups).copied(),
+                _ => None,
             };
-            let name: String = tail.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            if let Some(mut path) = target {
-                path.push(name);
-                if let Some(part) = path.first().filter(|p| parts.contains(p.as_str())) {
-                    found.push((part.clone(), n + 1));
-                }
+            if let Some(part) = part.filter(|p| parts.contains(p)) {
+                found.push((part.to_string(), n + 1));
             }
-            rest = &tail[tail.len().min(1)..];
         }
     }
     found
@@ -125,7 +115,9 @@ fn the_allowed_uses_form_no_circle() {
 fn a_path_naming_another_part_is_found() {
     let parts: BTreeSet<&str> = allowed().keys().copied().collect();
     let module = vec!["raft".to_string(), "proposer".to_string()];
-    let src = "use super::leader_time::X;\nuse crate::server::api::convert;\nfn f() { super::super::observe::observe(); }\n// super::super::leader in a comment\n";
+    let src = "use super::leader_time::X;\nuse crate::server::api::convert;\nfn f() { super::super::observe::observe(); }\n\
+               // super::super::leader in a comment\nlet _ = (mysuper::x, super::super::leader::y, crate::server::api::z);\n";
     let found = named_parts(&module, src, &parts);
-    assert_eq!(found, vec![("raft".to_string(), 1), ("api".to_string(), 2), ("observe".to_string(), 3)]);
+    let want = [("raft", 1), ("api", 2), ("observe", 3), ("leader", 5), ("api", 5)];
+    assert_eq!(found, want.map(|(p, n)| (p.to_string(), n)));
 }
