@@ -335,6 +335,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     }
     nemesis::refresh_known(&procs, &proxies);
     wait_ready(&procs.member_addrs(), cfg.agents).await?;
+    tracing::info!(seed = cfg.seed, "chaos: the cluster is ready; the fault phase begins");
 
     // The fault phase.
     let fabric = fabric::Fabric::start().await.map_err(|e| format!("cannot start the gang fabric: {e}"))?;
@@ -353,6 +354,7 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     nemesis::heal_network(&proxies);
     fabric.heal();
     let crashed = procs.crashed();
+    tracing::info!(seed = cfg.seed, faults = faults.len(), calls = ops.len(), "chaos: the fault phase is over");
 
     // The liveness phase: everything ends, the replicas converge.
     let quiet = Instant::now();
@@ -361,10 +363,19 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
     let (mut allocs, leader) = settle(&procs.member_addrs(), deadline).await;
     let statuses = converge(&procs.member_addrs(), deadline).await;
     let liveness_s = quiet.elapsed().as_secs_f64();
+    tracing::info!(
+        seed = cfg.seed,
+        liveness_s,
+        "chaos: the liveness phase is over; reading every allocation's history"
+    );
     let mut histories = BTreeMap::new();
     let mut forgotten = 0;
     if let Some(leader) = leader {
-        for a in &allocs {
+        // Only an allocation that ended has a history that vouches for its
+        // attempts: a live one's watch never closes, and a task it starts
+        // after the read would look unrecorded. (`all_terminal` names the
+        // live ones.)
+        for a in allocs.iter().filter(|a| checks::is_terminal(a.status)) {
             if let Ok(h) = client::history(&leader, a.id).await {
                 histories.insert(a.id, h);
             }
@@ -392,7 +403,9 @@ pub async fn run(cfg: &ChaosConfig) -> Result<Report, String> {
             Err(e) => tracing::warn!(error = %e, "chaos: cannot read the job history"),
         }
     }
+    tracing::info!(seed = cfg.seed, "chaos: histories read; stopping the cluster");
     procs.shutdown();
+    tracing::info!(seed = cfg.seed, "chaos: the cluster is stopped; checking");
     let mut logs = Vec::new();
     let mut unreadable = Vec::new();
     // Every replica that ever ran, retired ones too (a replica that joined

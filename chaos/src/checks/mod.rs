@@ -25,7 +25,7 @@ pub use journal::{Journal, journal_consistent};
 pub use linearizable::client_api_linearizable;
 pub use overbooked::gpus_never_overbooked;
 pub use replay::{ReplicaLog, committed_log_replays};
-pub use terminal::all_terminal;
+pub use terminal::{all_terminal, is_terminal};
 
 use serde::Serialize;
 

@@ -5,17 +5,20 @@ use muster_proto::v1;
 
 use super::CheckResult;
 
+/// Whether an allocation's status (the API's number) is final: done,
+/// failed or cancelled.
+pub fn is_terminal(status: i32) -> bool {
+    matches!(
+        v1::AllocationStatus::try_from(status),
+        Ok(v1::AllocationStatus::Done | v1::AllocationStatus::Failed | v1::AllocationStatus::Cancelled)
+    )
+}
+
 /// Checks the final allocations.
 pub fn all_terminal(allocs: &[v1::Allocation]) -> CheckResult {
-    let terminal = |s: i32| {
-        matches!(
-            v1::AllocationStatus::try_from(s),
-            Ok(v1::AllocationStatus::Done | v1::AllocationStatus::Failed | v1::AllocationStatus::Cancelled)
-        )
-    };
     let violations: Vec<String> = allocs
         .iter()
-        .filter(|a| !terminal(a.status))
+        .filter(|a| !is_terminal(a.status))
         .map(|a| {
             let status = v1::AllocationStatus::try_from(a.status).map_or("?", |s| s.as_str_name());
             format!("allocation {} is still {status}", a.id)
