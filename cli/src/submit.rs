@@ -121,6 +121,19 @@ pub struct SubmitArgs {
     /// contains tasks (0: the node agent's --pids-max, 4096 by default).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pids_max: u32,
+    /// Wait for these allocations before being queued: ID (it must
+    /// succeed), ID:any (end), ID:notok (fail or be cancelled) or
+    /// ID:started; repeated or comma-joined, all must be met. Until then it
+    /// is `waiting`; a dependency that can never be met fails it at once.
+    #[arg(long, value_name = "ID[:ok|any|notok|started]")]
+    after: Vec<String>,
+    /// Like --after, but the first dependency met is enough.
+    #[arg(long, value_name = "ID[:ok|any|notok|started]", conflicts_with = "after")]
+    after_any_of: Vec<String>,
+    /// When a dependency can never be met, stay waiting (until cancelled)
+    /// instead of failing.
+    #[arg(long)]
+    keep_if_unsatisfiable: bool,
     /// Validate and show the plan (placement, or what it would preempt and
     /// why) without submitting.
     #[arg(long)]
@@ -197,6 +210,16 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
     if let Some(store) = &args.checkpoint_store {
         muster_scheduler::sm::CheckpointStore::parse(store).map_err(|e| anyhow::anyhow!("--checkpoint-store {e}"))?;
     }
+    let (flag, lists) =
+        if args.after_any_of.is_empty() { ("--after", &args.after) } else { ("--after-any-of", &args.after_any_of) };
+    let after = if lists.is_empty() {
+        Vec::new()
+    } else {
+        muster_scheduler::sm::parse_after(&lists.join(",")).map_err(|e| anyhow::anyhow!("{flag} {e}"))?
+    };
+    if args.keep_if_unsatisfiable && after.is_empty() {
+        bail!("--keep-if-unsatisfiable needs --after or --after-any-of");
+    }
     let estimate = parse_duration_s(&args.checkpoint_estimate).context("--checkpoint-estimate")?;
     let checkpoint_estimate_s = u32::try_from(estimate).ok().filter(|s| *s > 0).with_context(|| {
         format!("--checkpoint-estimate {:?} must be between 1 s and 136 years", args.checkpoint_estimate)
@@ -229,6 +252,9 @@ fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         checkpoint_store: args.checkpoint_store.clone().unwrap_or_default(),
         name: args.name.clone().unwrap_or_default(),
         pids_max: args.pids_max,
+        after: after.iter().map(|d| v1::Dependency { id: d.on, when: d.when.as_str().to_string() }).collect(),
+        after_any_of: !args.after_any_of.is_empty(),
+        keep_if_unsatisfiable: args.keep_if_unsatisfiable,
     })
 }
 

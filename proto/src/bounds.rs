@@ -109,6 +109,8 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("AllocationSpec.pack_by", text(NAME + 16)),
     ("AllocationSpec.checkpoint_store", text(STORE)),
     ("AllocationSpec.name", text(NAME)),
+    ("AllocationSpec.after", items(64, 0)),
+    ("Dependency.when", text(KEYWORD)),
     ("ListRequest.owner", text(NAME)),
     ("SubmitRequest.secrets", items(32, 128 * 1024 + 32 * 128)),
     // Nodes.
@@ -351,7 +353,12 @@ impl Bounded for v1::AllocationSpec {
         check_strings("AllocationSpec.constraints", &self.constraints)?;
         check_text("AllocationSpec.pack_by", &self.pack_by)?;
         check_text("AllocationSpec.checkpoint_store", &self.checkpoint_store)?;
-        check_text("AllocationSpec.name", &self.name)
+        check_text("AllocationSpec.name", &self.name)?;
+        check_items("AllocationSpec.after", self.after.len(), 0)?;
+        for d in &self.after {
+            check_text("Dependency.when", &d.when)?;
+        }
+        Ok(())
     }
 }
 

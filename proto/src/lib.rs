@@ -58,6 +58,9 @@ mod tests {
             checkpoint_store: "s3://ckpt/ml".into(),
             name: "resnet".into(),
             pids_max: 8_192,
+            after: vec![v1::Dependency { id: 7, when: "notok".into() }],
+            after_any_of: true,
+            keep_if_unsatisfiable: true,
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

@@ -77,7 +77,8 @@ pub enum AllocCmd {
     },
     /// List allocations.
     List {
-        /// Only this status (queued, suspended, reserved, running, tearing-down, done, failed, cancelled).
+        /// Only this status (waiting, queued, suspended, reserved, running, tearing-down, done, failed,
+        /// cancelled).
         #[arg(long)]
         status: Option<String>,
         /// Only this owner.
@@ -121,10 +122,11 @@ fn status_filter(name: &str) -> anyhow::Result<i32> {
         "done" => v1::AllocationStatus::Done,
         "failed" => v1::AllocationStatus::Failed,
         "cancelled" => v1::AllocationStatus::Cancelled,
+        "waiting" => v1::AllocationStatus::Waiting,
         other => {
             bail!(
-                "--status {other:?} is not one of queued, suspended, reserved, running, tearing-down, done, failed, \
-                 cancelled"
+                "--status {other:?} is not one of waiting, queued, suspended, reserved, running, tearing-down, done, \
+                 failed, cancelled"
             )
         }
     } as i32)

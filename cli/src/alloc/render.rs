@@ -17,6 +17,7 @@ pub fn status_name(raw: i32) -> &'static str {
         Ok(v1::AllocationStatus::Done) => "done",
         Ok(v1::AllocationStatus::Failed) => "failed",
         Ok(v1::AllocationStatus::Cancelled) => "cancelled",
+        Ok(v1::AllocationStatus::Waiting) => "waiting",
         _ => "unknown",
     }
 }

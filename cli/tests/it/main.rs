@@ -29,6 +29,7 @@ mod t60_node_lifecycle;
 mod t62_node_trust;
 mod t64_isolation;
 mod t70_vclusters;
+mod t72_workflows;
 mod t80_security;
 mod t82_history;
 mod t84_ecosystem;

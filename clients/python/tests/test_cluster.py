@@ -129,6 +129,22 @@ def test_cancel_stops_an_allocation(client: Client) -> None:
     assert allocation_status_name(client.get(r.id).status) == "cancelled"
 
 
+def test_a_dependent_waits_and_ends_as_its_dependency_decides(client: Client) -> None:
+    first = client.submit(["sleep", "60"], gpus=0)
+    then = client.submit(["true"], gpus=0, after=[first.id])
+    on_failure = client.submit(["true"], gpus=0, after=[(first.id, "notok")])
+    assert allocation_status_name(client.get(then.id).status) == "waiting"
+    client.cancel(first.id)
+    ended = kinds_until_end(client, then.id)
+    assert ended[-1].kind == "allocation_failed"
+    assert ended[-1].detail == f"dependency {first.id} was cancelled", ended[-1]
+    assert kinds_until_end(client, on_failure.id)[-1].kind == "allocation_done"
+    with pytest.raises(MusterError, match="after: allocation 999999 does not exist"):
+        client.submit(["true"], after=[999999])
+    with pytest.raises(ValueError, match="after kind must be one of"):
+        client.submit(["true"], after=[(first.id, "soon")])
+
+
 def test_dry_run_plans_and_submits_nothing(client: Client) -> None:
     before = [a.id for a in client.list()]
     r = client.submit(["true"], gang_size=2, gpus=1, dry_run=True)

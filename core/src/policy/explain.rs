@@ -102,13 +102,41 @@ struct Tally {
     short: BTreeMap<&'static str, u32>,
 }
 
+/// What a waiting allocation waits for, and where each dependency stands:
+/// "waiting for 12 (running 40 min of its 2 h walltime) to succeed".
+fn waiting_summary(state: &State, after: &crate::sm::After, now_ms: u64) -> String {
+    let each: Vec<String> = after
+        .deps
+        .iter()
+        .map(|d| {
+            let stands = match state.alloc(d.on) {
+                Some(dep) if dep.status == AllocStatus::Running => format!(
+                    "running {} of its {} walltime",
+                    crate::words::duration(now_ms.saturating_sub(dep.running_since_ms().unwrap_or(now_ms))),
+                    crate::words::duration(dep.spec.walltime_s.saturating_mul(1000))
+                ),
+                Some(dep) => dep.status.as_str().replace('_', " "),
+                None => "forgotten".to_string(),
+            };
+            format!("{} ({stands}) {}", d.on, d.when.waits_for())
+        })
+        .collect();
+    let list = if after.any_of { format!("the first of {}", each.join(", ")) } else { each.join(" and ") };
+    match state.after_standing(after) {
+        crate::sm::Standing::Never(why) => format!("kept waiting for {list}, which can never happen: {why}"),
+        _ => format!("waiting for {list}"),
+    }
+}
+
 /// Explains allocation `id` at `now_ms`, or `None` if it does not exist.
 pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) -> Option<Explanation> {
     let a = state.alloc(id)?;
     let mut e = explain_gang(state, &a.spec, a.status, a.is_queued());
     e.alloc = id;
     e.checkpoints = restore_notes(state, a);
-    if let Some(n) = &a.nomination {
+    if a.status == AllocStatus::Waiting {
+        e.summary = waiting_summary(state, &a.spec.after, now_ms);
+    } else if let Some(n) = &a.nomination {
         e.summary = format!(
             "waiting for {} preempted allocation(s) ({}) to stop; {} node(s) are held for it until their release",
             n.waiting_for.len(),
@@ -563,7 +591,7 @@ mod tests {
             &ApplyCtx { time_ms: 2 },
         );
         match out.events() {
-            [crate::sm::Event::Submitted { alloc, .. }] => *alloc,
+            [crate::sm::Event::Submitted { alloc, .. }, ..] => *alloc,
             other => panic!("{other:?}"),
         }
     }

@@ -414,6 +414,11 @@ pub enum Event {
         /// The most it held, bytes.
         peak_bytes: u64,
     },
+    /// A waiting allocation's dependencies are met: it is queued.
+    DependenciesMet {
+        /// The allocation.
+        alloc: AllocId,
+    },
 }
 
 impl Event {
@@ -456,6 +461,7 @@ impl Event {
             | Event::GangRequeued { alloc }
             | Event::AllocationDone { alloc }
             | Event::AllocationFailed { alloc, .. }
+            | Event::DependenciesMet { alloc }
             | Event::AllocationCancelled { alloc, .. }
             | Event::TaskStartFailed { alloc, .. }
             | Event::CheckpointDropped { alloc, .. }

@@ -2,6 +2,7 @@
 
 mod accounting;
 mod borrowing;
+mod dependencies;
 mod failfast;
 mod history;
 mod lifecycle;
@@ -641,7 +642,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "8b14e775c9ea6c70ca0e283ad1f0087809c0cff21fd6ecd277ebdb749ec15a85"
+        "0d616ebe7a7516fd42acdb8e06aec8304d3c7c972f433e83372b474e2f22b306"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

@@ -170,6 +170,7 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
     if spec.pids_max > MAX_PIDS_MAX {
         return Err(invalid("pids_max", format!("{} is above the maximum of {MAX_PIDS_MAX}", spec.pids_max)));
     }
+    spec.after.validate().map_err(|r| invalid("after", r))?;
     if spec.ports > MAX_RENDEZVOUS_PORTS {
         return Err(invalid("ports", format!("{} is above the maximum of {MAX_RENDEZVOUS_PORTS}", spec.ports)));
     }

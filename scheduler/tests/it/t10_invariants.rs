@@ -170,6 +170,24 @@ mod arbitrary {
                     checkpoint_estimate_s: 60,
                     stall_timeout_s: 0,
                     pids_max: class as u32 * 100,
+                    // Some wait for one of the first allocations (refused
+                    // while it does not exist yet), in each kind.
+                    after: muster_scheduler::sm::After {
+                        deps: (priority.rem_euclid(4) == 1)
+                            .then(|| muster_scheduler::sm::Dependency {
+                                on: 1 + u64::from(priority.unsigned_abs()) % 5,
+                                when: [
+                                    muster_scheduler::sm::AfterWhen::Ok,
+                                    muster_scheduler::sm::AfterWhen::Any,
+                                    muster_scheduler::sm::AfterWhen::NotOk,
+                                    muster_scheduler::sm::AfterWhen::Started,
+                                ][usize::from(class) % 4],
+                            })
+                            .into_iter()
+                            .collect(),
+                        any_of: false,
+                        keep_if_unsatisfiable: class % 5 == 0,
+                    },
                     // Nodes offer two ports: some gangs want none, some
                     // run them out.
                     ports: priority.rem_euclid(3) as u32,

@@ -339,7 +339,7 @@ impl Simulation {
                     self.at(next.submit_ms, Ev::Arrive(i + 1));
                 }
                 let out = self.apply(&Command::Submit { spec: self.jobs[i].spec.clone() })?;
-                if let [Event::Submitted { alloc, duplicate: false }] = out.events() {
+                if let [Event::Submitted { alloc, duplicate: false }, ..] = out.events() {
                     self.job_of.insert(*alloc, i);
                     self.stats.accepted_submits += 1;
                 }

@@ -58,7 +58,10 @@ _ALLOC_STATUS: dict[str, int] = {
     "failed": types_pb.ALLOCATION_STATUS_FAILED,
     "cancelled": types_pb.ALLOCATION_STATUS_CANCELLED,
     "suspended": types_pb.ALLOCATION_STATUS_SUSPENDED,
+    "waiting": types_pb.ALLOCATION_STATUS_WAITING,
 }
+
+_AFTER_KINDS = ("ok", "any", "notok", "started")
 
 #: Event kinds that end an allocation (its watch stream ends after one).
 TERMINAL_EVENTS = frozenset({"allocation_done", "allocation_failed", "allocation_cancelled"})
@@ -347,6 +350,9 @@ class Client:
         constraints: Sequence[str] = (),
         pack_by: str = "",
         name: str = "",
+        after: Sequence[int | tuple[int, str]] = (),
+        after_any_of: bool = False,
+        keep_if_unsatisfiable: bool = False,
         dry_run: bool = False,
         queue_if_unsatisfiable: bool = False,
         timeout: float | None = None,
@@ -373,7 +379,12 @@ class Client:
         their names) and reach only the agents of the nodes its tasks run on.
         ``name``: shown by lists (not unique). ``pids_max``: the most
         processes and threads one task may have on a node that contains
-        tasks (0: the agent's default). A request no registered node
+        tasks (0: the agent's default). ``after``: allocations to wait for
+        before it is queued, each an id (it must succeed) or ``(id, kind)``
+        with kind ``ok``, ``any``, ``notok`` or ``started``; all must be met,
+        or with ``after_any_of`` the first. Until then it is ``waiting``; one
+        that can never be met fails it at once unless
+        ``keep_if_unsatisfiable``. A request no registered node
         could ever run is refused (``FAILED_PRECONDITION``, naming what is
         missing) unless ``queue_if_unsatisfiable``.
         """
@@ -406,6 +417,19 @@ class Client:
         ):
             if not isinstance(value, str):
                 raise ValueError(f"{field} must be a string, not {value!r}")
+        deps = []
+        for d in after:
+            if isinstance(d, tuple):
+                if len(d) != 2:
+                    raise ValueError(f"after entries are an id or (id, kind), not {d!r}")
+                dep_id, kind = d
+            else:
+                dep_id, kind = d, "ok"
+            if kind not in _AFTER_KINDS:
+                raise ValueError(f"after kind must be one of {', '.join(_AFTER_KINDS)}, not {kind!r}")
+            if _uint("after", dep_id, _U64) == 0:
+                raise ValueError("after ids start at 1")
+            deps.append(types_pb.Dependency(id=dep_id, when=kind))
         spec = types_pb.AllocationSpec(
             owner=owner or "",
             gang_size=_uint("gang_size", gang_size),
@@ -433,6 +457,9 @@ class Client:
             constraints=list(constraints),
             pack_by=pack_by,
             name=name,
+            after=deps,
+            after_any_of=bool(after_any_of),
+            keep_if_unsatisfiable=bool(keep_if_unsatisfiable),
         )
         req = pb.SubmitRequest(
             spec=spec,
@@ -486,7 +513,7 @@ class Client:
     ) -> builtins.list[types_pb.Allocation]:
         """Every allocation matching the filters (all pages), by id.
 
-        ``status``: ``queued``, ``suspended``, ``reserved``, ``running``,
+        ``status``: ``waiting``, ``queued``, ``suspended``, ``reserved``, ``running``,
         ``tearing-down``, ``done``, ``failed``, ``cancelled`` (or an
         AllocationStatus value); None: any.
         """

@@ -41,6 +41,7 @@ impl State {
             return Err(Rejection::OverQuota { vcluster: spec.vcluster.clone(), reason });
         }
         self.check_job_store(spec)?;
+        self.check_dependencies(&spec.after)?;
         let id = self.next_alloc_id;
         self.next_alloc_id += 1;
         let tasks = (0..spec.gang_size)
@@ -72,7 +73,7 @@ impl State {
                 spec: spec.clone(),
                 submit_time_ms: self.now_ms,
                 queued_since_ms: self.now_ms,
-                status: AllocStatus::Queued,
+                status: if spec.after.is_empty() { AllocStatus::Queued } else { AllocStatus::Waiting },
                 reservation_epoch: 0,
                 first_reserved_at_ms: None,
                 revision: 0,
@@ -102,7 +103,10 @@ impl State {
             self.secrets.insert(id, secrets.clone());
         }
         self.reindex_alloc(id);
-        Ok(vec![Event::Submitted { alloc: id, duplicate: false }])
+        let mut events = vec![Event::Submitted { alloc: id, duplicate: false }];
+        // Dependencies that already stand settle it at once.
+        events.extend(self.settle_waiting(id));
+        Ok(events)
     }
 
     /// Allocation `id`'s secrets, for the agents its tasks are placed on.

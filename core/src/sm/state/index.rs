@@ -133,7 +133,7 @@ impl State {
     /// Re-derives a live allocation's status from its tasks.
     pub(super) fn refresh(&mut self, id: AllocId) {
         let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("refresh of a known allocation");
-        if a.status.is_terminal() {
+        if a.status.is_terminal() || a.status == AllocStatus::Waiting {
             return;
         }
         let count = |s: TaskStatus| a.tasks.iter().filter(|t| t.status == s).count();
@@ -220,6 +220,7 @@ impl State {
             // It runs no more: its secrets are kept nowhere.
             self.secrets.remove(&id);
         }
+        self.index_dependencies(id);
     }
 
     pub(super) fn index_node(&mut self, slot: NodeSlot) {

@@ -108,6 +108,18 @@ impl State {
                     return Err(format!("allocation {} holds nodes but waits for no victim", a.id));
                 }
             }
+            if a.status == AllocStatus::Waiting {
+                // Waiting: never placed, and its dependencies still pending
+                // (or it keeps waiting on ones that cannot be met).
+                if a.tasks.iter().any(|t| t.status != TaskStatus::Blocked) || a.reservation_epoch != 0 {
+                    return Err(format!("allocation {} is waiting but was placed", a.id));
+                }
+                match self.after_standing(&a.spec.after) {
+                    crate::sm::types::Standing::Pending => {}
+                    crate::sm::types::Standing::Never(_) if a.spec.after.keep_if_unsatisfiable => {}
+                    s => return Err(format!("allocation {} is waiting, but its dependencies stand: {s:?}", a.id)),
+                }
+            }
             if a.suspended != (a.status == AllocStatus::Suspended) {
                 return Err(format!("allocation {} is {:?} with suspended = {}", a.id, a.status, a.suspended));
             }

@@ -63,10 +63,12 @@ use super::validate::{
 };
 use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
 use crate::history::JobRecord;
+pub use dependencies::{MAX_TOMBSTONES, Tombstone};
 pub use retention::{ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
 
 mod attempts;
 mod checkpoints;
+mod dependencies;
 mod gangs;
 mod index;
 mod invariants;
@@ -222,6 +224,8 @@ struct Indexes {
     checkpoints_on_node: BTreeMap<NodeId, BTreeSet<(AllocId, TaskIndex)>>,
     /// Retired checkpoints by the node whose agent deletes them.
     retired_by_deleter: BTreeMap<NodeId, BTreeSet<u64>>,
+    /// Waiting allocations by each allocation they wait for.
+    dependents: BTreeMap<AllocId, BTreeSet<AllocId>>,
 }
 
 /// A vCluster's live allocations and the GPUs their gangs need.
@@ -319,6 +323,9 @@ pub struct State {
     node_policies: BTreeMap<NodeId, NodePolicy>,
     /// Live allocations' secrets (dropped when they finish).
     secrets: BTreeMap<AllocId, Secrets>,
+    /// How forgotten allocations ended, for dependencies named on them
+    /// later (the newest [`dependencies::MAX_TOMBSTONES`]).
+    tombstones: BTreeMap<AllocId, dependencies::Tombstone>,
     #[serde(skip)]
     index: Indexes,
     /// Nodes whose agents may have something new to hear since the last
@@ -384,6 +391,7 @@ impl State {
             abandoned_checkpoints: self.abandoned_checkpoints,
             node_policies: self.node_policies.clone(),
             secrets: self.secrets.clone(),
+            tombstones: self.tombstones.clone(),
             index: Indexes::default(),
             touched: Touched::default(),
         }
@@ -409,6 +417,7 @@ impl State {
             abandoned_checkpoints: 0,
             node_policies: BTreeMap::new(),
             secrets: BTreeMap::new(),
+            tombstones: BTreeMap::new(),
             index: Indexes::default(),
             touched: Touched::default(),
         };
@@ -456,6 +465,8 @@ impl State {
         match result {
             Ok(mut events) => {
                 events.extend(self.stop_emptied_nodes());
+                let settled = self.settle_dependents(&events);
+                events.extend(settled);
                 self.record_history(&events);
                 self.log_attempts(&events);
                 self.flush_finished();

@@ -104,6 +104,7 @@ impl State {
             self.index.finished.remove(&(end, id));
             let a = self.allocs.remove(&id).expect("a finished allocation is held");
             self.forgotten_allocs += 1;
+            self.bury(&a);
             let Some(key) = a.spec.idempotency_key.clone() else { continue };
             let name = (a.spec.owner.clone(), key);
             if self.idempotency.get(&name) != Some(&id) {

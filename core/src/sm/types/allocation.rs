@@ -24,6 +24,10 @@ pub enum AllocStatus {
     Failed,
     /// Cancelled.
     Cancelled,
+    /// Submitted with dependencies (`after`) not yet met: not queued, so
+    /// admission does not see it. Queued when they are met; failed when
+    /// they never can be (unless it keeps waiting).
+    Waiting,
 }
 
 impl AllocStatus {
@@ -38,6 +42,7 @@ impl AllocStatus {
             AllocStatus::Done => "done",
             AllocStatus::Failed => "failed",
             AllocStatus::Cancelled => "cancelled",
+            AllocStatus::Waiting => "waiting",
         }
     }
 
@@ -52,6 +57,7 @@ impl AllocStatus {
             AllocStatus::Done,
             AllocStatus::Failed,
             AllocStatus::Cancelled,
+            AllocStatus::Waiting,
         ]
         .into_iter()
         .find(|v| v.as_str() == s)
@@ -287,6 +293,12 @@ impl Allocation {
     /// (queued or suspended): the only shape admission may place.
     pub fn is_queued(&self) -> bool {
         matches!(self.status, AllocStatus::Queued | AllocStatus::Suspended)
+    }
+
+    /// Whether a task of it ever started running (a `started` dependency
+    /// is met).
+    pub fn ever_started(&self) -> bool {
+        self.tasks.iter().any(|t| t.runs > 0)
     }
 
     /// When the gang last (re)started: its latest running task's start.

@@ -9,7 +9,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 mod allocation;
+mod array;
 mod checkpoint;
+mod dependency;
 mod node;
 mod placement;
 mod resources;
@@ -19,7 +21,9 @@ mod teardown;
 mod token;
 
 pub use allocation::*;
+pub use array::*;
 pub use checkpoint::*;
+pub use dependency::*;
 pub use node::*;
 pub use placement::*;
 pub use resources::*;

@@ -151,6 +151,9 @@ pub struct AllocSpec {
     /// The most processes and threads one task may have on an isolating
     /// node (0: the agent's default).
     pub pids_max: u32,
+    /// The allocations it waits for before it may be queued (empty: none);
+    /// until then it is `waiting`.
+    pub after: After,
 }
 
 /// The vCluster of an allocation that names none.
@@ -201,6 +204,7 @@ impl AllocSpec {
             checkpoint_store: None,
             name: String::new(),
             pids_max: 0,
+            after: After::default(),
         }
     }
 

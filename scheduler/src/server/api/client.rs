@@ -309,6 +309,9 @@ impl AllocationService for ClientApi {
         let secrets = crate::sm::Secrets(req.secrets.into_iter().collect());
         crate::sm::validate_secrets(&spec, &secrets).map_err(|r| rejection_to_status(&r))?;
         self.s.reader().read(|st| st.check_job_store(&spec)).map_err(|r| rejection_to_status(&r))?;
+        // Each dependency names an existing, older allocation (apply checks
+        // again: ids only grow, and a forgotten one's tombstone may go).
+        self.s.reader().read(|st| st.check_dependencies(&spec.after)).map_err(|r| rejection_to_status(&r))?;
         // A retried submit is answered from the state, and a key reused with
         // another spec is refused, before anything is proposed.
         if !req.dry_run && self.s.is_leader() {
@@ -356,7 +359,7 @@ impl AllocationService for ClientApi {
         };
         match outcome.map_err(propose_error_to_status)? {
             Outcome::Accepted(events) => match events.as_slice() {
-                [Event::Submitted { alloc, duplicate }] => {
+                [Event::Submitted { alloc, duplicate }, ..] => {
                     self.work.wake_admission();
                     Ok(Response::new(v1::SubmitResponse { id: *alloc, duplicate: *duplicate, plan: None }))
                 }

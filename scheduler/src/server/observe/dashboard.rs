@@ -43,6 +43,7 @@ fn alloc_status(s: AllocStatus) -> &'static str {
         AllocStatus::Done => "done",
         AllocStatus::Failed => "failed",
         AllocStatus::Cancelled => "cancelled",
+        AllocStatus::Waiting => "waiting",
     }
 }
 

@@ -37,6 +37,7 @@ class AllocationStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ALLOCATION_STATUS_FAILED: _ClassVar[AllocationStatus]
     ALLOCATION_STATUS_CANCELLED: _ClassVar[AllocationStatus]
     ALLOCATION_STATUS_SUSPENDED: _ClassVar[AllocationStatus]
+    ALLOCATION_STATUS_WAITING: _ClassVar[AllocationStatus]
 
 class NodeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -70,6 +71,7 @@ ALLOCATION_STATUS_DONE: AllocationStatus
 ALLOCATION_STATUS_FAILED: AllocationStatus
 ALLOCATION_STATUS_CANCELLED: AllocationStatus
 ALLOCATION_STATUS_SUSPENDED: AllocationStatus
+ALLOCATION_STATUS_WAITING: AllocationStatus
 NODE_STATUS_UNSPECIFIED: NodeStatus
 NODE_STATUS_READY: NodeStatus
 NODE_STATUS_LOST: NodeStatus
@@ -92,7 +94,7 @@ class Resources(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., vram_mb: _Optional[int] = ..., mem_mb: _Optional[int] = ..., cpus: _Optional[int] = ...) -> None: ...
 
 class AllocationSpec(_message.Message):
-    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by", "checkpoint_store", "name", "pids_max")
+    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by", "checkpoint_store", "name", "pids_max", "after", "after_any_of", "keep_if_unsatisfiable")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,9 @@ class AllocationSpec(_message.Message):
     CHECKPOINT_STORE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PIDS_MAX_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ANY_OF_FIELD_NUMBER: _ClassVar[int]
+    KEEP_IF_UNSATISFIABLE_FIELD_NUMBER: _ClassVar[int]
     owner: str
     gang_size: int
     resources: Resources
@@ -144,7 +149,18 @@ class AllocationSpec(_message.Message):
     checkpoint_store: str
     name: str
     pids_max: int
-    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ..., checkpoint_store: _Optional[str] = ..., name: _Optional[str] = ..., pids_max: _Optional[int] = ...) -> None: ...
+    after: _containers.RepeatedCompositeFieldContainer[Dependency]
+    after_any_of: bool
+    keep_if_unsatisfiable: bool
+    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ..., checkpoint_store: _Optional[str] = ..., name: _Optional[str] = ..., pids_max: _Optional[int] = ..., after: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., after_any_of: _Optional[bool] = ..., keep_if_unsatisfiable: _Optional[bool] = ...) -> None: ...
+
+class Dependency(_message.Message):
+    __slots__ = ("id", "when")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WHEN_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    when: str
+    def __init__(self, id: _Optional[int] = ..., when: _Optional[str] = ...) -> None: ...
 
 class CheckpointManifest(_message.Message):
     __slots__ = ("seq", "epoch", "attempt", "saved_at_ms", "step", "bytes", "sha256", "writer", "store", "key")

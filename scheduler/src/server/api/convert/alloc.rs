@@ -50,6 +50,25 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         .map(crate::sm::CheckpointStore::parse)
         .transpose()
         .map_err(|e| invalid("spec.checkpoint_store", e))?;
+    let mut deps = Vec::with_capacity(p.after.len().min(crate::sm::MAX_DEPENDENCIES + 1));
+    for d in p.after.iter().take(crate::sm::MAX_DEPENDENCIES + 1) {
+        let when =
+            if d.when.is_empty() { Some(crate::sm::AfterWhen::Ok) } else { crate::sm::AfterWhen::parse(&d.when) };
+        let when = when.ok_or_else(|| {
+            invalid(
+                "spec.after",
+                format!("{:?} is not one of ok, any, notok, started", d.when.chars().take(32).collect::<String>()),
+            )
+        })?;
+        deps.push(crate::sm::Dependency { on: d.id, when });
+    }
+    if p.after.len() > crate::sm::MAX_DEPENDENCIES {
+        return Err(invalid(
+            "spec.after",
+            format!("{} dependencies; the most is {}", p.after.len(), crate::sm::MAX_DEPENDENCIES),
+        ));
+    }
+    let after = crate::sm::After { deps, any_of: p.after_any_of, keep_if_unsatisfiable: p.keep_if_unsatisfiable };
     let spec = AllocSpec {
         owner: p.owner,
         gang_size: p.gang_size,
@@ -76,6 +95,7 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         checkpoint_store,
         name: p.name,
         pids_max: p.pids_max,
+        after,
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -110,6 +130,9 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         checkpoint_store: s.checkpoint_store.as_ref().map(|c| c.spec()).unwrap_or_default(),
         name: s.name.clone(),
         pids_max: s.pids_max,
+        after: s.after.deps.iter().map(|d| v1::Dependency { id: d.on, when: d.when.as_str().to_string() }).collect(),
+        after_any_of: s.after.any_of,
+        keep_if_unsatisfiable: s.after.keep_if_unsatisfiable,
     }
 }
 
@@ -128,6 +151,7 @@ pub fn alloc_status_to_proto(s: AllocStatus) -> v1::AllocationStatus {
         AllocStatus::Done => v1::AllocationStatus::Done,
         AllocStatus::Failed => v1::AllocationStatus::Failed,
         AllocStatus::Cancelled => v1::AllocationStatus::Cancelled,
+        AllocStatus::Waiting => v1::AllocationStatus::Waiting,
     }
 }
 
@@ -143,6 +167,7 @@ pub fn alloc_status_filter(raw: i32) -> Result<Option<AllocStatus>, Status> {
         Ok(v1::AllocationStatus::Done) => AllocStatus::Done,
         Ok(v1::AllocationStatus::Failed) => AllocStatus::Failed,
         Ok(v1::AllocationStatus::Cancelled) => AllocStatus::Cancelled,
+        Ok(v1::AllocationStatus::Waiting) => AllocStatus::Waiting,
         Err(_) => return Err(invalid("status", format!("unknown status {raw}"))),
     }))
 }

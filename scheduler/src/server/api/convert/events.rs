@@ -140,6 +140,7 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
             ),
         ),
         Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
+        Event::DependenciesMet { .. } => ("dependencies_met", "its dependencies are met: it is queued".to_string()),
         Event::AllocationDone { .. } => ("allocation_done", "every task finished".to_string()),
         Event::AllocationFailed { reason, .. } => ("allocation_failed", reason.clone()),
         Event::CheckpointDropped { task, node, reason, seq, .. } => {
