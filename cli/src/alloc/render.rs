@@ -127,7 +127,21 @@ fn alloc_json_fields(a: &v1::Allocation) -> serde_json::Value {
         })).collect::<Vec<_>>(),
     });
     v["pids_max"] = json!(spec.pids_max);
+    v["after"] = json!(spec.after.iter().map(|d| json!({"id": d.id, "when": d.when})).collect::<Vec<_>>());
+    v["after_any_of"] = json!(spec.after_any_of);
+    v["keep_if_unsatisfiable"] = json!(spec.keep_if_unsatisfiable);
     v
+}
+
+/// What an allocation waits for, as `--after` spells it: "12:ok, 13:notok"
+/// (prefixed "the first of " for --after-any-of); `None` without any.
+fn after_line(spec: &v1::AllocationSpec) -> Option<String> {
+    if spec.after.is_empty() {
+        return None;
+    }
+    let list = spec.after.iter().map(|d| format!("{}:{}", d.id, d.when)).collect::<Vec<_>>().join(", ");
+    let keep = if spec.keep_if_unsatisfiable { "; kept waiting if they can never be met" } else { "" };
+    Some(if spec.after_any_of { format!("the first of {list}{keep}") } else { format!("{list}{keep}") })
 }
 
 /// `alloc get`: the allocation's row, then its history, teardown, ports,
@@ -155,6 +169,9 @@ pub fn allocation(a: &v1::Allocation, out: Output) -> anyhow::Result<()> {
             ""
         }
     );
+    if let Some(after) = a.spec.as_ref().and_then(after_line) {
+        out!("          after: {after}");
+    }
     if !a.failed_reason.is_empty() {
         out!("          failed: {}", a.failed_reason);
     }

@@ -55,13 +55,15 @@ fn t208_a_pipeline_runs_in_order_and_a_failed_step_ends_its_dependent_at_once() 
     for id in [train, eval, report] {
         assert_eq!(get(id)["status"], "waiting", "{}", get(id));
     }
+    assert_eq!(get(report)["after"], serde_json::json!([{"id": train, "when": "notok"}]));
+    let text = muster(&["alloc", "get", &report.to_string(), "--scheduler", &addr]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(&format!("after: {train}:notok")), "{text}");
     let (status, out, _) = run(&["alloc", "explain", &eval.to_string()]);
     assert!(status.success() && out.contains(&format!("waiting for {train} (waiting) to succeed")), "{out}");
-    assert_eq!(
-        run(&["alloc", "list", "--status", "waiting"]).1.matches("\"id\"").count(),
-        3,
-        "a status filter finds the waiting ones"
-    );
+    let listed: serde_json::Value = serde_json::from_str(&run(&["alloc", "list", "--status", "waiting"]).1).unwrap();
+    let ids: Vec<u64> = listed["allocations"].as_array().unwrap().iter().map(|a| a["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, [train, eval, report], "a status filter finds the waiting ones");
 
     std::fs::write(&gate, "").unwrap();
     let ended = |id: u64| {
