@@ -84,6 +84,11 @@ fn t208_a_pipeline_runs_in_order_and_a_failed_step_ends_its_dependent_at_once() 
         (Some("failed"), Some(&*format!("dependency {train} failed")))
     );
     assert_eq!(ended(report)["status"], "done");
+    // Its watch names what it waited for, then that it was met.
+    let (status, watch, err) = run(&["alloc", "watch", &report.to_string()]);
+    assert!(status.success(), "{err}");
+    assert!(watch.contains(&format!("submitted; waiting for {train} to fail or be cancelled")), "{watch}");
+    assert!(watch.contains("dependencies_met"), "{watch}");
     let lines = std::fs::read_to_string(&log).unwrap();
     assert_eq!(
         lines.lines().collect::<Vec<_>>(),

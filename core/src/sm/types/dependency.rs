@@ -89,6 +89,13 @@ impl After {
         self.deps.is_empty()
     }
 
+    /// What it waits for, in words: "12 to succeed and 13 to end", or
+    /// "the first of 12 to succeed, 13 to end".
+    pub fn describe(&self) -> String {
+        let each: Vec<String> = self.deps.iter().map(|d| format!("{} {}", d.on, d.when.waits_for())).collect();
+        if self.any_of { format!("the first of {}", each.join(", ")) } else { each.join(" and ") }
+    }
+
     /// Checks what needs no state: at most [`MAX_DEPENDENCIES`], ids from
     /// 1, none named twice, and no flag without a dependency.
     pub fn validate(&self) -> Result<(), String> {
@@ -281,5 +288,9 @@ mod tests {
         for w in [AfterWhen::Ok, AfterWhen::Any, AfterWhen::NotOk, AfterWhen::Started] {
             assert_eq!(AfterWhen::parse(w.as_str()), Some(w));
         }
+        let mut after = After { deps: parse_after("12,13:any").unwrap(), ..After::default() };
+        assert_eq!(after.describe(), "12 to succeed and 13 to end");
+        after.any_of = true;
+        assert_eq!(after.describe(), "the first of 12 to succeed, 13 to end");
     }
 }

@@ -226,7 +226,13 @@ impl AllocationService for ClientApi {
                         .filter(|h| h.revision > cursor)
                         .enumerate()
                         .map(|(i, h)| {
-                            let (kind, detail) = describe_event(&h.event);
+                            let (kind, mut detail) = describe_event(&h.event);
+                            // A watch names what a dependent waits for.
+                            if matches!(h.event, Event::Submitted { .. })
+                                && h.status == Some(crate::sm::AllocStatus::Waiting)
+                            {
+                                detail = format!("{detail}; waiting for {}", a.spec.after.describe());
+                            }
                             v1::AllocationEvent {
                                 id: q.id,
                                 revision: h.revision,
