@@ -316,8 +316,12 @@ impl AllocationService for ClientApi {
         crate::sm::validate_secrets(&spec, &secrets).map_err(|r| rejection_to_status(&r))?;
         self.s.reader().read(|st| st.check_job_store(&spec)).map_err(|r| rejection_to_status(&r))?;
         // Each dependency names an existing, older allocation (apply checks
-        // again: ids only grow, and a forgotten one's tombstone may go).
-        self.s.reader().read(|st| st.check_dependencies(&spec.after)).map_err(|r| rejection_to_status(&r))?;
+        // again: ids only grow, and a forgotten one's tombstone may go). A
+        // follower's state may lag the allocation just made: it proposes,
+        // and is told to redirect, as for the idempotency check below.
+        if self.s.is_leader() {
+            self.s.reader().read(|st| st.check_dependencies(&spec.after)).map_err(|r| rejection_to_status(&r))?;
+        }
         // A retried submit is answered from the state, and a key reused with
         // another spec is refused, before anything is proposed.
         if !req.dry_run && self.s.is_leader() {
