@@ -306,6 +306,15 @@ impl Run {
                 if class % 4 != 0 {
                     spec.vcluster = "ml".into();
                 }
+                // Some wait for the allocation made just before, in each
+                // kind of dependency.
+                let last = self.state.next_alloc_id() - 1;
+                if class % 5 == 1 && last > 0 {
+                    use muster_scheduler::sm::{AfterWhen, Dependency};
+                    let when =
+                        [AfterWhen::Ok, AfterWhen::Any, AfterWhen::NotOk, AfterWhen::Started][usize::from(*gpus) % 4];
+                    spec.after.deps = vec![Dependency { on: last, when }];
+                }
                 vec![Command::Submit { spec }]
             }
             Op::Admit { fifo, .. } => {
