@@ -124,8 +124,36 @@ fn waiting_summary(state: &State, after: &crate::sm::After, now_ms: u64) -> Stri
     let list = if after.any_of { format!("the first of {}", each.join(", ")) } else { each.join(" and ") };
     match state.after_standing(after) {
         crate::sm::Standing::Never(why) => format!("kept waiting for {list}, which can never happen: {why}"),
-        _ => format!("waiting for {list}"),
+        _ => match planned_release_ms(state, after, now_ms) {
+            Some(at) => format!(
+                "waiting for {list}; planned to be queued in {}, if they run to their walltime",
+                crate::words::duration(at - now_ms)
+            ),
+            None => format!("waiting for {list}"),
+        },
     }
+}
+
+/// When a waiting allocation's dependencies stand if everything they wait
+/// for runs to the end of its walltime, as backfill projects running work:
+/// the last of them (with `any_of`, the first). `None` while one it needs
+/// has not started (its end is not known yet), or when none can be met.
+fn planned_release_ms(state: &State, after: &crate::sm::After, now_ms: u64) -> Option<u64> {
+    use crate::sm::{AfterWhen, Standing};
+    let end = |d: &crate::sm::Dependency| -> Option<u64> {
+        match state.dependency_standing(d) {
+            Standing::Met => Some(now_ms),
+            Standing::Never(_) => None,
+            Standing::Pending if d.when == AfterWhen::Started => None,
+            Standing::Pending => {
+                let dep = state.alloc(d.on)?;
+                let since = dep.running_since_ms()?;
+                Some(since.saturating_add(dep.spec.walltime_s.saturating_mul(1000)).max(now_ms))
+            }
+        }
+    };
+    let ends = after.deps.iter().map(end);
+    if after.any_of { ends.flatten().min() } else { ends.collect::<Option<Vec<u64>>>()?.into_iter().max() }
 }
 
 /// Explains allocation `id` at `now_ms`, or `None` if it does not exist.

@@ -104,7 +104,19 @@ fn started_any_and_any_of_are_met_when_they_say() {
     assert_eq!(f.status(both), AllocStatus::Waiting, "all of a list: z has not ended");
     f.t += 120_000;
     let e = crate::policy::explain(&f.s, any, f.t, &Default::default()).unwrap();
-    assert_eq!(e.summary, format!("waiting for {a} (running 2 min of its 1 h walltime) to end"));
+    assert_eq!(
+        e.summary,
+        format!(
+            "waiting for {a} (running 2 min of its 1 h walltime) to end; planned to be queued in 58 min, if they run to \
+             their walltime"
+        )
+    );
+    // One not started yet: no plan.
+    let e = crate::policy::explain(&f.s, both, f.t, &Default::default()).unwrap();
+    assert_eq!(
+        e.summary,
+        format!("waiting for {a} (running 2 min of its 1 h walltime) to start and {z} (queued) to end")
+    );
     f.ok(Command::CancelAllocation { alloc: z });
     assert_eq!(f.status(both), AllocStatus::Queued);
     f.ok(Command::FailTask { alloc: a, task: 0, node: n(0), epoch, exit_code: Some(3) });
