@@ -294,7 +294,8 @@ fn row<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
 
 /// The dashboard in headless Chromium: it loads, shows the four dev nodes
 /// and the three replicas, redraws itself, and reflects a submitted gang
-/// (running, with its nodes) and a pending one (queued, with its reason).
+/// (running, with its nodes), a pending one (queued, with its reason) and
+/// one waiting for the first (what it waits for, and where that stands).
 #[test]
 fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
     let Some(chromium) = tool("chromium") else { return };
@@ -311,6 +312,7 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
     }
     assert_eq!(dom.matches(">leader<").count(), 1, "one leader:\n{dom}");
     assert!(dom.contains("nothing running") && dom.contains("nothing queued"), "{dom}");
+    assert!(dom.contains("nothing waits for a dependency"), "{dom}");
     let refreshes: u32 = dom
         .split("data-refreshes=\"")
         .nth(1)
@@ -333,6 +335,7 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
         "--",
         "true",
     ]);
+    let dependent = submit(&["submit", "--after", &running.to_string(), "--gpus", "0", "--", "true"]);
     muster_testkit::eventually_blocking("the dashboard to show the gangs", Duration::from_secs(90), || {
         let dom = chromium_dom(&chromium, &url);
         let r = row(&dom, &format!("running-{running}"));
@@ -340,6 +343,8 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
         if let (Some(r), Some(q)) = (r, q)
             && r.contains(">running<")
         {
+            let w = row(&dom, &format!("waiting-{dependent}")).unwrap_or_else(|| panic!("no waiting row:\n{dom}"));
+            assert!(w.contains(&format!("{running} to succeed")) && w.contains(&format!("{running} (running")), "{w}");
             assert!((1..=4).all(|n| r.contains(&format!("node-{n}"))), "on all four nodes: {r}");
             assert!(
                 q.contains(">queued<") && q.contains("it can never run on the registered nodes: the gang of 5"),

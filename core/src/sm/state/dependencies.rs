@@ -131,6 +131,11 @@ impl State {
     pub(super) fn index_dependencies(&mut self, id: AllocId) {
         let a = &self.allocs[&id];
         let waiting = a.status == AllocStatus::Waiting;
+        if waiting {
+            self.index.waiting.insert(id);
+        } else {
+            self.index.waiting.remove(&id);
+        }
         for d in &a.spec.after.deps {
             if waiting {
                 self.index.dependents.entry(d.on).or_default().insert(id);
@@ -150,6 +155,16 @@ impl State {
         while self.tombstones.len() > MAX_TOMBSTONES {
             self.tombstones.pop_first();
         }
+    }
+
+    /// Every waiting allocation, in id order.
+    pub fn waiting(&self) -> impl Iterator<Item = AllocId> + '_ {
+        self.index.waiting.iter().copied()
+    }
+
+    /// How many allocations are waiting.
+    pub fn waiting_len(&self) -> usize {
+        self.index.waiting.len()
     }
 
     /// Allocations waiting on `on`, in id order.

@@ -226,6 +226,8 @@ struct Indexes {
     retired_by_deleter: BTreeMap<NodeId, BTreeSet<u64>>,
     /// Waiting allocations by each allocation they wait for.
     dependents: BTreeMap<AllocId, BTreeSet<AllocId>>,
+    /// Waiting allocations, by id.
+    waiting: BTreeSet<AllocId>,
 }
 
 /// A vCluster's live allocations and the GPUs their gangs need.

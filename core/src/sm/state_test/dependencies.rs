@@ -31,6 +31,7 @@ fn a_dependent_waits_unplaced_and_is_queued_when_its_dependency_succeeds() {
     let b = f.submit(dependent(&[(a, AfterWhen::Ok)]));
     assert_eq!(f.status(b), AllocStatus::Waiting);
     assert_eq!(f.s.dependents_of(a).collect::<Vec<_>>(), [b]);
+    assert_eq!((f.s.waiting().collect::<Vec<_>>(), f.s.waiting_len()), (vec![b], 1));
     // Not queued: admission cannot place it.
     let r = f.rejected(Command::ReserveGang { alloc: b, epoch: 1, nodes: vec![n(1)] });
     assert!(matches!(r, Rejection::NotQueued { status: AllocStatus::Waiting, .. }), "{r:?}");
@@ -40,6 +41,7 @@ fn a_dependent_waits_unplaced_and_is_queued_when_its_dependency_succeeds() {
     assert_eq!(f.status(b), AllocStatus::Queued);
     assert_eq!(f.s.alloc(b).unwrap().queued_since_ms, f.t, "it queues from when it was released");
     assert_eq!(f.s.dependents_of(a).count(), 0);
+    assert_eq!(f.s.waiting_len(), 0);
     f.reserve(b, &[1]);
 }
 

@@ -104,21 +104,27 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
         }
     }
     let by_class = st.queued_by_class();
+    // The first rows of a pending list, each with how long it has waited
+    // and (the first EXPLAINED) its explain reason.
+    let pending = |allocs: &mut dyn Iterator<Item = &Allocation>| -> Vec<Value> {
+        allocs
+            .take(LISTED)
+            .enumerate()
+            .map(|(i, a)| {
+                let why =
+                    (i < EXPLAINED).then(|| crate::policy::explain(st, a.id, now_ms, cfg).map(|e| e.summary)).flatten();
+                let mut row = alloc_row(a);
+                row["waiting_s"] = json!(now_ms.saturating_sub(a.submit_time_ms) / 1000);
+                row["after"] = json!(a.spec.after.describe());
+                row["reason"] = json!(why);
+                row
+            })
+            .collect()
+    };
     // In the order admission considers them.
-    let queue: Vec<Value> = st
-        .queue()
-        .filter_map(|k| st.alloc(k.alloc))
-        .take(LISTED)
-        .enumerate()
-        .map(|(i, a)| {
-            let why =
-                (i < EXPLAINED).then(|| crate::policy::explain(st, a.id, now_ms, cfg).map(|e| e.summary)).flatten();
-            let mut row = alloc_row(a);
-            row["waiting_s"] = json!(now_ms.saturating_sub(a.submit_time_ms) / 1000);
-            row["reason"] = json!(why);
-            row
-        })
-        .collect();
+    let queue = pending(&mut st.queue().filter_map(|k| st.alloc(k.alloc)));
+    // Waiting for dependencies, oldest first, each with what it waits for.
+    let waiting = pending(&mut st.waiting().filter_map(|id| st.alloc(id)));
     recent.sort_by_key(|(t, id, _)| (std::cmp::Reverse(*t), std::cmp::Reverse(*id)));
     let recent: Vec<Value> = recent.into_iter().take(RECENT).map(|(_, _, v)| v).collect();
     let mut by_id: Vec<&crate::sm::Node> = st.nodes().iter().collect();
@@ -157,6 +163,7 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
             "by_class": by_class.iter().map(|(c, n)| json!({"class": c, "count": n})).collect::<Vec<_>>(),
             "items": queue,
         },
+        "waiting": {"total": st.waiting_len(), "items": waiting},
         "running": running,
         "recent": recent,
     })
