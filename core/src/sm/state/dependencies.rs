@@ -73,6 +73,10 @@ impl State {
     /// Settles the waiting dependents of every allocation `events` name,
     /// and of every dependent that fails on the way; returns their events.
     pub(super) fn settle_dependents(&mut self, events: &[Event]) -> Vec<Event> {
+        // Every command passes here: with nothing waiting, nothing to do.
+        if self.index.dependents.is_empty() {
+            return Vec::new();
+        }
         let mut work: Vec<AllocId> = events.iter().filter_map(Event::alloc).collect();
         work.sort_unstable_by(|a, b| b.cmp(a));
         work.dedup();
@@ -130,6 +134,10 @@ impl State {
     /// otherwise.
     pub(super) fn index_dependencies(&mut self, id: AllocId) {
         let a = &self.allocs[&id];
+        // Every reindex passes here; one without dependencies never waits.
+        if a.spec.after.is_empty() {
+            return;
+        }
         let waiting = a.status == AllocStatus::Waiting;
         if waiting {
             self.index.waiting.insert(id);

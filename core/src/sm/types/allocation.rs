@@ -46,21 +46,22 @@ impl AllocStatus {
         }
     }
 
+    /// Every status, in declaration order.
+    pub const ALL: [AllocStatus; 9] = [
+        AllocStatus::Queued,
+        AllocStatus::Suspended,
+        AllocStatus::Reserved,
+        AllocStatus::Running,
+        AllocStatus::TearingDown,
+        AllocStatus::Done,
+        AllocStatus::Failed,
+        AllocStatus::Cancelled,
+        AllocStatus::Waiting,
+    ];
+
     /// Parses the name [`AllocStatus::as_str`] gives.
     pub fn parse(s: &str) -> Option<AllocStatus> {
-        [
-            AllocStatus::Queued,
-            AllocStatus::Suspended,
-            AllocStatus::Reserved,
-            AllocStatus::Running,
-            AllocStatus::TearingDown,
-            AllocStatus::Done,
-            AllocStatus::Failed,
-            AllocStatus::Cancelled,
-            AllocStatus::Waiting,
-        ]
-        .into_iter()
-        .find(|v| v.as_str() == s)
+        AllocStatus::ALL.into_iter().find(|v| v.as_str() == s)
     }
 
     /// Whether the allocation will never change again.

@@ -207,17 +207,6 @@ pub fn parse_after(list: &str) -> Result<Vec<Dependency>, String> {
 mod tests {
     use super::*;
 
-    const STATUSES: [AllocStatus; 8] = [
-        AllocStatus::Queued,
-        AllocStatus::Suspended,
-        AllocStatus::Reserved,
-        AllocStatus::Running,
-        AllocStatus::TearingDown,
-        AllocStatus::Done,
-        AllocStatus::Failed,
-        AllocStatus::Cancelled,
-    ];
-
     /// Every kind against every status, started or not, written out as a
     /// table: M met, N never, P pending.
     #[test]
@@ -230,13 +219,13 @@ mod tests {
                 Standing::Pending => 'P',
             }
         };
-        let row = |when, started| STATUSES.map(|s| table(when, s, started)).iter().collect::<String>();
-        // Queued Suspended Reserved Running TearingDown Done Failed Cancelled
-        assert_eq!(row(AfterWhen::Ok, true), "PPPPPMNN");
-        assert_eq!(row(AfterWhen::NotOk, true), "PPPPPNMM");
-        assert_eq!(row(AfterWhen::Any, false), "PPPPPMMM");
-        assert_eq!(row(AfterWhen::Started, true), "MMMMMMMM");
-        assert_eq!(row(AfterWhen::Started, false), "PPPPPNNN");
+        let row = |when, started| AllocStatus::ALL.map(|s| table(when, s, started)).iter().collect::<String>();
+        // Queued Suspended Reserved Running TearingDown Done Failed Cancelled Waiting
+        assert_eq!(row(AfterWhen::Ok, true), "PPPPPMNNP");
+        assert_eq!(row(AfterWhen::NotOk, true), "PPPPPNMMP");
+        assert_eq!(row(AfterWhen::Any, false), "PPPPPMMMP");
+        assert_eq!(row(AfterWhen::Started, true), "MMMMMMMMM");
+        assert_eq!(row(AfterWhen::Started, false), "PPPPPNNNP");
         let why = Dependency { on: 12, when: AfterWhen::Ok }.standing(Failed, true);
         assert_eq!(why, Standing::Never("dependency 12 failed".into()));
         let why = Dependency { on: 7, when: AfterWhen::Started }.standing(Cancelled, false);

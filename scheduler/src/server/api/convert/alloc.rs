@@ -50,8 +50,14 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         .map(crate::sm::CheckpointStore::parse)
         .transpose()
         .map_err(|e| invalid("spec.checkpoint_store", e))?;
-    let mut deps = Vec::with_capacity(p.after.len().min(crate::sm::MAX_DEPENDENCIES + 1));
-    for d in p.after.iter().take(crate::sm::MAX_DEPENDENCIES + 1) {
+    if p.after.len() > crate::sm::MAX_DEPENDENCIES {
+        return Err(invalid(
+            "spec.after",
+            format!("{} dependencies; the most is {}", p.after.len(), crate::sm::MAX_DEPENDENCIES),
+        ));
+    }
+    let mut deps = Vec::with_capacity(p.after.len());
+    for d in &p.after {
         let when =
             if d.when.is_empty() { Some(crate::sm::AfterWhen::Ok) } else { crate::sm::AfterWhen::parse(&d.when) };
         let when = when.ok_or_else(|| {
@@ -61,12 +67,6 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
             )
         })?;
         deps.push(crate::sm::Dependency { on: d.id, when });
-    }
-    if p.after.len() > crate::sm::MAX_DEPENDENCIES {
-        return Err(invalid(
-            "spec.after",
-            format!("{} dependencies; the most is {}", p.after.len(), crate::sm::MAX_DEPENDENCIES),
-        ));
     }
     let after = crate::sm::After { deps, any_of: p.after_any_of, keep_if_unsatisfiable: p.keep_if_unsatisfiable };
     let spec = AllocSpec {
