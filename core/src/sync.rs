@@ -230,6 +230,16 @@ impl SyncPlan {
 /// follow in later plans).
 pub const MAX_DELETES_PER_PLAN: usize = 256;
 
+/// A task's extra environment, in name order: its spec's, and an array
+/// element's array variables (which win over the spec's own).
+fn task_env(st: &State, a: &crate::sm::Allocation) -> Vec<(String, String)> {
+    let mut env = a.spec.env.clone();
+    if let Some((array, position)) = st.array_of(a.id) {
+        env.extend(array.element_env(position));
+    }
+    env.into_iter().collect()
+}
+
 /// Plans what to tell `node`'s agent, given what this stream has told it
 /// (`sent`). With `repeat` (a heartbeat) every stopping task not yet acked
 /// is signalled again. An unknown node gets an empty plan.
@@ -271,7 +281,7 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
                 key,
                 gang_size: a.spec.gang_size,
                 command: a.spec.command.clone(),
-                env: a.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                env: task_env(st, a),
                 secrets: st.secrets(a.id).cloned().unwrap_or_default(),
                 peers,
                 gpus: a.spec.resources.gpus,

@@ -430,6 +430,35 @@ pub enum Command {
         /// The end report.
         report: Box<Command>,
     },
+    /// A job array: one spec, elements materialised lazily (the array
+    /// takes the next id, its elements the ids after it).
+    SubmitArray {
+        /// What every element runs.
+        spec: AllocSpec,
+        /// Its indices and throttle.
+        indices: super::types::ArrayIndices,
+        /// `--after-corr`: element k waits for element k of this array.
+        corr: Option<AllocId>,
+        /// The secrets of every element.
+        secrets: Secrets,
+    },
+    /// Cancel some elements of an array (materialised ones like any
+    /// allocation; the rest are never materialised).
+    CancelArrayElements {
+        /// The array.
+        array: AllocId,
+        /// Which elements, by index (the throttle is ignored).
+        indices: super::types::ArrayIndices,
+    },
+    /// Change how many of an array's elements may run at once (0: no limit).
+    SetArrayThrottle {
+        /// The array.
+        array: AllocId,
+        /// The new throttle.
+        throttle: u32,
+        /// Who asked.
+        by: String,
+    },
 }
 
 /// The longest reason from an agent a command carries (a start failure, an
@@ -495,6 +524,9 @@ impl Command {
             Command::ForgetFinished { .. } => "forget_finished",
             Command::ForgetCheckpoints { .. } => "forget_checkpoints",
             Command::SetCheckpointSettings { .. } => "set_checkpoint_settings",
+            Command::SubmitArray { .. } => "submit_array",
+            Command::CancelArrayElements { .. } => "cancel_array_elements",
+            Command::SetArrayThrottle { .. } => "set_array_throttle",
         }
     }
 }

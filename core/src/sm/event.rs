@@ -419,6 +419,43 @@ pub enum Event {
         /// The allocation.
         alloc: AllocId,
     },
+    /// A job array was created, or a retried submit found it again.
+    ArraySubmitted {
+        /// The array.
+        array: AllocId,
+        /// How many elements it has.
+        count: u64,
+        /// Whether this was a retry of an earlier submit with the same key.
+        duplicate: bool,
+    },
+    /// Elements of an array were cancelled (the materialised ones also
+    /// get their own events).
+    ArrayCancelled {
+        /// The array.
+        array: AllocId,
+        /// Elements cancelled before they were materialised.
+        skipped: u64,
+    },
+    /// An array's throttle changed.
+    ArrayThrottled {
+        /// The array.
+        array: AllocId,
+        /// The new throttle (0: no limit).
+        throttle: u32,
+        /// Who changed it.
+        by: String,
+    },
+    /// Every element of an array has ended.
+    ArrayFinished {
+        /// The array.
+        array: AllocId,
+        /// Elements done.
+        done: u64,
+        /// Elements failed.
+        failed: u64,
+        /// Elements cancelled.
+        cancelled: u64,
+    },
 }
 
 impl Event {
@@ -467,6 +504,10 @@ impl Event {
             | Event::CheckpointDropped { alloc, .. }
             | Event::CheckpointUnreachable { alloc, .. }
             | Event::OutOfMemory { alloc, .. } => Some(*alloc),
+            Event::ArraySubmitted { array, .. }
+            | Event::ArrayCancelled { array, .. }
+            | Event::ArrayThrottled { array, .. }
+            | Event::ArrayFinished { array, .. } => Some(*array),
         }
     }
 }

@@ -32,23 +32,24 @@ pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
 pub use state::{
-    ApplyCtx, ForgottenKey, Holder, MAX_FORGET_PER_ENTRY, MAX_TOKENS, MAX_TOMBSTONES, MIN_RETENTION_MS, QueueKey,
-    Shape, State, Tombstone, VcLoad, spec_sha256,
+    ApplyCtx, ArrayCounts, ForgottenKey, Holder, MAX_FORGET_PER_ENTRY, MAX_TOKENS, MAX_TOMBSTONES, MIN_RETENTION_MS,
+    QueueKey, Shape, State, Tombstone, VcLoad, array_sha256, spec_sha256,
 };
 pub use types::{
-    AGENT_SET_LABELS, ANY_LABEL_VALUE, ATTEMPT_LOG_LIMIT, Admission, After, AfterWhen, AllocEvent, AllocId, AllocSpec,
-    AllocStatus, Allocation, ArrayIndices, ArrayRange, Attempt, AttemptEnd, AttemptUsage, CHECKPOINT_CAP_RANGE,
-    CheckpointManifest, CheckpointMode, CheckpointSettings, CheckpointStore, DEFAULT_CHECKPOINT_ESTIMATE_S,
-    DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_RETRIES, DEFAULT_RENDEZVOUS_PORTS, DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S,
-    Dependency, Drain, Failure, HISTORY_LIMIT, ISOLATION_LABEL, LabelExpr, LabelOp, MAX_AFTER_EXPR_BYTES,
-    MAX_ARRAY_ELEMENTS, MAX_ARRAY_EXPR_BYTES, MAX_ARRAY_INDEX, MAX_ARRAY_RANGES, MAX_CHECKPOINT_KEEP,
-    MAX_CHECKPOINT_KEY_BYTES, MAX_CONSTRAINTS, MAX_DEPENDENCIES, MAX_FAILURE_TAIL_BYTES, MAX_FORGET_CHECKPOINTS,
-    MAX_PIDS_MAX, MAX_RENDEZVOUS_PORTS, MAX_RETIRED_CHECKPOINTS, MAX_SECRET_VALUE_BYTES, MAX_SECRETS,
-    MAX_SECRETS_BYTES, MAX_STORE_SPEC_BYTES, ManifestUpload, NODE_HISTORY_LIMIT, Node, NodeId, NodePolicy, NodeSlot,
-    NodeStatus, Nomination, OBJECT_SCHEMES, OomKill, PORTS_LABEL, Packing, Placement, PortRange, PreemptReason,
-    RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Standing, Task, TaskIndex, TaskStatus, Teardown,
-    TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, agent_may_set,
-    check_cap, check_key, combined_standing, failure_tail, fits, how_it_ended, key_prefix, parse_after,
+    AGENT_SET_LABELS, ANY_LABEL_VALUE, ARRAY_WINDOW, ATTEMPT_LOG_LIMIT, Admission, After, AfterWhen, AllocEvent,
+    AllocId, AllocSpec, AllocStatus, Allocation, ArrayIndices, ArrayRange, Attempt, AttemptEnd, AttemptUsage,
+    CHECKPOINT_CAP_RANGE, CheckpointManifest, CheckpointMode, CheckpointSettings, CheckpointStore,
+    DEFAULT_CHECKPOINT_ESTIMATE_S, DEFAULT_MAX_CHECKPOINT_BYTES, DEFAULT_MAX_RETRIES, DEFAULT_RENDEZVOUS_PORTS,
+    DEFAULT_VCLUSTER, DEFAULT_WALLTIME_S, Dependency, Drain, Failure, HISTORY_LIMIT, ISOLATION_LABEL, JobArray,
+    LabelExpr, LabelOp, MAX_AFTER_EXPR_BYTES, MAX_ARRAY_ELEMENTS, MAX_ARRAY_EXPR_BYTES, MAX_ARRAY_INDEX,
+    MAX_ARRAY_RANGES, MAX_CHECKPOINT_KEEP, MAX_CHECKPOINT_KEY_BYTES, MAX_CONSTRAINTS, MAX_DEPENDENCIES,
+    MAX_FAILURE_TAIL_BYTES, MAX_FORGET_CHECKPOINTS, MAX_PIDS_MAX, MAX_RENDEZVOUS_PORTS, MAX_RETIRED_CHECKPOINTS,
+    MAX_SECRET_VALUE_BYTES, MAX_SECRETS, MAX_SECRETS_BYTES, MAX_STORE_SPEC_BYTES, ManifestUpload, NODE_HISTORY_LIMIT,
+    Node, NodeId, NodePolicy, NodeSlot, NodeStatus, Nomination, OBJECT_SCHEMES, OomKill, PORTS_LABEL, Packing,
+    Placement, PortRange, PreemptReason, RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Standing, Task,
+    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL,
+    VClusterType, WatchdogKind, agent_may_set, check_cap, check_key, combined_standing, failure_tail, fits,
+    how_it_ended, key_prefix, parse_after,
 };
 pub use validate::{
     DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES, parse_duration_s, validate_admission,

@@ -410,6 +410,9 @@ pub enum Rejection {
         /// What is wrong.
         reason: String,
     },
+    /// The command names an array that does not exist.
+    #[error("unknown array {0}")]
+    UnknownArray(AllocId),
 }
 
 fn allowed_names(allowed: &[NodeStatus]) -> String {

@@ -39,10 +39,15 @@ impl State {
         if let Some(a) = self.allocs.get(&d.on) {
             return d.standing(a.status, a.ever_started());
         }
-        match self.tombstones.get(&d.on) {
-            Some(t) => d.standing(t.status, t.started),
-            None => Standing::Never(format!("dependency {} ended too long ago for its outcome to be known", d.on)),
+        if let Some(array) = self.arrays.get(&d.on) {
+            return self.array_standing(d, array);
         }
+        if let Some(t) = self.tombstones.get(&d.on) {
+            return d.standing(t.status, t.started);
+        }
+        self.unmaterialised_standing(d).unwrap_or_else(|| {
+            Standing::Never(format!("dependency {} ended too long ago for its outcome to be known", d.on))
+        })
     }
 
     /// Where `after` stands now, as a whole.
@@ -60,7 +65,8 @@ impl State {
                     d.on
                 )));
             }
-            if !self.allocs.contains_key(&d.on) && !self.tombstones.contains_key(&d.on) {
+            let held = self.allocs.contains_key(&d.on) || self.arrays.contains_key(&d.on);
+            if !held && !self.tombstones.contains_key(&d.on) && self.unmaterialised_standing(d).is_none() {
                 return Err(invalid_after(format!(
                     "allocation {} was forgotten too long ago for its outcome to be known",
                     d.on
@@ -78,6 +84,20 @@ impl State {
             return Vec::new();
         }
         let mut work: Vec<AllocId> = events.iter().filter_map(Event::alloc).collect();
+        for e in events {
+            // Elements cancelled before they were materialised have no
+            // events of their own: their dependents settle here.
+            if let Event::ArrayCancelled { array, .. } = e
+                && let Some(a) = self.arrays.get(array)
+            {
+                work.extend(self.index.dependents.range(a.id + 1..=a.id + a.count()).map(|(&on, _)| on));
+            }
+        }
+        // An element's end may settle what waits for its whole array.
+        if !self.arrays.is_empty() {
+            let arrays: Vec<AllocId> = work.iter().filter_map(|&id| Some(self.array_of(id)?.0.id)).collect();
+            work.extend(arrays);
+        }
         work.sort_unstable_by(|a, b| b.cmp(a));
         work.dedup();
         let mut out = Vec::new();
@@ -88,6 +108,9 @@ impl State {
                 if let Some(e) = self.settle_waiting(id) {
                     if matches!(e, Event::AllocationFailed { .. }) {
                         work.push(id);
+                        if let Some((array, _)) = self.array_of(id) {
+                            work.push(array.id);
+                        }
                     }
                     out.push(e);
                 }

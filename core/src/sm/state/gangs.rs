@@ -13,7 +13,7 @@ impl State {
         let key = spec.idempotency_key.as_ref()?;
         let name = (spec.owner.clone(), key.clone());
         let (existing, same) = match self.idempotency.get(&name) {
-            Some(&id) => (id, self.allocs[&id].spec == *spec),
+            Some(&id) => (id, self.allocs.get(&id).is_some_and(|a| a.spec == *spec)),
             None => {
                 let f = self.forgotten_keys.get(&name)?;
                 (f.alloc, f.spec_sha256 == spec_sha256(spec))
@@ -44,6 +44,28 @@ impl State {
         self.check_dependencies(&spec.after)?;
         let id = self.next_alloc_id;
         self.next_alloc_id += 1;
+        self.insert_allocation(id, spec.clone(), self.now_ms, secrets.names());
+        if let Some(key) = &spec.idempotency_key {
+            self.idempotency.insert((spec.owner.clone(), key.clone()), id);
+        }
+        if !secrets.is_empty() {
+            self.secrets.insert(id, secrets.clone());
+        }
+        let mut events = vec![Event::Submitted { alloc: id, duplicate: false }];
+        // Dependencies that already stand settle it at once.
+        events.extend(self.settle_waiting(id));
+        Ok(events)
+    }
+
+    /// Adds allocation `id` of `spec`, every task blocked: queued, or
+    /// waiting when it names dependencies; indexed.
+    pub(super) fn insert_allocation(
+        &mut self,
+        id: AllocId,
+        spec: AllocSpec,
+        submit_time_ms: u64,
+        secret_names: Vec<String>,
+    ) {
         let tasks = (0..spec.gang_size)
             .map(|index| Task {
                 index,
@@ -66,14 +88,15 @@ impl State {
                 attempts_dropped: 0,
             })
             .collect();
+        let status = if spec.after.is_empty() { AllocStatus::Queued } else { AllocStatus::Waiting };
         self.allocs.insert(
             id,
             Arc::new(Allocation {
                 id,
-                spec: spec.clone(),
-                submit_time_ms: self.now_ms,
+                spec,
+                submit_time_ms,
                 queued_since_ms: self.now_ms,
-                status: if spec.after.is_empty() { AllocStatus::Queued } else { AllocStatus::Waiting },
+                status,
                 reservation_epoch: 0,
                 first_reserved_at_ms: None,
                 revision: 0,
@@ -89,29 +112,20 @@ impl State {
                 avoid_nodes: Vec::new(),
                 finish_seq: 0,
                 ports: Vec::new(),
-                secret_names: secrets.names(),
+                secret_names,
                 failures: 0,
                 last_failure: None,
                 give_up: None,
                 retry_after_ms: 0,
             }),
         );
-        if let Some(key) = &spec.idempotency_key {
-            self.idempotency.insert((spec.owner.clone(), key.clone()), id);
-        }
-        if !secrets.is_empty() {
-            self.secrets.insert(id, secrets.clone());
-        }
         self.reindex_alloc(id);
-        let mut events = vec![Event::Submitted { alloc: id, duplicate: false }];
-        // Dependencies that already stand settle it at once.
-        events.extend(self.settle_waiting(id));
-        Ok(events)
     }
 
-    /// Allocation `id`'s secrets, for the agents its tasks are placed on.
+    /// Allocation `id`'s secrets, for the agents its tasks are placed on
+    /// (an array element's are its array's).
     pub fn secrets(&self, id: AllocId) -> Option<&Secrets> {
-        self.secrets.get(&id)
+        self.secrets.get(&id).or_else(|| self.secrets.get(&self.array_of(id)?.0.id))
     }
 
     pub(super) fn reserve_gang(&mut self, id: AllocId, epoch: u64, nodes: &[NodeId]) -> Applied {

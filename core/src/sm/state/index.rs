@@ -211,8 +211,10 @@ impl State {
         } else {
             self.index.tearing_down.remove(&id);
         }
+        let mut ended_now = false;
         if a.status.is_terminal() && self.index.finished.insert((a.finished_at_ms.unwrap_or(a.submit_time_ms), id)) {
             if a.finish_seq == 0 {
+                ended_now = true;
                 self.finished_total += 1;
                 self.allocs.get_mut(&id).map(Arc::make_mut).expect("indexed").finish_seq = self.finished_total;
             }
@@ -221,6 +223,10 @@ impl State {
             self.secrets.remove(&id);
         }
         self.index_dependencies(id);
+        // Every reindex passes here; with no arrays, no element to index.
+        if !self.arrays.is_empty() {
+            self.index_array_element(id, ended_now);
+        }
     }
 
     pub(super) fn index_node(&mut self, slot: NodeSlot) {
@@ -400,6 +406,7 @@ impl State {
         }
         self.index.key_expiry =
             self.forgotten_keys.iter().map(|((owner, key), f)| (f.expires_ms, owner.clone(), key.clone())).collect();
+        self.index.finished_arrays = self.arrays.values().filter_map(|a| Some((a.finished_at_ms?, a.id))).collect();
         let ids: Vec<AllocId> = self.allocs.keys().copied().collect();
         for id in ids {
             self.reindex_alloc(id);

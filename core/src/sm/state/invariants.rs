@@ -8,7 +8,8 @@ impl State {
     pub fn check_invariants(&self) -> Result<(), String> {
         // Secrets are held only for allocations that may still run.
         for id in self.secrets.keys() {
-            if self.allocs.get(id).is_none_or(|a| a.status.is_terminal()) {
+            let live_array = self.arrays.get(id).is_some_and(|a| a.finished_at_ms.is_none());
+            if !live_array && self.allocs.get(id).is_none_or(|a| a.status.is_terminal()) {
                 return Err(format!("secrets of allocation {id}, which is finished or gone, are kept"));
             }
         }
@@ -176,10 +177,65 @@ impl State {
                 return Err(format!("retired checkpoint {seq} is still named, or misnumbered"));
             }
         }
+        self.check_array_invariants()?;
         let mut fresh = self.clone();
         fresh.rebuild_indexes();
         if fresh.index != self.index {
             return Err("derived indexes differ from a rebuild".to_string());
+        }
+        Ok(())
+    }
+
+    /// Arrays: their id ranges hold no other allocation; only positions
+    /// already passed are materialised; the counts add up; a finished
+    /// array has nothing left; the throttle holds unless it was lowered.
+    fn check_array_invariants(&self) -> Result<(), String> {
+        let mut end_of_last = 0;
+        for a in self.arrays.values() {
+            let count = a.count();
+            if a.id <= end_of_last || a.id + count >= self.next_alloc_id {
+                return Err(format!("array {} overlaps another's ids or the next id", a.id));
+            }
+            end_of_last = a.id + count;
+            if self.allocs.contains_key(&a.id) {
+                return Err(format!("array {} shares its id with an allocation", a.id));
+            }
+            if a.next > count || a.skipped.windows(2).any(|w| w[0].1 >= w[1].0) {
+                return Err(format!("array {} has next {} or skipped {:?} out of shape", a.id, a.next, a.skipped));
+            }
+            if a.skipped.iter().any(|&(f, t)| f >= t || t > count) {
+                return Err(format!("array {} skips positions outside itself: {:?}", a.id, a.skipped));
+            }
+            let mut live = BTreeSet::new();
+            for (&id, e) in self.allocs.range(a.id + 1..=a.id + count) {
+                let position = id - a.id - 1;
+                if position >= a.next || a.is_skipped(position) {
+                    return Err(format!("element {id} of array {} is held but was never materialised", a.id));
+                }
+                if !e.status.is_terminal() {
+                    live.insert(id);
+                }
+            }
+            let indexed: BTreeSet<AllocId> = self.array_live(a.id).collect();
+            if live != indexed {
+                return Err(format!("array {}'s live elements are out of step with its index", a.id));
+            }
+            let ended = a.done + a.failed + a.cancelled;
+            if ended + live.len() as u64 + a.unmaterialised() != count {
+                return Err(format!(
+                    "array {}: {ended} ended + {} live + {} to come is not its {count} elements",
+                    a.id,
+                    live.len(),
+                    a.unmaterialised()
+                ));
+            }
+            if a.finished_at_ms.is_some() != (ended == count) {
+                return Err(format!(
+                    "array {} is finished = {} with {ended} of {count} ended",
+                    a.id,
+                    a.finished_at_ms.is_some()
+                ));
+            }
         }
         Ok(())
     }

@@ -63,9 +63,11 @@ use super::validate::{
 };
 use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
 use crate::history::JobRecord;
+pub use arrays::{ArrayCounts, array_sha256};
 pub use dependencies::{MAX_TOMBSTONES, Tombstone};
 pub use retention::{ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
 
+mod arrays;
 mod attempts;
 mod checkpoints;
 mod dependencies;
@@ -228,6 +230,13 @@ struct Indexes {
     dependents: BTreeMap<AllocId, BTreeSet<AllocId>>,
     /// Waiting allocations, by id.
     waiting: BTreeSet<AllocId>,
+    /// Each array's materialised elements that have not ended.
+    array_live: BTreeMap<AllocId, BTreeSet<AllocId>>,
+    /// Each array's materialised elements not yet placed (waiting, queued
+    /// or suspended): the window its materialisation keeps.
+    array_unplaced: BTreeMap<AllocId, BTreeSet<AllocId>>,
+    /// Finished arrays by (end, id): what retention forgets first.
+    finished_arrays: BTreeSet<(u64, AllocId)>,
 }
 
 /// A vCluster's live allocations and the GPUs their gangs need.
@@ -328,6 +337,8 @@ pub struct State {
     /// How forgotten allocations ended, for dependencies named on them
     /// later (the newest [`dependencies::MAX_TOMBSTONES`]).
     tombstones: BTreeMap<AllocId, dependencies::Tombstone>,
+    /// Job arrays by id (finished ones until retention forgets them).
+    arrays: BTreeMap<AllocId, super::types::JobArray>,
     #[serde(skip)]
     index: Indexes,
     /// Nodes whose agents may have something new to hear since the last
@@ -394,6 +405,7 @@ impl State {
             node_policies: self.node_policies.clone(),
             secrets: self.secrets.clone(),
             tombstones: self.tombstones.clone(),
+            arrays: self.arrays.clone(),
             index: Indexes::default(),
             touched: Touched::default(),
         }
@@ -420,6 +432,7 @@ impl State {
             node_policies: BTreeMap::new(),
             secrets: BTreeMap::new(),
             tombstones: BTreeMap::new(),
+            arrays: BTreeMap::new(),
             index: Indexes::default(),
             touched: Touched::default(),
         };
@@ -467,8 +480,24 @@ impl State {
         match result {
             Ok(mut events) => {
                 events.extend(self.stop_emptied_nodes());
-                let settled = self.settle_dependents(&events);
-                events.extend(settled);
+                // Dependents settle and arrays materialise until neither
+                // has anything more to do (a dependent that fails may end
+                // an array element, which may free a place for the next).
+                let mut from = 0;
+                loop {
+                    let settled = self.settle_dependents(&events[from..]);
+                    let mut arrays = self.arrays_touched(&events[from..]);
+                    arrays.extend(self.arrays_touched(&settled));
+                    from = events.len();
+                    events.extend(settled);
+                    for array in arrays {
+                        let filled = self.fill_array(array);
+                        events.extend(filled);
+                    }
+                    if events.len() == from {
+                        break;
+                    }
+                }
                 self.record_history(&events);
                 self.log_attempts(&events);
                 self.flush_finished();
@@ -574,6 +603,9 @@ impl State {
             }
             Command::ForgetCheckpoints { node, seqs } => self.forget_checkpoints(node, seqs),
             Command::SetCheckpointSettings { settings, by } => self.set_checkpoint_settings(settings, by),
+            Command::SubmitArray { spec, indices, corr, secrets } => self.submit_array(spec, indices, *corr, secrets),
+            Command::CancelArrayElements { array, indices } => self.cancel_array(*array, Some(indices)),
+            Command::SetArrayThrottle { array, throttle, by } => self.set_array_throttle(*array, *throttle, by),
         }
     }
 

@@ -91,7 +91,8 @@ impl State {
             self.index.finished.iter().take_while(|(end, _)| *end <= cutoff).take(max as usize).copied().collect();
         let keys: Vec<(u64, String, String)> =
             self.index.key_expiry.iter().take_while(|(exp, _, _)| *exp <= now).take(max as usize).cloned().collect();
-        if allocs.is_empty() && keys.is_empty() {
+        let arrays = self.arrays_to_forget(cutoff, max as usize, &allocs);
+        if allocs.is_empty() && keys.is_empty() && arrays.is_empty() {
             return Err(Rejection::NothingToForget);
         }
         for (exp, owner, key) in &keys {
@@ -118,6 +119,50 @@ impl State {
                     .insert(name, ForgottenKey { alloc: id, spec_sha256: spec_sha256(&a.spec), expires_ms });
             }
         }
-        Ok(vec![Event::Forgotten { allocs: allocs.len() as u32, keys: keys.len() as u32, through_ms }])
+        for &(end, id) in &arrays {
+            self.index.finished_arrays.remove(&(end, id));
+            let a = self.arrays.remove(&id).expect("a finished array is held");
+            let status = a.final_status().expect("finished");
+            self.tombstones.insert(id, Tombstone { status, started: a.started });
+            while self.tombstones.len() > MAX_TOMBSTONES {
+                self.tombstones.pop_first();
+            }
+            let Some(key) = a.spec.idempotency_key.clone() else { continue };
+            let name = (a.spec.owner.clone(), key);
+            if self.idempotency.get(&name) != Some(&id) {
+                continue;
+            }
+            self.idempotency.remove(&name);
+            let expires_ms = a.submit_time_ms.saturating_add(key_window_ms);
+            if expires_ms > now {
+                self.index.key_expiry.insert((expires_ms, name.0.clone(), name.1.clone()));
+                let spec_sha256 = super::array_sha256(&a.spec, &a.indices, a.corr);
+                self.forgotten_keys.insert(name, ForgottenKey { alloc: id, spec_sha256, expires_ms });
+            }
+        }
+        Ok(vec![Event::Forgotten { allocs: (allocs.len() + arrays.len()) as u32, keys: keys.len() as u32, through_ms }])
+    }
+
+    /// Finished arrays retention may forget now (at most `max`): ended by
+    /// `cutoff`, none of their elements still held (beyond those `allocs`
+    /// forgets in the same entry), and no live array correlated to them.
+    fn arrays_to_forget(&self, cutoff: u64, max: usize, allocs: &[(u64, AllocId)]) -> Vec<(u64, AllocId)> {
+        if self.index.finished_arrays.is_empty() {
+            return Vec::new();
+        }
+        let going: BTreeSet<AllocId> = allocs.iter().map(|&(_, id)| id).collect();
+        let corr: BTreeSet<AllocId> =
+            self.arrays.values().filter(|a| a.finished_at_ms.is_none()).filter_map(|a| a.corr).collect();
+        self.index
+            .finished_arrays
+            .iter()
+            .take_while(|(end, _)| *end <= cutoff)
+            .filter(|&&(_, id)| {
+                let a = &self.arrays[&id];
+                !corr.contains(&id) && self.allocs.range(id + 1..=id + a.count()).all(|(e, _)| going.contains(e))
+            })
+            .take(max)
+            .copied()
+            .collect()
     }
 }

@@ -244,6 +244,14 @@ impl State {
     }
 
     pub(super) fn cancel(&mut self, id: AllocId) -> Applied {
+        if self.arrays.contains_key(&id) {
+            return self.cancel_array(id, None);
+        }
+        if !self.allocs.contains_key(&id)
+            && let Some(applied) = self.cancel_unmaterialised(id)
+        {
+            return applied;
+        }
         self.check_cancel(id)?;
         self.drop_nomination(id);
         let a = &self.allocs[&id];

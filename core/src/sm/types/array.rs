@@ -204,6 +204,133 @@ impl fmt::Display for ArrayIndices {
     }
 }
 
+/// The most elements of one array that are materialised and not yet
+/// placed at once: the rest wait as positions in its ranges. Admission
+/// sees this many of an array per pass; each one placed or ended
+/// materialises the next.
+pub const ARRAY_WINDOW: u64 = 1024;
+
+/// A job array (`muster submit --array`): one spec, many elements. Element
+/// `k` (the k-th index, ascending) is allocation `id + 1 + k`, an ordinary
+/// allocation once materialised; until then it costs nothing but its
+/// place in the ranges. The array's own id names it to `cancel`, `--after`
+/// and reads; no allocation has it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobArray {
+    /// Its id; its elements' ids follow it.
+    pub id: AllocId,
+    /// The spec every element is made from (an element has no idempotency
+    /// key of its own: the array holds it).
+    pub spec: AllocSpec,
+    /// Its indices and throttle.
+    pub indices: ArrayIndices,
+    /// `--after-corr`: element k waits for element k of this array.
+    pub corr: Option<AllocId>,
+    /// Entry time of the submit (every element's submit time: they queue
+    /// together, in index order).
+    pub submit_time_ms: u64,
+    /// Positions below this are materialised or were cancelled before.
+    pub next: u64,
+    /// Positions cancelled before they were materialised, as sorted,
+    /// disjoint, half-open ranges `[from, to)`.
+    pub skipped: Vec<(u64, u64)>,
+    /// Elements that ended done.
+    pub done: u64,
+    /// Elements that ended failed.
+    pub failed: u64,
+    /// Elements that ended cancelled (those never materialised included).
+    pub cancelled: u64,
+    /// Whether a task of an element ever started.
+    pub started: bool,
+    /// Set once every element has ended.
+    pub finished_at_ms: Option<u64>,
+}
+
+impl JobArray {
+    /// How many elements it has.
+    pub fn count(&self) -> u64 {
+        self.indices.count()
+    }
+
+    /// The id of the element at `position`.
+    pub fn element_id(&self, position: u64) -> AllocId {
+        self.id + 1 + position
+    }
+
+    /// The position of element `alloc`, if it is one of this array's.
+    pub fn position_of_element(&self, alloc: AllocId) -> Option<u64> {
+        (alloc > self.id && alloc - self.id <= self.count()).then(|| alloc - self.id - 1)
+    }
+
+    /// Whether the element at `position` was cancelled before it was
+    /// materialised.
+    pub fn is_skipped(&self, position: u64) -> bool {
+        let at = self.skipped.partition_point(|&(_, to)| to <= position);
+        self.skipped.get(at).is_some_and(|&(from, _)| from <= position)
+    }
+
+    /// Marks the positions of `ranges` (half-open, any order, may
+    /// overlap each other or those already marked) cancelled before
+    /// materialisation; how many were not already marked.
+    pub fn skip(&mut self, ranges: &[(u64, u64)]) -> u64 {
+        let total = |v: &[(u64, u64)]| v.iter().map(|&(f, t)| t - f).sum::<u64>();
+        let before = total(&self.skipped);
+        let mut all: Vec<(u64, u64)> = self.skipped.iter().chain(ranges).copied().filter(|&(f, t)| f < t).collect();
+        all.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+        for (from, to) in all {
+            match merged.last_mut() {
+                Some(last) if from <= last.1 => last.1 = last.1.max(to),
+                _ => merged.push((from, to)),
+            }
+        }
+        self.skipped = merged;
+        total(&self.skipped) - before
+    }
+
+    /// Elements never materialised and not cancelled: still to come.
+    pub fn unmaterialised(&self) -> u64 {
+        let skipped_ahead: u64 = self.skipped.iter().map(|&(from, to)| to.saturating_sub(from.max(self.next))).sum();
+        self.count() - self.next - skipped_ahead
+    }
+
+    /// How it stands as one allocation would: done when every element was
+    /// done, failed when one failed, cancelled otherwise; `None` while an
+    /// element is yet to end.
+    pub fn final_status(&self) -> Option<AllocStatus> {
+        self.finished_at_ms?;
+        Some(if self.failed > 0 {
+            AllocStatus::Failed
+        } else if self.cancelled > 0 {
+            AllocStatus::Cancelled
+        } else {
+            AllocStatus::Done
+        })
+    }
+
+    /// The environment its element at `position` runs with: Muster's names
+    /// and the Slurm names existing scripts read.
+    pub fn element_env(&self, position: u64) -> Vec<(String, String)> {
+        let index = self.indices.index_at(position).unwrap_or_default();
+        let first = self.indices.ranges.first().map_or(0, |r| r.first);
+        let last = self.indices.ranges.last().map_or(0, |r| r.last);
+        let mut env = vec![
+            ("MUSTER_ARRAY_ID".to_string(), self.id.to_string()),
+            ("MUSTER_ARRAY_INDEX".to_string(), index.to_string()),
+            ("MUSTER_ARRAY_COUNT".to_string(), self.count().to_string()),
+            ("SLURM_ARRAY_JOB_ID".to_string(), self.id.to_string()),
+            ("SLURM_ARRAY_TASK_ID".to_string(), index.to_string()),
+            ("SLURM_ARRAY_TASK_COUNT".to_string(), self.count().to_string()),
+            ("SLURM_ARRAY_TASK_MIN".to_string(), first.to_string()),
+            ("SLURM_ARRAY_TASK_MAX".to_string(), last.to_string()),
+        ];
+        if let [r] = self.indices.ranges.as_slice() {
+            env.push(("SLURM_ARRAY_TASK_STEP".to_string(), r.step.to_string()));
+        }
+        env
+    }
+}
+
 /// One comma-separated part: `N`, `A-B` or `A-B:S`.
 fn parse_range(part: &str, expr: &str) -> Result<ArrayRange, String> {
     let index = |s: &str| -> Result<u32, String> {
