@@ -146,7 +146,10 @@ impl Client {
 
     /// Cancels allocation `id`: `cancelled`, `already-ended` or `absent`.
     pub async fn cancel(&mut self, id: u64) -> Answer<String> {
-        match self.call(move |mut c| async move { c.cancel(v1::CancelRequest { id }).await }).await {
+        match self
+            .call(move |mut c| async move { c.cancel(v1::CancelRequest { id, indices: String::new() }).await })
+            .await
+        {
             Answer::Ok(Ok(_)) => Answer::Ok("cancelled".into()),
             Answer::Ok(Err(s)) if s.code() == Code::NotFound => Answer::Ok(not_found(&s)),
             Answer::Ok(Err(s)) if s.code() == Code::FailedPrecondition && s.message().contains("already") => {

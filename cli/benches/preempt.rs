@@ -87,7 +87,7 @@ async fn run(insecure: bool, rounds: usize) -> Vec<f64> {
         until_running(&mut c, id).await;
         took.push(t.elapsed().as_secs_f64() * 1e3);
         // Give the node back; the suspended victim runs again.
-        c.cancel(v1::CancelRequest { id }).await.unwrap();
+        c.cancel(v1::CancelRequest { id, ..Default::default() }).await.unwrap();
         for &v in &victims {
             until_running(&mut c, v).await;
         }

@@ -134,6 +134,16 @@ pub struct SubmitArgs {
     /// instead of failing.
     #[arg(long)]
     keep_if_unsatisfiable: bool,
+    /// Submit a job array: one element per index, in Slurm's form (0-9999,
+    /// 1,3,5-11:2), with an optional %N throttle on how many run at once
+    /// (0-9999%64). One submit; elements get MUSTER_ARRAY_INDEX and
+    /// SLURM_ARRAY_TASK_ID.
+    #[arg(long, short = 'a', value_name = "INDICES[%N]")]
+    array: Option<String>,
+    /// With --array: element k waits for element k of this array to
+    /// succeed (and fails if it fails).
+    #[arg(long, value_name = "ARRAY", requires = "array")]
+    after_corr: Option<u64>,
     /// Validate and show the plan (placement, or what it would preempt and
     /// why) without submitting.
     #[arg(long)]
@@ -265,6 +275,15 @@ pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> any
     let spec = spec_of(&args).map_err(bad)?;
     let secrets = secrets_of(&args).map_err(bad)?;
     let (dry_run, queue_if_unsatisfiable) = (args.dry_run, args.queue_if_unsatisfiable);
+    // Checked here for a clear message; the server checks again.
+    let array = match &args.array {
+        Some(expr) => {
+            muster_scheduler::sm::ArrayIndices::parse(expr).map_err(|e| bad(anyhow::anyhow!("--array {e}")))?;
+            expr.clone()
+        }
+        None => String::new(),
+    };
+    let after_corr = args.after_corr.unwrap_or_default();
     let resp = cluster
         .call(|ch| {
             let req = v1::SubmitRequest {
@@ -272,6 +291,8 @@ pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> any
                 dry_run,
                 secrets: secrets.clone(),
                 queue_if_unsatisfiable,
+                array: array.clone(),
+                after_corr,
             };
             async move { AllocationServiceClient::new(ch).submit(req).await }
         })
@@ -281,10 +302,22 @@ pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> any
         print_explanation("dry run", &plan, out)?;
         return Ok(());
     }
+    let n = resp.array_count;
     match out {
+        Output::Json if n > 0 => out!(
+            "{}",
+            json!({ "id": resp.id, "duplicate": resp.duplicate, "array": true, "elements": n,
+                    "first_element": resp.id + 1, "last_element": resp.id + n })
+        ),
         Output::Json => out!("{}", json!({ "id": resp.id, "duplicate": resp.duplicate })),
+        Output::Text if resp.duplicate && n > 0 => {
+            out!("array {} (already submitted with this idempotency key)", resp.id)
+        }
         Output::Text if resp.duplicate => {
             out!("allocation {} (already submitted with this idempotency key)", resp.id)
+        }
+        Output::Text if n > 0 => {
+            out!("array {} submitted: {n} elements, allocations {} to {}", resp.id, resp.id + 1, resp.id + n)
         }
         Output::Text => out!("allocation {} submitted", resp.id),
     }

@@ -57,6 +57,8 @@ pub const ADDRESS: usize = 261;
 pub const VCLUSTER: usize = 63;
 /// An enum spelled as a string (`ml-training`, `borrow`, `hang`, …).
 pub const KEYWORD: usize = 32;
+/// A job array's indices in Slurm's form (`0-9999%64`).
+pub const ARRAY_EXPR: usize = 4096;
 /// Labels a node may carry.
 pub const LABELS: usize = 64;
 /// Tasks an agent may report at once.
@@ -113,6 +115,8 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("Dependency.when", text(KEYWORD)),
     ("ListRequest.owner", text(NAME)),
     ("SubmitRequest.secrets", items(32, 128 * 1024 + 32 * 128)),
+    ("SubmitRequest.array", text(ARRAY_EXPR)),
+    ("CancelRequest.indices", text(ARRAY_EXPR)),
     // Nodes.
     ("ListNodesRequest.page_token", text(NAME)),
     ("GetNodeRequest.id", text(NAME)),
@@ -275,7 +279,7 @@ macro_rules! unbounded {
 
 unbounded!(
     v1::GetRequest,
-    v1::CancelRequest,
+    v1::SetArrayThrottleRequest,
     v1::WatchRequest,
     v1::LogsRequest,
     v1::StatusRequest,
@@ -362,9 +366,16 @@ impl Bounded for v1::AllocationSpec {
     }
 }
 
+impl Bounded for v1::CancelRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_text("CancelRequest.indices", &self.indices)
+    }
+}
+
 impl Bounded for v1::SubmitRequest {
     fn check_bounds(&self) -> Result<(), OutOfBounds> {
         self.spec.check_bounds()?;
+        check_text("SubmitRequest.array", &self.array)?;
         // Never echo a secret: only its size.
         check_items(
             "SubmitRequest.secrets",

@@ -196,6 +196,76 @@ pub fn table(columns: &[&str], rows: &[v1::Allocation], now_ms: u64) -> Vec<Stri
     out
 }
 
+/// An array's elements by status, in words: "64 running, 9000 pending,
+/// 936 done" (statuses in lifecycle order; pending last before the ended).
+pub fn array_counts(a: &v1::JobArray) -> String {
+    let order = ["waiting", "queued", "suspended", "reserved", "running", "tearing_down"];
+    let mut parts: Vec<String> =
+        order.iter().filter_map(|s| a.by_status.get(*s).map(|n| format!("{n} {}", s.replace('_', "-")))).collect();
+    if a.pending > 0 {
+        parts.push(format!("{} pending", a.pending));
+    }
+    for s in ["done", "failed", "cancelled"] {
+        if let Some(n) = a.by_status.get(s) {
+            parts.push(format!("{n} {s}"));
+        }
+    }
+    parts.join(", ")
+}
+
+/// The arrays' table: one row per array, its elements counted by status.
+pub fn array_table(arrays: &[v1::JobArray]) -> Vec<String> {
+    let header = ["ARRAY", "NAME", "OWNER", "INDICES", "RUNNING AT ONCE", "STATUS", "ELEMENTS"];
+    let rows: Vec<[String; 7]> = arrays
+        .iter()
+        .map(|a| {
+            let name = match a.name.as_str() {
+                "" => a
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.command.first())
+                    .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
+                    .unwrap_or_default(),
+                n => n.to_string(),
+            };
+            [
+                a.id.to_string(),
+                clip(&name),
+                a.owner.clone(),
+                clip(&a.indices),
+                if a.throttle == 0 { "any".to_string() } else { a.throttle.to_string() },
+                a.status.clone(),
+                array_counts(a),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).chain([header[i].len()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i > 0 {
+                out.push_str("  ");
+            }
+            let pad = widths[i].saturating_sub(c.chars().count());
+            if i == 0 {
+                out.push_str(&" ".repeat(pad));
+                out.push_str(c);
+            } else if i + 1 < cells.len() {
+                out.push_str(c);
+                out.push_str(&" ".repeat(pad));
+            } else {
+                out.push_str(c);
+            }
+        }
+        out
+    };
+    let mut out = vec![line(header.to_vec())];
+    out.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
+    out
+}
+
 /// Keeps the rows `--name` and `--since` select.
 pub fn filter(rows: &mut Vec<v1::Allocation>, name: Option<&str>, since_ms: Option<u64>) {
     rows.retain(|a| {
@@ -232,8 +302,25 @@ pub async fn list_pages(
     page_size: u32,
     all: bool,
 ) -> anyhow::Result<(Vec<v1::Allocation>, u64)> {
+    let (rows, _, token) =
+        list_pages_with_arrays(cluster, status, owner, preemption_class, page_size, all, true).await?;
+    Ok((rows, token))
+}
+
+/// [`list_pages`], with array elements folded into their arrays unless
+/// `expand`: the rows, the arrays, and the next page's token.
+pub async fn list_pages_with_arrays(
+    cluster: &mut Cluster,
+    status: i32,
+    owner: Option<String>,
+    preemption_class: Option<u32>,
+    page_size: u32,
+    all: bool,
+    expand: bool,
+) -> anyhow::Result<(Vec<v1::Allocation>, Vec<v1::JobArray>, u64)> {
     let mut token = 0;
     let mut rows = Vec::new();
+    let mut arrays = Vec::new();
     loop {
         let req = v1::ListRequest {
             status,
@@ -241,6 +328,7 @@ pub async fn list_pages(
             preemption_class,
             page_size,
             page_token: token,
+            expand,
         };
         let page = cluster
             .call(|ch| {
@@ -250,9 +338,10 @@ pub async fn list_pages(
             .await?
             .into_inner();
         rows.extend(page.allocations);
+        arrays.extend(page.arrays);
         token = page.next_page_token;
         if token == 0 || !all {
-            return Ok((rows, token));
+            return Ok((rows, arrays, token));
         }
     }
 }

@@ -41,6 +41,18 @@ pub enum AllocCmd {
         /// stdin is not a terminal).
         #[arg(long, short = 'y')]
         yes: bool,
+        /// With one array id: cancel only these elements, by index (0-9,12).
+        #[arg(long, value_name = "INDICES", conflicts_with_all = ["owner", "name"])]
+        indices: Option<String>,
+    },
+    /// Change how many of an array's elements may run at once (0: no
+    /// limit). Raising it starts more at once; lowering it lets running
+    /// ones finish.
+    Throttle {
+        /// The array id.
+        id: u64,
+        /// The most elements running at once (0: no limit).
+        throttle: u32,
     },
     /// Follow an allocation's events until it ends (exit 0 when done, 1 when it failed or was cancelled).
     Watch {
@@ -109,6 +121,10 @@ pub enum AllocCmd {
         /// Follow every page.
         #[arg(long)]
         all: bool,
+        /// List every element of an array as an allocation (by default an
+        /// array is one row, its elements counted by status).
+        #[arg(long)]
+        expand: bool,
     },
 }
 
@@ -136,26 +152,70 @@ fn status_filter(name: &str) -> anyhow::Result<i32> {
 pub async fn alloc(cluster: &mut Cluster, cmd: AllocCmd, out: Output) -> anyhow::Result<()> {
     match cmd {
         AllocCmd::Get { id } => get(cluster, id, out).await,
-        AllocCmd::Cancel { ids, owner, name, yes } => cancel(cluster, ids, owner, name, yes, out).await,
+        AllocCmd::Cancel { ids, owner, name, yes, indices } => match indices {
+            Some(indices) => cancel_elements(cluster, &ids, indices, out).await,
+            None => cancel(cluster, ids, owner, name, yes, out).await,
+        },
+        AllocCmd::Throttle { id, throttle } => {
+            let a = cluster
+                .call(|ch| async move {
+                    AllocationServiceClient::new(ch)
+                        .set_array_throttle(v1::SetArrayThrottleRequest { id, throttle })
+                        .await
+                })
+                .await?
+                .into_inner();
+            render::array(&a, out)
+        }
         AllocCmd::Watch { id, from } => watch(cluster, id, from, out).await,
         AllocCmd::Logs { id, task, attempt, stdout, stderr, follow } => {
             logs::logs(cluster, logs::LogsArgs { id, task, attempt, stdout, stderr, follow }).await
         }
         AllocCmd::Explain { id } => explain(cluster, id, out).await,
-        AllocCmd::List { status, owner, class, name, since, sort, columns, page_size, all } => {
-            let filters = ListArgs { status, owner, class, name, since, sort, columns, page_size, all };
+        AllocCmd::List { status, owner, class, name, since, sort, columns, page_size, all, expand } => {
+            let filters = ListArgs { status, owner, class, name, since, sort, columns, page_size, all, expand };
             list_allocations(cluster, filters, out).await
         }
     }
 }
 
-/// `alloc get`.
+/// `alloc get`: an allocation, or a job array.
 async fn get(cluster: &mut Cluster, id: u64, out: Output) -> anyhow::Result<()> {
+    let got = cluster.call(|ch| async move { AllocationServiceClient::new(ch).get(v1::GetRequest { id }).await }).await;
+    match got {
+        Ok(a) => render::allocation(&a.into_inner(), out),
+        // Not an allocation: perhaps an array.
+        Err(e) => {
+            let array = cluster
+                .call(|ch| async move { AllocationServiceClient::new(ch).get_array(v1::GetRequest { id }).await })
+                .await;
+            match array {
+                Ok(a) => render::array(&a.into_inner(), out),
+                Err(_) => Err(e),
+            }
+        }
+    }
+}
+
+/// `alloc cancel ARRAY --indices …`: some elements of one array.
+async fn cancel_elements(cluster: &mut Cluster, ids: &[u64], indices: String, out: Output) -> anyhow::Result<()> {
+    let &[id] = ids else {
+        return Err(anyhow::Error::new(crate::BadCommandLine("--indices needs exactly one array id".to_string())));
+    };
+    muster_scheduler::sm::ArrayIndices::parse(&indices)
+        .map_err(|e| anyhow::Error::new(crate::BadCommandLine(format!("--indices {e}"))))?;
+    cluster
+        .call(|ch| {
+            let indices = indices.clone();
+            async move { AllocationServiceClient::new(ch).cancel(v1::CancelRequest { id, indices }).await }
+        })
+        .await
+        .map_err(|e| e.context(format!("cancel {id} --indices {indices}")))?;
     let a = cluster
-        .call(|ch| async move { AllocationServiceClient::new(ch).get(v1::GetRequest { id }).await })
+        .call(|ch| async move { AllocationServiceClient::new(ch).get_array(v1::GetRequest { id }).await })
         .await?
         .into_inner();
-    render::allocation(&a, out)
+    render::array(&a, out)
 }
 
 /// `alloc cancel`: the ids given, or those `--owner`/`--name` select; each
@@ -179,7 +239,9 @@ async fn cancel(
     let (mut done, mut refused) = (Vec::new(), Vec::new());
     for id in ids {
         match cluster
-            .call(|ch| async move { AllocationServiceClient::new(ch).cancel(v1::CancelRequest { id }).await })
+            .call(|ch| async move {
+                AllocationServiceClient::new(ch).cancel(v1::CancelRequest { id, indices: String::new() }).await
+            })
             .await
         {
             Ok(a) => done.push(a.into_inner()),
@@ -269,12 +331,13 @@ struct ListArgs {
     columns: String,
     page_size: u32,
     all: bool,
+    expand: bool,
 }
 
 /// `alloc list`: the server's pages, filtered and sorted here where the
 /// server does not.
 async fn list_allocations(cluster: &mut Cluster, args: ListArgs, out: Output) -> anyhow::Result<()> {
-    let ListArgs { status, owner, class, name, since, sort, columns, page_size, all } = args;
+    let ListArgs { status, owner, class, name, since, sort, columns, page_size, all, expand } = args;
     let now = crate::output::now_ms();
     let columns = list::parse_columns(&columns)?;
     let (sort_key, descending) = list::parse_sort(&sort)?;
@@ -282,8 +345,12 @@ async fn list_allocations(cluster: &mut Cluster, args: ListArgs, out: Output) ->
     let status = status.as_deref().map(status_filter).transpose()?.unwrap_or(0);
     // Filters the server does not apply need every page.
     let all = all || name.is_some() || since_ms.is_some();
-    let (mut rows, token) = list::list_pages(cluster, status, owner, class, page_size, all).await?;
+    let (mut rows, mut arrays, token) =
+        list::list_pages_with_arrays(cluster, status, owner, class, page_size, all, expand).await?;
     list::filter(&mut rows, name.as_deref(), since_ms);
+    arrays.retain(|a| {
+        name.as_deref().is_none_or(|n| a.name == n) && since_ms.is_none_or(|since| a.submit_time_ms >= since)
+    });
     list::sort(&mut rows, sort_key, descending, now);
-    render::list(&rows, &columns, token, now, out)
+    render::list(&rows, &arrays, &columns, token, now, out)
 }

@@ -38,6 +38,8 @@ pub fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
     v["env"] = json!(spec.env);
     v["name"] = json!(spec.name);
     v["secrets"] = json!(a.secret_names);
+    v["array_id"] = json!((a.array_id != 0).then_some(a.array_id));
+    v["array_index"] = json!((a.array_id != 0).then_some(a.array_index));
     // Times beside their milliseconds, in RFC 3339 (UTC): submitted, the
     // first task's start, the end.
     let rfc3339 = |ms: Option<u64>| ms.map(muster_scheduler::server::api::convert::format_time_ms);
@@ -169,6 +171,9 @@ pub fn allocation(a: &v1::Allocation, out: Output) -> anyhow::Result<()> {
             ""
         }
     );
+    if a.array_id != 0 {
+        out!("          element {} of array {}", a.array_index, a.array_id);
+    }
     if let Some(after) = a.spec.as_ref().and_then(after_line) {
         out!("          after: {after}");
     }
@@ -321,21 +326,84 @@ pub fn event(e: &v1::AllocationEvent, header_shown: &mut bool, out: Output) {
 
 /// `alloc list`: the rows in the chosen columns, or JSON with the token
 /// of the next page.
-pub fn list(rows: &[v1::Allocation], columns: &[&str], token: u64, now_ms: u64, out: Output) -> anyhow::Result<()> {
+pub fn list(
+    rows: &[v1::Allocation],
+    arrays: &[v1::JobArray],
+    columns: &[&str],
+    token: u64,
+    now_ms: u64,
+    out: Output,
+) -> anyhow::Result<()> {
     match out {
         Output::Json => {
             let list: Vec<_> = rows.iter().map(alloc_json).collect();
-            out!("{}", serde_json::to_string_pretty(&json!({ "allocations": list, "next_page_token": token }))?);
+            let arrays: Vec<_> = arrays.iter().map(array_json).collect();
+            out!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &json!({ "allocations": list, "arrays": arrays, "next_page_token": token })
+                )?
+            );
         }
-        Output::Text if rows.is_empty() => out!("no allocations"),
+        Output::Text if rows.is_empty() && arrays.is_empty() => out!("no allocations"),
         Output::Text => {
-            for line in super::list::table(columns, rows, now_ms) {
-                out!("{line}");
+            if !rows.is_empty() {
+                for line in super::list::table(columns, rows, now_ms) {
+                    out!("{line}");
+                }
+            }
+            if !arrays.is_empty() {
+                if !rows.is_empty() {
+                    out!("");
+                }
+                for line in super::list::array_table(arrays) {
+                    out!("{line}");
+                }
             }
             if token != 0 {
                 out!("(more: --all, or continue after allocation {token})");
             }
         }
+    }
+    Ok(())
+}
+
+/// A job array as JSON.
+pub fn array_json(a: &v1::JobArray) -> serde_json::Value {
+    json!({
+        "id": a.id,
+        "name": a.name,
+        "owner": a.owner,
+        "indices": a.indices,
+        "throttle": a.throttle,
+        "count": a.count,
+        "first_element": a.id + 1,
+        "last_element": a.id + a.count,
+        "pending": a.pending,
+        "by_status": a.by_status,
+        "status": a.status,
+        "finished": a.finished,
+        "submit_time_ms": a.submit_time_ms,
+        "after_corr": (a.after_corr != 0).then_some(a.after_corr),
+        "command": a.spec.as_ref().map(|s| s.command.clone()).unwrap_or_default(),
+    })
+}
+
+/// Prints one job array.
+pub fn array(a: &v1::JobArray, out: Output) -> anyhow::Result<()> {
+    if out == Output::Json {
+        out!("{}", serde_json::to_string_pretty(&array_json(a))?);
+        return Ok(());
+    }
+    for line in super::list::array_table(std::slice::from_ref(a)) {
+        out!("{line}");
+    }
+    out!("elements: allocations {} to {} (element k is allocation {} + k)", a.id + 1, a.id + a.count, a.id + 1);
+    if a.after_corr != 0 {
+        out!("after-corr: element k waits for element k of array {}", a.after_corr);
+    }
+    if let Some(s) = &a.spec {
+        out!("command: {}", s.command.join(" "));
     }
     Ok(())
 }

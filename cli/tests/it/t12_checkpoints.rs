@@ -181,14 +181,14 @@ async fn big_checkpoint_moves_through_a_preemption(c: &LocalCluster) -> (String,
     );
     assert_eq!((m.writer.as_str(), m.step, m.attempt), ("node-1", Some(7), 1));
     until(c, preemptor, "preemptor running", |a| status(a) == v1::AllocationStatus::Running).await;
-    leader_client(c).await.cancel(v1::CancelRequest { id: filler }).await.unwrap();
+    leader_client(c).await.cancel(v1::CancelRequest { id: filler, ..Default::default() }).await.unwrap();
     let resumed_at = Instant::now();
     let a = until_long(c, victim, "victim done on node-2", |a| status(a) == v1::AllocationStatus::Done).await;
     assert_eq!(a.tasks[0].last_node_id, "node-2");
     let got = line(c, "node-2", victim, 2, "resumed ").await;
     println!("restored on node-2 and finished {:.1} s after its node came free", resumed_at.elapsed().as_secs_f64());
     assert_eq!(got, saved, "the checkpoint came back byte for byte");
-    leader_client(c).await.cancel(v1::CancelRequest { id: preemptor }).await.unwrap();
+    leader_client(c).await.cancel(v1::CancelRequest { id: preemptor, ..Default::default() }).await.unwrap();
     (m.key, victim)
 }
 

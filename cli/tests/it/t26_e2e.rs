@@ -157,7 +157,8 @@ async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
     let pids: Vec<i32> =
         pid_files.iter().map(|p| std::fs::read_to_string(p).unwrap().trim().parse().unwrap()).collect();
     let started = Instant::now();
-    let cancelled = leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap().into_inner();
+    let cancelled =
+        leader_client(&c).await.cancel(v1::CancelRequest { id, ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(status(&cancelled), v1::AllocationStatus::TearingDown, "stopping, holding its GPUs");
     let alive = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -169,7 +170,7 @@ async fn t81_failures_follow_the_retry_rules_and_cancel_stops_the_group() {
     })
     .await;
     until(&c, id, "cancelled once its tasks stopped", |a| status(a) == v1::AllocationStatus::Cancelled).await;
-    let again = leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap_err();
+    let again = leader_client(&c).await.cancel(v1::CancelRequest { id, ..Default::default() }).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::FailedPrecondition);
     c.shutdown().await;
 }

@@ -258,7 +258,7 @@ fn preempted_events(c: &LocalCluster, id: AllocId) -> Vec<bool> {
 
 async fn cancel(c: &LocalCluster, id: u64) {
     muster_testkit::eventually_async(&format!("the cancel of allocation {id} to be accepted"), WAIT, || async {
-        match crate::t26_e2e::leader_client(c).await.cancel(v1::CancelRequest { id }).await {
+        match crate::t26_e2e::leader_client(c).await.cancel(v1::CancelRequest { id, ..Default::default() }).await {
             Ok(_) => Ok(()),
             Err(e) if e.code() == tonic::Code::FailedPrecondition => Ok(()),
             Err(e) => Err(format!("cancel failed: {e}")),

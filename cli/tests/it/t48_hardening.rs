@@ -54,10 +54,11 @@ async fn t140_a_cancel_holds_the_gpus_until_the_cancelled_processes_are_gone() {
     let old_pids = pids(&c, &running).await;
     assert!(old_pids.iter().all(|&p| proc_alive(p)));
 
-    let cancelled = leader_client(&c).await.cancel(v1::CancelRequest { id: old }).await.unwrap().into_inner();
+    let cancelled =
+        leader_client(&c).await.cancel(v1::CancelRequest { id: old, ..Default::default() }).await.unwrap().into_inner();
     assert_eq!(status(&cancelled), v1::AllocationStatus::TearingDown, "{cancelled:?}");
     assert_eq!(cancelled.teardown.as_ref().map(|t| t.reason.as_str()), Some("cancel"));
-    let again = leader_client(&c).await.cancel(v1::CancelRequest { id: old }).await.unwrap_err();
+    let again = leader_client(&c).await.cancel(v1::CancelRequest { id: old, ..Default::default() }).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::FailedPrecondition, "{again:?}");
     assert!(again.message().contains("already being cancelled"), "{again:?}");
 

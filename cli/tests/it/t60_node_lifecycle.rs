@@ -162,7 +162,7 @@ async fn t99_a_drained_node_finishes_its_task_takes_nothing_new_stops_and_a_canc
     );
     let done = until(&c, waiting, "done after the cancel", |x| status(x) == v1::AllocationStatus::Done).await;
     assert_eq!(done.tasks[0].last_node_id, x);
-    leader_client(&c).await.cancel(v1::CancelRequest { id: long }).await.unwrap();
+    leader_client(&c).await.cancel(v1::CancelRequest { id: long, ..Default::default() }).await.unwrap();
     c.shutdown().await;
 }
 
@@ -236,7 +236,7 @@ async fn t205_a_failing_task_retries_on_its_draining_node_three_times() {
     }
     let stopped = until_node(&c, &x, v1::NodeStatus::Stopped).await;
     assert!(kinds(&stopped).ends_with(&["drain_started", "drain_completed", "node_stopped"]), "{stopped:?}");
-    leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap();
+    leader_client(&c).await.cancel(v1::CancelRequest { id, ..Default::default() }).await.unwrap();
     c.shutdown().await;
 }
 
@@ -270,7 +270,7 @@ async fn t206_a_leader_kill_during_a_drain_keeps_its_deadline() {
     })
     .await;
     assert_eq!(moved.tasks[0].runs, 2);
-    leader_client(&c).await.cancel(v1::CancelRequest { id }).await.unwrap();
+    leader_client(&c).await.cancel(v1::CancelRequest { id, ..Default::default() }).await.unwrap();
     c.restart_replica(old).await.unwrap();
     c.shutdown().await;
 }

@@ -106,7 +106,13 @@ async fn t185_a_node_certificate_cannot_claim_what_the_node_is_not() {
     spec.constraints = vec!["gpu.model=H100".into()];
     spec.env = [("PLAIN".to_string(), "visible".to_string())].into();
     let secrets = [("SECRET_TOKEN".to_string(), "hunter2".to_string())].into();
-    let req = v1::SubmitRequest { spec: Some(spec), dry_run: false, secrets, queue_if_unsatisfiable: false };
+    let req = v1::SubmitRequest {
+        spec: Some(spec),
+        dry_run: false,
+        secrets,
+        queue_if_unsatisfiable: false,
+        ..Default::default()
+    };
     let bobs = AllocationServiceClient::new(bob.clone()).submit(req).await.unwrap().into_inner().id;
     let big = v1::AllocationSpec {
         gang_size: 8,

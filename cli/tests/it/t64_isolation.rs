@@ -120,7 +120,7 @@ async fn t188_no_process_of_a_stopped_job_survives_any_stop_path() {
     // Cancel.
     let a = submit(&c, spec(format!("{ESCAPE}exec sleep 600"), d, 0, 0, 0)).await;
     let pids = escaped(d, a, true).await;
-    leader_client(&c).await.cancel(v1::CancelRequest { id: a }).await.unwrap();
+    leader_client(&c).await.cancel(v1::CancelRequest { id: a, ..Default::default() }).await.unwrap();
     let b = submit(&c, checker(d, a, 0)).await;
     let done = until(&c, b, "done", |x| status(x) == v1::AllocationStatus::Done).await;
     saw_them_gone(&outputs(&c, &done), &pids, "a cancel");
@@ -132,7 +132,7 @@ async fn t188_no_process_of_a_stopped_job_survives_any_stop_path() {
     let b = submit(&c, checker(d, a, 8)).await;
     let done = until(&c, b, "done", |x| status(x) == v1::AllocationStatus::Done).await;
     saw_them_gone(&outputs(&c, &done), &pids, "a preemption");
-    leader_client(&c).await.cancel(v1::CancelRequest { id: a }).await.unwrap();
+    leader_client(&c).await.cancel(v1::CancelRequest { id: a, ..Default::default() }).await.unwrap();
     until(&c, a, "cancelled", |x| status(x) == v1::AllocationStatus::Cancelled).await;
 
     // The budget watchdog (walltime 3 s).
@@ -353,7 +353,7 @@ cat "/sys/fs/cgroup/pids$p/pids.max" 2>/dev/null || cat "/sys/fs/cgroup$p/pids.m
     let done = until(&c, erin, "done", |x| status(x) == v1::AllocationStatus::Done).await;
     assert_eq!(outputs(&c, &done).trim(), "64");
 
-    leader_client(&c).await.cancel(v1::CancelRequest { id: carol }).await.unwrap();
+    leader_client(&c).await.cancel(v1::CancelRequest { id: carol, ..Default::default() }).await.unwrap();
     until(&c, carol, "cancelled", |x| status(x) == v1::AllocationStatus::Cancelled).await;
     c.shutdown().await;
 }

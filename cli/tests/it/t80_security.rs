@@ -226,12 +226,12 @@ async fn t115_an_owner_is_the_verified_identity() {
     let err = submit(bob.clone(), one_gpu("alice", &["true"])).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("client bob submits as itself, not as \"alice\""), "{err:?}");
-    let err = bob.clone().cancel(v1::CancelRequest { id: alices }).await.unwrap_err();
+    let err = bob.clone().cancel(v1::CancelRequest { id: alices, ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains(&format!("allocation {alices} belongs to alice")), "{err:?}");
-    let err = bob.clone().cancel(v1::CancelRequest { id: 0 }).await.unwrap_err();
+    let err = bob.clone().cancel(v1::CancelRequest { id: 0, ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    let err = bob.clone().cancel(v1::CancelRequest { id: 999 }).await.unwrap_err();
+    let err = bob.clone().cancel(v1::CancelRequest { id: 999, ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
     assert_eq!(s.state().await, before, "no refusal reached the log");
 
@@ -250,8 +250,8 @@ async fn t115_an_owner_is_the_verified_identity() {
     assert_eq!(s.state().await, before, "refused before the log");
 
     // Bob cancels his own; the admin cancels anyone's.
-    bob.clone().cancel(v1::CancelRequest { id: bobs.id }).await.unwrap();
-    admin.clone().cancel(v1::CancelRequest { id: alices }).await.unwrap();
+    bob.clone().cancel(v1::CancelRequest { id: bobs.id, ..Default::default() }).await.unwrap();
+    admin.clone().cancel(v1::CancelRequest { id: alices, ..Default::default() }).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

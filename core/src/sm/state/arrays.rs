@@ -85,7 +85,7 @@ impl State {
     /// What an earlier submit with the same owner and key made: the array
     /// when its spec, indices and `--after-corr` are the same, a conflict
     /// when they differ (or the key names a plain allocation).
-    fn array_submitted_before(
+    pub fn array_submitted_before(
         &self,
         spec: &AllocSpec,
         indices: &ArrayIndices,
@@ -112,7 +112,7 @@ impl State {
 
     /// Checks `--after-corr`: an existing array holding every index of
     /// this one, and room for the dependency it adds to each element.
-    fn check_corr(&self, spec: &AllocSpec, indices: &ArrayIndices, corr: AllocId) -> Result<(), Rejection> {
+    pub fn check_corr(&self, spec: &AllocSpec, indices: &ArrayIndices, corr: AllocId) -> Result<(), Rejection> {
         let Some(other) = self.arrays.get(&corr) else {
             return Err(invalid(
                 "after_corr",
@@ -386,6 +386,37 @@ impl State {
             return Err(Rejection::AlreadyTerminal { alloc: id, status: AllocStatus::Cancelled });
         }
         Ok(events)
+    }
+
+    /// Whether cancelling `id` (an allocation, an array, or an element not
+    /// yet materialised) would be accepted, judged before proposing.
+    pub fn check_cancel_any(&self, id: AllocId) -> Result<(), Rejection> {
+        if let Some(array) = self.arrays.get(&id) {
+            return match array.final_status() {
+                Some(status) => Err(Rejection::AlreadyTerminal { alloc: id, status }),
+                None => Ok(()),
+            };
+        }
+        if !self.allocs.contains_key(&id)
+            && let Some((array, position)) = self.array_of(id)
+            && (position >= array.next || array.is_skipped(position))
+        {
+            if array.is_skipped(position) {
+                return Err(Rejection::AlreadyTerminal { alloc: id, status: AllocStatus::Cancelled });
+            }
+            return Ok(());
+        }
+        self.check_cancel(id)
+    }
+
+    /// Who owns `id`: an allocation's owner, or its array's (for an array
+    /// or an element not yet materialised).
+    pub fn owner_of(&self, id: AllocId) -> Option<&str> {
+        if let Some(a) = self.allocs.get(&id) {
+            return Some(&a.spec.owner);
+        }
+        let array = self.arrays.get(&id).or_else(|| self.array_of(id).map(|(a, _)| a))?;
+        Some(&array.spec.owner)
     }
 
     /// Cancels element `id` of an array before it was materialised.

@@ -38,7 +38,7 @@ impl State {
                 self.check_manifest(*alloc, *task, node, manifest)?;
                 self.check_report(*alloc, *task, node, *epoch, &[TaskStatus::Running, TaskStatus::Preempting]).map(drop)
             }
-            Command::CancelAllocation { alloc } => self.check_cancel(*alloc),
+            Command::CancelAllocation { alloc } => self.check_cancel_any(*alloc),
             Command::RevokeToken { id, by } => self.check_revoke(id, by),
             Command::CreateVCluster { name, spec, by } => self.check_put_vcluster(name, spec, by, true).map(drop),
             Command::UpdateVCluster { name, spec, by } => self.check_put_vcluster(name, spec, by, false).map(drop),

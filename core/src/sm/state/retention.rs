@@ -45,7 +45,11 @@ impl State {
     /// Whether allocation `id` existed and was forgotten after its
     /// retention window (ids are never reused).
     pub fn was_forgotten(&self, id: AllocId) -> bool {
-        id >= 1 && id < self.next_alloc_id && !self.allocs.contains_key(&id)
+        id >= 1
+            && id < self.next_alloc_id
+            && !self.allocs.contains_key(&id)
+            && !self.arrays.contains_key(&id)
+            && self.array_of(id).is_none_or(|(a, position)| position < a.next && !a.is_skipped(position))
     }
 
     /// How many allocations have been forgotten since the cluster began.

@@ -107,7 +107,8 @@ fn cancel_reaches_one_element_a_range_or_the_whole_array() {
     let events = f.ok(Command::CancelArrayElements { array: a, indices: indices("0,3-4") });
     assert!(events.contains(&Event::ArrayCancelled { array: a, skipped: 2 }), "{events:?}");
     assert!(matches!(events.last(), Some(Event::TeardownStarted { alloc, .. }) if *alloc == a + 1), "{events:?}");
-    f.ack(a + 1, 0, 0, epoch + 0);
+    let stop = f.task(a + 1, 0).preemption_epoch;
+    f.ack(a + 1, 0, 0, stop);
     assert_eq!(f.status(a + 1), AllocStatus::Cancelled);
     let r = f.rejected(Command::CancelArrayElements { array: a, indices: indices("42") });
     assert!(r.to_string().contains(&format!("indices: array {a} has no element with index 42")), "{r}");

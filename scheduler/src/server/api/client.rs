@@ -62,7 +62,7 @@ impl ClientApi {
             bugs.release_unproposed();
             work.wake_admission();
         });
-        v1::SubmitResponse { id, duplicate: false, plan: None }
+        v1::SubmitResponse { id, duplicate: false, plan: None, array_count: 0 }
     }
 }
 
@@ -103,6 +103,14 @@ fn may_cancel(caller: &muster_tls::Caller, id: AllocId, owner: &str) -> Result<(
 /// submitted, or finished and forgotten after the retention window (its
 /// record is in the job history).
 pub(crate) fn alloc_missing(st: &crate::sm::State, id: u64) -> Status {
+    if st.array(id).is_some() {
+        return Status::not_found(format!("{id} is a job array, not an allocation (muster alloc get {id} shows it)"));
+    }
+    if let Some((array, position)) = st.array_of(id) {
+        let index = array.indices.index_at(position).unwrap_or_default();
+        let why = if array.is_skipped(position) { "was cancelled before it was started" } else { "is not started yet" };
+        return Status::not_found(format!("allocation {id}, element {index} of array {}, {why}", array.id));
+    }
     if st.was_forgotten(id) {
         Status::not_found(format!(
             "allocation {id} finished and left the live state after the retention window (muster server \
@@ -111,6 +119,21 @@ pub(crate) fn alloc_missing(st: &crate::sm::State, id: u64) -> Status {
     } else {
         Status::not_found(format!("allocation {id} does not exist"))
     }
+}
+
+/// NOT_FOUND for an id that names no array the live state holds.
+fn array_missing(st: &crate::sm::State, id: u64) -> Status {
+    if st.alloc(id).is_some() || st.array_of(id).is_some() {
+        Status::not_found(format!("allocation {id} is not an array"))
+    } else if st.was_forgotten(id) {
+        Status::not_found(format!("{id} finished and left the live state after the retention window"))
+    } else {
+        Status::not_found(format!("array {id} does not exist"))
+    }
+}
+
+fn array_or_missing(st: &crate::sm::State, id: u64) -> Result<v1::JobArray, Status> {
+    st.array(id).map(|a| convert::array_to_proto(a, st)).ok_or_else(|| array_missing(st, id))
 }
 
 #[tonic::async_trait]
@@ -312,6 +335,19 @@ impl AllocationService for ClientApi {
             }
         }
         let spec = spec_from_proto(proto, &limits)?;
+        let array = match req.array.as_str() {
+            "" => None,
+            expr => Some(
+                crate::sm::ArrayIndices::parse(expr)
+                    .map_err(|e| Status::invalid_argument(format!("invalid array: {e}")))?,
+            ),
+        };
+        let corr = (req.after_corr != 0).then_some(req.after_corr);
+        if corr.is_some() && array.is_none() {
+            return Err(Status::invalid_argument(
+                "invalid after_corr: only an array (--array) pairs its elements with another array's",
+            ));
+        }
         let secrets = crate::sm::Secrets(req.secrets.into_iter().collect());
         crate::sm::validate_secrets(&spec, &secrets).map_err(|r| rejection_to_status(&r))?;
         self.s.reader().read(|st| st.check_job_store(&spec)).map_err(|r| rejection_to_status(&r))?;
@@ -321,12 +357,22 @@ impl AllocationService for ClientApi {
         // and is told to redirect, as for the idempotency check below.
         if self.s.is_leader() {
             self.s.reader().read(|st| st.check_dependencies(&spec.after)).map_err(|r| rejection_to_status(&r))?;
+            if let (Some(indices), Some(corr)) = (&array, corr) {
+                self.s.reader().read(|st| st.check_corr(&spec, indices, corr)).map_err(|r| rejection_to_status(&r))?;
+            }
         }
         // A retried submit is answered from the state, and a key reused with
         // another spec is refused, before anything is proposed.
         if !req.dry_run && self.s.is_leader() {
-            match self.s.reader().read(|st| st.submitted_before(&spec)) {
-                Some(Ok(id)) => return Ok(Response::new(v1::SubmitResponse { id, duplicate: true, plan: None })),
+            let before = self.s.reader().read(|st| match &array {
+                Some(indices) => st.array_submitted_before(&spec, indices, corr),
+                None => st.submitted_before(&spec),
+            });
+            let array_count = array.as_ref().map_or(0, |a| a.count());
+            match before {
+                Some(Ok(id)) => {
+                    return Ok(Response::new(v1::SubmitResponse { id, duplicate: true, plan: None, array_count }));
+                }
                 Some(Err(r)) => return Err(rejection_to_status(&r)),
                 None => {}
             }
@@ -349,13 +395,16 @@ impl AllocationService for ClientApi {
                 let now = self.s.now(st);
                 convert::explanation_to_proto(crate::policy::explain_spec(st, &spec, now, &cfg), st, now)
             });
-            return Ok(Response::new(v1::SubmitResponse { id: 0, duplicate: false, plan: Some(plan) }));
+            return Ok(Response::new(v1::SubmitResponse { id: 0, duplicate: false, plan: Some(plan), array_count: 0 }));
         }
         if self.bugs.has(crate::server::policies::InjectedBug::AckBeforeCommit) {
             return Ok(Response::new(self.ack_before_commit(spec)));
         }
-        let cmd =
-            if secrets.is_empty() { Command::Submit { spec } } else { Command::SubmitWithSecrets { spec, secrets } };
+        let cmd = match array {
+            Some(indices) => Command::SubmitArray { spec, indices, corr, secrets },
+            None if secrets.is_empty() => Command::Submit { spec },
+            None => Command::SubmitWithSecrets { spec, secrets },
+        };
         let propose = self.s.proposer().propose(cmd);
         let outcome = if self.bugs.has(crate::server::policies::InjectedBug::RefuseSlowWrites) {
             // The bug: a write that is merely slow is refused, though it
@@ -371,7 +420,21 @@ impl AllocationService for ClientApi {
             Outcome::Accepted(events) => match events.as_slice() {
                 [Event::Submitted { alloc, duplicate }, ..] => {
                     self.work.wake_admission();
-                    Ok(Response::new(v1::SubmitResponse { id: *alloc, duplicate: *duplicate, plan: None }))
+                    Ok(Response::new(v1::SubmitResponse {
+                        id: *alloc,
+                        duplicate: *duplicate,
+                        plan: None,
+                        array_count: 0,
+                    }))
+                }
+                [Event::ArraySubmitted { array, count, duplicate }, ..] => {
+                    self.work.wake_admission();
+                    Ok(Response::new(v1::SubmitResponse {
+                        id: *array,
+                        duplicate: *duplicate,
+                        plan: None,
+                        array_count: *count,
+                    }))
                 }
                 other => Err(Status::internal(format!("unexpected submit events {other:?}"))),
             },
@@ -382,34 +445,69 @@ impl AllocationService for ClientApi {
     async fn cancel(&self, req: Request<v1::CancelRequest>) -> Result<Response<v1::Allocation>, Status> {
         req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
-        let id = req.into_inner().id;
+        let q = req.into_inner();
+        let id = q.id;
         if id == 0 {
             return Err(Status::invalid_argument("invalid id: allocation ids start at 1"));
         }
+        let cmd = match q.indices.as_str() {
+            "" => Command::CancelAllocation { alloc: id },
+            expr => {
+                let mut indices = crate::sm::ArrayIndices::parse(expr)
+                    .map_err(|e| Status::invalid_argument(format!("invalid indices: {e}")))?;
+                if indices.throttle != 0 {
+                    return Err(Status::invalid_argument("invalid indices: a throttle (%N) has no place in a cancel"));
+                }
+                indices.throttle = 0;
+                Command::CancelArrayElements { array: id, indices }
+            }
+        };
         // Judged on the leader's state before proposing: a cancel that apply
         // would refuse, or that this caller may not make, writes nothing.
         // (An allocation's owner never changes; apply checks the rest again.)
         // A follower's state may lag: it proposes, and is told to redirect.
         if self.s.is_leader() {
             self.s.reader().read(|st| {
-                let a = st.alloc(id).ok_or_else(|| alloc_missing(st, id))?;
-                may_cancel(&caller, id, &a.spec.owner)?;
-                st.precheck(&Command::CancelAllocation { alloc: id }).map_err(|r| rejection_to_status(&r))
+                let owner = st.owner_of(id).ok_or_else(|| alloc_missing(st, id))?;
+                may_cancel(&caller, id, owner)?;
+                if let Command::CancelArrayElements { indices, .. } = &cmd {
+                    let array = st.array(id).ok_or_else(|| {
+                        Status::invalid_argument(format!("invalid indices: allocation {id} is not an array"))
+                    })?;
+                    if let Some(missing) = indices.iter().find(|&i| array.indices.position_of(i).is_none()) {
+                        return Err(Status::invalid_argument(format!(
+                            "invalid indices: array {id} has no element with index {missing}"
+                        )));
+                    }
+                }
+                st.precheck(&cmd).map_err(|r| rejection_to_status(&r))
             })?;
         }
-        let outcome = self
-            .s
-            .proposer()
-            .propose(Command::CancelAllocation { alloc: id })
-            .await
-            .map_err(propose_error_to_status)?;
+        let outcome = self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)?;
         if let Outcome::Rejected(r) = outcome {
             return Err(rejection_to_status(&r));
         }
         self.work.wake_admission();
         self.s
             .reader()
-            .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)).ok_or_else(|| alloc_missing(st, id)))
+            .read(|st| match st.alloc(id) {
+                Some(a) => Ok(alloc_to_proto(a, st)),
+                // An array, or an element cancelled before it existed: the
+                // allocation form of what is known.
+                None => st.array(id).or_else(|| st.array_of(id).map(|(a, _)| a)).map_or_else(
+                    || Err(alloc_missing(st, id)),
+                    |array| {
+                        Ok(v1::Allocation {
+                            id,
+                            spec: Some(convert::spec_to_proto(&array.spec)),
+                            submit_time_ms: array.submit_time_ms,
+                            status: alloc_status_to_proto(crate::sm::AllocStatus::Cancelled) as i32,
+                            array_id: array.id,
+                            ..Default::default()
+                        })
+                    },
+                ),
+            })
             .map(Response::new)
     }
 
@@ -437,6 +535,52 @@ impl AllocationService for ClientApi {
             .map(Response::new)
     }
 
+    async fn get_array(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::JobArray>, Status> {
+        req.get_ref().check_bounds()?;
+        let id = req.into_inner().id;
+        self.s.linearizable().await?;
+        self.s.reader().read(|st| array_or_missing(st, id)).map(Response::new)
+    }
+
+    async fn set_array_throttle(
+        &self,
+        req: Request<v1::SetArrayThrottleRequest>,
+    ) -> Result<Response<v1::JobArray>, Status> {
+        req.get_ref().check_bounds()?;
+        let caller = muster_tls::Caller::of(&req);
+        let q = req.into_inner();
+        let by = match caller.role() {
+            Some(Role::Client(name) | Role::Admin(name)) => name.clone(),
+            Some(other) => return Err(Status::permission_denied(format!("{other} may not change a throttle"))),
+            None => "anonymous".to_string(),
+        };
+        let cmd = Command::SetArrayThrottle { array: q.id, throttle: q.throttle, by };
+        if self.s.is_leader() {
+            self.s.reader().read(|st| {
+                let array = st.array(q.id).ok_or_else(|| array_missing(st, q.id))?;
+                may_cancel(&caller, q.id, &array.spec.owner)?;
+                if u64::from(q.throttle) > array.count() {
+                    return Err(Status::invalid_argument(format!(
+                        "invalid throttle: {} is more than array {}'s {} elements (0: no limit)",
+                        q.throttle,
+                        q.id,
+                        array.count()
+                    )));
+                }
+                if let Some(status) = array.final_status() {
+                    return Err(rejection_to_status(&crate::sm::Rejection::AlreadyTerminal { alloc: q.id, status }));
+                }
+                Ok(())
+            })?;
+        }
+        let outcome = self.s.proposer().propose(cmd).await.map_err(propose_error_to_status)?;
+        if let Outcome::Rejected(r) = outcome {
+            return Err(rejection_to_status(&r));
+        }
+        self.work.wake_admission();
+        self.s.reader().read(|st| array_or_missing(st, q.id)).map(Response::new)
+    }
+
     async fn list(&self, req: Request<v1::ListRequest>) -> Result<Response<v1::ListResponse>, Status> {
         req.get_ref().check_bounds()?;
         let q = req.into_inner();
@@ -449,14 +593,15 @@ impl AllocationService for ClientApi {
         }
         let page_size = if q.page_size == 0 { DEFAULT_PAGE_SIZE } else { q.page_size } as usize;
         self.s.linearizable().await?;
-        let (allocations, more) = self.s.reader().read(|st| {
+        let (allocations, more, arrays) = self.s.reader().read(|st| {
             let mut matching = st
                 .allocs()
                 .range(q.page_token.saturating_add(1)..)
                 .map(|(_, a)| a)
                 .filter(|a| status.is_none_or(|s| a.status == s))
                 .filter(|a| q.owner.is_empty() || a.spec.owner == q.owner)
-                .filter(|a| q.preemption_class.is_none_or(|c| u32::from(a.spec.preemption_class) == c));
+                .filter(|a| q.preemption_class.is_none_or(|c| u32::from(a.spec.preemption_class) == c))
+                .filter(|a| q.expand || st.array_of(a.id).is_none());
             // A page ends at page_size allocations or MAX_PAGE_BYTES encoded,
             // whichever comes first (always one): the response stays well
             // under the 4 MiB message limit whatever the allocations hold.
@@ -472,9 +617,31 @@ impl AllocationService for ClientApi {
                 bytes += prost::Message::encoded_len(&p);
                 page.push(p);
             }
-            (page, more)
+            // Folded arrays: those whose ids fall within this page.
+            let mut arrays = Vec::new();
+            if !q.expand {
+                let through = if more { page.last().map_or(u64::MAX, |a| a.id) } else { u64::MAX };
+                for array in st.arrays().filter(|a| a.id > q.page_token && a.id <= through) {
+                    if !q.owner.is_empty() && array.spec.owner != q.owner {
+                        continue;
+                    }
+                    if q.preemption_class.is_some_and(|c| u32::from(array.spec.preemption_class) != c) {
+                        continue;
+                    }
+                    let p = convert::array_to_proto(array, st);
+                    // With a status filter, an array is listed when an
+                    // element has that status (a pending one counts as
+                    // queued).
+                    let queued_too = status == Some(crate::sm::AllocStatus::Queued) && p.pending > 0;
+                    if status.is_some_and(|s| !p.by_status.contains_key(s.as_str())) && !queued_too {
+                        continue;
+                    }
+                    arrays.push(p);
+                }
+            }
+            (page, more, arrays)
         });
         let next_page_token = if more { allocations.last().map_or(0, |a| a.id) } else { 0 };
-        Ok(Response::new(v1::ListResponse { allocations, next_page_token }))
+        Ok(Response::new(v1::ListResponse { allocations, next_page_token, arrays }))
     }
 }

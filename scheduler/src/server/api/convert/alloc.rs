@@ -264,6 +264,33 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
         }),
         retry_after_ms: a.retry_after_ms,
         failed_reason: failed_reason(a),
+        array_id: state.array_of(a.id).map_or(0, |(array, _)| array.id),
+        array_index: state
+            .array_of(a.id)
+            .and_then(|(array, position)| array.indices.index_at(position))
+            .unwrap_or_default(),
+    }
+}
+
+/// The wire form of a job array, its elements counted by status.
+pub fn array_to_proto(array: &crate::sm::JobArray, state: &State) -> v1::JobArray {
+    let counts = state.array_counts(array);
+    let mut indices = array.indices.clone();
+    indices.throttle = 0;
+    v1::JobArray {
+        id: array.id,
+        owner: array.spec.owner.clone(),
+        name: array.spec.name.clone(),
+        indices: indices.to_string(),
+        throttle: array.indices.throttle,
+        count: array.count(),
+        pending: counts.pending,
+        by_status: counts.by_status.iter().map(|(s, n)| (s.as_str().to_string(), *n)).collect(),
+        submit_time_ms: array.submit_time_ms,
+        finished: array.finished_at_ms.is_some(),
+        status: array.final_status().map_or("running", |s| s.as_str()).to_string(),
+        after_corr: array.corr.unwrap_or_default(),
+        spec: Some(spec_to_proto(&array.spec)),
     }
 }
 

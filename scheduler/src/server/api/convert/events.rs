@@ -141,6 +141,23 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         ),
         Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
         Event::DependenciesMet { .. } => ("dependencies_met", "its dependencies are met: it is queued".to_string()),
+        Event::ArraySubmitted { array, count, .. } => {
+            ("array_submitted", format!("array {array} of {count} elements submitted"))
+        }
+        Event::ArrayCancelled { array, skipped } => (
+            "array_cancelled",
+            format!("elements of array {array} cancelled ({skipped} before they were materialised)"),
+        ),
+        Event::ArrayThrottled { array, throttle, by } => (
+            "array_throttled",
+            match throttle {
+                0 => format!("{by} lifted array {array}'s throttle"),
+                t => format!("{by} set array {array}'s throttle to {t} running at once"),
+            },
+        ),
+        Event::ArrayFinished { array, done, failed, cancelled } => {
+            ("array_finished", format!("array {array} finished: {done} done, {failed} failed, {cancelled} cancelled"))
+        }
         Event::AllocationDone { .. } => ("allocation_done", "every task finished".to_string()),
         Event::AllocationFailed { reason, .. } => ("allocation_failed", reason.clone()),
         Event::CheckpointDropped { task, node, reason, seq, .. } => {

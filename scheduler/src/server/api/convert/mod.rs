@@ -11,7 +11,9 @@ mod status;
 
 use tonic::Status;
 
-pub use alloc::{alloc_status_filter, alloc_status_to_proto, alloc_to_proto, spec_from_proto, spec_to_proto};
+pub use alloc::{
+    alloc_status_filter, alloc_status_to_proto, alloc_to_proto, array_to_proto, spec_from_proto, spec_to_proto,
+};
 pub use checkpoint::{manifest_to_proto, settings_from_proto, settings_to_proto, upload_from_proto};
 pub use events::{describe_event, format_time_ms};
 pub use explain::explanation_to_proto;

@@ -20,9 +20,10 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         Rejection::QuotaExceeded { .. } | Rejection::OverQuota { .. } => Status::resource_exhausted(msg),
         Rejection::UnknownToken(_) => Status::not_found(msg),
         Rejection::TokenRevoked(_) => Status::failed_precondition(msg),
-        Rejection::UnknownNode(_) | Rejection::UnknownAllocation(_) | Rejection::UnknownTask { .. } => {
-            Status::not_found(msg)
-        }
+        Rejection::UnknownNode(_)
+        | Rejection::UnknownAllocation(_)
+        | Rejection::UnknownArray(_)
+        | Rejection::UnknownTask { .. } => Status::not_found(msg),
         Rejection::IdempotencyConflict { .. } => Status::already_exists(msg),
         Rejection::WrongNode { .. } | Rejection::NotAdmitted { .. } => Status::permission_denied(msg),
         Rejection::StaleReservationEpoch { .. }
