@@ -35,6 +35,7 @@ fn decoders() -> BTreeMap<&'static str, Decode> {
         ("GetRequest", decode::<v1::GetRequest>),
         ("ListRequest", decode::<v1::ListRequest>),
         ("CancelRequest", decode::<v1::CancelRequest>),
+        ("SetArrayThrottleRequest", decode::<v1::SetArrayThrottleRequest>),
         ("WatchRequest", decode::<v1::WatchRequest>),
         ("LogsRequest", decode::<v1::LogsRequest>),
         ("ListNodesRequest", decode::<v1::ListNodesRequest>),

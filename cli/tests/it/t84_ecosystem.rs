@@ -312,7 +312,7 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
     }
     assert_eq!(dom.matches(">leader<").count(), 1, "one leader:\n{dom}");
     assert!(dom.contains("nothing running") && dom.contains("nothing queued"), "{dom}");
-    assert!(dom.contains("nothing waits for a dependency"), "{dom}");
+    assert!(dom.contains("nothing waits for a dependency") && dom.contains("no live arrays"), "{dom}");
     let refreshes: u32 = dom
         .split("data-refreshes=\"")
         .nth(1)
@@ -336,6 +336,7 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
         "true",
     ]);
     let dependent = submit(&["submit", "--after", &running.to_string(), "--gpus", "0", "--", "true"]);
+    let array = submit(&["submit", "--array", "0-9%1", "--name", "sweep", "--gpus", "0", "--", "sleep", "300"]);
     muster_testkit::eventually_blocking("the dashboard to show the gangs", Duration::from_secs(90), || {
         let dom = chromium_dom(&chromium, &url);
         let r = row(&dom, &format!("running-{running}"));
@@ -352,6 +353,9 @@ fn t123_the_dashboard_in_headless_chromium_shows_nodes_and_a_submitted_gang() {
             );
             assert!(row(&dom, "nodes-node-1").unwrap().contains("2/8"), "{dom}");
             assert!(dom.contains("GPUs 24 free / 0 reserved / 8 running"), "{dom}");
+            // The array is one row: its indices, throttle and counts.
+            let a = row(&dom, &format!("arrays-{array}")).unwrap_or_else(|| panic!("no array row:\n{dom}"));
+            assert!(a.contains(">sweep<") && a.contains(">0-9<") && a.contains("9 pending"), "{a}");
             return Ok(());
         }
         Err(format!("\n{dom}"))

@@ -48,9 +48,14 @@ fn alloc_status(s: AllocStatus) -> &'static str {
 }
 
 /// What every row about an allocation shows.
-fn alloc_row(a: &Allocation) -> Value {
+fn alloc_row(st: &State, a: &Allocation) -> Value {
+    // An array element shows as ARRAY[INDEX] beside its id.
+    let element = st
+        .array_of(a.id)
+        .and_then(|(array, position)| Some(format!("{}[{}]", array.id, array.indices.index_at(position)?)));
     json!({
         "id": a.id,
+        "element": element,
         "owner": a.spec.owner,
         "class": a.spec.preemption_class,
         "gang_size": a.spec.gang_size,
@@ -78,7 +83,7 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
         if !a.is_queued() && !a.status.is_terminal() && running.len() < LISTED {
             let nodes: std::collections::BTreeSet<&str> =
                 a.tasks.iter().filter_map(|t| t.node).map(|s| st.node(s).id.as_str()).collect();
-            let mut row = alloc_row(a);
+            let mut row = alloc_row(st, a);
             row["nodes"] = json!(nodes);
             row["running_s"] = json!(a.running_since_ms().map(|t| now_ms.saturating_sub(t) / 1000));
             row["preempted_count"] = json!(a.preempted_count);
@@ -113,7 +118,7 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
             .map(|(i, a)| {
                 let why =
                     (i < EXPLAINED).then(|| crate::policy::explain(st, a.id, now_ms, cfg).map(|e| e.summary)).flatten();
-                let mut row = alloc_row(a);
+                let mut row = alloc_row(st, a);
                 row["waiting_s"] = json!(now_ms.saturating_sub(a.submit_time_ms) / 1000);
                 row["after"] = json!(a.spec.after.describe());
                 row["reason"] = json!(why);
@@ -125,6 +130,28 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
     let queue = pending(&mut st.queue().filter_map(|k| st.alloc(k.alloc)));
     // Waiting for dependencies, oldest first, each with what it waits for.
     let waiting = pending(&mut st.waiting().filter_map(|id| st.alloc(id)));
+    // Live arrays, newest first, each folded into its counts.
+    let live_arrays: Vec<&crate::sm::JobArray> = st.arrays().filter(|a| a.finished_at_ms.is_none()).collect();
+    let arrays: Vec<Value> = live_arrays
+        .iter()
+        .rev()
+        .take(LISTED)
+        .map(|a| {
+            let counts = st.array_counts(a);
+            let mut indices = a.indices.clone();
+            indices.throttle = 0;
+            json!({
+                "id": a.id,
+                "owner": a.spec.owner,
+                "name": a.spec.name,
+                "indices": indices.to_string(),
+                "throttle": a.indices.throttle,
+                "count": a.count(),
+                "pending": counts.pending,
+                "by_status": counts.by_status.iter().map(|(s, n)| (s.as_str(), *n)).collect::<BTreeMap<_, _>>(),
+            })
+        })
+        .collect();
     recent.sort_by_key(|(t, id, _)| (std::cmp::Reverse(*t), std::cmp::Reverse(*id)));
     let recent: Vec<Value> = recent.into_iter().take(RECENT).map(|(_, _, v)| v).collect();
     let mut by_id: Vec<&crate::sm::Node> = st.nodes().iter().collect();
@@ -164,6 +191,7 @@ pub fn overview(st: &State, now_ms: u64, cfg: &PreemptionConfig) -> Value {
             "items": queue,
         },
         "waiting": {"total": st.waiting_len(), "items": waiting},
+        "arrays": {"total": live_arrays.len(), "items": arrays},
         "running": running,
         "recent": recent,
     })
