@@ -320,3 +320,106 @@ def test_an_oom_kill_reads_as_oom_killed_with_each_attempts_usage(client: Client
     assert all(x.HasField("usage") and x.usage.oom_kills >= 1 and x.usage.peak_memory_bytes > 32 << 20 for x in attempts)
     rows = client.usage(since_ms=started, group_by="owner")
     assert sum(row.oom_killed for row in rows) >= 2, rows
+
+
+def wait_for_array(client: Client, array_id: int, timeout_s: float = 90.0) -> pb.JobArray:
+    """The array once every element has ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        a = client.get_array(array_id)
+        if a.finished:
+            return a
+        assert time.monotonic() < deadline, f"array {array_id} did not finish in {timeout_s} s: {a}"
+        time.sleep(0.2)
+
+
+def test_a_job_array_runs_each_index_once_within_its_throttle(client: Client, tmp_path: Path) -> None:
+    running = tmp_path / "running"
+    running.mkdir()
+    log = tmp_path / "ran.log"
+    # Each element marks itself running, records how many are, then unmarks
+    # itself: no line may count more than the throttle.
+    script = (
+        f'k=$MUSTER_ARRAY_INDEX; touch {running}/$k; n=$(ls {running} | wc -l); '
+        f'echo "$k $n $MUSTER_ARRAY_COUNT" >> {log}; sleep 0.3; rm {running}/$k'
+    )
+    r = client.submit(["sh", "-c", script], gpus=0, mem_mb=64, array="10-15%2", name="py-sweep")
+    assert r.is_array and r.array_count == 6 and not r.duplicate
+    assert r.element_ids == range(r.id + 1, r.id + 7)
+    # The array is one row of the list; its elements are allocations only expanded.
+    assert r.id in [a.id for a in client.arrays()]
+    done = wait_for_array(client, r.id)
+    assert (done.id, done.count, done.pending, done.indices, done.throttle) == (r.id, 6, 0, "10-15", 2), done
+    assert dict(done.by_status) == {"done": 6}, done
+    assert done.status == "done" and done.name == "py-sweep" and list(done.spec.command) == ["sh", "-c", script]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert sorted(int(k) for k, _, _ in lines) == list(range(10, 16)), lines  # every index once
+    assert all(1 <= int(n) <= 2 for _, n, _ in lines), f"over the throttle of 2: {lines}"
+    assert all(count == "6" for _, _, count in lines), lines
+    # Element k is the k-th index ascending: index 13 is the fourth element.
+    element = client.get(r.id + 1 + 3)
+    assert (element.array_id, element.array_index) == (r.id, 13), element
+    assert allocation_status_name(element.status) == "done"
+    assert not set(r.element_ids) & {a.id for a in client.list()}
+    assert set(r.element_ids) <= {a.id for a in client.list(expand=True)}
+    listed = [a for a in client.arrays(status="done") if a.id == r.id]
+    assert len(listed) == 1 and listed[0].by_status["done"] == 6, listed
+
+    # A second array pairs each element with the first array's element of
+    # the same index (all done, so each runs).
+    paired = client.submit(["true"], gpus=0, mem_mb=64, array="12-13", after_corr=r.id)
+    assert paired.array_count == 2
+    both = wait_for_array(client, paired.id)
+    assert dict(both.by_status) == {"done": 2} and both.after_corr == r.id, both
+    with pytest.raises(MusterError) as no_partner:
+        client.submit(["true"], array="20", after_corr=r.id)
+    assert no_partner.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"array {r.id} has no element with index 20" in no_partner.value.message
+    with pytest.raises(MusterError) as finished:
+        client.set_array_throttle(r.id, 1)
+    assert finished.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(ValueError, match="array must be a string"):
+        client.submit(["true"], array=5)  # type: ignore[arg-type]
+
+
+def test_a_live_array_is_throttled_and_cancelled_by_index(client: Client, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    log = tmp_path / "ran.log"
+    # Every element waits for the gate, so the array stays live.
+    script = f"while [ ! -e {gate} ]; do sleep 0.1; done; echo $MUSTER_ARRAY_INDEX >> {log}"
+    r = client.submit(["sh", "-c", script], gpus=0, mem_mb=64, array="0-5%1")
+    try:
+        a = client.get_array(r.id)
+        assert (a.count, a.throttle, a.finished, a.status) == (6, 1, False, "running"), a
+        assert a.pending == 5, a  # one element at a time: the rest wait unstarted
+        raised = client.set_array_throttle(r.id, 3)
+        assert raised.throttle == 3 and raised.pending == 3, raised  # 0-2 started, 3-5 wait
+        # Elements 3-5 were never started (0-2 hold the throttle): cancelling
+        # them ends them at once.
+        cut = client.cancel(r.id, indices="3-5")
+        assert cut.id == r.id and cut.array_id == r.id, cut
+        after = client.get_array(r.id)
+        assert after.by_status["cancelled"] == 3 and after.pending == 0 and not after.finished, after
+        assert sum(after.by_status.values()) == 6, after
+        # Refusals name what is wrong.
+        with pytest.raises(MusterError) as too_many:
+            client.set_array_throttle(r.id, 7)
+        assert too_many.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"7 is more than array {r.id}'s 6 elements" in too_many.value.message, too_many.value
+        with pytest.raises(MusterError) as no_such:
+            client.cancel(r.id, indices="9")
+        assert no_such.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"array {r.id} has no element with index 9" in no_such.value.message
+        with pytest.raises(MusterError) as not_array:
+            client.get_array(r.id + 1)
+        assert not_array.value.code == grpc.StatusCode.NOT_FOUND and "is not an array" in not_array.value.message
+        with pytest.raises(ValueError, match="throttle"):
+            client.set_array_throttle(r.id, -1)
+        with pytest.raises(ValueError, match="indices"):
+            client.cancel(r.id, indices=3)  # type: ignore[arg-type]
+    finally:
+        gate.touch()
+    ended = wait_for_array(client, r.id)
+    assert dict(ended.by_status) == {"done": 3, "cancelled": 3}, ended
+    assert ended.status == "cancelled", ended
+    assert sorted(int(k) for k in log.read_text().split()) == [0, 1, 2]

@@ -96,11 +96,28 @@ class SubmitResult:
     ``id`` is 0 for a dry run; ``duplicate`` is true when an earlier submit
     with the same owner and idempotency key made the allocation; ``plan`` is
     set for a dry run (where it would stand, what it would preempt).
+
+    For a job array (``submit(array=...)``), ``id`` is the array's (see
+    :meth:`Client.get_array`) and ``array_count`` how many elements it has
+    (0: not an array); its elements are allocations ``id + 1`` to ``id +
+    array_count`` (:attr:`element_ids`), the k-th index ascending being
+    ``id + 1 + k``.
     """
 
     id: int
     duplicate: bool
     plan: pb.Explanation | None = None
+    array_count: int = 0
+
+    @property
+    def is_array(self) -> bool:
+        """Whether the submit made a job array."""
+        return self.array_count > 0
+
+    @property
+    def element_ids(self) -> range:
+        """The array's elements' allocation ids, in index order (empty: not an array)."""
+        return range(self.id + 1, self.id + 1 + self.array_count) if self.array_count else range(0)
 
 
 def parse_addresses(addresses: str | Sequence[str]) -> list[str]:
@@ -355,6 +372,8 @@ class Client:
         keep_if_unsatisfiable: bool = False,
         dry_run: bool = False,
         queue_if_unsatisfiable: bool = False,
+        array: str | None = None,
+        after_corr: int = 0,
         timeout: float | None = None,
     ) -> SubmitResult:
         """Submits one gang of ``gang_size`` identical tasks, each running ``command``.
@@ -386,7 +405,17 @@ class Client:
         that can never be met fails it at once unless
         ``keep_if_unsatisfiable``. A request no registered node
         could ever run is refused (``FAILED_PRECONDITION``, naming what is
-        missing) unless ``queue_if_unsatisfiable``.
+        missing) unless ``queue_if_unsatisfiable``. ``array``: submit a job
+        array of this spec instead, one element per index in Slurm's
+        ``--array`` form (``"0-99"``, ``"1,3,5-11:2"``), with an optional
+        ``%N`` throttle on how many run at once (``"0-99%4"``); one submit,
+        the elements are allocations the server starts as the throttle
+        allows, and each task gets ``MUSTER_ARRAY_ID``,
+        ``MUSTER_ARRAY_INDEX`` and ``MUSTER_ARRAY_COUNT`` (and Slurm's
+        ``SLURM_ARRAY_*``). The result's ``id`` is then the array's and
+        ``array_count`` its size (:class:`SubmitResult`). ``after_corr``
+        (with ``array``): element k waits for element k of that existing
+        array to succeed, and fails if it fails.
         """
         if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
             raise ValueError("command must be a list of arguments, e.g. ['sh', '-c', 'echo hi']")
@@ -417,6 +446,8 @@ class Client:
         ):
             if not isinstance(value, str):
                 raise ValueError(f"{field} must be a string, not {value!r}")
+        if array is not None and not isinstance(array, str):
+            raise ValueError(f"array must be a string such as '0-99%4', not {array!r}")
         deps = []
         for d in after:
             if isinstance(d, tuple):
@@ -466,14 +497,26 @@ class Client:
             dry_run=bool(dry_run),
             secrets=secret_map,
             queue_if_unsatisfiable=bool(queue_if_unsatisfiable),
+            array=array or "",
+            after_corr=_uint("after_corr", after_corr, _U64),
         )
         resp: pb.SubmitResponse = self._call(
             lambda ch, t: self._alloc(ch).Submit(req, timeout=t, metadata=self._metadata), timeout
         )
-        return SubmitResult(id=resp.id, duplicate=resp.duplicate, plan=resp.plan if resp.HasField("plan") else None)
+        return SubmitResult(
+            id=resp.id,
+            duplicate=resp.duplicate,
+            plan=resp.plan if resp.HasField("plan") else None,
+            array_count=resp.array_count,
+        )
 
     def get(self, id: int, timeout: float | None = None) -> types_pb.Allocation:
-        """One allocation (NOT_FOUND if there is none)."""
+        """One allocation (NOT_FOUND if there is none).
+
+        An element of a job array is an allocation like any other, with
+        ``array_id`` and ``array_index`` set; one not started yet, and an
+        array's own id, are NOT_FOUND (:meth:`get_array` reads an array).
+        """
         req = pb.GetRequest(id=_uint("id", id, _U64))
         return cast(
             types_pb.Allocation,
@@ -487,14 +530,23 @@ class Client:
         preemption_class: int | None = None,
         page_size: int = 100,
         page_token: int = 0,
+        expand: bool = False,
         timeout: float | None = None,
     ) -> pb.ListResponse:
-        """One page: at most ``page_size`` allocations with ids above ``page_token``."""
+        """One page: at most ``page_size`` allocations with ids above ``page_token``.
+
+        Without ``expand``, the elements of job arrays are left out of
+        ``allocations`` and the arrays whose ids fall within the page are in
+        ``arrays`` (each a JobArray counting its elements by status); with
+        ``expand``, every element is listed as an allocation and ``arrays``
+        is empty.
+        """
         req = pb.ListRequest(
             status=cast(types_pb.AllocationStatus, _status_filter(status)),
             owner=owner or "",
             page_size=_uint("page_size", page_size),
             page_token=_uint("page_token", page_token, _U64),
+            expand=bool(expand),
         )
         if preemption_class is not None:
             req.preemption_class = _uint("preemption_class", preemption_class)
@@ -509,33 +561,96 @@ class Client:
         owner: str | None = None,
         preemption_class: int | None = None,
         page_size: int = 100,
+        expand: bool = False,
         timeout: float | None = None,
     ) -> builtins.list[types_pb.Allocation]:
         """Every allocation matching the filters (all pages), by id.
 
         ``status``: ``waiting``, ``queued``, ``suspended``, ``reserved``, ``running``,
         ``tearing-down``, ``done``, ``failed``, ``cancelled`` (or an
-        AllocationStatus value); None: any.
+        AllocationStatus value); None: any. The elements of job arrays are
+        left out (:meth:`arrays` lists the arrays) unless ``expand``.
         """
         out: builtins.list[types_pb.Allocation] = []
         token = 0
         while True:
-            page = self.list_page(status, owner, preemption_class, page_size, token, timeout)
+            page = self.list_page(status, owner, preemption_class, page_size, token, expand, timeout)
             out.extend(page.allocations)
             if page.next_page_token == 0:
                 return out
             token = page.next_page_token
 
-    def cancel(self, id: int, timeout: float | None = None) -> types_pb.Allocation:
+    def arrays(
+        self,
+        status: str | int | None = None,
+        owner: str | None = None,
+        preemption_class: int | None = None,
+        page_size: int = 100,
+        timeout: float | None = None,
+    ) -> builtins.list[pb.JobArray]:
+        """Every job array matching the filters (all pages), by id.
+
+        Each counts its elements by status (``by_status``; ``pending``: not
+        started yet). With ``status``, an array is listed when one of its
+        elements has that status (a pending one counts as ``queued``).
+        """
+        out: builtins.list[pb.JobArray] = []
+        token = 0
+        while True:
+            page = self.list_page(status, owner, preemption_class, page_size, token, False, timeout)
+            out.extend(page.arrays)
+            if page.next_page_token == 0:
+                return out
+            token = page.next_page_token
+
+    def cancel(self, id: int, indices: str | None = None, timeout: float | None = None) -> types_pb.Allocation:
         """Cancels an allocation; returns it cancelled, or tearing down while its running tasks stop.
 
         Running tasks are stopped (SIGTERM, grace, SIGKILL) and hold their
         GPUs until each one has stopped; then the allocation is cancelled.
+        A job array's id cancels every element that has not ended; with
+        ``indices`` (Slurm's form, ``"3-5"``, ``"0-9,12"``), only those
+        elements (INVALID_ARGUMENT naming an index the array does not
+        have). For an array the answer is the array in allocation form
+        (its id and spec, ``array_id`` set, status cancelled even when only
+        some elements were): :meth:`get_array` counts its elements.
         """
-        req = pb.CancelRequest(id=_uint("id", id, _U64))
+        if indices is not None and not isinstance(indices, str):
+            raise ValueError(f"indices must be a string such as '3-5', not {indices!r}")
+        req = pb.CancelRequest(id=_uint("id", id, _U64), indices=indices or "")
         return cast(
             types_pb.Allocation,
             self._call(lambda ch, t: self._alloc(ch).Cancel(req, timeout=t, metadata=self._metadata), timeout),
+        )
+
+    def get_array(self, id: int, timeout: float | None = None) -> pb.JobArray:
+        """A job array: its indices, throttle, spec and elements counted by status.
+
+        ``by_status`` maps status names (``queued``, ``running``, ``done``,
+        ``failed``, ``cancelled``, …) to how many elements have it;
+        ``pending``: elements not started yet; ``finished``: every element
+        has ended, and ``status`` is then ``done``, ``failed`` or
+        ``cancelled`` (``running`` before). NOT_FOUND if ``id`` is no array.
+        """
+        req = pb.GetRequest(id=_uint("id", id, _U64))
+        return cast(
+            pb.JobArray,
+            self._call(lambda ch, t: self._alloc(ch).GetArray(req, timeout=t, metadata=self._metadata), timeout),
+        )
+
+    def set_array_throttle(self, id: int, throttle: int, timeout: float | None = None) -> pb.JobArray:
+        """Sets how many of a live array's elements may run at once (0: no limit); returns the array.
+
+        Raising it starts more elements at once; lowering it lets running
+        ones finish. A throttle above the array's element count is refused
+        (INVALID_ARGUMENT), as is a finished array (FAILED_PRECONDITION).
+        """
+        req = pb.SetArrayThrottleRequest(id=_uint("id", id, _U64), throttle=_uint("throttle", throttle))
+        return cast(
+            pb.JobArray,
+            self._call(
+                lambda ch, t: self._alloc(ch).SetArrayThrottle(req, timeout=t, metadata=self._metadata), timeout
+            ),
         )
 
     def explain(self, id: int, timeout: float | None = None) -> pb.Explanation:
@@ -555,7 +670,9 @@ class Client:
         following the leader, and continues after the last revision seen;
         it gives up (MusterError UNAVAILABLE) when no replica serves it for
         the client's timeout. ``timeout``: a deadline for the whole watch
-        (None: none); past it MusterError DEADLINE_EXCEEDED is raised.
+        (None: none); past it MusterError DEADLINE_EXCEEDED is raised. An
+        element of a job array is watched by its own id; an array's id is
+        NOT_FOUND (:meth:`get_array` says how far it is).
         """
         cursor = _uint("from_revision", from_revision, _U64)
         _uint("id", id, _U64)

@@ -7,6 +7,51 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SetArrayThrottleRequest(_message.Message):
+    __slots__ = ("id", "throttle")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    throttle: int
+    def __init__(self, id: _Optional[int] = ..., throttle: _Optional[int] = ...) -> None: ...
+
+class JobArray(_message.Message):
+    __slots__ = ("id", "owner", "name", "indices", "throttle", "count", "pending", "by_status", "submit_time_ms", "finished", "status", "after_corr", "spec")
+    class ByStatusEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    BY_STATUS_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_CORR_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    owner: str
+    name: str
+    indices: str
+    throttle: int
+    count: int
+    pending: int
+    by_status: _containers.ScalarMap[str, int]
+    submit_time_ms: int
+    finished: bool
+    status: str
+    after_corr: int
+    spec: _types_pb2.AllocationSpec
+    def __init__(self, id: _Optional[int] = ..., owner: _Optional[str] = ..., name: _Optional[str] = ..., indices: _Optional[str] = ..., throttle: _Optional[int] = ..., count: _Optional[int] = ..., pending: _Optional[int] = ..., by_status: _Optional[_Mapping[str, int]] = ..., submit_time_ms: _Optional[int] = ..., finished: _Optional[bool] = ..., status: _Optional[str] = ..., after_corr: _Optional[int] = ..., spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ...) -> None: ...
+
 class LogsRequest(_message.Message):
     __slots__ = ("id", "task", "attempt", "stderr", "follow")
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -287,13 +332,15 @@ class GetNodeRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
-    __slots__ = ("id",)
+    __slots__ = ("id", "indices")
     ID_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
     id: int
-    def __init__(self, id: _Optional[int] = ...) -> None: ...
+    indices: str
+    def __init__(self, id: _Optional[int] = ..., indices: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("spec", "dry_run", "secrets", "queue_if_unsatisfiable")
+    __slots__ = ("spec", "dry_run", "secrets", "queue_if_unsatisfiable", "array", "after_corr")
     class SecretsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -305,21 +352,27 @@ class SubmitRequest(_message.Message):
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     SECRETS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_IF_UNSATISFIABLE_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
+    AFTER_CORR_FIELD_NUMBER: _ClassVar[int]
     spec: _types_pb2.AllocationSpec
     dry_run: bool
     secrets: _containers.ScalarMap[str, str]
     queue_if_unsatisfiable: bool
-    def __init__(self, spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Mapping[str, str]] = ..., queue_if_unsatisfiable: _Optional[bool] = ...) -> None: ...
+    array: str
+    after_corr: int
+    def __init__(self, spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Mapping[str, str]] = ..., queue_if_unsatisfiable: _Optional[bool] = ..., array: _Optional[str] = ..., after_corr: _Optional[int] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
-    __slots__ = ("id", "duplicate", "plan")
+    __slots__ = ("id", "duplicate", "plan", "array_count")
     ID_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_COUNT_FIELD_NUMBER: _ClassVar[int]
     id: int
     duplicate: bool
     plan: Explanation
-    def __init__(self, id: _Optional[int] = ..., duplicate: _Optional[bool] = ..., plan: _Optional[_Union[Explanation, _Mapping]] = ...) -> None: ...
+    array_count: int
+    def __init__(self, id: _Optional[int] = ..., duplicate: _Optional[bool] = ..., plan: _Optional[_Union[Explanation, _Mapping]] = ..., array_count: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("id",)
@@ -328,26 +381,30 @@ class GetRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("status", "owner", "preemption_class", "page_size", "page_token")
+    __slots__ = ("status", "owner", "preemption_class", "page_size", "page_token", "expand")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_CLASS_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPAND_FIELD_NUMBER: _ClassVar[int]
     status: _types_pb2.AllocationStatus
     owner: str
     preemption_class: int
     page_size: int
     page_token: int
-    def __init__(self, status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., owner: _Optional[str] = ..., preemption_class: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[int] = ...) -> None: ...
+    expand: bool
+    def __init__(self, status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., owner: _Optional[str] = ..., preemption_class: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[int] = ..., expand: _Optional[bool] = ...) -> None: ...
 
 class ListResponse(_message.Message):
-    __slots__ = ("allocations", "next_page_token")
+    __slots__ = ("allocations", "next_page_token", "arrays")
     ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ARRAYS_FIELD_NUMBER: _ClassVar[int]
     allocations: _containers.RepeatedCompositeFieldContainer[_types_pb2.Allocation]
     next_page_token: int
-    def __init__(self, allocations: _Optional[_Iterable[_Union[_types_pb2.Allocation, _Mapping]]] = ..., next_page_token: _Optional[int] = ...) -> None: ...
+    arrays: _containers.RepeatedCompositeFieldContainer[JobArray]
+    def __init__(self, allocations: _Optional[_Iterable[_Union[_types_pb2.Allocation, _Mapping]]] = ..., next_page_token: _Optional[int] = ..., arrays: _Optional[_Iterable[_Union[JobArray, _Mapping]]] = ...) -> None: ...
 
 class CheckpointSettings(_message.Message):
     __slots__ = ("store", "keep", "max_bytes", "retired", "abandoned")

@@ -70,6 +70,16 @@ class AllocationServiceStub:
                 request_serializer=muster_dot_v1_dot_scheduler__pb2.LogsRequest.SerializeToString,
                 response_deserializer=muster_dot_v1_dot_scheduler__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.GetArray = channel.unary_unary(
+                '/muster.v1.AllocationService/GetArray',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.GetRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.JobArray.FromString,
+                _registered_method=True)
+        self.SetArrayThrottle = channel.unary_unary(
+                '/muster.v1.AllocationService/SetArrayThrottle',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.SetArrayThrottleRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.JobArray.FromString,
+                _registered_method=True)
 
 
 class AllocationServiceServicer:
@@ -131,6 +141,23 @@ class AllocationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetArray(self, request, context):
+        """A job array: its spec, indices, throttle and elements counted by
+        status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetArrayThrottle(self, request, context):
+        """Change how many of a live array's elements may run at once (0: no
+        limit). Raising it materialises more elements at once; lowering it
+        lets running ones finish.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -168,6 +195,16 @@ def add_AllocationServiceServicer_to_server(servicer, server):
                     servicer.Logs,
                     request_deserializer=muster_dot_v1_dot_scheduler__pb2.LogsRequest.FromString,
                     response_serializer=muster_dot_v1_dot_scheduler__pb2.LogChunk.SerializeToString,
+            ),
+            'GetArray': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetArray,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.GetRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.JobArray.SerializeToString,
+            ),
+            'SetArrayThrottle': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetArrayThrottle,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.SetArrayThrottleRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.JobArray.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -359,6 +396,60 @@ class AllocationService:
             '/muster.v1.AllocationService/Logs',
             muster_dot_v1_dot_scheduler__pb2.LogsRequest.SerializeToString,
             muster_dot_v1_dot_scheduler__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetArray(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.AllocationService/GetArray',
+            muster_dot_v1_dot_scheduler__pb2.GetRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.JobArray.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetArrayThrottle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.AllocationService/SetArrayThrottle',
+            muster_dot_v1_dot_scheduler__pb2.SetArrayThrottleRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.JobArray.FromString,
             options,
             channel_credentials,
             insecure,
