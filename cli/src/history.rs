@@ -34,6 +34,9 @@ pub struct HistoryArgs {
     /// Only this vCluster's.
     #[arg(long)]
     vcluster: Option<String>,
+    /// Only this job array's elements.
+    #[arg(long, value_name = "ARRAY")]
+    array: Option<u64>,
     /// Only those that ended so: done, failed or cancelled.
     #[arg(long)]
     status: Option<String>,
@@ -80,7 +83,8 @@ pub struct UsageArgs {
     /// End of the period (default: now).
     #[arg(long)]
     until: Option<String>,
-    /// Group rows by owner, vcluster, or owner,vcluster.
+    /// Group rows by owner, vcluster, owner,vcluster, or array (one row
+    /// per job array; array 0 holds each owner's allocations of no array).
     #[arg(long, default_value = "owner,vcluster")]
     by: String,
     /// Output format.
@@ -217,6 +221,7 @@ pub async fn history(cluster: &mut Cluster, args: HistoryArgs) -> anyhow::Result
             id: args.id.unwrap_or(0),
             owner: args.owner.clone().unwrap_or_default(),
             vcluster: args.vcluster.clone().unwrap_or_default(),
+            array_id: args.array.unwrap_or(0),
             status: status.map_or(0, |s| s as i32),
             since_ms,
             until_ms,
@@ -389,7 +394,7 @@ fn print_history(records: &[v1::HistoryRecord], attempts: bool, output: TableOut
 }
 
 fn record_json(r: &v1::HistoryRecord) -> serde_json::Value {
-    json!({
+    let mut v = json!({
         "id": r.id,
         "seq": r.seq,
         "owner": r.owner,
@@ -433,7 +438,10 @@ fn record_json(r: &v1::HistoryRecord) -> serde_json::Value {
                 "peak_gpu_memory_bytes": u.peak_gpu_memory_bytes,
             })),
         })).collect::<Vec<_>>(),
-    })
+    });
+    v["array_id"] = json!((r.array_id != 0).then_some(r.array_id));
+    v["array_index"] = json!((r.array_id != 0).then_some(r.array_index));
+    v
 }
 
 /// `muster usage`.
@@ -445,9 +453,9 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
         bail!("--until must be after --since");
     }
     let group_by = match args.by.as_str() {
-        "owner" | "vcluster" | "owner,vcluster" => args.by.clone(),
+        "owner" | "vcluster" | "owner,vcluster" | "array" => args.by.clone(),
         "vcluster,owner" => "owner,vcluster".into(),
-        other => bail!("--by {other:?}: owner, vcluster or owner,vcluster"),
+        other => bail!("--by {other:?}: owner, vcluster, owner,vcluster or array"),
     };
     // Every page, in (owner, vcluster) order.
     let mut report = v1::UsageReport::default();
@@ -470,7 +478,8 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
         token = page.next_page_token;
     }
     warn_missing(report.missing);
-    let (with_owner, with_vc) = (group_by != "vcluster", group_by != "owner");
+    let by_array = group_by == "array";
+    let (with_owner, with_vc) = (group_by != "vcluster", group_by != "owner" && !by_array);
     match args.output {
         TableOutput::Json => {
             let rows: Vec<serde_json::Value> = report
@@ -488,6 +497,9 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
                     }
                     if with_vc {
                         v["vcluster"] = json!(r.vcluster);
+                    }
+                    if by_array {
+                        v["array"] = json!((r.array_id != 0).then_some(r.array_id));
                     }
                     v
                 })
@@ -509,6 +521,9 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
             if with_vc {
                 header.push("VCLUSTER");
             }
+            if by_array {
+                header.push("ARRAY");
+            }
             header.extend(["JOBS", "DONE", "FAILED", "CANCELLED", "GPU-HOURS", "CPU-HOURS", "PEAK-MEM", "OOM"]);
             let rows: Vec<Vec<String>> = report
                 .rows
@@ -520,6 +535,9 @@ pub async fn usage(cluster: &mut Cluster, args: UsageArgs) -> anyhow::Result<()>
                     }
                     if with_vc {
                         cells.push(r.vcluster.clone());
+                    }
+                    if by_array {
+                        cells.push(if r.array_id == 0 { "-".to_string() } else { r.array_id.to_string() });
                     }
                     cells.extend([
                         r.jobs.to_string(),

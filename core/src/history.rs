@@ -48,6 +48,9 @@ pub struct JobRecord {
     pub gpu_seconds: u64,
     /// Its tasks' attempts, by task then attempt.
     pub attempts: Vec<AttemptRecord>,
+    /// For an element of a job array: the array's id and the element's
+    /// index.
+    pub array: Option<(AllocId, u32)>,
 }
 
 /// One attempt of one task.
@@ -137,6 +140,9 @@ impl JobRecord {
             watchdog_trips: a.tasks.iter().map(|t| t.watchdog_trips).sum(),
             gpu_seconds: attempts.iter().map(|at| at.gpu_seconds).sum(),
             attempts,
+            array: state
+                .array_of(a.id)
+                .and_then(|(array, position)| Some((array.id, array.indices.index_at(position)?))),
         }
     }
 }

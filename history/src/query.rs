@@ -18,6 +18,8 @@ pub struct Filter {
     pub owner: Option<String>,
     /// Only this vCluster's.
     pub vcluster: Option<String>,
+    /// Only this job array's elements.
+    pub array: Option<u64>,
     /// Only those that ended so.
     pub status: Option<AllocStatus>,
     /// Only those that ended at or after this time, ms.
@@ -39,6 +41,9 @@ pub enum Group {
     VCluster,
     /// One row per owner and vCluster.
     OwnerAndVCluster,
+    /// One row per job array (with its owner); allocations of no array
+    /// make one row per owner, array 0.
+    Array,
 }
 
 /// One row of a usage report.
@@ -48,6 +53,8 @@ pub struct UsageRow {
     pub owner: String,
     /// The vCluster (empty when grouped by owner alone).
     pub vcluster: String,
+    /// The job array (grouped by array; 0: allocations of no array).
+    pub array: u64,
     /// Allocations that finished in the period.
     pub jobs: u64,
     /// Of those, done.
@@ -113,6 +120,10 @@ impl HistoryStore {
             cond.push("vcluster = ?".into());
             args.push(Value::Text(vc.clone()));
         }
+        if let Some(array) = f.array {
+            cond.push("array_id = ?".into());
+            args.push(Value::Integer(array as i64));
+        }
         if let Some(status) = f.status {
             cond.push("status = ?".into());
             args.push(Value::Text(status.as_str().into()));
@@ -133,12 +144,13 @@ impl HistoryStore {
     /// GPU-seconds and job counts per group over `[since_ms, until_ms)`.
     pub fn usage(&self, since_ms: u64, until_ms: u64, group: Group) -> Result<Vec<UsageRow>, HistoryError> {
         let (key, names) = match group {
-            Group::Owner => ("j.owner, ''", "owner"),
-            Group::VCluster => ("'', j.vcluster", "vcluster"),
-            Group::OwnerAndVCluster => ("j.owner, j.vcluster", "owner, vcluster"),
+            Group::Owner => ("j.owner, '', 0", "j.owner"),
+            Group::VCluster => ("'', j.vcluster, 0", "j.vcluster"),
+            Group::OwnerAndVCluster => ("j.owner, j.vcluster, 0", "j.owner, j.vcluster"),
+            Group::Array => ("j.owner, '', COALESCE(j.array_id, 0)", "j.owner, COALESCE(j.array_id, 0)"),
         };
         let conn = self.reader();
-        let mut rows: BTreeMap<(String, String), UsageRow> = BTreeMap::new();
+        let mut rows: BTreeMap<(String, String, u64), UsageRow> = BTreeMap::new();
         let counts = format!(
             "SELECT {key}, COUNT(*), SUM(j.status = 'done'), SUM(j.status = 'failed'), SUM(j.status = 'cancelled') \
              FROM jobs j WHERE j.end_ms >= ?1 AND j.end_ms < ?2 GROUP BY {names}"
@@ -149,15 +161,17 @@ impl HistoryStore {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
-                    [r.get::<_, i64>(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
+                    r.get::<_, i64>(2)? as u64,
+                    [r.get::<_, i64>(3)?, r.get(4)?, r.get(5)?, r.get(6)?],
                 ))
             })
             .map_err(|e| self.sqlite(e))?;
         for row in it {
-            let (owner, vcluster, [jobs, done, failed, cancelled]) = row.map_err(|e| self.sqlite(e))?;
-            let r = rows.entry((owner.clone(), vcluster.clone())).or_insert(UsageRow {
+            let (owner, vcluster, array, [jobs, done, failed, cancelled]) = row.map_err(|e| self.sqlite(e))?;
+            let r = rows.entry((owner.clone(), vcluster.clone(), array)).or_insert(UsageRow {
                 owner,
                 vcluster,
+                array,
                 ..Default::default()
             });
             (r.jobs, r.done, r.failed, r.cancelled) = (jobs as u64, done as u64, failed as u64, cancelled as u64);
@@ -177,15 +191,17 @@ impl HistoryStore {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
-                    [r.get::<_, i64>(2)?, r.get(3)?, r.get(4)?, r.get(5)?],
+                    r.get::<_, i64>(2)? as u64,
+                    [r.get::<_, i64>(3)?, r.get(4)?, r.get(5)?, r.get(6)?],
                 ))
             })
             .map_err(|e| self.sqlite(e))?;
         for row in it {
-            let (owner, vcluster, [gpu_s, cpu_ms, peak, ooms]) = row.map_err(|e| self.sqlite(e))?;
-            let r = rows.entry((owner.clone(), vcluster.clone())).or_insert(UsageRow {
+            let (owner, vcluster, array, [gpu_s, cpu_ms, peak, ooms]) = row.map_err(|e| self.sqlite(e))?;
+            let r = rows.entry((owner.clone(), vcluster.clone(), array)).or_insert(UsageRow {
                 owner,
                 vcluster,
+                array,
                 ..Default::default()
             });
             r.gpu_seconds = gpu_s as u64;

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
 
 /// The schema's version (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The schema, as created.
 pub const SCHEMA: &str = "
@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     reason         TEXT    NOT NULL,      -- why it failed or was cancelled
     preemptions    INTEGER NOT NULL,
     watchdog_trips INTEGER NOT NULL,
+    array_id       INTEGER,               -- a job array's element: its array; NULL: none
+    array_index    INTEGER,               -- and its index
     gpu_seconds    INTEGER NOT NULL       -- over all attempts
 );
 CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (end_ms);
@@ -41,6 +43,7 @@ DROP INDEX IF EXISTS jobs_by_owner;
 DROP INDEX IF EXISTS jobs_by_vcluster;
 CREATE INDEX IF NOT EXISTS jobs_by_owner_seq ON jobs (owner, seq);
 CREATE INDEX IF NOT EXISTS jobs_by_vcluster_seq ON jobs (vcluster, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_array_seq ON jobs (array_id, seq);
 CREATE TABLE IF NOT EXISTS attempts (
     job_id      INTEGER NOT NULL REFERENCES jobs (id),
     task        INTEGER NOT NULL,
@@ -143,6 +146,15 @@ impl HistoryStore {
                 )
                 .map_err(err)?;
         }
+        if (1..=4).contains(&found) {
+            // Versions 1 to 4 lacked job arrays.
+            write
+                .execute_batch(
+                    "ALTER TABLE jobs ADD COLUMN array_id INTEGER;
+                     ALTER TABLE jobs ADD COLUMN array_index INTEGER;",
+                )
+                .map_err(err)?;
+        }
         write.execute_batch(SCHEMA).map_err(err)?;
         write.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(err)?;
         let read = Connection::open(path).map_err(err)?;
@@ -177,8 +189,8 @@ impl HistoryStore {
                 .prepare_cached(
                     "INSERT OR IGNORE INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, \
                      mem_mb, cpus, command, submit_ms, start_ms, end_ms, status, reason, preemptions, \
-                     watchdog_trips, gpu_seconds, idempotency_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
-                     ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+                     watchdog_trips, gpu_seconds, idempotency_key, array_id, array_index) VALUES (?1, ?2, ?3, ?4, \
+                     ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
                 )
                 .map_err(|e| self.sqlite(e))?;
             let mut attempt = tx
@@ -214,6 +226,8 @@ impl HistoryStore {
                         r.watchdog_trips,
                         r.gpu_seconds as i64,
                         r.idempotency_key,
+                        r.array.map(|(a, _)| a as i64),
+                        r.array.map(|(_, i)| i),
                     ])
                     .map_err(|e| self.sqlite(e))?;
                 if inserted == 0 {
@@ -340,8 +354,8 @@ impl HistoryStore {
         let conn = self.reader();
         let sql = format!(
             "SELECT seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, command, \
-             submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds, idempotency_key \
-             FROM jobs {tail}"
+             submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds, idempotency_key, \
+             array_id, array_index FROM jobs {tail}"
         );
         let mut stmt = conn.prepare_cached(&sql).map_err(|e| self.sqlite(e))?;
         let rows = stmt
@@ -370,6 +384,10 @@ impl HistoryStore {
                     watchdog_trips: r.get(18)?,
                     gpu_seconds: r.get::<_, i64>(19)? as u64,
                     idempotency_key: r.get(20)?,
+                    array: match (r.get::<_, Option<i64>>(21)?, r.get::<_, Option<u32>>(22)?) {
+                        (Some(a), Some(i)) => Some((a as u64, i)),
+                        _ => None,
+                    },
                 })
             })
             .map_err(|e| self.sqlite(e))?;
@@ -485,6 +503,7 @@ struct JobRow {
     watchdog_trips: u32,
     gpu_seconds: u64,
     idempotency_key: Option<String>,
+    array: Option<(u64, u32)>,
 }
 
 impl JobRow {
@@ -512,6 +531,7 @@ impl JobRow {
             watchdog_trips: self.watchdog_trips,
             gpu_seconds: self.gpu_seconds,
             attempts,
+            array: self.array,
         })
     }
 }

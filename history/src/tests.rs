@@ -54,6 +54,8 @@ fn record(seq: u64, owner: &str, vcluster: &str, status: AllocStatus, attempts: 
         watchdog_trips: 0,
         gpu_seconds: attempts.iter().map(|a| a.gpu_seconds).sum(),
         attempts,
+        // Every third record is element seq of array 7.
+        array: seq.is_multiple_of(3).then_some((7, seq as u32)),
     }
 }
 
@@ -140,6 +142,7 @@ fn usage_clips_attempts_to_the_period_and_groups() {
         vec![UsageRow {
             owner: "alice".into(),
             vcluster: String::new(),
+            array: 0,
             jobs: 2,
             done: 1,
             failed: 1,
@@ -209,14 +212,13 @@ fn a_version_1_database_gains_the_idempotency_key_column() {
     assert_eq!(version, SCHEMA_VERSION);
 }
 
-/// The schema without the attempts' columns named.
+/// The schema without the columns named (and the indexes on them).
 fn schema_without(columns: &[&str]) -> String {
-    let old: String = SCHEMA
-        .lines()
-        .filter(|l| !columns.iter().any(|c| l.trim_start().starts_with(&format!("{c} "))))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    assert_eq!(SCHEMA.lines().count(), old.lines().count() + columns.len());
+    let gone = |l: &str| {
+        columns.iter().any(|c| l.trim_start().starts_with(&format!("{c} ")) || l.contains(&format!("({c}, ")))
+    };
+    let old: String = SCHEMA.lines().filter(|l| !gone(l)).map(|l| format!("{l}\n")).collect();
+    assert!(SCHEMA.lines().count() >= old.lines().count() + columns.len());
     old
 }
 
@@ -239,9 +241,15 @@ fn older_database(path: &std::path::Path, schema: &str, version: i64, attempt: &
 
 const GPU_USAGE: [&str; 2] = ["gpu_util_pct", "peak_gpu_memory_bytes"];
 
+/// Job arrays' columns (version 5).
+const ARRAYS: [&str; 2] = ["array_id", "array_index"];
+
 /// The schema before attempts kept their usage (versions 1 and 2).
 fn without_usage() -> String {
-    schema_without(&[&["peak_memory_bytes", "cpu_ms", "oom_kills", "memory_limit_bytes"][..], &GPU_USAGE[..]].concat())
+    schema_without(
+        &[&["peak_memory_bytes", "cpu_ms", "oom_kills", "memory_limit_bytes"][..], &GPU_USAGE[..], &ARRAYS[..]]
+            .concat(),
+    )
 }
 
 #[test]
@@ -249,7 +257,7 @@ fn a_version_3_database_gains_the_gpu_usage_columns_and_keeps_its_records() {
     let dir = tempfile::tempdir().unwrap();
     let h = older_database(
         &dir.path().join("v3.sqlite"),
-        &schema_without(&GPU_USAGE),
+        &schema_without(&[GPU_USAGE, ARRAYS].concat()),
         3,
         "INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
          preempted, watchdog, peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes) \
@@ -262,6 +270,37 @@ fn a_version_3_database_gains_the_gpu_usage_columns_and_keeps_its_records() {
     assert!(r.attempts[0].usage.unwrap().gpu_util_pct.is_some(), "the record carries GPU usage");
     h.insert(std::slice::from_ref(&r)).unwrap();
     assert_eq!(h.by_seq(2, 2, 10).unwrap(), vec![r]);
+}
+
+#[test]
+fn a_version_4_database_gains_the_array_columns_and_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = older_database(
+        &dir.path().join("v4.sqlite"),
+        &schema_without(&ARRAYS),
+        4,
+        "INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
+         preempted) VALUES (101, 0, 1, 'n0', 0, 1000, 'done', 0, 1, 1, 0);",
+    );
+    assert_eq!(h.by_seq(1, 1, 10).unwrap()[0].array, None, "a record from before arrays is of none");
+    let r = record(3, "a", "v", AllocStatus::Done, &[(0, 1_000)]);
+    assert_eq!(r.array, Some((7, 3)));
+    h.insert(std::slice::from_ref(&r)).unwrap();
+    assert_eq!(h.by_seq(3, 3, 10).unwrap(), vec![r]);
+}
+
+#[test]
+fn history_lists_and_usage_groups_by_job_array() {
+    let (_dir, h) = open();
+    let recs: Vec<JobRecord> = (1..=6).map(|s| record(s, "a", "v", AllocStatus::Done, &[(0, H)])).collect();
+    h.insert(&recs).unwrap();
+    let elements = h.list(&Filter { array: Some(7), limit: 10, ..Default::default() }).unwrap();
+    assert_eq!(elements.iter().map(|r| (r.seq, r.array)).collect::<Vec<_>>(), [(3, Some((7, 3))), (6, Some((7, 6)))]);
+    assert!(h.list(&Filter { array: Some(8), limit: 10, ..Default::default() }).unwrap().is_empty());
+    let rows = h.usage(0, 10 * H, Group::Array).unwrap();
+    let summary: Vec<(&str, u64, u64, u64)> =
+        rows.iter().map(|r| (r.owner.as_str(), r.array, r.jobs, r.gpu_seconds / 3_600)).collect();
+    assert_eq!(summary, [("a", 0, 4, 8), ("a", 7, 2, 4)], "array 0: the allocations of no array");
 }
 
 #[test]

@@ -208,6 +208,19 @@ fn t209_an_array_runs_every_index_within_its_throttle_and_after_corr_pairs_eleme
         std::fs::read_to_string(&pairs).unwrap().lines().map(|l| l.trim().parse().unwrap()).collect();
     ran.sort_unstable();
     assert_eq!(ran, [3, 4, 6, 7], "5's partner failed: it never ran");
+    // The job history and usage group elements by their array.
+    let records = muster_testkit::eventually_blocking("the array's history records", WAIT, || {
+        let h = json(&["history", "--array", &a.to_string()]);
+        match h.as_array().map_or(0, Vec::len) {
+            24 => Ok(h),
+            n => Err(format!("{n} records")),
+        }
+    });
+    let indices: Vec<u64> = records.as_array().unwrap().iter().map(|r| r["array_index"].as_u64().unwrap()).collect();
+    assert_eq!(indices.iter().copied().collect::<std::collections::BTreeSet<u64>>().len(), 24, "{records}");
+    let usage = json(&["usage", "--by", "array"]);
+    let row = usage["rows"].as_array().unwrap().iter().find(|r| r["array"] == a).expect("a row for the array");
+    assert_eq!((row["jobs"].as_u64(), row["done"].as_u64(), row["failed"].as_u64()), (Some(24), Some(23), Some(1)));
 
     // A live array: its throttle changes, a range of it is cancelled.
     let gate = dir.path().join("gate");

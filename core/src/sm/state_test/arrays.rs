@@ -47,6 +47,9 @@ fn an_array_is_one_entry_and_materialises_only_what_its_throttle_allows() {
     assert!(events.contains(&Event::Submitted { alloc: a + 4, duplicate: false }), "{events:?}");
     assert_eq!(live(&f, a), [a + 2, a + 3, a + 4]);
     assert_eq!(f.s.array(a).unwrap().done, 1);
+    // Its job record names its array and index (history and usage group by it).
+    let records = f.s.take_finished_records();
+    assert_eq!(records.iter().map(|r| (r.id, r.array)).collect::<Vec<_>>(), [(a + 1, Some((a, 0)))]);
     // Each element knows its array and index, and gets them in its env.
     let (array, position) = f.s.array_of(a + 4).unwrap();
     assert_eq!((array.id, position), (a, 3));

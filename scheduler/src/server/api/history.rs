@@ -82,6 +82,8 @@ pub fn record_to_proto(r: &JobRecord) -> v1::HistoryRecord {
         gpu_seconds: r.gpu_seconds,
         attempts: r.attempts.iter().map(attempt_to_proto).collect(),
         idempotency_key: r.idempotency_key.clone().unwrap_or_default(),
+        array_id: r.array.map_or(0, |(a, _)| a),
+        array_index: r.array.map_or(0, |(_, i)| i),
     }
 }
 
@@ -116,8 +118,13 @@ impl HistoryService for HistoryApi {
     async fn list_history(&self, req: Request<v1::HistoryQuery>) -> Result<Response<v1::HistoryPage>, Status> {
         req.get_ref().check_bounds()?;
         let q = req.into_inner();
-        for (field, v) in [("id", q.id), ("since_ms", q.since_ms), ("until_ms", q.until_ms), ("after_seq", q.after_seq)]
-        {
+        for (field, v) in [
+            ("id", q.id),
+            ("since_ms", q.since_ms),
+            ("until_ms", q.until_ms),
+            ("after_seq", q.after_seq),
+            ("array_id", q.array_id),
+        ] {
             stored_range(field, v)?;
         }
         let limit = match q.limit {
@@ -136,6 +143,7 @@ impl HistoryService for HistoryApi {
             id: (q.id != 0).then_some(q.id),
             owner: (!q.owner.is_empty()).then_some(q.owner),
             vcluster: (!q.vcluster.is_empty()).then_some(q.vcluster),
+            array: (q.array_id != 0).then_some(q.array_id),
             status: status_filter(q.status)?,
             since_ms: (q.since_ms != 0).then_some(q.since_ms),
             until_ms: (q.until_ms != 0).then_some(q.until_ms),
@@ -165,9 +173,10 @@ impl HistoryService for HistoryApi {
             "owner" => Group::Owner,
             "vcluster" => Group::VCluster,
             "" | "owner,vcluster" | "vcluster,owner" => Group::OwnerAndVCluster,
+            "array" => Group::Array,
             other => {
                 return Err(Status::invalid_argument(format!(
-                    "invalid group_by: {other:?} (owner, vcluster or owner,vcluster)"
+                    "invalid group_by: {other:?} (owner, vcluster, owner,vcluster or array)"
                 )));
             }
         };
@@ -176,20 +185,26 @@ impl HistoryService for HistoryApi {
             0 => 1000,
             n => n.min(10_000),
         } as usize;
-        // A page starts after the (owner, vcluster) its token names (a
-        // newline between them: neither may hold one).
-        let after = match q.page_token.split_once('\n') {
-            Some((o, v)) => Some((o.to_string(), v.to_string())),
-            None if q.page_token.is_empty() => None,
-            None => return Err(Status::invalid_argument("invalid page_token: not one this server gave")),
+        // A page starts after the (owner, vcluster, array) its token names
+        // (newlines between them: no name may hold one).
+        let bad_token = || Status::invalid_argument("invalid page_token: not one this server gave");
+        let after = match q.page_token.split('\n').collect::<Vec<_>>().as_slice() {
+            [""] => None,
+            [o, v] => Some((o.to_string(), v.to_string(), 0)),
+            [o, v, a] => Some((o.to_string(), v.to_string(), a.parse::<u64>().map_err(|_| bad_token())?)),
+            _ => return Err(bad_token()),
         };
         let rows = self.blocking(move |s| s.usage(since, until, group)).await?;
         let (_, missing) = self.missing().await?;
         let (mut page, mut bytes, mut more) = (Vec::new(), 0usize, false);
-        for r in rows.into_iter().filter(|r| after.as_ref().is_none_or(|a| (&r.owner, &r.vcluster) > (&a.0, &a.1))) {
+        let past = |r: &muster_history::UsageRow| {
+            after.as_ref().is_none_or(|a| (&r.owner, &r.vcluster, r.array) > (&a.0, &a.1, a.2))
+        };
+        for r in rows.into_iter().filter(past) {
             let row = v1::UsageRow {
                 owner: r.owner,
                 vcluster: r.vcluster,
+                array_id: r.array,
                 jobs: r.jobs,
                 done: r.done,
                 failed: r.failed,
@@ -207,7 +222,7 @@ impl HistoryService for HistoryApi {
             page.push(row);
         }
         let next_page_token = match page.last() {
-            Some(r) if more => format!("{}\n{}", r.owner, r.vcluster),
+            Some(r) if more => format!("{}\n{}\n{}", r.owner, r.vcluster, r.array_id),
             _ => String::new(),
         };
         Ok(Response::new(v1::UsageReport { rows: page, since_ms: since, until_ms: until, missing, next_page_token }))

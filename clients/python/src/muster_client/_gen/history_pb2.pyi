@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HistoryQuery(_message.Message):
-    __slots__ = ("id", "owner", "vcluster", "status", "since_ms", "until_ms", "after_seq", "limit")
+    __slots__ = ("id", "owner", "vcluster", "status", "since_ms", "until_ms", "after_seq", "limit", "array_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     VCLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class HistoryQuery(_message.Message):
     UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     id: int
     owner: str
     vcluster: str
@@ -25,7 +26,8 @@ class HistoryQuery(_message.Message):
     until_ms: int
     after_seq: int
     limit: int
-    def __init__(self, id: _Optional[int] = ..., owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+    array_id: int
+    def __init__(self, id: _Optional[int] = ..., owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., after_seq: _Optional[int] = ..., limit: _Optional[int] = ..., array_id: _Optional[int] = ...) -> None: ...
 
 class HistoryAttempt(_message.Message):
     __slots__ = ("task", "attempt", "node_id", "start_ms", "end_ms", "outcome", "exit_code", "gpu_seconds", "preempted", "watchdog", "usage")
@@ -54,7 +56,7 @@ class HistoryAttempt(_message.Message):
     def __init__(self, task: _Optional[int] = ..., attempt: _Optional[int] = ..., node_id: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., exit_code: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., preempted: _Optional[bool] = ..., watchdog: _Optional[str] = ..., usage: _Optional[_Union[_types_pb2.AttemptUsage, _Mapping]] = ...) -> None: ...
 
 class HistoryRecord(_message.Message):
-    __slots__ = ("seq", "id", "owner", "vcluster", "preemption_class", "priority", "gang_size", "resources", "command", "submit_time_ms", "start_time_ms", "end_time_ms", "status", "reason", "preemptions", "watchdog_trips", "gpu_seconds", "attempts", "idempotency_key")
+    __slots__ = ("seq", "id", "owner", "vcluster", "preemption_class", "priority", "gang_size", "resources", "command", "submit_time_ms", "start_time_ms", "end_time_ms", "status", "reason", "preemptions", "watchdog_trips", "gpu_seconds", "attempts", "idempotency_key", "array_id", "array_index")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +76,8 @@ class HistoryRecord(_message.Message):
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
     seq: int
     id: int
     owner: str
@@ -93,7 +97,9 @@ class HistoryRecord(_message.Message):
     gpu_seconds: int
     attempts: _containers.RepeatedCompositeFieldContainer[HistoryAttempt]
     idempotency_key: str
-    def __init__(self, seq: _Optional[int] = ..., id: _Optional[int] = ..., owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., command: _Optional[_Iterable[str]] = ..., submit_time_ms: _Optional[int] = ..., start_time_ms: _Optional[int] = ..., end_time_ms: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., reason: _Optional[str] = ..., preemptions: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    array_id: int
+    array_index: int
+    def __init__(self, seq: _Optional[int] = ..., id: _Optional[int] = ..., owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., command: _Optional[_Iterable[str]] = ..., submit_time_ms: _Optional[int] = ..., start_time_ms: _Optional[int] = ..., end_time_ms: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., reason: _Optional[str] = ..., preemptions: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., idempotency_key: _Optional[str] = ..., array_id: _Optional[int] = ..., array_index: _Optional[int] = ...) -> None: ...
 
 class HistoryPage(_message.Message):
     __slots__ = ("records", "next_after_seq", "stored", "missing")
@@ -122,9 +128,10 @@ class UsageQuery(_message.Message):
     def __init__(self, since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., group_by: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class UsageRow(_message.Message):
-    __slots__ = ("owner", "vcluster", "jobs", "done", "failed", "cancelled", "gpu_seconds", "cpu_ms", "peak_memory_bytes", "oom_killed")
+    __slots__ = ("owner", "vcluster", "array_id", "jobs", "done", "failed", "cancelled", "gpu_seconds", "cpu_ms", "peak_memory_bytes", "oom_killed")
     OWNER_FIELD_NUMBER: _ClassVar[int]
     VCLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +142,7 @@ class UsageRow(_message.Message):
     OOM_KILLED_FIELD_NUMBER: _ClassVar[int]
     owner: str
     vcluster: str
+    array_id: int
     jobs: int
     done: int
     failed: int
@@ -143,7 +151,7 @@ class UsageRow(_message.Message):
     cpu_ms: int
     peak_memory_bytes: int
     oom_killed: int
-    def __init__(self, owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., jobs: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., cpu_ms: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., oom_killed: _Optional[int] = ...) -> None: ...
+    def __init__(self, owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., array_id: _Optional[int] = ..., jobs: _Optional[int] = ..., done: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., cpu_ms: _Optional[int] = ..., peak_memory_bytes: _Optional[int] = ..., oom_killed: _Optional[int] = ...) -> None: ...
 
 class UsageReport(_message.Message):
     __slots__ = ("rows", "since_ms", "until_ms", "missing", "next_page_token")
