@@ -33,6 +33,7 @@ mod submit;
 mod tls;
 mod token;
 mod vcluster;
+mod workflow;
 
 use std::process::ExitCode;
 

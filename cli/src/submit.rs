@@ -156,8 +156,13 @@ pub struct SubmitArgs {
     /// `alloc list --name` and `alloc cancel --name`.
     #[arg(long, short = 'J', alias = "job-name")]
     name: Option<String>,
+    /// Submit a workflow instead: the steps in this TOML file (each an
+    /// allocation or an array, with `after` naming other steps), accepted
+    /// or refused whole, in one submit (docs/workflows.md).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["array", "after", "after_any_of", "name", "dry_run"])]
+    workflow: Option<std::path::PathBuf>,
     /// The command each task runs.
-    #[arg(required = true, last = true)]
+    #[arg(required_unless_present = "workflow", last = true)]
     command: Vec<String>,
 }
 
@@ -187,7 +192,7 @@ fn secrets_of(args: &SubmitArgs) -> anyhow::Result<HashMap<String, String>> {
     Ok(out)
 }
 
-fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
+pub fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
     let mut env = HashMap::new();
     for kv in &args.env {
         let (k, v) = kv.split_once('=').with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
@@ -272,6 +277,28 @@ pub async fn submit(cluster: &mut Cluster, args: SubmitArgs, out: Output) -> any
     // Whatever spec_of and secrets_of refuse is the command line's fault
     // (exit 2); what the server refuses is the request's (exit 1).
     let bad = |e: anyhow::Error| anyhow::Error::new(crate::BadCommandLine(format!("{e:#}")));
+    if let Some(path) = &args.workflow {
+        if !args.command.is_empty() {
+            return Err(bad(anyhow::anyhow!("--workflow takes its commands from the file, not after --")));
+        }
+        let text =
+            std::fs::read_to_string(path).map_err(|e| bad(anyhow::anyhow!("--workflow {}: {e}", path.display())))?;
+        let dir = std::fs::canonicalize(path)
+            .ok()
+            .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+            .unwrap_or_default();
+        let req = crate::workflow::request_of(&text, &dir, args.queue_if_unsatisfiable)
+            .map_err(|e| bad(e.context(format!("--workflow {}", path.display()))))?;
+        let resp = cluster
+            .call(|ch| {
+                let req = req.clone();
+                async move { AllocationServiceClient::new(ch).submit_workflow(req).await }
+            })
+            .await?
+            .into_inner();
+        crate::workflow::print(&resp, out);
+        return Ok(());
+    }
     let spec = spec_of(&args).map_err(bad)?;
     let secrets = secrets_of(&args).map_err(bad)?;
     let (dry_run, queue_if_unsatisfiable) = (args.dry_run, args.queue_if_unsatisfiable);

@@ -230,12 +230,17 @@ impl SyncPlan {
 /// follow in later plans).
 pub const MAX_DELETES_PER_PLAN: usize = 256;
 
-/// A task's extra environment, in name order: its spec's, and an array
-/// element's array variables (which win over the spec's own).
+/// A task's extra environment, in name order: its spec's, an array
+/// element's array variables and a workflow step's workflow id and step
+/// name (which win over the spec's own).
 fn task_env(st: &State, a: &crate::sm::Allocation) -> Vec<(String, String)> {
     let mut env = a.spec.env.clone();
     if let Some((array, position)) = st.array_of(a.id) {
         env.extend(array.element_env(position));
+    }
+    if let Some((w, step)) = st.workflow_of(a.id) {
+        env.insert("MUSTER_WORKFLOW_ID".to_string(), w.id.to_string());
+        env.insert("MUSTER_WORKFLOW_STEP".to_string(), step.to_string());
     }
     env.into_iter().collect()
 }

@@ -34,6 +34,7 @@ import hashlib
 import os
 import signal
 import sys
+import tempfile
 import time
 
 import torch
@@ -92,7 +93,12 @@ def main() -> int:
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--step-seconds", type=float, default=0.0, help="pause per step (tests: time to act mid-run)")
     p.add_argument("--model-mb", type=int, default=0, help="MiB of frozen weights, for a real-sized checkpoint")
+    p.add_argument("--data", default=None, help="train on this dataset (a file of tensors x and y; relative: under --work)")
+    p.add_argument("--save", default=None, help="rank 0 saves the trained model here (relative: under --work)")
+    p.add_argument("--work", default=None, help="default: $TMPDIR/muster-workflow-$MUSTER_WORKFLOW_ID")
     args = p.parse_args()
+    work = args.work or os.path.join(tempfile.gettempdir(), f"muster-workflow-{os.environ.get('MUSTER_WORKFLOW_ID', 0)}")
+    data = torch.load(os.path.join(work, args.data)) if args.data else None
     signal.signal(signal.SIGUSR1, on_hint)
 
     # env://: MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE come from Muster.
@@ -122,9 +128,15 @@ def main() -> int:
         print(f"rank {rank}/{world}: starting at step 0 ({os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']})", flush=True)
 
     for step in range(start + 1, args.steps + 1):
-        g = torch.Generator().manual_seed(step * 1000 + rank)  # each rank its own shard
-        x = torch.randn(64, 16, generator=g)
-        y = x.sum(dim=1, keepdim=True).sin()
+        if data is not None:
+            # Each rank its own shard of the dataset, 64 rows a step.
+            n = data["x"].shape[0]
+            at = ((step * world + rank) * 64) % max(1, n - 64)
+            x, y = data["x"][at : at + 64], data["y"][at : at + 64]
+        else:
+            g = torch.Generator().manual_seed(step * 1000 + rank)  # each rank its own shard
+            x = torch.randn(64, 16, generator=g)
+            y = x.sum(dim=1, keepdim=True).sin()
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here
@@ -149,6 +161,11 @@ def main() -> int:
     for t in model.module.state_dict().values():
         digest.update(repr(t.detach().flatten().tolist()).encode())  # exact, and no numpy needed
     print(f"rank {rank}: done at step {args.steps}; params sha256 {digest.hexdigest()}", flush=True)
+    if args.save and rank == 0:
+        path = os.path.join(work, args.save)
+        torch.save(model.module.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        print(f"rank 0: model saved to {path}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -59,6 +59,8 @@ pub const VCLUSTER: usize = 63;
 pub const KEYWORD: usize = 32;
 /// A job array's indices in Slurm's form (`0-9999%64`).
 pub const ARRAY_EXPR: usize = 4096;
+/// A workflow's or a step's name.
+pub const STEP_NAME: usize = 64;
 /// Labels a node may carry.
 pub const LABELS: usize = 64;
 /// Tasks an agent may report at once.
@@ -117,6 +119,15 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("SubmitRequest.secrets", items(32, 128 * 1024 + 32 * 128)),
     ("SubmitRequest.array", text(ARRAY_EXPR)),
     ("CancelRequest.indices", text(ARRAY_EXPR)),
+    ("SubmitWorkflowRequest.name", text(STEP_NAME)),
+    ("SubmitWorkflowRequest.idempotency_key", text(NAME)),
+    ("SubmitWorkflowRequest.steps", items(64, 0)),
+    ("WorkflowStep.name", text(STEP_NAME)),
+    ("WorkflowStep.array", text(ARRAY_EXPR)),
+    ("WorkflowStep.after", items(64, 0)),
+    ("WorkflowStep.after_corr", text(STEP_NAME)),
+    ("StepDependency.step", text(STEP_NAME)),
+    ("StepDependency.when", text(KEYWORD)),
     // Nodes.
     ("ListNodesRequest.page_token", text(NAME)),
     ("GetNodeRequest.id", text(NAME)),
@@ -361,6 +372,26 @@ impl Bounded for v1::AllocationSpec {
         check_items("AllocationSpec.after", self.after.len(), 0)?;
         for d in &self.after {
             check_text("Dependency.when", &d.when)?;
+        }
+        Ok(())
+    }
+}
+
+impl Bounded for v1::SubmitWorkflowRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_text("SubmitWorkflowRequest.name", &self.name)?;
+        check_text("SubmitWorkflowRequest.idempotency_key", &self.idempotency_key)?;
+        check_items("SubmitWorkflowRequest.steps", self.steps.len(), 0)?;
+        for step in &self.steps {
+            check_text("WorkflowStep.name", &step.name)?;
+            check_text("WorkflowStep.array", &step.array)?;
+            check_text("WorkflowStep.after_corr", &step.after_corr)?;
+            check_items("WorkflowStep.after", step.after.len(), 0)?;
+            for d in &step.after {
+                check_text("StepDependency.step", &d.step)?;
+                check_text("StepDependency.when", &d.when)?;
+            }
+            step.spec.check_bounds()?;
         }
         Ok(())
     }

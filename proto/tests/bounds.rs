@@ -36,6 +36,7 @@ fn decoders() -> BTreeMap<&'static str, Decode> {
         ("ListRequest", decode::<v1::ListRequest>),
         ("CancelRequest", decode::<v1::CancelRequest>),
         ("SetArrayThrottleRequest", decode::<v1::SetArrayThrottleRequest>),
+        ("SubmitWorkflowRequest", decode::<v1::SubmitWorkflowRequest>),
         ("WatchRequest", decode::<v1::WatchRequest>),
         ("LogsRequest", decode::<v1::LogsRequest>),
         ("ListNodesRequest", decode::<v1::ListNodesRequest>),

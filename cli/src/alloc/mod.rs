@@ -189,8 +189,14 @@ async fn get(cluster: &mut Cluster, id: u64, out: Output) -> anyhow::Result<()> 
             let array = cluster
                 .call(|ch| async move { AllocationServiceClient::new(ch).get_array(v1::GetRequest { id }).await })
                 .await;
-            match array {
-                Ok(a) => render::array(&a.into_inner(), out),
+            if let Ok(a) = array {
+                return render::array(&a.into_inner(), out);
+            }
+            let workflow = cluster
+                .call(|ch| async move { AllocationServiceClient::new(ch).get_workflow(v1::GetRequest { id }).await })
+                .await;
+            match workflow {
+                Ok(w) => render::workflow(&w.into_inner(), out),
                 Err(_) => Err(e),
             }
         }

@@ -389,6 +389,30 @@ pub fn array_json(a: &v1::JobArray) -> serde_json::Value {
     })
 }
 
+/// Prints one workflow and where each step stands.
+pub fn workflow(w: &v1::WorkflowInfo, out: Output) -> anyhow::Result<()> {
+    let steps: Vec<serde_json::Value> =
+        w.steps.iter().map(|s| json!({ "name": s.name, "id": s.id, "array": s.array, "status": s.status })).collect();
+    if out == Output::Json {
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "id": w.id, "workflow": true, "name": w.name, "owner": w.owner, "finished": w.finished,
+                "submit_time_ms": w.submit_time_ms, "steps": steps,
+            }))?
+        );
+        return Ok(());
+    }
+    let state = if w.finished { "finished" } else { "running" };
+    out!("workflow {} {} of {}: {state}", w.id, w.name, w.owner);
+    let width = w.steps.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    for s in &w.steps {
+        let kind = if s.array { "array" } else { "allocation" };
+        out!("  {:<width$}  {kind} {}  {}", s.name, s.id, s.status);
+    }
+    Ok(())
+}
+
 /// Prints one job array.
 pub fn array(a: &v1::JobArray, out: Output) -> anyhow::Result<()> {
     if out == Output::Json {

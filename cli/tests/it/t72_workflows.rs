@@ -241,3 +241,187 @@ fn t209_an_array_runs_every_index_within_its_throttle_and_after_corr_pairs_eleme
     let all = finished(c);
     assert_eq!(all["status"], "cancelled", "{all}");
 }
+
+/// A workflow through the CLI on a real server and agent: five steps in
+/// one submit, given out of order (the file lists `train` before what it
+/// waits for). They run in order; `evaluate` ends at once as failed naming
+/// `train`, `report` (after `train:notok`) runs, and an array step runs
+/// each index once, each task told its workflow and step. A retried submit
+/// with the key returns the same workflow; a cycle is refused naming its
+/// steps, before anything is written; cancelling a workflow's id cancels
+/// every step not yet finished.
+#[test]
+fn t210_a_workflow_is_one_submit_runs_in_order_and_is_cancelled_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _procs = Procs::start_with(dir.path(), &addr, &[], &["w1", "w2"], &["--cpus", "16", "--mem-mb", "16384"]);
+    let run = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--scheduler", &addr, "--output", "json"]);
+        let o = muster(&all);
+        (o.status, String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let json = |args: &[&str]| -> serde_json::Value {
+        let (status, out, err) = run(args);
+        assert!(status.success(), "{args:?}: {err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let log = dir.path().join("steps.log");
+    let gate = dir.path().join("gate");
+    let file = dir.path().join("pipeline.toml");
+    let step = |name: &str, tail: &str| {
+        format!(
+            "[\"sh\", \"-c\", \"echo {name} $MUSTER_WORKFLOW_STEP ${{MUSTER_ARRAY_INDEX:-}} >> {}{tail}\"]",
+            log.display()
+        )
+    };
+    let common = "max-retries = 1\nmem-mb = 64\ncpus = 1\n";
+    std::fs::write(
+        &file,
+        format!(
+            "name = \"pipeline\"\nidempotency_key = \"nightly\"\n\n\
+             [[step]]\nname = \"train\"\nafter = [\"preprocess\"]\ngang-size = 2\n{common}command = {}\n\n\
+             [[step]]\nname = \"preprocess\"\n{common}command = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.1; \
+             done; echo preprocess preprocess >> {}\"]\n\n\
+             [[step]]\nname = \"evaluate\"\nafter = [\"train\"]\n{common}command = {}\n\n\
+             [[step]]\nname = \"report\"\nafter = [\"train:notok\"]\n{common}command = {}\n\n\
+             [[step]]\nname = \"sweep\"\nafter = [\"preprocess\"]\narray = \"0-2\"\n{common}command = {}\n",
+            step("train", "; exit 3"),
+            gate.display(),
+            log.display(),
+            step("evaluate", ""),
+            step("report", ""),
+            step("sweep", ""),
+        ),
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let w = muster_testkit::eventually_blocking("the workflow submit", WAIT, || {
+        let (status, out, err) = run(&["submit", "--workflow", path]);
+        if status.success() { Ok(serde_json::from_str::<serde_json::Value>(&out).unwrap()) } else { Err(err) }
+    });
+    let id = |step: &str| w["steps"][step]["id"].as_u64().unwrap_or_else(|| panic!("no step {step}: {w}"));
+    let wid = w["id"].as_u64().unwrap();
+    assert_eq!(id("preprocess"), wid + 1, "steps are made in order, each after what it waits for: {w}");
+    assert_eq!(w["steps"]["train"]["status"], "waiting", "{w}");
+    assert_eq!(w["steps"]["sweep"]["array"], true, "{w}");
+    let again = json(&["submit", "--workflow", path]);
+    assert_eq!((again["id"].as_u64(), again["duplicate"].as_bool()), (Some(wid), Some(true)), "{again}");
+
+    std::fs::write(&gate, "").unwrap();
+    let ended = |what: &str, args: &[&str], done: &dyn Fn(&serde_json::Value) -> bool| {
+        muster_testkit::eventually_blocking(what, WAIT, || {
+            let v = json(args);
+            if done(&v) { Ok(v) } else { Err(v.to_string()) }
+        })
+    };
+    let all = ended("the workflow to finish", &["alloc", "get", &wid.to_string()], &|v| v["finished"] == true);
+    let status = |step: &str| {
+        all["steps"].as_array().unwrap().iter().find(|s| s["name"] == step).unwrap()["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        ["preprocess", "train", "evaluate", "report", "sweep"].map(status),
+        ["done", "failed", "failed", "done", "done"],
+        "{all}"
+    );
+    let eval = json(&["alloc", "get", &id("evaluate").to_string()]);
+    assert_eq!(eval["failed_reason"], format!("dependency {} failed", id("train")), "{eval}");
+    let mut lines: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(str::to_string).collect();
+    assert_eq!(lines[0], "preprocess preprocess", "the first step first:\n{lines:?}");
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "preprocess preprocess",
+            "report report",
+            "sweep sweep 0",
+            "sweep sweep 1",
+            "sweep sweep 2",
+            "train train",
+            "train train"
+        ],
+        "each step's tasks know their step; evaluate never ran"
+    );
+
+    // A cycle is refused before anything is written, naming its steps.
+    let cycle = dir.path().join("cycle.toml");
+    std::fs::write(
+        &cycle,
+        "name = \"loop\"\n[[step]]\nname = \"a\"\nafter = [\"b\"]\ncommand = [\"true\"]\n\
+         [[step]]\nname = \"b\"\nafter = [\"a\"]\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    let (status, _, err) = run(&["submit", "--workflow", cycle.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("steps a, b wait for each other"), "{err}");
+    let (status, _, err) = run(&["submit", "--workflow", "/nonexistent.toml"]);
+    assert_eq!(status.code(), Some(2), "{err}");
+
+    // Cancelling the workflow cancels every step left.
+    let held = dir.path().join("held.toml");
+    std::fs::write(
+        &held,
+        "name = \"held\"\n[[step]]\nname = \"wait\"\nmem-mb = 64\ncommand = [\"sh\", \"-c\", \"sleep 300\"]\n\
+             [[step]]\nname = \"next\"\nafter = [\"wait\"]\nmem-mb = 64\narray = \"0-9\"\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    let h = json(&["submit", "--workflow", held.to_str().unwrap()]);
+    let hid = h["id"].as_u64().unwrap().to_string();
+    json(&["alloc", "cancel", &hid]);
+    let gone = ended("the held workflow to be cancelled", &["alloc", "get", &hid], &|v| v["finished"] == true);
+    let statuses: Vec<&str> = gone["steps"].as_array().unwrap().iter().map(|s| s["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["cancelled", "cancelled"], "{gone}");
+}
+
+/// The README's pipeline, `examples/torch_pipeline/pipeline.toml`, as it
+/// is: preprocess, a 4-rank PyTorch DDP gang (gloo on CPUs) that trains on
+/// what preprocess wrote, and evaluate, which loads the model the gang
+/// saved. One submit; every step succeeds, in order.
+#[test]
+fn t211_the_torch_pipeline_example_runs_preprocess_train_and_evaluate() {
+    if !crate::dev_proc::python_imports("torch, torch.distributed", "PyTorch", "python3 -m pip install torch") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let agents = ["p1", "p2", "p3", "p4"];
+    let _procs = Procs::start_with(dir.path(), &addr, &[], &agents, &["--cpus", "8", "--mem-mb", "16384"]);
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/torch_pipeline/pipeline.toml");
+    let json = |args: &[&str]| -> Result<serde_json::Value, String> {
+        let mut all = args.to_vec();
+        all.extend(["--scheduler", &addr, "--output", "json"]);
+        let o = muster(&all);
+        if !o.status.success() {
+            return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+        }
+        serde_json::from_slice(&o.stdout).map_err(|e| e.to_string())
+    };
+    // Every agent registered (the gang needs four nodes).
+    let w = muster_testkit::eventually_blocking("the pipeline submit", WAIT, || {
+        let nodes = json(&["node", "list"])?;
+        let ready = nodes["nodes"].as_array().map_or(0, |n| n.iter().filter(|n| n["status"] == "ready").count());
+        if ready < agents.len() {
+            return Err(format!("{ready} nodes ready"));
+        }
+        json(&["submit", "--workflow", file])
+    });
+    let wid = w["id"].as_u64().unwrap().to_string();
+    let done = muster_testkit::eventually_blocking("the pipeline to finish", WAIT * 5, || {
+        let v = json(&["alloc", "get", &wid])?;
+        if v["finished"] == true { Ok(v) } else { Err(v.to_string()) }
+    });
+    let statuses: Vec<(&str, &str)> = done["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), s["status"].as_str().unwrap()))
+        .collect();
+    let eval = w["steps"]["evaluate"]["id"].as_u64().unwrap().to_string();
+    let o = muster(&["alloc", "logs", &eval, "--scheduler", &addr]);
+    let logs = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(statuses, [("preprocess", "done"), ("train", "done"), ("evaluate", "done")], "{done}\n{logs}");
+    assert!(logs.contains("evaluate: mse"), "{logs}");
+}

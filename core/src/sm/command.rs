@@ -450,6 +450,12 @@ pub enum Command {
         /// Which elements, by index (the throttle is ignored).
         indices: super::types::ArrayIndices,
     },
+    /// A workflow: every step (an allocation or an array) submitted in
+    /// one entry, accepted or refused whole.
+    SubmitWorkflow {
+        /// Its steps and what each waits for.
+        workflow: super::types::WorkflowSpec,
+    },
     /// Change how many of an array's elements may run at once (0: no limit).
     SetArrayThrottle {
         /// The array.
@@ -527,6 +533,7 @@ impl Command {
             Command::SubmitArray { .. } => "submit_array",
             Command::CancelArrayElements { .. } => "cancel_array_elements",
             Command::SetArrayThrottle { .. } => "set_array_throttle",
+            Command::SubmitWorkflow { .. } => "submit_workflow",
         }
     }
 }

@@ -456,6 +456,16 @@ pub enum Event {
         /// Elements cancelled.
         cancelled: u64,
     },
+    /// A workflow was submitted (its steps have their own events), or a
+    /// retried submit found it again.
+    WorkflowSubmitted {
+        /// The workflow.
+        workflow: AllocId,
+        /// How many steps it has.
+        steps: u32,
+        /// Whether this was a retry of an earlier submit with the same key.
+        duplicate: bool,
+    },
 }
 
 impl Event {
@@ -508,6 +518,7 @@ impl Event {
             | Event::ArrayCancelled { array, .. }
             | Event::ArrayThrottled { array, .. }
             | Event::ArrayFinished { array, .. } => Some(*array),
+            Event::WorkflowSubmitted { workflow, .. } => Some(*workflow),
         }
     }
 }

@@ -33,7 +33,7 @@ pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
 pub use state::{
     ApplyCtx, ArrayCounts, ForgottenKey, Holder, MAX_FORGET_PER_ENTRY, MAX_TOKENS, MAX_TOMBSTONES, MIN_RETENTION_MS,
-    QueueKey, Shape, State, Tombstone, VcLoad, array_sha256, spec_sha256,
+    QueueKey, Shape, State, Tombstone, VcLoad, array_sha256, spec_sha256, workflow_sha256,
 };
 pub use types::{
     AGENT_SET_LABELS, ANY_LABEL_VALUE, ARRAY_WINDOW, ATTEMPT_LOG_LIMIT, Admission, After, AfterWhen, AllocEvent,
@@ -44,12 +44,13 @@ pub use types::{
     LabelExpr, LabelOp, MAX_AFTER_EXPR_BYTES, MAX_ARRAY_ELEMENTS, MAX_ARRAY_EXPR_BYTES, MAX_ARRAY_INDEX,
     MAX_ARRAY_RANGES, MAX_CHECKPOINT_KEEP, MAX_CHECKPOINT_KEY_BYTES, MAX_CONSTRAINTS, MAX_DEPENDENCIES,
     MAX_FAILURE_TAIL_BYTES, MAX_FORGET_CHECKPOINTS, MAX_PIDS_MAX, MAX_RENDEZVOUS_PORTS, MAX_RETIRED_CHECKPOINTS,
-    MAX_SECRET_VALUE_BYTES, MAX_SECRETS, MAX_SECRETS_BYTES, MAX_STORE_SPEC_BYTES, ManifestUpload, NODE_HISTORY_LIMIT,
-    Node, NodeId, NodePolicy, NodeSlot, NodeStatus, Nomination, OBJECT_SCHEMES, OomKill, PORTS_LABEL, Packing,
-    Placement, PortRange, PreemptReason, RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Standing, Task,
-    TaskIndex, TaskStatus, Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL,
-    VClusterType, WatchdogKind, agent_may_set, check_cap, check_key, combined_standing, failure_tail, fits,
-    how_it_ended, key_prefix, parse_after,
+    MAX_SECRET_VALUE_BYTES, MAX_SECRETS, MAX_SECRETS_BYTES, MAX_STEP_NAME_BYTES, MAX_STORE_SPEC_BYTES,
+    MAX_WORKFLOW_STEPS, ManifestUpload, NODE_HISTORY_LIMIT, Node, NodeId, NodePolicy, NodeSlot, NodeStatus, Nomination,
+    OBJECT_SCHEMES, OomKill, PORTS_LABEL, Packing, Placement, PortRange, PreemptReason, RESERVED_LABEL_PREFIX,
+    Resources, RetiredCheckpoint, Secrets, Standing, Task, TaskIndex, TaskStatus, Teardown, TeardownCause,
+    TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, Workflow, WorkflowSpec,
+    WorkflowStep, agent_may_set, check_cap, check_key, combined_standing, failure_tail, fits, how_it_ended, key_prefix,
+    parse_after, valid_step_name,
 };
 pub use validate::{
     DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES, parse_duration_s, validate_admission,

@@ -16,6 +16,7 @@ mod tokens;
 mod trust;
 mod vclusters;
 mod watchdogs;
+mod workflows;
 
 use std::collections::BTreeMap;
 
@@ -643,7 +644,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "09037081f9a9f4edcf0cc8afff305267f5de5693e3adcc1aece7a53564d87217"
+        "c1c313dda608351d37462bd76ddf21ce4e4f4c9295410b7707c26205c14ba2b0"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

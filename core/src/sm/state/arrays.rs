@@ -391,6 +391,12 @@ impl State {
     /// Whether cancelling `id` (an allocation, an array, or an element not
     /// yet materialised) would be accepted, judged before proposing.
     pub fn check_cancel_any(&self, id: AllocId) -> Result<(), Rejection> {
+        if let Some(w) = self.workflows.get(&id) {
+            return match self.workflow_finished(w) {
+                true => Err(Rejection::AlreadyTerminal { alloc: id, status: AllocStatus::Done }),
+                false => Ok(()),
+            };
+        }
         if let Some(array) = self.arrays.get(&id) {
             return match array.final_status() {
                 Some(status) => Err(Rejection::AlreadyTerminal { alloc: id, status }),
@@ -414,6 +420,9 @@ impl State {
     pub fn owner_of(&self, id: AllocId) -> Option<&str> {
         if let Some(a) = self.allocs.get(&id) {
             return Some(&a.spec.owner);
+        }
+        if let Some(w) = self.workflows.get(&id) {
+            return Some(&w.owner);
         }
         let array = self.arrays.get(&id).or_else(|| self.array_of(id).map(|(a, _)| a))?;
         Some(&array.spec.owner)

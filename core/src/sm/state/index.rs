@@ -407,6 +407,11 @@ impl State {
         self.index.key_expiry =
             self.forgotten_keys.iter().map(|((owner, key), f)| (f.expires_ms, owner.clone(), key.clone())).collect();
         self.index.finished_arrays = self.arrays.values().filter_map(|a| Some((a.finished_at_ms?, a.id))).collect();
+        self.index.workflow_steps = self
+            .workflows
+            .values()
+            .flat_map(|w| w.steps.iter().enumerate().map(|(k, &(_, s))| (s, (w.id, k as u32))))
+            .collect();
         let ids: Vec<AllocId> = self.allocs.keys().copied().collect();
         for id in ids {
             self.reindex_alloc(id);

@@ -178,6 +178,14 @@ impl State {
             }
         }
         self.check_array_invariants()?;
+        for w in self.workflows.values() {
+            if self.allocs.contains_key(&w.id) || self.arrays.contains_key(&w.id) {
+                return Err(format!("workflow {} shares its id", w.id));
+            }
+            if w.steps.iter().any(|&(_, s)| s <= w.id || s >= self.next_alloc_id) {
+                return Err(format!("workflow {}'s steps are not the ids after it", w.id));
+            }
+        }
         let mut fresh = self.clone();
         fresh.rebuild_indexes();
         if fresh.index != self.index {

@@ -82,6 +82,8 @@ mod teardown;
 mod tokens;
 pub use tokens::MAX_TOKENS;
 mod vclusters;
+mod workflows;
+pub use workflows::workflow_sha256;
 
 /// What `apply` may know besides the command: the entry's leader-stamped time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +239,9 @@ struct Indexes {
     array_unplaced: BTreeMap<AllocId, BTreeSet<AllocId>>,
     /// Finished arrays by (end, id): what retention forgets first.
     finished_arrays: BTreeSet<(u64, AllocId)>,
+    /// Each workflow step's id (an allocation or an array): its workflow
+    /// and its place among the steps.
+    workflow_steps: BTreeMap<AllocId, (AllocId, u32)>,
 }
 
 /// A vCluster's live allocations and the GPUs their gangs need.
@@ -339,6 +344,8 @@ pub struct State {
     tombstones: BTreeMap<AllocId, dependencies::Tombstone>,
     /// Job arrays by id (finished ones until retention forgets them).
     arrays: BTreeMap<AllocId, super::types::JobArray>,
+    /// Workflows by id (until retention forgets every step).
+    workflows: BTreeMap<AllocId, super::types::Workflow>,
     #[serde(skip)]
     index: Indexes,
     /// Nodes whose agents may have something new to hear since the last
@@ -406,6 +413,7 @@ impl State {
             secrets: self.secrets.clone(),
             tombstones: self.tombstones.clone(),
             arrays: self.arrays.clone(),
+            workflows: self.workflows.clone(),
             index: Indexes::default(),
             touched: Touched::default(),
         }
@@ -433,6 +441,7 @@ impl State {
             secrets: BTreeMap::new(),
             tombstones: BTreeMap::new(),
             arrays: BTreeMap::new(),
+            workflows: BTreeMap::new(),
             index: Indexes::default(),
             touched: Touched::default(),
         };
@@ -606,6 +615,7 @@ impl State {
             Command::SubmitArray { spec, indices, corr, secrets } => self.submit_array(spec, indices, *corr, secrets),
             Command::CancelArrayElements { array, indices } => self.cancel_array(*array, Some(indices)),
             Command::SetArrayThrottle { array, throttle, by } => self.set_array_throttle(*array, *throttle, by),
+            Command::SubmitWorkflow { workflow } => self.submit_workflow(workflow),
         }
     }
 

@@ -49,6 +49,7 @@ impl State {
             && id < self.next_alloc_id
             && !self.allocs.contains_key(&id)
             && !self.arrays.contains_key(&id)
+            && !self.workflows.contains_key(&id)
             && self.array_of(id).is_none_or(|(a, position)| position < a.next && !a.is_skipped(position))
     }
 
@@ -144,7 +145,9 @@ impl State {
                 self.forgotten_keys.insert(name, ForgottenKey { alloc: id, spec_sha256, expires_ms });
             }
         }
-        Ok(vec![Event::Forgotten { allocs: (allocs.len() + arrays.len()) as u32, keys: keys.len() as u32, through_ms }])
+        let workflows = if self.workflows.is_empty() { 0 } else { self.forget_workflows(key_window_ms) };
+        let forgotten = (allocs.len() + arrays.len() + workflows) as u32;
+        Ok(vec![Event::Forgotten { allocs: forgotten, keys: keys.len() as u32, through_ms }])
     }
 
     /// Finished arrays retention may forget now (at most `max`): ended by

@@ -247,6 +247,9 @@ impl State {
         if self.arrays.contains_key(&id) {
             return self.cancel_array(id, None);
         }
+        if self.workflows.contains_key(&id) {
+            return self.cancel_workflow(id);
+        }
         if !self.allocs.contains_key(&id)
             && let Some(applied) = self.cancel_unmaterialised(id)
         {

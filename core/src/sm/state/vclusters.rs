@@ -74,6 +74,18 @@ impl State {
     /// (queued, reserved, running) and this one together would be. Log
     /// order decides racing submissions: the later one is refused.
     pub(super) fn submit_quota_excess(&self, spec: &AllocSpec) -> Option<String> {
+        self.submit_quota_excess_with(spec, 0, 0)
+    }
+
+    /// [`State::submit_quota_excess`], as if the vCluster's live
+    /// allocations also held `extra_allocs` more needing `extra_gpus` (the
+    /// earlier steps of a workflow being submitted).
+    pub(super) fn submit_quota_excess_with(
+        &self,
+        spec: &AllocSpec,
+        extra_gpus: u64,
+        extra_allocs: usize,
+    ) -> Option<String> {
         let vc = self.vclusters.get(&spec.vcluster)?;
         let q = vc.spec.quota;
         let need = u64::from(spec.gang_size) * u64::from(spec.resources.gpus);
@@ -93,18 +105,18 @@ impl State {
         }
         let empty = VcDemand::default();
         let live = self.index.vc_live.get(name).unwrap_or(&empty);
+        let (gpus, allocs) = (live.gpus + extra_gpus, live.allocs.len() + extra_allocs);
         if let Some(max) = q.max_gpus
-            && live.gpus + need > u64::from(max)
+            && gpus + need > u64::from(max)
         {
             return Some(format!(
-                "vCluster {name}'s GPU quota: its live allocations need {} GPUs, this one {need}, at most {max}",
-                live.gpus
+                "vCluster {name}'s GPU quota: its live allocations need {gpus} GPUs, this one {need}, at most {max}"
             ));
         }
         if let Some(max) = q.max_allocations
-            && live.allocs.len() + 1 > max as usize
+            && allocs + 1 > max as usize
         {
-            return Some(format!("vCluster {name}'s allocation quota: {} live, at most {max}", live.allocs.len()));
+            return Some(format!("vCluster {name}'s allocation quota: {allocs} live, at most {max}"));
         }
         None
     }

@@ -19,6 +19,7 @@ mod spec;
 mod task;
 mod teardown;
 mod token;
+mod workflow;
 
 pub use allocation::*;
 pub use array::*;
@@ -31,3 +32,4 @@ pub use spec::*;
 pub use task::*;
 pub use teardown::*;
 pub use token::*;
+pub use workflow::*;

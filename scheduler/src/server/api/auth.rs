@@ -5,8 +5,8 @@
 //! |---|---|---|---|---|---|
 //! | RaftService/* | ✓ | | | | |
 //! | AgentService/Connect | | ✓ (as its own node) | | | |
-//! | AllocationService/Submit, Cancel, SetArrayThrottle | | | ✓ | ✓ | |
-//! | AllocationService/Get, GetArray, List, Explain, Watch, Logs | | | ✓ | ✓ | ✓ |
+//! | AllocationService/Submit, SubmitWorkflow, Cancel, SetArrayThrottle | | | ✓ | ✓ | |
+//! | AllocationService/Get, GetArray, GetWorkflow, List, Explain, Watch, Logs | | | ✓ | ✓ | ✓ |
 //! | NodeService/ListNodes, GetNode, WatchNodes | | | ✓ | ✓ | ✓ |
 //! | NodeService/* (lifecycle, AdmitNode, LabelNode) | | | ✓ | | |
 //! | VClusterService/GetVCluster, ListVClusters | | | ✓ | ✓ | ✓ |
@@ -168,8 +168,12 @@ fn allowed(path: &str) -> Option<Allowed> {
     Some(match (service, method) {
         ("muster.v1.RaftService", _) => Allowed::Servers,
         ("muster.v1.AgentService", "Connect") => Allowed::Agents,
-        ("muster.v1.AllocationService", "Submit" | "Cancel" | "SetArrayThrottle") => Allowed::Writers,
-        ("muster.v1.AllocationService", "Get" | "GetArray" | "List" | "Explain" | "Watch" | "Logs") => Allowed::Readers,
+        ("muster.v1.AllocationService", "Submit" | "SubmitWorkflow" | "Cancel" | "SetArrayThrottle") => {
+            Allowed::Writers
+        }
+        ("muster.v1.AllocationService", "Get" | "GetArray" | "GetWorkflow" | "List" | "Explain" | "Watch" | "Logs") => {
+            Allowed::Readers
+        }
         ("muster.v1.NodeService", "ListNodes" | "GetNode" | "WatchNodes") => Allowed::Readers,
         ("muster.v1.NodeService", _) => Allowed::Admins,
         ("muster.v1.VClusterService", "GetVCluster" | "ListVClusters") => Allowed::Readers,
@@ -235,6 +239,8 @@ mod tests {
             ("/muster.v1.AllocationService/Cancel", &["admin", "client"]),
             ("/muster.v1.AllocationService/SetArrayThrottle", &["admin", "client"]),
             ("/muster.v1.AllocationService/GetArray", &["admin", "client", "reader"]),
+            ("/muster.v1.AllocationService/SubmitWorkflow", &["admin", "client"]),
+            ("/muster.v1.AllocationService/GetWorkflow", &["admin", "client", "reader"]),
             ("/muster.v1.AllocationService/Watch", &["admin", "client", "reader"]),
             ("/muster.v1.NodeService/ListNodes", &["admin", "client", "reader"]),
             ("/muster.v1.NodeService/DrainNode", &["admin"]),

@@ -35,7 +35,7 @@ pub const MAX_PAGE_BYTES: usize = 2 << 20;
 
 /// The client API of one replica.
 pub struct ClientApi {
-    s: Consensus,
+    pub(super) s: Consensus,
     work: LeaderWork,
     policies: Arc<Policies>,
     bugs: Arc<BugInjector>,
@@ -74,7 +74,7 @@ pub(crate) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_
 /// when it names nobody); a client is always itself, and naming someone else
 /// is refused; with `--insecure` nobody is identified, so the request's
 /// owner stands (`anonymous` when empty).
-fn bind_owner(caller: &muster_tls::Caller, asked: &str) -> Result<String, Status> {
+pub(super) fn bind_owner(caller: &muster_tls::Caller, asked: &str) -> Result<String, Status> {
     match caller.role() {
         Some(Role::Admin(name)) => Ok(if asked.is_empty() { name.clone() } else { asked.to_string() }),
         Some(Role::Client(name)) if asked.is_empty() || asked == name => Ok(name.clone()),
@@ -106,6 +106,9 @@ pub(crate) fn alloc_missing(st: &crate::sm::State, id: u64) -> Status {
     if st.array(id).is_some() {
         return Status::not_found(format!("{id} is a job array, not an allocation (muster alloc get {id} shows it)"));
     }
+    if st.workflow(id).is_some() {
+        return Status::not_found(format!("{id} is a workflow, not an allocation (muster alloc get {id} shows it)"));
+    }
     if let Some((array, position)) = st.array_of(id) {
         let index = array.indices.index_at(position).unwrap_or_default();
         let why = if array.is_skipped(position) { "was cancelled before it was started" } else { "is not started yet" };
@@ -134,6 +137,54 @@ fn array_missing(st: &crate::sm::State, id: u64) -> Status {
 
 fn array_or_missing(st: &crate::sm::State, id: u64) -> Result<v1::JobArray, Status> {
     st.array(id).map(|a| convert::array_to_proto(a, st)).ok_or_else(|| array_missing(st, id))
+}
+
+impl ClientApi {
+    /// Wakes the leader's admission (something new may be placed).
+    pub(super) fn wake_admission(&self) {
+        self.work.wake_admission();
+    }
+
+    /// A submitted spec as the state takes it: its owner bound to the
+    /// caller, its class's default walltime when it gives none, and its
+    /// vCluster's type.
+    pub(super) fn prepare_spec(
+        &self,
+        caller: &muster_tls::Caller,
+        proto: Option<v1::AllocationSpec>,
+    ) -> Result<crate::sm::AllocSpec, Status> {
+        let limits = self.s.reader().read(|st| st.limits().clone());
+        let mut proto = proto;
+        if let Some(p) = proto.as_mut() {
+            p.owner = bind_owner(caller, &p.owner)?;
+        }
+        // A submit without a walltime takes its class's default, if one is set.
+        if let Some(p) = proto.as_mut()
+            && p.walltime_s == 0
+            && let Some(w) = u8::try_from(p.preemption_class).ok().and_then(|c| self.policies.walltime_default(c))
+        {
+            p.walltime_s = w;
+        }
+        // The allocation's type is its vCluster's (the seed's per-type
+        // preemption policy belongs to the vCluster): taken when left out,
+        // refused when it names another.
+        if let Some(p) = proto.as_mut() {
+            let name = if p.vcluster.is_empty() { DEFAULT_VCLUSTER } else { p.vcluster.as_str() };
+            if let Some(t) = self.s.reader().read(|st| st.vcluster(name).map(|v| v.spec.vtype)) {
+                if p.vcluster_type.is_empty() {
+                    p.vcluster_type = t.as_str().to_string();
+                } else if VClusterType::parse(&p.vcluster_type).is_some_and(|named| named != t) {
+                    return Err(Status::invalid_argument(format!(
+                        "invalid spec.vcluster_type: vCluster {name} is of type {}, not {}; leave the type out to \
+                         take the vCluster's",
+                        t.as_str(),
+                        p.vcluster_type
+                    )));
+                }
+            }
+        }
+        spec_from_proto(proto, &limits)
+    }
 }
 
 #[tonic::async_trait]
@@ -304,37 +355,7 @@ impl AllocationService for ClientApi {
         req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let req = req.into_inner();
-        let limits = self.s.reader().read(|st| st.limits().clone());
-        let mut proto = req.spec;
-        if let Some(p) = proto.as_mut() {
-            p.owner = bind_owner(&caller, &p.owner)?;
-        }
-        // A submit without a walltime takes its class's default, if one is set.
-        if let Some(p) = proto.as_mut()
-            && p.walltime_s == 0
-            && let Some(w) = u8::try_from(p.preemption_class).ok().and_then(|c| self.policies.walltime_default(c))
-        {
-            p.walltime_s = w;
-        }
-        // The allocation's type is its vCluster's (the seed's per-type
-        // preemption policy belongs to the vCluster): taken when left out,
-        // refused when it names another.
-        if let Some(p) = proto.as_mut() {
-            let name = if p.vcluster.is_empty() { DEFAULT_VCLUSTER } else { p.vcluster.as_str() };
-            if let Some(t) = self.s.reader().read(|st| st.vcluster(name).map(|v| v.spec.vtype)) {
-                if p.vcluster_type.is_empty() {
-                    p.vcluster_type = t.as_str().to_string();
-                } else if VClusterType::parse(&p.vcluster_type).is_some_and(|named| named != t) {
-                    return Err(Status::invalid_argument(format!(
-                        "invalid spec.vcluster_type: vCluster {name} is of type {}, not {}; leave the type out to \
-                         take the vCluster's",
-                        t.as_str(),
-                        p.vcluster_type
-                    )));
-                }
-            }
-        }
-        let spec = spec_from_proto(proto, &limits)?;
+        let spec = self.prepare_spec(&caller, req.spec)?;
         let array = match req.array.as_str() {
             "" => None,
             expr => Some(
@@ -492,6 +513,12 @@ impl AllocationService for ClientApi {
             .reader()
             .read(|st| match st.alloc(id) {
                 Some(a) => Ok(alloc_to_proto(a, st)),
+                // A workflow: its id, cancelled.
+                None if st.workflow(id).is_some() => Ok(v1::Allocation {
+                    id,
+                    status: alloc_status_to_proto(crate::sm::AllocStatus::Cancelled) as i32,
+                    ..Default::default()
+                }),
                 // An array, or an element cancelled before it existed: the
                 // allocation form of what is known.
                 None => st.array(id).or_else(|| st.array_of(id).map(|(a, _)| a)).map_or_else(
@@ -533,6 +560,17 @@ impl AllocationService for ClientApi {
             .reader()
             .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)).ok_or_else(|| alloc_missing(st, id)))
             .map(Response::new)
+    }
+
+    async fn submit_workflow(
+        &self,
+        req: Request<v1::SubmitWorkflowRequest>,
+    ) -> Result<Response<v1::SubmitWorkflowResponse>, Status> {
+        self.submit_workflow_request(req).await
+    }
+
+    async fn get_workflow(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::WorkflowInfo>, Status> {
+        self.get_workflow_request(req).await
     }
 
     async fn get_array(&self, req: Request<v1::GetRequest>) -> Result<Response<v1::JobArray>, Status> {

@@ -19,3 +19,4 @@ pub mod history;
 pub mod limits;
 pub mod node;
 pub mod vcluster;
+pub mod workflow;

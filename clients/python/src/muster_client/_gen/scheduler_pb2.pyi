@@ -7,6 +7,78 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WorkflowStep(_message.Message):
+    __slots__ = ("name", "spec", "array", "after", "after_corr")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_CORR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec: _types_pb2.AllocationSpec
+    array: str
+    after: _containers.RepeatedCompositeFieldContainer[StepDependency]
+    after_corr: str
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[_types_pb2.AllocationSpec, _Mapping]] = ..., array: _Optional[str] = ..., after: _Optional[_Iterable[_Union[StepDependency, _Mapping]]] = ..., after_corr: _Optional[str] = ...) -> None: ...
+
+class StepDependency(_message.Message):
+    __slots__ = ("step", "when")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WHEN_FIELD_NUMBER: _ClassVar[int]
+    step: str
+    when: str
+    def __init__(self, step: _Optional[str] = ..., when: _Optional[str] = ...) -> None: ...
+
+class SubmitWorkflowRequest(_message.Message):
+    __slots__ = ("name", "idempotency_key", "steps", "queue_if_unsatisfiable")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IF_UNSATISFIABLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    idempotency_key: str
+    steps: _containers.RepeatedCompositeFieldContainer[WorkflowStep]
+    queue_if_unsatisfiable: bool
+    def __init__(self, name: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[WorkflowStep, _Mapping]]] = ..., queue_if_unsatisfiable: _Optional[bool] = ...) -> None: ...
+
+class WorkflowStepId(_message.Message):
+    __slots__ = ("name", "id", "array", "status")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    id: int
+    array: bool
+    status: str
+    def __init__(self, name: _Optional[str] = ..., id: _Optional[int] = ..., array: _Optional[bool] = ..., status: _Optional[str] = ...) -> None: ...
+
+class SubmitWorkflowResponse(_message.Message):
+    __slots__ = ("id", "duplicate", "steps")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    duplicate: bool
+    steps: _containers.RepeatedCompositeFieldContainer[WorkflowStepId]
+    def __init__(self, id: _Optional[int] = ..., duplicate: _Optional[bool] = ..., steps: _Optional[_Iterable[_Union[WorkflowStepId, _Mapping]]] = ...) -> None: ...
+
+class WorkflowInfo(_message.Message):
+    __slots__ = ("id", "name", "owner", "steps", "submit_time_ms", "finished")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    owner: str
+    steps: _containers.RepeatedCompositeFieldContainer[WorkflowStepId]
+    submit_time_ms: int
+    finished: bool
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[WorkflowStepId, _Mapping]]] = ..., submit_time_ms: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+
 class SetArrayThrottleRequest(_message.Message):
     __slots__ = ("id", "throttle")
     ID_FIELD_NUMBER: _ClassVar[int]

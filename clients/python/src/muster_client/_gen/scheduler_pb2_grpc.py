@@ -80,6 +80,16 @@ class AllocationServiceStub:
                 request_serializer=muster_dot_v1_dot_scheduler__pb2.SetArrayThrottleRequest.SerializeToString,
                 response_deserializer=muster_dot_v1_dot_scheduler__pb2.JobArray.FromString,
                 _registered_method=True)
+        self.SubmitWorkflow = channel.unary_unary(
+                '/muster.v1.AllocationService/SubmitWorkflow',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.SubmitWorkflowRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.SubmitWorkflowResponse.FromString,
+                _registered_method=True)
+        self.GetWorkflow = channel.unary_unary(
+                '/muster.v1.AllocationService/GetWorkflow',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.GetRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.WorkflowInfo.FromString,
+                _registered_method=True)
 
 
 class AllocationServiceServicer:
@@ -158,6 +168,23 @@ class AllocationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitWorkflow(self, request, context):
+        """Submit a workflow: every step (an allocation or a job array, with
+        dependencies on other steps by name) in one log entry, accepted or
+        refused whole. Cancel the workflow's id to cancel every step not yet
+        finished.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWorkflow(self, request, context):
+        """A workflow and where each of its steps stands.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +232,16 @@ def add_AllocationServiceServicer_to_server(servicer, server):
                     servicer.SetArrayThrottle,
                     request_deserializer=muster_dot_v1_dot_scheduler__pb2.SetArrayThrottleRequest.FromString,
                     response_serializer=muster_dot_v1_dot_scheduler__pb2.JobArray.SerializeToString,
+            ),
+            'SubmitWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitWorkflow,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.SubmitWorkflowRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.SubmitWorkflowResponse.SerializeToString,
+            ),
+            'GetWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkflow,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.GetRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.WorkflowInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -450,6 +487,60 @@ class AllocationService:
             '/muster.v1.AllocationService/SetArrayThrottle',
             muster_dot_v1_dot_scheduler__pb2.SetArrayThrottleRequest.SerializeToString,
             muster_dot_v1_dot_scheduler__pb2.JobArray.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.AllocationService/SubmitWorkflow',
+            muster_dot_v1_dot_scheduler__pb2.SubmitWorkflowRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.SubmitWorkflowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.AllocationService/GetWorkflow',
+            muster_dot_v1_dot_scheduler__pb2.GetRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.WorkflowInfo.FromString,
             options,
             channel_credentials,
             insecure,

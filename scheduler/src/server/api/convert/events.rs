@@ -155,6 +155,9 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
                 t => format!("{by} set array {array}'s throttle to {t} running at once"),
             },
         ),
+        Event::WorkflowSubmitted { workflow, steps, .. } => {
+            ("workflow_submitted", format!("workflow {workflow} of {steps} steps submitted"))
+        }
         Event::ArrayFinished { array, done, failed, cancelled } => {
             ("array_finished", format!("array {array} finished: {done} done, {failed} failed, {cancelled} cancelled"))
         }
