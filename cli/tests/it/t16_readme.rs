@@ -276,6 +276,9 @@ fn t173_the_readme_more_to_run_blocks_run_against_muster_dev() {
     assert!(out("alloc explain 3").contains("waiting"), "{}", out("alloc explain 3"));
     assert!(out("--dry-run --gang-size 4").contains("victim"), "the dry run names victims:\n{}", out("--dry-run"));
     assert!(out("vcluster list").contains("ml"), "{}", out("vcluster list"));
+    assert!(out("--array 0-99%8").contains("elements"), "{}", out("--array 0-99%8"));
+    let wf = out("--workflow examples/torch_pipeline");
+    assert!(wf.contains("workflow") && wf.contains("train"), "{wf}");
     assert!(out("history --since").lines().count() >= 3, "a header and two records:\n{}", out("history --since"));
     let completions = dir.path().join(".local/share/bash-completion/completions/muster");
     assert!(std::fs::read_to_string(&completions).is_ok_and(|s| s.contains("muster")), "completions written");
