@@ -73,6 +73,14 @@ pub struct SimulateArgs {
     /// Synthetic offered load as a share of the cluster's GPUs.
     #[arg(long, default_value_t = 0.9)]
     load: f64,
+    /// The share of synthetic submissions that are job arrays (2 to 50
+    /// one-task elements each).
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE")]
+    arrays: f64,
+    /// The share of synthetic submissions that are three-step workflows
+    /// (prep → train, the gang → eval); the report gives their makespans.
+    #[arg(long, default_value_t = 0.0, value_name = "SHARE")]
+    workflows: f64,
     /// Chance that a task attempt fails.
     #[arg(long)]
     failure_prob: Option<f64>,
@@ -126,6 +134,11 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     if args.limit == Some(0) {
         bail!("--limit must be at least 1");
     }
+    probability("arrays", args.arrays)?;
+    probability("workflows", args.workflows)?;
+    if args.arrays + args.workflows > 1.0 {
+        bail!("--arrays and --workflows together must be at most 1, got {}", args.arrays + args.workflows);
+    }
     if !(args.load > 0.0 && args.load.is_finite()) {
         bail!("--load must be a positive number, got {}", args.load);
     }
@@ -170,6 +183,8 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
                 allocations: args.allocations,
                 arrival_rate_per_s: args.arrival_rate,
                 target_load: args.load,
+                array_share: args.arrays,
+                workflow_share: args.workflows,
                 ..WorkloadConfig::default()
             };
             workload.generate(args.seed, &node, gpus_total)

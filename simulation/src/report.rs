@@ -96,6 +96,12 @@ pub struct Report {
     pub queue_delay_s: Distribution,
     /// The same, for allocations of 8 GPUs or more.
     pub queue_delay_large_s: Distribution,
+    /// Of the submissions, job arrays (each counted once).
+    pub arrays: u64,
+    /// Of the submissions, workflows (each counted once).
+    pub workflows: u64,
+    /// Each finished workflow: submit → its last step's end, seconds.
+    pub workflow_makespan_s: Distribution,
     /// Gangs backfill gave a planned start (the first gang of its vCluster
     /// that admission could not place).
     pub planned_starts: u64,
@@ -190,6 +196,10 @@ impl fmt::Display for Report {
              reclaims",
             self.nodes_lost, self.forced_teardowns, self.expired_holds, self.drain_expiries, self.reclaims
         )?;
+        if self.arrays + self.workflows > 0 {
+            writeln!(f, "arrays         {} of the submissions were job arrays", self.arrays)?;
+            writeln!(f, "workflows      {} submitted; makespan {}", self.workflows, self.workflow_makespan_s)?;
+        }
         writeln!(f, "queueing delay {}", self.queue_delay_s)?;
         writeln!(f, "  >= 8 GPUs    {}", self.queue_delay_large_s)?;
         writeln!(

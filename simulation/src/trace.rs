@@ -132,7 +132,7 @@ pub fn parse_trace(reader: impl BufRead, node: &Resources, limit: Option<usize>)
             // 82,247 ran past 30 days) runs until the budget watchdog would
             // stop it.
             let duration_ms = duration_ms.clamp(1, spec.walltime_s * 1000);
-            Job { submit_ms: (submit_s - first) * 1000, spec, duration_ms }
+            Job::plain((submit_s - first) * 1000, spec, duration_ms)
         })
         .collect())
 }

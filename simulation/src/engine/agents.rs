@@ -77,7 +77,7 @@ impl Simulation {
         self.agents.running.insert((alloc, task), (self.now, node));
         // A gang preempted after checkpointing resumes where it stopped.
         let done = self.progress_ms.get(&alloc).copied().unwrap_or(0);
-        let duration = self.jobs[self.job_of[&alloc]].duration_ms.saturating_sub(done).max(1);
+        let duration = self.duration_of(alloc).saturating_sub(done).max(1);
         let (end, ok) = if self.rng.chance(self.cfg.failure_prob) {
             (self.now + self.rng.range(1, duration.max(1)), false)
         } else {

@@ -173,8 +173,11 @@ pub struct Simulation {
     heap: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     seq: u64,
     now: u64,
-    /// The job each live allocation came from.
-    job_of: BTreeMap<AllocId, usize>,
+    /// The job each live allocation (or array, or workflow step) came
+    /// from, and its step in the job's workflow.
+    job_of: BTreeMap<AllocId, (usize, Option<usize>)>,
+    /// Each unfinished workflow's submit time.
+    workflow_submits: BTreeMap<AllocId, u64>,
     /// Work saved by checkpoints at preemptions, per gang (ms of its duration).
     progress_ms: BTreeMap<AllocId, u64>,
     leader: LeaderConfig,
@@ -219,6 +222,7 @@ impl Simulation {
             seq: 0,
             now: 0,
             job_of: BTreeMap::new(),
+            workflow_submits: BTreeMap::new(),
             progress_ms: BTreeMap::new(),
             next_wake: NextWake::default(),
             admission_tick_at: None,
@@ -254,11 +258,31 @@ impl Simulation {
             self.job_of.remove(&r.id);
             self.progress_ms.remove(&r.id);
             self.stats.first_planned.remove(&r.id);
+            // The last step of a workflow to end: its makespan.
+            if !self.workflow_submits.is_empty()
+                && let Some((w, _)) = self.state.workflow_of(r.id)
+                && self.state.workflow_finished(w)
+                && let Some(at) = self.workflow_submits.remove(&w.id)
+            {
+                self.stats.workflow_makespans_s.push((self.now - at) as f64 / 1000.0);
+            }
         }
         if self.cfg.check_every > 0 && self.stats.commands.is_multiple_of(self.cfg.check_every) {
             self.check()?;
         }
         Ok(out)
+    }
+
+    /// How long allocation `alloc`'s tasks run when nothing fails, ms: its
+    /// job's duration (an array element's is its array's; a workflow
+    /// step's its own).
+    fn duration_of(&self, alloc: AllocId) -> u64 {
+        let found = self.job_of.get(&alloc).or_else(|| self.job_of.get(&self.state.array_of(alloc)?.0.id));
+        match found {
+            Some(&(j, Some(step))) => self.jobs[j].workflow.as_ref().map_or(1, |(_, d)| d[step]),
+            Some(&(j, None)) => self.jobs[j].duration_ms,
+            None => 1,
+        }
     }
 
     fn check(&self) -> Result<(), SimError> {
@@ -338,10 +362,33 @@ impl Simulation {
                 if let Some(next) = self.jobs.get(i + 1) {
                     self.at(next.submit_ms, Ev::Arrive(i + 1));
                 }
-                let out = self.apply(&Command::Submit { spec: self.jobs[i].spec.clone() })?;
-                if let [Event::Submitted { alloc, duplicate: false }, ..] = out.events() {
-                    self.job_of.insert(*alloc, i);
-                    self.stats.accepted_submits += 1;
+                let job = &self.jobs[i];
+                let cmd = match (&job.array, &job.workflow) {
+                    (_, Some((workflow, _))) => Command::SubmitWorkflow { workflow: workflow.clone() },
+                    (Some(indices), None) => Command::SubmitArray {
+                        spec: job.spec.clone(),
+                        indices: indices.clone(),
+                        corr: None,
+                        secrets: Default::default(),
+                    },
+                    (None, None) => Command::Submit { spec: job.spec.clone() },
+                };
+                let out = self.apply(&cmd)?;
+                match out.events() {
+                    [Event::Submitted { alloc, duplicate: false }, ..]
+                    | [Event::ArraySubmitted { array: alloc, duplicate: false, .. }, ..] => {
+                        self.job_of.insert(*alloc, (i, None));
+                        self.stats.accepted_submits += 1;
+                    }
+                    [Event::WorkflowSubmitted { workflow, duplicate: false, .. }, ..] => {
+                        let steps = self.state.workflow(*workflow).map(|w| w.steps.clone()).unwrap_or_default();
+                        for (k, (_, id)) in steps.into_iter().enumerate() {
+                            self.job_of.insert(id, (i, Some(k)));
+                        }
+                        self.workflow_submits.insert(*workflow, self.now);
+                        self.stats.accepted_submits += 1;
+                    }
+                    _ => {}
                 }
                 Ok(true)
             }

@@ -21,6 +21,8 @@ pub(super) struct Stats {
     /// those of gangs of 8 GPUs or more.
     pub(super) delays_s: Vec<f64>,
     pub(super) delays_large_s: Vec<f64>,
+    /// Each finished workflow's makespan (submit to its last step's end), s.
+    pub(super) workflow_makespans_s: Vec<f64>,
     /// Finished allocations, from their records: done, failed, preempted at
     /// least once, the most preemptions of one.
     pub(super) finished_done: u64,
@@ -156,6 +158,9 @@ impl Simulation {
             commands: self.stats.commands,
             queue_delay_s: Distribution::of(self.stats.delays_s.clone()),
             queue_delay_large_s: Distribution::of(self.stats.delays_large_s.clone()),
+            arrays: self.jobs.iter().filter(|j| j.array.is_some()).count() as u64,
+            workflows: self.jobs.iter().filter(|j| j.workflow.is_some()).count() as u64,
+            workflow_makespan_s: Distribution::of(self.stats.workflow_makespans_s.clone()),
             planned_starts: self.stats.planned_starts,
             planned_start_late: self.stats.late,
             planned_start_max_late_s: self.stats.max_late_ms as f64 / 1000.0,

@@ -222,3 +222,46 @@ fn t25_crashed_nodes_are_marked_lost_and_their_work_fails_over() {
     let (b, _) = sim(11);
     assert_eq!(a, b, "the same seed, the same run");
 }
+
+/// Synthetic job arrays and three-step workflows, with failures and lost
+/// claims: every invariant after every command, every workflow's makespan
+/// measured, each workflow's steps in order (a step started only after the
+/// one before it ended), and the same seed the same run.
+#[test]
+fn t70_arrays_and_workflows_run_to_the_end_in_order_and_deterministically() {
+    let go = || {
+        let workload =
+            WorkloadConfig { allocations: 100, array_share: 0.3, workflow_share: 0.3, ..WorkloadConfig::default() };
+        let jobs = workload.generate(11, &NODE, 16 * 8);
+        let (arrays, workflows) = (
+            jobs.iter().filter(|j| j.array.is_some()).count() as u64,
+            jobs.iter().filter(|j| j.workflow.is_some()).count() as u64,
+        );
+        let (report, state) = Simulation::new(synthetic(11, 16, 7), jobs).run().unwrap();
+        (report, state, arrays, workflows)
+    };
+    let (r, state, arrays, workflows) = go();
+    assert!(arrays > 15 && workflows > 15, "{arrays} arrays, {workflows} workflows");
+    assert_eq!((r.arrays, r.workflows), (arrays, workflows));
+    assert_eq!(r.unfinished, 0, "everything ends: {r:?}");
+    assert_eq!(r.workflow_makespan_s.count, workflows, "every workflow's makespan: {r:?}");
+    for w in state.workflows() {
+        let ends: Vec<(u64, Option<u64>)> = w
+            .steps
+            .iter()
+            .map(|(_, id)| {
+                let a = state.alloc(*id).expect("a plain step");
+                (a.submit_time_ms, a.tasks.iter().filter_map(|t| t.started_at_ms).min())
+            })
+            .collect();
+        let finished: Vec<Option<u64>> =
+            w.steps.iter().map(|(_, id)| state.alloc(*id).unwrap().finished_at_ms).collect();
+        for k in 1..w.steps.len() {
+            if let (Some(start), Some(before)) = (ends[k].1, finished[k - 1]) {
+                assert!(start >= before, "workflow {}: step {k} started before step {} ended", w.id, k - 1);
+            }
+        }
+    }
+    let (again, _, _, _) = go();
+    assert_eq!(r, again, "the same seed, the same run");
+}
