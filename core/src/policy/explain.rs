@@ -116,7 +116,17 @@ fn waiting_summary(state: &State, after: &crate::sm::After, now_ms: u64) -> Stri
                     crate::words::duration(dep.spec.walltime_s.saturating_mul(1000))
                 ),
                 Some(dep) => dep.status.as_str().replace('_', " "),
-                None => "forgotten".to_string(),
+                None => match (state.array(d.on), state.array_of(d.on)) {
+                    (Some(array), _) => {
+                        let c = state.array_counts(array);
+                        let ended = array.done + array.failed + array.cancelled;
+                        format!("an array, {ended} of {} elements ended, {} to come", array.count(), c.pending)
+                    }
+                    (None, Some((array, position))) if position >= array.next => {
+                        format!("element of array {}, not started yet", array.id)
+                    }
+                    _ => "forgotten".to_string(),
+                },
             };
             format!("{} ({stands}) {}", d.on, d.when.waits_for())
         })

@@ -188,6 +188,10 @@ fn a_dependency_on_an_array_waits_for_all_and_fails_on_the_first_failure() {
     let b = submit_array(&mut f, spec(1, 1), "0-9%1", None);
     let on_unmade = f.submit(dep(b + 6, AfterWhen::Any)); // index 5
     assert_eq!(f.status(on_unmade), AllocStatus::Waiting);
+    let e = crate::policy::explain(&f.s, on_unmade, f.t, &Default::default()).unwrap();
+    assert_eq!(e.summary, format!("waiting for {} (element of array {b}, not started yet) to end", b + 6));
+    let e = crate::policy::explain(&f.s, ok, f.t, &Default::default()).unwrap();
+    assert_eq!(e.summary, format!("waiting for {a} (an array, 0 of 3 elements ended, 0 to come) to succeed"));
     run_to_done(&mut f, a + 1, 0);
     assert_eq!(f.status(started), AllocStatus::Queued, "one element started");
     assert_eq!(f.status(ok), AllocStatus::Waiting);
