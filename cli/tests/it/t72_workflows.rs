@@ -1,5 +1,5 @@
-//! Workflows through the CLI (issue 48): dependencies between allocations
-//! on a real server and agent.
+//! Workflows (issue 48): dependencies between allocations, job arrays and
+//! multi-step submits on real servers and agents.
 
 use crate::cluster::{WAIT, free_port};
 use crate::{Procs, muster};
@@ -424,4 +424,84 @@ fn t211_the_torch_pipeline_example_runs_preprocess_train_and_evaluate() {
     let logs = String::from_utf8_lossy(&o.stdout);
     assert_eq!(statuses, [("preprocess", "done"), ("train", "done"), ("evaluate", "done")], "{done}\n{logs}");
     assert!(logs.contains("evaluate: mse"), "{logs}");
+}
+
+/// Three replicas and real agents run throttled and correlated arrays, a
+/// range cancel and a workflow to their end; then every replica, at the
+/// same applied index, has the same state digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t212_replicas_agree_on_the_digest_after_arrays_and_a_workflow() {
+    use muster_proto::v1;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::tls::quick_cluster(3, std::time::Duration::from_secs(2));
+    let c = muster_local::LocalCluster::start(dir.path(), cfg).await.unwrap();
+    let spec = || v1::AllocationSpec {
+        resources: Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 64, cpus: 1 }),
+        ..crate::t26_e2e::gang(1, "test $MUSTER_ARRAY_INDEX -ne 7", 1)
+    };
+    let submit = |req: v1::SubmitRequest| {
+        let c = &c;
+        async move {
+            muster_testkit::eventually_async("the submit to succeed", WAIT, || async {
+                let mut client = crate::t26_e2e::leader_client(c).await;
+                client.submit(req.clone()).await.map(|r| r.into_inner().id).map_err(|e| e.to_string())
+            })
+            .await
+        }
+    };
+    let a = submit(v1::SubmitRequest { spec: Some(spec()), array: "0-29%4".into(), ..Default::default() }).await;
+    let b = submit(v1::SubmitRequest { spec: Some(spec()), array: "0-29".into(), after_corr: a, ..Default::default() })
+        .await;
+    let mut client = crate::t26_e2e::leader_client(&c).await;
+    client.cancel(v1::CancelRequest { id: b, indices: "20-29".into() }).await.unwrap();
+    let step = |name: &str, after: &[&str]| v1::WorkflowStep {
+        name: name.into(),
+        spec: Some(v1::AllocationSpec { owner: String::new(), ..spec() }),
+        after: after.iter().map(|s| v1::StepDependency { step: s.to_string(), when: String::new() }).collect(),
+        ..Default::default()
+    };
+    let w = client
+        .submit_workflow(v1::SubmitWorkflowRequest {
+            name: "wf".into(),
+            steps: vec![step("a", &[]), step("b", &["a"]), step("c", &["b"])],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    muster_testkit::eventually_async("the arrays and the workflow to finish", WAIT * 3, || async {
+        let mut client = crate::t26_e2e::leader_client(&c).await;
+        let mut pending = Vec::new();
+        for id in [a, b] {
+            let array = client.get_array(v1::GetRequest { id }).await.map_err(|e| e.to_string())?.into_inner();
+            if !array.finished {
+                pending.push(format!("{array:?}"));
+            }
+        }
+        let wf = client.get_workflow(v1::GetRequest { id: w }).await.map_err(|e| e.to_string())?.into_inner();
+        if !wf.finished {
+            pending.push(format!("{wf:?}"));
+        }
+        if pending.is_empty() { Ok(()) } else { Err(pending.join("\n")) }
+    })
+    .await;
+    let b_done = client.get_array(v1::GetRequest { id: b }).await.unwrap().into_inner();
+    assert_eq!(
+        b_done.by_status,
+        [("cancelled".to_string(), 10), ("done".to_string(), 19), ("failed".to_string(), 1)].into(),
+        "element 7 failed with its partner; 20-29 were cancelled"
+    );
+    let (index, digests) = muster_testkit::eventually_async("every replica at one applied index", WAIT, || async {
+        let statuses: Vec<v1::ReplicaStatus> = (1..=3).filter_map(|id| c.replica(id).map(|r| r.status())).collect();
+        let first = statuses[0].applied_index;
+        if statuses.len() == 3 && statuses.iter().all(|s| s.applied_index == first) {
+            Ok((first, statuses.iter().map(|s| s.state_digest.clone()).collect::<Vec<_>>()))
+        } else {
+            Err(format!("{:?}", statuses.iter().map(|s| s.applied_index).collect::<Vec<_>>()))
+        }
+    })
+    .await;
+    assert!(digests.iter().all(|d| *d == digests[0] && !d.is_empty()), "at {index}: {digests:?}");
+    c.shutdown().await;
 }
