@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import shutil
 import subprocess
 import time
@@ -12,7 +14,7 @@ import grpc
 import pytest
 
 from conftest import DevCluster, muster_bin
-from muster_client import Client, MusterError, TERMINAL_EVENTS, allocation_status_name, pb, types_pb
+from muster_client import Client, MusterError, Step, TERMINAL_EVENTS, allocation_status_name, pb, types_pb
 
 WATCH_TIMEOUT_S = 60.0
 
@@ -423,3 +425,135 @@ def test_a_live_array_is_throttled_and_cancelled_by_index(client: Client, tmp_pa
     assert dict(ended.by_status) == {"done": 3, "cancelled": 3}, ended
     assert ended.status == "cancelled", ended
     assert sorted(int(k) for k in log.read_text().split()) == [0, 1, 2]
+
+
+def wait_for_workflow(client: Client, workflow_id: int, timeout_s: float = 60.0) -> pb.WorkflowInfo:
+    """The workflow once every step has ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        w = client.get_workflow(workflow_id)
+        if w.finished:
+            return w
+        assert time.monotonic() < deadline, f"workflow {workflow_id} did not finish in {timeout_s} s: {w}"
+        time.sleep(0.2)
+
+
+def test_a_workflow_runs_its_steps_in_order_and_fails_what_waits_on_a_failure(client: Client, tmp_path: Path) -> None:
+    log = tmp_path / "steps.log"
+    record = f'echo "$MUSTER_WORKFLOW_ID $MUSTER_WORKFLOW_STEP" >> {log}'
+    key = f"py-wf-{uuid.uuid4().hex}"
+    # Given out of order: the server makes each step after those it waits for.
+    steps = [
+        Step("evaluate", ["sh", "-c", record], mem_mb=64, after=["train"]),
+        Step("on-failure", ["sh", "-c", record], mem_mb=64, after=[("train", "notok")]),
+        Step("train", ["sh", "-c", f"{record}; exit 3"], mem_mb=64, max_retries=1, after=["prep"]),
+        Step("prep", ["sh", "-c", record], mem_mb=64),
+    ]
+    r = client.submit_workflow("py-pipeline", steps, idempotency_key=key)
+    assert r.id > 0 and not r.duplicate
+    # Ids follow the workflow's, in the order made: each step after those it waits for.
+    assert list(r.ids) == ["prep", "train", "evaluate", "on-failure"], r.steps
+    assert list(r.ids.values()) == list(range(r.id + 1, r.id + 5)), r.ids
+    assert not r.arrays and not any(s.array for s in r.steps.values())
+    ids = r.ids
+
+    w = wait_for_workflow(client, r.id)
+    assert (w.id, w.name, w.finished) == (r.id, "py-pipeline", True), w
+    assert {s.name: (s.id, s.status) for s in w.steps} == {
+        "prep": (ids["prep"], "done"),
+        "train": (ids["train"], "failed"),
+        "evaluate": (ids["evaluate"], "failed"),
+        "on-failure": (ids["on-failure"], "done"),
+    }, w
+    assert w.owner and w.owner == client.get(ids["prep"]).spec.owner
+    evaluate = client.get(ids["evaluate"])
+    assert allocation_status_name(evaluate.status) == "failed"
+    assert evaluate.failed_reason == f"dependency {ids['train']} failed", evaluate.failed_reason
+    assert all(t.runs == 0 for t in evaluate.tasks), evaluate  # never started
+    train = client.get(ids["train"])
+    assert [t.exit_code for t in train.tasks] == [3] and train.spec.name == "train", train
+    assert allocation_status_name(client.get(ids["on-failure"]).status) == "done"
+    # Each step that ran saw its workflow and name; evaluate never ran.
+    ran = sorted(line.split() for line in log.read_text().splitlines())
+    assert ran == sorted([[str(r.id), "on-failure"], [str(r.id), "prep"], [str(r.id), "train"]]), ran
+
+    # A retry under the same key returns the same workflow and steps.
+    again = client.submit_workflow("py-pipeline", steps, idempotency_key=key)
+    assert again.duplicate and again.id == r.id and again.ids == ids, again
+
+    # A workflow id is no allocation, and an allocation no workflow.
+    with pytest.raises(MusterError) as not_alloc:
+        client.get(r.id)
+    assert not_alloc.value.code == grpc.StatusCode.NOT_FOUND and "is a workflow" in not_alloc.value.message
+    with pytest.raises(MusterError) as not_workflow:
+        client.get_workflow(ids["prep"])
+    assert not_workflow.value.code == grpc.StatusCode.NOT_FOUND and "is not a workflow" in not_workflow.value.message
+
+
+def test_a_workflow_cycle_is_refused_naming_its_steps(client: Client) -> None:
+    before = [a.id for a in client.list()]
+    cycle = [
+        Step("start", ["true"], mem_mb=64),
+        Step("ping", ["true"], mem_mb=64, after=["start", "pong"]),
+        Step("pong", ["true"], mem_mb=64, after=[("ping", "any")]),
+    ]
+    with pytest.raises(MusterError) as refused:
+        client.submit_workflow("py-cycle", cycle)
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "steps ping, pong wait for each other (a cycle)" in refused.value.message, refused.value
+    with pytest.raises(MusterError) as unknown:
+        client.submit_workflow("py-unknown", [Step("a", ["true"], after=["nowhere"])])
+    assert unknown.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert 'no step is named "nowhere"' in unknown.value.message, unknown.value
+    with pytest.raises(MusterError) as bad_spec:
+        client.submit_workflow("py-bad", [Step("a", ["true"]), Step("b", ["true"], gang_size=0)])
+    assert bad_spec.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "steps[b].gang_size" in bad_spec.value.message, bad_spec.value
+    assert [a.id for a in client.list()] == before  # refused whole: nothing was made
+    # What the wire cannot carry is refused here, naming the step and the field.
+    with pytest.raises(ValueError, match="step 'a': after kind must be one of"):
+        client.submit_workflow("w", [Step("a", ["true"], after=[("b", "soon")])])
+    with pytest.raises(ValueError, match="step 'a': after must be a list"):
+        client.submit_workflow("w", [Step("a", ["true"], after="b")])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="step 'a': gang_size"):
+        client.submit_workflow("w", [Step("a", ["true"], gang_size=-1)])
+    with pytest.raises(ValueError, match="steps must be Step objects"):
+        client.submit_workflow("w", [{"name": "a"}])  # type: ignore[list-item]
+
+
+def test_cancelling_a_workflow_cancels_its_unfinished_steps(client: Client) -> None:
+    r = client.submit_workflow(
+        "py-cancel",
+        [
+            Step("pair", ["true"], mem_mb=64, array="0-2", after_corr="grid"),
+            Step("hold", ["sleep", "60"], mem_mb=64),
+            Step("then", ["true"], mem_mb=64, after=["hold"]),
+            Step("grid", ["true"], mem_mb=64, array="0-2", after=["hold"]),
+        ],
+    )
+    assert list(r.ids) == ["hold", "then", "grid", "pair"], r.steps
+    assert r.arrays == {"grid", "pair"} and r.steps["grid"].array and not r.steps["then"].array
+    # An array step's elements take the ids after its own.
+    assert r.ids["pair"] == r.ids["grid"] + 4, r.ids
+    assert allocation_status_name(client.get(r.ids["then"]).status) == "waiting"
+    assert client.get_array(r.ids["pair"]).after_corr == r.ids["grid"]
+    cancelled = client.cancel(r.id)
+    assert cancelled.id == r.id and allocation_status_name(cancelled.status) == "cancelled"
+    w = wait_for_workflow(client, r.id)
+    assert {s.name: s.status for s in w.steps} == {
+        "hold": "cancelled",
+        "then": "cancelled",
+        "grid": "cancelled",
+        "pair": "cancelled",
+    }, w
+
+
+def test_a_step_takes_the_spec_arguments_submit_takes() -> None:
+    """Step's spec fields and defaults are submit()'s (they are built by the same code)."""
+    not_spec = {"self", "command", "name", "after", "array", "after_corr", "idempotency_key", "secrets", "owner",
+                "dry_run", "queue_if_unsatisfiable", "timeout"}
+    submit_args = {
+        n: p.default for n, p in inspect.signature(Client.submit).parameters.items() if n not in not_spec
+    }
+    step_fields = {f.name: f.default for f in dataclasses.fields(Step) if f.name not in not_spec}
+    assert step_fields == submit_args
