@@ -5,7 +5,9 @@
 //! ids.
 
 use super::*;
-use crate::sm::types::{Dependency, MAX_DEPENDENCIES, MAX_WORKFLOW_STEPS, Workflow, WorkflowSpec, valid_step_name};
+use crate::sm::types::{
+    ARRAY_WINDOW, Dependency, MAX_DEPENDENCIES, MAX_WORKFLOW_STEPS, Workflow, WorkflowSpec, valid_step_name,
+};
 
 /// A name as an error shows it: at most its first 64 characters.
 fn shown(name: &str) -> String {
@@ -107,7 +109,14 @@ impl State {
                 Rejection::InvalidSpec { field: f, reason } => invalid(field(&f), reason),
                 other => other,
             };
-            validate_spec(spec, &self.limits).map_err(named)?;
+            // The flags may rest on dependencies on earlier steps alone
+            // (checked with those below).
+            let mut own = spec.clone();
+            if own.after.deps.is_empty() && !step.after_steps.is_empty() {
+                own.after.any_of = false;
+                own.after.keep_if_unsatisfiable = false;
+            }
+            validate_spec(&own, &self.limits).map_err(named)?;
             if let Some(indices) = &step.array {
                 indices.validate().map_err(|reason| invalid(field("array"), reason))?;
             }
@@ -118,9 +127,19 @@ impl State {
             if let Some(reason) = self.submit_quota_excess_with(spec, gpus, allocs) {
                 return Err(Rejection::OverQuota { vcluster: spec.vcluster.clone(), reason });
             }
+            // What this step leaves live for the steps after it: an array
+            // materialises at most its throttle's or its window's worth at
+            // once (an upper bound: some may end at once).
+            let live = match &step.array {
+                None => 1,
+                Some(indices) => {
+                    let cap = if indices.throttle > 0 { u64::from(indices.throttle) } else { ARRAY_WINDOW };
+                    indices.count().min(cap).min(ARRAY_WINDOW)
+                }
+            };
             let e = extra.entry(spec.vcluster.as_str()).or_default();
-            e.0 += u64::from(spec.gang_size) * u64::from(spec.resources.gpus);
-            e.1 += 1;
+            e.0 += live * u64::from(spec.gang_size) * u64::from(spec.resources.gpus);
+            e.1 += live as usize;
             self.check_job_store(spec).map_err(named)?;
             self.check_dependencies(&spec.after).map_err(named)?;
             let mut seen = BTreeSet::new();

@@ -114,6 +114,32 @@ fn a_quota_counts_the_earlier_steps_of_the_same_workflow() {
     }
     let r = f.rejected(Command::SubmitWorkflow { workflow: wf });
     assert!(matches!(&r, Rejection::OverQuota { reason, .. } if reason.contains("2 live, at most 2")), "{r:?}");
+    // An array step leaves its materialised elements live for the steps
+    // after it: counted as such, the entry is refused whole (were it
+    // counted as one, the next step's own submit would be refused after
+    // the array was made).
+    let mut two = pipeline(None);
+    two.steps.truncate(2);
+    two.steps[0].array = Some(ArrayIndices::parse("0-9").unwrap());
+    for s in &mut two.steps {
+        s.spec.vcluster = "small".into();
+    }
+    let r = f.rejected(Command::SubmitWorkflow { workflow: two });
+    assert!(matches!(&r, Rejection::OverQuota { reason, .. } if reason.contains("10 live, at most 2")), "{r:?}");
+}
+
+#[test]
+fn any_of_may_rest_on_dependencies_on_earlier_steps_alone() {
+    let mut f = Fixture::new(1);
+    let mut wf = pipeline(None);
+    wf.steps[2].after_steps = vec![(0, AfterWhen::Ok), (1, AfterWhen::Ok)];
+    wf.steps[2].spec.after.any_of = true;
+    let (_, ids) = submit(&mut f, wf);
+    assert!(f.s.alloc(ids[2]).unwrap().spec.after.any_of);
+    let mut none = pipeline(None);
+    none.steps[0].spec.after.keep_if_unsatisfiable = true;
+    let r = f.rejected(Command::SubmitWorkflow { workflow: none });
+    assert!(r.to_string().contains("steps[preprocess].after"), "{r}");
 }
 
 #[test]
@@ -155,4 +181,121 @@ fn array_steps_pair_with_an_earlier_array_step() {
     bad.steps[1].array = idx("3-4");
     let r = f.rejected(Command::SubmitWorkflow { workflow: bad });
     assert!(r.to_string().contains("steps[eval].after_corr: step train has no element with index 4"), "{r}");
+}
+
+mod fuzz {
+    //! Random workflows, good and bad: apply never panics (every step it
+    //! makes was checked first), and a refused one changes nothing.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    struct RawStep {
+        gang: u32,
+        gpus: u32,
+        array: Option<(u32, u32)>,
+        after: Vec<(u32, u8)>,
+        corr: Option<u32>,
+        any_of: bool,
+        keep: bool,
+        small: bool,
+        existing: Option<u64>,
+    }
+
+    fn raw() -> impl Strategy<Value = RawStep> {
+        (
+            prop_oneof![9 => 1u32..3, 1 => Just(0u32)],
+            0u32..3,
+            prop::option::of((1u32..30, 0u32..5)),
+            prop::collection::vec((0u32..12, 0u8..4), 0..3),
+            prop::option::of(0u32..6),
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.1),
+            prop::bool::weighted(0.6),
+            prop::option::of(1u64..12),
+        )
+            .prop_map(|(gang, gpus, array, after, corr, any_of, keep, small, existing)| RawStep {
+                gang,
+                gpus,
+                array,
+                after,
+                corr,
+                any_of,
+                keep,
+                small,
+                existing,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        #[test]
+        fn random_workflows_are_accepted_whole_or_refused_unchanged(steps in prop::collection::vec(raw(), 1..6)) {
+            let mut f = Fixture::new(2);
+            let vc = VClusterSpec {
+                vtype: VClusterType::HpcBatch,
+                home: HomeNodes::default_for("small"),
+                quota: Quota { max_gpus: Some(40), max_nodes: None, max_allocations: Some(12) },
+                borrow_limit_pct: 0,
+                over_quota: OverQuota::Reject,
+                checkpoints: crate::sm::VcCheckpoints::default(),
+            };
+            f.ok(Command::CreateVCluster { name: "small".into(), spec: vc, by: "admin".into() });
+            // Some existing allocations (and an array) to name.
+            for _ in 0..3 {
+                f.submit(spec(1, 0));
+            }
+            let owner = spec(1, 1).owner;
+            let whens = [AfterWhen::Ok, AfterWhen::Any, AfterWhen::NotOk, AfterWhen::Started];
+            let wf = WorkflowSpec {
+                name: "fuzz".into(),
+                owner,
+                idempotency_key: None,
+                steps: steps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        let mut s = AllocSpec { max_retries: 1, ..spec(r.gang, r.gpus) };
+                        if r.small {
+                            s.vcluster = "small".into();
+                        }
+                        // One of the three allocations made above, or (rarely)
+                        // one that does not exist.
+                        if let Some(id) = r.existing {
+                            let on = if id <= 10 { id % 3 + 1 } else { 99 };
+                            s.after.deps.push(crate::sm::Dependency { on, when: AfterWhen::Any });
+                        }
+                        s.after.any_of = r.any_of;
+                        s.after.keep_if_unsatisfiable = r.keep;
+                        WorkflowStep {
+                            name: format!("s{i}"),
+                            spec: s,
+                            array: r.array.map(|(n, t)| ArrayIndices {
+                                ranges: vec![crate::sm::ArrayRange { first: 0, last: n - 1, step: 1 }],
+                                throttle: t.min(n),
+                            }),
+                            // Earlier steps; rarely itself or a later one (refused).
+                            after_steps: r
+                                .after
+                                .iter()
+                                .filter(|&&(on, _)| i > 0 || on == 11)
+                                .map(|&(on, w)| (if on == 11 { on } else { on % i as u32 }, whens[w as usize]))
+                                .collect(),
+                            corr_step: r.corr.filter(|_| r.array.is_some() && i > 0).map(|c| c % i as u32),
+                        }
+                    })
+                    .collect(),
+            };
+            let mut before = f.s.clone();
+            before.advance_clock(f.t);
+            match f.apply(Command::SubmitWorkflow { workflow: wf.clone() }) {
+                Outcome::Accepted(_) => {
+                    let w = f.s.workflows().last().expect("made").clone();
+                    prop_assert_eq!(w.steps.len(), wf.steps.len());
+                }
+                Outcome::Rejected(_) => prop_assert_eq!(&f.s, &before, "a refused workflow changed the state"),
+            }
+        }
+    }
 }
