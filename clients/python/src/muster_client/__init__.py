@@ -19,15 +19,13 @@ from ._gen import history_pb2 as history_pb
 from ._gen import scheduler_pb2 as pb
 from ._gen import scheduler_pb2_grpc as pb_grpc
 from ._gen import types_pb2 as types_pb
+from ._spec import Step, SubmitResult, WorkflowResult
 from .client import (
     DEFAULT_TIMEOUT,
     LEADER_ADDR_HEADER,
     LEADER_ID_HEADER,
     TERMINAL_EVENTS,
     Client,
-    Step,
-    SubmitResult,
-    WorkflowResult,
     allocation_status_name,
     node_status_name,
     parse_addresses,
