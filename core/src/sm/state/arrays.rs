@@ -200,8 +200,12 @@ impl State {
             if a.finished_at_ms.is_some() {
                 return events;
             }
-            // Skip positions cancelled before they were materialised.
-            while let Some(&(_, to)) = a.skipped.iter().find(|&&(from, to)| from <= a.next && a.next < to) {
+            // Skip positions cancelled before they were materialised (the
+            // ranges are merged, so one range holds them all).
+            let at = a.skipped.partition_point(|&(_, to)| to <= a.next);
+            if let Some(&(from, to)) = a.skipped.get(at)
+                && from <= a.next
+            {
                 a.next = to;
             }
             let (next, count, throttle) = (a.next, a.count(), u64::from(a.indices.throttle));

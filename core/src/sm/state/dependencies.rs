@@ -182,7 +182,13 @@ impl State {
     /// Keeps how forgotten allocation `a` ended (the newest
     /// [`MAX_TOMBSTONES`] only).
     pub(super) fn bury(&mut self, a: &Allocation) {
-        self.tombstones.insert(a.id, Tombstone { status: a.status, started: a.ever_started() });
+        self.entomb(a.id, Tombstone { status: a.status, started: a.ever_started() });
+    }
+
+    /// Keeps how forgotten allocation or array `id` ended (the newest
+    /// [`MAX_TOMBSTONES`] only).
+    pub(super) fn entomb(&mut self, id: AllocId, t: Tombstone) {
+        self.tombstones.insert(id, t);
         while self.tombstones.len() > MAX_TOMBSTONES {
             self.tombstones.pop_first();
         }

@@ -111,39 +111,16 @@ impl State {
             let a = self.allocs.remove(&id).expect("a finished allocation is held");
             self.forgotten_allocs += 1;
             self.bury(&a);
-            let Some(key) = a.spec.idempotency_key.clone() else { continue };
-            let name = (a.spec.owner.clone(), key);
-            if self.idempotency.get(&name) != Some(&id) {
-                continue;
-            }
-            self.idempotency.remove(&name);
             let expires_ms = a.submit_time_ms.saturating_add(key_window_ms);
-            if expires_ms > now {
-                self.index.key_expiry.insert((expires_ms, name.0.clone(), name.1.clone()));
-                self.forgotten_keys
-                    .insert(name, ForgottenKey { alloc: id, spec_sha256: spec_sha256(&a.spec), expires_ms });
-            }
+            self.retire_key(&a.spec.owner, a.spec.idempotency_key.as_deref(), id, expires_ms, || spec_sha256(&a.spec));
         }
         for &(end, id) in &arrays {
             self.index.finished_arrays.remove(&(end, id));
             let a = self.arrays.remove(&id).expect("a finished array is held");
-            let status = a.final_status().expect("finished");
-            self.tombstones.insert(id, Tombstone { status, started: a.started });
-            while self.tombstones.len() > MAX_TOMBSTONES {
-                self.tombstones.pop_first();
-            }
-            let Some(key) = a.spec.idempotency_key.clone() else { continue };
-            let name = (a.spec.owner.clone(), key);
-            if self.idempotency.get(&name) != Some(&id) {
-                continue;
-            }
-            self.idempotency.remove(&name);
+            self.entomb(id, Tombstone { status: a.final_status().expect("finished"), started: a.started });
             let expires_ms = a.submit_time_ms.saturating_add(key_window_ms);
-            if expires_ms > now {
-                self.index.key_expiry.insert((expires_ms, name.0.clone(), name.1.clone()));
-                let spec_sha256 = super::array_sha256(&a.spec, &a.indices, a.corr);
-                self.forgotten_keys.insert(name, ForgottenKey { alloc: id, spec_sha256, expires_ms });
-            }
+            let sha = || super::array_sha256(&a.spec, &a.indices, a.corr);
+            self.retire_key(&a.spec.owner, a.spec.idempotency_key.as_deref(), id, expires_ms, sha);
         }
         let workflows = if self.workflows.is_empty() { 0 } else { self.forget_workflows(key_window_ms) };
         let forgotten = (allocs.len() + arrays.len() + workflows) as u32;
@@ -171,5 +148,28 @@ impl State {
             .take(max)
             .copied()
             .collect()
+    }
+
+    /// Drops `owner`'s idempotency key `key` while it still names `id`, and
+    /// keeps it honoured as a tombstone (the spec's hash) until
+    /// `expires_ms` if that is still ahead.
+    pub(super) fn retire_key(
+        &mut self,
+        owner: &str,
+        key: Option<&str>,
+        id: AllocId,
+        expires_ms: u64,
+        spec_sha256: impl FnOnce() -> [u8; 32],
+    ) {
+        let Some(key) = key else { return };
+        let name = (owner.to_string(), key.to_string());
+        if self.idempotency.get(&name) != Some(&id) {
+            return;
+        }
+        self.idempotency.remove(&name);
+        if expires_ms > self.now_ms {
+            self.index.key_expiry.insert((expires_ms, name.0.clone(), name.1.clone()));
+            self.forgotten_keys.insert(name, ForgottenKey { alloc: id, spec_sha256: spec_sha256(), expires_ms });
+        }
     }
 }

@@ -283,17 +283,8 @@ impl State {
             for (_, s) in &w.steps {
                 self.index.workflow_steps.remove(s);
             }
-            let Some(key) = w.idempotency_key else { continue };
-            let name = (w.owner, key);
-            if self.idempotency.get(&name) != Some(id) {
-                continue;
-            }
-            self.idempotency.remove(&name);
             let expires_ms = w.submit_time_ms.saturating_add(key_window_ms);
-            if expires_ms > self.now_ms {
-                self.index.key_expiry.insert((expires_ms, name.0.clone(), name.1.clone()));
-                self.forgotten_keys.insert(name, ForgottenKey { alloc: *id, spec_sha256: w.spec_sha256, expires_ms });
-            }
+            self.retire_key(&w.owner, w.idempotency_key.as_deref(), *id, expires_ms, || w.spec_sha256);
         }
         gone.len()
     }
