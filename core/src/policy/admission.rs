@@ -18,7 +18,10 @@
 //!   4. backfill (on by default): the first gang of each vCluster that finds
 //!      no room gets a planned start (`backfill::project`: when its nodes
 //!      have room if running work ends at its walltime); a later gang may
-//!      use one of the planned nodes only if its own walltime ends by then
+//!      use one of the planned nodes only if its own walltime ends by then.
+//!      A waiting dependent takes its rank in the walk too: if it comes
+//!      first, its home's planned start is its own, no earlier than its
+//!      dependencies' release (when what it waits for reaches its walltime)
 //!   5. borrowing: gangs that found no room at home top their home nodes up
 //!      with other vClusters' idle ones, cheapest to preempt first
 //! ```
@@ -41,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::iter::Peekable;
 use std::ops::Bound::{Excluded, Unbounded};
 
-use super::backfill::{PendingEnds, PlannedStart, project};
+use super::backfill::{PendingEnds, PlannedStart, dependencies_release_ms, project};
 use super::capacity::Overlay;
 use crate::sm::{
     AllocId, Allocation, CheckpointMode, Command, NodeSlot, QueueKey, Shape, State, TaskStatus, Usage, VcLoad,
@@ -186,6 +189,9 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
     //    nodes and shared ones.
     let mut pass = Pass::new(state, now_ms, cfg.backfill, rolled_back);
     pass.demand_gone = demand_gone;
+    // Waiting dependents whose release is known, in the walk's order: each
+    // is offered its home's planned start when the walk reaches its rank.
+    let mut dependents = pass.dependents(cfg.order).into_iter().peekable();
     match cfg.order {
         Order::LargestFirst => {
             // One stream per (vCluster, queued shape), plus one for the gangs
@@ -225,6 +231,9 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
                     heads.push(Reverse((fresh, stream)));
                     continue;
                 }
+                while let Some((_, d, release)) = dependents.next_if(|(k, _, _)| *k < fresh) {
+                    pass.plan_dependent(d, release, &mut plan, &capacity);
+                }
                 let a = state.alloc(key.queue.alloc).expect("queue names a known allocation");
                 let mut tried = pass.try_home(a, &mut plan, &mut capacity);
                 if tried == Tried::Held && !pass.look_past_held() {
@@ -248,6 +257,9 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
                 if let Some(k) = next {
                     heads.push(Reverse((pass.key(k, home_of(stream, &k)), stream)));
                 }
+            }
+            for (_, d, release) in dependents {
+                pass.plan_dependent(d, release, &mut plan, &capacity);
             }
             // 4. Borrowing: gangs that found no room at home, of vClusters
             //    that may borrow, on other vClusters' idle nodes; cheapest to
@@ -289,6 +301,9 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
             let extra: BTreeSet<AllocId> = requeued.iter().map(|k| k.alloc).collect();
             for id in merge_sorted(state.queue_fifo(), extra.iter().copied()) {
                 let a = state.alloc(id).expect("queue names a known allocation");
+                while let Some((_, d, release)) = dependents.next_if(|(k, _, _)| k.queue.alloc < id) {
+                    pass.plan_dependent(d, release, &mut plan, &capacity);
+                }
                 let tried = pass.try_home(a, &mut plan, &mut capacity);
                 // Without backfill the first misfit stops the pass; with it,
                 // later gangs run if they do not delay the planned start.
@@ -301,6 +316,11 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
     plan.planned = pass.planned;
     plan
 }
+
+/// Most waiting dependents one pass looks at for a planned start (the
+/// oldest): a dependent's release is known only once what it waits for is
+/// placed, and a long tail of waiting work must not make every pass slow.
+pub const MAX_DEPENDENT_LOOKS: usize = 256;
 
 /// Most queued gangs one pass looks at for borrowing.
 pub const MAX_BORROW_CANDIDATES: usize = 1024;
@@ -528,7 +548,7 @@ impl<'a> Pass<'a> {
             } else {
                 self.failed.insert(shape);
             }
-            self.plan_start(a, plan, capacity);
+            self.plan_start(a, self.now_ms, plan, capacity);
             return if held { Tried::Held } else { Tried::NoRoom };
         }
         if self.over_quota(a, &self.nodes) {
@@ -546,11 +566,45 @@ impl<'a> Pass<'a> {
         Tried::Placed
     }
 
+    /// The waiting dependents this pass may plan (at most
+    /// `MAX_DEPENDENT_LOOKS`, oldest first, with backfill on): those whose
+    /// release is known, with it, in the walk's order (largest-first: by
+    /// their rank at the start of the pass; FIFO: by id).
+    fn dependents(&self, order: Order) -> Vec<(PassKey, &'a Allocation, u64)> {
+        if !self.backfill {
+            return Vec::new();
+        }
+        let state = self.state;
+        let mut out: Vec<(PassKey, &'a Allocation, u64)> = state
+            .waiting()
+            .take(MAX_DEPENDENT_LOOKS)
+            .filter_map(|id| {
+                let a = state.alloc(id).expect("index names a known allocation");
+                let release = dependencies_release_ms(state, &a.spec.after, self.now_ms)?;
+                Some((self.key(QueueKey::of(a), state.home_key(&a.spec.vcluster)), a, release))
+            })
+            .collect();
+        match order {
+            Order::LargestFirst => out.sort_unstable_by_key(|&(k, _, _)| k),
+            Order::Fifo => out.sort_unstable_by_key(|&(k, _, _)| k.queue.alloc),
+        }
+        out
+    }
+
+    /// Offers waiting dependent `a` its home's planned start, no earlier
+    /// than its dependencies' release (unless its quota holds it back now).
+    fn plan_dependent(&mut self, a: &Allocation, release_ms: u64, plan: &mut AdmissionPlan, capacity: &Overlay) {
+        if !self.over_quota(a, &[]) {
+            self.plan_start(a, release_ms, plan, capacity);
+        }
+    }
+
     /// Makes the planned start of `a`, the first gang of its home the pass
-    /// cannot place (backfill): from the overlay's free capacity and what
-    /// each holder of the home's other nodes frees at the end of its
-    /// walltime. Nodes an earlier planned start needs are left out.
-    fn plan_start(&mut self, a: &Allocation, plan: &mut AdmissionPlan, capacity: &Overlay) {
+    /// cannot place (backfill), no earlier than `not_before_ms`: from the
+    /// overlay's free capacity and what each holder of the home's other
+    /// nodes frees at the end of its walltime. Nodes an earlier planned start
+    /// needs are left out.
+    fn plan_start(&mut self, a: &Allocation, not_before_ms: u64, plan: &mut AdmissionPlan, capacity: &Overlay) {
         let home = self.state.home_key(&a.spec.vcluster);
         let shape = (home, Shape::of(a));
         if !self.backfill || self.planned_homes.contains(&home) || self.unplannable.contains(&shape) {
@@ -565,10 +619,16 @@ impl<'a> Pass<'a> {
             .filter(|&s| placement.is_any() || placement.admits(&state.node(s).labels))
             .map(|s| (s, capacity.free(s)));
         let rolled_back = &self.rolled_back;
-        let projected =
-            project(self.state, &a.spec.resources, a.spec.gang_size as usize, self.now_ms, nodes, &self.ends, |id| {
-                rolled_back.contains(&id)
-            });
+        let projected = project(
+            self.state,
+            &a.spec.resources,
+            a.spec.gang_size as usize,
+            self.now_ms,
+            not_before_ms,
+            nodes,
+            &self.ends,
+            |id| rolled_back.contains(&id),
+        );
         let Some((start_ms, nodes)) = projected else {
             self.unplannable.insert(shape);
             return;

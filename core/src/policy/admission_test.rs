@@ -538,3 +538,104 @@ fn explain_names_the_constraint_no_node_meets() {
     let e = crate::policy::explain(&c.s, r, c.now, &Default::default()).unwrap();
     assert_eq!(e.summary, "it can never run on the registered nodes: no node has the rack label the gang packs by");
 }
+
+fn after_ok(on: AllocId) -> crate::sm::After {
+    crate::sm::After {
+        deps: vec![crate::sm::Dependency { on, when: crate::sm::AfterWhen::Ok }],
+        ..crate::sm::After::default()
+    }
+}
+
+/// Three 8-GPU nodes: preprocess runs for up to 10 min, another job for up
+/// to 5 min, and one node is free. Train, a 2-node gang, waits for
+/// preprocess to succeed.
+fn pipeline(backfill: bool) -> (Cluster, AllocId, AllocId, AllocId, AdmissionConfig) {
+    let cfg = AdmissionConfig { backfill, ..default_cfg() };
+    let mut c = Cluster::new(&[8, 8, 8]);
+    let pre = c.submit_with(1, 8, |s| s.walltime_s = 600);
+    let other = c.submit_with(1, 8, |s| s.walltime_s = 300);
+    c.pass(&cfg);
+    c.start_all(pre);
+    c.start_all(other);
+    let train = c.submit_with(2, 8, |s| s.after = after_ok(pre));
+    assert_eq!(c.status(train), AllocStatus::Waiting);
+    (c, pre, other, train, cfg)
+}
+
+/// Backfill plans a dependent's start at its dependency's walltime end, on
+/// the nodes that free up last by then: the node free now still takes long
+/// work, but a node the dependent needs takes only work that ends in time.
+#[test]
+fn backfill_plans_a_dependents_start_at_its_dependencys_walltime() {
+    let (mut c, pre, other, train, cfg) = pipeline(true);
+    let long = c.submit_with(1, 8, |s| s.walltime_s = 3_600);
+    let plan = c.pass(&cfg);
+    let p = &plan.planned[..];
+    assert_eq!(p.iter().map(|p| (p.alloc, p.start_ms)).collect::<Vec<_>>(), [(train, 1_000 + 600_000)]);
+    let mut planned: Vec<String> = p[0].nodes.iter().map(|&s| c.s.node(s).id.to_string()).collect();
+    let mut expect = [c.nodes_of(pre), c.nodes_of(other)].concat();
+    planned.sort();
+    expect.sort();
+    assert_eq!(planned, expect, "the nodes that free up by then, not the free one");
+    assert_eq!(c.status(long), AllocStatus::Reserved, "the free node is not needed");
+    // The explanation says when and where, from the state alone.
+    let e = crate::policy::explain(&c.s, train, c.now, &Default::default()).unwrap();
+    assert_eq!(e.planned_start.as_ref().map(|p| p.start_ms), Some(1_000 + 600_000));
+    assert!(e.summary.contains("planned to be queued in 10 min"), "{}", e.summary);
+    assert!(e.summary.contains("planned start in 10 min on "), "{}", e.summary);
+
+    // The 5-minute job ends: its node is kept for train, except for work
+    // that ends by train's planned start.
+    c.now += 300_000;
+    let a = c.s.alloc(other).unwrap().clone();
+    let node = c.s.node(a.tasks[0].node.unwrap()).id.clone();
+    c.apply(Command::FinishTask { alloc: other, task: 0, node, epoch: a.tasks[0].reservation_epoch });
+    let hour = c.submit_with(1, 8, |s| s.walltime_s = 3_600);
+    let four_min = c.submit_with(1, 8, |s| s.walltime_s = 240);
+    let plan = c.pass(&cfg);
+    assert_eq!(plan.planned[0].alloc, train);
+    assert_eq!(c.status(hour), AllocStatus::Queued, "it would delay train by most of an hour");
+    assert_eq!(c.nodes_of(four_min), c.nodes_of(other), "it ends before train's planned start");
+    assert_eq!(plan.stats.held_for_planned, 1);
+}
+
+/// Without backfill nothing is kept for the dependent.
+#[test]
+fn without_backfill_a_dependent_gets_no_planned_start() {
+    let (mut c, _, _, _, cfg) = pipeline(false);
+    let long = c.submit_with(1, 8, |s| s.walltime_s = 3_600);
+    let plan = c.pass(&cfg);
+    assert!(plan.planned.is_empty());
+    assert_eq!(c.status(long), AllocStatus::Reserved);
+}
+
+/// A dependent's release is known only once what it waits for is placed;
+/// and a queued gang ranked ahead of it takes its home's planned start.
+#[test]
+fn a_dependent_is_planned_only_when_its_release_is_known_and_in_rank_order() {
+    // The dependency is queued behind a running hour-long job: its end is
+    // not known, so only the dependency itself is planned.
+    let cfg = default_cfg();
+    let mut c = Cluster::new(&[8]);
+    let running = c.submit_with(1, 8, |s| s.walltime_s = 3_600);
+    c.pass(&cfg);
+    c.start_all(running);
+    let pre = c.submit(1, 8);
+    let train = c.submit_with(1, 8, |s| s.after = after_ok(pre));
+    let plan = c.pass(&cfg);
+    assert_eq!(plan.planned.iter().map(|p| p.alloc).collect::<Vec<_>>(), [pre]);
+    let e = crate::policy::explain(&c.s, train, c.now, &Default::default()).unwrap();
+    assert!(e.planned_start.is_none() && !e.summary.contains("planned"), "{}", e.summary);
+
+    // A blocked gang of higher priority and the same size ranks first.
+    let (mut c, _, _, train, cfg) = pipeline(true);
+    let first = c.submit_with(2, 8, |s| s.priority = 10);
+    let plan = c.pass(&cfg);
+    assert_eq!(plan.planned.iter().map(|p| p.alloc).collect::<Vec<_>>(), [first]);
+    assert_ne!(first, train);
+    // Under FIFO the older dependent comes first.
+    let (mut c, _, _, train, _) = pipeline(true);
+    c.submit_with(2, 8, |s| s.priority = 10);
+    let plan = c.pass(&AdmissionConfig { order: Order::Fifo, ..cfg });
+    assert_eq!(plan.planned.iter().map(|p| p.alloc).collect::<Vec<_>>(), [train]);
+}

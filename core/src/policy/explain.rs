@@ -134,7 +134,7 @@ fn waiting_summary(state: &State, after: &crate::sm::After, now_ms: u64) -> Stri
     let list = if after.any_of { format!("the first of {}", each.join(", ")) } else { each.join(" and ") };
     match state.after_standing(after) {
         crate::sm::Standing::Never(why) => format!("kept waiting for {list}, which can never happen: {why}"),
-        _ => match planned_release_ms(state, after, now_ms) {
+        _ => match super::backfill::dependencies_release_ms(state, after, now_ms) {
             Some(at) => format!(
                 "waiting for {list}; planned to be queued in {}, if they run to their walltime",
                 crate::words::duration(at - now_ms)
@@ -142,28 +142,6 @@ fn waiting_summary(state: &State, after: &crate::sm::After, now_ms: u64) -> Stri
             None => format!("waiting for {list}"),
         },
     }
-}
-
-/// When a waiting allocation's dependencies stand if everything they wait
-/// for runs to the end of its walltime, as backfill projects running work:
-/// the last of them (with `any_of`, the first). `None` while one it needs
-/// has not started (its end is not known yet), or when none can be met.
-fn planned_release_ms(state: &State, after: &crate::sm::After, now_ms: u64) -> Option<u64> {
-    use crate::sm::{AfterWhen, Standing};
-    let end = |d: &crate::sm::Dependency| -> Option<u64> {
-        match state.dependency_standing(d) {
-            Standing::Met => Some(now_ms),
-            Standing::Never(_) => None,
-            Standing::Pending if d.when == AfterWhen::Started => None,
-            Standing::Pending => {
-                let dep = state.alloc(d.on)?;
-                let since = dep.running_since_ms()?;
-                Some(since.saturating_add(dep.spec.walltime_s.saturating_mul(1000)).max(now_ms))
-            }
-        }
-    };
-    let ends = after.deps.iter().map(end);
-    if after.any_of { ends.flatten().min() } else { ends.collect::<Option<Vec<u64>>>()?.into_iter().max() }
 }
 
 /// Explains allocation `id` at `now_ms`, or `None` if it does not exist.
@@ -174,6 +152,17 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
     e.checkpoints = restore_notes(state, a);
     if a.status == AllocStatus::Waiting {
         e.summary = waiting_summary(state, &a.spec.after, now_ms);
+        // Backfill keeps nodes for it from its dependencies' release.
+        e.planned_start = planned_start(state, a, now_ms).filter(|p| p.start_ms > now_ms);
+        if let Some(p) = &e.planned_start {
+            let nodes: Vec<String> = p.nodes.iter().map(|&s| state.node(s).id.to_string()).collect();
+            e.summary = format!(
+                "{}; planned start in {} on {}",
+                e.summary,
+                crate::words::duration(p.start_ms.saturating_sub(now_ms).div_ceil(1000) * 1000),
+                nodes.join(", ")
+            );
+        }
     } else if let Some(n) = &a.nomination {
         e.summary = format!(
             "waiting for {} preempted allocation(s) ({}) to stop; {} node(s) are held for it until their release",

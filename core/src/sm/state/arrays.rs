@@ -152,7 +152,10 @@ impl State {
         if self.vcluster(&spec.vcluster).is_none() {
             return Err(Rejection::UnknownVCluster(spec.vcluster.clone()));
         }
-        if let Some(reason) = self.submit_quota_excess(spec) {
+        // In reject mode the array counts as many elements as its throttle
+        // lets be live at once.
+        let most_live = indices.most_live(indices.count());
+        if let Some(reason) = self.submit_quota_excess_with(spec, most_live, 0, 0) {
             return Err(Rejection::OverQuota { vcluster: spec.vcluster.clone(), reason });
         }
         self.check_job_store(spec)?;
@@ -460,6 +463,16 @@ impl State {
             ));
         }
         check_name("by", by, &self.limits).map_err(|r| invalid("by", r))?;
+        // A higher throttle lets more be live at once: in reject mode the
+        // vCluster's quota must hold them as it would at submit.
+        let remaining = array.count() - array.done - array.failed - array.cancelled;
+        let live = self.index.array_live.get(&id).map_or(0, |l| l.len() as u64);
+        let raised = ArrayIndices { ranges: Vec::new(), throttle }.most_live(remaining).saturating_sub(live);
+        if raised > 0
+            && let Some(reason) = self.submit_quota_excess_with(&array.spec, raised, 0, 0)
+        {
+            return Err(Rejection::OverQuota { vcluster: array.spec.vcluster.clone(), reason });
+        }
         self.arrays.get_mut(&id).expect("checked").indices.throttle = throttle;
         Ok(vec![Event::ArrayThrottled { array: id, throttle, by: by.to_string() }])
     }

@@ -74,15 +74,18 @@ impl State {
     /// (queued, reserved, running) and this one together would be. Log
     /// order decides racing submissions: the later one is refused.
     pub(super) fn submit_quota_excess(&self, spec: &AllocSpec) -> Option<String> {
-        self.submit_quota_excess_with(spec, 0, 0)
+        self.submit_quota_excess_with(spec, 1, 0, 0)
     }
 
-    /// [`State::submit_quota_excess`], as if the vCluster's live
-    /// allocations also held `extra_allocs` more needing `extra_gpus` (the
-    /// earlier steps of a workflow being submitted).
+    /// [`State::submit_quota_excess`] of a submission that may hold
+    /// `copies` allocations of `spec` live at once (an array: as many as
+    /// its throttle lets run), as if the vCluster's live allocations also
+    /// held `extra_allocs` more needing `extra_gpus` (the earlier steps of a
+    /// workflow being submitted).
     pub(super) fn submit_quota_excess_with(
         &self,
         spec: &AllocSpec,
+        copies: u64,
         extra_gpus: u64,
         extra_allocs: usize,
     ) -> Option<String> {
@@ -106,17 +109,28 @@ impl State {
         let empty = VcDemand::default();
         let live = self.index.vc_live.get(name).unwrap_or(&empty);
         let (gpus, allocs) = (live.gpus + extra_gpus, live.allocs.len() + extra_allocs);
+        let (this, needs) = if copies == 1 {
+            ("this one".to_string(), ", this one".to_string())
+        } else {
+            (format!("{copies} elements of this array at once"), format!(", {copies} elements of this array at once"))
+        };
+        let hint = if copies == 1 { "" } else { " (a lower throttle, --array …%N, runs fewer at once)" };
         if let Some(max) = q.max_gpus
-            && gpus + need > u64::from(max)
+            && gpus + copies * need > u64::from(max)
         {
             return Some(format!(
-                "vCluster {name}'s GPU quota: its live allocations need {gpus} GPUs, this one {need}, at most {max}"
+                "vCluster {name}'s GPU quota: its live allocations need {gpus} GPUs{needs} {}, at most {max}{hint}",
+                copies * need
             ));
         }
         if let Some(max) = q.max_allocations
-            && allocs + 1 > max as usize
+            && allocs as u64 + copies > u64::from(max)
         {
-            return Some(format!("vCluster {name}'s allocation quota: {allocs} live, at most {max}"));
+            return Some(if copies == 1 {
+                format!("vCluster {name}'s allocation quota: {allocs} live, at most {max}")
+            } else {
+                format!("vCluster {name}'s allocation quota: {allocs} live and {this}, at most {max}{hint}")
+            });
         }
         None
     }

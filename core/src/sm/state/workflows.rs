@@ -5,9 +5,7 @@
 //! ids.
 
 use super::*;
-use crate::sm::types::{
-    ARRAY_WINDOW, Dependency, MAX_DEPENDENCIES, MAX_WORKFLOW_STEPS, Workflow, WorkflowSpec, valid_step_name,
-};
+use crate::sm::types::{Dependency, MAX_DEPENDENCIES, MAX_WORKFLOW_STEPS, Workflow, WorkflowSpec, valid_step_name};
 
 /// A name as an error shows it: at most its first 64 characters.
 fn shown(name: &str) -> String {
@@ -123,20 +121,14 @@ impl State {
             if self.vcluster(&spec.vcluster).is_none() {
                 return Err(Rejection::UnknownVCluster(spec.vcluster.clone()));
             }
+            // What this step may hold live at once, for its own quota check
+            // and the steps after it: an array, as many as its throttle lets
+            // run.
+            let live = step.array.as_ref().map_or(1, |indices| indices.most_live(indices.count()));
             let (gpus, allocs) = extra.get(spec.vcluster.as_str()).copied().unwrap_or_default();
-            if let Some(reason) = self.submit_quota_excess_with(spec, gpus, allocs) {
+            if let Some(reason) = self.submit_quota_excess_with(spec, live, gpus, allocs) {
                 return Err(Rejection::OverQuota { vcluster: spec.vcluster.clone(), reason });
             }
-            // What this step leaves live for the steps after it: an array
-            // materialises at most its throttle's or its window's worth at
-            // once (an upper bound: some may end at once).
-            let live = match &step.array {
-                None => 1,
-                Some(indices) => {
-                    let cap = if indices.throttle > 0 { u64::from(indices.throttle) } else { ARRAY_WINDOW };
-                    indices.count().min(cap).min(ARRAY_WINDOW)
-                }
-            };
             let e = extra.entry(spec.vcluster.as_str()).or_default();
             e.0 += live * u64::from(spec.gang_size) * u64::from(spec.resources.gpus);
             e.1 += live as usize;

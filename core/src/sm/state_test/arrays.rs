@@ -94,6 +94,52 @@ fn raising_the_throttle_materialises_at_once_and_lowering_stops_new_ones() {
     assert_eq!(r, Rejection::UnknownArray(a + 1));
 }
 
+/// In a `reject`-mode vCluster an array counts as many elements as its
+/// throttle lets be live at once, at submit and when the throttle is raised.
+#[test]
+fn a_reject_mode_quota_counts_what_the_throttle_lets_run() {
+    use crate::sm::{HomeNodes, OverQuota, Quota, VClusterSpec, VClusterType};
+    let mut f = Fixture::new(8);
+    let vc = VClusterSpec {
+        vtype: VClusterType::HpcBatch,
+        home: HomeNodes::default_for("small"),
+        quota: Quota { max_gpus: Some(8), max_nodes: None, max_allocations: Some(4) },
+        borrow_limit_pct: 0,
+        over_quota: OverQuota::Reject,
+        checkpoints: crate::sm::VcCheckpoints::default(),
+    };
+    f.ok(Command::CreateVCluster { name: "small".into(), spec: vc, by: "admin".into() });
+    let small = || AllocSpec { vcluster: "small".into(), ..spec(1, 1) };
+    let submit = |expr: &str| Command::SubmitArray {
+        spec: small(),
+        indices: indices(expr),
+        corr: None,
+        secrets: Default::default(),
+    };
+    let r = f.rejected(submit("0-99"));
+    let expect = "need 0 GPUs, 100 elements of this array at once 100, at most 8 (a lower throttle";
+    assert!(matches!(&r, Rejection::OverQuota { reason, .. } if reason.contains(expect)), "{r:?}");
+    let r = f.rejected(submit("0-99%5"));
+    assert!(r.to_string().contains("5 elements of this array at once"), "{r}");
+    let a = submit_array(&mut f, small(), "0-99%3", None);
+    assert_eq!(live(&f, a).len(), 3);
+    // Raising it past the quota is refused; to what fits, accepted.
+    let raise = |throttle| Command::SetArrayThrottle { array: a, throttle, by: "alice".into() };
+    let r = f.rejected(raise(0));
+    assert!(r.to_string().contains("need 3 GPUs, 97 elements of this array at once 97, at most 8"), "{r}");
+    f.ok(raise(4));
+    assert_eq!(live(&f, a).len(), 4);
+    // A plain submit is refused now, and its GPU quota is counted the same way.
+    assert!(matches!(f.rejected(Command::Submit { spec: small() }), Rejection::OverQuota { .. }));
+    let r = f.rejected(Command::SubmitArray {
+        spec: AllocSpec { vcluster: "small".into(), ..spec(1, 4) },
+        indices: indices("0-9%3"),
+        corr: None,
+        secrets: Default::default(),
+    });
+    assert!(r.to_string().contains("need 4 GPUs, 3 elements of this array at once 12, at most 8"), "{r}");
+}
+
 #[test]
 fn cancel_reaches_one_element_a_range_or_the_whole_array() {
     let mut f = Fixture::new(2);

@@ -110,7 +110,7 @@ fn started_any_and_any_of_are_met_when_they_say() {
         e.summary,
         format!(
             "waiting for {a} (running 2 min of its 1 h walltime) to end; planned to be queued in 58 min, if they run to \
-             their walltime"
+             their walltime; planned start in 58 min on n0"
         )
     );
     // One not started yet: no plan.

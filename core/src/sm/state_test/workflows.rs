@@ -114,18 +114,25 @@ fn a_quota_counts_the_earlier_steps_of_the_same_workflow() {
     }
     let r = f.rejected(Command::SubmitWorkflow { workflow: wf });
     assert!(matches!(&r, Rejection::OverQuota { reason, .. } if reason.contains("2 live, at most 2")), "{r:?}");
-    // An array step leaves its materialised elements live for the steps
-    // after it: counted as such, the entry is refused whole (were it
-    // counted as one, the next step's own submit would be refused after
-    // the array was made).
-    let mut two = pipeline(None);
-    two.steps.truncate(2);
-    two.steps[0].array = Some(ArrayIndices::parse("0-9").unwrap());
-    for s in &mut two.steps {
-        s.spec.vcluster = "small".into();
-    }
-    let r = f.rejected(Command::SubmitWorkflow { workflow: two });
-    assert!(matches!(&r, Rejection::OverQuota { reason, .. } if reason.contains("10 live, at most 2")), "{r:?}");
+    // An array step counts as many elements as its throttle lets be live
+    // at once, for itself and the steps after it: the entry is refused
+    // whole (were it counted as one, the next step's own submit would be
+    // refused after the array was made).
+    let two = |array: &str| {
+        let mut two = pipeline(None);
+        two.steps.truncate(2);
+        two.steps[0].array = Some(ArrayIndices::parse(array).unwrap());
+        for s in &mut two.steps {
+            s.spec.vcluster = "small".into();
+        }
+        Command::SubmitWorkflow { workflow: two }
+    };
+    let r = f.rejected(two("0-9"));
+    let expect = "0 live and 10 elements of this array at once, at most 2";
+    assert!(matches!(&r, Rejection::OverQuota { reason, .. } if reason.contains(expect)), "{r:?}");
+    let r = f.rejected(two("0-9%2"));
+    assert!(matches!(&r, Rejection::OverQuota { reason, .. } if reason.contains("2 live, at most 2")), "{r:?}");
+    f.ok(two("0-9%1"));
 }
 
 #[test]

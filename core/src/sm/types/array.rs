@@ -161,6 +161,12 @@ impl ArrayIndices {
         self.ranges.iter().map(ArrayRange::count).sum()
     }
 
+    /// The most of `remaining` elements that may be live (materialised and
+    /// not ended) at once: the throttle, if it is lower.
+    pub fn most_live(&self, remaining: u64) -> u64 {
+        if self.throttle > 0 { remaining.min(u64::from(self.throttle)) } else { remaining }
+    }
+
     /// The index of the k-th element (0-based, ascending), if there is one.
     pub fn index_at(&self, k: u64) -> Option<u32> {
         let mut before = 0;
