@@ -305,3 +305,32 @@ fn t134_backfill_plans_a_start_and_runs_only_work_that_ends_in_time() {
     assert!(why["summary"].as_str().unwrap().contains(&format!("held for allocation {big}'s planned start")), "{why}");
     assert_eq!(get(&big)["status"], "queued");
 }
+
+/// Backfill plans a waiting dependent's start at its dependency's walltime
+/// end: a 4-node gang after a 10-minute job gets the cluster's planned start
+/// for then, an hour-long job is held off its nodes, a 5-minute one runs.
+#[test]
+fn t135_backfill_plans_a_dependents_start_at_its_dependencys_walltime_end() {
+    let dev = crate::dev_proc::Dev::start();
+    let ok = |args: &[&str]| dev.ok(args);
+    let id = |v: serde_json::Value| v["id"].as_u64().unwrap().to_string();
+    let get = |id: &str| ok(&["alloc", "get", id]);
+    let explain = |id: &str| ok(&["alloc", "explain", id]);
+    let pre = id(ok(&["submit", "-n", "1", "--gpus", "8", "--walltime", "10m", "--", "sleep", "600"]));
+    wait_until("preprocess to run", || get(&pre)["status"] == "running");
+    let train = id(ok(&["submit", "-n", "4", "--gpus", "8", "--after", &pre, "--", "sleep", "1"]));
+    assert_eq!(get(&train)["status"], "waiting");
+    let e = explain(&train);
+    let in_ms = e["planned_start"]["in_ms"].as_u64().unwrap();
+    assert!((500_000..=600_000).contains(&in_ms), "about 10 min off: {e}");
+    assert_eq!(e["planned_start"]["nodes"].as_array().unwrap().len(), 4, "{e}");
+    let summary = e["summary"].as_str().unwrap();
+    assert!(summary.contains("planned to be queued in") && summary.contains("planned start in"), "{e}");
+
+    let long = id(ok(&["submit", "-n", "1", "--gpus", "8", "--walltime", "1h", "--", "sleep", "600"]));
+    let short = id(ok(&["submit", "-n", "1", "--gpus", "8", "--walltime", "5m", "--", "sleep", "600"]));
+    wait_until("the short job to run ahead", || get(&short)["status"] == "running");
+    let why = explain(&long);
+    assert_eq!(get(&long)["status"], "queued");
+    assert!(why["summary"].as_str().unwrap().contains(&format!("held for allocation {train}'s planned start")), "{why}");
+}
