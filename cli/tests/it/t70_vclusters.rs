@@ -332,5 +332,8 @@ fn t135_backfill_plans_a_dependents_start_at_its_dependencys_walltime_end() {
     wait_until("the short job to run ahead", || get(&short)["status"] == "running");
     let why = explain(&long);
     assert_eq!(get(&long)["status"], "queued");
-    assert!(why["summary"].as_str().unwrap().contains(&format!("held for allocation {train}'s planned start")), "{why}");
+    assert!(
+        why["summary"].as_str().unwrap().contains(&format!("held for allocation {train}'s planned start")),
+        "{why}"
+    );
 }

@@ -61,6 +61,30 @@ fn t208_a_pipeline_runs_in_order_and_a_failed_step_ends_its_dependent_at_once() 
     assert!(text.contains(&format!("after: {train}:notok")), "{text}");
     let (status, out, _) = run(&["alloc", "explain", &eval.to_string()]);
     assert!(status.success() && out.contains(&format!("waiting for {train} (waiting) to succeed")), "{out}");
+    // A watch opened while it waits says where what it waits for stands.
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_muster"))
+        .args(["alloc", "watch", &eval.to_string(), "--scheduler", &addr])
+        .env("MUSTER_TLS_DIR", crate::tls::dir())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let first = loop {
+        let line = rx.recv_timeout(WAIT).expect("the watch's submitted line");
+        if line.contains("submitted") {
+            break line;
+        }
+    };
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+    assert!(first.contains(&format!("submitted; waiting for {train} (waiting) to succeed")), "{first}");
     let listed: serde_json::Value = serde_json::from_str(&run(&["alloc", "list", "--status", "waiting"]).1).unwrap();
     let ids: Vec<u64> = listed["allocations"].as_array().unwrap().iter().map(|a| a["id"].as_u64().unwrap()).collect();
     assert_eq!(ids, [train, eval, report], "a status filter finds the waiting ones");

@@ -104,7 +104,7 @@ struct Tally {
 
 /// What a waiting allocation waits for, and where each dependency stands:
 /// "waiting for 12 (running 40 min of its 2 h walltime) to succeed".
-fn waiting_summary(state: &State, after: &crate::sm::After, now_ms: u64) -> String {
+pub fn waiting_summary(state: &State, after: &crate::sm::After, now_ms: u64) -> String {
     let each: Vec<String> = after
         .deps
         .iter()

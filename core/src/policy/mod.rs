@@ -19,7 +19,9 @@ mod preemption_test;
 
 pub use admission::{AdmissionConfig, AdmissionPlan, Order, PackChoice, PassStats, plan_admission};
 pub use backfill::{PlannedStart, expected_end_ms, planned_start};
-pub use explain::{ClassReason, Explanation, explain, explain_spec, explain_with_admission, unsatisfiable};
+pub use explain::{
+    ClassReason, Explanation, explain, explain_spec, explain_with_admission, unsatisfiable, waiting_summary,
+};
 pub use nodes::{
     DEFAULT_DRAIN_TIMEOUT_MS, ScaleDownChoice, drain_timeout_ms, plan_drain_expiries, plan_scale_down, planned_nodes,
 };

@@ -301,11 +301,17 @@ impl AllocationService for ClientApi {
                         .enumerate()
                         .map(|(i, h)| {
                             let (kind, mut detail) = describe_event(&h.event);
-                            // A watch names what a dependent waits for.
+                            // A watch names what a dependent waits for, and
+                            // while it still waits, where that stands now.
                             if matches!(h.event, Event::Submitted { .. })
                                 && h.status == Some(crate::sm::AllocStatus::Waiting)
                             {
-                                detail = format!("{detail}; waiting for {}", a.spec.after.describe());
+                                detail = if a.status == crate::sm::AllocStatus::Waiting {
+                                    let now = s.now(st);
+                                    format!("{detail}; {}", crate::policy::waiting_summary(st, &a.spec.after, now))
+                                } else {
+                                    format!("{detail}; waiting for {}", a.spec.after.describe())
+                                };
                             }
                             v1::AllocationEvent {
                                 id: q.id,
