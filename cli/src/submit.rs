@@ -161,8 +161,23 @@ pub struct SubmitArgs {
     /// or refused whole, in one submit (docs/workflows.md).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["array", "after", "after_any_of", "name", "dry_run"])]
     workflow: Option<std::path::PathBuf>,
+    /// Run each task in this container image (a reference by tag or
+    /// digest, as `docker pull` takes it: busybox, ghcr.io/acme/train:v3,
+    /// 127.0.0.1:5000/t/bb@sha256:…). Without a command after --, the
+    /// image's ENTRYPOINT and CMD run (docs/containers.md).
+    #[arg(long, value_name = "REF")]
+    image: Option<String>,
+    /// With --image: a host path the task sees inside the image, SRC:DST,
+    /// SRC:DST:ro or SRC:DST:rw (repeatable; the node's agent mounts only
+    /// paths its operator allows).
+    #[arg(long = "mount", value_name = "SRC:DST[:ro]", requires = "image")]
+    mounts: Vec<String>,
+    /// With --image: where the command starts (default: the image's
+    /// WORKDIR, else /).
+    #[arg(long, value_name = "DIR", requires = "image")]
+    workdir: Option<String>,
     /// The command each task runs.
-    #[arg(required_unless_present = "workflow", last = true)]
+    #[arg(required_unless_present_any = ["workflow", "image"], last = true)]
     command: Vec<String>,
 }
 
@@ -235,6 +250,15 @@ pub fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
     if args.keep_if_unsatisfiable && after.is_empty() {
         bail!("--keep-if-unsatisfiable needs --after or --after-any-of");
     }
+    if let Some(image) = &args.image {
+        muster_scheduler::sm::ImageRef::parse(image).map_err(|e| anyhow::anyhow!("--image {image:?}: {e}"))?;
+    }
+    for m in &args.mounts {
+        muster_scheduler::sm::Mount::parse(m).map_err(|e| anyhow::anyhow!("--mount {e}"))?;
+    }
+    if let Some(w) = &args.workdir {
+        muster_scheduler::sm::check_container_path("--workdir", w).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let estimate = parse_duration_s(&args.checkpoint_estimate).context("--checkpoint-estimate")?;
     let checkpoint_estimate_s = u32::try_from(estimate).ok().filter(|s| *s > 0).with_context(|| {
         format!("--checkpoint-estimate {:?} must be between 1 s and 136 years", args.checkpoint_estimate)
@@ -270,6 +294,9 @@ pub fn spec_of(args: &SubmitArgs) -> anyhow::Result<v1::AllocationSpec> {
         after: after.iter().map(|d| v1::Dependency { id: d.on, when: d.when.as_str().to_string() }).collect(),
         after_any_of: !args.after_any_of.is_empty(),
         keep_if_unsatisfiable: args.keep_if_unsatisfiable,
+        image: args.image.clone().unwrap_or_default(),
+        mounts: args.mounts.clone(),
+        workdir: args.workdir.clone().unwrap_or_default(),
     })
 }
 

@@ -57,6 +57,10 @@ pub const ADDRESS: usize = 261;
 pub const VCLUSTER: usize = 63;
 /// An enum spelled as a string (`ml-training`, `borrow`, `hang`, …).
 pub const KEYWORD: usize = 32;
+/// An image reference (`muster_core`'s `MAX_IMAGE_REF_BYTES`).
+pub const IMAGE_REF: usize = 512;
+/// A path inside a container (`muster_core`'s `MAX_CONTAINER_PATH_BYTES`).
+pub const CONTAINER_PATH: usize = 1024;
 /// A job array's indices in Slurm's form (`0-9999%64`).
 pub const ARRAY_EXPR: usize = 4096;
 /// A workflow's or a step's name.
@@ -114,6 +118,9 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("AllocationSpec.checkpoint_store", text(STORE)),
     ("AllocationSpec.name", text(NAME)),
     ("AllocationSpec.after", items(64, 0)),
+    ("AllocationSpec.image", text(IMAGE_REF)),
+    ("AllocationSpec.mounts", items(16, 16 * (2 * CONTAINER_PATH + 4))),
+    ("AllocationSpec.workdir", text(CONTAINER_PATH)),
     ("Dependency.when", text(KEYWORD)),
     ("ListRequest.owner", text(NAME)),
     ("SubmitRequest.secrets", items(32, 128 * 1024 + 32 * 128)),
@@ -370,6 +377,9 @@ impl Bounded for v1::AllocationSpec {
         check_text("AllocationSpec.checkpoint_store", &self.checkpoint_store)?;
         check_text("AllocationSpec.name", &self.name)?;
         check_items("AllocationSpec.after", self.after.len(), 0)?;
+        check_text("AllocationSpec.image", &self.image)?;
+        check_strings("AllocationSpec.mounts", &self.mounts)?;
+        check_text("AllocationSpec.workdir", &self.workdir)?;
         for d in &self.after {
             check_text("Dependency.when", &d.when)?;
         }

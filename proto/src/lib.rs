@@ -61,6 +61,9 @@ mod tests {
             after: vec![v1::Dependency { id: 7, when: "notok".into() }],
             after_any_of: true,
             keep_if_unsatisfiable: true,
+            image: "ghcr.io/acme/train:v3".into(),
+            mounts: vec!["/data:/data:ro".into()],
+            workdir: "/work".into(),
         };
         let bytes = spec.encode_to_vec();
         assert_eq!(v1::AllocationSpec::decode(bytes.as_slice()).unwrap(), spec);

@@ -132,6 +132,9 @@ fn alloc_json_fields(a: &v1::Allocation) -> serde_json::Value {
     v["after"] = json!(spec.after.iter().map(|d| json!({"id": d.id, "when": d.when})).collect::<Vec<_>>());
     v["after_any_of"] = json!(spec.after_any_of);
     v["keep_if_unsatisfiable"] = json!(spec.keep_if_unsatisfiable);
+    v["image"] = json!(spec.image);
+    v["mounts"] = json!(spec.mounts);
+    v["workdir"] = json!(spec.workdir);
     v
 }
 
@@ -176,6 +179,15 @@ pub fn allocation(a: &v1::Allocation, out: Output) -> anyhow::Result<()> {
     }
     if let Some(after) = a.spec.as_ref().and_then(after_line) {
         out!("          after: {after}");
+    }
+    if let Some(spec) = a.spec.as_ref().filter(|s| !s.image.is_empty()) {
+        out!("          image: {}", spec.image);
+        for m in &spec.mounts {
+            out!("          mount: {m}");
+        }
+        if !spec.workdir.is_empty() {
+            out!("          workdir: {}", spec.workdir);
+        }
     }
     if !a.failed_reason.is_empty() {
         out!("          failed: {}", a.failed_reason);

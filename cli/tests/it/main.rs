@@ -30,6 +30,7 @@ mod t62_node_trust;
 mod t64_isolation;
 mod t70_vclusters;
 mod t72_workflows;
+mod t74_images;
 mod t80_security;
 mod t82_history;
 mod t84_ecosystem;

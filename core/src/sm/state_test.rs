@@ -644,7 +644,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "c1c313dda608351d37462bd76ddf21ce4e4f4c9295410b7707c26205c14ba2b0"
+        "120512122cfa4d2456d1a6ec96248cae402e9d768a6c8ef77b655a9877a5f6a9"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

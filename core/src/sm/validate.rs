@@ -174,7 +174,13 @@ pub fn validate_spec(spec: &AllocSpec, limits: &Limits) -> Result<(), Rejection>
     if spec.ports > MAX_RENDEZVOUS_PORTS {
         return Err(invalid("ports", format!("{} is above the maximum of {MAX_RENDEZVOUS_PORTS}", spec.ports)));
     }
-    validate_command(&spec.command, limits)?;
+    if let Some(c) = &spec.container {
+        c.check().map_err(|(field, reason)| invalid(field, reason))?;
+    }
+    // With an image, an empty command runs the image's own entrypoint and cmd.
+    if spec.container.is_none() || !spec.command.is_empty() {
+        validate_command(&spec.command, limits)?;
+    }
     validate_env(&spec.env, limits)?;
     let vc = &spec.vcluster;
     if vc.is_empty()

@@ -188,6 +188,14 @@ mod arbitrary {
                         any_of: false,
                         keep_if_unsatisfiable: class % 5 == 0,
                     },
+                    // Some name an image (its spec is carried and checked
+                    // like the rest; where it may run is the API's
+                    // constraint, not the state machine's).
+                    container: (priority.rem_euclid(5) == 2).then(|| muster_scheduler::sm::ContainerSpec {
+                        image: muster_scheduler::sm::ImageRef::parse("127.0.0.1:5000/t/bb:1").unwrap(),
+                        mounts: vec![muster_scheduler::sm::Mount::parse("/data:/data:ro").unwrap()],
+                        workdir: Some("/work".into()),
+                    }),
                     // Nodes offer two ports: some gangs want none, some
                     // run them out.
                     ports: priority.rem_euclid(3) as u32,

@@ -200,7 +200,13 @@ pub const RESERVED_LABEL_PREFIX: &str = "muster.";
 /// Reserved labels the scheduler sets from a registration's dedicated
 /// fields (address, rendezvous ports, checkpoint address), and the one the
 /// agent reports itself: how it contains tasks ([`ISOLATION_LABEL`]).
-pub const AGENT_SET_LABELS: [&str; 4] = ["muster.address", PORTS_LABEL, "muster.checkpoints", ISOLATION_LABEL];
+pub const AGENT_SET_LABELS: [&str; 5] =
+    ["muster.address", PORTS_LABEL, "muster.checkpoints", ISOLATION_LABEL, IMAGES_LABEL];
+
+/// How a node's agent runs container images (`builtin`, or the runtime it
+/// hands them to), set by the agent when it can. A spec with an image gets
+/// the constraint that its nodes have it.
+pub const IMAGES_LABEL: &str = "muster.images";
 
 /// How a node's agent contains its tasks: `cgroup-v1`, `cgroup-v2`, or
 /// `none` (`muster agent --no-isolation`), so `--constraint` can avoid it.

@@ -154,6 +154,9 @@ pub struct AllocSpec {
     /// The allocations it waits for before it may be queued (empty: none);
     /// until then it is `waiting`.
     pub after: After,
+    /// The container image its tasks run in, with its mounts and working
+    /// directory (`None`: the node's own system).
+    pub container: Option<ContainerSpec>,
 }
 
 /// The vCluster of an allocation that names none.
@@ -205,6 +208,7 @@ impl AllocSpec {
             name: String::new(),
             pids_max: 0,
             after: After::default(),
+            container: None,
         }
     }
 

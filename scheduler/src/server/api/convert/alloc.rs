@@ -40,6 +40,15 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
     for c in &p.constraints {
         constraints.extend(LabelExpr::parse_list(c).map_err(|e| invalid("spec.constraints", e))?);
     }
+    // An image runs only where an agent can run images.
+    if !p.image.is_empty() {
+        let runs_images = LabelExpr::parse_list(crate::sm::IMAGES_LABEL).expect("a label name is an expression");
+        for e in runs_images {
+            if !constraints.contains(&e) {
+                constraints.push(e);
+            }
+        }
+    }
     let pack_by = Some(p.pack_by.trim())
         .filter(|s| !s.is_empty())
         .map(Packing::parse)
@@ -69,6 +78,7 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         deps.push(crate::sm::Dependency { on: d.id, when });
     }
     let after = crate::sm::After { deps, any_of: p.after_any_of, keep_if_unsatisfiable: p.keep_if_unsatisfiable };
+    let container = container_from_proto(&p.image, &p.mounts, &p.workdir)?;
     let spec = AllocSpec {
         owner: p.owner,
         gang_size: p.gang_size,
@@ -96,6 +106,7 @@ pub fn spec_from_proto(spec: Option<v1::AllocationSpec>, limits: &Limits) -> Res
         name: p.name,
         pids_max: p.pids_max,
         after,
+        container,
     };
     validate_spec(&spec, limits).map_err(|r| rejection_to_status(&r))?;
     Ok(spec)
@@ -133,7 +144,35 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         after: s.after.deps.iter().map(|d| v1::Dependency { id: d.on, when: d.when.as_str().to_string() }).collect(),
         after_any_of: s.after.any_of,
         keep_if_unsatisfiable: s.after.keep_if_unsatisfiable,
+        image: s.container.as_ref().map(|c| c.image.to_string()).unwrap_or_default(),
+        mounts: s.container.as_ref().map(|c| c.mounts.iter().map(ToString::to_string).collect()).unwrap_or_default(),
+        workdir: s.container.as_ref().and_then(|c| c.workdir.clone()).unwrap_or_default(),
     }
+}
+
+/// The container part of a spec: `None` without an image; mounts and a
+/// working directory only with one.
+fn container_from_proto(
+    image: &str,
+    mounts: &[String],
+    workdir: &str,
+) -> Result<Option<crate::sm::ContainerSpec>, Status> {
+    if image.is_empty() {
+        if !mounts.is_empty() {
+            return Err(invalid("spec.mounts", "mounts need an image (--image)"));
+        }
+        if !workdir.is_empty() {
+            return Err(invalid("spec.workdir", "a working directory needs an image (--image)"));
+        }
+        return Ok(None);
+    }
+    let image = crate::sm::ImageRef::parse(image).map_err(|e| invalid("spec.image", e))?;
+    let mounts = mounts
+        .iter()
+        .map(|m| crate::sm::Mount::parse(m).map_err(|e| invalid("spec.mounts", e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let workdir = Some(workdir.to_string()).filter(|w| !w.is_empty());
+    Ok(Some(crate::sm::ContainerSpec { image, mounts, workdir }))
 }
 
 fn resources_to_proto(r: &Resources) -> v1::Resources {
