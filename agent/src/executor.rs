@@ -67,6 +67,30 @@ pub struct TaskLaunch {
     pub checkpoint_dir: PathBuf,
     /// The account the task runs as (`None`: the agent's own user).
     pub user: Option<crate::users::TaskUser>,
+    /// The image it runs in (`None`: the node's own system).
+    pub container: Option<ContainerLaunch>,
+}
+
+/// A task's image, pulled, and how it sees the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerLaunch {
+    /// The image's unpacked layers, lowest first.
+    pub layers: Vec<PathBuf>,
+    /// The image's configuration (ENV, ENTRYPOINT, CMD, WORKDIR).
+    pub config: muster_registry::ImageConfig,
+    /// Operator-allowed host paths it sees.
+    pub binds: Vec<crate::container::Bind>,
+    /// Where its command starts (else the image's WORKDIR, else `/`).
+    pub workdir: Option<String>,
+}
+
+impl ContainerLaunch {
+    /// argv as `docker run` makes it: the ENTRYPOINT, then the command
+    /// given, else the image's CMD.
+    pub fn argv(&self, command: &[String]) -> Vec<String> {
+        let rest = if command.is_empty() { &self.config.cmd } else { command };
+        self.config.entrypoint.iter().chain(rest).cloned().collect()
+    }
 }
 
 /// How an attempt ended.
@@ -208,7 +232,7 @@ pub const SHIM_SUBCOMMAND: &str = "task-shim";
 
 /// The signals the agent sends a task's group that the shim must survive
 /// (its command gets them; the shim only waits and reports).
-const SHIM_IGNORES: [i32; 7] =
+pub(crate) const SHIM_IGNORES: [i32; 7] =
     [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGPIPE];
 
 /// The shim's body: runs `command` (inheriting stdio, environment, working
@@ -258,13 +282,22 @@ fn run_shim_as(status: &Path, command: &[String], user: Option<&crate::users::Ta
             Exit::Code(127)
         }
     };
-    let line = match exit {
-        Exit::Code(c) => format!("code {c}\n"),
-        Exit::Signal(s) => format!("signal {s}\n"),
-    };
-    let tmp = status.with_extension("tmp");
-    if let Err(e) = fs::write(&tmp, line).and_then(|()| fs::rename(&tmp, status)) {
-        eprintln!("muster task-shim: cannot write {}: {e}", status.display());
+    finish_shim(Some(status), exit)
+}
+
+/// A shim's end: writes `exit` to `status` (if given; atomically, a
+/// temporary file renamed) and returns the code to exit with, or mirrors a
+/// signal by raising it.
+pub(crate) fn finish_shim(status: Option<&Path>, exit: Exit) -> i32 {
+    if let Some(status) = status {
+        let line = match exit {
+            Exit::Code(c) => format!("code {c}\n"),
+            Exit::Signal(s) => format!("signal {s}\n"),
+        };
+        let tmp = status.with_extension("tmp");
+        if let Err(e) = fs::write(&tmp, line).and_then(|()| fs::rename(&tmp, status)) {
+            eprintln!("muster task-shim: cannot write {}: {e}", status.display());
+        }
     }
     match exit {
         Exit::Code(c) => c,
@@ -375,7 +408,11 @@ pub fn spawn(
     muster: Muster<'_>,
     cgroup: Option<TaskCgroup>,
 ) -> Result<RunningTask, SpawnError> {
-    let program = launch.command.first().ok_or(SpawnError::EmptyCommand)?;
+    if launch.container.is_none() && launch.command.is_empty() {
+        return Err(SpawnError::EmptyCommand);
+    }
+    let program = launch.command.first().cloned().unwrap_or_else(|| "task-container".to_string());
+    let program = &program;
     let (out_path, err_path) = log_paths(work_dir, launch.alloc, launch.task, launch.attempt);
     let dir = out_path.parent().expect("log path has a parent").to_path_buf();
     let logs = |source| SpawnError::Logs { path: dir.clone(), source };
@@ -414,7 +451,11 @@ pub fn spawn(
     };
     let task_path = launch.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
     let exec_error = |source| SpawnError::Exec { program: program.clone(), source };
-    let found = find_program(program, &task_path, work_dir).map_err(exec_error)?;
+    let found = match &launch.container {
+        // Found inside the image, by the container's init.
+        Some(_) => PathBuf::new(),
+        None => find_program(program, &task_path, work_dir).map_err(exec_error)?,
+    };
     // The child joins the cgroups, leads its own process group and (unless
     // a shim does it for the command) becomes the task's account, then
     // execs what runs the task: the command itself, or its shim in front
@@ -436,9 +477,21 @@ pub fn spawn(
         }
         argv.push("--".into());
     }
+    let container = launch.container.as_ref();
+    if container.is_some() {
+        // The container's init becomes the account and writes the status
+        // itself: no shim in front of it.
+        argv.clear();
+        drop_to = None;
+    }
     let path = if argv.is_empty() { found.into_os_string() } else { argv[0].clone() };
     argv.extend(launch.command.iter().map(Into::into));
-    let mut env: BTreeMap<std::ffi::OsString, std::ffi::OsString> = std::env::vars_os().collect();
+    // A container sees the image's environment and the task's, never the
+    // agent's own.
+    let mut env: BTreeMap<std::ffi::OsString, std::ffi::OsString> = match container {
+        Some(c) => c.config.env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect(),
+        None => std::env::vars_os().collect(),
+    };
     let launcher = crate::launcher::launcher_env(launch, &hosts);
     let ours = [
         ("MUSTER_ALLOC_ID", launch.alloc.to_string()),
@@ -456,6 +509,28 @@ pub fn spawn(
     env.extend(pairs.map(|(k, v)| (k.into(), v.into())));
     env.extend(ours.iter().map(|(k, v)| ((*k).into(), v.into())));
     env.insert("MUSTER_CHECKPOINT_DIR".into(), launch.checkpoint_dir.clone().into_os_string());
+    let (path, argv) = match container {
+        None => (path, argv),
+        Some(c) => {
+            let exe = muster.exe.ok_or_else(|| {
+                exec_error(io::Error::new(io::ErrorKind::NotFound, "an image task needs the muster binary's path"))
+            })?;
+            let plan_path = container_plan(launch, c, work_dir, &hosts, &progress, &env, status_file.clone())
+                .map_err(|source| SpawnError::Logs { path: dir.clone(), source })?;
+            let argv: Vec<std::ffi::OsString> = vec![
+                exe.into(),
+                crate::container::CONTAINER_SUBCOMMAND.into(),
+                "--plan".into(),
+                plan_path.into_os_string(),
+            ];
+            (argv[0].clone(), argv)
+        }
+    };
+    let env = match container {
+        // The helper needs nothing of it: the plan holds the task's.
+        Some(_) => BTreeMap::new(),
+        None => env,
+    };
     let c = |s: std::ffi::OsString| {
         use std::os::unix::ffi::OsStringExt;
         std::ffi::CString::new(s.into_vec()).map_err(|_| {
@@ -495,6 +570,76 @@ pub fn spawn(
         cgroup,
         usage: None,
     })
+}
+
+/// Writes the container plan of `launch` into its attempt's directory and
+/// returns its path.
+fn container_plan(
+    launch: &TaskLaunch,
+    c: &ContainerLaunch,
+    work_dir: &Path,
+    hosts: &Path,
+    progress: &Path,
+    env: &BTreeMap<std::ffi::OsString, std::ffi::OsString>,
+    status: Option<PathBuf>,
+) -> io::Result<PathBuf> {
+    use crate::container::{Bind, ContainerPlan};
+    let dir = crate::container::attempt_dir(work_dir, launch.alloc, launch.task, launch.attempt);
+    crate::container::remove_attempt_dirs(&dir)?;
+    private_dirs(&dir)?;
+    // The task's own files at their own paths, so the launcher variables
+    // and the checkpoint directory mean the same inside.
+    let mut binds =
+        vec![Bind { source: launch.checkpoint_dir.clone(), target: launch.checkpoint_dir.clone(), read_only: false }];
+    for f in [hosts, progress] {
+        if !f.exists() {
+            private_file(f)?;
+            if let Some(u) = &launch.user {
+                std::os::unix::fs::lchown(f, Some(u.uid), Some(u.gid))?;
+            }
+        }
+        binds.push(Bind { source: f.to_path_buf(), target: f.to_path_buf(), read_only: f == hosts });
+    }
+    binds.extend(c.binds.iter().cloned());
+    let mut devices = Vec::new();
+    if !launch.gpu_ids.is_empty() {
+        for d in launch.gpu_ids.iter().map(|g| format!("/dev/nvidia{g}")).chain(
+            ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"].map(String::from),
+        ) {
+            if Path::new(&d).exists() {
+                devices.push(PathBuf::from(d));
+            }
+        }
+    }
+    let workdir = c
+        .workdir
+        .clone()
+        .or_else(|| Some(c.config.working_dir.clone()).filter(|w| !w.is_empty()))
+        .unwrap_or_else(|| "/".to_string());
+    let mut name = [0u8; 256];
+    // SAFETY: a valid buffer of its length.
+    let hostname = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
+        String::from_utf8_lossy(&name[..name.iter().position(|&b| b == 0).unwrap_or(0)]).into_owned()
+    } else {
+        "muster".to_string()
+    };
+    let plan = ContainerPlan {
+        layers: c.layers.clone(),
+        upper: dir.join("upper"),
+        work: dir.join("work"),
+        root: dir.join("root"),
+        binds,
+        devices,
+        hostname,
+        workdir,
+        argv: c.argv(&launch.command),
+        env: env.iter().map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy())).collect(),
+        user: launch.user.as_ref().map(crate::users::TaskUser::to_arg),
+        status,
+    };
+    let path = dir.join("plan.json");
+    crate::container::write_plan(&path, &plan)?;
+    Ok(path)
 }
 
 /// The subcommand of the `muster` binary that runs [`run_task_exec`].

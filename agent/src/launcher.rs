@@ -107,6 +107,7 @@ mod tests {
             checkpoint_dir: PathBuf::from("/c"),
             user: None,
             ports: vec![29500, 29501],
+            container: None,
         };
         let env: BTreeMap<String, String> = launcher_env(&launch, Path::new("/w/hosts")).into_iter().collect();
         let get = |k: &str| env.get(k).map(String::as_str);

@@ -23,6 +23,7 @@
 pub mod agent;
 pub mod cgroup;
 pub mod checkpoint;
+pub mod container;
 pub mod executor;
 pub mod hint;
 pub mod janitor;

@@ -143,6 +143,8 @@ pub struct AgentArgs {
     /// The most processes and threads one task may have.
     #[arg(long, default_value_t = muster_agent::cgroup::DEFAULT_PIDS_MAX, value_name = "N")]
     pids_max: u64,
+    #[command(flatten)]
+    images: crate::images::ImageArgs,
     /// A GPU's device file, in GPU index order (repeat per GPU), whose
     /// access every task not holding that GPU is refused. Default:
     /// /dev/nvidiaN for each GPU offered, where present.
@@ -288,6 +290,20 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         isolation,
         run_as,
         exe: std::env::current_exe().ok(),
+        images: if args.images.no_images {
+            None
+        } else {
+            let registry = muster_registry::Registry::new(&args.images.registry()?);
+            let dir = args.work_dir.join("images");
+            let cache = muster_registry::ImageCache::open(
+                &dir,
+                args.images.cache_max(max_bytes)?,
+                args.images.policy(),
+                registry,
+            )
+            .with_context(|| format!("cannot open the image cache in {}", dir.display()))?;
+            Some(muster_agent::agent::ImageRuntime { cache, allow_mounts: args.images.allow_mounts()? })
+        },
         janitor: muster_agent::janitor::JanitorConfig {
             log_retention: Duration::from_secs(log_retention),
             max_bytes,

@@ -60,6 +60,8 @@ pub struct DevArgs {
     /// home nodes is preempted for it (the return grace), ms.
     #[arg(long, default_value_t = muster_scheduler::policy::DEFAULT_RETURN_GRACE_MS)]
     reclaim_grace_ms: u64,
+    #[command(flatten)]
+    images: crate::images::ImageArgs,
     /// A label of one node, NODE:KEY=VALUE (repeatable): `--node-label
     /// node-1:gpu.model=H100 --node-label node-1:rack=r1` gives node-1 a GPU
     /// model and a rack for `muster submit --constraint` and `--pack-by`.
@@ -136,6 +138,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         reclaim: muster_scheduler::policy::ReclaimConfig {
             return_grace_ms: args.reclaim_grace_ms,
             ..Default::default()
+        },
+        exe: std::env::current_exe().ok(),
+        images: if args.images.no_images {
+            None
+        } else {
+            Some(muster_local::LocalImages {
+                registry: args.images.registry()?,
+                allow_mounts: args.images.allow_mounts()?,
+                cache_max_bytes: args.images.cache_max(None)?,
+            })
         },
         ..LocalConfig::default()
     };

@@ -24,6 +24,7 @@ mod client;
 mod cluster;
 mod dev;
 mod history;
+mod images;
 mod node;
 mod output;
 mod restore;
@@ -222,6 +223,15 @@ enum Cmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Run a task in its container image (what an agent starts for a task
+    /// with --image): namespaces, the image's overlay root, pivot_root, the
+    /// command; waits for it and exits the same way (docs/containers.md).
+    #[command(name = "task-container", hide = true)]
+    TaskContainer {
+        /// The plan the agent wrote.
+        #[arg(long)]
+        plan: std::path::PathBuf,
+    },
     /// One rank of a chaos-test gang (what `muster chaos` runs as each
     /// task): beats with its gang's master over the chaos fabric and
     /// journals its life; see muster_chaos::rank.
@@ -279,6 +289,10 @@ fn main() -> ExitCode {
                     126
                 }
             };
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
+        Cmd::TaskContainer { plan } => {
+            let code = muster_agent::container::run_container(&plan);
             return ExitCode::from(u8::try_from(code).unwrap_or(1));
         }
         Cmd::ChaosRank { beats } => {
@@ -386,6 +400,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             | Cmd::Tls { .. }
             | Cmd::TaskShim { .. }
             | Cmd::TaskExec { .. }
+            | Cmd::TaskContainer { .. }
             | Cmd::ChaosRank { .. }
             | Cmd::ChaosDaemon
             | Cmd::Restore(_) => {

@@ -129,6 +129,8 @@ pub struct Assignment {
     pub checkpointing: bool,
     /// The gang's rendezvous ports on task 0's node (`MASTER_PORT` first).
     pub ports: Vec<u16>,
+    /// The image the task runs in, with its mounts and working directory.
+    pub container: Option<crate::sm::ContainerSpec>,
 }
 
 /// What one stream has told its agent so far.
@@ -301,6 +303,7 @@ pub fn plan_sync(st: &State, node: &NodeId, sent: &SentMemory, repeat: bool, cfg
                 stall_timeout_s: a.spec.stall_timeout_s,
                 checkpointing: a.spec.checkpoint != CheckpointMode::None,
                 ports: a.ports.clone(),
+                container: a.spec.container.clone(),
             });
         }
     }

@@ -78,8 +78,23 @@ pub struct LocalConfig {
     /// own user, the default of `muster dev`).
     pub run_as: muster_agent::users::RunAs,
     /// The `muster` binary, for tasks that start as another user
-    /// (`None`: a pre-exec step of a forked process does it).
+    /// (`None`: a pre-exec step of a forked process does it), and for
+    /// tasks that run in an image (`muster task-container`).
     pub exe: Option<PathBuf>,
+    /// Container images (`None`: the agents run none).
+    pub images: Option<LocalImages>,
+}
+
+/// How a local cluster's agents run container images: each agent keeps its
+/// own cache in its work dir, as separate nodes would.
+#[derive(Clone, Debug, Default)]
+pub struct LocalImages {
+    /// Registry credentials and trust.
+    pub registry: muster_registry::RegistryConfig,
+    /// Host paths a task's `--mount` may name.
+    pub allow_mounts: Vec<PathBuf>,
+    /// Each agent's cache limit, bytes.
+    pub cache_max_bytes: u64,
 }
 
 /// The admin identity a local cluster issues for its operator.
@@ -141,6 +156,7 @@ impl Default for LocalConfig {
             isolation: true,
             run_as: muster_agent::users::RunAs::agent(),
             exe: None,
+            images: None,
         }
     }
 }
@@ -366,6 +382,21 @@ impl LocalCluster {
         }
     }
 
+    /// Agent `node_id`'s image runtime, its cache in its work dir.
+    fn images(&self, node_id: &str) -> Option<muster_agent::agent::ImageRuntime> {
+        let cfg = self.cfg.images.as_ref()?;
+        let registry = muster_registry::Registry::new(&cfg.registry);
+        let dir = self.dir.join(node_id).join("images");
+        let policy = muster_registry::UnpackPolicy::default();
+        match muster_registry::ImageCache::open(&dir, cfg.cache_max_bytes, policy, registry) {
+            Ok(cache) => Some(muster_agent::agent::ImageRuntime { cache, allow_mounts: cfg.allow_mounts.clone() }),
+            Err(e) => {
+                tracing::warn!(node = node_id, error = %e, "no image cache: the node runs no images");
+                None
+            }
+        }
+    }
+
     fn spawn_agent(&self, i: u32) -> AgentHandle {
         let node_id = format!("node-{}", i + 1);
         let cfg = AgentConfig {
@@ -393,6 +424,7 @@ impl LocalCluster {
             isolation: self.isolation(&node_id),
             run_as: self.cfg.run_as.clone(),
             exe: self.cfg.exe.clone(),
+            images: self.images(&node_id),
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

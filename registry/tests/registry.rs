@@ -4,196 +4,16 @@
 //! pushed with `skopeo`. Without those tools the tests skip, unless
 //! `MUSTER_REQUIRE_TOOLS=1` (`.ci/run` installs them).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use muster_core::sm::ImageRef;
 use muster_registry::{DockerAuth, ImageCache, PullError, Registry, RegistryConfig, UnpackPolicy};
+use muster_testkit::registry::{TestRegistry, tools};
 
-const TOOLS: [&str; 6] = ["docker-registry", "umoci", "skopeo", "openssl", "htpasswd", "busybox"];
-
-fn on_path(name: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-}
-
-/// Whether the tools are here; fails under `MUSTER_REQUIRE_TOOLS`.
-fn tools() -> bool {
-    let missing: Vec<&str> = TOOLS.iter().copied().filter(|t| !on_path(t)).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("MUSTER_REQUIRE_TOOLS").is_none(),
-        "{missing:?} not installed, and MUSTER_REQUIRE_TOOLS is set (.ci/run installs them)"
-    );
-    eprintln!("skipped: {missing:?} not installed");
-    false
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A registry process on a free port of 127.0.0.1, killed on drop.
-struct TestRegistry {
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Option<Child>,
-    tls: bool,
-}
-
-impl Drop for TestRegistry {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-impl TestRegistry {
-    /// With TLS (a CA of its own) and htpasswd auth (muster/secret), or
-    /// plain HTTP without auth.
-    fn start(tls: bool) -> TestRegistry {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut config = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            d.join("storage").display()
-        );
-        if tls {
-            let sh = |s: &str| run(Command::new("sh").arg("-c").arg(s).current_dir(d));
-            sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca");
-            sh("openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=127.0.0.1");
-            sh("printf 'subjectAltName=IP:127.0.0.1\\n' > ext.cnf && openssl x509 -req -in server.csr -CA ca.pem \
-                -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile ext.cnf");
-            sh("htpasswd -Bbn muster secret > htpasswd && mkdir -p certs && cp ca.pem certs/ca.crt");
-            config.push_str(&format!(
-                "  tls:\n    certificate: {0}/server.pem\n    key: {0}/server.key\nauth:\n  htpasswd:\n    realm: muster\n    path: {0}/htpasswd\n",
-                d.display()
-            ));
-        }
-        std::fs::write(d.join("config.yml"), config).unwrap();
-        let mut r = TestRegistry { dir, port, child: None, tls };
-        r.resume();
-        r
-    }
-
-    fn resume(&mut self) {
-        let d = self.dir.path();
-        let log = std::fs::File::create(d.join("registry.log")).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(d.join("config.yml"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "the registry never listened");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn ca(&self) -> PathBuf {
-        self.dir.path().join("ca.pem")
-    }
-
-    /// A registry config with the right credentials and CA.
-    fn config(&self) -> RegistryConfig {
-        let json = format!(r#"{{"auths": {{"{}": {{"username": "muster", "password": "secret"}}}}}}"#, self.host());
-        let cfg = RegistryConfig { auth: DockerAuth::parse(&json).unwrap(), ..RegistryConfig::default() };
-        if self.tls { cfg.with_ca_file(&self.ca()).unwrap() } else { cfg }
-    }
-
-    /// Builds an image offline from busybox-static (plus, when `second`,
-    /// a second layer adding /data/file.txt and deleting /bin/true) and
-    /// pushes it as `test/NAME:TAG`; returns its manifest digest.
-    fn push(&self, name: &str, tag: &str, second: bool) -> String {
-        let work = tempfile::tempdir().unwrap();
-        let w = work.path();
-        let umoci = |args: &[&str]| run(Command::new("umoci").args(args).current_dir(w));
-        umoci(&["init", "--layout", "oci"]);
-        umoci(&["new", "--image", "oci:img"]);
-        umoci(&["unpack", "--image", "oci:img", "bundle"]);
-        let rootfs = w.join("bundle/rootfs");
-        std::fs::create_dir_all(rootfs.join("bin")).unwrap();
-        std::fs::create_dir_all(rootfs.join("work")).unwrap();
-        std::fs::copy("/usr/bin/busybox", rootfs.join("bin/busybox")).unwrap();
-        for c in ["sh", "echo", "cat", "env", "sleep", "ls", "true"] {
-            std::os::unix::fs::symlink("/bin/busybox", rootfs.join("bin").join(c)).unwrap();
-        }
-        // A tag of its own in the image, so two names are two images.
-        std::fs::write(rootfs.join("work/name"), format!("{name}:{tag}\n")).unwrap();
-        umoci(&["repack", "--image", "oci:img", "bundle"]);
-        if second {
-            std::fs::remove_dir_all(w.join("bundle")).unwrap();
-            umoci(&["unpack", "--image", "oci:img", "bundle"]);
-            std::fs::create_dir_all(rootfs.join("data")).unwrap();
-            std::fs::write(rootfs.join("data/file.txt"), "layer two\n").unwrap();
-            std::fs::remove_file(rootfs.join("bin/true")).unwrap();
-            umoci(&["repack", "--image", "oci:img", "bundle"]);
-        }
-        umoci(&[
-            "config",
-            "--image",
-            "oci:img",
-            "--config.env",
-            "PATH=/bin",
-            "--config.env",
-            "GREETING=hello",
-            "--config.workingdir",
-            "/work",
-            "--config.entrypoint",
-            "/bin/sh",
-            "--config.entrypoint",
-            "-c",
-            "--config.cmd",
-            "echo default-cmd",
-        ]);
-        let dest = format!("docker://{}/test/{name}:{tag}", self.host());
-        let mut copy = Command::new("skopeo");
-        copy.arg("copy").current_dir(w);
-        if self.tls {
-            copy.args(["--dest-creds", "muster:secret", "--dest-cert-dir"]).arg(self.dir.path().join("certs"));
-        } else {
-            copy.arg("--dest-tls-verify=false");
-        }
-        run(copy.args(["oci:oci:img", &dest]));
-        let mut inspect = Command::new("skopeo");
-        inspect.args(["inspect", "--format", "{{.Digest}}"]);
-        if self.tls {
-            inspect.args(["--creds", "muster:secret", "--cert-dir"]).arg(self.dir.path().join("certs"));
-        } else {
-            inspect.arg("--tls-verify=false");
-        }
-        run(inspect.arg(&dest)).trim().to_string()
-    }
-
-    /// The registry's stored file of blob `digest`.
-    fn blob_file(&self, digest: &str) -> PathBuf {
-        let hex = digest.trim_start_matches("sha256:");
-        self.dir.path().join(format!("storage/docker/registry/v2/blobs/sha256/{}/{hex}/data", &hex[..2]))
-    }
+/// A registry config with the right credentials and CA.
+fn config(reg: &TestRegistry) -> RegistryConfig {
+    let cfg = RegistryConfig { auth: DockerAuth::parse(&reg.auth_json()).unwrap(), ..RegistryConfig::default() };
+    if reg.tls() { cfg.with_ca_file(&reg.ca()).unwrap() } else { cfg }
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -216,7 +36,7 @@ fn a_tls_registry_with_auth_fills_the_cache_and_a_pinned_second_pull_needs_no_re
     let mut reg = TestRegistry::start(true);
     let digest = reg.push("busybox", "1", false);
     let dir = tempfile::tempdir().unwrap();
-    let c = cache(dir.path(), 1 << 30, &reg.config());
+    let c = cache(dir.path(), 1 << 30, &config(&reg));
     rt().block_on(async {
         let r = image(&reg, "busybox", "1");
         assert_eq!(c.registry().resolve(&r).await.unwrap(), digest, "the tag resolves to what skopeo pushed");
@@ -247,7 +67,7 @@ fn a_tls_registry_with_auth_fills_the_cache_and_a_pinned_second_pull_needs_no_re
         drop(again);
         // A new cache on the same directory finds what is there.
         drop(c);
-        let reopened = cache(dir.path(), 1 << 30, &reg.config());
+        let reopened = cache(dir.path(), 1 << 30, &config(&reg));
         assert!(reopened.pull(&r.pinned(&digest)).await.unwrap().cache_hit);
     });
 }
@@ -275,13 +95,13 @@ fn bad_credentials_unknown_images_and_an_untrusted_certificate_are_named() {
         };
         let e = cache(dir.path(), 1 << 30, &wrong).pull(&r).await.unwrap_err();
         assert!(matches!(e, PullError::Unauthorized(_)), "{e}");
-        let e = cache(dir.path(), 1 << 30, &reg.config()).pull(&image(&reg, "busybox", "nope")).await.unwrap_err();
+        let e = cache(dir.path(), 1 << 30, &config(&reg)).pull(&image(&reg, "busybox", "nope")).await.unwrap_err();
         assert!(matches!(e, PullError::NotFound(_)), "{e}");
-        let e = cache(dir.path(), 1 << 30, &reg.config()).pull(&image(&reg, "nothing", "1")).await.unwrap_err();
+        let e = cache(dir.path(), 1 << 30, &config(&reg)).pull(&image(&reg, "nothing", "1")).await.unwrap_err();
         assert!(matches!(e, PullError::NotFound(_) | PullError::Unauthorized(_)), "{e}");
         // Without the registry's CA the certificate is not trusted (and a
         // TLS registry does not fall back to plain HTTP).
-        let untrusted = RegistryConfig { ca_pem: None, ..reg.config() };
+        let untrusted = RegistryConfig { ca_pem: None, ..config(&reg) };
         let e = cache(dir.path(), 1 << 30, &untrusted).pull(&r).await.unwrap_err();
         assert!(matches!(e, PullError::Unreachable(_)), "{e}");
         assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
@@ -296,7 +116,7 @@ fn two_pulls_of_one_image_at_once_download_it_once() {
     let reg = TestRegistry::start(true);
     reg.push("busybox", "1", false);
     let dir = tempfile::tempdir().unwrap();
-    let c = cache(dir.path(), 1 << 30, &reg.config());
+    let c = cache(dir.path(), 1 << 30, &config(&reg));
     rt().block_on(async {
         let r = image(&reg, "busybox", "1");
         let (a, b) = tokio::join!(c.pull(&r), c.pull(&r));
@@ -323,7 +143,7 @@ fn layers_apply_whiteouts_and_eviction_spares_images_in_use() {
     reg.push("other", "1", false);
     let dir = tempfile::tempdir().unwrap();
     // A limit smaller than any image: every pull evicts what it can.
-    let c = cache(dir.path(), 1, &reg.config());
+    let c = cache(dir.path(), 1, &config(&reg));
     rt().block_on(async {
         let layered = c.pull(&image(&reg, "layered", "1")).await.unwrap();
         assert_eq!(layered.layer_dirs.len(), 2);
@@ -372,7 +192,7 @@ fn a_layer_whose_bytes_do_not_match_its_digest_is_refused_and_not_kept() {
     let reg = TestRegistry::start(true);
     reg.push("busybox", "1", false);
     let dir = tempfile::tempdir().unwrap();
-    let c = cache(dir.path(), 1 << 30, &reg.config());
+    let c = cache(dir.path(), 1 << 30, &config(&reg));
     rt().block_on(async {
         let r = image(&reg, "busybox", "1");
         let m = c.registry().manifest(&r).await.unwrap();

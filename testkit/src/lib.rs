@@ -16,6 +16,8 @@
 
 #![deny(missing_docs)]
 
+pub mod registry;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 

@@ -136,7 +136,32 @@ pub struct AgentConfig {
     /// The `muster` binary, whose `task-shim` and `task-exec` keep tasks
     /// across agent restarts (`--keep-tasks`; `None`: tasks are not kept).
     pub exe: Option<PathBuf>,
+    /// Container images (`None`: the node runs none, and does not carry
+    /// the `muster.images` label).
+    pub images: Option<ImageRuntime>,
 }
+
+/// How the node runs container images (docs/containers.md).
+#[derive(Clone)]
+pub struct ImageRuntime {
+    /// The node's image cache.
+    pub cache: muster_registry::ImageCache,
+    /// Host paths (and what is under them) a task's `--mount` may name.
+    pub allow_mounts: Vec<PathBuf>,
+}
+
+impl std::fmt::Debug for ImageRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageRuntime").field("allow_mounts", &self.allow_mounts).finish_non_exhaustive()
+    }
+}
+
+/// How an attempt whose image could not be pulled reports its end (with
+/// the registry's message after it).
+pub const IMAGE_PULL_FAILED: &str = "image pull failed";
+
+/// What the `muster.images` label says of a node that runs images itself.
+pub const BUILTIN_RUNTIME: &str = "builtin";
 
 /// Heartbeat intervals without a word from the leader (it acks every
 /// heartbeat) before the agent drops the stream and looks for a leader.
@@ -286,6 +311,17 @@ impl Agent {
     pub fn new(mut cfg: AgentConfig) -> std::io::Result<Agent> {
         let isolation = cfg.isolation.as_ref().map_or("none", |iso| iso.version().label());
         cfg.labels.insert(crate::cgroup::ISOLATION_LABEL.to_string(), isolation.to_string());
+        // Images run only inside a cgroup, through the muster binary.
+        match (&cfg.images, &cfg.isolation, &cfg.exe) {
+            (Some(_), Some(_), Some(_)) => {
+                cfg.labels.insert(muster_core::sm::IMAGES_LABEL.to_string(), BUILTIN_RUNTIME.to_string());
+            }
+            (Some(_), _, _) => {
+                tracing::warn!("container images need cgroup isolation and the muster binary: this node runs none");
+                cfg.images = None;
+            }
+            _ => {}
+        }
         crate::users::prepare_work_dir(&cfg.work_dir, &cfg.run_as).map_err(std::io::Error::other)?;
         let (mut records, found) = Records::open(cfg.work_dir.join("running"), cfg.disk_fault_file.clone())?;
         let mut leftovers = Vec::new();

@@ -62,6 +62,15 @@ pub(super) struct Prepared {
     pub(super) unusable: Vec<(u64, String)>,
     /// Told to stop (or checkpoint) before it could start.
     pub(super) stopped: bool,
+    /// Its image, pulled (or why not), when it runs in one.
+    pub(super) image: Option<Result<Arc<muster_registry::PulledImage>, String>>,
+}
+
+/// What an attempt in a container holds until it ends: its image (kept
+/// from eviction) and its directory (removed at its end).
+pub(super) struct InContainer {
+    pub(super) _image: Arc<muster_registry::PulledImage>,
+    pub(super) dir: PathBuf,
 }
 
 pub(super) struct Running {
@@ -149,7 +158,7 @@ impl Agent {
                     naming: Naming { alloc: key.0, task: key.1, attempt: r.attempt, epoch: key.2 },
                 };
                 let cgroup = self.cfg.isolation.as_ref().map(|iso| iso.attempt(key));
-                self.watch(key, r.attempt, executor::adopt(r.pgid, status, cgroup), limits, ctrl_rx, save);
+                self.watch(key, r.attempt, executor::adopt(r.pgid, status, cgroup), limits, ctrl_rx, save, None);
             } else {
                 let exit = executor::read_status(&status)
                     .ok_or_else(|| "the task ended while its agent was down, and its exit status was lost".to_string());
@@ -174,6 +183,7 @@ impl Agent {
 
     /// Watches a started (or adopted) attempt until it ends, then tells the
     /// session through `exits`.
+    #[allow(clippy::too_many_arguments)] // each is one part of the attempt the waiter owns
     pub(super) fn watch(
         &self,
         key: Key,
@@ -182,6 +192,7 @@ impl Agent {
         limits: watchdog::Limits,
         ctrl_rx: mpsc::UnboundedReceiver<Control>,
         save: SaveSpec,
+        container: Option<InContainer>,
     ) {
         let dogs = Watchdogs::new(self.cfg.watchdog, limits, tokio::time::Instant::now());
         let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
@@ -200,6 +211,13 @@ impl Agent {
         let seal = self.cfg.run_as.switches();
         tokio::spawn(async move {
             let (mut ended, stopped) = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard, &clock).await;
+            // Its writable layer goes with it (its mounts went with its
+            // namespace); its image may be evicted from now on.
+            if let Some(c) = container
+                && let Err(e) = crate::container::remove_attempt_dirs(&c.dir)
+            {
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "cannot remove the attempt's container directory");
+            }
             // Nothing of the attempt runs now; the directory is the
             // agent's again before it is read (only needed where tasks run
             // as other accounts).
@@ -227,11 +245,17 @@ impl Agent {
         let (ctrl_tx, mut ctrl_rx) = mpsc::unbounded_channel::<Control>();
         self.running.insert(key, Running { ctrl: Some(ctrl_tx), gpus, attempt, preempt: None });
         let dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
-        if a.restore.is_empty() {
+        if a.restore.is_empty() && a.image.is_empty() {
             let prepared = match checkpoint::reset(&dir) {
-                Ok(()) => {
-                    Prepared { assign: a, attempt, ctrl_rx, restored: None, unusable: Vec::new(), stopped: false }
-                }
+                Ok(()) => Prepared {
+                    assign: a,
+                    attempt,
+                    ctrl_rx,
+                    restored: None,
+                    unusable: Vec::new(),
+                    stopped: false,
+                    image: None,
+                },
                 Err(e) => {
                     let why = format!("cannot create {}: {e}", dir.display());
                     let _ = self.exits_tx.send((key, Ended::not_run(why)));
@@ -243,6 +267,7 @@ impl Agent {
         }
         let stores = self.stores.clone();
         let prepared_tx = self.prepared_tx.clone();
+        let images = self.cfg.images.as_ref().map(|i| i.cache.clone());
         tokio::spawn(async move {
             let mut unusable = Vec::new();
             let mut restored = None;
@@ -278,14 +303,38 @@ impl Agent {
             if restored.is_none() && !stopped {
                 let _ = checkpoint::reset(&dir);
             }
-            let _ = prepared_tx.send((key, Prepared { assign: a, attempt, ctrl_rx, restored, unusable, stopped }));
+            let mut image = None;
+            if !a.image.is_empty() && !stopped {
+                let pulled = match (&images, muster_core::sm::ImageRef::parse(&a.image)) {
+                    (None, _) => Err("this node runs no container images".to_string()),
+                    (_, Err(e)) => Err(format!("image {:?}: {e}", a.image)),
+                    (Some(cache), Ok(r)) => {
+                        let started = tokio::time::Instant::now();
+                        tokio::select! {
+                            got = cache.pull(&r) => got.map(Arc::new).map_err(|e| e.to_string()).inspect(|p| {
+                                tracing::info!(
+                                    alloc_id = key.0, task = key.1, image = %r, digest = %p.digest, cache_hit = p.cache_hit,
+                                    bytes = p.downloaded, seconds = started.elapsed().as_secs_f64(), "image ready"
+                                );
+                            }),
+                            _ = ctrl_rx.recv() => {
+                                stopped = true;
+                                Err("stopped while its image was being pulled".to_string())
+                            }
+                        }
+                    }
+                };
+                image = Some(pulled);
+            }
+            let _ =
+                prepared_tx.send((key, Prepared { assign: a, attempt, ctrl_rx, restored, unusable, stopped, image }));
         });
     }
 
     /// Launches an attempt whose checkpoint (if any) is in place. Returns
     /// the reports of the checkpoints it could not restore.
     pub(super) fn launch(&mut self, key: Key, p: Prepared) -> Vec<v1::CheckpointUnusable> {
-        let Prepared { assign: a, attempt, ctrl_rx, restored, unusable, stopped } = p;
+        let Prepared { assign: a, attempt, ctrl_rx, restored, unusable, stopped, image } = p;
         if !self.running.contains_key(&key) {
             return Vec::new(); // dropped meanwhile (the agent is shutting down)
         }
@@ -299,12 +348,29 @@ impl Agent {
             })
             .collect();
         if stopped {
-            tracing::info!(alloc_id = key.0, task = key.1, attempt, "stopped while its checkpoint was being restored");
-            let _ = self
-                .exits_tx
-                .send((key, Ended::not_run("stopped before it started (its checkpoint was being restored)".into())));
+            tracing::info!(alloc_id = key.0, task = key.1, attempt, "stopped while it was being prepared");
+            let _ = self.exits_tx.send((
+                key,
+                Ended::not_run("stopped before it started (its checkpoint or image was being fetched)".into()),
+            ));
             return reports;
         }
+        let image = match image {
+            None => None,
+            Some(Ok(img)) => Some(img),
+            Some(Err(e)) => {
+                tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "image pull failed");
+                let _ = self.exits_tx.send((key, Ended::not_run(format!("{IMAGE_PULL_FAILED}: {e}"))));
+                return reports;
+            }
+        };
+        let container = match image.as_ref().map(|img| self.container_launch(img, &a.mounts, &a.workdir)).transpose() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.exits_tx.send((key, Ended::not_run(e)));
+                return reports;
+            }
+        };
         let gpus = self.running[&key].gpus.clone();
         let checkpoint_dir = checkpoint::dir(&self.cfg.work_dir, key.0, key.1);
         let user = self.cfg.run_as.for_owner(&a.owner).cloned();
@@ -357,7 +423,12 @@ impl Agent {
             gpu_ids: gpus.clone(),
             checkpoint_dir: checkpoint_dir.clone(),
             user: user.clone(),
+            container,
         };
+        let in_container = image.map(|img| InContainer {
+            _image: img,
+            dir: crate::container::attempt_dir(&self.cfg.work_dir, key.0, key.1, attempt),
+        });
         // Its record's slot first: an attempt the next agent could not find
         // is never started (see `Records`).
         let reserved = match self.records.reserve(key) {
@@ -437,7 +508,7 @@ impl Agent {
                     resumed = restored.is_some(),
                     "task started"
                 );
-                self.watch(key, attempt, task, limits, ctrl_rx, save);
+                self.watch(key, attempt, task, limits, ctrl_rx, save, in_container);
             }
             Err(e) => {
                 if user.is_some() {
@@ -448,6 +519,44 @@ impl Agent {
             }
         }
         reports
+    }
+
+    /// How a task's image sees the node: its layers and configuration, and
+    /// its mounts, each of which must lie under a path the operator allows
+    /// (`--allow-mount`).
+    fn container_launch(
+        &self,
+        img: &muster_registry::PulledImage,
+        mounts: &[String],
+        workdir: &str,
+    ) -> Result<executor::ContainerLaunch, String> {
+        let allowed = self.cfg.images.as_ref().map(|i| i.allow_mounts.as_slice()).unwrap_or_default();
+        let mut binds = Vec::new();
+        for m in mounts {
+            let m = muster_core::sm::Mount::parse(m).map_err(|e| format!("mount {m:?}: {e}"))?;
+            // Where it really is: a symlink under an allowed path must not
+            // lead out of it.
+            let source =
+                std::fs::canonicalize(&m.source).map_err(|e| format!("mount {}: {e} on this node", m.source))?;
+            if !allowed.iter().any(|a| source.starts_with(a)) {
+                return Err(format!(
+                    "mount {}: this node allows mounts only under {}",
+                    m.source,
+                    if allowed.is_empty() {
+                        "nothing (muster agent --allow-mount)".to_string()
+                    } else {
+                        allowed.iter().map(|a| a.display().to_string()).collect::<Vec<_>>().join(", ")
+                    }
+                ));
+            }
+            binds.push(crate::container::Bind { source, target: PathBuf::from(&m.target), read_only: m.read_only });
+        }
+        Ok(executor::ContainerLaunch {
+            layers: img.layer_dirs.clone(),
+            config: img.config.clone(),
+            binds,
+            workdir: Some(workdir.to_string()).filter(|w| !w.is_empty()),
+        })
     }
 
     /// What an attempt's end reports. Whenever a process of a checkpointing

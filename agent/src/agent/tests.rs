@@ -98,6 +98,7 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         isolation: None,
         run_as: crate::users::RunAs::agent(),
         exe: None,
+        images: None,
     }
 }
 

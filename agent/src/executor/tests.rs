@@ -19,6 +19,7 @@ fn launch(command: &[&str]) -> TaskLaunch {
         gpu_ids: vec![4, 5],
         checkpoint_dir: PathBuf::from("/tmp/ckpt"),
         user: None,
+        container: None,
     }
 }
 
@@ -440,4 +441,27 @@ async fn each_run_starts_with_no_beat_in_its_progress_file() {
     assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
     let (out, _) = log_paths(dir.path(), 7, 1, 2);
     assert_eq!(fs::read_to_string(out).unwrap(), "fresh\n");
+}
+
+#[test]
+fn an_image_task_runs_entrypoint_then_its_command_or_the_images_cmd_as_docker_run_does() {
+    let c = ContainerLaunch {
+        layers: vec![],
+        config: muster_registry::ImageConfig {
+            entrypoint: vec!["/bin/sh".into(), "-c".into()],
+            cmd: vec!["echo default".into()],
+            ..Default::default()
+        },
+        binds: vec![],
+        workdir: None,
+    };
+    assert_eq!(c.argv(&[]), ["/bin/sh", "-c", "echo default"]);
+    assert_eq!(c.argv(&["echo mine".to_string()]), ["/bin/sh", "-c", "echo mine"]);
+    let no_entrypoint =
+        ContainerLaunch { config: muster_registry::ImageConfig { cmd: vec!["top".into()], ..Default::default() }, ..c };
+    assert_eq!(no_entrypoint.argv(&["ls".to_string(), "/".to_string()]), ["ls", "/"]);
+    assert_eq!(no_entrypoint.argv(&[]), ["top"]);
+    // No command and nothing in the image: refused before anything starts.
+    let bare = ContainerLaunch { config: Default::default(), ..no_entrypoint };
+    assert!(bare.argv(&[]).is_empty());
 }

@@ -36,5 +36,6 @@ pub fn config(addr: String, work_dir: &Path, fence: bool) -> AgentConfig {
         isolation: None,
         run_as: muster_agent::users::RunAs::agent(),
         exe: None,
+        images: None,
     }
 }

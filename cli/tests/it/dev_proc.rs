@@ -131,6 +131,37 @@ impl Drop for Dev {
     }
 }
 
+/// Waits for allocation `id` to end; its `alloc get`.
+pub fn wait_for_end(dev: &Dev, id: &str) -> serde_json::Value {
+    muster_testkit::eventually_blocking(&format!("allocation {id} to end"), Duration::from_secs(120), || {
+        let a = dev.ok(&["alloc", "get", id]);
+        if ["done", "failed", "cancelled"].contains(&a["status"].as_str().unwrap_or_default()) {
+            Ok(a)
+        } else {
+            Err(a.to_string())
+        }
+    })
+}
+
+/// Task `task`'s standard output (its latest attempt), from its node.
+pub fn task_stdout(dev: &Dev, id: &str, task: u32) -> String {
+    let tls = dev.tls.to_str().unwrap().to_string();
+    let o = crate::muster(&[
+        "alloc",
+        "logs",
+        id,
+        "--task",
+        &task.to_string(),
+        "--stdout",
+        "--scheduler",
+        &dev.sched,
+        "--tls-dir",
+        &tls,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// Until `f` holds ([`muster_testkit::eventually_blocking`]); fails after
 /// 90 s (a `muster dev` of real processes on a loaded machine) naming `what`.
 pub fn wait_until(what: &str, f: impl Fn() -> bool) {

@@ -6,11 +6,11 @@ use crate::dev_proc::Dev;
 /// A malformed reference, mount or working directory is refused naming the
 /// flag; a well-formed one is recorded with its mounts and working
 /// directory, and runs only on nodes whose agent runs images
-/// (`muster.images`): none here yet, so it is refused as unsatisfiable
-/// unless asked to queue.
+/// (`muster.images`): none here (`--no-images`), so it is refused as
+/// unsatisfiable unless asked to queue.
 #[test]
 fn t220_an_image_spec_is_checked_recorded_and_placed_only_where_images_run() {
-    let dev = Dev::start();
+    let dev = Dev::start_with(&["--no-images"]);
     for (args, needle) in [
         (vec!["--image", "Bad//ref"], "--image \"Bad//ref\": repository component \"Bad\""),
         (vec!["--image", "bb@sha256:abc"], "64 lowercase hex digits"),
@@ -30,7 +30,7 @@ fn t220_an_image_spec_is_checked_recorded_and_placed_only_where_images_run() {
     let args = ["submit", "--image", image, "--mount", "/tmp:/data:ro", "--workdir", "/work", "--", "true"];
     let refused = dev.json(&args);
     let msg = refused["error"].as_str().unwrap_or_default();
-    assert!(msg.contains("muster.images"), "no node runs images yet: {refused}");
+    assert!(msg.contains("muster.images"), "no node runs images: {refused}");
     let mut queued = args.to_vec();
     queued.insert(1, "--queue-if-unsatisfiable");
     let id = dev.ok(&queued)["id"].as_u64().unwrap().to_string();
@@ -42,4 +42,64 @@ fn t220_an_image_spec_is_checked_recorded_and_placed_only_where_images_run() {
     // Without an image, the image's entrypoint cannot stand in for a command.
     let e = dev.json(&["submit", "--mount", "/a:/b"]);
     assert!(e["error"].as_str().unwrap_or_default().contains("--image"), "{e}");
+}
+
+/// A 4-task gang runs from a real registry image on `muster dev`: Debian's
+/// registry with TLS and auth holds a busybox image built offline; the
+/// agents pull it with the credentials and CA given to `muster dev`. Each
+/// rank runs inside the image (its own PID namespace and root), sees the
+/// launcher environment, its hostfile and an allowed mount, and the
+/// image's ENV; a mount outside what the node allows fails the task with a
+/// reason that says so.
+#[test]
+fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
+    use muster_testkit::registry::{TestRegistry, tools};
+    if !tools() {
+        return;
+    }
+    let reg = TestRegistry::start(true);
+    reg.push("busybox", "1", false);
+    let files = tempfile::tempdir().unwrap();
+    let auth = files.path().join("config.json");
+    std::fs::write(&auth, reg.auth_json()).unwrap();
+    let data = files.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("input.txt"), "from the host\n").unwrap();
+    let dev = Dev::start_with(&[
+        "--registry-auth",
+        auth.to_str().unwrap(),
+        "--registry-ca",
+        reg.ca().to_str().unwrap(),
+        "--allow-mount",
+        data.to_str().unwrap(),
+    ]);
+    let image = format!("{}/test/busybox:1", reg.host());
+    let mount = format!("{}:/data:ro", data.display());
+    // The image's ENTRYPOINT is `/bin/sh -c`: the command is its script.
+    let script = "echo rank=$RANK of $WORLD_SIZE port=$MASTER_PORT pid=$$; cat /work/name /data/input.txt; \
+                  test -s $MUSTER_HOSTFILE && echo hostfile; echo greeting=$GREETING; pwd; \
+                  ls / | tr '\\n' ' '; echo; ps 2>/dev/null | wc -l >/dev/null; echo ok";
+    let id = dev.ok(&["submit", "--image", &image, "-n", "4", "--gpus", "1", "--mount", &mount, "--", script])["id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let a = crate::dev_proc::wait_for_end(&dev, &id);
+    assert_eq!(a["status"], "done", "{a}");
+    for task in 0..4 {
+        let out = crate::dev_proc::task_stdout(&dev, &id, task);
+        assert!(out.contains(&format!("rank={task} of 4 port=")), "{out}");
+        assert!(out.contains("pid=2"), "PID 1 is the container's init: {out}");
+        assert!(out.contains("busybox:1\nfrom the host\n"), "the image's file and the mount: {out}");
+        assert!(out.contains("hostfile\ngreeting=hello\n/work\n"), "{out}");
+        assert!(out.contains("bin data dev etc proc sys tmp work"), "the image's root: {out}");
+    }
+    // A mount the nodes do not allow fails the task, saying why.
+    let id =
+        dev.ok(&["submit", "--image", &image, "--mount", "/etc:/host-etc", "--max-retries", "1", "--", "true"])["id"]
+            .as_u64()
+            .unwrap()
+            .to_string();
+    let a = crate::dev_proc::wait_for_end(&dev, &id);
+    assert_eq!(a["status"], "failed", "{a}");
+    assert!(a.to_string().contains("this node allows mounts only under"), "{a}");
 }

@@ -326,6 +326,13 @@ impl Session {
                 cpus: a.cpus,
                 owner: a.owner.clone(),
                 pids_max: a.pids_max,
+                image: a.container.as_ref().map(|c| c.image.to_string()).unwrap_or_default(),
+                mounts: a
+                    .container
+                    .as_ref()
+                    .map(|c| c.mounts.iter().map(ToString::to_string).collect())
+                    .unwrap_or_default(),
+                workdir: a.container.as_ref().and_then(|c| c.workdir.clone()).unwrap_or_default(),
                 restore: a
                     .restore
                     .iter()
