@@ -122,6 +122,18 @@ pub struct ServerArgs {
     /// the node's muster.drain-timeout label gives one.
     #[arg(long, default_value = "4h")]
     drain_timeout: String,
+    /// Registry credentials (a docker config.json) with which a submit's
+    /// image tag is resolved to the digest every task then runs.
+    #[arg(long, value_name = "FILE")]
+    registry_auth: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) to trust for registries, besides the system's.
+    #[arg(long, value_name = "FILE")]
+    registry_ca: Option<std::path::PathBuf>,
+    /// Leave image tags unresolved at submit (each agent resolves the tag
+    /// when it pulls, so a gang's tasks may run different bytes if the tag
+    /// moves meanwhile).
+    #[arg(long)]
+    no_image_resolve: bool,
     /// How long a finished allocation stays in the live state (then only
     /// `muster history` has it), or `off` to keep every one.
     #[arg(long, default_value = "3h")]
@@ -379,6 +391,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.reclaim = reclaim;
     cfg.walltime_defaults = walltime_defaults;
     cfg.drain_timeout = Duration::from_secs(drain_timeout_s);
+    cfg.registry = if args.no_image_resolve {
+        None
+    } else {
+        let images = crate::images::ImageArgs {
+            registry_auth: args.registry_auth.clone(),
+            registry_ca: args.registry_ca.clone(),
+            ..Default::default()
+        };
+        Some(images.registry()?)
+    };
     cfg.retention = retention;
     cfg.inject_bug = match args.inject_bug.as_deref() {
         None => None,

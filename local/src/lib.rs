@@ -344,6 +344,10 @@ impl LocalCluster {
         });
         rc.http_options.rate_per_s = self.cfg.http_rate;
         rc.hub.admission_required = self.cfg.admission_required;
+        // The replicas resolve image tags with what the agents pull with.
+        if let Some(images) = &self.cfg.images {
+            rc.registry = Some(images.registry.clone());
+        }
         rc
     }
 

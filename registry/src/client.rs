@@ -267,10 +267,17 @@ pub struct Manifest {
 }
 
 /// A client for every registry a node pulls from.
+#[derive(Clone)]
 pub struct Registry {
     https: Client,
     http: Client,
     auth: DockerAuth,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("registries_with_credentials", &self.auth.registries().count()).finish()
+    }
 }
 
 /// Whether `registry` (host[:port]) is on the loopback: it may speak plain

@@ -50,7 +50,8 @@ fn t220_an_image_spec_is_checked_recorded_and_placed_only_where_images_run() {
 /// rank runs inside the image (its own PID namespace and root), sees the
 /// launcher environment, its hostfile and an allowed mount, and the
 /// image's ENV; a mount outside what the node allows fails the task with a
-/// reason that says so.
+/// reason that says so. The tag is pinned to its digest at submit, and a
+/// tag the registry lacks is refused then.
 #[test]
 fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
     use muster_testkit::registry::{TestRegistry, tools};
@@ -58,7 +59,7 @@ fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
         return;
     }
     let reg = TestRegistry::start(true);
-    reg.push("busybox", "1", false);
+    let digest = reg.push("busybox", "1", false);
     let files = tempfile::tempdir().unwrap();
     let auth = files.path().join("config.json");
     std::fs::write(&auth, reg.auth_json()).unwrap();
@@ -85,6 +86,8 @@ fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
         .to_string();
     let a = crate::dev_proc::wait_for_end(&dev, &id);
     assert_eq!(a["status"], "done", "{a}");
+    // The tag was pinned at submit: every task and retry runs these bytes.
+    assert_eq!(a["image"], format!("{image}@{digest}"), "{a}");
     for task in 0..4 {
         let out = crate::dev_proc::task_stdout(&dev, &id, task);
         assert!(out.contains(&format!("rank={task} of 4 port=")), "{out}");
@@ -93,6 +96,9 @@ fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
         assert!(out.contains("hostfile\ngreeting=hello\n/work\n"), "{out}");
         assert!(out.contains("bin data dev etc proc sys tmp work"), "the image's root: {out}");
     }
+    // A tag the registry does not have is refused before the log.
+    let e = dev.json(&["submit", "--image", &format!("{}/test/busybox:nope", reg.host()), "--", "true"]);
+    assert!(e["error"].as_str().unwrap_or_default().contains("is not in its registry"), "{e}");
     // A mount the nodes do not allow fails the task, saying why.
     let id =
         dev.ok(&["submit", "--image", &image, "--mount", "/etc:/host-etc", "--max-retries", "1", "--", "true"])["id"]

@@ -96,6 +96,9 @@ pub struct ReplicaConfig {
     pub http_options: super::observe::http::HttpOptions,
     /// The one clock every path of this replica reads.
     pub clock: SharedClock,
+    /// How a submit's image tag is resolved to the digest every task runs
+    /// (`None`: never; the agents resolve it at their pulls).
+    pub registry: Option<muster_registry::RegistryConfig>,
 }
 
 impl ReplicaConfig {
@@ -124,6 +127,7 @@ impl ReplicaConfig {
             http: None,
             http_options: Default::default(),
             clock: SharedClock::system(),
+            registry: Some(muster_registry::RegistryConfig::default()),
         }
     }
 }

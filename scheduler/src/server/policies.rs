@@ -18,6 +18,7 @@ pub struct Policies {
     admission: AdmissionConfig,
     walltime_defaults: BTreeMap<u8, u64>,
     drain_timeout: Duration,
+    registry: Option<std::sync::Arc<muster_registry::Registry>>,
 }
 
 impl Policies {
@@ -28,7 +29,18 @@ impl Policies {
         walltime_defaults: BTreeMap<u8, u64>,
         drain_timeout: Duration,
     ) -> Policies {
-        Policies { preemption, admission, walltime_defaults, drain_timeout }
+        Policies { preemption, admission, walltime_defaults, drain_timeout, registry: None }
+    }
+
+    /// Resolves submits' image tags through `registry`.
+    pub fn with_registry(mut self, registry: Option<std::sync::Arc<muster_registry::Registry>>) -> Policies {
+        self.registry = registry;
+        self
+    }
+
+    /// The registry client that resolves image tags at submit, if any.
+    pub fn registry(&self) -> Option<&muster_registry::Registry> {
+        self.registry.as_deref()
     }
 
     /// Priority-preemption knobs.

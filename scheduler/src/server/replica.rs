@@ -161,12 +161,15 @@ impl Replica {
             leading,
         });
         let work = LeaderWork::new(cfg.clock.clone());
-        let policies = Arc::new(super::policies::Policies::new(
-            cfg.preemption,
-            cfg.admission,
-            cfg.walltime_defaults.clone(),
-            cfg.drain_timeout,
-        ));
+        let policies = Arc::new(
+            super::policies::Policies::new(
+                cfg.preemption,
+                cfg.admission,
+                cfg.walltime_defaults.clone(),
+                cfg.drain_timeout,
+            )
+            .with_registry(cfg.registry.as_ref().map(|r| Arc::new(muster_registry::Registry::new(r)))),
+        );
         let bugs = Arc::new(super::policies::BugInjector::new(cfg.inject_bug));
         let successor = super::raft::leader_watch::SuccessorHint::new(
             raft.clone(),

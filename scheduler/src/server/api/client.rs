@@ -139,10 +139,44 @@ fn array_or_missing(st: &crate::sm::State, id: u64) -> Result<v1::JobArray, Stat
     st.array(id).map(|a| convert::array_to_proto(a, st)).ok_or_else(|| array_missing(st, id))
 }
 
+/// How long a submit waits for a registry to resolve its image's tag.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl ClientApi {
     /// Wakes the leader's admission (something new may be placed).
     pub(super) fn wake_admission(&self) {
         self.work.wake_admission();
+    }
+
+    /// Pins a submitted image tag to the digest it names now, so every task
+    /// and every retry runs the same bytes. An image the registry says does
+    /// not exist is refused before the log; when the registry cannot be
+    /// reached or will not tell this scheduler (credentials only the agents
+    /// hold), the tag stays as given and each agent resolves it at its pull.
+    pub(super) async fn pin_image(&self, spec: &mut crate::sm::AllocSpec) -> Result<(), Status> {
+        let (Some(registry), Some(c)) = (self.policies.registry(), spec.container.as_mut()) else { return Ok(()) };
+        if c.image.digest.is_some() {
+            return Ok(());
+        }
+        let resolved = tokio::time::timeout(RESOLVE_TIMEOUT, registry.resolve(&c.image)).await;
+        match resolved {
+            Ok(Ok(digest)) => {
+                metrics::counter!("muster_image_tags_pinned_total").increment(1);
+                c.image = c.image.pinned(&digest);
+                Ok(())
+            }
+            Ok(Err(muster_registry::PullError::NotFound(why))) => {
+                Err(Status::invalid_argument(format!("invalid spec.image: {} is not in its registry: {why}", c.image)))
+            }
+            Ok(Err(e)) => {
+                tracing::info!(image = %c.image, error = %e, "image tag left for the agents to resolve");
+                Ok(())
+            }
+            Err(_) => {
+                tracing::info!(image = %c.image, "image tag left for the agents to resolve: the registry is slow");
+                Ok(())
+            }
+        }
     }
 
     /// A submitted spec as the state takes it: its owner bound to the
@@ -361,7 +395,8 @@ impl AllocationService for ClientApi {
         req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);
         let req = req.into_inner();
-        let spec = self.prepare_spec(&caller, req.spec)?;
+        let mut spec = self.prepare_spec(&caller, req.spec)?;
+        self.pin_image(&mut spec).await?;
         let array = match req.array.as_str() {
             "" => None,
             expr => Some(

@@ -141,7 +141,11 @@ impl ClientApi {
                 }
                 spec.owner = owner.clone();
             }
-            steps.push(step_from_proto(self, &caller, &p, &position)?);
+            let mut step = step_from_proto(self, &caller, &p, &position)?;
+            self.pin_image(&mut step.spec).await.map_err(|s| {
+                Status::new(s.code(), s.message().replacen("invalid spec.", &format!("invalid steps[{}].", p.name), 1))
+            })?;
+            steps.push(step);
         }
         let workflow = WorkflowSpec {
             name: req.name.clone(),
