@@ -12,6 +12,12 @@
 //! After each phase it prints what the leader committed per gang (from its
 //! `/metrics`): entries, commands, and admission passes.
 //!
+//! - **image** (where the registry tools are installed; `--no-images` skips
+//!   it): the same gangs from a container image (busybox, built offline,
+//!   in Debian's registry on the loopback) once every node has it cached,
+//!   alternating with gangs without an image, one at a time: submit → all
+//!   four running for each, in the same run (docs/containers.md).
+//!
 //! Run: `cargo bench -p muster --bench gangs`. Options after `--`:
 //! `--agents N` (default 16), `--submitters C` (default 16), `--rounds R`
 //! idle gangs (default 50), `--seconds S` of load (default 10), `--tls`
@@ -39,8 +45,9 @@ use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use tonic::transport::Channel;
 
-fn gang(gpus: u32) -> v1::AllocationSpec {
+fn gang(gpus: u32, image: &str) -> v1::AllocationSpec {
     v1::AllocationSpec {
+        image: image.to_string(),
         owner: "bench".into(),
         gang_size: 4,
         resources: Some(v1::Resources { gpus, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
@@ -58,6 +65,8 @@ struct Timeline {
     reserved: Option<Duration>,
     started: Vec<Duration>,
     finished: Option<Instant>,
+    /// Submit → `allocation_done`.
+    done: Option<Duration>,
 }
 
 impl Timeline {
@@ -80,9 +89,14 @@ impl Timeline {
 /// Submits one gang and follows it to the end. Returns when its events
 /// came, or `None` when it did not succeed.
 async fn one(c: &mut AllocationServiceClient<Channel>, gpus: u32) -> Option<Timeline> {
+    one_of(c, gpus, "").await
+}
+
+/// [`one`], its tasks in `image` (empty: none).
+async fn one_of(c: &mut AllocationServiceClient<Channel>, gpus: u32, image: &str) -> Option<Timeline> {
     let t0 = Instant::now();
     let id = c
-        .submit(v1::SubmitRequest { spec: Some(gang(gpus)), dry_run: false, ..Default::default() })
+        .submit(v1::SubmitRequest { spec: Some(gang(gpus, image)), dry_run: false, ..Default::default() })
         .await
         .ok()?
         .into_inner()
@@ -95,6 +109,7 @@ async fn one(c: &mut AllocationServiceClient<Channel>, gpus: u32) -> Option<Time
             "task_started" => timeline.started.push(t0.elapsed()),
             "allocation_done" => {
                 timeline.finished = Some(Instant::now());
+                timeline.done = Some(t0.elapsed());
                 return timeline.all_running().is_some().then_some(timeline);
             }
             "allocation_failed" | "allocation_cancelled" => {
@@ -218,6 +233,13 @@ async fn main() {
     let tls = args.iter().any(|a| a == "--tls");
     let isolation = !args.iter().any(|a| a == "--no-isolation");
     let gpus = 8;
+    // The image phase's registry and image, where the tools are here.
+    let registry = (isolation && !args.iter().any(|a| a == "--no-images") && muster_testkit::registry::tools())
+        .then(|| muster_testkit::registry::TestRegistry::start(false));
+    let image = registry.as_ref().map(|r| {
+        let digest = r.push("busybox", "1", false);
+        format!("{}/test/busybox:1@{digest}", r.host())
+    });
 
     let dir = tempfile::tempdir().unwrap();
     let cfg = LocalConfig {
@@ -226,6 +248,8 @@ async fn main() {
         insecure: !tls,
         http_port: Some(0),
         isolation,
+        exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_muster"))),
+        images: image.as_ref().map(|_| muster_local::LocalImages { cache_max_bytes: 1 << 30, ..Default::default() }),
         ..LocalConfig::default()
     };
     let cluster = LocalCluster::start(dir.path(), cfg).await.unwrap();
@@ -336,5 +360,63 @@ async fn main() {
             leading.0, leading.1, now.0, now.1
         ),
     }
+    if let Some(image) = &image {
+        image_phase(&mut c, gpus, agents, rounds, image).await;
+    }
     cluster.shutdown().await;
+}
+
+/// Gangs from a cached image against the same gangs without one, one at a
+/// time, alternating, in the same run.
+async fn image_phase(c: &mut AllocationServiceClient<Channel>, gpus: u32, agents: u32, rounds: usize, image: &str) {
+    // Every node pulls it: as many gangs at once as fill the nodes, twice.
+    for _ in 0..2 {
+        let warm: Vec<_> = (0..agents / 4)
+            .map(|_| {
+                let (mut c, image) = (c.clone(), image.to_string());
+                tokio::spawn(async move { one_of(&mut c, gpus, &image).await })
+            })
+            .collect();
+        for w in warm {
+            if w.await.unwrap().is_none() {
+                println!("image  a warm-up gang from the image did not succeed");
+                return;
+            }
+        }
+    }
+    let (mut plain, mut in_image) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        plain.extend(one_of(c, gpus, "").await);
+        in_image.extend(one_of(c, gpus, image).await);
+    }
+    println!("image  {image}, cached on every node; alternating with the same gangs without an image:");
+    latencies("plain", &plain);
+    latencies("image", &in_image);
+    let p50 = |v: &[Timeline]| {
+        let mut d: Vec<Duration> = v.iter().filter_map(Timeline::all_running).collect();
+        d.sort();
+        (!d.is_empty()).then(|| pct(&d, 0.5))
+    };
+    // `task_started` comes when the agent has started what runs the task:
+    // for an image, the container's helper, before its mounts. Its end
+    // includes the whole container (set-up, the command, tear-down).
+    let done = |v: &[Timeline]| {
+        let mut d: Vec<Duration> = v.iter().filter_map(|t| t.done).collect();
+        d.sort();
+        (!d.is_empty()).then(|| (pct(&d, 0.5), pct(&d, 0.99)))
+    };
+    if let (Some(a), Some(b)) = (p50(&plain), p50(&in_image)) {
+        println!("       the image adds {:.1} ms at p50 (submit -> all 4 running)", b - a);
+    }
+    if let (Some(a), Some(b)) = (done(&plain), done(&in_image)) {
+        println!(
+            "       submit -> done: plain p50 {:.1} ms p99 {:.1} ms; image p50 {:.1} ms p99 {:.1} ms; the image adds \
+             {:.1} ms at p50",
+            a.0,
+            a.1,
+            b.0,
+            b.1,
+            b.0 - a.0
+        );
+    }
 }
