@@ -114,6 +114,16 @@ pub const METRICS: &[(&str, &str, &str)] = &[
         "counter",
         "fetches of this node's checkpoints refused: the asking node held no grant for them",
     ),
+    ("muster_image_pull_bytes_total", "counter", "image layer bytes downloaded from registries"),
+    (
+        "muster_image_pull_seconds",
+        "histogram",
+        "an image pull that missed the cache: manifest, missing layers downloaded, verified and unpacked",
+    ),
+    ("muster_image_cache_hits_total", "counter", "image pulls the node's cache answered"),
+    ("muster_image_cache_misses_total", "counter", "image pulls that fetched layers from a registry"),
+    ("muster_image_cache_bytes", "gauge", "unpacked layers the image cache holds, after its last eviction"),
+    ("muster_image_layers_evicted_total", "counter", "layers removed from the image cache"),
 ];
 
 /// Gives the agent's metrics their help text and registers them at zero.
@@ -139,6 +149,15 @@ pub fn describe_metrics() {
     metrics::counter!("muster_agent_oom_kills_total").increment(0);
     metrics::counter!("muster_agent_checkpoint_bytes_served_total").increment(0);
     metrics::counter!("muster_agent_checkpoint_fetches_refused_total").increment(0);
+    for name in [
+        "muster_image_pull_bytes_total",
+        "muster_image_cache_hits_total",
+        "muster_image_cache_misses_total",
+        "muster_image_layers_evicted_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    metrics::gauge!("muster_image_cache_bytes").set(0.0);
     for kind in ["budget", "stall", "gpu_health"] {
         metrics::counter!("muster_agent_watchdog_trips_total", "kind" => kind).increment(0);
     }

@@ -293,7 +293,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         images: if args.images.no_images {
             None
         } else {
-            let registry = muster_registry::Registry::new(&args.images.registry()?);
+            let registry = muster_registry::Registry::new(&args.images.registry()?)
+                .map_err(|e| anyhow::anyhow!("--registry-ca: {e}"))?;
             let dir = args.work_dir.join("images");
             let cache = muster_registry::ImageCache::open(
                 &dir,

@@ -389,7 +389,13 @@ impl LocalCluster {
     /// Agent `node_id`'s image runtime, its cache in its work dir.
     fn images(&self, node_id: &str) -> Option<muster_agent::agent::ImageRuntime> {
         let cfg = self.cfg.images.as_ref()?;
-        let registry = muster_registry::Registry::new(&cfg.registry);
+        let registry = match muster_registry::Registry::new(&cfg.registry) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(node = node_id, error = %e, "no registry client: the node runs no images");
+                return None;
+            }
+        };
         let dir = self.dir.join(node_id).join("images");
         let policy = muster_registry::UnpackPolicy::default();
         match muster_registry::ImageCache::open(&dir, cfg.cache_max_bytes, policy, registry) {

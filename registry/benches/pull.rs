@@ -71,8 +71,13 @@ fn main() {
     };
     let ours = |i: u64| {
         let dir = scratch.path().join(format!("cache-{i}"));
-        let cache = ImageCache::open(&dir, 1 << 40, UnpackPolicy::default(), Registry::new(&RegistryConfig::default()))
-            .unwrap();
+        let cache = ImageCache::open(
+            &dir,
+            1 << 40,
+            UnpackPolicy::default(),
+            Registry::new(&RegistryConfig::default()).unwrap(),
+        )
+        .unwrap();
         let t = Instant::now();
         let pulled = rt.block_on(cache.pull(&image)).unwrap();
         let d = t.elapsed();

@@ -290,8 +290,9 @@ pub fn is_loopback(registry: &str) -> bool {
 }
 
 impl Registry {
-    /// A client with `cfg`'s credentials and trust.
-    pub fn new(cfg: &RegistryConfig) -> Registry {
+    /// A client with `cfg`'s credentials and trust, or why it cannot be
+    /// built (a CA bundle that does not parse).
+    pub fn new(cfg: &RegistryConfig) -> Result<Registry, String> {
         let make = |protocol: ClientProtocol| {
             let mut c = ClientConfig {
                 protocol,
@@ -304,9 +305,11 @@ impl Registry {
             if let Some(pem) = &cfg.ca_pem {
                 c.extra_root_certificates.push(Certificate { encoding: CertificateEncoding::Pem, data: pem.clone() });
             }
-            Client::new(c)
+            // Not Client::new: it would fall back to a default client,
+            // silently dropping the CA, on a configuration it cannot build.
+            Client::try_from(c).map_err(|e| format!("cannot build a registry client: {e}"))
         };
-        Registry { https: make(ClientProtocol::Https), http: make(ClientProtocol::Http), auth: cfg.auth.clone() }
+        Ok(Registry { https: make(ClientProtocol::Https)?, http: make(ClientProtocol::Http)?, auth: cfg.auth.clone() })
     }
 
     fn reference(r: &ImageRef) -> Reference {

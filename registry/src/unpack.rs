@@ -191,6 +191,27 @@ fn make_opaque(dir: &Path) -> io::Result<()> {
 pub fn unpack(layer: impl Read, root: &Path, policy: &UnpackPolicy) -> Result<Unpacked, UnpackError> {
     let mut archive = tar::Archive::new(layer);
     let mut done = Unpacked::default();
+    unpack_entries(&mut archive, root, policy, &mut done)?;
+    // Read the stream to its end (tar's padding, gzip's trailer): the
+    // layer's digest is checked only once every byte has been read, and a
+    // stream that goes on after the archive is refused rather than cut short.
+    let rest = io::copy(&mut archive.into_inner().take(MAX_TRAILING_BYTES + 1), &mut io::sink())?;
+    if rest > MAX_TRAILING_BYTES {
+        return Err(refused("", format!("more than {MAX_TRAILING_BYTES} bytes follow the end of the archive")));
+    }
+    Ok(done)
+}
+
+/// The most bytes a layer may hold after the end of its archive (tar pads
+/// to its record size, 10 KiB by default).
+pub const MAX_TRAILING_BYTES: u64 = 1 << 20;
+
+fn unpack_entries<R: Read>(
+    archive: &mut tar::Archive<R>,
+    root: &Path,
+    policy: &UnpackPolicy,
+    done: &mut Unpacked,
+) -> Result<(), UnpackError> {
     for entry in archive.entries()? {
         let mut entry = entry?;
         let raw_path = entry.path_bytes().into_owned();
@@ -302,7 +323,7 @@ pub fn unpack(layer: impl Read, root: &Path, policy: &UnpackPolicy) -> Result<Un
         }
         done.entries += 1;
     }
-    Ok(done)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -443,6 +464,21 @@ mod tests {
             "evil/secret",
         );
         assert!(refusal(layer).contains("is not a directory"));
+    }
+
+    #[test]
+    fn the_stream_is_read_to_its_end_and_bytes_after_the_archive_are_bounded() {
+        let mut bytes = Layer::new().file("a", 0o644, b"x").bytes();
+        bytes.extend(std::iter::repeat_n(0u8, 64 * 1024));
+        let dir = tempfile::tempdir().unwrap();
+        let mut reader = &bytes[..];
+        unpack(&mut reader, dir.path(), &UnpackPolicy::default()).unwrap();
+        assert!(reader.is_empty(), "every byte was read, so the digest over them is checked");
+        let mut long = Layer::new().file("a", 0o644, b"x").bytes();
+        long.extend(std::iter::repeat_n(0u8, (MAX_TRAILING_BYTES + 4096) as usize));
+        let dir = tempfile::tempdir().unwrap();
+        let e = unpack(&long[..], dir.path(), &UnpackPolicy::default()).unwrap_err();
+        assert!(e.to_string().contains("follow the end of the archive"), "{e}");
     }
 
     #[test]

@@ -21,7 +21,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn cache(dir: &Path, max_bytes: u64, cfg: &RegistryConfig) -> ImageCache {
-    ImageCache::open(dir, max_bytes, UnpackPolicy::default(), Registry::new(cfg)).unwrap()
+    ImageCache::open(dir, max_bytes, UnpackPolicy::default(), Registry::new(cfg).unwrap()).unwrap()
 }
 
 fn image(reg: &TestRegistry, name: &str, tag: &str) -> ImageRef {
@@ -201,6 +201,15 @@ fn a_layer_whose_bytes_do_not_match_its_digest_is_refused_and_not_kept() {
         let mut bytes = std::fs::read(&blob).unwrap();
         let at = bytes.len() / 2;
         bytes[at] ^= 0xff;
+        std::fs::write(&blob, bytes).unwrap();
+        let e = c.pull(&r).await.unwrap_err();
+        assert!(matches!(e, PullError::BadImage(_)), "{e}");
+        assert!(c.images().is_empty() && c.bytes() == 0, "nothing of it is kept");
+        // Bytes appended after a whole, valid archive: the unpacker is done
+        // before they come, but the stream is read to its end and checked.
+        let mut bytes = std::fs::read(&blob).unwrap();
+        bytes[at] ^= 0xff;
+        bytes.extend(std::iter::repeat_n(0u8, 4 << 20));
         std::fs::write(&blob, bytes).unwrap();
         let e = c.pull(&r).await.unwrap_err();
         assert!(matches!(e, PullError::BadImage(_)), "{e}");

@@ -458,11 +458,15 @@ fn t167_a_partition_between_gang_peers_breaks_gangs_that_restart_cleanly() {
 /// never let the liveness phase end well, so it is kept short.
 #[test]
 fn t168_a_chaos_run_catches_a_leader_that_spares_a_failed_gangs_peers() {
-    let args = ["--duration", "30s", "--seed", "7", "--faults", "partition-gang"];
+    // Four agents: room to place the gang again while spared masters still
+    // hold nodes, on a machine loaded by the rest of the suite too.
+    let args = ["--duration", "30s", "--seed", "7", "--faults", "partition-gang", "--agents", "4"];
     let run =
         chaos(&[&args[..], &["--inject-bug", "spare-failed-gang-peers", "--liveness-timeout", "5s"]].concat()).fails();
+    // A spared rank overlapping the gang's next placement, or the same
+    // task's next attempt: either is the bug.
     let detail = run.detail("journal_consistent", false);
-    assert!(detail.contains("of placement") && detail.contains("still ran on"), "{detail}");
+    assert!(detail.contains("still ran"), "{detail}");
 }
 
 /// Servers that refuse a submit whose write is merely slow (the injected

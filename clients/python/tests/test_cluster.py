@@ -212,6 +212,9 @@ def test_a_follower_address_alone_leads_to_the_leader(client: Client, dev: DevCl
         ({"cpus": 0}, "cpus"),
         ({"command": []}, "command"),
         ({"vcluster": "Not A Name"}, "vcluster"),
+        ({"image": "Bad//ref"}, "image"),
+        ({"image": "busybox", "mounts": ["/data:relative"]}, "mounts"),
+        ({"image": "busybox", "workdir": "work"}, "workdir"),
     ],
 )
 def test_the_server_names_the_invalid_field(client: Client, kwargs: dict[str, object], field: str) -> None:
@@ -235,6 +238,8 @@ def test_the_server_names_the_invalid_field(client: Client, kwargs: dict[str, ob
         ({"env": {"A": 1}}, "env"),
         ({"secrets": {"A": 1}}, "secrets"),
         ({"priority": 2**40}, "priority"),
+        ({"image": "busybox", "mounts": "/a:/b"}, "mounts"),
+        ({"mounts": ["/a:/b"]}, "mounts and workdir need an image"),
     ],
 )
 def test_bad_arguments_raise_value_error(client: Client, kwargs: dict[str, object], field: str) -> None:

@@ -168,7 +168,13 @@ impl Replica {
                 cfg.walltime_defaults.clone(),
                 cfg.drain_timeout,
             )
-            .with_registry(cfg.registry.as_ref().map(|r| Arc::new(muster_registry::Registry::new(r)))),
+            .with_registry(
+                cfg.registry
+                    .as_ref()
+                    .map(|r| muster_registry::Registry::new(r).map(Arc::new))
+                    .transpose()
+                    .map_err(StartError::Config)?,
+            ),
         );
         let bugs = Arc::new(super::policies::BugInjector::new(cfg.inject_bug));
         let successor = super::raft::leader_watch::SuccessorHint::new(

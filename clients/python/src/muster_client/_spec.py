@@ -102,6 +102,9 @@ class Step:
     after: Sequence[str | int | tuple[str | int, str]] = ()
     after_any_of: bool = False
     keep_if_unsatisfiable: bool = False
+    image: str = ""
+    mounts: Sequence[str] = ()
+    workdir: str = ""
     array: str | None = None
     after_corr: str | None = None
 
@@ -240,6 +243,9 @@ def _spec(
     after: Sequence[types_pb.Dependency],
     after_any_of: bool,
     keep_if_unsatisfiable: bool,
+    image: str = "",
+    mounts: Sequence[str] = (),
+    workdir: str = "",
 ) -> types_pb.AllocationSpec:
     """The AllocationSpec of submit()'s keyword arguments (and a workflow :class:`Step`'s), checked."""
     if isinstance(command, (str, bytes)) or not isinstance(command, Sequence):
@@ -260,11 +266,18 @@ def _spec(
             raise ValueError(f"{field} must be a string, not {value!r}")
     if isinstance(constraints, (str, bytes)) or not all(isinstance(c, str) for c in constraints):
         raise ValueError("constraints must be a list of label expressions, e.g. ['gpu.model=H100']")
+    if isinstance(mounts, (str, bytes)) or not all(isinstance(m, str) for m in mounts):
+        raise ValueError("mounts must be a list of 'SRC:DST[:ro]' strings")
+    if (mounts or workdir) and not image:
+        raise ValueError("mounts and workdir need an image")
+
     for field, value in (
         ("vcluster", vcluster),
         ("vcluster_type", vcluster_type),
         ("pack_by", pack_by),
         ("name", name),
+        ("image", image),
+        ("workdir", workdir),
     ):
         if not isinstance(value, str):
             raise ValueError(f"{field} must be a string, not {value!r}")
@@ -298,4 +311,7 @@ def _spec(
         after=list(after),
         after_any_of=bool(after_any_of),
         keep_if_unsatisfiable=bool(keep_if_unsatisfiable),
+        image=image,
+        mounts=list(mounts),
+        workdir=workdir,
     )

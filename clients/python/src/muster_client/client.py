@@ -335,6 +335,9 @@ class Client:
         queue_if_unsatisfiable: bool = False,
         array: str | None = None,
         after_corr: int = 0,
+        image: str = "",
+        mounts: Sequence[str] = (),
+        workdir: str = "",
         timeout: float | None = None,
     ) -> SubmitResult:
         """Submits one gang of ``gang_size`` identical tasks, each running ``command``.
@@ -376,7 +379,11 @@ class Client:
         ``SLURM_ARRAY_*``). The result's ``id`` is then the array's and
         ``array_count`` its size (:class:`SubmitResult`). ``after_corr``
         (with ``array``): element k waits for element k of that existing
-        array to succeed, and fails if it fails.
+        array to succeed, and fails if it fails. ``image``: run each task in
+        this container image (a reference as ``docker pull`` takes it; the
+        server pins a tag to its digest); ``command`` may then be empty (the
+        image's ENTRYPOINT and CMD run), ``mounts`` are ``"SRC:DST[:ro]"``
+        host paths the nodes allow, ``workdir`` where the command starts.
         """
         spec = _spec(
             command,
@@ -406,6 +413,9 @@ class Client:
             after=_after_ids(after),
             after_any_of=after_any_of,
             keep_if_unsatisfiable=keep_if_unsatisfiable,
+            image=image,
+            mounts=mounts,
+            workdir=workdir,
         )
         secret_map = dict(secrets or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in secret_map.items()):

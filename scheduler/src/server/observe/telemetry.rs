@@ -208,6 +208,7 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_gang_teardowns_total", Counter, "gang teardowns started"),
     m("muster_task_failures_total", Counter, "task failures charged to a gang's retry budget"),
     m("muster_allocations_failed_total", Counter, "allocations that ended failed"),
+    m("muster_image_tags_pinned_total", Counter, "submitted image tags resolved to the digest every task then runs"),
     m("muster_gang_teardown_force_drained_total", Counter, "preempting tasks moved to preempted without an ack"),
     l(
         "muster_gang_teardown_completed_total",

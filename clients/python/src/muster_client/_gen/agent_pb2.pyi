@@ -307,7 +307,7 @@ class Registered(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_lost_after_ms: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
-    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "restore", "checkpoint_store", "max_checkpoint_bytes", "walltime_s", "stall_timeout_s", "checkpointing", "ports", "secret_env", "mem_mb", "cpus", "owner", "pids_max")
+    __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "restore", "checkpoint_store", "max_checkpoint_bytes", "walltime_s", "stall_timeout_s", "checkpointing", "ports", "secret_env", "mem_mb", "cpus", "owner", "pids_max", "image", "mounts", "workdir")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +340,9 @@ class Assign(_message.Message):
     CPUS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PIDS_MAX_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     gang_size: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -358,7 +361,10 @@ class Assign(_message.Message):
     cpus: int
     owner: str
     pids_max: int
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., restore: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ..., checkpoint_store: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., mem_mb: _Optional[int] = ..., cpus: _Optional[int] = ..., owner: _Optional[str] = ..., pids_max: _Optional[int] = ...) -> None: ...
+    image: str
+    mounts: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., gang_size: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., peers: _Optional[_Iterable[str]] = ..., gpus: _Optional[int] = ..., restore: _Optional[_Iterable[_Union[CheckpointRef, _Mapping]]] = ..., checkpoint_store: _Optional[str] = ..., max_checkpoint_bytes: _Optional[int] = ..., walltime_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., checkpointing: _Optional[bool] = ..., ports: _Optional[_Iterable[int]] = ..., secret_env: _Optional[_Mapping[str, str]] = ..., mem_mb: _Optional[int] = ..., cpus: _Optional[int] = ..., owner: _Optional[str] = ..., pids_max: _Optional[int] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ...) -> None: ...
 
 class CheckpointRef(_message.Message):
     __slots__ = ("manifest", "source")

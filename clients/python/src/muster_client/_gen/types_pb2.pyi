@@ -94,7 +94,7 @@ class Resources(_message.Message):
     def __init__(self, gpus: _Optional[int] = ..., vram_mb: _Optional[int] = ..., mem_mb: _Optional[int] = ..., cpus: _Optional[int] = ...) -> None: ...
 
 class AllocationSpec(_message.Message):
-    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by", "checkpoint_store", "name", "pids_max", "after", "after_any_of", "keep_if_unsatisfiable")
+    __slots__ = ("owner", "gang_size", "resources", "preemption_class", "priority", "checkpoint", "walltime_s", "max_retries", "command", "env", "idempotency_key", "vcluster", "vcluster_type", "sensitive", "checkpoint_estimate_s", "stall_timeout_s", "ports", "constraints", "pack_by", "checkpoint_store", "name", "pids_max", "after", "after_any_of", "keep_if_unsatisfiable", "image", "mounts", "workdir")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,9 @@ class AllocationSpec(_message.Message):
     AFTER_FIELD_NUMBER: _ClassVar[int]
     AFTER_ANY_OF_FIELD_NUMBER: _ClassVar[int]
     KEEP_IF_UNSATISFIABLE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    MOUNTS_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
     owner: str
     gang_size: int
     resources: Resources
@@ -152,7 +155,10 @@ class AllocationSpec(_message.Message):
     after: _containers.RepeatedCompositeFieldContainer[Dependency]
     after_any_of: bool
     keep_if_unsatisfiable: bool
-    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ..., checkpoint_store: _Optional[str] = ..., name: _Optional[str] = ..., pids_max: _Optional[int] = ..., after: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., after_any_of: _Optional[bool] = ..., keep_if_unsatisfiable: _Optional[bool] = ...) -> None: ...
+    image: str
+    mounts: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    def __init__(self, owner: _Optional[str] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., checkpoint: _Optional[_Union[CheckpointMode, str]] = ..., walltime_s: _Optional[int] = ..., max_retries: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., vcluster: _Optional[str] = ..., vcluster_type: _Optional[str] = ..., sensitive: _Optional[bool] = ..., checkpoint_estimate_s: _Optional[int] = ..., stall_timeout_s: _Optional[int] = ..., ports: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ..., pack_by: _Optional[str] = ..., checkpoint_store: _Optional[str] = ..., name: _Optional[str] = ..., pids_max: _Optional[int] = ..., after: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., after_any_of: _Optional[bool] = ..., keep_if_unsatisfiable: _Optional[bool] = ..., image: _Optional[str] = ..., mounts: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ...) -> None: ...
 
 class Dependency(_message.Message):
     __slots__ = ("id", "when")
