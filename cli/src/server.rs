@@ -399,7 +399,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             registry_ca: args.registry_ca.clone(),
             ..Default::default()
         };
-        Some(images.registry()?)
+        let registry = images.registry()?;
+        // A CA given here that cannot be used is the operator's error.
+        if args.registry_ca.is_some() {
+            muster_registry::Registry::new(&registry).map_err(|e| anyhow::anyhow!("--registry-ca: {e}"))?;
+        }
+        Some(registry)
     };
     cfg.retention = retention;
     cfg.inject_bug = match args.inject_bug.as_deref() {

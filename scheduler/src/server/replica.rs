@@ -168,13 +168,15 @@ impl Replica {
                 cfg.walltime_defaults.clone(),
                 cfg.drain_timeout,
             )
-            .with_registry(
-                cfg.registry
-                    .as_ref()
-                    .map(|r| muster_registry::Registry::new(r).map(Arc::new))
-                    .transpose()
-                    .map_err(StartError::Config)?,
-            ),
+            // Pinning tags is a convenience at submit: a machine whose TLS
+            // roots cannot be loaded runs without it (the agents resolve).
+            .with_registry(cfg.registry.as_ref().and_then(|r| match muster_registry::Registry::new(r) {
+                Ok(r) => Some(Arc::new(r)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "image tags are not resolved at submit");
+                    None
+                }
+            })),
         );
         let bugs = Arc::new(super::policies::BugInjector::new(cfg.inject_bug));
         let successor = super::raft::leader_watch::SuccessorHint::new(
