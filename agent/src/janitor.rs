@@ -7,6 +7,9 @@
 //!   WORK_DIR/logs/alloc-A/task-T/attempt-N.err       or oldest first while the work
 //!   WORK_DIR/logs/alloc-A/task-T/attempt-N.hostfile  dir is over its size cap; never
 //!   WORK_DIR/logs/alloc-A/task-T/attempt-N.progress  a running attempt's
+//!   WORK_DIR/containers/A-T-N/                      an image task's writable layer: removed
+//!                                                   (its root detached first) once attempt
+//!                                                   N of (A, T) is not running here
 //! ```
 //!
 //! A checkpoint directory is a working copy: whatever a task left there that
@@ -60,11 +63,18 @@ pub struct Sweep {
     pub checkpoints_removed: u64,
     /// Attempts whose logs and progress files were removed.
     pub logs_removed: u64,
+    /// Container directories of attempts not running (an agent that died
+    /// before its attempt's end removed them) removed.
+    pub containers_removed: u64,
     /// Bytes freed.
     pub bytes_freed: u64,
     /// The work dir's size after the sweep (checkpoints, logs, progress).
     pub work_dir_bytes: u64,
 }
+
+/// How old a container directory of an attempt not running must be before
+/// a sweep removes it.
+pub const CONTAINER_GRACE: Duration = Duration::from_secs(600);
 
 /// One attempt's files.
 #[derive(Default)]
@@ -202,6 +212,27 @@ pub fn sweep(work_dir: &Path, in_use: &InUse, now: SystemTime, cfg: &JanitorConf
             );
         }
     }
+    // Image tasks' writable layers whose attempt is not running here.
+    for entry in fs::read_dir(work_dir.join("containers")).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let key = name.to_str().and_then(|n| {
+            let mut parts = n.splitn(3, '-');
+            Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+        });
+        // Younger than the grace: an attempt started after `in_use` was
+        // taken may be making it now.
+        let young = entry.metadata().and_then(|m| m.modified()).is_ok_and(|m| m + CONTAINER_GRACE > now);
+        if let Some(key) = key
+            && !in_use.attempts.contains(&key)
+            && !young
+        {
+            let bytes = dir_bytes(&entry.path());
+            if crate::container::remove_attempt_dirs(&entry.path()).is_ok() {
+                done.containers_removed += 1;
+                done.bytes_freed += bytes;
+            }
+        }
+    }
     prune_empty(&work_dir.join("logs"), &in_use.tasks)?;
     done.work_dir_bytes = total;
     Ok(done)
@@ -268,6 +299,30 @@ mod tests {
         assert!(work.join("checkpoints/alloc-2-task-0/state.pt").exists());
         assert_eq!(s.work_dir_bytes, 100 + 21 + 21);
         assert_eq!(s.bytes_freed, 100 + 21);
+    }
+
+    /// An image task's writable layer is left only by an agent that died
+    /// mid-attempt: the sweep removes it once the attempt is not running,
+    /// and keeps a running one's.
+    #[test]
+    fn container_dirs_of_attempts_not_running_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path();
+        let now = SystemTime::now();
+        file(&work.join("containers/1-0-1/upper/tmp/scratch"), 50, now, DAY);
+        file(&work.join("containers/2-0-1/upper/tmp/scratch"), 50, now, DAY);
+        file(&work.join("containers/not-an-attempt/x"), 1, now, DAY);
+        file(&work.join("containers/3-0-1/plan.json"), 1, now, Duration::ZERO);
+        for d in ["1-0-1", "2-0-1", "not-an-attempt"] {
+            fs::File::open(work.join("containers").join(d)).unwrap().set_modified(now - DAY).unwrap();
+        }
+        let in_use = InUse { tasks: [(2, 0)].into(), attempts: [(2, 0, 1)].into() };
+        let s = sweep(work, &in_use, now, &JanitorConfig::default()).unwrap();
+        assert_eq!(s.containers_removed, 1);
+        assert!(!work.join("containers/1-0-1").exists(), "the finished attempt's layer went");
+        assert!(work.join("containers/2-0-1/upper/tmp/scratch").exists(), "the running one's stayed");
+        assert!(work.join("containers/not-an-attempt/x").exists(), "what the janitor does not know stays");
+        assert!(work.join("containers/3-0-1/plan.json").exists(), "one just made may be an attempt starting now");
     }
 
     /// A running task's checkpoint directory is often empty until it is

@@ -140,7 +140,7 @@ pub fn describe_metrics() {
             _ => metrics::describe_counter!(*name, *help),
         }
     }
-    for kind in ["checkpoint", "log"] {
+    for kind in ["checkpoint", "log", "container"] {
         metrics::counter!("muster_agent_janitor_removed_total", "kind" => kind).increment(0);
     }
     metrics::counter!("muster_watchdog_suspected_stalls_total").increment(0);

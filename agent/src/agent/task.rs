@@ -103,6 +103,8 @@ impl Agent {
                 metrics::counter!("muster_agent_janitor_removed_total", "kind" => "checkpoint")
                     .increment(s.checkpoints_removed);
                 metrics::counter!("muster_agent_janitor_removed_total", "kind" => "log").increment(s.logs_removed);
+                metrics::counter!("muster_agent_janitor_removed_total", "kind" => "container")
+                    .increment(s.containers_removed);
                 if s.checkpoints_removed + s.logs_removed > 0 {
                     tracing::info!(
                         node = %self.cfg.node_id,
