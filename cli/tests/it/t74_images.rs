@@ -109,3 +109,38 @@ fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
     assert_eq!(a["status"], "failed", "{a}");
     assert!(a.to_string().contains("this node allows mounts only under"), "{a}");
 }
+
+/// A preempted image task resumes from its checkpoint: a 4-task gang from
+/// the registry's image fills `muster dev`; a class-9 gang preempts it; the
+/// image tasks get the checkpoint hint (SIGUSR1, reaching the command inside
+/// its container), save their step in the checkpoint directory (bound at its
+/// own path inside), and once the preemptor is done they run again and
+/// resume from what they saved.
+#[test]
+fn t222_a_preempted_image_task_resumes_from_its_checkpoint() {
+    use muster_testkit::registry::{TestRegistry, tools};
+    if !tools() {
+        return;
+    }
+    let reg = TestRegistry::start(false);
+    reg.push("busybox", "1", false);
+    let dev = Dev::start();
+    let image = format!("{}/test/busybox:1", reg.host());
+    let trainer = r#"step=0
+if [ "$MUSTER_RESUME" = 1 ]; then echo "resumed from $(cat "$MUSTER_CHECKPOINT_DIR/step")"; exit 0; fi
+trap 'echo $step > "$MUSTER_CHECKPOINT_DIR/step"; : > "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
+trap 'exit 143' TERM
+while true; do step=$((step+1)); sleep 0.1; done"#;
+    let id = |v: serde_json::Value| v["id"].as_u64().unwrap().to_string();
+    let low = id(dev.ok(&["submit", "--image", &image, "-n", "4", "--gpus", "8", "--class", "2", "--", trainer]));
+    crate::dev_proc::wait_until("the image gang to run", || dev.ok(&["alloc", "get", &low])["status"] == "running");
+    let high = id(dev.ok(&["submit", "-n", "4", "--gpus", "8", "--class", "9", "--", "true"]));
+    assert_eq!(crate::dev_proc::wait_for_end(&dev, &high)["status"], "done");
+    let a = crate::dev_proc::wait_for_end(&dev, &low);
+    assert_eq!(a["status"], "done", "{a}");
+    assert!(a["preempted_count"].as_u64().unwrap_or(0) >= 1, "it was preempted: {a}");
+    for task in 0..4 {
+        let out = crate::dev_proc::task_stdout(&dev, &low, task);
+        assert!(out.starts_with("resumed from ") && out.trim() != "resumed from", "task {task}: {out:?}");
+    }
+}
