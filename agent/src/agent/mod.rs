@@ -48,6 +48,7 @@ use crate::store::{Naming, Saved, Stores};
 use crate::watchdog::{self, ProgressFile, Sampler, WatchdogConfig, Watchdogs};
 
 mod fence;
+mod image;
 mod record;
 mod reports;
 mod session;
@@ -55,6 +56,8 @@ mod task;
 #[cfg(test)]
 mod tests;
 
+use image::*;
+pub use image::{BUILTIN_RUNTIME, IMAGE_PULL_FAILED, ImageRuntime};
 use record::*;
 use reports::*;
 use task::*;
@@ -140,28 +143,6 @@ pub struct AgentConfig {
     /// the `muster.images` label).
     pub images: Option<ImageRuntime>,
 }
-
-/// How the node runs container images (docs/containers.md).
-#[derive(Clone)]
-pub struct ImageRuntime {
-    /// The node's image cache.
-    pub cache: muster_registry::ImageCache,
-    /// Host paths (and what is under them) a task's `--mount` may name.
-    pub allow_mounts: Vec<PathBuf>,
-}
-
-impl std::fmt::Debug for ImageRuntime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ImageRuntime").field("allow_mounts", &self.allow_mounts).finish_non_exhaustive()
-    }
-}
-
-/// How an attempt whose image could not be pulled reports its end (with
-/// the registry's message after it).
-pub const IMAGE_PULL_FAILED: &str = "image pull failed";
-
-/// What the `muster.images` label says of a node that runs images itself.
-pub const BUILTIN_RUNTIME: &str = "builtin";
 
 /// Heartbeat intervals without a word from the leader (it acks every
 /// heartbeat) before the agent drops the stream and looks for a leader.

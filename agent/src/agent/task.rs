@@ -66,13 +66,6 @@ pub(super) struct Prepared {
     pub(super) image: Option<Result<Arc<muster_registry::PulledImage>, String>>,
 }
 
-/// What an attempt in a container holds until it ends: its image (kept
-/// from eviction) and its directory (removed at its end).
-pub(super) struct InContainer {
-    pub(super) _image: Arc<muster_registry::PulledImage>,
-    pub(super) dir: PathBuf,
-}
-
 pub(super) struct Running {
     /// The waiter's control channel; `None` once told to stop.
     pub(super) ctrl: Option<mpsc::UnboundedSender<Control>>,
@@ -305,29 +298,13 @@ impl Agent {
             if restored.is_none() && !stopped {
                 let _ = checkpoint::reset(&dir);
             }
-            let mut image = None;
-            if !a.image.is_empty() && !stopped {
-                let pulled = match (&images, muster_core::sm::ImageRef::parse(&a.image)) {
-                    (None, _) => Err("this node runs no container images".to_string()),
-                    (_, Err(e)) => Err(format!("image {:?}: {e}", a.image)),
-                    (Some(cache), Ok(r)) => {
-                        let started = tokio::time::Instant::now();
-                        tokio::select! {
-                            got = cache.pull(&r) => got.map(Arc::new).map_err(|e| e.to_string()).inspect(|p| {
-                                tracing::info!(
-                                    alloc_id = key.0, task = key.1, image = %r, digest = %p.digest, cache_hit = p.cache_hit,
-                                    bytes = p.downloaded, seconds = started.elapsed().as_secs_f64(), "image ready"
-                                );
-                            }),
-                            _ = ctrl_rx.recv() => {
-                                stopped = true;
-                                Err("stopped while its image was being pulled".to_string())
-                            }
-                        }
-                    }
-                };
-                image = Some(pulled);
-            }
+            let image = if a.image.is_empty() || stopped {
+                None
+            } else {
+                let (pulled, stopped_now) = pull(images.as_ref(), &a.image, key, &mut ctrl_rx).await;
+                stopped = stopped_now;
+                Some(pulled)
+            };
             let _ =
                 prepared_tx.send((key, Prepared { assign: a, attempt, ctrl_rx, restored, unusable, stopped, image }));
         });
@@ -521,44 +498,6 @@ impl Agent {
             }
         }
         reports
-    }
-
-    /// How a task's image sees the node: its layers and configuration, and
-    /// its mounts, each of which must lie under a path the operator allows
-    /// (`--allow-mount`).
-    fn container_launch(
-        &self,
-        img: &muster_registry::PulledImage,
-        mounts: &[String],
-        workdir: &str,
-    ) -> Result<executor::ContainerLaunch, String> {
-        let allowed = self.cfg.images.as_ref().map(|i| i.allow_mounts.as_slice()).unwrap_or_default();
-        let mut binds = Vec::new();
-        for m in mounts {
-            let m = muster_core::sm::Mount::parse(m).map_err(|e| format!("mount {m:?}: {e}"))?;
-            // Where it really is: a symlink under an allowed path must not
-            // lead out of it.
-            let source =
-                std::fs::canonicalize(&m.source).map_err(|e| format!("mount {}: {e} on this node", m.source))?;
-            if !allowed.iter().any(|a| source.starts_with(a)) {
-                return Err(format!(
-                    "mount {}: this node allows mounts only under {}",
-                    m.source,
-                    if allowed.is_empty() {
-                        "nothing (muster agent --allow-mount)".to_string()
-                    } else {
-                        allowed.iter().map(|a| a.display().to_string()).collect::<Vec<_>>().join(", ")
-                    }
-                ));
-            }
-            binds.push(crate::container::Bind { source, target: PathBuf::from(&m.target), read_only: m.read_only });
-        }
-        Ok(executor::ContainerLaunch {
-            layers: img.layer_dirs.clone(),
-            config: img.config.clone(),
-            binds,
-            workdir: Some(workdir.to_string()).filter(|w| !w.is_empty()),
-        })
     }
 
     /// What an attempt's end reports. Whenever a process of a checkpointing
