@@ -34,6 +34,10 @@ use serde::{Deserialize, Serialize};
 /// The subcommand of the `muster` binary that runs [`run_container`].
 pub const CONTAINER_SUBCOMMAND: &str = "task-container";
 
+/// The command search path when the image's environment and the task's
+/// set none (what a shell would use).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// The exit code of an attempt whose container could not be set up (as
 /// `docker run` uses 125).
 pub const SETUP_FAILED: i32 = 125;
@@ -281,24 +285,6 @@ fn set_up(plan: &ContainerPlan) -> io::Result<()> {
     Ok(())
 }
 
-/// Finds `program` in the container as `execvp` would (after pivot_root).
-fn find_in_root(program: &str, env: &[String]) -> io::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return if runnable(&p) { Ok(p) } else { Err(io::Error::from_raw_os_error(libc::ENOENT)) };
-    }
-    let path = env
-        .iter()
-        .find_map(|kv| kv.strip_prefix("PATH="))
-        .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-    path.split(':')
-        .map(|d| Path::new(if d.is_empty() { "." } else { d }).join(program))
-        .find(|p| runnable(p))
-        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
-}
-
 /// How a process ended, as the status pipe carries it.
 fn encode(status: libc::c_int) -> [u8; 8] {
     let (kind, n): (i32, i32) =
@@ -361,7 +347,9 @@ fn init(plan: &ContainerPlan, report: libc::c_int) -> ! {
             // SAFETY: as above.
             unsafe { libc::_exit(SETUP_FAILED) };
         }
-        let found = match find_in_root(program, &plan.env) {
+        // Found as execvp would, in the container's root (pivot_root is done).
+        let path = plan.env.iter().find_map(|kv| kv.strip_prefix("PATH=")).unwrap_or(DEFAULT_PATH);
+        let found = match crate::executor::find_program(program, path, &workdir) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("muster: container: cannot start {program:?}: {e}");

@@ -341,7 +341,7 @@ fn exit_of(status: std::process::ExitStatus) -> Exit {
 /// Finds `program` as `execvp` would: a path (relative to `cwd`) as it is,
 /// a bare name on `path`; an error as exec's (ENOENT, EACCES) when it
 /// cannot be run.
-fn find_program(program: &str, path: &str, cwd: &Path) -> io::Result<PathBuf> {
+pub(crate) fn find_program(program: &str, path: &str, cwd: &Path) -> io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let runnable = |p: &Path| fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     if program.contains('/') {
@@ -460,10 +460,12 @@ pub fn spawn(
     // a shim does it for the command) becomes the task's account, then
     // execs what runs the task: the command itself, or its shim in front
     // of it (`muster task-shim`, or `muster task-exec`, which stays the
-    // agent's and starts the command as the account).
+    // agent's and starts the command as the account). An image task's
+    // container init becomes the account and writes the status itself.
+    let container = launch.container.as_ref();
     let mut argv: Vec<std::ffi::OsString> = Vec::new();
-    let mut drop_to = launch.user.clone();
-    if let (Some(status), Some(exe)) = (&status_file, muster.exe) {
+    let mut drop_to = if container.is_some() { None } else { launch.user.clone() };
+    if let (Some(status), Some(exe), None) = (&status_file, muster.exe, container) {
         match drop_to.take() {
             Some(user) => argv.extend([
                 exe.into(),
@@ -476,13 +478,6 @@ pub fn spawn(
             None => argv.extend([exe.into(), SHIM_SUBCOMMAND.into(), "--status".into(), status.into()]),
         }
         argv.push("--".into());
-    }
-    let container = launch.container.as_ref();
-    if container.is_some() {
-        // The container's init becomes the account and writes the status
-        // itself: no shim in front of it.
-        argv.clear();
-        drop_to = None;
     }
     let path = if argv.is_empty() { found.into_os_string() } else { argv[0].clone() };
     argv.extend(launch.command.iter().map(Into::into));
@@ -509,8 +504,10 @@ pub fn spawn(
     env.extend(pairs.map(|(k, v)| (k.into(), v.into())));
     env.extend(ours.iter().map(|(k, v)| ((*k).into(), v.into())));
     env.insert("MUSTER_CHECKPOINT_DIR".into(), launch.checkpoint_dir.clone().into_os_string());
-    let (path, argv) = match container {
-        None => (path, argv),
+    // An image task execs the container helper, its plan holding the
+    // task's command and environment.
+    let (path, argv, env) = match container {
+        None => (path, argv, env),
         Some(c) => {
             let exe = muster.exe.ok_or_else(|| {
                 exec_error(io::Error::new(io::ErrorKind::NotFound, "an image task needs the muster binary's path"))
@@ -523,13 +520,8 @@ pub fn spawn(
                 "--plan".into(),
                 plan_path.into_os_string(),
             ];
-            (argv[0].clone(), argv)
+            (argv[0].clone(), argv, BTreeMap::new())
         }
-    };
-    let env = match container {
-        // The helper needs nothing of it: the plan holds the task's.
-        Some(_) => BTreeMap::new(),
-        None => env,
     };
     let c = |s: std::ffi::OsString| {
         use std::os::unix::ffi::OsStringExt;

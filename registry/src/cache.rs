@@ -40,7 +40,8 @@ pub struct CachedImage {
     pub layers: Vec<String>,
     /// Its configuration.
     pub config: ImageConfig,
-    /// When it was last used (the cache's own counter: higher is later).
+    /// When it was last used (the cache's own counter: higher is later; on
+    /// disk as of the last change to the cache's contents).
     pub last_used: u64,
 }
 
@@ -220,7 +221,8 @@ impl ImageCache {
         if dirs.len() != img.layers.len() || !dirs.iter().all(|d| d.is_dir()) {
             return None;
         }
-        let _ = self.save(&index);
+        // A hit is a task's start: its use is kept in memory and written
+        // with the next change to what the cache holds, not each time.
         drop(index);
         Some(PulledImage {
             digest: digest.to_string(),

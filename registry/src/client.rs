@@ -355,14 +355,6 @@ impl Registry {
         let (manifest, digest, config) = self
             .call(r, |c, reference, auth| async move { c.pull_manifest_and_config(&reference, &auth).await })
             .await?;
-        if let Some(want) = &r.digest
-            && *want != digest
-            && manifest.media_type.is_some()
-        {
-            // A pinned index resolves to the platform's manifest: its
-            // digest differs, and is what is recorded from here on.
-            tracing::debug!(pinned = %want, manifest = %digest, "the pinned digest names an index");
-        }
         Ok(Manifest { manifest, digest, config: ImageConfig::parse(&config)? })
     }
 

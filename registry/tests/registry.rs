@@ -24,19 +24,27 @@ fn cache(dir: &Path, max_bytes: u64, cfg: &RegistryConfig) -> ImageCache {
     ImageCache::open(dir, max_bytes, UnpackPolicy::default(), Registry::new(cfg).unwrap()).unwrap()
 }
 
+/// A registry with TLS and auth holding `busybox:1` (and its digest), and
+/// an empty cache that pulls from it with the right credentials and CA;
+/// `None` where the tools are missing.
+fn busybox_and_cache() -> Option<(TestRegistry, String, tempfile::TempDir, ImageCache)> {
+    if !tools() {
+        return None;
+    }
+    let reg = TestRegistry::start(true);
+    let digest = reg.push("busybox", "1", false);
+    let dir = tempfile::tempdir().unwrap();
+    let c = cache(dir.path(), 1 << 30, &config(&reg));
+    Some((reg, digest, dir, c))
+}
+
 fn image(reg: &TestRegistry, name: &str, tag: &str) -> ImageRef {
     ImageRef::parse(&format!("{}/test/{name}:{tag}", reg.host())).unwrap()
 }
 
 #[test]
 fn a_tls_registry_with_auth_fills_the_cache_and_a_pinned_second_pull_needs_no_registry() {
-    if !tools() {
-        return;
-    }
-    let mut reg = TestRegistry::start(true);
-    let digest = reg.push("busybox", "1", false);
-    let dir = tempfile::tempdir().unwrap();
-    let c = cache(dir.path(), 1 << 30, &config(&reg));
+    let Some((mut reg, digest, dir, c)) = busybox_and_cache() else { return };
     rt().block_on(async {
         let r = image(&reg, "busybox", "1");
         assert_eq!(c.registry().resolve(&r).await.unwrap(), digest, "the tag resolves to what skopeo pushed");
@@ -110,13 +118,7 @@ fn bad_credentials_unknown_images_and_an_untrusted_certificate_are_named() {
 
 #[test]
 fn two_pulls_of_one_image_at_once_download_it_once() {
-    if !tools() {
-        return;
-    }
-    let reg = TestRegistry::start(true);
-    reg.push("busybox", "1", false);
-    let dir = tempfile::tempdir().unwrap();
-    let c = cache(dir.path(), 1 << 30, &config(&reg));
+    let Some((reg, _, _dir, c)) = busybox_and_cache() else { return };
     rt().block_on(async {
         let r = image(&reg, "busybox", "1");
         let (a, b) = tokio::join!(c.pull(&r), c.pull(&r));
@@ -186,13 +188,7 @@ fn a_plain_http_registry_on_the_loopback_is_reached() {
 
 #[test]
 fn a_layer_whose_bytes_do_not_match_its_digest_is_refused_and_not_kept() {
-    if !tools() {
-        return;
-    }
-    let reg = TestRegistry::start(true);
-    reg.push("busybox", "1", false);
-    let dir = tempfile::tempdir().unwrap();
-    let c = cache(dir.path(), 1 << 30, &config(&reg));
+    let Some((reg, _, dir, c)) = busybox_and_cache() else { return };
     rt().block_on(async {
         let r = image(&reg, "busybox", "1");
         let m = c.registry().manifest(&r).await.unwrap();

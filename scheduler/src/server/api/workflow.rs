@@ -56,6 +56,11 @@ pub fn order_steps(steps: &[v1::WorkflowStep]) -> Result<Vec<usize>, Status> {
     Ok(order)
 }
 
+/// A refusal of a step's spec, its field named as the step's.
+fn in_step(step: &str, s: Status) -> Status {
+    Status::new(s.code(), s.message().replacen("invalid spec.", &format!("invalid steps[{step}]."), 1))
+}
+
 /// A step's wire form as the state takes it, its step references turned
 /// into positions in `order`.
 fn step_from_proto(
@@ -65,9 +70,7 @@ fn step_from_proto(
     position: &std::collections::BTreeMap<&str, u32>,
 ) -> Result<WorkflowStep, Status> {
     let field = |f: &str| format!("steps[{}].{f}", p.name);
-    let spec = api.prepare_spec(caller, p.spec.clone()).map_err(|s| {
-        Status::new(s.code(), s.message().replacen("invalid spec.", &format!("invalid steps[{}].", p.name), 1))
-    })?;
+    let spec = api.prepare_spec(caller, p.spec.clone()).map_err(|s| in_step(&p.name, s))?;
     let array = match p.array.as_str() {
         "" => None,
         expr => Some(ArrayIndices::parse(expr).map_err(|e| invalid(field("array"), e))?),
@@ -142,9 +145,7 @@ impl ClientApi {
                 spec.owner = owner.clone();
             }
             let mut step = step_from_proto(self, &caller, &p, &position)?;
-            self.pin_image(&mut step.spec).await.map_err(|s| {
-                Status::new(s.code(), s.message().replacen("invalid spec.", &format!("invalid steps[{}].", p.name), 1))
-            })?;
+            self.pin_image(&mut step.spec).await.map_err(|s| in_step(&p.name, s))?;
             steps.push(step);
         }
         let workflow = WorkflowSpec {
