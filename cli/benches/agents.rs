@@ -165,7 +165,7 @@ fn main() {
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {
-                            let hb = v1::AgentMessage { msg: Some(v1::agent_message::Msg::Heartbeat(v1::Heartbeat { running: vec![] })) };
+                            let hb = v1::AgentMessage { msg: Some(v1::agent_message::Msg::Heartbeat(v1::Heartbeat { running: vec![], pulls: vec![] })) };
                             if out.send(hb).await.is_err() { return; }
                         }
                         m = inbound.message() => if !matches!(m, Ok(Some(_))) { return },

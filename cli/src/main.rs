@@ -24,6 +24,7 @@ mod client;
 mod cluster;
 mod dev;
 mod history;
+mod image_cmd;
 mod images;
 mod node;
 mod output;
@@ -139,6 +140,13 @@ enum Cmd {
         client: ClientArgs,
         #[command(subcommand)]
         cmd: node::NodeCmd,
+    },
+    /// Container images: warm nodes' caches ahead of a large gang (prefetch).
+    Image {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        cmd: image_cmd::ImageCmd,
     },
     /// vClusters: named slices of the cluster with a type, home nodes,
     /// quotas and a borrowing limit (create, update, get, list).
@@ -378,6 +386,10 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             Cmd::Node { client, cmd } => {
                 let mut cluster = client.cluster()?;
                 node::run(&mut cluster, cmd, client.output).await
+            }
+            Cmd::Image { client, cmd } => {
+                let mut cluster = client.cluster()?;
+                image_cmd::run(&mut cluster, cmd, client.output).await
             }
             Cmd::Token { client, cmd } => {
                 let mut cluster = client.cluster()?;

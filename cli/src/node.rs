@@ -192,6 +192,7 @@ fn node_json(n: &v1::Node) -> serde_json::Value {
         "reported_labels": n.reported_labels,
         "admin_labels": n.admin_labels,
         "admission": n.admission.as_ref().map(admission_json),
+        "images": n.images,
     })
 }
 
@@ -310,6 +311,12 @@ fn print_node(n: &v1::Node, out: Output) -> anyhow::Result<()> {
                     if a.labels.is_empty() { String::new() } else { format!(", {} label(s)", a.labels.len()) },
                     if a.cert_sha256.is_empty() { String::new() } else { format!(", certificate {}", &a.cert_sha256) }
                 );
+            }
+            if !n.images.is_empty() {
+                out!("  images cached: {}", n.images.len());
+                for d in &n.images {
+                    out!("    {d}");
+                }
             }
             if !n.events.is_empty() {
                 out!("  events:");

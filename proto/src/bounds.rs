@@ -59,6 +59,8 @@ pub const VCLUSTER: usize = 63;
 pub const KEYWORD: usize = 32;
 /// An image reference (`muster_core`'s `MAX_IMAGE_REF_BYTES`).
 pub const IMAGE_REF: usize = 512;
+/// An image digest (`sha512:` and 128 hex digits at most).
+pub const DIGEST: usize = 135;
 /// A path inside a container (`muster_core`'s `MAX_CONTAINER_PATH_BYTES`).
 pub const CONTAINER_PATH: usize = 1024;
 /// A job array's indices in Slurm's form (`0-9999%64`).
@@ -90,6 +92,9 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("Register.ports", text(KEYWORD)),
     ("Register.checkpoint_address", text(ADDRESS)),
     ("Heartbeat.running", items(RUNNING, 0)),
+    ("Heartbeat.pulls", items(RUNNING, 0)),
+    ("ImagePull.image", text(IMAGE_REF)),
+    ("ImagesHeld.digests", items(64, 64 * DIGEST)),
     ("TaskExited.error", text(AGENT_TEXT)),
     ("TaskExited.stderr_tail", text(STDERR_TAIL)),
     ("LogData.data", text(LOG_CHUNK)),
@@ -155,6 +160,8 @@ pub const LIMITS: &[(&str, Limit)] = &[
     ("LabelNodeRequest.id", text(NAME)),
     ("LabelNodeRequest.set", items(LABELS, LABELS * 2 * NAME)),
     ("LabelNodeRequest.remove", items(LABELS, LABELS * NAME)),
+    ("PrefetchImageRequest.image", text(IMAGE_REF)),
+    ("PrefetchImageRequest.constraints", items(16, 16 * 1024)),
     // Administration.
     ("AddLearnerRequest.address", text(ADDRESS)),
     ("ChangeMembershipRequest.promote", items(64, 0)),
@@ -323,7 +330,12 @@ impl Bounded for v1::AgentMessage {
                 check_text("Register.ports", &r.ports)?;
                 check_text("Register.checkpoint_address", &r.checkpoint_address)
             }
-            Some(Msg::Heartbeat(h)) => check_list("Heartbeat.running", &h.running),
+            Some(Msg::Heartbeat(h)) => {
+                check_list("Heartbeat.running", &h.running)?;
+                check_list("Heartbeat.pulls", &h.pulls)?;
+                h.pulls.iter().try_for_each(|p| check_text("ImagePull.image", &p.image))
+            }
+            Some(Msg::ImagesHeld(i)) => check_strings("ImagesHeld.digests", &i.digests),
             Some(Msg::Exited(e)) => {
                 check_text("TaskExited.error", &e.error)?;
                 check_text("TaskExited.stderr_tail", &e.stderr_tail)
@@ -452,6 +464,13 @@ impl Bounded for v1::LabelNodeRequest {
         check_text("LabelNodeRequest.id", &self.id)?;
         check_map("LabelNodeRequest.set", &self.set)?;
         check_strings("LabelNodeRequest.remove", &self.remove)
+    }
+}
+
+impl Bounded for v1::PrefetchImageRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        check_text("PrefetchImageRequest.image", &self.image)?;
+        check_strings("PrefetchImageRequest.constraints", &self.constraints)
     }
 }
 

@@ -47,6 +47,7 @@ fn decoders() -> BTreeMap<&'static str, Decode> {
         ("WatchNodesRequest", decode::<v1::WatchNodesRequest>),
         ("AdmitNodeRequest", decode::<v1::AdmitNodeRequest>),
         ("LabelNodeRequest", decode::<v1::LabelNodeRequest>),
+        ("PrefetchImageRequest", decode::<v1::PrefetchImageRequest>),
         ("StatusRequest", decode::<v1::StatusRequest>),
         ("AddLearnerRequest", decode::<v1::AddLearnerRequest>),
         ("ChangeMembershipRequest", decode::<v1::ChangeMembershipRequest>),

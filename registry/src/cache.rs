@@ -20,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -70,6 +71,31 @@ pub struct PulledImage {
     /// Bytes downloaded for it (0 on a hit).
     pub downloaded: u64,
     _pin: Pin,
+}
+
+/// How far a pull is: bytes of its layers in the cache (downloaded now,
+/// or already there) out of all its layers' bytes, as the registry sends
+/// them (0 until the manifest is read).
+#[derive(Debug, Default)]
+pub struct PullProgress {
+    done: AtomicU64,
+    total: AtomicU64,
+}
+
+impl PullProgress {
+    /// Bytes so far.
+    pub fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Bytes in all (0: not known yet).
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug)]
@@ -195,6 +221,21 @@ impl ImageCache {
         self.inner.index.lock().expect("index lock").layers.values().sum()
     }
 
+    /// The manifest digests of the images it holds whole (every layer
+    /// unpacked), most recently used first, at most `max`: what the node
+    /// reports to the leader.
+    pub fn held(&self, max: usize) -> Vec<String> {
+        let index = self.inner.index.lock().expect("index lock");
+        let mut v: Vec<(&String, u64)> = index
+            .images
+            .iter()
+            .filter(|(_, i)| i.layers.iter().all(|l| index.layers.contains_key(l)))
+            .map(|(d, i)| (d, i.last_used))
+            .collect();
+        v.sort_by_key(|&(d, t)| (std::cmp::Reverse(t), d.clone()));
+        v.into_iter().take(max).map(|(d, _)| d.clone()).collect()
+    }
+
     /// The manifest digests of the images it holds, most recently used first.
     pub fn images(&self) -> Vec<String> {
         let index = self.inner.index.lock().expect("index lock");
@@ -237,6 +278,11 @@ impl ImageCache {
     /// Pulls `image` (or finds it cached) and pins it until the returned
     /// value is dropped.
     pub async fn pull(&self, image: &ImageRef) -> Result<PulledImage, PullError> {
+        self.pull_tracked(image, &PullProgress::default()).await
+    }
+
+    /// [`ImageCache::pull`], saying how far along it is in `progress`.
+    pub async fn pull_tracked(&self, image: &ImageRef, progress: &PullProgress) -> Result<PulledImage, PullError> {
         let started = Instant::now();
         if let Some(d) = &image.digest
             && let Some(hit) = self.hit(d)
@@ -264,7 +310,9 @@ impl ImageCache {
             index.images.insert(m.digest.clone(), record);
             self.save(&index).map_err(|e| disk("the image cache's index", e))?;
         }
-        let fetches = m.manifest.layers.iter().map(|layer| self.layer(image, layer));
+        let total = m.manifest.layers.iter().map(|l| u64::try_from(l.size).unwrap_or(0)).sum();
+        progress.total.store(total, Ordering::Relaxed);
+        let fetches = m.manifest.layers.iter().map(|layer| self.layer(image, layer, progress));
         let results = futures_util::future::join_all(fetches).await;
         let mut downloaded = 0;
         let mut first_error = None;
@@ -298,7 +346,7 @@ impl ImageCache {
 
     /// Fetches and unpacks one layer unless it is cached; the bytes it
     /// downloaded.
-    async fn layer(&self, image: &ImageRef, layer: &OciDescriptor) -> Result<u64, PullError> {
+    async fn layer(&self, image: &ImageRef, layer: &OciDescriptor, progress: &PullProgress) -> Result<u64, PullError> {
         let dir = self.layer_dir(&layer.digest)?;
         let lock = {
             let mut f = self.inner.fetching.lock().expect("fetching lock");
@@ -307,6 +355,7 @@ impl ImageCache {
         let _guard = lock.lock().await;
         let cached = self.inner.index.lock().expect("index lock").layers.contains_key(&layer.digest);
         if cached && dir.is_dir() {
+            progress.add(u64::try_from(layer.size).unwrap_or(0));
             return Ok(0);
         }
         let decompress = match layer.media_type.as_str() {
@@ -338,6 +387,7 @@ impl ImageCache {
             match chunk {
                 Ok(b) => {
                     downloaded += b.len() as u64;
+                    progress.add(b.len() as u64);
                     metrics::counter!("muster_image_pull_bytes_total").increment(b.len() as u64);
                     if tx.send(Ok(b)).is_err() {
                         break; // the unpacker stopped: its error says why

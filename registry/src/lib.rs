@@ -13,4 +13,4 @@ pub use client::{DockerAuth, ImageConfig, Manifest, PullError, Registry, Registr
 
 pub mod cache;
 
-pub use cache::{CachedImage, ImageCache, PulledImage};
+pub use cache::{CachedImage, ImageCache, PullProgress, PulledImage};

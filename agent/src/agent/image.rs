@@ -2,6 +2,8 @@
 //! (beside its checkpoint restore), how it sees the node, and what the
 //! attempt holds while it runs (docs/containers.md).
 
+use muster_proto::bounds;
+
 use super::*;
 
 /// How the node runs container images (docs/containers.md).
@@ -33,11 +35,53 @@ pub(super) struct InContainer {
     pub(super) dir: PathBuf,
 }
 
-/// Pulls `image` for attempt `key` through `cache`; a stop on `ctrl_rx`
-/// meanwhile ends the pull. Returns the image (or why not), and whether the
-/// attempt was stopped.
+/// Most prefetches (`muster image prefetch`) an agent runs or queues at
+/// once; more are dropped (and logged).
+pub const MAX_PREFETCHES: usize = 4;
+
+/// One attempt's image being pulled, for the heartbeat (and so explain).
+pub(super) struct Pulling {
+    image: String,
+    progress: Arc<muster_registry::PullProgress>,
+    started: tokio::time::Instant,
+}
+
+/// The attempts whose image is being pulled now, by attempt.
+#[derive(Clone, Default)]
+pub(super) struct Pulls(Arc<std::sync::Mutex<BTreeMap<Key, Pulling>>>);
+
+impl Pulls {
+    /// What the heartbeat says of them.
+    pub(super) fn report(&self) -> Vec<v1::ImagePull> {
+        let pulls = self.0.lock().expect("pulls lock");
+        pulls
+            .iter()
+            .map(|(key, p)| v1::ImagePull {
+                task: Some(task_ref(*key)),
+                image: bounds::truncate(&p.image, bounds::IMAGE_REF),
+                done_bytes: p.progress.done(),
+                total_bytes: p.progress.total(),
+                elapsed_ms: u64::try_from(p.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            })
+            .collect()
+    }
+}
+
+/// Takes an attempt off [`Pulls`] when its pull ends, however it ends.
+struct PullingGuard(Pulls, Key);
+
+impl Drop for PullingGuard {
+    fn drop(&mut self) {
+        self.0.0.lock().expect("pulls lock").remove(&self.1);
+    }
+}
+
+/// Pulls `image` for attempt `key` through `cache`, listed in `pulls`
+/// meanwhile; a stop on `ctrl_rx` ends the pull. Returns the image (or why
+/// not), and whether the attempt was stopped.
 pub(super) async fn pull(
     cache: Option<&muster_registry::ImageCache>,
+    pulls: &Pulls,
     image: &str,
     key: Key,
     ctrl_rx: &mut mpsc::UnboundedReceiver<Control>,
@@ -48,8 +92,15 @@ pub(super) async fn pull(
         (Some(cache), Ok(r)) => (cache, r),
     };
     let started = tokio::time::Instant::now();
+    let progress = Arc::new(muster_registry::PullProgress::default());
+    pulls
+        .0
+        .lock()
+        .expect("pulls lock")
+        .insert(key, Pulling { image: image.to_string(), progress: progress.clone(), started });
+    let _listed = PullingGuard(pulls.clone(), key);
     tokio::select! {
-        got = cache.pull(&r) => {
+        got = cache.pull_tracked(&r, &progress) => {
             let got = got.map(Arc::new).map_err(|e| e.to_string());
             if let Ok(p) = &got {
                 tracing::info!(
@@ -61,6 +112,38 @@ pub(super) async fn pull(
         }
         _ = ctrl_rx.recv() => (Err("stopped while its image was being pulled".to_string()), true),
     }
+}
+
+/// Pulls `image` into the node's cache for no task (`muster image
+/// prefetch`), unless [`MAX_PREFETCHES`] are under way already.
+pub(super) fn prefetch(
+    cache: &muster_registry::ImageCache,
+    under_way: &Arc<std::sync::atomic::AtomicUsize>,
+    image: &str,
+) {
+    use std::sync::atomic::Ordering;
+    let r = match muster_core::sm::ImageRef::parse(image) {
+        Ok(r) if r.digest.is_some() => r,
+        Ok(_) => return tracing::warn!(image, "prefetch refused: the leader sends references pinned to a digest"),
+        Err(e) => return tracing::warn!(image, error = %e, "prefetch refused"),
+    };
+    if under_way.fetch_add(1, Ordering::SeqCst) >= MAX_PREFETCHES {
+        under_way.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!(image, max = MAX_PREFETCHES, "prefetch dropped: too many under way");
+        return;
+    }
+    let (cache, under_way) = (cache.clone(), under_way.clone());
+    tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        match cache.pull(&r).await {
+            Ok(p) => tracing::info!(
+                image = %r, digest = %p.digest, cache_hit = p.cache_hit, bytes = p.downloaded,
+                seconds = started.elapsed().as_secs_f64(), "image prefetched"
+            ),
+            Err(e) => tracing::warn!(image = %r, error = %e, "prefetch failed"),
+        }
+        under_way.fetch_sub(1, Ordering::SeqCst);
+    });
 }
 
 impl Agent {

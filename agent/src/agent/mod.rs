@@ -217,6 +217,12 @@ pub struct Agent {
     leftovers: Vec<(Key, Record)>,
     /// The records of started attempts, for the agent after this one.
     records: Records,
+    /// Attempts whose image is being pulled (the heartbeat says how far).
+    pulls: image::Pulls,
+    /// The image digests last reported (`None`: not yet this session).
+    images_sent: Option<Vec<String>>,
+    /// Prefetches under way.
+    prefetching: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 enum SessionEnd {
@@ -360,6 +366,9 @@ impl Agent {
             exit_now: false,
             leftovers,
             records,
+            pulls: Default::default(),
+            images_sent: None,
+            prefetching: Default::default(),
         })
     }
 

@@ -21,6 +21,7 @@ impl Agent {
         }
         .map_err(|e| format!("{addr}: {e}"))?;
         self.forget_claims();
+        self.images_sent = None;
         let (out, out_rx) = mpsc::channel::<v1::AgentMessage>(1024);
         let send = |msg: Out| {
             let out = out.clone();
@@ -90,7 +91,12 @@ impl Agent {
                         tracing::warn!(node = %self.cfg.node_id, leader = %addr, "the leader stopped answering; reconnecting");
                         return Err(format!("{addr}: no answer for {LEADER_SILENT_INTERVALS} heartbeat intervals"));
                     }
-                    send(Out::Heartbeat(v1::Heartbeat { running: self.running.keys().map(|k| task_ref(*k)).collect() })).await?;
+                    send(Out::Heartbeat(v1::Heartbeat {
+                        running: self.running.keys().map(|k| task_ref(*k)).collect(),
+                        pulls: self.pulls.report(),
+                    }))
+                    .await?;
+                    self.report_images(&send).await?;
                     self.fence.heartbeat_sent(tokio::time::Instant::now());
                     self.claim_deferred(&send).await?;
                 }
@@ -114,6 +120,24 @@ impl Agent {
         }
     }
 
+    /// Says which images the node's cache holds whole, when that changed
+    /// since the last time this session said so (and once after it
+    /// registers).
+    async fn report_images<F, Fut>(&mut self, send: &F) -> Result<(), String>
+    where
+        F: Fn(Out) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let Some(images) = self.cfg.images.as_ref() else { return Ok(()) };
+        let held = images.cache.held(muster_core::sm::MAX_NODE_IMAGES);
+        if self.images_sent.as_ref() == Some(&held) {
+            return Ok(());
+        }
+        send(Out::ImagesHeld(v1::ImagesHeld { digests: held.clone() })).await?;
+        self.images_sent = Some(held);
+        Ok(())
+    }
+
     /// Handles one message; returns a new heartbeat interval when told one.
     pub(super) async fn handle<F, Fut>(&mut self, m: v1::SchedulerMessage, send: &F) -> Result<Option<Duration>, String>
     where
@@ -127,6 +151,7 @@ impl Agent {
                 for report in self.unrecorded.values() {
                     send_report(report, send).await?;
                 }
+                self.report_images(send).await?;
                 return Ok(Some(Duration::from_millis(u64::from(r.heartbeat_interval_ms.max(100)))));
             }
             Some(In::Assign(a)) => {
@@ -160,6 +185,10 @@ impl Agent {
                 tracing::debug!(node = %self.cfg.node_id, grants = self.grants.len(), "checkpoint grants");
             }
             Some(In::DeleteCheckpoints(d)) => self.delete_checkpoints(d),
+            Some(In::PrefetchImage(p)) => match self.cfg.images.as_ref() {
+                Some(images) => super::image::prefetch(&images.cache, &self.prefetching, &p.image),
+                None => tracing::warn!(image = %p.image, "prefetch ignored: this node runs no container images"),
+            },
             Some(In::Stop(s)) => {
                 if let Some(key) = key_of(&s.task)
                     && let Some(ctrl) = self.running.get_mut(&key).and_then(|r| r.ctrl.take())

@@ -26,12 +26,27 @@ pub(super) struct Ended {
     pub(super) usage: Option<crate::cgroup::Usage>,
     /// What its GPUs did while it ran (where NVML reads them).
     pub(super) gpu: Option<watchdog::GpuUsage>,
+    /// It never ran because its image could not be pulled.
+    pub(super) image_pull_failed: bool,
 }
 
 impl Ended {
     /// An attempt that never ran a process.
     pub(super) fn not_run(why: String) -> Ended {
-        Ended { exit: Err(why), checkpoint_failed: false, watchdog: None, saved: None, usage: None, gpu: None }
+        Ended {
+            exit: Err(why),
+            checkpoint_failed: false,
+            watchdog: None,
+            saved: None,
+            usage: None,
+            gpu: None,
+            image_pull_failed: false,
+        }
+    }
+
+    /// An attempt whose image could not be pulled.
+    pub(super) fn pull_failed(why: String) -> Ended {
+        Ended { image_pull_failed: true, ..Ended::not_run(why) }
     }
 }
 
@@ -169,7 +184,15 @@ impl Agent {
                         usage = Some(cg.usage());
                         cg.remove();
                     }
-                    let ended = Ended { exit, checkpoint_failed: false, watchdog: None, saved: None, usage, gpu: None };
+                    let ended = Ended {
+                        exit,
+                        checkpoint_failed: false,
+                        watchdog: None,
+                        saved: None,
+                        usage,
+                        gpu: None,
+                        image_pull_failed: false,
+                    };
                     let _ = exits.send((key, ended));
                 });
             }
@@ -263,6 +286,7 @@ impl Agent {
         let stores = self.stores.clone();
         let prepared_tx = self.prepared_tx.clone();
         let images = self.cfg.images.as_ref().map(|i| i.cache.clone());
+        let pulls = self.pulls.clone();
         tokio::spawn(async move {
             let mut unusable = Vec::new();
             let mut restored = None;
@@ -301,7 +325,7 @@ impl Agent {
             let image = if a.image.is_empty() || stopped {
                 None
             } else {
-                let (pulled, stopped_now) = pull(images.as_ref(), &a.image, key, &mut ctrl_rx).await;
+                let (pulled, stopped_now) = pull(images.as_ref(), &pulls, &a.image, key, &mut ctrl_rx).await;
                 stopped = stopped_now;
                 Some(pulled)
             };
@@ -339,7 +363,7 @@ impl Agent {
             Some(Ok(img)) => Some(img),
             Some(Err(e)) => {
                 tracing::warn!(alloc_id = key.0, task = key.1, error = %e, "image pull failed");
-                let _ = self.exits_tx.send((key, Ended::not_run(format!("{IMAGE_PULL_FAILED}: {e}"))));
+                let _ = self.exits_tx.send((key, Ended::pull_failed(format!("{IMAGE_PULL_FAILED}: {e}"))));
                 return reports;
             }
         };
@@ -507,7 +531,7 @@ impl Agent {
     /// checkpoint the attempt was given: the next attempt resumes from it.
     /// A successful exit uploads nothing: a finished task never runs again.
     pub(super) fn finished(&mut self, key: Key, ended: Ended) -> Report {
-        let Ended { exit, checkpoint_failed, watchdog, saved, usage, gpu } = ended;
+        let Ended { exit, checkpoint_failed, watchdog, saved, usage, gpu, image_pull_failed } = ended;
         let running = self.running.remove(&key);
         let (attempt, preempt) = running.as_ref().map_or((0, None), |r| (r.attempt, r.preempt));
         if let Some(r) = running {
@@ -611,6 +635,7 @@ impl Agent {
                         error: bounds::truncate(&error, bounds::AGENT_TEXT),
                         stderr_tail,
                         usage,
+                        image_pull_failed: image_pull_failed && !error.is_empty(),
                     },
                     checkpoint: upload,
                 }
@@ -791,6 +816,7 @@ pub(super) async fn watch_task(
         saved: None,
         usage: task.usage(),
         gpu: guard.gpu.mean_util_pct().map(|_| guard.gpu),
+        image_pull_failed: false,
     };
     (ended, stopped)
 }

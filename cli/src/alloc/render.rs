@@ -53,6 +53,7 @@ pub fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
     v["retry_after_ms"] = json!(a.retry_after_ms);
     v["teardowns"] = json!(a.preemption_epoch);
     v["failures"] = json!(a.failures);
+    v["image_pull_failures"] = json!(a.image_pull_failures);
     v["failed_reason"] = json!(a.failed_reason);
     v["last_failure"] = json!(a.last_failure.as_ref().map(|f| json!({
         "task": f.task,
@@ -444,6 +445,22 @@ pub fn array(a: &v1::JobArray, out: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// "pulling its image IMAGE: 120 MiB of 210 MiB (57 %), 3 s so far".
+fn pull_progress(p: &v1::ImagePullProgress) -> String {
+    let bytes = muster_scheduler::words::bytes;
+    let so_far = if p.total_bytes == 0 {
+        "reading its manifest".to_string()
+    } else {
+        format!(
+            "{} of {} ({} %)",
+            bytes(p.done_bytes),
+            bytes(p.total_bytes),
+            p.done_bytes.saturating_mul(100) / p.total_bytes.max(1)
+        )
+    };
+    format!("pulling its image {}: {so_far}, {} so far", p.image, crate::output::duration(p.elapsed_ms))
+}
+
 /// Prints an explanation (of a pending allocation, or a dry run): the
 /// summary, the node classes, and what preemption would do.
 pub fn explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Result<()> {
@@ -477,6 +494,10 @@ pub fn explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Resu
                     "start_ms": p.start_ms, "in_ms": p.in_ms, "nodes": p.node_ids,
                 })),
                 "checkpoints": e.checkpoints,
+                "pulls": e.pulls.iter().map(|p| json!({
+                    "task": p.task, "node": p.node_id, "image": p.image, "done_bytes": p.done_bytes,
+                    "total_bytes": p.total_bytes, "elapsed_ms": p.elapsed_ms,
+                })).collect::<Vec<_>>(),
             }))?
         ),
         Output::Text => {
@@ -486,6 +507,9 @@ pub fn explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Resu
             }
             for note in &e.checkpoints {
                 out!("checkpoint: {note}");
+            }
+            for p in &e.pulls {
+                out!("task {} on {}: {}", p.task, p.node_id, pull_progress(p));
             }
             if let Some(p) = &e.preemption {
                 if p.victims.is_empty() {

@@ -87,6 +87,19 @@ impl Dev {
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
+    /// A CLI command with `--output json` whose output is one JSON
+    /// document per line (`alloc watch`), whatever its exit status.
+    pub fn json_lines(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        let tls = self.tls.to_str().unwrap();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--scheduler", &self.sched, "--tls-dir", tls, "--output", "json"]);
+        let o = muster(&all);
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: {e}: {l}")))
+            .collect()
+    }
+
     /// [`Dev::json`] of a command that must succeed.
     pub fn ok(&self, args: &[&str]) -> serde_json::Value {
         let v = self.json(args);

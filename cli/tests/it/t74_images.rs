@@ -144,3 +144,73 @@ while true; do step=$((step+1)); sleep 0.1; done"#;
         assert!(out.starts_with("resumed from ") && out.trim() != "resumed from", "task {task}: {out:?}");
     }
 }
+
+/// What a node's cache holds steers placement, `muster image prefetch`
+/// warms nodes ahead of a gang, explain shows a pull under way, and a pull
+/// that fails is an outcome of its own. On `muster dev` with the Debian
+/// registry: the image is prefetched onto the one node an admin labelled
+/// (which then reports holding it), and a full-node job of that image goes
+/// there although all four nodes fit it equally. An image pinned to a digest
+/// the registry lacks fails three pulls (each on a node the next placement
+/// avoids) and then the allocation, with `image_pull_failed` and the
+/// registry's message, its retry budget untouched. A pull from a registry
+/// that never answers shows in `alloc explain` until the job is cancelled.
+#[test]
+fn t223_prefetch_cache_aware_placement_pull_progress_and_pull_failures() {
+    use muster_testkit::registry::{TestRegistry, tools};
+    use serde_json::json;
+    if !tools() {
+        return;
+    }
+    let reg = TestRegistry::start(false);
+    let digest = reg.push("busybox", "1", false);
+    let dev = Dev::start();
+    let image = format!("{}/test/busybox:1", reg.host());
+    let id = |v: serde_json::Value| v["id"].as_u64().unwrap().to_string();
+
+    dev.ok(&["node", "label", "node-3", "pool=warm"]);
+    let p = dev.ok(&["image", "prefetch", &image, "--constraint", "pool=warm", "--wait", "2m"]);
+    assert_eq!((&p["asked"], &p["digest"]), (&json!(["node-3"]), &json!(digest)), "{p}");
+    assert_eq!(p["image"], format!("{image}@{digest}"), "pinned: {p}");
+    assert_eq!(dev.ok(&["node", "get", "node-3"])["images"], json!([digest]));
+    assert_eq!(dev.ok(&["node", "get", "node-1"])["images"], json!([]));
+    let again = dev.ok(&["image", "prefetch", &image, "--constraint", "pool=warm"]);
+    assert_eq!((&again["asked"], &again["cached"]), (&json!([]), &json!(["node-3"])), "{again}");
+    let e = dev.json(&["image", "prefetch", &image, "--constraint", "pool=none"]);
+    assert!(e["error"].as_str().unwrap_or_default().contains("no ready node"), "{e}");
+    let e = dev.json(&["image", "prefetch", &format!("{}/test/busybox:nope", reg.host())]);
+    assert!(e["error"].as_str().unwrap_or_default().contains("is not in its registry"), "{e}");
+
+    let job = id(dev.ok(&["submit", "--image", &image, "--gpus", "8", "--", "true"]));
+    let a = crate::dev_proc::wait_for_end(&dev, &job);
+    assert_eq!(a["status"], "done", "{a}");
+    assert_eq!(a["tasks"][0]["last_node"], "node-3", "placed where the image is cached: {a}");
+
+    let missing = format!("{}/test/busybox@sha256:{}", reg.host(), "0".repeat(64));
+    let job = id(dev.ok(&["submit", "--image", &missing, "--max-retries", "1", "--", "true"]));
+    let a = crate::dev_proc::wait_for_end(&dev, &job);
+    assert_eq!(a["status"], "failed", "{a}");
+    let reason = a["failed_reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("image_pull_failed: image pull failed: not found"), "{a}");
+    assert_eq!((&a["failures"], &a["image_pull_failures"]), (&json!(0), &json!(3)), "{a}");
+    let pulls: Vec<String> = dev
+        .json_lines(&["alloc", "watch", &job])
+        .iter()
+        .filter(|e| e["kind"] == "image_pull_failed")
+        .map(|e| e["detail"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(pulls.len(), 3, "{pulls:?}");
+    let node_of = |d: &str| d.split(" on ").nth(1).and_then(|r| r.split(' ').next()).unwrap().to_string();
+    assert_ne!(node_of(&pulls[0]), node_of(&pulls[1]), "the next placement avoids the node: {pulls:?}");
+
+    // A registry that accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow = format!("{}/test/slow@sha256:{}", silent.local_addr().unwrap(), "1".repeat(64));
+    let job = id(dev.ok(&["submit", "--image", &slow, "--", "true"]));
+    crate::dev_proc::wait_until("explain to show the pull", || {
+        let e = dev.ok(&["alloc", "explain", &job]);
+        e["pulls"].as_array().is_some_and(|p| p.len() == 1 && p[0]["image"] == slow.as_str())
+    });
+    dev.ok(&["alloc", "cancel", &job]);
+    assert_eq!(crate::dev_proc::wait_for_end(&dev, &job)["status"], "cancelled");
+}

@@ -31,6 +31,9 @@ pub(super) struct Overlay<'a> {
     /// Per packing label used in this pass, its values' nodes (built at the
     /// first packed gang, kept in step after).
     racks: BTreeMap<String, Racks>,
+    /// Per image digest, the nodes holding it (built at the first gang with
+    /// a pinned image).
+    holders: Option<BTreeMap<String, Vec<NodeSlot>>>,
 }
 
 /// One packing label's values as a pass sees them.
@@ -112,6 +115,7 @@ impl<'a> Overlay<'a> {
             ports: BTreeMap::new(),
             pack_choice,
             racks: BTreeMap::new(),
+            holders: None,
         }
     }
 
@@ -204,7 +208,12 @@ impl<'a> Overlay<'a> {
     ) -> bool {
         let (need, n, p) = (&a.spec.resources, a.spec.gang_size as usize, &a.spec.placement);
         if p.is_any() {
-            return self.find_where(need, n, homes, out, ok);
+            let given = out.len();
+            let placed = self.find_where(need, n, homes, out, &ok);
+            if placed {
+                self.prefer_holders(a, homes, &mut out[given..], &ok);
+            }
+            return placed;
         }
         let state = self.state;
         let admits = |slot: NodeSlot| ok(slot) && p.admits(&state.node(slot).labels);
@@ -213,8 +222,52 @@ impl<'a> Overlay<'a> {
             Some(pack) if pack.required => false,
             _ => {
                 out.clear();
-                self.find_constrained(need, n, homes, p, out, &admits)
+                let placed = self.find_constrained(need, n, homes, p, out, &admits);
+                if placed {
+                    self.prefer_holders(a, homes, out, &admits);
+                }
+                placed
             }
+        }
+    }
+
+    /// Among equally good fits, nodes that hold the gang's image (the
+    /// digest its tag was pinned to; [`crate::sm::Node::images`]): best fit
+    /// takes every fitting node of each free-GPU count before the next, so
+    /// only the last count's nodes in `out` were a choice among equals, and
+    /// there a node holding the image takes the place of one that does not.
+    /// A gang without a pinned image, or one packed by a label, is left as
+    /// placed.
+    fn prefer_holders(&mut self, a: &Allocation, homes: &[u32], out: &mut [NodeSlot], ok: &impl Fn(NodeSlot) -> bool) {
+        let Some(digest) = a.spec.container.as_ref().and_then(|c| c.image.digest.as_deref()) else { return };
+        let Some(&last) = out.last() else { return };
+        let group = self.free(last).gpus;
+        let state = self.state;
+        if self.holders.is_none() {
+            let mut by_digest: BTreeMap<String, Vec<NodeSlot>> = BTreeMap::new();
+            for node in state.nodes() {
+                for d in &node.images {
+                    by_digest.entry(d.clone()).or_default().push(node.slot);
+                }
+            }
+            self.holders = Some(by_digest);
+        }
+        let Some(holding) = self.holders.as_ref().and_then(|h| h.get(digest)) else { return };
+        let holds = |slot: NodeSlot| state.node(slot).images.binary_search_by(|d| d.as_str().cmp(digest)).is_ok();
+        let in_group = |slot: NodeSlot| homes.iter().any(|&h| self.index.contains(&(h, group, slot)));
+        let need = &a.spec.resources;
+        let swappable: Vec<usize> = (0..out.len()).filter(|&i| in_group(out[i]) && !holds(out[i])).collect();
+        let mut swappable = swappable.into_iter();
+        for &slot in holding {
+            if out.contains(&slot)
+                || !in_group(slot)
+                || !ok(slot)
+                || !fits(need, &state.node(slot).resources, &self.free(slot))
+            {
+                continue;
+            }
+            let Some(i) = swappable.next() else { return };
+            out[i] = slot;
         }
     }
 

@@ -465,7 +465,40 @@ pub enum Command {
         /// Who asked.
         by: String,
     },
+    /// A claimed task's image could not be pulled on its node (not found,
+    /// refused, unreachable, a bad layer, a full disk). Not a failure of the
+    /// task nor of the node: the attempt is refunded, nothing is charged to
+    /// the retry budget, and the gang is placed elsewhere if it can be;
+    /// after [`MAX_IMAGE_PULL_FAILURES`] of them the allocation fails with
+    /// `image_pull_failed` and the registry's message.
+    FailImagePull {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The reporting node.
+        node: NodeId,
+        /// The reservation epoch the claim was made under.
+        epoch: u64,
+        /// What the registry or the cache said (at most
+        /// [`MAX_AGENT_REASON_BYTES`]).
+        reason: String,
+    },
+    /// The image digests a node's cache holds (replacing those it held):
+    /// admission prefers, among equally good fits, nodes that hold a gang's
+    /// image. At most [`super::types::MAX_NODE_IMAGES`], each a digest as
+    /// an image reference pins one.
+    SetNodeImages {
+        /// The node.
+        node: NodeId,
+        /// Its digests.
+        digests: Vec<String>,
+    },
 }
+
+/// Pull failures after which an allocation fails with `image_pull_failed`
+/// (each one on a node its next placement avoids).
+pub const MAX_IMAGE_PULL_FAILURES: u32 = 3;
 
 /// The longest reason from an agent a command carries (a start failure, an
 /// unusable checkpoint); the agent hub cuts longer ones before proposing.
@@ -534,6 +567,8 @@ impl Command {
             Command::CancelArrayElements { .. } => "cancel_array_elements",
             Command::SetArrayThrottle { .. } => "set_array_throttle",
             Command::SubmitWorkflow { .. } => "submit_workflow",
+            Command::FailImagePull { .. } => "fail_image_pull",
+            Command::SetNodeImages { .. } => "set_node_images",
         }
     }
 }

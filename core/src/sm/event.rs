@@ -466,6 +466,30 @@ pub enum Event {
         /// Whether this was a retry of an earlier submit with the same key.
         duplicate: bool,
     },
+    /// A task's image could not be pulled on its node: the attempt never
+    /// ran and is not charged; the gang is placed again (elsewhere when it
+    /// can be) or, at the last allowed pull failure, fails.
+    ImagePullFailed {
+        /// The allocation.
+        alloc: AllocId,
+        /// The task.
+        task: TaskIndex,
+        /// The node that could not pull it.
+        node: NodeId,
+        /// What the registry or the cache said.
+        reason: String,
+        /// The allocation's pull failures so far, this one included.
+        failures: u32,
+        /// Whether it is placed again (or fails).
+        retried: bool,
+    },
+    /// The image digests a node's cache holds changed.
+    NodeImagesChanged {
+        /// The node.
+        node: NodeId,
+        /// How many it holds now.
+        count: u32,
+    },
 }
 
 impl Event {
@@ -477,6 +501,7 @@ impl Event {
             | Event::VClusterCreated { .. }
             | Event::VClusterUpdated { .. }
             | Event::NodeRegistered { .. }
+            | Event::NodeImagesChanged { .. }
             | Event::NodeAdmitted { .. }
             | Event::NodeLabelled { .. }
             | Event::NodeLost { .. }
@@ -511,6 +536,7 @@ impl Event {
             | Event::DependenciesMet { alloc }
             | Event::AllocationCancelled { alloc, .. }
             | Event::TaskStartFailed { alloc, .. }
+            | Event::ImagePullFailed { alloc, .. }
             | Event::CheckpointDropped { alloc, .. }
             | Event::CheckpointUnreachable { alloc, .. }
             | Event::OutOfMemory { alloc, .. } => Some(*alloc),

@@ -27,7 +27,7 @@ mod vcluster;
 #[cfg(test)]
 mod state_test;
 
-pub use command::{Command, MAX_AGENT_REASON_BYTES};
+pub use command::{Command, MAX_AGENT_REASON_BYTES, MAX_IMAGE_PULL_FAILURES};
 pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
@@ -44,14 +44,14 @@ pub use types::{
     IMAGES_LABEL, ISOLATION_LABEL, ImageRef, JobArray, LabelExpr, LabelOp, MAX_AFTER_EXPR_BYTES, MAX_ARRAY_ELEMENTS,
     MAX_ARRAY_EXPR_BYTES, MAX_ARRAY_INDEX, MAX_ARRAY_RANGES, MAX_CHECKPOINT_KEEP, MAX_CHECKPOINT_KEY_BYTES,
     MAX_CONSTRAINTS, MAX_CONTAINER_PATH_BYTES, MAX_DEPENDENCIES, MAX_FAILURE_TAIL_BYTES, MAX_FORGET_CHECKPOINTS,
-    MAX_IMAGE_NAME_BYTES, MAX_IMAGE_REF_BYTES, MAX_MOUNTS, MAX_PIDS_MAX, MAX_RENDEZVOUS_PORTS, MAX_RETIRED_CHECKPOINTS,
-    MAX_SECRET_VALUE_BYTES, MAX_SECRETS, MAX_SECRETS_BYTES, MAX_STEP_NAME_BYTES, MAX_STORE_SPEC_BYTES,
-    MAX_WORKFLOW_STEPS, ManifestUpload, Mount, NODE_HISTORY_LIMIT, Node, NodeId, NodePolicy, NodeSlot, NodeStatus,
-    Nomination, OBJECT_SCHEMES, OomKill, PORTS_LABEL, Packing, Placement, PortRange, PreemptReason,
-    RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Standing, Task, TaskIndex, TaskStatus, Teardown,
-    TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind, Workflow,
-    WorkflowSpec, WorkflowStep, agent_may_set, check_cap, check_container_path, check_digest, check_key,
-    combined_standing, failure_tail, fits, how_it_ended, key_prefix, parse_after, valid_step_name,
+    MAX_IMAGE_NAME_BYTES, MAX_IMAGE_REF_BYTES, MAX_MOUNTS, MAX_NODE_IMAGES, MAX_PIDS_MAX, MAX_RENDEZVOUS_PORTS,
+    MAX_RETIRED_CHECKPOINTS, MAX_SECRET_VALUE_BYTES, MAX_SECRETS, MAX_SECRETS_BYTES, MAX_STEP_NAME_BYTES,
+    MAX_STORE_SPEC_BYTES, MAX_WORKFLOW_STEPS, ManifestUpload, Mount, NODE_HISTORY_LIMIT, Node, NodeId, NodePolicy,
+    NodeSlot, NodeStatus, Nomination, OBJECT_SCHEMES, OomKill, PORTS_LABEL, Packing, Placement, PortRange,
+    PreemptReason, RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Standing, Task, TaskIndex, TaskStatus,
+    Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind,
+    Workflow, WorkflowSpec, WorkflowStep, agent_may_set, check_cap, check_container_path, check_digest, check_key,
+    combined_standing, failure_tail, fits, how_it_ended, is_image_digest, key_prefix, parse_after, valid_step_name,
 };
 pub use validate::{
     DRAIN_TIMEOUT_LABEL, Limits, MAX_PREEMPTION_CLASS, MAX_REASON_BYTES, parse_duration_s, validate_admission,

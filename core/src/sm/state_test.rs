@@ -6,6 +6,7 @@ mod borrowing;
 mod dependencies;
 mod failfast;
 mod history;
+mod images;
 mod lifecycle;
 mod placement;
 mod ports;
@@ -644,7 +645,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "120512122cfa4d2456d1a6ec96248cae402e9d768a6c8ef77b655a9877a5f6a9"
+        "fddd744c2cb810e3daae6d1bb1c43246f41b18d2945963f80bba77a5f24d64b3"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

@@ -247,6 +247,7 @@ mod tests {
             registered_at_ms: 0,
             revision: 0,
             history: Default::default(),
+            images: Vec::new(),
         }
     }
 

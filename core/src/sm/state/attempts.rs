@@ -15,6 +15,9 @@ impl State {
                 Event::WatchdogTripped { alloc, task, kind, .. } => {
                     self.mark_open(*alloc, *task, |a| a.watchdog = Some(*kind));
                 }
+                Event::ImagePullFailed { alloc, task, .. } => {
+                    self.mark_open(*alloc, *task, |a| a.end = AttemptEnd::ImagePullFailed);
+                }
                 Event::TeardownStarted { alloc, cause, preempting, .. } => {
                     for (task, _) in preempting {
                         match cause {

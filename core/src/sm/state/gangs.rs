@@ -117,6 +117,7 @@ impl State {
                 last_failure: None,
                 give_up: None,
                 retry_after_ms: 0,
+                image_pull_failures: 0,
             }),
         );
         self.reindex_alloc(id);
@@ -598,6 +599,62 @@ impl State {
         }
         let mut events =
             vec![Event::WatchdogTripped { alloc: id, task, node: node.clone(), kind, trips, retried: trips <= cap }];
+        events.extend(self.start_teardown_or_settle(id, task));
+        Ok(events)
+    }
+
+    /// A claimed task whose image could not be pulled: it never ran, so,
+    /// as after a watchdog trip, it leaves its node uncharged (its attempt
+    /// refunded, nothing spent of the retry budget, no fail-fast
+    /// signature) and the gang avoids the node on its next placement, after
+    /// the failure back-off (a registry may be down for a while). The
+    /// allocation's [`MAX_IMAGE_PULL_FAILURES`]th pull failure fails it
+    /// with `image_pull_failed` and the registry's message. A task already
+    /// being stopped has simply stopped.
+    pub(super) fn fail_image_pull(
+        &mut self,
+        id: AllocId,
+        task: TaskIndex,
+        node: &NodeId,
+        epoch: u64,
+        reason: &str,
+    ) -> Applied {
+        check_agent_reason(reason)?;
+        let (slot, status) =
+            self.check_report(id, task, node, epoch, &[TaskStatus::Running, TaskStatus::Preempting])?;
+        if status == TaskStatus::Preempting {
+            let mut events = vec![self.stopped(id, task, slot, None, false, false)];
+            events.extend(self.settle(id));
+            return Ok(events);
+        }
+        self.leave_node(id, task, slot, TaskStatus::Blocked, None);
+        let now = self.now_ms;
+        let failures = self.allocs[&id].image_pull_failures + 1;
+        let retry_after_ms = now.saturating_add(self.limits.retry_backoff(failures));
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
+        let t = &mut a.tasks[task as usize];
+        t.node = None;
+        t.attempts = t.attempts.saturating_sub(1);
+        a.image_pull_failures = failures;
+        a.retry_after_ms = retry_after_ms;
+        if let Err(at) = a.avoid_nodes.binary_search(&slot) {
+            a.avoid_nodes.insert(at, slot);
+        }
+        let retried = failures < MAX_IMAGE_PULL_FAILURES;
+        if !retried && a.give_up.is_none() {
+            a.give_up = Some(format!("image_pull_failed: {}", clip_line(reason)));
+        }
+        let mut events = vec![
+            Event::TaskFailed { alloc: id, task, exit_code: None, charged: false },
+            Event::ImagePullFailed {
+                alloc: id,
+                task,
+                node: node.clone(),
+                reason: reason.to_string(),
+                failures,
+                retried,
+            },
+        ];
         events.extend(self.start_teardown_or_settle(id, task));
         Ok(events)
     }

@@ -44,7 +44,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-use super::command::Command;
+use super::command::{Command, MAX_IMAGE_PULL_FAILURES};
 use super::event::{Event, Outcome};
 use super::rejection::Rejection;
 use super::types::DEFAULT_VCLUSTER;
@@ -616,6 +616,10 @@ impl State {
             Command::CancelArrayElements { array, indices } => self.cancel_array(*array, Some(indices)),
             Command::SetArrayThrottle { array, throttle, by } => self.set_array_throttle(*array, *throttle, by),
             Command::SubmitWorkflow { workflow } => self.submit_workflow(workflow),
+            Command::FailImagePull { alloc, task, node, epoch, reason } => {
+                self.fail_image_pull(*alloc, *task, node, *epoch, reason)
+            }
+            Command::SetNodeImages { node, digests } => self.set_node_images(node, digests),
         }
     }
 

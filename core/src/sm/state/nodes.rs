@@ -1,6 +1,7 @@
 //! Node registration and lifecycle (docs/nodes.md): ready, drain, stop, restart, terminate, lost.
 
 use super::*;
+use crate::sm::{MAX_NODE_IMAGES, is_image_digest};
 
 impl State {
     /// A new node joins as pending (its agent proposes `MarkNodeReady` once it
@@ -58,6 +59,7 @@ impl State {
             registered_at_ms: self.now_ms,
             revision: 0,
             history: VecDeque::new(),
+            images: Vec::new(),
         });
         self.index.node_by_id.insert(id.clone(), slot);
         self.index.holders.push(Vec::new());
@@ -190,6 +192,35 @@ impl State {
         let Some(holder) = self.held_for(slot) else { return Vec::new() };
         self.drop_nomination(holder);
         vec![Event::NominationDropped { alloc: holder, reason: format!("held node {} {why}", self.node(slot).id) }]
+    }
+
+    /// The image digests a node's cache holds, replacing those it held: at
+    /// most [`MAX_NODE_IMAGES`], each a `sha256:` digest, kept sorted and
+    /// without repeats. The same set again changes nothing.
+    pub(super) fn set_node_images(&mut self, id: &NodeId, digests: &[String]) -> Applied {
+        let slot = self.node_slot(id).ok_or_else(|| Rejection::UnknownNode(id.clone()))?;
+        if digests.len() > MAX_NODE_IMAGES {
+            return Err(Rejection::InvalidNode {
+                field: "images".into(),
+                reason: format!("{} digests, over {MAX_NODE_IMAGES}", digests.len()),
+            });
+        }
+        if let Some(bad) = digests.iter().find(|d| !is_image_digest(d)) {
+            return Err(Rejection::InvalidNode {
+                field: "images".into(),
+                reason: format!("{:?} is not an image digest (sha256:<64 hex digits>)", super::gangs::clip_line(bad)),
+            });
+        }
+        let mut sorted = digests.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let node = &mut self.nodes[slot.0 as usize];
+        if node.images == sorted {
+            return Ok(Vec::new());
+        }
+        let count = sorted.len() as u32;
+        node.images = sorted;
+        Ok(vec![Event::NodeImagesChanged { node: id.clone(), count }])
     }
 
     pub(super) fn node_ready(&mut self, id: &NodeId) -> Applied {

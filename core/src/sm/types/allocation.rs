@@ -154,6 +154,10 @@ pub struct Allocation {
     /// Entry time before which admission does not place it again: the
     /// back-off after a failure (0: none).
     pub retry_after_ms: u64,
+    /// Runs of the gang that ended because a task's image could not be
+    /// pulled (not charged to the retry budget; at
+    /// [`crate::sm::MAX_IMAGE_PULL_FAILURES`] it fails).
+    pub image_pull_failures: u32,
 }
 
 /// Most bytes of a failure's stderr tail kept in the state.

@@ -116,6 +116,10 @@ pub struct Node {
     pub revision: u64,
     /// The latest events (at most [`NODE_HISTORY_LIMIT`]), oldest first.
     pub history: VecDeque<AllocEvent>,
+    /// The image digests its agent's cache holds, sorted (at most
+    /// [`MAX_NODE_IMAGES`]): admission prefers, among equally good fits,
+    /// nodes that hold a gang's image.
+    pub images: Vec<String>,
 }
 
 impl Node {
@@ -135,6 +139,16 @@ impl Node {
     pub fn ports(&self) -> PortRange {
         self.labels.get(PORTS_LABEL).and_then(|v| PortRange::parse(v).ok()).unwrap_or_default()
     }
+}
+
+/// Most image digests a node reports holding (its cache may hold more: it
+/// reports the most recently used).
+pub const MAX_NODE_IMAGES: usize = 64;
+
+/// Whether `digest` is an image digest a node may report (as an image
+/// reference pins one: [`super::check_digest`]).
+pub fn is_image_digest(digest: &str) -> bool {
+    super::check_digest(digest).is_ok()
 }
 
 /// The node label naming the rendezvous ports its agent offers, `FIRST-LAST`

@@ -176,6 +176,8 @@ pub enum AttemptEnd {
     /// Failed after the kernel killed a process of it for going over its
     /// memory limit (its usage has the limit and the peak).
     OomKilled,
+    /// Never ran: its image could not be pulled on its node.
+    ImagePullFailed,
 }
 
 impl AttemptEnd {
@@ -189,6 +191,7 @@ impl AttemptEnd {
             AttemptEnd::Lost => "lost",
             AttemptEnd::Cancelled => "cancelled",
             AttemptEnd::OomKilled => "oom_killed",
+            AttemptEnd::ImagePullFailed => "image_pull_failed",
         }
     }
 
@@ -202,6 +205,7 @@ impl AttemptEnd {
             AttemptEnd::Lost,
             AttemptEnd::Cancelled,
             AttemptEnd::OomKilled,
+            AttemptEnd::ImagePullFailed,
         ]
         .into_iter()
         .find(|v| v.as_str() == s)

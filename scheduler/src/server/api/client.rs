@@ -140,7 +140,7 @@ fn array_or_missing(st: &crate::sm::State, id: u64) -> Result<v1::JobArray, Stat
 }
 
 /// How long a submit waits for a registry to resolve its image's tag.
-const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(super) const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl ClientApi {
     /// Wakes the leader's admission (something new may be placed).
@@ -584,11 +584,33 @@ impl AllocationService for ClientApi {
         let id = req.into_inner().id;
         self.s.linearizable().await?;
         let (cfg, admission) = (self.policies.preemption(), self.policies.admission());
+        let agents = self.work.agents();
         let e = self.s.reader().read(|st| {
             let now = self.s.now(st);
-            crate::policy::explain_with_admission(st, id, now, &cfg, &admission)
+            let mut e = crate::policy::explain_with_admission(st, id, now, &cfg, &admission)
                 .map(|e| convert::explanation_to_proto(e, st, now))
-                .ok_or_else(|| alloc_missing(st, id))
+                .ok_or_else(|| alloc_missing(st, id))?;
+            // Pulls under way, as the agents of the tasks' own nodes said.
+            let placed = |task: u32, node: &crate::sm::NodeId, epoch: u64| {
+                st.alloc(id).and_then(|a| a.tasks.get(task as usize)).is_some_and(|t| {
+                    t.status == crate::sm::TaskStatus::Running
+                        && t.reservation_epoch == epoch
+                        && t.node.is_some_and(|slot| st.node(slot).id == *node)
+                })
+            };
+            e.pulls = agents
+                .pulls_of(id, placed)
+                .into_iter()
+                .map(|(node, p)| v1::ImagePullProgress {
+                    task: p.task.map_or(0, |t| t.task_index),
+                    node_id: node.to_string(),
+                    image: p.image,
+                    done_bytes: p.done_bytes,
+                    total_bytes: p.total_bytes,
+                    elapsed_ms: p.elapsed_ms,
+                })
+                .collect();
+            Ok::<_, Status>(e)
         })?;
         Ok(Response::new(e))
     }

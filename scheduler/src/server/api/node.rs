@@ -105,8 +105,92 @@ fn parse_sha256(hex: &str) -> Result<[u8; 32], Status> {
     Ok(out)
 }
 
+impl NodeApi {
+    /// `PrefetchImage`: the reference pinned to its digest, and the ready
+    /// nodes that run images and meet the constraints, each asked to pull
+    /// it unless its cache holds it.
+    async fn prefetch(&self, q: v1::PrefetchImageRequest) -> Result<v1::PrefetchImageResponse, Status> {
+        use crate::sm::{IMAGES_LABEL, ImageRef, LabelExpr, MAX_CONSTRAINTS};
+        let mut image =
+            ImageRef::parse(q.image.trim()).map_err(|e| Status::invalid_argument(format!("invalid image: {e}")))?;
+        let mut constraints = Vec::new();
+        for c in &q.constraints {
+            constraints.extend(
+                LabelExpr::parse_list(c).map_err(|e| Status::invalid_argument(format!("invalid constraints: {e}")))?,
+            );
+        }
+        if constraints.len() > MAX_CONSTRAINTS {
+            return Err(Status::invalid_argument(format!(
+                "invalid constraints: {} expressions, at most {MAX_CONSTRAINTS}",
+                constraints.len()
+            )));
+        }
+        constraints.extend(LabelExpr::parse_list(IMAGES_LABEL).expect("a label name is an expression"));
+        // Only the leader holds the agents' streams.
+        self.s.linearizable().await?;
+        if image.digest.is_none() {
+            let registry = self.policies.registry().ok_or_else(|| {
+                Status::failed_precondition(
+                    "invalid image: this scheduler does not resolve tags (muster server --no-image-resolve): \
+                     give REF@sha256:…",
+                )
+            })?;
+            let resolved = tokio::time::timeout(super::client::RESOLVE_TIMEOUT, registry.resolve(&image)).await;
+            image = match resolved {
+                Ok(Ok(digest)) => image.pinned(&digest),
+                Ok(Err(muster_registry::PullError::NotFound(why))) => {
+                    return Err(Status::invalid_argument(format!(
+                        "invalid image: {image} is not in its registry: {why}"
+                    )));
+                }
+                Ok(Err(e)) => {
+                    return Err(Status::unavailable(format!("image {image}: the tag cannot be resolved: {e}")));
+                }
+                Err(_) => return Err(Status::deadline_exceeded(format!("image {image}: the registry did not answer"))),
+            };
+        }
+        let digest = image.digest.clone().expect("pinned above");
+        let reference = image.to_string();
+        let agents = self.work.agents();
+        let mut out =
+            v1::PrefetchImageResponse { image: reference.clone(), digest: digest.clone(), ..Default::default() };
+        self.s.reader().read(|st| {
+            for n in st.nodes() {
+                if n.status != NodeStatus::Ready || !constraints.iter().all(|c| c.matches(&n.labels)) {
+                    continue;
+                }
+                let id = n.id.to_string();
+                if n.images.binary_search(&digest).is_ok() {
+                    out.cached.push(id);
+                } else if agents.try_send(
+                    &n.id,
+                    v1::scheduler_message::Msg::PrefetchImage(v1::PrefetchImage { image: reference.clone() }),
+                ) {
+                    out.node_ids.push(id);
+                } else {
+                    out.unreachable.push(id);
+                }
+            }
+        });
+        tracing::info!(
+            image = %reference, asked = out.node_ids.len(), cached = out.cached.len(),
+            unreachable = out.unreachable.len(), "image prefetch"
+        );
+        metrics::counter!("muster_image_prefetch_nodes_total").increment(out.node_ids.len() as u64);
+        Ok(out)
+    }
+}
+
 #[tonic::async_trait]
 impl NodeService for NodeApi {
+    async fn prefetch_image(
+        &self,
+        req: Request<v1::PrefetchImageRequest>,
+    ) -> Result<Response<v1::PrefetchImageResponse>, Status> {
+        req.get_ref().check_bounds()?;
+        self.prefetch(req.into_inner()).await.map(Response::new)
+    }
+
     async fn admit_node(&self, req: Request<v1::AdmitNodeRequest>) -> Result<Response<v1::AdmitNodeResponse>, Status> {
         req.get_ref().check_bounds()?;
         let caller = muster_tls::Caller::of(&req);

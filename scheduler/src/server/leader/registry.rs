@@ -46,6 +46,8 @@ struct RegistryInner {
     /// Log requests waiting, by request id: the node asked and the waiter.
     pending: BTreeMap<u64, (NodeId, tokio::sync::oneshot::Sender<v1::LogData>)>,
     next_request: u64,
+    /// Each node's image pulls under way, as its latest heartbeat said.
+    pulls: BTreeMap<NodeId, Vec<v1::ImagePull>>,
 }
 
 /// A fresh request id nobody can guess: a counter through SipHash under the
@@ -71,8 +73,45 @@ impl AgentRegistry {
         let mut inner = self.inner.lock().expect("registry lock");
         if inner.streams.get(node).is_some_and(|t| t.same_channel(tx)) {
             inner.streams.remove(node);
+            inner.pulls.remove(node);
             metrics::gauge!("muster_agent_streams").decrement(1.0);
         }
+    }
+
+    /// What `node`'s heartbeat said of its image pulls (replacing what the
+    /// one before said).
+    pub(crate) fn set_pulls(&self, node: &NodeId, pulls: Vec<v1::ImagePull>) {
+        let mut inner = self.inner.lock().expect("registry lock");
+        if pulls.is_empty() {
+            inner.pulls.remove(node);
+        } else {
+            inner.pulls.insert(node.clone(), pulls);
+        }
+    }
+
+    /// The image pulls under way for allocation `alloc`'s tasks, with the
+    /// node each is on. Only what the node a task is placed on says counts
+    /// (`placed(task, node, epoch)`): another node cannot speak for it.
+    pub fn pulls_of(&self, alloc: u64, placed: impl Fn(u32, &NodeId, u64) -> bool) -> Vec<(NodeId, v1::ImagePull)> {
+        let inner = self.inner.lock().expect("registry lock");
+        let mut out: Vec<(NodeId, v1::ImagePull)> = inner
+            .pulls
+            .iter()
+            .flat_map(|(node, pulls)| pulls.iter().map(move |p| (node, p)))
+            .filter(|(node, p)| {
+                p.task.as_ref().is_some_and(|t| t.alloc_id == alloc && placed(t.task_index, node, t.epoch))
+            })
+            .map(|(node, p)| (node.clone(), p.clone()))
+            .collect();
+        out.sort_by_key(|(_, p)| p.task.as_ref().map(|t| t.task_index));
+        out
+    }
+
+    /// Sends `msg` to `node`'s agent, if its stream is open here and has
+    /// room (a full stream is not waited for).
+    pub(crate) fn try_send(&self, node: &NodeId, msg: Out) -> bool {
+        let stream = self.inner.lock().expect("registry lock").streams.get(node).cloned();
+        stream.is_some_and(|s| s.try_send(Box::new(Ok(v1::SchedulerMessage { msg: Some(msg) }))).is_ok())
     }
 
     /// Agent streams held open.
@@ -165,5 +204,36 @@ mod tests {
         assert_eq!(ids.len(), 64);
         let sequential = (1..=64u64).filter(|&n| ids.contains(&n) || ids.contains(&(req.request_id + n))).count();
         assert_eq!(sequential, 0, "ids are not a counter");
+    }
+
+    /// Pull progress counts only from the node the task is placed on: a
+    /// node cannot report (or hide) a pull for another node's task, and a
+    /// node's report replaces its last one.
+    #[test]
+    fn pull_progress_counts_only_from_the_tasks_own_node() {
+        let registry = AgentRegistry::default();
+        let (a, b) = (NodeId::new("node-a"), NodeId::new("node-b"));
+        let pull = |task: u32, done: u64| v1::ImagePull {
+            task: Some(v1::TaskRef { alloc_id: 7, task_index: task, epoch: 1 }),
+            image: "r/i@sha256:x".into(),
+            done_bytes: done,
+            total_bytes: 100,
+            elapsed_ms: 5,
+        };
+        registry.set_pulls(&a, vec![pull(0, 10)]);
+        // node-b claims task 0 (placed on node-a) and its own task 1.
+        registry.set_pulls(&b, vec![pull(0, 99), pull(1, 20)]);
+        let on = |task: u32, node: &NodeId, epoch: u64| {
+            epoch == 1 && node.as_str() == if task == 0 { "node-a" } else { "node-b" }
+        };
+        let got: Vec<(String, u32, u64)> = registry
+            .pulls_of(7, on)
+            .into_iter()
+            .map(|(n, p)| (n.to_string(), p.task.unwrap().task_index, p.done_bytes))
+            .collect();
+        assert_eq!(got, vec![("node-a".into(), 0, 10), ("node-b".into(), 1, 20)]);
+        assert!(registry.pulls_of(8, on).is_empty(), "another allocation");
+        registry.set_pulls(&a, Vec::new());
+        assert_eq!(registry.pulls_of(7, on).len(), 1, "node-a's pull ended");
     }
 }

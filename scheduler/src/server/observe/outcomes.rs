@@ -171,6 +171,12 @@ pub fn observe(outcome: &Outcome) {
                     alloc_id = alloc, task, node = %node, kind = kind.as_str(), trips, retried, "watchdog tripped"
                 );
             }
+            Event::ImagePullFailed { alloc, task, node, reason, failures, retried } => {
+                metrics::counter!("muster_image_pull_failures_total").increment(1);
+                tracing::warn!(
+                    alloc_id = alloc, task, node = %node, failures, retried, reason = %reason, "image pull failed"
+                );
+            }
             Event::NominationDropped { alloc, reason } => {
                 tracing::warn!(alloc_id = alloc, reason = %reason, "held nodes released");
             }

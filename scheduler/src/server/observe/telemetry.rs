@@ -209,6 +209,12 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_task_failures_total", Counter, "task failures charged to a gang's retry budget"),
     m("muster_allocations_failed_total", Counter, "allocations that ended failed"),
     m("muster_image_tags_pinned_total", Counter, "submitted image tags resolved to the digest every task then runs"),
+    m("muster_image_pull_failures_total", Counter, "attempts that never ran because their image could not be pulled"),
+    m(
+        "muster_image_prefetch_nodes_total",
+        Counter,
+        "nodes asked to pull an image ahead of a gang (muster image prefetch)",
+    ),
     m("muster_gang_teardown_force_drained_total", Counter, "preempting tasks moved to preempted without an ack"),
     l(
         "muster_gang_teardown_completed_total",

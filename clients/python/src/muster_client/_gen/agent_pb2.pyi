@@ -34,7 +34,7 @@ class TaskRef(_message.Message):
     def __init__(self, alloc_id: _Optional[int] = ..., task_index: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "claim", "exited", "log_data", "preempted", "checkpoint", "watchdog_tripped", "checkpoint_unusable", "checkpoints_deleted")
+    __slots__ = ("register", "heartbeat", "claim", "exited", "log_data", "preempted", "checkpoint", "watchdog_tripped", "checkpoint_unusable", "checkpoints_deleted", "images_held")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class AgentMessage(_message.Message):
     WATCHDOG_TRIPPED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_UNUSABLE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_HELD_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     claim: Claim
@@ -55,7 +56,34 @@ class AgentMessage(_message.Message):
     watchdog_tripped: WatchdogTripped
     checkpoint_unusable: CheckpointUnusable
     checkpoints_deleted: CheckpointsDeleted
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., claim: _Optional[_Union[Claim, _Mapping]] = ..., exited: _Optional[_Union[TaskExited, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., preempted: _Optional[_Union[Preempted, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointUpload, _Mapping]] = ..., watchdog_tripped: _Optional[_Union[WatchdogTripped, _Mapping]] = ..., checkpoint_unusable: _Optional[_Union[CheckpointUnusable, _Mapping]] = ..., checkpoints_deleted: _Optional[_Union[CheckpointsDeleted, _Mapping]] = ...) -> None: ...
+    images_held: ImagesHeld
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., claim: _Optional[_Union[Claim, _Mapping]] = ..., exited: _Optional[_Union[TaskExited, _Mapping]] = ..., log_data: _Optional[_Union[LogData, _Mapping]] = ..., preempted: _Optional[_Union[Preempted, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointUpload, _Mapping]] = ..., watchdog_tripped: _Optional[_Union[WatchdogTripped, _Mapping]] = ..., checkpoint_unusable: _Optional[_Union[CheckpointUnusable, _Mapping]] = ..., checkpoints_deleted: _Optional[_Union[CheckpointsDeleted, _Mapping]] = ..., images_held: _Optional[_Union[ImagesHeld, _Mapping]] = ...) -> None: ...
+
+class ImagesHeld(_message.Message):
+    __slots__ = ("digests",)
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    digests: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, digests: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ImagePull(_message.Message):
+    __slots__ = ("task", "image", "done_bytes", "total_bytes", "elapsed_ms")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
+    task: TaskRef
+    image: str
+    done_bytes: int
+    total_bytes: int
+    elapsed_ms: int
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., image: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., elapsed_ms: _Optional[int] = ...) -> None: ...
+
+class PrefetchImage(_message.Message):
+    __slots__ = ("image",)
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    def __init__(self, image: _Optional[str] = ...) -> None: ...
 
 class CheckpointsDeleted(_message.Message):
     __slots__ = ("seqs",)
@@ -155,10 +183,12 @@ class Register(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., address: _Optional[str] = ..., ports: _Optional[str] = ..., checkpoint_address: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("running",)
+    __slots__ = ("running", "pulls")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
     running: _containers.RepeatedCompositeFieldContainer[TaskRef]
-    def __init__(self, running: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ...) -> None: ...
+    pulls: _containers.RepeatedCompositeFieldContainer[ImagePull]
+    def __init__(self, running: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., pulls: _Optional[_Iterable[_Union[ImagePull, _Mapping]]] = ...) -> None: ...
 
 class Claim(_message.Message):
     __slots__ = ("task",)
@@ -167,23 +197,25 @@ class Claim(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class TaskExited(_message.Message):
-    __slots__ = ("task", "exit_code", "signal", "error", "stderr_tail", "usage")
+    __slots__ = ("task", "exit_code", "signal", "error", "stderr_tail", "usage", "image_pull_failed")
     TASK_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PULL_FAILED_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     exit_code: int
     signal: int
     error: str
     stderr_tail: str
     usage: _types_pb2.AttemptUsage
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., error: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., usage: _Optional[_Union[_types_pb2.AttemptUsage, _Mapping]] = ...) -> None: ...
+    image_pull_failed: bool
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., error: _Optional[str] = ..., stderr_tail: _Optional[str] = ..., usage: _Optional[_Union[_types_pb2.AttemptUsage, _Mapping]] = ..., image_pull_failed: _Optional[bool] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("registered", "assign", "granted", "stop", "refused", "recorded", "fetch_logs", "preempt", "checkpoint_hint", "node_notice", "heartbeat_ack", "checkpoint_grants", "delete_checkpoints")
+    __slots__ = ("registered", "assign", "granted", "stop", "refused", "recorded", "fetch_logs", "preempt", "checkpoint_hint", "node_notice", "heartbeat_ack", "checkpoint_grants", "delete_checkpoints", "prefetch_image")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +229,7 @@ class SchedulerMessage(_message.Message):
     HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_GRANTS_FIELD_NUMBER: _ClassVar[int]
     DELETE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_IMAGE_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     assign: Assign
     granted: ClaimGranted
@@ -210,7 +243,8 @@ class SchedulerMessage(_message.Message):
     heartbeat_ack: HeartbeatAck
     checkpoint_grants: CheckpointGrants
     delete_checkpoints: DeleteCheckpoints
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., granted: _Optional[_Union[ClaimGranted, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ..., recorded: _Optional[_Union[Recorded, _Mapping]] = ..., fetch_logs: _Optional[_Union[FetchLogs, _Mapping]] = ..., preempt: _Optional[_Union[Preempt, _Mapping]] = ..., checkpoint_hint: _Optional[_Union[CheckpointHint, _Mapping]] = ..., node_notice: _Optional[_Union[NodeNotice, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., checkpoint_grants: _Optional[_Union[CheckpointGrants, _Mapping]] = ..., delete_checkpoints: _Optional[_Union[DeleteCheckpoints, _Mapping]] = ...) -> None: ...
+    prefetch_image: PrefetchImage
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., granted: _Optional[_Union[ClaimGranted, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ..., recorded: _Optional[_Union[Recorded, _Mapping]] = ..., fetch_logs: _Optional[_Union[FetchLogs, _Mapping]] = ..., preempt: _Optional[_Union[Preempt, _Mapping]] = ..., checkpoint_hint: _Optional[_Union[CheckpointHint, _Mapping]] = ..., node_notice: _Optional[_Union[NodeNotice, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., checkpoint_grants: _Optional[_Union[CheckpointGrants, _Mapping]] = ..., delete_checkpoints: _Optional[_Union[DeleteCheckpoints, _Mapping]] = ..., prefetch_image: _Optional[_Union[PrefetchImage, _Mapping]] = ...) -> None: ...
 
 class CheckpointGrants(_message.Message):
     __slots__ = ("grants",)

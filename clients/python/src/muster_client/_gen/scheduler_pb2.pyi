@@ -171,7 +171,7 @@ class AllocationEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., revision: _Optional[int] = ..., time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class Explanation(_message.Message):
-    __slots__ = ("id", "status", "summary", "classes", "preemption", "planned_start", "checkpoints")
+    __slots__ = ("id", "status", "summary", "classes", "preemption", "planned_start", "checkpoints", "pulls")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,7 @@ class Explanation(_message.Message):
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     PLANNED_START_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: _types_pb2.AllocationStatus
     summary: str
@@ -186,7 +187,24 @@ class Explanation(_message.Message):
     preemption: PreemptionPlan
     planned_start: PlannedStart
     checkpoints: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ..., planned_start: _Optional[_Union[PlannedStart, _Mapping]] = ..., checkpoints: _Optional[_Iterable[str]] = ...) -> None: ...
+    pulls: _containers.RepeatedCompositeFieldContainer[ImagePullProgress]
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ..., planned_start: _Optional[_Union[PlannedStart, _Mapping]] = ..., checkpoints: _Optional[_Iterable[str]] = ..., pulls: _Optional[_Iterable[_Union[ImagePullProgress, _Mapping]]] = ...) -> None: ...
+
+class ImagePullProgress(_message.Message):
+    __slots__ = ("task", "node_id", "image", "done_bytes", "total_bytes", "elapsed_ms")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    DONE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
+    task: int
+    node_id: str
+    image: str
+    done_bytes: int
+    total_bytes: int
+    elapsed_ms: int
+    def __init__(self, task: _Optional[int] = ..., node_id: _Optional[str] = ..., image: _Optional[str] = ..., done_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., elapsed_ms: _Optional[int] = ...) -> None: ...
 
 class PlannedStart(_message.Message):
     __slots__ = ("start_ms", "in_ms", "node_ids")
@@ -242,6 +260,28 @@ class NodeClassReason(_message.Message):
     can_take_now: int
     reason: str
     def __init__(self, nodes: _Optional[int] = ..., can_take_now: _Optional[int] = ..., reason: _Optional[str] = ..., **kwargs) -> None: ...
+
+class PrefetchImageRequest(_message.Message):
+    __slots__ = ("image", "constraints")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    constraints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, image: _Optional[str] = ..., constraints: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PrefetchImageResponse(_message.Message):
+    __slots__ = ("image", "digest", "node_ids", "cached", "unreachable")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    digest: str
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    cached: _containers.RepeatedScalarFieldContainer[str]
+    unreachable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, image: _Optional[str] = ..., digest: _Optional[str] = ..., node_ids: _Optional[_Iterable[str]] = ..., cached: _Optional[_Iterable[str]] = ..., unreachable: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdmitNodeRequest(_message.Message):
     __slots__ = ("id", "admission", "revoke")

@@ -553,10 +553,7 @@ class AllocationService:
 
 
 class NodeServiceStub:
-    """Node lifecycle (docs/nodes.md). A transition the node's status does not
-    allow is refused with FAILED_PRECONDITION naming the status and what is
-    allowed (the worker-draining seed's 409).
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
         """Constructor.
@@ -619,13 +616,15 @@ class NodeServiceStub:
                 request_serializer=muster_dot_v1_dot_scheduler__pb2.WatchNodesRequest.SerializeToString,
                 response_deserializer=muster_dot_v1_dot_types__pb2.NodeEvent.FromString,
                 _registered_method=True)
+        self.PrefetchImage = channel.unary_unary(
+                '/muster.v1.NodeService/PrefetchImage',
+                request_serializer=muster_dot_v1_dot_scheduler__pb2.PrefetchImageRequest.SerializeToString,
+                response_deserializer=muster_dot_v1_dot_scheduler__pb2.PrefetchImageResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
-    """Node lifecycle (docs/nodes.md). A transition the node's status does not
-    allow is refused with FAILED_PRECONDITION naming the status and what is
-    allowed (the worker-draining seed's 409).
-    """
+    """Missing associated documentation comment in .proto file."""
 
     def ListNodes(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -712,6 +711,16 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrefetchImage(self, request, context):
+        """Pull an image into the caches of the ready nodes meeting the
+        constraints (all of them without any), ahead of a large gang: the tag
+        is pinned to its digest first. Answers once the agents are asked; a
+        node's Node.images shows the digest once its cache holds it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -770,6 +779,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     request_deserializer=muster_dot_v1_dot_scheduler__pb2.WatchNodesRequest.FromString,
                     response_serializer=muster_dot_v1_dot_types__pb2.NodeEvent.SerializeToString,
             ),
+            'PrefetchImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrefetchImage,
+                    request_deserializer=muster_dot_v1_dot_scheduler__pb2.PrefetchImageRequest.FromString,
+                    response_serializer=muster_dot_v1_dot_scheduler__pb2.PrefetchImageResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'muster.v1.NodeService', rpc_method_handlers)
@@ -779,10 +793,7 @@ def add_NodeServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class NodeService:
-    """Node lifecycle (docs/nodes.md). A transition the node's status does not
-    allow is refused with FAILED_PRECONDITION naming the status and what is
-    allowed (the worker-draining seed's 409).
-    """
+    """Missing associated documentation comment in .proto file."""
 
     @staticmethod
     def ListNodes(request,
@@ -1071,6 +1082,33 @@ class NodeService:
             '/muster.v1.NodeService/WatchNodes',
             muster_dot_v1_dot_scheduler__pb2.WatchNodesRequest.SerializeToString,
             muster_dot_v1_dot_types__pb2.NodeEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefetchImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/muster.v1.NodeService/PrefetchImage',
+            muster_dot_v1_dot_scheduler__pb2.PrefetchImageRequest.SerializeToString,
+            muster_dot_v1_dot_scheduler__pb2.PrefetchImageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -233,7 +233,7 @@ class Task(_message.Message):
     def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., node_id: _Optional[str] = ..., attempts: _Optional[int] = ..., reservation_epoch: _Optional[int] = ..., reserved_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_epoch: _Optional[int] = ..., last_node_id: _Optional[str] = ..., runs: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., last_watchdog: _Optional[str] = ..., borrowed_from: _Optional[str] = ..., checkpoints: _Optional[_Iterable[_Union[CheckpointManifest, _Mapping]]] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports", "secret_names", "failures", "last_failure", "retry_after_ms", "failed_reason", "array_id", "array_index")
+    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports", "secret_names", "failures", "last_failure", "retry_after_ms", "failed_reason", "array_id", "array_index", "image_pull_failures")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +253,7 @@ class Allocation(_message.Message):
     FAILED_REASON_FIELD_NUMBER: _ClassVar[int]
     ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PULL_FAILURES_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: AllocationSpec
     submit_time_ms: int
@@ -272,7 +273,8 @@ class Allocation(_message.Message):
     failed_reason: str
     array_id: int
     array_index: int
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ..., secret_names: _Optional[_Iterable[str]] = ..., failures: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., retry_after_ms: _Optional[int] = ..., failed_reason: _Optional[str] = ..., array_id: _Optional[int] = ..., array_index: _Optional[int] = ...) -> None: ...
+    image_pull_failures: int
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ..., secret_names: _Optional[_Iterable[str]] = ..., failures: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., retry_after_ms: _Optional[int] = ..., failed_reason: _Optional[str] = ..., array_id: _Optional[int] = ..., array_index: _Optional[int] = ..., image_pull_failures: _Optional[int] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("task", "attempt", "exit_code", "not_started", "stderr_tail", "early", "at_ms", "oom_killed", "memory_limit_bytes", "peak_memory_bytes")
@@ -355,7 +357,7 @@ class NodeEvent(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., revision: _Optional[int] = ..., time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ..., status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("id", "resources", "labels", "status", "used", "tasks", "registered_at_ms", "status_since_ms", "drain", "events", "revision", "reported_labels", "admin_labels", "admission")
+    __slots__ = ("id", "resources", "labels", "status", "used", "tasks", "registered_at_ms", "status_since_ms", "drain", "events", "revision", "reported_labels", "admin_labels", "admission", "images")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +393,7 @@ class Node(_message.Message):
     REPORTED_LABELS_FIELD_NUMBER: _ClassVar[int]
     ADMIN_LABELS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     id: str
     resources: Resources
     labels: _containers.ScalarMap[str, str]
@@ -405,7 +408,8 @@ class Node(_message.Message):
     reported_labels: _containers.ScalarMap[str, str]
     admin_labels: _containers.ScalarMap[str, str]
     admission: NodeAdmission
-    def __init__(self, id: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., used: _Optional[_Union[Resources, _Mapping]] = ..., tasks: _Optional[int] = ..., registered_at_ms: _Optional[int] = ..., status_since_ms: _Optional[int] = ..., drain: _Optional[_Union[NodeDrain, _Mapping]] = ..., events: _Optional[_Iterable[_Union[NodeEvent, _Mapping]]] = ..., revision: _Optional[int] = ..., reported_labels: _Optional[_Mapping[str, str]] = ..., admin_labels: _Optional[_Mapping[str, str]] = ..., admission: _Optional[_Union[NodeAdmission, _Mapping]] = ...) -> None: ...
+    images: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., used: _Optional[_Union[Resources, _Mapping]] = ..., tasks: _Optional[int] = ..., registered_at_ms: _Optional[int] = ..., status_since_ms: _Optional[int] = ..., drain: _Optional[_Union[NodeDrain, _Mapping]] = ..., events: _Optional[_Iterable[_Union[NodeEvent, _Mapping]]] = ..., revision: _Optional[int] = ..., reported_labels: _Optional[_Mapping[str, str]] = ..., admin_labels: _Optional[_Mapping[str, str]] = ..., admission: _Optional[_Union[NodeAdmission, _Mapping]] = ..., images: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeAdmission(_message.Message):
     __slots__ = ("resources", "labels", "cert_sha256", "by", "at_ms")

@@ -111,7 +111,9 @@ pub fn is_heavy(cmd: &Command) -> bool {
             | Command::SaveExitCheckpoint { .. }
             | Command::DropCheckpoint { .. }
             | Command::FailTaskToStart { .. }
+            | Command::FailImagePull { .. }
             | Command::FailTaskWithTail { .. }
+            | Command::SetNodeImages { .. }
     )
 }
 

@@ -405,6 +405,7 @@ impl Session {
             }
             Some(In::Heartbeat(h)) => {
                 self.sent.agent_runs_now(h.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch)));
+                self.own.work.agents().set_pulls(&self.node, h.pulls);
                 self.revive_if_lost().await?;
                 self.sync(true).await?;
                 self.send(Out::HeartbeatAck(v1::HeartbeatAck {})).await
@@ -434,6 +435,27 @@ impl Session {
                         "checkpoint refused"
                     );
                     self.refuse_checkpoint(key, &rejection_to_status(&r)).await?;
+                }
+                Ok(())
+            }
+            Some(In::ImagesHeld(held)) => {
+                let cmd = Command::SetNodeImages { node: self.node.clone(), digests: held.digests };
+                let Command::SetNodeImages { digests, .. } = &cmd else { unreachable!() };
+                let mut sorted = digests.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                let unchanged = match self.s.reader().read(|st| {
+                    st.precheck(&cmd)?;
+                    Ok(st.node_slot(&self.node).is_some_and(|slot| st.node(slot).images == sorted))
+                }) {
+                    Ok(unchanged) => unchanged,
+                    Err(r) => {
+                        tracing::warn!(node = %self.node, refusal = %r, "image digests refused");
+                        return Err(rejection_to_status(&r));
+                    }
+                };
+                if !unchanged && let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
+                    tracing::info!(node = %self.node, rejection = %r, "image digests refused");
                 }
                 Ok(())
             }
@@ -536,7 +558,11 @@ impl Session {
                     Command::FinishTask { alloc: key.0, task: key.1, node, epoch: key.2 }
                 } else if !e.error.is_empty() && e.exit_code.is_none() && e.signal.is_none() {
                     let reason = agent_reason(e.error);
-                    Command::FailTaskToStart { alloc: key.0, task: key.1, node, epoch: key.2, reason }
+                    if e.image_pull_failed {
+                        Command::FailImagePull { alloc: key.0, task: key.1, node, epoch: key.2, reason }
+                    } else {
+                        Command::FailTaskToStart { alloc: key.0, task: key.1, node, epoch: key.2, reason }
+                    }
                 } else {
                     let exit_code = e.exit_code.or(e.signal.map(|s| 128 + s));
                     let tail = muster_core::sm::failure_tail(&e.stderr_tail);

@@ -289,6 +289,7 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
         ports: a.ports.iter().map(|&p| u32::from(p)).collect(),
         secret_names: a.secret_names.clone(),
         failures: a.failures,
+        image_pull_failures: a.image_pull_failures,
         last_failure: a.last_failure.as_ref().map(|f| v1::Failure {
             task: f.task,
             attempt: f.run,

@@ -176,6 +176,16 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         Event::TaskStartFailed { task, node, reason, .. } => {
             ("task_start_failed", format!("task {task} did not start on {node}: {reason}"))
         }
+        Event::ImagePullFailed { task, node, reason, failures, retried, .. } => (
+            "image_pull_failed",
+            format!(
+                "task {task} could not pull its image on {node} (pull failure {failures}, not charged){}: {reason}",
+                if *retried { "; placed again, elsewhere if it can be" } else { "; the allocation fails" }
+            ),
+        ),
+        Event::NodeImagesChanged { node, count } => {
+            ("node_images_changed", format!("node {node} holds {count} image(s) in its cache"))
+        }
         Event::AllocationCancelled { stopped, .. } => {
             ("allocation_cancelled", format!("cancelled; {} tasks stopped", stopped.len()))
         }

@@ -41,6 +41,7 @@ pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State, now_ms: u
         status: alloc_status_to_proto(e.status) as i32,
         summary: e.summary,
         checkpoints: e.checkpoints,
+        pulls: Vec::new(),
         classes: e
             .classes
             .into_iter()

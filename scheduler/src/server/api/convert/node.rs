@@ -54,6 +54,7 @@ pub fn node_to_proto(st: &crate::sm::State, n: &crate::sm::Node) -> v1::Node {
         reported_labels: n.reported_labels.clone().into_iter().collect(),
         admin_labels: st.node_policy(&n.id).map(|p| p.labels.clone().into_iter().collect()).unwrap_or_default(),
         admission: st.node_policy(&n.id).and_then(|p| p.admission.as_ref()).map(admission_to_proto),
+        images: n.images.clone(),
     }
 }
 
