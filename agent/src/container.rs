@@ -81,6 +81,10 @@ pub struct ContainerPlan {
     pub user: Option<String>,
     /// Where to write the exit status (a kept task's, as the shim does).
     pub status: Option<PathBuf>,
+    /// The installed OCI runtime the container is handed to (`None`: the
+    /// built-in runtime; see [`crate::oci`]).
+    #[serde(default)]
+    pub oci: Option<crate::oci::OciRuntime>,
 }
 
 /// The per-attempt directories of a container: `DIR/containers/A-T-N/`.
@@ -88,12 +92,20 @@ pub fn attempt_dir(work_dir: &Path, alloc: u64, task: u32, attempt: u32) -> Path
     work_dir.join("containers").join(format!("{alloc}-{task}-{attempt}"))
 }
 
+/// The file in an attempt's directory naming the cgroup an OCI runtime
+/// ran its container in.
+const OCI_CGROUP_FILE: &str = "oci-cgroup";
+
 /// Removes an attempt's container directories (its writable layer); a
 /// root still mounted (a namespace that outlived the attempt) is detached
-/// first.
+/// first. After an OCI runtime, what it left in cgroup hierarchies goes
+/// too (its shim does so itself unless it was killed).
 pub fn remove_attempt_dirs(dir: &Path) -> io::Result<()> {
     if !dir.exists() {
         return Ok(());
+    }
+    if let Ok(cgroup) = std::fs::read_to_string(dir.join(OCI_CGROUP_FILE)) {
+        crate::oci::remove_leftovers(cgroup.trim());
     }
     let root = dir.join("root");
     if let Ok(c) = cstring(&root) {
@@ -201,8 +213,10 @@ fn mount_file(root: &Path, path: &Path) -> io::Result<PathBuf> {
     Ok(at)
 }
 
-/// Mounts the root and everything in it, then pivots into it.
-fn set_up(plan: &ContainerPlan) -> io::Result<()> {
+/// Makes this mount namespace's mounts private, then mounts the image's
+/// layers and the attempt's writable layer as one overlay at the plan's
+/// root.
+fn mount_root(plan: &ContainerPlan) -> io::Result<()> {
     mount("", Path::new("/"), "", libc::MS_REC | libc::MS_PRIVATE, "")?;
     for d in [&plan.upper, &plan.work, &plan.root] {
         std::fs::create_dir_all(d)?;
@@ -216,7 +230,12 @@ fn set_up(plan: &ContainerPlan) -> io::Result<()> {
             format!("{} layers are more than one mount can stack", plan.layers.len()),
         ));
     }
-    mount("overlay", &plan.root, "overlay", 0, &data)?;
+    mount("overlay", &plan.root, "overlay", 0, &data)
+}
+
+/// Mounts the root and everything in it, then pivots into it.
+fn set_up(plan: &ContainerPlan) -> io::Result<()> {
+    mount_root(plan)?;
     let root = &plan.root;
     let proc_dir = mount_dir(root, Path::new("/proc"))?;
     mount("proc", &proc_dir, "proc", libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "")?;
@@ -405,6 +424,10 @@ pub fn run_container(plan_path: &Path) -> i32 {
         // SAFETY: setting a disposition has no preconditions.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
+    if let Some(rt) = &plan.oci {
+        let exit = run_oci(&plan, rt);
+        return crate::executor::finish_shim(plan.status.as_deref(), exit);
+    }
     let mut fds = [0; 2];
     // SAFETY: a valid array of two.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -454,6 +477,96 @@ pub fn run_container(plan_path: &Path) -> i32 {
     crate::executor::finish_shim(plan.status.as_deref(), exit)
 }
 
+/// Runs the plan through an installed OCI runtime ([`crate::oci`]): the
+/// root mounted in a mount namespace of this shim's own, the bundle
+/// written, the runtime run and waited for; what it leaves in cgroup
+/// hierarchies the agent does not manage is removed after it.
+fn run_oci(plan: &ContainerPlan, rt: &crate::oci::OciRuntime) -> crate::executor::Exit {
+    use crate::executor::Exit;
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        eprintln!("muster: container: {what}: {e}");
+        Exit::Code(SETUP_FAILED)
+    };
+    // SAFETY: unshare has no memory-safety preconditions.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return failed("unshare", &io::Error::last_os_error());
+    }
+    if let Err(e) = mount_root(plan) {
+        return failed("mounting the image", &e);
+    }
+    let cgroup = match crate::oci::enter_shim_cgroup() {
+        Ok(c) => c,
+        Err(e) => return failed("the attempt's cgroup", &e),
+    };
+    if let Some(dir) = plan.root.parent()
+        && let Err(e) = std::fs::write(dir.join(OCI_CGROUP_FILE), &cgroup)
+    {
+        return failed("the attempt's directory", &e);
+    }
+    let gpus: Vec<(PathBuf, crate::oci::DeviceNode)> =
+        plan.devices.iter().filter_map(|d| crate::oci::device_node(d).ok().map(|n| (d.clone(), n))).collect();
+    let config = crate::oci::config(plan, &cgroup, &gpus);
+    let written =
+        std::fs::create_dir_all(&rt.bundle).and_then(|()| std::fs::create_dir_all(&rt.state)).and_then(|()| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(rt.bundle.join("config.json"))?;
+            f.write_all(&serde_json::to_vec_pretty(&config).map_err(io::Error::other)?)
+        });
+    if let Err(e) = written {
+        return failed("the bundle", &e);
+    }
+    let args: Vec<CString> = [
+        rt.program.as_os_str(),
+        "--root".as_ref(),
+        rt.state.as_os_str(),
+        "run".as_ref(),
+        "--bundle".as_ref(),
+        rt.bundle.as_os_str(),
+        rt.id.as_ref(),
+    ]
+    .iter()
+    .map(|a| CString::new(a.as_bytes()).unwrap_or_default())
+    .collect();
+    // SAFETY: single-threaded (a fresh exec); the child only resets
+    // dispositions and execs.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return failed("fork", &io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // The runtime forwards the agent's signals to the container.
+        for sig in crate::executor::SHIM_IGNORES {
+            // SAFETY: resetting a disposition has no preconditions.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        // SAFETY: NUL-terminated arrays of valid strings.
+        unsafe { libc::execv(args[0].as_ptr(), argv.as_ptr()) };
+        eprintln!("muster: container: cannot start {}: {}", rt.program.display(), io::Error::last_os_error());
+        // SAFETY: _exit has no preconditions.
+        unsafe { libc::_exit(SETUP_FAILED) };
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: a valid pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid || (r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+            break;
+        }
+    }
+    crate::oci::remove_leftovers(&cgroup);
+    if libc::WIFSIGNALED(status) {
+        Exit::Signal(libc::WTERMSIG(status))
+    } else {
+        crate::oci::exit_of(libc::WEXITSTATUS(status))
+    }
+}
+
 /// Writes a plan for [`run_container`].
 pub fn write_plan(path: &Path, plan: &ContainerPlan) -> io::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
@@ -500,6 +613,7 @@ mod tests {
             env: vec!["PATH=/bin".into()],
             user: Some("1000:1000:1000".into()),
             status: None,
+            oci: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("plan.json");

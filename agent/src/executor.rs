@@ -82,6 +82,9 @@ pub struct ContainerLaunch {
     pub binds: Vec<crate::container::Bind>,
     /// Where its command starts (else the image's WORKDIR, else `/`).
     pub workdir: Option<String>,
+    /// The installed OCI runtime it is handed to (`None`: the built-in
+    /// runtime).
+    pub runtime: Option<PathBuf>,
 }
 
 impl ContainerLaunch {
@@ -628,6 +631,12 @@ fn container_plan(
         env: env.iter().map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy())).collect(),
         user: launch.user.as_ref().map(crate::users::TaskUser::to_arg),
         status,
+        oci: c.runtime.as_ref().map(|program| crate::oci::OciRuntime {
+            program: program.clone(),
+            state: dir.join("state"),
+            bundle: dir.join("bundle"),
+            id: format!("muster-{}-{}-{}", launch.alloc, launch.task, launch.attempt),
+        }),
     };
     let path = dir.join("plan.json");
     crate::container::write_plan(&path, &plan)?;

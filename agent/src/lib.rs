@@ -29,6 +29,7 @@ pub mod hint;
 pub mod janitor;
 pub mod launcher;
 mod object;
+pub mod oci;
 mod probe;
 pub mod serve;
 pub mod store;

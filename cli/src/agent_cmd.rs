@@ -303,7 +303,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 registry,
             )
             .with_context(|| format!("cannot open the image cache in {}", dir.display()))?;
-            Some(muster_agent::agent::ImageRuntime { cache, allow_mounts: args.images.allow_mounts()? })
+            Some(muster_agent::agent::ImageRuntime {
+                cache,
+                allow_mounts: args.images.allow_mounts()?,
+                oci: args.images.oci_runtime()?,
+            })
         },
         janitor: muster_agent::janitor::JanitorConfig {
             log_retention: Duration::from_secs(log_retention),

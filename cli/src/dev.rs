@@ -147,6 +147,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 registry: args.images.registry()?,
                 allow_mounts: args.images.allow_mounts()?,
                 cache_max_bytes: args.images.cache_max(None)?,
+                oci: args.images.oci_runtime()?,
             })
         },
         ..LocalConfig::default()

@@ -32,6 +32,11 @@ pub struct ImageArgs {
     /// Keep setuid and setgid files in image layers (refused by default).
     #[arg(long)]
     pub allow_setuid_images: bool,
+    /// Who runs the containers: `builtin` (the agent's own runtime, the
+    /// default), or an installed OCI runtime handed each task's image as a
+    /// bundle: `runc` (found on PATH) or its path (docs/containers.md).
+    #[arg(long, value_name = "RUNTIME", default_value = "builtin")]
+    pub container_runtime: String,
 }
 
 impl ImageArgs {
@@ -64,6 +69,40 @@ impl ImageArgs {
                 std::fs::canonicalize(p).with_context(|| format!("--allow-mount {}", p.display()))
             })
             .collect()
+    }
+
+    /// The installed OCI runtime `--container-runtime` names (`None`:
+    /// the built-in one). Only runc's command line is spoken; the program
+    /// must exist and be executable.
+    pub fn oci_runtime(&self) -> anyhow::Result<Option<PathBuf>> {
+        let given = self.container_runtime.trim();
+        if given == muster_agent::agent::BUILTIN_RUNTIME {
+            return Ok(None);
+        }
+        let path = PathBuf::from(given);
+        if path.file_name().and_then(|n| n.to_str()) != Some("runc") {
+            anyhow::bail!("--container-runtime {given:?}: builtin, runc, or the path of a runc binary");
+        }
+        let found = if path.is_absolute() {
+            Some(path)
+        } else {
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).map(|d| d.join(&path)).collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .find(|p| p.is_file())
+        };
+        let Some(found) = found else {
+            anyhow::bail!("--container-runtime {given}: not found on PATH (install runc, or give its path)");
+        };
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(&found).with_context(|| format!("--container-runtime {}", found.display()))?;
+        anyhow::ensure!(
+            meta.is_file() && meta.permissions().mode() & 0o111 != 0,
+            "--container-runtime {}: not an executable file",
+            found.display()
+        );
+        Ok(Some(found))
     }
 
     /// The unpacker's policy.

@@ -95,6 +95,9 @@ pub struct LocalImages {
     pub allow_mounts: Vec<PathBuf>,
     /// Each agent's cache limit, bytes.
     pub cache_max_bytes: u64,
+    /// The installed OCI runtime the agents hand images to (`None`: their
+    /// built-in one).
+    pub oci: Option<PathBuf>,
 }
 
 /// The admin identity a local cluster issues for its operator.
@@ -373,10 +376,13 @@ impl LocalCluster {
         if !self.cfg.isolation {
             return None;
         }
-        let opts = muster_agent::cgroup::Options {
-            name: muster_agent::cgroup::default_name(node_id, &self.dir.join(node_id)),
-            ..Default::default()
-        };
+        let name = muster_agent::cgroup::default_name(node_id, &self.dir.join(node_id));
+        // An OCI runtime names one cgroup path for every hierarchy: the
+        // same absolute subtree in each (the agents' own cgroups may
+        // differ between v1 controllers).
+        let oci = self.cfg.images.as_ref().is_some_and(|i| i.oci.is_some());
+        let opts =
+            muster_agent::cgroup::Options { root: oci.then(|| format!("/muster/{name}")), name, ..Default::default() };
         match muster_agent::cgroup::Isolation::detect(&opts) {
             Ok(iso) => Some(std::sync::Arc::new(iso)),
             Err(e) => {
@@ -399,7 +405,11 @@ impl LocalCluster {
         let dir = self.dir.join(node_id).join("images");
         let policy = muster_registry::UnpackPolicy::default();
         match muster_registry::ImageCache::open(&dir, cfg.cache_max_bytes, policy, registry) {
-            Ok(cache) => Some(muster_agent::agent::ImageRuntime { cache, allow_mounts: cfg.allow_mounts.clone() }),
+            Ok(cache) => Some(muster_agent::agent::ImageRuntime {
+                cache,
+                allow_mounts: cfg.allow_mounts.clone(),
+                oci: cfg.oci.clone(),
+            }),
             Err(e) => {
                 tracing::warn!(node = node_id, error = %e, "no image cache: the node runs no images");
                 None

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The tools a test registry needs.
-pub const TOOLS: [&str; 6] = ["docker-registry", "umoci", "skopeo", "openssl", "htpasswd", "busybox"];
+/// The tools a test registry needs (and runc, which the image tests hand
+/// images to as an installed runtime).
+pub const TOOLS: [&str; 7] = ["docker-registry", "umoci", "skopeo", "openssl", "htpasswd", "busybox", "runc"];
 
 /// Whether `name` is a file in a `PATH` directory.
 pub fn on_path(name: &str) -> bool {

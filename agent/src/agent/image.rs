@@ -13,11 +13,17 @@ pub struct ImageRuntime {
     pub cache: muster_registry::ImageCache,
     /// Host paths (and what is under them) a task's `--mount` may name.
     pub allow_mounts: Vec<PathBuf>,
+    /// The installed OCI runtime images are handed to (`runc`; `None`: the
+    /// built-in runtime).
+    pub oci: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ImageRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ImageRuntime").field("allow_mounts", &self.allow_mounts).finish_non_exhaustive()
+        f.debug_struct("ImageRuntime")
+            .field("allow_mounts", &self.allow_mounts)
+            .field("oci", &self.oci)
+            .finish_non_exhaustive()
     }
 }
 
@@ -27,6 +33,16 @@ pub const IMAGE_PULL_FAILED: &str = "image pull failed";
 
 /// What the `muster.images` label says of a node that runs images itself.
 pub const BUILTIN_RUNTIME: &str = "builtin";
+
+/// What the `muster.images` label says of a node that hands images to an
+/// installed OCI runtime: the runtime's name (`runc`).
+pub fn runtime_label(images: &ImageRuntime) -> String {
+    images
+        .oci
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map_or_else(|| BUILTIN_RUNTIME.to_string(), |n| n.to_string_lossy().into_owned())
+}
 
 /// What an attempt in a container holds until it ends: its image (kept
 /// from eviction) and its directory (removed at its end).
@@ -182,6 +198,7 @@ impl Agent {
             config: img.config.clone(),
             binds,
             workdir: Some(workdir.to_string()).filter(|w| !w.is_empty()),
+            runtime: self.cfg.images.as_ref().and_then(|i| i.oci.clone()),
         })
     }
 }

@@ -57,7 +57,7 @@ mod task;
 mod tests;
 
 use image::*;
-pub use image::{BUILTIN_RUNTIME, IMAGE_PULL_FAILED, ImageRuntime};
+pub use image::{BUILTIN_RUNTIME, IMAGE_PULL_FAILED, ImageRuntime, runtime_label};
 use record::*;
 use reports::*;
 use task::*;
@@ -300,8 +300,21 @@ impl Agent {
         cfg.labels.insert(crate::cgroup::ISOLATION_LABEL.to_string(), isolation.to_string());
         // Images run only inside a cgroup, through the muster binary.
         match (&cfg.images, &cfg.isolation, &cfg.exe) {
-            (Some(_), Some(_), Some(_)) => {
-                cfg.labels.insert(muster_core::sm::IMAGES_LABEL.to_string(), BUILTIN_RUNTIME.to_string());
+            (Some(images), Some(iso), Some(_)) => {
+                // An OCI runtime names one cgroup path for every hierarchy.
+                if let Some(program) = &images.oci
+                    && iso.uniform_path().is_none()
+                {
+                    return Err(std::io::Error::other(format!(
+                        "--container-runtime {}: this agent's cgroups lie at different paths in the v1 \
+                         hierarchies (its own cgroups differ between controllers), and an OCI runtime takes one \
+                         path for all: give --cgroup-root an absolute path, e.g. /muster/{}",
+                        program.display(),
+                        cfg.node_id
+                    )));
+                }
+                let runtime = image::runtime_label(images);
+                cfg.labels.insert(muster_core::sm::IMAGES_LABEL.to_string(), runtime);
             }
             (Some(_), _, _) => {
                 tracing::warn!("container images need cgroup isolation and the muster binary: this node runs none");

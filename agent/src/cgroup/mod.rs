@@ -146,6 +146,8 @@ struct Hierarchy {
     controllers: BTreeSet<String>,
     /// The absolute directory of the agent's subtree.
     root: PathBuf,
+    /// The subtree's cgroup path within the hierarchy (`/muster/NAME`).
+    path: String,
 }
 
 /// The agent's cgroup subtree, and how it makes each attempt's cgroup.
@@ -254,6 +256,17 @@ fn within(own: &str, mount_root: &str) -> String {
         .map_or_else(|| "/".to_string(), |rest| if rest.is_empty() { "/".into() } else { rest.into() })
 }
 
+/// Where cgroup path `path` (as `/proc/self/cgroup` names it) lies in each
+/// mounted hierarchy, v1 and v2: (whether v2, its directory). A mount whose
+/// root does not contain the path is left out.
+pub(crate) fn dirs_in_every_hierarchy(mountinfo: &str, path: &str) -> Vec<(bool, PathBuf)> {
+    parse_mountinfo(mountinfo)
+        .into_iter()
+        .filter(|m| m.root == "/" || path.starts_with(&format!("{}/", m.root.trim_end_matches('/'))))
+        .map(|m| (m.v2, join_cg(&m.point, &within(path, &m.root))))
+        .collect()
+}
+
 /// Joins a cgroup path (`/a/b`, or relative) under `base`.
 fn join_cg(base: &Path, path: &str) -> PathBuf {
     let mut out = base.to_path_buf();
@@ -327,8 +340,9 @@ impl Isolation {
                     continue;
                 }
                 let own_path = own.iter().find(|(cs, _)| cs == &m.controllers).map_or("/", |(_, p)| p.as_str());
-                let root = join_cg(&at(&m.point), &subtree(&within(own_path, &m.root)));
-                hierarchies.push(Hierarchy { controllers: m.controllers.clone(), root });
+                let path = subtree(&within(own_path, &m.root));
+                let root = join_cg(&at(&m.point), &path);
+                hierarchies.push(Hierarchy { controllers: m.controllers.clone(), root, path });
             }
             let iso = Isolation {
                 version: Version::V1,
@@ -351,10 +365,12 @@ impl Isolation {
         }
         let own_path = own.iter().find(|(cs, _)| cs.is_empty()).map_or("/", |(_, p)| p.as_str());
         let own_path = within(own_path, &m.root);
-        let root = join_cg(&top, &subtree(&own_path));
+        let path = subtree(&own_path);
+        let root = join_cg(&top, &path);
+        let controllers = V2_REQUIRED.iter().map(|c| c.to_string()).collect();
         let mut iso = Isolation {
             version: Version::V2,
-            hierarchies: vec![Hierarchy { controllers: V2_REQUIRED.iter().map(|c| c.to_string()).collect(), root }],
+            hierarchies: vec![Hierarchy { controllers, root, path }],
             gpu_devices: opts.gpu_devices.clone(),
             pids_default,
             has_swap_limit: false,
@@ -439,6 +455,15 @@ impl Isolation {
         self.hierarchies.iter().map(|h| h.root.clone()).collect()
     }
 
+    /// The subtree's cgroup path when it is the same in every hierarchy
+    /// (always on v2; on v1 unless the agent's own cgroups differ between
+    /// controllers and `--cgroup-root` is relative): what an OCI runtime,
+    /// which names one path for all, needs.
+    pub fn uniform_path(&self) -> Option<&str> {
+        let first = self.hierarchies.first()?.path.as_str();
+        self.hierarchies.iter().all(|h| h.path == first).then_some(first)
+    }
+
     /// The registered GPU device files.
     pub fn gpu_devices(&self) -> &[GpuDevice] {
         &self.gpu_devices
@@ -519,9 +544,14 @@ impl Isolation {
                     set("cpu", "cpu.cfs_period_us", "100000")?;
                     set("cpu", "cpu.cfs_quota_us", &(u64::from(limits.cpus) * 100_000).to_string())?;
                 }
+                // Reading and writing are what a GPU is used by; mknod
+                // needs CAP_MKNOD, which no task has. Leaving `m` lets an
+                // OCI runtime's own group below this one keep its default
+                // `c *:* m` (the kernel refuses a child any overlap with a
+                // parent's deny).
                 for (i, d) in self.gpu_devices.iter().enumerate() {
                     if !limits.gpus.contains(&(i as u32)) {
-                        set("devices", "devices.deny", &format!("c {}:{} rwm", d.major, d.minor))?;
+                        set("devices", "devices.deny", &format!("c {}:{} rw", d.major, d.minor))?;
                     }
                 }
             }

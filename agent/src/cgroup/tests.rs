@@ -161,10 +161,48 @@ fn v1_hierarchies_are_found_in_mountinfo_with_the_agents_own_paths() {
             cg.join("freezer").join(sub),
         ]
     );
+    // memory's own cgroup differs: no one path for an OCI runtime, unless
+    // the root is absolute.
+    assert_eq!(iso.uniform_path(), None);
+    for d in ["cpu,cpuacct", "memory", "devices", "freezer", "pids"] {
+        let base = dir.path().join("sys/fs/cgroup").join(d).join("muster/n1");
+        fs::create_dir_all(&base).unwrap();
+        fs::write(base.join("cgroup.procs"), "").unwrap();
+    }
+    let o = Options { root: Some("/muster/n1".into()), ..opts() };
+    let absolute = Isolation::from_parts(mountinfo, own, dir.path(), &o).unwrap();
+    assert_eq!(absolute.uniform_path(), Some("/muster/n1"));
     // No freezer: a stop could not be sure to end every process.
     let without: String = mountinfo.lines().filter(|l| !l.contains("freezer")).map(|l| format!("{l}\n")).collect();
     let err = Isolation::from_parts(&without, own, dir.path(), &opts()).unwrap_err();
     assert!(err.contains("the freezer controller is not mounted"), "{err}");
+}
+
+/// On v1 an attempt is refused the GPUs it was not given, for reading and
+/// writing (the device files of a fake tree keep the last rule written).
+#[test]
+fn v1_an_attempt_is_refused_every_gpu_but_its_own() {
+    let mountinfo = "\
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+";
+    let own = "8:pids:/\n6:freezer:/\n5:devices:/\n4:memory:/\n2:cpu,cpuacct:/\n";
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["cpu,cpuacct", "memory", "devices", "freezer", "pids"] {
+        let base = dir.path().join("sys/fs/cgroup").join(d).join("muster/n1-0000abcd");
+        fs::create_dir_all(&base).unwrap();
+        fs::write(base.join("cgroup.procs"), "").unwrap();
+    }
+    let gpu = |minor| GpuDevice { path: format!("/dev/nvidia{minor}").into(), major: 195, minor };
+    let o = Options { gpu_devices: vec![gpu(0), gpu(1)], ..opts() };
+    let iso = Isolation::from_parts(mountinfo, own, dir.path(), &o).unwrap();
+    let limits = Limits { gpus: vec![0], ..Limits::default() };
+    let cg = iso.create((1, 0, 1), &limits).unwrap();
+    let deny = fs::read_to_string(cg.dir_of("devices").join("devices.deny")).unwrap();
+    assert_eq!(deny, "c 195:1 rw");
 }
 
 #[test]

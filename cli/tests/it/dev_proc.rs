@@ -100,6 +100,11 @@ impl Dev {
             .collect()
     }
 
+    /// Its data directory (each agent's work dir is `NODE/` under it).
+    pub fn data_dir(&self) -> PathBuf {
+        self._dir.path().join("dev")
+    }
+
     /// [`Dev::json`] of a command that must succeed.
     pub fn ok(&self, args: &[&str]) -> serde_json::Value {
         let v = self.json(args);

@@ -214,3 +214,80 @@ fn t223_prefetch_cache_aware_placement_pull_progress_and_pull_failures() {
     dev.ok(&["alloc", "cancel", &job]);
     assert_eq!(crate::dev_proc::wait_for_end(&dev, &job)["status"], "cancelled");
 }
+
+/// `--container-runtime runc` hands each task's image to runc, the
+/// installed OCI runtime, instead of the built-in one: the nodes say so
+/// (`muster.images=runc`); a 2-task gang from the registry's image runs
+/// with the launcher environment, its hostfile and its account's view, in
+/// a cgroup of runc's own inside the attempt's; a task that daemonises a
+/// child is cancelled and nothing of it is left: no process, no attempt
+/// directory, no cgroup runc made, in any hierarchy.
+#[test]
+fn t224_an_installed_oci_runtime_runs_image_tasks_and_a_cancel_leaves_nothing() {
+    use muster_testkit::registry::{TestRegistry, tools};
+    if !tools() {
+        return;
+    }
+    let reg = TestRegistry::start(false);
+    reg.push("busybox", "1", false);
+    let dev = Dev::start_with(&["--container-runtime", "runc"]);
+    let node = dev.ok(&["node", "get", "node-1"]);
+    assert_eq!(node["labels"]["muster.images"], "runc", "{node}");
+    let image = format!("{}/test/busybox:1", reg.host());
+    let id = |v: serde_json::Value| v["id"].as_u64().unwrap().to_string();
+    let script = "echo rank=$RANK of $WORLD_SIZE; test -s $MUSTER_HOSTFILE && echo hostfile; cat /work/name; \
+                  grep -q '/oci$' /proc/self/cgroup && echo in-oci-cgroup; echo pid1=$(cat /proc/1/comm); pwd";
+    let job = id(dev.ok(&["submit", "--image", &image, "-n", "2", "--gpus", "1", "--", script]));
+    let a = crate::dev_proc::wait_for_end(&dev, &job);
+    assert_eq!(a["status"], "done", "{a}");
+    for task in 0..2 {
+        let out = crate::dev_proc::task_stdout(&dev, &job, task);
+        assert!(out.contains(&format!("rank={task} of 2\nhostfile\nbusybox:1\nin-oci-cgroup\n")), "{out}");
+        assert!(out.contains("pid1=sh\n/work\n"), "the command is the container's PID 1: {out}");
+    }
+
+    let marker = "sleep 4242";
+    let job = id(dev.ok(&["submit", "--image", &image, "--", &format!("setsid {marker} & {marker}3")]));
+    let running = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            std::fs::read(p.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains(marker))
+        })
+    };
+    crate::dev_proc::wait_until("the task and its daemon to run", running);
+    dev.ok(&["alloc", "cancel", &job]);
+    assert_eq!(crate::dev_proc::wait_for_end(&dev, &job)["status"], "cancelled");
+    assert!(!running(), "a cancelled task's processes are gone once it is cancelled");
+    let attempts =
+        |node: &str| std::fs::read_dir(dev.data_dir().join(node).join("containers")).map_or(0, |d| d.flatten().count());
+    crate::dev_proc::wait_until("the attempt directories to go", || {
+        (1..=4).all(|n| attempts(&format!("node-{n}")) == 0)
+    });
+    // No group runc made is left in any hierarchy (blkio, net_cls, … too)
+    // under these agents' subtrees.
+    let mut left = Vec::new();
+    for h in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        for n in 1..=4 {
+            let node = format!("node-{n}");
+            let name = muster_agent::cgroup::default_name(&node, &dev.data_dir().join(&node));
+            find_dirs(&h.path().join("muster").join(name), 0, &mut left);
+        }
+    }
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Directories named `oci` or `aN-tN-eN` (an attempt's group) under `dir`.
+fn find_dirs(dir: &std::path::Path, depth: u32, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) || depth > 6 {
+            continue;
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        let attempt = name.starts_with('a') && name.contains("-t") && name.contains("-e");
+        if name == "oci" || attempt {
+            out.push(e.path());
+        }
+        find_dirs(&e.path(), depth + 1, out);
+    }
+}
