@@ -221,12 +221,15 @@ pub fn alive(pid: i32) -> bool {
 }
 
 /// Whether `pid` runs a task shim (not some process that reused the pid):
-/// `muster task-shim`, or `muster task-exec --status` (the shim of a task
-/// that runs as another account).
+/// `muster task-shim`, `muster task-exec --status` (the shim of a task
+/// that runs as another account), or `muster task-container` (an image
+/// task's, which writes its status where its plan says).
 pub fn is_shim(pid: i32) -> bool {
     fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
         let has = |word: &str| c.split(|b| *b == 0).any(|arg| arg == word.as_bytes());
-        has(SHIM_SUBCOMMAND) || (has(TASK_EXEC_SUBCOMMAND) && has("--status"))
+        has(SHIM_SUBCOMMAND)
+            || (has(TASK_EXEC_SUBCOMMAND) && has("--status"))
+            || has(crate::container::CONTAINER_SUBCOMMAND)
     })
 }
 

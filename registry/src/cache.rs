@@ -250,6 +250,13 @@ impl ImageCache {
     }
 
     /// The cached image `digest` names, pinned and marked used, if the
+    /// cache holds every layer of it (never asking a registry): what a
+    /// task adopted after an agent restart keeps from eviction.
+    pub fn cached(&self, digest: &str) -> Option<PulledImage> {
+        self.hit(digest)
+    }
+
+    /// The cached image `digest` names, pinned and marked used, if the
     /// cache holds every layer of it.
     fn hit(&self, digest: &str) -> Option<PulledImage> {
         let mut index = self.inner.index.lock().expect("index lock");

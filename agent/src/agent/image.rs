@@ -47,7 +47,8 @@ pub fn runtime_label(images: &ImageRuntime) -> String {
 /// What an attempt in a container holds until it ends: its image (kept
 /// from eviction) and its directory (removed at its end).
 pub(super) struct InContainer {
-    pub(super) _image: Arc<muster_registry::PulledImage>,
+    /// `None` for an adopted attempt whose image the cache no longer held.
+    pub(super) _image: Option<Arc<muster_registry::PulledImage>>,
     pub(super) dir: PathBuf,
 }
 

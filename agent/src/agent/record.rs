@@ -24,13 +24,16 @@ pub(super) struct Record {
     /// The allocation checkpoints (a record without the field: assume so,
     /// and let the leader refuse an upload it does not want).
     pub(super) checkpointing: bool,
+    /// The digest of the image it runs in (`None`: the node's own system):
+    /// the next agent keeps it from eviction while it runs.
+    pub(super) image: Option<String>,
 }
 
 impl Record {
     pub(super) fn encode(&self) -> String {
         let gpus: Vec<String> = self.gpus.iter().map(u32::to_string).collect();
         format!(
-            "pgid={} attempt={} gpus={} walltime_s={} stall_s={} gpu_health={} started_ms={} checkpointing={}\n",
+            "pgid={} attempt={} gpus={} walltime_s={} stall_s={} gpu_health={} started_ms={} checkpointing={}{}\n",
             self.pgid,
             self.attempt,
             gpus.join(","),
@@ -38,7 +41,8 @@ impl Record {
             self.stall_s,
             u8::from(self.gpu_health),
             self.started_ms,
-            u8::from(self.checkpointing)
+            u8::from(self.checkpointing),
+            self.image.as_ref().map_or(String::new(), |d| format!(" image={d}"))
         )
     }
 
@@ -64,6 +68,10 @@ impl Record {
                 gpu_health: num("gpu_health")? == 1,
                 started_ms: num("started_ms")?,
                 checkpointing: num("checkpointing") != Some(0),
+                image: match fields.get("image") {
+                    None => None,
+                    Some(d) => Some(muster_core::sm::check_digest(d).ok().map(|()| d.to_string())?),
+                },
             })
         })();
         parsed.ok_or(pgid)

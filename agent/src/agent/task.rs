@@ -168,7 +168,8 @@ impl Agent {
                     naming: Naming { alloc: key.0, task: key.1, attempt: r.attempt, epoch: key.2 },
                 };
                 let cgroup = self.cfg.isolation.as_ref().map(|iso| iso.attempt(key));
-                self.watch(key, r.attempt, executor::adopt(r.pgid, status, cgroup), limits, ctrl_rx, save, None);
+                let container = r.image.as_ref().map(|digest| self.readopt_image(key, r.attempt, digest));
+                self.watch(key, r.attempt, executor::adopt(r.pgid, status, cgroup), limits, ctrl_rx, save, container);
             } else {
                 let exit = executor::read_status(&status)
                     .ok_or_else(|| "the task ended while its agent was down, and its exit status was lost".to_string());
@@ -177,12 +178,16 @@ impl Agent {
                 // group) dies before its GPUs are free.
                 let cgroup = self.cfg.isolation.as_ref().map(|iso| iso.attempt(key));
                 let exits = self.exits_tx.clone();
+                let container = crate::container::attempt_dir(&self.cfg.work_dir, key.0, key.1, r.attempt);
                 tokio::spawn(async move {
                     let mut usage = None;
                     if let Some(cg) = cgroup {
                         cg.kill_all().await;
                         usage = Some(cg.usage());
                         cg.remove();
+                    }
+                    if let Err(e) = crate::container::remove_attempt_dirs(&container) {
+                        tracing::warn!(dir = %container.display(), error = %e, "cannot remove a container's directories");
                     }
                     let ended = Ended {
                         exit,
@@ -197,6 +202,17 @@ impl Agent {
                 });
             }
         }
+    }
+
+    /// What an adopted attempt in a container holds: its image, pinned in
+    /// the cache again so no pull evicts the layers it runs on, and its
+    /// directory, removed when it ends.
+    fn readopt_image(&self, key: Key, attempt: u32, digest: &str) -> InContainer {
+        let image = self.cfg.images.as_ref().and_then(|i| i.cache.cached(digest)).map(Arc::new);
+        if image.is_none() {
+            tracing::warn!(alloc_id = key.0, task = key.1, digest, "an adopted task's image is no longer cached here");
+        }
+        InContainer { _image: image, dir: crate::container::attempt_dir(&self.cfg.work_dir, key.0, key.1, attempt) }
     }
 
     /// Watches a started (or adopted) attempt until it ends, then tells the
@@ -428,8 +444,9 @@ impl Agent {
             user: user.clone(),
             container,
         };
+        let image_digest = image.as_ref().map(|img| img.digest.clone());
         let in_container = image.map(|img| InContainer {
-            _image: img,
+            _image: Some(img),
             dir: crate::container::attempt_dir(&self.cfg.work_dir, key.0, key.1, attempt),
         });
         // Its record's slot first: an attempt the next agent could not find
@@ -483,6 +500,7 @@ impl Agent {
                     gpu_health: limits.gpu_health,
                     started_ms: self.cfg.clock.wall_ms(),
                     checkpointing,
+                    image: image_digest,
                 };
                 if let Err(e) = self.records.put(key, &record)
                     && !self.cfg.start_without_record

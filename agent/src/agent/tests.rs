@@ -14,9 +14,23 @@ fn a_task_record_round_trips_and_an_old_one_gives_its_pgid() {
         gpu_health: true,
         started_ms: 1_795_000_000_000,
         checkpointing: false,
+        image: Some(format!("sha256:{}", "ab".repeat(32))),
     };
     assert_eq!(Record::decode(&r.encode()), Ok(r.clone()));
-    let none = Record { gpus: vec![], gpu_health: false, checkpointing: true, ..r.clone() };
+    let torn = r.encode().replace("image=sha256:", "image=sha256:zz");
+    assert_eq!(Record::decode(&torn), Err(Some(4242)), "a digest that is not one");
+    // The longest record (64 GPUs, a sha512 digest) fits its slot.
+    let long = Record {
+        gpus: (0..64).collect(),
+        image: Some(format!("sha512:{}", "cd".repeat(64))),
+        walltime_s: u64::MAX,
+        started_ms: u64::MAX,
+        ..r.clone()
+    };
+    let key = format!("key={}-{}-{} ", u64::MAX, u32::MAX, u64::MAX);
+    assert!(key.len() + long.encode().len() <= record::SLOT_BYTES, "{}", long.encode().len());
+    assert_eq!(Record::decode(&long.encode()), Ok(long));
+    let none = Record { gpus: vec![], gpu_health: false, checkpointing: true, image: None, ..r.clone() };
     let older = r.encode().replace(" checkpointing=0", "");
     assert!(Record::decode(&older).unwrap().checkpointing, "a record without the field assumes checkpointing");
     assert_eq!(Record::decode(&none.encode()), Ok(none));
@@ -45,6 +59,7 @@ fn records_reuse_their_slots_and_the_next_agent_finds_them() {
         gpu_health: false,
         started_ms: 1,
         checkpointing: false,
+        image: None,
     };
     let files = || fs::read_dir(&running).unwrap().count();
     let (mut records, found) = Records::open(running.clone(), None).unwrap();
@@ -286,6 +301,7 @@ fn a_full_disk_refuses_new_slots_but_existing_ones_take_records() {
         gpu_health: false,
         started_ms: 1,
         checkpointing: false,
+        image: None,
     };
     let (mut records, _) = Records::open(running.clone(), Some(fault.clone())).unwrap();
     records.reserve((1, 0, 1)).unwrap();

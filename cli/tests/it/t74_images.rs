@@ -291,3 +291,98 @@ fn find_dirs(dir: &std::path::Path, depth: u32, out: &mut Vec<std::path::PathBuf
         find_dirs(&e.path(), depth + 1, out);
     }
 }
+
+/// An image task adopted by the next agent (`--keep-tasks`) keeps its
+/// image: the agent stops while the task runs in its container and a new
+/// one starts on the same work dir; the task is reattached, its image
+/// pinned again in the cache, so a later job's pull past the cache's limit
+/// (1 KiB: everything not in use goes) evicts only what is not in use. The
+/// adopted task then reads its image's own file and ends done, and its
+/// container directory goes with it.
+#[test]
+fn t225_an_adopted_image_task_keeps_its_image_from_eviction() {
+    use muster_testkit::registry::{TestRegistry, tools};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+    if !tools() {
+        return;
+    }
+    let reg = TestRegistry::start(false);
+    let first = reg.push("busybox", "1", false);
+    let second = reg.push("other", "1", false);
+    assert_ne!(first, second);
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", crate::cluster::free_port());
+    let _server = crate::Procs::start(dir.path(), &addr, &["--agent-heartbeat-ms", "500"], &[]);
+    crate::tls::material(muster_tls::Role::Agent("k2".into()));
+    let work = dir.path().join("k2");
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    // The tasks' account reaches the work dir and the shared directory.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let agent = || {
+        Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["agent", "--scheduler", &addr, "--node-id", "k2", "--gpus", "2", "--vram-mb", "1000"])
+            .args(["--keep-tasks", "--task-user", "60301:60301", "--image-cache-max", "1K", "--allow-mount"])
+            .arg(&shared)
+            .arg("--work-dir")
+            .arg(&work)
+            .env("MUSTER_TLS_DIR", crate::tls::dir())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let cli = |args: &[&str]| -> serde_json::Value {
+        // The connection flags go before a `--` (after it comes a command).
+        let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let all = [&args[..split], &["--scheduler", &addr, "--output", "json"], &args[split..]].concat();
+        let o = crate::muster(&all);
+        assert!(o.status.success(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    };
+    let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
+        muster_testkit::eventually_blocking(what, Duration::from_secs(90), || ok().then_some(()));
+    };
+    let images = || cli(&["node", "get", "k2"])["images"].clone();
+    let mut one = agent();
+    let mount = format!("{}:/shared", shared.display());
+    let script = "touch /shared/started; while [ ! -f /shared/release ]; do sleep 0.1; done; cat /work/name";
+    let image = format!("{}/test/busybox:1", reg.host());
+    wait_for("the node to run images", &|| cli(&["node", "get", "k2"])["labels"]["muster.images"] == "builtin");
+    let id = cli(&["submit", "--image", &image, "--mount", &mount, "--max-retries", "0", "--", script])["id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    wait_for("the image task to run", &|| shared.join("started").exists());
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(one.id() as i32, libc::SIGTERM) };
+    assert!(one.wait().unwrap().success());
+    let mut two = agent();
+    assert_eq!(cli(&["alloc", "get", &id])["status"], "running");
+    // Another image's pull: the cache is over its limit, and evicts what
+    // no task uses.
+    let other = format!("{}/test/other:1", reg.host());
+    let job = cli(&["submit", "--image", &other, "--", "true"])["id"].as_u64().unwrap().to_string();
+    wait_for("the other job to end", &|| cli(&["alloc", "get", &job])["status"] == "done");
+    wait_for("the node to report the other image", &|| {
+        images().as_array().is_some_and(|i| i.iter().any(|d| d == second.as_str()))
+    });
+    assert!(
+        images().as_array().unwrap().iter().any(|d| d == first.as_str()),
+        "the adopted task's image was evicted: {}",
+        images()
+    );
+    std::fs::write(shared.join("release"), "").unwrap();
+    wait_for("the adopted task to end", &|| {
+        ["done", "failed"].contains(&cli(&["alloc", "get", &id])["status"].as_str().unwrap_or_default())
+    });
+    let a = cli(&["alloc", "get", &id]);
+    assert_eq!(a["status"], "done", "{a}");
+    wait_for("its container directory to go", &|| {
+        std::fs::read_dir(work.join("containers")).map_or(true, |d| d.count() == 0)
+    });
+    let _ = two.kill();
+    let _ = two.wait();
+}
