@@ -85,6 +85,10 @@ pub struct ContainerPlan {
     /// built-in runtime; see [`crate::oci`]).
     #[serde(default)]
     pub oci: Option<crate::oci::OciRuntime>,
+    /// `nvidia-container-cli`, run for the task's GPUs once the root is
+    /// mounted (see [`crate::nvidia`]); `None`: no GPU, or no tool.
+    #[serde(default)]
+    pub nvidia: Option<crate::nvidia::NvidiaHook>,
 }
 
 /// The per-attempt directories of a container: `DIR/containers/A-T-N/`.
@@ -279,6 +283,10 @@ fn set_up(plan: &ContainerPlan) -> io::Result<()> {
             .map_err(|e| io::Error::new(e.kind(), format!("mount source {}: {e}", b.source.display())))?;
         let at = if meta.is_dir() { mount_dir(root, &b.target)? } else { mount_file(root, &b.target)? };
         bind(&b.source, &at, b.read_only)?;
+    }
+    // The driver's libraries, before the host's paths are out of reach.
+    if let Some(hook) = &plan.nvidia {
+        hook.run(crate::nvidia::host_pid()?, root)?;
     }
     // Into the new root; the old one detached.
     let c = cstring(root)?;
@@ -494,6 +502,13 @@ fn run_oci(plan: &ContainerPlan, rt: &crate::oci::OciRuntime) -> crate::executor
     if let Err(e) = mount_root(plan) {
         return failed("mounting the image", &e);
     }
+    // runc binds the root with what is mounted in it: the driver's
+    // libraries go in now, in this shim's mount namespace.
+    if let Some(hook) = &plan.nvidia
+        && let Err(e) = hook.run(std::process::id(), &plan.root)
+    {
+        return failed("the GPU driver's libraries", &e);
+    }
     let cgroup = match crate::oci::enter_shim_cgroup() {
         Ok(c) => c,
         Err(e) => return failed("the attempt's cgroup", &e),
@@ -614,6 +629,7 @@ mod tests {
             user: Some("1000:1000:1000".into()),
             status: None,
             oci: None,
+            nvidia: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("plan.json");

@@ -85,6 +85,8 @@ pub struct ContainerLaunch {
     /// The installed OCI runtime it is handed to (`None`: the built-in
     /// runtime).
     pub runtime: Option<PathBuf>,
+    /// The node's `nvidia-container-cli`, run when the task holds GPUs.
+    pub nvidia: Option<PathBuf>,
 }
 
 impl ContainerLaunch {
@@ -640,6 +642,11 @@ fn container_plan(
             bundle: dir.join("bundle"),
             id: format!("muster-{}-{}-{}", launch.alloc, launch.task, launch.attempt),
         }),
+        nvidia: c
+            .nvidia
+            .as_ref()
+            .filter(|_| !launch.gpu_ids.is_empty())
+            .map(|program| crate::nvidia::NvidiaHook { program: program.clone(), gpus: launch.gpu_ids.clone() }),
     };
     let path = dir.join("plan.json");
     crate::container::write_plan(&path, &plan)?;

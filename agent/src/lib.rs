@@ -28,6 +28,7 @@ pub mod executor;
 pub mod hint;
 pub mod janitor;
 pub mod launcher;
+pub mod nvidia;
 mod object;
 pub mod oci;
 mod probe;

@@ -253,6 +253,7 @@ mod tests {
             user: Some("1000:1001:1001,44".into()),
             status: None,
             oci: None,
+            nvidia: None,
         };
         let gpu = (PathBuf::from("/dev/nvidia1"), DeviceNode { major: 195, minor: 1 });
         let c = config(&plan, "/muster/a/oci", &[gpu]);

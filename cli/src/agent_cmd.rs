@@ -307,6 +307,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 cache,
                 allow_mounts: args.images.allow_mounts()?,
                 oci: args.images.oci_runtime()?,
+                nvidia: muster_agent::nvidia::find(),
             })
         },
         janitor: muster_agent::janitor::JanitorConfig {

@@ -409,6 +409,7 @@ impl LocalCluster {
                 cache,
                 allow_mounts: cfg.allow_mounts.clone(),
                 oci: cfg.oci.clone(),
+                nvidia: muster_agent::nvidia::find(),
             }),
             Err(e) => {
                 tracing::warn!(node = node_id, error = %e, "no image cache: the node runs no images");

@@ -16,6 +16,8 @@ pub struct ImageRuntime {
     /// The installed OCI runtime images are handed to (`runc`; `None`: the
     /// built-in runtime).
     pub oci: Option<PathBuf>,
+    /// The node's `nvidia-container-cli` ([`crate::nvidia::find`]), if any.
+    pub nvidia: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ImageRuntime {
@@ -23,6 +25,7 @@ impl std::fmt::Debug for ImageRuntime {
         f.debug_struct("ImageRuntime")
             .field("allow_mounts", &self.allow_mounts)
             .field("oci", &self.oci)
+            .field("nvidia", &self.nvidia)
             .finish_non_exhaustive()
     }
 }
@@ -200,6 +203,7 @@ impl Agent {
             binds,
             workdir: Some(workdir.to_string()).filter(|w| !w.is_empty()),
             runtime: self.cfg.images.as_ref().and_then(|i| i.oci.clone()),
+            nvidia: self.cfg.images.as_ref().and_then(|i| i.nvidia.clone()),
         })
     }
 }

@@ -314,6 +314,12 @@ impl Agent {
                     )));
                 }
                 let runtime = image::runtime_label(images);
+                tracing::info!(
+                    node = %cfg.node_id,
+                    runtime = %runtime,
+                    nvidia_container_cli = ?images.nvidia,
+                    "this node runs container images"
+                );
                 cfg.labels.insert(muster_core::sm::IMAGES_LABEL.to_string(), runtime);
             }
             (Some(_), _, _) => {

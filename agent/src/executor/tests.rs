@@ -455,6 +455,7 @@ fn an_image_task_runs_entrypoint_then_its_command_or_the_images_cmd_as_docker_ru
         binds: vec![],
         workdir: None,
         runtime: None,
+        nvidia: None,
     };
     assert_eq!(c.argv(&[]), ["/bin/sh", "-c", "echo default"]);
     assert_eq!(c.argv(&["echo mine".to_string()]), ["/bin/sh", "-c", "echo mine"]);

@@ -350,7 +350,10 @@ fn t225_an_adopted_image_task_keeps_its_image_from_eviction() {
     let mount = format!("{}:/shared", shared.display());
     let script = "touch /shared/started; while [ ! -f /shared/release ]; do sleep 0.1; done; cat /work/name";
     let image = format!("{}/test/busybox:1", reg.host());
-    wait_for("the node to run images", &|| cli(&["node", "get", "k2"])["labels"]["muster.images"] == "builtin");
+    wait_for("the node to run images", &|| {
+        let o = crate::muster(&["node", "get", "k2", "--scheduler", &addr, "--output", "json"]);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok_and(|n| n["labels"]["muster.images"] == "builtin")
+    });
     let id = cli(&["submit", "--image", &image, "--mount", &mount, "--max-retries", "0", "--", script])["id"]
         .as_u64()
         .unwrap()
@@ -385,4 +388,118 @@ fn t225_an_adopted_image_task_keeps_its_image_from_eviction() {
     });
     let _ = two.kill();
     let _ = two.wait();
+}
+
+/// On a node with `nvidia-container-cli`, a task holding GPUs gets the
+/// driver's libraries in its image: the agent runs the tool once the
+/// container's root is mounted, for the task's GPUs only, with the root and
+/// a process of the mount namespace that holds it, leaving devices and
+/// cgroups to the runtime; a task without GPUs is left alone. Both runtimes:
+/// the built-in one (k3) and runc (k4). No GPU here: the tool is a script
+/// that checks what the real one needs (the pid's namespace shows the root)
+/// and adds a library as it would; the GPU is `/dev/kmsg` (no default
+/// device of runc's), named with `--gpu-device`.
+#[test]
+fn t226_a_gpu_task_gets_the_drivers_libraries_from_nvidia_container_cli() {
+    use muster_testkit::registry::{TestRegistry, tools};
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+    if !tools() {
+        return;
+    }
+    let reg = TestRegistry::start(false);
+    reg.push("busybox", "1", false);
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", crate::cluster::free_port());
+    let _server = crate::Procs::start(dir.path(), &addr, &["--agent-heartbeat-ms", "500"], &[]);
+    let bin = dir.path().join("bin");
+    let calls = dir.path().join("calls");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&calls).unwrap();
+    let tool = bin.join("nvidia-container-cli");
+    std::fs::write(
+        &tool,
+        format!(
+            "#!/bin/sh\nfor a; do root=$a; done\npid=$(echo \"$@\" | sed -n 's/.*--pid=\\([0-9]*\\).*/\\1/p')\n\
+             out={}/$(basename $(dirname $root))\necho \"$@\" > $out.args\n\
+             test -d /proc/$pid/root$root/bin && echo sees-root > $out.check\n\
+             mkdir -p $root/usr/lib && echo driver > $root/usr/lib/libcuda.so.1\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let agent = |node: &str, extra: &[&str]| {
+        crate::tls::material(muster_tls::Role::Agent(node.into()));
+        Command::new(env!("CARGO_BIN_EXE_muster"))
+            .args(["agent", "--scheduler", &addr, "--node-id", node, "--gpus", "1", "--vram-mb", "1000"])
+            .args(["--gpu-device", "/dev/kmsg", "--allow-root-tasks"])
+            .args(extra)
+            .arg("--work-dir")
+            .arg(dir.path().join(node))
+            .env("MUSTER_TLS_DIR", crate::tls::dir())
+            .env("PATH", &path)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let cgroup_root = format!("/muster/k4-{}", std::process::id());
+    let mut agents = [agent("k3", &[]), agent("k4", &["--container-runtime", "runc", "--cgroup-root", &cgroup_root])];
+    let cli = |args: &[&str]| -> serde_json::Value {
+        let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        let all = [&args[..split], &["--scheduler", &addr, "--output", "json"], &args[split..]].concat();
+        let o = crate::muster(&all);
+        assert!(o.status.success(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    };
+    let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
+        muster_testkit::eventually_blocking(what, Duration::from_secs(90), || ok().then_some(()));
+    };
+    for (node, runtime) in [("k3", "builtin"), ("k4", "runc")] {
+        wait_for("the node to run images", &|| {
+            let o = crate::muster(&["node", "get", node, "--scheduler", &addr, "--output", "json"]);
+            serde_json::from_slice::<serde_json::Value>(&o.stdout)
+                .is_ok_and(|n| n["labels"]["muster.images"] == runtime)
+        });
+    }
+    let image = format!("{}/test/busybox:1", reg.host());
+    let run = |runtime: &str, gpus: &str| {
+        let c = format!("muster.images={runtime}");
+        let script = "cat /usr/lib/libcuda.so.1 2>/dev/null || echo no-driver";
+        let id = cli(&["submit", "--image", &image, "--constraint", &c, "--gpus", gpus, "--", script])["id"]
+            .as_u64()
+            .unwrap()
+            .to_string();
+        wait_for("the job to end", &|| {
+            ["done", "failed"].contains(&cli(&["alloc", "get", &id])["status"].as_str().unwrap_or(""))
+        });
+        let a = cli(&["alloc", "get", &id]);
+        assert_eq!(a["status"], "done", "{a}");
+        let o = crate::muster(&["alloc", "logs", &id, "--stdout", "--scheduler", &addr]);
+        (id, String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    for runtime in ["builtin", "runc"] {
+        let (_, out) = run(runtime, "0");
+        assert_eq!(out, "no-driver\n", "{runtime}: a task without GPUs is left alone");
+        assert_eq!(std::fs::read_dir(&calls).unwrap().count(), 0, "{runtime}: the tool was not run");
+        let (id, out) = run(runtime, "1");
+        assert_eq!(out, "driver\n", "{runtime}: the tool's library is in the image");
+        let attempt = format!("{id}-0-1");
+        let args = std::fs::read_to_string(calls.join(format!("{attempt}.args"))).unwrap();
+        assert!(
+            args.starts_with("--load-kmods configure --no-cgroups --no-devbind --compute --utility --device=0 --pid="),
+            "{runtime}: {args}"
+        );
+        assert!(args.trim_end().ends_with(&format!("containers/{attempt}/root")), "{runtime}: {args}");
+        assert!(calls.join(format!("{attempt}.check")).exists(), "{runtime}: the pid's namespace held the root");
+        for f in std::fs::read_dir(&calls).unwrap().flatten() {
+            std::fs::remove_file(f.path()).unwrap();
+        }
+    }
+    for a in &mut agents {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
 }
