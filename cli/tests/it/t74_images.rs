@@ -49,7 +49,7 @@ fn t220_an_image_spec_is_checked_recorded_and_placed_only_where_images_run() {
 /// agents pull it with the credentials and CA given to `muster dev`. Each
 /// rank runs inside the image (its own PID namespace and root), sees the
 /// launcher environment, its hostfile and an allowed mount, and the
-/// image's ENV; a mount outside what the node allows fails the task with a
+/// image's ENV, and the ranks rendezvous at `MASTER_ADDR:MASTER_PORT`; a mount outside what the node allows fails the task with a
 /// reason that says so. The tag is pinned to its digest at submit, and a
 /// tag the registry lacks is refused then.
 #[test]
@@ -77,9 +77,16 @@ fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
     let image = format!("{}/test/busybox:1", reg.host());
     let mount = format!("{}:/data:ro", data.display());
     // The image's ENTRYPOINT is `/bin/sh -c`: the command is its script.
+    // Then the ranks rendezvous: rank 0 listens on MASTER_PORT, the others
+    // send it their rank at MASTER_ADDR (retrying until it listens).
     let script = "echo rank=$RANK of $WORLD_SIZE port=$MASTER_PORT pid=$$; cat /work/name /data/input.txt; \
                   test -s $MUSTER_HOSTFILE && echo hostfile; echo greeting=$GREETING; pwd; \
-                  ls / | tr '\\n' ' '; echo; ps 2>/dev/null | wc -l >/dev/null; echo ok";
+                  ls / | tr '\\n' ' '; echo; ps 2>/dev/null | wc -l >/dev/null; echo ok; \
+                  if [ $RANK = 0 ]; then for i in 1 2 3; do busybox nc -w 120 -l -p $MASTER_PORT >> /tmp/joined; done; \
+                  echo joined=$(busybox sort /tmp/joined | busybox tr '\\n' ' '); \
+                  else n=0; until echo $RANK | busybox nc $MASTER_ADDR $MASTER_PORT; do n=$((n+1)); \
+                  [ $n -gt 600 ] && echo gave-up-$MASTER_ADDR && exit 0; sleep 0.2; done; \
+                  echo sent; fi";
     let id = dev.ok(&["submit", "--image", &image, "-n", "4", "--gpus", "1", "--mount", &mount, "--", script])["id"]
         .as_u64()
         .unwrap()
@@ -95,6 +102,8 @@ fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
         assert!(out.contains("busybox:1\nfrom the host\n"), "the image's file and the mount: {out}");
         assert!(out.contains("hostfile\ngreeting=hello\n/work\n"), "{out}");
         assert!(out.contains("bin data dev etc proc sys tmp work"), "the image's root: {out}");
+        let rendezvous = if task == 0 { "joined=1 2 3\n" } else { "ok\nsent\n" };
+        assert!(out.ends_with(rendezvous), "the ranks rendezvous through the launcher environment: {out}");
     }
     // A tag the registry does not have is refused before the log.
     let e = dev.json(&["submit", "--image", &format!("{}/test/busybox:nope", reg.host()), "--", "true"]);
