@@ -461,14 +461,7 @@ pub fn run_container(plan_path: &Path) -> i32 {
     }
     // SAFETY: closing our copy of the write end.
     unsafe { libc::close(fds[1]) };
-    let mut status = 0;
-    loop {
-        // SAFETY: a valid pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r == pid || (r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
-            break;
-        }
-    }
+    let status = wait_child(pid);
     // SAFETY: the read end is ours.
     let mut report = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
     let mut b = [0u8; 8];
@@ -566,19 +559,24 @@ fn run_oci(plan: &ContainerPlan, rt: &crate::oci::OciRuntime) -> crate::executor
         // SAFETY: _exit has no preconditions.
         unsafe { libc::_exit(SETUP_FAILED) };
     }
-    let mut status = 0;
-    loop {
-        // SAFETY: a valid pointer.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r == pid || (r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
-            break;
-        }
-    }
+    let status = wait_child(pid);
     crate::oci::remove_leftovers(&cgroup);
     if libc::WIFSIGNALED(status) {
         Exit::Signal(libc::WTERMSIG(status))
     } else {
         crate::oci::exit_of(libc::WEXITSTATUS(status))
+    }
+}
+
+/// Waits for child `pid` to end (through interruptions); its wait status.
+fn wait_child(pid: libc::pid_t) -> libc::c_int {
+    let mut status = 0;
+    loop {
+        // SAFETY: a valid pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid || (r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+            return status;
+        }
     }
 }
 

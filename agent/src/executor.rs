@@ -372,6 +372,12 @@ pub(crate) fn find_program(program: &str, path: &str, cwd: &Path) -> io::Result<
     Err(io::Error::from_raw_os_error(if denied { libc::EACCES } else { libc::ENOENT }))
 }
 
+/// Finds `program` on this process's `PATH` as `execvp` would
+/// ([`find_program`]; a path is taken as it is).
+pub fn find_on_path(program: &str) -> io::Result<PathBuf> {
+    find_program(program, &std::env::var("PATH").unwrap_or_default(), Path::new("/"))
+}
+
 /// The `muster` binary, where the tasks need it: to run under
 /// `muster task-shim` (kept across agent restarts) and to start as another
 /// user through `muster task-exec`.

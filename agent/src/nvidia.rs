@@ -24,11 +24,7 @@ pub const NVIDIA_CLI: &str = "nvidia-container-cli";
 
 /// The node's `nvidia-container-cli`, if it has one.
 pub fn find() -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(NVIDIA_CLI))
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+    crate::executor::find_on_path(NVIDIA_CLI).ok()
 }
 
 /// What a container plan says of the tool: run it for these GPUs.

@@ -83,26 +83,13 @@ impl ImageArgs {
         if path.file_name().and_then(|n| n.to_str()) != Some("runc") {
             anyhow::bail!("--container-runtime {given:?}: builtin, runc, or the path of a runc binary");
         }
-        let found = if path.is_absolute() {
-            Some(path)
-        } else {
-            std::env::var_os("PATH")
-                .map(|p| std::env::split_paths(&p).map(|d| d.join(&path)).collect::<Vec<_>>())
-                .unwrap_or_default()
-                .into_iter()
-                .find(|p| p.is_file())
-        };
-        let Some(found) = found else {
-            anyhow::bail!("--container-runtime {given}: not found on PATH (install runc, or give its path)");
-        };
-        use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(&found).with_context(|| format!("--container-runtime {}", found.display()))?;
-        anyhow::ensure!(
-            meta.is_file() && meta.permissions().mode() & 0o111 != 0,
-            "--container-runtime {}: not an executable file",
-            found.display()
-        );
-        Ok(Some(found))
+        match muster_agent::executor::find_on_path(given) {
+            Ok(found) => Ok(Some(found)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                anyhow::bail!("--container-runtime {given}: not found (install runc, or give its path)")
+            }
+            Err(_) => anyhow::bail!("--container-runtime {given}: not an executable file"),
+        }
     }
 
     /// The unpacker's policy.

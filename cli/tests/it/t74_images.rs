@@ -312,7 +312,6 @@ fn find_dirs(dir: &std::path::Path, depth: u32, out: &mut Vec<std::path::PathBuf
 fn t225_an_adopted_image_task_keeps_its_image_from_eviction() {
     use muster_testkit::registry::{TestRegistry, tools};
     use std::process::{Command, Stdio};
-    use std::time::Duration;
     if !tools() {
         return;
     }
@@ -343,31 +342,18 @@ fn t225_an_adopted_image_task_keeps_its_image_from_eviction() {
             .spawn()
             .unwrap()
     };
-    let cli = |args: &[&str]| -> serde_json::Value {
-        // The connection flags go before a `--` (after it comes a command).
-        let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
-        let all = [&args[..split], &["--scheduler", &addr, "--output", "json"], &args[split..]].concat();
-        let o = crate::muster(&all);
-        assert!(o.status.success(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
-    };
-    let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
-        muster_testkit::eventually_blocking(what, Duration::from_secs(90), || ok().then_some(()));
-    };
+    let cli = |args: &[&str]| client(&addr, args);
     let images = || cli(&["node", "get", "k2"])["images"].clone();
     let mut one = agent();
     let mount = format!("{}:/shared", shared.display());
     let script = "touch /shared/started; while [ ! -f /shared/release ]; do sleep 0.1; done; cat /work/name";
     let image = format!("{}/test/busybox:1", reg.host());
-    wait_for("the node to run images", &|| {
-        let o = crate::muster(&["node", "get", "k2", "--scheduler", &addr, "--output", "json"]);
-        serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok_and(|n| n["labels"]["muster.images"] == "builtin")
-    });
+    wait_for_images(&addr, "k2", "builtin");
     let id = cli(&["submit", "--image", &image, "--mount", &mount, "--max-retries", "0", "--", script])["id"]
         .as_u64()
         .unwrap()
         .to_string();
-    wait_for("the image task to run", &|| shared.join("started").exists());
+    crate::dev_proc::wait_until("the image task to run", || shared.join("started").exists());
     // SAFETY: signals our own child.
     unsafe { libc::kill(one.id() as i32, libc::SIGTERM) };
     assert!(one.wait().unwrap().success());
@@ -377,8 +363,8 @@ fn t225_an_adopted_image_task_keeps_its_image_from_eviction() {
     // no task uses.
     let other = format!("{}/test/other:1", reg.host());
     let job = cli(&["submit", "--image", &other, "--", "true"])["id"].as_u64().unwrap().to_string();
-    wait_for("the other job to end", &|| cli(&["alloc", "get", &job])["status"] == "done");
-    wait_for("the node to report the other image", &|| {
+    crate::dev_proc::wait_until("the other job to end", || cli(&["alloc", "get", &job])["status"] == "done");
+    crate::dev_proc::wait_until("the node to report the other image", || {
         images().as_array().is_some_and(|i| i.iter().any(|d| d == second.as_str()))
     });
     assert!(
@@ -387,12 +373,12 @@ fn t225_an_adopted_image_task_keeps_its_image_from_eviction() {
         images()
     );
     std::fs::write(shared.join("release"), "").unwrap();
-    wait_for("the adopted task to end", &|| {
+    crate::dev_proc::wait_until("the adopted task to end", || {
         ["done", "failed"].contains(&cli(&["alloc", "get", &id])["status"].as_str().unwrap_or_default())
     });
     let a = cli(&["alloc", "get", &id]);
     assert_eq!(a["status"], "done", "{a}");
-    wait_for("its container directory to go", &|| {
+    crate::dev_proc::wait_until("its container directory to go", || {
         std::fs::read_dir(work.join("containers")).map_or(true, |d| d.count() == 0)
     });
     let _ = two.kill();
@@ -413,7 +399,6 @@ fn t226_a_gpu_task_gets_the_drivers_libraries_from_nvidia_container_cli() {
     use muster_testkit::registry::{TestRegistry, tools};
     use std::os::unix::fs::PermissionsExt;
     use std::process::{Command, Stdio};
-    use std::time::Duration;
     if !tools() {
         return;
     }
@@ -456,23 +441,9 @@ fn t226_a_gpu_task_gets_the_drivers_libraries_from_nvidia_container_cli() {
     };
     let cgroup_root = format!("/muster/k4-{}", std::process::id());
     let mut agents = [agent("k3", &[]), agent("k4", &["--container-runtime", "runc", "--cgroup-root", &cgroup_root])];
-    let cli = |args: &[&str]| -> serde_json::Value {
-        let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
-        let all = [&args[..split], &["--scheduler", &addr, "--output", "json"], &args[split..]].concat();
-        let o = crate::muster(&all);
-        assert!(o.status.success(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
-    };
-    let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
-        muster_testkit::eventually_blocking(what, Duration::from_secs(90), || ok().then_some(()));
-    };
-    for (node, runtime) in [("k3", "builtin"), ("k4", "runc")] {
-        wait_for("the node to run images", &|| {
-            let o = crate::muster(&["node", "get", node, "--scheduler", &addr, "--output", "json"]);
-            serde_json::from_slice::<serde_json::Value>(&o.stdout)
-                .is_ok_and(|n| n["labels"]["muster.images"] == runtime)
-        });
-    }
+    let cli = |args: &[&str]| client(&addr, args);
+    wait_for_images(&addr, "k3", "builtin");
+    wait_for_images(&addr, "k4", "runc");
     let image = format!("{}/test/busybox:1", reg.host());
     let run = |runtime: &str, gpus: &str| {
         let c = format!("muster.images={runtime}");
@@ -481,7 +452,7 @@ fn t226_a_gpu_task_gets_the_drivers_libraries_from_nvidia_container_cli() {
             .as_u64()
             .unwrap()
             .to_string();
-        wait_for("the job to end", &|| {
+        crate::dev_proc::wait_until("the job to end", || {
             ["done", "failed"].contains(&cli(&["alloc", "get", &id])["status"].as_str().unwrap_or(""))
         });
         let a = cli(&["alloc", "get", &id]);
@@ -511,4 +482,23 @@ fn t226_a_gpu_task_gets_the_drivers_libraries_from_nvidia_container_cli() {
         let _ = a.kill();
         let _ = a.wait();
     }
+}
+
+/// A CLI command against the server at `addr`, with `--output json` (the
+/// connection flags before a `--`), which must succeed.
+fn client(addr: &str, args: &[&str]) -> serde_json::Value {
+    let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+    let all = [&args[..split], &["--scheduler", addr, "--output", "json"], &args[split..]].concat();
+    let o = crate::muster(&all);
+    assert!(o.status.success(), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// Waits until node `node` of the server at `addr` has registered and runs
+/// images through `runtime` (its `muster.images` label).
+fn wait_for_images(addr: &str, node: &str, runtime: &str) {
+    crate::dev_proc::wait_until("the node to run images", || {
+        let o = crate::muster(&["node", "get", node, "--scheduler", addr, "--output", "json"]);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok_and(|n| n["labels"]["muster.images"] == runtime)
+    });
 }

@@ -585,18 +585,12 @@ impl State {
             events.extend(self.settle(id));
             return Ok(events);
         }
-        self.leave_node(id, task, slot, TaskStatus::Blocked, None);
-        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
+        let a = self.leave_uncharged(id, task, slot);
         let t = &mut a.tasks[task as usize];
-        t.node = None;
-        t.attempts = t.attempts.saturating_sub(1);
         t.watchdog_trips += 1;
         t.last_watchdog = Some(kind);
         let trips = t.watchdog_trips;
         a.retry_first = true;
-        if let Err(at) = a.avoid_nodes.binary_search(&slot) {
-            a.avoid_nodes.insert(at, slot);
-        }
         let mut events =
             vec![Event::WatchdogTripped { alloc: id, task, node: node.clone(), kind, trips, retried: trips <= cap }];
         events.extend(self.start_teardown_or_settle(id, task));
@@ -627,19 +621,11 @@ impl State {
             events.extend(self.settle(id));
             return Ok(events);
         }
-        self.leave_node(id, task, slot, TaskStatus::Blocked, None);
-        let now = self.now_ms;
         let failures = self.allocs[&id].image_pull_failures + 1;
-        let retry_after_ms = now.saturating_add(self.limits.retry_backoff(failures));
-        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
-        let t = &mut a.tasks[task as usize];
-        t.node = None;
-        t.attempts = t.attempts.saturating_sub(1);
+        let retry_after_ms = self.now_ms.saturating_add(self.limits.retry_backoff(failures));
+        let a = self.leave_uncharged(id, task, slot);
         a.image_pull_failures = failures;
         a.retry_after_ms = retry_after_ms;
-        if let Err(at) = a.avoid_nodes.binary_search(&slot) {
-            a.avoid_nodes.insert(at, slot);
-        }
         let retried = failures < MAX_IMAGE_PULL_FAILURES;
         if !retried && a.give_up.is_none() {
             a.give_up = Some(format!("image_pull_failed: {}", clip_line(reason)));
@@ -657,6 +643,22 @@ impl State {
         ];
         events.extend(self.start_teardown_or_settle(id, task));
         Ok(events)
+    }
+
+    /// A running task leaves its node without being charged (a watchdog
+    /// trip, an image that could not be pulled): its capacity is free in
+    /// this command, its attempt is refunded, and the gang's next placement
+    /// avoids the node. Returns the allocation, for the caller's own marks.
+    fn leave_uncharged(&mut self, id: AllocId, task: TaskIndex, slot: NodeSlot) -> &mut Allocation {
+        self.leave_node(id, task, slot, TaskStatus::Blocked, None);
+        let a = self.allocs.get_mut(&id).map(Arc::make_mut).expect("checked");
+        let t = &mut a.tasks[task as usize];
+        t.node = None;
+        t.attempts = t.attempts.saturating_sub(1);
+        if let Err(at) = a.avoid_nodes.binary_search(&slot) {
+            a.avoid_nodes.insert(at, slot);
+        }
+        a
     }
 
     /// Fails a running task (already checked): the body of `FailTask`, also

@@ -211,9 +211,7 @@ impl State {
                 reason: format!("{:?} is not an image digest (sha256:<64 hex digits>)", super::gangs::clip_line(bad)),
             });
         }
-        let mut sorted = digests.to_vec();
-        sorted.sort_unstable();
-        sorted.dedup();
+        let sorted = image_set(digests);
         let node = &mut self.nodes[slot.0 as usize];
         if node.images == sorted {
             return Ok(Vec::new());
@@ -221,6 +219,12 @@ impl State {
         let count = sorted.len() as u32;
         node.images = sorted;
         Ok(vec![Event::NodeImagesChanged { node: id.clone(), count }])
+    }
+
+    /// Whether node `id` holds exactly these images already: a
+    /// `SetNodeImages` of them would change nothing.
+    pub fn holds_images(&self, id: &NodeId, digests: &[String]) -> bool {
+        self.node_slot(id).is_some_and(|slot| self.node(slot).images == image_set(digests))
     }
 
     pub(super) fn node_ready(&mut self, id: &NodeId) -> Applied {
@@ -418,4 +422,12 @@ impl State {
         }
         Ok(events)
     }
+}
+
+/// Digests as a node keeps them: sorted, without repeats.
+fn image_set(digests: &[String]) -> Vec<String> {
+    let mut set = digests.to_vec();
+    set.sort_unstable();
+    set.dedup();
+    set
 }

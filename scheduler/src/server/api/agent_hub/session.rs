@@ -439,15 +439,10 @@ impl Session {
                 Ok(())
             }
             Some(In::ImagesHeld(held)) => {
-                let cmd = Command::SetNodeImages { node: self.node.clone(), digests: held.digests };
-                let Command::SetNodeImages { digests, .. } = &cmd else { unreachable!() };
-                let mut sorted = digests.clone();
-                sorted.sort_unstable();
-                sorted.dedup();
-                let unchanged = match self.s.reader().read(|st| {
-                    st.precheck(&cmd)?;
-                    Ok(st.node_slot(&self.node).is_some_and(|slot| st.node(slot).images == sorted))
-                }) {
+                let cmd = Command::SetNodeImages { node: self.node.clone(), digests: held.digests.clone() };
+                let checked =
+                    self.s.reader().read(|st| st.precheck(&cmd).map(|()| st.holds_images(&self.node, &held.digests)));
+                let unchanged = match checked {
                     Ok(unchanged) => unchanged,
                     Err(r) => {
                         tracing::warn!(node = %self.node, refusal = %r, "image digests refused");
