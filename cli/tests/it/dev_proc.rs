@@ -163,21 +163,19 @@ pub fn wait_for_end(dev: &Dev, id: &str) -> serde_json::Value {
 
 /// Task `task`'s standard output (its latest attempt), from its node.
 pub fn task_stdout(dev: &Dev, id: &str, task: u32) -> String {
+    try_task_stdout(dev, id, task).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`task_stdout`], or why it cannot be read (yet: no attempt has started).
+pub fn try_task_stdout(dev: &Dev, id: &str, task: u32) -> Result<String, String> {
     let tls = dev.tls.to_str().unwrap().to_string();
-    let o = crate::muster(&[
-        "alloc",
-        "logs",
-        id,
-        "--task",
-        &task.to_string(),
-        "--stdout",
-        "--scheduler",
-        &dev.sched,
-        "--tls-dir",
-        &tls,
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    let task = task.to_string();
+    let args = ["alloc", "logs", id, "--task", &task, "--stdout", "--scheduler", &dev.sched, "--tls-dir", &tls];
+    let o = crate::muster(&args);
+    if !o.status.success() {
+        return Err(String::from_utf8_lossy(&o.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 /// Until `f` holds ([`muster_testkit::eventually_blocking`]); fails after

@@ -308,19 +308,31 @@ fn t95_preemption_metrics_with_real_processes() {
         let o = muster(&["alloc", "get", id, "--scheduler", &addr, "--output", "json"]);
         serde_json::from_slice::<serde_json::Value>(&o.stdout).map(|v| v["status"].as_str().unwrap().to_string())
     };
-    let answers = r#"trap 'echo saved > "$MUSTER_CHECKPOINT_DIR/state"; touch "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
+    // Each says when its traps are set: a hint sent before that would kill
+    // a shell still starting (SIGUSR1's default), not test the protocol.
+    let ready = dir.path().join("ready");
+    std::fs::create_dir(&ready).unwrap();
+    let answers = format!(
+        r#"trap 'echo saved > "$MUSTER_CHECKPOINT_DIR/state"; touch "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
 trap 'exit 143' TERM
 if [ "$MUSTER_RESUME" = 1 ]; then echo resumed; exit 0; fi
-while true; do sleep 0.1; done"#;
-    let ignores = r#"trap '' USR1
+touch {}/$MUSTER_ALLOC_ID
+while true; do sleep 0.1; done"#,
+        ready.display()
+    );
+    let ignores = format!(
+        r#"trap '' USR1
 trap 'exit 143' TERM
 if [ "$MUSTER_ATTEMPT" != 1 ]; then exit 0; fi
-while true; do sleep 0.1; done"#;
-    let a = submit("t95-a", "1", "1", answers);
-    let b = submit("t95-b", "1", "1", ignores);
+touch {}/$MUSTER_ALLOC_ID
+while true; do sleep 0.1; done"#,
+        ready.display()
+    );
+    let a = submit("t95-a", "1", "1", &answers);
+    let b = submit("t95-b", "1", "1", &ignores);
     for id in [&a, &b] {
-        muster_testkit::eventually_blocking(&format!("{id} to run"), left(), || {
-            (status(id).ok().as_deref() == Some("running")).then_some(())
+        muster_testkit::eventually_blocking(&format!("{id} to run with its traps set"), left(), || {
+            (status(id).ok().as_deref() == Some("running") && ready.join(id).exists()).then_some(())
         });
     }
     // The victims may resume on the other node, so each agent must advertise

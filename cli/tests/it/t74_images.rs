@@ -139,10 +139,16 @@ fn t222_a_preempted_image_task_resumes_from_its_checkpoint() {
 if [ "$MUSTER_RESUME" = 1 ]; then echo "resumed from $(cat "$MUSTER_CHECKPOINT_DIR/step")"; exit 0; fi
 trap 'echo $step > "$MUSTER_CHECKPOINT_DIR/step"; : > "$MUSTER_CHECKPOINT_DIR/.muster/done"' USR1
 trap 'exit 143' TERM
+echo armed
 while true; do step=$((step+1)); sleep 0.1; done"#;
     let id = |v: serde_json::Value| v["id"].as_u64().unwrap().to_string();
     let low = id(dev.ok(&["submit", "--image", &image, "-n", "4", "--gpus", "8", "--class", "2", "--", trainer]));
     crate::dev_proc::wait_until("the image gang to run", || dev.ok(&["alloc", "get", &low])["status"] == "running");
+    // A hint before a rank's traps are set would kill it (SIGUSR1's
+    // default), not test the protocol: each says when they are.
+    crate::dev_proc::wait_until("every rank to set its traps", || {
+        (0..4).all(|task| crate::dev_proc::try_task_stdout(&dev, &low, task).is_ok_and(|o| o.contains("armed")))
+    });
     let high = id(dev.ok(&["submit", "-n", "4", "--gpus", "8", "--class", "9", "--", "true"]));
     assert_eq!(crate::dev_proc::wait_for_end(&dev, &high)["status"], "done");
     let a = crate::dev_proc::wait_for_end(&dev, &low);
