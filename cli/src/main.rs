@@ -28,6 +28,7 @@ mod image_cmd;
 mod images;
 mod node;
 mod output;
+mod replay;
 mod restore;
 mod server;
 mod simulate;
@@ -184,6 +185,9 @@ enum Cmd {
     Restore(restore::RestoreArgs),
     /// Run the deterministic scheduler simulator (synthetic workload or a real trace).
     Simulate(simulate::SimulateArgs),
+    /// Replay a cluster's real workload (from a backup, a data dir or a job
+    /// history) through the simulator, as recorded and under what-if settings.
+    Replay(replay::ReplayArgs),
     /// Chaos test: real replicas and agents under kills, pauses and
     /// partitions, then checks that nothing acknowledged was lost.
     Chaos(chaos::ChaosArgs),
@@ -281,6 +285,7 @@ fn main() -> ExitCode {
     let cli = parse_cli();
     let result = match cli.command {
         Cmd::Simulate(args) => simulate::run(&args),
+        Cmd::Replay(args) => replay::run(&args),
         Cmd::Probe => probe(),
         Cmd::Restore(args) => restore::run(&args),
         Cmd::Tls { cmd } => tls::run(cmd),
@@ -406,6 +411,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             Cmd::History { conn, args } => history::history(&mut conn.cluster()?, args).await,
             Cmd::Usage { conn, args } => history::usage(&mut conn.cluster()?, args).await,
             Cmd::Simulate(_)
+            | Cmd::Replay(_)
             | Cmd::Probe
             | Cmd::Beat
             | Cmd::Completions { .. }

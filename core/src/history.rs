@@ -5,7 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sm::{AllocId, AllocStatus, Allocation, AttemptEnd, AttemptUsage, Event, Resources, State, WatchdogKind};
+use crate::sm::{
+    After, AllocId, AllocSpec, AllocStatus, Allocation, AttemptEnd, AttemptUsage, CheckpointMode, Event, Placement,
+    Resources, State, VClusterType, WatchdogKind,
+};
 
 /// One finished allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +54,64 @@ pub struct JobRecord {
     /// For an element of a job array: the array's id and the element's
     /// index.
     pub array: Option<(AllocId, u32)>,
+    /// What `muster replay` needs of the spec beyond the fields above
+    /// (`None`: a record stored before records carried it).
+    pub shape: Option<RecordedShape>,
+}
+
+/// The parts of a spec that decide where and how long a job may run, kept
+/// so that a replay (`muster replay`) submits the same job again. The
+/// command, environment, secrets and image stay out: a replay runs nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedShape {
+    /// Its placement constraints and packing.
+    pub placement: Placement,
+    /// Its retry budget.
+    pub max_retries: u32,
+    /// Its checkpoint mode.
+    pub checkpoint: CheckpointMode,
+    /// Its checkpoint estimate, seconds.
+    pub checkpoint_estimate_s: u32,
+    /// Its walltime, seconds.
+    pub walltime_s: u64,
+    /// Rendezvous ports per task.
+    pub ports: u32,
+    /// Its vCluster's type at submit.
+    pub vcluster_type: VClusterType,
+    /// Marked sensitive (never preempted).
+    pub sensitive: bool,
+    /// What it waited for (allocation ids of this cluster).
+    pub after: After,
+}
+
+impl RecordedShape {
+    /// The shape of `spec`.
+    pub fn of(spec: &AllocSpec) -> RecordedShape {
+        RecordedShape {
+            placement: spec.placement.clone(),
+            max_retries: spec.max_retries,
+            checkpoint: spec.checkpoint,
+            checkpoint_estimate_s: spec.checkpoint_estimate_s,
+            walltime_s: spec.walltime_s,
+            ports: spec.ports,
+            vcluster_type: spec.vcluster_type,
+            sensitive: spec.sensitive,
+            after: spec.after.clone(),
+        }
+    }
+
+    /// Puts this shape onto `spec`.
+    pub fn apply_to(&self, spec: &mut AllocSpec) {
+        spec.placement = self.placement.clone();
+        spec.max_retries = self.max_retries;
+        spec.checkpoint = self.checkpoint;
+        spec.checkpoint_estimate_s = self.checkpoint_estimate_s;
+        spec.walltime_s = self.walltime_s;
+        spec.ports = self.ports;
+        spec.vcluster_type = self.vcluster_type;
+        spec.sensitive = self.sensitive;
+        spec.after = self.after.clone();
+    }
 }
 
 /// One attempt of one task.
@@ -143,6 +204,7 @@ impl JobRecord {
             array: state
                 .array_of(a.id)
                 .and_then(|(array, position)| Some((array.id, array.indices.index_at(position)?))),
+            shape: Some(RecordedShape::of(&a.spec)),
         }
     }
 }

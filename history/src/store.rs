@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
 
 /// The schema's version (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The schema, as created.
 pub const SCHEMA: &str = "
@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     watchdog_trips INTEGER NOT NULL,
     array_id       INTEGER,               -- a job array's element: its array; NULL: none
     array_index    INTEGER,               -- and its index
+    shape          TEXT,                  -- JSON: placement, retries, checkpoint, walltime, deps (replay); NULL: none
     gpu_seconds    INTEGER NOT NULL       -- over all attempts
 );
 CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (end_ms);
@@ -155,6 +156,10 @@ impl HistoryStore {
                 )
                 .map_err(err)?;
         }
+        if (1..=5).contains(&found) {
+            // Versions 1 to 5 lacked each job's shape.
+            write.execute_batch("ALTER TABLE jobs ADD COLUMN shape TEXT;").map_err(err)?;
+        }
         write.execute_batch(SCHEMA).map_err(err)?;
         write.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(err)?;
         let read = Connection::open(path).map_err(err)?;
@@ -189,8 +194,9 @@ impl HistoryStore {
                 .prepare_cached(
                     "INSERT OR IGNORE INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, \
                      mem_mb, cpus, command, submit_ms, start_ms, end_ms, status, reason, preemptions, \
-                     watchdog_trips, gpu_seconds, idempotency_key, array_id, array_index) VALUES (?1, ?2, ?3, ?4, \
-                     ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
+                     watchdog_trips, gpu_seconds, idempotency_key, array_id, array_index, shape) VALUES (?1, ?2, ?3, \
+                     ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, \
+                     ?24)",
                 )
                 .map_err(|e| self.sqlite(e))?;
             let mut attempt = tx
@@ -203,6 +209,7 @@ impl HistoryStore {
                 .map_err(|e| self.sqlite(e))?;
             for r in records {
                 let command = serde_json::to_string(&r.command).expect("strings encode");
+                let shape = r.shape.as_ref().map(|s| serde_json::to_string(s).expect("a shape encodes"));
                 let inserted = job
                     .execute(params![
                         r.seq as i64,
@@ -228,6 +235,7 @@ impl HistoryStore {
                         r.idempotency_key,
                         r.array.map(|(a, _)| a as i64),
                         r.array.map(|(_, i)| i),
+                        shape,
                     ])
                     .map_err(|e| self.sqlite(e))?;
                 if inserted == 0 {
@@ -333,6 +341,17 @@ impl HistoryStore {
         Ok(())
     }
 
+    /// Copies the database at `src` to `dest` without writing to `src`
+    /// (opened read-only, so a replica's live database, or one on a
+    /// read-only mount, can be read offline as of one moment).
+    pub fn copy_read_only(src: &Path, dest: &Path) -> Result<(), HistoryError> {
+        let err = |source| HistoryError::Sqlite { path: src.to_path_buf(), source };
+        let conn = Connection::open_with_flags(src, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(err)?;
+        conn.execute("VACUUM INTO ?1", [dest.to_string_lossy()]).map_err(err)?;
+        Ok(())
+    }
+
     /// Stores every record of another history database (a backup), keeping
     /// what is already here. Returns how many were new.
     pub fn merge_from(&self, other: &Path) -> Result<usize, HistoryError> {
@@ -355,7 +374,7 @@ impl HistoryStore {
         let sql = format!(
             "SELECT seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, command, \
              submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds, idempotency_key, \
-             array_id, array_index FROM jobs {tail}"
+             array_id, array_index, shape FROM jobs {tail}"
         );
         let mut stmt = conn.prepare_cached(&sql).map_err(|e| self.sqlite(e))?;
         let rows = stmt
@@ -388,6 +407,7 @@ impl HistoryStore {
                         (Some(a), Some(i)) => Some((a as u64, i)),
                         _ => None,
                     },
+                    shape: r.get(23)?,
                 })
             })
             .map_err(|e| self.sqlite(e))?;
@@ -504,6 +524,7 @@ struct JobRow {
     gpu_seconds: u64,
     idempotency_key: Option<String>,
     array: Option<(u64, u32)>,
+    shape: Option<String>,
 }
 
 impl JobRow {
@@ -511,6 +532,10 @@ impl JobRow {
         let status = AllocStatus::parse(&self.status).ok_or_else(|| format!("status {:?}", self.status))?;
         let command: Vec<String> =
             serde_json::from_str(&self.command).map_err(|e| format!("command {:?}: {e}", self.command))?;
+        let shape = match &self.shape {
+            None => None,
+            Some(text) => Some(serde_json::from_str(text).map_err(|e| format!("shape {text:?}: {e}"))?),
+        };
         Ok(JobRecord {
             seq: self.seq,
             id: self.id,
@@ -532,6 +557,7 @@ impl JobRow {
             gpu_seconds: self.gpu_seconds,
             attempts,
             array: self.array,
+            shape,
         })
     }
 }

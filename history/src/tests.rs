@@ -56,6 +56,13 @@ fn record(seq: u64, owner: &str, vcluster: &str, status: AllocStatus, attempts: 
         attempts,
         // Every third record is element seq of array 7.
         array: seq.is_multiple_of(3).then_some((7, seq as u32)),
+        // Every other record keeps its shape, one with a constraint.
+        shape: seq.is_multiple_of(2).then(|| {
+            let mut spec = muster_core::sm::AllocSpec::new("a", 1, resources, vec!["true".into()]);
+            spec.placement.constraints = vec![muster_core::sm::LabelExpr::parse("gpu.model=H100").unwrap()];
+            spec.max_retries = 7;
+            muster_core::history::RecordedShape::of(&spec)
+        }),
     }
 }
 
@@ -241,8 +248,8 @@ fn older_database(path: &std::path::Path, schema: &str, version: i64, attempt: &
 
 const GPU_USAGE: [&str; 2] = ["gpu_util_pct", "peak_gpu_memory_bytes"];
 
-/// Job arrays' columns (version 5).
-const ARRAYS: [&str; 2] = ["array_id", "array_index"];
+/// Job arrays' columns (version 5), and the shape's (version 6).
+const ARRAYS: [&str; 3] = ["array_id", "array_index", "shape"];
 
 /// The schema before attempts kept their usage (versions 1 and 2).
 fn without_usage() -> String {
@@ -257,7 +264,7 @@ fn a_version_3_database_gains_the_gpu_usage_columns_and_keeps_its_records() {
     let dir = tempfile::tempdir().unwrap();
     let h = older_database(
         &dir.path().join("v3.sqlite"),
-        &schema_without(&[GPU_USAGE, ARRAYS].concat()),
+        &schema_without(&[&GPU_USAGE[..], &ARRAYS[..]].concat()),
         3,
         "INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
          preempted, watchdog, peak_memory_bytes, cpu_ms, oom_kills, memory_limit_bytes) \
@@ -287,6 +294,24 @@ fn a_version_4_database_gains_the_array_columns_and_keeps_its_records() {
     assert_eq!(r.array, Some((7, 3)));
     h.insert(std::slice::from_ref(&r)).unwrap();
     assert_eq!(h.by_seq(3, 3, 10).unwrap(), vec![r]);
+}
+
+#[test]
+fn a_version_5_database_gains_the_shape_column_and_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = older_database(
+        &dir.path().join("v5.sqlite"),
+        &schema_without(&["shape"]),
+        5,
+        "INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
+         preempted) VALUES (101, 0, 1, 'n0', 0, 1000, 'done', 0, 1, 1, 0);",
+    );
+    assert_eq!(h.by_seq(1, 1, 10).unwrap()[0].shape, None, "a record from before shapes has none");
+    let r = record(4, "a", "v", AllocStatus::Done, &[(0, 1_000)]);
+    let shape = r.shape.clone().expect("record 4 keeps its shape");
+    assert_eq!((shape.max_retries, shape.placement.constraints.len()), (7, 1));
+    h.insert(std::slice::from_ref(&r)).unwrap();
+    assert_eq!(h.by_seq(4, 4, 10).unwrap(), vec![r], "the shape round-trips through its JSON column");
 }
 
 #[test]

@@ -18,6 +18,8 @@ use muster_core::sm::{Limits, NodeId, Resources, validate_node};
 /// One simulated node: what it has and its labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FleetNode {
+    /// Its node id (`None`: the simulator names it `node-NNNNN`).
+    pub id: Option<String>,
     /// Its resources.
     pub resources: Resources,
     /// Its labels (`gpu.model` among them).
@@ -78,7 +80,7 @@ pub fn parse_fleet(text: &str) -> Result<Vec<FleetNode>, String> {
         if fleet.len() + count as usize > MAX_FLEET_NODES {
             return Err(at(format!("the node list holds more than {MAX_FLEET_NODES} nodes")));
         }
-        fleet.extend(std::iter::repeat_n(FleetNode { resources, labels }, count as usize));
+        fleet.extend(std::iter::repeat_n(FleetNode { id: None, resources, labels }, count as usize));
     }
     if fleet.is_empty() {
         return Err("the node list holds no nodes".into());

@@ -16,6 +16,7 @@
 mod engine;
 mod fleet;
 mod job;
+pub mod replay;
 mod report;
 mod rng;
 mod trace;
@@ -23,7 +24,7 @@ mod workload;
 
 pub use engine::{SimConfig, SimError, Simulation};
 pub use fleet::{FleetNode, MAX_FLEET_NODES, parse_fleet};
-pub use job::Job;
+pub use job::{Job, JobOutcome, Run, Script};
 pub use report::{Distribution, ModelReport, Report};
 pub use rng::SimRng;
 pub use trace::{TraceError, load_trace, parse_timestamp, parse_trace};

@@ -34,6 +34,7 @@ mod t74_images;
 mod t80_security;
 mod t82_history;
 mod t84_ecosystem;
+mod t86_replay;
 mod tls;
 
 use std::process::{Command, Output};

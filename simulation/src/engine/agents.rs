@@ -78,12 +78,23 @@ impl Simulation {
         // A gang preempted after checkpointing resumes where it stopped.
         let done = self.progress_ms.get(&alloc).copied().unwrap_or(0);
         let duration = self.duration_of(alloc).saturating_sub(done).max(1);
-        let (end, ok) = if self.rng.chance(self.cfg.failure_prob) {
-            (self.now + self.rng.range(1, duration.max(1)), false)
-        } else {
-            (self.now + duration, true)
+        let exit = match self.scripted_run(alloc, task) {
+            // It runs until it is stopped.
+            Some(run) if run.ms == u64::MAX => None,
+            // A recorded success is shortened by the progress its
+            // checkpoints saved; a recorded failure happens when it did.
+            Some(run) => {
+                let ms = if run.ok { run.ms.saturating_sub(done) } else { run.ms };
+                Some((self.now + ms.max(1), run.ok))
+            }
+            None if self.rng.chance(self.cfg.failure_prob) => {
+                Some((self.now + self.rng.range(1, duration.max(1)), false))
+            }
+            None => Some((self.now + duration, true)),
         };
-        self.at(end, Ev::Exit { alloc, task, node, epoch, ok, life });
+        if let Some((end, ok)) = exit {
+            self.at(end, Ev::Exit { alloc, task, node, epoch, ok, life });
+        }
         let a = self.state.alloc(alloc).expect("accepted claim of a known allocation");
         if a.status == AllocStatus::Running && self.stats.started_whole.insert(alloc) {
             let delay_s = (self.now - a.submit_time_ms) as f64 / 1000.0;
@@ -124,7 +135,11 @@ impl Simulation {
         } else {
             Command::FailTask { alloc, task, node, epoch, exit_code: Some(1) }
         };
-        self.report_exit(alloc, task, &cmd)
+        let accepted = self.report_exit(alloc, task, &cmd)?;
+        if accepted && self.scripted_run(alloc, task).is_some() {
+            *self.own_runs.entry((alloc, task)).or_default() += 1;
+        }
+        Ok(accepted)
     }
 
     /// A preempting task's agent reports its process stopped.
@@ -162,7 +177,8 @@ impl Simulation {
     pub(super) fn repair(&mut self, node: u32) -> Result<bool, SimError> {
         let id = self.agents.node_ids[node as usize].clone();
         self.agents.down.since.remove(&id);
-        let (resources, labels) = self.cfg.node_at(node as usize);
+        let (resources, mut labels) = self.cfg.node_at(node as usize);
+        labels.retain(|k, _| muster_core::sm::agent_may_set(k)); // an admin's stay
         let register = Command::RegisterNode { node: id, resources, labels };
         // Marked lost by now (a crash outlasts the lost window): it
         // comes back ready, empty.

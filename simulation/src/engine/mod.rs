@@ -30,7 +30,7 @@ mod stats;
 
 use self::agents::Agents;
 use self::stats::Stats;
-use crate::job::Job;
+use crate::job::{Job, JobOutcome, Run};
 use crate::report::Report;
 use crate::rng::SimRng;
 
@@ -79,6 +79,9 @@ pub struct SimConfig {
     /// A heterogeneous fleet (`muster simulate --node-list`): when not
     /// empty, these are the nodes, and `nodes` and `node` are ignored.
     pub fleet: Vec<crate::fleet::FleetNode>,
+    /// Commands applied once the nodes are ready, before the first submit
+    /// (a replay's vClusters); each must be accepted.
+    pub setup: Vec<Command>,
 }
 
 impl SimConfig {
@@ -115,6 +118,7 @@ impl Default for SimConfig {
             node_lost_after_ms: 30_000,
             retention: None,
             fleet: Vec::new(),
+            setup: Vec::new(),
         }
     }
 }
@@ -141,6 +145,14 @@ pub enum SimError {
         /// The rejection, printed.
         rejection: String,
     },
+    /// A setup command was refused.
+    #[error("setup command {command} was refused: {rejection}")]
+    Setup {
+        /// The command, printed.
+        command: String,
+        /// The rejection, printed.
+        rejection: String,
+    },
 }
 
 /// What happens at one instant of simulated time.
@@ -161,6 +173,8 @@ enum Ev {
     Crash(u32),
     /// Node `node`'s agent registers again after a crash.
     Repair(u32),
+    /// Job `i`'s owner cancels it (a replayed cancel).
+    Cancel(usize),
 }
 
 /// A simulation run: the event loop, the simulated agents ([`agents`]) and
@@ -178,6 +192,13 @@ pub struct Simulation {
     job_of: BTreeMap<AllocId, (usize, Option<usize>)>,
     /// Each unfinished workflow's submit time.
     workflow_submits: BTreeMap<AllocId, u64>,
+    /// The allocation each job became (a replay's dependencies and cancels
+    /// name jobs).
+    job_ids: Vec<Option<AllocId>>,
+    /// How each job fared, from its record as it finished.
+    outcomes: Vec<JobOutcome>,
+    /// Runs of each scripted task its job ended itself so far.
+    own_runs: BTreeMap<(AllocId, TaskIndex), usize>,
     /// Work saved by checkpoints at preemptions, per gang (ms of its duration).
     progress_ms: BTreeMap<AllocId, u64>,
     leader: LeaderConfig,
@@ -192,7 +213,16 @@ pub struct Simulation {
     record: Option<Vec<Command>>,
     agents: Agents,
     stats: Stats,
+    /// Events in the heap other than ticks.
+    pending: u64,
+    /// When a command last changed the state.
+    last_change_ms: u64,
 }
+
+/// A run whose heap holds nothing but the leader's ticks, and whose state
+/// no command has changed for this long, has ended: what is left can never
+/// run (a gang larger than the fleet keeps the preemption pass waking).
+pub const IDLE_END_MS: u64 = 24 * 3_600_000;
 
 impl Simulation {
     /// A simulation of `jobs` on the cluster `cfg` describes.
@@ -213,7 +243,21 @@ impl Simulation {
             retention: cfg.retention,
         };
         let life = vec![0; cfg.node_count() as usize];
+        let node_ids = match cfg.fleet.iter().any(|f| f.id.is_some()) {
+            true => cfg
+                .fleet
+                .iter()
+                .enumerate()
+                .map(|(i, f)| NodeId::new(f.id.clone().unwrap_or_else(|| format!("node-{i:05}"))))
+                .collect(),
+            false => node_ids,
+        };
+        let outcomes = vec![JobOutcome::default(); jobs.len()];
+        let job_ids = vec![None; jobs.len()];
         Simulation {
+            job_ids,
+            outcomes,
+            own_runs: BTreeMap::new(),
             cfg,
             jobs,
             state: State::default(),
@@ -232,10 +276,15 @@ impl Simulation {
             record: None,
             agents: Agents::new(node_ids, models, life),
             stats: Stats::default(),
+            pending: 0,
+            last_change_ms: 0,
         }
     }
 
     fn at(&mut self, time_ms: u64, ev: Ev) {
+        if ev != Ev::Tick {
+            self.pending += 1;
+        }
         self.seq += 1;
         self.heap.push(Reverse((time_ms, self.seq, ev)));
     }
@@ -243,6 +292,9 @@ impl Simulation {
     fn apply(&mut self, cmd: &Command) -> Result<Outcome, SimError> {
         let out = self.state.apply(cmd, &ApplyCtx { time_ms: self.now });
         self.stats.commands += 1;
+        if out.is_accepted() {
+            self.last_change_ms = self.now;
+        }
         for r in self.state.take_finished_records() {
             match r.status {
                 AllocStatus::Done => self.stats.finished_done += 1,
@@ -253,7 +305,18 @@ impl Simulation {
                 self.stats.finished_preempted += 1;
             }
             self.stats.finished_max_preempted = self.stats.finished_max_preempted.max(r.preemptions);
+            if let Some(&(j, None)) = self.job_of.get(&r.id) {
+                self.outcomes[j] = JobOutcome {
+                    submitted: true,
+                    start_ms: r.start_ms,
+                    end_ms: Some(r.end_ms),
+                    status: Some(r.status),
+                    preemptions: r.preemptions,
+                    gpu_seconds: r.gpu_seconds,
+                };
+            }
             // What the simulated agents kept about it is no longer needed.
+            self.own_runs.retain(|(alloc, _), _| *alloc != r.id);
             self.stats.started_whole.remove(&r.id);
             self.job_of.remove(&r.id);
             self.progress_ms.remove(&r.id);
@@ -313,14 +376,41 @@ impl Simulation {
     }
 
     /// Runs to the end: every job submitted and nothing left to happen.
-    pub fn run(mut self) -> Result<(Report, State), SimError> {
+    pub fn run(self) -> Result<(Report, State), SimError> {
+        self.run_jobs().map(|(report, state, _)| (report, state))
+    }
+
+    /// Runs to the end, as [`Simulation::run`], and says how each job
+    /// fared, in the order of the job list.
+    pub fn run_jobs(mut self) -> Result<(Report, State, Vec<JobOutcome>), SimError> {
         for (i, id) in self.agents.node_ids.clone().into_iter().enumerate() {
             let (resources, labels) = self.cfg.node_at(i);
-            let register = Command::RegisterNode { node: id.clone(), resources, labels };
-            let out = self.apply(&register)?;
-            assert!(out.is_accepted(), "simulated node refused: {out:?}");
-            let out = self.apply(&Command::MarkNodeReady { node: id })?;
-            assert!(out.is_accepted(), "simulated node not made ready: {out:?}");
+            // The reserved labels an admin set (a replayed node's
+            // `muster.vcluster`) are laid over what its agent reports.
+            let (agent, admin): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                labels.into_iter().partition(|(k, _)| muster_core::sm::agent_may_set(k));
+            let mut setup = Vec::new();
+            if !admin.is_empty() {
+                setup.push(Command::LabelNode { node: id.clone(), set: admin, remove: Vec::new(), by: "sim".into() });
+            }
+            setup.push(Command::RegisterNode { node: id.clone(), resources, labels: agent });
+            setup.push(Command::MarkNodeReady { node: id });
+            for cmd in setup {
+                if let Outcome::Rejected(r) = self.apply(&cmd)? {
+                    return Err(SimError::Setup { command: format!("{cmd:?}"), rejection: r.to_string() });
+                }
+            }
+        }
+        for cmd in std::mem::take(&mut self.cfg.setup) {
+            if let Outcome::Rejected(r) = self.apply(&cmd)? {
+                return Err(SimError::Setup { command: format!("{cmd:?}"), rejection: r.to_string() });
+            }
+        }
+        let cancels: Vec<(u64, usize)> = (self.jobs.iter().enumerate())
+            .filter_map(|(j, job)| Some((job.script.as_ref()?.cancel_ms?.max(job.submit_ms + 1), j)))
+            .collect();
+        for (at, j) in cancels {
+            self.at(at, Ev::Cancel(j));
         }
         if let Some(first) = self.jobs.first() {
             self.at(first.submit_ms, Ev::Arrive(0));
@@ -336,6 +426,9 @@ impl Simulation {
             }
         }
         while let Some(&Reverse((time, _, _))) = self.heap.peek() {
+            if self.pending == 0 && time.saturating_sub(self.last_change_ms) > IDLE_END_MS {
+                break;
+            }
             self.now = time;
             let mut wake = Wake::default();
             let mut due = false;
@@ -344,6 +437,9 @@ impl Simulation {
                     break;
                 }
                 self.heap.pop();
+                if ev != Ev::Tick {
+                    self.pending -= 1;
+                }
                 due |= matches!(ev, Ev::Tick);
                 wake.admission |= self.handle(ev)?;
             }
@@ -352,7 +448,23 @@ impl Simulation {
             }
         }
         self.check()?;
-        Ok((self.report(), self.state))
+        // Jobs still unfinished: what the state says of them.
+        for (j, id) in self.job_ids.iter().enumerate() {
+            if let Some(a) = id.and_then(|id| self.state.alloc(id))
+                && self.outcomes[j].status.is_none()
+            {
+                let r = muster_core::history::JobRecord::of(&self.state, a);
+                self.outcomes[j] = JobOutcome {
+                    submitted: true,
+                    start_ms: r.start_ms,
+                    preemptions: r.preemptions,
+                    gpu_seconds: r.gpu_seconds,
+                    ..JobOutcome::default()
+                };
+            }
+        }
+        let report = self.report();
+        Ok((report, self.state, self.outcomes))
     }
 
     /// Handles one event; true when admission should run afterwards.
@@ -363,6 +475,19 @@ impl Simulation {
                     self.at(next.submit_ms, Ev::Arrive(i + 1));
                 }
                 let job = &self.jobs[i];
+                let mut spec = job.spec.clone();
+                if let Some(script) = &job.script {
+                    // Its dependencies name jobs: the allocations they became.
+                    let deps = std::mem::take(&mut spec.after.deps);
+                    spec.after.deps = deps
+                        .into_iter()
+                        .zip(&script.after_jobs)
+                        .filter_map(|(mut d, j)| {
+                            d.on = (*j).and_then(|j| self.job_ids.get(j).copied().flatten())?;
+                            Some(d)
+                        })
+                        .collect();
+                }
                 let cmd = match (&job.array, &job.workflow) {
                     (_, Some((workflow, _))) => Command::SubmitWorkflow { workflow: workflow.clone() },
                     (Some(indices), None) => Command::SubmitArray {
@@ -371,13 +496,15 @@ impl Simulation {
                         corr: None,
                         secrets: Default::default(),
                     },
-                    (None, None) => Command::Submit { spec: job.spec.clone() },
+                    (None, None) => Command::Submit { spec },
                 };
                 let out = self.apply(&cmd)?;
                 match out.events() {
                     [Event::Submitted { alloc, duplicate: false }, ..]
                     | [Event::ArraySubmitted { array: alloc, duplicate: false, .. }, ..] => {
                         self.job_of.insert(*alloc, (i, None));
+                        self.job_ids[i] = Some(*alloc);
+                        self.outcomes[i].submitted = true;
                         self.stats.accepted_submits += 1;
                     }
                     [Event::WorkflowSubmitted { workflow, duplicate: false, .. }, ..] => {
@@ -398,6 +525,31 @@ impl Simulation {
             Ev::Tick => Ok(true),
             Ev::Crash(node) => Ok(self.crash(node)),
             Ev::Repair(node) => self.repair(node),
+            Ev::Cancel(j) => {
+                let Some(alloc) = self.job_ids[j] else { return Ok(false) };
+                match self.apply(&Command::CancelAllocation { alloc })? {
+                    Outcome::Accepted(events) => {
+                        self.on_events(&events);
+                        Ok(true)
+                    }
+                    Outcome::Rejected(_) => Ok(false), // it had already ended
+                }
+            }
+        }
+    }
+
+    /// The run a scripted job's task makes next, when its job is scripted:
+    /// the next of its own runs (its last again once they are used up).
+    fn scripted_run(&self, alloc: AllocId, task: TaskIndex) -> Option<Run> {
+        let &(j, None) = self.job_of.get(&alloc)? else { return None };
+        let script = self.jobs[j].script.as_ref()?;
+        let runs = script.runs.get(task as usize).map_or(&[][..], Vec::as_slice);
+        let done = self.own_runs.get(&(alloc, task)).copied().unwrap_or(0);
+        match runs.get(done).or(runs.last()) {
+            Some(&run) => Some(run),
+            // Never ran of its own accord: it runs until its cancel stops it
+            // (`u64::MAX`: no exit of its own), or a moment without one.
+            None => Some(Run { ms: if script.cancel_ms.is_some() { u64::MAX } else { 1 }, ok: true }),
         }
     }
 

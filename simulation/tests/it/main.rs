@@ -265,3 +265,175 @@ fn t70_arrays_and_workflows_run_to_the_end_in_order_and_deterministically() {
     let (again, _, _, _) = go();
     assert_eq!(r, again, "the same seed, the same run");
 }
+
+mod replay {
+    use muster_core::history::JobRecord;
+    use muster_core::policy::PreemptionConfig;
+    use muster_core::sm::{AfterWhen, AllocStatus, Dependency, State, VClusterSpec};
+    use muster_sim::replay::{ReplaySettings, compare, replay, workload_of};
+    use muster_sim::{FleetNode, SimConfig, Simulation, WorkloadConfig};
+
+    use super::NODE;
+
+    fn fleet(n: usize, prefix: &str) -> Vec<FleetNode> {
+        (0..n)
+            .map(|i| FleetNode { id: Some(format!("{prefix}-{i}")), resources: NODE, labels: Default::default() })
+            .collect()
+    }
+
+    fn settings(nodes: Vec<FleetNode>) -> ReplaySettings {
+        ReplaySettings {
+            nodes,
+            vclusters: vec![("default".into(), VClusterSpec::default_for("default"))],
+            admission: Default::default(),
+            preemption: Some(PreemptionConfig::default()),
+            retention: None,
+        }
+    }
+
+    /// A "real" run to record: a busy synthetic workload with failures and
+    /// preemption, and every allocation's record at its end.
+    fn recorded(nodes: usize, allocations: u32) -> (Vec<JobRecord>, State) {
+        let workload = WorkloadConfig { allocations, target_load: 1.3, ..WorkloadConfig::default() };
+        let jobs = workload.generate(5, &NODE, nodes as u64 * 8);
+        let cfg = SimConfig {
+            seed: 5,
+            failure_prob: 0.05,
+            preemption: Some(PreemptionConfig::default()),
+            fleet: fleet(nodes, "n"),
+            ..SimConfig::default()
+        };
+        let (_, state) = Simulation::new(cfg, jobs).run().unwrap();
+        let records = state.allocs().values().map(|a| JobRecord::of(&state, a)).collect();
+        (records, state)
+    }
+
+    #[test]
+    fn t80_a_recorded_run_replays_closely_and_deterministically() {
+        let (records, state) = recorded(16, 300);
+        assert!(records.iter().any(|r| r.preemptions > 0), "the recorded run preempted");
+        assert!(records.iter().any(|r| r.attempts.iter().any(|a| a.end == muster_core::sm::AttemptEnd::Failed)));
+        let (jobs, order) = workload_of(&records, state.now_ms());
+        let a = replay(jobs.clone(), &settings(fleet(16, "n"))).unwrap();
+        let b = replay(jobs.clone(), &settings(fleet(16, "n"))).unwrap();
+        assert_eq!(a, b, "the same input and settings replay the same");
+        let report = compare(&records, &order, 128, &a, None);
+        let f = &report.fidelity;
+        assert_eq!(f.compared, 300);
+        // The same simulator, but other claim delays: close for most jobs,
+        // not exact (a queue this long amplifies small differences).
+        assert!(f.within_10pct > 0.5 && f.abs_error_s.p50 < 2.0, "{f:?}");
+        let text = report.to_string();
+        let classes: Vec<&str> = text.lines().filter_map(|l| l.trim().strip_prefix("class ")).collect();
+        assert!(classes[0].starts_with("0 ") && classes.last().unwrap().starts_with("10 "), "{text}");
+        assert!(report.overall.as_recorded.preemptions > 0);
+        let done = |s: &muster_sim::replay::Summary| s.started;
+        assert_eq!(done(&report.overall.actual), done(&report.overall.as_recorded));
+
+        // Four more nodes: every group waits less, and the digest differs.
+        let more = replay(jobs.clone(), &settings([fleet(16, "n"), fleet(4, "extra")].concat())).unwrap();
+        let report = compare(&records, &order, 128, &a, Some(&more));
+        let w = report.overall.what_if.as_ref().unwrap();
+        assert!(w.wait_s.p95 < report.overall.as_recorded.wait_s.p95 / 2.0, "{report}");
+        assert!(w.wait_s.mean < report.overall.as_recorded.wait_s.mean, "{report}");
+        assert!(!report.gainers.is_empty());
+        assert_ne!(report.digest_what_if.as_deref(), Some(report.digest_as_recorded.as_str()));
+        let csv = report.to_csv();
+        assert_eq!(csv.lines().count(), 301);
+        assert!(csv.starts_with("id,owner,vcluster,class,gpus,submit_s,actual_wait_s"));
+        let text = report.to_string();
+        for needle in ["fidelity", "by owner", "by vCluster", "by class", "gain most", "lose most"] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+    }
+
+    fn one(id: u64, submit_ms: u64, attempts: Vec<(u64, u64, muster_core::sm::AttemptEnd)>) -> JobRecord {
+        use muster_core::history::{AttemptRecord, RecordedShape};
+        let spec = muster_core::sm::AllocSpec::new("ann", 1, NODE, vec!["x".into()]);
+        JobRecord {
+            seq: id,
+            id,
+            owner: "ann".into(),
+            vcluster: "default".into(),
+            class: 0,
+            priority: 0,
+            gang_size: 1,
+            resources: NODE,
+            command: vec!["x".into()],
+            idempotency_key: None,
+            submit_ms,
+            start_ms: attempts.first().map(|a| a.0),
+            end_ms: attempts.last().map_or(submit_ms, |a| a.1),
+            status: AllocStatus::Done,
+            reason: String::new(),
+            preemptions: 0,
+            watchdog_trips: 0,
+            gpu_seconds: 0,
+            attempts: attempts
+                .iter()
+                .enumerate()
+                .map(|(i, &(start_ms, end_ms, end))| AttemptRecord {
+                    task: 0,
+                    run: i as u32 + 1,
+                    node: "n-0".into(),
+                    start_ms,
+                    end_ms,
+                    end,
+                    exit_code: None,
+                    gpu_seconds: 0,
+                    preempted: false,
+                    watchdog: None,
+                    usage: None,
+                })
+                .collect(),
+            array: None,
+            shape: Some(RecordedShape::of(&spec)),
+        }
+    }
+
+    #[test]
+    fn t81_own_failures_cancels_and_dependencies_replay_as_they_happened() {
+        use muster_core::sm::AttemptEnd::{Done, Failed, Lost};
+        let base = 1_700_000_000_000;
+        // 1: fails after 10 s, then runs 20 s; its lost attempt was the
+        // fleet's doing and is decided again.
+        let first = one(
+            1,
+            base,
+            vec![
+                (base, base + 5_000, Lost),
+                (base + 6_000, base + 16_000, Failed),
+                (base + 17_000, base + 37_000, Done),
+            ],
+        );
+        // 2: waits for 1 to succeed, then runs 5 s.
+        let mut second = one(2, base + 1_000, vec![(base + 38_000, base + 43_000, Done)]);
+        second.shape.as_mut().unwrap().after.deps = vec![Dependency { on: 1, when: AfterWhen::Ok }];
+        // 3: cancelled while queued behind both, 100 s in.
+        let mut third = one(3, base + 2_000, vec![]);
+        third.status = AllocStatus::Cancelled;
+        third.end_ms = base + 100_000;
+        let records = vec![third, second, first];
+        let (jobs, order) = workload_of(&records, base + 200_000);
+        assert_eq!(order, [2, 1, 0], "submit order");
+        let run = replay(jobs, &settings(fleet(2, "n"))).unwrap();
+        let o = &run.outcomes;
+        // 1 starts at once and ends after its failed run, the 1 s back-off
+        // and its good run.
+        assert_eq!(o[0].status, Some(AllocStatus::Done));
+        let (start, end) = (o[0].start_ms.unwrap(), o[0].end_ms.unwrap());
+        assert!(start < 1_000 && (31_000..34_000).contains(&(end - start)), "{:?}", o[0]);
+        // 2 starts only once 1 has succeeded.
+        assert!(o[1].start_ms.unwrap() >= end, "{o:?}");
+        assert_eq!(o[1].status, Some(AllocStatus::Done));
+        // 3 never ran, so nothing says how long it would have: it takes
+        // the other node until its owner cancels it, 100 s in.
+        assert!(o[2].start_ms.unwrap() < 3_000, "{o:?}");
+        assert_eq!(o[2].status, Some(AllocStatus::Cancelled));
+        // (it ends once its agent has stopped it)
+        assert!((100_000..106_000).contains(&o[2].end_ms.unwrap()), "{o:?}");
+        let report = compare(&records, &order, 8, &run, None);
+        assert_eq!(report.rows[2].actual_wait_s, None, "3 never really ran");
+        assert_eq!(report.rows[0].actual_wait_s, Some(0.0));
+    }
+}
