@@ -19,6 +19,7 @@ macro_rules! out {
 mod agent_cmd;
 mod alloc;
 mod args;
+mod audit;
 mod chaos;
 mod client;
 mod cluster;
@@ -188,6 +189,10 @@ enum Cmd {
     /// Replay a cluster's real workload (from a backup, a data dir or a job
     /// history) through the simulator, as recorded and under what-if settings.
     Replay(replay::ReplayArgs),
+    /// Check offline that a committed log kept every promise: replicas'
+    /// data dirs replayed entry by entry with every invariant checked, or a
+    /// backup's state.
+    Audit(audit::AuditArgs),
     /// Chaos test: real replicas and agents under kills, pauses and
     /// partitions, then checks that nothing acknowledged was lost.
     Chaos(chaos::ChaosArgs),
@@ -286,6 +291,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Simulate(args) => simulate::run(&args),
         Cmd::Replay(args) => replay::run(&args),
+        Cmd::Audit(args) => audit::run(&args),
         Cmd::Probe => probe(),
         Cmd::Restore(args) => restore::run(&args),
         Cmd::Tls { cmd } => tls::run(cmd),
@@ -412,6 +418,7 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
             Cmd::Usage { conn, args } => history::usage(&mut conn.cluster()?, args).await,
             Cmd::Simulate(_)
             | Cmd::Replay(_)
+            | Cmd::Audit(_)
             | Cmd::Probe
             | Cmd::Beat
             | Cmd::Completions { .. }

@@ -11,6 +11,7 @@
 
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod history;
 pub mod policy;
 pub mod replicated;

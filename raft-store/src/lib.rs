@@ -51,7 +51,7 @@ pub use crash_image::{acked_beyond_durable, acked_beyond_readable, restore_crash
 pub use disk::{OpenError, StoreFault, StoreOptions, open, open_with};
 pub use faults::{DiskFault, set_disk_fault};
 pub use log_store::{LogStore, MAX_APPEND_BYTES};
-pub use offline::{DirSnapshot, OfflineError, read_snapshot};
+pub use offline::{DirLog, DirSnapshot, OfflineError, read_log, read_snapshot};
 pub use records::Records;
 pub use state_machine::{AppReader, StateMachineStore};
 pub use touches::{TouchWatch, Touches};

@@ -36,6 +36,8 @@
 
 mod format;
 mod recover;
+
+pub(crate) use recover::read_only;
 pub(crate) mod vfs;
 
 use std::collections::BTreeMap;
