@@ -107,6 +107,11 @@ pub struct SimulateArgs {
     /// report is the same; the state, and memory, stay bounded.
     #[arg(long)]
     retention: Option<String>,
+    /// Also write what the run leaves as a backup, in `muster cluster
+    /// backup`'s form: the final state and a job history holding every
+    /// finished allocation, for `muster replay` to read.
+    #[arg(long, value_name = "FILE")]
+    save_backup: Option<PathBuf>,
 }
 
 /// This process's peak resident memory (`VmHWM`), MB, where Linux says.
@@ -122,6 +127,33 @@ fn probability(name: &str, p: f64) -> anyhow::Result<f64> {
         bail!("--{name} must be between 0 and 1, got {p}");
     }
     Ok(p)
+}
+
+/// Writes `state` and the job history `records` as a backup file.
+fn save_backup(
+    path: &std::path::Path,
+    state: &muster_scheduler::sm::State,
+    records: &[muster_core::history::JobRecord],
+) -> anyhow::Result<()> {
+    use muster_raft_store::StateMachineApp;
+    let tmp = tempfile::tempdir().context("cannot make a temporary directory")?;
+    let store = muster_history::HistoryStore::open(&tmp.path().join("history.sqlite"))?;
+    for chunk in records.chunks(10_000) {
+        store.insert(chunk)?;
+    }
+    let copy = tmp.path().join("backup.sqlite");
+    store.backup_to(&copy)?;
+    let extra = std::fs::read(&copy).with_context(|| format!("cannot read {}", copy.display()))?;
+    let backup = muster_raft_store::Backup {
+        index: 0,
+        digest: state.digest(),
+        taken_at_ms: state.now_ms(),
+        taken_from: 0,
+        state: state.snapshot(),
+        extra,
+    };
+    std::fs::write(path, backup.encode()).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
 }
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
@@ -238,7 +270,14 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         ..SimConfig::default()
     };
     let started = Instant::now();
-    let (report, _) = Simulation::new(cfg, jobs).run()?;
+    let report = match &args.save_backup {
+        None => Simulation::new(cfg, jobs).run()?.0,
+        Some(path) => {
+            let (report, state, records) = Simulation::new(cfg, jobs).run_recording()?;
+            save_backup(path, &state, &records)?;
+            report
+        }
+    };
     let wall = started.elapsed();
     if args.json {
         out!("{}", serde_json::to_string_pretty(&report)?);

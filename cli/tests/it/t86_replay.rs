@@ -182,3 +182,32 @@ fn audit_passes_and_catches_damage(data: &std::path::Path) {
     assert!(text.contains("audit FAILED") && text.contains("log_continuous"), "{text}");
     assert!(stderr(&o).contains("replica-2"), "{}", stderr(&o));
 }
+
+#[test]
+fn t229_a_simulated_run_saved_as_a_backup_replays_and_audits() {
+    let dir = tempfile::tempdir().unwrap();
+    let backup = dir.path().join("sim.backup");
+    let b = backup.to_str().unwrap();
+    let o = muster(&["simulate", "--nodes", "8", "--allocations", "300", "--seed", "4", "--save-backup", b]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let digest = stdout(&o).lines().find_map(|l| l.strip_prefix("state digest")).unwrap().trim().to_string();
+    let o = muster(&["audit", "--backup", b]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&format!("restores to its recorded digest {digest}")), "{}", stdout(&o));
+    let o = muster(&["replay", "--backup", b, "--format", "json", "--policy", "fifo"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["jobs"], 300, "every allocation, finished into the history or not");
+    assert!(report["fidelity"]["compared"].as_u64().unwrap() > 250, "{}", report["fidelity"]);
+    assert!(report["overall"]["what_if"].is_object());
+    // A damaged backup is refused by name.
+    let mut bytes = std::fs::read(&backup).unwrap();
+    let n = bytes.len();
+    bytes.truncate(n / 2);
+    std::fs::write(&backup, &bytes).unwrap();
+    for cmd in [&["audit", "--backup", b][..], &["replay", "--backup", b][..]] {
+        let o = muster(cmd);
+        assert!(!o.status.success(), "{cmd:?}");
+        assert!(stderr(&o).contains("sim.backup"), "{cmd:?}: {}", stderr(&o));
+    }
+}

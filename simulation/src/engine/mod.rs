@@ -215,6 +215,8 @@ pub struct Simulation {
     stats: Stats,
     /// Events in the heap other than ticks.
     pending: u64,
+    /// Every finished allocation's record, when asked for.
+    kept: Option<Vec<muster_core::history::JobRecord>>,
     /// When a command last changed the state.
     last_change_ms: u64,
 }
@@ -278,6 +280,7 @@ impl Simulation {
             stats: Stats::default(),
             pending: 0,
             last_change_ms: 0,
+            kept: None,
         }
     }
 
@@ -296,6 +299,9 @@ impl Simulation {
             self.last_change_ms = self.now;
         }
         for r in self.state.take_finished_records() {
+            if let Some(kept) = &mut self.kept {
+                kept.push(r.clone());
+            }
             match r.status {
                 AllocStatus::Done => self.stats.finished_done += 1,
                 AllocStatus::Failed => self.stats.finished_failed += 1,
@@ -380,9 +386,24 @@ impl Simulation {
         self.run_jobs().map(|(report, state, _)| (report, state))
     }
 
+    /// Runs to the end, as [`Simulation::run`], and hands back the job
+    /// history a replica would have stored: every finished allocation's
+    /// record, in finishing order (for a synthetic backup to replay).
+    pub fn run_recording(mut self) -> Result<(Report, State, Vec<muster_core::history::JobRecord>), SimError> {
+        self.kept = Some(Vec::new());
+        self.run_until_done().map(|(report, state, _, kept)| (report, state, kept.unwrap_or_default()))
+    }
+
     /// Runs to the end, as [`Simulation::run`], and says how each job
     /// fared, in the order of the job list.
-    pub fn run_jobs(mut self) -> Result<(Report, State, Vec<JobOutcome>), SimError> {
+    pub fn run_jobs(self) -> Result<(Report, State, Vec<JobOutcome>), SimError> {
+        self.run_until_done().map(|(report, state, outcomes, _)| (report, state, outcomes))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn run_until_done(
+        mut self,
+    ) -> Result<(Report, State, Vec<JobOutcome>, Option<Vec<muster_core::history::JobRecord>>), SimError> {
         for (i, id) in self.agents.node_ids.clone().into_iter().enumerate() {
             let (resources, labels) = self.cfg.node_at(i);
             // The reserved labels an admin set (a replayed node's
@@ -464,7 +485,7 @@ impl Simulation {
             }
         }
         let report = self.report();
-        Ok((report, self.state, self.outcomes))
+        Ok((report, self.state, self.outcomes, self.kept))
     }
 
     /// Handles one event; true when admission should run afterwards.
