@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use muster_core::audit::{Auditor, Violation};
 use muster_raft_store::{AppliedRecord, Backup, read_applied_log, read_log, read_snapshot};
-use muster_scheduler::sm::{Command, State};
+use muster_scheduler::sm::{ApplyCtx, Command, State};
 
 #[derive(Args, Debug)]
 pub struct AuditArgs {
@@ -128,6 +128,23 @@ pub fn run(args: &AuditArgs) -> anyhow::Result<()> {
         bail!("{}", v.lines().next().unwrap_or("the audit failed"));
     }
     Ok(())
+}
+
+/// The state a replica's data dir holds at its committed index (or its
+/// last entry): its snapshot, or the empty state, with the log after it
+/// applied. Nothing is checked and nothing written.
+pub(crate) fn replayed_state(dir: &Path) -> anyhow::Result<State> {
+    let input = read_replica(dir)?;
+    let mut state = input.start;
+    for r in input.entries.range(input.from_index + 1..=input.end).map(|(_, r)| r) {
+        if let Some(batch) = &r.batch {
+            let ctx = ApplyCtx { time_ms: batch.time_ms };
+            for cmd in &batch.commands {
+                state.apply(cmd, &ctx);
+            }
+        }
+    }
+    Ok(state)
 }
 
 /// What one data dir holds.

@@ -36,8 +36,8 @@ pub struct ReplayArgs {
     /// live allocations) and the job history.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["data_dir", "history"], required_unless_present_any = ["data_dir", "history"])]
     backup: Option<PathBuf>,
-    /// A replica's data dir: its latest snapshot and its job history (read,
-    /// never written; a live replica's is read as of its last snapshot).
+    /// A replica's data dir: its snapshot and log (the state at its
+    /// committed index) and its job history, read, never written.
     #[arg(long, value_name = "DIR", conflicts_with = "history")]
     data_dir: Option<PathBuf>,
     /// A job-history database (a replica's `history.sqlite`), with --fleet.
@@ -175,15 +175,7 @@ fn read_input(args: &ReplayArgs) -> anyhow::Result<Recorded> {
         return Ok(from_state(&state, records));
     }
     if let Some(dir) = &args.data_dir {
-        let snapshot = muster_raft_store::read_snapshot(dir)?.with_context(|| {
-            format!(
-                "{} holds no snapshot yet (a replica takes one every few thousand entries); replay a backup \
-                 (muster cluster backup) instead",
-                dir.display()
-            )
-        })?;
-        let state = State::from_snapshot(&snapshot.data)
-            .with_context(|| format!("{}: its snapshot does not decode", dir.display()))?;
+        let state = crate::audit::replayed_state(dir)?;
         let db = dir.join("history.sqlite");
         if !db.exists() {
             bail!("{} holds no job history ({} is missing)", dir.display(), db.display());

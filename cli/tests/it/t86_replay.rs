@@ -77,6 +77,14 @@ fn t227_a_recorded_workload_replays_with_bounded_error_and_its_log_audits() {
     let backup = dir.path().join("muster.backup");
     dev.ok(&["cluster", "backup", "--out", backup.to_str().unwrap()]);
     let dev_dir = dev.stop();
+    // A replica's data dir replays the same workload as the backup.
+    let replica = dev_dir.path().join("dev").join("replica-1");
+    let mut args = vec!["replay", "--data-dir", replica.to_str().unwrap(), "--format", "json"];
+    args.extend(DEV_PREEMPTION);
+    let o = muster(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let from_dir: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(from_dir["jobs"], total);
     audit_passes_and_catches_damage(&dev_dir.path().join("dev"));
 
     let replay = |extra: &[&str]| -> serde_json::Value {
