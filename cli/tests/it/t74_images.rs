@@ -77,15 +77,20 @@ fn t221_a_gang_runs_from_a_registry_image_on_muster_dev() {
     let image = format!("{}/test/busybox:1", reg.host());
     let mount = format!("{}:/data:ro", data.display());
     // The image's ENTRYPOINT is `/bin/sh -c`: the command is its script.
-    // Then the ranks rendezvous: rank 0 listens on MASTER_PORT, the others
-    // send it their rank at MASTER_ADDR (retrying until it listens).
+    // Then the ranks rendezvous: rank 0 serves MASTER_PORT, the others send
+    // it their rank at MASTER_ADDR until it answers with an ack of that
+    // rank (a send into a listener that was closing is sent again).
     let script = "echo rank=$RANK of $WORLD_SIZE port=$MASTER_PORT pid=$$; cat /work/name /data/input.txt; \
                   test -s $MUSTER_HOSTFILE && echo hostfile; echo greeting=$GREETING; pwd; \
                   ls / | tr '\\n' ' '; echo; ps 2>/dev/null | wc -l >/dev/null; echo ok; \
-                  if [ $RANK = 0 ]; then for i in 1 2 3; do busybox nc -w 120 -l -p $MASTER_PORT >> /tmp/joined; done; \
-                  echo joined=$(busybox sort /tmp/joined | busybox tr '\\n' ' '); \
-                  else n=0; until echo $RANK | busybox nc $MASTER_ADDR $MASTER_PORT; do n=$((n+1)); \
-                  [ $n -gt 600 ] && echo gave-up-$MASTER_ADDR && exit 0; sleep 0.2; done; \
+                  if [ $RANK = 0 ]; then printf '#!/bin/sh\\nread r; echo $r >> /tmp/joined; echo ack-$r\\n' \
+                  > /tmp/recv; busybox chmod +x /tmp/recv; busybox touch /tmp/joined; \
+                  busybox nc -ll -p $MASTER_PORT -e /tmp/recv & s=$!; n=0; \
+                  until [ $(busybox sort -u /tmp/joined | busybox grep -c .) = 3 ]; do n=$((n+1)); \
+                  [ $n -gt 600 ] && break; sleep 0.2; done; kill $s; \
+                  echo joined=$(busybox sort -u /tmp/joined | busybox tr '\\n' ' '); \
+                  else n=0; until [ \"$(echo $RANK | busybox nc -w 5 $MASTER_ADDR $MASTER_PORT)\" = ack-$RANK ]; \
+                  do n=$((n+1)); [ $n -gt 600 ] && echo gave-up-$MASTER_ADDR && exit 0; sleep 0.2; done; \
                   echo sent; fi";
     let id = dev.ok(&["submit", "--image", &image, "-n", "4", "--gpus", "1", "--mount", &mount, "--", script])["id"]
         .as_u64()
