@@ -176,10 +176,16 @@ fn read_replica(dir: &Path) -> anyhow::Result<ReplicaInput> {
     for r in applied.into_iter().chain(log.records) {
         entries.entry(r.index).or_insert(r);
     }
-    // From entry 1 when the applied log holds it (`--keep-applied-log`),
-    // otherwise from the snapshot.
-    let (from_index, start) =
-        if entries.contains_key(&1) { (0, State::default()) } else { (snapshot_index, snapshot_state) };
+    // From entry 1 when the logs hold every entry from there to the
+    // snapshot (`--keep-applied-log` keeps them), otherwise from the
+    // snapshot: a replica that installed a leader's snapshot lacks the
+    // entries it covers. (Entry 0 is the cluster's first membership.)
+    let contiguous = entries.range(1..).map(|(i, _)| *i).zip(1u64..).take_while(|(i, n)| i == n).count() as u64;
+    let (from_index, start) = if contiguous > 0 && contiguous >= snapshot_index {
+        (0, State::default())
+    } else {
+        (snapshot_index, snapshot_state)
+    };
     let last = entries.keys().next_back().copied().unwrap_or(from_index).max(snapshot_index);
     // Every entry up to the committed index must be there: a replica that
     // recorded entries as committed and lacks them lost them.

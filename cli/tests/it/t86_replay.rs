@@ -219,3 +219,49 @@ fn t229_a_simulated_run_saved_as_a_backup_replays_and_audits() {
         assert!(stderr(&o).contains("sim.backup"), "{cmd:?}: {}", stderr(&o));
     }
 }
+
+/// A replica that snapshots every 20 entries, and `muster audit` of its dir:
+/// from entry 1 when `--keep-applied-log` kept everything before the
+/// snapshot, from the snapshot when the log was purged behind it.
+#[test]
+fn t230_audit_starts_from_entry_one_or_the_snapshot_and_passes() {
+    for keep in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = format!("127.0.0.1:{}", crate::cluster::free_port());
+        let mut server = vec!["--snapshot-every", "20", "--keep-log-behind-snapshot", "5"];
+        if keep {
+            server.push("--keep-applied-log");
+        }
+        let procs = crate::Procs::start(dir.path(), &addr, &server, &["a1"]);
+        for _ in 0..12 {
+            crate::t82_history::until_ok(&addr, &["submit", "--gpus", "1", "--", "true"]);
+        }
+        muster_testkit::eventually_blocking("the twelve to finish", Duration::from_secs(120), || {
+            let o = muster(&["history", "--output", "json", "--scheduler", &addr]);
+            let n = serde_json::from_slice::<serde_json::Value>(&o.stdout)
+                .ok()
+                .and_then(|v| v.as_array().map(Vec::len))
+                .unwrap_or(0);
+            if n == 12 { Ok(()) } else { Err(format!("{n} of 12")) }
+        });
+        drop(procs);
+        let data = dir.path().join("server");
+        assert!(data.join("snapshot.bin").exists(), "it snapshotted");
+        let o = muster(&["audit", "--data-dir", data.to_str().unwrap(), "--json"]);
+        assert!(o.status.success(), "keep {keep}: {}\n{}", stdout(&o), stderr(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let replica = &r["replicas"][0];
+        let from = replica["from_index"].as_u64().unwrap();
+        if keep {
+            assert_eq!(from, 0, "{replica}");
+            assert!(replica["entries"].as_u64().unwrap() > 40, "{replica}");
+        } else {
+            assert!(from >= 20, "{replica}");
+        }
+        // The replay of the same dir holds every job.
+        let o = muster(&["replay", "--data-dir", data.to_str().unwrap(), "--format", "json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["jobs"], 12);
+    }
+}
