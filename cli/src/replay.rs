@@ -180,27 +180,29 @@ fn read_input(args: &ReplayArgs) -> anyhow::Result<Recorded> {
         if !db.exists() {
             bail!("{} holds no job history ({} is missing)", dir.display(), db.display());
         }
-        let tmp = tempfile::tempdir().context("cannot make a temporary directory")?;
-        let copy = tmp.path().join("history.sqlite");
-        muster_history::HistoryStore::copy_read_only(&db, &copy)?;
-        let records = read_history(&copy)?;
-        return Ok(from_state(&state, records));
+        return Ok(from_state(&state, read_history_of(&db)?));
     }
     let (Some(history), Some(fleet)) = (&args.history, &args.fleet) else {
         bail!("give --backup FILE, --data-dir DIR, or --history FILE with --fleet CSV");
     };
     let text = std::fs::read_to_string(fleet).with_context(|| format!("cannot read {}", fleet.display()))?;
     let nodes = parse_fleet(&text).map_err(|e| anyhow::anyhow!("{}: {e}", fleet.display()))?;
-    let tmp = tempfile::tempdir().context("cannot make a temporary directory")?;
-    let copy = tmp.path().join("history.sqlite");
-    muster_history::HistoryStore::copy_read_only(history, &copy)?;
-    let records = read_history(&copy)?;
+    let records = read_history_of(history)?;
     let horizon_ms = records.iter().map(|r| r.end_ms).max().unwrap_or(0);
     Ok(Recorded { records, settings: settings(nodes, Vec::new()), horizon_ms })
 }
 
 fn settings(nodes: Vec<FleetNode>, vclusters: Vec<(String, VClusterSpec)>) -> ReplaySettings {
     ReplaySettings { nodes, vclusters, admission: AdmissionConfig::default(), preemption: None, retention: None }
+}
+
+/// Every record of a replica's history database, read through a copy made
+/// over a read-only connection (the file is never written).
+fn read_history_of(db: &Path) -> anyhow::Result<Vec<JobRecord>> {
+    let tmp = tempfile::tempdir().context("cannot make a temporary directory")?;
+    let copy = tmp.path().join("history.sqlite");
+    muster_history::HistoryStore::copy_read_only(db, &copy)?;
+    read_history(&copy)
 }
 
 /// Every record of the history database at `path`, in finishing order.
@@ -339,12 +341,6 @@ fn what_if(args: &ReplayArgs, recorded: &ReplaySettings) -> anyhow::Result<Repla
             bail!("--retention must be at least 1s");
         }
         s.retention = Some(RetentionConfig { retention_ms: secs * 1000, ..Default::default() });
-    }
-    // Nodes that a recorded node list left unnamed get the simulator's names.
-    for (i, node) in s.nodes.iter_mut().enumerate() {
-        if node.id.is_none() {
-            node.id = Some(format!("node-{i:05}"));
-        }
     }
     Ok(s)
 }

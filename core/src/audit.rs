@@ -52,6 +52,7 @@ impl std::fmt::Display for Violation {
 }
 
 /// Applies a committed log and checks it.
+#[derive(Clone)]
 pub struct Auditor {
     state: State,
     index: u64,
@@ -113,19 +114,23 @@ impl Auditor {
                 }),
                 _ => None,
             };
-            let around = self.around(cmd);
-            let out = self.state.apply(cmd, &ctx);
-            let broken = match (cmd, &out) {
-                (Command::ReserveGang { .. }, _) if budget.is_some() => Some(("retry_budget_kept", budget.clone())),
-                (Command::ReserveGang { .. }, Outcome::Rejected(r)) => promise_of(r).map(|p| (p, None)),
-                _ => None,
+            let violation = |promise, detail, around| Violation {
+                index,
+                promise,
+                detail,
+                command: Some(format!("{cmd:?}")),
+                around,
             };
-            if let Some((promise, detail)) = broken {
-                let detail = detail.unwrap_or_else(|| match &out {
-                    Outcome::Rejected(r) => format!("a committed reservation the state machine refuses: {r}"),
-                    Outcome::Accepted(_) => String::new(),
-                });
-                return Err(Violation { index, promise, detail, command: Some(format!("{cmd:?}")), around });
+            if let Some(detail) = budget {
+                return Err(violation("retry_budget_kept", detail, self.around(cmd)));
+            }
+            // A refused command changes nothing: what it named is read after.
+            if let Outcome::Rejected(r) = self.state.apply(cmd, &ctx)
+                && matches!(cmd, Command::ReserveGang { .. })
+                && let Some(promise) = promise_of(&r)
+            {
+                let detail = format!("a committed reservation the state machine refuses: {r}");
+                return Err(violation(promise, detail, self.around(cmd)));
             }
         }
         if let Err(broken) = self.state.check_invariants() {
@@ -245,15 +250,7 @@ mod tests {
     impl Auditor {
         /// The promise `entry` names, on a copy of this auditor.
         fn clone_err(&self, index: u64, term: u64, b: Option<&CommandBatch<Command>>) -> &'static str {
-            let mut copy = Auditor {
-                state: self.state.clone(),
-                index: self.index,
-                term: self.term,
-                epochs: self.epochs.clone(),
-                entries: 0,
-                commands: 0,
-            };
-            copy.entry(index, term, b).unwrap_err().promise
+            self.clone().entry(index, term, b).unwrap_err().promise
         }
     }
 }

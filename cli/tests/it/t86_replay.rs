@@ -50,7 +50,7 @@ fn t227_a_recorded_workload_replays_with_bounded_error_and_its_log_audits() {
     crate::dev_proc::wait_until("the class-1 gang to run", || {
         dev.json(&["alloc", "get", &low.to_string()])["status"] == "running"
     });
-    std::thread::sleep(Duration::from_millis(1_200)); // past its minimum runtime
+    // (Submitted within its 1 s minimum runtime, the preemptor waits it out.)
     submit(&["--gang-size", "3", "--gpus", "8", "--class", "8", "--", "sleep", "2"]);
     // 160 one-GPU jobs of 2 s; the first 16 fail once (their own failure).
     submit(&[

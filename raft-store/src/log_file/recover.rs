@@ -84,28 +84,10 @@ pub(super) fn recover(
                 format::SEGMENT_HEADER
             }
         };
-        let mut at = start;
-        let torn = loop {
-            match format::decode_record(&raw, at) {
-                Decoded::End => break None,
-                Decoded::Bad(why) => break Some(why),
-                Decoded::Record { index, bytes, next } => {
-                    if purged.is_none_or(|p| index > p) {
-                        if let Some(prev) = last
-                            && index != prev + 1
-                        {
-                            return Err(corrupt(format!(
-                                "{} holds entry {index} after entry {prev}: the log has a gap",
-                                path.display()
-                            )));
-                        }
-                        last = Some(index);
-                        out.entries.insert(index, Located { segment: first, offset: at as u64, bytes: bytes.into() });
-                    }
-                    at = next;
-                }
-            }
-        };
+        let (records, at, torn) = scan_records(&raw, start, &path, purged, &mut last)?;
+        for (index, offset, bytes) in records {
+            out.entries.insert(index, Located { segment: first, offset: offset as u64, bytes: bytes.into() });
+        }
         if let Some(why) = torn {
             if !is_last {
                 return Err(corrupt(format!("{} has {why} at offset {at}", path.display())));
@@ -130,12 +112,18 @@ pub(super) fn recover(
 
 /// The vote, purge marker and committed index that check out.
 fn read_meta(dir: &Path, mut committed: &File) -> io::Result<BTreeMap<Meta, Vec<u8>>> {
-    let mut meta = BTreeMap::new();
     let mut raw = Vec::new();
     committed.read_to_end(&mut raw)?;
+    let mut meta = read_durable_meta(dir)?;
     if let Some(bytes) = format::decode_in_place(&raw) {
         meta.insert(Meta::Committed, bytes.to_vec());
     }
+    Ok(meta)
+}
+
+/// The vote and purge marker, which were renamed into place whole.
+fn read_durable_meta(dir: &Path) -> io::Result<BTreeMap<Meta, Vec<u8>>> {
+    let mut meta = BTreeMap::new();
     for m in [Meta::Vote, Meta::Purged] {
         let path = dir.join(m.file());
         let raw = match fs::read(&path) {
@@ -177,28 +165,20 @@ pub(crate) fn read_only(dir: &Path) -> io::Result<(super::LogImage, Option<Strin
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(e),
     };
-    let mut meta = BTreeMap::new();
-    for m in [Meta::Vote, Meta::Purged] {
-        let path = dir.join(m.file());
-        let raw = match fs::read(&path) {
-            Ok(raw) => raw,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        let bytes =
-            format::decode_meta(&raw).ok_or_else(|| corrupt(format!("{} does not check out", path.display())))?;
-        meta.insert(m, bytes.to_vec());
-    }
-    let purged_bytes = meta.get(&Meta::Purged).cloned();
-    let purged = match &purged_bytes {
+    let mut meta = read_durable_meta(dir)?;
+    let purged = match meta.get(&Meta::Purged) {
         None => None,
         Some(bytes) => Some(
             crate::disk::purged_index(bytes)
                 .ok_or_else(|| corrupt(format!("{} does not decode", dir.join(Meta::Purged.file()).display())))?,
         ),
     };
-    let mut image =
-        super::LogImage { vote: meta.remove(&Meta::Vote), purged: purged_bytes, committed, entries: Vec::new() };
+    let mut image = super::LogImage {
+        vote: meta.remove(&Meta::Vote),
+        purged: meta.remove(&Meta::Purged),
+        committed,
+        entries: Vec::new(),
+    };
     let firsts = segment_firsts(dir)?;
     let mut torn_tail = None;
     let mut last: Option<u64> = None;
@@ -222,37 +202,56 @@ pub(crate) fn read_only(dir: &Path) -> io::Result<(super::LogImage, Option<Strin
             HeaderRead::Torn if raw.is_empty() || is_last => continue,
             HeaderRead::Torn => return Err(corrupt(format!("{} has a segment header cut short", path.display()))),
         };
-        let mut at = start;
-        loop {
-            match format::decode_record(&raw, at) {
-                Decoded::End => break,
-                Decoded::Bad(why) if is_last => {
-                    torn_tail = Some(format!(
-                        "{} has {why} at offset {at}, with {} bytes from there to its end: a write no sync \
-                         covered, or damage; a replica cuts it off when it starts",
-                        path.display(),
-                        raw.len() - at
-                    ));
-                    break;
-                }
-                Decoded::Bad(why) => return Err(corrupt(format!("{} has {why} at offset {at}", path.display()))),
-                Decoded::Record { index, bytes, next } => {
-                    if purged.is_none_or(|p| index > p) {
-                        if let Some(prev) = last
-                            && index != prev + 1
-                        {
-                            return Err(corrupt(format!(
-                                "{} holds entry {index} after entry {prev}: the log has a gap",
-                                path.display()
-                            )));
-                        }
-                        last = Some(index);
-                        image.entries.push((index, bytes.to_vec()));
-                    }
-                    at = next;
-                }
+        let (records, at, torn) = scan_records(&raw, start, &path, purged, &mut last)?;
+        image.entries.extend(records.into_iter().map(|(index, _, bytes)| (index, bytes.to_vec())));
+        match torn {
+            None => {}
+            Some(why) if is_last => {
+                torn_tail = Some(format!(
+                    "{} has {why} at offset {at}, with {} bytes from there to its end: a write no sync covered, or \
+                     damage; a replica cuts it off when it starts",
+                    path.display(),
+                    raw.len() - at
+                ));
             }
+            Some(why) => return Err(corrupt(format!("{} has {why} at offset {at}", path.display()))),
         }
     }
     Ok((image, torn_tail))
+}
+
+/// The records of a segment's bytes from offset `start`: each live one
+/// (above the purge marker) with its offset, checked to follow `last`;
+/// where reading stopped; and, when it stopped at a bad record, why.
+#[allow(clippy::type_complexity)]
+fn scan_records<'a>(
+    raw: &'a [u8],
+    start: usize,
+    path: &Path,
+    purged: Option<u64>,
+    last: &mut Option<u64>,
+) -> io::Result<(Vec<(u64, usize, &'a [u8])>, usize, Option<&'static str>)> {
+    let mut records = Vec::new();
+    let mut at = start;
+    loop {
+        match format::decode_record(raw, at) {
+            Decoded::End => return Ok((records, at, None)),
+            Decoded::Bad(why) => return Ok((records, at, Some(why))),
+            Decoded::Record { index, bytes, next } => {
+                if purged.is_none_or(|p| index > p) {
+                    if let Some(prev) = *last
+                        && index != prev + 1
+                    {
+                        return Err(corrupt(format!(
+                            "{} holds entry {index} after entry {prev}: the log has a gap",
+                            path.display()
+                        )));
+                    }
+                    *last = Some(index);
+                    records.push((index, at, bytes));
+                }
+                at = next;
+            }
+        }
+    }
 }

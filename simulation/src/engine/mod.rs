@@ -230,7 +230,10 @@ impl Simulation {
     /// A simulation of `jobs` on the cluster `cfg` describes.
     pub fn new(cfg: SimConfig, jobs: Vec<Job>) -> Simulation {
         let rng = SimRng::new(cfg.seed ^ 0x5EED_A6E7_0000_0000);
-        let node_ids = (0..cfg.node_count()).map(|i| NodeId::new(format!("node-{i:05}"))).collect();
+        // A fleet's own node ids (a replay's), or `node-NNNNN`.
+        let node_ids = (0..cfg.node_count() as usize)
+            .map(|i| NodeId::new(cfg.fleet.get(i).and_then(|f| f.id.clone()).unwrap_or_else(|| format!("node-{i:05}"))))
+            .collect();
         let models: Vec<String> = (0..cfg.node_count() as usize)
             .map(|i| cfg.node_at(i).1.get("gpu.model").cloned().unwrap_or_else(|| "-".to_string()))
             .collect();
@@ -245,15 +248,6 @@ impl Simulation {
             retention: cfg.retention,
         };
         let life = vec![0; cfg.node_count() as usize];
-        let node_ids = match cfg.fleet.iter().any(|f| f.id.is_some()) {
-            true => cfg
-                .fleet
-                .iter()
-                .enumerate()
-                .map(|(i, f)| NodeId::new(f.id.clone().unwrap_or_else(|| format!("node-{i:05}"))))
-                .collect(),
-            false => node_ids,
-        };
         let outcomes = vec![JobOutcome::default(); jobs.len()];
         let job_ids = vec![None; jobs.len()];
         Simulation {
