@@ -22,6 +22,43 @@ pub enum TableOutput {
     Csv,
 }
 
+/// Allocation `id`'s history record, if the history holds it.
+pub async fn record(cluster: &mut Cluster, id: u64) -> anyhow::Result<Option<v1::HistoryRecord>> {
+    let q = v1::HistoryQuery { id, limit: 1, ..Default::default() };
+    let page = cluster
+        .call(|ch| {
+            let q = q.clone();
+            async move { HistoryServiceClient::new(ch).list_history(q).await }
+        })
+        .await?
+        .into_inner();
+    warn_missing(page.missing);
+    Ok(page.records.into_iter().next())
+}
+
+/// A record's wait timeline, back in the core's form (for its summary).
+pub fn wait_log(r: &v1::HistoryRecord) -> muster_scheduler::sm::WaitLog {
+    use muster_scheduler::sm::{Wait, WaitHolder, WaitSpan};
+    muster_scheduler::sm::WaitLog {
+        spans: r
+            .waits
+            .iter()
+            .filter_map(|w| {
+                Some(WaitSpan {
+                    since_ms: w.since_ms,
+                    wait: Wait::parse(&w.wait)?,
+                    holders: w
+                        .holders
+                        .iter()
+                        .map(|h| WaitHolder::new(h.id, &h.owner, h.preemption_class.min(255) as u8))
+                        .collect(),
+                })
+            })
+            .collect(),
+        dropped: r.waits_dropped,
+    }
+}
+
 /// `muster history`.
 #[derive(Args, Debug)]
 pub struct HistoryArgs {

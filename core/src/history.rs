@@ -57,6 +57,9 @@ pub struct JobRecord {
     /// What `muster replay` needs of the spec beyond the fields above
     /// (`None`: a record stored before records carried it).
     pub shape: Option<RecordedShape>,
+    /// Why it waited: its wait timeline (empty in a record stored before
+    /// records carried it).
+    pub waits: crate::sm::WaitLog,
 }
 
 /// The parts of a spec that decide where and how long a job may run, kept
@@ -205,6 +208,7 @@ impl JobRecord {
                 .array_of(a.id)
                 .and_then(|(array, position)| Some((array.id, array.indices.index_at(position)?))),
             shape: Some(RecordedShape::of(&a.spec)),
+            waits: a.waits.clone(),
         }
     }
 }

@@ -9,7 +9,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use thiserror::Error;
 
 /// The schema's version (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The schema, as created.
 pub const SCHEMA: &str = "
@@ -37,6 +37,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     array_id       INTEGER,               -- a job array's element: its array; NULL: none
     array_index    INTEGER,               -- and its index
     shape          TEXT,                  -- JSON: placement, retries, checkpoint, walltime, deps (replay); NULL: none
+    waits          TEXT,                  -- JSON: why it waited, the timeline (alloc explain); NULL: none
     gpu_seconds    INTEGER NOT NULL       -- over all attempts
 );
 CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (end_ms);
@@ -160,6 +161,10 @@ impl HistoryStore {
             // Versions 1 to 5 lacked each job's shape.
             write.execute_batch("ALTER TABLE jobs ADD COLUMN shape TEXT;").map_err(err)?;
         }
+        if (1..=6).contains(&found) {
+            // Versions 1 to 6 lacked why each job waited.
+            write.execute_batch("ALTER TABLE jobs ADD COLUMN waits TEXT;").map_err(err)?;
+        }
         write.execute_batch(SCHEMA).map_err(err)?;
         write.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(err)?;
         let read = Connection::open(path).map_err(err)?;
@@ -194,9 +199,9 @@ impl HistoryStore {
                 .prepare_cached(
                     "INSERT OR IGNORE INTO jobs (seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, \
                      mem_mb, cpus, command, submit_ms, start_ms, end_ms, status, reason, preemptions, \
-                     watchdog_trips, gpu_seconds, idempotency_key, array_id, array_index, shape) VALUES (?1, ?2, ?3, \
-                     ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, \
-                     ?24)",
+                     watchdog_trips, gpu_seconds, idempotency_key, array_id, array_index, shape, waits) VALUES (?1, ?2, \
+                     ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, \
+                     ?23, ?24, ?25)",
                 )
                 .map_err(|e| self.sqlite(e))?;
             let mut attempt = tx
@@ -210,6 +215,8 @@ impl HistoryStore {
             for r in records {
                 let command = serde_json::to_string(&r.command).expect("strings encode");
                 let shape = r.shape.as_ref().map(|s| serde_json::to_string(s).expect("a shape encodes"));
+                let waits = (!r.waits.spans.is_empty())
+                    .then(|| serde_json::to_string(&r.waits).expect("a wait timeline encodes"));
                 let inserted = job
                     .execute(params![
                         r.seq as i64,
@@ -236,6 +243,7 @@ impl HistoryStore {
                         r.array.map(|(a, _)| a as i64),
                         r.array.map(|(_, i)| i),
                         shape,
+                        waits,
                     ])
                     .map_err(|e| self.sqlite(e))?;
                 if inserted == 0 {
@@ -374,7 +382,7 @@ impl HistoryStore {
         let sql = format!(
             "SELECT seq, id, owner, vcluster, class, priority, gang_size, gpus, vram_mb, mem_mb, cpus, command, \
              submit_ms, start_ms, end_ms, status, reason, preemptions, watchdog_trips, gpu_seconds, idempotency_key, \
-             array_id, array_index, shape FROM jobs {tail}"
+             array_id, array_index, shape, waits FROM jobs {tail}"
         );
         let mut stmt = conn.prepare_cached(&sql).map_err(|e| self.sqlite(e))?;
         let rows = stmt
@@ -408,6 +416,7 @@ impl HistoryStore {
                         _ => None,
                     },
                     shape: r.get(23)?,
+                    waits: r.get(24)?,
                 })
             })
             .map_err(|e| self.sqlite(e))?;
@@ -525,6 +534,7 @@ struct JobRow {
     idempotency_key: Option<String>,
     array: Option<(u64, u32)>,
     shape: Option<String>,
+    waits: Option<String>,
 }
 
 impl JobRow {
@@ -535,6 +545,10 @@ impl JobRow {
         let shape = match &self.shape {
             None => None,
             Some(text) => Some(serde_json::from_str(text).map_err(|e| format!("shape {text:?}: {e}"))?),
+        };
+        let waits = match &self.waits {
+            None => Default::default(),
+            Some(text) => serde_json::from_str(text).map_err(|e| format!("waits {text:?}: {e}"))?,
         };
         Ok(JobRecord {
             seq: self.seq,
@@ -558,6 +572,7 @@ impl JobRow {
             attempts,
             array: self.array,
             shape,
+            waits,
         })
     }
 }

@@ -318,11 +318,33 @@ async fn watch(cluster: &mut Cluster, id: u64, from: u64, out: Output) -> anyhow
 }
 
 /// `alloc explain`.
+/// An allocation retention has forgotten is explained from its job history
+/// record: its end and its wait timeline.
 async fn explain(cluster: &mut Cluster, id: u64, out: Output) -> anyhow::Result<()> {
-    let e = cluster
+    let live = cluster
         .call(|ch| async move { AllocationServiceClient::new(ch).explain(v1::GetRequest { id }).await })
-        .await?
-        .into_inner();
+        .await;
+    let e = match live {
+        Ok(e) => e.into_inner(),
+        Err(err) if format!("{err:#}").contains("left the live state") => {
+            let record = crate::history::record(cluster, id).await?.ok_or(err)?;
+            let summary = format!(
+                "{}; it {}",
+                render::status_name(record.status),
+                muster_scheduler::sm::waits_summary(&crate::history::wait_log(&record), record.end_time_ms)
+            );
+            v1::Explanation {
+                id,
+                status: record.status,
+                summary,
+                waited_ms: record.waits.iter().filter(|w| !matches!(w.wait.as_str(), "placed" | "ended")).map(|w| w.duration_ms).sum(),
+                waits: record.waits,
+                waits_dropped: record.waits_dropped,
+                ..Default::default()
+            }
+        }
+        Err(err) => return Err(err),
+    };
     render::explanation(&format!("allocation {id}"), &e, out)
 }
 

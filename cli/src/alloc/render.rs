@@ -463,6 +463,42 @@ fn pull_progress(p: &v1::ImagePullProgress) -> String {
 
 /// Prints an explanation (of a pending allocation, or a dry run): the
 /// summary, the node classes, and what preemption would do.
+/// A wait timeline as JSON.
+pub fn waits_json(waits: &[v1::WaitSpan]) -> serde_json::Value {
+    json!(waits
+        .iter()
+        .map(|w| json!({
+            "since_ms": w.since_ms,
+            "duration_ms": w.duration_ms,
+            "wait": w.wait,
+            "detail": w.detail,
+            "holders": w.holders.iter().map(|h| json!({
+                "id": h.id, "owner": h.owner, "preemption_class": h.preemption_class,
+            })).collect::<Vec<_>>(),
+        }))
+        .collect::<Vec<_>>())
+}
+
+/// A wait timeline as text: one line per change, with how long it lasted.
+pub fn wait_timeline(waits: &[v1::WaitSpan], dropped: u32) {
+    if waits.is_empty() {
+        return;
+    }
+    out!("wait timeline:");
+    if dropped > 0 {
+        out!("  ({dropped} older changes not kept)");
+    }
+    for w in waits {
+        out!(
+            "  {}  {:>11}  {:<13}  {}",
+            muster_scheduler::server::api::convert::format_time_ms(w.since_ms),
+            crate::output::duration(w.duration_ms),
+            w.wait,
+            w.detail
+        );
+    }
+}
+
 pub fn explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Result<()> {
     match out {
         Output::Json => out!(
@@ -498,6 +534,9 @@ pub fn explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Resu
                     "task": p.task, "node": p.node_id, "image": p.image, "done_bytes": p.done_bytes,
                     "total_bytes": p.total_bytes, "elapsed_ms": p.elapsed_ms,
                 })).collect::<Vec<_>>(),
+                "waited_ms": e.waited_ms,
+                "waits": waits_json(&e.waits),
+                "waits_dropped": e.waits_dropped,
             }))?
         ),
         Output::Text => {
@@ -511,6 +550,7 @@ pub fn explanation(what: &str, e: &v1::Explanation, out: Output) -> anyhow::Resu
             for p in &e.pulls {
                 out!("task {} on {}: {}", p.task, p.node_id, pull_progress(p));
             }
+            wait_timeline(&e.waits, e.waits_dropped);
             if let Some(p) = &e.preemption {
                 if p.victims.is_empty() {
                     out!("preemption: {}", p.reason);

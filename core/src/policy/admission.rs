@@ -47,7 +47,8 @@ use std::ops::Bound::{Excluded, Unbounded};
 use super::backfill::{PendingEnds, PlannedStart, dependencies_release_ms, project};
 use super::capacity::Overlay;
 use crate::sm::{
-    AllocId, Allocation, CheckpointMode, Command, NodeSlot, QueueKey, Shape, State, TaskStatus, Usage, VcLoad,
+    AllocId, Allocation, CheckpointMode, Command, MAX_WAIT_HOLDERS, MAX_WAIT_NOTES, MIN_WAIT_NOTE_GAP_MS, NodeSlot,
+    NodeStatus, QueueKey, Shape, State, TaskStatus, Usage, VcLoad, Wait, WaitHolder, WaitNote,
 };
 
 /// In which order queued gangs are tried.
@@ -91,6 +92,10 @@ pub struct AdmissionConfig {
     pub backfill: bool,
     /// Which rack (value of its packing label) a packed gang takes.
     pub pack_choice: PackChoice,
+    /// Record why gangs wait: a gang the pass looks at and cannot place
+    /// whose reason changed is named in one `NoteWaits` entry at the end of
+    /// the plan (`explain`'s wait timeline).
+    pub note_waits: bool,
 }
 
 impl Default for AdmissionConfig {
@@ -100,6 +105,7 @@ impl Default for AdmissionConfig {
             order: Order::LargestFirst,
             backfill: true,
             pack_choice: PackChoice::Tightest,
+            note_waits: true,
         }
     }
 }
@@ -132,6 +138,8 @@ pub struct PassStats {
     pub held_for_planned: usize,
     /// Reservations rolled back.
     pub rollbacks: usize,
+    /// Gangs whose reason to wait changed (noted in the plan).
+    pub wait_notes: usize,
 }
 
 /// What one admission pass decided.
@@ -188,6 +196,7 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
     // 2 and 3. Walk the queue and place, each gang on its vCluster's home
     //    nodes and shared ones.
     let mut pass = Pass::new(state, now_ms, cfg.backfill, rolled_back);
+    pass.note_waits = cfg.note_waits;
     pass.demand_gone = demand_gone;
     // Waiting dependents whose release is known, in the walk's order: each
     // is offered its home's planned start when the walk reaches its rank.
@@ -240,6 +249,11 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
                     tried = Tried::NoRoom;
                 }
                 if stream != extra_stream {
+                    if tried == Tried::NoRoom {
+                        // The rest of the stream waits for the same reason.
+                        let rest = groups[stream].1.range((Excluded(key.queue), Unbounded));
+                        pass.note_followers(a, rest.take(MAX_FOLLOWER_NOTES).map(|k| k.alloc));
+                    }
                     match tried {
                         Tried::NoRoom => short.push((stream, key.queue)),
                         Tried::Held => held.push(key.queue),
@@ -314,8 +328,16 @@ pub fn plan_admission(state: &State, now_ms: u64, cfg: &AdmissionConfig) -> Admi
         }
     }
     plan.planned = pass.planned;
+    if !pass.notes.is_empty() {
+        plan.stats.wait_notes = pass.notes.len();
+        plan.commands.push(Command::NoteWaits { notes: pass.notes });
+    }
     plan
 }
+
+/// Most gangs behind one that found no room whose reason a pass notes (the
+/// same as that gang's: its stream is not walked further).
+pub const MAX_FOLLOWER_NOTES: usize = 16;
 
 /// Most waiting dependents one pass looks at for a planned start (the
 /// oldest): a dependent's release is known only once what it waits for is
@@ -403,8 +425,9 @@ struct Pass<'a> {
     /// Expected ends of this pass's own placements, per node.
     ends: PendingEnds,
     /// (home key, shape, class) → the earliest expected end that found room
-    /// only on needed nodes: a later end of the same class finds no more.
-    held_from: BTreeMap<(u32, Shape, u8), u64>,
+    /// only on needed nodes (a later end of the same class finds no more),
+    /// and the planned gang that needs them.
+    held_from: BTreeMap<(u32, Shape, u8), (u64, AllocId)>,
     /// (home key, shape) pairs whose planned start cannot be made (too few
     /// nodes could ever take them).
     unplannable: BTreeSet<(u32, Shape)>,
@@ -419,6 +442,17 @@ struct Pass<'a> {
     /// one, else the GPUs of its home nodes (at least 1).
     share: Vec<u64>,
     nodes: Vec<NodeSlot>,
+    /// Whether to note why gangs wait.
+    note_waits: bool,
+    /// The notes made.
+    notes: Vec<WaitNote>,
+    /// Why each (home key, shape) that found no room waits, once named.
+    shape_wait: BTreeMap<(u32, Shape), (Wait, Vec<WaitHolder>)>,
+    /// Each over-quota vCluster's largest holders, once looked up.
+    quota_holders: BTreeMap<String, Vec<WaitHolder>>,
+    /// The gangs this pass placed, by node (kept only when noting waits):
+    /// they hold capacity a later gang's planned start waits for.
+    placed_on: BTreeMap<NodeSlot, Vec<AllocId>>,
 }
 
 impl<'a> Pass<'a> {
@@ -459,6 +493,11 @@ impl<'a> Pass<'a> {
             used,
             share,
             nodes: Vec::new(),
+            note_waits: false,
+            notes: Vec::new(),
+            shape_wait: BTreeMap::new(),
+            quota_holders: BTreeMap::new(),
+            placed_on: BTreeMap::new(),
         }
     }
 
@@ -503,21 +542,27 @@ impl<'a> Pass<'a> {
         plan.stats.gangs_considered += 1;
         if a.retry_after_ms > self.now_ms {
             plan.stats.backoff_waits += 1;
+            self.note(a, Wait::Backoff, |_| Vec::new());
             return Tried::Skipped;
         }
         let home = self.state.home_key(&a.spec.vcluster);
         let shape = (home, Shape::of(a));
         if self.failed.contains(&shape) {
+            if let Some((wait, holders)) = self.shape_wait.get(&shape).cloned() {
+                self.note(a, wait, |_| holders);
+            }
             return Tried::NoRoom;
         }
         let end = self.end_of(a);
         let held_key = (home, shape.1, a.spec.preemption_class);
-        if self.held_from.get(&held_key).is_some_and(|&e| end >= e) {
+        if let Some(&(_, by)) = self.held_from.get(&held_key).filter(|&&(e, _)| end >= e) {
             plan.stats.held_for_planned += 1;
+            self.note(a, Wait::PlannedStart, |p| vec![p.state.wait_holder(by)]);
             return Tried::Held;
         }
         if self.over_quota(a, &[]) {
             plan.stats.quota_waits += 1;
+            self.note(a, Wait::Quota, |p| p.quota_holders(a));
             return Tried::Skipped;
         }
         let need = a.spec.resources;
@@ -542,21 +587,33 @@ impl<'a> Pass<'a> {
                 need.gpus <= capacity.max_free_gpus(&homes) && capacity.place(a, &homes, &mut self.nodes, |_| true)
             };
             if held {
-                let e = self.held_from.entry(held_key).or_insert(end);
-                *e = (*e).min(end);
+                // The planned gang that needs a node it would take.
+                let needed = &self.needed;
+                let by = self.nodes.iter().find_map(|s| needed.get(s).filter(|p| !p.lets(a, end)).map(|p| p.alloc));
+                let by = by.unwrap_or(a.id);
+                let e = self.held_from.entry(held_key).or_insert((end, by));
+                *e = (*e).min((end, by));
                 plan.stats.held_for_planned += 1;
+                self.note(a, Wait::PlannedStart, |p| vec![p.state.wait_holder(by)]);
             } else {
                 self.failed.insert(shape);
             }
             self.plan_start(a, self.now_ms, plan, capacity);
+            if !held && self.may_note(a) {
+                let (wait, holders) = self.why_no_room(a, shape, capacity);
+                self.shape_wait.insert(shape, (wait, holders.clone()));
+                self.note(a, wait, |_| holders);
+            }
             return if held { Tried::Held } else { Tried::NoRoom };
         }
         if self.over_quota(a, &self.nodes) {
             plan.stats.quota_waits += 1;
+            self.note(a, Wait::Quota, |p| p.quota_holders(a));
             return Tried::Skipped;
         }
         if !self.port_first(a, capacity) {
             plan.stats.port_waits += 1;
+            self.note(a, Wait::Ports, |_| Vec::new());
             return Tried::Skipped;
         }
         self.reserve(a, plan, capacity, 0);
@@ -564,6 +621,129 @@ impl<'a> Pass<'a> {
             plan.stats.backfilled += 1;
         }
         Tried::Placed
+    }
+
+    /// Notes that `a` waits for `wait` (holders from `holders`), if the
+    /// pass notes waits, `a`'s recorded reason differs, and its last reason
+    /// is at least `MIN_WAIT_NOTE_GAP_MS` old.
+    fn note(&mut self, a: &Allocation, wait: Wait, holders: impl FnOnce(&mut Self) -> Vec<WaitHolder>) {
+        if !self.may_note(a) || a.waits.current() == wait {
+            return;
+        }
+        let mut holders = holders(self);
+        holders.truncate(MAX_WAIT_HOLDERS);
+        self.notes.push(WaitNote { alloc: a.id, epoch: a.reservation_epoch, wait, holders });
+    }
+
+    /// Whether a note about `a` would be made now: the pass notes waits
+    /// and has room for one more, `a` is not a preemptor, and its last
+    /// reason from admission is at least `MIN_WAIT_NOTE_GAP_MS` old.
+    fn may_note(&self, a: &Allocation) -> bool {
+        self.note_waits
+            && self.notes.len() < MAX_WAIT_NOTES
+            && a.nomination.is_none()
+            && a.waits.last().is_none_or(|last| {
+                !last.wait.is_admission_reason() || self.now_ms >= last.since_ms.saturating_add(MIN_WAIT_NOTE_GAP_MS)
+            })
+    }
+
+    /// Notes the gangs behind `head` in its stream (which found no room)
+    /// with its reason.
+    fn note_followers(&mut self, head: &Allocation, rest: impl Iterator<Item = AllocId>) {
+        if !self.note_waits {
+            return;
+        }
+        let shape = (self.state.home_key(&head.spec.vcluster), Shape::of(head));
+        let Some((wait, holders)) = self.shape_wait.get(&shape).cloned() else { return };
+        for id in rest {
+            let a = self.state.alloc(id).expect("queue names a known allocation");
+            let holders = holders.clone();
+            self.note(a, wait, |_| holders);
+        }
+    }
+
+    /// The largest holders of `a`'s vCluster's quota (its allocations
+    /// holding the most GPUs), looked up once per pass.
+    fn quota_holders(&mut self, a: &Allocation) -> Vec<WaitHolder> {
+        let state = self.state;
+        self.quota_holders
+            .entry(a.spec.vcluster.clone())
+            .or_insert_with(|| {
+                let Some(load) = state.vcluster_load(&a.spec.vcluster) else { return Vec::new() };
+                let mut by_gpus: Vec<(u64, AllocId)> = load
+                    .allocs
+                    .iter()
+                    .map(|(&id, &tasks)| {
+                        let gpus = state.alloc(id).map_or(0, |h| u64::from(h.spec.resources.gpus));
+                        (gpus * u64::from(tasks), id)
+                    })
+                    .collect();
+                by_gpus.sort_by_key(|&(gpus, id)| (std::cmp::Reverse(gpus), id));
+                by_gpus.into_iter().take(MAX_WAIT_HOLDERS).map(|(_, id)| state.wait_holder(id)).collect()
+            })
+            .clone()
+    }
+
+    /// Why `a`, of `shape`, found no room: its nodes are busy (capacity),
+    /// too few match it (constraint) or some are out of service (drain), or no
+    /// single rack has room for it (packing); with what holds the capacity.
+    fn why_no_room(&self, a: &Allocation, shape: (u32, Shape), capacity: &Overlay) -> (Wait, Vec<WaitHolder>) {
+        let state = self.state;
+        // Its own planned start: what runs on those nodes holds it.
+        if let Some(p) = self.planned.last().filter(|p| p.alloc == a.id) {
+            let mut held: Vec<(u64, AllocId)> =
+                p.nodes.iter().flat_map(|&s| state.holders(s)).map(|h| (h.walltime_ends_ms, h.alloc)).collect();
+            for s in &p.nodes {
+                for &id in self.placed_on.get(s).into_iter().flatten() {
+                    let ends = state.alloc(id).map_or(0, |o| self.end_of(o));
+                    held.push((ends, id));
+                }
+            }
+            held.sort_by_key(|&(end, id)| (std::cmp::Reverse(end), id));
+            let mut ids: Vec<AllocId> = Vec::new();
+            for (_, id) in held {
+                if !ids.contains(&id) && ids.len() < MAX_WAIT_HOLDERS {
+                    ids.push(id);
+                }
+            }
+            return (Wait::Capacity, ids.into_iter().map(|id| state.wait_holder(id)).collect());
+        }
+        let need = a.spec.resources;
+        let n = a.spec.gang_size as usize;
+        if self.unplannable.contains(&shape) {
+            // Could enough nodes ever take it? Those that could, by status.
+            let placement = &a.spec.placement;
+            let (mut ready, mut draining) = (0usize, 0usize);
+            for node in state.nodes() {
+                let home = state.node_home(node.slot);
+                if (home != shape.0 && home != 0)
+                    || !crate::sm::fits(&need, &node.resources, &Usage::of(&node.resources))
+                    || !(placement.is_any() || placement.admits(&node.labels))
+                {
+                    continue;
+                }
+                match node.status {
+                    NodeStatus::Ready => ready += 1,
+                    NodeStatus::Terminated => {}
+                    _ => draining += 1,
+                }
+            }
+            if ready < n {
+                return (if ready + draining >= n { Wait::Drain } else { Wait::Constraint }, Vec::new());
+            }
+        }
+        if placement_packed(a) {
+            let mut nodes = Vec::new();
+            let admits = |s: NodeSlot| a.spec.placement.admits(&state.node(s).labels);
+            if capacity.find_where(&need, n, &[shape.0, 0], &mut nodes, admits) {
+                return (Wait::Packing, Vec::new());
+            }
+        }
+        // Behind another gang's planned start at its home.
+        let ahead = self.planned.iter().find(|p| {
+            state.alloc(p.alloc).is_some_and(|o| state.home_key(&o.spec.vcluster) == shape.0) && p.alloc != a.id
+        });
+        (Wait::Capacity, ahead.map(|p| vec![state.wait_holder(p.alloc)]).unwrap_or_default())
     }
 
     /// The waiting dependents this pass may plan (at most
@@ -722,6 +902,11 @@ impl<'a> Pass<'a> {
         let usage = Usage::of(&a.spec.resources);
         let end = self.end_of(a);
         capacity.take_ports(self.nodes[0], a.spec.ports);
+        if self.note_waits {
+            for &slot in &self.nodes {
+                self.placed_on.entry(slot).or_default().push(a.id);
+            }
+        }
         for &slot in &self.nodes {
             capacity.take(slot, &usage);
             if self.backfill {
@@ -736,6 +921,11 @@ impl<'a> Pass<'a> {
         plan.stats.gangs_placed += 1;
         plan.stats.tasks_placed += self.nodes.len();
     }
+}
+
+/// Whether `a` must run under one value of a packing label.
+fn placement_packed(a: &Allocation) -> bool {
+    a.spec.placement.pack_by.as_ref().is_some_and(|p| p.required)
 }
 
 /// Merges two ascending iterators into one ascending iterator.

@@ -150,7 +150,10 @@ pub fn explain(state: &State, id: AllocId, now_ms: u64, cfg: &PreemptionConfig) 
     let mut e = explain_gang(state, &a.spec, a.status, a.is_queued());
     e.alloc = id;
     e.checkpoints = restore_notes(state, a);
-    if a.status == AllocStatus::Waiting {
+    if a.status.is_terminal() {
+        let end = a.finished_at_ms.unwrap_or(now_ms);
+        e.summary = format!("{}; it {}", a.status.as_str(), crate::sm::waits_summary(&a.waits, end));
+    } else if a.status == AllocStatus::Waiting {
         e.summary = waiting_summary(state, &a.spec.after, now_ms);
         // Backfill keeps nodes for it from its dependencies' release.
         e.planned_start = planned_start(state, a, now_ms).filter(|p| p.start_ms > now_ms);
@@ -673,9 +676,9 @@ mod tests {
                 .contains("2 nodes can take a task now, enough for the gang of 2")
         );
         assert!(s.apply(&Command::CancelAllocation { alloc: id }, &ApplyCtx { time_ms: 5 }).is_accepted());
-        assert!(
-            explain(&s, id, 10, &PreemptionConfig::default()).unwrap().summary.contains("not pending: it is cancelled")
-        );
+        // A finished one: how it ended, and its wait.
+        let e = explain(&s, id, 10, &PreemptionConfig::default()).unwrap();
+        assert_eq!(e.summary, "cancelled; it waited 3 ms in all: 3 ms for its turn in the queue", "{e:?}");
         assert_eq!(explain(&s, 99, 10, &PreemptionConfig::default()), None);
         assert_eq!(explain(&State::default(), 1, 10, &PreemptionConfig::default()), None);
     }

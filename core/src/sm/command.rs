@@ -494,6 +494,27 @@ pub enum Command {
         /// Its digests.
         digests: Vec<String>,
     },
+    /// The reasons queued gangs wait, where an admission pass found them
+    /// changed (at most [`super::types::MAX_WAIT_NOTES`]). A note about a
+    /// gang no longer queued under the epoch it names is skipped.
+    NoteWaits {
+        /// The notes.
+        notes: Vec<WaitNote>,
+    },
+}
+
+/// Why one queued gang waits, as an admission pass found it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitNote {
+    /// The allocation.
+    pub alloc: AllocId,
+    /// Its reservation epoch when the pass looked (the note is stale once
+    /// it is placed).
+    pub epoch: u64,
+    /// The reason (one admission names).
+    pub wait: super::types::Wait,
+    /// What holds it (at most [`super::types::MAX_WAIT_HOLDERS`]).
+    pub holders: Vec<super::types::WaitHolder>,
 }
 
 /// Pull failures after which an allocation fails with `image_pull_failed`
@@ -569,6 +590,7 @@ impl Command {
             Command::SubmitWorkflow { .. } => "submit_workflow",
             Command::FailImagePull { .. } => "fail_image_pull",
             Command::SetNodeImages { .. } => "set_node_images",
+            Command::NoteWaits { .. } => "note_waits",
         }
     }
 }

@@ -414,6 +414,16 @@ pub enum Event {
         /// The most it held, bytes.
         peak_bytes: u64,
     },
+    /// Admission named a new reason a queued allocation waits
+    /// (`Command::NoteWaits`).
+    WaitChanged {
+        /// The allocation.
+        alloc: AllocId,
+        /// The reason.
+        wait: super::types::Wait,
+        /// What holds it.
+        holders: Vec<super::types::WaitHolder>,
+    },
     /// A waiting allocation's dependencies are met: it is queued.
     DependenciesMet {
         /// The allocation.
@@ -534,6 +544,7 @@ impl Event {
             | Event::AllocationDone { alloc }
             | Event::AllocationFailed { alloc, .. }
             | Event::DependenciesMet { alloc }
+            | Event::WaitChanged { alloc, .. }
             | Event::AllocationCancelled { alloc, .. }
             | Event::TaskStartFailed { alloc, .. }
             | Event::ImagePullFailed { alloc, .. }

@@ -27,7 +27,7 @@ mod vcluster;
 #[cfg(test)]
 mod state_test;
 
-pub use command::{Command, MAX_AGENT_REASON_BYTES, MAX_IMAGE_PULL_FAILURES};
+pub use command::{Command, MAX_AGENT_REASON_BYTES, MAX_IMAGE_PULL_FAILURES, WaitNote};
 pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
@@ -50,6 +50,7 @@ pub use types::{
     NodeSlot, NodeStatus, Nomination, OBJECT_SCHEMES, OomKill, PORTS_LABEL, Packing, Placement, PortRange,
     PreemptReason, RESERVED_LABEL_PREFIX, Resources, RetiredCheckpoint, Secrets, Standing, Task, TaskIndex, TaskStatus,
     Teardown, TeardownCause, TeardownOutcome, Token, TokenRole, Usage, VCLUSTER_LABEL, VClusterType, WatchdogKind,
+    MAX_WAIT_HOLDERS, MAX_WAIT_NOTES, MAX_WAIT_OWNER_BYTES, MAX_WAIT_SPANS, MIN_WAIT_NOTE_GAP_MS, Wait, WaitHolder, WaitLog, WaitSpan, holders_words, wait_words, waits_summary,
     Workflow, WorkflowSpec, WorkflowStep, agent_may_set, check_cap, check_container_path, check_digest, check_key,
     combined_standing, failure_tail, fits, how_it_ended, is_image_digest, key_prefix, parse_after, valid_step_name,
 };

@@ -370,6 +370,9 @@ pub enum Rejection {
     /// A forget whose parameters make no sense.
     #[error("invalid forget: {0}")]
     InvalidForget(String),
+    /// A `NoteWaits` over its bounds.
+    #[error("invalid wait notes: {0}")]
+    InvalidWaitNotes(String),
     /// A checkpoint manifest that does not fit its task: a key not named for
     /// it, or a store the allocation may not use.
     #[error("invalid checkpoint of allocation {alloc} task {task}: {field}: {reason}")]

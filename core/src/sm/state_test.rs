@@ -645,7 +645,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "fddd744c2cb810e3daae6d1bb1c43246f41b18d2945963f80bba77a5f24d64b3"
+        "2e7522f9aab20441a97e4f400e7be48175ab5dcbd0413b9450879b80a6cdb84f"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

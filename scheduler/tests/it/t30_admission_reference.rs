@@ -173,6 +173,7 @@ proptest! {
                 let plan = plan_admission(&run.state, run.now_ms, &AdmissionConfig {
                     stale_reservation_ms: u64::MAX,
                     backfill: false,
+                    note_waits: false,
                     ..AdmissionConfig::default()
                 });
                 prop_assert_eq!(plan.commands, naive_plan(&run));

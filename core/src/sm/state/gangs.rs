@@ -118,6 +118,7 @@ impl State {
                 give_up: None,
                 retry_after_ms: 0,
                 image_pull_failures: 0,
+                waits: super::super::types::WaitLog::default(),
             }),
         );
         self.reindex_alloc(id);

@@ -82,6 +82,7 @@ mod teardown;
 mod tokens;
 pub use tokens::MAX_TOKENS;
 mod vclusters;
+mod waits;
 mod workflows;
 pub use workflows::workflow_sha256;
 
@@ -620,6 +621,7 @@ impl State {
                 self.fail_image_pull(*alloc, *task, node, *epoch, reason)
             }
             Command::SetNodeImages { node, digests } => self.set_node_images(node, digests),
+            Command::NoteWaits { notes } => self.note_waits(notes),
         }
     }
 
@@ -630,6 +632,7 @@ impl State {
             if matches!(e, Event::Submitted { duplicate: true, .. }) {
                 continue;
             }
+            let phase = e.alloc().and_then(|id| self.wait_phase_change(id));
             if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id).map(Arc::make_mut)) {
                 self.touched.nodes.extend(a.tasks.iter().filter_map(|t| t.node));
                 // The nodes holding its checkpoints on their disks: a task
@@ -643,6 +646,9 @@ impl State {
                 }
                 a.revision += 1;
                 let status = Some(a.status);
+                if let Some((wait, holders)) = phase {
+                    a.waits.push(self.now_ms, wait, holders);
+                }
                 a.history.push_back(AllocEvent {
                     revision: a.revision,
                     time_ms: self.now_ms,

@@ -158,6 +158,8 @@ pub struct Allocation {
     /// pulled (not charged to the retry budget; at
     /// [`crate::sm::MAX_IMAGE_PULL_FAILURES`] it fails).
     pub image_pull_failures: u32,
+    /// Why it waited: the changes of its wait, bounded (`wait.rs`).
+    pub waits: super::WaitLog,
 }
 
 /// Most bytes of a failure's stderr tail kept in the state.

@@ -20,6 +20,7 @@ mod spec;
 mod task;
 mod teardown;
 mod token;
+mod wait;
 mod workflow;
 
 pub use allocation::*;
@@ -34,4 +35,5 @@ pub use spec::*;
 pub use task::*;
 pub use teardown::*;
 pub use token::*;
+pub use wait::*;
 pub use workflow::*;

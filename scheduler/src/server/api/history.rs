@@ -84,6 +84,8 @@ pub fn record_to_proto(r: &JobRecord) -> v1::HistoryRecord {
         idempotency_key: r.idempotency_key.clone().unwrap_or_default(),
         array_id: r.array.map_or(0, |(a, _)| a),
         array_index: r.array.map_or(0, |(_, i)| i),
+        waits: super::convert::waits_to_proto(&r.waits, r.end_ms),
+        waits_dropped: r.waits.dropped,
     }
 }
 

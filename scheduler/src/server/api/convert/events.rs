@@ -140,6 +140,9 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
             ),
         ),
         Event::GangRequeued { .. } => ("gang_requeued", "the whole gang is queued again".to_string()),
+        Event::WaitChanged { wait, holders, .. } => {
+            ("wait_changed", format!("waits for {}", crate::sm::wait_words(*wait, holders)))
+        }
         Event::DependenciesMet { .. } => ("dependencies_met", "its dependencies are met: it is queued".to_string()),
         Event::ArraySubmitted { array, count, .. } => {
             ("array_submitted", format!("array {array} of {count} elements submitted"))

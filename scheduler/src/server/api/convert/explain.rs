@@ -30,6 +30,13 @@ pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State, now_ms: u
         },
         Err(why) => v1::PreemptionPlan { reason: why.to_string(), ..Default::default() },
     });
+    let (waits, waits_dropped, waited_ms) = match st.alloc(e.alloc) {
+        Some(a) => {
+            let end = a.finished_at_ms.unwrap_or(now_ms);
+            (waits_to_proto(&a.waits, end), a.waits.dropped, a.waits.waited_ms(end))
+        }
+        None => (Vec::new(), 0, 0),
+    };
     v1::Explanation {
         planned_start: e.planned_start.map(|p| v1::PlannedStart {
             start_ms: p.start_ms,
@@ -52,5 +59,26 @@ pub fn explanation_to_proto(e: crate::policy::Explanation, st: &State, now_ms: u
                 reason: c.reason,
             })
             .collect(),
+        waits,
+        waits_dropped,
+        waited_ms,
     }
+}
+
+/// The wire form of a wait timeline whose last span lasts until `end_ms`.
+pub fn waits_to_proto(log: &crate::sm::WaitLog, end_ms: u64) -> Vec<v1::WaitSpan> {
+    log.durations(end_ms)
+        .into_iter()
+        .map(|(s, d)| v1::WaitSpan {
+            since_ms: s.since_ms,
+            duration_ms: d,
+            wait: s.wait.as_str().to_string(),
+            detail: crate::sm::wait_words(s.wait, &s.holders),
+            holders: s
+                .holders
+                .iter()
+                .map(|h| v1::WaitHolder { id: h.alloc, owner: h.owner.clone(), preemption_class: u32::from(h.class) })
+                .collect(),
+        })
+        .collect()
 }

@@ -16,7 +16,7 @@ pub use alloc::{
 };
 pub use checkpoint::{manifest_to_proto, settings_from_proto, settings_to_proto, upload_from_proto};
 pub use events::{describe_event, format_time_ms};
-pub use explain::explanation_to_proto;
+pub use explain::{explanation_to_proto, waits_to_proto};
 pub use node::{admission_to_proto, node_event_to_proto, node_status_to_proto, node_to_proto};
 pub use status::{propose_error_to_status, rejection_to_status};
 

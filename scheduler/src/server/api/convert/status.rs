@@ -57,6 +57,7 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::AlreadyCancelling { .. }
         | Rejection::NothingToForget => Status::failed_precondition(msg),
         Rejection::InvalidForget(reason) => invalid("forget", reason),
+        Rejection::InvalidWaitNotes(reason) => invalid("notes", reason),
         Rejection::NotAnEndReport { .. } => invalid("usage", &msg),
         Rejection::InvalidCheckpoint { field, reason, .. } => invalid(&format!("manifest.{field}"), reason),
         Rejection::InvalidCheckpointSettings { field, reason } => invalid(field, reason),
