@@ -63,6 +63,15 @@ fn record(seq: u64, owner: &str, vcluster: &str, status: AllocStatus, attempts: 
             spec.max_retries = 7;
             muster_core::history::RecordedShape::of(&spec)
         }),
+        // Every other record keeps why it waited.
+        waits: if seq.is_multiple_of(2) {
+            let mut log = muster_core::sm::WaitLog::default();
+            log.push(0, muster_core::sm::Wait::Quota, vec![muster_core::sm::WaitHolder::new(9, "bob", 2)]);
+            log.push(500, muster_core::sm::Wait::Placed, vec![]);
+            log
+        } else {
+            muster_core::sm::WaitLog::default()
+        },
     }
 }
 
@@ -248,8 +257,9 @@ fn older_database(path: &std::path::Path, schema: &str, version: i64, attempt: &
 
 const GPU_USAGE: [&str; 2] = ["gpu_util_pct", "peak_gpu_memory_bytes"];
 
-/// Job arrays' columns (version 5), and the shape's (version 6).
-const ARRAYS: [&str; 3] = ["array_id", "array_index", "shape"];
+/// Job arrays' columns (version 5), the shape's (version 6) and the
+/// waits' (version 7).
+const ARRAYS: [&str; 4] = ["array_id", "array_index", "shape", "waits"];
 
 /// The schema before attempts kept their usage (versions 1 and 2).
 fn without_usage() -> String {
@@ -301,7 +311,7 @@ fn a_version_5_database_gains_the_shape_column_and_keeps_its_records() {
     let dir = tempfile::tempdir().unwrap();
     let h = older_database(
         &dir.path().join("v5.sqlite"),
-        &schema_without(&["shape"]),
+        &schema_without(&["shape", "waits"]),
         5,
         "INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
          preempted) VALUES (101, 0, 1, 'n0', 0, 1000, 'done', 0, 1, 1, 0);",
@@ -312,6 +322,23 @@ fn a_version_5_database_gains_the_shape_column_and_keeps_its_records() {
     assert_eq!((shape.max_retries, shape.placement.constraints.len()), (7, 1));
     h.insert(std::slice::from_ref(&r)).unwrap();
     assert_eq!(h.by_seq(4, 4, 10).unwrap(), vec![r], "the shape round-trips through its JSON column");
+}
+
+#[test]
+fn a_version_6_database_gains_the_waits_column_and_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = older_database(
+        &dir.path().join("v6.sqlite"),
+        &schema_without(&["waits"]),
+        6,
+        "INSERT INTO attempts (job_id, task, run, node, start_ms, end_ms, outcome, exit_code, gpus, gpu_seconds, \
+         preempted) VALUES (101, 0, 1, 'n0', 0, 1000, 'done', 0, 1, 1, 0);",
+    );
+    assert!(h.by_seq(1, 1, 10).unwrap()[0].waits.spans.is_empty(), "a record from before waits has none");
+    let r = record(4, "a", "v", AllocStatus::Done, &[(0, 1_000)]);
+    assert_eq!(r.waits.spans.len(), 2);
+    h.insert(std::slice::from_ref(&r)).unwrap();
+    assert_eq!(h.by_seq(4, 4, 10).unwrap(), vec![r], "the timeline round-trips through its JSON column");
 }
 
 #[test]

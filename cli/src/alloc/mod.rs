@@ -321,9 +321,8 @@ async fn watch(cluster: &mut Cluster, id: u64, from: u64, out: Output) -> anyhow
 /// An allocation retention has forgotten is explained from its job history
 /// record: its end and its wait timeline.
 async fn explain(cluster: &mut Cluster, id: u64, out: Output) -> anyhow::Result<()> {
-    let live = cluster
-        .call(|ch| async move { AllocationServiceClient::new(ch).explain(v1::GetRequest { id }).await })
-        .await;
+    let live =
+        cluster.call(|ch| async move { AllocationServiceClient::new(ch).explain(v1::GetRequest { id }).await }).await;
     let e = match live {
         Ok(e) => e.into_inner(),
         Err(err) if format!("{err:#}").contains("left the live state") => {
@@ -337,7 +336,12 @@ async fn explain(cluster: &mut Cluster, id: u64, out: Output) -> anyhow::Result<
                 id,
                 status: record.status,
                 summary,
-                waited_ms: record.waits.iter().filter(|w| !matches!(w.wait.as_str(), "placed" | "ended")).map(|w| w.duration_ms).sum(),
+                waited_ms: record
+                    .waits
+                    .iter()
+                    .filter(|w| !matches!(w.wait.as_str(), "placed" | "ended"))
+                    .map(|w| w.duration_ms)
+                    .sum(),
                 waits: record.waits,
                 waits_dropped: record.waits_dropped,
                 ..Default::default()

@@ -465,18 +465,20 @@ fn pull_progress(p: &v1::ImagePullProgress) -> String {
 /// summary, the node classes, and what preemption would do.
 /// A wait timeline as JSON.
 pub fn waits_json(waits: &[v1::WaitSpan]) -> serde_json::Value {
-    json!(waits
-        .iter()
-        .map(|w| json!({
-            "since_ms": w.since_ms,
-            "duration_ms": w.duration_ms,
-            "wait": w.wait,
-            "detail": w.detail,
-            "holders": w.holders.iter().map(|h| json!({
-                "id": h.id, "owner": h.owner, "preemption_class": h.preemption_class,
-            })).collect::<Vec<_>>(),
-        }))
-        .collect::<Vec<_>>())
+    json!(
+        waits
+            .iter()
+            .map(|w| json!({
+                "since_ms": w.since_ms,
+                "duration_ms": w.duration_ms,
+                "wait": w.wait,
+                "detail": w.detail,
+                "holders": w.holders.iter().map(|h| json!({
+                    "id": h.id, "owner": h.owner, "preemption_class": h.preemption_class,
+                })).collect::<Vec<_>>(),
+            }))
+            .collect::<Vec<_>>()
+    )
 }
 
 /// A wait timeline as text: one line per change, with how long it lasted.

@@ -35,6 +35,7 @@ mod t80_security;
 mod t82_history;
 mod t84_ecosystem;
 mod t86_replay;
+mod t87_waits;
 mod tls;
 
 use std::process::{Command, Output};

@@ -50,6 +50,17 @@ async fn t147_a_finished_allocation_is_forgotten_after_the_retention_window_and_
     let list = stdout(&run(&["alloc", "list"]));
     assert!(!list.lines().any(|l| l.split_whitespace().next() == Some("1")), "{list}");
 
+    // `alloc explain` answers from its history record: how it ended and
+    // why it waited (no agent ever registered: no node could take it).
+    let o = until_ok(&sched, &["alloc", "explain", "1", "--output", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["summary"].as_str().unwrap().starts_with("cancelled; it waited "), "{v}");
+    let waits: Vec<&str> = v["waits"].as_array().unwrap().iter().map(|w| w["wait"].as_str().unwrap()).collect();
+    assert_eq!(waits.last(), Some(&"ended"), "{v}");
+    assert!(waits.contains(&"constraint"), "no node could ever take it: {v}");
+    let o = run(&["alloc", "explain", "1"]);
+    assert!(stdout(&o).contains("wait timeline:"), "{}", stdout(&o));
+
     // A retry of the submit is answered with what it made, not run again.
     let o = run(&[&submit[..1], &["--output", "json"], &submit[1..]].concat());
     assert!(o.status.success(), "{}", stderr(&o));

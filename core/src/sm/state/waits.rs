@@ -61,9 +61,8 @@ impl State {
         let a = self.allocs.get(&id)?;
         let (wait, holders) = self.wait_by_status(a);
         let last = a.waits.last();
-        let same = last.is_some_and(|l| {
-            phase(l.wait) == phase(wait) && (wait != Wait::Preempting || l.holders == holders)
-        });
+        let same =
+            last.is_some_and(|l| phase(l.wait) == phase(wait) && (wait != Wait::Preempting || l.holders == holders));
         (!same).then_some((wait, holders))
     }
 
