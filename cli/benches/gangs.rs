@@ -23,7 +23,9 @@
 //! idle gangs (default 50), `--seconds S` of load (default 10), `--tls`
 //! (mutual TLS; the default is insecure), `--no-isolation` (tasks as bare
 //! process groups instead of a cgroup each: the same workload without
-//! containment, for its start and stop cost; docs/isolation.md).
+//! containment, for its start and stop cost; docs/isolation.md),
+//! `--no-wait-notes` (the leader does not record why gangs wait: the same
+//! workload without the wait timeline, for its cost; docs/replay.md).
 //!
 //! The cluster's data (Raft logs, agents' work dirs) goes under `TMPDIR`.
 //! On a journal-less ext4 a directory that has seen heavy file churn makes
@@ -232,6 +234,7 @@ async fn main() {
     let seconds = common::opt("--seconds", 10);
     let tls = args.iter().any(|a| a == "--tls");
     let isolation = !args.iter().any(|a| a == "--no-isolation");
+    let note_waits = !args.iter().any(|a| a == "--no-wait-notes");
     let gpus = 8;
     // The image phase's registry and image, where the tools are here.
     let registry = (isolation && !args.iter().any(|a| a == "--no-images") && muster_testkit::registry::tools())
@@ -248,6 +251,7 @@ async fn main() {
         insecure: !tls,
         http_port: Some(0),
         isolation,
+        note_waits,
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_muster"))),
         images: image.as_ref().map(|_| muster_local::LocalImages { cache_max_bytes: 1 << 30, ..Default::default() }),
         ..LocalConfig::default()
@@ -278,9 +282,10 @@ async fn main() {
         })
         .unwrap_or_default();
     println!(
-        "four-task gangs of `true`, one 8-GPU node per task, {agents} agents, {}, tasks contained: {}",
+        "four-task gangs of `true`, one 8-GPU node per task, {agents} agents, {}, tasks contained: {}, wait notes: {}",
         if tls { "mutual TLS" } else { "insecure" },
-        labels.first().map_or("unknown", String::as_str)
+        labels.first().map_or("unknown", String::as_str),
+        if note_waits { "on" } else { "off" }
     );
     println!("(Slurm's 18.9 gangs/s is another machine's reference; only a peer in the same run is a ratio)");
     // Warm up: connections, the first spawn.

@@ -478,6 +478,8 @@ fn record_json(r: &v1::HistoryRecord) -> serde_json::Value {
     });
     v["array_id"] = json!((r.array_id != 0).then_some(r.array_id));
     v["array_index"] = json!((r.array_id != 0).then_some(r.array_index));
+    v["waits"] = crate::alloc::render::waits_json(&r.waits);
+    v["waits_dropped"] = json!(r.waits_dropped);
     v
 }
 

@@ -97,6 +97,10 @@ pub struct ServerArgs {
     /// smaller ones run ahead of it however long they take (docs/admission.md).
     #[arg(long)]
     no_backfill: bool,
+    /// Do not record why gangs wait: `alloc explain` then has no wait
+    /// timeline for gangs admission held back (docs/replay.md).
+    #[arg(long)]
+    no_wait_notes: bool,
     #[command(flatten)]
     tls: crate::client::TlsArgs,
     /// Open connections allowed in all; more are closed at once.
@@ -388,6 +392,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.hub.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
     cfg.preemption = preemption;
     cfg.admission.backfill = !args.no_backfill;
+    cfg.admission.note_waits = !args.no_wait_notes;
     cfg.reclaim = reclaim;
     cfg.walltime_defaults = walltime_defaults;
     cfg.drain_timeout = Duration::from_secs(drain_timeout_s);

@@ -74,6 +74,9 @@ pub struct LocalConfig {
     /// Contain each agent's tasks in cgroups (`muster_agent::cgroup`)
     /// where this machine allows it.
     pub isolation: bool,
+    /// Record why gangs wait (`muster server --no-wait-notes` turns it
+    /// off; the gangs bench measures its cost).
+    pub note_waits: bool,
     /// Who the agents run tasks as ([`muster_agent::users::RunAs::agent`]: as this process's
     /// own user, the default of `muster dev`).
     pub run_as: muster_agent::users::RunAs,
@@ -157,6 +160,7 @@ impl Default for LocalConfig {
             admission_required: true,
             rendezvous_ports: muster_core::sm::PortRange { first: 29_500, count: 500 },
             isolation: true,
+            note_waits: true,
             run_as: muster_agent::users::RunAs::agent(),
             exe: None,
             images: None,
@@ -340,6 +344,7 @@ impl LocalCluster {
         rc.preemption = self.cfg.preemption;
         rc.reclaim = self.cfg.reclaim;
         rc.admission_interval = Duration::from_secs(1);
+        rc.admission.note_waits = self.cfg.note_waits;
         rc.tls = self.tls.get(&muster_tls::Role::Server(id)).cloned();
         rc.http = self.cfg.http_port.map(|p| {
             let port = if p == 0 { 0 } else { p.saturating_add(id as u16 - 1) };

@@ -60,6 +60,9 @@ async fn t147_a_finished_allocation_is_forgotten_after_the_retention_window_and_
     assert!(waits.contains(&"constraint"), "no node could ever take it: {v}");
     let o = run(&["alloc", "explain", "1"]);
     assert!(stdout(&o).contains("wait timeline:"), "{}", stdout(&o));
+    let o = run(&["history", "--id", "1", "--output", "json"]);
+    let h: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(h[0]["waits"], v["waits"], "the record carries the same timeline");
 
     // A retry of the submit is answered with what it made, not run again.
     let o = run(&[&submit[..1], &["--output", "json"], &submit[1..]].concat());

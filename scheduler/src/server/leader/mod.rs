@@ -186,6 +186,7 @@ fn record(pass: &Pass, seconds: f64) {
             metrics::histogram!("muster_admission_pass_seconds").record(seconds);
             metrics::gauge!("muster_admission_planned_starts").set(plan.planned.len() as f64);
             metrics::counter!("muster_admission_backfilled_total").increment(plan.stats.backfilled as u64);
+            metrics::counter!("muster_admission_wait_notes_total").increment(plan.stats.wait_notes as u64);
             if !plan.commands.is_empty() {
                 tracing::debug!(gangs = plan.stats.gangs_placed, rollbacks = plan.stats.rollbacks, "admission pass");
             }
