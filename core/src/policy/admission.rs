@@ -689,25 +689,6 @@ impl<'a> Pass<'a> {
     /// single rack has room for it (packing); with what holds the capacity.
     fn why_no_room(&self, a: &Allocation, shape: (u32, Shape), capacity: &Overlay) -> (Wait, Vec<WaitHolder>) {
         let state = self.state;
-        // Its own planned start: what runs on those nodes holds it.
-        if let Some(p) = self.planned.last().filter(|p| p.alloc == a.id) {
-            let mut held: Vec<(u64, AllocId)> =
-                p.nodes.iter().flat_map(|&s| state.holders(s)).map(|h| (h.walltime_ends_ms, h.alloc)).collect();
-            for s in &p.nodes {
-                for &id in self.placed_on.get(s).into_iter().flatten() {
-                    let ends = state.alloc(id).map_or(0, |o| self.end_of(o));
-                    held.push((ends, id));
-                }
-            }
-            held.sort_by_key(|&(end, id)| (std::cmp::Reverse(end), id));
-            let mut ids: Vec<AllocId> = Vec::new();
-            for (_, id) in held {
-                if !ids.contains(&id) && ids.len() < MAX_WAIT_HOLDERS {
-                    ids.push(id);
-                }
-            }
-            return (Wait::Capacity, ids.into_iter().map(|id| state.wait_holder(id)).collect());
-        }
         let need = a.spec.resources;
         let n = a.spec.gang_size as usize;
         if self.unplannable.contains(&shape) {
@@ -738,6 +719,25 @@ impl<'a> Pass<'a> {
             if capacity.find_where(&need, n, &[shape.0, 0], &mut nodes, admits) {
                 return (Wait::Packing, Vec::new());
             }
+        }
+        // Its own planned start: what runs on those nodes holds it.
+        if let Some(p) = self.planned.last().filter(|p| p.alloc == a.id) {
+            let mut held: Vec<(u64, AllocId)> =
+                p.nodes.iter().flat_map(|&s| state.holders(s)).map(|h| (h.walltime_ends_ms, h.alloc)).collect();
+            for s in &p.nodes {
+                for &id in self.placed_on.get(s).into_iter().flatten() {
+                    let ends = state.alloc(id).map_or(0, |o| self.end_of(o));
+                    held.push((ends, id));
+                }
+            }
+            held.sort_by_key(|&(end, id)| (std::cmp::Reverse(end), id));
+            let mut ids: Vec<AllocId> = Vec::new();
+            for (_, id) in held {
+                if !ids.contains(&id) && ids.len() < MAX_WAIT_HOLDERS {
+                    ids.push(id);
+                }
+            }
+            return (Wait::Capacity, ids.into_iter().map(|id| state.wait_holder(id)).collect());
         }
         // Behind another gang's planned start at its home.
         let ahead = self.planned.iter().find(|p| {

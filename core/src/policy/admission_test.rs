@@ -803,6 +803,83 @@ mod wait_notes {
         assert_eq!(waits(&c, pair).last().unwrap().1, Wait::Placed);
     }
 
+    /// Ports and rack packing are named; a dependent's wait is its
+    /// dependencies (with them as holders) until they are met.
+    #[test]
+    fn ports_packing_and_dependencies() {
+        let mut c = Cluster::new(&[]);
+        for (i, ports) in ["none", "29500-29500", "none"].iter().enumerate() {
+            let node = NodeId::new(format!("n{i}"));
+            let labels = BTreeMap::from([(crate::sm::PORTS_LABEL.to_string(), ports.to_string())]);
+            c.apply(Command::RegisterNode { node: node.clone(), resources: node_res(8), labels });
+            c.apply(Command::MarkNodeReady { node });
+        }
+        let a = c.submit_with(2, 1, |s| s.ports = 1);
+        let b = c.submit_with(2, 1, |s| s.ports = 1);
+        let after = crate::sm::After {
+            deps: vec![crate::sm::Dependency { on: a, when: crate::sm::AfterWhen::Ok }],
+            ..Default::default()
+        };
+        let dependent = c.submit_with(1, 1, |s| s.after = after);
+        c.pass(&notes_on());
+        assert_eq!(waits(&c, b), [(1_000, Wait::Ports, vec![])]);
+        assert_eq!(waits(&c, dependent), [(1_000, Wait::Dependency, vec![a])]);
+        c.start_all(a);
+        c.now = 5_000;
+        finish(&mut c, a);
+        c.pass(&notes_on());
+        assert_eq!(
+            waits(&c, dependent),
+            [(1_000, Wait::Dependency, vec![a]), (5_000, Wait::Placed, vec![])],
+            "queued and placed at one entry time: the placement stands"
+        );
+
+        // Racks r1 and r2 of two nodes each, one node of each taken: a gang
+        // of two that must share a rack waits for packing.
+        let r1: &[(&str, &str)] = &[("rack", "r1")];
+        let r2: &[(&str, &str)] = &[("rack", "r2")];
+        let mut c = labelled(&[(8, r1), (8, r1), (8, r2), (8, r2)]);
+        for rack in ["rack=r1", "rack=r2"] {
+            let id = c.submit_with(1, 8, |s| s.placement = placement(rack, None));
+            c.pass(&notes_on());
+            assert_eq!(c.status(id), AllocStatus::Reserved);
+        }
+        let must = c.submit_with(2, 8, |s| s.placement = placement("", Some("rack:required")));
+        c.pass(&notes_on());
+        assert_eq!(waits(&c, must), [(1_000, Wait::Packing, vec![])]);
+    }
+
+    /// A preemptor's wait names its victims; a failed gang backs off.
+    #[test]
+    fn preempting_and_backoff_are_recorded_by_apply() {
+        let mut c = Cluster::new(&[4]);
+        let low = c.submit(1, 4);
+        c.pass(&notes_on());
+        c.start_all(low);
+        // Half-way through the victim's (default, 1 h) walltime: past its
+        // minimum runtime, not near its end.
+        c.now = 1_000 + 30 * 60_000;
+        let high = c.submit_with(1, 4, |s| s.preemption_class = 3);
+        let decided = crate::policy::plan_preemptions(&c.s, c.now, &Default::default());
+        assert_eq!(decided.len(), 1, "{decided:?}");
+        let cfg = crate::policy::PreemptionConfig::default();
+        let cmd = decided[0].1.command(&c.s, high, &cfg);
+        c.apply(cmd);
+        assert_eq!(waits(&c, high).last().unwrap().1, Wait::Preempting);
+        assert_eq!(waits(&c, high).last().unwrap().2, vec![low]);
+
+        let mut c = Cluster::new(&[4]);
+        let flaky = c.submit_with(1, 4, |s| s.max_retries = 3);
+        c.pass(&notes_on());
+        c.start_all(flaky);
+        c.now = 3_000;
+        let node = NodeId::new("n0");
+        c.apply(Command::FailTask { alloc: flaky, task: 0, node, epoch: 1, exit_code: Some(1) });
+        let a = c.s.alloc(flaky).unwrap();
+        assert!(a.retry_after_ms > c.now, "{a:?}");
+        assert_eq!(waits(&c, flaky).last().unwrap().1, Wait::Backoff);
+    }
+
     #[test]
     fn a_pass_without_notes_proposes_none() {
         let mut c = Cluster::new(&[4]);

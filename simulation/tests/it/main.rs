@@ -388,6 +388,7 @@ mod replay {
                 .collect(),
             array: None,
             shape: Some(RecordedShape::of(&spec)),
+            waits: Default::default(),
         }
     }
 
