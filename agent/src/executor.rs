@@ -670,6 +670,106 @@ pub fn run_task_exec(user: &crate::users::TaskUser, status: &Path, command: &[St
     run_shim_as(status, command, Some(user))
 }
 
+/// A signal the agent sends a running attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskSignal {
+    /// Stop (SIGTERM), to the group and every process of its cgroup.
+    Term,
+    /// Kill (SIGKILL), to the group and every process of its cgroup.
+    Kill,
+    /// The checkpoint hint (SIGUSR1), to the process group only: a process
+    /// that left the group never asked for it and would die of it.
+    Checkpoint,
+}
+
+/// A future an [`Attempt`] returns.
+pub type AttemptFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<Exit>> + Send + 'a>>;
+
+/// A started attempt, whatever runs it: a process group ([`RunningTask`]),
+/// or a simulated one ([`sim`], for fleet benches).
+pub trait Attempt: Send + 'static {
+    /// Its process group (0: no process).
+    fn pgid(&self) -> i32;
+    /// Ends once nothing of the attempt is left. Cancel-safe: a wait
+    /// dropped part-way resumes where it was.
+    fn wait(&mut self) -> AttemptFuture<'_>;
+    /// SIGTERM, up to `grace` for it to end, then SIGKILL.
+    fn stop(&mut self, grace: Duration) -> AttemptFuture<'_>;
+    /// Sends it `signal`.
+    fn signal(&mut self, signal: TaskSignal);
+    /// What it uses now (`None`: not known).
+    fn usage_now(&self) -> Option<Usage>;
+    /// What it used, once `wait` returned (`None`: not known).
+    fn usage(&self) -> Option<Usage>;
+}
+
+impl Attempt for RunningTask {
+    fn pgid(&self) -> i32 {
+        self.pgid
+    }
+
+    fn wait(&mut self) -> AttemptFuture<'_> {
+        Box::pin(RunningTask::wait(self))
+    }
+
+    fn stop(&mut self, grace: Duration) -> AttemptFuture<'_> {
+        Box::pin(RunningTask::stop(self, grace))
+    }
+
+    fn signal(&mut self, signal: TaskSignal) {
+        match signal {
+            TaskSignal::Term => RunningTask::signal(self, libc::SIGTERM),
+            TaskSignal::Kill => RunningTask::signal(self, libc::SIGKILL),
+            TaskSignal::Checkpoint => signal_group(self.pgid, libc::SIGUSR1),
+        }
+    }
+
+    fn usage_now(&self) -> Option<Usage> {
+        self.cgroup.as_ref().map(TaskCgroup::usage)
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+}
+
+/// What starts attempts: real processes ([`ProcessExecutor`], the default)
+/// or simulated ones ([`sim::SimExecutor`]).
+pub trait Executor: Send + Sync + std::fmt::Debug + 'static {
+    /// Starts one attempt (`cgroup`: the one it joins, if any).
+    fn spawn(
+        &self,
+        launch: &TaskLaunch,
+        work_dir: &Path,
+        muster: Muster<'_>,
+        cgroup: Option<TaskCgroup>,
+    ) -> Result<Box<dyn Attempt>, SpawnError>;
+
+    /// Whether its attempts are real processes, which leave logs and may
+    /// be adopted by a later agent. A simulated executor's are not: the
+    /// agent refuses isolation, images, a task shim and other accounts
+    /// with it.
+    fn real(&self) -> bool {
+        true
+    }
+}
+
+/// Real child processes: [`spawn`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessExecutor;
+
+impl Executor for ProcessExecutor {
+    fn spawn(
+        &self,
+        launch: &TaskLaunch,
+        work_dir: &Path,
+        muster: Muster<'_>,
+        cgroup: Option<TaskCgroup>,
+    ) -> Result<Box<dyn Attempt>, SpawnError> {
+        spawn(launch, work_dir, muster, cgroup).map(|t| Box::new(t) as Box<dyn Attempt>)
+    }
+}
+
 impl RunningTask {
     /// The process group id (the leader's pid).
     pub fn pgid(&self) -> i32 {
@@ -730,11 +830,11 @@ impl RunningTask {
         if let Some(exit) = self.exited {
             return Ok(exit);
         }
-        self.signal(libc::SIGTERM);
+        RunningTask::signal(self, libc::SIGTERM);
         match tokio::time::timeout(grace, self.wait()).await {
             Ok(exit) => exit,
             Err(_) => {
-                self.signal(libc::SIGKILL);
+                RunningTask::signal(self, libc::SIGKILL);
                 self.wait().await
             }
         }
@@ -751,5 +851,6 @@ impl RunningTask {
 }
 
 mod child;
+pub mod sim;
 #[cfg(test)]
 mod tests;

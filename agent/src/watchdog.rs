@@ -331,6 +331,18 @@ pub fn progress_path(work_dir: &Path, alloc: u64, task: u32, attempt: u32) -> Pa
     out.with_extension("progress")
 }
 
+/// Reads nothing: for simulated attempts, which have no process
+/// ([`crate::executor::sim`]). Every reading is empty, so a budget or stall
+/// watchdog never sees progress from it: fleets run without them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NullSampler;
+
+impl Sampler for NullSampler {
+    fn sample(&mut self, _pgid: i32) -> Sample {
+        Sample::default()
+    }
+}
+
 /// Reads process groups from `/proc`, and GPU utilisation per process from
 /// NVML where the library is present.
 pub struct ProcSampler {

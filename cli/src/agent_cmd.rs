@@ -315,6 +315,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             max_bytes,
             every: Duration::from_secs(sweep_every),
         },
+        executor: None,
     };
     let agent = Agent::new(cfg).with_context(|| format!("cannot use work dir {}", args.work_dir.display()))?;
     let (stop, stopped) = watch::channel(false);

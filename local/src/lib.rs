@@ -77,6 +77,10 @@ pub struct LocalConfig {
     /// Record why gangs wait (`muster server --no-wait-notes` turns it
     /// off; the gangs bench measures its cost).
     pub note_waits: bool,
+    /// Simulated tasks (`muster_agent::executor::sim`): the agents run the
+    /// real protocol, but no process; `isolation` and `images` are then
+    /// off. `None`: real child processes.
+    pub sim: Option<muster_agent::executor::sim::SimConfig>,
     /// Who the agents run tasks as ([`muster_agent::users::RunAs::agent`]: as this process's
     /// own user, the default of `muster dev`).
     pub run_as: muster_agent::users::RunAs,
@@ -161,6 +165,7 @@ impl Default for LocalConfig {
             rendezvous_ports: muster_core::sm::PortRange { first: 29_500, count: 500 },
             isolation: true,
             note_waits: true,
+            sim: None,
             run_as: muster_agent::users::RunAs::agent(),
             exe: None,
             images: None,
@@ -435,7 +440,11 @@ impl LocalCluster {
             work_dir: self.dir.join(&node_id),
             backoff: (Duration::from_millis(100), Duration::from_secs(2)),
             watchdog: self.cfg.watchdog,
-            sampler: muster_agent::agent::proc_sampler,
+            sampler: if self.cfg.sim.is_some() {
+                muster_agent::agent::null_sampler
+            } else {
+                muster_agent::agent::proc_sampler
+            },
             exit_when_stopped: false,
             task_shim: None,
             tls: self.tls.get(&muster_tls::Role::Agent(node_id.clone())).cloned(),
@@ -447,10 +456,14 @@ impl LocalCluster {
             start_without_record: false,
             checkpoint_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
             checkpoint_address: String::new(),
-            isolation: self.isolation(&node_id),
+            isolation: if self.cfg.sim.is_some() { None } else { self.isolation(&node_id) },
             run_as: self.cfg.run_as.clone(),
             exe: self.cfg.exe.clone(),
-            images: self.images(&node_id),
+            images: if self.cfg.sim.is_some() { None } else { self.images(&node_id) },
+            executor: self.cfg.sim.map(|sim| {
+                std::sync::Arc::new(muster_agent::executor::sim::SimExecutor::new(sim, &node_id))
+                    as std::sync::Arc<dyn muster_agent::executor::Executor>
+            }),
         };
         let (stop, stopped) = watch::channel(false);
         let agent = Agent::new(cfg).expect("agent work dir");

@@ -142,6 +142,11 @@ pub struct AgentConfig {
     /// Container images (`None`: the node runs none, and does not carry
     /// the `muster.images` label).
     pub images: Option<ImageRuntime>,
+    /// What starts attempts (`None`: real processes,
+    /// [`executor::ProcessExecutor`]); a simulated one
+    /// ([`executor::sim::SimExecutor`]) runs fleet benches on the real
+    /// protocol.
+    pub executor: Option<Arc<dyn executor::Executor>>,
 }
 
 /// Heartbeat intervals without a word from the leader (it acks every
@@ -155,6 +160,11 @@ pub const NODE_STATUS_FILE: &str = "node-status";
 /// The default sampler: `/proc` for memory and CPU, NVML for GPUs if present.
 pub fn proc_sampler() -> Box<dyn Sampler> {
     Box::new(watchdog::ProcSampler::default())
+}
+
+/// The sampler of simulated attempts: reads nothing.
+pub fn null_sampler() -> Box<dyn Sampler> {
+    Box::new(watchdog::NullSampler)
 }
 
 /// One attempt: allocation, task index, reservation epoch.
@@ -223,6 +233,8 @@ pub struct Agent {
     images_sent: Option<Vec<String>>,
     /// Prefetches under way.
     prefetching: Arc<std::sync::atomic::AtomicUsize>,
+    /// What starts attempts.
+    executor: Arc<dyn executor::Executor>,
 }
 
 enum SessionEnd {
@@ -296,6 +308,15 @@ impl Agent {
     /// with the same work dir left behind are adopted when it runs (with
     /// `task_shim`), or killed now (without).
     pub fn new(mut cfg: AgentConfig) -> std::io::Result<Agent> {
+        let executor: Arc<dyn executor::Executor> =
+            cfg.executor.clone().unwrap_or_else(|| Arc::new(executor::ProcessExecutor));
+        if !executor.real()
+            && (cfg.isolation.is_some() || cfg.images.is_some() || cfg.task_shim.is_some() || cfg.run_as.switches())
+        {
+            return Err(std::io::Error::other(
+                "simulated tasks run no process: they take no cgroups, images, task shim or other accounts",
+            ));
+        }
         let isolation = cfg.isolation.as_ref().map_or("none", |iso| iso.version().label());
         cfg.labels.insert(crate::cgroup::ISOLATION_LABEL.to_string(), isolation.to_string());
         // Images run only inside a cgroup, through the muster binary.
@@ -388,6 +409,7 @@ impl Agent {
             pulls: Default::default(),
             images_sent: None,
             prefetching: Default::default(),
+            executor,
         })
     }
 

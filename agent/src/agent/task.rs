@@ -169,7 +169,15 @@ impl Agent {
                 };
                 let cgroup = self.cfg.isolation.as_ref().map(|iso| iso.attempt(key));
                 let container = r.image.as_ref().map(|digest| self.readopt_image(key, r.attempt, digest));
-                self.watch(key, r.attempt, executor::adopt(r.pgid, status, cgroup), limits, ctrl_rx, save, container);
+                self.watch(
+                    key,
+                    r.attempt,
+                    Box::new(executor::adopt(r.pgid, status, cgroup)),
+                    limits,
+                    ctrl_rx,
+                    save,
+                    container,
+                );
             } else {
                 let exit = executor::read_status(&status)
                     .ok_or_else(|| "the task ended while its agent was down, and its exit status was lost".to_string());
@@ -222,7 +230,7 @@ impl Agent {
         &self,
         key: Key,
         attempt: u32,
-        mut task: executor::RunningTask,
+        mut task: Box<dyn executor::Attempt>,
         limits: watchdog::Limits,
         ctrl_rx: mpsc::UnboundedReceiver<Control>,
         save: SaveSpec,
@@ -244,7 +252,7 @@ impl Agent {
         let clock = self.cfg.clock.clone();
         let seal = self.cfg.run_as.switches();
         tokio::spawn(async move {
-            let (mut ended, stopped) = watch_task(&mut task, ctrl_rx, &checkpoint_dir, guard, &clock).await;
+            let (mut ended, stopped) = watch_task(task.as_mut(), ctrl_rx, &checkpoint_dir, guard, &clock).await;
             // Its writable layer goes with it (its mounts went with its
             // namespace); its image may be evicted from now on.
             if let Some(c) = container
@@ -482,7 +490,7 @@ impl Agent {
                 None => Ok(None),
             })
             .and_then(|cgroup| {
-                executor::spawn(&launch, &self.cfg.work_dir, muster, cgroup.clone()).map_err(|e| {
+                self.executor.spawn(&launch, &self.cfg.work_dir, muster, cgroup.clone()).map_err(|e| {
                     if let Some(cg) = cgroup {
                         cg.remove();
                     }
@@ -490,7 +498,7 @@ impl Agent {
                 })
             });
         match spawned {
-            Ok(task) => {
+            Ok(mut task) => {
                 let record = Record {
                     pgid: task.pgid(),
                     attempt,
@@ -508,7 +516,7 @@ impl Agent {
                     // Its reserved slot would not take it: stop it now
                     // rather than leave it where no agent can find it.
                     tracing::error!(alloc_id = key.0, task = key.1, error = %e, "cannot record a started attempt; killing it");
-                    task.signal(libc::SIGKILL);
+                    task.signal(executor::TaskSignal::Kill);
                 }
                 // After the spawn, which creates the attempt's log files.
                 for r in &reports {
@@ -707,9 +715,8 @@ impl Agent {
 /// Exports what a running attempt uses now, from its cgroup, per task
 /// (`alloc_id`, `task`): one series per task running on the node, which the
 /// exporter drops once the task has ended and no longer updates it.
-fn report_usage(task: &executor::RunningTask, labels: &[(&'static str, String); 2]) {
-    let Some(cg) = task.cgroup() else { return };
-    let u = cg.usage();
+fn report_usage(task: &dyn executor::Attempt, labels: &[(&'static str, String); 2]) {
+    let Some(u) = task.usage_now() else { return };
     metrics::gauge!("muster_task_memory_bytes", labels).set(u.memory_bytes as f64);
     metrics::gauge!("muster_task_memory_peak_bytes", labels).set(u.peak_memory_bytes as f64);
     metrics::gauge!("muster_task_cpu_seconds", labels).set(u.cpu_ns as f64 / 1e9);
@@ -756,7 +763,7 @@ pub(super) const WATCHDOG_GRACE: Duration = Duration::from_secs(2);
 /// the task is done or out of time. Until a stop or hint, the watchdogs are
 /// polled (beats from the progress file), and a trip stops it.
 pub(super) async fn watch_task(
-    task: &mut executor::RunningTask,
+    task: &mut dyn executor::Attempt,
     mut ctrl: mpsc::UnboundedReceiver<Control>,
     checkpoint_dir: &std::path::Path,
     mut guard: Guard,
@@ -806,7 +813,7 @@ pub(super) async fn watch_task(
                 Control::Hint(h) if hint.is_none() => match HintWatch::start(h, checkpoint_dir, tokio::time::Instant::now(), clock.wall_ms()) {
                     Ok(w) => {
                         stopped = true;
-                        executor::signal_group(task.pgid(), libc::SIGUSR1);
+                        task.signal(executor::TaskSignal::Checkpoint);
                         hint = Some(w);
                     }
                     Err(e) => {

@@ -114,6 +114,7 @@ fn test_config(dir: &std::path::Path) -> AgentConfig {
         run_as: crate::users::RunAs::agent(),
         exe: None,
         images: None,
+        executor: None,
     }
 }
 

@@ -37,5 +37,6 @@ pub fn config(addr: String, work_dir: &Path, fence: bool) -> AgentConfig {
         run_as: muster_agent::users::RunAs::agent(),
         exe: None,
         images: None,
+        executor: None,
     }
 }

@@ -36,6 +36,7 @@ mod t82_history;
 mod t84_ecosystem;
 mod t86_replay;
 mod t87_waits;
+mod t88_sim_agents;
 mod tls;
 
 use std::process::{Command, Output};
