@@ -20,8 +20,13 @@
 //! Options after `--`: `--nodes N` (default 1,000), `--tasks T` (default
 //! 100,000), `--array-size A`, `--gangs-per-array G` (default 10),
 //! `--mean-ms M` (a task's run time, uniform on [M/2, 3M/2], default 10,000),
-//! `--max-seconds S` (default 600). Put `TMPDIR` on a tmpfs: every agent
-//! keeps a work dir.
+//! `--max-seconds S` (default 600), `--kill-leader-at K` (SIGKILL the leader
+//! at the K-th start: the successor's election, when placements resume and
+//! when every stream is on it; the leader's CPU figures are then the first
+//! leader's). Put `TMPDIR` on a tmpfs: every agent keeps a work dir.
+//!
+//! Every start is recorded by the agents' executor: a task started twice
+//! (at-most-once broken) is counted and reported.
 
 mod common;
 
@@ -39,6 +44,9 @@ use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use muster_proto::v1::node_service_client::NodeServiceClient;
 use tokio::sync::watch;
 use tonic::transport::Channel;
+
+/// The probe's command (the workload's tasks run `train`).
+const PROBE: [&str; 2] = ["sleep", "1"];
 
 struct Servers(Vec<Child>);
 
@@ -71,23 +79,73 @@ fn usage(pid: u32) -> (u64, u64) {
     (ticks, rss)
 }
 
-/// Every task start, by second since the origin.
+/// Every task start, by tenth of a second since the origin, and the
+/// agents' own record of each task's runs: a task started again under the
+/// same reservation, or while an attempt of it still runs, breaks
+/// at-most-once; one started again under a new reservation after its
+/// attempt ended (a gang torn down and placed again) does not.
 #[derive(Debug)]
 struct Starts {
     origin: Instant,
     count: AtomicU64,
-    per_second: Mutex<Vec<u64>>,
+    per_tenth: Mutex<Vec<u64>>,
+    /// (allocation, task) → (reservation epochs started, running now).
+    tasks: Mutex<std::collections::HashMap<(u64, u32), (Vec<u64>, bool)>>,
+    /// Started again under a reservation already started.
+    same_epoch: AtomicU64,
+    /// Started while an attempt of the same task still ran.
+    overlapping: AtomicU64,
+    /// Started again under a new reservation after the last attempt ended
+    /// (and of those, tasks of gangs).
+    restarted: AtomicU64,
+    restarted_gang: AtomicU64,
+    /// Tasks of the workload (not the probe's) started at least once.
+    distinct_work: AtomicU64,
 }
 
 impl Starts {
-    fn note(&self) {
+    fn note(&self, launch: &TaskLaunch) {
         self.count.fetch_add(1, Ordering::Relaxed);
-        let s = self.origin.elapsed().as_secs() as usize;
-        let mut v = self.per_second.lock().unwrap();
-        if v.len() <= s {
-            v.resize(s + 1, 0);
+        {
+            let mut tasks = self.tasks.lock().unwrap();
+            let (epochs, running) = tasks.entry((launch.alloc, launch.task)).or_default();
+            if epochs.is_empty() && launch.command != PROBE {
+                self.distinct_work.fetch_add(1, Ordering::Relaxed);
+            }
+            if epochs.contains(&launch.epoch) {
+                self.same_epoch.fetch_add(1, Ordering::Relaxed);
+            } else if *running {
+                self.overlapping.fetch_add(1, Ordering::Relaxed);
+            } else if !epochs.is_empty() {
+                self.restarted.fetch_add(1, Ordering::Relaxed);
+                if launch.gang_size > 1 {
+                    self.restarted_gang.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            epochs.push(launch.epoch);
+            *running = true;
         }
-        v[s] += 1;
+        let t = (self.origin.elapsed().as_millis() / 100) as usize;
+        let mut v = self.per_tenth.lock().unwrap();
+        if v.len() <= t {
+            v.resize(t + 1, 0);
+        }
+        v[t] += 1;
+    }
+
+    /// Starts per second, by second.
+    fn per_second(&self) -> Vec<u64> {
+        self.per_tenth.lock().unwrap().chunks(10).map(|c| c.iter().sum()).collect()
+    }
+
+    /// When the first start at or after `at` came, from `at` (to a tenth
+    /// of a second).
+    fn first_after(&self, at: Instant) -> Option<Duration> {
+        let from = (at.saturating_duration_since(self.origin).as_millis() / 100) as usize;
+        let v = self.per_tenth.lock().unwrap();
+        (from..v.len())
+            .find(|&t| v[t] > 0)
+            .map(|t| (self.origin + Duration::from_millis(t as u64 * 100 + 100)).saturating_duration_since(at))
     }
 }
 
@@ -106,8 +164,9 @@ impl Executor for Counting {
         muster: Muster<'_>,
         cgroup: Option<muster_agent::cgroup::TaskCgroup>,
     ) -> Result<Box<dyn Attempt>, SpawnError> {
-        self.starts.note();
-        self.sim.spawn(launch, work_dir, muster, cgroup)
+        self.starts.note(launch);
+        let inner = self.sim.spawn(launch, work_dir, muster, cgroup)?;
+        Ok(Box::new(Tracked { inner, key: (launch.alloc, launch.task), starts: self.starts.clone(), ended: false }))
     }
 
     fn real(&self) -> bool {
@@ -115,14 +174,87 @@ impl Executor for Counting {
     }
 }
 
-/// A replica's `muster_raft_applied_index`.
-fn applied(http: &str) -> u64 {
+/// A simulated attempt whose end the record notes.
+struct Tracked {
+    inner: Box<dyn Attempt>,
+    key: (u64, u32),
+    starts: Arc<Starts>,
+    ended: bool,
+}
+
+impl Tracked {
+    fn end(&mut self) {
+        if !self.ended {
+            self.ended = true;
+            if let Some((_, running)) = self.starts.tasks.lock().unwrap().get_mut(&self.key) {
+                *running = false;
+            }
+        }
+    }
+}
+
+impl Attempt for Tracked {
+    fn pgid(&self) -> i32 {
+        self.inner.pgid()
+    }
+
+    fn wait(&mut self) -> muster_agent::executor::AttemptFuture<'_> {
+        Box::pin(async move {
+            let exit = self.inner.wait().await;
+            self.end();
+            exit
+        })
+    }
+
+    fn stop(&mut self, grace: Duration) -> muster_agent::executor::AttemptFuture<'_> {
+        Box::pin(async move {
+            let exit = self.inner.stop(grace).await;
+            self.end();
+            exit
+        })
+    }
+
+    fn signal(&mut self, signal: muster_agent::executor::TaskSignal) {
+        self.inner.signal(signal);
+    }
+
+    fn usage_now(&self) -> Option<muster_agent::cgroup::Usage> {
+        None
+    }
+
+    fn usage(&self) -> Option<muster_agent::cgroup::Usage> {
+        None
+    }
+}
+
+/// A replica's gauge `name` (0 when it cannot be read).
+fn gauge(http: &str, name: &str) -> u64 {
     common::metrics(http)
         .lines()
-        .find(|l| l.starts_with("muster_raft_applied_index"))
+        .find(|l| l.starts_with(name))
         .and_then(|l| l.split_whitespace().last())
         .and_then(|v| v.parse::<f64>().ok())
         .map_or(0, |v| v as u64)
+}
+
+/// A replica's `muster_raft_applied_index`.
+fn applied(http: &str) -> u64 {
+    gauge(http, "muster_raft_applied_index")
+}
+
+/// Which replica leads, besides `skip` (polled until one does).
+async fn find_leader(addrs: &[String], skip: Option<usize>) -> usize {
+    loop {
+        for (i, a) in addrs.iter().enumerate().filter(|(i, _)| Some(*i) != skip) {
+            let Ok(ch) = muster_tls::endpoint(a, None).unwrap().connect().await else { continue };
+            if let Ok(s) = AdminServiceClient::new(ch).status(v1::StatusRequest {}).await
+                && s.get_ref().role == "leader"
+            {
+                return i;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn ready_nodes(ch: &Channel) -> usize {
@@ -161,6 +293,7 @@ fn main() {
     let gangs_per_array = common::opt("--gangs-per-array", 10);
     let mean_ms = common::opt("--mean-ms", 10_000);
     let max_seconds = common::opt("--max-seconds", 600);
+    let kill_at = common::opt("--kill-leader-at", 0);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
@@ -168,7 +301,7 @@ fn main() {
         let https: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
         let room = (nodes + 200).to_string();
-        let servers = Servers(
+        let mut servers = Servers(
             (0..3)
                 .map(|i| {
                     Command::new(env!("CARGO_BIN_EXE_muster"))
@@ -186,27 +319,22 @@ fn main() {
                 })
                 .collect(),
         );
-        let leader = loop {
-            let mut found = None;
-            for (i, a) in addrs.iter().enumerate() {
-                let Ok(ch) = muster_tls::endpoint(a, None).unwrap().connect().await else { continue };
-                if let Ok(s) = AdminServiceClient::new(ch).status(v1::StatusRequest {}).await
-                    && s.get_ref().role == "leader"
-                {
-                    found = Some(i);
-                }
-            }
-            if let Some(i) = found {
-                break i;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let leader = find_leader(&addrs, None).await;
         let pid = servers.0[leader].id();
         let ch = muster_tls::endpoint(&addrs[leader], None).unwrap().connect().await.unwrap();
 
         // The fleet: real agents, simulated tasks.
-        let starts =
-            Arc::new(Starts { origin: Instant::now(), count: AtomicU64::new(0), per_second: Mutex::default() });
+        let starts = Arc::new(Starts {
+            origin: Instant::now(),
+            count: AtomicU64::new(0),
+            per_tenth: Mutex::default(),
+            tasks: Mutex::default(),
+            same_epoch: AtomicU64::new(0),
+            overlapping: AtomicU64::new(0),
+            restarted: AtomicU64::new(0),
+            restarted_gang: AtomicU64::new(0),
+            distinct_work: AtomicU64::new(0),
+        });
         let mean = Duration::from_millis(mean_ms);
         let sim = SimConfig {
             durations: Durations::Uniform(mean / 2, mean * 3 / 2),
@@ -276,28 +404,44 @@ fn main() {
         let load = Instant::now();
         let started_before = starts.count.load(Ordering::Relaxed);
         let done = Arc::new(AtomicBool::new(false));
-        let client = AllocationServiceClient::new(ch.clone()).max_decoding_message_size(64 << 20);
+        // The submitters' channel: the leader's, replaced after a failover.
+        let current = Arc::new(Mutex::new(ch.clone()));
+        let client = {
+            let current = current.clone();
+            move || AllocationServiceClient::new(current.lock().unwrap().clone()).max_decoding_message_size(64 << 20)
+        };
         let submitter = {
-            let mut c = client.clone();
+            let client = client.clone();
             tokio::spawn(async move {
-                let mut submitted = 0u64;
+                // Each submit carries its own idempotency key: one retried
+                // across a failover (the old leader committed it but never
+                // answered) is answered with what it made, not made again.
+                let keyed = |mut spec: v1::AllocationSpec, k: u64| {
+                    spec.idempotency_key = format!("fleet-{k}");
+                    Some(spec)
+                };
+                let (mut submitted, mut k) = (0u64, 0u64);
                 while submitted < tasks {
                     let n = array_size.min(tasks - submitted);
                     let req = v1::SubmitRequest {
-                        spec: Some(spec(1, 1, &["train"])),
+                        spec: keyed(spec(1, 1, &["train"]), k),
                         array: format!("0-{}", n - 1),
                         ..Default::default()
                     };
-                    if c.submit(req).await.is_ok() {
+                    if client().submit(req).await.is_ok() {
                         submitted += n;
+                        k += 1;
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     for _ in 0..gangs_per_array {
                         if submitted >= tasks {
                             break;
                         }
-                        let req = v1::SubmitRequest { spec: Some(spec(4, 8, &["train"])), ..Default::default() };
-                        if c.submit(req).await.is_ok() {
+                        let req = v1::SubmitRequest { spec: keyed(spec(4, 8, &["train"]), k), ..Default::default() };
+                        if client().submit(req).await.is_ok() {
                             submitted += 4;
+                            k += 1;
                         }
                     }
                 }
@@ -305,7 +449,7 @@ fn main() {
             })
         };
         let probe = {
-            let mut c = client.clone();
+            let client = client.clone();
             let done = done.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
@@ -313,9 +457,10 @@ fn main() {
                     let t0 = Instant::now();
                     // Ahead of the backlog (a higher priority, the same
                     // class): the control plane's latency, not the queue's.
-                    let mut probe = spec(1, 1, &["sleep", "1"]);
+                    let mut probe = spec(1, 1, &PROBE);
                     probe.priority = 100;
                     let req = v1::SubmitRequest { spec: Some(probe), ..Default::default() };
+                    let mut c = client();
                     if let Ok(r) = c.submit(req).await {
                         let id = r.into_inner().id;
                         if let Ok(w) = c.watch(v1::WatchRequest { id, from_revision: 0 }).await {
@@ -345,13 +490,35 @@ fn main() {
             })
         };
         let mut lag_max = 0u64;
+        let mut last_scrape = Instant::now();
+        // A failover: (the kill, the successor elected, all streams on it).
+        let mut failover: Option<(Instant, Option<(usize, Instant)>, Option<Instant>)> = None;
         let submitted = loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let now: Vec<u64> = https.iter().map(|h| applied(h)).collect();
-            let top = now.iter().copied().max().unwrap_or(0);
-            lag_max = lag_max.max(top - now.iter().copied().min().unwrap_or(0));
+            tokio::time::sleep(Duration::from_millis(100)).await;
             let started = starts.count.load(Ordering::Relaxed) - started_before;
-            if submitter.is_finished() && started >= tasks {
+            let distinct = starts.distinct_work.load(Ordering::Relaxed);
+            if kill_at > 0 && failover.is_none() && started >= kill_at {
+                let _ = servers.0[leader].kill();
+                let killed = Instant::now();
+                let next = find_leader(&addrs, Some(leader)).await;
+                let elected = Instant::now();
+                if let Ok(c) = muster_tls::endpoint(&addrs[next], None).unwrap().connect().await {
+                    *current.lock().unwrap() = c;
+                }
+                failover = Some((killed, Some((next, elected)), None));
+            }
+            if let Some((_, Some((next, _)), back @ None)) = &mut failover
+                && gauge(&https[*next], "muster_agent_streams") >= nodes as u64
+            {
+                *back = Some(Instant::now());
+            }
+            if last_scrape.elapsed() >= Duration::from_secs(1) && failover.is_none() {
+                last_scrape = Instant::now();
+                let now: Vec<u64> = https.iter().map(|h| applied(h)).collect();
+                let top = now.iter().copied().max().unwrap_or(0);
+                lag_max = lag_max.max(top - now.iter().copied().min().unwrap_or(0));
+            }
+            if submitter.is_finished() && distinct >= tasks {
                 break tasks;
             }
             if load.elapsed() > Duration::from_secs(max_seconds) {
@@ -366,7 +533,7 @@ fn main() {
         let rss_peak = rss_peak.await.unwrap_or(0).max(rss1);
         let mut lat = probe.await.unwrap_or_default();
         lat.sort();
-        let per_second = starts.per_second.lock().unwrap().clone();
+        let per_second = starts.per_second();
         // Sustained: the 10th to the 90th percent of starts.
         let total: u64 = per_second.iter().sum();
         let (mut acc, mut from, mut to) = (0u64, None, None);
@@ -411,10 +578,34 @@ fn main() {
             rss0 / 1024,
             rss_peak / 1024
         );
-        let entries = applied1[leader].saturating_sub(applied0[leader]);
+        let last = failover.as_ref().and_then(|f| f.1).map_or(leader, |(next, _)| next);
+        let entries = applied1[last].saturating_sub(applied0[last]);
         println!(
             "  log: {entries} entries applied, {:.0}/s; followers' largest lag {lag_max} entries",
             entries as f64 / elapsed
+        );
+        if let Some((killed, elected, back)) = failover {
+            let s = |d: Option<Duration>| d.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
+            let elected_at = elected.map(|(_, at)| at);
+            println!(
+                "  failover: leader killed (SIGKILL) at start {kill_at}; successor elected after {}; placements \
+                 resumed after {} (its first start); all {nodes} streams on it after {}",
+                s(elected_at.map(|at| at - killed)),
+                s(elected_at.and_then(|at| starts.first_after(at)).zip(elected_at).map(|(d, at)| at + d - killed)),
+                s(back.map(|at| at - killed)),
+            );
+        }
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let broken = load(&starts.same_epoch) + load(&starts.overlapping);
+        println!(
+            "  the agents' own record: {} distinct tasks started; started again under the same reservation {}, \
+             while still running {}{}; restarted under a new reservation after their attempt ended {} (of gangs {})",
+            starts.tasks.lock().unwrap().len(),
+            load(&starts.same_epoch),
+            load(&starts.overlapping),
+            if broken == 0 { "" } else { " (AT-MOST-ONCE BROKEN)" },
+            load(&starts.restarted),
+            load(&starts.restarted_gang),
         );
         let (fleet_cpu1, fleet_rss) = usage(std::process::id());
         let followers_cpu: Vec<String> = followers
