@@ -89,8 +89,8 @@ struct Starts {
     origin: Instant,
     count: AtomicU64,
     per_tenth: Mutex<Vec<u64>>,
-    /// (allocation, task) → (reservation epochs started, running now).
-    tasks: Mutex<std::collections::HashMap<(u64, u32), (Vec<u64>, bool)>>,
+    /// (allocation, task) → its runs.
+    tasks: Mutex<std::collections::HashMap<(u64, u32), Runs>>,
     /// Started again under a reservation already started.
     same_epoch: AtomicU64,
     /// Started while an attempt of the same task still ran.
@@ -148,6 +148,14 @@ impl Starts {
             .map(|t| (self.origin + Duration::from_millis(t as u64 * 100 + 100)).saturating_duration_since(at))
     }
 }
+
+/// One task's runs: the reservation epochs it started under, and whether
+/// an attempt of it runs now.
+type Runs = (Vec<u64>, bool);
+
+/// A leader kill: when, and the successor with when it was elected and
+/// when every stream was on it.
+type Failover = (Instant, Option<(usize, Instant)>, Option<Instant>);
 
 /// The simulated executor, counting starts.
 #[derive(Debug)]
@@ -492,7 +500,7 @@ fn main() {
         let mut lag_max = 0u64;
         let mut last_scrape = Instant::now();
         // A failover: (the kill, the successor elected, all streams on it).
-        let mut failover: Option<(Instant, Option<(usize, Instant)>, Option<Instant>)> = None;
+        let mut failover: Option<Failover> = None;
         let submitted = loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let started = starts.count.load(Ordering::Relaxed) - started_before;
