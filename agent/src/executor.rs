@@ -694,7 +694,18 @@ pub trait Attempt: Send + 'static {
     /// dropped part-way resumes where it was.
     fn wait(&mut self) -> AttemptFuture<'_>;
     /// SIGTERM, up to `grace` for it to end, then SIGKILL.
-    fn stop(&mut self, grace: Duration) -> AttemptFuture<'_>;
+    fn stop(&mut self, grace: Duration) -> AttemptFuture<'_> {
+        Box::pin(async move {
+            self.signal(TaskSignal::Term);
+            match tokio::time::timeout(grace, self.wait()).await {
+                Ok(exit) => exit,
+                Err(_) => {
+                    self.signal(TaskSignal::Kill);
+                    self.wait().await
+                }
+            }
+        })
+    }
     /// Sends it `signal`.
     fn signal(&mut self, signal: TaskSignal);
     /// What it uses now (`None`: not known).

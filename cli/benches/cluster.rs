@@ -26,7 +26,8 @@
 
 mod common;
 
-use std::net::TcpListener;
+use common::free_port;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -38,10 +39,6 @@ use muster_proto::v1::admin_service_client::AdminServiceClient;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
 use muster_tls::{Role, TlsMaterial};
 use tonic::transport::Channel;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 struct Servers {
     addrs: Vec<String>,

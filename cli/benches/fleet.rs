@@ -30,7 +30,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,39 +45,10 @@ use muster_proto::v1::node_service_client::NodeServiceClient;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
+use common::{Servers, free_port, usage};
+
 /// The probe's command (the workload's tasks run `train`).
 const PROBE: [&str; 2] = ["sleep", "1"];
-
-struct Servers(Vec<Child>);
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// (utime + stime in clock ticks, VmRSS in KiB) of a process.
-fn usage(pid: u32) -> (u64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(") ").map_or(Vec::new(), |(_, r)| r.split_whitespace().collect());
-    let ticks = fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    (ticks, rss)
-}
 
 /// Every task start, by tenth of a second since the origin, and the
 /// agents' own record of each task's runs: a task started again under the

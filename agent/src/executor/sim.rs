@@ -195,22 +195,6 @@ impl Attempt for SimAttempt {
         })
     }
 
-    fn stop(&mut self, grace: Duration) -> AttemptFuture<'_> {
-        Box::pin(async move {
-            if let Some(exit) = self.done {
-                return Ok(exit);
-            }
-            self.signal(TaskSignal::Term);
-            match tokio::time::timeout(grace, self.wait()).await {
-                Ok(exit) => exit,
-                Err(_) => {
-                    self.signal(TaskSignal::Kill);
-                    self.wait().await
-                }
-            }
-        })
-    }
-
     fn signal(&mut self, signal: TaskSignal) {
         if self.done.is_some() {
             return;

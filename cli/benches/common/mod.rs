@@ -99,3 +99,37 @@ impl DiskProbe {
         )
     }
 }
+
+/// A free TCP port on loopback (for a server about to bind it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Server processes, killed when dropped.
+pub struct Servers(pub Vec<std::process::Child>);
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// (utime + stime in clock ticks, VmRSS in KiB) of a process (zeros once
+/// it is gone).
+pub fn usage(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(") ").map_or(Vec::new(), |(_, r)| r.split_whitespace().collect());
+    let ticks = fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (ticks, rss)
+}

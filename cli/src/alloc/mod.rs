@@ -327,21 +327,17 @@ async fn explain(cluster: &mut Cluster, id: u64, out: Output) -> anyhow::Result<
         Ok(e) => e.into_inner(),
         Err(err) if format!("{err:#}").contains("left the live state") => {
             let record = crate::history::record(cluster, id).await?.ok_or(err)?;
+            let log = crate::history::wait_log(&record);
             let summary = format!(
                 "{}; it {}",
                 render::status_name(record.status),
-                muster_scheduler::sm::waits_summary(&crate::history::wait_log(&record), record.end_time_ms)
+                muster_scheduler::sm::waits_summary(&log, record.end_time_ms)
             );
             v1::Explanation {
                 id,
                 status: record.status,
                 summary,
-                waited_ms: record
-                    .waits
-                    .iter()
-                    .filter(|w| !matches!(w.wait.as_str(), "placed" | "ended"))
-                    .map(|w| w.duration_ms)
-                    .sum(),
+                waited_ms: log.waited_ms(record.end_time_ms),
                 waits: record.waits,
                 waits_dropped: record.waits_dropped,
                 ..Default::default()

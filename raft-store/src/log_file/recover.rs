@@ -57,25 +57,13 @@ pub(super) fn recover(
         let is_last = n + 1 == firsts.len();
         let mut raw = Vec::new();
         File::open(&path)?.read_to_end(&mut raw)?;
-        let start = match format::decode_segment_header(&raw) {
-            HeaderRead::Known(h) => {
-                if let Some(said) = h.first.filter(|&f| f != first) {
-                    return Err(corrupt(format!("{}'s header says it starts at entry {said}", path.display())));
-                }
-                h.records_at()
-            }
-            HeaderRead::Unsupported(v) => {
-                return Err(corrupt(format!(
-                    "{} is in log format version {v}; this build reads versions 0 to {}: run the muster that wrote it",
-                    path.display(),
-                    format::VERSION
-                )));
-            }
-            HeaderRead::Torn if raw.is_empty() && !is_last => 0,
-            HeaderRead::Torn if !is_last => {
+        let start = match records_at(&raw, first, &path)? {
+            Some(at) => at,
+            None if raw.is_empty() && !is_last => 0,
+            None if !is_last => {
                 return Err(corrupt(format!("{} has a segment header cut short", path.display())));
             }
-            HeaderRead::Torn => {
+            None => {
                 // Created by a crash-interrupted roll-over: nothing in it
                 // was ever synced. Start it again.
                 tracing::warn!(segment = %path.display(), "rewriting a segment header cut short by a crash");
@@ -186,21 +174,10 @@ pub(crate) fn read_only(dir: &Path) -> io::Result<(super::LogImage, Option<Strin
         let path = dir.join(segment_name(first));
         let is_last = n + 1 == firsts.len();
         let raw = fs::read(&path)?;
-        let start = match format::decode_segment_header(&raw) {
-            HeaderRead::Known(h) => {
-                if let Some(said) = h.first.filter(|&f| f != first) {
-                    return Err(corrupt(format!("{}'s header says it starts at entry {said}", path.display())));
-                }
-                h.records_at()
-            }
-            HeaderRead::Unsupported(v) => {
-                return Err(corrupt(format!(
-                    "{} is in log format version {v}, which this build does not read",
-                    path.display()
-                )));
-            }
-            HeaderRead::Torn if raw.is_empty() || is_last => continue,
-            HeaderRead::Torn => return Err(corrupt(format!("{} has a segment header cut short", path.display()))),
+        let start = match records_at(&raw, first, &path)? {
+            Some(at) => at,
+            None if raw.is_empty() || is_last => continue,
+            None => return Err(corrupt(format!("{} has a segment header cut short", path.display()))),
         };
         let (records, at, torn) = scan_records(&raw, start, &path, purged, &mut last)?;
         image.entries.extend(records.into_iter().map(|(index, _, bytes)| (index, bytes.to_vec())));
@@ -218,6 +195,24 @@ pub(crate) fn read_only(dir: &Path) -> io::Result<(super::LogImage, Option<Strin
         }
     }
     Ok((image, torn_tail))
+}
+
+/// Where the records of segment `first` (at `path`, its bytes `raw`) start,
+/// after a header that names it and a format this build reads; `None` when
+/// the header is cut short.
+fn records_at(raw: &[u8], first: u64, path: &Path) -> io::Result<Option<usize>> {
+    match format::decode_segment_header(raw) {
+        HeaderRead::Known(h) => match h.first.filter(|&f| f != first) {
+            Some(said) => Err(corrupt(format!("{}'s header says it starts at entry {said}", path.display()))),
+            None => Ok(Some(h.records_at())),
+        },
+        HeaderRead::Unsupported(v) => Err(corrupt(format!(
+            "{} is in log format version {v}; this build reads versions 0 to {}: run the muster that wrote it",
+            path.display(),
+            format::VERSION
+        ))),
+        HeaderRead::Torn => Ok(None),
+    }
 }
 
 /// The records of a segment's bytes from offset `start`: each live one
