@@ -56,7 +56,7 @@ class HistoryAttempt(_message.Message):
     def __init__(self, task: _Optional[int] = ..., attempt: _Optional[int] = ..., node_id: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., exit_code: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., preempted: _Optional[bool] = ..., watchdog: _Optional[str] = ..., usage: _Optional[_Union[_types_pb2.AttemptUsage, _Mapping]] = ...) -> None: ...
 
 class HistoryRecord(_message.Message):
-    __slots__ = ("seq", "id", "owner", "vcluster", "preemption_class", "priority", "gang_size", "resources", "command", "submit_time_ms", "start_time_ms", "end_time_ms", "status", "reason", "preemptions", "watchdog_trips", "gpu_seconds", "attempts", "idempotency_key", "array_id", "array_index")
+    __slots__ = ("seq", "id", "owner", "vcluster", "preemption_class", "priority", "gang_size", "resources", "command", "submit_time_ms", "start_time_ms", "end_time_ms", "status", "reason", "preemptions", "watchdog_trips", "gpu_seconds", "attempts", "idempotency_key", "array_id", "array_index", "waits", "waits_dropped")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,8 @@ class HistoryRecord(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    WAITS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     id: int
     owner: str
@@ -99,7 +101,9 @@ class HistoryRecord(_message.Message):
     idempotency_key: str
     array_id: int
     array_index: int
-    def __init__(self, seq: _Optional[int] = ..., id: _Optional[int] = ..., owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., command: _Optional[_Iterable[str]] = ..., submit_time_ms: _Optional[int] = ..., start_time_ms: _Optional[int] = ..., end_time_ms: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., reason: _Optional[str] = ..., preemptions: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., idempotency_key: _Optional[str] = ..., array_id: _Optional[int] = ..., array_index: _Optional[int] = ...) -> None: ...
+    waits: _containers.RepeatedCompositeFieldContainer[_types_pb2.WaitSpan]
+    waits_dropped: int
+    def __init__(self, seq: _Optional[int] = ..., id: _Optional[int] = ..., owner: _Optional[str] = ..., vcluster: _Optional[str] = ..., preemption_class: _Optional[int] = ..., priority: _Optional[int] = ..., gang_size: _Optional[int] = ..., resources: _Optional[_Union[_types_pb2.Resources, _Mapping]] = ..., command: _Optional[_Iterable[str]] = ..., submit_time_ms: _Optional[int] = ..., start_time_ms: _Optional[int] = ..., end_time_ms: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., reason: _Optional[str] = ..., preemptions: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., gpu_seconds: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[HistoryAttempt, _Mapping]]] = ..., idempotency_key: _Optional[str] = ..., array_id: _Optional[int] = ..., array_index: _Optional[int] = ..., waits: _Optional[_Iterable[_Union[_types_pb2.WaitSpan, _Mapping]]] = ..., waits_dropped: _Optional[int] = ...) -> None: ...
 
 class HistoryPage(_message.Message):
     __slots__ = ("records", "next_after_seq", "stored", "missing")

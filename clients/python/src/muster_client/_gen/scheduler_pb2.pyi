@@ -171,7 +171,7 @@ class AllocationEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., revision: _Optional[int] = ..., time_ms: _Optional[int] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
 
 class Explanation(_message.Message):
-    __slots__ = ("id", "status", "summary", "classes", "preemption", "planned_start", "checkpoints", "pulls")
+    __slots__ = ("id", "status", "summary", "classes", "preemption", "planned_start", "checkpoints", "pulls", "waits", "waits_dropped", "waited_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,9 @@ class Explanation(_message.Message):
     PLANNED_START_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     PULLS_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    WAITS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    WAITED_MS_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: _types_pb2.AllocationStatus
     summary: str
@@ -188,7 +191,10 @@ class Explanation(_message.Message):
     planned_start: PlannedStart
     checkpoints: _containers.RepeatedScalarFieldContainer[str]
     pulls: _containers.RepeatedCompositeFieldContainer[ImagePullProgress]
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ..., planned_start: _Optional[_Union[PlannedStart, _Mapping]] = ..., checkpoints: _Optional[_Iterable[str]] = ..., pulls: _Optional[_Iterable[_Union[ImagePullProgress, _Mapping]]] = ...) -> None: ...
+    waits: _containers.RepeatedCompositeFieldContainer[_types_pb2.WaitSpan]
+    waits_dropped: int
+    waited_ms: int
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[_types_pb2.AllocationStatus, str]] = ..., summary: _Optional[str] = ..., classes: _Optional[_Iterable[_Union[NodeClassReason, _Mapping]]] = ..., preemption: _Optional[_Union[PreemptionPlan, _Mapping]] = ..., planned_start: _Optional[_Union[PlannedStart, _Mapping]] = ..., checkpoints: _Optional[_Iterable[str]] = ..., pulls: _Optional[_Iterable[_Union[ImagePullProgress, _Mapping]]] = ..., waits: _Optional[_Iterable[_Union[_types_pb2.WaitSpan, _Mapping]]] = ..., waits_dropped: _Optional[int] = ..., waited_ms: _Optional[int] = ...) -> None: ...
 
 class ImagePullProgress(_message.Message):
     __slots__ = ("task", "node_id", "image", "done_bytes", "total_bytes", "elapsed_ms")

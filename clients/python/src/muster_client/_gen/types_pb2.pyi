@@ -447,3 +447,27 @@ class AttemptUsage(_message.Message):
     gpu_util_pct: int
     peak_gpu_memory_bytes: int
     def __init__(self, peak_memory_bytes: _Optional[int] = ..., cpu_ms: _Optional[int] = ..., oom_kills: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., gpu_util_pct: _Optional[int] = ..., peak_gpu_memory_bytes: _Optional[int] = ...) -> None: ...
+
+class WaitSpan(_message.Message):
+    __slots__ = ("since_ms", "duration_ms", "wait", "detail", "holders")
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    since_ms: int
+    duration_ms: int
+    wait: str
+    detail: str
+    holders: _containers.RepeatedCompositeFieldContainer[WaitHolder]
+    def __init__(self, since_ms: _Optional[int] = ..., duration_ms: _Optional[int] = ..., wait: _Optional[str] = ..., detail: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[WaitHolder, _Mapping]]] = ...) -> None: ...
+
+class WaitHolder(_message.Message):
+    __slots__ = ("id", "owner", "preemption_class")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_CLASS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    owner: str
+    preemption_class: int
+    def __init__(self, id: _Optional[int] = ..., owner: _Optional[str] = ..., preemption_class: _Optional[int] = ...) -> None: ...
