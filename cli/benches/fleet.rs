@@ -27,6 +27,12 @@
 //!
 //! Every start is recorded by the agents' executor: a task started twice
 //! (at-most-once broken) is counted and reported.
+//!
+//! `cargo test` (CI) runs it without `--bench`, as a smoke version against
+//! the debug build: 20 nodes, 800 tasks, the leader killed at the 400th
+//! start; it panics unless every task started exactly once under its
+//! reservation, placements resumed on the successor, every stream came back
+//! to it and the report's figures were read.
 
 mod common;
 
@@ -206,14 +212,29 @@ impl Attempt for Tracked {
     }
 }
 
+/// One scrape of a replica's `/metrics`.
+struct Scrape(String);
+
+impl Scrape {
+    fn of(http: &str) -> Scrape {
+        Scrape(common::metrics(http))
+    }
+
+    /// The first series of metric `name` (whatever its labels; 0 when
+    /// absent).
+    fn value(&self, name: &str) -> f64 {
+        self.0
+            .lines()
+            .find(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    }
+}
+
 /// A replica's gauge `name` (0 when it cannot be read).
 fn gauge(http: &str, name: &str) -> u64 {
-    common::metrics(http)
-        .lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    Scrape::of(http).value(name) as u64
 }
 
 /// A replica's `muster_raft_applied_index`.
@@ -266,13 +287,26 @@ fn spec(gang_size: u32, gpus: u32, command: &[&str]) -> v1::AllocationSpec {
 }
 
 fn main() {
-    let nodes = common::opt("--nodes", 1_000) as usize;
-    let tasks = common::opt("--tasks", 100_000);
-    let array_size = common::opt("--array-size", 10_000).clamp(1, 1_000_000);
-    let gangs_per_array = common::opt("--gangs-per-array", 10);
-    let mean_ms = common::opt("--mean-ms", 10_000);
-    let max_seconds = common::opt("--max-seconds", 600);
-    let kill_at = common::opt("--kill-leader-at", 0);
+    // `cargo test` runs this target without `--bench`: the smoke version,
+    // which fails (panics) unless every task started once, the failover
+    // came back and the report's figures were read.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let (nodes, tasks, array_size, gangs_per_array, mean_ms, max_seconds, kill_at) = if smoke {
+        (20, 800, 200, 2, 1_000, 300, 400)
+    } else {
+        (
+            common::opt("--nodes", 1_000) as usize,
+            common::opt("--tasks", 100_000),
+            common::opt("--array-size", 10_000).clamp(1, 1_000_000),
+            common::opt("--gangs-per-array", 10),
+            common::opt("--mean-ms", 10_000),
+            common::opt("--max-seconds", 600),
+            common::opt("--kill-leader-at", 0),
+        )
+    };
+    let snapshot_every = common::opt("--snapshot-every", 0);
+    // The servers' logs, when MUSTER_FLEET_LOGS names a directory.
+    let logs = std::env::var_os("MUSTER_FLEET_LOGS").map(std::path::PathBuf::from);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
@@ -291,8 +325,15 @@ fn main() {
                         .args(["--http", &https[i]])
                         .arg("--data-dir")
                         .arg(dir.path().join(format!("d{i}")))
+                        .args(if snapshot_every > 0 {
+                            vec!["--snapshot-every".to_string(), snapshot_every.to_string()]
+                        } else {
+                            vec![]
+                        })
                         .stdout(Stdio::null())
-                        .stderr(Stdio::null())
+                        .stderr(logs.as_ref().map_or(Stdio::null(), |d| {
+                            std::fs::File::create(d.join(format!("server-{}.log", i + 1))).unwrap().into()
+                        }))
                         .spawn()
                         .unwrap()
                 })
@@ -380,6 +421,9 @@ fn main() {
         let followers_cpu0: Vec<u64> = followers.iter().map(|&p| usage(p).0).collect();
         let (fleet_cpu0, _) = usage(std::process::id());
         let applied0: Vec<u64> = https.iter().map(|h| applied(h)).collect();
+        let leader0 = Scrape::of(&https[leader]);
+        let fanout0 = (leader0.value("muster_agent_sync_seconds_sum"), leader0.value("muster_agent_sync_seconds_count"));
+        let appended0 = leader0.value("muster_raft_appended_bytes_total");
         let load = Instant::now();
         let started_before = starts.count.load(Ordering::Relaxed);
         let done = Arc::new(AtomicBool::new(false));
@@ -469,7 +513,21 @@ fn main() {
             })
         };
         let mut lag_max = 0u64;
+        let mut history_backlog = 0u64;
+        // The leader's resident memory and latest snapshot when 10 %, 50 %
+        // and all of the tasks had started.
+        let marks = [tasks / 10, tasks / 2, tasks];
+        let mut at_marks: Vec<(u64, u64, u64)> = Vec::new();
         let mut last_scrape = Instant::now();
+        // The replica the submitters talk to; elections nobody caused
+        // (no kill) are followed, and counted.
+        let mut leading = leader;
+        let mut elections = Vec::new();
+        // Every 10 s, a line on stderr: how the run goes (not in the smoke).
+        let mut last_line = (Instant::now(), 0u64, cpu0, applied0[leader]);
+        if !smoke {
+            eprintln!("    t(s)  starts/s  applied  entries/s  leader-cpu  leader-MiB  queued  history-missing  streams");
+        }
         // A failover: (the kill, the successor elected, all streams on it).
         let mut failover: Option<Failover> = None;
         let submitted = loop {
@@ -496,6 +554,44 @@ fn main() {
                 let now: Vec<u64> = https.iter().map(|h| applied(h)).collect();
                 let top = now.iter().copied().max().unwrap_or(0);
                 lag_max = lag_max.max(top - now.iter().copied().min().unwrap_or(0));
+                let l = Scrape::of(&https[leading]);
+                if l.value("muster_raft_is_leader") < 1.0 {
+                    let next = find_leader(&addrs, None).await;
+                    if next != leading
+                        && let Ok(c) = muster_tls::endpoint(&addrs[next], None).unwrap().connect().await
+                    {
+                        *current.lock().unwrap() = c;
+                        eprintln!("  replica {} leads now, at {:.0} s", next + 1, load.elapsed().as_secs_f64());
+                        elections.push((load.elapsed().as_secs_f64(), next));
+                        leading = next;
+                    }
+                }
+                history_backlog = history_backlog.max(l.value("muster_history_missing") as u64);
+                if let Some(&mark) = marks.get(at_marks.len())
+                    && distinct >= mark
+                {
+                    at_marks.push((distinct, usage(pid).1, l.value("muster_raft_snapshot_bytes") as u64));
+                }
+                if !smoke && last_line.0.elapsed() >= Duration::from_secs(10) {
+                    let secs = last_line.0.elapsed().as_secs_f64();
+                    let (cpu, rss) = usage(pid);
+                    let applied = now[leading];
+                    eprintln!(
+                        "  {:6.0}  {:8.0}  {applied:7}  {:9.1}  {:9.0} %  {:10}  {:6.0}  {:15.0}  {:7.0}",
+                        load.elapsed().as_secs_f64(),
+                        (started - last_line.1) as f64 / secs,
+                        applied.saturating_sub(last_line.3) as f64 / secs,
+                        (cpu - last_line.2) as f64 / secs,
+                        rss / 1024,
+                        l.value("muster_sm_queue_depth"),
+                        l.value("muster_history_missing"),
+                        l.value("muster_agent_streams"),
+                    );
+                    last_line = (Instant::now(), started, cpu, applied);
+                    if let Some(d) = &logs {
+                        let _ = std::fs::write(d.join(format!("metrics-{:.0}.txt", load.elapsed().as_secs_f64())), &l.0);
+                    }
+                }
             }
             if submitter.is_finished() && distinct >= tasks {
                 break tasks;
@@ -509,6 +605,11 @@ fn main() {
         done.store(true, Ordering::Relaxed);
         let (cpu1, rss1) = usage(pid);
         let applied1: Vec<u64> = https.iter().map(|h| applied(h)).collect();
+        let last = failover.as_ref().and_then(|f| f.1).map_or(leading, |(next, _)| next);
+        let ended = Scrape::of(&https[last]);
+        if failover.is_none() && at_marks.len() < marks.len() {
+            at_marks.push((starts.distinct_work.load(Ordering::Relaxed), rss1, ended.value("muster_raft_snapshot_bytes") as u64));
+        }
         let rss_peak = rss_peak.await.unwrap_or(0).max(rss1);
         let mut lat = probe.await.unwrap_or_default();
         lat.sort();
@@ -529,9 +630,10 @@ fn main() {
         let sustained = per_second[from..to.min(per_second.len())].iter().sum::<u64>() as f64 / (to - from) as f64;
 
         println!(
-            "fleet: {nodes} real agents (simulated tasks, 8 GPUs each), 3 release muster servers, insecure; \
+            "fleet: {nodes} real agents (simulated tasks, 8 GPUs each), 3 {} muster servers, insecure; \
              {submitted} tasks in arrays of {array_size} one-GPU elements and four-node gangs; run time uniform \
              {:.1}-{:.1} s",
+            if cfg!(debug_assertions) { "debug" } else { "release" },
             mean.as_secs_f64() / 2.0,
             mean.as_secs_f64() * 1.5
         );
@@ -557,12 +659,58 @@ fn main() {
             rss0 / 1024,
             rss_peak / 1024
         );
-        let last = failover.as_ref().and_then(|f| f.1).map_or(leader, |(next, _)| next);
         let entries = applied1[last].saturating_sub(applied0[last]);
+        // Counted by the leader the run ended with (after a failover, the
+        // successor's own counts: its bytes and syncs since it started).
+        let (fan_sum0, fan_count0, appended0) = if last == leader { (fanout0.0, fanout0.1, appended0) } else { (0.0, 0.0, 0.0) };
+        let appended = ended.value("muster_raft_appended_bytes_total") - appended0;
         println!(
-            "  log: {entries} entries applied, {:.0}/s; followers' largest lag {lag_max} entries",
-            entries as f64 / elapsed
+            "  log: {entries} entries applied, {:.0}/s, {:.0} bytes each on average ({:.2} MB/s); followers' largest \
+             lag {lag_max} entries",
+            entries as f64 / elapsed,
+            appended / entries.max(1) as f64,
+            appended / elapsed / 1e6,
         );
+        let (syncs, sync_s) = (
+            ended.value("muster_agent_sync_seconds_count") - fan_count0,
+            ended.value("muster_agent_sync_seconds_sum") - fan_sum0,
+        );
+        println!(
+            "  agent-sync fan-out: {syncs:.0} stream syncs, {:.2} per entry, {:.0} us each; {:.2} ms per entry, {:.0} % \
+             of a core",
+            syncs / entries.max(1) as f64,
+            sync_s / syncs.max(1.0) * 1e6,
+            sync_s / entries.max(1) as f64 * 1e3,
+            sync_s / elapsed * 100.0,
+        );
+        let (snaps, copy_s, encode_s) = (
+            ended.value("muster_raft_snapshot_encode_seconds_count"),
+            ended.value("muster_raft_snapshot_copy_seconds_sum"),
+            ended.value("muster_raft_snapshot_encode_seconds_sum"),
+        );
+        println!(
+            "  snapshots built by the leader: {snaps:.0}, each a {:.0} ms copy under the state's lock and a {:.0} ms \
+             encoding; the latest {:.1} MB",
+            copy_s / snaps.max(1.0) * 1e3,
+            encode_s / snaps.max(1.0) * 1e3,
+            ended.value("muster_raft_snapshot_bytes") / 1e6,
+        );
+        println!("  history writer: largest backlog {history_backlog} records (muster_history_missing, per second)");
+        if !at_marks.is_empty() {
+            let first = at_marks[0].1.max(1) as f64;
+            let marks: Vec<String> = at_marks
+                .iter()
+                .map(|(n, rss, snap)| {
+                    format!(
+                        "{n} started: {} MiB ({:+.0} %), snapshot {:.1} MB",
+                        rss / 1024,
+                        (*rss as f64 / first - 1.0) * 100.0,
+                        *snap as f64 / 1e6
+                    )
+                })
+                .collect();
+            println!("  leader memory: {}", marks.join("; "));
+        }
         if let Some((killed, elected, back)) = failover {
             let s = |d: Option<Duration>| d.map_or("never".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
             let elected_at = elected.map(|(_, at)| at);
@@ -573,6 +721,11 @@ fn main() {
                 s(elected_at.and_then(|at| starts.first_after(at)).zip(elected_at).map(|(d, at)| at + d - killed)),
                 s(back.map(|at| at - killed)),
             );
+        }
+        if !elections.is_empty() {
+            let at: Vec<String> =
+                elections.iter().map(|(t, r)| format!("replica {} at {t:.0} s", r + 1)).collect();
+            println!("  leader changes nobody caused: {} ({})", elections.len(), at.join(", "));
         }
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let broken = load(&starts.same_epoch) + load(&starts.overlapping);
@@ -598,6 +751,18 @@ fn main() {
             (fleet_cpu1 - fleet_cpu0) as f64 / elapsed,
             fleet_rss / 1024
         );
+        if smoke {
+            assert!(registered_in < Duration::from_secs(max_seconds), "the fleet registered");
+            assert_eq!(starts.distinct_work.load(Ordering::Relaxed), tasks, "every task of the workload started");
+            assert_eq!(broken, 0, "no task started twice under one reservation, or while it still ran");
+            assert!(!lat.is_empty(), "the probe's jobs started");
+            assert!(entries > 0 && appended > 0.0, "the log's figures were read");
+            assert!(syncs > 0.0, "the fan-out's figures were read");
+            let (_, elected, back) = failover.expect("the leader was killed");
+            let elected = elected.expect("a successor was elected").1;
+            assert!(starts.first_after(elected).is_some(), "placements resumed on the successor");
+            assert!(back.is_some(), "every stream came back to the successor");
+        }
         let _ = stop.send(true);
         for h in handles {
             let _ = tokio::time::timeout(Duration::from_secs(5), h).await;

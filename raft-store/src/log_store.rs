@@ -157,6 +157,8 @@ impl<A: StateMachineApp> RaftLogStorage<C<A>> for LogStore<A> {
             callback.log_io_completed(Ok(()));
             return Ok(());
         };
+        metrics::counter!("muster_raft_appended_bytes_total")
+            .increment(items.iter().map(|(_, b)| b.len() as u64).sum());
         {
             // With the crash shim on, an append waits for a sync in progress,
             // so the image records exactly what that sync made durable.

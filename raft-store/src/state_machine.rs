@@ -149,6 +149,7 @@ impl<A: StateMachineApp> StateMachineStore<A> {
 
 impl<A: StateMachineApp> RaftSnapshotBuilder<C<A>> for StateMachineStore<A> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<C<A>>, StorageError<u64>> {
+        let copying = std::time::Instant::now();
         let (meta, data) = {
             let mut inner = self.inner.write().expect("state machine lock poisoned");
             inner.snapshots_built += 1;
@@ -160,6 +161,7 @@ impl<A: StateMachineApp> RaftSnapshotBuilder<C<A>> for StateMachineStore<A> {
                 SnapshotMeta { last_log_id: inner.applied, last_membership: inner.membership.clone(), snapshot_id };
             (meta, inner.app.encoding_copy())
         };
+        metrics::histogram!("muster_raft_snapshot_copy_seconds").record(copying.elapsed().as_secs_f64());
         // Encoded off the lock (and off the async workers): applies and
         // reads go on meanwhile.
         let started = std::time::Instant::now();
@@ -167,6 +169,7 @@ impl<A: StateMachineApp> RaftSnapshotBuilder<C<A>> for StateMachineStore<A> {
             StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(format!("encoding task: {e}"))))
         })?;
         metrics::histogram!("muster_raft_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
+        metrics::gauge!("muster_raft_snapshot_bytes").set(data.len() as f64);
         self.store_snapshot(&meta, &data).await?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }

@@ -100,6 +100,13 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         "encoding a snapshot from a copy of the state taken under its lock, after letting the lock go",
     ),
     m(
+        "muster_raft_snapshot_copy_seconds",
+        Histogram,
+        "taking the copy of the state a snapshot encodes, under the state's lock (applies wait meanwhile)",
+    ),
+    m("muster_raft_snapshot_bytes", Gauge, "size of the latest snapshot this replica built, encoded"),
+    m("muster_raft_appended_bytes_total", Counter, "encoded log entries appended to this replica's log, in bytes"),
+    m(
         "muster_raft_append_rpc_seconds",
         Histogram,
         "an append carrying entries, sent to a follower until its answer: transport both ways plus the follower's handling",
@@ -161,6 +168,11 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_admission_pass_seconds", Histogram, "one leader admission pass (planning and proposing)"),
     m("muster_read_batch_size", Histogram, "linearizable reads answered by one leadership confirmation"),
     m("muster_agent_streams", Gauge, "agent streams this replica holds open (the leader holds them all)"),
+    m(
+        "muster_agent_sync_seconds",
+        Histogram,
+        "one sync of an agent stream on the leader: planning what to send its node and sending it",
+    ),
     m(
         "muster_agent_uploads_refused_total",
         Counter,

@@ -292,6 +292,13 @@ impl Session {
     /// status when it changed, new assignments, preempts and hints, stops.
     /// On a heartbeat (`repeat`) every preempt not yet acked is sent again.
     pub(super) async fn sync(&mut self, repeat: bool) -> Result<(), Status> {
+        let started = std::time::Instant::now();
+        let result = self.sync_now(repeat).await;
+        metrics::histogram!("muster_agent_sync_seconds").record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn sync_now(&mut self, repeat: bool) -> Result<(), Status> {
         let cfg = SyncConfig {
             stop_grace_ms: self.cfg.stop_grace.as_millis() as u32,
             preemption_grace_ms: self.preemption.grace_ms as u32,
