@@ -115,6 +115,7 @@ impl<A: StateMachineApp> AppReader<A> {
 
 impl<A: StateMachineApp> StateMachineStore<A> {
     pub(crate) fn open(disk: Disk, snapshot: Option<StoredSnapshot>) -> Result<Self, String> {
+        metrics::gauge!("muster_raft_snapshot_bytes").set(snapshot.as_ref().map_or(0, |s| s.data.len()) as f64);
         let inner = match snapshot {
             None => {
                 Inner { app: A::default(), applied: None, membership: StoredMembership::default(), snapshots_built: 0 }
@@ -240,6 +241,7 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
             StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e)))
         })?;
         self.store_snapshot(meta, &data).await?;
+        metrics::gauge!("muster_raft_snapshot_bytes").set(data.len() as f64);
         let mut inner = self.inner.write().expect("state machine lock poisoned");
         inner.app = app;
         inner.applied = meta.last_log_id;

@@ -104,7 +104,11 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         Histogram,
         "taking the copy of the state a snapshot encodes, under the state's lock (applies wait meanwhile)",
     ),
-    m("muster_raft_snapshot_bytes", Gauge, "size of the latest snapshot this replica built, encoded"),
+    m(
+        "muster_raft_snapshot_bytes",
+        Gauge,
+        "size of the latest snapshot this replica holds (built, installed, or loaded at start; 0: none), encoded",
+    ),
     m("muster_raft_appended_bytes_total", Counter, "encoded log entries appended to this replica's log, in bytes"),
     m(
         "muster_raft_append_rpc_seconds",
