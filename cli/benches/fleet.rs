@@ -13,8 +13,14 @@
 //!
 //! It reports: registration time; tasks started per second (overall, and
 //! sustained between the 10th and the 90th percent of starts); the probe's
-//! submit → running p50/p99/max; the leader's CPU and resident memory; the
-//! replicas' applied entries per second and the followers' largest lag.
+//! submit → running p50/p99/max; the leader's CPU and resident memory (and
+//! that memory at 10 %, 50 % and all of the tasks); the replicas' applied
+//! entries per second, their mean size and the followers' largest lag; the
+//! agent-sync fan-out per entry; the snapshots built (copy under the lock,
+//! encoding, size); the history writer's largest backlog; leader changes it
+//! did not cause (it follows them). Every 10 s it prints a line of the run
+//! on stderr; with `MUSTER_FLEET_LOGS=DIR` the servers' logs and a /metrics
+//! scrape every 10 s go there. `--snapshot-every N` is passed to the servers.
 //!
 //! Run: `cargo bench -p muster --bench fleet -- --nodes 10000 --tasks 1000000`.
 //! Options after `--`: `--nodes N` (default 1,000), `--tasks T` (default
@@ -602,6 +608,18 @@ fn main() {
             }
         };
         let elapsed = load.elapsed().as_secs_f64();
+        // The last streams may come back after the last start (an agent's
+        // back-off): waited for, up to a minute, so "never" is a real one.
+        if let Some((_, Some((next, _)), back @ None)) = &mut failover {
+            let until = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < until {
+                if gauge(&https[*next], "muster_agent_streams") >= nodes as u64 {
+                    *back = Some(Instant::now());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         done.store(true, Ordering::Relaxed);
         let (cpu1, rss1) = usage(pid);
         let applied1: Vec<u64> = https.iter().map(|h| applied(h)).collect();
