@@ -557,10 +557,12 @@ fn main() {
             }
             if last_scrape.elapsed() >= Duration::from_secs(1) && failover.is_none() {
                 last_scrape = Instant::now();
-                let now: Vec<u64> = https.iter().map(|h| applied(h)).collect();
+                // One scrape of each replica a second.
+                let mut scrapes: Vec<Scrape> = https.iter().map(|h| Scrape::of(h)).collect();
+                let now: Vec<u64> = scrapes.iter().map(|s| s.value("muster_raft_applied_index") as u64).collect();
                 let top = now.iter().copied().max().unwrap_or(0);
                 lag_max = lag_max.max(top - now.iter().copied().min().unwrap_or(0));
-                let l = Scrape::of(&https[leading]);
+                let l = scrapes.swap_remove(leading);
                 if l.value("muster_raft_is_leader") < 1.0 {
                     let next = find_leader(&addrs, None).await;
                     if next != leading

@@ -144,7 +144,10 @@ impl<A: StateMachineApp> StateMachineStore<A> {
         };
         let stored = StoredSnapshot { meta: meta.clone(), data: data.to_vec() };
         let bytes = codec::encode(&stored).map_err(|e| err(&e))?;
-        self.disk.write_snapshot(bytes).await.map_err(|e| err(&e))
+        self.disk.write_snapshot(bytes).await.map_err(|e| err(&e))?;
+        // Built or installed: the snapshot this replica holds now.
+        metrics::gauge!("muster_raft_snapshot_bytes").set(data.len() as f64);
+        Ok(())
     }
 }
 
@@ -170,7 +173,6 @@ impl<A: StateMachineApp> RaftSnapshotBuilder<C<A>> for StateMachineStore<A> {
             StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(format!("encoding task: {e}"))))
         })?;
         metrics::histogram!("muster_raft_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
-        metrics::gauge!("muster_raft_snapshot_bytes").set(data.len() as f64);
         self.store_snapshot(&meta, &data).await?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
@@ -241,7 +243,6 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
             StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e)))
         })?;
         self.store_snapshot(meta, &data).await?;
-        metrics::gauge!("muster_raft_snapshot_bytes").set(data.len() as f64);
         let mut inner = self.inner.write().expect("state machine lock poisoned");
         inner.app = app;
         inner.applied = meta.last_log_id;
