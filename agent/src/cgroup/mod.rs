@@ -10,7 +10,7 @@
 //!       limits:  memory (hard, swap off)  cpu quota  pids.max  devices (v1: others' GPUs denied)
 //!       join:    the child writes "0" to each cgroup.procs before exec (no fork escapes the move)
 //!       stop:    v2 cgroup.kill │ v1 freeze → SIGKILL every pid → thaw; repeated until empty
-//!       end:     usage (peak memory, CPU time, OOM kills) read, then the directories removed
+//!       end:     usage (peak memory, CPU time, OOM kills) read, then kept as a spare (v1) or removed
 //! ```
 //!
 //! Every path below the mount points is derived from the attempt's key, so
@@ -24,7 +24,9 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+mod spare;
 mod task;
 #[cfg(test)]
 mod tests;
@@ -165,6 +167,9 @@ pub struct Isolation {
     /// Where the agent's own process went (v2, out of the cgroup it
     /// delegates to its tasks), if it moved.
     moved_to: Option<PathBuf>,
+    /// Emptied attempt cgroups kept for the next attempts (v1 only:
+    /// v2 cannot rename a cgroup).
+    spares: Option<Arc<spare::Spares>>,
 }
 
 /// How the agent's subtree is chosen.
@@ -352,6 +357,7 @@ impl Isolation {
                 has_swap_limit: false,
                 has_kill: false,
                 moved_to: None,
+                spares: None,
             };
             return iso.set_up();
         }
@@ -376,6 +382,7 @@ impl Isolation {
             has_swap_limit: false,
             has_kill: false,
             moved_to: None,
+            spares: None,
         };
         iso.delegate_v2(&top, &join_cg(&top, &own_path))?;
         iso.set_up()
@@ -435,6 +442,7 @@ impl Isolation {
             Version::V1 => {
                 let mem = self.dir_of("memory");
                 self.has_swap_limit = mem.join("memory.memsw.limit_in_bytes").exists();
+                self.spares = Some(Arc::new(spare::Spares::new(self.roots(), self.has_swap_limit)));
             }
             Version::V2 => {
                 let root = &self.hierarchies[0].root;
@@ -494,7 +502,14 @@ impl Isolation {
             name: name.to_string(),
             dirs: self.hierarchies.iter().map(|h| (h.controllers.clone(), h.root.join(name))).collect(),
             has_kill: self.has_kill,
+            applied: None,
+            spares: self.spares.clone(),
         }
+    }
+
+    /// How many emptied cgroups are kept for the next attempts now.
+    pub fn spares(&self) -> usize {
+        self.spares.as_ref().map_or(0, |s| s.len())
     }
 
     /// The attempts' cgroups under the subtree now (by name), for finding
@@ -509,40 +524,102 @@ impl Isolation {
         keys
     }
 
-    /// Creates attempt `key`'s cgroup with `limits`. A leftover of the same
-    /// name (an earlier agent's) is emptied and reused.
+    /// Creates attempt `key`'s cgroup with `limits`: a spare renamed
+    /// (v1, [`spare`]) or a new one. A leftover of the same name (an
+    /// earlier agent's) is emptied and reused.
     pub fn create(&self, key: (u64, u32, u64), limits: &Limits) -> Result<TaskCgroup, String> {
-        let cg = self.attempt(key);
+        let name = Isolation::attempt_name(key);
+        if let Some(spares) = &self.spares
+            && !self.hierarchies[0].root.join(&name).exists()
+            && let Some(before) = spares.take(&name)
+        {
+            let mut cg = self.cgroup_named(&name);
+            match self.reuse(&cg, limits, &before) {
+                Ok(applied) => {
+                    cg.applied = Some(applied);
+                    return Ok(cg);
+                }
+                Err(e) => {
+                    tracing::debug!(cgroup = %name, error = %e, "cannot reuse a spare cgroup; making a new one");
+                    cg.spares = None;
+                    cg.remove();
+                }
+            }
+        }
+        let mut cg = self.cgroup_named(&name);
         for (_, dir) in &cg.dirs {
             fs::create_dir_all(dir).map_err(|e| format!("cannot create the cgroup {}: {e}", dir.display()))?;
         }
+        cg.applied = Some(self.apply(&cg, limits, None)?);
+        Ok(cg)
+    }
+
+    /// Readies a spare renamed to `cg` for its next attempt: its peak and
+    /// CPU counters reset, its device list the parent's again, and the
+    /// limits that differ from `before` written.
+    fn reuse(&self, cg: &TaskCgroup, limits: &Limits, before: &spare::Applied) -> Result<spare::Applied, String> {
         let set = |controller: &str, file: &str, value: &str| -> Result<(), String> {
             let path = cg.dir_of(controller).join(file);
             fs::write(&path, value).map_err(|e| format!("cannot set {} to {value:?}: {e}", path.display()))
         };
-        let pids = if limits.pids == 0 { self.pids_default } else { limits.pids };
-        set("pids", "pids.max", &pids.to_string())?;
-        let bytes = limits.mem_mb.saturating_mul(1024 * 1024);
+        set("memory", "memory.max_usage_in_bytes", "0")?;
+        set("cpuacct", "cpuacct.usage", "0")?;
+        set("devices", "devices.allow", "a")?;
+        self.apply(cg, limits, Some(before))
+    }
+
+    /// Writes `limits` to `cg`, all of them to a new cgroup (`before`:
+    /// `None`), or those that differ from what a reused one holds.
+    fn apply(
+        &self,
+        cg: &TaskCgroup,
+        limits: &Limits,
+        before: Option<&spare::Applied>,
+    ) -> Result<spare::Applied, String> {
+        let set = |controller: &str, file: &str, value: &str| -> Result<(), String> {
+            let path = cg.dir_of(controller).join(file);
+            fs::write(&path, value).map_err(|e| format!("cannot set {} to {value:?}: {e}", path.display()))
+        };
+        let want = spare::Applied {
+            pids: if limits.pids == 0 { self.pids_default } else { limits.pids },
+            mem_bytes: limits.mem_mb.saturating_mul(1024 * 1024),
+            cpu_quota_us: u64::from(limits.cpus) * 100_000,
+        };
+        // A new cgroup holds the kernel's defaults: no pids limit (0
+        // never matches), no memory limit, no quota.
+        let fresh = before.is_none();
+        let before = before.cloned().unwrap_or_default();
+        if want.pids != before.pids {
+            set("pids", "pids.max", &want.pids.to_string())?;
+        }
         match self.version {
             Version::V1 => {
-                if limits.mem_mb > 0 {
+                if want.mem_bytes != before.mem_bytes {
                     // The swap limit (memory + swap) may not go under the
                     // memory limit: raise both in the order that keeps
                     // that true from any earlier values.
                     if self.has_swap_limit {
                         let _ = fs::write(cg.dir_of("memory").join("memory.memsw.limit_in_bytes"), "-1");
                     }
-                    set("memory", "memory.limit_in_bytes", &bytes.to_string())?;
-                    if self.has_swap_limit {
-                        set("memory", "memory.memsw.limit_in_bytes", &bytes.to_string())?;
+                    if want.mem_bytes > 0 {
+                        set("memory", "memory.limit_in_bytes", &want.mem_bytes.to_string())?;
+                        if self.has_swap_limit {
+                            set("memory", "memory.memsw.limit_in_bytes", &want.mem_bytes.to_string())?;
+                        }
+                    } else {
+                        set("memory", "memory.limit_in_bytes", "-1")?;
                     }
                 }
-                // Best effort: some kernels refuse it under a parent with
-                // a hierarchy; the swap limit above is what holds.
-                let _ = fs::write(cg.dir_of("memory").join("memory.swappiness"), "0");
-                if limits.cpus > 0 {
-                    set("cpu", "cpu.cfs_period_us", "100000")?;
-                    set("cpu", "cpu.cfs_quota_us", &(u64::from(limits.cpus) * 100_000).to_string())?;
+                if fresh {
+                    // Best effort: some kernels refuse it under a parent
+                    // with a hierarchy; the swap limit above is what holds.
+                    let _ = fs::write(cg.dir_of("memory").join("memory.swappiness"), "0");
+                }
+                // The period is the kernel's default, 100 ms (a spare is
+                // taken back only with it).
+                if want.cpu_quota_us != before.cpu_quota_us {
+                    let quota = if want.cpu_quota_us == 0 { "-1".to_string() } else { want.cpu_quota_us.to_string() };
+                    set("cpu", "cpu.cfs_quota_us", &quota)?;
                 }
                 // Reading and writing are what a GPU is used by; mknod
                 // needs CAP_MKNOD, which no task has. Leaving `m` lets an
@@ -556,23 +633,26 @@ impl Isolation {
                 }
             }
             Version::V2 => {
-                if limits.mem_mb > 0 {
-                    set("memory", "memory.max", &bytes.to_string())?;
+                if want.mem_bytes > 0 {
+                    set("memory", "memory.max", &want.mem_bytes.to_string())?;
                     if self.has_swap_limit {
                         set("memory", "memory.swap.max", "0")?;
                     }
                 }
-                if limits.cpus > 0 {
-                    set("cpu", "cpu.max", &format!("{} 100000", u64::from(limits.cpus) * 100_000))?;
+                if want.cpu_quota_us > 0 {
+                    set("cpu", "cpu.max", &format!("{} 100000", want.cpu_quota_us))?;
                 }
             }
         }
-        Ok(cg)
+        Ok(want)
     }
 
     /// Removes the agent's subtree if nothing is left in it (a clean
     /// shutdown).
     pub fn remove_if_empty(&self) {
+        if let Some(spares) = &self.spares {
+            spares.clear();
+        }
         for h in &self.hierarchies {
             let _ = fs::remove_dir(&h.root);
         }

@@ -6,8 +6,10 @@ use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::spare::{Applied, Spares};
 use super::{Usage, Version};
 
 /// One attempt's cgroup: a directory in each hierarchy.
@@ -17,6 +19,11 @@ pub struct TaskCgroup {
     pub(super) name: String,
     pub(super) dirs: Vec<(BTreeSet<String>, PathBuf)>,
     pub(super) has_kill: bool,
+    /// The limits written to it, where the agent made it (`None`: found,
+    /// as an earlier agent's attempt).
+    pub(super) applied: Option<Applied>,
+    /// Where it goes once empty, to be reused (v1).
+    pub(super) spares: Option<Arc<Spares>>,
 }
 
 /// How often a stop checks that an attempt's cgroup is empty.
@@ -170,8 +177,15 @@ impl TaskCgroup {
         }
     }
 
-    /// Removes its directories (it must be empty).
+    /// Removes it (it must be empty): kept as a spare for a later attempt
+    /// where it can be ([`super::spare`]), its directories removed
+    /// otherwise.
     pub fn remove(&self) {
+        if let (Some(spares), Some(applied)) = (&self.spares, &self.applied)
+            && spares.put(self, applied)
+        {
+            return;
+        }
         for (_, dir) in &self.dirs {
             remove_tree(dir);
         }
@@ -198,14 +212,14 @@ fn collect_pids(dir: &Path, pids: &mut BTreeSet<i32>, depth: u32) {
 /// Whether a directory holds others: its link count (2 + subdirectories,
 /// on cgroupfs as on disk file systems) says so without listing the
 /// dozens of files a cgroup shows.
-fn has_subdirs(dir: &Path) -> bool {
+pub(super) fn has_subdirs(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     fs::metadata(dir).map_or(true, |m| m.nlink() != 2)
 }
 
 /// Removes a cgroup directory and any below it, deepest first (cgroupfs
 /// removes a directory with `rmdir`, whatever files it shows).
-fn remove_tree(dir: &Path) {
+pub(super) fn remove_tree(dir: &Path) {
     // Most attempts make no cgroups of their own: one rmdir, no listing.
     if fs::remove_dir(dir).is_ok() {
         return;

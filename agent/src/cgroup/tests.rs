@@ -213,3 +213,118 @@ fn names_parse_back_and_default_names_differ_by_work_dir() {
     assert!(default_name("gpu node/1", Path::new("/a")).starts_with("gpu_node_1-"));
     assert_eq!(unescape("/mnt/with\\040space"), "/mnt/with space");
 }
+
+/// A v1 cgroup is taken back as a spare only when nothing of its attempt
+/// can reach the next one: each way its last attempt (or a task running as
+/// root) could have left it is refused, on a fake tree whose files say
+/// what a kernel's would.
+#[test]
+fn v1_a_cgroup_is_kept_for_reuse_only_when_its_attempt_left_nothing_behind() {
+    let mountinfo = "\
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+";
+    let own = "8:pids:/\n6:freezer:/\n5:devices:/\n4:memory:/\n2:cpu,cpuacct:/\n";
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["cpu,cpuacct", "memory", "devices", "freezer", "pids"] {
+        let base = dir.path().join("sys/fs/cgroup").join(d).join("muster/n1-0000abcd");
+        fs::create_dir_all(&base).unwrap();
+        fs::write(base.join("cgroup.procs"), "").unwrap();
+    }
+    // An earlier agent's spare is removed when the subtree is set up.
+    let stale = dir.path().join("sys/fs/cgroup/pids/muster/n1-0000abcd/spare-7");
+    fs::create_dir_all(&stale).unwrap();
+    let iso = Isolation::from_parts(mountinfo, own, dir.path(), &opts()).unwrap();
+    assert!(!stale.exists());
+    let limits = Limits { mem_mb: 64, cpus: 1, pids: 50, gpus: vec![] };
+    let unlimited = "9223372036854771712";
+    let cases: [(&str, &str, &str); 12] = [
+        ("freezer", "cgroup.procs", "4242\n"),
+        ("memory", "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"),
+        ("memory", "memory.oom_control", "oom_kill_disable 1\nunder_oom 0\noom_kill 0\n"),
+        ("memory", "memory.usage_in_bytes", "8388608"),
+        ("memory", "memory.limit_in_bytes", unlimited),
+        ("memory", "memory.soft_limit_in_bytes", "1048576"),
+        ("pids", "pids.max", "max"),
+        ("cpu", "cpu.cfs_quota_us", "-1"),
+        ("cpu", "cpu.cfs_period_us", "50000"),
+        ("cpu", "cpu.shares", "2048"),
+        ("freezer", "freezer.state", "FROZEN"),
+        ("memory", "", ""),
+    ];
+    for (i, (controller, file, value)) in cases.iter().enumerate() {
+        let cg = iso.create((1, i as u32, 1), &limits).unwrap();
+        // What a kernel shows for a clean, emptied cgroup with these limits.
+        for (c, f, v) in [
+            ("freezer", "cgroup.procs", ""),
+            ("memory", "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n"),
+            ("memory", "memory.usage_in_bytes", "163840"),
+            ("memory", "memory.soft_limit_in_bytes", unlimited),
+            ("cpu", "cpu.cfs_period_us", "100000"),
+            ("cpu", "cpu.shares", "1024"),
+            ("freezer", "freezer.state", "THAWED\n"),
+        ] {
+            fs::write(cg.dir_of(c).join(f), v).unwrap();
+        }
+        if file.is_empty() {
+            // A cgroup the task made below its own.
+            fs::create_dir(cg.dir_of(controller).join("inner")).unwrap();
+        } else {
+            fs::write(cg.dir_of(controller).join(file), value).unwrap();
+        }
+        let spares = iso.spares.as_ref().unwrap();
+        assert!(!spares.put(&cg, cg.applied.as_ref().unwrap()), "kept with {controller}/{file} = {value:?}");
+        assert_eq!(iso.spares(), 0);
+        // And the same cgroup, clean, is kept: renamed in every hierarchy.
+        let fix = match *file {
+            "cgroup.procs" => "",
+            "memory.oom_control" => "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
+            "memory.usage_in_bytes" => "4194304",
+            "memory.limit_in_bytes" => "67108864",
+            "memory.soft_limit_in_bytes" => unlimited,
+            "pids.max" => "50",
+            "cpu.cfs_quota_us" => "100000",
+            "cpu.cfs_period_us" => "100000",
+            "cpu.shares" => "1024",
+            "freezer.state" => "THAWED",
+            _ => {
+                fs::remove_dir(cg.dir_of(controller).join("inner")).unwrap();
+                ""
+            }
+        };
+        if !file.is_empty() {
+            fs::write(cg.dir_of(controller).join(file), fix).unwrap();
+        }
+        assert!(spares.put(&cg, cg.applied.as_ref().unwrap()), "refused once {controller}/{file} is clean");
+        assert!(!cg.dirs().iter().any(|d| d.exists()));
+        assert_eq!(iso.spares(), 1);
+        // The next attempt takes it: renamed back in every hierarchy, its
+        // counters reset, the parent's device list restored, and only
+        // the limits that differ written (the spare's unchanged ones are
+        // marked to show that).
+        let root = iso.dir_of("memory");
+        let spare = fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| n.starts_with("spare-"))
+            .unwrap();
+        fs::write(root.join(&spare).join("memory.limit_in_bytes"), "untouched").unwrap();
+        fs::write(iso.dir_of("pids").join(&spare).join("pids.max"), "untouched").unwrap();
+        let next = iso.create((2, i as u32, 1), &Limits { mem_mb: 64, cpus: 2, pids: 50, gpus: vec![] }).unwrap();
+        assert_eq!(iso.spares(), 0);
+        let read = |c: &str, f: &str| fs::read_to_string(next.dir_of(c).join(f)).unwrap();
+        assert_eq!(read("memory", "memory.max_usage_in_bytes"), "0");
+        assert_eq!(read("cpu", "cpuacct.usage"), "0");
+        assert_eq!(read("devices", "devices.allow"), "a");
+        assert_eq!(read("memory", "memory.limit_in_bytes"), "untouched");
+        assert_eq!(read("pids", "pids.max"), "untouched");
+        assert_eq!(read("cpu", "cpu.cfs_quota_us"), "200000");
+        for d in next.dirs() {
+            fs::remove_dir_all(d).unwrap();
+        }
+    }
+}

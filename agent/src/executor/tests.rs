@@ -287,8 +287,13 @@ async fn a_memory_hog_is_oom_killed_at_its_limit_and_its_neighbour_runs_on() {
     assert_eq!(used.memory_limit_bytes, 64 << 20);
     assert!(used.peak_memory_bytes > 48 << 20 && used.peak_memory_bytes <= 64 << 20, "{used:?}");
     assert!(alive(neighbour.pgid()), "the neighbour was hurt");
+    // The OOM kill counter cannot be reset: that cgroup is never reused,
+    // and the next attempt would read the kill as its own.
+    assert_eq!(iso.spares(), 0, "an OOM-killed attempt's cgroup was kept for reuse");
     neighbour.stop(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(iso.spares(), 1, "the neighbour's emptied cgroup is kept for reuse");
     iso.remove_if_empty();
+    assert!(iso.roots().iter().all(|r| !r.exists()), "a clean shutdown leaves no spare behind");
 }
 
 /// A fork bomb (a loop that forks without end, each child living on)
@@ -384,7 +389,88 @@ async fn a_task_is_refused_the_gpu_devices_it_was_not_assigned() {
     assert_eq!(lines.len(), 2, "{out}");
     assert!(lines[0].contains("gpu0") && lines[0].contains("Operation not permitted"), "{out}");
     assert!(lines[1].contains("gpu1") && lines[1].contains("No such device or address"), "{out}");
+    // The next attempt reuses that cgroup, which denied gpu0: it holds
+    // gpu0 now, and is refused gpu1 instead.
+    assert_eq!(iso.spares(), 1);
+    let limits = crate::cgroup::Limits { gpus: vec![0], ..Default::default() };
+    let cg = iso.create((12, 1, 1), &limits).unwrap();
+    assert_eq!(iso.spares(), 0, "the emptied cgroup was not reused");
+    let mut launch = launch(&["sh", "-c", &script]);
+    launch.attempt = 3;
+    let mut t = spawn(&launch, dir.path(), Muster::NONE, Some(cg)).unwrap();
+    assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+    let (out, _) = log_paths(dir.path(), 7, 1, 3);
+    let out = fs::read_to_string(out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[0].contains("gpu0") && lines[0].contains("No such device or address"), "{out}");
+    assert!(lines[1].contains("gpu1") && lines[1].contains("Operation not permitted"), "{out}");
     iso.remove_if_empty();
+}
+
+/// An emptied cgroup is renamed for the next attempt instead of being
+/// removed and made again: the next attempt gets the same directories
+/// with its own limits, and counts only its own CPU time and peak memory.
+/// One a task changed (as a task running as root could) is not reused,
+/// and an agent started again removes the spares of the one before.
+#[tokio::test]
+async fn an_emptied_cgroup_is_reused_with_the_next_attempts_limits_and_counts_only_its_use() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let iso = isolation(dir.path(), vec![], 0);
+    if iso.version() == crate::cgroup::Version::V2 {
+        return; // v2 has no rename: every attempt makes its own (docs/isolation.md)
+    }
+    let heavy = crate::cgroup::Limits { mem_mb: 256, cpus: 1, pids: 50, gpus: vec![] };
+    let cg = iso.create((20, 0, 1), &heavy).unwrap();
+    let inodes =
+        |cg: &crate::cgroup::TaskCgroup| cg.dirs().iter().map(|d| fs::metadata(d).unwrap().ino()).collect::<Vec<_>>();
+    let first = inodes(&cg);
+    // About 100 MB held and a busy loop's CPU time.
+    let busy = "x = bytearray(100 << 20)\nfor i in range(len(x) // 4096): x[i * 4096] = 1\ni = 0\nwhile i < 3_000_000: i += 1\n";
+    let mut t = spawn(&launch(&["python3", "-c", busy]), dir.path(), Muster::NONE, Some(cg.clone())).unwrap();
+    assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+    let heavy_use = t.usage().unwrap();
+    assert!(heavy_use.peak_memory_bytes >= 100 << 20, "{heavy_use:?}");
+    assert!(!cg.exists());
+    assert_eq!(iso.spares(), 1);
+    let light = crate::cgroup::Limits { mem_mb: 0, cpus: 2, pids: 0, gpus: vec![] };
+    let cg = iso.create((20, 1, 1), &light).unwrap();
+    assert_eq!(iso.spares(), 0);
+    assert_eq!(inodes(&cg), first, "a new cgroup was made, not the emptied one reused");
+    let read = |f: &str| cg.dirs().iter().find_map(|d| fs::read_to_string(d.join(f)).ok()).unwrap();
+    assert!(read("memory.limit_in_bytes").trim().parse::<u64>().unwrap() >= 1 << 62, "the memory limit stayed");
+    assert_eq!(read("cpu.cfs_quota_us").trim(), "200000");
+    assert_eq!(read("pids.max").trim(), crate::cgroup::DEFAULT_PIDS_MAX.to_string());
+    let mut t = spawn(&launch(&["true"]), dir.path(), Muster::NONE, Some(cg.clone())).unwrap();
+    assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+    let light_use = t.usage().unwrap();
+    assert!(light_use.peak_memory_bytes < 50 << 20, "the last attempt's peak counted: {light_use:?}");
+    assert!(
+        light_use.cpu_ns < heavy_use.cpu_ns / 4,
+        "the last attempt's CPU counted: {light_use:?} after {heavy_use:?}"
+    );
+    assert_eq!(iso.spares(), 1);
+    // A task that changed its own cgroup's knobs leaves it unusable.
+    let cg = iso.create((20, 2, 1), &light).unwrap();
+    let shares = cg.dirs().into_iter().find(|d| d.join("cpu.shares").exists()).unwrap().join("cpu.shares");
+    fs::write(&shares, "4096").unwrap();
+    let mut t = spawn(&launch(&["true"]), dir.path(), Muster::NONE, Some(cg.clone())).unwrap();
+    assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
+    assert_eq!(iso.spares(), 0, "a changed cgroup was kept for reuse");
+    assert!(cg.dirs().iter().all(|d| !d.exists()));
+    // One more spare, then a new agent on the same subtree.
+    let cg = iso.create((20, 3, 1), &light).unwrap();
+    cg.remove();
+    assert_eq!(iso.spares(), 1);
+    let again = isolation(dir.path(), vec![], 0);
+    assert_eq!(again.spares(), 0);
+    for root in again.roots() {
+        let left: Vec<_> =
+            fs::read_dir(&root).unwrap().flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name()).collect();
+        assert!(left.is_empty(), "{} still holds {left:?}", root.display());
+    }
+    again.remove_if_empty();
 }
 
 /// The child starts clean of the agent's signal state: nothing blocked,
