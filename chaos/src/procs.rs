@@ -491,7 +491,20 @@ impl Procs {
         let mut out = self.exits.clone();
         for (id, c) in self.servers.iter_mut() {
             if let Ok(Some(status)) = c.try_wait() {
-                out.push(format!("replica {id} exited {status}"));
+                // Its last words, so that a report kept nowhere else still
+                // says why (the log's last line that is not a backtrace's).
+                let log = std::fs::read_to_string(self.dir.join(format!("replica-{id}.log"))).unwrap_or_default();
+                let last = log.lines().rev().find(|l| {
+                    let l = l.trim_start();
+                    !l.is_empty() && !l.starts_with("at ") && !l.chars().next().is_some_and(|c| c.is_ascii_digit())
+                });
+                match last {
+                    Some(line) => out.push(format!(
+                        "replica {id} exited {status}: {}",
+                        line.trim().chars().take(400).collect::<String>()
+                    )),
+                    None => out.push(format!("replica {id} exited {status}")),
+                }
             }
         }
         for (i, c) in self.agents.iter_mut().enumerate() {
