@@ -311,8 +311,12 @@ fn main() {
         )
     };
     let snapshot_every = common::opt("--snapshot-every", 0);
-    // The servers' logs, when MUSTER_FLEET_LOGS names a directory.
+    // The servers' logs, when MUSTER_FLEET_LOGS names a directory (made if
+    // it is not there).
     let logs = std::env::var_os("MUSTER_FLEET_LOGS").map(std::path::PathBuf::from);
+    if let Some(dir) = &logs {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("MUSTER_FLEET_LOGS={}: {e}", dir.display()));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let dir = tempfile::tempdir().unwrap();

@@ -138,16 +138,30 @@ impl<A: StateMachineApp> StateMachineStore<A> {
         AppReader { inner: self.inner.clone(), touches: self.touches.clone(), records: self.records.clone() }
     }
 
-    async fn store_snapshot(&self, meta: &SnapshotMeta<u64, BasicNode>, data: &[u8]) -> Result<(), StorageError<u64>> {
-        let err = |e: &dyn std::error::Error| {
-            StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e.to_string())))
-        };
-        let stored = StoredSnapshot { meta: meta.clone(), data: data.to_vec() };
-        let bytes = codec::encode(&stored).map_err(|e| err(&e))?;
-        self.disk.write_snapshot(bytes).await.map_err(|e| err(&e))?;
+    /// Writes a snapshot (built or installed) to disk: the stored form is
+    /// encoded, as the snapshot's bytes were, on a blocking thread, so that
+    /// copying hundreds of megabytes never holds up an async worker (and
+    /// with it the heartbeats). Returns `data` back.
+    async fn store_snapshot(
+        &self,
+        meta: &SnapshotMeta<u64, BasicNode>,
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>, StorageError<u64>> {
+        let err =
+            |e: String| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e)));
+        let size = data.len();
+        let stored = StoredSnapshot { meta: meta.clone(), data };
+        let (stored, bytes) = tokio::task::spawn_blocking(move || {
+            let bytes = codec::encode(&stored);
+            (stored, bytes)
+        })
+        .await
+        .map_err(|e| err(format!("encoding task: {e}")))?;
+        let bytes = bytes.map_err(|e| err(e.to_string()))?;
+        self.disk.write_snapshot(bytes).await.map_err(|e| err(e.to_string()))?;
         // Built or installed: the snapshot this replica holds now.
-        metrics::gauge!("muster_raft_snapshot_bytes").set(data.len() as f64);
-        Ok(())
+        metrics::gauge!("muster_raft_snapshot_bytes").set(size as f64);
+        Ok(stored.data)
     }
 }
 
@@ -173,7 +187,7 @@ impl<A: StateMachineApp> RaftSnapshotBuilder<C<A>> for StateMachineStore<A> {
             StorageError::from(StorageIOError::write_snapshot(None, AnyError::error(format!("encoding task: {e}"))))
         })?;
         metrics::histogram!("muster_raft_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
-        self.store_snapshot(&meta, &data).await?;
+        let data = self.store_snapshot(&meta, data).await?;
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
 }
@@ -239,10 +253,23 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<u64>> {
         let data = snapshot.into_inner();
-        let app = A::restore(&data).map_err(|e| {
+        // Decoded on a blocking thread: a large state takes seconds, and
+        // an async worker held that long stops answering the leader.
+        let (data, app) = tokio::task::spawn_blocking(move || {
+            let app = A::restore(&data);
+            (data, app)
+        })
+        .await
+        .map_err(|e| {
+            StorageError::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                AnyError::error(format!("decoding task: {e}")),
+            ))
+        })?;
+        let app = app.map_err(|e| {
             StorageError::from(StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e)))
         })?;
-        self.store_snapshot(meta, &data).await?;
+        self.store_snapshot(meta, data).await?;
         let mut inner = self.inner.write().expect("state machine lock poisoned");
         inner.app = app;
         inner.applied = meta.last_log_id;
@@ -255,13 +282,17 @@ impl<A: StateMachineApp> RaftStateMachine<C<A>> for StateMachineStore<A> {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<C<A>>>, StorageError<u64>> {
-        let bytes = self
-            .disk
-            .read_snapshot_file()
-            .map_err(|e| StorageError::from(StorageIOError::read_snapshot(None, AnyError::new(&e))))?;
-        let Some(bytes) = bytes else { return Ok(None) };
-        let stored: StoredSnapshot = codec::decode(&bytes)
-            .map_err(|e| StorageError::from(StorageIOError::read_snapshot(None, AnyError::new(&e))))?;
-        Ok(Some(Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
+        // Read and decoded on a blocking thread (a lagging follower is sent
+        // the whole snapshot).
+        let disk = self.disk.clone();
+        let read = tokio::task::spawn_blocking(move || -> Result<Option<StoredSnapshot>, String> {
+            let Some(bytes) = disk.read_snapshot_file().map_err(|e| e.to_string())? else { return Ok(None) };
+            codec::decode(&bytes).map(Some).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(|e| StorageError::from(StorageIOError::read_snapshot(None, AnyError::error(e))))?;
+        Ok(read.map(|stored| Snapshot { meta: stored.meta, snapshot: Box::new(Cursor::new(stored.data)) }))
     }
 }

@@ -314,7 +314,7 @@ pub struct State {
     nodes: Vec<Node>,
     /// Shared with any copy taken for encoding (see
     /// [`State::encoding_copy`]) until either side changes one.
-    allocs: BTreeMap<AllocId, Arc<Allocation>>,
+    allocs: imbl::OrdMap<AllocId, Arc<Allocation>>,
     idempotency: BTreeMap<(String, String), AllocId>,
     /// Idempotency keys whose allocation was forgotten, until their window
     /// ends.
@@ -427,7 +427,7 @@ impl State {
             now_ms: 0,
             next_alloc_id: 1,
             nodes: Vec::new(),
-            allocs: BTreeMap::new(),
+            allocs: imbl::OrdMap::new(),
             idempotency: BTreeMap::new(),
             forgotten_keys: BTreeMap::new(),
             forgotten_allocs: 0,
@@ -663,14 +663,17 @@ impl State {
                 self.touched.nodes.insert(slot);
                 let n = &mut self.nodes[slot.0 as usize];
                 n.revision += 1;
-                n.history.push_back(AllocEvent {
+                // Shared with a snapshot's encoding copy until then: the
+                // first event after a copy copies the history once.
+                let history = Arc::make_mut(&mut n.history);
+                history.push_back(AllocEvent {
                     revision: n.revision,
                     time_ms: self.now_ms,
                     event: e.clone(),
                     status: None,
                 });
-                if n.history.len() > NODE_HISTORY_LIMIT {
-                    n.history.pop_front();
+                if history.len() > NODE_HISTORY_LIMIT {
+                    history.pop_front();
                 }
             }
         }

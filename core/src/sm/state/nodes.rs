@@ -58,7 +58,7 @@ impl State {
             used: Usage::default(),
             registered_at_ms: self.now_ms,
             revision: 0,
-            history: VecDeque::new(),
+            history: Default::default(),
             images: Vec::new(),
         });
         self.index.node_by_id.insert(id.clone(), slot);

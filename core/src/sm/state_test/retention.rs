@@ -139,3 +139,41 @@ fn forgotten_allocations_leave_quotas_and_indexes_as_a_rebuild_would() {
     assert_eq!(epoch, 1);
     assert_eq!(f.s.allocs().len(), 1);
 }
+
+/// The allocations (a persistent map) and each node's history (shared,
+/// copied on its next event) are shared by the encoding copy taken under the
+/// state's lock (a pointer, not a walk of every allocation and event),
+/// later applies leave the copy as it was, and both encode as the
+/// `BTreeMap` and bare `VecDeque` they replaced did, so snapshot format 23 and
+/// its digests hold.
+#[test]
+fn the_encoding_copy_shares_the_allocations_and_is_untouched_by_later_applies() {
+    let mut f = Fixture::new(2);
+    let (a, epoch) = f.running(1, 1);
+    let copy = f.s.encoding_copy();
+    let (snap, digest) = (f.s.to_snapshot(), f.s.state_digest());
+    assert!(copy.allocs().ptr_eq(f.s.allocs()), "the copy walked the allocations");
+    let shared = std::sync::Arc::ptr_eq(&copy.node(NodeSlot(0)).history, &f.s.node(NodeSlot(0)).history);
+    assert!(shared, "the copy walked a node's history");
+    f.ok(Command::FinishTask { alloc: a, task: 0, node: n(0), epoch });
+    f.submit(spec(1, 1));
+    f.ok(Command::DrainNode { node: n(1), timeout_ms: HOUR, reason: String::new(), by: "ops".into() });
+    assert_eq!(copy.to_snapshot(), snap);
+    assert_eq!(copy.state_digest(), digest);
+    assert_ne!(f.s.to_snapshot(), snap);
+    assert_eq!(copy.alloc(a).unwrap().status, AllocStatus::Running);
+    // The same entries encode to the same bytes as a BTreeMap.
+    let ordered: std::collections::BTreeMap<AllocId, Allocation> =
+        f.s.allocs().iter().map(|(id, a)| (*id, Allocation::clone(a))).collect();
+    let persistent: imbl::OrdMap<AllocId, std::sync::Arc<Allocation>> = f.s.allocs().clone();
+    assert_eq!(postcard::to_allocvec(&ordered).unwrap(), postcard::to_allocvec(&persistent).unwrap());
+    let back: imbl::OrdMap<AllocId, std::sync::Arc<Allocation>> =
+        postcard::from_bytes(&postcard::to_allocvec(&ordered).unwrap()).unwrap();
+    assert_eq!(back, persistent);
+    let history = &f.s.node(NodeSlot(0)).history;
+    let deque: std::collections::VecDeque<AllocEvent> = history.iter().cloned().collect();
+    assert!(!deque.is_empty());
+    assert_eq!(postcard::to_allocvec(&deque).unwrap(), postcard::to_allocvec(history).unwrap());
+    // The drain reached the node's history, not the copy's.
+    assert!(copy.node(NodeSlot(1)).history.len() < f.s.node(NodeSlot(1)).history.len());
+}

@@ -115,7 +115,7 @@ pub struct Node {
     /// Bumped by every event about this node.
     pub revision: u64,
     /// The latest events (at most [`NODE_HISTORY_LIMIT`]), oldest first.
-    pub history: VecDeque<AllocEvent>,
+    pub history: std::sync::Arc<VecDeque<AllocEvent>>,
     /// The image digests its agent's cache holds, sorted (at most
     /// [`MAX_NODE_IMAGES`]): admission prefers, among equally good fits,
     /// nodes that hold a gang's image.
