@@ -234,7 +234,7 @@ impl Default for Run {
 impl Run {
     fn tasks_in(&self, status: TaskStatus) -> Vec<(AllocId, TaskIndex, NodeId, u64)> {
         let mut out = Vec::new();
-        for (id, a) in self.state.allocs() {
+        for (id, a) in self.state.allocs().iter() {
             for t in a.tasks.iter().filter(|t| t.status == status) {
                 let n = t.node.map_or_else(|| NodeId::new("none"), |s| self.state.node(s).id.clone());
                 out.push((*id, t.index, n, t.reservation_epoch));
@@ -253,7 +253,7 @@ impl Run {
     /// Preempting tasks with their node and preemption epoch.
     fn preempting(&self) -> Vec<(AllocId, TaskIndex, NodeId, u64)> {
         let mut out = Vec::new();
-        for (id, a) in self.state.allocs() {
+        for (id, a) in self.state.allocs().iter() {
             for t in a.tasks.iter().filter(|t| t.status == TaskStatus::Preempting) {
                 let n = self.state.node(t.node.expect("preempting task is placed")).id.clone();
                 out.push((*id, t.index, n, t.preemption_epoch));

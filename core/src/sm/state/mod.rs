@@ -67,6 +67,8 @@ pub use arrays::{ArrayCounts, array_sha256};
 pub use dependencies::{MAX_TOMBSTONES, Tombstone};
 pub use retention::{ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
 
+mod allocmap;
+pub use allocmap::AllocMap;
 mod arrays;
 mod attempts;
 mod checkpoints;
@@ -314,7 +316,7 @@ pub struct State {
     nodes: Vec<Node>,
     /// Shared with any copy taken for encoding (see
     /// [`State::encoding_copy`]) until either side changes one.
-    allocs: imbl::OrdMap<AllocId, Arc<Allocation>>,
+    allocs: AllocMap,
     idempotency: BTreeMap<(String, String), AllocId>,
     /// Idempotency keys whose allocation was forgotten, until their window
     /// ends.
@@ -427,7 +429,7 @@ impl State {
             now_ms: 0,
             next_alloc_id: 1,
             nodes: Vec::new(),
-            allocs: imbl::OrdMap::new(),
+            allocs: AllocMap::new(),
             idempotency: BTreeMap::new(),
             forgotten_keys: BTreeMap::new(),
             forgotten_allocs: 0,

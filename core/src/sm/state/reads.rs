@@ -40,7 +40,7 @@ impl State {
     }
 
     /// Every allocation, by id.
-    pub fn allocs(&self) -> &imbl::OrdMap<AllocId, Arc<Allocation>> {
+    pub fn allocs(&self) -> &AllocMap {
         &self.allocs
     }
 

@@ -140,7 +140,7 @@ fn forgotten_allocations_leave_quotas_and_indexes_as_a_rebuild_would() {
     assert_eq!(f.s.allocs().len(), 1);
 }
 
-/// The allocations (a persistent map) and each node's history (shared,
+/// The allocations (in shared chunks) and each node's history (shared,
 /// copied on its next event) are shared by the encoding copy taken under the
 /// state's lock (a pointer, not a walk of every allocation and event),
 /// later applies leave the copy as it was, and both encode as the
@@ -152,7 +152,7 @@ fn the_encoding_copy_shares_the_allocations_and_is_untouched_by_later_applies() 
     let (a, epoch) = f.running(1, 1);
     let copy = f.s.encoding_copy();
     let (snap, digest) = (f.s.to_snapshot(), f.s.state_digest());
-    assert!(copy.allocs().ptr_eq(f.s.allocs()), "the copy walked the allocations");
+    assert!(copy.allocs().shares_all(f.s.allocs()), "the copy walked the allocations");
     let shared = std::sync::Arc::ptr_eq(&copy.node(NodeSlot(0)).history, &f.s.node(NodeSlot(0)).history);
     assert!(shared, "the copy walked a node's history");
     f.ok(Command::FinishTask { alloc: a, task: 0, node: n(0), epoch });
@@ -165,11 +165,10 @@ fn the_encoding_copy_shares_the_allocations_and_is_untouched_by_later_applies() 
     // The same entries encode to the same bytes as a BTreeMap.
     let ordered: std::collections::BTreeMap<AllocId, Allocation> =
         f.s.allocs().iter().map(|(id, a)| (*id, Allocation::clone(a))).collect();
-    let persistent: imbl::OrdMap<AllocId, std::sync::Arc<Allocation>> = f.s.allocs().clone();
-    assert_eq!(postcard::to_allocvec(&ordered).unwrap(), postcard::to_allocvec(&persistent).unwrap());
-    let back: imbl::OrdMap<AllocId, std::sync::Arc<Allocation>> =
-        postcard::from_bytes(&postcard::to_allocvec(&ordered).unwrap()).unwrap();
-    assert_eq!(back, persistent);
+    let chunked: AllocMap = f.s.allocs().clone();
+    assert_eq!(postcard::to_allocvec(&ordered).unwrap(), postcard::to_allocvec(&chunked).unwrap());
+    let back: AllocMap = postcard::from_bytes(&postcard::to_allocvec(&ordered).unwrap()).unwrap();
+    assert_eq!(back, chunked);
     let history = &f.s.node(NodeSlot(0)).history;
     let deque: std::collections::VecDeque<AllocEvent> = history.iter().cloned().collect();
     assert!(!deque.is_empty());
