@@ -558,13 +558,9 @@ impl Isolation {
     /// CPU counters reset, its device list the parent's again, and the
     /// limits that differ from `before` written.
     fn reuse(&self, cg: &TaskCgroup, limits: &Limits, before: &spare::Applied) -> Result<spare::Applied, String> {
-        let set = |controller: &str, file: &str, value: &str| -> Result<(), String> {
-            let path = cg.dir_of(controller).join(file);
-            fs::write(&path, value).map_err(|e| format!("cannot set {} to {value:?}: {e}", path.display()))
-        };
-        set("memory", "memory.max_usage_in_bytes", "0")?;
-        set("cpuacct", "cpuacct.usage", "0")?;
-        set("devices", "devices.allow", "a")?;
+        cg.set("memory", "memory.max_usage_in_bytes", "0")?;
+        cg.set("cpuacct", "cpuacct.usage", "0")?;
+        cg.set("devices", "devices.allow", "a")?;
         self.apply(cg, limits, Some(before))
     }
 
@@ -576,10 +572,6 @@ impl Isolation {
         limits: &Limits,
         before: Option<&spare::Applied>,
     ) -> Result<spare::Applied, String> {
-        let set = |controller: &str, file: &str, value: &str| -> Result<(), String> {
-            let path = cg.dir_of(controller).join(file);
-            fs::write(&path, value).map_err(|e| format!("cannot set {} to {value:?}: {e}", path.display()))
-        };
         let want = spare::Applied {
             pids: if limits.pids == 0 { self.pids_default } else { limits.pids },
             mem_bytes: limits.mem_mb.saturating_mul(1024 * 1024),
@@ -590,7 +582,7 @@ impl Isolation {
         let fresh = before.is_none();
         let before = before.cloned().unwrap_or_default();
         if want.pids != before.pids {
-            set("pids", "pids.max", &want.pids.to_string())?;
+            cg.set("pids", "pids.max", &want.pids.to_string())?;
         }
         match self.version {
             Version::V1 => {
@@ -602,12 +594,12 @@ impl Isolation {
                         let _ = fs::write(cg.dir_of("memory").join("memory.memsw.limit_in_bytes"), "-1");
                     }
                     if want.mem_bytes > 0 {
-                        set("memory", "memory.limit_in_bytes", &want.mem_bytes.to_string())?;
+                        cg.set("memory", "memory.limit_in_bytes", &want.mem_bytes.to_string())?;
                         if self.has_swap_limit {
-                            set("memory", "memory.memsw.limit_in_bytes", &want.mem_bytes.to_string())?;
+                            cg.set("memory", "memory.memsw.limit_in_bytes", &want.mem_bytes.to_string())?;
                         }
                     } else {
-                        set("memory", "memory.limit_in_bytes", "-1")?;
+                        cg.set("memory", "memory.limit_in_bytes", "-1")?;
                     }
                 }
                 if fresh {
@@ -619,7 +611,7 @@ impl Isolation {
                 // taken back only with it).
                 if want.cpu_quota_us != before.cpu_quota_us {
                     let quota = if want.cpu_quota_us == 0 { "-1".to_string() } else { want.cpu_quota_us.to_string() };
-                    set("cpu", "cpu.cfs_quota_us", &quota)?;
+                    cg.set("cpu", "cpu.cfs_quota_us", &quota)?;
                 }
                 // Reading and writing are what a GPU is used by; mknod
                 // needs CAP_MKNOD, which no task has. Leaving `m` lets an
@@ -628,19 +620,19 @@ impl Isolation {
                 // parent's deny).
                 for (i, d) in self.gpu_devices.iter().enumerate() {
                     if !limits.gpus.contains(&(i as u32)) {
-                        set("devices", "devices.deny", &format!("c {}:{} rw", d.major, d.minor))?;
+                        cg.set("devices", "devices.deny", &format!("c {}:{} rw", d.major, d.minor))?;
                     }
                 }
             }
             Version::V2 => {
                 if want.mem_bytes > 0 {
-                    set("memory", "memory.max", &want.mem_bytes.to_string())?;
+                    cg.set("memory", "memory.max", &want.mem_bytes.to_string())?;
                     if self.has_swap_limit {
-                        set("memory", "memory.swap.max", "0")?;
+                        cg.set("memory", "memory.swap.max", "0")?;
                     }
                 }
                 if want.cpu_quota_us > 0 {
-                    set("cpu", "cpu.max", &format!("{} 100000", want.cpu_quota_us))?;
+                    cg.set("cpu", "cpu.max", &format!("{} 100000", want.cpu_quota_us))?;
                 }
             }
         }

@@ -40,6 +40,12 @@ impl TaskCgroup {
         self.dirs.iter().map(|(_, d)| d.clone()).collect()
     }
 
+    /// Writes `value` to `file` of the hierarchy holding `controller`.
+    pub(super) fn set(&self, controller: &str, file: &str, value: &str) -> Result<(), String> {
+        let path = self.dir_of(controller).join(file);
+        fs::write(&path, value).map_err(|e| format!("cannot set {} to {value:?}: {e}", path.display()))
+    }
+
     pub(super) fn dir_of(&self, controller: &str) -> PathBuf {
         self.dirs
             .iter()

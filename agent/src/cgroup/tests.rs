@@ -28,6 +28,29 @@ fn opts() -> Options {
     Options { name: "n1-0000abcd".into(), ..Options::default() }
 }
 
+/// A v1 layout (memory, devices, freezer, pids, cpu+cpuacct), the agent in
+/// each hierarchy's root cgroup.
+const V1_MOUNTINFO: &str = "\
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+";
+const V1_OWN: &str = "8:pids:/\n6:freezer:/\n5:devices:/\n4:memory:/\n2:cpu,cpuacct:/\n";
+
+/// A fake tree of [`V1_MOUNTINFO`] with the default subtree of [`opts`]
+/// made in each hierarchy.
+fn fake_v1() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["cpu,cpuacct", "memory", "devices", "freezer", "pids"] {
+        let base = dir.path().join("sys/fs/cgroup").join(d).join("muster/n1-0000abcd");
+        fs::create_dir_all(&base).unwrap();
+        fs::write(base.join("cgroup.procs"), "").unwrap();
+    }
+    dir
+}
+
 #[test]
 fn v2_delegates_controllers_down_to_the_subtree_and_sets_each_limit() {
     let (dir, own) = fake_v2("/");
@@ -182,23 +205,10 @@ fn v1_hierarchies_are_found_in_mountinfo_with_the_agents_own_paths() {
 /// writing (the device files of a fake tree keep the last rule written).
 #[test]
 fn v1_an_attempt_is_refused_every_gpu_but_its_own() {
-    let mountinfo = "\
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
-37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
-";
-    let own = "8:pids:/\n6:freezer:/\n5:devices:/\n4:memory:/\n2:cpu,cpuacct:/\n";
-    let dir = tempfile::tempdir().unwrap();
-    for d in ["cpu,cpuacct", "memory", "devices", "freezer", "pids"] {
-        let base = dir.path().join("sys/fs/cgroup").join(d).join("muster/n1-0000abcd");
-        fs::create_dir_all(&base).unwrap();
-        fs::write(base.join("cgroup.procs"), "").unwrap();
-    }
+    let dir = fake_v1();
     let gpu = |minor| GpuDevice { path: format!("/dev/nvidia{minor}").into(), major: 195, minor };
     let o = Options { gpu_devices: vec![gpu(0), gpu(1)], ..opts() };
-    let iso = Isolation::from_parts(mountinfo, own, dir.path(), &o).unwrap();
+    let iso = Isolation::from_parts(V1_MOUNTINFO, V1_OWN, dir.path(), &o).unwrap();
     let limits = Limits { gpus: vec![0], ..Limits::default() };
     let cg = iso.create((1, 0, 1), &limits).unwrap();
     let deny = fs::read_to_string(cg.dir_of("devices").join("devices.deny")).unwrap();
@@ -220,24 +230,11 @@ fn names_parse_back_and_default_names_differ_by_work_dir() {
 /// what a kernel's would.
 #[test]
 fn v1_a_cgroup_is_kept_for_reuse_only_when_its_attempt_left_nothing_behind() {
-    let mountinfo = "\
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
-37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
-";
-    let own = "8:pids:/\n6:freezer:/\n5:devices:/\n4:memory:/\n2:cpu,cpuacct:/\n";
-    let dir = tempfile::tempdir().unwrap();
-    for d in ["cpu,cpuacct", "memory", "devices", "freezer", "pids"] {
-        let base = dir.path().join("sys/fs/cgroup").join(d).join("muster/n1-0000abcd");
-        fs::create_dir_all(&base).unwrap();
-        fs::write(base.join("cgroup.procs"), "").unwrap();
-    }
+    let dir = fake_v1();
     // An earlier agent's spare is removed when the subtree is set up.
     let stale = dir.path().join("sys/fs/cgroup/pids/muster/n1-0000abcd/spare-7");
     fs::create_dir_all(&stale).unwrap();
-    let iso = Isolation::from_parts(mountinfo, own, dir.path(), &opts()).unwrap();
+    let iso = Isolation::from_parts(V1_MOUNTINFO, V1_OWN, dir.path(), &opts()).unwrap();
     assert!(!stale.exists());
     let limits = Limits { mem_mb: 64, cpus: 1, pids: 50, gpus: vec![] };
     let unlimited = "9223372036854771712";

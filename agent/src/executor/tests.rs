@@ -383,12 +383,9 @@ async fn a_task_is_refused_the_gpu_devices_it_was_not_assigned() {
     let script = format!("(exec 3<{}) 2>&1; (exec 3<{}) 2>&1; true", g0.display(), g1.display());
     let mut t = spawn(&launch(&["sh", "-c", &script]), dir.path(), Muster::NONE, Some(cg)).unwrap();
     assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
-    let (out, _) = log_paths(dir.path(), 7, 1, 2);
-    let out = fs::read_to_string(out).unwrap();
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 2, "{out}");
-    assert!(lines[0].contains("gpu0") && lines[0].contains("Operation not permitted"), "{out}");
-    assert!(lines[1].contains("gpu1") && lines[1].contains("No such device or address"), "{out}");
+    let refused = "Operation not permitted";
+    let no_driver = "No such device or address";
+    opens_said(dir.path(), 2, [refused, no_driver]);
     // The next attempt reuses that cgroup, which denied gpu0: it holds
     // gpu0 now, and is refused gpu1 instead.
     assert_eq!(iso.spares(), 1);
@@ -399,12 +396,7 @@ async fn a_task_is_refused_the_gpu_devices_it_was_not_assigned() {
     launch.attempt = 3;
     let mut t = spawn(&launch, dir.path(), Muster::NONE, Some(cg)).unwrap();
     assert_eq!(t.wait().await.unwrap(), Exit::Code(0));
-    let (out, _) = log_paths(dir.path(), 7, 1, 3);
-    let out = fs::read_to_string(out).unwrap();
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 2, "{out}");
-    assert!(lines[0].contains("gpu0") && lines[0].contains("No such device or address"), "{out}");
-    assert!(lines[1].contains("gpu1") && lines[1].contains("Operation not permitted"), "{out}");
+    opens_said(dir.path(), 3, [no_driver, refused]);
     iso.remove_if_empty();
 }
 
@@ -471,6 +463,18 @@ async fn an_emptied_cgroup_is_reused_with_the_next_attempts_limits_and_counts_on
         assert!(left.is_empty(), "{} still holds {left:?}", root.display());
     }
     again.remove_if_empty();
+}
+
+/// Attempt `attempt`'s output (the test launch's task) holds one line
+/// per device opened, gpu0's then gpu1's, each with its error.
+fn opens_said(work_dir: &Path, attempt: u32, errors: [&str; 2]) {
+    let (out, _) = log_paths(work_dir, 7, 1, attempt);
+    let out = fs::read_to_string(out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for (i, (line, error)) in lines.iter().zip(errors).enumerate() {
+        assert!(line.contains(&format!("gpu{i}")) && line.contains(error), "{out}");
+    }
 }
 
 /// The child starts clean of the agent's signal state: nothing blocked,
