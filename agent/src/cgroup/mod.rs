@@ -26,6 +26,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod files;
 mod spare;
 mod task;
 #[cfg(test)]
@@ -164,6 +165,9 @@ pub struct Isolation {
     /// What the kernel offers, found on the subtree itself.
     has_swap_limit: bool,
     has_kill: bool,
+    /// Whether the subtree is on cgroupfs (`false`: a fake tree of
+    /// regular files, in tests).
+    cgroupfs: bool,
     /// Where the agent's own process went (v2, out of the cgroup it
     /// delegates to its tasks), if it moved.
     moved_to: Option<PathBuf>,
@@ -356,6 +360,7 @@ impl Isolation {
                 pids_default,
                 has_swap_limit: false,
                 has_kill: false,
+                cgroupfs: false,
                 moved_to: None,
                 spares: None,
             };
@@ -381,6 +386,7 @@ impl Isolation {
             pids_default,
             has_swap_limit: false,
             has_kill: false,
+            cgroupfs: false,
             moved_to: None,
             spares: None,
         };
@@ -438,6 +444,8 @@ impl Isolation {
                 return Err(unusable(format!("{} is not a cgroup: {e}", h.root.display())));
             }
         }
+        self.cgroupfs = self.hierarchies.iter().all(|h| on_cgroupfs(&h.root));
+        raise_open_files_limit();
         match self.version {
             Version::V1 => {
                 let mem = self.dir_of("memory");
@@ -504,6 +512,8 @@ impl Isolation {
             has_kill: self.has_kill,
             applied: None,
             spares: self.spares.clone(),
+            handles: files::Handles::new(!self.cgroupfs),
+            cgroupfs: self.cgroupfs,
         }
     }
 
@@ -530,10 +540,11 @@ impl Isolation {
     pub fn create(&self, key: (u64, u32, u64), limits: &Limits) -> Result<TaskCgroup, String> {
         let name = Isolation::attempt_name(key);
         if let Some(spares) = &self.spares
-            && !self.hierarchies[0].root.join(&name).exists()
-            && let Some(before) = spares.take(&name)
+            && !spares.exists(&name)
+            && let Some((before, open)) = spares.take(&name)
         {
             let mut cg = self.cgroup_named(&name);
+            cg.handles = files::Handles::from(open, !self.cgroupfs);
             match self.reuse(&cg, limits, &before) {
                 Ok(applied) => {
                     cg.applied = Some(applied);
@@ -591,7 +602,7 @@ impl Isolation {
                     // memory limit: raise both in the order that keeps
                     // that true from any earlier values.
                     if self.has_swap_limit {
-                        let _ = fs::write(cg.dir_of("memory").join("memory.memsw.limit_in_bytes"), "-1");
+                        let _ = cg.set("memory", "memory.memsw.limit_in_bytes", "-1");
                     }
                     if want.mem_bytes > 0 {
                         cg.set("memory", "memory.limit_in_bytes", &want.mem_bytes.to_string())?;
@@ -605,7 +616,7 @@ impl Isolation {
                 if fresh {
                     // Best effort: some kernels refuse it under a parent
                     // with a hierarchy; the swap limit above is what holds.
-                    let _ = fs::write(cg.dir_of("memory").join("memory.swappiness"), "0");
+                    let _ = cg.set("memory", "memory.swappiness", "0");
                 }
                 // The period is the kernel's default, 100 ms (a spare is
                 // taken back only with it).
@@ -647,6 +658,39 @@ impl Isolation {
         }
         for h in &self.hierarchies {
             let _ = fs::remove_dir(&h.root);
+        }
+    }
+}
+
+/// Whether `dir` is on a cgroup file system (v1's or v2's).
+fn on_cgroupfs(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    const CGROUP_SUPER_MAGIC: i64 = 0x27e0eb;
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: statfs writes only into `st`; `path` is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    let magic = st.f_type as i64;
+    magic == CGROUP_SUPER_MAGIC || magic == CGROUP2_SUPER_MAGIC
+}
+
+/// Raises the soft limit on open files to the hard one: each attempt's
+/// cgroup (and each spare) holds its directories and files open
+/// ([`files`]), some thirty descriptors, and a service's default soft
+/// limit is often 1,024.
+fn raise_open_files_limit() {
+    // SAFETY: getrlimit/setrlimit read and write only `lim`.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::debug!(error = %std::io::Error::last_os_error(), "cannot raise the open files limit");
+            }
         }
     }
 }

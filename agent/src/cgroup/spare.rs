@@ -18,12 +18,16 @@
 //! reset to the parent's and the unassigned GPUs denied again, and only
 //! the limits that differ from the last attempt's are written.
 
+use std::ffi::CString;
 use std::fs;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::TaskCgroup;
+use super::files::Open;
 
 /// The most spares an agent keeps: more than the attempts a node runs at
 /// once is churn the pool no longer saves.
@@ -53,8 +57,13 @@ pub(crate) struct Applied {
 pub(crate) struct Spares {
     /// The agent's subtree in each hierarchy, in the attempts' order.
     roots: Vec<PathBuf>,
+    /// Each root's directory held open (`O_PATH`; `None` where it could
+    /// not be opened): renames relative to it skip the path walk.
+    root_fds: Vec<Option<OwnedFd>>,
     has_swap_limit: bool,
-    free: Mutex<Vec<(String, Applied)>>,
+    /// The spares: their names, the limits they hold, and their
+    /// directories and files still open ([`super::files`]).
+    free: Mutex<Vec<(String, Applied, Open)>>,
     next: AtomicU64,
 }
 
@@ -70,7 +79,19 @@ impl Spares {
                 }
             }
         }
-        Spares { roots, has_swap_limit, free: Mutex::new(Vec::new()), next: AtomicU64::new(0) }
+        let root_fds = roots.iter().map(|r| open_dir(r)).collect();
+        Spares { roots, root_fds, has_swap_limit, free: Mutex::new(Vec::new()), next: AtomicU64::new(0) }
+    }
+
+    /// Whether the first hierarchy holds a cgroup named `name`.
+    pub(super) fn exists(&self, name: &str) -> bool {
+        let (Some(Some(dir)), Ok(c)) = (self.root_fds.first(), CString::new(name)) else {
+            return self.roots[0].join(name).exists();
+        };
+        // SAFETY: fstatat writes only into `st`; `c` is NUL-terminated and
+        // `dir` open.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0 }
     }
 
     /// How many spares are kept now.
@@ -79,11 +100,14 @@ impl Spares {
     }
 
     /// Takes a spare, renamed to `name` in every hierarchy, with the
-    /// limits it holds; `None` when there is none (or a rename failed, and
-    /// the spare was removed).
-    pub(super) fn take(&self, name: &str) -> Option<Applied> {
-        let (spare, applied) = self.free.lock().expect("spares lock").pop()?;
-        rename_all(&self.roots, &spare, name).then_some(applied)
+    /// limits it holds and what of it is open; `None` when there is none
+    /// (or a rename failed, and the spare was removed).
+    pub(super) fn take(&self, name: &str) -> Option<(Applied, Open)> {
+        let (spare, applied, open) = self.free.lock().expect("spares lock").pop()?;
+        if self.rename_all(&spare, name) {
+            return Some((applied, open));
+        }
+        None
     }
 
     /// Keeps `cg` (whose limits are `applied`) as a spare if nothing of
@@ -95,19 +119,21 @@ impl Spares {
             return false;
         }
         let spare = format!("{PREFIX}{}", self.next.fetch_add(1, Ordering::Relaxed));
-        let from = cg.name();
-        if !rename_all(&self.roots, from, &spare) {
+        // Every other copy of `cg` loses its handles: a stale copy must
+        // not reach the attempt that reuses the cgroup.
+        let open = cg.give_away().unwrap_or_default();
+        if !self.rename_all(cg.name(), &spare) {
             return true;
         }
         let mut free = self.free.lock().expect("spares lock");
-        free.push((spare, applied.clone()));
+        free.push((spare, applied.clone(), open));
         true
     }
 
     /// Removes every spare (a clean shutdown).
     pub(super) fn clear(&self) {
         let spares = std::mem::take(&mut *self.free.lock().expect("spares lock"));
-        for (name, _) in spares {
+        for (name, ..) in spares {
             for root in &self.roots {
                 super::task::remove_tree(&root.join(&name));
             }
@@ -117,8 +143,9 @@ impl Spares {
     /// Whether `cg` may be handed to another attempt (see the module's
     /// doc).
     fn clean(&self, cg: &TaskCgroup, applied: &Applied) -> bool {
-        let read = |controller: &str, file: &str| fs::read_to_string(cg.dir_of(controller).join(file)).ok();
-        let num = |controller: &str, file: &str| read(controller, file).and_then(|s| s.trim().parse::<i64>().ok());
+        let read = |controller: &str, file: &'static str| cg.read(controller, file);
+        let num =
+            |controller: &str, file: &'static str| read(controller, file).and_then(|s| s.trim().parse::<i64>().ok());
         // The kernel's "no limit" reads as the page-rounded i64::MAX.
         let unlimited = |v: Option<i64>| v.is_some_and(|v| v >= 1 << 62);
         let limit = |v: Option<i64>, want: u64| match want {
@@ -129,7 +156,7 @@ impl Spares {
         let oom_field = |key: &str| {
             oom.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' '))).map(|v| v.trim() == "0")
         };
-        cg.dirs.iter().all(|(_, d)| !super::task::has_subdirs(d))
+        (0..cg.dirs.len()).all(|i| !cg.has_subdirs(i))
             && cg.is_empty()
             && oom_field("oom_kill_disable") == Some(true)
             && oom_field("oom_kill").unwrap_or(true)
@@ -148,18 +175,42 @@ impl Spares {
     }
 }
 
-/// Renames `from` to `to` under each root; on a failure part-way, removes
-/// both names' directories and returns `false`.
-fn rename_all(roots: &[PathBuf], from: &str, to: &str) -> bool {
-    for root in roots {
-        if let Err(e) = fs::rename(root.join(from), root.join(to)) {
-            tracing::debug!(dir = %root.join(from).display(), error = %e, "cannot rename a cgroup");
-            for r in roots {
-                super::task::remove_tree(&r.join(from));
-                super::task::remove_tree(&r.join(to));
+impl Spares {
+    /// Renames `from` to `to` under each root; on a failure part-way,
+    /// removes both names' directories and returns `false`.
+    fn rename_all(&self, from: &str, to: &str) -> bool {
+        for (i, root) in self.roots.iter().enumerate() {
+            if let Err(e) = self.rename(i, from, to) {
+                tracing::debug!(dir = %root.join(from).display(), error = %e, "cannot rename a cgroup");
+                for r in &self.roots {
+                    super::task::remove_tree(&r.join(from));
+                    super::task::remove_tree(&r.join(to));
+                }
+                return false;
             }
-            return false;
         }
+        true
     }
-    true
+
+    /// Renames `from` to `to` under root `i`.
+    fn rename(&self, i: usize, from: &str, to: &str) -> std::io::Result<()> {
+        let (Some(Some(dir)), Ok(f), Ok(t)) = (self.root_fds.get(i), CString::new(from), CString::new(to)) else {
+            return fs::rename(self.roots[i].join(from), self.roots[i].join(to));
+        };
+        let dir = dir.as_raw_fd();
+        // SAFETY: both names are NUL-terminated and `dir` is open.
+        if unsafe { libc::renameat(dir, f.as_ptr(), dir, t.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// `dir` opened as a path (`None` where it cannot be).
+fn open_dir(dir: &std::path::Path) -> Option<OwnedFd> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is NUL-terminated; the descriptor is owned below.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    // SAFETY: `fd` was just opened and nothing else owns it.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -4,11 +4,11 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::files::{self, Handles};
 use super::spare::{Applied, Spares};
 use super::{Usage, Version};
 
@@ -24,6 +24,11 @@ pub struct TaskCgroup {
     pub(super) applied: Option<Applied>,
     /// Where it goes once empty, to be reused (v1).
     pub(super) spares: Option<Arc<Spares>>,
+    /// Its directories and files held open ([`files`]).
+    pub(super) handles: Handles,
+    /// Whether its files are cgroupfs's (`false`: a fake tree of regular
+    /// files, in tests, where a write makes the file and cuts it).
+    pub(super) cgroupfs: bool,
 }
 
 /// How often a stop checks that an attempt's cgroup is empty.
@@ -41,16 +46,43 @@ impl TaskCgroup {
     }
 
     /// Writes `value` to `file` of the hierarchy holding `controller`.
-    pub(super) fn set(&self, controller: &str, file: &str, value: &str) -> Result<(), String> {
-        let path = self.dir_of(controller).join(file);
-        fs::write(&path, value).map_err(|e| format!("cannot set {} to {value:?}: {e}", path.display()))
+    pub(super) fn set(&self, controller: &str, file: &'static str, value: &str) -> Result<(), String> {
+        let i = self.hierarchy(controller);
+        self.handles
+            .file(i, &self.dirs[i].1, file, true)
+            .and_then(|f| files::write_value(&f, value, !self.cgroupfs))
+            .map_err(|e| format!("cannot set {} to {value:?}: {e}", self.dirs[i].1.join(file).display()))
     }
 
+    /// The text of `file` of the hierarchy holding `controller` (a small
+    /// file: a counter, a limit, a state).
+    pub(super) fn read(&self, controller: &str, file: &'static str) -> Option<String> {
+        let i = self.hierarchy(controller);
+        self.handles.file(i, &self.dirs[i].1, file, false).and_then(|f| files::read_small(&f)).ok()
+    }
+
+    /// The index of the hierarchy holding `controller` (the first if none
+    /// does).
+    fn hierarchy(&self, controller: &str) -> usize {
+        self.dirs.iter().position(|(c, _)| c.contains(controller)).unwrap_or(0)
+    }
+
+    /// The directory of the hierarchy holding `controller`.
+    #[cfg(test)]
     pub(super) fn dir_of(&self, controller: &str) -> PathBuf {
-        self.dirs
-            .iter()
-            .find(|(c, _)| c.contains(controller))
-            .map_or_else(|| self.dirs[0].1.clone(), |(_, d)| d.clone())
+        self.dirs[self.hierarchy(controller)].1.clone()
+    }
+
+    /// Whether hierarchy `i`'s directory holds cgroups of its own (`true`
+    /// where that cannot be told).
+    pub(super) fn has_subdirs(&self, i: usize) -> bool {
+        self.handles.links(i, &self.dirs[i].1).map_or(true, |n| n != 2)
+    }
+
+    /// Gives its handles away (it becomes a spare): every copy of it goes
+    /// back to paths.
+    pub(super) fn give_away(&self) -> Option<files::Open> {
+        self.handles.give_away()
     }
 
     /// Whether it exists.
@@ -60,14 +92,13 @@ impl TaskCgroup {
 
     /// The `cgroup.procs` file of each hierarchy, opened for writing, for a
     /// child to join with before it execs (see [`join_from_child`]).
-    pub fn join_files(&self) -> io::Result<Vec<OwnedFd>> {
+    pub fn join_files(&self) -> io::Result<Vec<Arc<fs::File>>> {
         self.dirs
             .iter()
-            .map(|(_, d)| {
-                fs::OpenOptions::new()
-                    .write(true)
-                    .open(d.join("cgroup.procs"))
-                    .map(OwnedFd::from)
+            .enumerate()
+            .map(|(i, (_, d))| {
+                self.handles
+                    .file(i, d, "cgroup.procs", true)
                     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", d.join("cgroup.procs").display())))
             })
             .collect()
@@ -78,8 +109,14 @@ impl TaskCgroup {
         let mut pids = BTreeSet::new();
         // The freezer's (v1) or the one hierarchy's (v2) view: every
         // process joins every hierarchy together.
-        let dir = self.dir_of("freezer");
-        collect_pids(&dir, &mut pids, 0);
+        let i = self.hierarchy("freezer");
+        let dir = &self.dirs[i].1;
+        if let Ok(text) = self.handles.fresh(i, dir, "cgroup.procs").and_then(|f| files::read_all(&f)) {
+            pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+        if self.has_subdirs(i) {
+            collect_below(dir, &mut pids, 0);
+        }
         pids.into_iter().collect()
     }
 
@@ -104,18 +141,18 @@ impl TaskCgroup {
     /// process forks past the kill.
     pub async fn kill_once(&self) {
         if self.version == Version::V2 && self.has_kill {
-            let _ = fs::write(self.dirs[0].1.join("cgroup.kill"), "1");
+            // (v2 has one hierarchy.)
+            let _ = self.set("pids", "cgroup.kill", "1");
             return;
         }
         let (freeze, frozen, thaw, state) = match self.version {
             Version::V1 => ("freezer.state", "FROZEN", "THAWED", "freezer.state"),
             Version::V2 => ("cgroup.freeze", "1", "0", "cgroup.events"),
         };
-        let dir = self.dir_of("freezer");
-        let froze = fs::write(dir.join(freeze), frozen).is_ok();
+        let froze = self.set("freezer", freeze, frozen).is_ok();
         if froze {
             for _ in 0..50 {
-                let s = fs::read_to_string(dir.join(state)).unwrap_or_default();
+                let s = self.read("freezer", state).unwrap_or_default();
                 let done = match self.version {
                     Version::V1 => s.trim() == "FROZEN",
                     Version::V2 => s.lines().any(|l| l.trim() == "frozen 1"),
@@ -128,7 +165,7 @@ impl TaskCgroup {
         }
         self.signal_all(libc::SIGKILL);
         if froze {
-            let _ = fs::write(dir.join(freeze), thaw);
+            let _ = self.set("freezer", freeze, thaw);
         }
     }
 
@@ -155,8 +192,7 @@ impl TaskCgroup {
 
     /// What it used: peak memory, CPU time, OOM kills, its memory limit.
     pub fn usage(&self) -> Usage {
-        let read =
-            |controller: &str, file: &str| fs::read_to_string(self.dir_of(controller).join(file)).unwrap_or_default();
+        let read = |controller: &str, file: &'static str| self.read(controller, file).unwrap_or_default();
         let num = |s: &str| s.trim().parse::<u64>().unwrap_or(0);
         let field = |text: &str, key: &str| {
             text.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' '))).map_or(0, num)
@@ -192,24 +228,28 @@ impl TaskCgroup {
         {
             return;
         }
+        self.give_away();
         for (_, dir) in &self.dirs {
             remove_tree(dir);
         }
     }
 }
 
-/// The pids of `dir`'s `cgroup.procs` and its sub-cgroups'.
-fn collect_pids(dir: &Path, pids: &mut BTreeSet<i32>, depth: u32) {
-    if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
-        pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-    }
-    if depth > 8 || !has_subdirs(dir) {
+/// The pids of the cgroups below `dir` (and below those).
+fn collect_below(dir: &Path, pids: &mut BTreeSet<i32>, depth: u32) {
+    if depth > 8 {
         return;
     }
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
-                collect_pids(&e.path(), pids, depth + 1);
+                let sub = e.path();
+                if let Ok(text) = fs::read_to_string(sub.join("cgroup.procs")) {
+                    pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+                }
+                if has_subdirs(&sub) {
+                    collect_below(&sub, pids, depth + 1);
+                }
             }
         }
     }

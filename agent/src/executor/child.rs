@@ -51,8 +51,9 @@ pub(super) struct Plan {
     pub cwd: CString,
     /// Standard input, output and error.
     pub stdio: [OwnedFd; 3],
-    /// The `cgroup.procs` files to write 0 (the writer) to.
-    pub join: Vec<OwnedFd>,
+    /// The `cgroup.procs` files to write 0 (the writer) to (held open by
+    /// the attempt's cgroup).
+    pub join: Vec<std::sync::Arc<std::fs::File>>,
     /// The account to become (`None`: stay the agent's).
     pub user: Option<TaskUser>,
 }

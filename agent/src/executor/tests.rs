@@ -465,6 +465,49 @@ async fn an_emptied_cgroup_is_reused_with_the_next_attempts_limits_and_counts_on
     again.remove_if_empty();
 }
 
+/// A cgroup's files are held open across the attempts that reuse it
+/// (cgroup/files.rs): a copy of it kept from an earlier attempt reaches
+/// nothing of the attempt that reuses it, and its process list is read
+/// afresh each time (v1 hands a listing cached per open file to a later
+/// read of the same file).
+#[tokio::test]
+async fn a_stale_copy_of_a_reused_cgroup_reaches_nothing_and_its_process_list_is_read_afresh() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let iso = isolation(dir.path(), vec![], 0);
+    let limits = crate::cgroup::Limits::default();
+    let first = iso.create((21, 0, 1), &limits).unwrap();
+    // Files opened through it before it becomes a spare.
+    assert!(first.pids().is_empty());
+    let _ = first.usage();
+    first.remove();
+    let reused = iso.version() == crate::cgroup::Version::V1;
+    assert_eq!(iso.spares(), usize::from(reused));
+    let cg = iso.create((21, 1, 1), &limits).unwrap();
+    let mut t = spawn(&launch(&["sleep", "300"]), dir.path(), Muster::NONE, Some(cg.clone())).unwrap();
+    let leader = t.pgid();
+    assert_eq!(cg.pids(), vec![leader]);
+    assert!(first.pids().is_empty(), "a stale copy sees the next attempt's processes");
+    first.kill_all().await;
+    first.signal_all(libc::SIGKILL);
+    first.remove();
+    assert!(alive(leader), "a stale copy killed the attempt that reuses its cgroup");
+    assert!(cg.exists());
+    // A process moved in from outside shows in the very next read.
+    let mut outside = std::process::Command::new("sleep").arg("300").spawn().unwrap();
+    let other = outside.id() as i32;
+    for d in cg.dirs() {
+        fs::write(d.join("cgroup.procs"), other.to_string()).unwrap();
+    }
+    let mut both = vec![leader, other];
+    both.sort_unstable();
+    assert_eq!(cg.pids(), both, "the process list was read from a cached listing");
+    assert_eq!(t.stop(Duration::from_millis(100)).await.unwrap(), Exit::Signal(libc::SIGTERM));
+    assert!(outside.wait().unwrap().signal().is_some(), "the moved-in process outlived the stop");
+    assert!(!alive(leader));
+    iso.remove_if_empty();
+}
+
 /// Attempt `attempt`'s output (the test launch's task) holds one line
 /// per device opened, gpu0's then gpu1's, each with its error.
 fn opens_said(work_dir: &Path, attempt: u32, errors: [&str; 2]) {
