@@ -451,7 +451,14 @@ pub fn retire(dir: &Path) {
     let empty = fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
     if let (true, Some(parent), Some(name)) = (empty, dir.parent(), dir.file_name()) {
         let spares = parent.join(SPARE);
-        if fs::create_dir_all(&spares).is_ok() && fs::rename(dir, spares.join(name)).is_ok() {
+        // The spares' directory is made once: try the rename first.
+        let kept = fs::rename(dir, spares.join(name)).or_else(|e| match e.kind() {
+            io::ErrorKind::NotFound if dir.exists() => {
+                fs::create_dir_all(&spares).and_then(|()| fs::rename(dir, spares.join(name)))
+            }
+            _ => Err(e),
+        });
+        if kept.is_ok() {
             return;
         }
     }

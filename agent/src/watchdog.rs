@@ -346,7 +346,7 @@ impl Sampler for NullSampler {
 /// Reads process groups from `/proc`, and GPU utilisation per process from
 /// NVML where the library is present.
 pub struct ProcSampler {
-    nvml: Option<nvml_wrapper::Nvml>,
+    nvml: Option<&'static nvml_wrapper::Nvml>,
     page_kb: u64,
     tick_ms: u64,
 }
@@ -355,12 +355,17 @@ impl Default for ProcSampler {
     fn default() -> Self {
         // SAFETY: sysconf has no memory-safety preconditions.
         let (page, ticks) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::sysconf(libc::_SC_CLK_TCK)) };
-        ProcSampler {
-            nvml: nvml_wrapper::Nvml::init().ok(),
-            page_kb: (page.max(4096) / 1024) as u64,
-            tick_ms: 1000 / (ticks.max(1) as u64),
-        }
+        ProcSampler { nvml: nvml(), page_kb: (page.max(4096) / 1024) as u64, tick_ms: 1000 / (ticks.max(1) as u64) }
     }
+}
+
+/// The process's NVML handle, initialised by the first sampler (`None`
+/// where the library or its driver is absent). Every attempt makes a
+/// sampler: initialising NVML for each loaded and searched the library
+/// anew (and on a GPU node, `nvmlInit` takes milliseconds).
+fn nvml() -> Option<&'static nvml_wrapper::Nvml> {
+    static NVML: std::sync::OnceLock<Option<nvml_wrapper::Nvml>> = std::sync::OnceLock::new();
+    NVML.get_or_init(|| nvml_wrapper::Nvml::init().ok()).as_ref()
 }
 
 /// `(pgrp, utime + stime ticks, rss pages)` from a `/proc/PID/stat` line.
