@@ -27,6 +27,7 @@ mod dev;
 mod history;
 mod image_cmd;
 mod images;
+mod logging;
 mod node;
 mod output;
 mod replay;
@@ -371,19 +372,19 @@ fn async_main(cmd: Cmd) -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cmd {
             Cmd::Server(args) => {
-                init_logging(SERVER_LOG_FILTER);
+                logging::init(SERVER_LOG_FILTER);
                 server::run(args).await
             }
             Cmd::Agent(args) => {
-                init_logging("info");
+                logging::init("info");
                 agent_cmd::run(args).await
             }
             Cmd::Chaos(args) => {
-                init_logging("warn");
+                logging::init("warn");
                 chaos::run_chaos(args).await
             }
             Cmd::Dev(args) => {
-                init_logging(DEV_LOG_FILTER);
+                logging::init(DEV_LOG_FILTER);
                 dev::run(args).await
             }
             Cmd::Submit { client, args } => {
@@ -451,34 +452,7 @@ const SERVER_LOG_FILTER: &str = concat!("info,openraft=warn,", openraft_quiet!()
 /// only what needs a person on stderr.
 const DEV_LOG_FILTER: &str = concat!("warn,openraft=error,", openraft_quiet!());
 
-/// Set once a process is shutting down on purpose (`muster dev` after
-/// Ctrl-C): from then on only errors are logged, not the warnings every
-/// replica and agent gives as its peers go away one by one.
-static SHUTTING_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Logs only errors from now on (see [`SHUTTING_DOWN`]).
-pub(crate) fn quiet_logs() {
-    SHUTTING_DOWN.store(true, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn init_logging(default: &str) {
-    use tracing_subscriber::Layer as _;
-    use tracing_subscriber::layer::SubscriberExt as _;
-    use tracing_subscriber::util::SubscriberInitExt as _;
-    let env = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
-    let quiet = tracing_subscriber::filter::filter_fn(|m| {
-        !SHUTTING_DOWN.load(std::sync::atomic::Ordering::Relaxed) || *m.level() == tracing::Level::ERROR
-    });
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_filter(env)
-                .with_filter(quiet),
-        )
-        .init();
-}
+pub(crate) use logging::quiet as quiet_logs;
 
 /// Appends one byte to the task's progress file: any change to it is a beat.
 fn beat() -> anyhow::Result<()> {
