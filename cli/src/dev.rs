@@ -221,7 +221,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         Ok(())
     };
     out!("muster dev: shutting down");
-    crate::quiet_logs();
+    crate::logging::quiet();
     cluster.shutdown().await;
     if args.data_dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);

@@ -452,8 +452,6 @@ const SERVER_LOG_FILTER: &str = concat!("info,openraft=warn,", openraft_quiet!()
 /// only what needs a person on stderr.
 const DEV_LOG_FILTER: &str = concat!("warn,openraft=error,", openraft_quiet!());
 
-pub(crate) use logging::quiet as quiet_logs;
-
 /// Appends one byte to the task's progress file: any change to it is a beat.
 fn beat() -> anyhow::Result<()> {
     use std::io::Write;

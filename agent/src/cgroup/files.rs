@@ -24,8 +24,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -38,7 +37,7 @@ const SMALL: usize = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct Open {
     /// Each hierarchy's directory (`None`: not opened yet).
-    dirs: Vec<Option<OwnedFd>>,
+    dirs: Vec<Option<File>>,
     /// Files opened through them: (hierarchy, name, for writing).
     files: Vec<(usize, &'static str, bool, Arc<File>)>,
 }
@@ -78,9 +77,14 @@ impl Handles {
         if let Some((.., f)) = open.files.iter().find(|(h, n, w, _)| *h == i && *n == name && *w == write) {
             return Ok(f.clone());
         }
-        let f = Arc::new(open_in(open.dir(i, dir)?, name, write, self.fake)?);
+        let f = Arc::new(open_in(open.dir(i, dir)?.as_raw_fd(), name, write, self.fake)?);
         open.files.push((i, name, write, f.clone()));
         Ok(f)
+    }
+
+    /// Writes `value` to `name` in hierarchy `i`, through the kept file.
+    pub(crate) fn write(&self, i: usize, dir: &Path, name: &'static str, value: &str) -> io::Result<()> {
+        write_value(&*self.file(i, dir, name, true)?, value, self.fake)
     }
 
     /// `name` in hierarchy `i`, opened anew for reading (through the kept
@@ -88,7 +92,7 @@ impl Handles {
     pub(crate) fn fresh(&self, i: usize, dir: &Path, name: &str) -> io::Result<File> {
         let mut guard = self.open.lock().expect("cgroup handles lock");
         match guard.as_mut() {
-            Some(open) => open_in(open.dir(i, dir)?, name, false, false),
+            Some(open) => open_in(open.dir(i, dir)?.as_raw_fd(), name, false, false),
             None => open_path(&dir.join(name), false, false),
         }
     }
@@ -96,49 +100,43 @@ impl Handles {
     /// The link count of hierarchy `i`'s directory (2 + its
     /// subdirectories).
     pub(crate) fn links(&self, i: usize, dir: &Path) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
         let mut guard = self.open.lock().expect("cgroup handles lock");
-        let Some(open) = guard.as_mut() else {
-            use std::os::unix::fs::MetadataExt;
-            return std::fs::metadata(dir).map(|m| m.nlink());
-        };
-        let fd = open.dir(i, dir)?;
-        // SAFETY: fstat writes only into `st`; `fd` is open.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
+        match guard.as_mut() {
+            Some(open) => open.dir(i, dir)?.metadata(),
+            None => std::fs::metadata(dir),
         }
-        Ok(st.st_nlink)
+        .map(|m| m.nlink())
     }
 }
 
 impl Open {
     /// Hierarchy `i`'s directory, opened from `dir` the first time.
-    fn dir(&mut self, i: usize, dir: &Path) -> io::Result<RawFd> {
+    fn dir(&mut self, i: usize, dir: &Path) -> io::Result<&File> {
         if self.dirs.len() <= i {
             self.dirs.resize_with(i + 1, || None);
         }
-        if let Some(fd) = &self.dirs[i] {
-            return Ok(fd.as_raw_fd());
+        if self.dirs[i].is_none() {
+            self.dirs[i] = Some(open_dir(dir)?);
         }
-        let path = cstring(dir.as_os_str().as_bytes())?;
-        // SAFETY: `path` is NUL-terminated; the descriptor returned is
-        // owned here.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display())));
-        }
-        // SAFETY: `fd` was just opened and nothing else owns it.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        let raw = owned.as_raw_fd();
-        self.dirs[i] = Some(owned);
-        Ok(raw)
+        Ok(self.dirs[i].as_ref().expect("opened above"))
     }
+}
+
+/// The directory `dir`, opened as a path (`O_PATH`): to open, stat and
+/// rename relative to, not to read.
+pub(crate) fn open_dir(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
 }
 
 /// `name` opened relative to the directory `dir` (made if `create`).
 fn open_in(dir: RawFd, name: &str, write: bool, create: bool) -> io::Result<File> {
-    let c = cstring(name.as_bytes())?;
+    let c = CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a name holds a NUL byte"))?;
     let mode = match (write, create) {
         (false, _) => libc::O_RDONLY,
         (true, false) => libc::O_WRONLY,
@@ -163,10 +161,6 @@ fn open_path(path: &Path, write: bool, create: bool) -> io::Result<File> {
         .truncate(false)
         .open(path)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
-}
-
-fn cstring(bytes: &[u8]) -> io::Result<CString> {
-    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path holds a NUL byte"))
 }
 
 /// Reads all of `f` from its start.
@@ -203,7 +197,7 @@ pub(crate) fn read_small(f: &File) -> io::Result<String> {
 /// Writes `value` to `f` at its start, in one write (as cgroupfs takes
 /// it); on a regular file (a fake tree), cuts what an earlier, longer
 /// value left after it.
-pub(crate) fn write_value(f: &File, value: &str, regular: bool) -> io::Result<()> {
+fn write_value(f: &File, value: &str, regular: bool) -> io::Result<()> {
     let n = f.write_at(value.as_bytes(), 0)?;
     if n != value.len() {
         return Err(io::Error::new(io::ErrorKind::WriteZero, "a short write"));

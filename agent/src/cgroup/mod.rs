@@ -513,7 +513,6 @@ impl Isolation {
             applied: None,
             spares: self.spares.clone(),
             handles: files::Handles::new(!self.cgroupfs),
-            cgroupfs: self.cgroupfs,
         }
     }
 

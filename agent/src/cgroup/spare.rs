@@ -20,14 +20,13 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::TaskCgroup;
-use super::files::Open;
+use super::files::{self, Open};
 
 /// The most spares an agent keeps: more than the attempts a node runs at
 /// once is churn the pool no longer saves.
@@ -59,7 +58,7 @@ pub(crate) struct Spares {
     roots: Vec<PathBuf>,
     /// Each root's directory held open (`O_PATH`; `None` where it could
     /// not be opened): renames relative to it skip the path walk.
-    root_fds: Vec<Option<OwnedFd>>,
+    root_fds: Vec<Option<fs::File>>,
     has_swap_limit: bool,
     /// The spares: their names, the limits they hold, and their
     /// directories and files still open ([`super::files`]).
@@ -79,7 +78,7 @@ impl Spares {
                 }
             }
         }
-        let root_fds = roots.iter().map(|r| open_dir(r)).collect();
+        let root_fds = roots.iter().map(|r| files::open_dir(r).ok()).collect();
         Spares { roots, root_fds, has_swap_limit, free: Mutex::new(Vec::new()), next: AtomicU64::new(0) }
     }
 
@@ -104,10 +103,7 @@ impl Spares {
     /// (or a rename failed, and the spare was removed).
     pub(super) fn take(&self, name: &str) -> Option<(Applied, Open)> {
         let (spare, applied, open) = self.free.lock().expect("spares lock").pop()?;
-        if self.rename_all(&spare, name) {
-            return Some((applied, open));
-        }
-        None
+        self.rename_all(&spare, name).then_some((applied, open))
     }
 
     /// Keeps `cg` (whose limits are `applied`) as a spare if nothing of
@@ -138,6 +134,35 @@ impl Spares {
                 super::task::remove_tree(&root.join(&name));
             }
         }
+    }
+
+    /// Renames `from` to `to` under each root; on a failure part-way,
+    /// removes both names' directories and returns `false`.
+    fn rename_all(&self, from: &str, to: &str) -> bool {
+        for (i, root) in self.roots.iter().enumerate() {
+            if let Err(e) = self.rename(i, from, to) {
+                tracing::debug!(dir = %root.join(from).display(), error = %e, "cannot rename a cgroup");
+                for r in &self.roots {
+                    super::task::remove_tree(&r.join(from));
+                    super::task::remove_tree(&r.join(to));
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Renames `from` to `to` under root `i`.
+    fn rename(&self, i: usize, from: &str, to: &str) -> std::io::Result<()> {
+        let (Some(Some(dir)), Ok(f), Ok(t)) = (self.root_fds.get(i), CString::new(from), CString::new(to)) else {
+            return fs::rename(self.roots[i].join(from), self.roots[i].join(to));
+        };
+        let dir = dir.as_raw_fd();
+        // SAFETY: both names are NUL-terminated and `dir` is open.
+        if unsafe { libc::renameat(dir, f.as_ptr(), dir, t.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Whether `cg` may be handed to another attempt (see the module's
@@ -173,44 +198,4 @@ impl Spares {
             && num("cpu", "cpu.shares") == Some(1024)
             && read("freezer", "freezer.state").is_some_and(|s| s.trim() == "THAWED")
     }
-}
-
-impl Spares {
-    /// Renames `from` to `to` under each root; on a failure part-way,
-    /// removes both names' directories and returns `false`.
-    fn rename_all(&self, from: &str, to: &str) -> bool {
-        for (i, root) in self.roots.iter().enumerate() {
-            if let Err(e) = self.rename(i, from, to) {
-                tracing::debug!(dir = %root.join(from).display(), error = %e, "cannot rename a cgroup");
-                for r in &self.roots {
-                    super::task::remove_tree(&r.join(from));
-                    super::task::remove_tree(&r.join(to));
-                }
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Renames `from` to `to` under root `i`.
-    fn rename(&self, i: usize, from: &str, to: &str) -> std::io::Result<()> {
-        let (Some(Some(dir)), Ok(f), Ok(t)) = (self.root_fds.get(i), CString::new(from), CString::new(to)) else {
-            return fs::rename(self.roots[i].join(from), self.roots[i].join(to));
-        };
-        let dir = dir.as_raw_fd();
-        // SAFETY: both names are NUL-terminated and `dir` is open.
-        if unsafe { libc::renameat(dir, f.as_ptr(), dir, t.as_ptr()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-}
-
-/// `dir` opened as a path (`None` where it cannot be).
-fn open_dir(dir: &std::path::Path) -> Option<OwnedFd> {
-    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: `c` is NUL-terminated; the descriptor is owned below.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
-    // SAFETY: `fd` was just opened and nothing else owns it.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -26,9 +26,6 @@ pub struct TaskCgroup {
     pub(super) spares: Option<Arc<Spares>>,
     /// Its directories and files held open ([`files`]).
     pub(super) handles: Handles,
-    /// Whether its files are cgroupfs's (`false`: a fake tree of regular
-    /// files, in tests, where a write makes the file and cuts it).
-    pub(super) cgroupfs: bool,
 }
 
 /// How often a stop checks that an attempt's cgroup is empty.
@@ -49,8 +46,7 @@ impl TaskCgroup {
     pub(super) fn set(&self, controller: &str, file: &'static str, value: &str) -> Result<(), String> {
         let i = self.hierarchy(controller);
         self.handles
-            .file(i, &self.dirs[i].1, file, true)
-            .and_then(|f| files::write_value(&f, value, !self.cgroupfs))
+            .write(i, &self.dirs[i].1, file, value)
             .map_err(|e| format!("cannot set {} to {value:?}: {e}", self.dirs[i].1.join(file).display()))
     }
 
@@ -112,7 +108,7 @@ impl TaskCgroup {
         let i = self.hierarchy("freezer");
         let dir = &self.dirs[i].1;
         if let Ok(text) = self.handles.fresh(i, dir, "cgroup.procs").and_then(|f| files::read_all(&f)) {
-            pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            add_pids(&text, &mut pids);
         }
         if self.has_subdirs(i) {
             collect_below(dir, &mut pids, 0);
@@ -235,6 +231,11 @@ impl TaskCgroup {
     }
 }
 
+/// Adds the pids a `cgroup.procs` lists.
+fn add_pids(text: &str, pids: &mut BTreeSet<i32>) {
+    pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+}
+
 /// The pids of the cgroups below `dir` (and below those).
 fn collect_below(dir: &Path, pids: &mut BTreeSet<i32>, depth: u32) {
     if depth > 8 {
@@ -245,7 +246,7 @@ fn collect_below(dir: &Path, pids: &mut BTreeSet<i32>, depth: u32) {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 let sub = e.path();
                 if let Ok(text) = fs::read_to_string(sub.join("cgroup.procs")) {
-                    pids.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+                    add_pids(&text, pids);
                 }
                 if has_subdirs(&sub) {
                     collect_below(&sub, pids, depth + 1);
