@@ -142,6 +142,13 @@ pub struct ServerArgs {
     /// `muster history` has it), or `off` to keep every one.
     #[arg(long, default_value = "3h")]
     retention: String,
+    /// How long a finished allocation is held whole (environment, events,
+    /// checkpoints, every attempt) before it is compacted: the live state
+    /// then keeps its outcome, and `muster alloc get` answers from its
+    /// job-history record. At most --retention (equal: never compacted);
+    /// default 60s, or --retention when that is shorter.
+    #[arg(long)]
+    detail_retention: Option<String>,
     /// How long after its submit an idempotency key is still honoured once
     /// its allocation is forgotten (a retried submit within it is answered
     /// with the original allocation, never run twice).
@@ -322,13 +329,30 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let drain_timeout_s = crate::args::parse_duration_s(&args.drain_timeout).context("--drain-timeout")?;
     let retention = match args.retention.as_str() {
         "off" => None,
-        value => Some(muster_scheduler::policy::RetentionConfig {
-            retention_ms: positive_duration("--retention", value)?.as_millis() as u64,
-            key_window_ms: crate::args::parse_duration_s(&args.idempotency_window)
-                .context("--idempotency-window")?
-                .saturating_mul(1000),
-            ..Default::default()
-        }),
+        value => {
+            let retention_ms = positive_duration("--retention", value)?.as_millis() as u64;
+            let detail_ms = match &args.detail_retention {
+                None => muster_scheduler::policy::DEFAULT_DETAIL_MS.min(retention_ms),
+                Some(detail) => {
+                    let ms = positive_duration("--detail-retention", detail)?.as_millis() as u64;
+                    if ms > retention_ms {
+                        bail!(
+                            "--detail-retention {detail} is longer than --retention {value}: an allocation cannot \
+                             stay whole after it is forgotten"
+                        );
+                    }
+                    ms
+                }
+            };
+            Some(muster_scheduler::policy::RetentionConfig {
+                retention_ms,
+                detail_ms,
+                key_window_ms: crate::args::parse_duration_s(&args.idempotency_window)
+                    .context("--idempotency-window")?
+                    .saturating_mul(1000),
+                ..Default::default()
+            })
+        }
     };
     let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
     let peers = match &args.peers {

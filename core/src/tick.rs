@@ -39,7 +39,7 @@
 use std::collections::BTreeMap;
 
 use crate::policy::{
-    AdmissionConfig, AdmissionPlan, PreemptionConfig, ReclaimConfig, RetentionConfig, plan_admission,
+    AdmissionConfig, AdmissionPlan, PreemptionConfig, ReclaimConfig, RetentionConfig, plan_admission, plan_compact,
     plan_drain_expiries, plan_expired_nominations, plan_forced_teardowns, plan_forget, plan_preemptions, plan_reclaims,
 };
 use crate::sm::{Command, NodeId, State};
@@ -420,6 +420,7 @@ impl Tick {
         cmds.extend(plan_expired_nominations(state, now));
         cmds.extend(plan_drain_expiries(state, now));
         cmds.extend(self.cfg.retention.and_then(|r| plan_forget(state, now, &r)));
+        cmds.extend(self.cfg.retention.and_then(|r| plan_compact(state, now, &r)));
         cmds
     }
 

@@ -220,14 +220,24 @@ fn finished_allocations_are_forgotten_in_the_deadline_pass_after_the_retention_w
     let mut h = Heard::default();
     h.lead_from(ended);
     let mut timers = PassTimers::default();
-    // Past the window, but not yet by the batching minute: nothing yet.
+    // Past the detail window, but not yet by its batch (a tenth of it):
+    // nothing yet; then a compaction.
+    let detail_batch = retention.batch_ms.min(retention.detail_ms / 10);
+    let compact_at = ended + retention.detail_ms + detail_batch;
+    assert!(tick(&mut c, at(compact_at - 1_000), Wake::default(), &mut timers, &h).is_empty());
+    let passes = tick(&mut c, at(compact_at), Wake::default(), &mut timers, &h);
+    assert!(matches!(passes[0].commands(), [Command::CompactFinished { .. }]), "{passes:#?}");
+    assert!(c.s.compacted(job).is_some());
+    // Past the retention window, but not yet by the batching minute:
+    // nothing yet.
     let window = retention.retention_ms;
     assert!(tick(&mut c, at(ended + window + retention.batch_ms - 1_000), Wake::default(), &mut timers, &h).is_empty());
     let passes = tick(&mut c, at(ended + window + retention.batch_ms), Wake::default(), &mut timers, &h);
     assert_eq!(kinds(&passes)[0], PassKind::Deadlines);
     assert!(matches!(passes[0].commands(), [Command::ForgetFinished { .. }]), "{passes:#?}");
     assert!(c.s.was_forgotten(job));
-    // With retention off nothing is ever forgotten.
+    assert!(c.s.compacted(job).is_none());
+    // With retention off nothing is ever forgotten, or compacted.
     let other = submit(&mut c, 1);
     c.ok(Command::CancelAllocation { alloc: other });
     let cfg = LeaderConfig { retention: None, ..LeaderConfig::default() };

@@ -55,6 +55,7 @@ pub fn alloc_json(a: &v1::Allocation) -> serde_json::Value {
     v["failures"] = json!(a.failures);
     v["image_pull_failures"] = json!(a.image_pull_failures);
     v["failed_reason"] = json!(a.failed_reason);
+    v["compacted"] = json!(a.compacted);
     v["last_failure"] = json!(a.last_failure.as_ref().map(|f| json!({
         "task": f.task,
         "attempt": f.attempt,
@@ -177,6 +178,13 @@ pub fn allocation(a: &v1::Allocation, out: Output) -> anyhow::Result<()> {
     );
     if a.array_id != 0 {
         out!("          element {} of array {}", a.array_index, a.array_id);
+    }
+    if a.compacted {
+        out!(
+            "          compacted: from its job-history record (no environment, events or checkpoints; each task's \
+             last attempt; muster history --id {})",
+            a.id
+        );
     }
     if let Some(after) = a.spec.as_ref().and_then(after_line) {
         out!("          after: {after}");

@@ -74,12 +74,68 @@ async fn t147_a_finished_allocation_is_forgotten_after_the_retention_window_and_
     converged(&cluster.addrs).await;
 }
 
+/// Past `--detail-retention` a finished allocation is compacted on every
+/// replica: `alloc get`, `logs`, `watch`, `cancel` and dependencies still
+/// answer, from its job-history record and the outcome the live state
+/// keeps.
+#[test]
+fn t233_a_compacted_allocation_still_answers_get_logs_watch_cancel_and_dependencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = ["--retention", "1h", "--detail-retention", "1s", "--agent-heartbeat-ms", "500"];
+    let procs = Procs::start_with(dir.path(), &addr, &server, &["h1"], &[]);
+    let task = "echo from-the-compacted-task; exit 3";
+    let o = until_ok(&addr, &["submit", "--gpus", "1", "--max-retries", "0", "--", "sh", "-c", task]);
+    assert_eq!(stdout(&o).trim(), "allocation 1 submitted");
+    let got = muster_testkit::eventually_blocking("allocation 1 to be compacted", WAIT, || {
+        let v = json(&until_ok(&addr, &["alloc", "get", "1", "--output", "json"]));
+        if v["compacted"] == true { Ok(v) } else { Err(v.to_string()) }
+    });
+    assert_eq!(got["status"], "failed", "{got:#}");
+    assert_eq!(got["command"], serde_json::json!(["sh", "-c", task]), "{got:#}");
+    // Its task's last attempt, as the record has it (an early failure is
+    // tried once more before the allocation fails).
+    let record = json(&until_ok(&addr, &["history", "--id", "1", "--output", "json"]));
+    let attempts = record[0]["attempts"].as_array().unwrap().len() as u64;
+    let t = &got["tasks"][0];
+    assert_eq!((t["last_node"].as_str(), t["exit_code"].as_i64()), (Some("h1"), Some(3)), "{got:#}");
+    assert_eq!((t["runs"].as_u64(), t["attempts"].as_u64()), (Some(attempts), Some(attempts)), "{record:#}");
+    assert!(!got["failed_reason"].as_str().unwrap().is_empty(), "{got:#}");
+    let text = stdout(&until_ok(&addr, &["alloc", "get", "1"]));
+    assert!(text.contains("compacted: from its job-history record"), "{text}");
+    // Its log is found through the record's node.
+    let o = until_ok(&addr, &["alloc", "logs", "1"]);
+    assert!(stdout(&o).contains("from-the-compacted-task"), "{}", stdout(&o));
+    // A watch gets how it ended, and ends (non-zero: it failed).
+    let o = muster(&["alloc", "watch", "1", "--scheduler", &addr]);
+    assert!(stdout(&o).contains("compacted") && stdout(&o).contains("failed at"), "{}", stdout(&o));
+    assert!(!o.status.success() && stderr(&o).contains("allocation 1 ended failed"), "{}", stderr(&o));
+    // A cancel is refused as for any finished allocation.
+    let o = muster(&["alloc", "cancel", "1", "--scheduler", &addr]);
+    assert!(!o.status.success() && stderr(&o).contains("already"), "{}", stderr(&o));
+    // A dependency on it knows it failed: `--after 1:ok` can never be met.
+    let o = until_ok(&addr, &["submit", "--gpus", "1", "--after", "1:ok", "--", "true"]);
+    assert_eq!(stdout(&o).trim(), "allocation 2 submitted");
+    let two = json(&until_ok(&addr, &["alloc", "get", "2", "--output", "json"]));
+    assert_eq!(two["status"], "failed", "{two:#}");
+    // The list shows only allocations held whole.
+    let list = stdout(&until_ok(&addr, &["alloc", "list"]));
+    assert!(!list.lines().any(|l| l.split_whitespace().next() == Some("1")), "{list}");
+    drop(procs);
+}
+
 #[test]
 fn t148_a_bad_retention_flag_is_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
     let data = data.to_str().unwrap();
-    for (flag, value) in [("--retention", "0s"), ("--retention", "soon"), ("--idempotency-window", "x")] {
+    for (flag, value) in [
+        ("--retention", "0s"),
+        ("--retention", "soon"),
+        ("--idempotency-window", "x"),
+        ("--detail-retention", "0s"),
+        ("--detail-retention", "4h"),
+    ] {
         let o =
             muster(&["server", "--id", "1", "--listen", "127.0.0.1:0", "--data-dir", data, "--insecure", flag, value]);
         assert!(!o.status.success(), "{flag} {value} accepted");

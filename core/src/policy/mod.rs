@@ -30,5 +30,8 @@ pub use preemption::{
     plan_preemptions, score, waits_for_start,
 };
 pub use reclaim::{DEFAULT_RETURN_GRACE_MS, Reclaim, ReclaimConfig, plan_reclaims, reclaim_due_ms};
-pub use retention::{DEFAULT_KEY_WINDOW_MS, DEFAULT_RETENTION_MS, RetentionConfig, plan_forget};
+pub use retention::{
+    DEFAULT_COMPACT_PER_ENTRY, DEFAULT_DETAIL_MS, DEFAULT_KEY_WINDOW_MS, DEFAULT_RETENTION_MS, RetentionConfig,
+    plan_compact, plan_forget,
+};
 pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_expired_nominations, plan_forced_teardowns};

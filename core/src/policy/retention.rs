@@ -2,12 +2,24 @@
 //! been finished for the retention window and a minute more (or an
 //! idempotency key's window has passed as long), one
 //! [`Command::ForgetFinished`] in that deadline pass. Apply picks what to
-//! forget from the entry's own time.
+//! forget from the entry's own time. Compaction works the same way over
+//! the shorter detail window, with [`Command::CompactFinished`].
 
 use crate::sm::{Command, MAX_FORGET_PER_ENTRY, State};
 
 /// How long a finished allocation stays in the live state by default: 3 hours.
 pub const DEFAULT_RETENTION_MS: u64 = 3 * 3_600_000;
+
+/// How long a finished allocation is held whole by default, before it is
+/// compacted to its outcome (the job history holds the rest): 1 minute. At
+/// 2,000 finishes a second a whole one costs about 2 KiB, so a minute of
+/// them is about 240 MB; a compacted one about 100 bytes
+/// (docs/performance.md, "Fleet scale").
+pub const DEFAULT_DETAIL_MS: u64 = 60_000;
+
+/// Most allocations one compaction entry takes by default: about 2 ms of
+/// apply on every replica.
+pub const DEFAULT_COMPACT_PER_ENTRY: u32 = 2_000;
 
 /// How long an idempotency key is honoured after its submit by default (and
 /// for as long as its allocation is held): 24 hours.
@@ -20,8 +32,13 @@ pub struct RetentionConfig {
     pub retention_ms: u64,
     /// How long after its submit an idempotency key is honoured at least, ms.
     pub key_window_ms: u64,
+    /// How long a finished allocation is held whole before it is
+    /// compacted, ms (at most `retention_ms`; equal: never compacted).
+    pub detail_ms: u64,
     /// Most allocations (and keys) one entry forgets.
     pub max_per_entry: u32,
+    /// Most allocations one entry compacts.
+    pub compact_per_entry: u32,
     /// The leader waits until the oldest finished allocation is this far
     /// past the window (or a tenth of the window, if that is shorter)
     /// before it proposes, so that forgets come in batches (one entry a
@@ -34,7 +51,9 @@ impl Default for RetentionConfig {
         RetentionConfig {
             retention_ms: DEFAULT_RETENTION_MS,
             key_window_ms: DEFAULT_KEY_WINDOW_MS,
+            detail_ms: DEFAULT_DETAIL_MS,
             max_per_entry: 1_000.min(MAX_FORGET_PER_ENTRY),
+            compact_per_entry: DEFAULT_COMPACT_PER_ENTRY.min(MAX_FORGET_PER_ENTRY),
             batch_ms: 60_000,
         }
     }
@@ -50,4 +69,18 @@ pub fn plan_forget(state: &State, now_ms: u64, cfg: &RetentionConfig) -> Option<
         key_window_ms: cfg.key_window_ms,
         max: cfg.max_per_entry,
     })
+}
+
+/// The compaction to propose at `now_ms`, if a finished allocation has been
+/// past the detail window for `batch_ms` (at most a tenth of the window);
+/// none when the detail window is the retention (nothing is compacted
+/// before it is forgotten).
+pub fn plan_compact(state: &State, now_ms: u64, cfg: &RetentionConfig) -> Option<Command> {
+    if cfg.detail_ms >= cfg.retention_ms {
+        return None;
+    }
+    let batch = cfg.batch_ms.min(cfg.detail_ms / 10);
+    state
+        .compact_due(now_ms.saturating_sub(batch), cfg.detail_ms)
+        .then_some(Command::CompactFinished { detail_ms: cfg.detail_ms, max: cfg.compact_per_entry })
 }

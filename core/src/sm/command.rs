@@ -501,6 +501,17 @@ pub enum Command {
         /// The notes.
         notes: Vec<WaitNote>,
     },
+    /// Compact finished allocations whose end is at least `detail_ms`
+    /// before the entry's time, oldest first (at most `max`): the live
+    /// state keeps their status, whether they started, their times and
+    /// their key's spec hash, and drops the rest, which their job-history
+    /// records hold. Apply decides from the entry's own time.
+    CompactFinished {
+        /// How long a finished allocation stays whole, ms.
+        detail_ms: u64,
+        /// Most allocations one entry compacts.
+        max: u32,
+    },
 }
 
 /// Why one queued gang waits, as an admission pass found it.
@@ -591,6 +602,7 @@ impl Command {
             Command::FailImagePull { .. } => "fail_image_pull",
             Command::SetNodeImages { .. } => "set_node_images",
             Command::NoteWaits { .. } => "note_waits",
+            Command::CompactFinished { .. } => "compact_finished",
         }
     }
 }

@@ -386,6 +386,14 @@ pub enum Event {
         /// What the agent said.
         reason: String,
     },
+    /// Finished allocations past the detail window were compacted (their
+    /// job-history records hold what the live state dropped).
+    Compacted {
+        /// Allocations compacted.
+        allocs: u32,
+        /// The newest allocation end compacted (entry time, ms).
+        through_ms: u64,
+    },
     /// Finished allocations past the retention window, and idempotency
     /// keys past theirs, left the live state (their records are in the job
     /// history).
@@ -524,6 +532,7 @@ impl Event {
             | Event::NodeRestarted { .. }
             | Event::NodeTerminated { .. }
             | Event::Forgotten { .. }
+            | Event::Compacted { .. }
             | Event::CheckpointSettingsChanged { .. }
             | Event::CheckpointsDeleted { .. } => None,
             Event::Submitted { alloc, .. }

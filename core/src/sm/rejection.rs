@@ -367,6 +367,9 @@ pub enum Rejection {
     /// A forget with nothing past its window at the entry's time.
     #[error("nothing to forget: no finished allocation or idempotency key is past its retention")]
     NothingToForget,
+    /// A compaction with nothing past its window at the entry's time.
+    #[error("nothing to compact: no finished allocation is past the detail window")]
+    NothingToCompact,
     /// A forget whose parameters make no sense.
     #[error("invalid forget: {0}")]
     InvalidForget(String),

@@ -17,7 +17,7 @@ use super::state::State;
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"MUSTERSM";
 
 /// The snapshot format this build writes and reads.
-pub const SNAPSHOT_FORMAT_VERSION: u16 = 23;
+pub const SNAPSHOT_FORMAT_VERSION: u16 = 24;
 
 /// Why a snapshot could not be decoded.
 #[derive(Debug, Error)]

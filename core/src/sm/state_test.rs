@@ -645,7 +645,7 @@ fn digest_is_stable_and_sensitive() {
     // the snapshot format version.
     assert_eq!(
         State::default().state_digest().to_string(),
-        "2e7522f9aab20441a97e4f400e7be48175ab5dcbd0413b9450879b80a6cdb84f"
+        "f06af98f6abbd9c2239fe4155f64d470f44e458d620297dd055352208f507f7e"
     );
     let mut c = Fixture::new(2);
     c.submit(spec(1, 1));

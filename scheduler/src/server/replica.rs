@@ -241,6 +241,7 @@ impl Replica {
                 consensus.clone(),
                 work.clone(),
                 policies.clone(),
+                history.clone(),
                 bugs.clone(),
             )))
             .add_service(NodeServiceServer::new(NodeApi::new(consensus.clone(), work.clone(), policies.clone())))

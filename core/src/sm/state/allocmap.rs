@@ -7,6 +7,8 @@
 //!
 //! It encodes as the `BTreeMap<AllocId, Arc<Allocation>>` it replaced (a
 //! map, in id order), so the snapshot format and digests are unchanged.
+//! The same chunked map holds the compacted finished allocations
+//! ([`super::Compacted`]), for the same reason: there may be a million.
 
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};
@@ -19,23 +21,33 @@ use crate::sm::{AllocId, Allocation};
 /// Ids per chunk, as a power of two.
 const CHUNK_BITS: u32 = 10;
 
-type Chunk = BTreeMap<AllocId, Arc<Allocation>>;
+type Chunk<V> = BTreeMap<AllocId, V>;
 
-/// Allocations by id (see the module's doc).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AllocMap {
-    chunks: BTreeMap<u64, Arc<Chunk>>,
+/// Values by allocation id, in chunks shared between copies (see the
+/// module's doc).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkMap<V> {
+    chunks: BTreeMap<u64, Arc<Chunk<V>>>,
     len: usize,
+}
+
+/// Allocations by id.
+pub type AllocMap = ChunkMap<Arc<Allocation>>;
+
+impl<V> Default for ChunkMap<V> {
+    fn default() -> Self {
+        ChunkMap { chunks: BTreeMap::new(), len: 0 }
+    }
 }
 
 fn chunk_of(id: AllocId) -> u64 {
     id >> CHUNK_BITS
 }
 
-impl AllocMap {
+impl<V: Clone> ChunkMap<V> {
     /// An empty map.
-    pub fn new() -> AllocMap {
-        AllocMap::default()
+    pub fn new() -> ChunkMap<V> {
+        ChunkMap::default()
     }
 
     /// How many allocations it holds.
@@ -49,7 +61,7 @@ impl AllocMap {
     }
 
     /// Allocation `id`.
-    pub fn get(&self, id: &AllocId) -> Option<&Arc<Allocation>> {
+    pub fn get(&self, id: &AllocId) -> Option<&V> {
         self.chunks.get(&chunk_of(*id))?.get(id)
     }
 
@@ -60,7 +72,7 @@ impl AllocMap {
 
     /// Allocation `id`, to change: its chunk is copied first if a copy of
     /// the map shares it.
-    pub fn get_mut(&mut self, id: &AllocId) -> Option<&mut Arc<Allocation>> {
+    pub fn get_mut(&mut self, id: &AllocId) -> Option<&mut V> {
         let chunk = self.chunks.get_mut(&chunk_of(*id))?;
         if !chunk.contains_key(id) {
             return None;
@@ -69,7 +81,7 @@ impl AllocMap {
     }
 
     /// Inserts allocation `id`, returning the one it replaced.
-    pub fn insert(&mut self, id: AllocId, a: Arc<Allocation>) -> Option<Arc<Allocation>> {
+    pub fn insert(&mut self, id: AllocId, a: V) -> Option<V> {
         let old = Arc::make_mut(self.chunks.entry(chunk_of(id)).or_default()).insert(id, a);
         if old.is_none() {
             self.len += 1;
@@ -78,7 +90,7 @@ impl AllocMap {
     }
 
     /// Removes allocation `id` (and its chunk, once empty).
-    pub fn remove(&mut self, id: &AllocId) -> Option<Arc<Allocation>> {
+    pub fn remove(&mut self, id: &AllocId) -> Option<V> {
         let key = chunk_of(*id);
         let chunk = self.chunks.get_mut(&key)?;
         if !chunk.contains_key(id) {
@@ -94,7 +106,7 @@ impl AllocMap {
     }
 
     /// Every allocation, in id order.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&AllocId, &Arc<Allocation>)> {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&AllocId, &V)> {
         self.chunks.values().flat_map(|c| c.iter())
     }
 
@@ -104,15 +116,12 @@ impl AllocMap {
     }
 
     /// Every allocation, in id order.
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = &Arc<Allocation>> {
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> {
         self.iter().map(|(_, a)| a)
     }
 
     /// The allocations whose ids are in `range`, in order.
-    pub fn range<R: RangeBounds<AllocId> + Clone>(
-        &self,
-        range: R,
-    ) -> impl DoubleEndedIterator<Item = (&AllocId, &Arc<Allocation>)> {
+    pub fn range<R: RangeBounds<AllocId> + Clone>(&self, range: R) -> impl DoubleEndedIterator<Item = (&AllocId, &V)> {
         let lo = match range.start_bound() {
             Bound::Included(id) | Bound::Excluded(id) => chunk_of(*id),
             Bound::Unbounded => 0,
@@ -128,15 +137,15 @@ impl AllocMap {
 
     /// Whether `other` shares every chunk with this map (a copy nothing
     /// changed since).
-    pub fn shares_all(&self, other: &AllocMap) -> bool {
+    pub fn shares_all(&self, other: &ChunkMap<V>) -> bool {
         self.chunks.len() == other.chunks.len()
             && self.chunks.values().zip(other.chunks.values()).all(|(a, b)| Arc::ptr_eq(a, b))
     }
 }
 
-impl FromIterator<(AllocId, Arc<Allocation>)> for AllocMap {
-    fn from_iter<I: IntoIterator<Item = (AllocId, Arc<Allocation>)>>(iter: I) -> AllocMap {
-        let mut m = AllocMap::new();
+impl<V: Clone> FromIterator<(AllocId, V)> for ChunkMap<V> {
+    fn from_iter<I: IntoIterator<Item = (AllocId, V)>>(iter: I) -> ChunkMap<V> {
+        let mut m = ChunkMap::new();
         for (id, a) in iter {
             m.insert(id, a);
         }
@@ -144,7 +153,7 @@ impl FromIterator<(AllocId, Arc<Allocation>)> for AllocMap {
     }
 }
 
-impl Serialize for AllocMap {
+impl<V: Clone + Serialize> Serialize for ChunkMap<V> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(Some(self.len))?;
@@ -155,18 +164,18 @@ impl Serialize for AllocMap {
     }
 }
 
-impl<'de> Deserialize<'de> for AllocMap {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<AllocMap, D::Error> {
-        let flat = BTreeMap::<AllocId, Arc<Allocation>>::deserialize(d)?;
+impl<'de, V: Clone + Deserialize<'de>> Deserialize<'de> for ChunkMap<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ChunkMap<V>, D::Error> {
+        let flat = BTreeMap::<AllocId, V>::deserialize(d)?;
         Ok(flat.into_iter().collect())
     }
 }
 
-impl std::ops::Index<&AllocId> for AllocMap {
-    type Output = Arc<Allocation>;
+impl<V: Clone> std::ops::Index<&AllocId> for ChunkMap<V> {
+    type Output = V;
 
-    /// Allocation `id`; panics if it is not held, as `BTreeMap`'s does.
-    fn index(&self, id: &AllocId) -> &Arc<Allocation> {
+    /// The value of `id`; panics if it is not held, as `BTreeMap`'s does.
+    fn index(&self, id: &AllocId) -> &V {
         self.get(id).expect("no allocation with this id")
     }
 }

@@ -42,6 +42,9 @@ impl State {
         if let Some(array) = self.arrays.get(&d.on) {
             return self.array_standing(d, array);
         }
+        if let Some(c) = self.compacted.get(&d.on) {
+            return d.standing(c.status, c.started);
+        }
         if let Some(t) = self.tombstones.get(&d.on) {
             return d.standing(t.status, t.started);
         }
@@ -65,7 +68,7 @@ impl State {
                     d.on
                 )));
             }
-            let held = self.allocs.contains_key(&d.on) || self.arrays.contains_key(&d.on);
+            let held = self.holds(d.on) || self.arrays.contains_key(&d.on);
             if !held && !self.tombstones.contains_key(&d.on) && self.unmaterialised_standing(d).is_none() {
                 return Err(invalid_after(format!(
                     "allocation {} was forgotten too long ago for its outcome to be known",

@@ -13,7 +13,11 @@ impl State {
         let key = spec.idempotency_key.as_ref()?;
         let name = (spec.owner.clone(), key.clone());
         let (existing, same) = match self.idempotency.get(&name) {
-            Some(&id) => (id, self.allocs.get(&id).is_some_and(|a| a.spec == *spec)),
+            Some(&id) => match (self.allocs.get(&id), self.compacted.get(&id)) {
+                (Some(a), _) => (id, a.spec == *spec),
+                (None, Some(c)) => (id, c.key.as_ref().is_some_and(|k| k.spec_sha256 == spec_sha256(spec))),
+                (None, None) => (id, false),
+            },
             None => {
                 let f = self.forgotten_keys.get(&name)?;
                 (f.alloc, f.spec_sha256 == spec_sha256(spec))

@@ -5,7 +5,12 @@ use std::sync::Arc;
 
 impl State {
     pub(super) fn live_alloc(&self, id: AllocId) -> Result<&Allocation, Rejection> {
-        let a = self.allocs.get(&id).ok_or(Rejection::UnknownAllocation(id))?;
+        let Some(a) = self.allocs.get(&id) else {
+            return Err(match self.compacted.get(&id) {
+                Some(c) => Rejection::AlreadyTerminal { alloc: id, status: c.status },
+                None => Rejection::UnknownAllocation(id),
+            });
+        };
         if a.status.is_terminal() {
             return Err(Rejection::AlreadyTerminal { alloc: id, status: a.status });
         }
@@ -212,7 +217,9 @@ impl State {
             self.index.tearing_down.remove(&id);
         }
         let mut ended_now = false;
-        if a.status.is_terminal() && self.index.finished.insert((a.finished_at_ms.unwrap_or(a.submit_time_ms), id)) {
+        let end = (a.finished_at_ms.unwrap_or(a.submit_time_ms), id);
+        if a.status.is_terminal() && self.index.finished.insert(end) {
+            self.index.detailed.insert(end);
             if a.finish_seq == 0 {
                 ended_now = true;
                 self.finished_total += 1;
@@ -407,6 +414,7 @@ impl State {
         self.index.key_expiry =
             self.forgotten_keys.iter().map(|((owner, key), f)| (f.expires_ms, owner.clone(), key.clone())).collect();
         self.index.finished_arrays = self.arrays.values().filter_map(|a| Some((a.finished_at_ms?, a.id))).collect();
+        self.index.finished = self.compacted.iter().map(|(&id, c)| (c.end_ms, id)).collect();
         self.index.workflow_steps = self
             .workflows
             .values()

@@ -65,10 +65,10 @@ use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
 use crate::history::JobRecord;
 pub use arrays::{ArrayCounts, array_sha256};
 pub use dependencies::{MAX_TOMBSTONES, Tombstone};
-pub use retention::{ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
+pub use retention::{CompactKey, Compacted, ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
 
 mod allocmap;
-pub use allocmap::AllocMap;
+pub use allocmap::{AllocMap, ChunkMap};
 mod arrays;
 mod attempts;
 mod checkpoints;
@@ -221,8 +221,12 @@ struct Indexes {
     lent: BTreeMap<u32, BTreeMap<AllocId, u32>>,
     /// Queued gangs not holding nodes, per vCluster home key.
     vc_queued: BTreeMap<u32, u32>,
-    /// Finished allocations by (end, id): what retention forgets first.
+    /// Finished allocations by (end, id), compacted or not: what retention
+    /// forgets first.
     finished: BTreeSet<(u64, AllocId)>,
+    /// Finished allocations held whole, by (end, id): what compaction
+    /// takes first.
+    detailed: BTreeSet<(u64, AllocId)>,
     /// Forgotten idempotency keys by (expiry, owner, key).
     key_expiry: BTreeSet<(u64, String, String)>,
     /// Rendezvous ports held on each node (by task 0 of a placed gang).
@@ -317,6 +321,10 @@ pub struct State {
     /// Shared with any copy taken for encoding (see
     /// [`State::encoding_copy`]) until either side changes one.
     allocs: AllocMap,
+    /// Finished allocations past the detail window: only what dependencies,
+    /// idempotency and cancels still need (`retention.rs`); the job history
+    /// holds the rest. Chunked like `allocs`, for the same reason.
+    compacted: ChunkMap<Compacted>,
     idempotency: BTreeMap<(String, String), AllocId>,
     /// Idempotency keys whose allocation was forgotten, until their window
     /// ends.
@@ -402,6 +410,7 @@ impl State {
             next_alloc_id: self.next_alloc_id,
             nodes: self.nodes.clone(),
             allocs: self.allocs.clone(),
+            compacted: self.compacted.clone(),
             idempotency: self.idempotency.clone(),
             forgotten_keys: self.forgotten_keys.clone(),
             forgotten_allocs: self.forgotten_allocs,
@@ -430,6 +439,7 @@ impl State {
             next_alloc_id: 1,
             nodes: Vec::new(),
             allocs: AllocMap::new(),
+            compacted: ChunkMap::new(),
             idempotency: BTreeMap::new(),
             forgotten_keys: BTreeMap::new(),
             forgotten_allocs: 0,
@@ -613,6 +623,7 @@ impl State {
             Command::ForgetFinished { retention_ms, key_window_ms, max } => {
                 self.forget_finished(*retention_ms, *key_window_ms, *max)
             }
+            Command::CompactFinished { detail_ms, max } => self.compact_finished(*detail_ms, *max),
             Command::ForgetCheckpoints { node, seqs } => self.forget_checkpoints(node, seqs),
             Command::SetCheckpointSettings { settings, by } => self.set_checkpoint_settings(settings, by),
             Command::SubmitArray { spec, indices, corr, secrets } => self.submit_array(spec, indices, *corr, secrets),

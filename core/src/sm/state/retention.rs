@@ -1,10 +1,15 @@
-//! Retention: finished allocations leave the live state after a window, and
-//! idempotency keys after theirs. The job history keeps their records.
+//! Retention: finished allocations are compacted after a short window and
+//! leave the live state after a longer one, and idempotency keys after
+//! theirs. The job history keeps their records.
 //!
 //! ```text
-//!   finished (done, failed, cancelled) at t ── ForgetFinished at t + retention ──▶ gone
-//!                                                  (ids are never reused: get/watch answer
-//!                                                   NOT_FOUND, naming the history)
+//!   finished (done, failed, cancelled) at t
+//!     ── CompactFinished at t + detail ──▶ compacted: status, whether it started, its times,
+//!                                          its key's spec hash (~100 bytes, not ~2 KiB);
+//!                                          get/watch answer from the job history's record
+//!     ── ForgetFinished at t + retention ──▶ gone
+//!                                          (ids are never reused: get/watch answer
+//!                                           NOT_FOUND, naming the history)
 //!   idempotency key of a submit at s: honoured while its allocation is held,
 //!   and until s + key window, whichever is later (a tombstone with the spec's
 //!   hash answers a retried submit after the allocation is gone)
@@ -35,6 +40,38 @@ pub struct ForgottenKey {
     pub expires_ms: u64,
 }
 
+/// A finished allocation past the detail window, as the live state keeps
+/// it: what dependencies on it, a retried submit with its key, a cancel
+/// and retention need. Its job-history record (sequence number
+/// `finish_seq`) holds the rest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compacted {
+    /// Done, failed or cancelled.
+    pub status: AllocStatus,
+    /// Whether a task of it ever started.
+    pub started: bool,
+    /// Entry time of its submit.
+    pub submit_ms: u64,
+    /// Entry time it finished.
+    pub end_ms: u64,
+    /// Its job-history record's sequence number.
+    pub finish_seq: u64,
+    /// Its idempotency key while the key still names it (boxed: most
+    /// allocations have none, and then this costs one pointer).
+    pub key: Option<Box<CompactKey>>,
+}
+
+/// The idempotency key of a compacted allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactKey {
+    /// The submit's owner.
+    pub owner: String,
+    /// The key.
+    pub key: String,
+    /// SHA-256 of the submitted spec ([`spec_sha256`]).
+    pub spec_sha256: [u8; 32],
+}
+
 /// The hash a [`ForgottenKey`] keeps of a spec.
 pub fn spec_sha256(spec: &AllocSpec) -> [u8; 32] {
     let bytes = postcard::to_stdvec(spec).expect("encoding a spec into memory cannot fail");
@@ -47,10 +84,71 @@ impl State {
     pub fn was_forgotten(&self, id: AllocId) -> bool {
         id >= 1
             && id < self.next_alloc_id
-            && !self.allocs.contains_key(&id)
+            && !self.holds(id)
             && !self.arrays.contains_key(&id)
             && !self.workflows.contains_key(&id)
             && self.array_of(id).is_none_or(|(a, position)| position < a.next && !a.is_skipped(position))
+    }
+
+    /// Whether the live state holds allocation `id`, whole or compacted.
+    pub fn holds(&self, id: AllocId) -> bool {
+        self.allocs.contains_key(&id) || self.compacted.contains_key(&id)
+    }
+
+    /// Allocation `id`, if it is finished and compacted.
+    pub fn compacted(&self, id: AllocId) -> Option<&Compacted> {
+        self.compacted.get(&id)
+    }
+
+    /// How many finished allocations are held compacted.
+    pub fn compacted_len(&self) -> usize {
+        self.compacted.len()
+    }
+
+    /// Whether a compaction at `now_ms` with this detail window has
+    /// something to do.
+    pub fn compact_due(&self, now_ms: u64, detail_ms: u64) -> bool {
+        let cutoff = now_ms.saturating_sub(detail_ms);
+        self.index.detailed.first().is_some_and(|&(end, _)| end <= cutoff)
+    }
+
+    /// Compacts the finished allocations that ended `detail_ms` or more
+    /// before the entry's time (at most `max`, oldest end first).
+    pub(super) fn compact_finished(&mut self, detail_ms: u64, max: u32) -> Applied {
+        if detail_ms < MIN_RETENTION_MS {
+            return Err(Rejection::InvalidForget(format!(
+                "detail_ms {detail_ms} is under the least, {MIN_RETENTION_MS}"
+            )));
+        }
+        if max == 0 || max > MAX_FORGET_PER_ENTRY {
+            return Err(Rejection::InvalidForget(format!("max {max} is not within 1..={MAX_FORGET_PER_ENTRY}")));
+        }
+        let cutoff = self.now_ms.saturating_sub(detail_ms);
+        let due: Vec<(u64, AllocId)> =
+            self.index.detailed.iter().take_while(|(end, _)| *end <= cutoff).take(max as usize).copied().collect();
+        let Some(&(through_ms, _)) = due.last() else { return Err(Rejection::NothingToCompact) };
+        for &(end, id) in &due {
+            self.index.detailed.remove(&(end, id));
+            let a = self.allocs.remove(&id).expect("a detailed allocation is held whole");
+            let key = a
+                .spec
+                .idempotency_key
+                .as_ref()
+                .filter(|k| self.idempotency.get(&(a.spec.owner.clone(), (*k).clone())) == Some(&id));
+            let key = key.map(|k| {
+                Box::new(CompactKey { owner: a.spec.owner.clone(), key: k.clone(), spec_sha256: spec_sha256(&a.spec) })
+            });
+            let c = Compacted {
+                status: a.status,
+                started: a.ever_started(),
+                submit_ms: a.submit_time_ms,
+                end_ms: end,
+                finish_seq: a.finish_seq,
+                key,
+            };
+            self.compacted.insert(id, c);
+        }
+        Ok(vec![Event::Compacted { allocs: due.len() as u32, through_ms }])
     }
 
     /// How many allocations have been forgotten since the cluster began.
@@ -108,11 +206,21 @@ impl State {
         for &(end, id) in &allocs {
             through_ms = end;
             self.index.finished.remove(&(end, id));
-            let a = self.allocs.remove(&id).expect("a finished allocation is held");
             self.forgotten_allocs += 1;
-            self.bury(&a);
-            let expires_ms = a.submit_time_ms.saturating_add(key_window_ms);
-            self.retire_key(&a.spec.owner, a.spec.idempotency_key.as_deref(), id, expires_ms, || spec_sha256(&a.spec));
+            if let Some(a) = self.allocs.remove(&id) {
+                self.index.detailed.remove(&(end, id));
+                self.bury(&a);
+                let expires_ms = a.submit_time_ms.saturating_add(key_window_ms);
+                let key = a.spec.idempotency_key.as_deref();
+                self.retire_key(&a.spec.owner, key, id, expires_ms, || spec_sha256(&a.spec));
+            } else {
+                let c = self.compacted.remove(&id).expect("a finished allocation is held, whole or compacted");
+                self.entomb(id, Tombstone { status: c.status, started: c.started });
+                if let Some(k) = c.key {
+                    let expires_ms = c.submit_ms.saturating_add(key_window_ms);
+                    self.retire_key(&k.owner, Some(&k.key), id, expires_ms, || k.spec_sha256);
+                }
+            }
         }
         for &(end, id) in &arrays {
             self.index.finished_arrays.remove(&(end, id));
@@ -143,7 +251,10 @@ impl State {
             .take_while(|(end, _)| *end <= cutoff)
             .filter(|&&(_, id)| {
                 let a = &self.arrays[&id];
-                !corr.contains(&id) && self.allocs.range(id + 1..=id + a.count()).all(|(e, _)| going.contains(e))
+                let elements = id + 1..=id + a.count();
+                !corr.contains(&id)
+                    && self.allocs.range(elements.clone()).all(|(e, _)| going.contains(e))
+                    && self.compacted.range(elements).all(|(e, _)| going.contains(e))
             })
             .take(max)
             .copied()

@@ -267,7 +267,7 @@ impl State {
         let gone: Vec<AllocId> = self
             .workflows
             .values()
-            .filter(|w| w.steps.iter().all(|(_, s)| !self.allocs.contains_key(s) && !self.arrays.contains_key(s)))
+            .filter(|w| w.steps.iter().all(|(_, s)| !self.holds(*s) && !self.arrays.contains_key(s)))
             .map(|w| w.id)
             .collect();
         for id in &gone {

@@ -2,6 +2,7 @@
 //! state after their windows, decided from the entry's own time.
 
 use super::*;
+use crate::sm::{After, AfterWhen, ArrayIndices, Dependency};
 
 const HOUR: u64 = 3_600_000;
 
@@ -144,7 +145,7 @@ fn forgotten_allocations_leave_quotas_and_indexes_as_a_rebuild_would() {
 /// copied on its next event) are shared by the encoding copy taken under the
 /// state's lock (a pointer, not a walk of every allocation and event),
 /// later applies leave the copy as it was, and both encode as the
-/// `BTreeMap` and bare `VecDeque` they replaced did, so snapshot format 23 and
+/// `BTreeMap` and bare `VecDeque` they replaced did, so the snapshot format and
 /// its digests hold.
 #[test]
 fn the_encoding_copy_shares_the_allocations_and_is_untouched_by_later_applies() {
@@ -175,4 +176,152 @@ fn the_encoding_copy_shares_the_allocations_and_is_untouched_by_later_applies() 
     assert_eq!(postcard::to_allocvec(&deque).unwrap(), postcard::to_allocvec(history).unwrap());
     // The drain reached the node's history, not the copy's.
     assert!(copy.node(NodeSlot(1)).history.len() < f.s.node(NodeSlot(1)).history.len());
+}
+
+fn compact(detail_ms: u64) -> Command {
+    Command::CompactFinished { detail_ms, max: 100 }
+}
+
+const MINUTE: u64 = 60_000;
+
+/// Submits an allocation that waits for `on` to end well; its id.
+fn dependent(f: &mut Fixture, on: AllocId) -> AllocId {
+    let after = After { deps: vec![Dependency { on, when: AfterWhen::Ok }], ..After::default() };
+    match f.ok(Command::Submit { spec: AllocSpec { after, ..spec(1, 1) } })[0] {
+        Event::Submitted { alloc, duplicate: false } => alloc,
+        ref other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_finished_allocation_is_compacted_after_the_detail_window_and_keeps_its_outcome() {
+    let mut f = Fixture::new(2);
+    let (done, epoch) = f.running(2, 1);
+    let never_ran = f.submit(spec(1, 1));
+    let queued = f.submit(spec(1, 1));
+    f.ok(Command::CancelAllocation { alloc: never_ran });
+    f.t += 1_000;
+    finish(&mut f, done, epoch, 2);
+    let ended = f.t;
+    let seq = f.s.alloc(done).unwrap().finish_seq;
+    f.t = ended + MINUTE - 1;
+    assert!(f.s.compact_due(f.t, MINUTE), "the cancel, ended a second earlier, is due");
+    assert_eq!(f.ok(compact(MINUTE)), vec![Event::Compacted { allocs: 1, through_ms: ended - 1_000 }]);
+    assert!(f.s.alloc(never_ran).is_none() && f.s.alloc(done).is_some());
+    assert_eq!(f.rejected(compact(MINUTE)), Rejection::NothingToCompact);
+    f.t = ended + MINUTE;
+    assert_eq!(f.ok(compact(MINUTE)), vec![Event::Compacted { allocs: 1, through_ms: ended }]);
+    assert!(!f.s.compact_due(f.t + 100 * HOUR, MINUTE), "nothing left to compact");
+    let c = f.s.compacted(done).expect("compacted").clone();
+    assert_eq!((c.status, c.started, c.end_ms, c.finish_seq), (AllocStatus::Done, true, ended, seq));
+    let c = f.s.compacted(never_ran).unwrap();
+    assert_eq!((c.status, c.started), (AllocStatus::Cancelled, false));
+    // Held, not forgotten: the whole allocation is gone, the outcome stays.
+    assert!(f.s.alloc(done).is_none() && f.s.holds(done) && !f.s.was_forgotten(done));
+    assert_eq!(f.s.compacted_len(), 2);
+    assert!(f.s.alloc(queued).is_some(), "live allocations are never compacted");
+    // A cancel is refused as for any finished allocation.
+    assert_eq!(
+        f.rejected(Command::CancelAllocation { alloc: done }),
+        Rejection::AlreadyTerminal { alloc: done, status: AllocStatus::Done }
+    );
+    // Dependencies named on it later still see how it ended.
+    let after_done = dependent(&mut f, done);
+    assert_eq!(f.status(after_done), AllocStatus::Queued);
+    let after_cancel = dependent(&mut f, never_ran);
+    assert_eq!(f.status(after_cancel), AllocStatus::Failed);
+    // Snapshots carry it, and a restored replica rebuilds its indexes.
+    let restored = State::from_snapshot(&f.s.to_snapshot()).unwrap();
+    assert_eq!(restored, f.s);
+    restored.check_invariants().unwrap();
+    assert_eq!(restored.state_digest(), f.s.state_digest());
+    // Retention forgets it later, oldest first, into a tombstone.
+    f.t = ended + HOUR;
+    f.ok(forget(HOUR, 0));
+    assert!(!f.s.holds(done) && f.s.was_forgotten(done) && f.s.compacted(done).is_none());
+    assert_eq!(f.s.forgotten_allocs(), 2);
+    let late = dependent(&mut f, done);
+    assert_eq!(f.status(late), AllocStatus::Queued, "the tombstone answers");
+}
+
+#[test]
+fn a_compaction_is_bounded_per_entry_the_same_on_every_replica_and_refuses_bad_parameters() {
+    let mut f = Fixture::new(1);
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let id = f.submit(spec(1, 1));
+        f.ok(Command::CancelAllocation { alloc: id });
+        ids.push(id);
+        f.t += 1_000;
+    }
+    f.t += MINUTE;
+    let replica = f.s.clone();
+    let cmd = Command::CompactFinished { detail_ms: MINUTE, max: 2 };
+    assert!(matches!(f.ok(cmd.clone())[..], [Event::Compacted { allocs: 2, .. }]));
+    assert!(f.s.compacted(ids[0]).is_some() && f.s.compacted(ids[1]).is_some() && f.s.alloc(ids[2]).is_some());
+    let mut other = replica;
+    other.apply(&cmd, &ApplyCtx { time_ms: f.t });
+    assert_eq!(other.state_digest(), f.s.state_digest());
+    // Every finished allocation, compacted or not, in the order retention takes them.
+    assert_eq!(f.s.finished().map(|(_, id)| id).collect::<Vec<_>>(), ids);
+    for cmd in [
+        Command::CompactFinished { detail_ms: MIN_RETENTION_MS - 1, max: 10 },
+        Command::CompactFinished { detail_ms: MINUTE, max: 0 },
+        Command::CompactFinished { detail_ms: MINUTE, max: MAX_FORGET_PER_ENTRY + 1 },
+    ] {
+        assert!(matches!(f.rejected(cmd), Rejection::InvalidForget(_)));
+    }
+}
+
+#[test]
+fn a_compacted_allocation_keeps_its_idempotency_key_until_it_is_forgotten_and_the_window_ends() {
+    let mut f = Fixture::new(1);
+    let keyed = AllocSpec { idempotency_key: Some("req-9".into()), ..spec(1, 1) };
+    let submitted = f.t;
+    let id = f.submit(keyed.clone());
+    f.ok(Command::CancelAllocation { alloc: id });
+    f.t += MINUTE;
+    f.ok(compact(MINUTE));
+    assert!(f.s.alloc(id).is_none() && f.s.compacted(id).unwrap().key.is_some());
+    // A retry finds what it made; a different spec under the key conflicts.
+    assert_eq!(f.ok(Command::Submit { spec: keyed.clone() }), vec![Event::Submitted { alloc: id, duplicate: true }]);
+    let changed = AllocSpec { gang_size: 2, ..keyed.clone() };
+    assert_eq!(
+        f.rejected(Command::Submit { spec: changed.clone() }),
+        Rejection::IdempotencyConflict { key: "req-9".into(), alloc: id }
+    );
+    // Forgotten: the key moves to a tombstone with the same hash.
+    f.t += HOUR;
+    f.ok(forget(HOUR, 24 * HOUR));
+    assert_eq!(f.s.forgotten_keys(), 1);
+    assert_eq!(f.ok(Command::Submit { spec: keyed.clone() }), vec![Event::Submitted { alloc: id, duplicate: true }]);
+    assert_eq!(
+        f.rejected(Command::Submit { spec: changed }),
+        Rejection::IdempotencyConflict { key: "req-9".into(), alloc: id }
+    );
+    f.t = submitted + 24 * HOUR;
+    f.ok(forget(HOUR, 24 * HOUR));
+    assert!(f.submit(keyed) > id, "the key's window had ended: a new allocation");
+}
+
+#[test]
+fn an_array_is_forgotten_only_once_its_compacted_elements_are() {
+    let mut f = Fixture::new(2);
+    let events = f.ok(Command::SubmitArray {
+        spec: spec(1, 1),
+        indices: ArrayIndices::parse("0-1").unwrap(),
+        corr: None,
+        secrets: Default::default(),
+    });
+    let Event::ArraySubmitted { array, .. } = events[0] else { panic!("{events:?}") };
+    f.ok(Command::CancelAllocation { alloc: array });
+    f.t += MINUTE;
+    f.ok(compact(MINUTE));
+    assert!(f.s.compacted(array + 1).is_some() && f.s.compacted(array + 2).is_some());
+    assert!(f.s.array(array).unwrap().finished_at_ms.is_some());
+    assert!(!f.s.was_forgotten(array + 1));
+    // The array and its compacted elements go together.
+    f.t += HOUR;
+    f.ok(forget(HOUR, 0));
+    assert!(f.s.array(array).is_none() && !f.s.holds(array + 1) && f.s.was_forgotten(array + 2));
 }

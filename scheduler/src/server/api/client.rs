@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use muster_history::HistoryStore;
 use muster_proto::bounds::Bounded;
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_server::AllocationService;
@@ -39,14 +40,39 @@ pub struct ClientApi {
     work: LeaderWork,
     policies: Arc<Policies>,
     bugs: Arc<BugInjector>,
+    /// This replica's job history: compacted allocations are answered from
+    /// their records.
+    history: Arc<HistoryStore>,
 }
 
 impl ClientApi {
-    /// The client API over a replica's shared parts, its settings and its
-    /// injected bug (tests only).
-    pub fn new(s: Consensus, work: LeaderWork, policies: Arc<Policies>, bugs: Arc<BugInjector>) -> Self {
-        ClientApi { s, work, policies, bugs }
+    /// The client API over a replica's shared parts, its settings, its job
+    /// history and its injected bug (tests only).
+    pub fn new(
+        s: Consensus,
+        work: LeaderWork,
+        policies: Arc<Policies>,
+        history: Arc<HistoryStore>,
+        bugs: Arc<BugInjector>,
+    ) -> Self {
+        ClientApi { s, work, policies, bugs, history }
     }
+}
+
+/// An allocation as the live state holds it: whole, or compacted (its
+/// record's sequence number, and its array's spec for an element).
+enum Held {
+    Whole(Box<v1::Allocation>),
+    Compacted { seq: u64, status: crate::sm::AllocStatus, array_spec: Option<Box<crate::sm::AllocSpec>> },
+}
+
+fn held(st: &crate::sm::State, id: AllocId) -> Result<Held, Status> {
+    if let Some(a) = st.alloc(id) {
+        return Ok(Held::Whole(Box::new(alloc_to_proto(a, st))));
+    }
+    let c = st.compacted(id).ok_or_else(|| alloc_missing(st, id))?;
+    let array_spec = st.array_of(id).map(|(array, _)| Box::new(array.spec.clone()));
+    Ok(Held::Compacted { seq: c.finish_seq, status: c.status, array_spec })
 }
 
 impl ClientApi {
@@ -114,6 +140,13 @@ pub(crate) fn alloc_missing(st: &crate::sm::State, id: u64) -> Status {
         let why = if array.is_skipped(position) { "was cancelled before it was started" } else { "is not started yet" };
         return Status::not_found(format!("allocation {id}, element {index} of array {}, {why}", array.id));
     }
+    if let Some(c) = st.compacted(id) {
+        return Status::not_found(format!(
+            "allocation {id} {} and was compacted after the detail window (muster server --detail-retention): \
+             muster alloc get {id} shows its record",
+            c.status.as_str()
+        ));
+    }
     if st.was_forgotten(id) {
         Status::not_found(format!(
             "allocation {id} finished and left the live state after the retention window (muster server \
@@ -142,7 +175,81 @@ fn array_or_missing(st: &crate::sm::State, id: u64) -> Result<v1::JobArray, Stat
 /// How long a submit waits for a registry to resolve its image's tag.
 pub(super) const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The node and number of the attempt of a held allocation's task whose log
+/// a `logs` call asks for (0: its latest).
+fn attempt_node(st: &crate::sm::State, q: &v1::LogsRequest) -> Result<(crate::sm::NodeId, u32), Status> {
+    let a = st.alloc(q.id).ok_or_else(|| alloc_missing(st, q.id))?;
+    let t = a
+        .tasks
+        .get(q.task as usize)
+        .ok_or_else(|| Status::not_found(format!("allocation {} has no task {}", q.id, q.task)))?;
+    if t.runs == 0 {
+        return Err(Status::failed_precondition(format!("task {} of allocation {} has not started", q.task, q.id)));
+    }
+    if q.attempt > t.runs {
+        return Err(Status::not_found(format!("task {} has had {} attempts", q.task, t.runs)));
+    }
+    let attempt = if q.attempt == 0 { t.runs } else { q.attempt };
+    // Each attempt's log lives on the node it ran on.
+    let slot = t
+        .run_node(attempt)
+        .ok_or_else(|| Status::not_found(format!("the node of attempt {attempt} of task {} is not known", q.task)))?;
+    Ok((st.node(slot).id.clone(), attempt))
+}
+
+/// The same for a compacted allocation, from its job-history record.
+fn last_attempt_node(
+    r: &muster_core::history::JobRecord,
+    task: u32,
+    attempt: u32,
+) -> Result<(crate::sm::NodeId, u32), Status> {
+    if task >= r.gang_size {
+        return Err(Status::not_found(format!("allocation {} has no task {task}", r.id)));
+    }
+    let runs = r.attempts.iter().filter(|a| a.task == task).map(|a| a.run).max().unwrap_or(0);
+    if runs == 0 {
+        return Err(Status::failed_precondition(format!("task {task} of allocation {} never started", r.id)));
+    }
+    if attempt > runs {
+        return Err(Status::not_found(format!("task {task} has had {runs} attempts")));
+    }
+    let attempt = if attempt == 0 { runs } else { attempt };
+    let node = r.attempts.iter().find(|a| a.task == task && a.run == attempt).map(|a| a.node.clone());
+    let node = node.ok_or_else(|| {
+        Status::not_found(format!("the node of attempt {attempt} of task {task} is not in the record"))
+    })?;
+    Ok((crate::sm::NodeId(node), attempt))
+}
+
 impl ClientApi {
+    /// The job-history record of compacted allocation `id` (its sequence
+    /// number `seq`), read off the async workers.
+    async fn record(&self, id: AllocId, seq: u64) -> Result<muster_core::history::JobRecord, Status> {
+        let store = self.history.clone();
+        let records = tokio::task::spawn_blocking(move || store.by_seq(seq, seq, 1))
+            .await
+            .map_err(|e| Status::internal(format!("job history: {e}")))?
+            .map_err(|e| Status::internal(format!("job history: {e}")))?;
+        records.into_iter().find(|r| r.id == id).ok_or_else(|| {
+            Status::unavailable(format!(
+                "allocation {id} finished and was compacted, and this replica's job history has not stored its \
+                 record yet; retry shortly"
+            ))
+        })
+    }
+
+    /// Allocation `id` in its wire form: from the live state, or from the
+    /// job history once compacted.
+    async fn allocation(&self, id: AllocId) -> Result<v1::Allocation, Status> {
+        match self.s.reader().read(|st| held(st, id))? {
+            Held::Whole(a) => Ok(*a),
+            Held::Compacted { seq, array_spec, .. } => {
+                let r = self.record(id, seq).await?;
+                Ok(convert::record_to_alloc_proto(&r, array_spec.as_deref()))
+            }
+        }
+    }
+
     /// Wakes the leader's admission (something new may be placed).
     pub(super) fn wake_admission(&self) {
         self.work.wake_admission();
@@ -231,28 +338,14 @@ impl AllocationService for ClientApi {
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         self.s.linearizable().await?;
-        let (node, attempt) = self.s.reader().read(|st| {
-            let a = st.alloc(q.id).ok_or_else(|| alloc_missing(st, q.id))?;
-            let t = a
-                .tasks
-                .get(q.task as usize)
-                .ok_or_else(|| Status::not_found(format!("allocation {} has no task {}", q.id, q.task)))?;
-            if t.runs == 0 {
-                return Err(Status::failed_precondition(format!(
-                    "task {} of allocation {} has not started",
-                    q.task, q.id
-                )));
+        let compacted = self.s.reader().read(|st| st.compacted(q.id).map(|c| c.finish_seq));
+        let (node, attempt) = match compacted {
+            Some(seq) => {
+                let r = self.record(q.id, seq).await?;
+                last_attempt_node(&r, q.task, q.attempt)?
             }
-            if q.attempt > t.runs {
-                return Err(Status::not_found(format!("task {} has had {} attempts", q.task, t.runs)));
-            }
-            let attempt = if q.attempt == 0 { t.runs } else { q.attempt };
-            // Each attempt's log lives on the node it ran on.
-            let slot = t.run_node(attempt).ok_or_else(|| {
-                Status::not_found(format!("the node of attempt {attempt} of task {} is not known", q.task))
-            })?;
-            Ok((st.node(slot).id.clone(), attempt))
-        })?;
+            None => self.s.reader().read(|st| attempt_node(st, &q))?,
+        };
         let (tx, rx) = mpsc::channel(16);
         let (s, work) = (self.s.clone(), self.work.clone());
         tokio::spawn(async move {
@@ -306,7 +399,28 @@ impl AllocationService for ClientApi {
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         self.s.linearizable().await?;
-        self.s.reader().read(|st| st.alloc(q.id).map(|_| ()).ok_or_else(|| alloc_missing(st, q.id)))?;
+        if let Held::Compacted { status, .. } = self.s.reader().read(|st| held(st, q.id))? {
+            // Its events went with the detail: one event names how it
+            // ended, and the watch ends (a finished watch always does).
+            let (tx, rx) = mpsc::channel(1);
+            let end = self.allocation(q.id).await?.finished_at_ms.unwrap_or_default();
+            let event = v1::AllocationEvent {
+                id: q.id,
+                revision: 0,
+                time_ms: end,
+                kind: "compacted".to_string(),
+                detail: format!(
+                    "{} at {}; its events were compacted after the detail window (muster history --id {})",
+                    status.as_str(),
+                    convert::format_time_ms(end),
+                    q.id
+                ),
+                status: alloc_status_to_proto(status) as i32,
+                truncated: true,
+            };
+            tx.send(Ok(event)).await.expect("a fresh channel has room");
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
         let (tx, rx) = mpsc::channel(64);
         let s = self.s.clone();
         // After the first linearizable read, this replica's applied state
@@ -530,6 +644,10 @@ impl AllocationService for ClientApi {
         // A follower's state may lag: it proposes, and is told to redirect.
         if self.s.is_leader() {
             self.s.reader().read(|st| {
+                if let Some(c) = st.compacted(id) {
+                    let r = crate::sm::Rejection::AlreadyTerminal { alloc: id, status: c.status };
+                    return Err(rejection_to_status(&r));
+                }
                 let owner = st.owner_of(id).ok_or_else(|| alloc_missing(st, id))?;
                 may_cancel(&caller, id, owner)?;
                 if let Command::CancelArrayElements { indices, .. } = &cmd {
@@ -619,10 +737,7 @@ impl AllocationService for ClientApi {
         req.get_ref().check_bounds()?;
         let id = req.into_inner().id;
         self.s.linearizable().await?;
-        self.s
-            .reader()
-            .read(|st| st.alloc(id).map(|a| alloc_to_proto(a, st)).ok_or_else(|| alloc_missing(st, id)))
-            .map(Response::new)
+        self.allocation(id).await.map(Response::new)
     }
 
     async fn submit_workflow(

@@ -96,7 +96,10 @@ fn steps_to_proto(st: &State, steps: &[(String, AllocId)]) -> Vec<v1::WorkflowSt
             let (array, status) = match (st.alloc(*id), st.array(*id)) {
                 (Some(a), _) => (false, a.status.as_str().to_string()),
                 (None, Some(a)) => (true, a.final_status().map_or("running", |s| s.as_str()).to_string()),
-                (None, None) => (false, "forgotten".to_string()),
+                (None, None) => match st.compacted(*id) {
+                    Some(c) => (false, c.status.as_str().to_string()),
+                    None => (false, "forgotten".to_string()),
+                },
             };
             v1::WorkflowStepId { name: name.clone(), id: *id, array, status }
         })
@@ -105,7 +108,7 @@ fn steps_to_proto(st: &State, steps: &[(String, AllocId)]) -> Vec<v1::WorkflowSt
 
 fn workflow_to_proto(st: &State, id: AllocId) -> Result<v1::WorkflowInfo, Status> {
     let Some(w) = st.workflow(id) else {
-        return Err(match st.alloc(id).is_some() || st.array(id).is_some() {
+        return Err(match st.holds(id) || st.array(id).is_some() {
             true => Status::not_found(format!("{id} is not a workflow")),
             false => alloc_missing(st, id),
         });

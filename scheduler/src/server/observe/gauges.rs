@@ -57,13 +57,15 @@ pub async fn export_state(shared: Consensus, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let (queued, by_class, allocs, nodes, by_status, gpus, forgotten) = shared.reader().read(|st| {
+        let (queued, by_class, allocs, nodes, by_status, gpus, (forgotten, compacted)) = shared.reader().read(|st| {
             let by_status = crate::sm::NodeStatus::ALL.map(|s| (s, st.node_count(s)));
             let by_class = st.queued_by_class().clone();
             let gpus = super::dashboard::gpu_totals(st);
-            (st.queue_len(), by_class, st.allocs().len(), st.nodes().len(), by_status, gpus, st.forgotten_allocs())
+            let retained = (st.forgotten_allocs(), st.compacted_len());
+            (st.queue_len(), by_class, st.allocs().len(), st.nodes().len(), by_status, gpus, retained)
         });
         metrics::gauge!("muster_sm_forgotten_allocations").set(forgotten as f64);
+        metrics::gauge!("muster_sm_compacted_allocations").set(compacted as f64);
         for (status, count) in by_status {
             if status == crate::sm::NodeStatus::Lost {
                 metrics::gauge!("muster_nodes_flagged_dead").set(count as f64);

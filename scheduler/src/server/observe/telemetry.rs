@@ -150,12 +150,17 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
     m("muster_raft_fast_elections_total", Counter, "elections this follower started for a gone leader's place"),
     m("muster_sm_queue_depth", Gauge, "allocations waiting for admission"),
     l("muster_queue_depth", Gauge, "class", &[], "allocations waiting for admission, by preemption class"),
-    m("muster_sm_allocations", Gauge, "allocations known (all statuses)"),
+    m("muster_sm_allocations", Gauge, "allocations held whole (all statuses; compacted ones not counted)"),
     m("muster_sm_nodes", Gauge, "nodes registered"),
     m(
         "muster_sm_forgotten_allocations",
         Gauge,
         "finished allocations dropped from the live state after the retention window",
+    ),
+    m(
+        "muster_sm_compacted_allocations",
+        Gauge,
+        "finished allocations held compacted (past the detail window, not yet forgotten)",
     ),
     m("muster_history_records", Gauge, "job-history records this replica stores"),
     m("muster_history_missing", Gauge, "job-history records this replica lacks (finished allocations not yet stored)"),

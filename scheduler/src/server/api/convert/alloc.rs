@@ -1,6 +1,7 @@
 //! Allocations and their specs: the submitted spec checked field by field,
 //! and the wire form of what the state holds.
 
+use muster_core::history::JobRecord;
 use muster_proto::v1;
 use tonic::Status;
 
@@ -120,11 +121,7 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         resources: Some(resources_to_proto(&s.resources)),
         preemption_class: u32::from(s.preemption_class),
         priority: s.priority,
-        checkpoint: match s.checkpoint {
-            CheckpointMode::Auto => v1::CheckpointMode::Auto,
-            CheckpointMode::Manual => v1::CheckpointMode::Manual,
-            CheckpointMode::None => v1::CheckpointMode::None,
-        } as i32,
+        checkpoint: checkpoint_mode_to_proto(s.checkpoint) as i32,
         walltime_s: s.walltime_s,
         max_retries: s.max_retries,
         command: s.command.clone(),
@@ -309,6 +306,96 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
             .array_of(a.id)
             .and_then(|(array, position)| array.indices.index_at(position))
             .unwrap_or_default(),
+        compacted: false,
+    }
+}
+
+/// The wire form of a compacted allocation, from its job-history record
+/// (`compacted` set). An element of an array still held takes the array's
+/// spec, which is its own but for the index; any other gets the spec's
+/// parts the record keeps. Each task shows its last attempt.
+pub fn record_to_alloc_proto(r: &JobRecord, array_spec: Option<&AllocSpec>) -> v1::Allocation {
+    let spec = match array_spec {
+        Some(spec) => v1::AllocationSpec { idempotency_key: String::new(), ..spec_to_proto(spec) },
+        None => {
+            let mut spec = v1::AllocationSpec {
+                owner: r.owner.clone(),
+                gang_size: r.gang_size,
+                resources: Some(resources_to_proto(&r.resources)),
+                preemption_class: u32::from(r.class),
+                priority: r.priority,
+                command: r.command.clone(),
+                idempotency_key: r.idempotency_key.clone().unwrap_or_default(),
+                vcluster: r.vcluster.clone(),
+                ..Default::default()
+            };
+            if let Some(shape) = &r.shape {
+                spec.checkpoint = checkpoint_mode_to_proto(shape.checkpoint) as i32;
+                spec.walltime_s = shape.walltime_s;
+                spec.max_retries = shape.max_retries;
+                spec.vcluster_type = shape.vcluster_type.as_str().to_string();
+                spec.sensitive = shape.sensitive;
+                spec.checkpoint_estimate_s = shape.checkpoint_estimate_s;
+                spec.ports = Some(shape.ports);
+                spec.constraints = shape.placement.constraints.iter().map(ToString::to_string).collect();
+                spec.pack_by = shape.placement.pack_by.as_ref().map(ToString::to_string).unwrap_or_default();
+                spec.after = shape
+                    .after
+                    .deps
+                    .iter()
+                    .map(|d| v1::Dependency { id: d.on, when: d.when.as_str().to_string() })
+                    .collect();
+                spec.after_any_of = shape.after.any_of;
+                spec.keep_if_unsatisfiable = shape.after.keep_if_unsatisfiable;
+            }
+            spec
+        }
+    };
+    let task_status = match r.status {
+        AllocStatus::Done => TaskStatus::Done,
+        AllocStatus::Failed => TaskStatus::Failed,
+        _ => TaskStatus::Cancelled,
+    };
+    let tasks = (0..r.gang_size)
+        .map(|index| {
+            let attempts: Vec<_> = r.attempts.iter().filter(|a| a.task == index).collect();
+            let last = attempts.iter().max_by_key(|a| a.run);
+            v1::Task {
+                index,
+                status: task_status_to_proto(task_status) as i32,
+                runs: last.map_or(0, |a| a.run),
+                attempts: attempts.len() as u32,
+                started_at_ms: last.map(|a| a.start_ms),
+                finished_at_ms: Some(last.map_or(r.end_ms, |a| a.end_ms)),
+                exit_code: last.and_then(|a| a.exit_code),
+                last_node_id: last.map(|a| a.node.clone()).unwrap_or_default(),
+                watchdog_trips: attempts.iter().filter(|a| a.watchdog.is_some()).count() as u32,
+                last_watchdog: last.and_then(|a| a.watchdog).map(|k| k.as_str().to_string()).unwrap_or_default(),
+                ..Default::default()
+            }
+        })
+        .collect();
+    v1::Allocation {
+        id: r.id,
+        spec: Some(spec),
+        submit_time_ms: r.submit_ms,
+        status: alloc_status_to_proto(r.status) as i32,
+        tasks,
+        finished_at_ms: Some(r.end_ms),
+        preempted_count: r.preemptions,
+        failed_reason: if r.status == AllocStatus::Failed { r.reason.clone() } else { String::new() },
+        array_id: r.array.map_or(0, |(a, _)| a),
+        array_index: r.array.map_or(0, |(_, i)| i),
+        compacted: true,
+        ..Default::default()
+    }
+}
+
+fn checkpoint_mode_to_proto(m: CheckpointMode) -> v1::CheckpointMode {
+    match m {
+        CheckpointMode::Auto => v1::CheckpointMode::Auto,
+        CheckpointMode::Manual => v1::CheckpointMode::Manual,
+        CheckpointMode::None => v1::CheckpointMode::None,
     }
 }
 

@@ -169,6 +169,13 @@ pub fn describe_event(e: &Event) -> (&'static str, String) {
         Event::CheckpointDropped { task, node, reason, seq, .. } => {
             ("checkpoint_dropped", format!("task {task}'s checkpoint {seq} was dropped on {node}: {reason}"))
         }
+        Event::Compacted { allocs, through_ms } => (
+            "compacted",
+            format!(
+                "{allocs} finished allocations (ended through {}) were compacted: the job history holds their details",
+                format_time_ms(*through_ms)
+            ),
+        ),
         Event::Forgotten { allocs, keys, through_ms } => (
             "forgotten",
             format!(

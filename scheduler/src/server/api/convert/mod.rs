@@ -12,7 +12,8 @@ mod status;
 use tonic::Status;
 
 pub use alloc::{
-    alloc_status_filter, alloc_status_to_proto, alloc_to_proto, array_to_proto, spec_from_proto, spec_to_proto,
+    alloc_status_filter, alloc_status_to_proto, alloc_to_proto, array_to_proto, record_to_alloc_proto, spec_from_proto,
+    spec_to_proto,
 };
 pub use checkpoint::{manifest_to_proto, settings_from_proto, settings_to_proto, upload_from_proto};
 pub use events::{describe_event, format_time_ms};

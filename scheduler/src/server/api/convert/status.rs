@@ -55,7 +55,8 @@ pub fn rejection_to_status(r: &Rejection) -> Status {
         | Rejection::NothingReserved { .. }
         | Rejection::AlreadyTerminal { .. }
         | Rejection::AlreadyCancelling { .. }
-        | Rejection::NothingToForget => Status::failed_precondition(msg),
+        | Rejection::NothingToForget
+        | Rejection::NothingToCompact => Status::failed_precondition(msg),
         Rejection::InvalidForget(reason) => invalid("forget", reason),
         Rejection::InvalidWaitNotes(reason) => invalid("notes", reason),
         Rejection::NotAnEndReport { .. } => invalid("usage", &msg),
