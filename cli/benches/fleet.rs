@@ -280,6 +280,11 @@ async fn ready_nodes(ch: &Channel) -> usize {
     }
 }
 
+/// Allocations the leader holds whole, and compacted (its gauges).
+fn held(l: &Scrape) -> (u64, u64) {
+    (l.value("muster_sm_allocations") as u64, l.value("muster_sm_compacted_allocations") as u64)
+}
+
 fn spec(gang_size: u32, gpus: u32, command: &[&str]) -> v1::AllocationSpec {
     v1::AllocationSpec {
         owner: "fleet".into(),
@@ -527,7 +532,7 @@ fn main() {
         // The leader's resident memory and latest snapshot when 10 %, 50 %
         // and all of the tasks had started.
         let marks = [tasks / 10, tasks / 2, tasks];
-        let mut at_marks: Vec<(u64, u64, u64)> = Vec::new();
+        let mut at_marks: Vec<(u64, u64, u64, (u64, u64))> = Vec::new();
         let mut last_scrape = Instant::now();
         // The replica the submitters talk to; elections nobody caused
         // (no kill) are followed, and counted.
@@ -582,7 +587,7 @@ fn main() {
                 if let Some(&mark) = marks.get(at_marks.len())
                     && distinct >= mark
                 {
-                    at_marks.push((distinct, usage(pid).1, l.value("muster_raft_snapshot_bytes") as u64));
+                    at_marks.push((distinct, usage(pid).1, l.value("muster_raft_snapshot_bytes") as u64, held(&l)));
                 }
                 if !smoke && last_line.0.elapsed() >= Duration::from_secs(10) {
                     let secs = last_line.0.elapsed().as_secs_f64();
@@ -632,7 +637,8 @@ fn main() {
         let last = failover.as_ref().and_then(|f| f.1).map_or(leading, |(next, _)| next);
         let ended = Scrape::of(&https[last]);
         if failover.is_none() && at_marks.len() < marks.len() {
-            at_marks.push((starts.distinct_work.load(Ordering::Relaxed), rss1, ended.value("muster_raft_snapshot_bytes") as u64));
+            let distinct = starts.distinct_work.load(Ordering::Relaxed);
+            at_marks.push((distinct, rss1, ended.value("muster_raft_snapshot_bytes") as u64, held(&ended)));
         }
         let rss_peak = rss_peak.await.unwrap_or(0).max(rss1);
         let mut lat = probe.await.unwrap_or_default();
@@ -724,9 +730,10 @@ fn main() {
             let first = at_marks[0].1.max(1) as f64;
             let marks: Vec<String> = at_marks
                 .iter()
-                .map(|(n, rss, snap)| {
+                .map(|(n, rss, snap, (whole, compacted))| {
                     format!(
-                        "{n} started: {} MiB ({:+.0} %), snapshot {:.1} MB",
+                        "{n} started: {} MiB ({:+.0} %), snapshot {:.1} MB, {whole} allocations held whole and \
+                         {compacted} compacted",
                         rss / 1024,
                         (*rss as f64 / first - 1.0) * 100.0,
                         *snap as f64 / 1e6

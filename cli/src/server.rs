@@ -149,6 +149,11 @@ pub struct ServerArgs {
     /// default 60s, or --retention when that is shorter.
     #[arg(long)]
     detail_retention: Option<String>,
+    /// The most finished allocations held whole, however recent: beyond
+    /// it the oldest are compacted first (bounds the memory a burst of
+    /// finishes takes; about 3 KiB each).
+    #[arg(long, default_value_t = muster_scheduler::policy::DEFAULT_KEEP_WHOLE)]
+    detail_max: u64,
     /// How long after its submit an idempotency key is still honoured once
     /// its allocation is forgotten (a retried submit within it is answered
     /// with the original allocation, never run twice).
@@ -344,9 +349,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
                     ms
                 }
             };
+            if args.detail_max > muster_scheduler::sm::MAX_KEEP_WHOLE {
+                bail!("--detail-max {} is over the most, {}", args.detail_max, muster_scheduler::sm::MAX_KEEP_WHOLE);
+            }
             Some(muster_scheduler::policy::RetentionConfig {
                 retention_ms,
                 detail_ms,
+                keep_whole: args.detail_max,
                 key_window_ms: crate::args::parse_duration_s(&args.idempotency_window)
                     .context("--idempotency-window")?
                     .saturating_mul(1000),

@@ -247,6 +247,32 @@ fn finished_allocations_are_forgotten_in_the_deadline_pass_after_the_retention_w
     assert!(t.next(&c.s, &h, &mut timers).is_none());
 }
 
+#[test]
+fn more_finished_allocations_than_are_kept_whole_are_compacted_before_their_window_ends() {
+    let mut c = Fixture::new(1);
+    let defaults = LeaderConfig::default().retention.expect("on by default");
+    let retention = crate::policy::RetentionConfig { keep_whole: 20, ..defaults };
+    let cfg = LeaderConfig { retention: Some(retention), ..LeaderConfig::default() };
+    let mut h = Heard::default();
+    h.lead_from(c.t);
+    let ids: Vec<AllocId> = (0..22).map(|_| submit(&mut c, 1)).collect();
+    for &id in &ids {
+        c.ok(Command::CancelAllocation { alloc: id });
+    }
+    // 22 held whole: within a tenth over the 20, so nothing yet.
+    let mut timers = PassTimers::default();
+    let mut t = Tick::begin(at(c.t + 1_000), Wake::default(), &mut timers, &cfg);
+    assert!(t.next(&c.s, &h, &mut timers).is_none());
+    let id = submit(&mut c, 1);
+    c.ok(Command::CancelAllocation { alloc: id });
+    let mut t = Tick::begin(at(c.t + 2_000), Wake::default(), &mut timers, &cfg);
+    let pass = t.next(&c.s, &h, &mut timers).expect("a pass");
+    assert!(
+        matches!(pass.commands(), [Command::CompactFinished { keep_whole: 20, .. }]),
+        "23 held whole, well within the detail window: {pass:#?}"
+    );
+}
+
 /// Runs `tick` to its end without proposing anything (what it would do is
 /// not the point: when it asks to be woken is).
 fn finish(t: &mut Tick, c: &Fixture, h: &Heard, timers: &mut PassTimers) {

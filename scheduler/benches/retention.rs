@@ -1,10 +1,11 @@
 //! How a replica's cost grows with work (issue 24): memory per live
 //! allocation, snapshot size and build time, what a snapshot holds the
 //! state's lock for (an encoding copy), restart time (decode + replay),
-//! memory while a million allocations pass through with retention on (it
-//! must be flat), the job history's query times over a million records, and
-//! the admission pass with and without a million finished allocations behind
-//! it.
+//! what a finished allocation costs whole and compacted, memory while a
+//! million allocations pass through with compaction and retention on (it
+//! must be flat), the job history's query times over a million records,
+//! and the admission pass with and without a million finished allocations
+//! behind it.
 //!
 //! Run with `cargo bench -p muster-scheduler --bench retention` (options
 //! after `--`: `--allocations N`, default 1,000,000; `--live N`, default
@@ -23,7 +24,7 @@ use std::time::Instant;
 use muster_core::history::JobRecord;
 use muster_history::{Filter, Group, HistoryStore};
 use muster_scheduler::policy::{AdmissionConfig, plan_admission};
-use muster_scheduler::sm::{AllocSpec, ApplyCtx, Command, Event, NodeId, Resources, State, TaskStatus};
+use muster_scheduler::sm::{AllocSpec, ApplyCtx, Command, Event, MAX_KEEP_WHOLE, NodeId, Resources, State, TaskStatus};
 
 struct Counting;
 
@@ -62,6 +63,10 @@ const ONE_GPU: Resources = Resources { gpus: 1, vram_mb: 10_000, mem_mb: 16_000,
 /// A million a day: one every 86.4 ms of entry time.
 const STEP_MS: u64 = 86;
 const RETENTION_MS: u64 = 3_600_000;
+/// The default detail window: finished allocations are compacted after it.
+const DETAIL_MS: u64 = muster_scheduler::policy::DEFAULT_DETAIL_MS;
+/// The default most held whole.
+const KEEP_WHOLE: u64 = muster_scheduler::policy::DEFAULT_KEEP_WHOLE;
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -223,6 +228,26 @@ fn main() {
     println!("retention off: {kept} finished allocations held, {per_finished:.0} bytes each");
     drop(st);
 
+    // 2b. The same, compacted after the detail window: what each costs then.
+    let mut st = cluster();
+    let before = live_mb();
+    for i in 0..kept {
+        pass_through(&mut st, i, t0 + i * STEP_MS);
+        st.take_finished_records();
+    }
+    let end = t0 + kept * STEP_MS + DETAIL_MS;
+    let compact = Command::CompactFinished { detail_ms: DETAIL_MS, keep_whole: MAX_KEEP_WHOLE, max: 10_000 };
+    let mut entry_ms = Vec::new();
+    while st.compact_due(end, DETAIL_MS, MAX_KEEP_WHOLE) {
+        let t = Instant::now();
+        apply(&mut st, compact.clone(), end);
+        entry_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    println!("compaction: {} entries of 10,000, {:.1} ms each to apply (median)", entry_ms.len(), median(entry_ms));
+    let per_compacted = (live_mb() - before) * 1e6 / kept as f64;
+    println!("compacted: {} finished allocations held compacted, {per_compacted:.0} bytes each", st.compacted_len());
+    drop(st);
+
     // 3. Retention on: a million pass through; the records go to the job
     // history as the replica's writer stores them (10,000 per transaction),
     // and the heap is sampled every tenth of the way.
@@ -242,6 +267,10 @@ fn main() {
                 let cmd = Command::ForgetFinished { retention_ms: RETENTION_MS, key_window_ms: 0, max: 1_000 };
                 apply(&mut st, cmd, t);
             }
+            if st.compact_due(t, DETAIL_MS, KEEP_WHOLE) {
+                let cmd = Command::CompactFinished { detail_ms: DETAIL_MS, keep_whole: KEEP_WHOLE, max: 2_000 };
+                apply(&mut st, cmd, t);
+            }
             next_forget = t + 1_000;
         }
         pending.extend(st.take_finished_records());
@@ -252,7 +281,7 @@ fn main() {
             pending.clear();
         }
         if (i + 1) % (total / 10).max(1) == 0 {
-            samples.push((i + 1, st.allocs().len(), live_mb(), st.to_snapshot().len()));
+            samples.push((i + 1, st.allocs().len() + st.compacted_len(), live_mb(), st.to_snapshot().len()));
         }
     }
     h.insert(&pending).expect("inserts");

@@ -318,14 +318,15 @@ async fn watch(cluster: &mut Cluster, id: u64, from: u64, out: Output) -> anyhow
 }
 
 /// `alloc explain`.
-/// An allocation retention has forgotten is explained from its job history
-/// record: its end and its wait timeline.
+/// An allocation retention has forgotten, or compaction has reduced to its
+/// outcome, is explained from its job history record: its end and its wait
+/// timeline.
 async fn explain(cluster: &mut Cluster, id: u64, out: Output) -> anyhow::Result<()> {
     let live =
         cluster.call(|ch| async move { AllocationServiceClient::new(ch).explain(v1::GetRequest { id }).await }).await;
     let e = match live {
         Ok(e) => e.into_inner(),
-        Err(err) if format!("{err:#}").contains("left the live state") => {
+        Err(err) if ["left the live state", "was compacted"].iter().any(|m| format!("{err:#}").contains(m)) => {
             let record = crate::history::record(cluster, id).await?.ok_or(err)?;
             let log = crate::history::wait_log(&record);
             let summary = format!(

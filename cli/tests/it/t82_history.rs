@@ -103,6 +103,9 @@ fn t233_a_compacted_allocation_still_answers_get_logs_watch_cancel_and_dependenc
     assert!(!got["failed_reason"].as_str().unwrap().is_empty(), "{got:#}");
     let text = stdout(&until_ok(&addr, &["alloc", "get", "1"]));
     assert!(text.contains("compacted: from its job-history record"), "{text}");
+    // `alloc explain` answers from the record too.
+    let e = json(&until_ok(&addr, &["alloc", "explain", "1", "--output", "json"]));
+    assert!(e["summary"].as_str().unwrap().starts_with("failed; it waited "), "{e}");
     // Its log is found through the record's node.
     let o = until_ok(&addr, &["alloc", "logs", "1"]);
     assert!(stdout(&o).contains("from-the-compacted-task"), "{}", stdout(&o));
@@ -135,6 +138,8 @@ fn t148_a_bad_retention_flag_is_one_clear_line() {
         ("--idempotency-window", "x"),
         ("--detail-retention", "0s"),
         ("--detail-retention", "4h"),
+        ("--detail-max", "10000001"),
+        ("--detail-max", "many"),
     ] {
         let o =
             muster(&["server", "--id", "1", "--listen", "127.0.0.1:0", "--data-dir", data, "--insecure", flag, value]);

@@ -31,7 +31,7 @@ pub use preemption::{
 };
 pub use reclaim::{DEFAULT_RETURN_GRACE_MS, Reclaim, ReclaimConfig, plan_reclaims, reclaim_due_ms};
 pub use retention::{
-    DEFAULT_COMPACT_PER_ENTRY, DEFAULT_DETAIL_MS, DEFAULT_KEY_WINDOW_MS, DEFAULT_RETENTION_MS, RetentionConfig,
-    plan_compact, plan_forget,
+    DEFAULT_COMPACT_PER_ENTRY, DEFAULT_DETAIL_MS, DEFAULT_KEEP_WHOLE, DEFAULT_KEY_WINDOW_MS, DEFAULT_RETENTION_MS,
+    RetentionConfig, plan_compact, plan_forget,
 };
 pub use teardown::{DEFAULT_FORCE_AFTER_MS, plan_expired_nominations, plan_forced_teardowns};

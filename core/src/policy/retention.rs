@@ -17,9 +17,17 @@ pub const DEFAULT_RETENTION_MS: u64 = 3 * 3_600_000;
 /// (docs/performance.md, "Fleet scale").
 pub const DEFAULT_DETAIL_MS: u64 = 60_000;
 
-/// Most allocations one compaction entry takes by default: about 2 ms of
-/// apply on every replica.
-pub const DEFAULT_COMPACT_PER_ENTRY: u32 = 2_000;
+/// The most finished allocations held whole by default, however recent:
+/// about 150 MB of each replica's memory. Kubernetes keeps 12,500
+/// terminated pods by default (`terminated-pod-gc-threshold`); a finished
+/// allocation compacted past it still answers, from the job history.
+pub const DEFAULT_KEEP_WHOLE: u64 = 50_000;
+
+/// Most allocations one compaction entry takes by default. Compactions are
+/// proposed at most once a liveness pass (a second), so this is also the
+/// most compacted a second: well above the 2,000–3,000 finishes a second
+/// the fleet bench makes (docs/performance.md, "Fleet scale").
+pub const DEFAULT_COMPACT_PER_ENTRY: u32 = MAX_FORGET_PER_ENTRY;
 
 /// How long an idempotency key is honoured after its submit by default (and
 /// for as long as its allocation is held): 24 hours.
@@ -35,6 +43,9 @@ pub struct RetentionConfig {
     /// How long a finished allocation is held whole before it is
     /// compacted, ms (at most `retention_ms`; equal: never compacted).
     pub detail_ms: u64,
+    /// The most finished allocations held whole (the oldest beyond are
+    /// compacted before their detail window ends).
+    pub keep_whole: u64,
     /// Most allocations (and keys) one entry forgets.
     pub max_per_entry: u32,
     /// Most allocations one entry compacts.
@@ -52,7 +63,8 @@ impl Default for RetentionConfig {
             retention_ms: DEFAULT_RETENTION_MS,
             key_window_ms: DEFAULT_KEY_WINDOW_MS,
             detail_ms: DEFAULT_DETAIL_MS,
-            max_per_entry: 1_000.min(MAX_FORGET_PER_ENTRY),
+            keep_whole: DEFAULT_KEEP_WHOLE,
+            max_per_entry: MAX_FORGET_PER_ENTRY,
             compact_per_entry: DEFAULT_COMPACT_PER_ENTRY.min(MAX_FORGET_PER_ENTRY),
             batch_ms: 60_000,
         }
@@ -71,16 +83,20 @@ pub fn plan_forget(state: &State, now_ms: u64, cfg: &RetentionConfig) -> Option<
     })
 }
 
-/// The compaction to propose at `now_ms`, if a finished allocation has been
-/// past the detail window for `batch_ms` (at most a tenth of the window);
-/// none when the detail window is the retention (nothing is compacted
-/// before it is forgotten).
+/// The compaction to propose at `now_ms`: once a finished allocation has
+/// been past the detail window for `batch_ms` (at most a tenth of the
+/// window), or more than a tenth over `keep_whole` are held whole. None
+/// when the detail window is the retention (nothing is compacted before
+/// it is forgotten).
 pub fn plan_compact(state: &State, now_ms: u64, cfg: &RetentionConfig) -> Option<Command> {
     if cfg.detail_ms >= cfg.retention_ms {
         return None;
     }
     let batch = cfg.batch_ms.min(cfg.detail_ms / 10);
-    state
-        .compact_due(now_ms.saturating_sub(batch), cfg.detail_ms)
-        .then_some(Command::CompactFinished { detail_ms: cfg.detail_ms, max: cfg.compact_per_entry })
+    let keep_over = cfg.keep_whole.saturating_add(cfg.keep_whole / 10);
+    state.compact_due(now_ms.saturating_sub(batch), cfg.detail_ms, keep_over).then_some(Command::CompactFinished {
+        detail_ms: cfg.detail_ms,
+        keep_whole: cfg.keep_whole,
+        max: cfg.compact_per_entry,
+    })
 }

@@ -502,13 +502,16 @@ pub enum Command {
         notes: Vec<WaitNote>,
     },
     /// Compact finished allocations whose end is at least `detail_ms`
-    /// before the entry's time, oldest first (at most `max`): the live
-    /// state keeps their status, whether they started, their times and
-    /// their key's spec hash, and drops the rest, which their job-history
-    /// records hold. Apply decides from the entry's own time.
+    /// before the entry's time, and the oldest beyond the newest
+    /// `keep_whole`, oldest first (at most `max`): the live state keeps
+    /// their status, whether they started, their times and their key's
+    /// spec hash, and drops the rest, which their job-history records hold.
+    /// Apply decides from the entry's own time and the state.
     CompactFinished {
         /// How long a finished allocation stays whole, ms.
         detail_ms: u64,
+        /// The most finished allocations held whole.
+        keep_whole: u64,
         /// Most allocations one entry compacts.
         max: u32,
     },

@@ -65,7 +65,9 @@ use super::vcluster::{HomeNodes, OverQuota, VCluster, VClusterSpec};
 use crate::history::JobRecord;
 pub use arrays::{ArrayCounts, array_sha256};
 pub use dependencies::{MAX_TOMBSTONES, Tombstone};
-pub use retention::{CompactKey, Compacted, ForgottenKey, MAX_FORGET_PER_ENTRY, MIN_RETENTION_MS, spec_sha256};
+pub use retention::{
+    CompactKey, Compacted, ForgottenKey, MAX_FORGET_PER_ENTRY, MAX_KEEP_WHOLE, MIN_RETENTION_MS, spec_sha256,
+};
 
 mod allocmap;
 pub use allocmap::{AllocMap, ChunkMap};
@@ -623,7 +625,9 @@ impl State {
             Command::ForgetFinished { retention_ms, key_window_ms, max } => {
                 self.forget_finished(*retention_ms, *key_window_ms, *max)
             }
-            Command::CompactFinished { detail_ms, max } => self.compact_finished(*detail_ms, *max),
+            Command::CompactFinished { detail_ms, keep_whole, max } => {
+                self.compact_finished(*detail_ms, *keep_whole, *max)
+            }
             Command::ForgetCheckpoints { node, seqs } => self.forget_checkpoints(node, seqs),
             Command::SetCheckpointSettings { settings, by } => self.set_checkpoint_settings(settings, by),
             Command::SubmitArray { spec, indices, corr, secrets } => self.submit_array(spec, indices, *corr, secrets),

@@ -19,6 +19,9 @@ use sha2::{Digest as _, Sha256};
 
 use super::*;
 
+/// The most finished allocations a compaction may keep whole.
+pub const MAX_KEEP_WHOLE: u64 = 10_000_000;
+
 /// The least retention a forget may use: an allocation is never forgotten
 /// in the same breath as it finishes.
 pub const MIN_RETENTION_MS: u64 = 1_000;
@@ -105,27 +108,47 @@ impl State {
         self.compacted.len()
     }
 
-    /// Whether a compaction at `now_ms` with this detail window has
-    /// something to do.
-    pub fn compact_due(&self, now_ms: u64, detail_ms: u64) -> bool {
+    /// How many finished allocations are held whole.
+    pub fn detailed_len(&self) -> usize {
+        self.index.detailed.len()
+    }
+
+    /// Whether a compaction at `now_ms` with this detail window, keeping at
+    /// most `keep_whole` finished allocations whole, has something to do.
+    pub fn compact_due(&self, now_ms: u64, detail_ms: u64, keep_whole: u64) -> bool {
         let cutoff = now_ms.saturating_sub(detail_ms);
         self.index.detailed.first().is_some_and(|&(end, _)| end <= cutoff)
+            || self.index.detailed.len() as u64 > keep_whole
     }
 
     /// Compacts the finished allocations that ended `detail_ms` or more
-    /// before the entry's time (at most `max`, oldest end first).
-    pub(super) fn compact_finished(&mut self, detail_ms: u64, max: u32) -> Applied {
+    /// before the entry's time, and the oldest beyond the newest
+    /// `keep_whole` (at most `max` in all, oldest end first).
+    pub(super) fn compact_finished(&mut self, detail_ms: u64, keep_whole: u64, max: u32) -> Applied {
         if detail_ms < MIN_RETENTION_MS {
             return Err(Rejection::InvalidForget(format!(
                 "detail_ms {detail_ms} is under the least, {MIN_RETENTION_MS}"
+            )));
+        }
+        if keep_whole > MAX_KEEP_WHOLE {
+            return Err(Rejection::InvalidForget(format!(
+                "keep_whole {keep_whole} is over the most, {MAX_KEEP_WHOLE}"
             )));
         }
         if max == 0 || max > MAX_FORGET_PER_ENTRY {
             return Err(Rejection::InvalidForget(format!("max {max} is not within 1..={MAX_FORGET_PER_ENTRY}")));
         }
         let cutoff = self.now_ms.saturating_sub(detail_ms);
-        let due: Vec<(u64, AllocId)> =
-            self.index.detailed.iter().take_while(|(end, _)| *end <= cutoff).take(max as usize).copied().collect();
+        let over = (self.index.detailed.len() as u64).saturating_sub(keep_whole);
+        let due: Vec<(u64, AllocId)> = self
+            .index
+            .detailed
+            .iter()
+            .enumerate()
+            .take_while(|&(k, &(end, _))| end <= cutoff || (k as u64) < over)
+            .take(max as usize)
+            .map(|(_, &e)| e)
+            .collect();
         let Some(&(through_ms, _)) = due.last() else { return Err(Rejection::NothingToCompact) };
         for &(end, id) in &due {
             self.index.detailed.remove(&(end, id));

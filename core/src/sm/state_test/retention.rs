@@ -179,7 +179,7 @@ fn the_encoding_copy_shares_the_allocations_and_is_untouched_by_later_applies() 
 }
 
 fn compact(detail_ms: u64) -> Command {
-    Command::CompactFinished { detail_ms, max: 100 }
+    Command::CompactFinished { detail_ms, keep_whole: MAX_KEEP_WHOLE, max: 100 }
 }
 
 const MINUTE: u64 = 60_000;
@@ -205,13 +205,13 @@ fn a_finished_allocation_is_compacted_after_the_detail_window_and_keeps_its_outc
     let ended = f.t;
     let seq = f.s.alloc(done).unwrap().finish_seq;
     f.t = ended + MINUTE - 1;
-    assert!(f.s.compact_due(f.t, MINUTE), "the cancel, ended a second earlier, is due");
+    assert!(f.s.compact_due(f.t, MINUTE, MAX_KEEP_WHOLE), "the cancel, ended a second earlier, is due");
     assert_eq!(f.ok(compact(MINUTE)), vec![Event::Compacted { allocs: 1, through_ms: ended - 1_000 }]);
     assert!(f.s.alloc(never_ran).is_none() && f.s.alloc(done).is_some());
     assert_eq!(f.rejected(compact(MINUTE)), Rejection::NothingToCompact);
     f.t = ended + MINUTE;
     assert_eq!(f.ok(compact(MINUTE)), vec![Event::Compacted { allocs: 1, through_ms: ended }]);
-    assert!(!f.s.compact_due(f.t + 100 * HOUR, MINUTE), "nothing left to compact");
+    assert!(!f.s.compact_due(f.t + 100 * HOUR, MINUTE, 0), "nothing left to compact");
     let c = f.s.compacted(done).expect("compacted").clone();
     assert_eq!((c.status, c.started, c.end_ms, c.finish_seq), (AllocStatus::Done, true, ended, seq));
     let c = f.s.compacted(never_ran).unwrap();
@@ -256,7 +256,7 @@ fn a_compaction_is_bounded_per_entry_the_same_on_every_replica_and_refuses_bad_p
     }
     f.t += MINUTE;
     let replica = f.s.clone();
-    let cmd = Command::CompactFinished { detail_ms: MINUTE, max: 2 };
+    let cmd = Command::CompactFinished { detail_ms: MINUTE, keep_whole: MAX_KEEP_WHOLE, max: 2 };
     assert!(matches!(f.ok(cmd.clone())[..], [Event::Compacted { allocs: 2, .. }]));
     assert!(f.s.compacted(ids[0]).is_some() && f.s.compacted(ids[1]).is_some() && f.s.alloc(ids[2]).is_some());
     let mut other = replica;
@@ -265,9 +265,10 @@ fn a_compaction_is_bounded_per_entry_the_same_on_every_replica_and_refuses_bad_p
     // Every finished allocation, compacted or not, in the order retention takes them.
     assert_eq!(f.s.finished().map(|(_, id)| id).collect::<Vec<_>>(), ids);
     for cmd in [
-        Command::CompactFinished { detail_ms: MIN_RETENTION_MS - 1, max: 10 },
-        Command::CompactFinished { detail_ms: MINUTE, max: 0 },
-        Command::CompactFinished { detail_ms: MINUTE, max: MAX_FORGET_PER_ENTRY + 1 },
+        Command::CompactFinished { detail_ms: MIN_RETENTION_MS - 1, keep_whole: 0, max: 10 },
+        Command::CompactFinished { detail_ms: MINUTE, keep_whole: MAX_KEEP_WHOLE + 1, max: 10 },
+        Command::CompactFinished { detail_ms: MINUTE, keep_whole: 0, max: 0 },
+        Command::CompactFinished { detail_ms: MINUTE, keep_whole: 0, max: MAX_FORGET_PER_ENTRY + 1 },
     ] {
         assert!(matches!(f.rejected(cmd), Rejection::InvalidForget(_)));
     }
@@ -324,4 +325,27 @@ fn an_array_is_forgotten_only_once_its_compacted_elements_are() {
     f.t += HOUR;
     f.ok(forget(HOUR, 0));
     assert!(f.s.array(array).is_none() && !f.s.holds(array + 1) && f.s.was_forgotten(array + 2));
+}
+
+#[test]
+fn beyond_the_most_held_whole_the_oldest_are_compacted_before_their_window_ends() {
+    let mut f = Fixture::new(1);
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let id = f.submit(spec(1, 1));
+        f.ok(Command::CancelAllocation { alloc: id });
+        ids.push(id);
+        f.t += 1_000;
+    }
+    assert!(!f.s.compact_due(f.t, HOUR, 5) && f.s.compact_due(f.t, HOUR, 4));
+    let cmd = |keep_whole| Command::CompactFinished { detail_ms: HOUR, keep_whole, max: 100 };
+    assert_eq!(f.rejected(cmd(5)), Rejection::NothingToCompact);
+    assert!(matches!(f.ok(cmd(2))[..], [Event::Compacted { allocs: 3, .. }]));
+    assert_eq!(f.s.detailed_len(), 2);
+    assert!(ids[..3].iter().all(|&id| f.s.compacted(id).is_some()), "the oldest three");
+    assert!(ids[3..].iter().all(|&id| f.s.alloc(id).is_some()), "the newest two stay whole");
+    // Past the window, the rest go too, whatever the count.
+    f.t += HOUR;
+    assert!(matches!(f.ok(cmd(2))[..], [Event::Compacted { allocs: 2, .. }]));
+    assert_eq!(f.s.detailed_len(), 0);
 }
