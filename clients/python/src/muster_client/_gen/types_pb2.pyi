@@ -233,7 +233,7 @@ class Task(_message.Message):
     def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., node_id: _Optional[str] = ..., attempts: _Optional[int] = ..., reservation_epoch: _Optional[int] = ..., reserved_at_ms: _Optional[int] = ..., started_at_ms: _Optional[int] = ..., finished_at_ms: _Optional[int] = ..., exit_code: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., checkpoint_epoch: _Optional[int] = ..., last_node_id: _Optional[str] = ..., runs: _Optional[int] = ..., watchdog_trips: _Optional[int] = ..., last_watchdog: _Optional[str] = ..., borrowed_from: _Optional[str] = ..., checkpoints: _Optional[_Iterable[_Union[CheckpointManifest, _Mapping]]] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports", "secret_names", "failures", "last_failure", "retry_after_ms", "failed_reason", "array_id", "array_index", "image_pull_failures")
+    __slots__ = ("id", "spec", "submit_time_ms", "status", "reservation_epoch", "tasks", "finished_at_ms", "preemption_epoch", "teardown", "preempted_count", "nomination", "ports", "secret_names", "failures", "last_failure", "retry_after_ms", "failed_reason", "array_id", "array_index", "image_pull_failures", "compacted")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,7 @@ class Allocation(_message.Message):
     ARRAY_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PULL_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
     id: int
     spec: AllocationSpec
     submit_time_ms: int
@@ -274,7 +275,8 @@ class Allocation(_message.Message):
     array_id: int
     array_index: int
     image_pull_failures: int
-    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ..., secret_names: _Optional[_Iterable[str]] = ..., failures: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., retry_after_ms: _Optional[int] = ..., failed_reason: _Optional[str] = ..., array_id: _Optional[int] = ..., array_index: _Optional[int] = ..., image_pull_failures: _Optional[int] = ...) -> None: ...
+    compacted: bool
+    def __init__(self, id: _Optional[int] = ..., spec: _Optional[_Union[AllocationSpec, _Mapping]] = ..., submit_time_ms: _Optional[int] = ..., status: _Optional[_Union[AllocationStatus, str]] = ..., reservation_epoch: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., finished_at_ms: _Optional[int] = ..., preemption_epoch: _Optional[int] = ..., teardown: _Optional[_Union[Teardown, _Mapping]] = ..., preempted_count: _Optional[int] = ..., nomination: _Optional[_Union[Nomination, _Mapping]] = ..., ports: _Optional[_Iterable[int]] = ..., secret_names: _Optional[_Iterable[str]] = ..., failures: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., retry_after_ms: _Optional[int] = ..., failed_reason: _Optional[str] = ..., array_id: _Optional[int] = ..., array_index: _Optional[int] = ..., image_pull_failures: _Optional[int] = ..., compacted: _Optional[bool] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("task", "attempt", "exit_code", "not_started", "stderr_tail", "early", "at_ms", "oom_killed", "memory_limit_bytes", "peak_memory_bytes")
