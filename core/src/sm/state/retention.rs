@@ -5,7 +5,7 @@
 //! ```text
 //!   finished (done, failed, cancelled) at t
 //!     ── CompactFinished at t + detail ──▶ compacted: status, whether it started, its times,
-//!                                          its key's spec hash (~100 bytes, not ~2 KiB);
+//!                                          its key's spec hash (129 bytes, not 2.9 KiB);
 //!                                          get/watch answer from the job history's record
 //!     ── ForgetFinished at t + retention ──▶ gone
 //!                                          (ids are never reused: get/watch answer

@@ -63,7 +63,7 @@ impl ClientApi {
 /// record's sequence number, and its array's spec for an element).
 enum Held {
     Whole(Box<v1::Allocation>),
-    Compacted { seq: u64, status: crate::sm::AllocStatus, array_spec: Option<Box<crate::sm::AllocSpec>> },
+    Compacted { seq: u64, array_spec: Option<Box<crate::sm::AllocSpec>> },
 }
 
 fn held(st: &crate::sm::State, id: AllocId) -> Result<Held, Status> {
@@ -72,7 +72,7 @@ fn held(st: &crate::sm::State, id: AllocId) -> Result<Held, Status> {
     }
     let c = st.compacted(id).ok_or_else(|| alloc_missing(st, id))?;
     let array_spec = st.array_of(id).map(|(array, _)| Box::new(array.spec.clone()));
-    Ok(Held::Compacted { seq: c.finish_seq, status: c.status, array_spec })
+    Ok(Held::Compacted { seq: c.finish_seq, array_spec })
 }
 
 impl ClientApi {
@@ -243,7 +243,7 @@ impl ClientApi {
     async fn allocation(&self, id: AllocId) -> Result<v1::Allocation, Status> {
         match self.s.reader().read(|st| held(st, id))? {
             Held::Whole(a) => Ok(*a),
-            Held::Compacted { seq, array_spec, .. } => {
+            Held::Compacted { seq, array_spec } => {
                 let r = self.record(id, seq).await?;
                 Ok(convert::record_to_alloc_proto(&r, array_spec.as_deref()))
             }
@@ -399,11 +399,15 @@ impl AllocationService for ClientApi {
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         self.s.linearizable().await?;
-        if let Held::Compacted { status, .. } = self.s.reader().read(|st| held(st, q.id))? {
+        let compacted = self.s.reader().read(|st| match (st.alloc(q.id), st.compacted(q.id)) {
+            (Some(_), _) => Ok(None),
+            (None, Some(c)) => Ok(Some((c.status, c.end_ms))),
+            (None, None) => Err(alloc_missing(st, q.id)),
+        })?;
+        if let Some((status, end)) = compacted {
             // Its events went with the detail: one event names how it
             // ended, and the watch ends (a finished watch always does).
             let (tx, rx) = mpsc::channel(1);
-            let end = self.allocation(q.id).await?.finished_at_ms.unwrap_or_default();
             let event = v1::AllocationEvent {
                 id: q.id,
                 revision: 0,
