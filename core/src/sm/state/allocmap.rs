@@ -7,8 +7,8 @@
 //!
 //! It encodes as the `BTreeMap<AllocId, Arc<Allocation>>` it replaced (a
 //! map, in id order), so the snapshot format and digests are unchanged.
-//! The same chunked map holds the compacted finished allocations
-//! ([`super::Compacted`]), for the same reason: there may be a million.
+//! (The compacted finished allocations, of which there may be a million,
+//! are chunked the same way, in sorted vectors: `compactmap.rs`.)
 
 use std::collections::BTreeMap;
 use std::ops::{Bound, RangeBounds};

@@ -71,6 +71,8 @@ pub use retention::{
 
 mod allocmap;
 pub use allocmap::{AllocMap, ChunkMap};
+mod compactmap;
+pub use compactmap::CompactMap;
 mod arrays;
 mod attempts;
 mod checkpoints;
@@ -326,7 +328,7 @@ pub struct State {
     /// Finished allocations past the detail window: only what dependencies,
     /// idempotency and cancels still need (`retention.rs`); the job history
     /// holds the rest. Chunked like `allocs`, for the same reason.
-    compacted: ChunkMap<Compacted>,
+    compacted: CompactMap,
     idempotency: BTreeMap<(String, String), AllocId>,
     /// Idempotency keys whose allocation was forgotten, until their window
     /// ends.
@@ -441,7 +443,7 @@ impl State {
             next_alloc_id: 1,
             nodes: Vec::new(),
             allocs: AllocMap::new(),
-            compacted: ChunkMap::new(),
+            compacted: CompactMap::default(),
             idempotency: BTreeMap::new(),
             forgotten_keys: BTreeMap::new(),
             forgotten_allocs: 0,

@@ -4,8 +4,8 @@
 //!
 //! ```text
 //!   finished (done, failed, cancelled) at t
-//!     ── CompactFinished at t + detail ──▶ compacted: status, whether it started, its times,
-//!                                          its key's spec hash (129 bytes, not 2.9 KiB);
+//!     ── CompactFinished at t + detail ──▶ compacted: status, whether it started, its end,
+//!                                          its key's spec hash (68 bytes, not 2.9 KiB);
 //!                                          get/watch answer from the job history's record
 //!     ── ForgetFinished at t + retention ──▶ gone
 //!                                          (ids are never reused: get/watch answer
@@ -45,20 +45,16 @@ pub struct ForgottenKey {
 
 /// A finished allocation past the detail window, as the live state keeps
 /// it: what dependencies on it, a retried submit with its key, a cancel
-/// and retention need. Its job-history record (sequence number
-/// `finish_seq`) holds the rest.
+/// and retention need (24 bytes; its job-history record, found by id,
+/// holds the rest).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Compacted {
     /// Done, failed or cancelled.
     pub status: AllocStatus,
     /// Whether a task of it ever started.
     pub started: bool,
-    /// Entry time of its submit.
-    pub submit_ms: u64,
     /// Entry time it finished.
     pub end_ms: u64,
-    /// Its job-history record's sequence number.
-    pub finish_seq: u64,
     /// Its idempotency key while the key still names it (boxed: most
     /// allocations have none, and then this costs one pointer).
     pub key: Option<Box<CompactKey>>,
@@ -73,6 +69,8 @@ pub struct CompactKey {
     pub key: String,
     /// SHA-256 of the submitted spec ([`spec_sha256`]).
     pub spec_sha256: [u8; 32],
+    /// Entry time of the submit (the key's window counts from it).
+    pub submit_ms: u64,
 }
 
 /// The hash a [`ForgottenKey`] keeps of a spec.
@@ -159,16 +157,10 @@ impl State {
                 .as_ref()
                 .filter(|k| self.idempotency.get(&(a.spec.owner.clone(), (*k).clone())) == Some(&id));
             let key = key.map(|k| {
-                Box::new(CompactKey { owner: a.spec.owner.clone(), key: k.clone(), spec_sha256: spec_sha256(&a.spec) })
+                let (owner, key, spec_sha256) = (a.spec.owner.clone(), k.clone(), spec_sha256(&a.spec));
+                Box::new(CompactKey { owner, key, spec_sha256, submit_ms: a.submit_time_ms })
             });
-            let c = Compacted {
-                status: a.status,
-                started: a.ever_started(),
-                submit_ms: a.submit_time_ms,
-                end_ms: end,
-                finish_seq: a.finish_seq,
-                key,
-            };
+            let c = Compacted { status: a.status, started: a.ever_started(), end_ms: end, key };
             self.compacted.insert(id, c);
         }
         Ok(vec![Event::Compacted { allocs: due.len() as u32, through_ms }])
@@ -240,7 +232,7 @@ impl State {
                 let c = self.compacted.remove(&id).expect("a finished allocation is held, whole or compacted");
                 self.entomb(id, Tombstone { status: c.status, started: c.started });
                 if let Some(k) = c.key {
-                    let expires_ms = c.submit_ms.saturating_add(key_window_ms);
+                    let expires_ms = k.submit_ms.saturating_add(key_window_ms);
                     self.retire_key(&k.owner, Some(&k.key), id, expires_ms, || k.spec_sha256);
                 }
             }
@@ -274,10 +266,10 @@ impl State {
             .take_while(|(end, _)| *end <= cutoff)
             .filter(|&&(_, id)| {
                 let a = &self.arrays[&id];
-                let elements = id + 1..=id + a.count();
+                let (first, last) = (id + 1, id + a.count());
                 !corr.contains(&id)
-                    && self.allocs.range(elements.clone()).all(|(e, _)| going.contains(e))
-                    && self.compacted.range(elements).all(|(e, _)| going.contains(e))
+                    && self.allocs.range(first..=last).all(|(e, _)| going.contains(e))
+                    && self.compacted.range(first, last).all(|(e, _)| going.contains(e))
             })
             .take(max)
             .copied()

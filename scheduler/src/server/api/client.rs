@@ -59,20 +59,22 @@ impl ClientApi {
     }
 }
 
-/// An allocation as the live state holds it: whole, or compacted (its
-/// record's sequence number, and its array's spec for an element).
+/// An allocation as the live state holds it: whole, or compacted (with its
+/// array's spec for an element).
 enum Held {
     Whole(Box<v1::Allocation>),
-    Compacted { seq: u64, array_spec: Option<Box<crate::sm::AllocSpec>> },
+    Compacted { array_spec: Option<Box<crate::sm::AllocSpec>> },
 }
 
 fn held(st: &crate::sm::State, id: AllocId) -> Result<Held, Status> {
     if let Some(a) = st.alloc(id) {
         return Ok(Held::Whole(Box::new(alloc_to_proto(a, st))));
     }
-    let c = st.compacted(id).ok_or_else(|| alloc_missing(st, id))?;
+    if !st.holds(id) {
+        return Err(alloc_missing(st, id));
+    }
     let array_spec = st.array_of(id).map(|(array, _)| Box::new(array.spec.clone()));
-    Ok(Held::Compacted { seq: c.finish_seq, array_spec })
+    Ok(Held::Compacted { array_spec })
 }
 
 impl ClientApi {
@@ -222,11 +224,12 @@ fn last_attempt_node(
 }
 
 impl ClientApi {
-    /// The job-history record of compacted allocation `id` (its sequence
-    /// number `seq`), read off the async workers.
-    async fn record(&self, id: AllocId, seq: u64) -> Result<muster_core::history::JobRecord, Status> {
+    /// The job-history record of compacted allocation `id`, read off the
+    /// async workers.
+    async fn record(&self, id: AllocId) -> Result<muster_core::history::JobRecord, Status> {
         let store = self.history.clone();
-        let records = tokio::task::spawn_blocking(move || store.by_seq(seq, seq, 1))
+        let only = muster_history::Filter { id: Some(id), limit: 1, ..Default::default() };
+        let records = tokio::task::spawn_blocking(move || store.list(&only))
             .await
             .map_err(|e| Status::internal(format!("job history: {e}")))?
             .map_err(|e| Status::internal(format!("job history: {e}")))?;
@@ -243,8 +246,8 @@ impl ClientApi {
     async fn allocation(&self, id: AllocId) -> Result<v1::Allocation, Status> {
         match self.s.reader().read(|st| held(st, id))? {
             Held::Whole(a) => Ok(*a),
-            Held::Compacted { seq, array_spec } => {
-                let r = self.record(id, seq).await?;
+            Held::Compacted { array_spec } => {
+                let r = self.record(id).await?;
                 Ok(convert::record_to_alloc_proto(&r, array_spec.as_deref()))
             }
         }
@@ -338,13 +341,10 @@ impl AllocationService for ClientApi {
         let caller = muster_tls::Caller::of(&req);
         let q = req.into_inner();
         self.s.linearizable().await?;
-        let compacted = self.s.reader().read(|st| st.compacted(q.id).map(|c| c.finish_seq));
-        let (node, attempt) = match compacted {
-            Some(seq) => {
-                let r = self.record(q.id, seq).await?;
-                last_attempt_node(&r, q.task, q.attempt)?
-            }
-            None => self.s.reader().read(|st| attempt_node(st, &q))?,
+        let (node, attempt) = if self.s.reader().read(|st| st.compacted(q.id).is_some()) {
+            last_attempt_node(&self.record(q.id).await?, q.task, q.attempt)?
+        } else {
+            self.s.reader().read(|st| attempt_node(st, &q))?
         };
         let (tx, rx) = mpsc::channel(16);
         let (s, work) = (self.s.clone(), self.work.clone());
