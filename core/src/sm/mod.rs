@@ -32,9 +32,9 @@ pub use event::{Event, Outcome};
 pub use rejection::Rejection;
 pub use snapshot::{SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC, SnapshotError, StateDigest};
 pub use state::{
-    AllocMap, ApplyCtx, ArrayCounts, ChunkMap, CompactKey, CompactMap, Compacted, ForgottenKey, Holder,
-    MAX_FORGET_PER_ENTRY, MAX_KEEP_WHOLE, MAX_TOKENS, MAX_TOMBSTONES, MIN_RETENTION_MS, QueueKey, Shape, State,
-    Tombstone, VcLoad, array_sha256, spec_sha256, workflow_sha256,
+    AllocMap, ApplyCtx, ArrayCounts, CompactKey, CompactMap, Compacted, ForgottenKey, Holder, MAX_FORGET_PER_ENTRY,
+    MAX_KEEP_WHOLE, MAX_TOKENS, MAX_TOMBSTONES, MIN_RETENTION_MS, QueueKey, Shape, State, Tombstone, VcLoad,
+    array_sha256, spec_sha256, workflow_sha256,
 };
 pub use types::{
     AGENT_SET_LABELS, ANY_LABEL_VALUE, ARRAY_WINDOW, ATTEMPT_LOG_LIMIT, Admission, After, AfterWhen, AllocEvent,

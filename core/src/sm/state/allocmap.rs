@@ -21,33 +21,23 @@ use crate::sm::{AllocId, Allocation};
 /// Ids per chunk, as a power of two.
 const CHUNK_BITS: u32 = 10;
 
-type Chunk<V> = BTreeMap<AllocId, V>;
+type Chunk = BTreeMap<AllocId, Arc<Allocation>>;
 
-/// Values by allocation id, in chunks shared between copies (see the
-/// module's doc).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChunkMap<V> {
-    chunks: BTreeMap<u64, Arc<Chunk<V>>>,
+/// Allocations by id (see the module's doc).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocMap {
+    chunks: BTreeMap<u64, Arc<Chunk>>,
     len: usize,
-}
-
-/// Allocations by id.
-pub type AllocMap = ChunkMap<Arc<Allocation>>;
-
-impl<V> Default for ChunkMap<V> {
-    fn default() -> Self {
-        ChunkMap { chunks: BTreeMap::new(), len: 0 }
-    }
 }
 
 fn chunk_of(id: AllocId) -> u64 {
     id >> CHUNK_BITS
 }
 
-impl<V: Clone> ChunkMap<V> {
+impl AllocMap {
     /// An empty map.
-    pub fn new() -> ChunkMap<V> {
-        ChunkMap::default()
+    pub fn new() -> AllocMap {
+        AllocMap::default()
     }
 
     /// How many allocations it holds.
@@ -61,7 +51,7 @@ impl<V: Clone> ChunkMap<V> {
     }
 
     /// Allocation `id`.
-    pub fn get(&self, id: &AllocId) -> Option<&V> {
+    pub fn get(&self, id: &AllocId) -> Option<&Arc<Allocation>> {
         self.chunks.get(&chunk_of(*id))?.get(id)
     }
 
@@ -72,7 +62,7 @@ impl<V: Clone> ChunkMap<V> {
 
     /// Allocation `id`, to change: its chunk is copied first if a copy of
     /// the map shares it.
-    pub fn get_mut(&mut self, id: &AllocId) -> Option<&mut V> {
+    pub fn get_mut(&mut self, id: &AllocId) -> Option<&mut Arc<Allocation>> {
         let chunk = self.chunks.get_mut(&chunk_of(*id))?;
         if !chunk.contains_key(id) {
             return None;
@@ -81,7 +71,7 @@ impl<V: Clone> ChunkMap<V> {
     }
 
     /// Inserts allocation `id`, returning the one it replaced.
-    pub fn insert(&mut self, id: AllocId, a: V) -> Option<V> {
+    pub fn insert(&mut self, id: AllocId, a: Arc<Allocation>) -> Option<Arc<Allocation>> {
         let old = Arc::make_mut(self.chunks.entry(chunk_of(id)).or_default()).insert(id, a);
         if old.is_none() {
             self.len += 1;
@@ -90,7 +80,7 @@ impl<V: Clone> ChunkMap<V> {
     }
 
     /// Removes allocation `id` (and its chunk, once empty).
-    pub fn remove(&mut self, id: &AllocId) -> Option<V> {
+    pub fn remove(&mut self, id: &AllocId) -> Option<Arc<Allocation>> {
         let key = chunk_of(*id);
         let chunk = self.chunks.get_mut(&key)?;
         if !chunk.contains_key(id) {
@@ -106,7 +96,7 @@ impl<V: Clone> ChunkMap<V> {
     }
 
     /// Every allocation, in id order.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&AllocId, &V)> {
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&AllocId, &Arc<Allocation>)> {
         self.chunks.values().flat_map(|c| c.iter())
     }
 
@@ -116,12 +106,15 @@ impl<V: Clone> ChunkMap<V> {
     }
 
     /// Every allocation, in id order.
-    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> {
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &Arc<Allocation>> {
         self.iter().map(|(_, a)| a)
     }
 
     /// The allocations whose ids are in `range`, in order.
-    pub fn range<R: RangeBounds<AllocId> + Clone>(&self, range: R) -> impl DoubleEndedIterator<Item = (&AllocId, &V)> {
+    pub fn range<R: RangeBounds<AllocId> + Clone>(
+        &self,
+        range: R,
+    ) -> impl DoubleEndedIterator<Item = (&AllocId, &Arc<Allocation>)> {
         let lo = match range.start_bound() {
             Bound::Included(id) | Bound::Excluded(id) => chunk_of(*id),
             Bound::Unbounded => 0,
@@ -137,15 +130,15 @@ impl<V: Clone> ChunkMap<V> {
 
     /// Whether `other` shares every chunk with this map (a copy nothing
     /// changed since).
-    pub fn shares_all(&self, other: &ChunkMap<V>) -> bool {
+    pub fn shares_all(&self, other: &AllocMap) -> bool {
         self.chunks.len() == other.chunks.len()
             && self.chunks.values().zip(other.chunks.values()).all(|(a, b)| Arc::ptr_eq(a, b))
     }
 }
 
-impl<V: Clone> FromIterator<(AllocId, V)> for ChunkMap<V> {
-    fn from_iter<I: IntoIterator<Item = (AllocId, V)>>(iter: I) -> ChunkMap<V> {
-        let mut m = ChunkMap::new();
+impl FromIterator<(AllocId, Arc<Allocation>)> for AllocMap {
+    fn from_iter<I: IntoIterator<Item = (AllocId, Arc<Allocation>)>>(iter: I) -> AllocMap {
+        let mut m = AllocMap::new();
         for (id, a) in iter {
             m.insert(id, a);
         }
@@ -153,7 +146,7 @@ impl<V: Clone> FromIterator<(AllocId, V)> for ChunkMap<V> {
     }
 }
 
-impl<V: Clone + Serialize> Serialize for ChunkMap<V> {
+impl Serialize for AllocMap {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(Some(self.len))?;
@@ -164,18 +157,18 @@ impl<V: Clone + Serialize> Serialize for ChunkMap<V> {
     }
 }
 
-impl<'de, V: Clone + Deserialize<'de>> Deserialize<'de> for ChunkMap<V> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ChunkMap<V>, D::Error> {
-        let flat = BTreeMap::<AllocId, V>::deserialize(d)?;
+impl<'de> Deserialize<'de> for AllocMap {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<AllocMap, D::Error> {
+        let flat = BTreeMap::<AllocId, Arc<Allocation>>::deserialize(d)?;
         Ok(flat.into_iter().collect())
     }
 }
 
-impl<V: Clone> std::ops::Index<&AllocId> for ChunkMap<V> {
-    type Output = V;
+impl std::ops::Index<&AllocId> for AllocMap {
+    type Output = Arc<Allocation>;
 
-    /// The value of `id`; panics if it is not held, as `BTreeMap`'s does.
-    fn index(&self, id: &AllocId) -> &V {
+    /// Allocation `id`; panics if it is not held, as `BTreeMap`'s does.
+    fn index(&self, id: &AllocId) -> &Arc<Allocation> {
         self.get(id).expect("no allocation with this id")
     }
 }

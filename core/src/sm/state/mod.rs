@@ -70,7 +70,7 @@ pub use retention::{
 };
 
 mod allocmap;
-pub use allocmap::{AllocMap, ChunkMap};
+pub use allocmap::AllocMap;
 mod compactmap;
 pub use compactmap::CompactMap;
 mod arrays;
