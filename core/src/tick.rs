@@ -419,8 +419,11 @@ impl Tick {
         let mut cmds = plan_forced_teardowns(state, now, self.cfg.teardown_force_after_ms, &self.cfg.preemption);
         cmds.extend(plan_expired_nominations(state, now));
         cmds.extend(plan_drain_expiries(state, now));
-        cmds.extend(self.cfg.retention.and_then(|r| plan_forget(state, now, &r)));
+        // Compaction first: a forget in the same pass may take allocations
+        // the compaction would (both past their windows), and then the
+        // compaction would find nothing and be refused.
         cmds.extend(self.cfg.retention.and_then(|r| plan_compact(state, now, &r)));
+        cmds.extend(self.cfg.retention.and_then(|r| plan_forget(state, now, &r)));
         cmds
     }
 

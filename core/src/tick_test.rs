@@ -247,6 +247,27 @@ fn finished_allocations_are_forgotten_in_the_deadline_pass_after_the_retention_w
     assert!(t.next(&c.s, &h, &mut timers).is_none());
 }
 
+/// A leader that was not leading while allocations passed both windows
+/// (or a simulator whose clock jumps) finds a compaction and a forget due
+/// at once: the compaction goes first, so both are accepted (`c.ok`).
+#[test]
+fn a_compaction_and_a_forget_due_in_one_pass_are_both_accepted() {
+    let mut c = Fixture::new(1);
+    let job = submit(&mut c, 1);
+    c.ok(Command::CancelAllocation { alloc: job });
+    let retention = LeaderConfig::default().retention.expect("on by default");
+    let mut h = Heard::default();
+    let late = c.t + retention.retention_ms + retention.batch_ms;
+    h.lead_from(late);
+    let mut timers = PassTimers::default();
+    let passes = tick(&mut c, at(late), Wake::default(), &mut timers, &h);
+    assert!(
+        matches!(passes[0].commands(), [Command::CompactFinished { .. }, Command::ForgetFinished { .. }]),
+        "{passes:#?}"
+    );
+    assert!(c.s.was_forgotten(job));
+}
+
 #[test]
 fn more_finished_allocations_than_are_kept_whole_are_compacted_before_their_window_ends() {
     let mut c = Fixture::new(1);

@@ -17,6 +17,25 @@ fn t10_simulate_prints_a_summary_and_the_same_digest_twice() {
     assert_eq!(digest(&text), digest(&stdout(&muster(&args))));
 }
 
+/// With `--retention` the simulated replica compacts and forgets finished
+/// allocations as a server does (compaction and forget due in one pass,
+/// as the simulator's clock jumps, were once refused), and the report
+/// reads the same as without it.
+#[test]
+fn t234_simulate_with_retention_compacts_and_forgets_and_reports_the_same() {
+    let run = |extra: &[&str]| {
+        let args = [&["simulate", "--nodes", "20", "--allocations", "1000", "--seed", "7", "--json"], extra].concat();
+        let o = muster(&args);
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("valid JSON")
+    };
+    let (kept, retained) = (run(&[]), run(&["--retention", "2m"]));
+    for field in ["completed", "failed", "utilisation", "queue_delay_s", "tasks_started"] {
+        assert_eq!(kept[field], retained[field], "{field}");
+    }
+    assert!(retained["commands"].as_u64() > kept["commands"].as_u64(), "no compaction or forget: {retained}");
+}
+
 #[test]
 fn t20_simulate_json_has_the_reported_fields() {
     let o = muster(&["simulate", "--nodes", "10", "--allocations", "100", "--seed", "2", "--json"]);
