@@ -62,6 +62,22 @@ pub struct JobRecord {
     pub waits: crate::sm::WaitLog,
 }
 
+impl JobRecord {
+    /// The spec this record keeps: its owner, vCluster, class, priority,
+    /// gang, resources, command and shape. What it does not keep (the
+    /// environment, image, secrets, idempotency key) is left at its default.
+    pub fn spec(&self) -> AllocSpec {
+        let mut spec = AllocSpec::new(self.owner.clone(), self.gang_size, self.resources, self.command.clone());
+        spec.vcluster = self.vcluster.clone();
+        spec.preemption_class = self.class;
+        spec.priority = self.priority;
+        if let Some(shape) = &self.shape {
+            shape.apply_to(&mut spec);
+        }
+        spec
+    }
+}
+
 /// The parts of a spec that decide where and how long a job may run, kept
 /// so that a replay (`muster replay`) submits the same job again. The
 /// command, environment, secrets and image stay out: a replay runs nothing.

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use muster_core::history::JobRecord;
 use muster_core::policy::{AdmissionConfig, PreemptionConfig, RetentionConfig};
-use muster_core::sm::{AllocId, AllocSpec, AllocStatus, AttemptEnd, CheckpointMode, Command, VClusterSpec};
+use muster_core::sm::{AllocId, AllocStatus, AttemptEnd, CheckpointMode, Command, VClusterSpec};
 use serde::Serialize;
 
 use crate::engine::{SimConfig, SimError, Simulation};
@@ -71,13 +71,7 @@ pub fn workload_of(records: &[JobRecord], horizon_ms: u64) -> (Vec<Job>, Vec<usi
         .iter()
         .map(|&i| {
             let r = &records[i];
-            let mut spec = AllocSpec::new(r.owner.clone(), r.gang_size, r.resources, r.command.clone());
-            spec.vcluster = r.vcluster.clone();
-            spec.preemption_class = r.class;
-            spec.priority = r.priority;
-            if let Some(shape) = &r.shape {
-                shape.apply_to(&mut spec);
-            }
+            let spec = r.spec();
             let after_jobs = spec.after.deps.iter().map(|d| index_of.get(&d.on).copied()).collect();
             let checkpoints = spec.checkpoint != CheckpointMode::None;
             let mut runs = vec![Vec::new(); r.gang_size as usize];

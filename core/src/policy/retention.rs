@@ -11,10 +11,9 @@ use crate::sm::{Command, MAX_FORGET_PER_ENTRY, State};
 pub const DEFAULT_RETENTION_MS: u64 = 3 * 3_600_000;
 
 /// How long a finished allocation is held whole by default, before it is
-/// compacted to its outcome (the job history holds the rest): 1 minute. At
-/// 2,000 finishes a second a whole one costs about 2 KiB, so a minute of
-/// them is about 240 MB; a compacted one about 100 bytes
-/// (docs/performance.md, "Fleet scale").
+/// compacted to its outcome (the job history holds the rest): 1 minute. A
+/// whole one costs about 2.9 KiB and a compacted one 68 bytes
+/// (docs/performance.md, "How a replica's cost grows with work").
 pub const DEFAULT_DETAIL_MS: u64 = 60_000;
 
 /// The most finished allocations held whole by default, however recent:
@@ -65,7 +64,7 @@ impl Default for RetentionConfig {
             detail_ms: DEFAULT_DETAIL_MS,
             keep_whole: DEFAULT_KEEP_WHOLE,
             max_per_entry: MAX_FORGET_PER_ENTRY,
-            compact_per_entry: DEFAULT_COMPACT_PER_ENTRY.min(MAX_FORGET_PER_ENTRY),
+            compact_per_entry: DEFAULT_COMPACT_PER_ENTRY,
             batch_ms: 60_000,
         }
     }

@@ -10,6 +10,27 @@ fn forget(retention_ms: u64, key_window_ms: u64) -> Command {
     Command::ForgetFinished { retention_ms, key_window_ms, max: 100 }
 }
 
+/// Submits `n` allocations and cancels each, a second apart; their ids.
+fn cancelled_a_second_apart(f: &mut Fixture, n: usize) -> Vec<AllocId> {
+    (0..n)
+        .map(|_| {
+            let id = f.submit(spec(1, 1));
+            f.ok(Command::CancelAllocation { alloc: id });
+            f.t += 1_000;
+            id
+        })
+        .collect()
+}
+
+/// Submits an allocation with idempotency key `key` and cancels it; the
+/// spec (to retry with) and its id.
+fn keyed_and_cancelled(f: &mut Fixture, key: &str) -> (AllocSpec, AllocId) {
+    let keyed = AllocSpec { idempotency_key: Some(key.into()), ..spec(1, 1) };
+    let id = f.submit(keyed.clone());
+    f.ok(Command::CancelAllocation { alloc: id });
+    (keyed, id)
+}
+
 fn finish(f: &mut Fixture, id: AllocId, epoch: u64, gang: u32) {
     for i in 0..gang {
         f.ok(Command::FinishTask { alloc: id, task: i, node: n(i), epoch });
@@ -47,13 +68,7 @@ fn a_finished_allocation_is_forgotten_only_after_the_retention_window() {
 #[test]
 fn forgetting_is_oldest_first_bounded_per_entry_and_the_same_on_every_replica() {
     let mut f = Fixture::new(1);
-    let mut ids = Vec::new();
-    for _ in 0..5 {
-        let id = f.submit(spec(1, 1));
-        f.ok(Command::CancelAllocation { alloc: id });
-        ids.push(id);
-        f.t += 1_000;
-    }
+    let ids = cancelled_a_second_apart(&mut f, 5);
     let replica = f.s.clone();
     f.t += HOUR;
     let cmd = Command::ForgetFinished { retention_ms: HOUR, key_window_ms: 0, max: 2 };
@@ -85,10 +100,8 @@ fn a_forget_with_bad_parameters_is_refused() {
 #[test]
 fn an_idempotency_key_outlives_its_forgotten_allocation_until_its_window_ends() {
     let mut f = Fixture::new(1);
-    let keyed = AllocSpec { idempotency_key: Some("req-7".into()), ..spec(1, 1) };
     let submitted = f.t;
-    let id = f.submit(keyed.clone());
-    f.ok(Command::CancelAllocation { alloc: id });
+    let (keyed, id) = keyed_and_cancelled(&mut f, "req-7");
     f.t += HOUR;
     f.ok(forget(HOUR, 24 * HOUR));
     assert!(f.s.alloc(id).is_none());
@@ -117,9 +130,7 @@ fn an_idempotency_key_outlives_its_forgotten_allocation_until_its_window_ends() 
 #[test]
 fn a_key_whose_window_ended_before_its_allocation_is_dropped_with_it() {
     let mut f = Fixture::new(1);
-    let keyed = AllocSpec { idempotency_key: Some("old".into()), ..spec(1, 1) };
-    let id = f.submit(keyed.clone());
-    f.ok(Command::CancelAllocation { alloc: id });
+    let (keyed, id) = keyed_and_cancelled(&mut f, "old");
     f.t += 2 * HOUR;
     f.ok(forget(HOUR, HOUR));
     assert_eq!(f.s.forgotten_keys(), 0);
@@ -246,13 +257,7 @@ fn a_finished_allocation_is_compacted_after_the_detail_window_and_keeps_its_outc
 #[test]
 fn a_compaction_is_bounded_per_entry_the_same_on_every_replica_and_refuses_bad_parameters() {
     let mut f = Fixture::new(1);
-    let mut ids = Vec::new();
-    for _ in 0..5 {
-        let id = f.submit(spec(1, 1));
-        f.ok(Command::CancelAllocation { alloc: id });
-        ids.push(id);
-        f.t += 1_000;
-    }
+    let ids = cancelled_a_second_apart(&mut f, 5);
     f.t += MINUTE;
     let replica = f.s.clone();
     let cmd = Command::CompactFinished { detail_ms: MINUTE, keep_whole: MAX_KEEP_WHOLE, max: 2 };
@@ -276,10 +281,8 @@ fn a_compaction_is_bounded_per_entry_the_same_on_every_replica_and_refuses_bad_p
 #[test]
 fn a_compacted_allocation_keeps_its_idempotency_key_until_it_is_forgotten_and_the_window_ends() {
     let mut f = Fixture::new(1);
-    let keyed = AllocSpec { idempotency_key: Some("req-9".into()), ..spec(1, 1) };
     let submitted = f.t;
-    let id = f.submit(keyed.clone());
-    f.ok(Command::CancelAllocation { alloc: id });
+    let (keyed, id) = keyed_and_cancelled(&mut f, "req-9");
     f.t += MINUTE;
     f.ok(compact(MINUTE));
     assert!(f.s.alloc(id).is_none() && f.s.compacted(id).unwrap().key.is_some());
@@ -329,13 +332,7 @@ fn an_array_is_forgotten_only_once_its_compacted_elements_are() {
 #[test]
 fn beyond_the_most_held_whole_the_oldest_are_compacted_before_their_window_ends() {
     let mut f = Fixture::new(1);
-    let mut ids = Vec::new();
-    for _ in 0..5 {
-        let id = f.submit(spec(1, 1));
-        f.ok(Command::CancelAllocation { alloc: id });
-        ids.push(id);
-        f.t += 1_000;
-    }
+    let ids = cancelled_a_second_apart(&mut f, 5);
     assert!(!f.s.compact_due(f.t, HOUR, 5) && f.s.compact_due(f.t, HOUR, 4));
     let cmd = |keep_whole| Command::CompactFinished { detail_ms: HOUR, keep_whole, max: 100 };
     assert_eq!(f.rejected(cmd(5)), Rejection::NothingToCompact);

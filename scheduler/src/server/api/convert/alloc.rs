@@ -121,7 +121,11 @@ pub fn spec_to_proto(s: &AllocSpec) -> v1::AllocationSpec {
         resources: Some(resources_to_proto(&s.resources)),
         preemption_class: u32::from(s.preemption_class),
         priority: s.priority,
-        checkpoint: checkpoint_mode_to_proto(s.checkpoint) as i32,
+        checkpoint: match s.checkpoint {
+            CheckpointMode::Auto => v1::CheckpointMode::Auto,
+            CheckpointMode::Manual => v1::CheckpointMode::Manual,
+            CheckpointMode::None => v1::CheckpointMode::None,
+        } as i32,
         walltime_s: s.walltime_s,
         max_retries: s.max_retries,
         command: s.command.clone(),
@@ -317,39 +321,7 @@ pub fn alloc_to_proto(a: &Allocation, state: &State) -> v1::Allocation {
 pub fn record_to_alloc_proto(r: &JobRecord, array_spec: Option<&AllocSpec>) -> v1::Allocation {
     let spec = match array_spec {
         Some(spec) => v1::AllocationSpec { idempotency_key: String::new(), ..spec_to_proto(spec) },
-        None => {
-            let mut spec = v1::AllocationSpec {
-                owner: r.owner.clone(),
-                gang_size: r.gang_size,
-                resources: Some(resources_to_proto(&r.resources)),
-                preemption_class: u32::from(r.class),
-                priority: r.priority,
-                command: r.command.clone(),
-                idempotency_key: r.idempotency_key.clone().unwrap_or_default(),
-                vcluster: r.vcluster.clone(),
-                ..Default::default()
-            };
-            if let Some(shape) = &r.shape {
-                spec.checkpoint = checkpoint_mode_to_proto(shape.checkpoint) as i32;
-                spec.walltime_s = shape.walltime_s;
-                spec.max_retries = shape.max_retries;
-                spec.vcluster_type = shape.vcluster_type.as_str().to_string();
-                spec.sensitive = shape.sensitive;
-                spec.checkpoint_estimate_s = shape.checkpoint_estimate_s;
-                spec.ports = Some(shape.ports);
-                spec.constraints = shape.placement.constraints.iter().map(ToString::to_string).collect();
-                spec.pack_by = shape.placement.pack_by.as_ref().map(ToString::to_string).unwrap_or_default();
-                spec.after = shape
-                    .after
-                    .deps
-                    .iter()
-                    .map(|d| v1::Dependency { id: d.on, when: d.when.as_str().to_string() })
-                    .collect();
-                spec.after_any_of = shape.after.any_of;
-                spec.keep_if_unsatisfiable = shape.after.keep_if_unsatisfiable;
-            }
-            spec
-        }
+        None => spec_to_proto(&AllocSpec { idempotency_key: r.idempotency_key.clone(), ..r.spec() }),
     };
     let task_status = match r.status {
         AllocStatus::Done => TaskStatus::Done,
@@ -388,14 +360,6 @@ pub fn record_to_alloc_proto(r: &JobRecord, array_spec: Option<&AllocSpec>) -> v
         array_index: r.array.map_or(0, |(_, i)| i),
         compacted: true,
         ..Default::default()
-    }
-}
-
-fn checkpoint_mode_to_proto(m: CheckpointMode) -> v1::CheckpointMode {
-    match m {
-        CheckpointMode::Auto => v1::CheckpointMode::Auto,
-        CheckpointMode::Manual => v1::CheckpointMode::Manual,
-        CheckpointMode::None => v1::CheckpointMode::None,
     }
 }
 
