@@ -310,7 +310,29 @@ pub fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
     Ok(peers)
 }
 
+/// Memory blocks from this size up come from their own mappings, which go
+/// back to the system when freed.
+const MMAP_THRESHOLD: usize = 1 << 20;
+
+/// Makes large buffers (a snapshot's tens of megabytes, its encoding, a
+/// follower's batch of entries) come from their own mappings and go back to
+/// the system when freed. By default glibc raises that threshold to the
+/// largest such block freed (up to 32 MiB), and from then on carves these
+/// buffers from its heaps and keeps their pages: the leader's resident
+/// memory grew by about a snapshot's size with each snapshot it built
+/// (docs/performance.md, "Fleet scale"). `MALLOC_MMAP_THRESHOLD_` in the
+/// environment still decides when set.
+pub fn return_large_buffers_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        // SAFETY: mallopt sets one of the allocator's parameters; glibc
+        // takes its own lock for it.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as libc::c_int) };
+    }
+}
+
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
+    return_large_buffers_to_the_system();
     if args.id == 0 {
         bail!("--id: replica ids start at 1");
     }
@@ -484,6 +506,35 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A block over the threshold is mapped on its own even after a larger
+    /// one was freed (which, left to glibc, raises the threshold past it and
+    /// keeps such blocks in the heap). Measured in a child process running
+    /// only this test, so that no other test allocates meanwhile.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn large_buffers_are_mapped_on_their_own_after_a_larger_one_is_freed() {
+        const NAME: &str = "server::tests::large_buffers_are_mapped_on_their_own_after_a_larger_one_is_freed";
+        if std::env::var_os("MUSTER_MALLOC_PROBE").is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--test-threads", "1", "--nocapture"])
+                .env("MUSTER_MALLOC_PROBE", "1")
+                .env_remove("MALLOC_MMAP_THRESHOLD_")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && text.contains("1 passed"), "{text}");
+            return;
+        }
+        return_large_buffers_to_the_system();
+        let mapped = || unsafe { libc::mallinfo2() }.hblkhd;
+        drop(std::hint::black_box(vec![1u8; 16 * MMAP_THRESHOLD]));
+        let before = mapped();
+        let buffer = std::hint::black_box(vec![1u8; 2 * MMAP_THRESHOLD]);
+        assert!(mapped() >= before + 2 * MMAP_THRESHOLD, "a 2 MiB buffer was carved from the heap");
+        drop(buffer);
+        assert!(mapped() < before + 2 * MMAP_THRESHOLD, "its mapping was kept after it was freed");
+    }
 
     #[test]
     fn peers_parse_and_bad_lists_are_named() {

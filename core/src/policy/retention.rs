@@ -12,7 +12,7 @@ pub const DEFAULT_RETENTION_MS: u64 = 3 * 3_600_000;
 
 /// How long a finished allocation is held whole by default, before it is
 /// compacted to its outcome (the job history holds the rest): 1 minute. A
-/// whole one costs about 2.9 KiB and a compacted one 68 bytes
+/// whole one costs about 2.9 KiB and a compacted one 44 bytes
 /// (docs/performance.md, "How a replica's cost grows with work").
 pub const DEFAULT_DETAIL_MS: u64 = 60_000;
 

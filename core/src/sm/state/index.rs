@@ -218,8 +218,7 @@ impl State {
         }
         let mut ended_now = false;
         let end = (a.finished_at_ms.unwrap_or(a.submit_time_ms), id);
-        if a.status.is_terminal() && self.index.finished.insert(end) {
-            self.index.detailed.insert(end);
+        if a.status.is_terminal() && self.index.detailed.insert(end) {
             if a.finish_seq == 0 {
                 ended_now = true;
                 self.finished_total += 1;
@@ -414,7 +413,9 @@ impl State {
         self.index.key_expiry =
             self.forgotten_keys.iter().map(|((owner, key), f)| (f.expires_ms, owner.clone(), key.clone())).collect();
         self.index.finished_arrays = self.arrays.values().filter_map(|a| Some((a.finished_at_ms?, a.id))).collect();
-        self.index.finished = self.compacted.iter().map(|(&id, c)| (c.end_ms, id)).collect();
+        let mut by_end: Vec<(u64, AllocId)> = self.compacted.iter().map(|(&id, c)| (c.end_ms, id)).collect();
+        by_end.sort_unstable();
+        self.index.compacted_by_end = by_end.into_iter().map(|(_, id)| id).collect();
         self.index.workflow_steps = self
             .workflows
             .values()

@@ -5,7 +5,7 @@
 //! ```text
 //!   finished (done, failed, cancelled) at t
 //!     ── CompactFinished at t + detail ──▶ compacted: status, whether it started, its end,
-//!                                          its key's spec hash (68 bytes, not 2.9 KiB);
+//!                                          its key's spec hash (44 bytes, not 2.9 KiB);
 //!                                          get/watch answer from the job history's record
 //!     ── ForgetFinished at t + retention ──▶ gone
 //!                                          (ids are never reused: get/watch answer
@@ -162,6 +162,7 @@ impl State {
             });
             let c = Compacted { status: a.status, started: a.ever_started(), end_ms: end, key };
             self.compacted.insert(id, c);
+            self.queue_compacted(end, id);
         }
         Ok(vec![Event::Compacted { allocs: due.len() as u32, through_ms }])
     }
@@ -177,9 +178,49 @@ impl State {
         self.finished_total
     }
 
-    /// Finished allocations still held, oldest end first, as (end, id).
+    /// Finished allocations still held, whole or compacted, oldest end
+    /// first, as (end, id).
     pub fn finished(&self) -> impl Iterator<Item = (u64, AllocId)> + '_ {
-        self.index.finished.iter().copied()
+        self.finished_through(u64::MAX, usize::MAX).into_iter()
+    }
+
+    /// The finished allocations held, whole or compacted, that ended by
+    /// `cutoff`: at most `max`, oldest (end, id) first.
+    fn finished_through(&self, cutoff: u64, max: usize) -> Vec<(u64, AllocId)> {
+        let by_end = |&(end, _): &(u64, AllocId)| end <= cutoff;
+        let mut whole = self.index.detailed.iter().copied().take_while(by_end).peekable();
+        let mut compacted =
+            self.index.compacted_by_end.iter().map(|&id| (self.compacted_end(id), id)).take_while(by_end).peekable();
+        let mut out = Vec::new();
+        while out.len() < max {
+            let next = match (whole.peek(), compacted.peek()) {
+                (Some(w), Some(c)) if w < c => whole.next(),
+                (Some(_), None) => whole.next(),
+                _ => compacted.next(),
+            };
+            let Some(next) = next else { break };
+            out.push(next);
+        }
+        out
+    }
+
+    /// The end of compacted allocation `id`.
+    fn compacted_end(&self, id: AllocId) -> u64 {
+        self.compacted.get(&id).expect("a queued allocation is compacted").end_ms
+    }
+
+    /// Queues compacted allocation `id`, which ended at `end`, in
+    /// `compacted_by_end`: at the back unless one compacted before it ended
+    /// in the same millisecond with a higher id.
+    fn queue_compacted(&mut self, end: u64, id: AllocId) {
+        let before = |&other: &AllocId| (self.compacted_end(other), other) < (end, id);
+        let queue = &self.index.compacted_by_end;
+        if queue.back().is_none_or(before) {
+            self.index.compacted_by_end.push_back(id);
+        } else {
+            let at = queue.partition_point(before);
+            self.index.compacted_by_end.insert(at, id);
+        }
     }
 
     /// Idempotency keys kept after their allocation was forgotten.
@@ -190,7 +231,7 @@ impl State {
     /// Whether a forget at `now_ms` with this retention has something to do.
     pub fn forget_due(&self, now_ms: u64, retention_ms: u64) -> bool {
         let cutoff = now_ms.saturating_sub(retention_ms);
-        self.index.finished.first().is_some_and(|&(end, _)| end <= cutoff)
+        !self.finished_through(cutoff, 1).is_empty()
             || self.index.key_expiry.first().is_some_and(|(exp, _, _)| *exp <= now_ms)
     }
 
@@ -205,8 +246,7 @@ impl State {
         }
         let now = self.now_ms;
         let cutoff = now.saturating_sub(retention_ms);
-        let allocs: Vec<(u64, AllocId)> =
-            self.index.finished.iter().take_while(|(end, _)| *end <= cutoff).take(max as usize).copied().collect();
+        let allocs = self.finished_through(cutoff, max as usize);
         let keys: Vec<(u64, String, String)> =
             self.index.key_expiry.iter().take_while(|(exp, _, _)| *exp <= now).take(max as usize).cloned().collect();
         let arrays = self.arrays_to_forget(cutoff, max as usize, &allocs);
@@ -220,7 +260,6 @@ impl State {
         let mut through_ms = 0;
         for &(end, id) in &allocs {
             through_ms = end;
-            self.index.finished.remove(&(end, id));
             self.forgotten_allocs += 1;
             if let Some(a) = self.allocs.remove(&id) {
                 self.index.detailed.remove(&(end, id));
@@ -229,6 +268,8 @@ impl State {
                 let key = a.spec.idempotency_key.as_deref();
                 self.retire_key(&a.spec.owner, key, id, expires_ms, || spec_sha256(&a.spec));
             } else {
+                let front = self.index.compacted_by_end.pop_front();
+                assert_eq!(front, Some(id), "compacted allocations are forgotten oldest first");
                 let c = self.compacted.remove(&id).expect("a finished allocation is held, whole or compacted");
                 self.entomb(id, Tombstone { status: c.status, started: c.started });
                 if let Some(k) = c.key {

@@ -345,3 +345,30 @@ fn beyond_the_most_held_whole_the_oldest_are_compacted_before_their_window_ends(
     assert!(matches!(f.ok(cmd(2))[..], [Event::Compacted { allocs: 2, .. }]));
     assert_eq!(f.s.detailed_len(), 0);
 }
+
+#[test]
+fn an_allocation_compacted_after_a_later_id_that_ended_in_the_same_millisecond_is_forgotten_first() {
+    let mut f = Fixture::new(1);
+    let (first, second, third) = (f.submit(spec(1, 1)), f.submit(spec(1, 1)), f.submit(spec(1, 1)));
+    let compact_all = Command::CompactFinished { detail_ms: HOUR, keep_whole: 0, max: 100 };
+    // The higher id ends and is compacted first; the lower one ends in the
+    // same millisecond and is compacted after it.
+    f.ok(Command::CancelAllocation { alloc: second });
+    f.ok(compact_all.clone());
+    f.ok(Command::CancelAllocation { alloc: first });
+    f.ok(compact_all);
+    assert!(f.s.compacted(first).is_some() && f.s.compacted(second).is_some());
+    f.t += 1_000;
+    f.ok(Command::CancelAllocation { alloc: third });
+    let ended = f.t;
+    // Retention's order is (end, id), whole and compacted together.
+    assert_eq!(f.s.finished().collect::<Vec<_>>(), [(ended - 1_000, first), (ended - 1_000, second), (ended, third)]);
+    f.t = ended + HOUR;
+    let one = Command::ForgetFinished { retention_ms: HOUR, key_window_ms: 0, max: 1 };
+    f.ok(one.clone());
+    assert!(!f.s.holds(first) && f.s.holds(second) && f.s.holds(third));
+    f.ok(one);
+    assert!(!f.s.holds(second) && f.s.holds(third));
+    f.ok(forget(HOUR, 0));
+    assert_eq!(f.s.finished().count(), 0);
+}
