@@ -30,7 +30,8 @@ pub struct AllocMap {
     len: usize,
 }
 
-fn chunk_of(id: AllocId) -> u64 {
+/// The chunk holding `id` (compacted allocations are chunked the same way).
+pub(super) fn chunk_of(id: AllocId) -> u64 {
     id >> CHUNK_BITS
 }
 

@@ -12,19 +12,13 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::Compacted;
+use super::allocmap::chunk_of;
 use crate::sm::AllocId;
-
-/// Ids per chunk, as a power of two.
-const CHUNK_BITS: u32 = 10;
 
 /// Entries a full chunk grows by: its spare room stays under 2 KiB.
 const GROW_BY: usize = 64;
 
 type Chunk = Vec<(AllocId, Compacted)>;
-
-fn chunk_of(id: AllocId) -> u64 {
-    id >> CHUNK_BITS
-}
 
 /// Compacted allocations by id (see the module's doc).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

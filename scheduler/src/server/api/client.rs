@@ -70,9 +70,7 @@ fn held(st: &crate::sm::State, id: AllocId) -> Result<Held, Status> {
     if let Some(a) = st.alloc(id) {
         return Ok(Held::Whole(Box::new(alloc_to_proto(a, st))));
     }
-    if !st.holds(id) {
-        return Err(alloc_missing(st, id));
-    }
+    st.compacted(id).ok_or_else(|| alloc_missing(st, id))?;
     let array_spec = st.array_of(id).map(|(array, _)| Box::new(array.spec.clone()));
     Ok(Held::Compacted { array_spec })
 }
