@@ -280,6 +280,37 @@ async fn ready_nodes(ch: &Channel) -> usize {
     }
 }
 
+/// The leader's memory when the run passed one of its marks.
+struct Mark {
+    /// Distinct tasks started by then.
+    started: u64,
+    /// The leader's resident memory, KiB.
+    rss_kib: u64,
+    /// Its latest snapshot, bytes.
+    snapshot: u64,
+    /// Allocations it holds whole, and compacted.
+    whole: u64,
+    compacted: u64,
+    /// Its allocator's live allocations, and what it keeps resident, bytes.
+    allocated: u64,
+    kept: u64,
+}
+
+impl Mark {
+    fn read(started: u64, rss_kib: u64, l: &Scrape) -> Mark {
+        let (whole, compacted) = held(l);
+        Mark {
+            started,
+            rss_kib,
+            snapshot: l.value("muster_raft_snapshot_bytes") as u64,
+            whole,
+            compacted,
+            allocated: l.value("muster_allocator_allocated_bytes") as u64,
+            kept: l.value("muster_allocator_resident_bytes") as u64,
+        }
+    }
+}
+
 /// Allocations the leader holds whole, and compacted (its gauges).
 fn held(l: &Scrape) -> (u64, u64) {
     (l.value("muster_sm_allocations") as u64, l.value("muster_sm_compacted_allocations") as u64)
@@ -532,7 +563,7 @@ fn main() {
         // The leader's resident memory and latest snapshot when 10 %, 50 %
         // and all of the tasks had started.
         let marks = [tasks / 10, tasks / 2, tasks];
-        let mut at_marks: Vec<(u64, u64, u64, (u64, u64))> = Vec::new();
+        let mut at_marks: Vec<Mark> = Vec::new();
         let mut last_scrape = Instant::now();
         // The replica the submitters talk to; elections nobody caused
         // (no kill) are followed, and counted.
@@ -587,7 +618,7 @@ fn main() {
                 if let Some(&mark) = marks.get(at_marks.len())
                     && distinct >= mark
                 {
-                    at_marks.push((distinct, usage(pid).1, l.value("muster_raft_snapshot_bytes") as u64, held(&l)));
+                    at_marks.push(Mark::read(distinct, usage(pid).1, &l));
                 }
                 if !smoke && last_line.0.elapsed() >= Duration::from_secs(10) {
                     let secs = last_line.0.elapsed().as_secs_f64();
@@ -638,7 +669,7 @@ fn main() {
         let ended = Scrape::of(&https[last]);
         if failover.is_none() && at_marks.len() < marks.len() {
             let distinct = starts.distinct_work.load(Ordering::Relaxed);
-            at_marks.push((distinct, rss1, ended.value("muster_raft_snapshot_bytes") as u64, held(&ended)));
+            at_marks.push(Mark::read(distinct, rss1, &ended));
         }
         let rss_peak = rss_peak.await.unwrap_or(0).max(rss1);
         let mut lat = probe.await.unwrap_or_default();
@@ -727,15 +758,20 @@ fn main() {
         );
         println!("  history writer: largest backlog {history_backlog} records (muster_history_missing, per second)");
         if !at_marks.is_empty() {
-            let first = at_marks[0].1.max(1) as f64;
+            let first = at_marks[0].rss_kib.max(1) as f64;
+            let first_heap = at_marks[0].allocated.max(1) as f64;
             let marks: Vec<String> = at_marks
                 .iter()
-                .map(|(n, rss, snap, (whole, compacted))| {
+                .map(|Mark { started: n, rss_kib: rss, snapshot: snap, whole, compacted, allocated: heap, kept }| {
                     format!(
-                        "{n} started: {} MiB ({:+.0} %), snapshot {:.1} MB, {whole} allocations held whole and \
-                         {compacted} compacted",
+                        "{n} started: {} MiB ({:+.0} %; live allocations {} MiB, {:+.0} %; the allocator's \
+                         resident {} MiB), snapshot {:.1} MB, {whole} allocations held whole and {compacted} \
+                         compacted",
                         rss / 1024,
                         (*rss as f64 / first - 1.0) * 100.0,
+                        heap >> 20,
+                        (*heap as f64 / first_heap - 1.0) * 100.0,
+                        kept >> 20,
                         *snap as f64 / 1e6
                     )
                 })
@@ -789,6 +825,7 @@ fn main() {
             assert!(!lat.is_empty(), "the probe's jobs started");
             assert!(entries > 0 && appended > 0.0, "the log's figures were read");
             assert!(syncs > 0.0, "the fan-out's figures were read");
+            assert!(ended.value("muster_allocator_allocated_bytes") > 0.0, "the allocator's figures were read");
             let (_, elected, back) = failover.expect("the leader was killed");
             let elected = elected.expect("a successor was elected").1;
             assert!(starts.first_after(elected).is_some(), "placements resumed on the successor");

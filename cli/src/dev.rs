@@ -97,6 +97,7 @@ fn parse_node_labels(flags: &[String], agents: u32) -> anyhow::Result<Vec<BTreeM
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    crate::server::publish_allocator_figures();
     if args.agents == 0 {
         bail!("--agents must be at least 1");
     }

@@ -312,27 +312,39 @@ pub fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
 
 /// Memory blocks from this size up come from their own mappings, which go
 /// back to the system when freed.
-const MMAP_THRESHOLD: usize = 1 << 20;
+/// The allocator's own figures: bytes held by live allocations, and bytes
+/// it keeps resident (those plus its metadata and the freed pages it has
+/// not returned yet). `None` when jemalloc cannot say.
+pub fn allocator_figures() -> Option<(u64, u64)> {
+    tikv_jemalloc_ctl::epoch::advance().ok()?;
+    let allocated = tikv_jemalloc_ctl::stats::allocated::read().ok()?;
+    let resident = tikv_jemalloc_ctl::stats::resident::read().ok()?;
+    Some((allocated as u64, resident as u64))
+}
 
-/// Makes large buffers (a snapshot's tens of megabytes, its encoding, a
-/// follower's batch of entries) come from their own mappings and go back to
-/// the system when freed. By default glibc raises that threshold to the
-/// largest such block freed (up to 32 MiB), and from then on carves these
-/// buffers from its heaps and keeps their pages: the leader's resident
-/// memory grew by about a snapshot's size with each snapshot it built
-/// (docs/performance.md, "Fleet scale"). `MALLOC_MMAP_THRESHOLD_` in the
-/// environment still decides when set.
-pub fn return_large_buffers_to_the_system() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
-        // SAFETY: mallopt sets one of the allocator's parameters; glibc
-        // takes its own lock for it.
-        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as libc::c_int) };
-    }
+/// Publishes [`allocator_figures`] as `muster_allocator_allocated_bytes` and
+/// `muster_allocator_resident_bytes`, once a second, from one thread per
+/// process (`muster dev` runs three servers in one; they share the figures).
+pub fn publish_allocator_figures() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new().name("allocator-figures".into()).spawn(|| {
+            loop {
+                if let Some((allocated, resident)) = allocator_figures() {
+                    metrics::gauge!("muster_allocator_allocated_bytes").set(allocated as f64);
+                    metrics::gauge!("muster_allocator_resident_bytes").set(resident as f64);
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the thread that publishes the allocator's figures");
+        }
+    });
 }
 
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
-    return_large_buffers_to_the_system();
+    publish_allocator_figures();
     if args.id == 0 {
         bail!("--id: replica ids start at 1");
     }
@@ -507,33 +519,31 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// A block over the threshold is mapped on its own even after a larger
-    /// one was freed (which, left to glibc, raises the threshold past it and
-    /// keeps such blocks in the heap). Measured in a child process running
-    /// only this test, so that no other test allocates meanwhile.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    /// The binary's allocations go through jemalloc (`main.rs`), so its
+    /// figures follow a large buffer in and out. Measured in a child process
+    /// running only this test, so that no other test allocates meanwhile.
     #[test]
-    fn large_buffers_are_mapped_on_their_own_after_a_larger_one_is_freed() {
-        const NAME: &str = "server::tests::large_buffers_are_mapped_on_their_own_after_a_larger_one_is_freed";
-        if std::env::var_os("MUSTER_MALLOC_PROBE").is_none() {
+    fn the_allocator_figures_follow_a_large_buffer() {
+        const NAME: &str = "server::tests::the_allocator_figures_follow_a_large_buffer";
+        const SIZE: u64 = 64 << 20;
+        if std::env::var_os("MUSTER_ALLOCATOR_PROBE").is_none() {
             let out = std::process::Command::new(std::env::current_exe().unwrap())
                 .args(["--exact", NAME, "--test-threads", "1", "--nocapture"])
-                .env("MUSTER_MALLOC_PROBE", "1")
-                .env_remove("MALLOC_MMAP_THRESHOLD_")
+                .env("MUSTER_ALLOCATOR_PROBE", "1")
                 .output()
                 .unwrap();
             let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success() && text.contains("1 passed"), "{text}");
             return;
         }
-        return_large_buffers_to_the_system();
-        let mapped = || unsafe { libc::mallinfo2() }.hblkhd;
-        drop(std::hint::black_box(vec![1u8; 16 * MMAP_THRESHOLD]));
-        let before = mapped();
-        let buffer = std::hint::black_box(vec![1u8; 2 * MMAP_THRESHOLD]);
-        assert!(mapped() >= before + 2 * MMAP_THRESHOLD, "a 2 MiB buffer was carved from the heap");
+        let (before, _) = allocator_figures().expect("jemalloc's statistics");
+        let buffer = std::hint::black_box(vec![1u8; SIZE as usize]);
+        let (during, resident) = allocator_figures().unwrap();
+        assert!(during >= before + SIZE, "allocated {before} → {during}: the buffer did not come from jemalloc");
+        assert!(resident >= SIZE, "resident {resident} while a written {SIZE}-byte buffer is live");
         drop(buffer);
-        assert!(mapped() < before + 2 * MMAP_THRESHOLD, "its mapping was kept after it was freed");
+        let (after, _) = allocator_figures().unwrap();
+        assert!(after + SIZE <= during, "allocated {during} → {after} after the buffer was freed");
     }
 
     #[test]

@@ -209,6 +209,24 @@ fn listener(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(1024)
 }
 
+/// Listens again on a stopped replica's address (its peers know it by
+/// that). While it was down the kernel may have handed its port to another
+/// socket as an outgoing connection's local port; that lasts only as long
+/// as the connection, so a bind refused as in use is tried again for up to
+/// 30 s.
+async fn relisten(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match listener(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tokio::time::Instant::now() < deadline => {
+                tracing::warn!(%addr, "a replica's port is still in use; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
 /// The file in a cluster's data dir that records its replicas' addresses,
 /// one per line, so that the cluster can be started again on its data.
 pub const ADDRS_FILE: &str = "replica-addrs";
@@ -534,7 +552,7 @@ impl LocalCluster {
     /// Starts replica `id` again from its data dir, on its old address.
     pub async fn restart_replica(&mut self, id: u64) -> Result<(), String> {
         self.stop_replica(id).await;
-        let l = listener(&self.addrs[id as usize - 1]).map_err(|e| e.to_string())?;
+        let l = relisten(&self.addrs[id as usize - 1]).await.map_err(|e| e.to_string())?;
         let r = Replica::start(self.replica_config(id), l).await.map_err(|e| e.to_string())?;
         self.replicas[id as usize - 1] = Some(r);
         Ok(())
@@ -559,5 +577,27 @@ impl LocalCluster {
             stopping.spawn(r.shutdown());
         }
         while stopping.join_next().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica restarted while its port is held by another socket gets it
+    /// once that socket lets go, rather than failing on the first refusal.
+    #[tokio::test]
+    async fn a_replica_port_held_by_another_socket_is_listened_on_once_it_is_free() {
+        let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = blocker.local_addr().unwrap().to_string();
+        let refused = listener(&addr).expect_err("the port is held");
+        assert_eq!(refused.kind(), std::io::ErrorKind::AddrInUse);
+        // The first attempt happens in the first poll, while the blocker
+        // still holds the port; it lets go a second later.
+        let (listened, ()) = tokio::join!(relisten(&addr), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(blocker);
+        });
+        assert_eq!(listened.expect("listening once the port is free").local_addr().unwrap().to_string(), addr);
     }
 }

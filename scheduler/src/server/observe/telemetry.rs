@@ -86,6 +86,16 @@ pub const REPLICA_METRICS: &[MetricDoc] = &[
         &[],
         "1 when the replica knows a leader and has applied every committed entry",
     ),
+    m(
+        "muster_allocator_allocated_bytes",
+        Gauge,
+        "bytes the process's live allocations hold (jemalloc's stats.allocated), read once a second",
+    ),
+    m(
+        "muster_allocator_resident_bytes",
+        Gauge,
+        "bytes of memory the process's allocator keeps resident: live allocations, its own metadata, and freed pages it has not yet returned (jemalloc's stats.resident), read once a second",
+    ),
     m("muster_raft_batch_commands", Histogram, "commands per proposed log entry (group commit)"),
     m("muster_raft_commit_seconds", Histogram, "proposal to applied, per entry"),
     m("muster_raft_apply_seconds", Histogram, "applying one batch of committed entries to the state machine"),

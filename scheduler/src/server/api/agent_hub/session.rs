@@ -19,6 +19,14 @@ pub(super) struct Session {
 }
 
 impl Session {
+    /// A stream from its `Register` to its end.
+    ///
+    /// Each stream's task lives as long as its agent stays connected, and
+    /// an async function's state is as large as its largest await: the
+    /// registration, a message's handling and a sync (each with a proposal
+    /// in flight) are boxed while they run, so that what every idle stream
+    /// keeps is the serve loop's own small state (about 12 KB a stream
+    /// before; docs/performance.md, "Agent streams").
     pub(super) async fn run(
         s: Consensus,
         own: HubHandles,
@@ -28,6 +36,24 @@ impl Session {
         mut inbound: Streaming<v1::AgentMessage>,
         tx: Outbound,
     ) -> Result<(), Status> {
+        let mut session = Box::pin(Self::register(s, own, cfg, preemption, peer, &mut inbound, tx)).await?;
+        let result = session.serve(inbound).await;
+        session.own.work.agents().detach(&session.node, &session.tx);
+        result
+    }
+
+    /// Takes the stream's `Register`, registers the node through Raft,
+    /// answers `Registered`, reconciles what the agent runs, sends the first
+    /// sync and attaches the stream to its node.
+    async fn register(
+        s: Consensus,
+        own: HubHandles,
+        cfg: HubConfig,
+        preemption: PreemptionConfig,
+        peer: super::Peer,
+        inbound: &mut Streaming<v1::AgentMessage>,
+        tx: Outbound,
+    ) -> Result<Session, Status> {
         let first = tokio::time::timeout(cfg.register_timeout, inbound.message())
             .await
             .map_err(|_| Status::deadline_exceeded("no Register within the registration timeout"))??;
@@ -113,10 +139,11 @@ impl Session {
         session.reconcile().await?;
         session.sync(false).await?;
         session.own.work.agents().attach(&session.node, &session.tx);
-        session.ready_if_pending().await?;
-        let result = session.serve(inbound).await;
-        session.own.work.agents().detach(&session.node, &session.tx);
-        result
+        if let Err(status) = session.ready_if_pending().await {
+            session.own.work.agents().detach(&session.node, &session.tx);
+            return Err(status);
+        }
+        Ok(session)
     }
 
     /// Serves the stream: messages from the agent, and a sync whenever an
@@ -134,20 +161,20 @@ impl Session {
             return Err(leader_status(&session.own.successor).await);
         }
         // Whatever applied between the first sync and the watch is not missed.
-        session.sync(false).await?;
+        Box::pin(session.sync(false)).await?;
         loop {
             tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(m)) => {
                         m.check_bounds()?;
-                        session.handle(m).await?
+                        Box::pin(session.handle(m)).await?
                     }
                     Ok(None) | Err(_) => {
                         tracing::info!(node = %session.node, "agent stream closed");
                         return Ok(());
                     }
                 },
-                () = touched.changed() => session.sync(false).await?,
+                () = touched.changed() => Box::pin(session.sync(false)).await?,
                 changed = leading.changed() => {
                     if changed.is_err() || !*leading.borrow_and_update() {
                         return Err(leader_status(&session.own.successor).await);
