@@ -310,8 +310,6 @@ pub fn parse_peers(list: &str) -> anyhow::Result<BTreeMap<u64, String>> {
     Ok(peers)
 }
 
-/// Memory blocks from this size up come from their own mappings, which go
-/// back to the system when freed.
 /// The allocator's own figures: bytes held by live allocations, and bytes
 /// it keeps resident (those plus its metadata and the freed pages it has
 /// not returned yet). `None` when jemalloc cannot say.

@@ -215,12 +215,12 @@ fn listener(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
 /// as the connection, so a bind refused as in use is tried again for up to
 /// 30 s.
 async fn relisten(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         match listener(addr) {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tokio::time::Instant::now() < deadline => {
                 tracing::warn!(%addr, "a replica's port is still in use; trying again");
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
             result => return result,
         }

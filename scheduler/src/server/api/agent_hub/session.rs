@@ -37,14 +37,18 @@ impl Session {
         tx: Outbound,
     ) -> Result<(), Status> {
         let mut session = Box::pin(Self::register(s, own, cfg, preemption, peer, &mut inbound, tx)).await?;
-        let result = session.serve(inbound).await;
+        session.own.work.agents().attach(&session.node, &session.tx);
+        let result = match Box::pin(session.ready_if_pending()).await {
+            Ok(()) => session.serve(inbound).await,
+            Err(status) => Err(status),
+        };
         session.own.work.agents().detach(&session.node, &session.tx);
         result
     }
 
     /// Takes the stream's `Register`, registers the node through Raft,
-    /// answers `Registered`, reconciles what the agent runs, sends the first
-    /// sync and attaches the stream to its node.
+    /// answers `Registered`, reconciles what the agent runs and sends the
+    /// first sync.
     async fn register(
         s: Consensus,
         own: HubHandles,
@@ -138,11 +142,6 @@ impl Session {
             .await?;
         session.reconcile().await?;
         session.sync(false).await?;
-        session.own.work.agents().attach(&session.node, &session.tx);
-        if let Err(status) = session.ready_if_pending().await {
-            session.own.work.agents().detach(&session.node, &session.tx);
-            return Err(status);
-        }
         Ok(session)
     }
 
