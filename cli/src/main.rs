@@ -19,12 +19,25 @@ macro_rules! out {
 /// jemalloc, not glibc's malloc. At a million tasks through 10,000 agent
 /// streams, glibc's thread arenas grew the leader's resident memory 20–36 %
 /// past its 100,000-task figure while a heap profile held the live data
-/// flat; with jemalloc the same runs stay within 16 %, and the leader's
+/// flat; with jemalloc the same runs stay within 12–20 %, and the leader's
 /// allocation-heavy paths (stream syncs, applies) run faster
 /// (docs/performance.md, "Fleet scale"). `muster_allocator_*` export its
 /// figures.
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read before `main`: one arena per CPU, each thread
+/// allocating from the arena of the CPU it runs on (jemalloc's default is
+/// four arenas per CPU, threads bound to them in turn). Memory one thread
+/// frees is then reused by whatever runs on that CPU next, so a leader's
+/// resident memory follows its live data more closely, with as many arenas
+/// as the machine has cores (docs/performance.md, "Fleet scale"). An
+/// operator's `_RJEM_MALLOC_CONF` is read after this and overrides it.
+#[used]
+// SAFETY: jemalloc declares this symbol weak and reads it as a C string;
+// this defines it once, as a NUL-terminated static.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: &[u8; 20] = b"percpu_arena:percpu\0";
 
 mod agent_cmd;
 mod alloc;

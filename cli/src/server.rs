@@ -544,6 +544,23 @@ mod tests {
         assert!(after + SIZE <= during, "allocated {during} → {after} after the buffer was freed");
     }
 
+    /// `main.rs` gives jemalloc one arena per CPU: the option is read, and
+    /// the arena count follows the CPUs this process may run on.
+    #[test]
+    fn jemalloc_keeps_one_arena_per_cpu() {
+        // SAFETY: `opt.percpu_arena` is a `const char *` in jemalloc, and it
+        // points to a static, NUL-terminated name.
+        let mode = unsafe {
+            let name = tikv_jemalloc_ctl::raw::read::<*const std::ffi::c_char>(b"opt.percpu_arena\0").unwrap();
+            std::ffi::CStr::from_ptr(name)
+        };
+        let mode = mode.to_str().unwrap();
+        assert_eq!(mode, "percpu", "the binary's malloc_conf was not read");
+        let arenas = tikv_jemalloc_ctl::arenas::narenas::read().unwrap() as usize;
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert!(arenas >= cpus && arenas < 4 * cpus.max(2), "{arenas} arenas for {cpus} CPUs");
+    }
+
     #[test]
     fn peers_parse_and_bad_lists_are_named() {
         let p = parse_peers("1=127.0.0.1:7001, 2=127.0.0.1:7002").unwrap();
