@@ -227,6 +227,13 @@ impl Watchdogs {
         }
     }
 
+    /// Whether beats count for anything: only a stall watchdog (a task
+    /// with a stall window) reads them, so without one the progress file
+    /// is not read at all (at fleet scale, a file lookup per task per poll).
+    pub fn wants_beats(&self) -> bool {
+        self.limits.stall.is_some()
+    }
+
     /// Whether the stall watchdog is armed (has seen a beat).
     pub fn armed(&self) -> bool {
         !matches!(self.stall, Stall::Inert)
@@ -485,6 +492,18 @@ mod tests {
         }
         assert_eq!(u.mean_util_pct(), Some(77), "(40 + 90 + 100) / 3: a reading over 100 counts as 100");
         assert_eq!(u.peak_memory_bytes, 900 << 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_stall_window_asks_for_the_progress_files_beats() {
+        let now = Instant::now();
+        assert!(Watchdogs::new(cfg(), stall_only(120), now).wants_beats());
+        for limits in [
+            Limits { budget: Some(Duration::from_secs(3_600)), stall: None, gpu_health: true },
+            Limits { budget: None, stall: None, gpu_health: false },
+        ] {
+            assert!(!Watchdogs::new(cfg(), limits, now).wants_beats(), "{limits:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

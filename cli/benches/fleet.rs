@@ -7,9 +7,15 @@
 //!
 //! The workload: job arrays of one-GPU elements (`--array-size`, default
 //! 10,000), each followed by `--gangs-per-array` four-task gangs of whole
-//! nodes, until `--tasks` tasks are submitted; and a probe that submits a
-//! one-GPU job every 500 ms, at a higher priority than the backlog, and
-//! times submit → running through its `Watch` stream. It runs until every task has started (or `--max-seconds`).
+//! nodes, from `--submitters` users at once (default 4), each submitting
+//! its share of `--tasks`, together keeping at most `--backlog` tasks
+//! (default 50,000) submitted and not yet started; and a probe that
+//! submits a one-GPU job every 500 ms, at a higher priority than the
+//! backlog, and times submit → running through its `Watch` stream, by step
+//! (the entries that submitted, reserved and started it). The submitters
+//! and the probe run on their own thread and connections, apart from the
+//! agents' runtime. It runs until every task has started (or
+//! `--max-seconds`).
 //!
 //! It reports: registration time; tasks started per second (overall, and
 //! sustained between the 10th and the 90th percent of starts); the probe's
@@ -19,12 +25,16 @@
 //! agent-sync fan-out per entry; the snapshots built (copy under the lock,
 //! encoding, size); the history writer's largest backlog; leader changes it
 //! did not cause (it follows them). Every 10 s it prints a line of the run
-//! on stderr; with `MUSTER_FLEET_LOGS=DIR` the servers' logs and a /metrics
-//! scrape every 10 s go there. `--snapshot-every N` is passed to the servers.
+//! on stderr; with `MUSTER_FLEET_LOGS=DIR` the servers' logs, a /metrics
+//! scrape every 10 s and the agents' warnings (`agents.log`) go there. It
+//! also reports the leader's proposals (entries, commands per entry and per
+//! task, proposal to outcome) and admission passes. `--snapshot-every N` is
+//! passed to the servers.
 //!
 //! Run: `cargo bench -p muster --bench fleet -- --nodes 10000 --tasks 1000000`.
 //! Options after `--`: `--nodes N` (default 1,000), `--tasks T` (default
 //! 100,000), `--array-size A`, `--gangs-per-array G` (default 10),
+//! `--submitters S`, `--backlog B`,
 //! `--mean-ms M` (a task's run time, uniform on [M/2, 3M/2], default 10,000),
 //! `--max-seconds S` (default 600), `--kill-leader-at K` (SIGKILL the leader
 //! at the K-th start: the successor's election, when placements resume and
@@ -58,6 +68,24 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use common::{Servers, free_port, usage};
+
+/// One probe's steps, from its submit: when its answer came, the times of
+/// the entries that submitted, reserved and started it (the leader's clock,
+/// on this machine), and when its start was seen on the watch.
+struct ProbeTimes {
+    /// When it was submitted.
+    at: Instant,
+    acked: Duration,
+    entered: Duration,
+    reserved: Duration,
+    started: Duration,
+    seen: Duration,
+}
+
+/// This machine's wall clock in ms (the leader stamps entries with it).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
 
 /// The probe's command (the workload's tasks run `train`).
 const PROBE: [&str; 2] = ["sleep", "1"];
@@ -226,6 +254,16 @@ impl Scrape {
         Scrape(common::metrics(http))
     }
 
+    /// The value of one series, named with its labels as the exposition
+    /// writes them (0 when absent).
+    fn series(&self, series: &str) -> f64 {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    }
+
     /// The first series of metric `name` (whatever its labels; 0 when
     /// absent).
     fn value(&self, name: &str) -> f64 {
@@ -235,6 +273,38 @@ impl Scrape {
             .and_then(|l| l.split_whitespace().last())
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0)
+    }
+}
+
+/// The address the users (submitters, probe) call: the leader's, replaced
+/// after a failover.
+#[derive(Clone)]
+struct LeaderAddr(Arc<Mutex<String>>);
+
+impl LeaderAddr {
+    fn set(&self, addr: &str) {
+        *self.0.lock().unwrap() = addr.to_string();
+    }
+
+    /// A client on `conn`, connected again when the leader's address
+    /// changed (`None` while it cannot connect).
+    async fn client(&self, conn: &mut Option<(String, Channel)>) -> Option<AllocationServiceClient<Channel>> {
+        let addr = self.0.lock().unwrap().clone();
+        if conn.as_ref().is_none_or(|(a, _)| *a != addr) {
+            let ch = muster_tls::endpoint(&addr, None).unwrap().connect().await.ok()?;
+            *conn = Some((addr, ch));
+        }
+        let ch = conn.as_ref().map(|(_, ch)| ch.clone())?;
+        Some(AllocationServiceClient::new(ch).max_decoding_message_size(64 << 20))
+    }
+
+    /// Submits `req` to the leader; whether it was accepted (within 30 s:
+    /// a call to a replica that stopped leading is given up, and retried).
+    async fn submit(&self, conn: &mut Option<(String, Channel)>, req: v1::SubmitRequest) -> bool {
+        match self.client(conn).await {
+            Some(mut c) => matches!(tokio::time::timeout(Duration::from_secs(30), c.submit(req)).await, Ok(Ok(_))),
+            None => false,
+        }
     }
 }
 
@@ -333,6 +403,8 @@ fn main() {
     // which fails (panics) unless every task started once, the failover
     // came back and the report's figures were read.
     let smoke = !std::env::args().any(|a| a == "--bench");
+    let submitters = common::opt("--submitters", if smoke { 2 } else { 4 }).clamp(1, 64);
+    let backlog = common::opt("--backlog", 50_000).max(1);
     let (nodes, tasks, array_size, gangs_per_array, mean_ms, max_seconds, kill_at) = if smoke {
         (20, 800, 200, 2, 1_000, 300, 400)
     } else {
@@ -352,8 +424,27 @@ fn main() {
     let logs = std::env::var_os("MUSTER_FLEET_LOGS").map(std::path::PathBuf::from);
     if let Some(dir) = &logs {
         std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("MUSTER_FLEET_LOGS={}: {e}", dir.display()));
+        // The agents' warnings (a task that did not start, a fence, a
+        // stream that failed) go there too.
+        let file = std::fs::File::create(dir.join("agents.log")).unwrap();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(Mutex::new(file))
+            .init();
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    // The submitters and the probe (the cluster's users) run on their own
+    // thread, with their own connections: on the agents' runtime they would
+    // wait behind 10,000 agents' work for a turn, and time this process's
+    // queue rather than the control plane's.
+    let users_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("fleet-users")
+        .enable_all()
+        .build()
+        .unwrap();
+    let users = users_rt.handle().clone();
     rt.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
         let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
@@ -474,70 +565,98 @@ fn main() {
         let started_before = starts.count.load(Ordering::Relaxed);
         let done = Arc::new(AtomicBool::new(false));
         // The submitters' channel: the leader's, replaced after a failover.
-        let current = Arc::new(Mutex::new(ch.clone()));
-        let client = {
+        let current = LeaderAddr(Arc::new(Mutex::new(addrs[leader].clone())));
+        // `submitters` users submit at once, each its share of the tasks,
+        // together keeping at most `backlog` tasks submitted and not yet
+        // started: one submitter alone waits for each submit's answer, and
+        // the queue ran dry between its arrays; unbounded, the whole run's
+        // tasks would queue at once.
+        let submitted_all = Arc::new(AtomicU64::new(0));
+        let submitting: Vec<_> = (0..submitters).map(|who| {
             let current = current.clone();
-            move || AllocationServiceClient::new(current.lock().unwrap().clone()).max_decoding_message_size(64 << 20)
-        };
-        let submitter = {
-            let client = client.clone();
-            tokio::spawn(async move {
-                // Each submit carries its own idempotency key: one retried
-                // across a failover (the old leader committed it but never
-                // answered) is answered with what it made, not made again.
-                let keyed = |mut spec: v1::AllocationSpec, k: u64| {
-                    spec.idempotency_key = format!("fleet-{k}");
-                    Some(spec)
-                };
+            let (starts, submitted_all) = (starts.clone(), submitted_all.clone());
+            let tasks = tasks / submitters + if who == 0 { tasks % submitters } else { 0 };
+            users.spawn(async move {
                 let (mut submitted, mut k) = (0u64, 0u64);
+                let mut conn = None;
                 while submitted < tasks {
-                    let n = array_size.min(tasks - submitted);
-                    let req = v1::SubmitRequest {
-                        spec: keyed(spec(1, 1, &["train"]), k),
-                        array: format!("0-{}", n - 1),
-                        ..Default::default()
+                    while submitted_all.load(Ordering::Relaxed)
+                        >= starts.distinct_work.load(Ordering::Relaxed) + backlog
+                    {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    // An array, then `gangs_per_array` gangs, in turn. Each
+                    // submit is retried with its idempotency key until
+                    // answered: one the old leader committed but never
+                    // answered (a failover) is answered with what it made,
+                    // not made again.
+                    let (mut spec, array, n) = match k % (gangs_per_array + 1) {
+                        0 => {
+                            let n = array_size.min(tasks - submitted);
+                            (spec(1, 1, &["train"]), format!("0-{}", n - 1), n)
+                        }
+                        _ => (spec(4, 8, &["train"]), String::new(), 4),
                     };
-                    if client().submit(req).await.is_ok() {
+                    spec.idempotency_key = format!("fleet-{who}-{k}");
+                    let req = v1::SubmitRequest { spec: Some(spec), array, ..Default::default() };
+                    if current.submit(&mut conn, req).await {
                         submitted += n;
+                        submitted_all.fetch_add(n, Ordering::Relaxed);
                         k += 1;
                     } else {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
-                    for _ in 0..gangs_per_array {
-                        if submitted >= tasks {
-                            break;
-                        }
-                        let req = v1::SubmitRequest { spec: keyed(spec(4, 8, &["train"]), k), ..Default::default() };
-                        if client().submit(req).await.is_ok() {
-                            submitted += 4;
-                            k += 1;
-                        }
-                    }
                 }
                 submitted
             })
-        };
+        }).collect();
         let probe = {
-            let client = client.clone();
+            let current = current.clone();
             let done = done.clone();
-            tokio::spawn(async move {
+            users.spawn(async move {
                 let mut lat = Vec::new();
+                let mut conn = None;
                 while !done.load(Ordering::Relaxed) {
                     let t0 = Instant::now();
+                    let t0_ms = wall_ms();
                     // Ahead of the backlog (a higher priority, the same
                     // class): the control plane's latency, not the queue's.
                     let mut probe = spec(1, 1, &PROBE);
                     probe.priority = 100;
                     let req = v1::SubmitRequest { spec: Some(probe), ..Default::default() };
-                    let mut c = client();
+                    let Some(mut c) = current.client(&mut conn).await else {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    };
                     if let Ok(r) = c.submit(req).await {
+                        let acked = t0.elapsed();
                         let id = r.into_inner().id;
                         if let Ok(w) = c.watch(v1::WatchRequest { id, from_revision: 0 }).await {
                             let mut events = w.into_inner();
-                            while let Ok(Some(e)) = events.message().await {
-                                if e.kind == "task_started" {
-                                    lat.push(t0.elapsed());
-                                    break;
+                            // The entries' times (the leader's clock, on
+                            // this machine), from the submit's.
+                            let at = |e: &v1::AllocationEvent| Duration::from_millis(e.time_ms.saturating_sub(t0_ms));
+                            let (mut entered, mut reserved) = (None, None);
+                            // A watch on a replica that stopped leading may
+                            // go quiet: the next probe goes on after 60 s.
+                            let quiet = tokio::time::sleep(Duration::from_secs(60));
+                            tokio::pin!(quiet);
+                            while let Ok(Some(e)) = tokio::select! {
+                                e = events.message() => e,
+                                _ = &mut quiet => Ok(None),
+                            } {
+                                match e.kind.as_str() {
+                                    "submitted" => entered = Some(at(&e)),
+                                    "gang_reserved" => reserved = Some(at(&e)),
+                                    "task_started" => {
+                                        let seen = t0.elapsed();
+                                        let started = at(&e).min(seen);
+                                        let reserved = reserved.unwrap_or(started).min(started);
+                                        let entered = entered.unwrap_or(reserved).min(reserved);
+                                        lat.push(ProbeTimes { at: t0, acked, entered, reserved, started, seen });
+                                        break;
+                                    }
+                                    _ => {}
                                 }
                             }
                         }
@@ -576,6 +695,7 @@ fn main() {
         }
         // A failover: (the kill, the successor elected, all streams on it).
         let mut failover: Option<Failover> = None;
+        let (mut last_idle_check, mut last_progress) = (Instant::now(), (Instant::now(), 0));
         let submitted = loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let started = starts.count.load(Ordering::Relaxed) - started_before;
@@ -585,9 +705,7 @@ fn main() {
                 let killed = Instant::now();
                 let next = find_leader(&addrs, Some(leader)).await;
                 let elected = Instant::now();
-                if let Ok(c) = muster_tls::endpoint(&addrs[next], None).unwrap().connect().await {
-                    *current.lock().unwrap() = c;
-                }
+                current.set(&addrs[next]);
                 failover = Some((killed, Some((next, elected)), None));
             }
             if let Some((_, Some((next, _)), back @ None)) = &mut failover
@@ -605,10 +723,8 @@ fn main() {
                 let l = scrapes.swap_remove(leading);
                 if l.value("muster_raft_is_leader") < 1.0 {
                     let next = find_leader(&addrs, None).await;
-                    if next != leading
-                        && let Ok(c) = muster_tls::endpoint(&addrs[next], None).unwrap().connect().await
-                    {
-                        *current.lock().unwrap() = c;
+                    if next != leading {
+                        current.set(&addrs[next]);
                         eprintln!("  replica {} leads now, at {:.0} s", next + 1, load.elapsed().as_secs_f64());
                         elections.push((load.elapsed().as_secs_f64(), next));
                         leading = next;
@@ -641,8 +757,32 @@ fn main() {
                     }
                 }
             }
-            if submitter.is_finished() && distinct >= tasks {
-                break tasks;
+            // When a task of the workload last started.
+            if distinct != last_progress.1 {
+                last_progress = (Instant::now(), distinct);
+            }
+            if submitting.iter().all(|s| s.is_finished()) {
+                if distinct >= tasks {
+                    break tasks;
+                }
+                // Tasks that will never start (an allocation that failed:
+                // a gang that could not be restarted whole) end the run
+                // once the leader has nothing queued or reserved and no
+                // task of the workload has started for 20 s (longer than
+                // any runs).
+                if last_idle_check.elapsed() >= Duration::from_secs(1)
+                    && last_progress.0.elapsed() >= Duration::from_secs(20)
+                {
+                    last_idle_check = Instant::now();
+                    let now_leading = failover.as_ref().and_then(|f| f.1).map_or(leading, |(next, _)| next);
+                    let l = Scrape::of(&https[now_leading]);
+                    if l.value("muster_raft_is_leader") >= 1.0
+                        && l.value("muster_sm_queue_depth") == 0.0
+                        && l.series("muster_gpus{state=\"reserved\"}") == 0.0
+                    {
+                        break tasks;
+                    }
+                }
             }
             if load.elapsed() > Duration::from_secs(max_seconds) {
                 println!("stopped after {max_seconds} s with {started} of {tasks} tasks started");
@@ -672,8 +812,16 @@ fn main() {
             at_marks.push(Mark::read(distinct, rss1, &ended));
         }
         let rss_peak = rss_peak.await.unwrap_or(0).max(rss1);
-        let mut lat = probe.await.unwrap_or_default();
-        lat.sort();
+        // The probes submitted while the workload ran: not those of the
+        // quiet end of a run whose last tasks never started.
+        let probes: Vec<ProbeTimes> =
+            probe.await.unwrap_or_default().into_iter().filter(|p| p.at <= last_progress.0).collect();
+        let phase = |f: fn(&ProbeTimes) -> Duration| {
+            let mut v: Vec<Duration> = probes.iter().map(f).collect();
+            v.sort();
+            v
+        };
+        let lat = phase(|p| p.seen);
         let per_second = starts.per_second();
         // Sustained: the 10th to the 90th percent of starts.
         let total: u64 = per_second.iter().sum();
@@ -692,7 +840,8 @@ fn main() {
 
         println!(
             "fleet: {nodes} real agents (simulated tasks, 8 GPUs each), 3 {} muster servers, insecure; \
-             {submitted} tasks in arrays of {array_size} one-GPU elements and four-node gangs; run time uniform \
+             {submitted} tasks from {submitters} submitters in arrays of {array_size} one-GPU elements and four-node \
+             gangs; run time uniform \
              {:.1}-{:.1} s",
             if cfg!(debug_assertions) { "debug" } else { "release" },
             mean.as_secs_f64() / 2.0,
@@ -713,6 +862,24 @@ fn main() {
                 ms(common::pct(&lat, 0.99)),
                 ms(*lat.last().unwrap())
             );
+            // Where a probe's time went, by the entries' times.
+            for (name, v) in [
+                ("submit -> its entry (the call, the proposer's queue)", phase(|p| p.entered)),
+                ("entry -> reserved (admission)", phase(|p| p.reserved.saturating_sub(p.entered))),
+                (
+                    "reserved -> started (the assignment, the agent's claim, its entry)",
+                    phase(|p| p.started.saturating_sub(p.reserved)),
+                ),
+                ("started -> seen on the watch (commit, apply, the watch)", phase(|p| p.seen.saturating_sub(p.started))),
+                ("submit -> answered", phase(|p| p.acked)),
+            ] {
+                println!(
+                    "    {name}: p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",
+                    ms(common::pct(&v, 0.5)),
+                    ms(common::pct(&v, 0.99)),
+                    ms(*v.last().unwrap())
+                );
+            }
         }
         println!(
             "  leader: {:.0} % of a core; resident {} MiB before the load, peak {} MiB",
@@ -731,6 +898,27 @@ fn main() {
             entries as f64 / elapsed,
             appended / entries.max(1) as f64,
             appended / elapsed / 1e6,
+        );
+        // What the leader proposed: its entries' commands, and how long
+        // each entry took from its proposal to its outcome (the commit and
+        // apply, not its commands' wait to be batched); and its admission
+        // passes.
+        let since = |name: &str| ended.value(name) - if last == leader { leader0.value(name) } else { 0.0 };
+        let (proposed, commit_s, commands) = (
+            since("muster_raft_commit_seconds_count"),
+            since("muster_raft_commit_seconds_sum"),
+            since("muster_raft_batch_commands_sum"),
+        );
+        let (passes, pass_s) = (since("muster_admission_pass_seconds_count"), since("muster_admission_pass_seconds_sum"));
+        println!(
+            "  the leader's proposals: {proposed:.0} entries of {:.1} commands on average ({:.0} commands/s, {:.1} a \
+             task started), {:.1} ms each from proposal to outcome; {passes:.0} admission passes, {:.1} ms each to \
+             decide",
+            commands / proposed.max(1.0),
+            commands / elapsed,
+            commands / submitted.max(1) as f64,
+            commit_s / proposed.max(1.0) * 1e3,
+            pass_s / passes.max(1.0) * 1e3,
         );
         let (syncs, sync_s) = (
             ended.value("muster_agent_sync_seconds_count") - fan_count0,
@@ -797,14 +985,17 @@ fn main() {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let broken = load(&starts.same_epoch) + load(&starts.overlapping);
         println!(
-            "  the agents' own record: {} distinct tasks started; started again under the same reservation {}, \
-             while still running {}{}; restarted under a new reservation after their attempt ended {} (of gangs {})",
-            starts.tasks.lock().unwrap().len(),
+            "  the agents' own record: {} of the {tasks} tasks started ({} probes); started again under the same \
+             reservation {}, while still running {}{}; restarted under a new reservation after their attempt ended {} \
+             (of gangs {}); allocations failed (a gang not restarted whole, ...) {:.0}",
+            load(&starts.distinct_work),
+            starts.tasks.lock().unwrap().len() as u64 - load(&starts.distinct_work),
             load(&starts.same_epoch),
             load(&starts.overlapping),
             if broken == 0 { "" } else { " (AT-MOST-ONCE BROKEN)" },
             load(&starts.restarted),
             load(&starts.restarted_gang),
+            ended.value("muster_allocations_failed_total"),
         );
         let (fleet_cpu1, fleet_rss) = usage(std::process::id());
         let followers_cpu: Vec<String> = followers
@@ -837,4 +1028,5 @@ fn main() {
         }
         drop(servers);
     });
+    users_rt.shutdown_background();
 }

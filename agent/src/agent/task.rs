@@ -788,7 +788,7 @@ pub(super) async fn watch_task(
                     metrics::gauge!("muster_task_gpu_memory_bytes", &guard.labels).set(r.memory_bytes as f64);
                 }
                 let now = tokio::time::Instant::now();
-                if guard.progress.changed() {
+                if guard.dogs.wants_beats() && guard.progress.changed() {
                     guard.dogs.beat(now);
                 }
                 let sampler = &mut guard.sampler;
