@@ -283,15 +283,43 @@ impl Report {
 /// A loopback port nobody listens on, never handed out before in this
 /// process: runs side by side share the CA, so a replica of one run must
 /// never answer on an address of another.
+///
+/// It is drawn below the kernel's ephemeral range: a port from `bind(0)`
+/// is free only until the listener is dropped, and before the replica
+/// binds it, any process's outgoing connection may take it as its local
+/// port (a replica of a run among many parallel tests then failed to
+/// listen: "Address already in use", and the cluster had no quorum).
 fn free_port() -> Result<String, String> {
     static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot bind a loopback port: {e}"))?;
-        let addr = l.local_addr().map_err(|e| e.to_string())?;
-        if HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner()).insert(addr.port()) {
-            return Ok(addr.to_string());
+    let (low, high) = below_ephemeral_ports();
+    // Where to start looking: different in each process and each call, so
+    // that parallel runs rarely try the same ports.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let seed = u64::from(nanos) ^ (u64::from(std::process::id()) << 20);
+    let span = u64::from(high - low) + 1;
+    for k in 0..span {
+        let port = low + ((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17).wrapping_add(k) % span) as u16;
+        if HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner()).contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner()).insert(port);
+            return Ok(format!("127.0.0.1:{port}"));
         }
     }
+    Err(format!("no free loopback port in {low}-{high}"))
+}
+
+/// Ports below the kernel's ephemeral range (`ip_local_port_range`; Linux
+/// starts it at 32768 by default), above the well-known and most
+/// services' ones.
+fn below_ephemeral_ports() -> (u16, u16) {
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32_768);
+    let high = first_ephemeral.saturating_sub(1).max(20_001);
+    (20_000.min(high - 1), high)
 }
 
 /// Runs one chaos test. `Err` is for a harness that could not run at all
@@ -568,5 +596,19 @@ mod tests {
         let err = fault_menu(&["meteor".into()]).unwrap_err();
         assert!(err.contains("unknown fault \"meteor\"") && err.contains("lagging-follower"), "{err}");
         assert!(fault_kinds().contains(&"power-loss-replica"));
+    }
+
+    /// A replica's port lies below the ports the kernel hands outgoing
+    /// connections, is free, and is never handed out twice.
+    #[test]
+    fn replica_ports_are_free_distinct_and_below_the_ephemeral_range() {
+        let (low, high) = below_ephemeral_ports();
+        let ports: BTreeSet<u16> =
+            (0..20).map(|_| free_port().unwrap().rsplit(':').next().unwrap().parse::<u16>().unwrap()).collect();
+        assert_eq!(ports.len(), 20, "a port handed out twice: {ports:?}");
+        for p in &ports {
+            assert!((low..=high).contains(p), "{p} outside {low}-{high}");
+            std::net::TcpListener::bind(("127.0.0.1", *p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+        }
     }
 }
