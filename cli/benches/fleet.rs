@@ -49,6 +49,11 @@
 //! start; it panics unless every task started exactly once under its
 //! reservation, placements resumed on the successor, every stream came back
 //! to it and the report's figures were read.
+//!
+//! Its parts: `fleet/users.rs` (the submitters and the probe),
+//! `fleet/record.rs` (the agents' own record of every start) and
+//! `fleet/scrape.rs` (reading the replicas); this file starts the cluster
+//! and the agents, drives the run and reports it.
 
 mod common;
 
@@ -59,344 +64,23 @@ use std::time::{Duration, Instant};
 
 use muster_agent::agent::{Agent, AgentConfig};
 use muster_agent::executor::sim::{Durations, SimConfig, SimExecutor};
-use muster_agent::executor::{Attempt, Executor, Muster, SpawnError, TaskLaunch};
 use muster_proto::v1;
-use muster_proto::v1::admin_service_client::AdminServiceClient;
-use muster_proto::v1::allocation_service_client::AllocationServiceClient;
-use muster_proto::v1::node_service_client::NodeServiceClient;
 use tokio::sync::watch;
-use tonic::transport::Channel;
 
 use common::{Servers, free_port, usage};
+use record::{Counting, Starts};
+use scrape::{Mark, Scrape, applied, find_leader, gauge, ready_nodes};
 
-/// One probe's steps, from its submit: when its answer came, the times of
-/// the entries that submitted, reserved and started it (the leader's clock,
-/// on this machine), and when its start was seen on the watch.
-struct ProbeTimes {
-    /// When it was submitted.
-    at: Instant,
-    acked: Duration,
-    entered: Duration,
-    reserved: Duration,
-    started: Duration,
-    seen: Duration,
-}
-
-/// This machine's wall clock in ms (the leader stamps entries with it).
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// The probe's command (the workload's tasks run `train`).
-const PROBE: [&str; 2] = ["sleep", "1"];
-
-/// Every task start, by tenth of a second since the origin, and the
-/// agents' own record of each task's runs: a task started again under the
-/// same reservation, or while an attempt of it still runs, breaks
-/// at-most-once; one started again under a new reservation after its
-/// attempt ended (a gang torn down and placed again) does not.
-#[derive(Debug)]
-struct Starts {
-    origin: Instant,
-    count: AtomicU64,
-    per_tenth: Mutex<Vec<u64>>,
-    /// (allocation, task) → its runs.
-    tasks: Mutex<std::collections::HashMap<(u64, u32), Runs>>,
-    /// Started again under a reservation already started.
-    same_epoch: AtomicU64,
-    /// Started while an attempt of the same task still ran.
-    overlapping: AtomicU64,
-    /// Started again under a new reservation after the last attempt ended
-    /// (and of those, tasks of gangs).
-    restarted: AtomicU64,
-    restarted_gang: AtomicU64,
-    /// Tasks of the workload (not the probe's) started at least once.
-    distinct_work: AtomicU64,
-}
-
-impl Starts {
-    fn note(&self, launch: &TaskLaunch) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut tasks = self.tasks.lock().unwrap();
-            let (epochs, running) = tasks.entry((launch.alloc, launch.task)).or_default();
-            if epochs.is_empty() && launch.command != PROBE {
-                self.distinct_work.fetch_add(1, Ordering::Relaxed);
-            }
-            if epochs.contains(&launch.epoch) {
-                self.same_epoch.fetch_add(1, Ordering::Relaxed);
-            } else if *running {
-                self.overlapping.fetch_add(1, Ordering::Relaxed);
-            } else if !epochs.is_empty() {
-                self.restarted.fetch_add(1, Ordering::Relaxed);
-                if launch.gang_size > 1 {
-                    self.restarted_gang.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            epochs.push(launch.epoch);
-            *running = true;
-        }
-        let t = (self.origin.elapsed().as_millis() / 100) as usize;
-        let mut v = self.per_tenth.lock().unwrap();
-        if v.len() <= t {
-            v.resize(t + 1, 0);
-        }
-        v[t] += 1;
-    }
-
-    /// Starts per second, by second.
-    fn per_second(&self) -> Vec<u64> {
-        self.per_tenth.lock().unwrap().chunks(10).map(|c| c.iter().sum()).collect()
-    }
-
-    /// When the first start at or after `at` came, from `at` (to a tenth
-    /// of a second).
-    fn first_after(&self, at: Instant) -> Option<Duration> {
-        let from = (at.saturating_duration_since(self.origin).as_millis() / 100) as usize;
-        let v = self.per_tenth.lock().unwrap();
-        (from..v.len())
-            .find(|&t| v[t] > 0)
-            .map(|t| (self.origin + Duration::from_millis(t as u64 * 100 + 100)).saturating_duration_since(at))
-    }
-}
-
-/// One task's runs: the reservation epochs it started under, and whether
-/// an attempt of it runs now.
-type Runs = (Vec<u64>, bool);
+#[path = "fleet/record.rs"]
+mod record;
+#[path = "fleet/scrape.rs"]
+mod scrape;
+#[path = "fleet/users.rs"]
+mod users;
 
 /// A leader kill: when, and the successor with when it was elected and
 /// when every stream was on it.
 type Failover = (Instant, Option<(usize, Instant)>, Option<Instant>);
-
-/// The simulated executor, counting starts.
-#[derive(Debug)]
-struct Counting {
-    sim: SimExecutor,
-    starts: Arc<Starts>,
-}
-
-impl Executor for Counting {
-    fn spawn(
-        &self,
-        launch: &TaskLaunch,
-        work_dir: &std::path::Path,
-        muster: Muster<'_>,
-        cgroup: Option<muster_agent::cgroup::TaskCgroup>,
-    ) -> Result<Box<dyn Attempt>, SpawnError> {
-        self.starts.note(launch);
-        let inner = self.sim.spawn(launch, work_dir, muster, cgroup)?;
-        Ok(Box::new(Tracked { inner, key: (launch.alloc, launch.task), starts: self.starts.clone(), ended: false }))
-    }
-
-    fn real(&self) -> bool {
-        false
-    }
-}
-
-/// A simulated attempt whose end the record notes.
-struct Tracked {
-    inner: Box<dyn Attempt>,
-    key: (u64, u32),
-    starts: Arc<Starts>,
-    ended: bool,
-}
-
-impl Tracked {
-    fn end(&mut self) {
-        if !self.ended {
-            self.ended = true;
-            if let Some((_, running)) = self.starts.tasks.lock().unwrap().get_mut(&self.key) {
-                *running = false;
-            }
-        }
-    }
-}
-
-impl Attempt for Tracked {
-    fn pgid(&self) -> i32 {
-        self.inner.pgid()
-    }
-
-    fn wait(&mut self) -> muster_agent::executor::AttemptFuture<'_> {
-        Box::pin(async move {
-            let exit = self.inner.wait().await;
-            self.end();
-            exit
-        })
-    }
-
-    fn stop(&mut self, grace: Duration) -> muster_agent::executor::AttemptFuture<'_> {
-        Box::pin(async move {
-            let exit = self.inner.stop(grace).await;
-            self.end();
-            exit
-        })
-    }
-
-    fn signal(&mut self, signal: muster_agent::executor::TaskSignal) {
-        self.inner.signal(signal);
-    }
-
-    fn usage_now(&self) -> Option<muster_agent::cgroup::Usage> {
-        None
-    }
-
-    fn usage(&self) -> Option<muster_agent::cgroup::Usage> {
-        None
-    }
-}
-
-/// One scrape of a replica's `/metrics`.
-struct Scrape(String);
-
-impl Scrape {
-    fn of(http: &str) -> Scrape {
-        Scrape(common::metrics(http))
-    }
-
-    /// The value of one series, named with its labels as the exposition
-    /// writes them (0 when absent).
-    fn series(&self, series: &str) -> f64 {
-        self.0
-            .lines()
-            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    }
-
-    /// The first series of metric `name` (whatever its labels; 0 when
-    /// absent).
-    fn value(&self, name: &str) -> f64 {
-        self.0
-            .lines()
-            .find(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
-            .and_then(|l| l.split_whitespace().last())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    }
-}
-
-/// The address the users (submitters, probe) call: the leader's, replaced
-/// after a failover.
-#[derive(Clone)]
-struct LeaderAddr(Arc<Mutex<String>>);
-
-impl LeaderAddr {
-    fn set(&self, addr: &str) {
-        *self.0.lock().unwrap() = addr.to_string();
-    }
-
-    /// A client on `conn`, connected again when the leader's address
-    /// changed (`None` while it cannot connect).
-    async fn client(&self, conn: &mut Option<(String, Channel)>) -> Option<AllocationServiceClient<Channel>> {
-        let addr = self.0.lock().unwrap().clone();
-        if conn.as_ref().is_none_or(|(a, _)| *a != addr) {
-            let ch = muster_tls::endpoint(&addr, None).unwrap().connect().await.ok()?;
-            *conn = Some((addr, ch));
-        }
-        let ch = conn.as_ref().map(|(_, ch)| ch.clone())?;
-        Some(AllocationServiceClient::new(ch).max_decoding_message_size(64 << 20))
-    }
-
-    /// Submits `req` to the leader; whether it was accepted (within 30 s:
-    /// a call to a replica that stopped leading is given up, and retried).
-    async fn submit(&self, conn: &mut Option<(String, Channel)>, req: v1::SubmitRequest) -> bool {
-        match self.client(conn).await {
-            Some(mut c) => matches!(tokio::time::timeout(Duration::from_secs(30), c.submit(req)).await, Ok(Ok(_))),
-            None => false,
-        }
-    }
-}
-
-/// A replica's gauge `name` (0 when it cannot be read).
-fn gauge(http: &str, name: &str) -> u64 {
-    Scrape::of(http).value(name) as u64
-}
-
-/// A replica's `muster_raft_applied_index`.
-fn applied(http: &str) -> u64 {
-    gauge(http, "muster_raft_applied_index")
-}
-
-/// Which replica leads, besides `skip` (polled until one does).
-async fn find_leader(addrs: &[String], skip: Option<usize>) -> usize {
-    loop {
-        for (i, a) in addrs.iter().enumerate().filter(|(i, _)| Some(*i) != skip) {
-            let Ok(ch) = muster_tls::endpoint(a, None).unwrap().connect().await else { continue };
-            if let Ok(s) = AdminServiceClient::new(ch).status(v1::StatusRequest {}).await
-                && s.get_ref().role == "leader"
-            {
-                return i;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn ready_nodes(ch: &Channel) -> usize {
-    let mut client = NodeServiceClient::new(ch.clone());
-    let (mut token, mut ready) = (String::new(), 0);
-    loop {
-        let Ok(page) = client.list_nodes(v1::ListNodesRequest { page_size: 1000, page_token: token.clone() }).await
-        else {
-            return ready;
-        };
-        let page = page.into_inner();
-        ready += page.nodes.iter().filter(|n| n.status == v1::NodeStatus::Ready as i32).count();
-        if page.next_page_token.is_empty() {
-            return ready;
-        }
-        token = page.next_page_token;
-    }
-}
-
-/// The leader's memory when the run passed one of its marks.
-struct Mark {
-    /// Distinct tasks started by then.
-    started: u64,
-    /// The leader's resident memory, KiB.
-    rss_kib: u64,
-    /// Its latest snapshot, bytes.
-    snapshot: u64,
-    /// Allocations it holds whole, and compacted.
-    whole: u64,
-    compacted: u64,
-    /// Its allocator's live allocations, and what it keeps resident, bytes.
-    allocated: u64,
-    kept: u64,
-}
-
-impl Mark {
-    fn read(started: u64, rss_kib: u64, l: &Scrape) -> Mark {
-        let (whole, compacted) = held(l);
-        Mark {
-            started,
-            rss_kib,
-            snapshot: l.value("muster_raft_snapshot_bytes") as u64,
-            whole,
-            compacted,
-            allocated: l.value("muster_allocator_allocated_bytes") as u64,
-            kept: l.value("muster_allocator_resident_bytes") as u64,
-        }
-    }
-}
-
-/// Allocations the leader holds whole, and compacted (its gauges).
-fn held(l: &Scrape) -> (u64, u64) {
-    (l.value("muster_sm_allocations") as u64, l.value("muster_sm_compacted_allocations") as u64)
-}
-
-fn spec(gang_size: u32, gpus: u32, command: &[&str]) -> v1::AllocationSpec {
-    v1::AllocationSpec {
-        owner: "fleet".into(),
-        gang_size,
-        resources: Some(v1::Resources { gpus, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
-        command: command.iter().map(|s| s.to_string()).collect(),
-        checkpoint: v1::CheckpointMode::None as i32,
-        ports: Some(0),
-        ..Default::default()
-    }
-}
 
 fn main() {
     // `cargo test` runs this target without `--bench`: the smoke version,
@@ -564,108 +248,11 @@ fn main() {
         let load = Instant::now();
         let started_before = starts.count.load(Ordering::Relaxed);
         let done = Arc::new(AtomicBool::new(false));
-        // The submitters' channel: the leader's, replaced after a failover.
-        let current = LeaderAddr(Arc::new(Mutex::new(addrs[leader].clone())));
-        // `submitters` users submit at once, each its share of the tasks,
-        // together keeping at most `backlog` tasks submitted and not yet
-        // started: one submitter alone waits for each submit's answer, and
-        // the queue ran dry between its arrays; unbounded, the whole run's
-        // tasks would queue at once.
-        let submitted_all = Arc::new(AtomicU64::new(0));
-        let submitting: Vec<_> = (0..submitters).map(|who| {
-            let current = current.clone();
-            let (starts, submitted_all) = (starts.clone(), submitted_all.clone());
-            let tasks = tasks / submitters + if who == 0 { tasks % submitters } else { 0 };
-            users.spawn(async move {
-                let (mut submitted, mut k) = (0u64, 0u64);
-                let mut conn = None;
-                while submitted < tasks {
-                    while submitted_all.load(Ordering::Relaxed)
-                        >= starts.distinct_work.load(Ordering::Relaxed) + backlog
-                    {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    // An array, then `gangs_per_array` gangs, in turn. Each
-                    // submit is retried with its idempotency key until
-                    // answered: one the old leader committed but never
-                    // answered (a failover) is answered with what it made,
-                    // not made again.
-                    let (mut spec, array, n) = match k % (gangs_per_array + 1) {
-                        0 => {
-                            let n = array_size.min(tasks - submitted);
-                            (spec(1, 1, &["train"]), format!("0-{}", n - 1), n)
-                        }
-                        _ => (spec(4, 8, &["train"]), String::new(), 4),
-                    };
-                    spec.idempotency_key = format!("fleet-{who}-{k}");
-                    let req = v1::SubmitRequest { spec: Some(spec), array, ..Default::default() };
-                    if current.submit(&mut conn, req).await {
-                        submitted += n;
-                        submitted_all.fetch_add(n, Ordering::Relaxed);
-                        k += 1;
-                    } else {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-                submitted
-            })
-        }).collect();
-        let probe = {
-            let current = current.clone();
-            let done = done.clone();
-            users.spawn(async move {
-                let mut lat = Vec::new();
-                let mut conn = None;
-                while !done.load(Ordering::Relaxed) {
-                    let t0 = Instant::now();
-                    let t0_ms = wall_ms();
-                    // Ahead of the backlog (a higher priority, the same
-                    // class): the control plane's latency, not the queue's.
-                    let mut probe = spec(1, 1, &PROBE);
-                    probe.priority = 100;
-                    let req = v1::SubmitRequest { spec: Some(probe), ..Default::default() };
-                    let Some(mut c) = current.client(&mut conn).await else {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        continue;
-                    };
-                    if let Ok(r) = c.submit(req).await {
-                        let acked = t0.elapsed();
-                        let id = r.into_inner().id;
-                        if let Ok(w) = c.watch(v1::WatchRequest { id, from_revision: 0 }).await {
-                            let mut events = w.into_inner();
-                            // The entries' times (the leader's clock, on
-                            // this machine), from the submit's.
-                            let at = |e: &v1::AllocationEvent| Duration::from_millis(e.time_ms.saturating_sub(t0_ms));
-                            let (mut entered, mut reserved) = (None, None);
-                            // A watch on a replica that stopped leading may
-                            // go quiet: the next probe goes on after 60 s.
-                            let quiet = tokio::time::sleep(Duration::from_secs(60));
-                            tokio::pin!(quiet);
-                            while let Ok(Some(e)) = tokio::select! {
-                                e = events.message() => e,
-                                _ = &mut quiet => Ok(None),
-                            } {
-                                match e.kind.as_str() {
-                                    "submitted" => entered = Some(at(&e)),
-                                    "gang_reserved" => reserved = Some(at(&e)),
-                                    "task_started" => {
-                                        let seen = t0.elapsed();
-                                        let started = at(&e).min(seen);
-                                        let reserved = reserved.unwrap_or(started).min(started);
-                                        let entered = entered.unwrap_or(reserved).min(reserved);
-                                        lat.push(ProbeTimes { at: t0, acked, entered, reserved, started, seen });
-                                        break;
-                                    }
-                                    _ => {}
-                                }
-                            }
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                lat
-            })
-        };
+        // The users' leader, followed after a failover.
+        let current = users::LeaderAddr::new(&addrs[leader]);
+        let workload = users::Workload { tasks, submitters, backlog, array_size, gangs_per_array };
+        let submitting = users::submit(&users, &workload, &current, &starts);
+        let probe = users::probe(&users, current.clone(), done.clone());
         let rss_peak = {
             let done = done.clone();
             tokio::spawn(async move {
@@ -814,14 +401,8 @@ fn main() {
         let rss_peak = rss_peak.await.unwrap_or(0).max(rss1);
         // The probes submitted while the workload ran: not those of the
         // quiet end of a run whose last tasks never started.
-        let probes: Vec<ProbeTimes> =
+        let probes: Vec<users::ProbeTimes> =
             probe.await.unwrap_or_default().into_iter().filter(|p| p.at <= last_progress.0).collect();
-        let phase = |f: fn(&ProbeTimes) -> Duration| {
-            let mut v: Vec<Duration> = probes.iter().map(f).collect();
-            v.sort();
-            v
-        };
-        let lat = phase(|p| p.seen);
         let per_second = starts.per_second();
         // Sustained: the 10th to the 90th percent of starts.
         let total: u64 = per_second.iter().sum();
@@ -853,34 +434,7 @@ fn main() {
              (the 10th to the 90th percent of starts, seconds {from}-{to})",
             submitted as f64 / elapsed
         );
-        if !lat.is_empty() {
-            let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            println!(
-                "  probe submit -> running: n={} p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",
-                lat.len(),
-                ms(common::pct(&lat, 0.5)),
-                ms(common::pct(&lat, 0.99)),
-                ms(*lat.last().unwrap())
-            );
-            // Where a probe's time went, by the entries' times.
-            for (name, v) in [
-                ("submit -> its entry (the call, the proposer's queue)", phase(|p| p.entered)),
-                ("entry -> reserved (admission)", phase(|p| p.reserved.saturating_sub(p.entered))),
-                (
-                    "reserved -> started (the assignment, the agent's claim, its entry)",
-                    phase(|p| p.started.saturating_sub(p.reserved)),
-                ),
-                ("started -> seen on the watch (commit, apply, the watch)", phase(|p| p.seen.saturating_sub(p.started))),
-                ("submit -> answered", phase(|p| p.acked)),
-            ] {
-                println!(
-                    "    {name}: p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",
-                    ms(common::pct(&v, 0.5)),
-                    ms(common::pct(&v, 0.99)),
-                    ms(*v.last().unwrap())
-                );
-            }
-        }
+        users::report(&probes);
         println!(
             "  leader: {:.0} % of a core; resident {} MiB before the load, peak {} MiB",
             (cpu1 - cpu0) as f64 / 100.0 / elapsed * 100.0,
@@ -1013,7 +567,7 @@ fn main() {
             assert!(registered_in < Duration::from_secs(max_seconds), "the fleet registered");
             assert_eq!(starts.distinct_work.load(Ordering::Relaxed), tasks, "every task of the workload started");
             assert_eq!(broken, 0, "no task started twice under one reservation, or while it still ran");
-            assert!(!lat.is_empty(), "the probe's jobs started");
+            assert!(!probes.is_empty(), "the probe's jobs started");
             assert!(entries > 0 && appended > 0.0, "the log's figures were read");
             assert!(syncs > 0.0, "the fan-out's figures were read");
             assert!(ended.value("muster_allocator_allocated_bytes") > 0.0, "the allocator's figures were read");
