@@ -157,19 +157,6 @@ impl ClientApi {
             idempotency_key: (!req.idempotency_key.is_empty()).then(|| req.idempotency_key.clone()),
             steps,
         };
-        // What no registered node can ever run is refused before the log,
-        // as a plain submit's is.
-        if !req.queue_if_unsatisfiable {
-            for s in &workflow.steps {
-                if let Some(why) = self.s.reader().read(|st| crate::policy::unsatisfiable(st, &s.spec)) {
-                    return Err(Status::failed_precondition(format!(
-                        "unsatisfiable: no registered node can ever run step {}: {why} (queue_if_unsatisfiable \
-                         queues it for nodes yet to join)",
-                        s.name
-                    )));
-                }
-            }
-        }
         // Checked whole before the log (apply checks again), and a retry
         // answered from the state; a follower's state may lag: it proposes.
         if self.s.is_leader() {
@@ -186,6 +173,21 @@ impl ClientApi {
                 }
                 Some(Err(r)) => return Err(rejection_to_status(&r)),
                 None => {}
+            }
+        }
+        // What no registered node can ever run is refused before the log,
+        // as a plain submit's is: after the retry check, so that a retry
+        // of a workflow already made is answered with it whatever the
+        // nodes are now.
+        if !req.queue_if_unsatisfiable {
+            for s in &workflow.steps {
+                if let Some(why) = self.s.reader().read(|st| crate::policy::unsatisfiable(st, &s.spec)) {
+                    return Err(Status::failed_precondition(format!(
+                        "unsatisfiable: no registered node can ever run step {}: {why} (queue_if_unsatisfiable \
+                         queues it for nodes yet to join)",
+                        s.name
+                    )));
+                }
             }
         }
         let outcome =
