@@ -46,6 +46,22 @@ impl Default for JanitorConfig {
     }
 }
 
+/// When a session's first sweep comes, after it connects: a point within
+/// one interval fixed by the node's id. Every agent of a fleet connects at
+/// about the same moment (a leader's election moves every stream at once),
+/// and sweeps that all fell on the same second would stall every node's
+/// stream together while they ran (the fleet bench saw 10,000 sweeps at
+/// once fence half the agents); spread this way, a node sweeps once per
+/// interval, each at its own point of it.
+pub fn first_sweep_after(node_id: &str, every: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same offset for a node every time.
+    let mut h = std::hash::DefaultHasher::new();
+    node_id.hash(&mut h);
+    let every_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+    Duration::from_millis(h.finish() % every_ms)
+}
+
 /// What the agent uses now: attempts it runs, and (allocation, task) pairs
 /// with an attempt here it runs, was assigned or has not had confirmed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -261,6 +277,25 @@ mod tests {
     use super::*;
 
     const DAY: Duration = Duration::from_secs(86_400);
+
+    /// A fleet's first sweeps spread over the interval, not on one moment:
+    /// 10,000 nodes named in sequence fill each tenth of a minute with
+    /// about a tenth of them; each node's offset is within the interval and
+    /// the same on every connection.
+    #[test]
+    fn a_fleets_first_sweeps_spread_over_the_interval() {
+        let every = Duration::from_secs(60);
+        let mut tenths = [0u32; 10];
+        for i in 0..10_000 {
+            let id = format!("node-{i:05}");
+            let at = first_sweep_after(&id, every);
+            assert!(at < every, "{id}: {at:?}");
+            assert_eq!(at, first_sweep_after(&id, every), "{id}: the same offset each time");
+            tenths[(at.as_millis() / 6_000) as usize] += 1;
+        }
+        assert!(tenths.iter().all(|&n| (800..=1_200).contains(&n)), "{tenths:?}");
+        assert_eq!(first_sweep_after("n", Duration::ZERO), Duration::ZERO);
+    }
 
     /// Writes `bytes` bytes to `path`, last modified `age` before `now`.
     fn file(path: &Path, bytes: usize, now: SystemTime, age: Duration) {

@@ -58,7 +58,9 @@ impl Agent {
         let mut every = Duration::from_secs(5);
         let mut heartbeat = tokio::time::interval(every);
         let mut last_heard = tokio::time::Instant::now();
-        let mut janitor = tokio::time::interval(self.cfg.janitor.every);
+        let every_sweep = self.cfg.janitor.every;
+        let first_sweep = crate::janitor::first_sweep_after(&self.cfg.node_id, every_sweep);
+        let mut janitor = tokio::time::interval_at(tokio::time::Instant::now() + first_sweep, every_sweep);
         janitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

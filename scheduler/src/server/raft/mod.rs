@@ -21,4 +21,4 @@ pub mod proposer;
 pub mod read_index;
 
 pub use consensus::{Consensus, ConsensusParts, LEADER_ADDR_HEADER, LEADER_ID_HEADER, not_leader_status};
-pub use proposer::{ProposeError, Proposer};
+pub use proposer::{ProposeError, Proposed, Proposer};

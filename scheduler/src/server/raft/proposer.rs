@@ -109,6 +109,29 @@ impl Pending {
     }
 }
 
+/// A command handed to the proposer ([`Proposer::submit`]), its outcome to
+/// come.
+pub struct Proposed(oneshot::Receiver<Result<Outcome, ProposeError>>);
+
+impl Proposed {
+    /// Waits for the command's outcome.
+    pub async fn outcome(self) -> Result<Outcome, ProposeError> {
+        self.await
+    }
+}
+
+/// Polled in place (`&mut proposed`), so that a caller can keep several in
+/// a queue and wait on the oldest.
+impl Future for Proposed {
+    type Output = Result<Outcome, ProposeError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|_| Err(ProposeError::Raft("the replica is shutting down".into()))))
+    }
+}
+
 /// The handle callers propose through.
 #[derive(Clone)]
 pub struct Proposer {
@@ -138,12 +161,20 @@ impl Proposer {
 
     /// Proposes one command and waits for its outcome.
     pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
+        self.submit(command).await?.outcome().await
+    }
+
+    /// Hands one command to the proposer and returns without waiting for
+    /// its outcome. Commands submitted one after another are applied in
+    /// that order (the queue is first in, first out, and entries apply in
+    /// log order), so a caller may go on to its next command at once.
+    pub async fn submit(&self, command: Command) -> Result<Proposed, ProposeError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Pending::new(command, reply))
             .await
             .map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?;
-        rx.await.map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?
+        Ok(Proposed(rx))
     }
 
     /// Proposes several commands (they share entries) and waits for all.
@@ -342,6 +373,8 @@ mod tests {
     #[derive(Clone, Default)]
     struct Held {
         replies: Arc<Mutex<Vec<(usize, OutcomeTx)>>>,
+        /// Every command written, in log order.
+        written: Arc<Mutex<Vec<Command>>>,
         leads: Arc<AtomicBool>,
     }
 
@@ -349,6 +382,7 @@ mod tests {
         fn write(&self, batch: CommandBatch<Command>) -> impl Future<Output = Result<OutcomeRx, Fatal<u64>>> + Send {
             let (tx, rx) = oneshot::channel();
             self.replies.lock().unwrap().push((batch.commands.len(), tx));
+            self.written.lock().unwrap().extend(batch.commands);
             async move { Ok(rx) }
         }
 
@@ -457,6 +491,44 @@ mod tests {
         log.apply_next();
         log.apply_next();
         assert!(all.await.unwrap().iter().all(|r| matches!(r, Ok(Outcome::Accepted(_)))));
+    }
+
+    /// `submit` returns once the command is queued, before its entry is
+    /// written; commands submitted one after another reach the log in that
+    /// order, and each outcome comes to its own submitter.
+    #[tokio::test(start_paused = true)]
+    async fn submitted_commands_keep_their_order_and_each_gets_its_outcome() {
+        let log = Held::default();
+        log.leads.store(true, Ordering::SeqCst);
+        let proposer = Proposer::start_on(log.clone(), 2, || 0, |_| {});
+        let mut proposed = Vec::new();
+        for alloc in 1..=5 {
+            proposed.push(proposer.submit(Command::ExpireNomination { alloc }).await.unwrap());
+        }
+        // Two entries of two go out (the pipeline's depth); the fifth waits.
+        while log.held() < IN_FLIGHT {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        log.apply_next();
+        log.apply_next();
+        while log.held() < 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        log.apply_next();
+        for p in proposed {
+            assert!(matches!(p.outcome().await, Ok(Outcome::Accepted(_))));
+        }
+        let order: Vec<u64> = log
+            .written
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| match c {
+                Command::ExpireNomination { alloc } => *alloc,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(order, vec![1, 2, 3, 4, 5]);
     }
 
     /// While leading, an entry waits up to the leader's bound, no longer.

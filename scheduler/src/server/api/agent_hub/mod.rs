@@ -13,6 +13,13 @@
 //!   Preempted ──▶ ConfirmPreempted (Raft) ──▶ Recorded (| Refused ABORTED: stale epoch)
 //! ```
 //!
+//! A stream's messages are read in order, and their commands are queued for
+//! the log in that order, but the stream does not wait for one command's
+//! outcome before reading the next message: up to 64 wait at once, each
+//! answered (`ClaimGranted`, `Recorded`, `Refused`) when its outcome comes.
+//! A node that claims eight tasks at once waits one commit, not eight, and
+//! its heartbeats are answered while its claims are in the log's queue.
+//!
 //! What to send is decided by the pure `muster_core::sync::plan_sync`; this
 //! module only sends it. A stream wakes when an entry touched its node
 //! (`session.rs`), on each heartbeat, and when it registers; the leader's

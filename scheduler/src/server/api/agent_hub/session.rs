@@ -3,6 +3,7 @@
 use muster_proto::bounds::Bounded;
 
 use super::*;
+use crate::server::raft::ProposeError;
 
 pub(super) struct Session {
     s: Consensus,
@@ -16,6 +17,33 @@ pub(super) struct Session {
     /// With the injected bug `spare-failed-gang-peers`: the attempts this
     /// stream never stops.
     spared: std::collections::BTreeSet<TaskKey>,
+    /// The agent's messages whose commands are in the log's queue, oldest
+    /// first, each with what to do with its outcome (see [`Then`]).
+    in_flight: InFlight,
+}
+
+/// The messages' commands waiting for their outcomes, oldest first, each
+/// with what follows it. Outcomes come in the order the commands were
+/// queued (entries apply in log order), so only the oldest is waited on.
+type InFlight = std::collections::VecDeque<(Then, crate::server::raft::Proposed)>;
+
+/// The most of one agent's messages whose commands wait for their outcomes
+/// at once; past it the stream reads nothing more until the oldest is
+/// answered (HTTP/2 flow control then holds the agent's sends).
+const MAX_IN_FLIGHT: usize = 64;
+
+/// What to do with the outcome of a command made from an agent's message.
+enum Then {
+    /// A claim: `ClaimGranted` (with the attempt) or `Refused`.
+    Claim(Key),
+    /// An end report (exit, watchdog, preempted ack): admission is woken or
+    /// the report refused, then `Recorded`.
+    Report(Key, &'static str),
+    /// A checkpoint manifest: refused (the agent deletes what it wrote)
+    /// when apply refuses it.
+    Checkpoint(Key, u64),
+    /// Nothing but a log line when apply refuses it.
+    Logged(&'static str),
 }
 
 impl Session {
@@ -132,6 +160,7 @@ impl Session {
             tx,
             sent: SentMemory::new(reg.running.iter().map(|t| (t.alloc_id, t.task_index, t.epoch))),
             spared: Default::default(),
+            in_flight: InFlight::new(),
         };
         session
             .send(Out::Registered(v1::Registered {
@@ -163,7 +192,20 @@ impl Session {
         Box::pin(session.sync(false)).await?;
         loop {
             tokio::select! {
-                msg = inbound.message() => match msg {
+                biased;
+                changed = leading.changed() => {
+                    if changed.is_err() || !*leading.borrow_and_update() {
+                        return Err(leader_status(&session.own.successor).await);
+                    }
+                }
+                outcome = async { (&mut session.in_flight.front_mut().expect("guarded").1).await },
+                    if !session.in_flight.is_empty() =>
+                {
+                    let (then, _) = session.in_flight.pop_front().expect("guarded");
+                    Box::pin(session.complete(then, outcome)).await?
+                }
+                () = touched.changed() => Box::pin(session.sync(false)).await?,
+                msg = inbound.message(), if session.in_flight.len() < MAX_IN_FLIGHT => match msg {
                     Ok(Some(m)) => {
                         m.check_bounds()?;
                         Box::pin(session.handle(m)).await?
@@ -173,21 +215,90 @@ impl Session {
                         return Ok(());
                     }
                 },
-                () = touched.changed() => Box::pin(session.sync(false)).await?,
-                changed = leading.changed() => {
-                    if changed.is_err() || !*leading.borrow_and_update() {
-                        return Err(leader_status(&session.own.successor).await);
-                    }
-                }
             }
         }
     }
 
     /// Proposes a command made from this agent's messages, once the node's
-    /// budget affords it (see `budget.rs`).
-    async fn propose(&self, cmd: Command) -> Result<Outcome, crate::server::raft::proposer::ProposeError> {
+    /// budget affords it (see `budget.rs`), and waits for its outcome.
+    async fn propose(&self, cmd: Command) -> Result<Outcome, ProposeError> {
         self.own.budgets.pay(&self.node, &cmd).await;
         self.s.proposer().propose(cmd).await
+    }
+
+    /// Queues a command made from one of the agent's messages (once the
+    /// node's budget affords it) and goes on to the next message: `then`
+    /// runs when its outcome comes. The stream's commands reach the log in
+    /// the order of its messages, so a report never overtakes the claim or
+    /// the checkpoint before it; and a message that depends on an earlier
+    /// one's outcome (a checkpoint of a task whose claim was granted) is
+    /// sent by the agent only after that outcome's answer.
+    async fn pipeline(&mut self, cmd: Command, then: Then) -> Result<(), Status> {
+        self.own.budgets.pay(&self.node, &cmd).await;
+        let proposed = self.s.proposer().submit(cmd).await.map_err(propose_error_to_status)?;
+        self.in_flight.push_back((then, proposed));
+        Ok(())
+    }
+
+    /// Acts on the outcome of a queued command, in the order the agent sent
+    /// the messages.
+    async fn complete(&mut self, then: Then, outcome: Result<Outcome, ProposeError>) -> Result<(), Status> {
+        let outcome = outcome.map_err(propose_error_to_status)?;
+        match (then, outcome) {
+            (Then::Claim(key), Outcome::Accepted(events)) => {
+                let attempt = events
+                    .iter()
+                    .find_map(|e| match e {
+                        Event::TaskStarted { attempt, .. } => Some(*attempt),
+                        _ => None,
+                    })
+                    .unwrap_or(1);
+                self.sent.agent_started(key);
+                self.send(Out::Granted(v1::ClaimGranted { task: Some(task_ref(key)), attempt })).await?;
+                // A sync that ran after the start applied and before this
+                // answer did not know the agent runs it: if the task has
+                // left this node since (cancelled, torn down), stop it now.
+                if !self.still_placed_here(key) {
+                    Box::pin(self.sync(false)).await?;
+                }
+                Ok(())
+            }
+            (Then::Claim(key), Outcome::Rejected(r)) => self.refuse(key, &rejection_to_status(&r)).await,
+            (Then::Report(key, _), Outcome::Accepted(_)) => {
+                self.own.work.wake_admission();
+                self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
+            }
+            (Then::Report(key, what), Outcome::Rejected(r)) => {
+                tracing::info!(alloc_id = key.0, task = key.1, node = %self.node, rejection = %r, "{what} refused");
+                self.refuse(key, &rejection_to_status(&r)).await?;
+                self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
+            }
+            (Then::Checkpoint(key, epoch), Outcome::Rejected(r)) => {
+                tracing::warn!(
+                    alloc_id = key.0, task = key.1, epoch, node = %self.node, rejection = %r,
+                    "checkpoint refused"
+                );
+                self.refuse_checkpoint(key, &rejection_to_status(&r)).await
+            }
+            (Then::Logged(what), Outcome::Rejected(r)) => {
+                tracing::info!(node = %self.node, rejection = %r, "{what} refused");
+                Ok(())
+            }
+            (Then::Checkpoint(..) | Then::Logged(_), Outcome::Accepted(_)) => Ok(()),
+        }
+    }
+
+    /// Whether attempt `key` is still placed on this node (reserved,
+    /// running or stopping there).
+    fn still_placed_here(&self, key: Key) -> bool {
+        self.s.reader().read(|st| {
+            let Some(slot) = st.node_slot(&self.node) else { return false };
+            st.alloc(key.0).and_then(|a| a.tasks.get(key.1 as usize)).is_some_and(|t| {
+                t.node == Some(slot)
+                    && t.reservation_epoch == key.2
+                    && matches!(t.status, TaskStatus::Reserved | TaskStatus::Running | TaskStatus::Preempting)
+            })
+        })
     }
 
     pub(super) async fn send(&self, msg: Out) -> Result<(), Status> {
@@ -462,14 +573,7 @@ impl Session {
                 if let Err(r) = self.s.reader().read(|st| st.precheck(&cmd)) {
                     return self.refuse_upload(key, rejection_to_status(&r)).await;
                 }
-                if let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    tracing::warn!(
-                        alloc_id = key.0, task = key.1, epoch = c.preemption_epoch, node = %self.node, rejection = %r,
-                        "checkpoint refused"
-                    );
-                    self.refuse_checkpoint(key, &rejection_to_status(&r)).await?;
-                }
-                Ok(())
+                self.pipeline(cmd, Then::Checkpoint(key, c.preemption_epoch)).await
             }
             Some(In::ImagesHeld(held)) => {
                 let cmd = Command::SetNodeImages { node: self.node.clone(), digests: held.digests.clone() };
@@ -482,10 +586,10 @@ impl Session {
                         return Err(rejection_to_status(&r));
                     }
                 };
-                if !unchanged && let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    tracing::info!(node = %self.node, rejection = %r, "image digests refused");
+                if unchanged {
+                    return Ok(());
                 }
-                Ok(())
+                self.pipeline(cmd, Then::Logged("image digests")).await
             }
             Some(In::CheckpointsDeleted(d)) => {
                 if d.seqs.len() > MAX_FORGET_CHECKPOINTS {
@@ -499,10 +603,7 @@ impl Session {
                     tracing::warn!(node = %self.node, refusal = %r, "checkpoint deletions refused");
                     return Ok(());
                 }
-                if let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    tracing::info!(node = %self.node, rejection = %r, "checkpoint deletions refused");
-                }
-                Ok(())
+                self.pipeline(cmd, Then::Logged("checkpoint deletions")).await
             }
             Some(In::Preempted(p)) => {
                 let key = key_of(&p.task)?;
@@ -515,35 +616,12 @@ impl Session {
                     checkpoint_failed: p.checkpoint_failed,
                 };
                 let cmd = accounted(cmd, p.usage.as_ref());
-                match self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    Outcome::Accepted(_) => self.own.work.wake_admission(),
-                    Outcome::Rejected(r) => {
-                        tracing::info!(
-                            alloc_id = key.0, task = key.1, epoch = p.preemption_epoch, node = %self.node, rejection = %r,
-                            "preempted ack refused"
-                        );
-                        self.refuse(key, &rejection_to_status(&r)).await?;
-                    }
-                }
-                self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
+                self.pipeline(cmd, Then::Report(key, "preempted ack")).await
             }
             Some(In::Claim(c)) => {
                 let key = key_of(&c.task)?;
                 let cmd = Command::StartTask { alloc: key.0, task: key.1, node: self.node.clone(), epoch: key.2 };
-                match self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    Outcome::Accepted(events) => {
-                        let attempt = events
-                            .iter()
-                            .find_map(|e| match e {
-                                Event::TaskStarted { attempt, .. } => Some(*attempt),
-                                _ => None,
-                            })
-                            .unwrap_or(1);
-                        self.sent.agent_started(key);
-                        self.send(Out::Granted(v1::ClaimGranted { task: Some(task_ref(key)), attempt })).await
-                    }
-                    Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await,
-                }
+                self.pipeline(cmd, Then::Claim(key)).await
             }
             Some(In::WatchdogTripped(w)) => {
                 let key = key_of(&w.task)?;
@@ -557,11 +635,7 @@ impl Session {
                 let cmd =
                     Command::TripWatchdog { alloc: key.0, task: key.1, node: self.node.clone(), epoch: key.2, kind };
                 let cmd = accounted(cmd, w.usage.as_ref());
-                match self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    Outcome::Accepted(_) => self.own.work.wake_admission(),
-                    Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
-                }
-                self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
+                self.pipeline(cmd, Then::Report(key, "watchdog report")).await
             }
             Some(In::CheckpointUnusable(u)) => {
                 let key = key_of(&u.task)?;
@@ -573,10 +647,7 @@ impl Session {
                     seq: u.seq,
                     reason: agent_reason(u.reason),
                 };
-                if let Outcome::Rejected(r) = self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    tracing::info!(alloc_id = key.0, task = key.1, node = %self.node, rejection = %r, "checkpoint drop refused");
-                }
-                Ok(())
+                self.pipeline(cmd, Then::Logged("checkpoint drop")).await
             }
             Some(In::Exited(e)) => {
                 let key = key_of(&e.task)?;
@@ -597,11 +668,7 @@ impl Session {
                     Command::FailTaskWithTail { alloc: key.0, task: key.1, node, epoch: key.2, exit_code, tail }
                 };
                 let cmd = accounted(cmd, e.usage.as_ref());
-                match self.propose(cmd).await.map_err(propose_error_to_status)? {
-                    Outcome::Accepted(_) => self.own.work.wake_admission(),
-                    Outcome::Rejected(r) => self.refuse(key, &rejection_to_status(&r)).await?,
-                }
-                self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
+                self.pipeline(cmd, Then::Report(key, "exit report")).await
             }
         }
     }
