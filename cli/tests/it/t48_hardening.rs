@@ -446,3 +446,88 @@ async fn futures_join<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<Result
     }
     out
 }
+
+/// A node's stream does not wait for one command's commit before it reads
+/// the agent's next message: with every replica's disk stalled (nothing
+/// commits), a claim waits in the log's queue, and the heartbeat the agent
+/// sends after it is answered all the same. Once the disks are back, the
+/// claim is granted. (A stream that waited on each commit answered no
+/// heartbeat until its claims were in: 10,000 agents that claimed while
+/// the log was slow fenced themselves.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t235_a_nodes_heartbeat_is_answered_while_its_claim_waits_for_the_log() {
+    use muster_proto::v1::agent_message::Msg as Up;
+    use muster_proto::v1::agent_service_client::AgentServiceClient;
+    use muster_proto::v1::scheduler_message::Msg as Down;
+    use muster_raft_store::{DiskFault, set_disk_fault};
+
+    use crate::cluster::{Cluster, channel_as, leader};
+    use crate::t80_security::{register, up};
+
+    let dir = tempfile::tempdir().unwrap();
+    let fault = dir.path().join("disk-fault");
+    let fault_arg = fault.to_str().unwrap().to_string();
+    // Elections only after 8-10 s of silence: a leader whose disk stalls
+    // sends no Raft heartbeats, and this one must still lead when it heals.
+    let cluster = Cluster::start(dir.path(), &["--disk-fault-file", &fault_arg, "--heartbeat-ms", "2000"]);
+    let l = leader(&cluster.addrs, None).await;
+    let addr = cluster.addrs[l as usize - 1].clone();
+    let tls = crate::tls::material(muster_tls::Role::Agent("piper".into()));
+    let ch = muster_testkit::eventually_async("an agent channel to the leader", WAIT, || channel_as(&addr, &tls)).await;
+    let (tx, out) = tokio::sync::mpsc::channel(64);
+    tx.send(register("piper", 8)).await.unwrap();
+    let mut rx = AgentServiceClient::new(ch)
+        .connect(tokio_stream::wrappers::ReceiverStream::new(out))
+        .await
+        .expect("the leader takes the stream")
+        .into_inner();
+    let mut next = async || -> Down {
+        let m = tokio::time::timeout(WAIT, rx.message()).await.expect("the leader said something in time");
+        m.expect("the stream stays open").expect("a message").msg.expect("not empty")
+    };
+    assert!(matches!(next().await, Down::Registered(_)));
+
+    let spec = v1::AllocationSpec {
+        owner: "e2e".into(),
+        gang_size: 1,
+        resources: Some(v1::Resources { gpus: 1, vram_mb: 1_000, mem_mb: 1_000, cpus: 1 }),
+        command: vec!["true".into()],
+        idempotency_key: "t235".into(),
+        ..Default::default()
+    };
+    muster_testkit::eventually_async("the submit to be acknowledged", WAIT, || async {
+        let ch = crate::cluster::channel(&addr).await?;
+        let req = v1::SubmitRequest { spec: Some(spec.clone()), ..Default::default() };
+        v1::allocation_service_client::AllocationServiceClient::new(ch).submit(req).await.ok()
+    })
+    .await;
+    let task = loop {
+        if let Down::Assign(a) = next().await {
+            break a.task.expect("an assignment names its task");
+        }
+    };
+
+    // Nothing commits from here on: the claim's entry waits at every sync.
+    set_disk_fault(&fault, Some(DiskFault::StalledSync)).unwrap();
+    tx.send(up(Up::Claim(v1::Claim { task: Some(task) }))).await.unwrap();
+    tx.send(up(Up::Heartbeat(v1::Heartbeat::default()))).await.unwrap();
+    loop {
+        match next().await {
+            Down::HeartbeatAck(_) => break,
+            Down::Granted(_) | Down::Refused(_) => panic!("the claim was answered while nothing could commit"),
+            _ => {}
+        }
+    }
+
+    set_disk_fault(&fault, None).unwrap();
+    loop {
+        match next().await {
+            Down::Granted(g) => {
+                assert_eq!(g.task, Some(task));
+                break;
+            }
+            Down::Refused(r) => panic!("the claim was refused: {r:?}"),
+            _ => {}
+        }
+    }
+}
