@@ -471,7 +471,7 @@ impl State {
     // ----- the entry point -----------------------------------------------
 
     /// The nodes whose agents may have something new to hear (a task placed,
-    /// started, stopping or gone; a status or drain change) since the last
+    /// stopping or gone; a status or drain change) since the last
     /// call, in slot order; clears the set. The agent hub wakes only those
     /// nodes' streams after an entry applies.
     pub fn take_touched_nodes(&mut self) -> BTreeSet<NodeSlot> {
@@ -654,15 +654,24 @@ impl State {
                 continue;
             }
             let phase = e.alloc().and_then(|id| self.wait_phase_change(id));
+            // A start tells no agent anything new: the claiming agent hears
+            // of it on its own stream, the node's assignments, stops and
+            // preempts are as they were, and so are the grants (a task is
+            // granted its checkpoints while reserved and while running).
+            // Not waking the streams of its nodes saves one sync a task.
+            let quiet = matches!(e, Event::TaskStarted { .. });
             if let Some(a) = e.alloc().and_then(|id| self.allocs.get_mut(&id).map(Arc::make_mut)) {
-                self.touched.nodes.extend(a.tasks.iter().filter_map(|t| t.node));
-                // The nodes holding its checkpoints on their disks: a task
-                // placed elsewhere may fetch from them now (their grants).
-                for m in a.tasks.iter().flat_map(|t| &t.checkpoints) {
-                    if m.store == super::types::CheckpointStore::Node
-                        && let Some(&slot) = self.index.node_by_id.get(&m.writer)
-                    {
-                        self.touched.nodes.insert(slot);
+                if !quiet {
+                    self.touched.nodes.extend(a.tasks.iter().filter_map(|t| t.node));
+                    // The nodes holding its checkpoints on their disks: a
+                    // task placed elsewhere may fetch from them now (their
+                    // grants).
+                    for m in a.tasks.iter().flat_map(|t| &t.checkpoints) {
+                        if m.store == super::types::CheckpointStore::Node
+                            && let Some(&slot) = self.index.node_by_id.get(&m.writer)
+                        {
+                            self.touched.nodes.insert(slot);
+                        }
                     }
                 }
                 a.revision += 1;
@@ -681,7 +690,9 @@ impl State {
                 }
             }
             if let Some(slot) = e.node().and_then(|id| self.index.node_by_id.get(id).copied()) {
-                self.touched.nodes.insert(slot);
+                if !quiet {
+                    self.touched.nodes.insert(slot);
+                }
                 let n = &mut self.nodes[slot.0 as usize];
                 n.revision += 1;
                 // Shared with a snapshot's encoding copy until then: the
