@@ -14,6 +14,8 @@ impl State {
             }
         }
         let mut used = vec![Usage::default(); self.nodes.len()];
+        // (reserved, running or preempting) GPUs, task by task.
+        let mut held_gpus = (0u64, 0u64);
         let mut ports: BTreeMap<NodeSlot, BTreeSet<u16>> = BTreeMap::new();
         for a in self.allocs.values() {
             // Rendezvous ports: held exactly while task 0 holds capacity, as
@@ -79,6 +81,12 @@ impl State {
                         }
                         let u = &mut used[slot.0 as usize];
                         *u = u.plus(&Usage::of(&a.spec.resources));
+                        let gpus = u64::from(a.spec.resources.gpus);
+                        if t.status == TaskStatus::Reserved {
+                            held_gpus.0 += gpus;
+                        } else {
+                            held_gpus.1 += gpus;
+                        }
                     }
                     (true, None) => return Err(format!("allocation {} task {} is placed nowhere", a.id, t.index)),
                     (false, _) => {}
@@ -143,6 +151,12 @@ impl State {
         ports.retain(|_, p| !p.is_empty());
         if ports != self.index.ports_held {
             return Err("rendezvous port index out of step".to_string());
+        }
+        if self.held_gpus() != held_gpus {
+            return Err(format!(
+                "held GPUs {:?} (reserved, running), but the tasks hold {held_gpus:?}",
+                self.held_gpus()
+            ));
         }
         for (node, used) in self.nodes.iter().zip(&used) {
             if node.used != *used {
