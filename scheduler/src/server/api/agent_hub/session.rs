@@ -255,15 +255,20 @@ impl Session {
                     .unwrap_or(1);
                 self.sent.agent_started(key);
                 self.send(Out::Granted(v1::ClaimGranted { task: Some(task_ref(key)), attempt })).await?;
-                // A sync that ran after the start applied and before this
-                // answer did not know the agent runs it: if the task has
-                // left this node since (cancelled, torn down), stop it now.
-                if !self.still_placed_here(key) {
+                // Syncs that ran while the claim waited held back its
+                // preempt, and did not know the agent runs it: if the task
+                // is stopping or has left this node since, tell the agent
+                // now, after the grant.
+                if !self.runs_here(key) {
                     Box::pin(self.sync(false)).await?;
                 }
                 Ok(())
             }
-            (Then::Claim(key), Outcome::Rejected(r)) => self.refuse(key, &rejection_to_status(&r)).await,
+            (Then::Claim(key), Outcome::Rejected(r)) => {
+                self.refuse(key, &rejection_to_status(&r)).await?;
+                // A preempt held back while the claim waited goes now.
+                Box::pin(self.sync(false)).await
+            }
             (Then::Report(key, _), Outcome::Accepted(_)) => {
                 self.own.work.wake_admission();
                 self.send(Out::Recorded(v1::Recorded { task: Some(task_ref(key)) })).await
@@ -288,17 +293,20 @@ impl Session {
         }
     }
 
-    /// Whether attempt `key` is still placed on this node (reserved,
-    /// running or stopping there).
-    fn still_placed_here(&self, key: Key) -> bool {
+    /// Whether attempt `key` runs on this node in the state (started, not
+    /// stopping).
+    fn runs_here(&self, key: Key) -> bool {
         self.s.reader().read(|st| {
             let Some(slot) = st.node_slot(&self.node) else { return false };
             st.alloc(key.0).and_then(|a| a.tasks.get(key.1 as usize)).is_some_and(|t| {
-                t.node == Some(slot)
-                    && t.reservation_epoch == key.2
-                    && matches!(t.status, TaskStatus::Reserved | TaskStatus::Running | TaskStatus::Preempting)
+                t.node == Some(slot) && t.reservation_epoch == key.2 && t.status == TaskStatus::Running
             })
         })
+    }
+
+    /// Whether the agent's claim of `key` waits for its outcome.
+    fn claiming(&self, key: &Key) -> bool {
+        self.in_flight.iter().any(|(then, _)| matches!(then, Then::Claim(k) if k == key))
     }
 
     pub(super) async fn send(&self, msg: Out) -> Result<(), Status> {
@@ -443,6 +451,12 @@ impl Session {
         let mut plan = self.s.reader().read(|st| plan_sync(st, &self.node, &self.sent, repeat, &cfg));
         if self.own.bugs.has(crate::server::policies::InjectedBug::SpareFailedGangPeers) {
             self.spare_failed_gang_peers(&mut plan);
+        }
+        // A task whose claim waits for its outcome is not preempted yet:
+        // the agent, not running it, would ack the preempt at once and then
+        // start it on the grant. Its preempt goes after the answer.
+        if !self.in_flight.is_empty() {
+            plan.preempt.retain(|(k, _, _)| !self.claiming(k));
         }
         if plan.is_empty() {
             self.sent.sent(&plan);
