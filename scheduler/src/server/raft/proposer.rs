@@ -181,15 +181,12 @@ impl Proposer {
     pub async fn propose_all(&self, commands: Vec<Command>) -> Vec<Result<Outcome, ProposeError>> {
         let mut waiting = Vec::with_capacity(commands.len());
         for command in commands {
-            let (reply, rx) = oneshot::channel();
-            if self.tx.send(Pending::new(command, reply)).await.is_err() {
-                break;
-            }
-            waiting.push(rx);
+            let Ok(proposed) = self.submit(command).await else { break };
+            waiting.push(proposed);
         }
         let mut out = Vec::with_capacity(waiting.len());
-        for rx in waiting {
-            out.push(rx.await.unwrap_or_else(|_| Err(ProposeError::Raft("the replica is shutting down".into()))));
+        for proposed in waiting {
+            out.push(proposed.await);
         }
         out
     }
