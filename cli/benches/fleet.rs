@@ -39,7 +39,9 @@
 //! `--max-seconds S` (default 600), `--kill-leader-at K` (SIGKILL the leader
 //! at the K-th start: the successor's election, when placements resume and
 //! when every stream is on it; the leader's CPU figures are then the first
-//! leader's). Put `TMPDIR` on a tmpfs: every agent keeps a work dir.
+//! leader's), `--insecure` (no TLS; by default every replica, agent and
+//! user holds its own certificate, and every stream is mutual TLS). Put
+//! `TMPDIR` on a tmpfs: every agent keeps a work dir.
 //!
 //! Every start is recorded by the agents' executor: a task started twice
 //! (at-most-once broken) is counted and reported.
@@ -65,6 +67,7 @@ use std::time::{Duration, Instant};
 use muster_agent::agent::{Agent, AgentConfig};
 use muster_agent::executor::sim::{Durations, SimConfig, SimExecutor};
 use muster_proto::v1;
+use muster_tls::Role;
 use tokio::sync::watch;
 
 use common::{Servers, free_port, usage};
@@ -83,6 +86,11 @@ mod record;
 mod scrape;
 #[path = "fleet/users.rs"]
 mod users;
+
+/// Node `i`'s id (from `node-00001`).
+fn node_name(i: usize) -> String {
+    format!("node-{:05}", i + 1)
+}
 
 /// A leader kill: when, and the successor with when it was elected and
 /// when every stream was on it.
@@ -109,6 +117,7 @@ fn main() {
         )
     };
     let snapshot_every = common::opt("--snapshot-every", 0);
+    let insecure = std::env::args().any(|a| a == "--insecure");
     // The servers' logs, when MUSTER_FLEET_LOGS names a directory (made if
     // it is not there).
     let logs = std::env::var_os("MUSTER_FLEET_LOGS").map(std::path::PathBuf::from);
@@ -137,6 +146,25 @@ fn main() {
     let users = users_rt.handle().clone();
     rt.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
+        // Mutual TLS (unless --insecure): the servers', the bench's (an
+        // admin, to list nodes), the users' (a client) and one per agent.
+        let (admin, user, agent_certs) = if insecure {
+            (None, None, Vec::new())
+        } else {
+            let issued = Instant::now();
+            let roles: Vec<Role> = (1..=3)
+                .map(Role::Server)
+                .chain([Role::Admin("bench".into()), Role::Client("fleet".into())])
+                .chain((0..nodes).map(|i| Role::Agent(node_name(i))))
+                .collect();
+            let mut m = muster_local::ensure_certs(&dir.path().join("tls"), &roles).expect("issue the certificates");
+            let agents = m.split_off(5);
+            if !smoke {
+                println!("  issued {} certificates in {:.1} s", roles.len(), issued.elapsed().as_secs_f64());
+            }
+            let user = m.pop();
+            (m.pop(), user, agents)
+        };
         let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let https: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let peers: Vec<String> = addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
@@ -144,9 +172,14 @@ fn main() {
         let mut servers = Servers(
             (0..3)
                 .map(|i| {
-                    Command::new(env!("CARGO_BIN_EXE_muster"))
-                        .arg("server")
-                        .args(["--insecure", "--node-admission", "open"])
+                    let mut cmd = Command::new(env!("CARGO_BIN_EXE_muster"));
+                    cmd.arg("server");
+                    if insecure {
+                        cmd.arg("--insecure");
+                    } else {
+                        cmd.env("MUSTER_TLS_DIR", dir.path().join("tls"));
+                    }
+                    cmd.args(["--node-admission", "open"])
                         .args(["--max-connections", &room, "--max-connections-per-peer", &room])
                         .args(["--id", &(i + 1).to_string(), "--listen", &addrs[i], "--peers", &peers.join(",")])
                         .args(["--http", &https[i]])
@@ -166,9 +199,9 @@ fn main() {
                 })
                 .collect(),
         );
-        let leader = find_leader(&addrs, None).await;
+        let leader = find_leader(&https, None).await;
         let pid = servers.0[leader].id();
-        let ch = muster_tls::endpoint(&addrs[leader], None).unwrap().connect().await.unwrap();
+        let ch = muster_tls::endpoint(&addrs[leader], admin.as_ref()).unwrap().connect().await.unwrap();
 
         // The fleet: real agents, simulated tasks.
         let starts = Arc::new(Starts {
@@ -193,7 +226,7 @@ fn main() {
         let (stop, stopped) = watch::channel(false);
         let mut handles = Vec::new();
         for i in 0..nodes {
-            let node_id = format!("node-{:05}", i + 1);
+            let node_id = node_name(i);
             let cfg = AgentConfig {
                 node_id: node_id.clone(),
                 schedulers: addrs.clone(),
@@ -211,7 +244,7 @@ fn main() {
                 sampler: muster_agent::agent::null_sampler,
                 exit_when_stopped: false,
                 task_shim: None,
-                tls: None,
+                tls: agent_certs.get(i).cloned(),
                 clock: Default::default(),
                 janitor: Default::default(),
                 fence: true,
@@ -255,7 +288,7 @@ fn main() {
         let started_before = starts.count.load(Ordering::Relaxed);
         let done = Arc::new(AtomicBool::new(false));
         // The users' leader, followed after a failover.
-        let current = users::LeaderAddr::new(&addrs[leader]);
+        let current = users::LeaderAddr::new(&addrs[leader], user);
         let workload = users::Workload { tasks, submitters, backlog, array_size, gangs_per_array };
         let submitting = users::submit(&users, &workload, &current, &starts);
         let probe = users::probe(&users, current.clone(), done.clone());
@@ -296,7 +329,7 @@ fn main() {
             if kill_at > 0 && failover.is_none() && started >= kill_at {
                 let _ = servers.0[leader].kill();
                 let killed = Instant::now();
-                let next = find_leader(&addrs, Some(leader)).await;
+                let next = find_leader(&https, Some(leader)).await;
                 let elected = Instant::now();
                 current.set(&addrs[next]);
                 failover = Some((killed, Some((next, elected)), None));
@@ -315,7 +348,7 @@ fn main() {
                 lag_max = lag_max.max(top - now.iter().copied().min().unwrap_or(0));
                 let l = scrapes.swap_remove(leading);
                 if l.value("muster_raft_is_leader") < 1.0 {
-                    let next = find_leader(&addrs, None).await;
+                    let next = find_leader(&https, None).await;
                     if next != leading {
                         current.set(&addrs[next]);
                         eprintln!("  replica {} leads now, at {:.0} s", next + 1, load.elapsed().as_secs_f64());
@@ -426,11 +459,12 @@ fn main() {
         let sustained = per_second[from..to.min(per_second.len())].iter().sum::<u64>() as f64 / (to - from) as f64;
 
         println!(
-            "fleet: {nodes} real agents (simulated tasks, 8 GPUs each), 3 {} muster servers, insecure; \
+            "fleet: {nodes} real agents (simulated tasks, 8 GPUs each), 3 {} muster servers, {}; \
              {submitted} tasks from {submitters} submitters in arrays of {array_size} one-GPU elements and four-node \
              gangs; run time uniform \
              {:.1}-{:.1} s",
             if cfg!(debug_assertions) { "debug" } else { "release" },
+            if insecure { "insecure" } else { "mutual TLS, a certificate per agent" },
             mean.as_secs_f64() / 2.0,
             mean.as_secs_f64() * 1.5
         );

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use muster_proto::v1;
-use muster_proto::v1::admin_service_client::AdminServiceClient;
 use muster_proto::v1::node_service_client::NodeServiceClient;
 use tonic::transport::Channel;
 
@@ -50,14 +49,15 @@ pub fn applied(http: &str) -> u64 {
     gauge(http, "muster_raft_applied_index")
 }
 
-/// Which replica leads, besides `skip` (polled until one does).
-pub async fn find_leader(addrs: &[String], skip: Option<usize>) -> usize {
+/// Which replica leads, besides `skip` (polled every 20 ms until one
+/// does). Read from the replicas' `/metrics` (`muster_raft_is_leader`,
+/// set the moment Raft's state changes): their plain-HTTP listeners, not
+/// the gRPC one that 10,000 agents dial after a failover, whose TLS
+/// handshakes and accept queue would delay the answer by seconds.
+pub async fn find_leader(https: &[String], skip: Option<usize>) -> usize {
     loop {
-        for (i, a) in addrs.iter().enumerate().filter(|(i, _)| Some(*i) != skip) {
-            let Ok(ch) = muster_tls::endpoint(a, None).unwrap().connect().await else { continue };
-            if let Ok(s) = AdminServiceClient::new(ch).status(v1::StatusRequest {}).await
-                && s.get_ref().role == "leader"
-            {
+        for (i, h) in https.iter().enumerate().filter(|(i, _)| Some(*i) != skip) {
+            if Scrape::of(h).value("muster_raft_is_leader") >= 1.0 {
                 return i;
             }
         }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use muster_proto::v1;
 use muster_proto::v1::allocation_service_client::AllocationServiceClient;
+use muster_tls::TlsMaterial;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -16,13 +17,13 @@ use crate::common;
 use crate::record::{PROBE, Starts};
 
 /// The address the users (submitters, probe) call: the leader's, replaced
-/// after a failover.
+/// after a failover; and the users' certificate (none: insecure).
 #[derive(Clone)]
-pub struct LeaderAddr(Arc<Mutex<String>>);
+pub struct LeaderAddr(Arc<Mutex<String>>, Option<TlsMaterial>);
 
 impl LeaderAddr {
-    pub fn new(addr: &str) -> LeaderAddr {
-        LeaderAddr(Arc::new(Mutex::new(addr.to_string())))
+    pub fn new(addr: &str, tls: Option<TlsMaterial>) -> LeaderAddr {
+        LeaderAddr(Arc::new(Mutex::new(addr.to_string())), tls)
     }
 
     pub fn set(&self, addr: &str) {
@@ -34,7 +35,7 @@ impl LeaderAddr {
     pub async fn client(&self, conn: &mut Option<(String, Channel)>) -> Option<AllocationServiceClient<Channel>> {
         let addr = self.0.lock().unwrap().clone();
         if conn.as_ref().is_none_or(|(a, _)| *a != addr) {
-            let ch = muster_tls::endpoint(&addr, None).unwrap().connect().await.ok()?;
+            let ch = muster_tls::endpoint(&addr, self.1.as_ref()).unwrap().connect().await.ok()?;
             *conn = Some((addr, ch));
         }
         let ch = conn.as_ref().map(|(_, ch)| ch.clone())?;
