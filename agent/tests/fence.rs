@@ -66,6 +66,7 @@ impl AgentService for VanishingLeader {
             node_id: "n1".into(),
             heartbeat_interval_ms: 100,
             node_lost_after_ms: 2_000,
+            reconnect_spread_ms: 0,
         })))
         .await
         .unwrap();
@@ -90,7 +91,7 @@ impl AgentService for VanishingLeader {
                     Some(Out::Claim(c)) => In::Granted(v1::ClaimGranted { task: c.task, attempt: 1 }),
                     Some(Out::Heartbeat(_)) => {
                         heard.answered.fetch_add(1, Ordering::SeqCst);
-                        In::HeartbeatAck(v1::HeartbeatAck {})
+                        In::HeartbeatAck(v1::HeartbeatAck::default())
                     }
                     _ => continue,
                 };

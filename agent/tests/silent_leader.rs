@@ -30,7 +30,12 @@ impl AgentService for SilentLeader {
     ) -> Result<Response<Self::ConnectStream>, Status> {
         self.connects.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = mpsc::channel(4);
-        let registered = v1::Registered { node_id: "n1".into(), heartbeat_interval_ms: 100, node_lost_after_ms: 0 };
+        let registered = v1::Registered {
+            node_id: "n1".into(),
+            heartbeat_interval_ms: 100,
+            node_lost_after_ms: 0,
+            reconnect_spread_ms: 0,
+        };
         let msg = v1::SchedulerMessage { msg: Some(v1::scheduler_message::Msg::Registered(registered)) };
         tx.send(Ok(msg)).await.unwrap();
         let mut inbound = req.into_inner();

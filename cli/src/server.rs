@@ -91,6 +91,12 @@ pub struct ServerArgs {
     /// Agents heartbeat this often, ms.
     #[arg(long, default_value_t = 5_000)]
     agent_heartbeat_ms: u64,
+    /// Agent streams a second a successor is to take after a failover:
+    /// agents whose stream breaks spread their reconnects over the leader's
+    /// streams at this rate (at most a sixth of --node-lost-after-ms).
+    #[arg(long, default_value_t = muster_scheduler::server::api::agent_hub::DEFAULT_RECONNECT_RATE,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    agent_reconnect_rate: u32,
     #[command(flatten)]
     preemption: PreemptionArgs,
     /// Turn EASY backfill off: a gang that does not fit is skipped and
@@ -192,6 +198,11 @@ pub struct ServerArgs {
 /// of its log): it stopped serving, and a supervisor should start it again
 /// once the disk is fixed; it reads back what is on disk.
 pub const EXIT_STORAGE_FAILED: i32 = 75;
+
+/// The gRPC listener's accept queue asked for: the kernel caps it at
+/// `net.core.somaxconn` (4,096 by default since Linux 5.4; raise it for
+/// fleets larger than that).
+const LISTEN_BACKLOG: u32 = 65_535;
 
 /// A duration flag that must be at least a second.
 fn positive_duration(flag: &str, value: &str) -> anyhow::Result<Duration> {
@@ -412,7 +423,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let socket = if args.listen.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
     socket.set_reuseaddr(true)?;
     socket.bind(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
-    let listener = socket.listen(1024)?;
+    // As long an accept queue as the kernel allows (net.core.somaxconn caps
+    // it): after a failover every agent of the fleet dials the successor
+    // within seconds, and a SYN that finds the queue full is dropped and
+    // retried by the agent's TCP only 1, 3, 7 and 15 s later.
+    let listener = socket.listen(LISTEN_BACKLOG)?;
 
     let mut cfg = ReplicaConfig::new(args.id, advertise, &args.data_dir);
     cfg.initial_members = peers;
@@ -455,6 +470,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     cfg.hub.heartbeat_interval = Duration::from_millis(args.agent_heartbeat_ms);
     cfg.teardown_force_after = Duration::from_millis(args.teardown_force_after_ms);
     cfg.hub.node_lost_after = Duration::from_millis(args.node_lost_after_ms);
+    cfg.hub.reconnect_rate = args.agent_reconnect_rate;
     cfg.preemption = preemption;
     cfg.admission.backfill = !args.no_backfill;
     cfg.admission.note_waits = !args.no_wait_notes;

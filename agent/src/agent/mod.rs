@@ -214,6 +214,9 @@ pub struct Agent {
     addr: String,
     /// The current session's stream was accepted by a leader.
     established: bool,
+    /// The window the leader said to spread a reconnect over, when a
+    /// stream it accepted breaks (`Registered`, `HeartbeatAck`).
+    reconnect_spread: Duration,
     /// When the tasks must stop if no leader answers (self-fencing).
     fence: fence::Fence,
     /// When the current session's `Register` went out.
@@ -260,6 +263,27 @@ enum Next {
 /// How long an agent waits before asking again when a replica names the
 /// leader it just lost.
 const NOTICE_PAUSE: Duration = Duration::from_millis(50);
+
+/// The longest reconnect spread an agent takes from a leader.
+const MAX_RECONNECT_SPREAD: Duration = Duration::from_secs(60);
+
+/// The window a leader's `reconnect_spread_ms` names, as the agent takes it
+/// (at most [`MAX_RECONNECT_SPREAD`]).
+fn reconnect_spread(ms: u32) -> Duration {
+    Duration::from_millis(u64::from(ms)).min(MAX_RECONNECT_SPREAD)
+}
+
+/// When an agent dials again after a stream a leader accepted broke: a
+/// point of `spread` fixed by its node id, the same every time, so that a
+/// fleet's reconnects fall evenly over the window.
+pub fn reconnect_after(node_id: &str, spread: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys, salted apart from the first sweep's offset.
+    let mut h = std::hash::DefaultHasher::new();
+    ("reconnect", node_id).hash(&mut h);
+    let ms = u64::try_from(spread.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(if ms == 0 { 0 } else { h.finish() % ms })
+}
 
 /// The agent's reconnection budget.
 #[derive(Debug, Default)]
@@ -399,6 +423,7 @@ impl Agent {
             leader_hint: None,
             addr: String::new(),
             established: false,
+            reconnect_spread: Duration::ZERO,
             fence: fence::Fence::new(fence_on, tokio::time::Instant::now()),
             register_sent: tokio::time::Instant::now(),
             next: 0,
@@ -453,6 +478,12 @@ impl Agent {
                 }
                 Next::BackOff(failures) => self.backoff(failures),
             };
+            // A stream a leader had accepted broke: its leader may be gone,
+            // and then every agent of the fleet lost its stream at the same
+            // moment. Each waits its own point of the window the leader
+            // gave, so that the successor takes them a few at a time.
+            let pause =
+                if established { pause.max(reconnect_after(&self.cfg.node_id, self.reconnect_spread)) } else { pause };
             let fence = self.fence_deadline();
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}

@@ -150,6 +150,7 @@ impl Agent {
             Some(In::Registered(r)) => {
                 tracing::info!(node = %self.cfg.node_id, "registered with the leader");
                 self.fence.registered(self.register_sent, r.node_lost_after_ms);
+                self.reconnect_spread = super::reconnect_spread(r.reconnect_spread_ms);
                 for report in self.unrecorded.values() {
                     send_report(report, send).await?;
                 }
@@ -240,7 +241,10 @@ impl Agent {
                 }
             }
             Some(In::NodeNotice(n)) => self.node_notice(&n),
-            Some(In::HeartbeatAck(_)) => self.fence.heartbeat_answered(),
+            Some(In::HeartbeatAck(ack)) => {
+                self.fence.heartbeat_answered();
+                self.reconnect_spread = super::reconnect_spread(ack.reconnect_spread_ms);
+            }
             Some(In::FetchLogs(f)) => {
                 let reply = self.read_logs(&f);
                 send(Out::LogData(reply)).await?;

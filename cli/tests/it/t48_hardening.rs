@@ -531,3 +531,67 @@ async fn t235_a_nodes_heartbeat_is_answered_while_its_claim_waits_for_the_log() 
         }
     }
 }
+
+/// Issue 51, failover at scale: the leader tells its agents over how long
+/// to spread their reconnects (its streams at `--agent-reconnect-rate` a
+/// second), at registration and with every heartbeat's answer, so that a
+/// fleet whose leader dies does not dial the successor all at once. (The
+/// agent's side, waiting its own point of that window, is
+/// `muster-agent`'s `reconnect_spread` test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t236_agents_are_told_how_to_spread_their_reconnects() {
+    use muster_proto::v1::agent_message::Msg as Up;
+    use muster_proto::v1::agent_service_client::AgentServiceClient;
+    use muster_proto::v1::scheduler_message::Msg as Down;
+
+    use crate::cluster::{Cluster, channel_as, leader};
+    use crate::t80_security::{register, up};
+
+    let o = crate::muster(&["server", "--agent-reconnect-rate", "0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--agent-reconnect-rate"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    // One stream a second: each stream the leader holds adds a second.
+    let cluster = Cluster::start(dir.path(), &["--agent-reconnect-rate", "1"]);
+    let l = leader(&cluster.addrs, None).await;
+    let addr = cluster.addrs[l as usize - 1].clone();
+    let open = async |node: &str| {
+        let tls = crate::tls::material(muster_tls::Role::Agent(node.into()));
+        let ch =
+            muster_testkit::eventually_async("an agent channel to the leader", WAIT, || channel_as(&addr, &tls)).await;
+        let (tx, out) = tokio::sync::mpsc::channel(16);
+        tx.send(register(node, 1)).await.unwrap();
+        let mut rx = AgentServiceClient::new(ch)
+            .connect(tokio_stream::wrappers::ReceiverStream::new(out))
+            .await
+            .expect("the leader takes the stream")
+            .into_inner();
+        let first = tokio::time::timeout(WAIT, rx.message()).await.expect("in time").expect("open").expect("a message");
+        let Some(Down::Registered(r)) = first.msg else { panic!("expected Registered, got {first:?}") };
+        (tx, rx, r)
+    };
+    let (tx_a, mut rx_a, _) = open("spread-a").await;
+    let (_tx_b, _rx_b, _) = open("spread-b").await;
+    // Both streams held (the second attaches just after its Registered):
+    // a heartbeat's answer names two seconds.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        tx_a.send(up(Up::Heartbeat(v1::Heartbeat::default()))).await.unwrap();
+        let spread = loop {
+            let m =
+                tokio::time::timeout(WAIT, rx_a.message()).await.expect("in time").expect("open").expect("a message");
+            if let Some(Down::HeartbeatAck(ack)) = m.msg {
+                break ack.reconnect_spread_ms;
+            }
+        };
+        if spread == 2_000 {
+            break;
+        }
+        assert!(spread < 2_000 && tokio::time::Instant::now() < deadline, "a heartbeat's answer said {spread} ms");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A third registration is told the same window.
+    let (_tx_c, _rx_c, registered) = open("spread-c").await;
+    assert_eq!(registered.reconnect_spread_ms, 2_000, "{registered:?}");
+}

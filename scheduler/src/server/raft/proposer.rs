@@ -14,6 +14,14 @@
 //! Throughput is then bounded by batch size over commit latency rather than
 //! by one fsync per transition.
 //!
+//! Commands queue in two lanes. A node's registration
+//! ([`Proposer::propose_first`]) goes into the next entry ahead of whatever
+//! waits in the main lane: under load that lane holds seconds of the
+//! fleet's claims and reports, and after a failover every agent of the
+//! fleet registers with the successor at once; behind them, a registration
+//! kept its agent without a stream (and its tasks without a leader to
+//! answer them) for those seconds. Each lane is first in, first out.
+//!
 //! An entry whose outcome does not come is answered "did not complete"
 //! after [`NO_OUTCOME_FOLLOWING`] (this replica no longer leads) or
 //! [`NO_OUTCOME_LEADING`], and leaves the pipeline: openraft answers an
@@ -136,6 +144,8 @@ impl Future for Proposed {
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
+    /// The lane that goes first.
+    first: mpsc::Sender<Pending>,
 }
 
 impl Proposer {
@@ -155,13 +165,26 @@ impl Proposer {
         committed: fn(&Outcome),
     ) -> Proposer {
         let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(log, rx, max_batch.max(1), now, committed));
-        Proposer { tx }
+        let (first, first_rx) = mpsc::channel(max_batch.max(1));
+        tokio::spawn(run(log, Lanes { first: first_rx, rest: rx }, max_batch.max(1), now, committed));
+        Proposer { tx, first }
     }
 
     /// Proposes one command and waits for its outcome.
     pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
         self.submit(command).await?.outcome().await
+    }
+
+    /// Proposes one command ahead of every command waiting in the main lane
+    /// (they may apply after it), and waits for its outcome. For a node's
+    /// registration, which nothing queued before it depends on.
+    pub async fn propose_first(&self, command: Command) -> Result<Outcome, ProposeError> {
+        let (reply, rx) = oneshot::channel();
+        self.first
+            .send(Pending::new(command, reply))
+            .await
+            .map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?;
+        Proposed(rx).outcome().await
     }
 
     /// Hands one command to the proposer and returns without waiting for
@@ -233,13 +256,38 @@ struct InFlight {
     started: tokio::time::Instant,
 }
 
-async fn run<L: Log>(
-    log: L,
-    mut rx: mpsc::Receiver<Pending>,
-    max_batch: usize,
-    now: impl Fn() -> u64,
-    committed: fn(&Outcome),
-) {
+/// The proposer's two queues: `first` goes ahead of `rest`.
+struct Lanes {
+    first: mpsc::Receiver<Pending>,
+    rest: mpsc::Receiver<Pending>,
+}
+
+impl Lanes {
+    /// The next command queued now, first lane first.
+    fn try_next(&mut self) -> Option<Pending> {
+        self.first.try_recv().or_else(|_| self.rest.try_recv()).ok()
+    }
+
+    /// The next command, first lane first, waiting for one; `None` once
+    /// both lanes are closed and empty.
+    async fn next(&mut self) -> Option<Pending> {
+        if let Some(p) = self.try_next() {
+            return Some(p);
+        }
+        tokio::select! {
+            biased;
+            Some(p) = self.first.recv() => Some(p),
+            p = self.rest.recv() => match p {
+                Some(p) => Some(p),
+                // The handles are dropped together: whatever the first
+                // lane still holds is taken before the end.
+                None => self.first.try_recv().ok(),
+            },
+        }
+    }
+}
+
+async fn run<L: Log>(log: L, mut rx: Lanes, max_batch: usize, now: impl Fn() -> u64, committed: fn(&Outcome)) {
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut open = true;
     // The command that would have passed the last entry's byte bound: it
@@ -287,16 +335,16 @@ async fn run<L: Log>(
                 let mut bytes = first.bytes;
                 let mut batch = vec![first];
                 while batch.len() < max_batch {
-                    match rx.try_recv() {
-                        Ok(p) if bytes + p.bytes > MAX_ENTRY_BYTES => {
+                    match rx.try_next() {
+                        Some(p) if bytes + p.bytes > MAX_ENTRY_BYTES => {
                             carried = Some(p);
                             break;
                         }
-                        Ok(p) => {
+                        Some(p) => {
                             bytes += p.bytes;
                             batch.push(p);
                         }
-                        Err(_) => break,
+                        None => break,
                     }
                 }
                 let commands = batch.iter().map(|p| p.command.clone()).collect();
@@ -315,10 +363,10 @@ async fn run<L: Log>(
 
 /// The next command to propose: the one carried over from the last batch,
 /// else the queue's next.
-async fn next_pending(carried: &mut Option<Pending>, rx: &mut mpsc::Receiver<Pending>) -> Option<Pending> {
+async fn next_pending(carried: &mut Option<Pending>, rx: &mut Lanes) -> Option<Pending> {
     match carried.take() {
         Some(p) => Some(p),
-        None => rx.recv().await,
+        None => rx.next().await,
     }
 }
 
@@ -526,6 +574,48 @@ mod tests {
             })
             .collect();
         assert_eq!(order, vec![1, 2, 3, 4, 5]);
+    }
+
+    /// A command proposed first (a node's registration) goes into the next
+    /// entry ahead of the commands queued before it; the main lane keeps
+    /// its own order.
+    #[tokio::test(start_paused = true)]
+    async fn a_command_proposed_first_goes_ahead_of_the_queue() {
+        let log = Held::default();
+        log.leads.store(true, Ordering::SeqCst);
+        let proposer = Proposer::start_on(log.clone(), 2, || 0, |_| {});
+        let mut proposed = Vec::new();
+        for alloc in 1..=5 {
+            proposed.push(proposer.submit(Command::ExpireNomination { alloc }).await.unwrap());
+        }
+        // Two entries of two are out; the fifth waits in the queue.
+        while log.held() < IN_FLIGHT {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let p = proposer.clone();
+        let first = tokio::spawn(async move { p.propose_first(Command::ExpireNomination { alloc: 99 }).await });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        log.apply_next();
+        while log.held() < IN_FLIGHT {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        log.apply_next();
+        log.apply_next();
+        assert!(matches!(first.await.unwrap(), Ok(Outcome::Accepted(_))));
+        for p in proposed {
+            assert!(matches!(p.outcome().await, Ok(Outcome::Accepted(_))));
+        }
+        let order: Vec<u64> = log
+            .written
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| match c {
+                Command::ExpireNomination { alloc } => *alloc,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(order, vec![1, 2, 3, 4, 99, 5]);
     }
 
     /// While leading, an entry waits up to the leader's bound, no longer.

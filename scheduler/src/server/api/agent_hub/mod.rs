@@ -84,6 +84,10 @@ pub struct HubConfig {
     /// Refuse the registration of a node no admin admitted
     /// (`muster server --node-admission required`).
     pub admission_required: bool,
+    /// Streams a second a successor is to take after a failover: agents
+    /// spread their reconnects over the streams this leader holds at this
+    /// rate (see [`reconnect_spread`]).
+    pub reconnect_rate: u32,
 }
 
 impl Default for HubConfig {
@@ -94,8 +98,26 @@ impl Default for HubConfig {
             register_timeout: Duration::from_secs(30),
             node_lost_after: Duration::from_secs(30),
             admission_required: false,
+            reconnect_rate: DEFAULT_RECONNECT_RATE,
         }
     }
+}
+
+/// Agent streams a second a successor takes after a failover, by default.
+/// Measured with the fleet bench (docs/performance.md, "Failover"): on two
+/// cores shared by three replicas and 10,000 agents, a successor took about
+/// this many registrations a second (a TLS handshake, a `RegisterNode`
+/// command and a first sync each) while it placed tasks.
+pub const DEFAULT_RECONNECT_RATE: u32 = 2_000;
+
+/// The window over which a leader's agents spread their reconnects when
+/// their streams break: `streams` at `rate` a second, and at most a sixth
+/// of the node-lost window. An agent fences itself when no leader has
+/// answered it for half of that window; its last answer may be a heartbeat
+/// interval old when the leader dies, so the spread keeps well inside it.
+pub fn reconnect_spread(streams: usize, rate: u32, node_lost_after: Duration) -> Duration {
+    let ms = (streams as u64).saturating_mul(1_000) / u64::from(rate.max(1));
+    Duration::from_millis(ms).min(node_lost_after / 6)
 }
 
 /// The agent service of one replica.
@@ -195,4 +217,23 @@ fn key_of(t: &Option<v1::TaskRef>) -> Result<Key, Status> {
 
 fn task_ref(k: Key) -> v1::TaskRef {
     v1::TaskRef { alloc_id: k.0, task_index: k.1, epoch: k.2 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fleet's reconnects are spread over its streams at the rate, and
+    /// never past a sixth of the node-lost window (where agents would
+    /// start fencing before their turn came).
+    #[test]
+    fn a_fleets_reconnects_spread_over_its_streams_at_the_rate() {
+        let lost = Duration::from_secs(30);
+        assert_eq!(reconnect_spread(10_000, 2_000, lost), Duration::from_secs(5));
+        assert_eq!(reconnect_spread(3, 2_000, lost), Duration::from_millis(1));
+        assert_eq!(reconnect_spread(0, 2_000, lost), Duration::ZERO);
+        assert_eq!(reconnect_spread(50_000, 2_000, lost), Duration::from_secs(5), "capped");
+        assert_eq!(reconnect_spread(5_000, 2_000, Duration::from_secs(6)), Duration::from_secs(1), "capped");
+        assert_eq!(reconnect_spread(7, 0, lost), Duration::from_millis(5_000), "a zero rate is one a second");
+    }
 }

@@ -143,9 +143,12 @@ impl Session {
         }
         let register = Command::RegisterNode { node: node.clone(), resources, labels };
         // A reconnect loop would cost one entry per registration: paid for
-        // from the node's budget like any other command.
+        // from the node's budget like any other command. It goes ahead of
+        // the commands queued for the log (nothing queued depends on it),
+        // so that a fleet re-registering with a busy successor gets its
+        // streams back in one entry's time, not the queue's.
         own.budgets.pay(&node, &register).await;
-        match s.proposer().propose(register).await.map_err(propose_error_to_status)? {
+        match s.proposer().propose_first(register).await.map_err(propose_error_to_status)? {
             Outcome::Accepted(_) => {}
             Outcome::Rejected(r) => return Err(rejection_to_status(&r)),
         }
@@ -167,11 +170,20 @@ impl Session {
                 node_id: session.node.to_string(),
                 heartbeat_interval_ms: cfg.heartbeat_interval.as_millis() as u32,
                 node_lost_after_ms: u32::try_from(cfg.node_lost_after.as_millis()).unwrap_or(u32::MAX),
+                reconnect_spread_ms: session.reconnect_spread_ms(),
             }))
             .await?;
         session.reconcile().await?;
         session.sync(false).await?;
         Ok(session)
+    }
+
+    /// The window this leader's agents spread their reconnects over, from
+    /// the streams it holds now (the fleet it would hand a successor).
+    fn reconnect_spread_ms(&self) -> u32 {
+        let streams = self.own.work.agents().len();
+        let spread = super::reconnect_spread(streams, self.cfg.reconnect_rate, self.cfg.node_lost_after);
+        u32::try_from(spread.as_millis()).unwrap_or(u32::MAX)
     }
 
     /// Serves the stream: messages from the agent, and a sync whenever an
@@ -566,7 +578,7 @@ impl Session {
                 self.own.work.agents().set_pulls(&self.node, h.pulls);
                 self.revive_if_lost().await?;
                 self.sync(true).await?;
-                self.send(Out::HeartbeatAck(v1::HeartbeatAck {})).await
+                self.send(Out::HeartbeatAck(v1::HeartbeatAck { reconnect_spread_ms: self.reconnect_spread_ms() })).await
             }
             Some(In::Checkpoint(c)) => {
                 let key = key_of(&c.task)?;
