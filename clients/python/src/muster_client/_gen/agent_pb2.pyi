@@ -269,8 +269,10 @@ class DeleteCheckpoints(_message.Message):
     def __init__(self, checkpoints: _Optional[_Iterable[_Union[_types_pb2.CheckpointManifest, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatAck(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("reconnect_spread_ms",)
+    RECONNECT_SPREAD_MS_FIELD_NUMBER: _ClassVar[int]
+    reconnect_spread_ms: int
+    def __init__(self, reconnect_spread_ms: _Optional[int] = ...) -> None: ...
 
 class NodeNotice(_message.Message):
     __slots__ = ("status", "detail", "deadline_ms")
@@ -331,14 +333,16 @@ class Recorded(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval_ms", "node_lost_after_ms")
+    __slots__ = ("node_id", "heartbeat_interval_ms", "node_lost_after_ms", "reconnect_spread_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     NODE_LOST_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    RECONNECT_SPREAD_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval_ms: int
     node_lost_after_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_lost_after_ms: _Optional[int] = ...) -> None: ...
+    reconnect_spread_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., node_lost_after_ms: _Optional[int] = ..., reconnect_spread_ms: _Optional[int] = ...) -> None: ...
 
 class Assign(_message.Message):
     __slots__ = ("task", "gang_size", "command", "env", "peers", "gpus", "restore", "checkpoint_store", "max_checkpoint_bytes", "walltime_s", "stall_timeout_s", "checkpointing", "ports", "secret_env", "mem_mb", "cpus", "owner", "pids_max", "image", "mounts", "workdir")
