@@ -38,8 +38,9 @@
 //! `--mean-ms M` (a task's run time, uniform on [M/2, 3M/2], default 10,000),
 //! `--max-seconds S` (default 600), `--kill-leader-at K` (SIGKILL the leader
 //! at the K-th start: the successor's election, when placements resume and
-//! when every stream is on it; the leader's CPU figures are then the first
-//! leader's), `--insecure` (no TLS; by default every replica, agent and
+//! when every stream is on it, with when a tenth, half and nine tenths
+//! were and the successor's CPU until then; the leader's CPU figures are
+//! then the first leader's), `--insecure` (no TLS; by default every replica, agent and
 //! user holds its own certificate, and every stream is mutual TLS). Put
 //! `TMPDIR` on a tmpfs: every agent keeps a work dir.
 //!
@@ -86,6 +87,35 @@ mod record;
 mod scrape;
 #[path = "fleet/users.rs"]
 mod users;
+
+/// A failover's reconnect wave, as the bench sees it on the successor.
+#[derive(Default)]
+struct Wave {
+    /// The successor's pid and CPU ticks at its election.
+    successor: Option<(u32, u64)>,
+    /// When 10 %, 20 %, … 100 % of the streams were on it.
+    tenths: [Option<Instant>; 10],
+    /// Its CPU ticks from its election until every stream was on it.
+    cpu_until_back: Option<u64>,
+}
+
+impl Wave {
+    /// The successor holds `streams` of `nodes` now: notes the tenths
+    /// reached, and whether all are back (then its CPU since election).
+    fn saw(&mut self, streams: u64, nodes: usize) -> bool {
+        let now = Instant::now();
+        for (i, at) in self.tenths.iter_mut().enumerate() {
+            if at.is_none() && streams * 10 >= nodes as u64 * (i as u64 + 1) {
+                *at = Some(now);
+            }
+        }
+        let all = streams >= nodes as u64;
+        if all && self.cpu_until_back.is_none() {
+            self.cpu_until_back = self.successor.map(|(pid, at)| usage(pid).0.saturating_sub(at));
+        }
+        all
+    }
+}
 
 /// Node `i`'s id (from `node-00001`).
 fn node_name(i: usize) -> String {
@@ -321,6 +351,10 @@ fn main() {
         }
         // A failover: (the kill, the successor elected, all streams on it).
         let mut failover: Option<Failover> = None;
+        // The reconnect wave after it: when a tenth, two tenths, … of the
+        // streams were on the successor, and its CPU ticks from its
+        // election until all were.
+        let mut wave = Wave::default();
         let (mut last_idle_check, mut last_progress) = (Instant::now(), (Instant::now(), 0));
         let submitted = loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -331,11 +365,12 @@ fn main() {
                 let killed = Instant::now();
                 let next = find_leader(&https, Some(leader)).await;
                 let elected = Instant::now();
+                wave.successor = Some((servers.0[next].id(), usage(servers.0[next].id()).0));
                 current.set(&addrs[next]);
                 failover = Some((killed, Some((next, elected)), None));
             }
             if let Some((_, Some((next, _)), back @ None)) = &mut failover
-                && gauge(&https[*next], "muster_agent_streams") >= nodes as u64
+                && wave.saw(gauge(&https[*next], "muster_agent_streams"), nodes)
             {
                 *back = Some(Instant::now());
             }
@@ -421,7 +456,7 @@ fn main() {
         if let Some((_, Some((next, _)), back @ None)) = &mut failover {
             let until = Instant::now() + Duration::from_secs(60);
             while Instant::now() < until {
-                if gauge(&https[*next], "muster_agent_streams") >= nodes as u64 {
+                if wave.saw(gauge(&https[*next], "muster_agent_streams"), nodes) {
                     *back = Some(Instant::now());
                     break;
                 }
@@ -569,6 +604,21 @@ fn main() {
                 s(elected_at.map(|at| at - killed)),
                 s(elected_at.and_then(|at| starts.first_after(at)).zip(elected_at).map(|(d, at)| at + d - killed)),
                 s(back.map(|at| at - killed)),
+            );
+            let tenths: Vec<String> = [0, 4, 8]
+                .iter()
+                .map(|&i| wave.tenths[i].map_or("never".to_string(), |at| format!("{:.1}", (at - killed).as_secs_f64())))
+                .collect();
+            let cpu = match (elected_at, back, wave.cpu_until_back) {
+                (Some(from), Some(to), Some(ticks)) => {
+                    format!("{:.0} % of a core", ticks as f64 / (to - from).as_secs_f64().max(0.01))
+                }
+                _ => "-".to_string(),
+            };
+            println!(
+                "  reconnect wave: 10 %, 50 %, 90 % of the streams on the successor after {} s; the successor used {cpu} \
+                 from its election until all were",
+                tenths.join(", ")
             );
         }
         if !elections.is_empty() {
