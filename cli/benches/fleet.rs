@@ -361,9 +361,11 @@ fn main() {
             let started = starts.count.load(Ordering::Relaxed) - started_before;
             let distinct = starts.distinct_work.load(Ordering::Relaxed);
             if kill_at > 0 && failover.is_none() && started >= kill_at {
-                let _ = servers.0[leader].kill();
+                // The replica that leads now: an election nobody caused
+                // (followed above) may have moved the leadership.
+                let _ = servers.0[leading].kill();
                 let killed = Instant::now();
-                let next = find_leader(&https, Some(leader)).await;
+                let next = find_leader(&https, Some(leading)).await;
                 let elected = Instant::now();
                 wave.successor = Some((servers.0[next].id(), usage(servers.0[next].id()).0));
                 current.set(&addrs[next]);
