@@ -54,12 +54,18 @@ impl Default for JanitorConfig {
 /// once fence half the agents); spread this way, a node sweeps once per
 /// interval, each at its own point of it.
 pub fn first_sweep_after(node_id: &str, every: Duration) -> Duration {
-    use std::hash::{Hash, Hasher};
-    // SipHash with fixed keys: the same offset for a node every time.
+    point_in(node_id, every)
+}
+
+/// A point of `window` fixed by `key`: the same every time (SipHash with
+/// fixed keys), and a fleet's keys fall evenly over the window. Zero for
+/// an empty window.
+pub fn point_in(key: impl std::hash::Hash, window: Duration) -> Duration {
+    use std::hash::Hasher;
     let mut h = std::hash::DefaultHasher::new();
-    node_id.hash(&mut h);
-    let every_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
-    Duration::from_millis(h.finish() % every_ms)
+    key.hash(&mut h);
+    let ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(if ms == 0 { 0 } else { h.finish() % ms })
 }
 
 /// What the agent uses now: attempts it runs, and (allocation, task) pairs

@@ -69,8 +69,8 @@ impl AgentService for BreakingLeader {
                 }
             }
             if first {
-                // The answer is sent; the stream ends as a dead leader's.
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                // The stream ends as a dead leader's, after the answer (a
+                // stream's messages arrive in order).
                 seen.lock().unwrap().broke = Some(tokio::time::Instant::now());
                 let _ = tx.send(Err(Status::unavailable("the leader is gone"))).await;
             }

@@ -277,12 +277,8 @@ fn reconnect_spread(ms: u32) -> Duration {
 /// point of `spread` fixed by its node id, the same every time, so that a
 /// fleet's reconnects fall evenly over the window.
 pub fn reconnect_after(node_id: &str, spread: Duration) -> Duration {
-    use std::hash::{Hash, Hasher};
-    // SipHash with fixed keys, salted apart from the first sweep's offset.
-    let mut h = std::hash::DefaultHasher::new();
-    ("reconnect", node_id).hash(&mut h);
-    let ms = u64::try_from(spread.as_millis()).unwrap_or(u64::MAX);
-    Duration::from_millis(if ms == 0 { 0 } else { h.finish() % ms })
+    // Salted apart from the first sweep's point.
+    crate::janitor::point_in(("reconnect", node_id), spread)
 }
 
 /// The agent's reconnection budget.

@@ -179,12 +179,7 @@ impl Proposer {
     /// (they may apply after it), and waits for its outcome. For a node's
     /// registration, which nothing queued before it depends on.
     pub async fn propose_first(&self, command: Command) -> Result<Outcome, ProposeError> {
-        let (reply, rx) = oneshot::channel();
-        self.first
-            .send(Pending::new(command, reply))
-            .await
-            .map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?;
-        Proposed(rx).outcome().await
+        queue(&self.first, command).await?.outcome().await
     }
 
     /// Hands one command to the proposer and returns without waiting for
@@ -192,12 +187,7 @@ impl Proposer {
     /// that order (the queue is first in, first out, and entries apply in
     /// log order), so a caller may go on to its next command at once.
     pub async fn submit(&self, command: Command) -> Result<Proposed, ProposeError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Pending::new(command, reply))
-            .await
-            .map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?;
-        Ok(Proposed(rx))
+        queue(&self.tx, command).await
     }
 
     /// Proposes several commands (they share entries) and waits for all.
@@ -254,6 +244,15 @@ struct InFlight {
     batch: Vec<Pending>,
     outcome: OutcomeRx,
     started: tokio::time::Instant,
+}
+
+/// Puts `command` in `lane`; its outcome comes on the returned handle.
+async fn queue(lane: &mpsc::Sender<Pending>, command: Command) -> Result<Proposed, ProposeError> {
+    let (reply, rx) = oneshot::channel();
+    lane.send(Pending::new(command, reply))
+        .await
+        .map_err(|_| ProposeError::Raft("the replica is shutting down".into()))?;
+    Ok(Proposed(rx))
 }
 
 /// The proposer's two queues: `first` goes ahead of `rest`.
@@ -448,6 +447,26 @@ mod tests {
         fn held(&self) -> usize {
             self.replies.lock().unwrap().len()
         }
+
+        /// Waits (in paused time) until `n` entries are held.
+        async fn until_held(&self, n: usize) {
+            while self.held() < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+
+        /// The allocations of the `ExpireNomination`s written, in log order.
+        fn written_allocs(&self) -> Vec<u64> {
+            self.written
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|c| match c {
+                    Command::ExpireNomination { alloc } => *alloc,
+                    other => panic!("unexpected {other:?}"),
+                })
+                .collect()
+        }
     }
 
     fn command() -> Command {
@@ -470,9 +489,7 @@ mod tests {
                 tokio::spawn(async move { p.propose(command()).await })
             })
             .collect();
-        while log.held() < IN_FLIGHT {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        log.until_held(IN_FLIGHT).await;
         // The pipeline is full: a third write waits, whatever time passes
         // short of the leader's bound.
         let p = proposer.clone();
@@ -487,9 +504,7 @@ mod tests {
             let err = s.await.unwrap().unwrap_err();
             assert!(matches!(&err, ProposeError::Raft(m) if m.contains("no outcome after")), "{err}");
         }
-        while log.held() < IN_FLIGHT + 1 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        log.until_held(IN_FLIGHT + 1).await;
         // The stuck entries' channels are still held (their outcome may yet
         // come, to nobody): answer the third, which is last.
         let (n, tx) = log.replies.lock().unwrap().pop().unwrap();
@@ -528,9 +543,7 @@ mod tests {
         // the fourth opens the next.
         let p = proposer.clone();
         let all = tokio::spawn(async move { p.propose_all((0..4).map(|_| sized(third - 64)).collect()).await });
-        while log.held() < 2 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        log.until_held(2).await;
         let sizes: Vec<usize> = log.replies.lock().unwrap().iter().map(|(n, _)| *n).collect();
         assert_eq!(sizes, vec![3, 1]);
         log.apply_next();
@@ -551,29 +564,15 @@ mod tests {
             proposed.push(proposer.submit(Command::ExpireNomination { alloc }).await.unwrap());
         }
         // Two entries of two go out (the pipeline's depth); the fifth waits.
-        while log.held() < IN_FLIGHT {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        log.until_held(IN_FLIGHT).await;
         log.apply_next();
         log.apply_next();
-        while log.held() < 1 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        log.until_held(1).await;
         log.apply_next();
         for p in proposed {
             assert!(matches!(p.outcome().await, Ok(Outcome::Accepted(_))));
         }
-        let order: Vec<u64> = log
-            .written
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|c| match c {
-                Command::ExpireNomination { alloc } => *alloc,
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect();
-        assert_eq!(order, vec![1, 2, 3, 4, 5]);
+        assert_eq!(log.written_allocs(), vec![1, 2, 3, 4, 5]);
     }
 
     /// A command proposed first (a node's registration) goes into the next
@@ -589,33 +588,24 @@ mod tests {
             proposed.push(proposer.submit(Command::ExpireNomination { alloc }).await.unwrap());
         }
         // Two entries of two are out; the fifth waits in the queue.
-        while log.held() < IN_FLIGHT {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        log.until_held(IN_FLIGHT).await;
         let p = proposer.clone();
         let first = tokio::spawn(async move { p.propose_first(Command::ExpireNomination { alloc: 99 }).await });
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        log.apply_next();
-        while log.held() < IN_FLIGHT {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        // Until it is queued behind the fifth.
+        let queued =
+            |p: &Proposer| (p.first.max_capacity() - p.first.capacity()) + (p.tx.max_capacity() - p.tx.capacity());
+        while queued(&proposer) < 2 {
+            tokio::task::yield_now().await;
         }
+        log.apply_next();
+        log.until_held(IN_FLIGHT).await;
         log.apply_next();
         log.apply_next();
         assert!(matches!(first.await.unwrap(), Ok(Outcome::Accepted(_))));
         for p in proposed {
             assert!(matches!(p.outcome().await, Ok(Outcome::Accepted(_))));
         }
-        let order: Vec<u64> = log
-            .written
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|c| match c {
-                Command::ExpireNomination { alloc } => *alloc,
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect();
-        assert_eq!(order, vec![1, 2, 3, 4, 99, 5]);
+        assert_eq!(log.written_allocs(), vec![1, 2, 3, 4, 99, 5]);
     }
 
     /// While leading, an entry waits up to the leader's bound, no longer.
