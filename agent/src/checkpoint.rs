@@ -23,6 +23,7 @@
 //! torn mid-write is never uploaded. A file that changes size while it is
 //! being packed (an escaped child still writing) fails the pack.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -104,6 +105,22 @@ pub fn parse_dir_name(name: &str) -> Option<(u64, u32)> {
 /// then neither creates nor removes a directory per task; on ext4 every
 /// removal slows later creations in its directory for a while.
 const SPARE: &str = "spare";
+
+/// The most spare names remembered per spares directory.
+const SPARE_HINTS: usize = 64;
+
+/// Names of spares this process put in each spares directory, newest
+/// last: [`reset`] renames one into place without listing the directory
+/// first (an open, a stat, a read and a close per task). Only a hint: a
+/// name that is gone (taken by a listing, or removed) fails its rename,
+/// and [`reset`] then lists the directory as before; a spare not named
+/// here (an earlier agent's, or past the cap) is found by that listing.
+static SPARE_NAMES: std::sync::Mutex<BTreeMap<PathBuf, Vec<std::ffi::OsString>>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+fn spare_hints() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, Vec<std::ffi::OsString>>> {
+    SPARE_NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// One file to pack: its name in the blob, its path, its size.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -428,6 +445,16 @@ pub fn seal(dir: &Path) -> io::Result<()> {
 /// Empties `dir`, creating it if needed (from a spare directory when one
 /// waits).
 pub fn reset(dir: &Path) -> io::Result<()> {
+    if let Some(spares) = dir.parent().map(|p| p.join(SPARE)) {
+        let hint = spare_hints().get_mut(&spares).and_then(Vec::pop);
+        // Renamed over the path, a spare replaces nothing or an empty
+        // directory; over one holding files it fails (emptied below).
+        if let Some(name) = hint
+            && fs::rename(spares.join(name), dir).is_ok()
+        {
+            return Ok(());
+        }
+    }
     match fs::remove_dir_all(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -459,6 +486,11 @@ pub fn retire(dir: &Path) {
             _ => Err(e),
         });
         if kept.is_ok() {
+            let mut hints = spare_hints();
+            let names = hints.entry(spares).or_default();
+            if names.len() < SPARE_HINTS {
+                names.push(name.to_os_string());
+            }
             return;
         }
     }
@@ -557,6 +589,47 @@ mod tests {
         fs::write(c.join("old"), "x").unwrap();
         reset(&c).unwrap();
         assert!(fs::read_dir(&c).unwrap().next().is_none(), "a reset empties");
+    }
+
+    /// A spare retired here is renamed into place from its remembered
+    /// name; over a directory holding files it is not (that directory is
+    /// emptied), and a remembered spare that is gone, or one this process
+    /// never named, is found by listing.
+    #[test]
+    fn a_remembered_spare_is_reused_and_a_stale_name_falls_back() {
+        let work = tempfile::tempdir().unwrap();
+        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+        let spares = work.path().join("checkpoints").join(SPARE);
+        let d = |t| dir(work.path(), 1, t);
+        reset(&d(0)).unwrap();
+        let first = inode(&d(0));
+        retire(&d(0));
+        assert_eq!(spare_hints()[&spares], [std::ffi::OsString::from("alloc-1-task-0")]);
+        reset(&d(5)).unwrap();
+        assert_eq!(inode(&d(5)), first, "the named spare became the next task's directory");
+        assert!(spare_hints()[&spares].is_empty(), "its name was taken");
+        retire(&d(5));
+        assert_eq!(spare_hints()[&spares], [std::ffi::OsString::from("alloc-1-task-5")]);
+        // Over a directory with a file: that directory is emptied, the
+        // spare stays for the next.
+        fs::create_dir_all(d(1)).unwrap();
+        fs::write(d(1).join("old"), "x").unwrap();
+        reset(&d(1)).unwrap();
+        assert!(fs::read_dir(d(1)).unwrap().next().is_none());
+        assert!(spares.join("alloc-1-task-5").is_dir());
+        assert!(spare_hints()[&spares].is_empty());
+        // Not named (as after a restart): found by listing.
+        reset(&d(2)).unwrap();
+        assert_eq!(inode(&d(2)), first);
+        // Named but gone: found by listing too, or made.
+        retire(&d(2));
+        fs::remove_dir(spares.join("alloc-1-task-2")).unwrap();
+        fs::create_dir(spares.join("other")).unwrap();
+        let other = inode(&spares.join("other"));
+        reset(&d(3)).unwrap();
+        assert_eq!(inode(&d(3)), other);
+        reset(&d(4)).unwrap();
+        assert!(d(4).is_dir() && fs::read_dir(&spares).unwrap().next().is_none());
     }
 
     #[test]

@@ -113,10 +113,17 @@ fn number(name: &str, prefix: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The `(A, T, dir)` of every `ROOT/alloc-A/task-T` directory.
-fn task_dirs(root: &Path) -> io::Result<Vec<(u64, u32, PathBuf)>> {
-    let mut out = Vec::new();
-    let Ok(allocs) = fs::read_dir(root) else { return Ok(out) };
+/// The `ROOT/alloc-A` directories, and the `(A, T, dir)` of every
+/// `ROOT/alloc-A/task-T` directory in them except the empty ones of tasks
+/// not in `in_use`, which go: a task's log directory is empty when its
+/// task wrote no log (or its logs went in an earlier sweep), and one
+/// `rmdir` is cheaper than listing it now and again after the removals.
+/// The directory of a task in use stays: its attempt may create its
+/// progress file there at any moment.
+type LogDirs = (Vec<PathBuf>, Vec<(u64, u32, PathBuf)>);
+fn task_dirs(root: &Path, in_use: &BTreeSet<(u64, u32)>) -> io::Result<LogDirs> {
+    let (mut allocs_found, mut out) = (Vec::new(), Vec::new());
+    let Ok(allocs) = fs::read_dir(root) else { return Ok((allocs_found, out)) };
     for a in allocs {
         let a = a?;
         let Some(alloc) = a.file_name().to_str().and_then(|n| number(n, "alloc-")) else { continue };
@@ -124,10 +131,15 @@ fn task_dirs(root: &Path) -> io::Result<Vec<(u64, u32, PathBuf)>> {
         for t in tasks {
             let t = t?;
             let Some(task) = t.file_name().to_str().and_then(|n| number(n, "task-")) else { continue };
-            out.push((alloc, task as u32, t.path()));
+            let task = task as u32;
+            if !in_use.contains(&(alloc, task)) && fs::remove_dir(t.path()).is_ok() {
+                continue;
+            }
+            out.push((alloc, task, t.path()));
         }
+        allocs_found.push(a.path());
     }
-    Ok(out)
+    Ok((allocs_found, out))
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -142,20 +154,18 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Removes empty `alloc-A/task-T` and `alloc-A` log directories under
-/// `root`, except those of tasks in use: a running task may create its
-/// progress file there at any moment.
-fn prune_empty(root: &Path, in_use: &BTreeSet<(u64, u32)>) -> io::Result<()> {
-    for (alloc, task, dir) in task_dirs(root)? {
+/// Removes the log directories [`task_dirs`] listed that are empty now,
+/// except those of tasks in use, then their `alloc-A` directories that
+/// are empty.
+fn prune_empty((allocs, tasks): LogDirs, in_use: &BTreeSet<(u64, u32)>) {
+    for (alloc, task, dir) in tasks {
         if !in_use.contains(&(alloc, task)) {
             let _ = fs::remove_dir(dir); // only if empty
         }
     }
-    let Ok(allocs) = fs::read_dir(root) else { return Ok(()) };
-    for a in allocs.flatten() {
-        let _ = fs::remove_dir(a.path()); // only if empty
+    for dir in allocs {
+        let _ = fs::remove_dir(dir); // only if empty
     }
-    Ok(())
 }
 
 /// Sweeps `work_dir` once at `now`.
@@ -182,8 +192,10 @@ pub fn sweep(work_dir: &Path, in_use: &InUse, now: SystemTime, cfg: &JanitorConf
     }
     // Every attempt's logs, host file and progress file, by (A, T, N).
     let mut attempts: BTreeMap<(u64, u32, u32), AttemptFiles> = BTreeMap::new();
-    for (alloc, task, dir) in task_dirs(&work_dir.join("logs"))? {
-        for f in fs::read_dir(&dir)?.flatten() {
+    let log_dirs = task_dirs(&work_dir.join("logs"), &in_use.tasks)?;
+    for (alloc, task, dir) in &log_dirs.1 {
+        let (alloc, task) = (*alloc, *task);
+        for f in fs::read_dir(dir)?.flatten() {
             let Some(n) = f.file_name().to_str().and_then(|n| number(n, "attempt-")) else { continue };
             let Ok(meta) = f.metadata() else { continue };
             let entry = attempts.entry((alloc, task, n as u32)).or_default();
@@ -255,7 +267,7 @@ pub fn sweep(work_dir: &Path, in_use: &InUse, now: SystemTime, cfg: &JanitorConf
             }
         }
     }
-    prune_empty(&work_dir.join("logs"), &in_use.tasks)?;
+    prune_empty(log_dirs, &in_use.tasks);
     done.work_dir_bytes = total;
     Ok(done)
 }
@@ -340,6 +352,11 @@ mod tests {
         assert!(work.join("checkpoints/alloc-2-task-0/state.pt").exists());
         assert_eq!(s.work_dir_bytes, 100 + 21 + 21);
         assert_eq!(s.bytes_freed, 100 + 21);
+        // The recent attempt's logs age out: its directory and its
+        // allocation's go in the same sweep.
+        let s = sweep(work, &in_use, now + 7 * DAY, &JanitorConfig::default()).unwrap();
+        assert_eq!(s.logs_removed, 1);
+        assert!(!work.join("logs/alloc-1").exists() && exists(work, 2, 0, 1));
     }
 
     /// An image task's writable layer is left only by an agent that died
@@ -373,15 +390,16 @@ mod tests {
     fn a_running_tasks_empty_directories_stay() {
         let dir = tempfile::tempdir().unwrap();
         let work = dir.path();
-        for (a, t) in [(1, 1), (2, 0)] {
+        for (a, t) in [(1, 1), (1, 2), (2, 0)] {
             fs::create_dir_all(crate::checkpoint::dir(work, a, t)).unwrap();
             fs::create_dir_all(work.join("logs").join(format!("alloc-{a}/task-{t}"))).unwrap();
         }
         let in_use = InUse { tasks: [(1, 1)].into(), attempts: [(1, 1, 1)].into() };
         let s = sweep(work, &in_use, SystemTime::now(), &JanitorConfig::default()).unwrap();
         assert!(crate::checkpoint::dir(work, 1, 1).is_dir() && work.join("logs/alloc-1/task-1").is_dir());
+        assert!(!work.join("logs/alloc-1/task-2").exists(), "an empty directory of a task not in use goes");
         assert!(!crate::checkpoint::dir(work, 2, 0).exists() && !work.join("logs/alloc-2").exists());
-        assert_eq!(s.checkpoints_removed, 1);
+        assert_eq!(s.checkpoints_removed, 2);
     }
 
     #[test]

@@ -112,6 +112,9 @@ pub(super) struct Records {
     taken: BTreeMap<Key, u32>,
     free: BTreeSet<u32>,
     slots: u32,
+    /// Slots whose file is known to be [`SLOT_BYTES`] long (found so, or
+    /// written since): writing one needs no new space and no look first.
+    sized: BTreeSet<u32>,
     /// Injected disk faults (`muster agent --disk-fault-file`, tests and
     /// chaos only): the file reading `full` makes every write that needs new
     /// space fail with ENOSPC.
@@ -132,7 +135,14 @@ impl Records {
         for entry in fs::read_dir(&dir)? {
             names.push(entry?.file_name().to_string_lossy().into_owned());
         }
-        let mut records = Records { dir, taken: BTreeMap::new(), free: BTreeSet::new(), slots: 0, fault_file };
+        let mut records = Records {
+            dir,
+            taken: BTreeMap::new(),
+            free: BTreeSet::new(),
+            slots: 0,
+            sized: BTreeSet::new(),
+            fault_file,
+        };
         let mut older = Vec::new();
         for name in names {
             match name.strip_prefix("slot-").and_then(|n| n.parse::<u32>().ok()) {
@@ -143,6 +153,9 @@ impl Records {
         let mut found = Vec::new();
         for n in 0..records.slots {
             let text = fs::read_to_string(records.path(n)).unwrap_or_default();
+            if text.len() >= SLOT_BYTES {
+                records.sized.insert(n);
+            }
             if text.trim().is_empty() {
                 records.free.insert(n);
                 continue;
@@ -193,29 +206,39 @@ impl Records {
     }
 
     /// Writes `text`, padded to [`SLOT_BYTES`], over slot `slot` in place.
-    /// Only a slot that does not exist yet (or is short) needs new space.
-    fn write_slot(&self, slot: u32, text: &str) -> io::Result<()> {
+    /// Only a slot that does not exist yet (or is short) needs new space;
+    /// one this agent wrote or found whole is not looked at first.
+    fn write_slot(&mut self, slot: u32, text: &str) -> io::Result<()> {
         let mut bytes = text.as_bytes().to_vec();
         if bytes.len() > SLOT_BYTES {
             return Err(io::Error::other(format!("a record of {} bytes does not fit a slot", bytes.len())));
         }
         bytes.resize(SLOT_BYTES, b' ');
         let path = self.path(slot);
-        let grows = fs::metadata(&path).map_or(true, |m| m.len() < SLOT_BYTES as u64);
+        let grows = !self.sized.contains(&slot) && fs::metadata(&path).map_or(true, |m| m.len() < SLOT_BYTES as u64);
         if grows && self.disk_full() {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         let f = fs::OpenOptions::new().create(true).write(true).truncate(false).open(&path)?;
-        f.write_all_at(&bytes, 0)
+        f.write_all_at(&bytes, 0)?;
+        self.sized.insert(slot);
+        Ok(())
     }
 
     /// Reserves a slot for an attempt about to start (before its process is
-    /// spawned), so that recording it later needs no new space.
+    /// spawned), so that recording it later needs no new space. A slot
+    /// already whole is only taken: a `starting` line in it would tell the
+    /// agent after this one nothing (no process group to kill or adopt)
+    /// that a blank slot does not, and it would cost every task a write.
     pub(super) fn reserve(&mut self, key: Key) -> io::Result<()> {
         let slot = match self.taken.get(&key) {
             Some(&s) => s,
             None => self.claim(),
         };
+        if self.sized.contains(&slot) {
+            self.taken.insert(key, slot);
+            return Ok(());
+        }
         match self.write_slot(slot, &format!("key={}-{}-{} starting", key.0, key.1, key.2)) {
             Ok(()) => {
                 self.taken.insert(key, slot);

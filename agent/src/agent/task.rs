@@ -406,10 +406,11 @@ impl Agent {
         // line, no file of the agent's).
         env.extend(a.secret_env);
         let progress = watchdog::progress_path(&self.cfg.work_dir, key.0, key.1, attempt);
-        if let Some(parent) = progress.parent() {
-            let _ = fs::create_dir_all(parent);
+        // An earlier attempt's progress file may be there, unless the
+        // directory is new.
+        if !progress.parent().is_some_and(make_new_dir) {
+            let _ = fs::remove_file(&progress);
         }
-        let _ = fs::remove_file(&progress);
         env.insert("MUSTER_PROGRESS_FILE".into(), progress.display().to_string());
         env.insert("MUSTER_NODE_ID".into(), self.cfg.node_id.clone());
         let limits = watchdog::Limits {
@@ -897,4 +898,23 @@ pub(super) async fn save_on_exit(
         );
     }
     saved.transpose()
+}
+
+/// Makes `dir` (`logs/alloc-A/task-T`) and its parent when missing; true
+/// when `dir` is new, so holds nothing. The parent first: a task's
+/// allocation is usually new on its node, so this is two `mkdir`s, not
+/// `create_dir_all`'s three (the child's failing first) and a removal.
+pub(super) fn make_new_dir(dir: &std::path::Path) -> bool {
+    if let Some(parent) = dir.parent()
+        && let Err(e) = fs::create_dir(parent)
+        && e.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        let _ = fs::create_dir_all(parent);
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => true,
+        // The parent went meanwhile (a sweep prunes empty ones).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::create_dir_all(dir).is_ok(),
+        Err(_) => false,
+    }
 }

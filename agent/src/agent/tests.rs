@@ -461,3 +461,59 @@ while :; do sleep 0.05; done"#;
     let m = fs::metadata(&ckpt).unwrap();
     assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o700), "taken back once the attempt ended");
 }
+
+/// A task's log directory: made with its allocation's when missing, and
+/// said to be new only when it was made now (so an earlier attempt's
+/// progress file cannot be in it).
+#[test]
+fn a_new_log_directory_is_told_from_one_already_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let task = dir.path().join("logs").join("alloc-1").join("task-0");
+    assert!(task::make_new_dir(&task), "logs/ missing: made whole");
+    assert!(task.is_dir());
+    assert!(!task::make_new_dir(&task), "already there");
+    let sibling = dir.path().join("logs").join("alloc-1").join("task-1");
+    assert!(task::make_new_dir(&sibling), "its allocation's directory there");
+    let other = dir.path().join("logs").join("alloc-2").join("task-0");
+    assert!(task::make_new_dir(&other));
+    fs::write(dir.path().join("logs").join("alloc-3"), "").unwrap();
+    assert!(!task::make_new_dir(&dir.path().join("logs").join("alloc-3").join("task-0")), "a file in the way");
+}
+
+/// Reserving takes new space only once: a new slot is written (`starting`)
+/// so that its record later needs none; a slot already whole is only
+/// taken, not written, and holds its attempt's record once it started.
+#[test]
+fn reserving_a_whole_slot_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = dir.path().join("running");
+    let r = Record {
+        pgid: 7,
+        attempt: 1,
+        gpus: vec![],
+        walltime_s: 0,
+        stall_s: 0,
+        gpu_health: false,
+        started_ms: 1,
+        checkpointing: false,
+        image: None,
+    };
+    let slot0 = || fs::read_to_string(running.join("slot-0")).unwrap();
+    let (mut records, _) = Records::open(running.clone(), None).unwrap();
+    records.reserve((1, 0, 1)).unwrap();
+    assert_eq!(slot0().trim(), "key=1-0-1 starting", "a new slot is written whole");
+    assert_eq!(slot0().len(), record::SLOT_BYTES);
+    records.put((1, 0, 1), &r).unwrap();
+    records.clear((1, 0, 1));
+    records.reserve((2, 0, 1)).unwrap();
+    assert_eq!(slot0().trim(), "", "the whole slot was taken, not written");
+    records.put((2, 0, 1), &r).unwrap();
+    assert!(slot0().starts_with("key=2-0-1 pgid=7 "), "{}", slot0());
+    // The next agent finds slots whole and writes none to reserve them.
+    records.clear((2, 0, 1));
+    drop(records);
+    let (mut records, found) = Records::open(running.clone(), None).unwrap();
+    assert!(found.is_empty());
+    records.reserve((3, 0, 1)).unwrap();
+    assert_eq!(slot0().trim(), "");
+}
