@@ -231,7 +231,7 @@ fn main() {
         );
         let leader = find_leader(&https, None).await;
         let pid = servers.0[leader].id();
-        let ch = muster_tls::endpoint(&addrs[leader], admin.as_ref()).unwrap().connect().await.unwrap();
+        let mut ch = muster_tls::endpoint(&addrs[leader], admin.as_ref()).unwrap().connect().await.unwrap();
 
         // The fleet: real agents, simulated tasks.
         let starts = Arc::new(Starts {
@@ -293,12 +293,25 @@ fn main() {
             handles.push(tokio::spawn(agent.run(stopped.clone())));
         }
         loop {
-            let ready = ready_nodes(&ch).await;
+            // The 10,000 registrations can cost the leader its lead (an
+            // election nobody caused): a replica that no longer leads
+            // refuses the listing, so the wait follows the leader.
+            let (ready, error) = match ready_nodes(&ch).await {
+                Ok(ready) => (ready, None),
+                Err(e) => {
+                    let now = find_leader(&https, None).await;
+                    if let Ok(c) = muster_tls::endpoint(&addrs[now], admin.as_ref()).unwrap().connect().await {
+                        ch = c;
+                    }
+                    (0, Some(e))
+                }
+            };
             if ready >= nodes {
                 break;
             }
             if registering.elapsed() > Duration::from_secs(max_seconds) {
-                println!("only {ready} of {nodes} nodes registered in {max_seconds} s");
+                let why = error.map_or(String::new(), |e| format!(" (the listing: {e})"));
+                println!("only {ready} of {nodes} nodes registered in {max_seconds} s{why}");
                 break;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;

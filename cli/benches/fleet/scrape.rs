@@ -65,18 +65,15 @@ pub async fn find_leader(https: &[String], skip: Option<usize>) -> usize {
     }
 }
 
-pub async fn ready_nodes(ch: &Channel) -> usize {
+pub async fn ready_nodes(ch: &Channel) -> Result<usize, tonic::Status> {
     let mut client = NodeServiceClient::new(ch.clone());
     let (mut token, mut ready) = (String::new(), 0);
     loop {
-        let Ok(page) = client.list_nodes(v1::ListNodesRequest { page_size: 1000, page_token: token.clone() }).await
-        else {
-            return ready;
-        };
-        let page = page.into_inner();
+        let page =
+            client.list_nodes(v1::ListNodesRequest { page_size: 1000, page_token: token.clone() }).await?.into_inner();
         ready += page.nodes.iter().filter(|n| n.status == v1::NodeStatus::Ready as i32).count();
         if page.next_page_token.is_empty() {
-            return ready;
+            return Ok(ready);
         }
         token = page.next_page_token;
     }
