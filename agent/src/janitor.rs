@@ -193,8 +193,7 @@ pub fn sweep(work_dir: &Path, in_use: &InUse, now: SystemTime, cfg: &JanitorConf
     // Every attempt's logs, host file and progress file, by (A, T, N).
     let mut attempts: BTreeMap<(u64, u32, u32), AttemptFiles> = BTreeMap::new();
     let log_dirs = task_dirs(&work_dir.join("logs"), &in_use.tasks)?;
-    for (alloc, task, dir) in &log_dirs.1 {
-        let (alloc, task) = (*alloc, *task);
+    for &(alloc, task, ref dir) in &log_dirs.1 {
         for f in fs::read_dir(dir)?.flatten() {
             let Some(n) = f.file_name().to_str().and_then(|n| number(n, "attempt-")) else { continue };
             let Ok(meta) = f.metadata() else { continue };

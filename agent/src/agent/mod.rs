@@ -55,12 +55,14 @@ mod session;
 mod task;
 #[cfg(test)]
 mod tests;
+mod waiter;
 
 use image::*;
 pub use image::{BUILTIN_RUNTIME, IMAGE_PULL_FAILED, ImageRuntime, runtime_label};
 use record::*;
 use reports::*;
 use task::*;
+use waiter::*;
 
 /// The largest message on the stream: the leader's own limit.
 const MAX_MESSAGE_BYTES: usize = muster_proto::MAX_AGENT_MESSAGE_BYTES;

@@ -42,6 +42,22 @@ fn a_task_record_round_trips_and_an_old_one_gives_its_pgid() {
     assert_eq!(parse_key("12-3-4-5"), None);
 }
 
+/// A record of attempt 1 started at 1 ms, with no budget, watchdog or
+/// image.
+fn plain_record(pgid: i32, gpus: Vec<u32>) -> Record {
+    Record {
+        pgid,
+        attempt: 1,
+        gpus,
+        walltime_s: 0,
+        stall_s: 0,
+        gpu_health: false,
+        started_ms: 1,
+        checkpointing: false,
+        image: None,
+    }
+}
+
 /// Records live in reused slots: starting and ending attempts creates no
 /// file once the slots exist, the next agent finds what still runs (key
 /// included), and a record in the older one-file-per-key form moves into a
@@ -50,17 +66,7 @@ fn a_task_record_round_trips_and_an_old_one_gives_its_pgid() {
 fn records_reuse_their_slots_and_the_next_agent_finds_them() {
     let dir = tempfile::tempdir().unwrap();
     let running = dir.path().join("running");
-    let r = |pgid| Record {
-        pgid,
-        attempt: 1,
-        gpus: vec![0],
-        walltime_s: 0,
-        stall_s: 0,
-        gpu_health: false,
-        started_ms: 1,
-        checkpointing: false,
-        image: None,
-    };
+    let r = |pgid| plain_record(pgid, vec![0]);
     let files = || fs::read_dir(&running).unwrap().count();
     let (mut records, found) = Records::open(running.clone(), None).unwrap();
     assert!(found.is_empty());
@@ -293,17 +299,7 @@ fn a_register_lists_tasks_whose_end_is_not_yet_recorded() {
 fn a_full_disk_refuses_new_slots_but_existing_ones_take_records() {
     let dir = tempfile::tempdir().unwrap();
     let (running, fault) = (dir.path().join("running"), dir.path().join("fault"));
-    let r = Record {
-        pgid: 7,
-        attempt: 1,
-        gpus: vec![],
-        walltime_s: 0,
-        stall_s: 0,
-        gpu_health: false,
-        started_ms: 1,
-        checkpointing: false,
-        image: None,
-    };
+    let r = plain_record(7, vec![]);
     let (mut records, _) = Records::open(running.clone(), Some(fault.clone())).unwrap();
     records.reserve((1, 0, 1)).unwrap();
     fs::write(&fault, "full").unwrap();
@@ -487,17 +483,7 @@ fn a_new_log_directory_is_told_from_one_already_there() {
 fn reserving_a_whole_slot_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let running = dir.path().join("running");
-    let r = Record {
-        pgid: 7,
-        attempt: 1,
-        gpus: vec![],
-        walltime_s: 0,
-        stall_s: 0,
-        gpu_health: false,
-        started_ms: 1,
-        checkpointing: false,
-        image: None,
-    };
+    let r = plain_record(7, vec![]);
     let slot0 = || fs::read_to_string(running.join("slot-0")).unwrap();
     let (mut records, _) = Records::open(running.clone(), None).unwrap();
     records.reserve((1, 0, 1)).unwrap();
